@@ -1,0 +1,471 @@
+#!/usr/bin/env bash
+# benches/compare.sh - compare pinlb with nginx and HAProxy as HTTP/1.1 reverse
+# proxies, in one run, with interleaved rounds, using wrk.
+#
+# Topology (identical for every proxy; meant for a 2-core machine):
+#   core 0: the proxy under test, ONE worker (`taskset -c 0`; nginx
+#           worker_processes 1, haproxy nbthread 1, pinlb [runtime] cpus = [0]).
+#   core 1: the shared backend (a separate nginx, worker_processes 1, answering
+#           `200 "hello world\n"`, access_log off) AND the load generator
+#           (`taskset -c 1 wrk -t1 -c$CONNS -d$DURATION --latency`).
+#   Every proxy keeps up to 64 keep-alive connections to the backend, adds
+#   X-Forwarded-For, and has logging and compression off. nginx's per-connection
+#   request limits (keepalive_requests, default 1000) are raised on the backend
+#   and on the nginx proxy so that no proxy is forced to reconnect mid-run.
+#   Configs: benches/peers/*.{conf,cfg,toml}, rendered into a mktemp -d dir.
+#
+# Procedure: the backend and every proxy in $PEERS are started ONCE for the
+# whole run, each on its own loopback port, and polled (curl, bounded loop)
+# until they answer. Then, for each of $ROUNDS rounds, each proxy in $PEERS
+# order gets an unrecorded warm-up wrk run ($WARMUP) followed by the recorded
+# wrk run ($DURATION) - so rounds interleave: pinlb, nginx, haproxy, pinlb, ...
+#
+# Measured per round and proxy:
+#   req/s        wrk "Requests/sec"
+#   p99          wrk --latency 99% line, normalised to microseconds
+#   errors       wrk socket errors (connect+read+write+timeout) + non-2xx/3xx
+#   CPU us/req   (utime+stime) delta of ALL processes of the proxy (nginx:
+#                master+worker; haproxy: its process(es); pinlb: its process,
+#                all threads) from /proc/PID/stat fields 14+15 (clock ticks,
+#                getconf CLK_TCK), divided by the requests wrk completed
+# Summary: per proxy the median over rounds of req/s, p99 and CPU us/req, plus
+# min/max req/s; and pinlb's ratios against the best peer. Printed as Markdown
+# and written to $OUT_MD.
+#
+# Usage (from anywhere; root or not):
+#   bash benches/compare.sh
+#   PEERS="nginx haproxy" ROUNDS=2 DURATION=3s bash benches/compare.sh
+# Environment:
+#   ROUNDS=5            recorded rounds per proxy
+#   DURATION=10s        wrk duration of each recorded run
+#   CONNS=64            wrk connections (-c); wrk always uses one thread (-t1)
+#   WARMUP=1s           unrecorded wrk run before each recorded run; 0 = none
+#   PEERS="pinlb nginx haproxy"   proxies to run, in this order
+#   PINLB=target/release/pinlb    pinlb binary (relative to the repo root)
+#   OUT_MD=/tmp/pinlb-compare.md  where the Markdown report is written
+#   PORT_BASE=18080     ports: the first free loopback ports >= PORT_BASE
+#                       (checked with `ss -ltn`), in order backend, then PEERS
+#   KEEP_TMP=0          1 = keep the temp dir (configs, logs, wrk outputs)
+# Needs: nginx, haproxy, wrk (installed with apt-get if missing and root),
+# curl, taskset, ss, awk, getconf.
+#
+# Don't run it while something else is busy on the machine (e.g. cargo build):
+# both cores are part of the measurement. The 1-min load average is printed.
+
+set -euo pipefail
+
+ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+PEERS_DIR="$ROOT/benches/peers"
+CMDLINE="bash $0${*:+ $*}"
+
+ROUNDS=${ROUNDS:-5}
+DURATION=${DURATION:-10s}
+CONNS=${CONNS:-64}
+WARMUP=${WARMUP:-1s}
+PEERS=${PEERS:-pinlb nginx haproxy}
+PINLB=${PINLB:-target/release/pinlb}
+OUT_MD=${OUT_MD:-/tmp/pinlb-compare.md}
+PORT_BASE=${PORT_BASE:-18080}
+KEEP_TMP=${KEEP_TMP:-0}
+
+case $PINLB in /*) ;; *) PINLB="$ROOT/$PINLB" ;; esac
+PATH="$PATH:/usr/sbin:/sbin"
+
+log() { printf '[compare] %s\n' "$*" >&2; }
+die() { printf '[compare] ERROR: %s\n' "$*" >&2; exit 1; }
+
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer (got '$ROUNDS')"
+[[ $CONNS =~ ^[1-9][0-9]*$ ]] || die "CONNS must be a positive integer (got '$CONNS')"
+[[ $PORT_BASE =~ ^[0-9]+$ ]] || die "PORT_BASE must be a number (got '$PORT_BASE')"
+read -r -a PEER_LIST <<<"$PEERS"
+((${#PEER_LIST[@]} > 0)) || die "PEERS is empty"
+for p in "${PEER_LIST[@]}"; do
+    case $p in pinlb | nginx | haproxy) ;; *) die "unknown peer '$p' (known: pinlb nginx haproxy)" ;; esac
+done
+
+# ---------------------------------------------------------------- tools
+missing=()
+for t in nginx haproxy wrk; do command -v "$t" >/dev/null 2>&1 || missing+=("$t"); done
+if ((${#missing[@]} > 0)); then
+    if [[ $(id -u) -ne 0 ]]; then
+        die "missing ${missing[*]}; run as root or: apt-get install -y nginx-light haproxy wrk"
+    fi
+    log "installing nginx-light haproxy wrk (missing: ${missing[*]})"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y nginx-light haproxy wrk
+fi
+for t in nginx haproxy wrk curl taskset ss awk getconf sort; do
+    command -v "$t" >/dev/null 2>&1 || die "required tool '$t' not found"
+done
+if [[ " ${PEER_LIST[*]} " == *" pinlb "* ]]; then
+    [[ -x $PINLB ]] || die "pinlb binary not found at $PINLB (build it: cargo build --release, or set PINLB=..., or PEERS=\"nginx haproxy\")"
+    "$PINLB" --version >/dev/null 2>&1 || die "'$PINLB --version' failed"
+fi
+
+NCPU=$(nproc)
+CLK_TCK=$(getconf CLK_TCK)
+((NCPU >= 2)) || die "need at least 2 cores (0 and 1); nproc=$NCPU"
+
+# ---------------------------------------------------------------- cleanup
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/pinlb-compare.XXXXXX")
+chmod 755 "$WORK" # nginx workers may run as an unprivileged user when root
+PIDS=()           # every process we started (long-lived ones)
+WRK_PID=""
+
+cleanup() {
+    local rc=$? pid c i
+    trap - EXIT INT TERM
+    set +e
+    if [[ -n $WRK_PID ]]; then kill "$WRK_PID" 2>/dev/null || true; fi
+    # Graceful first (nginx master stops its worker on SIGTERM), then SIGKILL.
+    local all=("${PIDS[@]}")
+    for pid in "${PIDS[@]}"; do
+        while read -r c; do
+            if [[ -n $c ]]; then all+=("$c"); fi
+        done < <(children "$pid")
+    done
+    for pid in "${all[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for ((i = 0; i < 30; i++)); do
+        local alive=0
+        for pid in "${all[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        ((alive)) || break
+        sleep 0.1
+    done
+    for pid in "${all[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    if [[ $KEEP_TMP == 1 ]]; then
+        log "temp dir kept: $WORK"
+    else
+        rm -rf -- "$WORK"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------- helpers
+# Direct children of a pid (e.g. the nginx worker of a master).
+children() {
+    ps -o pid= --ppid "$1" 2>/dev/null | awk '{print $1}' || true
+}
+
+# The pid plus its children.
+proc_tree() {
+    echo "$1"
+    children "$1"
+}
+
+# Sum of utime+stime (clock ticks) over the given pids.
+cpu_ticks() {
+    local pid total=0 t
+    for pid in "$@"; do
+        # Field 2 (comm) may contain spaces: drop everything up to ") ", after
+        # which field 3 (state) is $1, so fields 14/15 are $12/$13.
+        t=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{print $12 + $13}') || t=0
+        total=$((total + ${t:-0}))
+    done
+    echo "$total"
+}
+
+port_in_use() {
+    ss -ltnH "sport = :$1" 2>/dev/null | grep -q . && return 0
+    return 1
+}
+
+# pick_port: sets PICKED to the next free port >= NEXT_PORT (not in a
+# subshell, so that NEXT_PORT advances).
+NEXT_PORT=$PORT_BASE
+PICKED=""
+pick_port() {
+    local i p
+    for ((i = 0; i < 200; i++)); do
+        p=$NEXT_PORT
+        NEXT_PORT=$((NEXT_PORT + 1))
+        if ! port_in_use "$p"; then
+            PICKED=$p
+            return 0
+        fi
+    done
+    die "no free port found from $PORT_BASE"
+}
+
+# render TEMPLATE DEST PORT DIR
+render() {
+    sed -e "s|@DIR@|$4|g" -e "s|@PORT@|$3|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" "$1" >"$2"
+}
+
+# nginx needs writable temp paths when run as non-root; Debian compiles in
+# absolute ones under /var/lib/nginx. Point them into the temp dir (only for
+# the modules this nginx actually has).
+nginx_temp_paths() {
+    local dir=$1 v m
+    v=$(nginx -V 2>&1)
+    mkdir -p "$dir/tmp"
+    {
+        echo "client_body_temp_path $dir/tmp/body;"
+        for m in proxy fastcgi uwsgi scgi; do
+            [[ $v == *"--without-http_${m}_module"* ]] || echo "${m}_temp_path $dir/tmp/$m;"
+        done
+    } >"$dir/temp_paths.conf"
+}
+
+wait_ready() { # NAME PORT PID LOGFILE
+    local i body
+    for ((i = 0; i < 50; i++)); do
+        kill -0 "$3" 2>/dev/null || {
+            cat "$4" >&2 2>/dev/null || true
+            die "$1 exited during startup (log above: $4)"
+        }
+        if body=$(curl -s --max-time 1 "http://127.0.0.1:$2/" 2>/dev/null) && [[ $body == "hello world" ]]; then
+            kill -0 "$3" 2>/dev/null || continue # loop top reports the exit
+            return 0
+        fi
+        sleep 0.1
+    done
+    cat "$4" >&2 2>/dev/null || true
+    die "$1 not answering 'hello world' on 127.0.0.1:$2 after 5 s"
+}
+
+# "busy0 total0 busy1 total1": jiffies of cores 0 and 1 from /proc/stat
+# (busy = user+nice+system+irq+softirq+steal; total adds idle+iowait).
+core_jiffies() {
+    awk '$1 == "cpu0" || $1 == "cpu1" { b = $2 + $3 + $4 + $7 + $8 + $9; printf "%d %d ", b, b + $5 + $6 } END { print "" }' /proc/stat
+}
+
+# busy% of core 0 and core 1 between two core_jiffies snapshots
+core_busy() { # "SNAP0" "SNAP1"
+    awk -v a="$1" -v b="$2" 'BEGIN {
+        split(a, x, " "); split(b, y, " ")
+        printf "%.0f %.0f\n", (y[2] > x[2]) ? 100 * (y[1] - x[1]) / (y[2] - x[2]) : 0,
+            (y[4] > x[4]) ? 100 * (y[3] - x[3]) / (y[4] - x[4]) : 0
+    }'
+}
+
+affinity() { taskset -pc "$1" 2>/dev/null | awk -F': ' '{print $2}'; }
+
+# Convert a wrk time ("812.00us", "1.23ms", "2.00s", "1.00m", "1.00h") to us.
+to_us() {
+    awk -v t="$1" 'BEGIN {
+        n = t + 0; u = t; sub(/^[0-9.]+/, "", u)
+        f = (u == "us") ? 1 : (u == "ms") ? 1e3 : (u == "s") ? 1e6 : (u == "m") ? 6e7 : (u == "h") ? 3.6e9 : -1
+        if (f < 0) { print "nan"; exit }
+        printf "%.0f\n", n * f
+    }'
+}
+
+run_wrk() { # PORT DURATION OUTFILE
+    taskset -c 1 wrk -t1 -c"$CONNS" -d"$2" --latency "http://127.0.0.1:$1/" >"$3" 2>&1 &
+    WRK_PID=$!
+    local rc=0
+    wait "$WRK_PID" || rc=$?
+    WRK_PID=""
+    if ((rc != 0)); then
+        cat "$3" >&2
+        die "wrk failed (rc=$rc) against port $1"
+    fi
+}
+
+# ---------------------------------------------------------------- start
+# Is the machine quiet? Sample both cores for 1 s before starting anything.
+j0=$(core_jiffies)
+sleep 1
+read -r IDLE_BUSY0 IDLE_BUSY1 < <(core_busy "$j0" "$(core_jiffies)")
+
+declare -A PORT PID_OF VERSION LOGF
+pick_port
+BACKEND_PORT=$PICKED
+for p in "${PEER_LIST[@]}"; do
+    pick_port
+    PORT[$p]=$PICKED
+done
+
+log "work dir $WORK; backend port $BACKEND_PORT"
+mkdir -p "$WORK/backend"
+nginx_temp_paths "$WORK/backend"
+render "$PEERS_DIR/backend-nginx.conf" "$WORK/backend/nginx.conf" "" "$WORK/backend"
+taskset -c 1 nginx -p "$WORK/backend" -c "$WORK/backend/nginx.conf" -e "$WORK/backend/error.log" \
+    >"$WORK/backend/stdout.log" 2>&1 &
+BACKEND_PID=$!
+PIDS+=("$BACKEND_PID")
+wait_ready backend "$BACKEND_PORT" "$BACKEND_PID" "$WORK/backend/error.log"
+
+for p in "${PEER_LIST[@]}"; do
+    d="$WORK/$p"
+    mkdir -p "$d"
+    LOGF[$p]="$d/stdout.log"
+    case $p in
+    nginx)
+        nginx_temp_paths "$d"
+        render "$PEERS_DIR/nginx.conf" "$d/nginx.conf" "${PORT[$p]}" "$d"
+        taskset -c 0 nginx -p "$d" -c "$d/nginx.conf" -e "$d/error.log" >"${LOGF[$p]}" 2>&1 &
+        PID_OF[$p]=$!
+        LOGF[$p]="$d/error.log"
+        VERSION[$p]=$(nginx -v 2>&1 | awk -F'/' '{print $2}')
+        ;;
+    haproxy)
+        render "$PEERS_DIR/haproxy.cfg" "$d/haproxy.cfg" "${PORT[$p]}" "$d"
+        taskset -c 0 haproxy -db -f "$d/haproxy.cfg" >"${LOGF[$p]}" 2>&1 &
+        PID_OF[$p]=$!
+        VERSION[$p]=$(haproxy -v 2>&1 | awk 'NR == 1 {print $3}')
+        ;;
+    pinlb)
+        render "$PEERS_DIR/pinlb.toml" "$d/pinlb.toml" "${PORT[$p]}" "$d"
+        RUST_LOG=warn taskset -c 0 "$PINLB" serve -c "$d/pinlb.toml" >"${LOGF[$p]}" 2>&1 &
+        PID_OF[$p]=$!
+        VERSION[$p]=$("$PINLB" --version 2>&1 | awk 'NR == 1 {print $NF}')
+        ;;
+    esac
+    PIDS+=("${PID_OF[$p]}")
+    wait_ready "$p" "${PORT[$p]}" "${PID_OF[$p]}" "${LOGF[$p]}"
+done
+
+# ---------------------------------------------------------------- header
+CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+if COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then
+    git -C "$ROOT" diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+dirty"
+else
+    COMMIT="none (no git HEAD)"
+fi
+ENV_LINE="ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS WARMUP=$WARMUP PEERS=\"$PEERS\""
+[[ " ${PEER_LIST[*]} " == *" pinlb "* ]] && ENV_LINE+=" PINLB=$PINLB"
+
+echo "== pinlb comparison benchmark =="
+echo "command:   $ENV_LINE $CMDLINE"
+echo "nproc:     $NCPU ($CPU_MODEL), CLK_TCK=$CLK_TCK; before start: core0 ${IDLE_BUSY0}% busy, core1 ${IDLE_BUSY1}% busy"
+echo "topology:  proxy under test -> core 0 (1 worker); backend nginx (1 worker) + wrk -t1 -c$CONNS -> core 1"
+echo "           backend 127.0.0.1:$BACKEND_PORT pid $BACKEND_PID (+$(children "$BACKEND_PID" | wc -l) worker) affinity $(affinity "$BACKEND_PID")"
+for p in "${PEER_LIST[@]}"; do
+    tree=$(proc_tree "${PID_OF[$p]}" | tr '\n' ' ')
+    aff=""
+    for q in $tree; do aff+="$(affinity "$q") "; done
+    echo "           $p ${VERSION[$p]} 127.0.0.1:${PORT[$p]} pids [ ${tree}] affinity [ ${aff}]"
+done
+if ((IDLE_BUSY0 > 10 || IDLE_BUSY1 > 10)); then
+    log "WARNING: cores busy before start (core0 ${IDLE_BUSY0}%, core1 ${IDLE_BUSY1}%) - something else is running; numbers will be noisy"
+fi
+
+# ---------------------------------------------------------------- rounds
+RAW="$WORK/raw.tsv" # round peer rps p99_us errors cpu_us_per_req requests core0% core1% other0%
+: >"$RAW"
+for ((r = 1; r <= ROUNDS; r++)); do
+    for p in "${PEER_LIST[@]}"; do
+        pid=${PID_OF[$p]}
+        kill -0 "$pid" 2>/dev/null || { cat "${LOGF[$p]}" >&2 || true; die "$p (pid $pid) died"; }
+        if [[ $WARMUP != 0 ]]; then run_wrk "${PORT[$p]}" "$WARMUP" "$WORK/warmup.txt"; fi
+        mapfile -t tree < <(proc_tree "$pid")
+        c0=$(cpu_ticks "${tree[@]}")
+        j0=$(core_jiffies)
+        out="$WORK/wrk-$r-$p.txt"
+        run_wrk "${PORT[$p]}" "$DURATION" "$out"
+        c1=$(cpu_ticks "${tree[@]}")
+        read -r busy0 busy1 < <(core_busy "$j0" "$(core_jiffies)")
+        kill -0 "$pid" 2>/dev/null || { cat "${LOGF[$p]}" >&2 || true; die "$p (pid $pid) died during round $r"; }
+
+        rps=$(awk '/^Requests\/sec:/ {print $2}' "$out")
+        reqs=$(awk '/ requests in / {print $1}' "$out")
+        p99raw=$(awk '$1 == "99%" {print $2}' "$out")
+        sockerr=$(awk '/Socket errors:/ { s = 0; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) s += $i; print s }' "$out")
+        non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$out")
+        [[ -n $rps && -n $reqs && -n $p99raw ]] || { cat "$out" >&2; die "could not parse wrk output ($out)"; }
+        p99=$(to_us "$p99raw")
+        dur_us=$(to_us "$(awk '/ requests in / { sub(/,$/, "", $4); print $4 }' "$out")")
+        # core 0 busy time not spent in the proxy's processes (other programs,
+        # or softirq work not charged to the proxy): should be small.
+        other0=$(awk -v d=$((c1 - c0)) -v hz="$CLK_TCK" -v t="$dur_us" -v b="$busy0" \
+            'BEGIN { o = (t > 0) ? b - 100 * d * 1e6 / hz / t : 0; printf "%.0f\n", (o < 0) ? 0 : o }')
+        errors=$((${sockerr:-0} + ${non2xx:-0}))
+        cpu=$(awk -v d=$((c1 - c0)) -v hz="$CLK_TCK" -v n="$reqs" 'BEGIN { printf "%.2f\n", (n > 0) ? d * 1e6 / hz / n : 0 }')
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$p99" "$errors" "$cpu" "$reqs" "$busy0" "$busy1" "$other0" >>"$RAW"
+        printf 'round %d/%d  %-8s %8.0f req/s  p99 %6s us  cpu %6s us/req  core0 %3s%% (other %2s%%)  core1 %3s%%  errors %s%s\n' \
+            "$r" "$ROUNDS" "$p" "$rps" "$p99" "$cpu" "$busy0" "$other0" "$busy1" "$errors" \
+            "$( ((errors > 0)) && echo "  (socket: ${sockerr:-0}, non-2xx/3xx: ${non2xx:-0})")"
+        if ((errors > 0)); then log "WARNING: $p had errors in round $r"; fi
+        if ((other0 > 10)); then
+            log "WARNING: core 0 was ${other0}% busy outside $p in round $r - something else is running?"
+        fi
+    done
+done
+
+# ---------------------------------------------------------------- summary
+# stats PEER COLUMN -> "median min max" of that column over rounds
+stats() {
+    awk -F'\t' -v p="$1" -v c="$2" '$2 == p {print $c}' "$RAW" | sort -g |
+        awk '{ a[NR] = $1 } END {
+            if (NR == 0) { print "nan nan nan"; exit }
+            m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+            print m, a[1], a[NR]
+        }'
+}
+
+declare -A MED_RPS MIN_RPS MAX_RPS MED_P99 MED_CPU ERRS
+for p in "${PEER_LIST[@]}"; do
+    read -r "MED_RPS[$p]" "MIN_RPS[$p]" "MAX_RPS[$p]" < <(stats "$p" 3)
+    read -r "MED_P99[$p]" _ _ < <(stats "$p" 4)
+    read -r "MED_CPU[$p]" _ _ < <(stats "$p" 6)
+    ERRS[$p]=$(awk -F'\t' -v p="$p" '$2 == p {s += $5} END {print s + 0}' "$RAW")
+done
+
+MD="$WORK/report.md"
+PEERS_CSV="${PEER_LIST[*]}"
+PEERS_CSV=${PEERS_CSV// /, }
+if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP unrecorded warm-up"; fi
+{
+    echo "### pinlb vs nginx vs HAProxy ($(date -u +%Y-%m-%d), commit $COMMIT)"
+    echo
+    echo "- Command: \`$ENV_LINE $CMDLINE\`"
+    echo "- Host: nproc=$NCPU, $CPU_MODEL, $(uname -sr); before start core0 ${IDLE_BUSY0}% / core1 ${IDLE_BUSY1}% busy"
+    echo "- Topology: proxy under test pinned to core 0 with one worker (nginx \`worker_processes 1\`, HAProxy \`nbthread 1\`, pinlb \`cpus = [0]\`); backend nginx (1 worker, \`return 200 \"hello world\\n\"\`) and \`wrk -t1 -c$CONNS --latency\` share core 1. Keep-alive on both sides (64 pooled upstream connections), X-Forwarded-For added, no logs, no gzip."
+    echo "- $ROUNDS interleaved rounds (${PEERS_CSV}, repeat), each $WARMUP_TXT then $DURATION recorded; proxies started once for the whole run. Medians over rounds; CPU = utime+stime of all the proxy's processes per completed request."
+    echo
+    echo "| proxy | version | req/s (median) | req/s min | req/s max | p99 µs (median) | CPU µs/req (median) | errors (all rounds) |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|"
+    for p in "${PEER_LIST[@]}"; do
+        printf '| %s | %s | %.0f | %.0f | %.0f | %.0f | %.2f | %s |\n' "$p" "${VERSION[$p]}" \
+            "${MED_RPS[$p]}" "${MIN_RPS[$p]}" "${MAX_RPS[$p]}" "${MED_P99[$p]}" "${MED_CPU[$p]}" "${ERRS[$p]}"
+    done
+    others=()
+    for p in "${PEER_LIST[@]}"; do [[ $p == pinlb ]] || others+=("$p"); done
+    if [[ " ${PEER_LIST[*]} " == *" pinlb "* ]] && ((${#others[@]} > 0)); then
+        best_rps="" best_rps_p="" best_p99="" best_p99_p="" best_cpu="" best_cpu_p=""
+        for p in "${others[@]}"; do
+            if [[ -z $best_rps ]] || awk -v a="${MED_RPS[$p]}" -v b="$best_rps" 'BEGIN { exit !(a > b) }'; then
+                best_rps=${MED_RPS[$p]} best_rps_p=$p
+            fi
+            if [[ -z $best_p99 ]] || awk -v a="${MED_P99[$p]}" -v b="$best_p99" 'BEGIN { exit !(a < b) }'; then
+                best_p99=${MED_P99[$p]} best_p99_p=$p
+            fi
+            if [[ -z $best_cpu ]] || awk -v a="${MED_CPU[$p]}" -v b="$best_cpu" 'BEGIN { exit !(a < b) }'; then
+                best_cpu=${MED_CPU[$p]} best_cpu_p=$p
+            fi
+        done
+        ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+        echo
+        echo "pinlb relative to the best peer (medians):"
+        echo
+        echo "- throughput: pinlb req/s ÷ $best_rps_p req/s = **$(ratio "${MED_RPS[pinlb]}" "$best_rps")** (> 1 is better)"
+        echo "- p99 latency: pinlb p99 ÷ $best_p99_p p99 = **$(ratio "${MED_P99[pinlb]}" "$best_p99")** (< 1 is better)"
+        echo "- CPU per request: pinlb ÷ $best_cpu_p = **$(ratio "${MED_CPU[pinlb]}" "$best_cpu")** (< 1 is leaner)"
+    fi
+    noisy=$(awk -F'\t' '$10 > 10 { n++ } END { print n + 0 }' "$RAW")
+    if ((noisy > 0)); then
+        echo
+        echo "**Warning:** in $noisy round(s) core 0 was more than 10% busy outside the proxy under test (another program was running); those numbers are noisy."
+    fi
+    echo
+    echo "<details><summary>per-round results</summary>"
+    echo
+    echo "| round | proxy | req/s | p99 µs | CPU µs/req | errors | requests | core0 busy | core0 busy outside proxy | core1 busy |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    awk -F'\t' '{ printf "| %s | %s | %.0f | %s | %s | %s | %s | %s%% | %s%% | %s%% |\n", $1, $2, $3, $4, $6, $5, $7, $8, $10, $9 }' "$RAW"
+    echo
+    echo "</details>"
+} >"$MD"
+
+echo
+cat "$MD"
+if mkdir -p "$(dirname -- "$OUT_MD")" && cp "$MD" "$OUT_MD"; then
+    log "report written to $OUT_MD"
+else
+    log "WARNING: could not write $OUT_MD"
+fi

@@ -1,0 +1,36 @@
+//! pinlb: a pinned, TOML-configured HTTP/1.1 reverse proxy and load balancer.
+//!
+//! # Layout
+//!
+//! Data flows one way: config → validated plan → workers on cores → per-request path.
+//!
+//! - [`config`]: the TOML file, raw types and validation into a [`Config`]; errors carry
+//!   `file:line:col` and the key.
+//! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
+//! - [`balance`]: backend selection (smooth weighted round robin, least_conn) as pure functions.
+//! - [`upstream`]: backend state shared by workers (atomics) and each worker's own pool.
+//! - [`proxy`]: the request path: rewrite headers, pick, forward, stream back, map errors to
+//!   502/503/504.
+//! - [`server`]: binding `SO_REUSEPORT` sockets and running one pinned single-threaded runtime per
+//!   core, with graceful shutdown.
+//!
+//! A test (or an embedding program) binds first, reads the ports, then runs:
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = pinlb::Config::load("config/pinlb.toml".as_ref())?;
+//! let server = pinlb::Server::bind(config)?;
+//! println!("listening on {:?}", server.local_addrs());
+//! server.run(async { let _ = tokio::signal::ctrl_c().await; })?;
+//! # Ok(()) }
+//! ```
+
+pub mod balance;
+pub mod config;
+pub mod cpus;
+pub mod proxy;
+pub mod server;
+pub mod upstream;
+
+pub use config::{Config, ConfigError};
+pub use server::{Server, ServerError};

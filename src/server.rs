@@ -1,0 +1,237 @@
+//! The pinned runtime: one thread per configured core, each with its own single-threaded tokio
+//! runtime, its own `SO_REUSEPORT` listening sockets and its own upstream connection pools.
+//!
+//! The kernel spreads incoming connections over the workers' sockets, and a connection stays on
+//! the worker that accepted it, so nothing on the request path crosses threads. The thread that
+//! calls [`Server::run`] is pinned to the whole `runtime.cpus` set first; every thread started
+//! afterwards inherits that mask before narrowing it to its own core.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::LocalSet;
+use tracing::{debug, error, info, warn};
+
+use crate::config::Config;
+use crate::cpus::{format_cpu_list, pin_current_thread};
+use crate::proxy::{self, Client};
+use crate::upstream::{SharedUpstream, WorkerUpstream};
+
+/// Errors that stop pinlb from starting or running.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {address}: {source}")]
+    Bind { address: SocketAddr, source: std::io::Error },
+    #[error("cannot pin {what} to cores {cpus}: {source}")]
+    Pin { what: String, cpus: String, source: nix::Error },
+    #[error("cannot start worker {worker}: {source}")]
+    Worker { worker: usize, source: std::io::Error },
+    #[error("worker {worker} panicked")]
+    WorkerPanicked { worker: usize },
+}
+
+/// Listening sockets bound for every worker, ready to run.
+pub struct Server {
+    config: Arc<Config>,
+    /// `sockets[worker][listener]`: each worker has its own socket per listener, all sharing the
+    /// port through `SO_REUSEPORT`.
+    sockets: Vec<Vec<std::net::TcpListener>>,
+    /// The address each listener actually got (port 0 resolved).
+    local_addrs: Vec<SocketAddr>,
+}
+
+impl Server {
+    /// Binds one socket per listener per worker. A listener on port 0 gets a port from the kernel
+    /// for its first socket; the other workers bind that same port.
+    pub fn bind(config: Config) -> Result<Server, ServerError> {
+        let workers = config.runtime.cpus.len();
+        let mut sockets: Vec<Vec<std::net::TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
+        let mut local_addrs = Vec::with_capacity(config.listeners.len());
+        for l in &config.listeners {
+            let mut addr = l.address;
+            for per_worker in sockets.iter_mut() {
+                let sock = reuseport_listener(addr).map_err(|source| ServerError::Bind { address: addr, source })?;
+                if addr.port() == 0 {
+                    addr = sock.local_addr().map_err(|source| ServerError::Bind { address: addr, source })?;
+                }
+                per_worker.push(sock);
+            }
+            local_addrs.push(addr);
+        }
+        Ok(Server { config: Arc::new(config), sockets, local_addrs })
+    }
+
+    /// The bound address of each listener, in config order.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.local_addrs
+    }
+
+    /// Runs the workers until `shutdown` completes, then stops accepting, lets in-flight requests
+    /// finish for up to `runtime.shutdown_timeout`, and returns.
+    ///
+    /// Blocks the calling thread, which it pins to `runtime.cpus` and uses to await `shutdown`
+    /// (typically a signal).
+    pub fn run<F: Future<Output = ()>>(self, shutdown: F) -> Result<(), ServerError> {
+        let Server { config, sockets, local_addrs } = self;
+        let cpus = config.runtime.cpus.clone();
+        pin_current_thread(&cpus).map_err(|source| ServerError::Pin {
+            what: "the control thread".into(),
+            cpus: format_cpu_list(&cpus),
+            source,
+        })?;
+        for w in &config.warnings {
+            warn!("{w}");
+        }
+        for (l, addr) in config.listeners.iter().zip(&local_addrs) {
+            info!("listening on {addr} for upstream {}", config.upstreams[l.upstream].name);
+        }
+
+        let upstreams: Vec<Arc<SharedUpstream>> =
+            config.upstreams.iter().map(|u| Arc::new(SharedUpstream::new(u.clone()))).collect();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut threads = Vec::with_capacity(cpus.len());
+        for (worker, (core, listeners)) in cpus.iter().copied().zip(sockets).enumerate() {
+            let config = config.clone();
+            let upstreams = upstreams.clone();
+            let stop = stop_rx.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("pinlb-w{worker}"))
+                .spawn(move || worker_main(worker, core, config, upstreams, listeners, stop))
+                .map_err(|source| ServerError::Worker { worker, source })?;
+            threads.push(handle);
+        }
+
+        let control = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|source| ServerError::Worker { worker: usize::MAX, source })?;
+        control.block_on(shutdown);
+        info!("shutting down: no new connections; in-flight requests get up to {:?}", config.runtime.shutdown_timeout);
+        let _ = stop_tx.send(true);
+
+        let mut result = Ok(());
+        for (worker, t) in threads.into_iter().enumerate() {
+            match t.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => result = Err(e),
+                Err(_) => result = Err(ServerError::WorkerPanicked { worker }),
+            }
+        }
+        info!("stopped");
+        result
+    }
+}
+
+fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
+    sock.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        sock.set_only_v6(true)?;
+    }
+    sock.set_nonblocking(true)?;
+    sock.bind(&addr.into())?;
+    // nginx's default backlog on Linux.
+    sock.listen(511)?;
+    Ok(sock.into())
+}
+
+fn worker_main(
+    worker: usize,
+    core: usize,
+    config: Arc<Config>,
+    upstreams: Vec<Arc<SharedUpstream>>,
+    sockets: Vec<std::net::TcpListener>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), ServerError> {
+    pin_current_thread(&[core]).map_err(|source| ServerError::Pin {
+        what: format!("worker {worker}"),
+        cpus: core.to_string(),
+        source,
+    })?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| ServerError::Worker { worker, source })?;
+    info!("worker {worker} running on core {core}");
+
+    let local = LocalSet::new();
+    local.block_on(&rt, async move {
+        let graceful = Rc::new(GracefulShutdown::new());
+        let mut accepting = Vec::with_capacity(sockets.len());
+        for (l, sock) in config.listeners.iter().zip(sockets) {
+            let listener = TcpListener::from_std(sock).map_err(|source| ServerError::Worker { worker, source })?;
+            let upstream = WorkerUpstream::new(upstreams[l.upstream].clone());
+            let idle = upstream.shared.config.timeouts.client_idle;
+            accepting.push(tokio::task::spawn_local(accept_loop(
+                listener,
+                upstream,
+                idle,
+                graceful.clone(),
+                stop.clone(),
+            )));
+        }
+        for a in accepting {
+            let _ = a.await;
+        }
+        // The listening sockets are closed now; wait for open connections to finish.
+        let timeout = config.runtime.shutdown_timeout;
+        // The accept loops have ended and dropped their handles, so this is the last one.
+        let Ok(graceful) = Rc::try_unwrap(graceful) else {
+            return Ok(());
+        };
+        if tokio::time::timeout(timeout, graceful.shutdown()).await.is_err() {
+            warn!("worker {worker}: connections still open after {timeout:?}, closing them");
+        }
+        Ok(())
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: Rc<WorkerUpstream>,
+    client_idle: Duration,
+    graceful: Rc<GracefulShutdown>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut builder = http1::Builder::new();
+    // hyper's header read timeout also runs while a keep-alive connection waits for its next
+    // request, so it is exactly nginx's keepalive_timeout.
+    builder.timer(TokioTimer::new()).header_read_timeout(client_idle);
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning on accept.
+                error!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let client = Rc::new(Client::new(peer));
+        let upstream = upstream.clone();
+        let service = service_fn(move |req| proxy::handle(upstream.clone(), client.clone(), req));
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        tokio::task::spawn_local(async move {
+            if let Err(e) = conn.await {
+                debug!(client = %peer, "client connection ended: {e}");
+            }
+        });
+    }
+}

@@ -1,0 +1,145 @@
+//! Upstream state: what workers share (per-backend atomics) and what each worker owns (its
+//! selection state and its pool of idle keep-alive connections).
+//!
+//! The split is what keeps the request path free of locks: shared state is a handful of atomics
+//! behind an `Arc`, and everything else lives in the worker's own single-threaded runtime, behind
+//! `Rc`/`RefCell` that no other thread can see.
+
+use std::cell::RefCell;
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
+
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+
+use crate::balance::{SmoothWrr, least_conn};
+use crate::config::{Algorithm, Upstream};
+
+/// A backend as every worker sees it.
+#[derive(Debug)]
+pub struct BackendState {
+    pub address: SocketAddr,
+    pub weight: u32,
+    /// Requests sent to this backend whose response has not finished yet, across all workers.
+    /// least_conn reads it; [`InFlight`] is the only writer.
+    pub in_flight: AtomicUsize,
+}
+
+/// An upstream as every worker sees it.
+#[derive(Debug)]
+pub struct SharedUpstream {
+    pub config: Upstream,
+    pub backends: Vec<BackendState>,
+    /// Weights copied out of `backends` so selection reads one contiguous slice.
+    pub weights: Vec<u32>,
+}
+
+impl SharedUpstream {
+    pub fn new(config: Upstream) -> Self {
+        let backends = config
+            .backends
+            .iter()
+            .map(|b| BackendState { address: b.address, weight: b.weight, in_flight: AtomicUsize::new(0) })
+            .collect();
+        let weights = config.backends.iter().map(|b| b.weight).collect();
+        SharedUpstream { config, backends, weights }
+    }
+}
+
+/// Counts one request against a backend's `in_flight` for as long as it lives.
+///
+/// It travels with the response body and is dropped when the body ends or the client goes away,
+/// so errors, timeouts and cancelled clients can never leak a count.
+#[derive(Debug)]
+pub struct InFlight {
+    upstream: Arc<SharedUpstream>,
+    backend: usize,
+}
+
+impl InFlight {
+    pub fn new(upstream: Arc<SharedUpstream>, backend: usize) -> Self {
+        upstream.backends[backend].in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight { upstream, backend }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.upstream.backends[self.backend].in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The connection type to backends: the client's own body streams straight through.
+pub type Sender = SendRequest<Incoming>;
+
+/// One worker's view of an upstream.
+pub struct WorkerUpstream {
+    pub shared: Arc<SharedUpstream>,
+    /// Smooth weighted round-robin scores. Per worker: each worker's picks follow the weights
+    /// exactly, so the sum over workers does too, without sharing a counter.
+    wrr: RefCell<SmoothWrr>,
+    /// Idle keep-alive connections, one stack per backend (most recently used on top, so the
+    /// warmest connection is reused and surplus ones age out).
+    idle: Vec<RefCell<Vec<Sender>>>,
+}
+
+impl WorkerUpstream {
+    pub fn new(shared: Arc<SharedUpstream>) -> Rc<Self> {
+        let n = shared.backends.len();
+        Rc::new(WorkerUpstream {
+            wrr: RefCell::new(SmoothWrr::new(n)),
+            idle: (0..n).map(|_| RefCell::new(Vec::new())).collect(),
+            shared,
+        })
+    }
+
+    /// Picks a backend among those `eligible`, by the upstream's algorithm.
+    pub fn pick(&self, eligible: impl Fn(usize) -> bool) -> Option<usize> {
+        let shared = &*self.shared;
+        let mut wrr = self.wrr.borrow_mut();
+        match shared.config.algorithm {
+            Algorithm::RoundRobin => wrr.pick(&shared.weights, eligible),
+            Algorithm::LeastConn => least_conn(
+                &mut wrr,
+                &shared.weights,
+                |i| shared.backends[i].in_flight.load(Ordering::Relaxed),
+                eligible,
+            ),
+        }
+    }
+
+    /// Takes an idle connection to `backend` that is ready for a request, dropping dead ones.
+    ///
+    /// A connection whose previous exchange the connection task hasn't wrapped up yet is left
+    /// in place rather than waited for: a fresh connection is cheaper than a stall.
+    pub async fn checkout(&self, backend: usize) -> Option<Sender> {
+        poll_fn(|cx| {
+            let mut idle = self.idle[backend].borrow_mut();
+            let mut i = idle.len();
+            while i > 0 {
+                i -= 1;
+                match idle[i].poll_ready(cx) {
+                    Poll::Ready(Ok(())) => return Poll::Ready(Some(idle.remove(i))),
+                    Poll::Ready(Err(_)) => {
+                        idle.remove(i);
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            Poll::Ready(None)
+        })
+        .await
+    }
+
+    /// Returns a connection after a complete exchange; beyond `keepalive` it is closed instead.
+    pub fn checkin(&self, backend: usize, conn: Sender) {
+        let mut idle = self.idle[backend].borrow_mut();
+        if idle.len() < self.shared.config.keepalive && !conn.is_closed() {
+            idle.push(conn);
+        }
+    }
+}
