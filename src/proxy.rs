@@ -23,7 +23,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
-use crate::upstream::{InFlight, Sender, WorkerUpstream};
+use crate::upstream::{FAIL_TIMEOUT, InFlight, Sender, WorkerUpstream};
 
 /// Everything one client connection's requests need to know about the client.
 pub struct Client {
@@ -44,7 +44,7 @@ impl Client {
 /// [`ProxyError::status`].
 #[derive(Debug)]
 pub enum ProxyError {
-    /// Every backend is excluded (none configured can be used right now).
+    /// Every backend is skipped: each failed within the last [`FAIL_TIMEOUT`].
     NoBackend,
     /// Every backend was tried and failed to connect, or the chosen one failed mid-exchange.
     BadGateway { backend: SocketAddr, cause: String },
@@ -65,7 +65,7 @@ impl ProxyError {
 impl fmt::Display for ProxyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ProxyError::NoBackend => f.write_str("no backend available"),
+            ProxyError::NoBackend => f.write_str("no backend available: every backend failed within the last fail_timeout"),
             ProxyError::BadGateway { backend, cause } => write!(f, "backend {backend} failed: {cause}"),
             ProxyError::Timeout { backend, after } => {
                 write!(f, "backend {backend} sent no response headers within {after:?}")
@@ -178,22 +178,29 @@ async fn forward(
 
     // Connect failures move on to the next backend: nothing was sent, so trying elsewhere is
     // always safe. Each backend is tried at most once per request.
-    let n = upstream.shared.backends.len();
+    // A backend whose connect failed recently is skipped, as with nginx's max_fails=1
+    // fail_timeout=10s; a lone backend never is, since skipping it cannot help.
+    let backends = &upstream.shared.backends;
+    let n = backends.len();
     let mut tried = Tried::new(n);
     let mut last_error: Option<ProxyError> = None;
     let (backend, conn) = loop {
-        let Some(b) = upstream.pick(|i| !tried.contains(i)) else {
+        let Some(b) = upstream.pick(|i| !tried.contains(i) && (n == 1 || !backends[i].is_failed())) else {
             return Err(last_error.unwrap_or(ProxyError::NoBackend));
         };
         tried.insert(b);
-        let addr = upstream.shared.backends[b].address;
+        let addr = backends[b].address;
         if let Some(conn) = upstream.checkout(b).await {
             break (b, conn);
         }
         match connect(addr, timeouts.connect).await {
-            Ok(conn) => break (b, conn),
+            Ok(conn) => {
+                backends[b].mark_ok();
+                break (b, conn);
+            }
             Err(cause) => {
-                warn!(backend = %addr, "connect failed: {cause}; trying the next backend");
+                warn!(backend = %addr, "connect failed: {cause}; skipping it for {FAIL_TIMEOUT:?}, trying the next backend");
+                backends[b].mark_failed();
                 last_error = Some(ProxyError::BadGateway { backend: addr, cause });
             }
         }

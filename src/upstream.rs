@@ -10,7 +10,9 @@ use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 use std::task::Poll;
 
 use hyper::body::Incoming;
@@ -27,6 +29,45 @@ pub struct BackendState {
     /// Requests sent to this backend whose response has not finished yet, across all workers.
     /// least_conn reads it; [`InFlight`] is the only writer.
     pub in_flight: AtomicUsize,
+    /// While non-zero: the backend failed recently and is skipped until this instant, in
+    /// milliseconds on [`clock_ms`]'s scale. Zero means usable, so the request path only reads
+    /// the clock for a backend that actually failed.
+    failed_until_ms: AtomicU64,
+}
+
+/// How long a backend whose connect failed is skipped: nginx's `max_fails=1 fail_timeout=10s`.
+pub const FAIL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Milliseconds since the first call in this process; never zero, so zero can mean "never".
+fn clock_ms() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX) + 1
+}
+
+impl BackendState {
+    fn new(address: SocketAddr, weight: u32) -> Self {
+        BackendState { address, weight, in_flight: AtomicUsize::new(0), failed_until_ms: AtomicU64::new(0) }
+    }
+
+    /// Marks the backend failed: workers skip it for [`FAIL_TIMEOUT`].
+    pub fn mark_failed(&self) {
+        let until = clock_ms() + u64::try_from(FAIL_TIMEOUT.as_millis()).unwrap_or(u64::MAX / 2);
+        self.failed_until_ms.store(until, Ordering::Relaxed);
+    }
+
+    /// Whether the backend is inside a failure window.
+    pub fn is_failed(&self) -> bool {
+        let until = self.failed_until_ms.load(Ordering::Relaxed);
+        until != 0 && clock_ms() < until
+    }
+
+    /// Clears a failure mark once the backend has answered again.
+    pub fn mark_ok(&self) {
+        if self.failed_until_ms.load(Ordering::Relaxed) != 0 {
+            self.failed_until_ms.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 /// An upstream as every worker sees it.
@@ -43,7 +84,7 @@ impl SharedUpstream {
         let backends = config
             .backends
             .iter()
-            .map(|b| BackendState { address: b.address, weight: b.weight, in_flight: AtomicUsize::new(0) })
+            .map(|b| BackendState::new(b.address, b.weight))
             .collect();
         let weights = config.backends.iter().map(|b| b.weight).collect();
         SharedUpstream { config, backends, weights }
