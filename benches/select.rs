@@ -1,1 +1,38 @@
-fn main() {}
+//! Backend selection cost: one pick with 2, 16 and 256 backends, for both rules.
+//!
+//! Run with `cargo bench --bench select`.
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use pinlb::balance::{SmoothWrr, least_conn};
+
+fn weights(n: usize) -> Vec<u32> {
+    (0..n).map(|i| 1 + (i % 5) as u32).collect()
+}
+
+fn select(c: &mut Criterion) {
+    let mut group = c.benchmark_group("select");
+    for n in [2usize, 16, 256] {
+        let w = weights(n);
+        group.bench_with_input(BenchmarkId::new("round_robin", n), &n, |b, _| {
+            let mut wrr = SmoothWrr::new(n);
+            b.iter(|| wrr.pick(black_box(&w), |_| true))
+        });
+        // Distinct loads: one clear winner, the common case.
+        let in_flight: Vec<usize> = (0..n).map(|i| (i * 7919) % 97 + 1).collect();
+        group.bench_with_input(BenchmarkId::new("least_conn", n), &n, |b, _| {
+            let mut wrr = SmoothWrr::new(n);
+            b.iter(|| least_conn(&mut wrr, black_box(&w), |i| in_flight[i], |_| true))
+        });
+        // All idle: every backend ties, so the round-robin tie-break runs too.
+        group.bench_with_input(BenchmarkId::new("least_conn_all_tied", n), &n, |b, _| {
+            let mut wrr = SmoothWrr::new(n);
+            b.iter(|| least_conn(&mut wrr, black_box(&w), |_| 0, |_| true))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, select);
+criterion_main!(benches);
