@@ -15,7 +15,9 @@ pub struct SmoothWrr {
 
 impl SmoothWrr {
     pub fn new(backends: usize) -> Self {
-        SmoothWrr { current: vec![0; backends] }
+        SmoothWrr {
+            current: vec![0; backends],
+        }
     }
 
     /// Picks one of the eligible backends, or `None` when none is eligible.
@@ -122,7 +124,9 @@ mod tests {
     #[test]
     fn ineligible_backends_are_skipped() {
         let mut wrr = SmoothWrr::new(3);
-        let picks: Vec<_> = (0..4).map(|_| wrr.pick(&[1, 1, 1], |i| i != 1).unwrap()).collect();
+        let picks: Vec<_> = (0..4)
+            .map(|_| wrr.pick(&[1, 1, 1], |i| i != 1).unwrap())
+            .collect();
         assert_eq!(picks, vec![0, 2, 0, 2]);
     }
 
@@ -137,23 +141,34 @@ mod tests {
     fn least_conn_prefers_the_backend_with_fewer_requests_in_flight() {
         let mut wrr = SmoothWrr::new(3);
         let in_flight = [4, 1, 3];
-        assert_eq!(least_conn(&mut wrr, &[1, 1, 1], |i| in_flight[i], |_| true), Some(1));
+        assert_eq!(
+            least_conn(&mut wrr, &[1, 1, 1], |i| in_flight[i], |_| true),
+            Some(1)
+        );
     }
 
     #[test]
     fn least_conn_divides_by_weight() {
         let mut wrr = SmoothWrr::new(2);
         // 5/4 = 1.25 against 2/1 = 2: the heavier backend carries more and still wins.
-        assert_eq!(least_conn(&mut wrr, &[4, 1], |i| [5, 2][i], |_| true), Some(0));
+        assert_eq!(
+            least_conn(&mut wrr, &[4, 1], |i| [5, 2][i], |_| true),
+            Some(0)
+        );
         // 9/4 = 2.25 against 2/1 = 2.
-        assert_eq!(least_conn(&mut wrr, &[4, 1], |i| [9, 2][i], |_| true), Some(1));
+        assert_eq!(
+            least_conn(&mut wrr, &[4, 1], |i| [9, 2][i], |_| true),
+            Some(1)
+        );
     }
 
     #[test]
     fn least_conn_ties_follow_weighted_round_robin() {
         let mut wrr = SmoothWrr::new(3);
         let picks: String = (0..7)
-            .map(|_| (b'a' + least_conn(&mut wrr, &[5, 1, 1], |_| 0, |_| true).unwrap() as u8) as char)
+            .map(|_| {
+                (b'a' + least_conn(&mut wrr, &[5, 1, 1], |_| 0, |_| true).unwrap() as u8) as char
+            })
             .collect();
         assert_eq!(picks, "aabacaa");
     }
@@ -171,6 +186,9 @@ mod tests {
     #[test]
     fn least_conn_skips_ineligible() {
         let mut wrr = SmoothWrr::new(2);
-        assert_eq!(least_conn(&mut wrr, &[1, 1], |i| [0, 9][i], |i| i == 1), Some(1));
+        assert_eq!(
+            least_conn(&mut wrr, &[1, 1], |i| [0, 9][i], |i| i == 1),
+            Some(1)
+        );
     }
 }

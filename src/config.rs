@@ -14,8 +14,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use toml::Spanned;
 
 use crate::cpus::{format_cpu_list, parse_cpu_list};
@@ -124,9 +124,11 @@ impl<'de> Deserialize<'de> for CpuList {
                 self.visit_i64(i64::try_from(v).unwrap_or(-1))
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<CpuList, E> {
-                parse_cpu_list(s)
-                    .map(CpuList)
-                    .map_err(|e| E::custom(format!("invalid core list \"{s}\" ({e}), expected {EXPECTED}")))
+                parse_cpu_list(s).map(CpuList).map_err(|e| {
+                    E::custom(format!(
+                        "invalid core list \"{s}\" ({e}), expected {EXPECTED}"
+                    ))
+                })
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<CpuList, A::Error> {
                 let mut out = Vec::new();
@@ -300,20 +302,28 @@ impl Config {
             }
         };
 
-        let de = toml::Deserializer::parse(text).map_err(|e| {
-            at(e.span().unwrap_or(0..0), "", e.message().to_string())
-        })?;
+        let de = toml::Deserializer::parse(text)
+            .map_err(|e| at(e.span().unwrap_or(0..0), "", e.message().to_string()))?;
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = e.path().to_string();
             let inner = e.into_inner();
             let key = if key == "." { String::new() } else { key };
-            at(inner.span().unwrap_or(0..0), &key, inner.message().to_string())
+            at(
+                inner.span().unwrap_or(0..0),
+                &key,
+                inner.message().to_string(),
+            )
         })?;
 
         let cpus = match &raw.runtime.cpus {
             None => {
                 if allowed.is_empty() {
-                    return Err(at(0..0, "runtime.cpus", "cannot read the cores this process may run on; list them explicitly".into()));
+                    return Err(at(
+                        0..0,
+                        "runtime.cpus",
+                        "cannot read the cores this process may run on; list them explicitly"
+                            .into(),
+                    ));
                 }
                 allowed.to_vec()
             }
@@ -322,7 +332,11 @@ impl Config {
                 cpus.sort_unstable();
                 cpus.dedup();
                 if cpus.is_empty() {
-                    return Err(at(list.span(), "runtime.cpus", "expected at least one core".into()));
+                    return Err(at(
+                        list.span(),
+                        "runtime.cpus",
+                        "expected at least one core".into(),
+                    ));
                 }
                 if let Some(bad) = cpus.iter().find(|c| !allowed.contains(c)) {
                     return Err(at(
@@ -339,7 +353,10 @@ impl Config {
         };
         let runtime = Runtime {
             cpus,
-            shutdown_timeout: raw.runtime.shutdown_timeout.map_or(DEFAULT_SHUTDOWN_TIMEOUT, |d| d.0),
+            shutdown_timeout: raw
+                .runtime
+                .shutdown_timeout
+                .map_or(DEFAULT_SHUTDOWN_TIMEOUT, |d| d.0),
         };
 
         let mut warnings = Vec::new();
@@ -348,25 +365,41 @@ impl Config {
         for (name, up) in &raw.upstream {
             let key = format!("upstream.{name}");
             if up.backends.get_ref().is_empty() {
-                return Err(at(up.backends.span(), &format!("{key}.backends"), "an upstream needs at least one backend".into()));
+                return Err(at(
+                    up.backends.span(),
+                    &format!("{key}.backends"),
+                    "an upstream needs at least one backend".into(),
+                ));
             }
             let mut backends = Vec::with_capacity(up.backends.get_ref().len());
             for (i, b) in up.backends.get_ref().iter().enumerate() {
                 let bkey = format!("{key}.backends[{i}]");
                 let address: SocketAddr = b.address.get_ref().parse().map_err(|_| {
-                    at(b.address.span(), &format!("{bkey}.address"), format!(
-                        "invalid address \"{}\", expected IP:PORT such as \"127.0.0.1:8881\"",
-                        b.address.get_ref()
-                    ))
+                    at(
+                        b.address.span(),
+                        &format!("{bkey}.address"),
+                        format!(
+                            "invalid address \"{}\", expected IP:PORT such as \"127.0.0.1:8881\"",
+                            b.address.get_ref()
+                        ),
+                    )
                 })?;
                 if !seen.insert(address) {
-                    return Err(at(b.address.span(), &format!("{bkey}.address"), format!(
-                        "duplicate backend address {address}; each backend may appear once"
-                    )));
+                    return Err(at(
+                        b.address.span(),
+                        &format!("{bkey}.address"),
+                        format!(
+                            "duplicate backend address {address}; each backend may appear once"
+                        ),
+                    ));
                 }
                 let weight = *b.weight.get_ref();
                 if weight == 0 {
-                    return Err(at(b.weight.span(), &format!("{bkey}.weight"), "weight 0 is not allowed, expected a positive integer".into()));
+                    return Err(at(
+                        b.weight.span(),
+                        &format!("{bkey}.weight"),
+                        "weight 0 is not allowed, expected a positive integer".into(),
+                    ));
                 }
                 let cpus = b.cpus.as_ref().map(|c| {
                     let mut v = c.get_ref().0.clone();
@@ -375,7 +408,11 @@ impl Config {
                     v
                 });
                 if let Some(bcpus) = &cpus {
-                    let shared: Vec<usize> = bcpus.iter().copied().filter(|c| runtime.cpus.contains(c)).collect();
+                    let shared: Vec<usize> = bcpus
+                        .iter()
+                        .copied()
+                        .filter(|c| runtime.cpus.contains(c))
+                        .collect();
                     if !shared.is_empty() {
                         warnings.push(format!(
                             "backend {address} (upstream {name}) is pinned to cores {}, which overlap pinlb's cores {}",
@@ -384,7 +421,11 @@ impl Config {
                         ));
                     }
                 }
-                backends.push(Backend { address, weight, cpus });
+                backends.push(Backend {
+                    address,
+                    weight,
+                    cpus,
+                });
             }
             let t = &up.timeouts;
             let d = Timeouts::default();
@@ -402,29 +443,53 @@ impl Config {
         }
 
         if raw.listeners.is_empty() {
-            return Err(at(0..0, "listener", "expected at least one [[listener]]".into()));
+            return Err(at(
+                0..0,
+                "listener",
+                "expected at least one [[listener]]".into(),
+            ));
         }
         let mut listeners = Vec::with_capacity(raw.listeners.len());
         for (i, l) in raw.listeners.iter().enumerate() {
             let key = format!("listener[{i}]");
             let address: SocketAddr = l.address.get_ref().parse().map_err(|_| {
-                at(l.address.span(), &format!("{key}.address"), format!(
-                    "invalid address \"{}\", expected IP:PORT such as \"127.0.0.1:8888\"",
-                    l.address.get_ref()
-                ))
+                at(
+                    l.address.span(),
+                    &format!("{key}.address"),
+                    format!(
+                        "invalid address \"{}\", expected IP:PORT such as \"127.0.0.1:8888\"",
+                        l.address.get_ref()
+                    ),
+                )
             })?;
             let wanted = l.upstream.get_ref();
-            let upstream = upstreams.iter().position(|u| &u.name == wanted).ok_or_else(|| {
-                let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
-                at(l.upstream.span(), &format!("{key}.upstream"), format!(
-                    "unknown upstream \"{wanted}\", expected one of: {}",
-                    if known.is_empty() { "(none defined)".to_string() } else { known.join(", ") }
-                ))
-            })?;
+            let upstream = upstreams
+                .iter()
+                .position(|u| &u.name == wanted)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+                    at(
+                        l.upstream.span(),
+                        &format!("{key}.upstream"),
+                        format!(
+                            "unknown upstream \"{wanted}\", expected one of: {}",
+                            if known.is_empty() {
+                                "(none defined)".to_string()
+                            } else {
+                                known.join(", ")
+                            }
+                        ),
+                    )
+                })?;
             listeners.push(Listener { address, upstream });
         }
 
-        Ok(Config { runtime, listeners, upstreams, warnings })
+        Ok(Config {
+            runtime,
+            listeners,
+            upstreams,
+            warnings,
+        })
     }
 
     /// The resolved plan as `pinlb check` prints it.
@@ -432,12 +497,21 @@ impl Config {
         use std::fmt::Write;
         let mut s = String::new();
         let rt = &self.runtime;
-        let _ = writeln!(s, "runtime: {} worker(s), shutdown_timeout {:?}", rt.cpus.len(), rt.shutdown_timeout);
+        let _ = writeln!(
+            s,
+            "runtime: {} worker(s), shutdown_timeout {:?}",
+            rt.cpus.len(),
+            rt.shutdown_timeout
+        );
         for (i, c) in rt.cpus.iter().enumerate() {
             let _ = writeln!(s, "  worker {i} -> core {c}");
         }
         for l in &self.listeners {
-            let _ = writeln!(s, "listener {} -> upstream {}", l.address, self.upstreams[l.upstream].name);
+            let _ = writeln!(
+                s,
+                "listener {} -> upstream {}",
+                l.address, self.upstreams[l.upstream].name
+            );
         }
         for u in &self.upstreams {
             let t = &u.timeouts;
@@ -452,7 +526,11 @@ impl Config {
                 t.client_idle
             );
             for b in &u.backends {
-                let pinned = b.cpus.as_deref().map(|c| format!(", cores {}", format_cpu_list(c))).unwrap_or_default();
+                let pinned = b
+                    .cpus
+                    .as_deref()
+                    .map(|c| format!(", cores {}", format_cpu_list(c)))
+                    .unwrap_or_default();
                 let _ = writeln!(s, "  backend {} weight {}{pinned}", b.address, b.weight);
             }
         }
@@ -484,7 +562,9 @@ mod tests {
     }
 
     fn err(text: &str) -> String {
-        parse(text).expect_err("config should be rejected").to_string()
+        parse(text)
+            .expect_err("config should be rejected")
+            .to_string()
     }
 
     const MINIMAL: &str = r#"
@@ -542,7 +622,10 @@ client_idle = "2s"
         let u = &c.upstreams[0];
         assert_eq!(u.algorithm, Algorithm::LeastConn);
         assert_eq!(u.keepalive, 8);
-        assert_eq!(u.backends.iter().map(|b| b.weight).collect::<Vec<_>>(), vec![5, 1, 1]);
+        assert_eq!(
+            u.backends.iter().map(|b| b.weight).collect::<Vec<_>>(),
+            vec![5, 1, 1]
+        );
         assert_eq!(u.timeouts.response, Duration::from_secs(60));
         assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
         assert!(c.warnings[0].contains("127.0.0.1:8883"), "{:?}", c.warnings);
@@ -550,7 +633,10 @@ client_idle = "2s"
 
     #[test]
     fn unknown_algorithm_names_place_key_and_choices() {
-        let e = err(&MINIMAL.replace("[upstream.app]\n", "[upstream.app]\nalgorithm = \"leastconn\"\n"));
+        let e = err(&MINIMAL.replace(
+            "[upstream.app]\n",
+            "[upstream.app]\nalgorithm = \"leastconn\"\n",
+        ));
         assert_eq!(
             e,
             "pinlb.toml:7:13: upstream.app.algorithm: unknown value \"leastconn\", expected one of round_robin, least_conn"
@@ -559,8 +645,14 @@ client_idle = "2s"
 
     #[test]
     fn unknown_keys_are_errors() {
-        let e = err(&MINIMAL.replace("[upstream.app]\n", "[upstream.app]\nalgoritm = \"least_conn\"\n"));
-        assert!(e.starts_with("pinlb.toml:7:1: upstream.app.algoritm: unknown field `algoritm`"), "{e}");
+        let e = err(&MINIMAL.replace(
+            "[upstream.app]\n",
+            "[upstream.app]\nalgoritm = \"least_conn\"\n",
+        ));
+        assert!(
+            e.starts_with("pinlb.toml:7:1: upstream.app.algoritm: unknown field `algoritm`"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -575,13 +667,19 @@ client_idle = "2s"
     #[test]
     fn empty_upstream_is_rejected() {
         let e = err(&MINIMAL.replace("[{ address = \"127.0.0.1:8881\" }]", "[]"));
-        assert_eq!(e, "pinlb.toml:7:12: upstream.app.backends: an upstream needs at least one backend");
+        assert_eq!(
+            e,
+            "pinlb.toml:7:12: upstream.app.backends: an upstream needs at least one backend"
+        );
     }
 
     #[test]
     fn listener_to_unknown_upstream_is_rejected() {
         let e = err(&MINIMAL.replace("upstream = \"app\"", "upstream = \"web\""));
-        assert_eq!(e, "pinlb.toml:4:12: listener[0].upstream: unknown upstream \"web\", expected one of: app");
+        assert_eq!(
+            e,
+            "pinlb.toml:4:12: listener[0].upstream: unknown upstream \"web\", expected one of: app"
+        );
     }
 
     #[test]
@@ -596,19 +694,28 @@ client_idle = "2s"
     #[test]
     fn core_outside_allowed_set_names_core_and_set() {
         let e = err(&format!("[runtime]\ncpus = \"2-7\"\n{MINIMAL}"));
-        assert_eq!(e, "pinlb.toml:2:8: runtime.cpus: core 4 is not in this process's allowed set 0-3");
+        assert_eq!(
+            e,
+            "pinlb.toml:2:8: runtime.cpus: core 4 is not in this process's allowed set 0-3"
+        );
     }
 
     #[test]
     fn bad_duration_says_what_is_expected() {
         let e = err(&format!("[runtime]\nshutdown_timeout = \"30\"\n{MINIMAL}"));
-        assert!(e.starts_with("pinlb.toml:2:20: runtime.shutdown_timeout: invalid duration \"30\""), "{e}");
+        assert!(
+            e.starts_with("pinlb.toml:2:20: runtime.shutdown_timeout: invalid duration \"30\""),
+            "{e}"
+        );
     }
 
     #[test]
     fn bad_address_says_what_is_expected() {
         let e = err(&MINIMAL.replace("127.0.0.1:8888", "localhost"));
-        assert!(e.starts_with("pinlb.toml:3:11: listener[0].address: invalid address \"localhost\""), "{e}");
+        assert!(
+            e.starts_with("pinlb.toml:3:11: listener[0].address: invalid address \"localhost\""),
+            "{e}"
+        );
     }
 
     #[test]

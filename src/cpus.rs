@@ -32,7 +32,9 @@ pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
 }
 
 fn parse_core(s: &str) -> Result<usize, String> {
-    s.trim().parse().map_err(|_| format!("\"{}\" is not a core number", s.trim()))
+    s.trim()
+        .parse()
+        .map_err(|_| format!("\"{}\" is not a core number", s.trim()))
 }
 
 /// Formats cores compactly, the way `/proc/*/status` does: `0-3,6`.
@@ -65,7 +67,9 @@ pub fn format_cpu_list(cpus: &[usize]) -> String {
 /// The cores this process (its calling thread) is allowed to run on.
 pub fn allowed_cpus() -> Result<Vec<usize>, nix::Error> {
     let set = sched_getaffinity(Pid::from_raw(0))?;
-    Ok((0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect())
+    Ok((0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect())
 }
 
 /// Pins the calling thread to `cpus`. Threads it creates later inherit the mask.

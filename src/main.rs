@@ -8,7 +8,11 @@ use pinlb::{Config, Server};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "pinlb", version, about = "A pinned, TOML-configured HTTP/1.1 load balancer")]
+#[command(
+    name = "pinlb",
+    version,
+    about = "A pinned, TOML-configured HTTP/1.1 load balancer"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -33,7 +37,9 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
@@ -71,7 +77,10 @@ fn main() -> ExitCode {
 /// Completes on SIGTERM or SIGINT.
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => {}

@@ -49,7 +49,10 @@ pub enum ProxyError {
     /// Every backend was tried and failed to connect, or the chosen one failed mid-exchange.
     BadGateway { backend: SocketAddr, cause: String },
     /// The backend did not send response headers within `timeouts.response`.
-    Timeout { backend: SocketAddr, after: Duration },
+    Timeout {
+        backend: SocketAddr,
+        after: Duration,
+    },
 }
 
 impl ProxyError {
@@ -65,10 +68,17 @@ impl ProxyError {
 impl fmt::Display for ProxyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ProxyError::NoBackend => f.write_str("no backend available: every backend failed within the last fail_timeout"),
-            ProxyError::BadGateway { backend, cause } => write!(f, "backend {backend} failed: {cause}"),
+            ProxyError::NoBackend => f.write_str(
+                "no backend available: every backend failed within the last fail_timeout",
+            ),
+            ProxyError::BadGateway { backend, cause } => {
+                write!(f, "backend {backend} failed: {cause}")
+            }
             ProxyError::Timeout { backend, after } => {
-                write!(f, "backend {backend} sent no response headers within {after:?}")
+                write!(
+                    f,
+                    "backend {backend} sent no response headers within {after:?}"
+                )
             }
         }
     }
@@ -185,7 +195,8 @@ async fn forward(
     let mut tried = Tried::new(n);
     let mut last_error: Option<ProxyError> = None;
     let (backend, conn) = loop {
-        let Some(b) = upstream.pick(|i| !tried.contains(i) && (n == 1 || !backends[i].is_failed())) else {
+        let Some(b) = upstream.pick(|i| !tried.contains(i) && (n == 1 || !backends[i].is_failed()))
+        else {
             return Err(last_error.unwrap_or(ProxyError::NoBackend));
         };
         tried.insert(b);
@@ -201,7 +212,10 @@ async fn forward(
             Err(cause) => {
                 warn!(backend = %addr, "connect failed: {cause}; skipping it for {FAIL_TIMEOUT:?}, trying the next backend");
                 backends[b].mark_failed();
-                last_error = Some(ProxyError::BadGateway { backend: addr, cause });
+                last_error = Some(ProxyError::BadGateway {
+                    backend: addr,
+                    cause,
+                });
             }
         }
     };
@@ -220,12 +234,18 @@ async fn forward(
                     Some(back) => {
                         debug!(backend = %addr, "stale pooled connection, reconnecting");
                         req = back;
-                        conn = connect(addr, timeouts.connect)
-                            .await
-                            .map_err(|cause| ProxyError::BadGateway { backend: addr, cause })?;
+                        conn = connect(addr, timeouts.connect).await.map_err(|cause| {
+                            ProxyError::BadGateway {
+                                backend: addr,
+                                cause,
+                            }
+                        })?;
                     }
                     None => {
-                        return Err(ProxyError::BadGateway { backend: addr, cause: describe_hyper(&e.into_error()) });
+                        return Err(ProxyError::BadGateway {
+                            backend: addr,
+                            cause: describe_hyper(&e.into_error()),
+                        });
                     }
                 },
             }
@@ -234,7 +254,12 @@ async fn forward(
     .await;
     let resp = match sent {
         Ok(r) => r?,
-        Err(_) => return Err(ProxyError::Timeout { backend: addr, after: timeouts.response }),
+        Err(_) => {
+            return Err(ProxyError::Timeout {
+                backend: addr,
+                after: timeouts.response,
+            });
+        }
     };
 
     let (mut parts, body) = resp.into_parts();
@@ -253,7 +278,8 @@ async fn forward(
 
 fn connection_close(headers: &HeaderMap) -> bool {
     headers.get_all(header::CONNECTION).iter().any(|v| {
-        v.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
+        v.to_str()
+            .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
     })
 }
 
@@ -307,10 +333,17 @@ struct Tried {
 
 impl Tried {
     fn new(n: usize) -> Self {
-        Tried { small: 0, large: if n > 64 { vec![false; n] } else { Vec::new() } }
+        Tried {
+            small: 0,
+            large: if n > 64 { vec![false; n] } else { Vec::new() },
+        }
     }
     fn contains(&self, i: usize) -> bool {
-        if self.large.is_empty() { self.small & (1 << i) != 0 } else { self.large[i] }
+        if self.large.is_empty() {
+            self.small & (1 << i) != 0
+        } else {
+            self.large[i]
+        }
     }
     fn insert(&mut self, i: usize) {
         if self.large.is_empty() {
@@ -324,13 +357,24 @@ impl Tried {
 /// A short text response for a request pinlb had to answer itself.
 fn error_response(e: &ProxyError, method: &Method) -> Response<ProxyBody> {
     let status = e.status();
-    let text = format!("{} {}: {e}\n", status.as_u16(), status.canonical_reason().unwrap_or(""));
+    let text = format!(
+        "{} {}: {e}\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    );
     let len = text.len();
-    let body = if method == Method::HEAD { Bytes::new() } else { Bytes::from(text) };
+    let body = if method == Method::HEAD {
+        Bytes::new()
+    } else {
+        Bytes::from(text)
+    };
     let mut resp = Response::new(ProxyBody::Local(Some(body)));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     resp
 }
@@ -354,7 +398,10 @@ impl Release {
 /// The body of a response to a client.
 pub enum ProxyBody {
     /// Streamed from a backend.
-    Upstream { body: Incoming, release: Option<Release> },
+    Upstream {
+        body: Incoming,
+        release: Option<Release>,
+    },
     /// Made by pinlb (an error page).
     Local(Option<Bytes>),
 }
@@ -406,7 +453,9 @@ impl Body for ProxyBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ProxyBody::Upstream { body, .. } => body.size_hint(),
-            ProxyBody::Local(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            ProxyBody::Local(data) => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
         }
     }
 }
@@ -427,7 +476,10 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         h
     }
@@ -468,7 +520,13 @@ mod tests {
         assert_eq!(p.headers["x-forwarded-proto"], "http");
         assert_eq!(p.version, Version::HTTP_11);
 
-        let mut p = request("/", &[("x-forwarded-for", "1.1.1.1"), ("X-Forwarded-For", "2.2.2.2")]);
+        let mut p = request(
+            "/",
+            &[
+                ("x-forwarded-for", "1.1.1.1"),
+                ("X-Forwarded-For", "2.2.2.2"),
+            ],
+        );
         prepare_request(&mut p, &client);
         assert_eq!(p.headers.get_all("x-forwarded-for").iter().count(), 1);
         assert_eq!(p.headers["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 10.1.2.3");
@@ -477,7 +535,10 @@ mod tests {
     #[test]
     fn host_is_kept_and_expect_is_answered_locally() {
         let client = Client::new("[::1]:1".parse().unwrap());
-        let mut p = request("/a?b", &[("host", "app.example"), ("expect", "100-continue")]);
+        let mut p = request(
+            "/a?b",
+            &[("host", "app.example"), ("expect", "100-continue")],
+        );
         prepare_request(&mut p, &client);
         assert_eq!(p.headers["host"], "app.example");
         assert!(!p.headers.contains_key("expect"));
@@ -507,7 +568,21 @@ mod tests {
     fn each_error_maps_to_one_status() {
         let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert_eq!(ProxyError::NoBackend.status(), 503);
-        assert_eq!(ProxyError::BadGateway { backend: a, cause: "x".into() }.status(), 502);
-        assert_eq!(ProxyError::Timeout { backend: a, after: Duration::from_secs(1) }.status(), 504);
+        assert_eq!(
+            ProxyError::BadGateway {
+                backend: a,
+                cause: "x".into()
+            }
+            .status(),
+            502
+        );
+        assert_eq!(
+            ProxyError::Timeout {
+                backend: a,
+                after: Duration::from_secs(1)
+            }
+            .status(),
+            504
+        );
     }
 }

@@ -31,11 +31,21 @@ use crate::upstream::{SharedUpstream, WorkerUpstream};
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("cannot listen on {address}: {source}")]
-    Bind { address: SocketAddr, source: std::io::Error },
+    Bind {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot pin {what} to cores {cpus}: {source}")]
-    Pin { what: String, cpus: String, source: nix::Error },
+    Pin {
+        what: String,
+        cpus: String,
+        source: nix::Error,
+    },
     #[error("cannot start worker {worker}: {source}")]
-    Worker { worker: usize, source: std::io::Error },
+    Worker {
+        worker: usize,
+        source: std::io::Error,
+    },
     #[error("worker {worker} panicked")]
     WorkerPanicked { worker: usize },
 }
@@ -55,20 +65,31 @@ impl Server {
     /// for its first socket; the other workers bind that same port.
     pub fn bind(config: Config) -> Result<Server, ServerError> {
         let workers = config.runtime.cpus.len();
-        let mut sockets: Vec<Vec<std::net::TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
+        let mut sockets: Vec<Vec<std::net::TcpListener>> =
+            (0..workers).map(|_| Vec::new()).collect();
         let mut local_addrs = Vec::with_capacity(config.listeners.len());
         for l in &config.listeners {
             let mut addr = l.address;
             for per_worker in sockets.iter_mut() {
-                let sock = reuseport_listener(addr).map_err(|source| ServerError::Bind { address: addr, source })?;
+                let sock = reuseport_listener(addr).map_err(|source| ServerError::Bind {
+                    address: addr,
+                    source,
+                })?;
                 if addr.port() == 0 {
-                    addr = sock.local_addr().map_err(|source| ServerError::Bind { address: addr, source })?;
+                    addr = sock.local_addr().map_err(|source| ServerError::Bind {
+                        address: addr,
+                        source,
+                    })?;
                 }
                 per_worker.push(sock);
             }
             local_addrs.push(addr);
         }
-        Ok(Server { config: Arc::new(config), sockets, local_addrs })
+        Ok(Server {
+            config: Arc::new(config),
+            sockets,
+            local_addrs,
+        })
     }
 
     /// The bound address of each listener, in config order.
@@ -82,7 +103,11 @@ impl Server {
     /// Blocks the calling thread, which it pins to `runtime.cpus` and uses to await `shutdown`
     /// (typically a signal).
     pub fn run<F: Future<Output = ()>>(self, shutdown: F) -> Result<(), ServerError> {
-        let Server { config, sockets, local_addrs } = self;
+        let Server {
+            config,
+            sockets,
+            local_addrs,
+        } = self;
         let cpus = config.runtime.cpus.clone();
         pin_current_thread(&cpus).map_err(|source| ServerError::Pin {
             what: "the control thread".into(),
@@ -93,11 +118,17 @@ impl Server {
             warn!("{w}");
         }
         for (l, addr) in config.listeners.iter().zip(&local_addrs) {
-            info!("listening on {addr} for upstream {}", config.upstreams[l.upstream].name);
+            info!(
+                "listening on {addr} for upstream {}",
+                config.upstreams[l.upstream].name
+            );
         }
 
-        let upstreams: Vec<Arc<SharedUpstream>> =
-            config.upstreams.iter().map(|u| Arc::new(SharedUpstream::new(u.clone()))).collect();
+        let upstreams: Vec<Arc<SharedUpstream>> = config
+            .upstreams
+            .iter()
+            .map(|u| Arc::new(SharedUpstream::new(u.clone())))
+            .collect();
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());
         for (worker, (core, listeners)) in cpus.iter().copied().zip(sockets).enumerate() {
@@ -114,9 +145,15 @@ impl Server {
         let control = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|source| ServerError::Worker { worker: usize::MAX, source })?;
+            .map_err(|source| ServerError::Worker {
+                worker: usize::MAX,
+                source,
+            })?;
         control.block_on(shutdown);
-        info!("shutting down: no new connections; in-flight requests get up to {:?}", config.runtime.shutdown_timeout);
+        info!(
+            "shutting down: no new connections; in-flight requests get up to {:?}",
+            config.runtime.shutdown_timeout
+        );
         let _ = stop_tx.send(true);
 
         let mut result = Ok(());
@@ -170,7 +207,8 @@ fn worker_main(
         let graceful = Rc::new(GracefulShutdown::new());
         let mut accepting = Vec::with_capacity(sockets.len());
         for (l, sock) in config.listeners.iter().zip(sockets) {
-            let listener = TcpListener::from_std(sock).map_err(|source| ServerError::Worker { worker, source })?;
+            let listener = TcpListener::from_std(sock)
+                .map_err(|source| ServerError::Worker { worker, source })?;
             let upstream = WorkerUpstream::new(upstreams[l.upstream].clone());
             let idle = upstream.shared.config.timeouts.client_idle;
             accepting.push(tokio::task::spawn_local(accept_loop(
@@ -190,7 +228,10 @@ fn worker_main(
         let Ok(graceful) = Rc::try_unwrap(graceful) else {
             return Ok(());
         };
-        if tokio::time::timeout(timeout, graceful.shutdown()).await.is_err() {
+        if tokio::time::timeout(timeout, graceful.shutdown())
+            .await
+            .is_err()
+        {
             warn!("worker {worker}: connections still open after {timeout:?}, closing them");
         }
         Ok(())
@@ -207,7 +248,9 @@ async fn accept_loop(
     let mut builder = http1::Builder::new();
     // hyper's header read timeout also runs while a keep-alive connection waits for its next
     // request, so it is exactly nginx's keepalive_timeout.
-    builder.timer(TokioTimer::new()).header_read_timeout(client_idle);
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(client_idle);
     loop {
         let accepted = tokio::select! {
             biased;

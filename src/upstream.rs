@@ -10,10 +10,10 @@ use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -47,7 +47,12 @@ fn clock_ms() -> u64 {
 
 impl BackendState {
     fn new(address: SocketAddr, weight: u32) -> Self {
-        BackendState { address, weight, in_flight: AtomicUsize::new(0), failed_until_ms: AtomicU64::new(0) }
+        BackendState {
+            address,
+            weight,
+            in_flight: AtomicUsize::new(0),
+            failed_until_ms: AtomicU64::new(0),
+        }
     }
 
     /// Marks the backend failed: workers skip it for [`FAIL_TIMEOUT`].
@@ -87,7 +92,11 @@ impl SharedUpstream {
             .map(|b| BackendState::new(b.address, b.weight))
             .collect();
         let weights = config.backends.iter().map(|b| b.weight).collect();
-        SharedUpstream { config, backends, weights }
+        SharedUpstream {
+            config,
+            backends,
+            weights,
+        }
     }
 }
 
@@ -103,14 +112,18 @@ pub struct InFlight {
 
 impl InFlight {
     pub fn new(upstream: Arc<SharedUpstream>, backend: usize) -> Self {
-        upstream.backends[backend].in_flight.fetch_add(1, Ordering::Relaxed);
+        upstream.backends[backend]
+            .in_flight
+            .fetch_add(1, Ordering::Relaxed);
         InFlight { upstream, backend }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.upstream.backends[self.backend].in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.upstream.backends[self.backend]
+            .in_flight
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
