@@ -98,23 +98,46 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// Removes hop-by-hop headers, including every header the Connection header names.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
+/// Removes hop-by-hop headers, including every header the Connection header names, and says
+/// whether Connection asked to close.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
+    // One pass comparing names first: most messages carry no hop-by-hop header, or only
+    // `Connection: keep-alive`, and comparing names is cheaper than seven hash lookups.
+    let mut present = 0u8;
+    for k in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == k) {
+            present |= 1 << i;
+        }
+    }
+    if present == 0 {
+        return false;
+    }
+    let mut close = false;
+    let mut named: Vec<HeaderName> = Vec::new();
+    for token in headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+    {
+        if token.eq_ignore_ascii_case("close") {
+            close = true;
+        } else if !token.eq_ignore_ascii_case("keep-alive") {
+            if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                named.push(name);
+            }
+        }
+    }
+    for name in named {
+        headers.remove(name);
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
             headers.remove(name);
         }
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
-    }
+    close
 }
 
 /// Rewrites a client request into the one sent upstream: hop-by-hop headers removed, the client's
@@ -263,8 +286,7 @@ async fn forward(
     };
 
     let (mut parts, body) = resp.into_parts();
-    let reusable = !connection_close(&parts.headers);
-    strip_hop_by_hop(&mut parts.headers);
+    let reusable = !strip_hop_by_hop(&mut parts.headers);
     parts.version = Version::HTTP_11;
     let body = ProxyBody::Upstream {
         body,
@@ -274,13 +296,6 @@ async fn forward(
         }),
     };
     Ok(Response::from_parts(parts, body))
-}
-
-fn connection_close(headers: &HeaderMap) -> bool {
-    headers.get_all(header::CONNECTION).iter().any(|v| {
-        v.to_str()
-            .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
-    })
 }
 
 /// Opens a new keep-alive connection to a backend and starts its connection task on this worker.
@@ -498,9 +513,19 @@ mod tests {
             ("x-kept", "2"),
             ("host", "example.com"),
         ]);
-        strip_hop_by_hop(&mut h);
+        assert!(!strip_hop_by_hop(&mut h));
         let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, vec!["x-kept", "host"]);
+    }
+
+    #[test]
+    fn connection_close_is_reported_and_plain_headers_are_untouched() {
+        let mut h = headers(&[("connection", "Keep-Alive, close"), ("x-a", "1")]);
+        assert!(strip_hop_by_hop(&mut h));
+        assert_eq!(h.len(), 1);
+        let mut h = headers(&[("x-a", "1"), ("content-length", "3")]);
+        assert!(!strip_hop_by_hop(&mut h));
+        assert_eq!(h.len(), 2);
     }
 
     fn request(uri: &str, hs: &[(&str, &str)]) -> http::request::Parts {
