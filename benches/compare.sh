@@ -28,6 +28,9 @@
 #                master+worker; haproxy: its process(es); pinlb: its process,
 #                all threads) from /proc/PID/stat fields 14+15 (clock ticks,
 #                getconf CLK_TCK), divided by the requests wrk completed
+#   core busy    % busy of core 0 and core 1 during the run (/proc/stat), and
+#                core 0's busy % NOT spent in the proxy's processes - rounds
+#                where that exceeds 10% (another program running) are flagged
 # Summary: per proxy the median over rounds of req/s, p99 and CPU us/req, plus
 # min/max req/s; and pinlb's ratios against the best peer. Printed as Markdown
 # and written to $OUT_MD.
@@ -50,7 +53,8 @@
 # curl, taskset, ss, awk, getconf.
 #
 # Don't run it while something else is busy on the machine (e.g. cargo build):
-# both cores are part of the measurement. The 1-min load average is printed.
+# both cores are part of the measurement. Both cores are sampled for 1 s
+# before anything starts and a warning is printed if either is >10% busy.
 
 set -euo pipefail
 
@@ -337,9 +341,12 @@ echo "topology:  proxy under test -> core 0 (1 worker); backend nginx (1 worker)
 echo "           backend 127.0.0.1:$BACKEND_PORT pid $BACKEND_PID (+$(children "$BACKEND_PID" | wc -l) worker) affinity $(affinity "$BACKEND_PID")"
 for p in "${PEER_LIST[@]}"; do
     tree=$(proc_tree "${PID_OF[$p]}" | tr '\n' ' ')
-    aff=""
-    for q in $tree; do aff+="$(affinity "$q") "; done
-    echo "           $p ${VERSION[$p]} 127.0.0.1:${PORT[$p]} pids [ ${tree}] affinity [ ${aff}]"
+    aff="" thr=""
+    for q in $tree; do
+        aff+="$(affinity "$q") "
+        thr+="$(awk '/^Threads:/ {print $2}' "/proc/$q/status" 2>/dev/null) "
+    done
+    echo "           $p ${VERSION[$p]} 127.0.0.1:${PORT[$p]} pids [ ${tree}] threads [ ${thr}] affinity [ ${aff}]"
 done
 if ((IDLE_BUSY0 > 10 || IDLE_BUSY1 > 10)); then
     log "WARNING: cores busy before start (core0 ${IDLE_BUSY0}%, core1 ${IDLE_BUSY1}%) - something else is running; numbers will be noisy"
