@@ -1,0 +1,292 @@
+//! The `pinlb` command line: `check` on fixture files, `serve` refusing bad files, help and
+//! version.
+//!
+//! Fixture paths are passed relative to the package root, as a user would type them, and every
+//! error line must name the file exactly that way.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::{allowed, bin};
+
+/// Runs `pinlb ARGS` in the package root.
+fn pinlb(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run pinlb")
+}
+
+/// `pinlb check -c tests/fixtures/NAME` must exit 1 with exactly `expected` on stderr, where
+/// `{file}` stands for the path as given.
+fn assert_check_rejects(name: &str, expected: &str) {
+    let file = format!("tests/fixtures/{name}");
+    let out = pinlb(&["check", "-c", &file]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{file}: stderr:\n{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        expected.replace("{file}", &file),
+        "{file}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{file}: nothing on stdout for an invalid file"
+    );
+}
+
+#[test]
+fn check_rejects_an_unknown_algorithm_naming_place_key_and_choices() {
+    assert_check_rejects(
+        "unknown_algorithm.toml",
+        r#"{file}:12:13: upstream.app.algorithm: unknown value "leastconn", expected one of round_robin, least_conn"#,
+    );
+}
+
+#[test]
+fn check_rejects_an_unknown_key() {
+    assert_check_rejects(
+        "unknown_key.toml",
+        "{file}:8:1: upstream.app.algoritm: unknown field `algoritm`, expected one of `algorithm`, `keepalive`, `backends`, `timeouts`",
+    );
+}
+
+#[test]
+fn check_rejects_weight_0_at_the_weight() {
+    assert_check_rejects(
+        "weight_zero.toml",
+        "{file}:10:42: upstream.app.backends[1].weight: weight 0 is not allowed, expected a positive integer",
+    );
+}
+
+#[test]
+fn check_rejects_an_upstream_without_backends() {
+    assert_check_rejects(
+        "no_backends.toml",
+        "{file}:9:12: upstream.app.backends: an upstream needs at least one backend",
+    );
+}
+
+#[test]
+fn check_rejects_a_listener_naming_an_unknown_upstream() {
+    assert_check_rejects(
+        "unknown_upstream.toml",
+        r#"{file}:5:12: listener[0].upstream: unknown upstream "web", expected one of: api, app"#,
+    );
+}
+
+#[test]
+fn check_rejects_a_duplicate_backend_address_at_the_second_one() {
+    assert_check_rejects(
+        "duplicate_backend.toml",
+        "{file}:11:15: upstream.app.backends[2].address: duplicate backend address 127.0.0.1:8881; each backend may appear once",
+    );
+}
+
+#[test]
+fn check_rejects_a_core_outside_the_allowed_set_naming_the_set() {
+    let set = pinlb::cpus::format_cpu_list(&allowed());
+    assert_check_rejects(
+        "core_not_allowed.toml",
+        &format!(
+            "{{file}}:4:8: runtime.cpus: core 4095 is not in this process's allowed set {set}"
+        ),
+    );
+}
+
+#[test]
+fn check_rejects_a_duration_without_a_unit() {
+    assert_check_rejects(
+        "bad_duration.toml",
+        r#"{file}:12:12: upstream.app.timeouts.response: invalid duration "30", expected a number with a unit, such as "250ms", "2s" or "1m""#,
+    );
+}
+
+#[test]
+fn check_rejects_a_missing_file_naming_it() {
+    let out = pinlb(&["check", "-c", "tests/fixtures/does_not_exist.toml"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.starts_with("tests/fixtures/does_not_exist.toml:"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("cannot read file"), "{stderr}");
+}
+
+#[test]
+fn check_accepts_a_valid_file_and_prints_the_plan() {
+    let out = pinlb(&["check", "-c", "tests/fixtures/valid.toml"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{stderr}");
+    assert!(
+        stderr.is_empty(),
+        "a valid file gives no diagnostics: {stderr}"
+    );
+
+    let cores = allowed();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!("runtime: {} worker(s), shutdown_timeout 5s", cores.len())
+    );
+    for (i, c) in cores.iter().enumerate() {
+        assert_eq!(
+            lines[1 + i],
+            format!("  worker {i} -> core {c}"),
+            "{stdout}"
+        );
+    }
+    let rest = &lines[1 + cores.len()..];
+    assert_eq!(
+        rest,
+        [
+            "listener 127.0.0.1:8888 -> upstream app",
+            "upstream app: least_conn, keepalive 16 per backend per worker, timeouts connect 500ms response 30s client_idle 60s",
+            "  backend 127.0.0.1:8881 weight 5",
+            "  backend 127.0.0.1:8882 weight 1",
+            "tests/fixtures/valid.toml: configuration is valid",
+        ],
+        "{stdout}"
+    );
+}
+
+#[test]
+fn serve_refuses_an_invalid_file_with_the_same_message_and_exit_1() {
+    let out = pinlb(&["serve", "-c", "tests/fixtures/unknown_algorithm.toml"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        r#"tests/fixtures/unknown_algorithm.toml:12:13: upstream.app.algorithm: unknown value "leastconn", expected one of round_robin, least_conn"#
+    );
+}
+
+#[test]
+fn help_lists_the_subcommands() {
+    let out = pinlb(&["--help"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout.contains("Usage: pinlb"), "{stdout}");
+    assert!(stdout.contains("serve"), "{stdout}");
+    assert!(stdout.contains("check"), "{stdout}");
+
+    let out = pinlb(&["check", "--help"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout.contains("--config <FILE>"), "{stdout}");
+}
+
+#[test]
+fn version_prints_the_package_version() {
+    let out = pinlb(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("pinlb {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn a_missing_subcommand_is_a_usage_error() {
+    let out = pinlb(&[]);
+    assert_eq!(out.status.code(), Some(2), "clap's usage error status");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Usage: pinlb"));
+}
+
+#[test]
+fn check_rejects_two_listeners_on_the_same_address_at_the_second_one() {
+    // Both would bind (SO_REUSEPORT), and the kernel would then split one port's connections
+    // between two upstreams at random: this must be a configuration error.
+    let file = "tests/fixtures/duplicate_listener.toml";
+    let out = pinlb(&["check", "-c", file]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "two listeners on 127.0.0.1:8888 were accepted:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.starts_with(&format!("{file}:9:11: listener[1].address: ")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("127.0.0.1:8888"), "{stderr}");
+}
+
+#[test]
+fn check_accepts_cores_written_as_a_range_string() {
+    let cores = allowed();
+    let list = pinlb::cpus::format_cpu_list(&cores);
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/valid.toml"
+    ))
+    .unwrap()
+    .replace("[runtime]\n", &format!("[runtime]\ncpus = \"{list}\"\n"));
+    let path = common::temp_config(&text);
+    let out = pinlb(&["check", "-c", path.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (i, c) in cores.iter().enumerate() {
+        assert!(
+            stdout.contains(&format!("\n  worker {i} -> core {c}\n")),
+            "{stdout}"
+        );
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn serve_exits_1_naming_the_address_when_it_is_taken() {
+    // Held without SO_REUSEPORT, so pinlb cannot share it.
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = holder.local_addr().unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/valid.toml"
+    ))
+    .unwrap()
+    .replace("127.0.0.1:8888", &addr.to_string());
+    let path = common::temp_config(&text);
+    let mut child = Command::new(bin())
+        .args(["serve", "-c", path.to_str().unwrap()])
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // At most 250 polls 20 ms apart; a pinlb that did start is killed.
+    let mut status = None;
+    for _ in 0..250 {
+        if let Some(s) = child.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let _ = std::fs::remove_file(path);
+    let status = status
+        .unwrap_or_else(|| panic!("pinlb kept running on a taken address; stderr:\n{stderr}"));
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("pinlb: cannot listen on {addr}: ")),
+        "{stderr}"
+    );
+    drop(holder);
+}
