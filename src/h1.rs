@@ -351,6 +351,8 @@ enum Chunk {
 pub struct UpstreamBody {
     conn: Option<Conn>,
     state: BodyState,
+    /// The body ends when the backend closes, so the connection can never be reused.
+    close_delimited: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -380,6 +382,7 @@ impl UpstreamBody {
         UpstreamBody {
             conn: Some(conn),
             state,
+            close_delimited: framing == Framing::Close,
         }
     }
 
@@ -391,7 +394,12 @@ impl UpstreamBody {
     /// response allowed reuse.
     pub fn finish(&mut self, keep_alive: bool) -> Finished {
         match self.conn.take() {
-            Some(conn) if self.state == BodyState::Done && keep_alive && conn.buf.is_empty() => {
+            Some(conn)
+                if self.state == BodyState::Done
+                    && keep_alive
+                    && !self.close_delimited
+                    && conn.buf.is_empty() =>
+            {
                 Finished::Reusable(conn)
             }
             _ => Finished::Closed,
