@@ -9,6 +9,8 @@
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`balance`]: backend selection (smooth weighted round robin, least_conn) as pure functions.
 //! - [`upstream`]: backend state shared by workers (atomics) and each worker's own pool.
+//! - [`h1`]: the backend side of HTTP/1.1: request writing, response head parsing and body
+//!   framing on pooled connections.
 //! - [`proxy`]: the request path: rewrite headers, pick, forward, stream back, map errors to
 //!   502/503/504.
 //! - [`server`]: binding `SO_REUSEPORT` sockets and running one pinned single-threaded runtime per
@@ -28,6 +30,7 @@
 pub mod balance;
 pub mod config;
 pub mod cpus;
+pub mod h1;
 pub mod proxy;
 pub mod server;
 pub mod upstream;

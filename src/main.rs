@@ -62,7 +62,23 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let result = Server::bind(c).and_then(|s| s.run(shutdown_signal()));
+            // Signal handlers go in before the sockets are bound: from then on a SIGTERM must
+            // mean a graceful stop, not the default action.
+            let control = match pinlb::server::control_runtime() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("pinlb: cannot start: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let signals = match control.block_on(async { Signals::register() }) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("pinlb: cannot listen for SIGTERM/SIGINT: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let result = Server::bind(c).and_then(|s| s.run_on(control, signals.wait()));
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -74,22 +90,27 @@ fn main() -> ExitCode {
     }
 }
 
-/// Completes on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::error!("cannot listen for signals ({e}); stop pinlb with SIGKILL");
-            std::future::pending::<()>().await
+/// SIGTERM and SIGINT, registered up front.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Must run inside the control runtime.
+    fn register() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Completes on the first SIGTERM or SIGINT.
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
         }
     }
 }

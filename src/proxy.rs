@@ -6,7 +6,6 @@
 //! ends.
 
 use std::convert::Infallible;
-use std::error::Error as StdError;
 use std::fmt;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -19,11 +18,11 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
-use crate::upstream::{FAIL_TIMEOUT, InFlight, Sender, WorkerUpstream};
+use crate::h1::{self, Conn, Finished, H1Error, UpstreamBody};
+use crate::upstream::{FAIL_TIMEOUT, InFlight, WorkerUpstream};
 
 /// Everything one client connection's requests need to know about the client.
 pub struct Client {
@@ -48,6 +47,8 @@ pub enum ProxyError {
     NoBackend,
     /// Every backend was tried and failed to connect, or the chosen one failed mid-exchange.
     BadGateway { backend: SocketAddr, cause: String },
+    /// The client's request body broke off (the client went away or sent bad framing).
+    ClientBody(String),
     /// The backend did not send response headers within `timeouts.response`.
     Timeout {
         backend: SocketAddr,
@@ -60,6 +61,7 @@ impl ProxyError {
         match self {
             ProxyError::NoBackend => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -74,6 +76,7 @@ impl fmt::Display for ProxyError {
             ProxyError::BadGateway { backend, cause } => {
                 write!(f, "backend {backend} failed: {cause}")
             }
+            ProxyError::ClientBody(cause) => write!(f, "request body broke off: {cause}"),
             ProxyError::Timeout { backend, after } => {
                 write!(
                     f,
@@ -205,8 +208,9 @@ async fn forward(
     client: &Client,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let (mut parts, body) = req.into_parts();
+    let (mut parts, mut body) = req.into_parts();
     prepare_request(&mut parts, client);
+    let chunked = set_request_framing(&mut parts.headers, &body);
     let timeouts = upstream.shared.config.timeouts;
 
     // Connect failures move on to the next backend: nothing was sent, so trying elsewhere is
@@ -217,16 +221,16 @@ async fn forward(
     let n = backends.len();
     let mut tried = Tried::new(n);
     let mut last_error: Option<ProxyError> = None;
-    let (backend, conn) = loop {
+    let (backend, mut conn) = loop {
         let Some(b) = upstream.pick(|i| !tried.contains(i) && (n == 1 || !backends[i].is_failed()))
         else {
             return Err(last_error.unwrap_or(ProxyError::NoBackend));
         };
         tried.insert(b);
-        let addr = backends[b].address;
         if let Some(conn) = upstream.checkout(b).await {
             break (b, conn);
         }
+        let addr = backends[b].address;
         match connect(addr, timeouts.connect).await {
             Ok(conn) => {
                 backends[b].mark_ok();
@@ -242,64 +246,95 @@ async fn forward(
             }
         }
     };
-    let addr = upstream.shared.backends[backend].address;
+    let addr = backends[backend].address;
     let guard = InFlight::new(upstream.shared.clone(), backend);
+    let bad_gateway = |e: &dyn fmt::Display| ProxyError::BadGateway {
+        backend: addr,
+        cause: e.to_string(),
+    };
 
-    let mut conn = conn;
-    let mut req = Request::from_parts(parts, body);
-    let sent = tokio::time::timeout(timeouts.response, async {
-        loop {
-            match conn.try_send_request(req).await {
-                Ok(resp) => return Ok(resp),
-                Err(mut e) => match e.take_message() {
-                    // The pooled connection went stale before the request left: nothing reached
-                    // the backend, so a fresh connection to the same backend is safe.
-                    Some(back) => {
-                        debug!(backend = %addr, "stale pooled connection, reconnecting");
-                        req = back;
-                        conn = connect(addr, timeouts.connect).await.map_err(|cause| {
-                            ProxyError::BadGateway {
-                                backend: addr,
-                                cause,
-                            }
-                        })?;
-                    }
-                    None => {
-                        return Err(ProxyError::BadGateway {
-                            backend: addr,
-                            cause: describe_hyper(&e.into_error()),
-                        });
-                    }
-                },
+    let head = loop {
+        let exchange = async {
+            conn.write_head(&parts, chunked).await?;
+            if !body.is_end_stream() {
+                send_body(&mut conn, &mut body, chunked).await?;
             }
-        }
-    })
-    .await;
-    let resp = match sent {
-        Ok(r) => r?,
-        Err(_) => {
-            return Err(ProxyError::Timeout {
-                backend: addr,
-                after: timeouts.response,
-            });
+            tokio::time::timeout(timeouts.response, conn.read_head(&parts.method))
+                .await
+                .unwrap_or(Err(H1Error::Timeout))
+        };
+        match exchange.await {
+            Ok(head) => break head,
+            // A pooled connection the backend closed while idle: nothing was processed, so a
+            // fresh connection to the same backend is safe when the request can be sent again.
+            Err(e) if conn.reused && e.is_stale() && body.is_end_stream() => {
+                debug!(backend = %addr, "stale pooled connection ({e}), reconnecting");
+                conn = connect(addr, timeouts.connect)
+                    .await
+                    .map_err(|cause| bad_gateway(&cause))?;
+            }
+            Err(H1Error::Timeout) => {
+                return Err(ProxyError::Timeout {
+                    backend: addr,
+                    after: timeouts.response,
+                });
+            }
+            Err(H1Error::ClientBody(e)) => return Err(ProxyError::ClientBody(e)),
+            Err(e) => return Err(bad_gateway(&e)),
         }
     };
 
-    let (mut parts, body) = resp.into_parts();
-    let reusable = !strip_hop_by_hop(&mut parts.headers);
-    parts.version = Version::HTTP_11;
+    let keep_alive = h1::keep_alive(head.version, &head.headers);
+    let framing = head.framing;
+    let mut resp = h1::response(head, ());
+    strip_hop_by_hop(resp.headers_mut());
     let body = ProxyBody::Upstream {
-        body,
+        body: UpstreamBody::new(conn, framing),
         release: Some(Release {
             _guard: guard,
-            conn: reusable.then(|| (upstream.clone(), backend, conn)),
+            keep_alive,
+            upstream: upstream.clone(),
+            backend,
         }),
     };
-    Ok(Response::from_parts(parts, body))
+    Ok(resp.map(|()| body))
 }
 
-/// Opens a new keep-alive connection to a backend and starts its connection task on this worker.
-async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Sender, String> {
+/// Decides how the request body is framed upstream and makes the headers say exactly that: the
+/// length hyper validated, or chunked when the client streamed it without one. Returns whether
+/// the body is sent chunked.
+fn set_request_framing(headers: &mut HeaderMap, body: &Incoming) -> bool {
+    if body.is_end_stream() {
+        return false;
+    }
+    match body.size_hint().exact() {
+        Some(n) => {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+            false
+        }
+        None => {
+            headers.remove(header::CONTENT_LENGTH);
+            true
+        }
+    }
+}
+
+/// Streams the client's request body to the backend as it arrives.
+async fn send_body(conn: &mut Conn, body: &mut Incoming, chunked: bool) -> Result<(), H1Error> {
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
+        let frame = frame.map_err(|e| H1Error::ClientBody(e.to_string()))?;
+        if let Some(data) = frame.data_ref() {
+            conn.write_body(data, chunked).await?;
+        }
+    }
+    if chunked {
+        conn.finish_chunked().await?;
+    }
+    Ok(())
+}
+
+/// Opens a new connection to a backend.
+async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Conn, String> {
     let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(describe_io(&e)),
@@ -307,16 +342,7 @@ async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Sender, String> 
     };
     // Small requests and responses must not wait for Nagle.
     let _ = stream.set_nodelay(true);
-    let (sender, conn) = hyper::client::conn::http1::Builder::new()
-        .handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| describe_hyper(&e))?;
-    tokio::task::spawn_local(async move {
-        if let Err(e) = conn.await {
-            debug!(backend = %addr, "upstream connection ended: {e}");
-        }
-    });
-    Ok(sender)
+    Ok(Conn::new(stream))
 }
 
 fn describe_io(e: &std::io::Error) -> String {
@@ -327,17 +353,6 @@ fn describe_io(e: &std::io::Error) -> String {
         TimedOut => "connect timed out".into(),
         _ => e.to_string(),
     }
-}
-
-fn describe_hyper(e: &hyper::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
 }
 
 /// The set of backends already tried for one request.
@@ -397,24 +412,17 @@ fn error_response(e: &ProxyError, method: &Method) -> Response<ProxyBody> {
 /// What to do when an upstream response body is over.
 pub struct Release {
     _guard: InFlight,
-    /// The connection goes back to the pool only after a complete exchange; `None` when the
-    /// backend asked to close it.
-    conn: Option<(Rc<WorkerUpstream>, usize, Sender)>,
-}
-
-impl Release {
-    fn finish(self) {
-        if let Some((upstream, backend, conn)) = self.conn {
-            upstream.checkin(backend, conn);
-        }
-    }
+    /// Whether the backend's response allows the connection to carry another exchange.
+    keep_alive: bool,
+    upstream: Rc<WorkerUpstream>,
+    backend: usize,
 }
 
 /// The body of a response to a client.
 pub enum ProxyBody {
     /// Streamed from a backend.
     Upstream {
-        body: Incoming,
+        body: UpstreamBody,
         release: Option<Release>,
     },
     /// Made by pinlb (an error page).
@@ -422,13 +430,14 @@ pub enum ProxyBody {
 }
 
 impl ProxyBody {
-    fn release(&mut self, complete: bool) {
-        if let ProxyBody::Upstream { release, .. } = self {
+    /// Drops the in-flight count and, after a complete exchange, returns the connection to the
+    /// pool; an unfinished one is closed with the body.
+    fn release(&mut self) {
+        if let ProxyBody::Upstream { body, release } = self {
             if let Some(r) = release.take() {
-                if complete {
-                    r.finish();
+                if let Finished::Reusable(conn) = body.finish(r.keep_alive) {
+                    r.upstream.checkin(r.backend, conn);
                 }
-                // Otherwise dropping `r` closes the upstream connection: its exchange is unfinished.
             }
         }
     }
@@ -436,24 +445,20 @@ impl ProxyBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = Box<dyn StdError + Send + Sync>;
+    type Error = H1Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match &mut *self {
-            ProxyBody::Upstream { body, .. } => match Pin::new(body).poll_frame(cx) {
-                Poll::Ready(None) => {
-                    self.release(true);
-                    Poll::Ready(None)
+            ProxyBody::Upstream { body, .. } => {
+                let polled = Pin::new(body).poll_frame(cx);
+                if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+                    self.release();
                 }
-                Poll::Ready(Some(Err(e))) => {
-                    self.release(false);
-                    Poll::Ready(Some(Err(e.into())))
-                }
-                other => other.map_err(Into::into),
-            },
+                polled
+            }
             ProxyBody::Local(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
@@ -478,9 +483,8 @@ impl Body for ProxyBody {
 impl Drop for ProxyBody {
     fn drop(&mut self) {
         // hyper may drop a body it knows is empty (HEAD, 204, 304, Content-Length: 0) without
-        // polling it; that exchange is still complete and its connection reusable.
-        let complete = matches!(self, ProxyBody::Upstream { body, .. } if body.is_end_stream());
-        self.release(complete);
+        // polling it; that exchange is complete, and `finish` sees that.
+        self.release();
     }
 }
 

@@ -100,9 +100,23 @@ impl Server {
     /// Runs the workers until `shutdown` completes, then stops accepting, lets in-flight requests
     /// finish for up to `runtime.shutdown_timeout`, and returns.
     ///
-    /// Blocks the calling thread, which it pins to `runtime.cpus` and uses to await `shutdown`
-    /// (typically a signal).
+    /// Blocks the calling thread, which it pins to `runtime.cpus` and uses to await `shutdown`.
     pub fn run<F: Future<Output = ()>>(self, shutdown: F) -> Result<(), ServerError> {
+        let control = control_runtime().map_err(|source| ServerError::Worker {
+            worker: usize::MAX,
+            source,
+        })?;
+        self.run_on(control, shutdown)
+    }
+
+    /// Like [`Server::run`], awaiting `shutdown` on a runtime the caller built with
+    /// [`control_runtime`]. A caller that waits for signals registers them on it before binding,
+    /// so a SIGTERM that arrives once the port accepts connections is never lost.
+    pub fn run_on<F: Future<Output = ()>>(
+        self,
+        control: tokio::runtime::Runtime,
+        shutdown: F,
+    ) -> Result<(), ServerError> {
         let Server {
             config,
             sockets,
@@ -142,13 +156,6 @@ impl Server {
             threads.push(handle);
         }
 
-        let control = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|source| ServerError::Worker {
-                worker: usize::MAX,
-                source,
-            })?;
         control.block_on(shutdown);
         info!(
             "shutting down: no new connections; in-flight requests get up to {:?}",
@@ -167,6 +174,13 @@ impl Server {
         info!("stopped");
         result
     }
+}
+
+/// The single-threaded runtime the control thread awaits shutdown on.
+pub fn control_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
 }
 
 fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {

@@ -15,8 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
+use crate::h1::Conn;
 
 use crate::balance::{SmoothWrr, least_conn};
 use crate::config::{Algorithm, Upstream};
@@ -127,9 +126,6 @@ impl Drop for InFlight {
     }
 }
 
-/// The connection type to backends: the client's own body streams straight through.
-pub type Sender = SendRequest<Incoming>;
-
 /// One worker's view of an upstream.
 pub struct WorkerUpstream {
     pub shared: Arc<SharedUpstream>,
@@ -138,7 +134,7 @@ pub struct WorkerUpstream {
     wrr: RefCell<SmoothWrr>,
     /// Idle keep-alive connections, one stack per backend (most recently used on top, so the
     /// warmest connection is reused and surplus ones age out).
-    idle: Vec<RefCell<Vec<Sender>>>,
+    idle: Vec<RefCell<Vec<Conn>>>,
 }
 
 impl WorkerUpstream {
@@ -166,22 +162,15 @@ impl WorkerUpstream {
         }
     }
 
-    /// Takes an idle connection to `backend` that is ready for a request, dropping dead ones.
-    ///
-    /// A connection whose previous exchange the connection task hasn't wrapped up yet is left
-    /// in place rather than waited for: a fresh connection is cheaper than a stall.
-    pub async fn checkout(&self, backend: usize) -> Option<Sender> {
+    /// Takes an idle connection to `backend` that is still open, dropping ones the backend
+    /// closed. Most recently used first: it is the least likely to have been closed.
+    pub async fn checkout(&self, backend: usize) -> Option<Conn> {
         poll_fn(|cx| {
             let mut idle = self.idle[backend].borrow_mut();
-            let mut i = idle.len();
-            while i > 0 {
-                i -= 1;
-                match idle[i].poll_ready(cx) {
-                    Poll::Ready(Ok(())) => return Poll::Ready(Some(idle.remove(i))),
-                    Poll::Ready(Err(_)) => {
-                        idle.remove(i);
-                    }
-                    Poll::Pending => {}
+            while let Some(mut conn) = idle.pop() {
+                if conn.is_usable_idle(cx) {
+                    conn.reused = true;
+                    return Poll::Ready(Some(conn));
                 }
             }
             Poll::Ready(None)
@@ -190,9 +179,9 @@ impl WorkerUpstream {
     }
 
     /// Returns a connection after a complete exchange; beyond `keepalive` it is closed instead.
-    pub fn checkin(&self, backend: usize, conn: Sender) {
+    pub fn checkin(&self, backend: usize, conn: Conn) {
         let mut idle = self.idle[backend].borrow_mut();
-        if idle.len() < self.shared.config.keepalive && !conn.is_closed() {
+        if idle.len() < self.shared.config.keepalive {
             idle.push(conn);
         }
     }
