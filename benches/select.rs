@@ -23,12 +23,14 @@ fn select(c: &mut Criterion) {
         let in_flight: Vec<usize> = (0..n).map(|i| (i * 7919) % 97 + 1).collect();
         group.bench_with_input(BenchmarkId::new("least_conn", n), &n, |b, _| {
             let mut wrr = SmoothWrr::new(n);
-            b.iter(|| least_conn(&mut wrr, black_box(&w), |i| in_flight[i], |_| true))
+            let ok = vec![true; n];
+            b.iter(|| least_conn(&mut wrr, black_box(&w), black_box(&in_flight), &ok))
         });
         // All idle: every backend ties, so the round-robin tie-break runs too.
         group.bench_with_input(BenchmarkId::new("least_conn_all_tied", n), &n, |b, _| {
             let mut wrr = SmoothWrr::new(n);
-            b.iter(|| least_conn(&mut wrr, black_box(&w), |_| 0, |_| true))
+            let (idle, ok) = (vec![0; n], vec![true; n]);
+            b.iter(|| least_conn(&mut wrr, black_box(&w), black_box(&idle), &ok))
         });
     }
     group.finish();

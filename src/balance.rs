@@ -45,40 +45,38 @@ impl SmoothWrr {
 /// Least connections: the eligible backend with the lowest `in_flight / weight`, compared by
 /// cross-multiplying so no division or float is involved. Ties go to smooth weighted round robin
 /// among the tied backends, as nginx does.
+///
+/// `in_flight` and `eligible` are snapshots taken once per pick: the live counts change under
+/// other workers, and reading them twice could match nothing on the second pass.
 pub fn least_conn(
     wrr: &mut SmoothWrr,
     weights: &[u32],
-    in_flight: impl Fn(usize) -> usize,
-    eligible: impl Fn(usize) -> bool,
+    in_flight: &[usize],
+    eligible: &[bool],
 ) -> Option<usize> {
     // Lower load means in_flight[a] * weight[b] < in_flight[b] * weight[a]. u128 cannot overflow:
     // both factors fit in 64 bits.
-    let load = |i: usize| (in_flight(i) as u128, u128::from(weights[i]));
-    let mut best: Option<(u128, u128)> = None;
+    let load = |i: usize| (in_flight[i] as u128, u128::from(weights[i]));
+    let mut best: Option<(usize, u128, u128)> = None;
     let mut ties = 0usize;
-    for i in (0..weights.len()).filter(|&i| eligible(i)) {
+    for i in (0..weights.len()).filter(|&i| eligible[i]) {
         let (f, w) = load(i);
         match best {
-            Some((bf, bw)) if f * bw > bf * w => {}
-            Some((bf, bw)) if f * bw == bf * w => ties += 1,
+            Some((_, bf, bw)) if f * bw > bf * w => {}
+            Some((_, bf, bw)) if f * bw == bf * w => ties += 1,
             _ => {
-                best = Some((f, w));
+                best = Some((i, f, w));
                 ties = 1;
             }
         }
     }
-    let (bf, bw) = best?;
+    let (first, bf, bw) = best?;
     if ties == 1 {
         // The common case: one clear winner, no second pass needed.
-        return (0..weights.len()).find(|&i| {
-            eligible(i) && {
-                let (f, w) = load(i);
-                f * bw == bf * w
-            }
-        });
+        return Some(first);
     }
     wrr.pick(weights, |i| {
-        eligible(i) && {
+        eligible[i] && {
             let (f, w) = load(i);
             f * bw == bf * w
         }
@@ -134,7 +132,10 @@ mod tests {
     fn nothing_eligible_gives_none() {
         let mut wrr = SmoothWrr::new(2);
         assert_eq!(wrr.pick(&[1, 1], |_| false), None);
-        assert_eq!(least_conn(&mut wrr, &[1, 1], |_| 0, |_| false), None);
+        assert_eq!(
+            least_conn(&mut wrr, &[1, 1], &[0, 0], &[false, false]),
+            None
+        );
     }
 
     #[test]
@@ -142,7 +143,7 @@ mod tests {
         let mut wrr = SmoothWrr::new(3);
         let in_flight = [4, 1, 3];
         assert_eq!(
-            least_conn(&mut wrr, &[1, 1, 1], |i| in_flight[i], |_| true),
+            least_conn(&mut wrr, &[1, 1, 1], &in_flight, &[true; 3]),
             Some(1)
         );
     }
@@ -151,15 +152,9 @@ mod tests {
     fn least_conn_divides_by_weight() {
         let mut wrr = SmoothWrr::new(2);
         // 5/4 = 1.25 against 2/1 = 2: the heavier backend carries more and still wins.
-        assert_eq!(
-            least_conn(&mut wrr, &[4, 1], |i| [5, 2][i], |_| true),
-            Some(0)
-        );
+        assert_eq!(least_conn(&mut wrr, &[4, 1], &[5, 2], &[true; 2]), Some(0));
         // 9/4 = 2.25 against 2/1 = 2.
-        assert_eq!(
-            least_conn(&mut wrr, &[4, 1], |i| [9, 2][i], |_| true),
-            Some(1)
-        );
+        assert_eq!(least_conn(&mut wrr, &[4, 1], &[9, 2], &[true; 2]), Some(1));
     }
 
     #[test]
@@ -167,7 +162,8 @@ mod tests {
         let mut wrr = SmoothWrr::new(3);
         let picks: String = (0..7)
             .map(|_| {
-                (b'a' + least_conn(&mut wrr, &[5, 1, 1], |_| 0, |_| true).unwrap() as u8) as char
+                (b'a' + least_conn(&mut wrr, &[5, 1, 1], &[0; 3], &[true; 3]).unwrap() as u8)
+                    as char
             })
             .collect();
         assert_eq!(picks, "aabacaa");
@@ -178,7 +174,7 @@ mod tests {
         let mut wrr = SmoothWrr::new(3);
         let in_flight = [2, 0, 0];
         let picks: Vec<_> = (0..4)
-            .map(|_| least_conn(&mut wrr, &[1, 1, 1], |i| in_flight[i], |_| true).unwrap())
+            .map(|_| least_conn(&mut wrr, &[1, 1, 1], &in_flight, &[true; 3]).unwrap())
             .collect();
         assert_eq!(picks, vec![1, 2, 1, 2]);
     }
@@ -187,7 +183,7 @@ mod tests {
     fn least_conn_skips_ineligible() {
         let mut wrr = SmoothWrr::new(2);
         assert_eq!(
-            least_conn(&mut wrr, &[1, 1], |i| [0, 9][i], |i| i == 1),
+            least_conn(&mut wrr, &[1, 1], &[0, 9], &[false, true]),
             Some(1)
         );
     }

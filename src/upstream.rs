@@ -132,6 +132,9 @@ pub struct WorkerUpstream {
     /// Smooth weighted round-robin scores. Per worker: each worker's picks follow the weights
     /// exactly, so the sum over workers does too, without sharing a counter.
     wrr: RefCell<SmoothWrr>,
+    /// least_conn's per-pick snapshot of in-flight counts and eligibility, kept to reuse the
+    /// allocation.
+    scratch: RefCell<(Vec<usize>, Vec<bool>)>,
     /// Idle keep-alive connections, one stack per backend (most recently used on top, so the
     /// warmest connection is reused and surplus ones age out).
     idle: Vec<RefCell<Vec<Conn>>>,
@@ -142,6 +145,7 @@ impl WorkerUpstream {
         let n = shared.backends.len();
         Rc::new(WorkerUpstream {
             wrr: RefCell::new(SmoothWrr::new(n)),
+            scratch: RefCell::new((Vec::with_capacity(n), Vec::with_capacity(n))),
             idle: (0..n).map(|_| RefCell::new(Vec::new())).collect(),
             shared,
         })
@@ -153,12 +157,18 @@ impl WorkerUpstream {
         let mut wrr = self.wrr.borrow_mut();
         match shared.config.algorithm {
             Algorithm::RoundRobin => wrr.pick(&shared.weights, eligible),
-            Algorithm::LeastConn => least_conn(
-                &mut wrr,
-                &shared.weights,
-                |i| shared.backends[i].in_flight.load(Ordering::Relaxed),
-                eligible,
-            ),
+            Algorithm::LeastConn => {
+                // One consistent snapshot of counts other workers keep changing.
+                let mut scratch = self.scratch.borrow_mut();
+                let (loads, ok) = &mut *scratch;
+                loads.clear();
+                ok.clear();
+                for (i, b) in shared.backends.iter().enumerate() {
+                    loads.push(b.in_flight.load(Ordering::Relaxed));
+                    ok.push(eligible(i));
+                }
+                least_conn(&mut wrr, &shared.weights, loads, ok)
+            }
         }
     }
 
