@@ -462,6 +462,17 @@ impl Config {
                     ),
                 )
             })?;
+            // SO_REUSEPORT would let both bind and the kernel would split one port's connections
+            // between two upstreams. Port 0 asks the kernel for a fresh port each time.
+            if address.port() != 0 && listeners.iter().any(|o: &Listener| o.address == address) {
+                return Err(at(
+                    l.address.span(),
+                    &format!("{key}.address"),
+                    format!(
+                        "duplicate listener address {address}; each address may be listened on once"
+                    ),
+                ));
+            }
             let wanted = l.upstream.get_ref();
             let upstream = upstreams
                 .iter()
@@ -689,6 +700,22 @@ client_idle = "2s"
             "[{ address = \"127.0.0.1:8881\" }, { address = \"127.0.0.1:8881\" }]",
         ));
         assert!(e.starts_with("pinlb.toml:7:57: upstream.app.backends[1].address: duplicate backend address 127.0.0.1:8881"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_listeners_are_rejected_but_port_0_may_repeat() {
+        let two = |addr: &str| {
+            format!("{MINIMAL}\n[[listener]]\naddress = \"{addr}\"\nupstream = \"app\"\n")
+                .replace("127.0.0.1:8888", addr)
+        };
+        let e = err(&two("127.0.0.1:8888"));
+        assert!(
+            e.starts_with(
+                "pinlb.toml:10:11: listener[1].address: duplicate listener address 127.0.0.1:8888"
+            ),
+            "{e}"
+        );
+        assert_eq!(parse(&two("127.0.0.1:0")).unwrap().listeners.len(), 2);
     }
 
     #[test]
