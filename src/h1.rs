@@ -300,8 +300,7 @@ impl Framing {
                 .iter()
                 .flat_map(|v| v.as_bytes().split(|&b| b == b','))
                 .map(<[u8]>::trim_ascii)
-                .filter(|t| !t.is_empty())
-                .last();
+                .rfind(|t| !t.is_empty());
             return Ok(match last {
                 Some(t) if t.eq_ignore_ascii_case(b"chunked") => Framing::Chunked,
                 // Another final coding is delimited by the connection closing.
@@ -707,11 +706,8 @@ mod tests {
             conn.buf.extend_from_slice(wire);
             let mut body = UpstreamBody::new(conn, framing);
             let mut out = Vec::new();
-            loop {
-                match body.decode()? {
-                    Some(d) => out.extend_from_slice(&d),
-                    None => break,
-                }
+            while let Some(d) = body.decode()? {
+                out.extend_from_slice(&d);
             }
             Ok((out, body.is_done()))
         })
