@@ -352,6 +352,10 @@ pub struct UpstreamBody {
     state: BodyState,
     /// The body ends when the backend closes, so the connection can never be reused.
     close_delimited: bool,
+    /// Some data went to the client already.
+    sent_data: bool,
+    /// An error held back for one poll so hyper can flush what it has first.
+    failed: Option<H1Error>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -382,6 +386,8 @@ impl UpstreamBody {
             conn: Some(conn),
             state,
             close_delimited: framing == Framing::Close,
+            sent_data: false,
+            failed: None,
         }
     }
 
@@ -514,11 +520,8 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
     Ok(size)
 }
 
-impl Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = H1Error;
-
-    fn poll_frame(
+impl UpstreamBody {
+    fn poll_data(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
@@ -547,6 +550,36 @@ impl Body for UpstreamBody {
                 ))));
             }
         }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = H1Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
+        if let Some(e) = self.failed.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
+        let polled = self.as_mut().poll_data(cx);
+        if let Poll::Ready(Some(Err(e))) = polled {
+            if self.sent_data {
+                // hyper drops a connection at once when its body fails, without flushing what
+                // it holds. Yield once so the head and data already relayed reach the client
+                // before the abort, as nginx and HAProxy show a truncated response.
+                self.failed = Some(e);
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            return Poll::Ready(Some(Err(e)));
+        }
+        if let Poll::Ready(Some(Ok(_))) = polled {
+            self.sent_data = true;
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
