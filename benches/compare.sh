@@ -453,6 +453,17 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
         echo "- throughput: pinlb req/s ÷ $best_rps_p req/s = **$(ratio "${MED_RPS[pinlb]}" "$best_rps")** (> 1 is better)"
         echo "- p99 latency: pinlb p99 ÷ $best_p99_p p99 = **$(ratio "${MED_P99[pinlb]}" "$best_p99")** (< 1 is better)"
         echo "- CPU per request: pinlb ÷ $best_cpu_p = **$(ratio "${MED_CPU[pinlb]}" "$best_cpu")** (< 1 is leaner)"
+        # Paired within each round (pinlb against the best peer of that same round), then the
+        # median over rounds: drift between rounds cancels out better than in a ratio of medians.
+        per_round=$(awk -F'\t' '
+            $2 == "pinlb" { rps[$1] = $3; cpu[$1] = $6; next }
+            { if ($3 > best[$1]) best[$1] = $3; if (!($1 in lean) || $6 < lean[$1]) lean[$1] = $6 }
+            END { for (r in rps) if (best[r] > 0 && lean[r] > 0) printf "%f %f\n", rps[r] / best[r], cpu[r] / lean[r] }' "$RAW")
+        median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%.2f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+        paired="$(awk '{ print $1 }' <<<"$per_round" | median) $(awk '{ print $2 }' <<<"$per_round" | median) $(grep -c . <<<"$per_round")"
+        read -r paired_rps paired_cpu paired_n <<<"$paired"
+        echo
+        echo "Paired per round, median of $paired_n rounds: throughput pinlb ÷ best peer = **$paired_rps**, CPU per request pinlb ÷ leaner peer = **$paired_cpu**."
     fi
     noisy=$(awk -F'\t' '$10 > 10 { n++ } END { print n + 0 }' "$RAW")
     if ((noisy > 0)); then

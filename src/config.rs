@@ -255,7 +255,8 @@ pub struct Backend {
 pub struct Timeouts {
     /// Budget for one TCP connect to a backend.
     pub connect: Duration,
-    /// From sending the request until the backend's response headers arrive.
+    /// From the end of the request (its body fully sent) until the backend's response headers
+    /// arrive, like nginx's proxy_read_timeout for the first byte; a slow upload is not cut off.
     pub response: Duration,
     /// An idle client keep-alive connection is closed after this.
     pub client_idle: Duration,

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# benches/callgrind.sh - user-space instructions per proxied request, under valgrind's callgrind.
+#
+# Instruction counts don't drift with the machine's load the way req/s does, so this is how
+# request-path changes are compared on a noisy 2-core machine. It counts pinlb's user space
+# only: the kernel's TCP work (about three quarters of the CPU per request) is not in it.
+#
+# What it does: starts the benchmark backend (nginx `return 200`, benches/peers/backend-nginx.conf)
+# on core 1, runs pinlb under callgrind with one worker, warms up with wrk for 2 s, zeroes the
+# counters, drives wrk -c16 for 4 s, dumps, and divides the instructions by the requests wrk
+# completed.
+#
+# Usage: bash benches/callgrind.sh [PINLB_BINARY]   (default target/release/pinlb)
+# Needs: valgrind, nginx, wrk, curl, taskset (apt-get install -y valgrind nginx-light wrk).
+set -euo pipefail
+
+ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+PINLB=${1:-$ROOT/target/release/pinlb}
+BACKEND_PORT=${BACKEND_PORT:-18180}
+PORT=${PORT:-18181}
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+wait_port() {
+
+    for _ in $(seq 100); do
+        curl -s -o /dev/null "http://127.0.0.1:$1/" && return 0
+        sleep 0.2
+    done
+    echo "nothing answers on port $1" >&2
+    exit 1
+}
+
+mkdir -p "$WORK/backend/tmp"
+{
+    echo "client_body_temp_path $WORK/backend/tmp/body;"
+    for m in proxy fastcgi uwsgi scgi; do echo "${m}_temp_path $WORK/backend/tmp/$m;"; done
+} >"$WORK/backend/temp_paths.conf"
+sed -e "s|@DIR@|$WORK/backend|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" \
+    "$ROOT/benches/peers/backend-nginx.conf" >"$WORK/backend/nginx.conf"
+taskset -c 1 nginx -p "$WORK/backend" -c "$WORK/backend/nginx.conf" -e "$WORK/backend/error.log" &
+PIDS+=($!)
+wait_port "$BACKEND_PORT"
+
+cat >"$WORK/pinlb.toml" <<EOF
+[runtime]
+cpus = [0]
+[[listener]]
+address = "127.0.0.1:$PORT"
+upstream = "app"
+[upstream.app]
+keepalive = 64
+backends = [{ address = "127.0.0.1:$BACKEND_PORT" }]
+EOF
+RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" \
+    "$PINLB" serve -c "$WORK/pinlb.toml" 2>"$WORK/valgrind.log" &
+VG=$!
+PIDS+=("$VG")
+wait_port "$PORT"
+
+taskset -c 1 wrk -t1 -c16 -d2s "http://127.0.0.1:$PORT/" >/dev/null
+callgrind_control -z "$VG" >/dev/null 2>&1
+out=$(taskset -c 1 wrk -t1 -c16 -d4s "http://127.0.0.1:$PORT/")
+callgrind_control -d "$VG" >/dev/null 2>&1
+requests=$(awk '/requests in/{print $1}' <<<"$out")
+ir=$(callgrind_annotate "$WORK/cg.out.1" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
+echo "binary:   $PINLB"
+echo "requests: $requests"
+echo "Ir:       $ir"
+echo "Ir/req:   $((ir / requests))"
