@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use http::Method;
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const MIB: u64 = 1024 * 1024;
 /// The size of the large bodies streamed through the binary.
@@ -505,30 +505,11 @@ async fn a_slow_upload_is_not_cut_off_by_the_response_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_dying_mid_body_is_not_passed_off_as_a_complete_response() {
     // A backend that promises a chunked body, sends one chunk and disappears.
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut s = BufReader::new(s);
-                let mut line = String::new();
-                while tokio::io::AsyncBufReadExt::read_line(&mut s, &mut line)
-                    .await
-                    .unwrap_or(0)
-                    > 2
-                {
-                    line.clear();
-                }
-                let mut s = s.into_inner();
-                s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                    .await
-                    .unwrap();
-                s.write_all(format!("1000\r\n{}\r\n", "z".repeat(4096)).as_bytes())
-                    .await
-                    .unwrap();
-            });
-        }
-    });
+    let backend = raw_backend(vec![
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec(),
+        format!("1000\r\n{}\r\n", "z".repeat(4096)).into_bytes(),
+    ])
+    .await;
     let proxy = Proxy::start(&Setup::with(&[backend]));
 
     let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
@@ -836,12 +817,12 @@ async fn absolute_form_requests_reach_the_backend_in_origin_form() {
     let a = Backend::start("a").await;
     let proxy = Proxy::start(&Setup::with(&[a.addr]));
 
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    s.get_mut()
-        .write_all(b"GET http://app.example/some/path?q=1 HTTP/1.1\r\nHost: app.example\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut s, false).await;
+    let r = raw_request(
+        proxy.addr,
+        b"GET http://app.example/some/path?q=1 HTTP/1.1\r\nHost: app.example\r\n\r\n",
+        false,
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.head);
     let seen = a.requests().pop().unwrap();
     assert_eq!(seen.uri, "/some/path?q=1");
@@ -854,12 +835,12 @@ async fn an_http_1_0_client_is_answered_without_chunking_and_the_backend_sees_ht
     let proxy = Proxy::start(&Setup::with(&[a.addr]));
 
     // The backend's body is chunked; HTTP/1.0 has no chunking, so the end is the connection's.
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    s.get_mut()
-        .write_all(b"GET /download/100000?chunked HTTP/1.0\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut s, false).await;
+    let r = raw_request(
+        proxy.addr,
+        b"GET /download/100000?chunked HTTP/1.0\r\nHost: x\r\n\r\n",
+        false,
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.head);
     assert!(
         !r.has("transfer-encoding"),
@@ -983,29 +964,11 @@ async fn small_request_bodies_arrive_intact_with_either_framing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_close_delimited_backend_response_is_relayed_completely() {
     // An old-style backend: no Content-Length, no chunking, the body ends when it closes.
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut s = BufReader::new(s);
-                let mut line = String::new();
-                while tokio::io::AsyncBufReadExt::read_line(&mut s, &mut line)
-                    .await
-                    .unwrap_or(0)
-                    > 2
-                {
-                    line.clear();
-                }
-                let mut s = s.into_inner();
-                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
-                    .await
-                    .unwrap();
-                s.write_all(&vec![b'x'; 100_000]).await.unwrap();
-                // Dropping the stream closes it: that ends the body.
-            });
-        }
-    });
+    let backend = raw_backend(vec![
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n".to_vec(),
+        vec![b'x'; 100_000],
+    ])
+    .await;
     let proxy = Proxy::start(&Setup::with(&[backend]));
 
     let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());

@@ -619,6 +619,35 @@ pub async fn get(addr: SocketAddr, path: &str) -> Reply {
 }
 
 /// Reads a response body to the end, counting bytes without keeping them.
+/// A backend that answers every connection by reading one request head, writing `parts` as
+/// raw bytes, one write each, and closing: for responses hyper would refuse to produce.
+pub async fn raw_backend(parts: Vec<Vec<u8>>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let parts = parts.clone();
+            tokio::spawn(async move {
+                let mut s = tokio::io::BufReader::new(s);
+                let mut line = String::new();
+                while s.read_line(&mut line).await.unwrap_or(0) > 2 {
+                    line.clear();
+                }
+                let mut s = s.into_inner();
+                for part in parts {
+                    if tokio::io::AsyncWriteExt::write_all(&mut s, &part)
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
 pub async fn count_body(mut body: Incoming) -> u64 {
     let mut n = 0u64;
     while let Some(frame) = body.frame().await {
@@ -657,6 +686,15 @@ impl RawResponse {
 }
 
 /// Reads a status line and headers.
+/// Sends `bytes` as they are on a new connection and reads one response (`no_body` for HEAD).
+pub async fn raw_request(addr: SocketAddr, bytes: &[u8], no_body: bool) -> RawResponse {
+    let mut s = tokio::io::BufReader::new(TcpStream::connect(addr).await.unwrap());
+    tokio::io::AsyncWriteExt::write_all(s.get_mut(), bytes)
+        .await
+        .unwrap();
+    read_response(&mut s, no_body).await
+}
+
 pub async fn read_head<R: AsyncBufRead + Unpin>(r: &mut R) -> RawResponse {
     let mut head = String::new();
     let mut headers = Vec::new();
