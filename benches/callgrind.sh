@@ -69,7 +69,7 @@ callgrind_control -z "$VG" >/dev/null 2>&1
 out=$(taskset -c 1 wrk -t1 -c16 -d4s "http://127.0.0.1:$PORT/")
 callgrind_control -d "$VG" >/dev/null 2>&1
 requests=$(awk '/requests in/{print $1}' <<<"$out")
-ir=$(callgrind_annotate "$WORK/cg.out.1" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
+ir=$(cp "$WORK/cg.out.1" "${KEEP_PROFILE:-/dev/null}" 2>/dev/null || true; callgrind_annotate "$WORK/cg.out.1" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
 echo "binary:   $PINLB"
 echo "requests: $requests"
 echo "Ir:       $ir"

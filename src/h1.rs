@@ -32,6 +32,8 @@ const READ_CHUNK: usize = 16 * 1024;
 pub struct Conn {
     pub stream: TcpStream,
     buf: BytesMut,
+    /// Request heads are built here; kept to reuse its allocation for every request.
+    out: Vec<u8>,
     /// Whether this connection already carried an exchange (taken from the pool).
     pub reused: bool,
 }
@@ -76,6 +78,7 @@ impl Conn {
         Conn {
             stream,
             buf: BytesMut::new(),
+            out: Vec::new(),
             reused: false,
         }
     }
@@ -104,7 +107,8 @@ impl Conn {
         parts: &http::request::Parts,
         chunked: bool,
     ) -> io::Result<()> {
-        let mut out = Vec::with_capacity(256);
+        let out = &mut self.out;
+        out.clear();
         out.extend_from_slice(parts.method.as_str().as_bytes());
         out.push(b' ');
         let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -120,7 +124,7 @@ impl Conn {
             out.extend_from_slice(b"transfer-encoding: chunked\r\n");
         }
         out.extend_from_slice(b"\r\n");
-        self.stream.write_all(&out).await
+        self.stream.write_all(&self.out).await
     }
 
     /// Writes one piece of request body, chunk-encoded when `chunked`.
@@ -210,7 +214,13 @@ impl Conn {
 pub struct Head {
     pub status: StatusCode,
     pub version: Version,
+    /// End-to-end headers only: hop-by-hop ones are consumed by the parser.
     pub headers: HeaderMap,
+    /// Whether the response lets the connection carry another exchange (HTTP/1.1 unless
+    /// `Connection: close`; HTTP/1.0 only with `Connection: keep-alive`).
+    pub keep_alive: bool,
+    /// With Transfer-Encoding present: whether its final coding is chunked.
+    pub chunked_last: Option<bool>,
     pub framing: Framing,
 }
 
@@ -251,20 +261,85 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
         })
         .collect();
     let head = buf.split_to(len).freeze();
+    // Hop-by-hop headers are handled here and never enter the map, so they cost no insertion
+    // and no removal later; only what they say about this connection is kept.
     let mut headers = HeaderMap::with_capacity(spans.len());
+    let mut close = false;
+    let mut keep_alive_token = false;
+    let mut chunked_last: Option<bool> = None;
+    let mut named: Vec<HeaderName> = Vec::new();
     for &(n, nl, v, vl) in &spans {
-        let name = HeaderName::from_bytes(&head[n..n + nl])
-            .map_err(|_| H1Error::Invalid("bad header name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
-            .map_err(|_| H1Error::Invalid("bad header value"))?;
-        headers.append(name, value);
+        let raw_name = &head[n..n + nl];
+        let raw_value = &head[v..v + vl];
+        match Hop::of(raw_name) {
+            Some(Hop::Connection) => {
+                for t in raw_value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                    if t.eq_ignore_ascii_case(b"close") {
+                        close = true;
+                    } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                        keep_alive_token = true;
+                    } else if let Ok(name) = HeaderName::from_bytes(t) {
+                        named.push(name);
+                    }
+                }
+            }
+            Some(Hop::TransferEncoding) => {
+                let last = raw_value
+                    .split(|&b| b == b',')
+                    .map(<[u8]>::trim_ascii)
+                    .rfind(|t| !t.is_empty());
+                // A later header's codings come after an earlier one's.
+                match last {
+                    Some(t) => chunked_last = Some(t.eq_ignore_ascii_case(b"chunked")),
+                    None => chunked_last = chunked_last.or(Some(false)),
+                }
+            }
+            Some(Hop::Other) => {}
+            None => {
+                let name = HeaderName::from_bytes(raw_name)
+                    .map_err(|_| H1Error::Invalid("bad header name"))?;
+                let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
+                    .map_err(|_| H1Error::Invalid("bad header value"))?;
+                headers.append(name, value);
+            }
+        }
     }
+    for name in named {
+        headers.remove(name);
+    }
+    let keep_alive = !close && (version == Version::HTTP_11 || keep_alive_token);
     Ok(Some(Head {
         status,
         version,
         headers,
+        keep_alive,
+        chunked_last,
         framing: Framing::Empty,
     }))
+}
+
+/// The hop-by-hop headers (RFC 9110 §7.6.1), recognised on raw bytes.
+enum Hop {
+    Connection,
+    TransferEncoding,
+    /// Keep-Alive, Proxy-Connection, TE, Trailer, Upgrade: dropped.
+    Other,
+}
+
+impl Hop {
+    fn of(name: &[u8]) -> Option<Hop> {
+        let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
+        // The length check first: almost every header is ruled out by it.
+        match name.len() {
+            10 if is("connection") => Some(Hop::Connection),
+            17 if is("transfer-encoding") => Some(Hop::TransferEncoding),
+            10 if is("keep-alive") => Some(Hop::Other),
+            16 if is("proxy-connection") => Some(Hop::Other),
+            2 if is("te") => Some(Hop::Other),
+            7 if is("trailer") || is("upgrade") => Some(Hop::Other),
+            _ => None,
+        }
+    }
 }
 
 /// How a response body is delimited (RFC 9112 §6.3).
@@ -289,22 +364,17 @@ impl Framing {
             return Ok(Framing::Empty);
         }
         let h = &head.headers;
-        if h.contains_key(header::TRANSFER_ENCODING) {
+        if let Some(chunked) = head.chunked_last {
             if h.contains_key(header::CONTENT_LENGTH) {
                 return Err(H1Error::Invalid(
                     "both Transfer-Encoding and Content-Length",
                 ));
             }
-            let last = h
-                .get_all(header::TRANSFER_ENCODING)
-                .iter()
-                .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-                .map(<[u8]>::trim_ascii)
-                .rfind(|t| !t.is_empty());
-            return Ok(match last {
-                Some(t) if t.eq_ignore_ascii_case(b"chunked") => Framing::Chunked,
-                // Another final coding is delimited by the connection closing.
-                _ => Framing::Close,
+            // Another final coding is delimited by the connection closing.
+            return Ok(if chunked {
+                Framing::Chunked
+            } else {
+                Framing::Close
             });
         }
         let mut length: Option<u64> = None;
@@ -595,21 +665,6 @@ impl Body for UpstreamBody {
     }
 }
 
-/// Whether a response lets the connection carry another exchange.
-pub fn keep_alive(version: Version, headers: &HeaderMap) -> bool {
-    let mut close = version == Version::HTTP_10;
-    for v in headers.get_all(header::CONNECTION) {
-        for t in v.as_bytes().split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-            if t.eq_ignore_ascii_case(b"close") {
-                close = true;
-            } else if t.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
-                close = false;
-            }
-        }
-    }
-    !close
-}
-
 /// Builds the response hyper will send to the client.
 pub fn response<B>(head: Head, body: B) -> Response<B> {
     let mut resp = Response::new(body);
@@ -791,14 +846,28 @@ mod tests {
 
     #[test]
     fn keep_alive_follows_version_and_connection() {
-        let h = |v: &str| {
-            let mut m = HeaderMap::new();
-            m.insert(header::CONNECTION, HeaderValue::from_str(v).unwrap());
-            m
-        };
-        assert!(keep_alive(Version::HTTP_11, &HeaderMap::new()));
-        assert!(!keep_alive(Version::HTTP_11, &h("close")));
-        assert!(!keep_alive(Version::HTTP_10, &HeaderMap::new()));
-        assert!(keep_alive(Version::HTTP_10, &h("Keep-Alive")));
+        let ka = |text: &str| head(text).unwrap().unwrap().keep_alive;
+        assert!(ka("HTTP/1.1 200 OK\r\n\r\n"));
+        assert!(!ka("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"));
+        assert!(!ka("HTTP/1.0 200 OK\r\n\r\n"));
+        assert!(ka("HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\n\r\n"));
+        assert!(!ka(
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive, close\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn hop_by_hop_headers_never_reach_the_map() {
+        let h = head(
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: timeout=5\r\n\
+             Proxy-Connection: x\r\nTE: trailers\r\nTrailer: x-sum\r\nUpgrade: h2c\r\n\
+             Transfer-Encoding: chunked\r\nX-Hop: 1\r\nX-Kept: 2\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        let names: Vec<_> = h.headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["x-kept"]);
+        assert_eq!(h.chunked_last, Some(true));
+        assert!(h.keep_alive);
     }
 }

@@ -284,10 +284,8 @@ async fn forward(
         }
     };
 
-    let keep_alive = h1::keep_alive(head.version, &head.headers);
-    let framing = head.framing;
-    let mut resp = h1::response(head, ());
-    strip_hop_by_hop(resp.headers_mut());
+    let (keep_alive, framing) = (head.keep_alive, head.framing);
+    let resp = h1::response(head, ());
     let body = ProxyBody::Upstream {
         body: UpstreamBody::new(conn, framing),
         release: Some(Release {
