@@ -284,18 +284,16 @@ async fn forward(
         }
     };
 
-    let (keep_alive, framing) = (head.keep_alive, head.framing);
-    let resp = h1::response(head, ());
     let body = ProxyBody::Upstream {
-        body: UpstreamBody::new(conn, framing),
+        body: UpstreamBody::new(conn, head.framing),
         release: Some(Release {
             _guard: guard,
-            keep_alive,
+            keep_alive: head.keep_alive,
             upstream: upstream.clone(),
             backend,
         }),
     };
-    Ok(resp.map(|()| body))
+    Ok(h1::response(head, body))
 }
 
 /// Decides how the request body is framed upstream and makes the headers say exactly that: the

@@ -240,6 +240,7 @@ fn worker_main(
         let timeout = config.runtime.shutdown_timeout;
         // The accept loops have ended and dropped their handles, so this is the last one.
         let Ok(graceful) = Rc::try_unwrap(graceful) else {
+            error!("worker {worker}: connection tracker still shared at shutdown; not waiting for open connections");
             return Ok(());
         };
         if tokio::time::timeout(timeout, graceful.shutdown())
