@@ -13,6 +13,8 @@
 //!   framing on pooled connections.
 //! - [`proxy`]: the request path: rewrite headers, pick, forward, stream back, map errors to
 //!   502/503/504.
+//! - [`idle`]: closing idle client connections with one watchdog per connection, not a timer
+//!   per request.
 //! - [`server`]: binding `SO_REUSEPORT` sockets and running one pinned single-threaded runtime per
 //!   core, with graceful shutdown.
 //!
@@ -31,6 +33,7 @@ pub mod balance;
 pub mod config;
 pub mod cpus;
 pub mod h1;
+pub mod idle;
 pub mod proxy;
 pub mod server;
 pub mod upstream;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
@@ -24,6 +24,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::Config;
 use crate::cpus::{format_cpu_list, pin_current_thread};
+use crate::idle::{self, Activity, TrackedBody, TrackedIo};
 use crate::proxy::{self, Client};
 use crate::upstream::{SharedUpstream, WorkerUpstream};
 
@@ -261,11 +262,9 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut builder = http1::Builder::new();
-    // hyper's header read timeout also runs while a keep-alive connection waits for its next
-    // request, so it is exactly nginx's keepalive_timeout.
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(client_idle);
+    // Idle connections are closed by the per-connection watchdog in `idle` instead: hyper's
+    // header read timeout arms a new boxed timer for every request.
+    builder.header_read_timeout(None);
     loop {
         let accepted = tokio::select! {
             biased;
@@ -284,11 +283,30 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let client = Rc::new(Client::new(peer));
         let upstream = upstream.clone();
-        let service = service_fn(move |req| proxy::handle(upstream.clone(), client.clone(), req));
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let activity = Rc::new(Activity::default());
+        let io = TrackedIo::new(TokioIo::new(stream), activity.clone());
+        let requests = activity.clone();
+        let service = service_fn(move |req| {
+            let active = requests.request();
+            let forwarded = proxy::handle(upstream.clone(), client.clone(), req);
+            async move {
+                forwarded
+                    .await
+                    .map(|resp| resp.map(|body| TrackedBody::new(body, active)))
+            }
+        });
+        let conn = graceful.watch(builder.serve_connection(io, service));
         tokio::task::spawn_local(async move {
-            if let Err(e) = conn.await {
-                debug!(client = %peer, "client connection ended: {e}");
+            tokio::select! {
+                biased;
+                ended = conn => {
+                    if let Err(e) = ended {
+                        debug!(client = %peer, "client connection ended: {e}");
+                    }
+                }
+                () = idle::watchdog(activity, client_idle) => {
+                    debug!(client = %peer, "closing client connection idle for {client_idle:?}");
+                }
             }
         });
     }
