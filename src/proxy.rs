@@ -1,9 +1,8 @@
 //! The request path: pick a backend, forward the request, stream the response back.
 //!
-//! Per request this does no locking and, on the common path, allocates nothing beyond what hyper
-//! itself needs: the client's body streams to the backend as it arrives, the backend's body
-//! streams back, and the upstream connection returns to the worker's pool when the response body
-//! ends.
+//! Per request this takes no lock. The client's body streams to the backend as it arrives, the
+//! backend's body streams back, and the upstream connection returns to the worker's pool when the
+//! response body ends.
 
 use std::convert::Infallible;
 use std::fmt;
