@@ -203,9 +203,9 @@ fn default_weight() -> Spanned<u32> {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTimeouts {
-    connect: Option<Dur>,
-    response: Option<Dur>,
-    client_idle: Option<Dur>,
+    connect: Option<Spanned<Dur>>,
+    response: Option<Spanned<Dur>>,
+    client_idle: Option<Spanned<Dur>>,
 }
 
 /// The validated plan pinlb runs.
@@ -306,7 +306,11 @@ impl Config {
         let de = toml::Deserializer::parse(text)
             .map_err(|e| at(e.span().unwrap_or(0..0), "", e.message().to_string()))?;
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-            let key = e.path().to_string();
+            // `Spanned` values deserialize through a private field; users never wrote that key.
+            let key = e
+                .path()
+                .to_string()
+                .replace(".$__serde_spanned_private_value", "");
             let inner = e.into_inner();
             let key = if key == "." { String::new() } else { key };
             at(
@@ -430,16 +434,28 @@ impl Config {
             }
             let t = &up.timeouts;
             let d = Timeouts::default();
+            // A zero timeout would fail every request or close every connection at once.
+            let positive = |v: &Option<Spanned<Dur>>, field: &str, default: Duration| match v {
+                None => Ok(default),
+                Some(x) if x.get_ref().0.is_zero() => Err(at(
+                    x.span(),
+                    &format!("{key}.timeouts.{field}"),
+                    "a timeout of 0 is not allowed, expected a positive duration such as \"1s\""
+                        .into(),
+                )),
+                Some(x) => Ok(x.get_ref().0),
+            };
+            let timeouts = Timeouts {
+                connect: positive(&t.connect, "connect", d.connect)?,
+                response: positive(&t.response, "response", d.response)?,
+                client_idle: positive(&t.client_idle, "client_idle", d.client_idle)?,
+            };
             upstreams.push(Upstream {
                 name: name.clone(),
                 algorithm: up.algorithm,
                 keepalive: up.keepalive,
                 backends,
-                timeouts: Timeouts {
-                    connect: t.connect.map_or(d.connect, |x| x.0),
-                    response: t.response.map_or(d.response, |x| x.0),
-                    client_idle: t.client_idle.map_or(d.client_idle, |x| x.0),
-                },
+                timeouts,
             });
         }
 
@@ -734,6 +750,33 @@ client_idle = "2s"
         assert!(
             e.starts_with("pinlb.toml:2:20: runtime.shutdown_timeout: invalid duration \"30\""),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn type_errors_inside_spanned_values_name_the_users_key() {
+        let e = err(&MINIMAL.replace("8881\" }", "8881\", weight = \"heavy\" }"));
+        assert!(
+            e.starts_with("pinlb.toml:7:52: upstream.app.backends[0].weight: "),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{MINIMAL}\n[upstream.app.timeouts]\nresponse = \"30\"\n"
+        ));
+        assert!(
+            e.starts_with("pinlb.toml:10:12: upstream.app.timeouts.response: invalid duration"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn zero_timeouts_are_rejected() {
+        let e = err(&format!(
+            "{MINIMAL}\n[upstream.app.timeouts]\nclient_idle = \"0s\"\n"
+        ));
+        assert_eq!(
+            e,
+            "pinlb.toml:10:15: upstream.app.timeouts.client_idle: a timeout of 0 is not allowed, expected a positive duration such as \"1s\""
         );
     }
 

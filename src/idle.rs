@@ -53,7 +53,8 @@ impl Drop for Active {
 /// Completes once the connection has been idle for `idle`.
 pub async fn watchdog(activity: Rc<Activity>, idle: Duration) {
     const CHECKS: u32 = 4;
-    let period = idle / CHECKS;
+    // Config validation rejects 0; the floor keeps a tiny value from spinning anyway.
+    let period = (idle / CHECKS).max(Duration::from_millis(1));
     let mut seen = activity.events.get();
     let mut quiet = 0;
     loop {
