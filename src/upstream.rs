@@ -15,10 +15,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::h1::Conn;
-
 use crate::balance::{SmoothWrr, least_conn};
 use crate::config::{Algorithm, Upstream};
+use crate::h1::Conn;
 
 /// A backend as every worker sees it.
 #[derive(Debug)]
@@ -41,7 +40,9 @@ pub const FAIL_TIMEOUT: Duration = Duration::from_secs(10);
 fn clock_ms() -> u64 {
     static BASE: OnceLock<Instant> = OnceLock::new();
     let base = *BASE.get_or_init(Instant::now);
-    u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX) + 1
+    u64::try_from(base.elapsed().as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
 }
 
 impl BackendState {
@@ -56,7 +57,8 @@ impl BackendState {
 
     /// Marks the backend failed: workers skip it for [`FAIL_TIMEOUT`].
     pub fn mark_failed(&self) {
-        let until = clock_ms() + u64::try_from(FAIL_TIMEOUT.as_millis()).unwrap_or(u64::MAX / 2);
+        let until =
+            clock_ms().saturating_add(u64::try_from(FAIL_TIMEOUT.as_millis()).unwrap_or(u64::MAX));
         self.failed_until_ms.store(until, Ordering::Relaxed);
     }
 
