@@ -421,19 +421,11 @@ async fn head_on_an_error_gets_the_error_status_without_a_body() {
     let proxy = Proxy::start(&Setup::with(&[dead.addr]));
 
     let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    s.get_mut()
-        .write_all(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut s, true).await;
+    let r = raw_exchange(&mut s, b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n", true).await;
     assert_eq!(r.status, 502, "{}", r.head);
 
     // Had the HEAD response carried body bytes, this response would not parse.
-    s.get_mut()
-        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut s, false).await;
+    let r = raw_exchange(&mut s, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
     assert_eq!(r.status, 502, "{}", r.head);
     assert!(String::from_utf8_lossy(&r.body).contains("connection refused"));
 }
@@ -859,11 +851,7 @@ async fn head_requests_get_status_and_headers_but_no_body() {
     let proxy = Proxy::start(&Setup::with(&[a.addr]));
 
     let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    s.get_mut()
-        .write_all(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut s, true).await;
+    let r = raw_exchange(&mut s, b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n", true).await;
     assert_eq!(r.status, 200, "{}", r.head);
     assert_eq!(
         r.header("content-length"),
@@ -873,19 +861,16 @@ async fn head_requests_get_status_and_headers_but_no_body() {
     );
     assert_eq!(r.header("x-backend"), Some("a"));
 
-    s.get_mut()
-        .write_all(b"HEAD /status/404 HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut s, true).await;
+    let r = raw_exchange(
+        &mut s,
+        b"HEAD /status/404 HTTP/1.1\r\nHost: x\r\n\r\n",
+        true,
+    )
+    .await;
     assert_eq!(r.status, 404, "{}", r.head);
 
     // Had either HEAD response carried body bytes, this response would not parse.
-    s.get_mut()
-        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut s, false).await;
+    let r = raw_exchange(&mut s, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
     assert_eq!(r.status, 200, "{}", r.head);
     assert_eq!(r.body, b"hello from a\n");
 
@@ -973,11 +958,7 @@ async fn a_close_delimited_backend_response_is_relayed_completely() {
 
     let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
     for i in 0..2 {
-        s.get_mut()
-            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let r = read_response(&mut s, false).await;
+        let r = raw_exchange(&mut s, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
         assert_eq!(r.status, 200, "request {i}: {}", r.head);
         assert_eq!(r.body.len(), 100_000, "request {i}");
         assert!(r.body.iter().all(|&b| b == b'x'));
@@ -1089,11 +1070,7 @@ async fn a_backend_that_closes_each_connection_still_serves_every_request() {
     // about the backend's hop, so the client connection stays open.
     let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
     for i in 0..5 {
-        s.get_mut()
-            .write_all(b"GET /close HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let r = read_response(&mut s, false).await;
+        let r = raw_exchange(&mut s, b"GET /close HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
         assert_eq!(r.status, 200, "request {i}: {}", r.head);
         assert!(
             !r.has("connection"),

@@ -689,10 +689,19 @@ impl RawResponse {
 /// Sends `bytes` as they are on a new connection and reads one response (`no_body` for HEAD).
 pub async fn raw_request(addr: SocketAddr, bytes: &[u8], no_body: bool) -> RawResponse {
     let mut s = tokio::io::BufReader::new(TcpStream::connect(addr).await.unwrap());
+    raw_exchange(&mut s, bytes, no_body).await
+}
+
+/// Sends `bytes` as they are on an open connection and reads one response (`no_body` for HEAD).
+pub async fn raw_exchange(
+    s: &mut tokio::io::BufReader<TcpStream>,
+    bytes: &[u8],
+    no_body: bool,
+) -> RawResponse {
     tokio::io::AsyncWriteExt::write_all(s.get_mut(), bytes)
         .await
         .unwrap();
-    read_response(&mut s, no_body).await
+    read_response(s, no_body).await
 }
 
 pub async fn read_head<R: AsyncBufRead + Unpin>(r: &mut R) -> RawResponse {
