@@ -7,8 +7,8 @@ use std::hint::black_box;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use pinlb::balance::{SmoothWrr, least_conn};
 
-fn weights(n: usize) -> Vec<u32> {
-    (0..n).map(|i| 1 + (i % 5) as u32).collect()
+fn weights(n: usize) -> Vec<u64> {
+    (0..n).map(|i| 1 + (i % 5) as u64).collect()
 }
 
 fn select(c: &mut Criterion) {

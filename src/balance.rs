@@ -21,7 +21,7 @@ impl SmoothWrr {
     }
 
     /// Picks one of the eligible backends, or `None` when none is eligible.
-    pub fn pick(&mut self, weights: &[u32], eligible: impl Fn(usize) -> bool) -> Option<usize> {
+    pub fn pick(&mut self, weights: &[u64], eligible: impl Fn(usize) -> bool) -> Option<usize> {
         debug_assert_eq!(weights.len(), self.current.len());
         let mut total: i64 = 0;
         let mut best: Option<usize> = None;
@@ -29,7 +29,7 @@ impl SmoothWrr {
             if !eligible(i) {
                 continue;
             }
-            let w = i64::from(w);
+            let w = i64::try_from(w).unwrap_or(i64::MAX);
             self.current[i] += w;
             total += w;
             if best.is_none_or(|b| self.current[i] > self.current[b]) {
@@ -50,7 +50,7 @@ impl SmoothWrr {
 /// other workers, and reading them twice could match nothing on the second pass.
 pub fn least_conn(
     wrr: &mut SmoothWrr,
-    weights: &[u32],
+    weights: &[u64],
     in_flight: &[usize],
     eligible: &[bool],
 ) -> Option<usize> {
@@ -87,7 +87,7 @@ pub fn least_conn(
 mod tests {
     use super::*;
 
-    fn sequence(weights: &[u32], n: usize) -> String {
+    fn sequence(weights: &[u64], n: usize) -> String {
         let mut wrr = SmoothWrr::new(weights.len());
         (0..n)
             .map(|_| (b'a' + wrr.pick(weights, |_| true).unwrap() as u8) as char)
@@ -109,9 +109,9 @@ mod tests {
     fn every_cycle_matches_the_weights_exactly() {
         let weights = [3, 7, 2, 1];
         let mut wrr = SmoothWrr::new(weights.len());
-        let total: u32 = weights.iter().sum();
+        let total: u64 = weights.iter().sum();
         for _ in 0..5 {
-            let mut counts = [0u32; 4];
+            let mut counts = [0u64; 4];
             for _ in 0..total {
                 counts[wrr.pick(&weights, |_| true).unwrap()] += 1;
             }

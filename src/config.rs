@@ -177,6 +177,16 @@ struct RawUpstream {
     backends: Spanned<Vec<RawBackend>>,
     #[serde(default)]
     timeouts: RawTimeouts,
+    /// Default for every backend's `max_conns`.
+    #[serde(default)]
+    max_conns: usize,
+    /// Default for every backend's `slow_start`.
+    slow_start: Option<Dur>,
+    health: Option<RawHealth>,
+    #[serde(default)]
+    passive: RawPassive,
+    #[serde(default)]
+    retry: RawRetry,
 }
 
 fn default_algorithm() -> Algorithm {
@@ -194,6 +204,8 @@ struct RawBackend {
     #[serde(default = "default_weight")]
     weight: Spanned<u32>,
     cpus: Option<Spanned<CpuList>>,
+    max_conns: Option<usize>,
+    slow_start: Option<Dur>,
 }
 
 fn default_weight() -> Spanned<u32> {
@@ -206,6 +218,36 @@ struct RawTimeouts {
     connect: Option<Spanned<Dur>>,
     response: Option<Spanned<Dur>>,
     client_idle: Option<Spanned<Dur>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    path: Option<Spanned<String>>,
+    interval: Option<Spanned<Dur>>,
+    timeout: Option<Spanned<Dur>>,
+    rise: Option<Spanned<u32>>,
+    fall: Option<Spanned<u32>>,
+    expect: Option<StatusSet>,
+    host: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPassive {
+    max_fails: Option<u32>,
+    fail_timeout: Option<Spanned<Dur>>,
+    fail_on_status: Option<StatusSet>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRetry {
+    tries: Option<usize>,
+    timeout: Option<Spanned<Dur>>,
+    #[serde(default)]
+    non_idempotent: bool,
+    buffer: Option<Size>,
 }
 
 /// The validated plan pinlb runs.
@@ -241,6 +283,10 @@ pub struct Upstream {
     pub keepalive: usize,
     pub backends: Vec<Backend>,
     pub timeouts: Timeouts,
+    /// Active health checks; `None` when the file has no `health` table (off, as in nginx).
+    pub health: Option<Health>,
+    pub passive: Passive,
+    pub retry: Retry,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,6 +295,184 @@ pub struct Backend {
     pub weight: u32,
     /// Cores the backend is pinned to, if the user said so; used only for warnings and the plan.
     pub cpus: Option<Vec<usize>>,
+    /// Most requests in flight to this backend across all workers; 0 = unlimited.
+    pub max_conns: usize,
+    /// After the backend comes back up, its weight ramps from ~0 to `weight` over this long;
+    /// zero = at once.
+    pub slow_start: Duration,
+}
+
+/// Active health checks, with HAProxy's semantics: `fall` consecutive failed probes take a
+/// backend down, `rise` consecutive passing ones bring it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// Path of the `GET` probe, origin-form.
+    pub path: String,
+    /// Time between two probes of one backend.
+    pub interval: Duration,
+    /// Budget for one probe, connect to response head; less than `interval`.
+    pub timeout: Duration,
+    pub rise: u32,
+    pub fall: u32,
+    /// Statuses that pass.
+    pub expect: StatusSet,
+    /// Host header of the probe; the backend's address when unset.
+    pub host: Option<String>,
+}
+
+/// Passive failure detection, with nginx's semantics: `max_fails` failed attempts within
+/// `fail_timeout` make the backend skipped for `fail_timeout`; then one request is let through as
+/// a trial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Passive {
+    /// 0 turns passive detection off.
+    pub max_fails: u32,
+    pub fail_timeout: Duration,
+    /// Backend responses with these statuses count as failed attempts too (they are still passed
+    /// to the client, not retried).
+    pub fail_on_status: StatusSet,
+}
+
+impl Default for Passive {
+    fn default() -> Self {
+        Passive {
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+            fail_on_status: StatusSet::default(),
+        }
+    }
+}
+
+/// When a failed attempt moves on to another backend, with nginx's `proxy_next_upstream` rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    /// Most attempts per request, the first included; 0 = every eligible backend once.
+    pub tries: usize,
+    /// No new attempt starts once this long has passed since the first.
+    pub timeout: Duration,
+    /// Whether POST, PATCH and other non-idempotent requests may be sent again after the backend
+    /// may have seen them.
+    pub non_idempotent: bool,
+    /// Request bodies up to this many bytes are kept so they can be sent again.
+    pub buffer: usize,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            tries: 0,
+            timeout: Duration::from_secs(10),
+            non_idempotent: false,
+            buffer: 64 * 1024,
+        }
+    }
+}
+
+/// A set of HTTP statuses, written `"200-399"`, `204`, or a list of those.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatusSet(Vec<(u16, u16)>);
+
+impl StatusSet {
+    pub fn contains(&self, status: u16) -> bool {
+        self.0.iter().any(|&(lo, hi)| lo <= status && status <= hi)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Display for StatusSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, &(lo, hi)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            if lo == hi {
+                write!(f, "{lo}")?;
+            } else {
+                write!(f, "{lo}-{hi}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'de> Deserialize<'de> for StatusSet {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        const EXPECTED: &str =
+            "a status such as 200, a range string like \"200-399\", or a list of them";
+        fn status<E: de::Error>(v: i64) -> Result<u16, E> {
+            u16::try_from(v)
+                .ok()
+                .filter(|s| (100..=599).contains(s))
+                .ok_or_else(|| E::custom(format!("invalid status {v}, expected 100 to 599")))
+        }
+        impl<'de> Visitor<'de> for V {
+            type Value = StatusSet;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<StatusSet, E> {
+                let s = status(v)?;
+                Ok(StatusSet(vec![(s, s)]))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<StatusSet, E> {
+                self.visit_i64(i64::try_from(v).unwrap_or(-1))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<StatusSet, E> {
+                let bad =
+                    || E::custom(format!("invalid status range \"{s}\", expected {EXPECTED}"));
+                let (lo, hi) = s.split_once('-').unwrap_or((s, s));
+                let lo = status(lo.trim().parse().map_err(|_| bad())?)?;
+                let hi = status(hi.trim().parse().map_err(|_| bad())?)?;
+                if lo > hi {
+                    return Err(bad());
+                }
+                Ok(StatusSet(vec![(lo, hi)]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StatusSet, A::Error> {
+                let mut out = Vec::new();
+                while let Some(StatusSet(part)) = seq.next_element::<StatusSet>()? {
+                    out.extend(part);
+                }
+                Ok(StatusSet(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A size in bytes: `4096`, `"64KiB"`, `"1MiB"`, `"0"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Size(u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        const EXPECTED: &str = "a size such as 4096, \"64KiB\" or \"1MiB\"";
+        impl Visitor<'_> for V {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Size, E> {
+                Ok(Size(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Size, E> {
+                u64::try_from(v)
+                    .map(Size)
+                    .map_err(|_| E::custom(format!("invalid size {v}, expected {EXPECTED}")))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Size, E> {
+                s.parse::<bytesize::ByteSize>()
+                    .map(|b| Size(b.as_u64()))
+                    .map_err(|_| E::custom(format!("invalid size \"{s}\", expected {EXPECTED}")))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -364,6 +588,18 @@ impl Config {
                 .map_or(DEFAULT_SHUTDOWN_TIMEOUT, |d| d.0),
         };
 
+        // A zero timeout or interval would fail every request or close every connection at once.
+        let positive = |v: &Option<Spanned<Dur>>, key: &str| match v {
+            None => Ok(None),
+            Some(x) if x.get_ref().0.is_zero() => Err(at(
+                x.span(),
+                key,
+                "a duration of 0 is not allowed, expected a positive duration such as \"1s\""
+                    .into(),
+            )),
+            Some(x) => Ok(Some(x.get_ref().0)),
+        };
+
         let mut warnings = Vec::new();
         let mut upstreams = Vec::with_capacity(raw.upstream.len());
         let mut seen = HashSet::new();
@@ -430,25 +666,121 @@ impl Config {
                     address,
                     weight,
                     cpus,
+                    max_conns: b.max_conns.unwrap_or(up.max_conns),
+                    slow_start: b
+                        .slow_start
+                        .or(up.slow_start)
+                        .map_or(Duration::ZERO, |d| d.0),
                 });
             }
             let t = &up.timeouts;
             let d = Timeouts::default();
-            // A zero timeout would fail every request or close every connection at once.
-            let positive = |v: &Option<Spanned<Dur>>, field: &str, default: Duration| match v {
-                None => Ok(default),
-                Some(x) if x.get_ref().0.is_zero() => Err(at(
-                    x.span(),
-                    &format!("{key}.timeouts.{field}"),
-                    "a timeout of 0 is not allowed, expected a positive duration such as \"1s\""
-                        .into(),
-                )),
-                Some(x) => Ok(x.get_ref().0),
-            };
+            let tkey = |field: &str| format!("{key}.timeouts.{field}");
             let timeouts = Timeouts {
-                connect: positive(&t.connect, "connect", d.connect)?,
-                response: positive(&t.response, "response", d.response)?,
-                client_idle: positive(&t.client_idle, "client_idle", d.client_idle)?,
+                connect: positive(&t.connect, &tkey("connect"))?.unwrap_or(d.connect),
+                response: positive(&t.response, &tkey("response"))?.unwrap_or(d.response),
+                client_idle: positive(&t.client_idle, &tkey("client_idle"))?
+                    .unwrap_or(d.client_idle),
+            };
+            let health = match &up.health {
+                None => None,
+                Some(h) => {
+                    let hkey = format!("{key}.health");
+                    let interval = positive(&h.interval, &format!("{hkey}.interval"))?
+                        .unwrap_or(Duration::from_secs(2));
+                    let timeout = positive(&h.timeout, &format!("{hkey}.timeout"))?
+                        .unwrap_or(Duration::from_secs(1));
+                    if timeout >= interval {
+                        let span = h
+                            .timeout
+                            .as_ref()
+                            .or(h.interval.as_ref())
+                            .map_or(0..0, |d| d.span());
+                        return Err(at(
+                            span,
+                            &hkey,
+                            format!(
+                                "timeout ({timeout:?}) must be less than interval ({interval:?})"
+                            ),
+                        ));
+                    }
+                    let count = |v: &Option<Spanned<u32>>, field: &str, default: u32| match v {
+                        None => Ok(default),
+                        Some(x) if *x.get_ref() == 0 => Err(at(
+                            x.span(),
+                            &format!("{hkey}.{field}"),
+                            "0 is not allowed, expected a positive number of checks".into(),
+                        )),
+                        Some(x) => Ok(*x.get_ref()),
+                    };
+                    let path = match &h.path {
+                        None => "/".to_string(),
+                        Some(p) => {
+                            let v = p.get_ref();
+                            if !v.starts_with('/')
+                                || http::uri::PathAndQuery::try_from(v.as_str()).is_err()
+                            {
+                                return Err(at(
+                                    p.span(),
+                                    &format!("{hkey}.path"),
+                                    format!(
+                                        "invalid path \"{v}\", expected an origin-form path such as \"/health\""
+                                    ),
+                                ));
+                            }
+                            v.clone()
+                        }
+                    };
+                    let host = match &h.host {
+                        None => None,
+                        Some(v) => {
+                            if v.get_ref().is_empty()
+                                || http::HeaderValue::from_str(v.get_ref()).is_err()
+                                || v.get_ref().contains([' ', '\t'])
+                            {
+                                return Err(at(
+                                    v.span(),
+                                    &format!("{hkey}.host"),
+                                    format!(
+                                        "invalid host \"{}\", expected a host name such as \"app.local\"",
+                                        v.get_ref()
+                                    ),
+                                ));
+                            }
+                            Some(v.get_ref().clone())
+                        }
+                    };
+                    Some(Health {
+                        path,
+                        interval,
+                        timeout,
+                        rise: count(&h.rise, "rise", 2)?,
+                        fall: count(&h.fall, "fall", 3)?,
+                        expect: h
+                            .expect
+                            .clone()
+                            .unwrap_or_else(|| StatusSet(vec![(200, 399)])),
+                        host,
+                    })
+                }
+            };
+            let p = &up.passive;
+            let passive = Passive {
+                max_fails: p.max_fails.unwrap_or(1),
+                fail_timeout: positive(&p.fail_timeout, &format!("{key}.passive.fail_timeout"))?
+                    .unwrap_or(Duration::from_secs(10)),
+                fail_on_status: p.fail_on_status.clone().unwrap_or_default(),
+            };
+            let r = &up.retry;
+            let d = Retry::default();
+            let retry = Retry {
+                tries: r.tries.unwrap_or(d.tries),
+                timeout: positive(&r.timeout, &format!("{key}.retry.timeout"))?
+                    .unwrap_or(d.timeout),
+                non_idempotent: r.non_idempotent,
+                buffer: r
+                    .buffer
+                    .map_or(d.buffer, |b| usize::try_from(b.0).unwrap_or(usize::MAX)),
             };
             upstreams.push(Upstream {
                 name: name.clone(),
@@ -456,6 +788,9 @@ impl Config {
                 keepalive: up.keepalive,
                 backends,
                 timeouts,
+                health,
+                passive,
+                retry,
             });
         }
 
@@ -553,13 +888,68 @@ impl Config {
                 t.response,
                 t.client_idle
             );
+            match &u.health {
+                None => {
+                    let _ = writeln!(s, "  health checks: off");
+                }
+                Some(h) => {
+                    let _ = writeln!(
+                        s,
+                        "  health checks: GET {} every {:?}, timeout {:?}, rise {} fall {}, expect {}{}",
+                        h.path,
+                        h.interval,
+                        h.timeout,
+                        h.rise,
+                        h.fall,
+                        h.expect,
+                        h.host
+                            .as_deref()
+                            .map(|h| format!(", host {h}"))
+                            .unwrap_or_default()
+                    );
+                }
+            }
+            let p = &u.passive;
+            if p.max_fails == 0 {
+                let _ = writeln!(s, "  passive checks: off");
+            } else {
+                let _ = writeln!(
+                    s,
+                    "  passive checks: max_fails {} within fail_timeout {:?}{}",
+                    p.max_fails,
+                    p.fail_timeout,
+                    if p.fail_on_status.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", statuses {} count as failures", p.fail_on_status)
+                    }
+                );
+            }
+            let r = &u.retry;
+            let _ = writeln!(
+                s,
+                "  retry: {} within {:?}, non_idempotent {}, bodies up to {} bytes kept for replay",
+                if r.tries == 0 {
+                    "every backend once".to_string()
+                } else {
+                    format!("at most {} tries", r.tries)
+                },
+                r.timeout,
+                r.non_idempotent,
+                r.buffer
+            );
             for b in &u.backends {
-                let pinned = b
-                    .cpus
-                    .as_deref()
-                    .map(|c| format!(", cores {}", format_cpu_list(c)))
-                    .unwrap_or_default();
-                let _ = writeln!(s, "  backend {} weight {}{pinned}", b.address, b.weight);
+                let mut extra = String::new();
+                if let Some(c) = b.cpus.as_deref() {
+                    let _ = write!(extra, ", cores {}", format_cpu_list(c));
+                }
+                if b.max_conns > 0 {
+                    let _ = write!(extra, ", max_conns {}", b.max_conns);
+                }
+                if !b.slow_start.is_zero() {
+                    let _ = write!(extra, ", slow_start {:?}", b.slow_start);
+                }
+                let _ = writeln!(s, "  backend {} weight {}{extra}", b.address, b.weight);
             }
         }
         for w in &self.warnings {
@@ -776,7 +1166,7 @@ client_idle = "2s"
         ));
         assert_eq!(
             e,
-            "pinlb.toml:10:15: upstream.app.timeouts.client_idle: a timeout of 0 is not allowed, expected a positive duration such as \"1s\""
+            "pinlb.toml:10:15: upstream.app.timeouts.client_idle: a duration of 0 is not allowed, expected a positive duration such as \"1s\""
         );
     }
 

@@ -9,10 +9,13 @@
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`balance`]: backend selection (smooth weighted round robin, least_conn) as pure functions.
 //! - [`upstream`]: backend state shared by workers (atomics) and each worker's own pool.
+//! - [`health`]: whether a backend may be picked: active checks (rise/fall), passive failure
+//!   accounting (max_fails/fail_timeout) and slow start, as pure state machines, plus the probe
+//!   loop that runs on the control thread.
 //! - [`h1`]: the backend side of HTTP/1.1: request writing, response head parsing and body
 //!   framing on pooled connections.
-//! - [`proxy`]: the request path: rewrite headers, pick, forward, stream back, map errors to
-//!   502/503/504.
+//! - [`proxy`]: the request path: rewrite headers, pick, forward (retrying by nginx's
+//!   `proxy_next_upstream` rules), stream back, map errors to 502/503/504.
 //! - [`idle`]: closing idle client connections with one watchdog per connection, not a timer
 //!   per request.
 //! - [`server`]: binding `SO_REUSEPORT` sockets and running one pinned single-threaded runtime per
@@ -33,6 +36,7 @@ pub mod balance;
 pub mod config;
 pub mod cpus;
 pub mod h1;
+pub mod health;
 pub mod idle;
 pub mod proxy;
 pub mod server;

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use crate::h1::{self, Conn, Finished, H1Error, UpstreamBody};
-use crate::upstream::{FAIL_TIMEOUT, InFlight, WorkerUpstream};
+use crate::upstream::{InFlight, WorkerUpstream};
 
 /// Everything one client connection's requests need to know about the client.
 pub struct Client {
@@ -42,8 +42,9 @@ impl Client {
 /// [`ProxyError::status`].
 #[derive(Debug)]
 pub enum ProxyError {
-    /// Every backend is skipped: each failed within the last [`FAIL_TIMEOUT`].
-    NoBackend,
+    /// No backend could be picked: each is down, skipped after failures, or at `max_conns`. The
+    /// text says which.
+    NoBackend(String),
     /// Every backend was tried and failed to connect, or the chosen one failed mid-exchange.
     BadGateway { backend: SocketAddr, cause: String },
     /// The client's request body broke off (the client went away or sent bad framing).
@@ -58,7 +59,7 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::NoBackend => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NoBackend(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -69,9 +70,7 @@ impl ProxyError {
 impl fmt::Display for ProxyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ProxyError::NoBackend => f.write_str(
-                "no backend available: every backend failed within the last fail_timeout",
-            ),
+            ProxyError::NoBackend(why) => f.write_str(why),
             ProxyError::BadGateway { backend, cause } => {
                 write!(f, "backend {backend} failed: {cause}")
             }
@@ -207,92 +206,220 @@ async fn forward(
     client: &Client,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let (mut parts, mut body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     prepare_request(&mut parts, client);
     let chunked = set_request_framing(&mut parts.headers, &body);
-    let timeouts = upstream.shared.config.timeouts;
+    let shared = &*upstream.shared;
+    let retry = &shared.config.retry;
+    let mut body = RequestBody::new(body, retry.buffer);
+    // Once a backend may have acted on the request, sending it again needs both of these.
+    let method_resendable = retry.non_idempotent || is_idempotent(&parts.method);
 
-    // Connect failures move on to the next backend: nothing was sent, so trying elsewhere is
-    // always safe. Each backend is tried at most once per request.
-    // A backend whose connect failed recently is skipped, as with nginx's max_fails=1
-    // fail_timeout=10s; a lone backend never is, since skipping it cannot help.
-    let backends = &upstream.shared.backends;
-    let n = backends.len();
+    // nginx's proxy_next_upstream: a failed attempt moves on to the next backend, each backend
+    // at most once per request, within `tries` attempts and `timeout` since the first.
+    let n = shared.backends.len();
+    let max_tries = if retry.tries == 0 {
+        n
+    } else {
+        retry.tries.min(n)
+    };
     let mut tried = Tried::new(n);
+    let mut first_try: Option<Instant> = None;
     let mut last_error: Option<ProxyError> = None;
-    let (backend, mut conn) = loop {
-        let Some(b) = upstream.pick(|i| !tried.contains(i) && (n == 1 || !backends[i].is_failed()))
-        else {
-            return Err(last_error.unwrap_or(ProxyError::NoBackend));
-        };
-        tried.insert(b);
-        if let Some(conn) = upstream.checkout(b).await {
-            break (b, conn);
+    loop {
+        let out_of_budget = first_try.is_some_and(|t| t.elapsed() >= retry.timeout);
+        if tried.count >= max_tries || out_of_budget {
+            return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         }
-        let addr = backends[b].address;
-        match connect(addr, timeouts.connect).await {
-            Ok(conn) => {
-                backends[b].mark_ok();
-                break (b, conn);
+        let Some((backend, guard)) = upstream.pick(|i| tried.contains(i)) else {
+            return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
+        };
+        tried.insert(backend);
+        first_try.get_or_insert_with(Instant::now);
+        let addr = shared.backends[backend].address;
+
+        let failure = match attempt(upstream, backend, &parts, chunked, &mut body).await {
+            Ok((head, conn)) => {
+                if shared
+                    .config
+                    .passive
+                    .fail_on_status
+                    .contains(head.status.as_u16())
+                {
+                    shared.record_failure(backend);
+                } else {
+                    shared.record_success(backend);
+                }
+                let body = ProxyBody::Upstream {
+                    body: UpstreamBody::new(conn, head.framing),
+                    release: Some(Release {
+                        _guard: guard,
+                        keep_alive: head.keep_alive,
+                        upstream: upstream.clone(),
+                        backend,
+                    }),
+                };
+                return Ok(h1::response(head, body));
             }
-            Err(cause) => {
-                warn!(backend = %addr, "connect failed: {cause}; skipping it for {FAIL_TIMEOUT:?}, trying the next backend");
-                backends[b].mark_failed();
-                last_error = Some(ProxyError::BadGateway {
+            Err(failure) => failure,
+        };
+        let (error, sent) = match failure {
+            Failure::Connect(cause) => (
+                ProxyError::BadGateway {
                     backend: addr,
                     cause,
-                });
-            }
+                },
+                false,
+            ),
+            Failure::Exchange(H1Error::ClientBody(e)) => return Err(ProxyError::ClientBody(e)),
+            Failure::Exchange(H1Error::Timeout) => (
+                ProxyError::Timeout {
+                    backend: addr,
+                    after: shared.config.timeouts.response,
+                },
+                true,
+            ),
+            Failure::Exchange(e) => (
+                ProxyError::BadGateway {
+                    backend: addr,
+                    cause: e.to_string(),
+                },
+                true,
+            ),
+        };
+        shared.record_failure(backend);
+        if sent && !method_resendable {
+            warn!(backend = %addr, "{error}; not retried: {} is not idempotent and the backend may have processed it", parts.method);
+            return Err(error);
         }
-    };
-    let addr = backends[backend].address;
-    let guard = InFlight::new(upstream.shared.clone(), backend);
-    let bad_gateway = |e: &dyn fmt::Display| ProxyError::BadGateway {
-        backend: addr,
-        cause: e.to_string(),
-    };
+        if sent && !body.replayable() {
+            warn!(backend = %addr, "{error}; not retried: the request body was larger than retry.buffer ({} bytes)", retry.buffer);
+            return Err(error);
+        }
+        warn!(backend = %addr, "{error}; trying the next backend");
+        last_error = Some(error);
+    }
+}
 
-    let head = loop {
+/// How one attempt at one backend failed.
+enum Failure {
+    /// No connection: nothing was sent, so another backend may always be tried.
+    Connect(String),
+    /// The request, or part of it, may have reached the backend.
+    Exchange(H1Error),
+}
+
+/// One attempt at one backend: a pooled or new connection, the request, the response head.
+///
+/// A pooled connection the backend closed while idle fails before anything was processed; the
+/// request goes again on a fresh connection to the same backend when its body can be replayed.
+/// That is the keep-alive race, not a backend failure, so it does not count as an attempt.
+async fn attempt(
+    upstream: &WorkerUpstream,
+    backend: usize,
+    parts: &http::request::Parts,
+    chunked: bool,
+    body: &mut RequestBody,
+) -> Result<(h1::Head, Conn), Failure> {
+    let addr = upstream.shared.backends[backend].address;
+    let timeouts = upstream.shared.config.timeouts;
+    let mut conn = match upstream.checkout(backend).await {
+        Some(conn) => conn,
+        None => connect(addr, timeouts.connect)
+            .await
+            .map_err(Failure::Connect)?,
+    };
+    loop {
         let exchange = async {
-            conn.write_head(&parts, chunked).await?;
-            if !body.is_end_stream() {
-                send_body(&mut conn, &mut body, chunked).await?;
+            conn.write_head(parts, chunked).await?;
+            if !body.is_empty() {
+                body.send(&mut conn, chunked).await?;
             }
             tokio::time::timeout(timeouts.response, conn.read_head(&parts.method))
                 .await
                 .unwrap_or(Err(H1Error::Timeout))
         };
         match exchange.await {
-            Ok(head) => break head,
-            // A pooled connection the backend closed while idle: nothing was processed, so a
-            // fresh connection to the same backend is safe when the request can be sent again.
-            Err(e) if conn.reused && e.is_stale() && body.is_end_stream() => {
+            Ok(head) => return Ok((head, conn)),
+            Err(e) if conn.reused && e.is_stale() && body.replayable() => {
                 debug!(backend = %addr, "stale pooled connection ({e}), reconnecting");
                 conn = connect(addr, timeouts.connect)
                     .await
-                    .map_err(|cause| bad_gateway(&cause))?;
+                    .map_err(Failure::Connect)?;
             }
-            Err(H1Error::Timeout) => {
-                return Err(ProxyError::Timeout {
-                    backend: addr,
-                    after: timeouts.response,
-                });
-            }
-            Err(H1Error::ClientBody(e)) => return Err(ProxyError::ClientBody(e)),
-            Err(e) => return Err(bad_gateway(&e)),
+            Err(e) => return Err(Failure::Exchange(e)),
         }
-    };
+    }
+}
 
-    let body = ProxyBody::Upstream {
-        body: UpstreamBody::new(conn, head.framing),
-        release: Some(Release {
-            _guard: guard,
-            keep_alive: head.keep_alive,
-            upstream: upstream.clone(),
-            backend,
-        }),
-    };
-    Ok(h1::response(head, body))
+/// Methods that may be sent twice with the effect of once (RFC 9110 §9.2.2).
+fn is_idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
+}
+
+/// The client's request body, streamed to the backend as it arrives. Up to `limit` bytes of it
+/// are kept (`Bytes` are reference-counted: keeping a chunk copies nothing) so that a failed
+/// attempt can send it again.
+struct RequestBody {
+    client: Incoming,
+    kept: Vec<Bytes>,
+    kept_len: usize,
+    limit: usize,
+    /// Part of the body was sent and not kept: it can no longer be sent again.
+    lost: bool,
+}
+
+impl RequestBody {
+    fn new(client: Incoming, limit: usize) -> Self {
+        RequestBody {
+            client,
+            kept: Vec::new(),
+            kept_len: 0,
+            limit,
+            lost: false,
+        }
+    }
+
+    /// True for a request without a body.
+    fn is_empty(&self) -> bool {
+        self.kept.is_empty() && !self.lost && self.client.is_end_stream()
+    }
+
+    /// Whether everything sent so far can be sent again.
+    fn replayable(&self) -> bool {
+        !self.lost
+    }
+
+    /// Sends the body: what was kept from an earlier attempt, then the rest as the client sends
+    /// it.
+    async fn send(&mut self, conn: &mut Conn, chunked: bool) -> Result<(), H1Error> {
+        for data in &self.kept {
+            conn.write_body(data, chunked).await?;
+        }
+        while let Some(frame) =
+            std::future::poll_fn(|cx| Pin::new(&mut self.client).poll_frame(cx)).await
+        {
+            let frame = frame.map_err(|e| H1Error::ClientBody(e.to_string()))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if !self.lost && self.kept_len + data.len() <= self.limit {
+                self.kept_len += data.len();
+                self.kept.push(data.clone());
+            } else if !self.lost {
+                self.lost = true;
+                self.kept = Vec::new();
+            }
+            conn.write_body(&data, chunked).await?;
+        }
+        if chunked {
+            conn.finish_chunked().await?;
+        }
+        Ok(())
+    }
 }
 
 /// Decides how the request body is framed upstream and makes the headers say exactly that: the
@@ -312,20 +439,6 @@ fn set_request_framing(headers: &mut HeaderMap, body: &Incoming) -> bool {
             true
         }
     }
-}
-
-/// Streams the client's request body to the backend as it arrives.
-async fn send_body(conn: &mut Conn, body: &mut Incoming, chunked: bool) -> Result<(), H1Error> {
-    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
-        let frame = frame.map_err(|e| H1Error::ClientBody(e.to_string()))?;
-        if let Some(data) = frame.data_ref() {
-            conn.write_body(data, chunked).await?;
-        }
-    }
-    if chunked {
-        conn.finish_chunked().await?;
-    }
-    Ok(())
 }
 
 /// Opens a new connection to a backend.
@@ -354,12 +467,15 @@ fn describe_io(e: &std::io::Error) -> String {
 struct Tried {
     small: u64,
     large: Vec<bool>,
+    /// Backends tried so far.
+    count: usize,
 }
 
 impl Tried {
     fn new(n: usize) -> Self {
         Tried {
             small: 0,
+            count: 0,
             large: if n > 64 { vec![false; n] } else { Vec::new() },
         }
     }
@@ -371,6 +487,7 @@ impl Tried {
         }
     }
     fn insert(&mut self, i: usize) {
+        self.count += 1;
         if self.large.is_empty() {
             self.small |= 1 << i;
         } else {
@@ -591,7 +708,7 @@ mod tests {
     #[test]
     fn each_error_maps_to_one_status() {
         let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        assert_eq!(ProxyError::NoBackend.status(), 503);
+        assert_eq!(ProxyError::NoBackend(String::new()).status(), 503);
         assert_eq!(
             ProxyError::BadGateway {
                 backend: a,

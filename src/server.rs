@@ -4,7 +4,8 @@
 //! The kernel spreads incoming connections over the workers' sockets, and a connection stays on
 //! the worker that accepted it, so nothing on the request path crosses threads. The thread that
 //! calls [`Server::run`] is pinned to the whole `runtime.cpus` set first; every thread started
-//! afterwards inherits that mask before narrowing it to its own core.
+//! afterwards inherits that mask before narrowing it to its own core. That control thread also
+//! runs the active health checks, so they need no thread of their own.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -157,7 +158,15 @@ impl Server {
             threads.push(handle);
         }
 
-        control.block_on(shutdown);
+        // Health checks run on this thread, pinned to `runtime.cpus` like the workers, until
+        // shutdown.
+        let checks = crate::health::run(upstreams.clone());
+        control.block_on(async {
+            tokio::select! {
+                () = shutdown => {}
+                () = checks => {}
+            }
+        });
         info!(
             "shutting down: no new connections; in-flight requests get up to {:?}",
             config.runtime.shutdown_timeout

@@ -11,30 +11,20 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use tracing::{info, warn};
+
 use crate::balance::{SmoothWrr, least_conn};
-use crate::config::{Algorithm, Upstream};
+use crate::config::{Algorithm, Backend, Upstream};
 use crate::h1::Conn;
+use crate::health::{FailWindow, ramped_weight};
 
-/// A backend as every worker sees it.
-#[derive(Debug)]
-pub struct BackendState {
-    pub address: SocketAddr,
-    pub weight: u32,
-    /// Requests sent to this backend whose response has not finished yet, across all workers.
-    /// least_conn reads it; [`InFlight`] is the only writer.
-    pub in_flight: AtomicUsize,
-    /// While non-zero: the backend failed recently and is skipped until this instant, in
-    /// milliseconds on [`clock_ms`]'s scale. Zero means usable, so the request path only reads
-    /// the clock for a backend that actually failed.
-    failed_until_ms: AtomicU64,
-}
-
-/// How long a backend whose connect failed is skipped: nginx's `max_fails=1 fail_timeout=10s`.
-pub const FAIL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Configured weights are multiplied by this before selection, so a backend in slow start can
+/// carry a small fraction of even weight 1. Scaling every weight alike changes no pick.
+pub const WEIGHT_SCALE: u64 = 1000;
 
 /// Milliseconds since the first call in this process; never zero, so zero can mean "never".
 fn clock_ms() -> u64 {
@@ -45,34 +35,145 @@ fn clock_ms() -> u64 {
         .saturating_add(1)
 }
 
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The clock, read at most once per pick and only when some backend needs it (one that failed
+/// recently or is in slow start), so the common pick reads no clock at all.
+#[derive(Default)]
+struct Now(Option<u64>);
+
+impl Now {
+    fn get(&mut self) -> u64 {
+        *self.0.get_or_insert_with(clock_ms)
+    }
+}
+
+/// A backend as every worker sees it.
+#[derive(Debug)]
+pub struct BackendState {
+    pub address: SocketAddr,
+    pub weight: u32,
+    /// `weight` in the balancer's units ([`WEIGHT_SCALE`]).
+    scaled_weight: u64,
+    /// Most requests in flight across all workers; 0 = unlimited.
+    max_conns: usize,
+    slow_start: Duration,
+    /// Requests sent to this backend whose response has not finished yet, across all workers.
+    /// least_conn and `max_conns` read it; [`InFlight`] is the only writer.
+    pub in_flight: AtomicUsize,
+    /// Active health: false while checks hold the backend down. Always true without checks.
+    up: AtomicBool,
+    /// Passive accounting, the fields of a [`FailWindow`]. Workers update them with plain
+    /// loads and stores: two failures racing may count as one, which only delays a skip by one
+    /// failure, and costs no lock on the request path. `until` alone needs compare-and-swap, so
+    /// that exactly one worker claims the trial request.
+    fails: AtomicU32,
+    fails_since_ms: AtomicU64,
+    skip_until_ms: AtomicU64,
+    /// While non-zero the backend is in slow start, which began at this instant.
+    ramp_from_ms: AtomicU64,
+}
+
 impl BackendState {
-    fn new(address: SocketAddr, weight: u32) -> Self {
+    fn new(b: &Backend) -> Self {
         BackendState {
-            address,
-            weight,
+            address: b.address,
+            weight: b.weight,
+            scaled_weight: u64::from(b.weight) * WEIGHT_SCALE,
+            max_conns: b.max_conns,
+            slow_start: b.slow_start,
             in_flight: AtomicUsize::new(0),
-            failed_until_ms: AtomicU64::new(0),
+            up: AtomicBool::new(true),
+            fails: AtomicU32::new(0),
+            fails_since_ms: AtomicU64::new(0),
+            skip_until_ms: AtomicU64::new(0),
+            ramp_from_ms: AtomicU64::new(0),
         }
     }
 
-    /// Marks the backend failed: workers skip it for [`FAIL_TIMEOUT`].
-    pub fn mark_failed(&self) {
-        let until =
-            clock_ms().saturating_add(u64::try_from(FAIL_TIMEOUT.as_millis()).unwrap_or(u64::MAX));
-        self.failed_until_ms.store(until, Ordering::Relaxed);
+    /// Whether active health checks hold the backend up.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
     }
 
-    /// Whether the backend is inside a failure window.
-    pub fn is_failed(&self) -> bool {
-        let until = self.failed_until_ms.load(Ordering::Relaxed);
-        until != 0 && clock_ms() < until
-    }
-
-    /// Clears a failure mark once the backend has answered again.
-    pub fn mark_ok(&self) {
-        if self.failed_until_ms.load(Ordering::Relaxed) != 0 {
-            self.failed_until_ms.store(0, Ordering::Relaxed);
+    /// Sets the active-check state. Coming back up clears passive failures (the checks just
+    /// proved the backend healthy) and starts slow start.
+    pub fn set_up(&self, up: bool) {
+        let was = self.up.swap(up, Ordering::Relaxed);
+        if up && !was {
+            self.store_window(FailWindow::default());
+            self.start_ramp();
         }
+    }
+
+    /// Whether the backend is inside a passive skip window.
+    pub fn is_skipped(&self) -> bool {
+        self.skipped(&mut Now::default())
+    }
+
+    fn skipped(&self, now: &mut Now) -> bool {
+        let until = self.skip_until_ms.load(Ordering::Relaxed);
+        until != 0 && now.get() < until
+    }
+
+    /// Whether `max_conns` requests are in flight.
+    pub fn is_full(&self) -> bool {
+        self.max_conns != 0 && self.in_flight.load(Ordering::Relaxed) >= self.max_conns
+    }
+
+    /// Whether the backend may be picked now. A lone backend is never skipped for passive
+    /// failures, as in nginx: skipping it cannot help.
+    fn available(&self, now: &mut Now, lone: bool) -> bool {
+        self.is_up() && (lone || !self.skipped(now)) && !self.is_full()
+    }
+
+    /// The weight selection uses now: the configured one, or less during slow start.
+    fn weight_now(&self, now: &mut Now) -> u64 {
+        let from = self.ramp_from_ms.load(Ordering::Relaxed);
+        if from == 0 {
+            return self.scaled_weight;
+        }
+        let elapsed = Duration::from_millis(now.get().saturating_sub(from));
+        if elapsed >= self.slow_start {
+            self.ramp_from_ms.store(0, Ordering::Relaxed);
+        }
+        ramped_weight(self.scaled_weight, elapsed, self.slow_start)
+    }
+
+    fn start_ramp(&self) {
+        if !self.slow_start.is_zero() {
+            self.ramp_from_ms.store(clock_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// Called for a picked backend: a backend past its skip window takes one trial request, and
+    /// moves its window forward so that every other request keeps skipping it meanwhile. False
+    /// when another worker claimed the trial first.
+    fn claim(&self, now: &mut Now, fail_timeout: Duration, lone: bool) -> bool {
+        let until = self.skip_until_ms.load(Ordering::Relaxed);
+        if until == 0 || lone {
+            return true;
+        }
+        let next = now.get().saturating_add(millis(fail_timeout));
+        self.skip_until_ms
+            .compare_exchange(until, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    fn window(&self) -> FailWindow {
+        FailWindow {
+            fails: self.fails.load(Ordering::Relaxed),
+            since: self.fails_since_ms.load(Ordering::Relaxed),
+            until: self.skip_until_ms.load(Ordering::Relaxed),
+        }
+    }
+
+    fn store_window(&self, w: FailWindow) {
+        self.fails.store(w.fails, Ordering::Relaxed);
+        self.fails_since_ms.store(w.since, Ordering::Relaxed);
+        self.skip_until_ms.store(w.until, Ordering::Relaxed);
     }
 }
 
@@ -81,23 +182,80 @@ impl BackendState {
 pub struct SharedUpstream {
     pub config: Upstream,
     pub backends: Vec<BackendState>,
-    /// Weights copied out of `backends` so selection reads one contiguous slice.
-    pub weights: Vec<u32>,
 }
 
 impl SharedUpstream {
     pub fn new(config: Upstream) -> Self {
-        let backends = config
+        let backends = config.backends.iter().map(BackendState::new).collect();
+        SharedUpstream { config, backends }
+    }
+
+    fn lone(&self) -> bool {
+        self.backends.len() == 1
+    }
+
+    /// Counts a failed attempt against `backend` (nginx's max_fails); logs when it makes the
+    /// backend skipped.
+    pub fn record_failure(&self, backend: usize) {
+        let passive = &self.config.passive;
+        if self.lone() || passive.max_fails == 0 {
+            return;
+        }
+        let b = &self.backends[backend];
+        let mut w = b.window();
+        let ft = passive.fail_timeout;
+        if w.fail(clock_ms(), passive.max_fails, millis(ft)) {
+            warn!(
+                upstream = %self.config.name,
+                "backend {} skipped for {ft:?} after {} failed attempt(s) within {ft:?}",
+                b.address, passive.max_fails
+            );
+        }
+        b.store_window(w);
+    }
+
+    /// Records a successful exchange with `backend`; a passing trial brings it back.
+    pub fn record_success(&self, backend: usize) {
+        let b = &self.backends[backend];
+        // The common case reads one atomic and writes nothing.
+        if b.skip_until_ms.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut w = b.window();
+        if w.succeed() {
+            b.store_window(w);
+            b.start_ramp();
+            info!(upstream = %self.config.name, "backend {} is back: a trial request passed", b.address);
+        }
+    }
+
+    /// Why no backend could be picked, for the 503 body and log line.
+    pub fn unavailable(&self) -> String {
+        let down = self.backends.iter().filter(|b| !b.is_up()).count();
+        let skipped = self
             .backends
             .iter()
-            .map(|b| BackendState::new(b.address, b.weight))
-            .collect();
-        let weights = config.backends.iter().map(|b| b.weight).collect();
-        SharedUpstream {
-            config,
-            backends,
-            weights,
+            .filter(|b| b.is_up() && b.is_skipped())
+            .count();
+        let full = self.backends.iter().filter(|b| b.is_full()).count();
+        let mut why = Vec::new();
+        if down > 0 {
+            why.push(format!("{down} down by health checks"));
         }
+        if skipped > 0 {
+            why.push(format!("{skipped} skipped after recent failures"));
+        }
+        if full > 0 {
+            why.push(format!("{full} at max_conns"));
+        }
+        if why.is_empty() {
+            why.push("every backend was tried".into());
+        }
+        format!(
+            "no backend available among {}: {}",
+            self.backends.len(),
+            why.join(", ")
+        )
     }
 }
 
@@ -112,11 +270,19 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    pub fn new(upstream: Arc<SharedUpstream>, backend: usize) -> Self {
-        upstream.backends[backend]
-            .in_flight
-            .fetch_add(1, Ordering::Relaxed);
-        InFlight { upstream, backend }
+    /// Counts a request against `backend`, unless that would exceed its `max_conns`. The
+    /// increment comes first, so two workers racing for the last slot cannot both get it.
+    fn acquire(upstream: &Arc<SharedUpstream>, backend: usize) -> Option<Self> {
+        let b = &upstream.backends[backend];
+        let before = b.in_flight.fetch_add(1, Ordering::Relaxed);
+        let guard = InFlight {
+            upstream: upstream.clone(),
+            backend,
+        };
+        if b.max_conns != 0 && before >= b.max_conns {
+            return None;
+        }
+        Some(guard)
     }
 }
 
@@ -134,12 +300,20 @@ pub struct WorkerUpstream {
     /// Smooth weighted round-robin scores. Per worker: each worker's picks follow the weights
     /// exactly, so the sum over workers does too, without sharing a counter.
     wrr: RefCell<SmoothWrr>,
-    /// least_conn's per-pick snapshot of in-flight counts and eligibility, kept to reuse the
-    /// allocation.
-    scratch: RefCell<(Vec<usize>, Vec<bool>)>,
+    /// Each pick's snapshot of the backends, kept to reuse the allocations.
+    scratch: RefCell<Snapshot>,
     /// Idle keep-alive connections, one stack per backend (most recently used on top, so the
     /// warmest connection is reused and surplus ones age out).
     idle: Vec<RefCell<Vec<Conn>>>,
+}
+
+/// One consistent view of state other workers keep changing: selection must see the same
+/// numbers on every pass.
+#[derive(Default)]
+struct Snapshot {
+    weights: Vec<u64>,
+    loads: Vec<usize>,
+    eligible: Vec<bool>,
 }
 
 impl WorkerUpstream {
@@ -147,30 +321,49 @@ impl WorkerUpstream {
         let n = shared.backends.len();
         Rc::new(WorkerUpstream {
             wrr: RefCell::new(SmoothWrr::new(n)),
-            scratch: RefCell::new((Vec::with_capacity(n), Vec::with_capacity(n))),
+            scratch: RefCell::new(Snapshot::default()),
             idle: (0..n).map(|_| RefCell::new(Vec::new())).collect(),
             shared,
         })
     }
 
-    /// Picks a backend among those `eligible`, by the upstream's algorithm.
-    pub fn pick(&self, eligible: impl Fn(usize) -> bool) -> Option<usize> {
+    /// Picks a backend by the upstream's algorithm among those not `excluded` that are up, not
+    /// skipped after failures and below `max_conns`, and counts the request against it.
+    pub fn pick(&self, excluded: impl Fn(usize) -> bool) -> Option<(usize, InFlight)> {
         let shared = &*self.shared;
-        let mut wrr = self.wrr.borrow_mut();
-        match shared.config.algorithm {
-            Algorithm::RoundRobin => wrr.pick(&shared.weights, eligible),
-            Algorithm::LeastConn => {
-                // One consistent snapshot of counts other workers keep changing.
-                let mut scratch = self.scratch.borrow_mut();
-                let (loads, ok) = &mut *scratch;
-                loads.clear();
-                ok.clear();
-                for (i, b) in shared.backends.iter().enumerate() {
-                    loads.push(b.in_flight.load(Ordering::Relaxed));
-                    ok.push(eligible(i));
-                }
-                least_conn(&mut wrr, &shared.weights, loads, ok)
+        let lone = shared.lone();
+        let mut now = Now::default();
+        let mut scratch = self.scratch.borrow_mut();
+        let Snapshot {
+            weights,
+            loads,
+            eligible,
+        } = &mut *scratch;
+        weights.clear();
+        loads.clear();
+        eligible.clear();
+        let least_conn_rule = shared.config.algorithm == Algorithm::LeastConn;
+        for (i, b) in shared.backends.iter().enumerate() {
+            eligible.push(!excluded(i) && b.available(&mut now, lone));
+            weights.push(b.weight_now(&mut now));
+            if least_conn_rule {
+                loads.push(b.in_flight.load(Ordering::Relaxed));
             }
+        }
+        let mut wrr = self.wrr.borrow_mut();
+        // Each pass either returns or rules one backend out, so this ends within n passes.
+        loop {
+            let b = if least_conn_rule {
+                least_conn(&mut wrr, weights, loads, eligible)
+            } else {
+                wrr.pick(weights, |i| eligible[i])
+            }?;
+            if let Some(guard) = InFlight::acquire(&self.shared, b) {
+                if shared.backends[b].claim(&mut now, shared.config.passive.fail_timeout, lone) {
+                    return Some((b, guard));
+                }
+            }
+            eligible[b] = false;
         }
     }
 

@@ -50,7 +50,7 @@ fn check_rejects_an_unknown_algorithm_naming_place_key_and_choices() {
 fn check_rejects_an_unknown_key() {
     assert_check_rejects(
         "unknown_key.toml",
-        "{file}:8:1: upstream.app.algoritm: unknown field `algoritm`, expected one of `algorithm`, `keepalive`, `backends`, `timeouts`",
+        "{file}:8:1: upstream.app.algoritm: unknown field `algoritm`, expected one of `algorithm`, `keepalive`, `backends`, `timeouts`, `max_conns`, `slow_start`, `health`, `passive`, `retry`",
     );
 }
 
@@ -147,7 +147,10 @@ fn check_accepts_a_valid_file_and_prints_the_plan() {
         [
             "listener 127.0.0.1:8888 -> upstream app",
             "upstream app: least_conn, keepalive 16 per backend per worker, timeouts connect 500ms response 30s client_idle 60s",
-            "  backend 127.0.0.1:8881 weight 5",
+            "  health checks: GET /health every 2s, timeout 1s, rise 2 fall 3, expect 200,300-304, host app.local",
+            "  passive checks: max_fails 2 within fail_timeout 5s, statuses 502,503,504 count as failures",
+            "  retry: at most 2 tries within 3s, non_idempotent false, bodies up to 16384 bytes kept for replay",
+            "  backend 127.0.0.1:8881 weight 5, max_conns 100, slow_start 30s",
             "  backend 127.0.0.1:8882 weight 1",
             "tests/fixtures/valid.toml: configuration is valid",
         ],

@@ -138,6 +138,8 @@ async fn least_conn_forgets_a_request_that_timed_out() {
     let mut setup = Setup::with(&[a.addr, b.addr]);
     setup.algorithm = "least_conn";
     setup.response_timeout = "300ms";
+    // One try, and no failure accounting: the timeout must neither move on to `b` nor skip `a`.
+    setup.extra = "[upstream.app.retry]\ntries = 1\n[upstream.app.passive]\nmax_fails = 0\n".into();
     let proxy = Proxy::start(&setup);
     let mut conn = Conn::open(proxy.addr).await;
 

@@ -88,6 +88,8 @@ pub struct Setup {
     pub response_timeout: &'static str,
     pub client_idle: &'static str,
     pub shutdown_timeout: &'static str,
+    /// More TOML appended to the file, e.g. `[upstream.app.health]` and its keys.
+    pub extra: String,
 }
 
 impl Setup {
@@ -102,6 +104,7 @@ impl Setup {
             response_timeout: "10s",
             client_idle: "30s",
             shutdown_timeout: "3s",
+            extra: String::new(),
         }
     }
 
@@ -141,13 +144,15 @@ backends = [
 connect = "{connect}"
 response = "{response}"
 client_idle = "{client_idle}"
-"#,
+
+{extra}"#,
             shutdown = self.shutdown_timeout,
             algorithm = self.algorithm,
             keepalive = self.keepalive,
             connect = self.connect_timeout,
             response = self.response_timeout,
             client_idle = self.client_idle,
+            extra = self.extra,
         )
     }
 }
