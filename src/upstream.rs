@@ -391,3 +391,103 @@ impl WorkerUpstream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn upstream(extra: &str, backends: usize) -> Rc<WorkerUpstream> {
+        let list: String = (0..backends)
+            .map(|i| format!("{{ address = \"127.0.0.1:{}\" }},", 9001 + i))
+            .collect();
+        let text = format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\n\
+             [upstream.app]\n{extra}\nbackends = [{list}]\n"
+        );
+        let config = Config::parse("t.toml", &text, &[0]).unwrap();
+        let shared = Arc::new(SharedUpstream::new(config.upstreams[0].clone()));
+        WorkerUpstream::new(shared)
+    }
+
+    /// Picks `n` times, releasing each request at once; the backends picked, as letters.
+    fn picks(u: &WorkerUpstream, n: usize) -> String {
+        (0..n)
+            .map(|_| match u.pick(|_| false) {
+                Some((b, _guard)) => (b'a' + b as u8) as char,
+                None => '-',
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_backend_down_by_health_checks_is_not_picked_even_alone() {
+        let u = upstream("", 3);
+        u.shared.backends[1].set_up(false);
+        assert_eq!(picks(&u, 4), "acac");
+        let lone = upstream("", 1);
+        lone.shared.backends[0].set_up(false);
+        assert_eq!(picks(&lone, 2), "--");
+        assert!(
+            lone.shared
+                .unavailable()
+                .contains("1 down by health checks")
+        );
+    }
+
+    #[test]
+    fn a_failed_backend_is_skipped_then_gets_exactly_one_trial() {
+        let u = upstream("", 2);
+        u.shared.record_failure(0);
+        assert_eq!(picks(&u, 3), "bbb");
+        // Move the skip window into the past: the next pick is the trial, and claiming it
+        // keeps every other pick away from the backend.
+        u.shared.backends[0]
+            .skip_until_ms
+            .store(1, Ordering::Relaxed);
+        assert_eq!(picks(&u, 4), "abbb");
+        u.shared.record_success(0);
+        let after = picks(&u, 4);
+        assert_eq!(after.matches('a').count(), 2, "{after}");
+    }
+
+    #[test]
+    fn a_lone_backend_is_never_skipped_for_failures() {
+        let u = upstream("", 1);
+        u.shared.record_failure(0);
+        assert_eq!(picks(&u, 2), "aa");
+    }
+
+    #[test]
+    fn max_conns_is_held_by_the_in_flight_guard() {
+        let u = upstream("max_conns = 1", 2);
+        let (a, _ga) = u.pick(|_| false).unwrap();
+        let (b, gb) = u.pick(|_| false).unwrap();
+        assert_eq!((a, b), (0, 1));
+        assert!(u.pick(|_| false).is_none(), "both backends are full");
+        assert!(u.shared.unavailable().contains("2 at max_conns"));
+        drop(gb);
+        assert_eq!(u.pick(|_| false).map(|p| p.0), Some(1));
+    }
+
+    #[test]
+    fn a_backend_coming_back_up_ramps_its_weight() {
+        let u = upstream("slow_start = \"1h\"", 2);
+        let b = &u.shared.backends[1];
+        b.set_up(false);
+        b.set_up(true);
+        let mut now = Now::default();
+        let w = b.weight_now(&mut now);
+        assert!((1..WEIGHT_SCALE / 100).contains(&w), "{w}");
+        // Started an hour ago: the ramp is over.
+        b.ramp_from_ms.store(1, Ordering::Relaxed);
+        let mut later = Now(Some(3_600_001));
+        assert_eq!(b.weight_now(&mut later), WEIGHT_SCALE);
+        assert_eq!(b.ramp_from_ms.load(Ordering::Relaxed), 0);
+        // The other backend takes nearly every pick right after the return.
+        let u = upstream("slow_start = \"1h\"", 2);
+        u.shared.backends[1].set_up(false);
+        u.shared.backends[1].set_up(true);
+        assert_eq!(picks(&u, 20), "a".repeat(20));
+    }
+}
