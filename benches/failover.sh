@@ -63,6 +63,11 @@
 #   KEEP_TMP=0          1 = keep the temp dir (configs, logs, wrk outputs)
 # Needs: nginx, haproxy, wrk (installed with apt-get if missing and root),
 # curl, taskset, setsid, ss, awk.
+#
+# Don't run it while something else is busy on the machine (e.g. cargo build):
+# both cores are part of the measurement. Both cores are sampled for 1 s
+# before anything starts and a warning is printed (and put in the report) if
+# either is >10% busy.
 
 set -euo pipefail
 
@@ -273,6 +278,20 @@ readmitted() {
     return 1
 }
 
+# busy% of cores 0 and 1 over 1 s (/proc/stat: busy = user+nice+system+irq+
+# softirq+steal; total adds idle+iowait).
+core_busy_1s() {
+    local a b
+    a=$(awk '$1 == "cpu0" || $1 == "cpu1" { b = $2 + $3 + $4 + $7 + $8 + $9; printf "%d %d ", b, b + $5 + $6 }' /proc/stat)
+    sleep 1
+    b=$(awk '$1 == "cpu0" || $1 == "cpu1" { b = $2 + $3 + $4 + $7 + $8 + $9; printf "%d %d ", b, b + $5 + $6 }' /proc/stat)
+    awk -v a="$a" -v b="$b" 'BEGIN {
+        split(a, x, " "); split(b, y, " ")
+        printf "%.0f %.0f\n", (y[2] > x[2]) ? 100 * (y[1] - x[1]) / (y[2] - x[2]) : 0,
+            (y[4] > x[4]) ? 100 * (y[3] - x[3]) / (y[4] - x[4]) : 0
+    }'
+}
+
 since() { awk -v t0="$1" -v n="$EPOCHREALTIME" 'BEGIN { printf "%.2f\n", n - t0 }'; }
 sleep_until() { # T0 OFFSET
     sleep "$(awk -v t0="$1" -v o="$2" -v n="$EPOCHREALTIME" 'BEGIN { d = t0 + o - n; printf "%.3f\n", (d > 0) ? d : 0 }')"
@@ -303,6 +322,7 @@ wait_wrk() { # OUTFILE
 }
 
 # ---------------------------------------------------------------- start
+read -r IDLE_BUSY0 IDLE_BUSY1 < <(core_busy_1s)
 declare -A PORT PID_OF VERSION LOGF
 declare -a BPORT=(0)
 for i in 1 2 3; do
@@ -369,12 +389,17 @@ ENV_LINE="ROUNDS=$ROUNDS DURATION=$DURATION KILL_AT=$KILL_AT RESTART_AT=$RESTART
 
 echo "== pinlb failover benchmark =="
 echo "command:   $ENV_LINE $CMDLINE"
-echo "nproc:     $NCPU ($CPU_MODEL)"
+echo "nproc:     $NCPU ($CPU_MODEL); before start: core0 ${IDLE_BUSY0}% busy, core1 ${IDLE_BUSY1}% busy"
 echo "topology:  proxy under test -> core 0 (1 worker); 3 backend nginx (1 worker each) + wrk -t1 -c$CONNS -> core 1"
 echo "           backends 127.0.0.1:${BPORT[1]},${BPORT[2]},${BPORT[3]} pids ${BPID[*]:1}; victim: backend $VICTIM, SIGKILL at ${KILL_AT}s, restart at ${RESTART_AT}s of each ${DUR_S}s run"
 for p in "${PEER_LIST[@]}"; do
     echo "           $p ${VERSION[$p]} 127.0.0.1:${PORT[$p]} pid ${PID_OF[$p]}"
 done
+BUSY=0
+if ((IDLE_BUSY0 > 10 || IDLE_BUSY1 > 10)); then
+    BUSY=1
+    log "WARNING: cores busy before start (core0 ${IDLE_BUSY0}%, core1 ${IDLE_BUSY1}%) - something else is running; numbers will be noisy"
+fi
 
 # ---------------------------------------------------------------- rounds
 RAW="$WORK/raw.tsv" # round peer failed requests rps p99_us max_us readmitted sockerr non2xx t_kill t_restart t_ready
@@ -445,7 +470,7 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
     echo "### Failover: pinlb vs nginx vs HAProxy ($(date -u +%Y-%m-%d), commit $COMMIT)"
     echo
     echo "- Command: \`$ENV_LINE $CMDLINE\`"
-    echo "- Host: nproc=$NCPU, $CPU_MODEL, $(uname -sr)"
+    echo "- Host: nproc=$NCPU, $CPU_MODEL, $(uname -sr); before start core0 ${IDLE_BUSY0}% / core1 ${IDLE_BUSY1}% busy"
     echo "- Topology: proxy under test pinned to core 0 with one worker, round robin over three backends (nginx, 1 worker each, \`return 200\`) that share core 1 with \`wrk -t1 -c$CONNS --latency\`. Configs: \`benches/peers/failover/\`."
     echo "- Each run: $WARMUP_TXT, then ${DUR_S}s recorded; backend $VICTIM gets SIGKILL (master + worker) at ${KILL_AT}s and is restarted on the same port at ${RESTART_AT}s. $ROUNDS interleaved rounds (${PEERS_CSV}, repeat). Medians over rounds. Failed = wrk socket errors (connect, read, write, timeout > 2 s) + non-2xx/3xx responses. Readmitted = wrk requests the restarted backend answered."
     echo
@@ -477,6 +502,10 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
             if awk -v a="${MED_P99[pinlb]}" -v b="$best" 'BEGIN { exit !(a <= b) }'; then verdict=met; else verdict="not met"; fi
             echo "- p99: pinlb ${MED_P99[pinlb]} µs ÷ $best_p ${best} µs = **$ratio** (≤ 1 meets the target) - **$verdict**"
         fi
+    fi
+    if ((BUSY)); then
+        echo
+        echo "**Warning:** the cores were busy before the start (core0 ${IDLE_BUSY0}%, core1 ${IDLE_BUSY1}%): another program was running; these numbers are noisy."
     fi
     echo
     echo "<details><summary>per-round results</summary>"
