@@ -107,9 +107,10 @@ impl FailWindow {
         self.until != 0 && now < self.until
     }
 
-    /// Records a successful exchange. Returns true when it ends a skip (the trial passed): the
-    /// backend is back. A success inside a counting window does not erase earlier failures, so
-    /// `max_fails` failures within `fail_timeout` count even when successes come between.
+    /// Records the success of the trial request. Returns true when it ends a skip: the backend
+    /// is back. Without a skip it changes nothing: successes between failures do not erase
+    /// them, so `max_fails` failures within `fail_timeout` count even with successes between.
+    /// (Only the trial's success is recorded at all; see `SharedUpstream::record_success`.)
     pub fn succeed(&mut self) -> bool {
         if self.until == 0 {
             return false;

@@ -248,7 +248,7 @@ async fn forward(
                 {
                     shared.record_failure(backend);
                 } else {
-                    shared.record_success(backend);
+                    shared.record_success(&guard);
                 }
                 let body = ProxyBody::Upstream {
                     body: UpstreamBody::new(conn, head.framing),

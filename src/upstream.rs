@@ -149,17 +149,19 @@ impl BackendState {
     }
 
     /// Called for a picked backend: a backend past its skip window takes one trial request, and
-    /// moves its window forward so that every other request keeps skipping it meanwhile. False
-    /// when another worker claimed the trial first.
-    fn claim(&self, now: &mut Now, fail_timeout: Duration, lone: bool) -> bool {
+    /// moves its window forward so that every other request keeps skipping it meanwhile.
+    /// `Some(true)` for the trial, `Some(false)` for an ordinary request, `None` when another
+    /// worker claimed the trial first.
+    fn claim(&self, now: &mut Now, fail_timeout: Duration, lone: bool) -> Option<bool> {
         let until = self.skip_until_ms.load(Ordering::Relaxed);
         if until == 0 || lone {
-            return true;
+            return Some(false);
         }
         let next = now.get().saturating_add(millis(fail_timeout));
         self.skip_until_ms
             .compare_exchange(until, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+            .ok()
+            .map(|_| true)
     }
 
     fn window(&self) -> FailWindow {
@@ -214,13 +216,14 @@ impl SharedUpstream {
         b.store_window(w);
     }
 
-    /// Records a successful exchange with `backend`; a passing trial brings it back.
-    pub fn record_success(&self, backend: usize) {
-        let b = &self.backends[backend];
-        // The common case reads one atomic and writes nothing.
-        if b.skip_until_ms.load(Ordering::Relaxed) == 0 {
+    /// Records a successful exchange on `guard`'s backend. Only the trial request brings a
+    /// skipped backend back: a slow request that was sent before the failure and succeeds after
+    /// it proves nothing about the backend now.
+    pub fn record_success(&self, guard: &InFlight) {
+        if !guard.trial {
             return;
         }
+        let b = &self.backends[guard.backend];
         let mut w = b.window();
         if w.succeed() {
             b.store_window(w);
@@ -267,6 +270,8 @@ impl SharedUpstream {
 pub struct InFlight {
     upstream: Arc<SharedUpstream>,
     backend: usize,
+    /// This request is the one trial a skipped backend gets after `fail_timeout`.
+    trial: bool,
 }
 
 impl InFlight {
@@ -278,6 +283,7 @@ impl InFlight {
         let guard = InFlight {
             upstream: upstream.clone(),
             backend,
+            trial: false,
         };
         if b.max_conns != 0 && before >= b.max_conns {
             return None;
@@ -358,8 +364,10 @@ impl WorkerUpstream {
             } else {
                 wrr.pick(weights, |i| eligible[i])
             }?;
-            if let Some(guard) = InFlight::acquire(&self.shared, b) {
-                if shared.backends[b].claim(&mut now, shared.config.passive.fail_timeout, lone) {
+            if let Some(mut guard) = InFlight::acquire(&self.shared, b) {
+                let fail_timeout = shared.config.passive.fail_timeout;
+                if let Some(trial) = shared.backends[b].claim(&mut now, fail_timeout, lone) {
+                    guard.trial = trial;
                     return Some((b, guard));
                 }
             }
@@ -445,8 +453,15 @@ mod tests {
         u.shared.backends[0]
             .skip_until_ms
             .store(1, Ordering::Relaxed);
-        assert_eq!(picks(&u, 4), "abbb");
-        u.shared.record_success(0);
+        let (first, trial) = u.pick(|_| false).unwrap();
+        assert_eq!(first, 0);
+        assert_eq!(picks(&u, 3), "bbb");
+        // Only the trial's success ends the skip.
+        let (_, ordinary) = u.pick(|_| false).unwrap();
+        u.shared.record_success(&ordinary);
+        assert_eq!(picks(&u, 2), "bb");
+        u.shared.record_success(&trial);
+        drop((trial, ordinary));
         let after = picks(&u, 4);
         assert_eq!(after.matches('a').count(), 2, "{after}");
     }

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -90,6 +90,11 @@ pub struct Setup {
     pub shutdown_timeout: &'static str,
     /// More TOML appended to the file, e.g. `[upstream.app.health]` and its keys.
     pub extra: String,
+    /// More keys of the `[upstream.app]` table itself, e.g. `max_conns = 1`, one per line.
+    pub upstream_keys: String,
+    /// More keys for each backend's inline table, by position in `backends`, e.g.
+    /// `max_conns = 1` (several joined with ", "). Missing entries add nothing.
+    pub backend_keys: Vec<String>,
 }
 
 impl Setup {
@@ -105,6 +110,8 @@ impl Setup {
             client_idle: "30s",
             shutdown_timeout: "3s",
             extra: String::new(),
+            upstream_keys: String::new(),
+            backend_keys: Vec::new(),
         }
     }
 
@@ -123,7 +130,13 @@ impl Setup {
         let backends = self
             .backends
             .iter()
-            .map(|(a, w)| format!("  {{ address = \"{a}\", weight = {w} }},\n"))
+            .enumerate()
+            .map(|(i, (a, w))| match self.backend_keys.get(i) {
+                Some(k) if !k.is_empty() => {
+                    format!("  {{ address = \"{a}\", weight = {w}, {k} }},\n")
+                }
+                _ => format!("  {{ address = \"{a}\", weight = {w} }},\n"),
+            })
             .collect::<String>();
         format!(
             r#"[runtime]
@@ -137,6 +150,7 @@ upstream = "app"
 [upstream.app]
 algorithm = "{algorithm}"
 keepalive = {keepalive}
+{upstream_keys}
 backends = [
 {backends}]
 
@@ -153,6 +167,7 @@ client_idle = "{client_idle}"
             response = self.response_timeout,
             client_idle = self.client_idle,
             extra = self.extra,
+            upstream_keys = self.upstream_keys,
         )
     }
 }
@@ -177,8 +192,18 @@ pub struct Recorded {
 struct BackendState {
     id: String,
     delay: Duration,
-    /// Requests that have arrived (counted when the head is read, before any delay).
+    /// Requests that have arrived (counted when the head is read, before any delay); pinlb's
+    /// health probes are counted in `probes` instead.
     hits: watch::Sender<usize>,
+    /// Requests (not probes) whose handler finished: the response was handed to hyper.
+    answered: AtomicUsize,
+    /// Health probes that have arrived (requests with `User-Agent: pinlb-health`).
+    probes: watch::Sender<usize>,
+    probe_requests: Mutex<Vec<Recorded>>,
+    /// The status `/health` answers.
+    health: AtomicU16,
+    /// Set by [`Backend::kill`]: every connection task ends at once.
+    killed: watch::Sender<bool>,
     /// TCP connections accepted.
     accepts: AtomicUsize,
     /// TCP connections finished (closed by either side).
@@ -199,7 +224,12 @@ struct BackendState {
 /// - `/close` answers with `Connection: close` and closes the connection;
 /// - `/gated` waits for the gate ([`Backend::set_gate`]) before reading the body;
 /// - `/hop` answers with hop-by-hop headers that a proxy must not pass on;
+/// - `/health` answers the status set with [`Backend::set_health`] (200 at first);
 /// - anything else answers `hello from ID` with an explicit Content-Length.
+///
+/// Requests with `User-Agent: pinlb-health` (pinlb's active health probes) are counted as
+/// probes ([`Backend::probes`]), not hits, and recorded apart ([`Backend::probe_requests`]);
+/// the backend's delay does not hold them up.
 ///
 /// Every response carries `x-backend: ID`. Every request body is read to the end, counted and
 /// discarded (the first 64 KiB are recorded), and the count is reported in `x-body-bytes`.
@@ -208,6 +238,8 @@ pub struct Backend {
     pub addr: SocketAddr,
     state: Arc<BackendState>,
     stop: Option<oneshot::Sender<()>>,
+    /// The accept loop; it owns the listener.
+    accept: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Backend {
@@ -246,6 +278,11 @@ impl Backend {
             id: id.to_string(),
             delay,
             hits: watch::Sender::new(0),
+            answered: AtomicUsize::new(0),
+            probes: watch::Sender::new(0),
+            probe_requests: Mutex::new(Vec::new()),
+            health: AtomicU16::new(200),
+            killed: watch::Sender::new(false),
             accepts: AtomicUsize::new(0),
             closed: watch::Sender::new(0),
             requests: Mutex::new(Vec::new()),
@@ -254,7 +291,7 @@ impl Backend {
         });
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
         let st = state.clone();
-        tokio::spawn(async move {
+        let accept = tokio::spawn(async move {
             loop {
                 let (stream, _) = tokio::select! {
                     _ = &mut stop_rx => return,
@@ -277,9 +314,12 @@ impl Backend {
                             .timer(hyper_util::rt::TokioTimer::new())
                             .header_read_timeout(idle);
                     }
-                    let _ = builder
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let mut killed = st.killed.subscribe();
+                    // A kill drops the connection wherever it is, a request in flight included.
+                    tokio::select! {
+                        _ = builder.serve_connection(TokioIo::new(stream), service) => {}
+                        _ = killed.wait_for(|k| *k) => {}
+                    }
                     st.closed.send_modify(|c| *c += 1);
                 });
             }
@@ -288,7 +328,57 @@ impl Backend {
             addr,
             state,
             stop: Some(stop_tx),
+            accept: Some(accept),
         }
+    }
+
+    /// Kills the backend as a crash would: the listener is closed first (connections to the
+    /// port are refused from then on), then every open connection is dropped at once, requests
+    /// in flight included, before any byte of their response. Returns how many requests were
+    /// in flight and so never answered.
+    pub async fn kill(&mut self) -> usize {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(accept) = self.accept.take() {
+            tokio::time::timeout(WAIT, accept)
+                .await
+                .expect("the accept loop ends when told")
+                .expect("accept loop");
+        }
+        self.state.killed.send_replace(true);
+        self.wait_for_closed(self.accepts()).await;
+        self.hits() - self.state.answered.load(Ordering::SeqCst)
+    }
+
+    /// Sets the status `/health` answers from now on.
+    pub fn set_health(&self, status: u16) {
+        self.state.health.store(status, Ordering::SeqCst);
+    }
+
+    /// Health probes that have arrived so far.
+    pub fn probes(&self) -> usize {
+        *self.state.probes.borrow()
+    }
+
+    /// Every health probe recorded so far.
+    pub fn probe_requests(&self) -> Vec<Recorded> {
+        self.state.probe_requests.lock().unwrap().clone()
+    }
+
+    /// Waits (bounded) until at least `n` health probes have arrived.
+    pub async fn wait_for_probes(&self, n: usize) {
+        let mut rx = self.state.probes.subscribe();
+        tokio::time::timeout(WAIT, rx.wait_for(|p| *p >= n))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "backend {} never saw {n} health probes (saw {})",
+                    self.state.id,
+                    self.probes()
+                )
+            })
+            .expect("backend probe counter closed");
     }
 
     /// Requests that have arrived so far.
@@ -353,7 +443,13 @@ async fn backend_handle(
     st: Arc<BackendState>,
     req: Request<Incoming>,
 ) -> Result<Response<ClientBody>, Infallible> {
-    st.hits.send_modify(|h| *h += 1);
+    let probe = req
+        .headers()
+        .get(http::header::USER_AGENT)
+        .is_some_and(|v| v == "pinlb-health");
+    if !probe {
+        st.hits.send_modify(|h| *h += 1);
+    }
     let (parts, mut body) = req.into_parts();
     if parts.uri.path() == "/gated" {
         let _ = st.gate.subscribe().wait_for(|open| *open).await;
@@ -370,15 +466,22 @@ async fn backend_handle(
             }
         }
     }
-    st.requests.lock().unwrap().push(Recorded {
+    let recorded = Recorded {
         method: parts.method.clone(),
         version: parts.version,
         uri: parts.uri.to_string(),
         headers: parts.headers.clone(),
         body_len,
         body_start,
-    });
-    if !st.delay.is_zero() {
+    };
+    if probe {
+        st.probe_requests.lock().unwrap().push(recorded);
+        // Counted once recorded, and before `/health` reads the status it answers.
+        st.probes.send_modify(|p| *p += 1);
+    } else {
+        st.requests.lock().unwrap().push(recorded);
+    }
+    if !probe && !st.delay.is_zero() {
         tokio::time::sleep(st.delay).await;
     }
     if let Some(ms) = parts.uri.path().strip_prefix("/sleep/") {
@@ -398,6 +501,11 @@ async fn backend_handle(
     } else if let Some(code) = path.strip_prefix("/status/") {
         let mut r = text(format!("status {code} from {}\n", st.id));
         *r.status_mut() = StatusCode::from_u16(code.parse().unwrap()).unwrap();
+        r
+    } else if path == "/health" {
+        let status = st.health.load(Ordering::SeqCst);
+        let mut r = text(format!("health {status} from {}\n", st.id));
+        *r.status_mut() = StatusCode::from_u16(status).unwrap();
         r
     } else if path == "/close" {
         let mut r = text(format!("closing, from {}\n", st.id));
@@ -426,6 +534,9 @@ async fn backend_handle(
     let h = resp.headers_mut();
     h.insert("x-backend", HeaderValue::from_str(&st.id).unwrap());
     h.insert("x-body-bytes", HeaderValue::from(body_len));
+    if !probe {
+        st.answered.fetch_add(1, Ordering::SeqCst);
+    }
     Ok(resp)
 }
 
@@ -623,7 +734,6 @@ pub async fn get(addr: SocketAddr, path: &str) -> Reply {
     Conn::open(addr).await.get(path).await
 }
 
-/// Reads a response body to the end, counting bytes without keeping them.
 /// A backend that answers every connection by reading one request head, writing `parts` as
 /// raw bytes, one write each, and closing: for responses hyper would refuse to produce.
 pub async fn raw_backend(parts: Vec<Vec<u8>>) -> SocketAddr {
@@ -653,6 +763,280 @@ pub async fn raw_backend(parts: Vec<Vec<u8>>) -> SocketAddr {
     addr
 }
 
+/// One request as a [`RawServer`] read it.
+#[derive(Debug, Clone)]
+pub struct RawSeen {
+    /// Which connection it came on: 1 for the first one accepted.
+    pub conn: usize,
+    /// Its place on that connection: 1 for the first request.
+    pub nth: usize,
+    /// The request line and header lines.
+    pub head: String,
+    pub body: Vec<u8>,
+    /// Whether it is one of pinlb's health probes (`User-Agent: pinlb-health`).
+    pub probe: bool,
+    /// When it was read completely.
+    pub at: Instant,
+}
+
+/// What a [`RawServer`] does with a request it has read completely, head and body.
+#[derive(Debug, Clone)]
+pub enum RawAction {
+    /// Writes these bytes and waits for the next request on the connection.
+    Respond(Vec<u8>),
+    /// Writes these bytes and closes the connection (FIN).
+    RespondAndClose(Vec<u8>),
+    /// Waits this long, then responds as [`RawAction::Respond`] does.
+    RespondAfter(Duration, Vec<u8>),
+    /// Closes the connection (FIN) without a response byte.
+    Close,
+    /// Resets the connection (RST, by SO_LINGER 0) without a response byte.
+    Reset,
+    /// Keeps the connection open this long without answering, then closes it.
+    HoldThenClose(Duration),
+}
+
+struct RawState {
+    accepts: AtomicUsize,
+    /// Requests that were not health probes.
+    requests: watch::Sender<usize>,
+    probes: watch::Sender<usize>,
+    seen: Mutex<Vec<RawSeen>>,
+}
+
+/// A backend that speaks HTTP/1.1 by hand, for failures hyper would not produce: it reads each
+/// request completely (Content-Length or chunked body) and then does what `script` says.
+pub struct RawServer {
+    pub addr: SocketAddr,
+    state: Arc<RawState>,
+    stop: Option<oneshot::Sender<()>>,
+    accept: Option<tokio::task::JoinHandle<Option<TcpListener>>>,
+}
+
+type Script = Arc<dyn Fn(&RawSeen) -> RawAction + Send + Sync>;
+
+impl RawServer {
+    pub async fn start(script: impl Fn(&RawSeen) -> RawAction + Send + Sync + 'static) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        RawServer::serve(listener, script)
+    }
+
+    /// Serves on an already bound listener (e.g. the port of a backend that was killed).
+    pub fn serve(
+        listener: TcpListener,
+        script: impl Fn(&RawSeen) -> RawAction + Send + Sync + 'static,
+    ) -> Self {
+        let addr = listener.local_addr().unwrap();
+        let script: Script = Arc::new(script);
+        let state = Arc::new(RawState {
+            accepts: AtomicUsize::new(0),
+            requests: watch::Sender::new(0),
+            probes: watch::Sender::new(0),
+            seen: Mutex::new(Vec::new()),
+        });
+        let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
+        let st = state.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    _ = &mut stop_rx => return Some(listener),
+                    a = listener.accept() => match a {
+                        Ok((s, _)) => s,
+                        Err(_) => continue,
+                    },
+                };
+                let conn = st.accepts.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::spawn(raw_connection(stream, conn, st.clone(), script.clone()));
+            }
+        });
+        RawServer {
+            addr,
+            state,
+            stop: Some(stop_tx),
+            accept: Some(accept),
+        }
+    }
+
+    /// Stops accepting and hands the listener back, still bound and listening (connections
+    /// already accepted run on).
+    pub async fn into_listener(mut self) -> TcpListener {
+        let _ = self.stop.take().unwrap().send(());
+        let accept = self.accept.take().unwrap();
+        tokio::time::timeout(WAIT, accept)
+            .await
+            .expect("the accept loop ends when told")
+            .expect("accept loop")
+            .expect("the listener")
+    }
+
+    /// TCP connections accepted, probes' included.
+    pub fn accepts(&self) -> usize {
+        self.state.accepts.load(Ordering::SeqCst)
+    }
+
+    /// Requests read that were not health probes.
+    pub fn requests(&self) -> usize {
+        *self.state.requests.borrow()
+    }
+
+    /// Health probes read.
+    pub fn probes(&self) -> usize {
+        *self.state.probes.borrow()
+    }
+
+    /// Every request read that was not a health probe, in order.
+    pub fn seen(&self) -> Vec<RawSeen> {
+        self.state.seen.lock().unwrap().clone()
+    }
+
+    pub async fn wait_for_requests(&self, n: usize) {
+        let mut rx = self.state.requests.subscribe();
+        tokio::time::timeout(WAIT, rx.wait_for(|r| *r >= n))
+            .await
+            .unwrap_or_else(|_| panic!("never saw {n} requests (saw {})", self.requests()))
+            .expect("request counter closed");
+    }
+
+    pub async fn wait_for_probes(&self, n: usize) {
+        let mut rx = self.state.probes.subscribe();
+        tokio::time::timeout(WAIT, rx.wait_for(|p| *p >= n))
+            .await
+            .unwrap_or_else(|_| panic!("never saw {n} health probes (saw {})", self.probes()))
+            .expect("probe counter closed");
+    }
+}
+
+impl Drop for RawServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// A complete `200 OK` response with `x-backend: id` and `body`, keeping the connection open.
+pub fn raw_ok(id: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\nx-backend: {id}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// A complete response with `status`, `x-backend: id` and a short body.
+pub fn raw_status(id: &str, status: u16) -> Vec<u8> {
+    let body = format!("status {status} from {id}\n");
+    format!(
+        "HTTP/1.1 {status} X\r\nx-backend: {id}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+async fn raw_connection(stream: TcpStream, conn: usize, st: Arc<RawState>, script: Script) {
+    let _ = stream.set_nodelay(true);
+    let mut s = tokio::io::BufReader::new(stream);
+    for nth in 1.. {
+        let Some(seen) = raw_read_request(&mut s, conn, nth).await else {
+            return;
+        };
+        if seen.probe {
+            st.probes.send_modify(|p| *p += 1);
+        } else {
+            st.seen.lock().unwrap().push(seen.clone());
+            st.requests.send_modify(|r| *r += 1);
+        }
+        match script(&seen) {
+            RawAction::Respond(bytes) => {
+                if tokio::io::AsyncWriteExt::write_all(s.get_mut(), &bytes)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            RawAction::RespondAfter(delay, bytes) => {
+                tokio::time::sleep(delay).await;
+                if tokio::io::AsyncWriteExt::write_all(s.get_mut(), &bytes)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            RawAction::RespondAndClose(bytes) => {
+                let _ = tokio::io::AsyncWriteExt::write_all(s.get_mut(), &bytes).await;
+                return;
+            }
+            RawAction::Close => return,
+            RawAction::Reset => {
+                let _ = socket2::SockRef::from(s.get_ref()).set_linger(Some(Duration::ZERO));
+                return;
+            }
+            RawAction::HoldThenClose(d) => {
+                tokio::time::sleep(d).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Reads one request, head and body; `None` when the connection ends first.
+async fn raw_read_request(
+    s: &mut tokio::io::BufReader<TcpStream>,
+    conn: usize,
+    nth: usize,
+) -> Option<RawSeen> {
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if s.read_line(&mut line).await.unwrap_or(0) == 0 {
+            return None;
+        }
+        let end = line == "\r\n" || line == "\n";
+        head.push_str(&line);
+        if end {
+            break;
+        }
+    }
+    let header = |name: &str| {
+        head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    };
+    let probe = header("user-agent").is_some_and(|v| v == "pinlb-health");
+    let mut body = Vec::new();
+    if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        loop {
+            let mut size = String::new();
+            s.read_line(&mut size).await.ok()?;
+            let size =
+                usize::from_str_radix(size.trim().split(';').next().unwrap_or(""), 16).ok()?;
+            let mut chunk = vec![0; size + 2];
+            s.read_exact(&mut chunk).await.ok()?;
+            if size == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    } else if let Some(len) = header("content-length") {
+        body = vec![0; len.parse().ok()?];
+        s.read_exact(&mut body).await.ok()?;
+    }
+    Some(RawSeen {
+        conn,
+        nth,
+        head,
+        body,
+        probe,
+        at: Instant::now(),
+    })
+}
+
+/// Reads a response body to the end, counting bytes without keeping them.
 pub async fn count_body(mut body: Incoming) -> u64 {
     let mut n = 0u64;
     while let Some(frame) = body.frame().await {
