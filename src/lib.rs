@@ -7,6 +7,7 @@
 //! - [`config`]: the TOML file, raw types and validation into a [`Config`]; errors carry
 //!   `file:line:col` and the key.
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
+//! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
 //! - [`balance`]: backend selection (smooth weighted round robin, least_conn) as pure functions.
 //! - [`upstream`]: backend state shared by workers (atomics) and each worker's own pool.
 //! - [`health`]: whether a backend may be picked: active checks (rise/fall), passive failure
@@ -34,6 +35,7 @@
 
 pub mod balance;
 pub mod config;
+pub mod coremap;
 pub mod cpus;
 pub mod h1;
 pub mod health;

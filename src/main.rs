@@ -46,6 +46,11 @@ fn main() -> ExitCode {
         Command::Check { config } => match Config::load(&config) {
             Ok(c) => {
                 print!("{}", c.describe());
+                let map = pinlb::coremap::CoreMap::discover(&c);
+                print!("{}", map.render());
+                for w in map.warnings() {
+                    println!("warning: {w}");
+                }
                 println!("{}: configuration is valid", config.display());
                 ExitCode::SUCCESS
             }

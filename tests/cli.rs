@@ -142,6 +142,24 @@ fn check_accepts_a_valid_file_and_prints_the_plan() {
         );
     }
     let rest = &lines[1 + cores.len()..];
+    let map_at = rest
+        .iter()
+        .position(|l| *l == "core map:")
+        .unwrap_or_else(|| panic!("no core map in:\n{stdout}"));
+    // The core map: pinlb's workers on their cores. What it finds listening on the backends'
+    // ports depends on the machine, so only the worker lines are checked here.
+    for (i, c) in cores.iter().enumerate() {
+        let line = format!("  core {c}: pinlb worker {i}");
+        assert!(
+            rest[map_at..].iter().any(|l| l.starts_with(&line)),
+            "{line:?} in:\n{stdout}"
+        );
+    }
+    assert_eq!(
+        rest.last().copied(),
+        Some("tests/fixtures/valid.toml: configuration is valid")
+    );
+    let rest = &rest[..map_at];
     assert_eq!(
         rest,
         [
@@ -152,7 +170,6 @@ fn check_accepts_a_valid_file_and_prints_the_plan() {
             "  retry: at most 2 tries within 3s, non_idempotent false, bodies up to 16384 bytes kept for replay",
             "  backend 127.0.0.1:8881 weight 5, max_conns 100, slow_start 30s",
             "  backend 127.0.0.1:8882 weight 1",
-            "tests/fixtures/valid.toml: configuration is valid",
         ],
         "{stdout}"
     );
@@ -292,4 +309,43 @@ fn serve_exits_1_naming_the_address_when_it_is_taken() {
         "{stderr}"
     );
     drop(holder);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_finds_the_process_serving_a_backend_and_warns_when_it_may_share_pinlbs_core() {
+    // The "backend" is a pinlb process pinned to one core; its listener is what `check` must
+    // trace back to it through /proc.
+    let core = common::first_core();
+    let mut setup = common::Setup::with(&["127.0.0.1:9".parse().unwrap()]);
+    setup.cpus = vec![core];
+    let served = common::BinProxy::spawn(&setup).await;
+
+    let config = common::temp_config(&format!(
+        "[runtime]\ncpus = [{core}]\n\n[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\n\n\
+         [upstream.app]\nbackends = [{{ address = \"{}\" }}, {{ address = \"10.255.255.1:80\" }}]\n",
+        served.addr
+    ));
+    let out = pinlb(&["check", "-c", config.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let pid = served.pid;
+    assert!(
+        stdout.contains(&format!(
+            "  backend {} (upstream app): served by pid {pid} (pinlb), allowed on cores {core}",
+            served.addr
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "warning: backend {} is served by pid {pid} (pinlb), allowed on cores {core}, which include pinlb's core {core}",
+            served.addr
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  backend 10.255.255.1:80 (upstream app): not an address of this machine"),
+        "a remote backend is said to be invisible, not guessed: {stdout}"
+    );
+    let _ = std::fs::remove_file(config);
 }
