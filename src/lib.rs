@@ -21,6 +21,12 @@
 //!   per request.
 //! - [`server`]: binding `SO_REUSEPORT` sockets and running one pinned single-threaded runtime per
 //!   core, with graceful shutdown.
+//! - [`backend`]: `pinlb backend`, pinned hello-world test servers, one per core.
+//! - [`demo`]: `pinlb demo`, the embedded default: backends, proxy and bench in one process,
+//!   laid out on the allowed cores.
+//! - [`bench`](mod@bench): `pinlb bench`, a pinned load generator that compares targets in
+//!   interleaved rounds: HDR latency percentiles, errors by kind, each target's overhead over the
+//!   first.
 //!
 //! A test (or an embedding program) binds first, reads the ports, then runs:
 //!
@@ -33,10 +39,13 @@
 //! # Ok(()) }
 //! ```
 
+pub mod backend;
 pub mod balance;
+pub mod bench;
 pub mod config;
 pub mod coremap;
 pub mod cpus;
+pub mod demo;
 pub mod h1;
 pub mod health;
 pub mod idle;

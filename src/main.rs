@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use pinlb::server::Signals;
 use pinlb::{Config, Server};
 use tracing_subscriber::EnvFilter;
 
@@ -32,6 +33,12 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
+    /// Run pinned test backends.
+    Backend(pinlb::backend::BackendArgs),
+    /// Compare targets side by side under load.
+    Bench(pinlb::bench::BenchArgs),
+    /// Start backends and a proxy on this machine's cores and measure direct against proxied.
+    Demo(pinlb::demo::DemoArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +50,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
+        Command::Backend(args) => pinlb::backend::main(args),
+        Command::Bench(args) => pinlb::bench::main(args),
+        Command::Demo(args) => pinlb::demo::main(args),
         Command::Check { config } => match Config::load(&config) {
             Ok(c) => {
                 print!("{}", c.describe());
@@ -91,31 +101,6 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
-        }
-    }
-}
-
-/// SIGTERM and SIGINT, registered up front.
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    /// Must run inside the control runtime.
-    fn register() -> std::io::Result<Signals> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(Signals {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-        })
-    }
-
-    /// Completes on the first SIGTERM or SIGINT.
-    async fn wait(mut self) {
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
         }
     }
 }

@@ -320,3 +320,30 @@ async fn accept_loop(
         });
     }
 }
+
+/// SIGTERM and SIGINT, registered up front: a process that waits for them registers before it
+/// binds, so that from the moment its ports accept connections a SIGTERM means a graceful stop,
+/// not the default action.
+pub struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Must run inside a tokio runtime with I/O enabled (the control runtime).
+    pub fn register() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Completes on the first SIGTERM or SIGINT.
+    pub async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}

@@ -349,3 +349,35 @@ async fn check_finds_the_process_serving_a_backend_and_warns_when_it_may_share_p
     );
     let _ = std::fs::remove_file(config);
 }
+
+#[test]
+fn demo_runs_end_to_end_in_a_short_mode() {
+    let out = pinlb(&[
+        "demo",
+        "--duration",
+        "300ms",
+        "--rounds",
+        "1",
+        "--connections",
+        "4",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("core map:"), "{stdout}");
+    assert!(stdout.contains("pinlb proxy 127.0.0.1:"), "{stdout}");
+    for target in ["direct", "proxied"] {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| {target} |")))
+            .unwrap_or_else(|| panic!("no {target} row in:\n{stdout}"));
+        assert!(
+            row.ends_with("| 0 |"),
+            "every request answered, none failed: {row}"
+        );
+    }
+    assert!(
+        stdout.contains("| proxied |") && stdout.contains("against direct"),
+        "{stdout}"
+    );
+}

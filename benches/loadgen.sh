@@ -1,0 +1,460 @@
+#!/usr/bin/env bash
+# benches/loadgen.sh - is `pinlb bench` as accurate and as fast as wrk? Both
+# load one nginx `return 200` backend in interleaved rounds, on the same core,
+# with the same threads and connections, and their numbers are compared.
+#
+# Topology (meant for a 2-core machine):
+#   core 0: the backend: nginx, worker_processes 1, answering
+#           `200 "hello world\n"`, access_log off, keep-alive never cut
+#           (benches/peers/backend-nginx.conf, rendered into a mktemp -d dir).
+#   core 1: the load generator under test, one at a time:
+#           `taskset -c 1 wrk -t1 -c$CONNS -d$DURATION --latency URL`
+#           `pinlb bench -t 1 -c $CONNS -d $DURATION --rounds 1 --warmup 0s
+#                --cpus 1 --json FILE URL`
+#
+# Procedure: the backend is started once and polled (curl, bounded loop) until
+# it answers. Then, for each of $ROUNDS rounds: wrk, then pinlb bench - so
+# runs interleave (wrk, pinlb, wrk, pinlb, ...) and drift of the machine hits
+# both alike. Neither gets a warm-up: each opens its connections inside its
+# measured run, as wrk always does.
+#
+# Measured per round and tool:
+#   req/s        wrk "Requests/sec"; pinlb bench's requests_per_sec (JSON)
+#   p50, p99     wrk --latency 50% and 99% lines, normalised to microseconds;
+#                pinlb bench's latency.p50_us and p99_us (JSON)
+#   CPU us/req   the tool's own utime+stime (bash `times` around the run, which
+#                counts the waited-for child and all its threads), divided by
+#                the requests it completed: how lean it is, even when the
+#                backend, not the tool, limits the rate
+#   core busy    % busy of core 0 and core 1 during the run (/proc/stat), and
+#                how much of each was NOT the backend (core 0) or the tool
+#                (core 1): rounds where that exceeds 10% (another program
+#                running) are flagged
+# Summary: per tool the median over rounds; then pinlb bench / wrk for req/s
+# (target >= 0.9), p50 and p99 (target 0.9-1.1), both as a ratio of medians
+# and paired per round (median of the per-round ratios). Printed as Markdown
+# and written to $OUT_MD.
+#
+# Usage (from anywhere; root or not):
+#   bash benches/loadgen.sh
+#   ROUNDS=3 DURATION=5s bash benches/loadgen.sh
+# Environment:
+#   ROUNDS=5            rounds (one wrk run and one pinlb bench run each)
+#   DURATION=10s        duration of every run
+#   CONNS=64            connections (-c); both tools use one thread on core 1
+#   PINLB=target/release/pinlb    pinlb binary (relative to the repo root)
+#   OUT_MD=/tmp/pinlb-loadgen.md  where the Markdown report is written
+#   PORT_BASE=18180     the backend gets the first free loopback port >= this
+#                       (checked with `ss -ltn`)
+#   KEEP_TMP=0          1 = keep the temp dir (config, logs, raw outputs)
+# Needs: nginx, wrk (installed with apt-get if missing and root), curl,
+# taskset, ss, awk, getconf.
+#
+# Don't run it while something else is busy on the machine (e.g. cargo build):
+# both cores are part of the measurement. Both cores are sampled for 1 s
+# before anything starts and a warning is printed if either is >10% busy.
+
+set -euo pipefail
+
+ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+PEERS_DIR="$ROOT/benches/peers"
+CMDLINE="bash $0${*:+ $*}"
+
+ROUNDS=${ROUNDS:-5}
+DURATION=${DURATION:-10s}
+CONNS=${CONNS:-64}
+PINLB=${PINLB:-target/release/pinlb}
+OUT_MD=${OUT_MD:-/tmp/pinlb-loadgen.md}
+PORT_BASE=${PORT_BASE:-18180}
+KEEP_TMP=${KEEP_TMP:-0}
+
+case $PINLB in /*) ;; *) PINLB="$ROOT/$PINLB" ;; esac
+PATH="$PATH:/usr/sbin:/sbin"
+
+log() { printf '[loadgen] %s\n' "$*" >&2; }
+die() {
+    printf '[loadgen] ERROR: %s\n' "$*" >&2
+    exit 1
+}
+
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer (got '$ROUNDS')"
+[[ $CONNS =~ ^[1-9][0-9]*$ ]] || die "CONNS must be a positive integer (got '$CONNS')"
+[[ $PORT_BASE =~ ^[0-9]+$ ]] || die "PORT_BASE must be a number (got '$PORT_BASE')"
+[[ $DURATION =~ ^[0-9]+[smh]$ ]] || die "DURATION must look like 10s or 2m (got '$DURATION'): both tools must parse it"
+
+# ---------------------------------------------------------------- tools
+missing=()
+for t in nginx wrk; do command -v "$t" >/dev/null 2>&1 || missing+=("$t"); done
+if ((${#missing[@]} > 0)); then
+    if [[ $(id -u) -ne 0 ]]; then
+        die "missing ${missing[*]}; run as root or: apt-get install -y nginx-light wrk"
+    fi
+    log "installing nginx-light wrk (missing: ${missing[*]})"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y nginx-light wrk
+fi
+for t in nginx wrk curl taskset ss awk getconf sort; do
+    command -v "$t" >/dev/null 2>&1 || die "required tool '$t' not found"
+done
+[[ -x $PINLB ]] || die "pinlb binary not found at $PINLB (build it: cargo build --release, or set PINLB=...)"
+"$PINLB" bench --help >/dev/null 2>&1 || die "'$PINLB bench --help' failed: is this a pinlb with the bench command?"
+
+NCPU=$(nproc)
+((NCPU >= 2)) || die "need at least 2 cores (0 and 1); nproc=$NCPU"
+CLK_TCK=$(getconf CLK_TCK)
+
+# ---------------------------------------------------------------- cleanup
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/pinlb-loadgen.XXXXXX")
+chmod 755 "$WORK" # nginx workers may run as an unprivileged user when root
+BACKEND_PID=""
+GEN_PID=""
+
+cleanup() {
+    local rc=$? pid i all=()
+    trap - EXIT INT TERM
+    set +e
+    if [[ -n $GEN_PID ]]; then kill "$GEN_PID" 2>/dev/null || true; fi
+    if [[ -n $BACKEND_PID ]]; then
+        all=("$BACKEND_PID")
+        while read -r pid; do
+            if [[ -n $pid ]]; then all+=("$pid"); fi
+        done < <(children "$BACKEND_PID")
+    fi
+    # Graceful first (the nginx master stops its worker on SIGTERM), then SIGKILL.
+    for pid in "${all[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for ((i = 0; i < 30; i++)); do
+        local alive=0
+        for pid in "${all[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        ((alive)) || break
+        sleep 0.1
+    done
+    for pid in "${all[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    if [[ $KEEP_TMP == 1 ]]; then
+        log "temp dir kept: $WORK"
+    else
+        rm -rf -- "$WORK"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------- helpers
+children() {
+    ps -o pid= --ppid "$1" 2>/dev/null | awk '{print $1}' || true
+}
+
+# Sum of utime+stime (clock ticks) over the given pids.
+cpu_ticks() {
+    local pid total=0 t
+    for pid in "$@"; do
+        # Field 2 (comm) may contain spaces: drop everything up to ") ", after
+        # which field 3 (state) is $1, so fields 14/15 are $12/$13.
+        t=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{print $12 + $13}') || t=0
+        total=$((total + ${t:-0}))
+    done
+    echo "$total"
+}
+
+port_in_use() {
+    ss -ltnH "sport = :$1" 2>/dev/null | grep -q . && return 0
+    return 1
+}
+
+# nginx needs writable temp paths when run as non-root; Debian compiles in
+# absolute ones under /var/lib/nginx. Point them into the temp dir (only for
+# the modules this nginx actually has).
+nginx_temp_paths() {
+    local dir=$1 v m
+    v=$(nginx -V 2>&1)
+    mkdir -p "$dir/tmp"
+    {
+        echo "client_body_temp_path $dir/tmp/body;"
+        for m in proxy fastcgi uwsgi scgi; do
+            [[ $v == *"--without-http_${m}_module"* ]] || echo "${m}_temp_path $dir/tmp/$m;"
+        done
+    } >"$dir/temp_paths.conf"
+}
+
+# "busy0 total0 busy1 total1": jiffies of cores 0 and 1 from /proc/stat
+# (busy = user+nice+system+irq+softirq+steal; total adds idle+iowait).
+core_jiffies() {
+    awk '$1 == "cpu0" || $1 == "cpu1" { b = $2 + $3 + $4 + $7 + $8 + $9; printf "%d %d ", b, b + $5 + $6 } END { print "" }' /proc/stat
+}
+
+# busy% of core 0 and core 1 between two core_jiffies snapshots
+core_busy() { # "SNAP0" "SNAP1"
+    awk -v a="$1" -v b="$2" 'BEGIN {
+        split(a, x, " "); split(b, y, " ")
+        printf "%.0f %.0f\n", (y[2] > x[2]) ? 100 * (y[1] - x[1]) / (y[2] - x[2]) : 0,
+            (y[4] > x[4]) ? 100 * (y[3] - x[3]) / (y[4] - x[4]) : 0
+    }'
+}
+
+# Sets CHILD_TIMES to the user and system time of this shell's waited-for
+# children so far, as bash's `times` prints them on its second line
+# ("0m1.234s 0m0.567s"). `times` must run in this shell, not in a $(...)
+# subshell, and nothing here may start a child: its CPU time would count.
+child_times() {
+    times >"$WORK/times"
+    { read -r _ && read -r CHILD_TIMES; } <"$WORK/times"
+}
+
+# Seconds between two CHILD_TIMES values.
+cpu_s_between() { # BEFORE AFTER
+    awk -v a="$1" -v b="$2" 'function s(t,   n, i, p, f, sum) {
+            n = split(t, f, " "); sum = 0
+            for (i = 1; i <= n; i++) { split(f[i], p, "m"); sub(/s$/, "", p[2]); sum += p[1] * 60 + p[2] }
+            return sum
+        }
+        BEGIN { printf "%.3f\n", s(b) - s(a) }'
+}
+
+# Convert a wrk time ("812.00us", "1.23ms", "2.00s", "1.00m", "1.00h") to us.
+to_us() {
+    awk -v t="$1" 'BEGIN {
+        n = t + 0; u = t; sub(/^[0-9.]+/, "", u)
+        f = (u == "us") ? 1 : (u == "ms") ? 1e3 : (u == "s") ? 1e6 : (u == "m") ? 6e7 : (u == "h") ? 3.6e9 : -1
+        if (f < 0) { print "nan"; exit }
+        printf "%.0f\n", n * f
+    }'
+}
+
+# The first value of "KEY": in pinlb bench's pretty-printed JSON. The target's
+# own figures come before its per-round ones, and there is one target.
+json_first() { # KEY FILE
+    awk -v k="\"$1\":" '$1 == k { v = $2; sub(/,$/, "", v); print v; exit }' "$2"
+}
+
+# run_tool TOOL OUTFILE: runs wrk or pinlb bench on core 1 against the backend,
+# waits for it; sets RUN_CPU_S to the CPU seconds it used.
+run_tool() {
+    local before after rc=0
+    child_times
+    before=$CHILD_TIMES
+    case $1 in
+    wrk)
+        taskset -c 1 wrk -t1 -c"$CONNS" -d"$DURATION" --latency "$URL" >"$2" 2>&1 &
+        ;;
+    pinlb)
+        "$PINLB" bench -t 1 -c "$CONNS" -d "$DURATION" --rounds 1 --warmup 0s --cpus 1 \
+            --json "$2" "$URL" >"$2.txt" 2>&1 &
+        ;;
+    esac
+    GEN_PID=$!
+    wait "$GEN_PID" || rc=$?
+    GEN_PID=""
+    child_times
+    after=$CHILD_TIMES
+    if ((rc != 0)); then
+        cat "$2" "$2.txt" >&2 2>/dev/null || true
+        die "$1 failed (rc=$rc)"
+    fi
+    RUN_CPU_S=$(cpu_s_between "$before" "$after")
+}
+
+# ---------------------------------------------------------------- start
+j0=$(core_jiffies)
+sleep 1
+read -r IDLE_BUSY0 IDLE_BUSY1 < <(core_busy "$j0" "$(core_jiffies)")
+
+PORT=""
+for ((p = PORT_BASE; p < PORT_BASE + 200; p++)); do
+    if ! port_in_use "$p"; then
+        PORT=$p
+        break
+    fi
+done
+[[ -n $PORT ]] || die "no free port found from $PORT_BASE"
+URL="http://127.0.0.1:$PORT/"
+
+mkdir -p "$WORK/backend"
+nginx_temp_paths "$WORK/backend"
+sed -e "s|@DIR@|$WORK/backend|g" -e "s|@BACKEND_PORT@|$PORT|g" \
+    "$PEERS_DIR/backend-nginx.conf" >"$WORK/backend/nginx.conf"
+taskset -c 0 nginx -p "$WORK/backend" -c "$WORK/backend/nginx.conf" -e "$WORK/backend/error.log" \
+    >"$WORK/backend/stdout.log" 2>&1 &
+BACKEND_PID=$!
+ready=0
+for ((i = 0; i < 50; i++)); do
+    kill -0 "$BACKEND_PID" 2>/dev/null || {
+        cat "$WORK/backend/error.log" >&2 2>/dev/null || true
+        die "the backend nginx exited during startup"
+    }
+    if body=$(curl -s --max-time 1 "$URL" 2>/dev/null) && [[ $body == "hello world" ]]; then
+        ready=1
+        break
+    fi
+    sleep 0.1
+done
+((ready)) || die "the backend is not answering 'hello world' on $URL after 5 s"
+
+CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+if COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then
+    git -C "$ROOT" diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+dirty"
+else
+    COMMIT="none (no git HEAD)"
+fi
+WRK_VERSION=$(wrk -v 2>&1 | awk 'NR == 1 {print $2}' || true)
+PINLB_VERSION=$("$PINLB" --version 2>&1 | awk 'NR == 1 {print $NF}')
+ENV_LINE="ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS PINLB=$PINLB"
+
+echo "== pinlb bench vs wrk =="
+echo "command:   $ENV_LINE $CMDLINE"
+echo "nproc:     $NCPU ($CPU_MODEL); before start: core0 ${IDLE_BUSY0}% busy, core1 ${IDLE_BUSY1}% busy"
+echo "topology:  backend nginx (1 worker) $URL -> core 0; wrk $WRK_VERSION / pinlb bench $PINLB_VERSION, 1 thread, $CONNS connections -> core 1"
+if ((IDLE_BUSY0 > 10 || IDLE_BUSY1 > 10)); then
+    log "WARNING: cores busy before start (core0 ${IDLE_BUSY0}%, core1 ${IDLE_BUSY1}%) - something else is running; numbers will be noisy"
+fi
+
+# ---------------------------------------------------------------- rounds
+RAW="$WORK/raw.tsv" # round tool rps p50_us p99_us errors requests cpu_us_per_req core0% core1% other0% other1%
+: >"$RAW"
+mapfile -t BACKEND_TREE < <(echo "$BACKEND_PID"; children "$BACKEND_PID")
+for ((r = 1; r <= ROUNDS; r++)); do
+    for tool in wrk pinlb; do
+        kill -0 "$BACKEND_PID" 2>/dev/null || die "the backend nginx died"
+        out="$WORK/$tool-$r.out"
+        b0=$(cpu_ticks "${BACKEND_TREE[@]}")
+        j0=$(core_jiffies)
+        run_tool "$tool" "$out"
+        read -r busy0 busy1 < <(core_busy "$j0" "$(core_jiffies)")
+        b1=$(cpu_ticks "${BACKEND_TREE[@]}")
+
+        if [[ $tool == wrk ]]; then
+            rps=$(awk '/^Requests\/sec:/ {print $2}' "$out")
+            reqs=$(awk '/ requests in / {print $1}' "$out")
+            p50raw=$(awk '$1 == "50%" {print $2}' "$out")
+            p99raw=$(awk '$1 == "99%" {print $2}' "$out")
+            [[ -n $rps && -n $reqs && -n $p50raw && -n $p99raw ]] || {
+                cat "$out" >&2
+                die "could not parse wrk's output ($out)"
+            }
+            p50=$(to_us "$p50raw")
+            p99=$(to_us "$p99raw")
+            sockerr=$(awk '/Socket errors:/ { s = 0; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) s += $i; print s }' "$out")
+            non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$out")
+            errors=$((${sockerr:-0} + ${non2xx:-0}))
+            run_s=$(to_us "$(awk '/ requests in / { sub(/,$/, "", $4); print $4 }' "$out")")
+            run_s=$(awk -v u="$run_s" 'BEGIN { printf "%.3f\n", u / 1e6 }')
+        else
+            rps=$(json_first median "$out")
+            reqs=$(json_first responses "$out")
+            p50=$(json_first p50_us "$out")
+            p99=$(json_first p99_us "$out")
+            run_s=$(json_first elapsed_s "$out")
+            [[ -n $rps && -n $reqs && -n $p50 && -n $p99 && -n $run_s ]] || {
+                cat "$out" "$out.txt" >&2
+                die "could not parse pinlb bench's JSON ($out)"
+            }
+            errors=0
+            for k in connect timeout read non_2xx; do
+                errors=$((errors + $(json_first "$k" "$out")))
+            done
+        fi
+        # Busy time not spent in the backend (core 0) or in the tool (core 1).
+        read -r cpu other0 other1 < <(awk -v c="$RUN_CPU_S" -v n="$reqs" -v d=$((b1 - b0)) -v hz="$CLK_TCK" \
+            -v t="$run_s" -v c0="$busy0" -v c1="$busy1" 'BEGIN {
+                o0 = (t > 0) ? c0 - 100 * d / hz / t : 0
+                o1 = (t > 0) ? c1 - 100 * c / t : 0
+                printf "%.2f %.0f %.0f\n", (n > 0) ? c * 1e6 / n : 0, (o0 < 0) ? 0 : o0, (o1 < 0) ? 0 : o1
+            }')
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$tool" "$rps" "$p50" "$p99" \
+            "$errors" "$reqs" "$cpu" "$busy0" "$busy1" "$other0" "$other1" >>"$RAW"
+        printf 'round %d/%d  %-5s %8.0f req/s  p50 %6.0f us  p99 %6.0f us  cpu %5s us/req  core0 %3s%% (other %2s%%)  core1 %3s%% (other %2s%%)  errors %s\n' \
+            "$r" "$ROUNDS" "$tool" "$rps" "$p50" "$p99" "$cpu" "$busy0" "$other0" "$busy1" "$other1" "$errors"
+        if ((errors > 0)); then log "WARNING: $tool had $errors errors in round $r"; fi
+        if ((other0 > 10 || other1 > 10)); then
+            log "WARNING: round $r ($tool): cores busy outside the benchmark (core0 ${other0}%, core1 ${other1}%) - something else is running?"
+        fi
+    done
+done
+
+# ---------------------------------------------------------------- summary
+# stats TOOL COLUMN -> "median min max" of that column over rounds
+stats() {
+    awk -F'\t' -v p="$1" -v c="$2" '$2 == p {print $c}' "$RAW" | sort -g |
+        awk '{ a[NR] = $1 } END {
+            if (NR == 0) { print "nan nan nan"; exit }
+            m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+            print m, a[1], a[NR]
+        }'
+}
+# paired COLUMN -> median over rounds of pinlb's value / wrk's value
+paired() {
+    awk -F'\t' -v c="$1" '$2 == "wrk" { w[$1] = $c } $2 == "pinlb" { p[$1] = $c }
+        END { for (r in p) if (w[r] > 0) print p[r] / w[r] }' "$RAW" | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR) printf "%.2f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; else print "n/a" }'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+verdict() { # VALUE LOW HIGH -> "ok" or "MISSED"
+    awk -v v="$1" -v lo="$2" -v hi="$3" 'BEGIN { print (v != "n/a" && v + 0 >= lo && v + 0 <= hi) ? "ok" : "MISSED" }'
+}
+
+declare -A MED_RPS MIN_RPS MAX_RPS MED_P50 MED_P99 MED_CPU ERRS
+for t in wrk pinlb; do
+    read -r "MED_RPS[$t]" "MIN_RPS[$t]" "MAX_RPS[$t]" < <(stats "$t" 3)
+    read -r "MED_P50[$t]" _ _ < <(stats "$t" 4)
+    read -r "MED_P99[$t]" _ _ < <(stats "$t" 5)
+    read -r "MED_CPU[$t]" _ _ < <(stats "$t" 8)
+    ERRS[$t]=$(awk -F'\t' -v p="$t" '$2 == p {s += $6} END {print s + 0}' "$RAW")
+done
+R_RPS=$(ratio "${MED_RPS[pinlb]}" "${MED_RPS[wrk]}")
+R_P50=$(ratio "${MED_P50[pinlb]}" "${MED_P50[wrk]}")
+R_P99=$(ratio "${MED_P99[pinlb]}" "${MED_P99[wrk]}")
+R_CPU=$(ratio "${MED_CPU[pinlb]}" "${MED_CPU[wrk]}")
+P_RPS=$(paired 3)
+P_P50=$(paired 4)
+P_P99=$(paired 5)
+P_CPU=$(paired 8)
+
+MD="$WORK/report.md"
+{
+    echo "### pinlb bench vs wrk ($(date -u +%Y-%m-%d), commit $COMMIT)"
+    echo
+    echo "- Command: \`$ENV_LINE $CMDLINE\`"
+    echo "- Host: nproc=$NCPU, $CPU_MODEL, $(uname -sr); before start core0 ${IDLE_BUSY0}% / core1 ${IDLE_BUSY1}% busy"
+    echo "- Topology: backend nginx (1 worker, \`return 200 \"hello world\\n\"\`) pinned to core 0; the load generator on core 1 with 1 thread and $CONNS keep-alive connections: \`wrk -t1 -c$CONNS -d$DURATION --latency\` (wrk $WRK_VERSION) and \`pinlb bench -t 1 -c $CONNS -d $DURATION --rounds 1 --warmup 0s --cpus 1\` (pinlb $PINLB_VERSION)."
+    echo "- $ROUNDS interleaved rounds (wrk, pinlb bench, repeat), no warm-up for either; medians over rounds. CPU = the tool's own utime+stime per completed request."
+    echo
+    echo "| tool | req/s (median) | req/s min | req/s max | p50 µs (median) | p99 µs (median) | CPU µs/req (median) | errors (all rounds) |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+    for t in wrk pinlb; do
+        name=$t
+        [[ $t == pinlb ]] && name="pinlb bench"
+        printf '| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %s |\n' "$name" "${MED_RPS[$t]}" "${MIN_RPS[$t]}" \
+            "${MAX_RPS[$t]}" "${MED_P50[$t]}" "${MED_P99[$t]}" "${MED_CPU[$t]}" "${ERRS[$t]}"
+    done
+    echo
+    echo "pinlb bench ÷ wrk:"
+    echo
+    echo "| | ratio of medians | paired per round (median) | target | |"
+    echo "|---|---:|---:|---|---|"
+    echo "| req/s | $R_RPS | $P_RPS | ≥ 0.9 | $(verdict "$P_RPS" 0.9 1000) |"
+    echo "| p50 | $R_P50 | $P_P50 | 0.9–1.1 | $(verdict "$P_P50" 0.9 1.1) |"
+    echo "| p99 | $R_P99 | $P_P99 | 0.9–1.1 | $(verdict "$P_P99" 0.9 1.1) |"
+    echo "| CPU per request | $R_CPU | $P_CPU | (< 1 is leaner) | |"
+    noisy=$(awk -F'\t' '$11 > 10 || $12 > 10 { n++ } END { print n + 0 }' "$RAW")
+    if ((noisy > 0)); then
+        echo
+        echo "**Warning:** in $noisy run(s) a core was more than 10% busy outside the backend (core 0) or the tool (core 1): another program was running, so those numbers are noisy."
+    fi
+    echo
+    echo "<details><summary>per-round results</summary>"
+    echo
+    echo "| round | tool | req/s | p50 µs | p99 µs | CPU µs/req | errors | requests | core0 busy (other) | core1 busy (other) |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    awk -F'\t' '{ printf "| %s | %s | %.0f | %.0f | %.0f | %s | %s | %s | %s%% (%s%%) | %s%% (%s%%) |\n", $1, ($2 == "pinlb") ? "pinlb bench" : $2, $3, $4, $5, $8, $6, $7, $9, $11, $10, $12 }' "$RAW"
+    echo
+    echo "</details>"
+} >"$MD"
+
+echo
+cat "$MD"
+if mkdir -p "$(dirname -- "$OUT_MD")" && cp "$MD" "$OUT_MD"; then
+    log "report written to $OUT_MD"
+else
+    log "WARNING: could not write $OUT_MD"
+fi

@@ -1,0 +1,572 @@
+//! Generating load on one target for one run (a warm-up, then the recorded window): pinned
+//! threads, each with its own single-threaded tokio runtime and its share of the connections.
+//!
+//! Nothing is shared between threads while they run except one progress counter each: every
+//! thread records into its own histogram and counts, which the coordinating thread merges when
+//! they are done, as wrk does. Inside a thread the connections are tasks on a `LocalSet`
+//! sharing that thread's statistics through a `RefCell`, since no borrow is ever held across an
+//! await.
+//!
+//! Accounting is exact: a request belongs to the recorded window when it was sent (closed loop)
+//! or scheduled (open loop) inside it, to the warm-up otherwise. After the window closes no new
+//! request goes out, and every request already out is waited for (up to the timeout) and counted,
+//! so the requests a server saw are exactly the `sent` of the warm-up plus the recorded window.
+
+use std::cell::RefCell;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::task::LocalSet;
+use tokio::time::Sleep;
+
+use super::BenchError;
+use super::report::Counts;
+use super::stats::new_histogram;
+use super::wire::{BodyDecoder, parse_head};
+use crate::cpus::pin_current_thread;
+
+/// Each connection's read buffer. A response head must fit; bodies stream through it.
+const READ_BUF: usize = 32 * 1024;
+/// How often the coordinating thread reports progress while the threads run.
+const TICK: Duration = Duration::from_millis(250);
+
+/// One run of one target, as the threads need it.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub addr: SocketAddr,
+    /// The request bytes, built once for the whole bench and written as is on every exchange.
+    pub request: Arc<[u8]>,
+    pub connections: usize,
+    pub threads: usize,
+    /// Thread `i` is pinned to `cpus[i % cpus.len()]`.
+    pub cpus: Vec<usize>,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub timeout: Duration,
+    /// Total requests per second in open loop; `None` is closed loop.
+    pub rate: Option<f64>,
+}
+
+/// What one run measured, merged over its threads.
+#[derive(Debug)]
+pub(crate) struct RunResult {
+    /// Latencies of the recorded window's responses, in ns.
+    pub histogram: Histogram<u64>,
+    pub recorded: Counts,
+    pub warmup: Counts,
+    /// From the start of the recorded window until the slowest thread had every request it sent
+    /// answered (or timed out): the time the recorded requests took.
+    pub elapsed: Duration,
+}
+
+/// What each thread sends the coordinating thread.
+enum Msg {
+    /// Pinned and ready to start, or why not.
+    Ready(Result<(), BenchError>),
+    Done(Result<RunResult, BenchError>),
+}
+
+/// A counter on a cache line of its own: each thread stores into its own at every response, and
+/// two threads' counters on one line would bounce it between their cores.
+#[repr(align(128))]
+#[derive(Default)]
+struct Progress(AtomicU64);
+
+/// Runs `plan` on its pinned threads and blocks until they are done. While they run, `tick` is
+/// called every 250 ms on this thread with the time since the start and the responses so far
+/// (warm-up included).
+///
+/// The calling thread is not pinned: it only waits, and it belongs to the caller.
+pub(crate) fn run(
+    plan: &Arc<Plan>,
+    tick: &mut dyn FnMut(Duration, u64),
+) -> Result<RunResult, BenchError> {
+    let (tx, rx) = mpsc::channel();
+    let progress: Arc<Vec<Progress>> =
+        Arc::new((0..plan.threads).map(|_| Progress::default()).collect());
+    let mut go = Vec::with_capacity(plan.threads);
+    let mut handles = Vec::with_capacity(plan.threads);
+    for thread in 0..plan.threads {
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let core = plan.cpus[thread % plan.cpus.len()];
+        // Connection `g` goes to thread `g % threads`, so open-loop send offsets interleave.
+        let conns: Vec<usize> = (thread..plan.connections).step_by(plan.threads).collect();
+        let (plan, tx, progress) = (plan.clone(), tx.clone(), progress.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("pinlb-bench{thread}"))
+            .spawn(move || thread_main(thread, core, &plan, conns, &tx, &go_rx, progress));
+        match spawned {
+            Ok(h) => {
+                handles.push(h);
+                go.push(go_tx);
+            }
+            Err(source) => {
+                // Dropping the go senders tells the threads already started to give up.
+                drop(go);
+                join(handles)?;
+                return Err(BenchError::Thread { thread, source });
+            }
+        }
+    }
+    drop(tx);
+
+    // Every thread pinned and its runtime built before any load starts, so the first thread's
+    // connections don't run alone while the others set up.
+    let mut failed = None;
+    for _ in 0..plan.threads {
+        match rx.recv() {
+            Ok(Msg::Ready(Ok(()))) => {}
+            Ok(Msg::Ready(Err(e)) | Msg::Done(Err(e))) => {
+                failed.get_or_insert(e);
+            }
+            Ok(Msg::Done(Ok(_))) => {}
+            // Every thread reports once (see `SetupGuard`), so this cannot happen.
+            Err(_) => break,
+        }
+    }
+    if let Some(e) = failed {
+        drop(go);
+        join(handles)?;
+        return Err(e);
+    }
+    let begin = Instant::now();
+    for g in &go {
+        let _ = g.send(());
+    }
+
+    let mut results = Vec::with_capacity(plan.threads);
+    while results.len() < plan.threads {
+        match rx.recv_timeout(TICK) {
+            Ok(Msg::Done(r)) => results.push(r),
+            Ok(Msg::Ready(_)) => {}
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let responses = progress.iter().map(|p| p.0.load(Ordering::Relaxed)).sum();
+                tick(begin.elapsed(), responses);
+            }
+            // A thread died without reporting; `join` says which.
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    join(handles)?;
+
+    let mut merged = RunResult {
+        histogram: new_histogram()?,
+        recorded: Counts::default(),
+        warmup: Counts::default(),
+        elapsed: Duration::ZERO,
+    };
+    for r in results {
+        let r = r?;
+        merged.histogram.add(&r.histogram)?;
+        merged.recorded.add(&r.recorded);
+        merged.warmup.add(&r.warmup);
+        merged.elapsed = merged.elapsed.max(r.elapsed);
+    }
+    Ok(merged)
+}
+
+fn join(handles: Vec<std::thread::JoinHandle<()>>) -> Result<(), BenchError> {
+    let mut result = Ok(());
+    for (thread, h) in handles.into_iter().enumerate() {
+        if h.join().is_err() {
+            result = Err(BenchError::ThreadPanicked { thread });
+        }
+    }
+    result
+}
+
+fn thread_main(
+    thread: usize,
+    core: usize,
+    plan: &Plan,
+    conns: Vec<usize>,
+    tx: &mpsc::Sender<Msg>,
+    go: &mpsc::Receiver<()>,
+    progress: Arc<Vec<Progress>>,
+) {
+    // Until this thread reports Ready, a panic must still report something: the coordinator
+    // waits for one message per thread before it starts any load.
+    let guard = SetupGuard { tx, thread };
+    let setup = (|| {
+        pin_current_thread(&[core]).map_err(|source| BenchError::Pin {
+            thread,
+            core,
+            source,
+        })?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|source| BenchError::Thread { thread, source })?;
+        Ok((rt, new_histogram()?))
+    })();
+    std::mem::forget(guard);
+    let (rt, histogram) = match setup {
+        Ok(s) => {
+            let _ = tx.send(Msg::Ready(Ok(())));
+            s
+        }
+        Err(e) => {
+            let _ = tx.send(Msg::Ready(Err(e)));
+            return;
+        }
+    };
+    if go.recv().is_err() {
+        return;
+    }
+
+    let begin = Instant::now();
+    let t0 = begin + plan.warmup;
+    let shared = Rc::new(Thread {
+        addr: plan.addr,
+        request: plan.request.clone(),
+        timeout: plan.timeout,
+        begin,
+        t0,
+        end: t0 + plan.duration,
+        stats: RefCell::new(Stats {
+            histogram,
+            recorded: Counts::default(),
+            warmup: Counts::default(),
+            responses: 0,
+        }),
+        progress,
+        thread,
+    });
+    let local = LocalSet::new();
+    let panicked = local.block_on(&rt, async {
+        let tasks: Vec<_> = conns
+            .into_iter()
+            .map(|g| {
+                let sh = shared.clone();
+                match plan.rate {
+                    None => tokio::task::spawn_local(async move { closed_loop(&sh).await }),
+                    Some(rate) => {
+                        let connections = plan.connections;
+                        tokio::task::spawn_local(async move {
+                            open_loop(&sh, g, connections, rate).await
+                        })
+                    }
+                }
+            })
+            .collect();
+        let mut panicked = false;
+        for t in tasks {
+            panicked |= t.await.is_err();
+        }
+        panicked
+    });
+    let elapsed = Instant::now().saturating_duration_since(t0);
+    let result = if panicked {
+        Err(BenchError::ThreadPanicked { thread })
+    } else {
+        match Rc::try_unwrap(shared) {
+            Ok(sh) => {
+                let s = sh.stats.into_inner();
+                Ok(RunResult {
+                    histogram: s.histogram,
+                    recorded: s.recorded,
+                    warmup: s.warmup,
+                    elapsed,
+                })
+            }
+            // Every task has ended and dropped its handle; this is the last one.
+            Err(_) => Err(BenchError::ThreadPanicked { thread }),
+        }
+    };
+    let _ = tx.send(Msg::Done(result));
+}
+
+/// Sends `Ready(Err(ThreadPanicked))` if dropped, which only happens when setup panics; a
+/// thread that gets through setup forgets it and reports for itself.
+struct SetupGuard<'a> {
+    tx: &'a mpsc::Sender<Msg>,
+    thread: usize,
+}
+
+impl Drop for SetupGuard<'_> {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Msg::Ready(Err(BenchError::ThreadPanicked {
+            thread: self.thread,
+        })));
+    }
+}
+
+/// One thread's view of the run, shared by its connection tasks.
+struct Thread {
+    addr: SocketAddr,
+    request: Arc<[u8]>,
+    timeout: Duration,
+    /// When this thread's load started: the warm-up, and the open loop's schedule.
+    begin: Instant,
+    /// Start of the recorded window.
+    t0: Instant,
+    /// End of the recorded window: no request is sent (or scheduled) at or after it.
+    end: Instant,
+    stats: RefCell<Stats>,
+    /// This thread's progress counter is `progress[thread]`.
+    progress: Arc<Vec<Progress>>,
+    thread: usize,
+}
+
+/// One thread's results so far.
+struct Stats {
+    histogram: Histogram<u64>,
+    recorded: Counts,
+    warmup: Counts,
+    /// Responses in both phases, for the progress line.
+    responses: u64,
+}
+
+/// How one exchange ended.
+enum Outcome {
+    Response(u16),
+    /// No complete response within the timeout.
+    Timeout,
+    /// The connection failed or the response was malformed.
+    Broken,
+}
+
+impl Thread {
+    fn connect_error(&self, recorded: bool) {
+        let mut st = self.stats.borrow_mut();
+        let counts = if recorded {
+            &mut st.recorded
+        } else {
+            &mut st.warmup
+        };
+        counts.errors.connect += 1;
+    }
+
+    /// Counts one exchange; the latency goes into the histogram when it was a response in the
+    /// recorded window (timeouts and broken connections have no latency, as in wrk).
+    fn record(&self, recorded: bool, outcome: Outcome, latency: Duration) {
+        let mut st = self.stats.borrow_mut();
+        let st = &mut *st;
+        let counts = if recorded {
+            &mut st.recorded
+        } else {
+            &mut st.warmup
+        };
+        counts.sent += 1;
+        match outcome {
+            Outcome::Response(status) => {
+                counts.responses += 1;
+                if (200..300).contains(&status) {
+                    counts.ok += 1;
+                } else {
+                    counts.errors.non_2xx += 1;
+                }
+                if recorded {
+                    let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+                    st.histogram.saturating_record(ns);
+                }
+                st.responses += 1;
+                self.progress[self.thread]
+                    .0
+                    .store(st.responses, Ordering::Relaxed);
+            }
+            Outcome::Timeout => counts.errors.timeout += 1,
+            Outcome::Broken => counts.errors.read += 1,
+        }
+    }
+
+    /// One request and its response on `stream`, with the timeout counted from now. Resetting
+    /// the connection's one `Sleep` to a later deadline only updates it in place, where a fresh
+    /// timer per request would be inserted into and removed from tokio's timer wheel each time.
+    async fn exchange(
+        &self,
+        stream: &mut TcpStream,
+        buf: &mut [u8],
+        mut timer: Pin<&mut Sleep>,
+    ) -> (Outcome, bool) {
+        timer
+            .as_mut()
+            .reset(tokio::time::Instant::now() + self.timeout);
+        tokio::select! {
+            biased;
+            r = exchange(stream, &self.request, buf) => match r {
+                Ok(resp) => (Outcome::Response(resp.status), resp.keep_alive),
+                Err(Broken) => (Outcome::Broken, false),
+            },
+            () = timer => (Outcome::Timeout, false),
+        }
+    }
+}
+
+/// Closed loop: the next request goes out as soon as the previous response is read. Latency is
+/// measured from the write of the request, and connect time is not part of it (as in wrk).
+/// After a failed connect it tries again at once, as wrk does, yielding to the other connections
+/// first.
+async fn closed_loop(sh: &Thread) {
+    let mut buf = vec![0u8; READ_BUF];
+    let mut conn: Option<TcpStream> = None;
+    let timer = tokio::time::sleep(sh.timeout);
+    tokio::pin!(timer);
+    loop {
+        let stream = match conn {
+            Some(ref mut s) => s,
+            None => match connect(sh.addr, sh.timeout).await {
+                Ok(s) => conn.insert(s),
+                Err(_) => {
+                    let now = Instant::now();
+                    if now >= sh.end {
+                        break;
+                    }
+                    sh.connect_error(now >= sh.t0);
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+            },
+        };
+        let start = Instant::now();
+        if start >= sh.end {
+            break;
+        }
+        let (outcome, keep_alive) = sh.exchange(stream, &mut buf, timer.as_mut()).await;
+        sh.record(start >= sh.t0, outcome, start.elapsed());
+        if !keep_alive {
+            conn = None;
+        }
+    }
+}
+
+/// Open loop: connection `g` of `connections` sends at fixed times, `connections / rate` seconds
+/// apart, offset by `g / rate` so that together they send `rate` requests per second evenly.
+///
+/// Latency is measured from the scheduled send time when the connection is behind schedule (a
+/// slow response held it up), so waiting on a slow server counts, as in wrk2; this is the
+/// correction for coordinated omission. When the connection was idle and waited for its slot, it
+/// counts from the moment it woke instead: tokio's timer wakes up to a millisecond late, and that
+/// delay is the load generator's, not the server's. A connection that has to reconnect counts
+/// the connect, since a user would wait for it too. A failed connect costs that slot. Nothing
+/// is sent once the window has closed, even for slots inside it that came due late.
+async fn open_loop(sh: &Thread, g: usize, connections: usize, rate: f64) {
+    let mut buf = vec![0u8; READ_BUF];
+    let mut conn: Option<TcpStream> = None;
+    let timer = tokio::time::sleep(sh.timeout);
+    tokio::pin!(timer);
+    let wait = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(wait);
+    let interval = connections as f64 / rate;
+    let offset = g as f64 / rate;
+    for k in 0u64.. {
+        let Ok(at) = Duration::try_from_secs_f64(offset + k as f64 * interval) else {
+            break;
+        };
+        let slot = sh.begin + at;
+        if slot >= sh.end {
+            break;
+        }
+        let recorded = slot >= sh.t0;
+        let start = if Instant::now() < slot {
+            wait.as_mut().reset(tokio::time::Instant::from_std(slot));
+            wait.as_mut().await;
+            Instant::now()
+        } else {
+            slot
+        };
+        // A connection far behind schedule (a server that times out) still stops with the
+        // window: its remaining slots are not sent at all.
+        if Instant::now() >= sh.end {
+            break;
+        }
+        let stream = match conn {
+            Some(ref mut s) => s,
+            None => match connect(sh.addr, sh.timeout).await {
+                Ok(s) => conn.insert(s),
+                Err(_) => {
+                    sh.connect_error(recorded);
+                    continue;
+                }
+            },
+        };
+        let (outcome, keep_alive) = sh.exchange(stream, &mut buf, timer.as_mut()).await;
+        sh.record(recorded, outcome, start.elapsed());
+        if !keep_alive {
+            conn = None;
+        }
+    }
+}
+
+/// A connect within `timeout`, with Nagle off: a request is one small write, and it must go out
+/// at once.
+async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// The connection failed or sent something that is not a response.
+struct Broken;
+
+/// A complete response.
+struct Response {
+    status: u16,
+    keep_alive: bool,
+}
+
+/// Writes `request` and reads one whole response into `buf` (head, then the body, which is
+/// dropped as it arrives). Interim 1xx responses are skipped. Bytes after the response, which
+/// nothing asked for, make the connection unusable for the next request.
+async fn exchange(
+    stream: &mut TcpStream,
+    request: &[u8],
+    buf: &mut [u8],
+) -> Result<Response, Broken> {
+    stream.write_all(request).await.map_err(|_| Broken)?;
+    let mut filled = 0;
+    let head = loop {
+        if filled > 0 {
+            match parse_head(&buf[..filled]).map_err(|_| Broken)? {
+                Some(h) if h.is_interim() => {
+                    buf.copy_within(h.len..filled, 0);
+                    filled -= h.len;
+                    continue;
+                }
+                Some(h) => break h,
+                // The head does not fit in the buffer.
+                None if filled == buf.len() => return Err(Broken),
+                None => {}
+            }
+        }
+        let n = stream.read(&mut buf[filled..]).await.map_err(|_| Broken)?;
+        if n == 0 {
+            return Err(Broken);
+        }
+        filled += n;
+    };
+    let mut body = head.body;
+    let mut keep_alive = head.keep_alive;
+    let mut fed = body.feed(&buf[head.len..filled]).map_err(|_| Broken)?;
+    let mut extra = filled - head.len - fed.used;
+    while !fed.done {
+        let n = stream.read(buf).await.map_err(|_| Broken)?;
+        if n == 0 {
+            if body == BodyDecoder::UntilClose {
+                keep_alive = false;
+                break;
+            }
+            return Err(Broken);
+        }
+        fed = body.feed(&buf[..n]).map_err(|_| Broken)?;
+        extra = n - fed.used;
+    }
+    if extra > 0 {
+        keep_alive = false;
+    }
+    Ok(Response {
+        status: head.status,
+        keep_alive,
+    })
+}

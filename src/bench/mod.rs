@@ -1,0 +1,508 @@
+//! `pinlb bench`: a load generator that compares targets side by side.
+//!
+//! ```text
+//! pinlb bench direct=http://127.0.0.1:8881/ proxied=http://127.0.0.1:8888/ -c 64 -d 10s --rounds 5 --cpus 1
+//! ```
+//!
+//! Targets run in interleaved rounds (A B A B …), each run a warm-up and then a recorded window,
+//! so drift of the machine between rounds hits every target alike. Each target gets its
+//! requests/s per round, latency percentiles from HDR histograms, errors by kind, and, against the
+//! first target, the throughput ratio and the latency added at each percentile: the proxy's
+//! overhead when the first target is the backend alone.
+//!
+//! The client is lean on purpose, so that it measures the server and not itself: its threads are
+//! pinned to `--cpus`, each runs a single-threaded runtime with its share of the keep-alive
+//! connections, every request is the same pre-built bytes, and responses are parsed in place
+//! (`wire.rs`) on the raw `TcpStream`. It drives more requests than wrk on one core, and its
+//! median agrees with wrk's at low concurrency; against a saturated server it does not, because
+//! wrk leaves the time a ready request waits for its event loop out of the latency and this tool
+//! does not (`benches/loadgen.sh` measures both side by side; figures in `benches/RESULTS.md`).
+//!
+//! - [`stats`]: medians, ratios, added latency and percentile curves, as plain functions.
+//! - `wire.rs`: the request bytes, response heads and body framing.
+//! - `load.rs`: the pinned threads and the closed- and open-loop connection loops.
+//! - [`report`]: the results, and the table, JSON and SVG made from them.
+
+mod load;
+pub mod report;
+pub mod stats;
+mod wire;
+
+use std::io::{IsTerminal, Write as _};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Uri;
+
+pub use report::{Counts, Errors, Overhead, Report, RoundReport, TargetReport};
+pub use stats::{AddedLatency, CurvePoint, Latency, Spread};
+
+use crate::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list};
+use load::Plan;
+
+/// What to load: `NAME=URL`, or just `URL` (then the name is the URL).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub name: String,
+    /// An `http://` URL: its host and port are connected to, its path and query requested, its
+    /// authority sent as `Host`.
+    pub url: Uri,
+}
+
+impl FromStr for Target {
+    type Err = BenchError;
+
+    /// `NAME=URL` when what comes before the first `=` is a plain name (no `:` or `/`), so a URL
+    /// with `=` in its query (`http://h/?a=b`) still parses as a bare URL.
+    fn from_str(s: &str) -> Result<Target, BenchError> {
+        let bad = |reason: &str| BenchError::Target {
+            input: s.to_string(),
+            reason: reason.to_string(),
+        };
+        let (name, url) = match s.split_once('=') {
+            Some((name, url)) if !name.contains([':', '/']) => (name.trim(), url.trim()),
+            _ => (s.trim(), s.trim()),
+        };
+        if name.is_empty() {
+            return Err(bad("the name before '=' is empty"));
+        }
+        let url: Uri = url.parse().map_err(|e| bad(&format!("not a URL: {e}")))?;
+        match url.scheme_str() {
+            Some("http") => {}
+            Some(other) => {
+                return Err(bad(&format!(
+                    "only http:// URLs are supported, not {other}://"
+                )));
+            }
+            None => return Err(bad("expected an http:// URL")),
+        }
+        if url.host().is_none_or(str::is_empty) {
+            return Err(bad("the URL has no host"));
+        }
+        Ok(Target {
+            name: name.to_string(),
+            url,
+        })
+    }
+}
+
+impl Target {
+    /// The socket address to connect to: the URL's host resolved (the first address), and its
+    /// port or 80.
+    fn resolve(&self) -> Result<SocketAddr, BenchError> {
+        let host = self.url.host().unwrap_or_default();
+        // `Uri` keeps IPv6 literals in brackets; the resolver wants them bare.
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port = self.url.port_u16().unwrap_or(80);
+        let resolve_err = |source| BenchError::Resolve {
+            target: self.name.clone(),
+            source,
+        };
+        (host, port)
+            .to_socket_addrs()
+            .map_err(resolve_err)?
+            .next()
+            .ok_or_else(|| resolve_err(std::io::Error::other("no address")))
+    }
+}
+
+/// How to run a bench. [`BenchArgs`] builds one from the command line; `pinlb demo` builds its
+/// own.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// In this order in every round; the first is what the others are compared against.
+    pub targets: Vec<Target>,
+    /// Keep-alive connections per target, spread over the threads.
+    pub connections: usize,
+    /// Load threads, each pinned to one of `cpus` in turn; at most `connections`.
+    pub threads: usize,
+    /// The recorded window of each run.
+    pub duration: Duration,
+    /// Load before each recorded window, on the same connections, not recorded.
+    pub warmup: Duration,
+    pub rounds: usize,
+    /// Open loop at this many requests per second in total; `None` is closed loop.
+    pub rate: Option<f64>,
+    /// Cores for the load threads; empty means every core this process may run on.
+    pub cpus: Vec<usize>,
+    /// Per request (and per connect), like wrk's `--timeout`.
+    pub timeout: Duration,
+    /// Show a live progress line on stderr. Only ever drawn when stderr is a terminal, so a
+    /// caller can leave it on.
+    pub progress: bool,
+}
+
+/// Why a bench could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("target {input:?}: {reason}")]
+    Target { input: String, reason: String },
+    #[error("{0}")]
+    Options(String),
+    #[error("cannot resolve target {target}: {source}")]
+    Resolve {
+        target: String,
+        source: std::io::Error,
+    },
+    #[error("cannot read the cores this process may run on: {0}")]
+    AllowedCpus(nix::Error),
+    #[error("cannot pin load thread {thread} to core {core}: {source}")]
+    Pin {
+        thread: usize,
+        core: usize,
+        source: nix::Error,
+    },
+    #[error("cannot start load thread {thread}: {source}")]
+    Thread {
+        thread: usize,
+        source: std::io::Error,
+    },
+    #[error("load thread {thread} panicked")]
+    ThreadPanicked { thread: usize },
+    #[error("latency histogram: {0}")]
+    HistogramCreate(#[from] hdrhistogram::CreationError),
+    #[error("latency histogram: {0}")]
+    HistogramMerge(#[from] hdrhistogram::AdditionError),
+    #[error("cannot write chart {path}: {reason}")]
+    Plot { path: PathBuf, reason: String },
+}
+
+/// Runs the bench and returns its report. Blocks the calling thread, which only waits and
+/// draws the progress line; the load runs on threads it starts and joins, pinned to
+/// `opts.cpus`.
+pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
+    let cpus = check_options(opts)?;
+    let plans = opts
+        .targets
+        .iter()
+        .map(|t| {
+            Ok(Arc::new(Plan {
+                addr: t.resolve()?,
+                request: wire::request_bytes(&t.url).into(),
+                connections: opts.connections,
+                threads: opts.threads,
+                cpus: cpus.clone(),
+                warmup: opts.warmup,
+                duration: opts.duration,
+                timeout: opts.timeout,
+                rate: opts.rate,
+            }))
+        })
+        .collect::<Result<Vec<_>, BenchError>>()?;
+
+    let show = opts.progress && std::io::stderr().is_terminal();
+    let mut runs: Vec<Vec<load::RunResult>> = plans.iter().map(|_| Vec::new()).collect();
+    let mut result = Ok(());
+    'rounds: for round in 0..opts.rounds {
+        for ((plan, target), results) in plans.iter().zip(&opts.targets).zip(&mut runs) {
+            let mut last = (Duration::ZERO, 0u64);
+            let mut tick = |elapsed: Duration, responses: u64| {
+                if !show {
+                    return;
+                }
+                let dt = elapsed.saturating_sub(last.0).as_secs_f64();
+                let rate = if dt > 0.0 {
+                    responses.saturating_sub(last.1) as f64 / dt
+                } else {
+                    0.0
+                };
+                last = (elapsed, responses);
+                let line = progress_line(round, opts, &target.name, elapsed, rate);
+                let _ = write!(std::io::stderr(), "\r\x1b[K{line}");
+            };
+            match load::run(plan, &mut tick) {
+                Ok(r) => results.push(r),
+                Err(e) => {
+                    result = Err(e);
+                    break 'rounds;
+                }
+            }
+        }
+    }
+    if show {
+        let _ = write!(std::io::stderr(), "\r\x1b[K");
+    }
+    result?;
+    Report::build(opts, &cpus, runs)
+}
+
+/// Validates `opts` and returns the cores to use.
+fn check_options(opts: &BenchOptions) -> Result<Vec<usize>, BenchError> {
+    let bad = |s: String| Err(BenchError::Options(s));
+    if opts.targets.is_empty() {
+        return bad("no targets".into());
+    }
+    if opts.connections == 0 {
+        return bad("connections must be at least 1".into());
+    }
+    if opts.threads == 0 || opts.threads > opts.connections {
+        return bad(format!(
+            "threads must be between 1 and the number of connections ({}), not {}",
+            opts.connections, opts.threads
+        ));
+    }
+    if opts.duration.is_zero() {
+        return bad("the duration must be greater than 0".into());
+    }
+    if opts.timeout.is_zero() {
+        return bad("the timeout must be greater than 0".into());
+    }
+    if opts.rounds == 0 {
+        return bad("rounds must be at least 1".into());
+    }
+    if let Some(r) = opts.rate {
+        if !(r.is_finite() && r > 0.0) {
+            return bad(format!(
+                "the rate must be a positive number of requests per second, not {r}"
+            ));
+        }
+    }
+    let allowed = allowed_cpus().map_err(BenchError::AllowedCpus)?;
+    if opts.cpus.is_empty() {
+        return Ok(allowed);
+    }
+    if let Some(c) = opts.cpus.iter().find(|c| !allowed.contains(c)) {
+        return bad(format!(
+            "core {c} is not one this process may run on ({})",
+            format_cpu_list(&allowed)
+        ));
+    }
+    Ok(opts.cpus.clone())
+}
+
+/// The live progress line: `round 2/5  proxied  3.2/10 s  48211 req/s`, or the warm-up's
+/// progress before the recorded window starts.
+fn progress_line(
+    round: usize,
+    opts: &BenchOptions,
+    target: &str,
+    elapsed: Duration,
+    rate: f64,
+) -> String {
+    let e = elapsed.as_secs_f64();
+    let warmup = opts.warmup.as_secs_f64();
+    let phase = if e < warmup {
+        format!("warm-up {e:.1}/{warmup:.1} s")
+    } else {
+        format!(
+            "{:.1}/{:.1} s",
+            (e - warmup).min(opts.duration.as_secs_f64()),
+            opts.duration.as_secs_f64()
+        )
+    };
+    format!(
+        "round {}/{}  {target}  {phase}  {rate:.0} req/s",
+        round + 1,
+        opts.rounds
+    )
+}
+
+/// `pinlb bench`'s command line.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Targets, compared against the first: NAME=URL or URL (http:// only).
+    #[arg(required = true, value_name = "TARGET")]
+    pub targets: Vec<Target>,
+    /// Keep-alive connections per target.
+    #[arg(short, long, default_value_t = 64)]
+    pub connections: usize,
+    /// Load threads [default: the number of --cpus, at most -c].
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// Recorded duration of each run.
+    #[arg(short, long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Unrecorded load before each recorded run.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub warmup: Duration,
+    /// Rounds; each runs every target once, in order.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Open loop at this many requests/s in total, latency from the scheduled send time
+    /// (corrected for coordinated omission) [default: closed loop].
+    #[arg(long, value_name = "REQ_PER_S")]
+    pub rate: Option<f64>,
+    /// Cores for the load threads, e.g. "1" or "2-3" [default: every allowed core].
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<String>,
+    /// Per request (and connect).
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Also write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Also write a latency-by-percentile chart (SVG) to FILE.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    /// The options these arguments ask for; the progress line is on.
+    pub fn options(&self) -> Result<BenchOptions, BenchError> {
+        let cpus = match &self.cpus {
+            Some(list) => parse_cpu_list(list)
+                .map_err(|e| BenchError::Options(format!("--cpus {list:?}: {e}")))?,
+            None => allowed_cpus().map_err(BenchError::AllowedCpus)?,
+        };
+        let threads = self
+            .threads
+            .unwrap_or_else(|| cpus.len().clamp(1, self.connections.max(1)));
+        Ok(BenchOptions {
+            targets: self.targets.clone(),
+            connections: self.connections,
+            threads,
+            duration: self.duration,
+            warmup: self.warmup,
+            rounds: self.rounds,
+            rate: self.rate,
+            cpus,
+            timeout: self.timeout,
+            progress: true,
+        })
+    }
+}
+
+/// `pinlb bench`: runs, prints the table to stdout, writes `--json` and `--plot`. Exits 1 when
+/// the bench cannot run or a file cannot be written; errors during the run are results, not
+/// failures, and are in the table.
+pub fn main(args: BenchArgs) -> ExitCode {
+    let report = match args.options().and_then(|o| run(&o)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pinlb bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{}", report.table());
+    let mut code = ExitCode::SUCCESS;
+    if let Some(path) = &args.json {
+        if let Err(e) = report.write_json(path) {
+            eprintln!("pinlb bench: cannot write {}: {e}", path.display());
+            code = ExitCode::FAILURE;
+        }
+    }
+    if let Some(path) = &args.plot {
+        if let Err(e) = report.write_svg(path) {
+            eprintln!("pinlb bench: {e}");
+            code = ExitCode::FAILURE;
+        }
+    }
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(s: &str) -> Result<Target, BenchError> {
+        s.parse()
+    }
+
+    #[test]
+    fn a_target_is_name_equals_url_or_just_a_url() {
+        let t = target("direct=http://127.0.0.1:8881/").unwrap();
+        assert_eq!(t.name, "direct");
+        assert_eq!(t.url, "http://127.0.0.1:8881/");
+        let t = target("http://127.0.0.1:8881/x?a=b").unwrap();
+        assert_eq!(t.name, "http://127.0.0.1:8881/x?a=b");
+        assert_eq!(t.url.query(), Some("a=b"));
+    }
+
+    #[test]
+    fn only_http_urls_with_a_host_are_targets() {
+        for bad in [
+            "https://example.com/",
+            "127.0.0.1:8881",
+            "=http://127.0.0.1/",
+            "x=not a url",
+            "/just/a/path",
+        ] {
+            assert!(target(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn targets_resolve_with_port_80_by_default() {
+        let t = target("http://127.0.0.1/").unwrap();
+        assert_eq!(t.resolve().unwrap(), "127.0.0.1:80".parse().unwrap());
+        let t = target("http://[::1]:8080/").unwrap();
+        assert_eq!(t.resolve().unwrap(), "[::1]:8080".parse().unwrap());
+    }
+
+    fn opts() -> BenchOptions {
+        BenchOptions {
+            targets: vec![target("http://127.0.0.1:1/").unwrap()],
+            connections: 4,
+            threads: 2,
+            duration: Duration::from_secs(1),
+            warmup: Duration::from_secs(1),
+            rounds: 1,
+            rate: None,
+            cpus: Vec::new(),
+            timeout: Duration::from_secs(2),
+            progress: false,
+        }
+    }
+
+    #[test]
+    fn options_are_checked_before_anything_runs() {
+        assert_eq!(check_options(&opts()).unwrap(), allowed_cpus().unwrap());
+        let bad = [
+            BenchOptions {
+                threads: 5,
+                ..opts()
+            },
+            BenchOptions {
+                connections: 0,
+                ..opts()
+            },
+            BenchOptions {
+                duration: Duration::ZERO,
+                ..opts()
+            },
+            BenchOptions {
+                rounds: 0,
+                ..opts()
+            },
+            BenchOptions {
+                rate: Some(0.0),
+                ..opts()
+            },
+            BenchOptions {
+                rate: Some(f64::NAN),
+                ..opts()
+            },
+            BenchOptions {
+                targets: Vec::new(),
+                ..opts()
+            },
+            BenchOptions {
+                cpus: vec![100_000],
+                ..opts()
+            },
+        ];
+        for o in bad {
+            assert!(check_options(&o).is_err(), "{o:?}");
+        }
+    }
+
+    #[test]
+    fn the_progress_line_shows_the_warm_up_then_the_recorded_window() {
+        let o = BenchOptions {
+            rounds: 5,
+            ..opts()
+        };
+        assert_eq!(
+            progress_line(1, &o, "proxied", Duration::from_millis(400), 0.0),
+            "round 2/5  proxied  warm-up 0.4/1.0 s  0 req/s"
+        );
+        assert_eq!(
+            progress_line(1, &o, "proxied", Duration::from_millis(1500), 48211.4),
+            "round 2/5  proxied  0.5/1.0 s  48211 req/s"
+        );
+    }
+}

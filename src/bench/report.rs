@@ -1,0 +1,530 @@
+//! A bench's results: built from the runs, and written out as a text table (what the command
+//! prints), JSON (`--json`) and an SVG latency-percentile chart (`--plot`).
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use plotters::prelude::*;
+use serde::Serialize;
+
+use super::load::RunResult;
+use super::stats::{
+    self, AddedLatency, CurvePoint, Latency, Spread, new_histogram, percentile_to_x, x_label,
+};
+use super::{BenchError, BenchOptions};
+use crate::cpus::format_cpu_list;
+
+/// Requests counted in one phase (warm-up or recorded). Every request sent ends as exactly one
+/// of a response, a timeout or a read error: `sent == responses + errors.timeout + errors.read`,
+/// and `responses == ok + errors.non_2xx`. Connect errors sent nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Requests written (or begun to be written) on a connection: what the server may have seen.
+    pub sent: u64,
+    /// Complete responses, any status.
+    pub responses: u64,
+    /// Responses with a 2xx status.
+    pub ok: u64,
+    pub errors: Errors,
+}
+
+/// Failures by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Errors {
+    /// Connects that failed or took longer than the timeout.
+    pub connect: u64,
+    /// Requests with no complete response within the timeout; the connection is closed.
+    pub timeout: u64,
+    /// The connection broke (a failed write, a reset, an early close) or the response was
+    /// malformed.
+    pub read: u64,
+    /// Complete responses whose status was not 2xx.
+    pub non_2xx: u64,
+}
+
+impl Errors {
+    pub fn total(&self) -> u64 {
+        self.connect + self.timeout + self.read + self.non_2xx
+    }
+}
+
+impl Counts {
+    pub fn add(&mut self, other: &Counts) {
+        self.sent += other.sent;
+        self.responses += other.responses;
+        self.ok += other.ok;
+        self.errors.connect += other.errors.connect;
+        self.errors.timeout += other.errors.timeout;
+        self.errors.read += other.errors.read;
+        self.errors.non_2xx += other.errors.non_2xx;
+    }
+}
+
+/// Everything a bench measured, with the settings it ran with.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub connections: usize,
+    pub threads: usize,
+    /// The cores the load threads were pinned to.
+    pub cpus: Vec<usize>,
+    pub rounds: usize,
+    pub duration_s: f64,
+    pub warmup_s: f64,
+    pub timeout_s: f64,
+    /// Requests per second in open loop; `None` for closed loop.
+    pub rate: Option<f64>,
+    /// In the order given; the first is what the others are compared against.
+    pub targets: Vec<TargetReport>,
+}
+
+/// One target's results over all rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetReport {
+    pub name: String,
+    pub url: String,
+    /// Responses per second of each round: median, min and max.
+    pub requests_per_sec: Spread,
+    /// From the recorded windows of all rounds, merged.
+    pub latency: Latency,
+    /// The recorded windows of all rounds, summed.
+    pub requests: Counts,
+    /// The warm-ups of all rounds, summed: not in any other figure, but the server saw them.
+    pub warmup: Counts,
+    /// Against the first target; `None` for the first itself.
+    pub vs_first: Option<Overhead>,
+    pub rounds: Vec<RoundReport>,
+    /// Latency by percentile, for plotting (the chart's points).
+    pub percentiles: Vec<CurvePoint>,
+    /// The merged latency histogram of the recorded windows, in ns.
+    #[serde(skip)]
+    pub histogram: Histogram<u64>,
+}
+
+/// One round of one target.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoundReport {
+    /// Responses in the recorded window divided by `elapsed_s`.
+    pub requests_per_sec: f64,
+    /// From the start of the recorded window until every request sent in it was answered or
+    /// timed out: the duration plus the last responses' latency.
+    pub elapsed_s: f64,
+    pub latency: Latency,
+    pub requests: Counts,
+    pub warmup: Counts,
+}
+
+/// What a target costs on top of the first: "the proxy's overhead" when the first is the backend
+/// alone and this one the proxy in front of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Overhead {
+    /// The first target's name.
+    pub against: String,
+    /// This target's requests/s ÷ the first's, paired per round and the median taken (see
+    /// [`stats::paired_ratio`]); `None` when the first completed nothing.
+    pub throughput_ratio: Option<f64>,
+    /// This target's latency − the first's, at each percentile of the merged histograms.
+    pub added_latency: AddedLatency,
+}
+
+impl Report {
+    /// Builds the report from `runs[target][round]`.
+    pub(crate) fn build(
+        opts: &BenchOptions,
+        cpus: &[usize],
+        runs: Vec<Vec<RunResult>>,
+    ) -> Result<Report, BenchError> {
+        let mut targets: Vec<TargetReport> = Vec::with_capacity(runs.len());
+        for (target, rounds) in opts.targets.iter().zip(runs) {
+            let mut histogram = new_histogram()?;
+            let mut requests = Counts::default();
+            let mut warmup = Counts::default();
+            let mut per_round = Vec::with_capacity(rounds.len());
+            for r in rounds {
+                histogram.add(&r.histogram)?;
+                requests.add(&r.recorded);
+                warmup.add(&r.warmup);
+                let elapsed = r.elapsed.as_secs_f64();
+                per_round.push(RoundReport {
+                    requests_per_sec: stats::ratio(r.recorded.responses as f64, elapsed)
+                        .unwrap_or(0.0),
+                    elapsed_s: elapsed,
+                    latency: Latency::of(&r.histogram),
+                    requests: r.recorded,
+                    warmup: r.warmup,
+                });
+            }
+            let rps: Vec<f64> = per_round.iter().map(|r| r.requests_per_sec).collect();
+            let latency = Latency::of(&histogram);
+            let vs_first = targets.first().map(|first| {
+                let first_rps: Vec<f64> = first.rounds.iter().map(|r| r.requests_per_sec).collect();
+                Overhead {
+                    against: first.name.clone(),
+                    throughput_ratio: stats::paired_ratio(&rps, &first_rps),
+                    added_latency: latency.minus(&first.latency),
+                }
+            });
+            targets.push(TargetReport {
+                name: target.name.clone(),
+                url: target.url.to_string(),
+                requests_per_sec: stats::spread(&rps).unwrap_or(Spread {
+                    median: 0.0,
+                    min: 0.0,
+                    max: 0.0,
+                }),
+                latency,
+                requests,
+                warmup,
+                vs_first,
+                rounds: per_round,
+                percentiles: stats::percentile_curve(&histogram),
+                histogram,
+            });
+        }
+        Ok(Report {
+            connections: opts.connections,
+            threads: opts.threads,
+            cpus: cpus.to_vec(),
+            rounds: opts.rounds,
+            duration_s: opts.duration.as_secs_f64(),
+            warmup_s: opts.warmup.as_secs_f64(),
+            timeout_s: opts.timeout.as_secs_f64(),
+            rate: opts.rate,
+            targets,
+        })
+    }
+
+    /// The results as Markdown tables with a line saying how they were measured: what `pinlb
+    /// bench` prints.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "{}\n", self.describe());
+        out.push_str(
+            "| target | req/s | min | max | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | errors |\n",
+        );
+        out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        for t in &self.targets {
+            let l = &t.latency;
+            let _ = writeln!(
+                out,
+                "| {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} |",
+                t.name,
+                t.requests_per_sec.median,
+                t.requests_per_sec.min,
+                t.requests_per_sec.max,
+                us(l.p50_us),
+                us(l.p90_us),
+                us(l.p99_us),
+                us(l.p999_us),
+                us(l.max_us),
+                errors(&t.requests.errors),
+            );
+        }
+        let others: Vec<&TargetReport> = self.targets.iter().skip(1).collect();
+        if let (Some(first), false) = (self.targets.first(), others.is_empty()) {
+            let _ = writeln!(
+                out,
+                "\nagainst {} (throughput: the median of per-round ratios; latency: the difference at each percentile):\n",
+                first.name
+            );
+            out.push_str(
+                "| target | throughput | +p50 µs | +p90 µs | +p99 µs | +p99.9 µs | +max µs |\n",
+            );
+            out.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
+            for t in others {
+                let Some(o) = &t.vs_first else { continue };
+                let a = &o.added_latency;
+                let ratio = o
+                    .throughput_ratio
+                    .map_or_else(|| "n/a".into(), |r| format!("{r:.2}×"));
+                let _ = writeln!(
+                    out,
+                    "| {} | {ratio} | {} | {} | {} | {} | {} |",
+                    t.name,
+                    signed_us(a.p50_us),
+                    signed_us(a.p90_us),
+                    signed_us(a.p99_us),
+                    signed_us(a.p999_us),
+                    signed_us(a.max_us),
+                );
+            }
+        }
+        out
+    }
+
+    /// One line: the loop, the connections and threads, the cores, the rounds.
+    fn describe(&self) -> String {
+        let mode = match self.rate {
+            Some(r) => format!("open loop at {r:.0} req/s (latency from the scheduled send time)"),
+            None => "closed loop".into(),
+        };
+        let warmup = if self.warmup_s > 0.0 {
+            format!(" after {} s of warm-up", secs(self.warmup_s))
+        } else {
+            String::new()
+        };
+        format!(
+            "{} target(s), {} interleaved round(s) of {} s{warmup}; {mode}; {} connection(s) on {} thread(s), cores {}; timeout {} s",
+            self.targets.len(),
+            self.rounds,
+            secs(self.duration_s),
+            self.connections,
+            self.threads,
+            format_cpu_list(&self.cpus),
+            secs(self.timeout_s),
+        )
+    }
+
+    /// Writes the report as pretty-printed JSON.
+    pub fn write_json(&self, path: &Path) -> io::Result<()> {
+        let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
+        std::fs::write(path, json)
+    }
+
+    /// Writes a latency-by-percentile chart of every target as SVG: the x axis is `1/(1-p)` on a
+    /// log scale labelled 0%, 90%, 99%, 99.9%, …, so every "nine" gets the same width, as in
+    /// HdrHistogram's plots; y is latency in milliseconds; one line per target.
+    pub fn write_svg(&self, path: &Path) -> Result<(), BenchError> {
+        let plot_err = |reason: String| BenchError::Plot {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let svg = self.svg().map_err(plot_err)?;
+        std::fs::write(path, svg).map_err(|e| plot_err(e.to_string()))
+    }
+
+    fn svg(&self) -> Result<String, String> {
+        let lines: Vec<(&str, Vec<(f64, f64)>)> = self
+            .targets
+            .iter()
+            .map(|t| {
+                let pts = t
+                    .percentiles
+                    .iter()
+                    .map(|c| (percentile_to_x(c.percentile), c.latency_us / 1000.0))
+                    .collect();
+                (t.name.as_str(), pts)
+            })
+            .collect();
+        let max_x = lines
+            .iter()
+            .flat_map(|(_, pts)| pts.iter().map(|p| p.0))
+            .fold(100.0f64, f64::max);
+        // Whole decades, so the axis ends on a labelled "nine".
+        let max_x = 10f64.powf(max_x.log10().ceil());
+        let max_y = lines
+            .iter()
+            .flat_map(|(_, pts)| pts.iter().map(|p| p.1))
+            .fold(0.0f64, f64::max);
+        let max_y = if max_y > 0.0 { max_y * 1.05 } else { 1.0 };
+        let decades: Vec<f64> = (0..=max_x.log10().round() as i32)
+            .map(|e| 10f64.powi(e))
+            .collect();
+
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (900, 540)).into_drawing_area();
+            root.fill(&WHITE).map_err(|e| e.to_string())?;
+            let mut chart = ChartBuilder::on(&root)
+                .caption("latency by percentile", ("sans-serif", 22))
+                .margin(16)
+                .margin_right(40)
+                .x_label_area_size(44)
+                .y_label_area_size(64)
+                .build_cartesian_2d(
+                    (1.0..max_x).log_scale().with_key_points(decades),
+                    0.0..max_y,
+                )
+                .map_err(|e| e.to_string())?;
+            chart
+                .configure_mesh()
+                .x_desc("percentile")
+                .y_desc("latency (ms)")
+                .x_label_formatter(&|x| x_label(*x))
+                .max_light_lines(4)
+                .draw()
+                .map_err(|e| e.to_string())?;
+            for (i, (name, pts)) in lines.into_iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba();
+                chart
+                    .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                    .map_err(|e| e.to_string())?
+                    .label(name)
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                    });
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(|e| e.to_string())?;
+            root.present().map_err(|e| e.to_string())?;
+        }
+        Ok(svg)
+    }
+}
+
+/// A latency in µs for the table: whole µs from 100 µs up, one decimal below.
+fn us(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn signed_us(v: f64) -> String {
+    if v >= 0.0 {
+        format!("+{}", us(v))
+    } else {
+        us(v)
+    }
+}
+
+fn secs(s: f64) -> String {
+    let t = format!("{s:.3}");
+    t.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// "0", or the kinds that occurred: "connect 3, non-2xx 12".
+fn errors(e: &Errors) -> String {
+    if e.total() == 0 {
+        return "0".into();
+    }
+    let kinds = [
+        ("connect", e.connect),
+        ("timeout", e.timeout),
+        ("read", e.read),
+        ("non-2xx", e.non_2xx),
+    ];
+    kinds
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::Target;
+    use std::time::Duration;
+
+    fn run(rps: f64, latency_us: u64) -> RunResult {
+        let mut histogram = new_histogram().unwrap();
+        let n = rps as u64;
+        for _ in 0..n {
+            histogram.record(latency_us * 1000).unwrap();
+        }
+        RunResult {
+            histogram,
+            recorded: Counts {
+                sent: n,
+                responses: n,
+                ok: n,
+                errors: Errors::default(),
+            },
+            warmup: Counts::default(),
+            elapsed: Duration::from_secs(1),
+        }
+    }
+
+    fn opts() -> BenchOptions {
+        BenchOptions {
+            targets: vec![
+                "direct=http://127.0.0.1:1/".parse::<Target>().unwrap(),
+                "proxied=http://127.0.0.1:2/".parse::<Target>().unwrap(),
+            ],
+            connections: 4,
+            threads: 1,
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            rounds: 2,
+            rate: None,
+            cpus: vec![0],
+            timeout: Duration::from_secs(2),
+            progress: false,
+        }
+    }
+
+    fn report() -> Report {
+        let runs = vec![
+            vec![run(1000.0, 100), run(2000.0, 100)],
+            vec![run(500.0, 150), run(1000.0, 150)],
+        ];
+        Report::build(&opts(), &[1], runs).unwrap()
+    }
+
+    #[test]
+    fn the_report_compares_every_target_with_the_first() {
+        let r = report();
+        let direct = &r.targets[0];
+        assert!(direct.vs_first.is_none());
+        assert_eq!(direct.requests_per_sec.median, 1500.0);
+        assert_eq!(direct.requests.sent, 3000);
+        let proxied = r.targets[1].vs_first.as_ref().unwrap();
+        assert_eq!(proxied.against, "direct");
+        assert_eq!(proxied.throughput_ratio, Some(0.5));
+        assert!((proxied.added_latency.p50_us - 50.0).abs() < 0.2);
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_target_and_the_overhead_of_the_others() {
+        let t = report().table();
+        assert!(
+            t.contains("| direct | 1500 | 1000 | 2000 | 100 | 100 |"),
+            "{t}"
+        );
+        assert!(t.contains("| proxied | 0.50× | +50.0 |"), "{t}");
+        assert!(
+            t.contains("2 interleaved round(s) of 1 s; closed loop"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn json_has_the_figures_but_not_the_raw_histogram() {
+        let v = serde_json::to_value(report()).unwrap();
+        let t = &v["targets"][1];
+        assert_eq!(t["name"], "proxied");
+        assert_eq!(t["vs_first"]["throughput_ratio"], 0.5);
+        assert_eq!(t["requests"]["errors"]["non_2xx"], 0);
+        assert!(t.get("histogram").is_none());
+        assert!(t["percentiles"].as_array().unwrap().len() > 10);
+    }
+
+    #[test]
+    fn the_chart_has_a_line_and_a_legend_entry_per_target() {
+        let svg = report().svg().unwrap();
+        assert!(svg.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
+        assert!(svg.contains("direct") && svg.contains("proxied"));
+        assert!(svg.contains("99.9%") && svg.contains("latency (ms)"));
+        assert!(svg.matches("<polyline").count() >= 2);
+    }
+
+    #[test]
+    fn errors_list_only_the_kinds_that_happened() {
+        assert_eq!(errors(&Errors::default()), "0");
+        let e = Errors {
+            connect: 3,
+            non_2xx: 12,
+            ..Errors::default()
+        };
+        assert_eq!(errors(&e), "connect 3, non-2xx 12");
+    }
+
+    #[test]
+    fn numbers_are_printed_compactly() {
+        assert_eq!(us(1234.56), "1235");
+        assert_eq!(us(42.25), "42.2");
+        assert_eq!(signed_us(5.0), "+5.0");
+        assert_eq!(signed_us(-150.0), "-150");
+        assert_eq!(secs(10.0), "10");
+        assert_eq!(secs(0.25), "0.25");
+    }
+}

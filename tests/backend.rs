@@ -1,0 +1,389 @@
+//! `pinlb backend`: the pinned test servers, through the library and as the `pinlb` binary.
+//!
+//! Real TCP on `127.0.0.1` with kernel-chosen ports; every wait is on an event and bounded by
+//! [`WAIT`].
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, mpsc};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use pinlb::backend::{BackendError, BackendSpec, Backends};
+use tokio::net::TcpStream;
+
+/// Upper bound for any single wait on an event.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Held while starting backends and while reading threads' cores. A server thread is named when
+/// it starts and pins itself just after, so a scan racing another test's start could see an
+/// unpinned `pinlb-be0`; `Backends::start` returns only once every thread is pinned, so under
+/// this lock no such thread exists.
+static PINNING: Mutex<()> = Mutex::new(());
+
+fn pinning() -> MutexGuard<'static, ()> {
+    // A test that failed while holding the lock leaves nothing half-done behind it.
+    PINNING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `n` cores for `n` servers: server i on the i-th allowed core, round robin. Every test uses this
+/// mapping, so all threads named `pinlb-be{i}` in this process belong on the same core.
+fn cores_for(n: usize) -> Vec<usize> {
+    let allowed = pinlb::cpus::allowed_cpus().expect("read this process's allowed cores");
+    (0..n).map(|i| allowed[i % allowed.len()]).collect()
+}
+
+fn spec(servers: usize) -> BackendSpec {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    BackendSpec {
+        listen: vec![any; servers],
+        cpus: cores_for(servers),
+        ..BackendSpec::default()
+    }
+}
+
+fn start(spec: &BackendSpec) -> Backends {
+    let _guard = pinning();
+    Backends::start(spec).expect("start the backends")
+}
+
+/// One keep-alive client connection.
+struct Client {
+    send: SendRequest<Full<Bytes>>,
+}
+
+impl Client {
+    async fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        Client { send }
+    }
+
+    async fn request(&mut self, method: &str, path: &str, body: Bytes) -> (StatusCode, Bytes) {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "backend")
+            .body(Full::new(body))
+            .unwrap();
+        let exchange = async {
+            self.send.ready().await.expect("connection still open");
+            let resp = self.send.send_request(req).await.expect("response");
+            let status = resp.status();
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            (status, body)
+        };
+        tokio::time::timeout(WAIT, exchange)
+            .await
+            .expect("response within WAIT")
+    }
+
+    async fn get(&mut self, path: &str) -> (StatusCode, Bytes) {
+        self.request("GET", path, Bytes::new()).await
+    }
+}
+
+#[tokio::test]
+async fn get_answers_the_status_and_body_size_asked_for_on_every_server() {
+    let backends = start(&BackendSpec {
+        status: 201,
+        body: 1000,
+        ..spec(2)
+    });
+    assert_eq!(backends.addrs().len(), 2);
+    for &addr in backends.addrs() {
+        assert_ne!(addr.port(), 0, "port 0 resolved");
+        let (status, body) = Client::connect(addr).await.get("/").await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(body.len(), 1000);
+        assert!(body.starts_with(b"hello world\nhello world\n"));
+    }
+    backends.stop();
+}
+
+#[tokio::test]
+async fn the_default_answer_is_200_hello_world() {
+    let backends = start(&spec(1));
+    let (status, body) = Client::connect(backends.addrs()[0]).await.get("/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(&body[..], b"hello world\n");
+}
+
+#[tokio::test]
+async fn health_answers_200_even_when_the_status_is_503() {
+    let backends = start(&BackendSpec {
+        status: 503,
+        ..spec(1)
+    });
+    let mut client = Client::connect(backends.addrs()[0]).await;
+    assert_eq!(client.get("/").await.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(client.get("/health").await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn requests_counts_exactly_the_requests_sent_but_not_health() {
+    let backends = start(&spec(2));
+    assert_eq!(backends.requests(), 0);
+    let mut a = Client::connect(backends.addrs()[0]).await;
+    let mut b = Client::connect(backends.addrs()[1]).await;
+    for _ in 0..3 {
+        assert_eq!(a.get("/").await.0, StatusCode::OK);
+    }
+    for _ in 0..4 {
+        assert_eq!(b.get("/any/path?x=1").await.0, StatusCode::OK);
+    }
+    assert_eq!(a.get("/health").await.0, StatusCode::OK);
+    assert_eq!(b.get("/health").await.0, StatusCode::OK);
+    assert_eq!(backends.requests(), 7);
+}
+
+#[tokio::test]
+async fn a_request_body_is_read_so_the_connection_stays_open() {
+    let backends = start(&spec(1));
+    let mut client = Client::connect(backends.addrs()[0]).await;
+    let upload = Bytes::from(vec![b'x'; 256 * 1024]);
+    assert_eq!(client.request("POST", "/", upload).await.0, StatusCode::OK);
+    // The same connection carries the next request: `ready` in `request` fails on a closed one.
+    assert_eq!(client.get("/").await.0, StatusCode::OK);
+    assert_eq!(backends.requests(), 2);
+}
+
+/// `(thread id, name, Cpus_allowed_list)` of every thread of `pid` ("self" for this process).
+fn threads(pid: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).expect("list threads");
+    for entry in dir.flatten() {
+        let path = entry.path();
+        // A thread may exit between the listing and the reads: skip it.
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("status")),
+        ) else {
+            continue;
+        };
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default();
+        let tid = entry.file_name().to_string_lossy().into_owned();
+        out.push((tid, comm.trim().to_string(), cpus));
+    }
+    out
+}
+
+#[test]
+fn every_server_thread_is_pinned_to_its_core() {
+    let backends = start(&spec(2));
+    assert_eq!(backends.cores(), cores_for(2));
+    let _guard = pinning();
+    let seen = threads("self");
+    for (i, core) in backends.cores().iter().enumerate() {
+        let name = format!("pinlb-be{i}");
+        let mine: Vec<_> = seen.iter().filter(|(_, n, _)| *n == name).collect();
+        assert!(!mine.is_empty(), "no thread named {name} in {seen:?}");
+        for (tid, _, cpus) in mine {
+            assert_eq!(*cpus, core.to_string(), "thread {tid} ({name})");
+        }
+    }
+}
+
+#[tokio::test]
+async fn delay_makes_a_response_take_at_least_that_long() {
+    let delay = Duration::from_millis(100);
+    let backends = start(&BackendSpec { delay, ..spec(1) });
+    let mut client = Client::connect(backends.addrs()[0]).await;
+    let started = Instant::now();
+    assert_eq!(client.get("/").await.0, StatusCode::OK);
+    assert!(started.elapsed() >= delay, "{:?}", started.elapsed());
+}
+
+/// Nanoseconds each `pinlb-be0` thread of this process has run, by thread id.
+fn be0_cpu_ns() -> HashMap<String, u64> {
+    threads("self")
+        .into_iter()
+        .filter(|(_, name, _)| name == "pinlb-be0")
+        .filter_map(|(tid, _, _)| {
+            let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+            let ns = stat.split_whitespace().next()?.parse().ok()?;
+            Some((tid, ns))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn work_burns_cpu_on_the_server_thread_for_at_least_that_long() {
+    let work = Duration::from_millis(200);
+    let backends = start(&BackendSpec { work, ..spec(1) });
+    let mut client = Client::connect(backends.addrs()[0]).await;
+    let before = be0_cpu_ns();
+    let started = Instant::now();
+    assert_eq!(client.get("/").await.0, StatusCode::OK);
+    assert!(started.elapsed() >= work, "{:?}", started.elapsed());
+    // Other tests may run their own `pinlb-be0`: one of the threads (ours) must have burnt it.
+    let after = be0_cpu_ns();
+    let most = after
+        .iter()
+        .filter_map(|(tid, ns)| Some(ns - before.get(tid)?))
+        .max()
+        .expect("a pinlb-be0 thread in both samples");
+    // The loop runs on the wall clock, so a core shared with other tests' threads gives it less
+    // than all of `work`; a wait without CPU would give it next to nothing.
+    assert!(
+        most >= work.as_nanos() as u64 / 2,
+        "server thread ran {most} ns for {work:?} of work"
+    );
+}
+
+#[tokio::test]
+async fn stop_closes_the_port_and_open_connections() {
+    let backends = start(&spec(1));
+    let addr = backends.addrs()[0];
+    let mut open = TcpStream::connect(addr).await.expect("connect");
+    // One exchange, so the connection is being served and not just queued in the backlog.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    open.write_all(b"GET / HTTP/1.1\r\nhost: b\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = tokio::time::timeout(WAIT, open.read(&mut buf))
+        .await
+        .expect("response within WAIT")
+        .expect("read");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK\r\n"));
+
+    backends.stop();
+    // Whatever may be left of the response, then end of stream (or a reset).
+    let closed = async {
+        loop {
+            match open.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, closed)
+        .await
+        .expect("connection closed within WAIT");
+    assert!(TcpStream::connect(addr).await.is_err(), "port still open");
+}
+
+#[test]
+fn a_taken_port_fails_the_start_naming_the_address() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let spec = BackendSpec {
+        listen: vec!["127.0.0.1:0".parse().unwrap(), addr],
+        ..spec(2)
+    };
+    let err = Backends::start(&spec).err().expect("start fails");
+    assert!(matches!(err, BackendError::Bind { address, .. } if address == addr));
+    assert!(
+        err.to_string()
+            .starts_with(&format!("cannot listen on {addr}: "))
+    );
+}
+
+#[test]
+fn the_binary_prints_its_address_serves_and_exits_0_on_sigterm() {
+    let core = cores_for(1)[0];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pinlb"))
+        .args([
+            "backend",
+            "--listen",
+            "127.0.0.1:0",
+            "--cpus",
+            &core.to_string(),
+            "--status",
+            "202",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run pinlb backend");
+    let pid = child.id();
+    let mut reaper = KillOnDrop { pid, reaped: false };
+    let stdout = child.stdout.take().unwrap();
+    // Read on a thread so the wait for the line is bounded.
+    let (line_tx, line_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = line_tx.send(line);
+    });
+    let line = line_rx.recv_timeout(WAIT).expect("a line on stdout");
+    let prefix = "backend 0 listening on ";
+    let suffix = format!(" (core {core})\n");
+    assert!(
+        line.starts_with(prefix) && line.ends_with(&suffix),
+        "{line:?}"
+    );
+    let addr: SocketAddr = line[prefix.len()..line.len() - suffix.len()]
+        .parse()
+        .expect("an address");
+
+    let mut conn = std::net::TcpStream::connect(addr).expect("connect");
+    conn.set_read_timeout(Some(WAIT)).unwrap();
+    conn.write_all(b"GET / HTTP/1.1\r\nhost: b\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let mut resp = String::new();
+    conn.read_to_string(&mut resp).expect("response");
+    assert!(resp.starts_with("HTTP/1.1 202 Accepted\r\n"), "{resp}");
+    assert!(resp.ends_with("\r\n\r\nhello world\n"), "{resp}");
+
+    // Its own process: no other test's threads to tell apart.
+    let seen = threads(&pid.to_string());
+    assert!(
+        seen.iter()
+            .any(|(_, name, cpus)| name == "pinlb-be0" && *cpus == core.to_string()),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter().all(|(_, _, cpus)| *cpus == core.to_string()),
+        "every thread on core {core}: {seen:?}"
+    );
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("send SIGTERM");
+    let (exit_tx, exit_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = exit_tx.send(child.wait());
+    });
+    let status = exit_rx
+        .recv_timeout(WAIT)
+        .expect("exits within WAIT of SIGTERM")
+        .expect("wait");
+    reaper.reaped = true;
+    assert_eq!(status.code(), Some(0));
+}
+
+/// Kills the child if the test fails before it was reaped, so no backend outlives the test.
+/// Until it is reaped its pid cannot be reused, so the kill hits nothing else.
+struct KillOnDrop {
+    pid: u32,
+    reaped: bool,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
