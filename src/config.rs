@@ -228,7 +228,7 @@ struct RawHealth {
     timeout: Option<Spanned<Dur>>,
     rise: Option<Spanned<u32>>,
     fall: Option<Spanned<u32>>,
-    expect: Option<StatusSet>,
+    expect: Option<Spanned<StatusSet>>,
     host: Option<Spanned<String>>,
 }
 
@@ -310,7 +310,7 @@ pub struct Health {
     pub path: String,
     /// Time between two probes of one backend.
     pub interval: Duration,
-    /// Budget for one probe, connect to response head; less than `interval`.
+    /// Budget for one probe, from connect to the end of the response body; less than `interval`.
     pub timeout: Duration,
     pub rise: u32,
     pub fall: u32,
@@ -690,6 +690,15 @@ impl Config {
                         .unwrap_or(Duration::from_secs(2));
                     let timeout = positive(&h.timeout, &format!("{hkey}.timeout"))?
                         .unwrap_or(Duration::from_secs(1));
+                    const DAY: Duration = Duration::from_secs(24 * 3600);
+                    if interval > DAY {
+                        let span = h.interval.as_ref().map_or(0..0, |d| d.span());
+                        return Err(at(
+                            span,
+                            &format!("{hkey}.interval"),
+                            format!("{interval:?} is too long, expected at most 1 day"),
+                        ));
+                    }
                     if timeout >= interval {
                         let span = h
                             .timeout
@@ -717,7 +726,9 @@ impl Config {
                         None => "/".to_string(),
                         Some(p) => {
                             let v = p.get_ref();
+                            // A fragment is never sent on the wire.
                             if !v.starts_with('/')
+                                || v.contains('#')
                                 || http::uri::PathAndQuery::try_from(v.as_str()).is_err()
                             {
                                 return Err(at(
@@ -756,10 +767,18 @@ impl Config {
                         timeout,
                         rise: count(&h.rise, "rise", 2)?,
                         fall: count(&h.fall, "fall", 3)?,
-                        expect: h
-                            .expect
-                            .clone()
-                            .unwrap_or_else(|| StatusSet(vec![(200, 399)])),
+                        expect: match &h.expect {
+                            None => StatusSet(vec![(200, 399)]),
+                            // Nothing would pass: every backend would go down after `fall`.
+                            Some(e) if e.get_ref().is_empty() => {
+                                return Err(at(
+                                    e.span(),
+                                    &format!("{hkey}.expect"),
+                                    "an empty list passes no probe, expected a status such as 200, a range such as \"200-399\", or a list of them".into(),
+                                ));
+                            }
+                            Some(e) => e.get_ref().clone(),
+                        },
                         host,
                     })
                 }
@@ -1189,5 +1208,25 @@ client_idle = "2s"
     fn line_col_counts_characters() {
         assert_eq!(line_col("ab\ncé d", 7), (2, 4));
         assert_eq!(line_col("", 0), (1, 1));
+    }
+
+    #[test]
+    fn health_values_that_could_never_work_are_rejected_at_their_place() {
+        let with = |keys: &str| err(&format!("{MINIMAL}\n[upstream.app.health]\n{keys}\n"));
+        assert_eq!(
+            with("expect = []"),
+            "pinlb.toml:10:10: upstream.app.health.expect: an empty list passes no probe, expected a status such as 200, a range such as \"200-399\", or a list of them"
+        );
+        assert!(
+            with("path = \"/health#top\"").starts_with(
+                "pinlb.toml:10:8: upstream.app.health.path: invalid path \"/health#top\""
+            ),
+            "{}",
+            with("path = \"/health#top\"")
+        );
+        assert_eq!(
+            with("interval = \"2d\""),
+            "pinlb.toml:10:12: upstream.app.health.interval: 172800s is too long, expected at most 1 day"
+        );
     }
 }

@@ -250,8 +250,8 @@ pub fn parse_listening(text: &str, v6: bool) -> Vec<(SocketAddr, u64)> {
         .collect()
 }
 
-/// `0100007F:22B8` → 127.0.0.1:8888. The kernel prints each 32-bit word of the address in host
-/// byte order (little-endian here), the port in plain hex.
+/// `0100007F:22B8` → 127.0.0.1:8888 (on a little-endian machine). The kernel prints each 32-bit
+/// word of the address as a number in host byte order, the port in plain hex.
 fn parse_hex_addr(s: &str, v6: bool) -> Option<SocketAddr> {
     let (ip, port) = s.split_once(':')?;
     let port = u16::from_str_radix(port, 16).ok()?;
@@ -262,12 +262,12 @@ fn parse_hex_addr(s: &str, v6: bool) -> Option<SocketAddr> {
         let mut bytes = [0u8; 16];
         for w in 0..4 {
             let word = u32::from_str_radix(&ip[w * 8..w * 8 + 8], 16).ok()?;
-            bytes[w * 4..w * 4 + 4].copy_from_slice(&word.to_le_bytes());
+            bytes[w * 4..w * 4 + 4].copy_from_slice(&word.to_ne_bytes());
         }
         IpAddr::V6(Ipv6Addr::from(bytes))
     } else {
         let word = u32::from_str_radix(ip, 16).ok()?;
-        IpAddr::V4(Ipv4Addr::from(word.to_le_bytes()))
+        IpAddr::V4(Ipv4Addr::from(word.to_ne_bytes()))
     };
     Some(SocketAddr::new(ip, port))
 }
@@ -283,7 +283,19 @@ pub fn serves(on: SocketAddr, backend: SocketAddr) -> bool {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
         ip => ip,
     };
-    on.ip().is_unspecified() || on.ip() == backend_ip || on.ip() == backend.ip()
+    match on.ip() {
+        // An IPv4 wildcard takes IPv4 only; an IPv6 one takes both (dual-stack, the default).
+        IpAddr::V4(any) if any.is_unspecified() => backend_ip.is_ipv4(),
+        ip if ip.is_unspecified() => true,
+        ip => ip == backend_ip || ip == backend.ip(),
+    }
+}
+
+/// Whether `ip` is an address of this machine: binding to it works only then.
+fn is_local(ip: IpAddr) -> bool {
+    ip.is_loopback()
+        || ip.is_unspecified()
+        || std::net::TcpListener::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
 fn find(backend: SocketAddr, listening: &[(SocketAddr, u64)], owners: &[(u64, u32)]) -> Found {
@@ -293,10 +305,7 @@ fn find(backend: SocketAddr, listening: &[(SocketAddr, u64)], owners: &[(u64, u3
         .map(|s| s.1)
         .collect();
     if inodes.is_empty() {
-        let local = backend.ip().is_loopback()
-            || backend.ip().is_unspecified()
-            || listening.iter().any(|(on, _)| on.ip() == backend.ip());
-        return if local {
+        return if is_local(backend.ip()) {
             Found::NotListening
         } else {
             Found::Remote
@@ -406,6 +415,7 @@ mod tests {
         let lo: SocketAddr = "127.0.0.1:8080".parse().unwrap();
         assert!(!serves(lo, "10.0.0.1:8080".parse().unwrap()));
         assert!(serves("[::]:8080".parse().unwrap(), lo));
+        assert!(!serves(any, "[::1]:8080".parse().unwrap()));
     }
 
     #[test]

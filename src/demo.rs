@@ -76,6 +76,13 @@ impl Layout {
             n => (cores[1..n - 1].to_vec(), vec![cores[n - 1]]),
         };
         let count = backends.unwrap_or(backend_cores.len().max(2)).max(1);
+        if count > backend_cores.len() && cores.len() > 1 {
+            notes.push(format!(
+                "{count} backends on {} core(s): backends share cores {}",
+                backend_cores.len(),
+                format_cpu_list(&backend_cores)
+            ));
+        }
         let backends = (0..count)
             .map(|i| backend_cores[i % backend_cores.len()])
             .collect();
@@ -226,8 +233,13 @@ mod tests {
         assert_eq!(l.proxy, 0);
         assert_eq!(l.backends, vec![1, 1]);
         assert_eq!(l.load, vec![1]);
-        assert_eq!(l.notes.len(), 1);
+        assert_eq!(l.notes.len(), 2, "{:?}", l.notes);
         assert!(l.notes[0].contains("shares core 1"), "{:?}", l.notes);
+        assert!(
+            l.notes[1].contains("backends share cores 1"),
+            "{:?}",
+            l.notes
+        );
     }
 
     #[test]

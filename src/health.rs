@@ -141,10 +141,9 @@ pub async fn probe(addr: SocketAddr, health: &Health) -> Result<(), String> {
 }
 
 async fn exchange(addr: SocketAddr, health: &Health) -> Result<(), String> {
-    let mut stream = TcpStream::connect(addr).await.map_err(|e| match e.kind() {
-        std::io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
-        _ => format!("connect failed: {e}"),
-    })?;
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| crate::proxy::describe_io(&e))?;
     let _ = stream.set_nodelay(true);
     let host = health.host.clone().unwrap_or_else(|| addr.to_string());
     let request = format!(
@@ -202,7 +201,9 @@ async fn check_loop(up: Arc<SharedUpstream>, backend: usize, health: Health, off
     let mut next = tokio::time::Instant::now() + offset;
     loop {
         tokio::time::sleep_until(next).await;
-        next += jittered(health.interval);
+        // From now when behind (the thread stalled, or a probe ran long), so missed probes are
+        // skipped rather than fired back to back.
+        next = next.max(tokio::time::Instant::now()) + jittered(health.interval);
         let result = probe(state.address, &health).await;
         let Some(up_now) = checks.record(result.is_ok(), health.rise, health.fall) else {
             continue;

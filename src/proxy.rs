@@ -238,7 +238,16 @@ async fn forward(
         first_try.get_or_insert_with(Instant::now);
         let addr = shared.backends[backend].address;
 
-        let failure = match attempt(upstream, backend, &parts, chunked, &mut body).await {
+        let failure = match attempt(
+            upstream,
+            backend,
+            &parts,
+            chunked,
+            &mut body,
+            method_resendable,
+        )
+        .await
+        {
             Ok((head, conn)) => {
                 if shared
                     .config
@@ -311,15 +320,19 @@ enum Failure {
 
 /// One attempt at one backend: a pooled or new connection, the request, the response head.
 ///
-/// A pooled connection the backend closed while idle fails before anything was processed; the
-/// request goes again on a fresh connection to the same backend when its body can be replayed.
-/// That is the keep-alive race, not a backend failure, so it does not count as an attempt.
+/// A pooled connection that breaks before any response byte is most likely the keep-alive race
+/// (the backend closed it while idle, just as the request went out); the request goes again on a
+/// fresh connection to the same backend, and that does not count as an attempt or a failure. But
+/// a backend that read the request and then died looks the same, so this resend follows the
+/// retry rules too: only a `resendable` method, with a body that was kept whole, as nginx and
+/// Go's HTTP client do. A POST caught in that race gets a 502 rather than being sent twice.
 async fn attempt(
     upstream: &WorkerUpstream,
     backend: usize,
     parts: &http::request::Parts,
     chunked: bool,
     body: &mut RequestBody,
+    resendable: bool,
 ) -> Result<(h1::Head, Conn), Failure> {
     let addr = upstream.shared.backends[backend].address;
     let timeouts = upstream.shared.config.timeouts;
@@ -341,7 +354,7 @@ async fn attempt(
         };
         match exchange.await {
             Ok(head) => return Ok((head, conn)),
-            Err(e) if conn.reused && e.is_stale() && body.replayable() => {
+            Err(e) if conn.reused && e.is_stale() && resendable && body.replayable() => {
                 debug!(backend = %addr, "stale pooled connection ({e}), reconnecting");
                 conn = connect(addr, timeouts.connect)
                     .await
@@ -453,7 +466,8 @@ async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Conn, String> {
     Ok(Conn::new(stream))
 }
 
-fn describe_io(e: &std::io::Error) -> String {
+/// A short cause for a failed connect or exchange, as the logs and error pages show it.
+pub(crate) fn describe_io(e: &std::io::Error) -> String {
     use std::io::ErrorKind::*;
     match e.kind() {
         ConnectionRefused => "connection refused".into(),

@@ -114,8 +114,14 @@ impl BackendState {
     }
 
     fn skipped(&self, now: &mut Now) -> bool {
+        // Only `until` decides, and it is zero for every healthy backend: no clock read then.
         let until = self.skip_until_ms.load(Ordering::Relaxed);
-        until != 0 && now.get() < until
+        until != 0
+            && FailWindow {
+                until,
+                ..FailWindow::default()
+            }
+            .skipped(now.get())
     }
 
     /// Whether `max_conns` requests are in flight.
@@ -137,7 +143,10 @@ impl BackendState {
         }
         let elapsed = Duration::from_millis(now.get().saturating_sub(from));
         if elapsed >= self.slow_start {
-            self.ramp_from_ms.store(0, Ordering::Relaxed);
+            // Only this ramp ends: a backend that went down and came back meanwhile has a new one.
+            let _ =
+                self.ramp_from_ms
+                    .compare_exchange(from, 0, Ordering::Relaxed, Ordering::Relaxed);
         }
         ramped_weight(self.scaled_weight, elapsed, self.slow_start)
     }
@@ -156,6 +165,11 @@ impl BackendState {
         let until = self.skip_until_ms.load(Ordering::Relaxed);
         if until == 0 || lone {
             return Some(false);
+        }
+        // Another worker may have claimed the trial (or a failure skipped the backend again)
+        // since the snapshot said it was eligible.
+        if now.get() < until {
+            return None;
         }
         let next = now.get().saturating_add(millis(fail_timeout));
         self.skip_until_ms
@@ -504,5 +518,20 @@ mod tests {
         u.shared.backends[1].set_up(false);
         u.shared.backends[1].set_up(true);
         assert_eq!(picks(&u, 20), "a".repeat(20));
+    }
+
+    #[test]
+    fn a_trial_claimed_meanwhile_by_another_worker_is_not_claimed_again() {
+        let u = upstream("", 2);
+        let b = &u.shared.backends[0];
+        // The snapshot saw the window over; by the claim another worker has moved it forward.
+        let mut now = Now(Some(5_000));
+        b.skip_until_ms.store(4_000, Ordering::Relaxed);
+        assert_eq!(
+            b.claim(&mut now, Duration::from_secs(10), false),
+            Some(true)
+        );
+        assert_eq!(b.claim(&mut now, Duration::from_secs(10), false), None);
+        assert_eq!(b.skip_until_ms.load(Ordering::Relaxed), 15_000);
     }
 }

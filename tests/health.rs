@@ -694,7 +694,8 @@ async fn a_post_after_the_backend_closed_its_idle_connection_arrives_with_its_bo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooled_connection_dying_on_reuse_is_replaced_invisibly_and_counts_no_failure() {
     // Each connection answers its first request, echoing the body, and closes without a word
-    // on the second: the request went out on a keep-alive connection just as it died.
+    // on the second: the request went out on a keep-alive connection just as it died. PUT is
+    // idempotent, so sending it again on a fresh connection is safe.
     let stale = RawServer::start(|seen| {
         if seen.nth == 1 {
             RawAction::Respond(raw_ok("stale", &String::from_utf8_lossy(&seen.body)))
@@ -712,7 +713,7 @@ async fn a_pooled_connection_dying_on_reuse_is_replaced_invisibly_and_counts_no_
     for i in 0..6 {
         let body = format!("n={i}");
         let r = conn
-            .fetch(request(Method::POST, "/form", full(body.clone())))
+            .fetch(request(Method::PUT, "/form", full(body.clone())))
             .await;
         assert_eq!(r.status, 200, "request {i}: {r:?}");
         if r.backend() == "stale" {
@@ -745,6 +746,32 @@ async fn a_pooled_connection_dying_on_reuse_is_replaced_invisibly_and_counts_no_
         "each dead pooled connection is replaced by a fresh one to the same backend"
     );
     assert_eq!(good.hits(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_on_a_pooled_connection_that_dies_is_not_sent_again() {
+    // The same race, for a POST: the backend may have read it before the connection died, so
+    // pinlb answers 502 rather than risk sending it twice.
+    let stale = RawServer::start(|seen| {
+        if seen.nth == 1 {
+            RawAction::Respond(raw_ok("stale", "ok"))
+        } else {
+            RawAction::Close
+        }
+    })
+    .await;
+    let proxy = Proxy::start(&Setup::with(&[stale.addr]));
+    let mut conn = Conn::open(proxy.addr).await;
+    let r = conn
+        .fetch(request(Method::POST, "/form", full("n=0")))
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let r = conn
+        .fetch(request(Method::POST, "/form", full("n=1")))
+        .await;
+    assert_eq!(r.status, 502, "{r:?}");
+    let seen: Vec<(usize, usize)> = stale.seen().iter().map(|s| (s.conn, s.nth)).collect();
+    assert_eq!(seen, [(1, 1), (1, 2)], "the POST reached the backend once");
 }
 
 // ---------------------------------------------------------------------------------------------
