@@ -62,7 +62,7 @@ pub struct BackendState {
     slow_start: Duration,
     /// Requests sent to this backend whose response has not finished yet, across all workers.
     /// least_conn and `max_conns` read it; [`InFlight`] is the only writer.
-    pub in_flight: AtomicUsize,
+    in_flight: AtomicUsize,
     /// Active health: false while checks hold the backend down. Always true without checks.
     up: AtomicBool,
     /// Passive accounting, the fields of a [`FailWindow`]. Workers update them with plain
