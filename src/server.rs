@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::task::LocalSet;
 use tracing::{debug, error, info, warn};
 
-use crate::config::Config;
+use crate::config::{Config, Limits};
 use crate::cpus::{format_cpu_list, pin_current_thread};
 use crate::idle::{self, Activity, TrackedBody, TrackedIo};
 use crate::proxy::{self, Client};
@@ -238,6 +238,7 @@ fn worker_main(
             accepting.push(tokio::task::spawn_local(accept_loop(
                 listener,
                 upstream,
+                config.limits,
                 idle,
                 graceful.clone(),
                 stop.clone(),
@@ -266,6 +267,7 @@ fn worker_main(
 async fn accept_loop(
     listener: TcpListener,
     upstream: Rc<WorkerUpstream>,
+    limits: Limits,
     client_idle: Duration,
     graceful: Rc<GracefulShutdown>,
     mut stop: watch::Receiver<bool>,
@@ -274,6 +276,10 @@ async fn accept_loop(
     // Idle connections are closed by the per-connection watchdog in `idle` instead: hyper's
     // header read timeout arms a new boxed timer for every request.
     builder.header_read_timeout(None);
+    // hyper answers a head over either limit with 431 and closes; complete or not, the head
+    // never grows past `max_header_bytes` in memory.
+    builder.max_header_size(limits.max_header_bytes);
+    builder.max_headers(limits.max_headers);
     loop {
         let accepted = tokio::select! {
             biased;
@@ -297,7 +303,7 @@ async fn accept_loop(
         let requests = activity.clone();
         let service = service_fn(move |req| {
             let active = requests.request();
-            let forwarded = proxy::handle(upstream.clone(), client.clone(), req);
+            let forwarded = proxy::handle(upstream.clone(), client.clone(), limits, req);
             async move {
                 forwarded
                     .await
@@ -310,7 +316,7 @@ async fn accept_loop(
                 biased;
                 ended = conn => {
                     if let Err(e) = ended {
-                        debug!(client = %peer, "client connection ended: {e}");
+                        log_connection_error(peer, &e);
                     }
                 }
                 () = idle::watchdog(activity, client_idle) => {
@@ -318,6 +324,20 @@ async fn accept_loop(
                 }
             }
         });
+    }
+}
+
+/// Logs why a client connection ended early. hyper's parser refusing a request is worth a
+/// warning (it answered the client itself, so nothing else logs it); a client going away is not.
+fn log_connection_error(peer: SocketAddr, e: &hyper::Error) {
+    if e.is_parse_too_large() {
+        warn!(client = %peer, "answered 431: request head over limits.max_header_bytes or limits.max_headers ({e})");
+    } else if e.is_parse() {
+        // hyper answers every parse error it can name with 400, except a URI over its own
+        // 64 KiB bound (414); longer heads than that hit max_header_bytes first.
+        warn!(client = %peer, "answered 400: malformed request ({e})");
+    } else {
+        debug!(client = %peer, "client connection ended: {e}");
     }
 }
 
