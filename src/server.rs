@@ -25,7 +25,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{Config, Limits};
 use crate::cpus::{format_cpu_list, pin_current_thread};
-use crate::idle::{self, Activity, TrackedBody, TrackedIo};
+use crate::idle::{self, Activity, Expired, TrackedBody, TrackedIo};
 use crate::proxy::{self, Client};
 use crate::upstream::{SharedUpstream, WorkerUpstream};
 
@@ -273,8 +273,10 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut builder = http1::Builder::new();
-    // Idle connections are closed by the per-connection watchdog in `idle` instead: hyper's
-    // header read timeout arms a new boxed timer for every request.
+    // Idle connections and late request heads (`limits.header_timeout`) are handled by the
+    // per-connection watchdog in `idle` instead: hyper's header read timeout arms a new boxed
+    // timer for every request, also runs while a keep-alive connection waits between requests,
+    // and closes without a 408.
     builder.header_read_timeout(None);
     // hyper answers a head over either limit with 431 and closes; complete or not, the head
     // never grows past `max_header_bytes` in memory.
@@ -298,7 +300,7 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let client = Rc::new(Client::new(peer));
         let upstream = upstream.clone();
-        let activity = Rc::new(Activity::default());
+        let activity = Rc::new(Activity::accepted());
         let io = TrackedIo::new(TokioIo::new(stream), activity.clone());
         let requests = activity.clone();
         let service = service_fn(move |req| {
@@ -311,16 +313,31 @@ async fn accept_loop(
             }
         });
         let conn = graceful.watch(builder.serve_connection(io, service));
+        let header_timeout = limits.header_timeout;
         tokio::task::spawn_local(async move {
-            tokio::select! {
+            tokio::pin!(conn);
+            let expired = tokio::select! {
                 biased;
-                ended = conn => {
+                ended = &mut conn => {
                     if let Err(e) = ended {
                         log_connection_error(peer, &e);
                     }
+                    return;
                 }
-                () = idle::watchdog(activity, client_idle) => {
+                e = idle::watchdog(activity, client_idle, header_timeout) => e,
+            };
+            match expired {
+                Expired::Idle => {
                     debug!(client = %peer, "closing client connection idle for {client_idle:?}");
+                }
+                Expired::Head { bytes: false } => {
+                    debug!(client = %peer, "closing client connection that sent nothing within {header_timeout:?}");
+                }
+                Expired::Head { bytes: true } => {
+                    warn!(client = %peer, "answered 408: no complete request head within {header_timeout:?} (limits.header_timeout)");
+                    // Polled once more, hyper reads; that read writes the 408 and ends the
+                    // stream, and hyper closes. Bounded in case hyper is not reading after all.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
                 }
             }
         });

@@ -9,6 +9,8 @@
 
 mod common;
 
+use std::time::{Duration, Instant};
+
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -19,7 +21,9 @@ max_header_bytes = "4KiB"
 max_headers = 20
 max_uri_bytes = "1KiB"
 max_body = "1KiB"
+header_timeout = "300ms"
 "#;
+const HEADER_TIMEOUT: Duration = Duration::from_millis(300);
 
 struct Case {
     name: &'static str,
@@ -152,6 +156,8 @@ fn cases() -> Vec<Case> {
         case("two pipelined requests", "GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n", &[200, 200], &[b"", b""], false),
         case("pipelined bad request after a good one", "GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\n\r\n", &[200, 400], ONE, true),
         case("pipelined garbage after a good one", "GET /1 HTTP/1.1\r\nHost: a\r\n\r\n\0\0\0\r\n\r\n", &[200, 400], ONE, true),
+        // A head that stops coming.
+        case("unfinished head", "GET / HTTP/1.1\r\nHost: a\r\n", &[408], NONE, true),
     ]
 }
 
@@ -262,4 +268,43 @@ async fn every_corpus_request_gets_its_status_and_the_backend_sees_nothing_or_on
         cases.len(),
         failures.join("\n")
     );
+}
+
+/// Slowloris: a head trickled a byte at a time keeps bytes moving (so the idle check never
+/// fires) but never completes; it gets 408 at the header timeout and the connection closes.
+#[tokio::test]
+async fn a_trickled_head_gets_408_at_the_header_timeout() {
+    let backend = RawServer::start(|_| RawAction::Respond(raw_ok("b", "ok"))).await;
+    let mut setup = Setup::with(&[backend.addr]);
+    setup.extra = LIMITS.to_string();
+    let proxy = Proxy::start(&setup);
+
+    let stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let start = Instant::now();
+    let (read, mut write) = stream.into_split();
+    let trickle = tokio::spawn(async move {
+        write.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n").await?;
+        // Far longer than the timeout if nothing stops it; pinlb closing ends it sooner.
+        for _ in 0..400 {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+            write.write_all(b"X-Slow: 1\r\n").await?;
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    let mut r = BufReader::new(read);
+    let resp = read_response(&mut r, false).await;
+    let took = start.elapsed();
+    assert_eq!(resp.status, 408, "{resp:?}");
+    assert_eq!(resp.header("connection"), Some("close"));
+    assert!(
+        took >= HEADER_TIMEOUT && took < HEADER_TIMEOUT * 3,
+        "408 after {took:?}, header_timeout is {HEADER_TIMEOUT:?}"
+    );
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(WAIT, r.read_to_end(&mut rest))
+        .await
+        .expect("pinlb closes after the 408");
+    assert!(rest.is_empty(), "{rest:?}");
+    trickle.abort();
+    assert_eq!(backend.requests(), 0);
 }
