@@ -124,6 +124,7 @@ fn cases() -> Vec<Case> {
         case("bare CR line ending", "GET / HTTP/1.1\rHost: a\r\n\r\n", &[400], NONE, true),
         case("obs-fold", "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\r\n b\r\n\r\n", &[400], NONE, true),
         case("obs-fold with tab", "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\r\n\tb\r\n\r\n", &[400], NONE, true),
+        case("bare CR inside a header value", "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\rb\r\n\r\n", &[400], NONE, true),
         case("NUL in a header value", "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\0b\r\n\r\n", &[400], NONE, true),
         case("NUL in a header name", "GET / HTTP/1.1\r\nHost: a\r\nX\0A: a\r\n\r\n", &[400], NONE, true),
         case("NUL in the target", "GET /a\0b HTTP/1.1\r\nHost: a\r\n\r\n", &[400], NONE, true),
