@@ -309,3 +309,51 @@ async fn a_trickled_head_gets_408_at_the_header_timeout() {
     trickle.abort();
     assert_eq!(backend.requests(), 0);
 }
+
+/// Each refusal leaves a warn line that names the cause, whether pinlb or hyper's parser
+/// answered (hyper logs nothing of its own at warn).
+#[tokio::test]
+async fn each_refusal_is_logged_at_warn_with_its_cause() {
+    let backend = RawServer::start(|_| RawAction::Respond(raw_ok("b", "ok"))).await;
+    let mut setup = Setup::with(&[backend.addr]);
+    setup.extra = LIMITS.to_string();
+    let mut proxy = BinProxy::spawn(&setup).await;
+    let big_header = format!(
+        "GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(5000)
+    );
+    let refusals: [(&[u8], u16, &str); 5] = [
+        (
+            b"GET / HTTP/1.1\r\n\r\n",
+            400,
+            "answered 400: HTTP/1.1 request without a Host header",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nX: a\0b\r\n\r\n",
+            400,
+            "answered 400: malformed request",
+        ),
+        (
+            big_header.as_bytes(),
+            431,
+            "answered 431: request head over limits.max_header_bytes",
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2000\r\n\r\n",
+            413,
+            "answered 413: request body over limits.max_body (1024 bytes)",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\n",
+            408,
+            "answered 408: no complete request head within 300ms",
+        ),
+    ];
+    for (send, status, log) in refusals {
+        let r = raw_request(proxy.addr, send, false).await;
+        assert_eq!(r.status, status, "{log}");
+        let line = proxy.wait_for_log(log).await;
+        assert!(line.contains("WARN"), "{line}");
+    }
+    assert_eq!(backend.requests(), 0);
+}
