@@ -347,11 +347,12 @@ async fn accept_loop(
 /// Logs why a client connection ended early. hyper's parser refusing a request is worth a
 /// warning (it answered the client itself, so nothing else logs it); a client going away is not.
 fn log_connection_error(peer: SocketAddr, e: &hyper::Error) {
+    // This also covers hyper's 414 for a target over 64 KiB, which config validation keeps out
+    // of reach: `max_header_bytes` stays below that, and a longer head gets 431 first.
     if e.is_parse_too_large() {
         warn!(client = %peer, "answered 431: request head over limits.max_header_bytes or limits.max_headers ({e})");
     } else if e.is_parse() {
-        // hyper answers every parse error it can name with 400, except a URI over its own
-        // 64 KiB bound (414); longer heads than that hit max_header_bytes first.
+        // hyper answers every other parse error it can name with 400.
         warn!(client = %peer, "answered 400: malformed request ({e})");
     } else {
         debug!(client = %peer, "client connection ended: {e}");
