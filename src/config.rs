@@ -151,6 +151,18 @@ struct RawConfig {
     listeners: Vec<RawListener>,
     #[serde(default)]
     upstream: BTreeMap<String, RawUpstream>,
+    #[serde(default)]
+    limits: RawLimits,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    max_header_bytes: Option<Spanned<Size>>,
+    max_headers: Option<Spanned<usize>>,
+    max_uri_bytes: Option<Spanned<Size>>,
+    max_body: Option<Spanned<Size>>,
+    header_timeout: Option<Spanned<Dur>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -254,6 +266,8 @@ struct RawRetry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     pub runtime: Runtime,
+    /// What a client request may be, for every listener.
+    pub limits: Limits,
     pub listeners: Vec<Listener>,
     pub upstreams: Vec<Upstream>,
     /// Non-fatal findings (a backend pinned to a proxy core), shown by `check` and logged at start.
@@ -266,6 +280,44 @@ pub struct Runtime {
     pub cpus: Vec<usize>,
     /// How long in-flight requests may run on after SIGTERM/SIGINT.
     pub shutdown_timeout: Duration,
+}
+
+/// Bounds on what one client may send, so that a malicious or broken client costs a bounded
+/// amount of memory and time and gets a clear status instead of a hang.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Request line plus headers; over it → 431 (hyper's `max_header_size`).
+    pub max_header_bytes: usize,
+    /// Header lines per request; over it → 431 (hyper's `max_headers`).
+    pub max_headers: usize,
+    /// The request target as sent; over it → 414.
+    pub max_uri_bytes: usize,
+    /// Request body bytes; over it → 413. 0 = unlimited.
+    pub max_body: u64,
+    /// A request head must arrive whole within this long of its first byte (or of the accept,
+    /// for a connection's first request); else 408 and close.
+    pub header_timeout: Duration,
+}
+
+impl Limits {
+    /// Bounds on `max_header_bytes`: below 1 KiB ordinary browsers' heads fail. Up to 64 KiB,
+    /// every head over the limit gets hyper's 431, and its own 414 for a target over 64 KiB can
+    /// never come first, so a status always names the limit that was hit.
+    pub const HEADER_BYTES: (usize, usize) = (1024, 64 * 1024);
+    /// Most `max_headers`: hyper keeps room for that many on the stack or heap per request.
+    pub const MAX_HEADERS: usize = 1000;
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_header_bytes: 32 * 1024,
+            max_headers: 100,
+            max_uri_bytes: 8 * 1024,
+            max_body: 0,
+            header_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -600,6 +652,62 @@ impl Config {
             Some(x) => Ok(Some(x.get_ref().0)),
         };
 
+        let limits = {
+            let l = &raw.limits;
+            let d = Limits::default();
+            let (lo, hi) = Limits::HEADER_BYTES;
+            let max_header_bytes = match &l.max_header_bytes {
+                None => d.max_header_bytes,
+                Some(v) => usize::try_from(v.get_ref().0)
+                    .ok()
+                    .filter(|n| (lo..=hi).contains(n))
+                    .ok_or_else(|| {
+                        at(
+                            v.span(),
+                            "limits.max_header_bytes",
+                            format!(
+                                "{} bytes is out of range, expected \"1KiB\" to \"64KiB\"",
+                                v.get_ref().0
+                            ),
+                        )
+                    })?,
+            };
+            let max_headers = match &l.max_headers {
+                None => d.max_headers,
+                Some(v) if (1..=Limits::MAX_HEADERS).contains(v.get_ref()) => *v.get_ref(),
+                Some(v) => {
+                    return Err(at(
+                        v.span(),
+                        "limits.max_headers",
+                        format!(
+                            "{} is out of range, expected 1 to {}",
+                            v.get_ref(),
+                            Limits::MAX_HEADERS
+                        ),
+                    ));
+                }
+            };
+            let max_uri_bytes = match &l.max_uri_bytes {
+                None => d.max_uri_bytes,
+                Some(v) if v.get_ref().0 == 0 => {
+                    return Err(at(
+                        v.span(),
+                        "limits.max_uri_bytes",
+                        "0 is not allowed, expected a size such as \"8KiB\"".into(),
+                    ));
+                }
+                Some(v) => usize::try_from(v.get_ref().0).unwrap_or(usize::MAX),
+            };
+            Limits {
+                max_header_bytes,
+                max_headers,
+                max_uri_bytes,
+                max_body: l.max_body.as_ref().map_or(d.max_body, |v| v.get_ref().0),
+                header_timeout: positive(&l.header_timeout, "limits.header_timeout")?
+                    .unwrap_or(d.header_timeout),
+            }
+        };
+
         let mut warnings = Vec::new();
         let mut upstreams = Vec::with_capacity(raw.upstream.len());
         let mut seen = HashSet::new();
@@ -868,6 +976,7 @@ impl Config {
 
         Ok(Config {
             runtime,
+            limits,
             listeners,
             upstreams,
             warnings,
@@ -888,6 +997,20 @@ impl Config {
         for (i, c) in rt.cpus.iter().enumerate() {
             let _ = writeln!(s, "  worker {i} -> core {c}");
         }
+        let l = &self.limits;
+        let _ = writeln!(
+            s,
+            "limits: request head {} bytes and {} headers, uri {} bytes, body {}, head within {:?}",
+            l.max_header_bytes,
+            l.max_headers,
+            l.max_uri_bytes,
+            if l.max_body == 0 {
+                "unlimited".to_string()
+            } else {
+                format!("{} bytes", l.max_body)
+            },
+            l.header_timeout
+        );
         for l in &self.listeners {
             let _ = writeln!(
                 s,
@@ -1024,6 +1147,66 @@ backends = [{ address = "127.0.0.1:8881" }]
         assert_eq!(u.backends[0].weight, 1);
         assert_eq!(u.timeouts, Timeouts::default());
         assert_eq!(c.listeners[0].upstream, 0);
+        assert_eq!(c.limits, Limits::default());
+    }
+
+    #[test]
+    fn limits_parse_sizes_and_durations() {
+        let c = parse(&format!(
+            "[limits]\nmax_header_bytes = \"16KiB\"\nmax_headers = 50\nmax_uri_bytes = 2048\nmax_body = \"1MiB\"\nheader_timeout = \"300ms\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.limits,
+            Limits {
+                max_header_bytes: 16 * 1024,
+                max_headers: 50,
+                max_uri_bytes: 2048,
+                max_body: 1024 * 1024,
+                header_timeout: Duration::from_millis(300),
+            }
+        );
+        assert!(
+            c.describe().contains("body 1048576 bytes"),
+            "{}",
+            c.describe()
+        );
+    }
+
+    #[test]
+    fn limits_that_could_never_work_are_rejected_at_their_place() {
+        let with = |kv: &str| err(&format!("[limits]\n{kv}\n{MINIMAL}"));
+        assert_eq!(
+            with("max_header_bytes = \"100B\""),
+            "pinlb.toml:2:20: limits.max_header_bytes: 100 bytes is out of range, expected \"1KiB\" to \"64KiB\""
+        );
+        assert!(
+            with("max_header_bytes = \"65KiB\"").starts_with(
+                "pinlb.toml:2:20: limits.max_header_bytes: 66560 bytes is out of range"
+            ),
+            "{}",
+            with("max_header_bytes = \"65KiB\"")
+        );
+        assert_eq!(
+            with("max_headers = 0"),
+            "pinlb.toml:2:15: limits.max_headers: 0 is out of range, expected 1 to 1000"
+        );
+        assert_eq!(
+            with("max_uri_bytes = \"0\""),
+            "pinlb.toml:2:17: limits.max_uri_bytes: 0 is not allowed, expected a size such as \"8KiB\""
+        );
+        assert!(
+            with("header_timeout = \"0s\"")
+                .starts_with("pinlb.toml:2:18: limits.header_timeout: a duration of 0"),
+            "{}",
+            with("header_timeout = \"0s\"")
+        );
+        assert!(
+            with("max_body = \"lots\"")
+                .starts_with("pinlb.toml:2:12: limits.max_body: invalid size \"lots\""),
+            "{}",
+            with("max_body = \"lots\"")
+        );
     }
 
     #[test]

@@ -54,6 +54,9 @@ pub enum H1Error {
     /// Reading the client's request body failed; not the backend's fault.
     #[error("request body: {0}")]
     ClientBody(String),
+    /// The client's request body grew past `limits.max_body` (bytes); not the backend's fault.
+    #[error("request body over {0} bytes")]
+    BodyTooLarge(u64),
 }
 
 impl H1Error {

@@ -6,6 +6,15 @@
 //! `client_idle`: a connection with no request in flight and no bytes moved for four checks in a
 //! row has been idle for at least `client_idle` (and at most 1.25× that) and is closed. A request
 //! waiting on a slow backend keeps its connection open, however quiet it is.
+//!
+//! The same watchdog enforces `limits.header_timeout` against clients that trickle a request
+//! head (slowloris), which the idle check cannot see: their bytes keep moving. The head clock
+//! starts at the accept for a connection's first request and at the first byte read after a
+//! response for later ones; one clock read per request, no timer. hyper's own header read timeout
+//! would not do: it also runs while a keep-alive connection waits for its next request (so it
+//! would cut `client_idle` short), and it closes without a response. Here a late head gets
+//! `408 Request Timeout`, written by [`TrackedIo`] on hyper's next read, which then sees the end
+//! of the stream and closes.
 
 use std::cell::Cell;
 use std::pin::Pin;
@@ -16,6 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::rt::{Read, ReadBufCursor, Write};
+use tokio::time::Instant;
 
 /// What the watchdog looks at for one client connection.
 #[derive(Debug, Default)]
@@ -24,9 +34,24 @@ pub struct Activity {
     events: Cell<u64>,
     /// Requests whose response hasn't been fully written.
     in_flight: Cell<u32>,
+    /// When the request head now arriving began; `None` while a request is in flight or a
+    /// keep-alive connection waits for its next one.
+    head_since: Cell<Option<Instant>>,
+    /// Whether any byte of that head has arrived: a connection that never sent one is closed
+    /// without an answer, as nginx does.
+    head_bytes: Cell<bool>,
+    /// Set by the watchdog once the head is late: the next read answers 408 and ends the stream.
+    head_expired: Cell<bool>,
 }
 
 impl Activity {
+    /// A freshly accepted connection: the clock for its first request head runs from now.
+    pub fn accepted() -> Self {
+        let a = Activity::default();
+        a.head_since.set(Some(Instant::now()));
+        a
+    }
+
     fn bump(&self) {
         self.events.set(self.events.get().wrapping_add(1));
     }
@@ -34,8 +59,29 @@ impl Activity {
     /// Marks a request in flight until the returned guard is dropped.
     pub fn request(self: &Rc<Self>) -> Active {
         self.in_flight.set(self.in_flight.get() + 1);
+        self.head_since.set(None);
+        self.head_bytes.set(false);
         Active(self.clone())
     }
+
+    /// A read completed while no request is in flight: part of the next request head (or the
+    /// end of the stream, which ends the connection anyway).
+    fn head_read(&self) {
+        if self.head_since.get().is_none() {
+            self.head_since.set(Some(Instant::now()));
+        }
+        self.head_bytes.set(true);
+    }
+}
+
+/// Why [`watchdog`] gave up on a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    /// Nothing moved for `client_idle`.
+    Idle,
+    /// No complete request head within `header_timeout`; `bytes` says whether any of it came.
+    /// When it did, the connection's next read answers 408.
+    Head { bytes: bool },
 }
 
 /// Holds a request in flight; travels with the response body.
@@ -50,15 +96,31 @@ impl Drop for Active {
     }
 }
 
-/// Completes once the connection has been idle for `idle`.
-pub async fn watchdog(activity: Rc<Activity>, idle: Duration) {
+/// Completes once the connection has been idle for `idle`, or a request head has taken longer
+/// than `head` to arrive.
+pub async fn watchdog(activity: Rc<Activity>, idle: Duration, head: Duration) -> Expired {
     const CHECKS: u32 = 4;
     // Config validation rejects 0; the floor keeps a tiny value from spinning anyway.
-    let period = (idle / CHECKS).max(Duration::from_millis(1));
+    let period = (idle.min(head) / CHECKS).max(Duration::from_millis(1));
+    // Quiet checks in a row that add up to at least `idle`.
+    let needed = u32::try_from(idle.as_nanos().div_ceil(period.as_nanos())).unwrap_or(u32::MAX);
     let mut seen = activity.events.get();
     let mut quiet = 0;
     loop {
         tokio::time::sleep(period).await;
+        if let Some(since) = activity.head_since.get() {
+            let deadline = since + head;
+            // Due before the next check: wait for it exactly, so a late head is answered at
+            // `head`, not up to a period later.
+            if activity.in_flight.get() == 0 && deadline <= Instant::now() + period {
+                tokio::time::sleep_until(deadline).await;
+                if activity.head_since.get() == Some(since) && activity.in_flight.get() == 0 {
+                    let bytes = activity.head_bytes.get();
+                    activity.head_expired.set(bytes);
+                    return Expired::Head { bytes };
+                }
+            }
+        }
         let now = activity.events.get();
         if now != seen || activity.in_flight.get() > 0 {
             seen = now;
@@ -66,8 +128,8 @@ pub async fn watchdog(activity: Rc<Activity>, idle: Duration) {
             continue;
         }
         quiet += 1;
-        if quiet >= CHECKS {
-            return;
+        if quiet >= needed {
+            return Expired::Idle;
         }
     }
 }
@@ -84,15 +146,35 @@ impl<T> TrackedIo<T> {
     }
 }
 
-impl<T: Read + Unpin> Read for TrackedIo<T> {
+/// What a client whose request head came too late gets. Written by pinlb, not hyper: hyper
+/// has no response for its own header timeout.
+const REQUEST_TIMEOUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\n\
+content-type: text/plain; charset=utf-8\r\n\
+content-length: 75\r\n\
+connection: close\r\n\
+\r\n\
+408 Request Timeout: no complete request head within limits.header_timeout\n";
+
+impl<T: Read + Write + Unpin> Read for TrackedIo<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: ReadBufCursor<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if self.activity.head_expired.replace(false) {
+            // hyper is waiting for the rest of a head and has written nothing since its last
+            // response, so the answer can go straight onto the socket. Best effort: the socket
+            // buffer is empty, and a client too slow to take 130 bytes gets only the close.
+            let _ = Pin::new(&mut self.inner).poll_write(cx, REQUEST_TIMEOUT);
+            // The end of the stream: hyper drops the partial head and closes.
+            return Poll::Ready(Ok(()));
+        }
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if polled.is_ready() {
             self.activity.bump();
+            if self.activity.in_flight.get() == 0 {
+                self.activity.head_read();
+            }
         }
         polled
     }
@@ -181,11 +263,67 @@ impl<B: Body<Data = Bytes> + Unpin> Body for TrackedBody<B> {
 mod tests {
     use super::*;
 
+    const HEAD: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn the_408_says_its_own_length() {
+        let text = String::from_utf8_lossy(REQUEST_TIMEOUT);
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("content-length: {}\r\n", body.len())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trickled_head_expires_at_the_header_timeout_however_busy() {
+        let activity = Rc::new(Activity::accepted());
+        let a = activity.clone();
+        let start = Instant::now();
+        let dog = watchdog(activity.clone(), Duration::from_secs(60), HEAD);
+        let trickle = async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                a.bump();
+                a.head_read();
+            }
+        };
+        let expired = tokio::select! {
+            e = dog => e,
+            () = trickle => unreachable!(),
+        };
+        assert_eq!(expired, Expired::Head { bytes: true });
+        assert_eq!(start.elapsed(), HEAD);
+        assert!(activity.head_expired.get(), "the next read must answer 408");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_sends_nothing_is_closed_at_the_header_timeout_without_an_answer() {
+        let activity = Rc::new(Activity::accepted());
+        let expired = watchdog(activity.clone(), Duration::from_secs(60), HEAD).await;
+        assert_eq!(expired, Expired::Head { bytes: false });
+        assert!(!activity.head_expired.get());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_keep_alive_connection_between_requests_waits_for_client_idle_not_the_head_clock() {
+        let activity = Rc::new(Activity::accepted());
+        drop(activity.request());
+        let start = Instant::now();
+        let expired = watchdog(activity, Duration::from_secs(60), HEAD).await;
+        assert_eq!(expired, Expired::Idle);
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_secs(60) && took <= Duration::from_secs(63),
+            "{took:?}"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_quiet_connection_is_idle_after_the_timeout_and_not_before() {
         let activity = Rc::new(Activity::default());
         let start = tokio::time::Instant::now();
-        watchdog(activity, Duration::from_secs(60)).await;
+        assert_eq!(
+            watchdog(activity, Duration::from_secs(60), HEAD).await,
+            Expired::Idle
+        );
         let took = start.elapsed();
         assert!(
             took >= Duration::from_secs(60) && took <= Duration::from_secs(75),
@@ -199,7 +337,7 @@ mod tests {
         let active = activity.request();
         let dog = tokio::time::timeout(
             Duration::from_secs(600),
-            watchdog(activity.clone(), Duration::from_secs(60)),
+            watchdog(activity.clone(), Duration::from_secs(60), HEAD),
         );
         assert!(
             dog.await.is_err(),
@@ -207,7 +345,7 @@ mod tests {
         );
         drop(active);
         let start = tokio::time::Instant::now();
-        watchdog(activity, Duration::from_secs(60)).await;
+        watchdog(activity, Duration::from_secs(60), HEAD).await;
         assert!(start.elapsed() >= Duration::from_secs(60));
     }
 
@@ -216,7 +354,7 @@ mod tests {
         let activity = Rc::new(Activity::default());
         let a = activity.clone();
         let start = tokio::time::Instant::now();
-        let dog = watchdog(activity, Duration::from_secs(60));
+        let dog = watchdog(activity, Duration::from_secs(60), HEAD);
         let traffic = async move {
             // Bytes move every 10 s for the first 100 s.
             for _ in 0..10 {

@@ -20,6 +20,7 @@ use hyper::body::Incoming;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use crate::config::Limits;
 use crate::h1::{self, Conn, Finished, H1Error, UpstreamBody};
 use crate::upstream::{InFlight, WorkerUpstream};
 
@@ -54,6 +55,123 @@ pub enum ProxyError {
         backend: SocketAddr,
         after: Duration,
     },
+    /// The client's request was refused before any backend saw all of it.
+    Client(ClientError),
+}
+
+/// Why pinlb refused a request itself. hyper's parser already refuses malformed request lines,
+/// header bytes, obs-fold, conflicting Content-Lengths and a Transfer-Encoding whose last coding
+/// isn't `chunked` (with 400, or 431 for oversized heads); these are what a proxy must add.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    /// HTTP/1.1 requires Host (RFC 9112 §3.2).
+    MissingHost,
+    /// Two Host lines: which one a backend or cache believes is how host confusion starts.
+    DuplicateHost,
+    /// Empty, or not `host[:port]`.
+    InvalidHost,
+    /// Any Transfer-Encoding but exactly `chunked`: pinlb decodes and re-frames the body, so it
+    /// would lose any other coding, and `chunked, chunked` is how TE.TE smuggling starts.
+    TransferEncoding,
+    /// The request target is longer than `limits.max_uri_bytes`.
+    UriTooLong { len: usize, limit: usize },
+    /// The body is, or grew, larger than `limits.max_body`.
+    BodyTooLarge { limit: u64 },
+}
+
+impl ClientError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ClientError::MissingHost
+            | ClientError::DuplicateHost
+            | ClientError::InvalidHost
+            | ClientError::TransferEncoding => StatusCode::BAD_REQUEST,
+            ClientError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            ClientError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        }
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::MissingHost => f.write_str("HTTP/1.1 request without a Host header"),
+            ClientError::DuplicateHost => f.write_str("more than one Host header"),
+            ClientError::InvalidHost => f.write_str("empty or invalid Host header"),
+            ClientError::TransferEncoding => {
+                f.write_str("Transfer-Encoding other than a single \"chunked\"")
+            }
+            ClientError::UriTooLong { len, limit } => {
+                write!(
+                    f,
+                    "request target of {len} bytes, over limits.max_uri_bytes ({limit})"
+                )
+            }
+            ClientError::BodyTooLarge { limit } => {
+                write!(f, "request body over limits.max_body ({limit} bytes)")
+            }
+        }
+    }
+}
+
+/// Checks what hyper's parser lets through and a backend must not see. `content_length` is the
+/// body length hyper validated, if the body is framed by one.
+pub fn validate_request(
+    parts: &http::request::Parts,
+    content_length: Option<u64>,
+    limits: &Limits,
+) -> Result<(), ClientError> {
+    let uri = &parts.uri;
+    // The target as the client wrote it: origin-form, or absolute-form with scheme and authority.
+    let len = uri.path_and_query().map_or(0, |pq| pq.as_str().len())
+        + uri.scheme_str().map_or(0, |s| s.len() + 3)
+        + uri.authority().map_or(0, |a| a.as_str().len());
+    if len > limits.max_uri_bytes {
+        return Err(ClientError::UriTooLong {
+            len,
+            limit: limits.max_uri_bytes,
+        });
+    }
+
+    let mut hosts = parts.headers.get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) if parts.version == Version::HTTP_11 => return Err(ClientError::MissingHost),
+        (None, _) => {}
+        (Some(_), Some(_)) => return Err(ClientError::DuplicateHost),
+        (Some(host), None) => {
+            // `Authority` takes userinfo and any port text; Host is `host[:port]` with a
+            // numeric port.
+            let valid = !host.as_bytes().contains(&b'@')
+                && http::uri::Authority::try_from(host.as_bytes()).is_ok_and(|a| {
+                    let port = a.port().map_or(0, |p| p.as_str().len() + 1);
+                    !a.host().is_empty() && a.host().len() + port == a.as_str().len()
+                });
+            if !valid {
+                return Err(ClientError::InvalidHost);
+            }
+        }
+    }
+
+    // hyper has refused every Transfer-Encoding whose last coding isn't chunked; what is left
+    // must be exactly one `chunked` over all its lines.
+    let mut codings = parts
+        .headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(|c| c.trim_ascii());
+    if let Some(first) = codings.next() {
+        if !first.eq_ignore_ascii_case(b"chunked") || codings.next().is_some() {
+            return Err(ClientError::TransferEncoding);
+        }
+    }
+
+    if limits.max_body > 0 && content_length.is_some_and(|n| n > limits.max_body) {
+        return Err(ClientError::BodyTooLarge {
+            limit: limits.max_body,
+        });
+    }
+    Ok(())
 }
 
 impl ProxyError {
@@ -63,7 +181,14 @@ impl ProxyError {
             ProxyError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Client(e) => e.status(),
         }
+    }
+
+    /// Whether the client is at fault: its connection is closed after the answer, since what
+    /// follows on it (an unread body, a confused framing) can't be trusted.
+    fn is_client(&self) -> bool {
+        matches!(self, ProxyError::Client(_) | ProxyError::ClientBody(_))
     }
 }
 
@@ -81,6 +206,7 @@ impl fmt::Display for ProxyError {
                     "backend {backend} sent no response headers within {after:?}"
                 )
             }
+            ProxyError::Client(e) => e.fmt(f),
         }
     }
 }
@@ -177,6 +303,13 @@ pub fn prepare_request(parts: &mut http::request::Parts, client: &Client) {
         }
     }
     h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    if let Some(authority) = parts.uri.authority() {
+        // With an absolute-form target the Host header is ignored for the target's authority
+        // (RFC 9112 §3.2.2): a backend that only sees Host must not be told another host.
+        if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+            h.insert(header::HOST, v);
+        }
+    }
     if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
         // Absolute-form from the client: backends expect origin-form.
         let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -189,10 +322,11 @@ pub fn prepare_request(parts: &mut http::request::Parts, client: &Client) {
 pub async fn handle(
     upstream: Rc<WorkerUpstream>,
     client: Rc<Client>,
+    limits: Limits,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let method = req.method().clone();
-    match forward(&upstream, &client, req).await {
+    match forward(&upstream, &client, &limits, req).await {
         Ok(resp) => Ok(resp),
         Err(e) => {
             warn!(upstream = %upstream.shared.config.name, "{method} answered {}: {e}", e.status().as_u16());
@@ -204,14 +338,16 @@ pub async fn handle(
 async fn forward(
     upstream: &Rc<WorkerUpstream>,
     client: &Client,
+    limits: &Limits,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (mut parts, body) = req.into_parts();
+    validate_request(&parts, body.size_hint().exact(), limits).map_err(ProxyError::Client)?;
     prepare_request(&mut parts, client);
     let chunked = set_request_framing(&mut parts.headers, &body);
     let shared = &*upstream.shared;
     let retry = &shared.config.retry;
-    let mut body = RequestBody::new(body, retry.buffer);
+    let mut body = RequestBody::new(body, retry.buffer, limits.max_body);
     // Once a backend may have acted on the request, sending it again needs both of these.
     let method_resendable = retry.non_idempotent || is_idempotent(&parts.method);
 
@@ -223,6 +359,9 @@ async fn forward(
     } else {
         retry.tries.min(n)
     };
+    // An HTTP/1.0 request may come without Host, but it goes upstream as HTTP/1.1, which needs
+    // one: the backend's address then, as the health probes send.
+    let host_from_backend = !parts.headers.contains_key(header::HOST);
     let mut tried = Tried::new(n);
     let mut first_try: Option<Instant> = None;
     let mut last_error: Option<ProxyError> = None;
@@ -237,6 +376,11 @@ async fn forward(
         tried.insert(backend);
         first_try.get_or_insert_with(Instant::now);
         let addr = shared.backends[backend].address;
+        if host_from_backend {
+            if let Ok(v) = HeaderValue::from_str(&addr.to_string()) {
+                parts.headers.insert(header::HOST, v);
+            }
+        }
 
         let failure = match attempt(
             upstream,
@@ -281,6 +425,11 @@ async fn forward(
                 false,
             ),
             Failure::Exchange(H1Error::ClientBody(e)) => return Err(ProxyError::ClientBody(e)),
+            // The backend has the head and part of the body; dropping the connection without the
+            // last chunk leaves it an incomplete request, never a complete one.
+            Failure::Exchange(H1Error::BodyTooLarge(limit)) => {
+                return Err(ProxyError::Client(ClientError::BodyTooLarge { limit }));
+            }
             Failure::Exchange(H1Error::Timeout) => (
                 ProxyError::Timeout {
                     backend: addr,
@@ -383,16 +532,22 @@ struct RequestBody {
     limit: usize,
     /// Part of the body was sent and not kept: it can no longer be sent again.
     lost: bool,
+    /// Bytes read from the client so far.
+    received: u64,
+    /// `limits.max_body`; 0 = unlimited.
+    max: u64,
 }
 
 impl RequestBody {
-    fn new(client: Incoming, limit: usize) -> Self {
+    fn new(client: Incoming, limit: usize, max: u64) -> Self {
         RequestBody {
             client,
             kept: Vec::new(),
             kept_len: 0,
             limit,
             lost: false,
+            received: 0,
+            max,
         }
     }
 
@@ -419,6 +574,12 @@ impl RequestBody {
             let Ok(data) = frame.into_data() else {
                 continue;
             };
+            // A Content-Length over the limit was refused up front; this catches chunked
+            // bodies, before the byte over the limit goes anywhere.
+            self.received += data.len() as u64;
+            if self.max > 0 && self.received > self.max {
+                return Err(H1Error::BodyTooLarge(self.max));
+            }
             if !self.lost && self.kept_len + data.len() <= self.limit {
                 self.kept_len += data.len();
                 self.kept.push(data.clone());
@@ -527,6 +688,10 @@ fn error_response(e: &ProxyError, method: &Method) -> Response<ProxyBody> {
     let mut resp = Response::new(ProxyBody::Local(Some(body)));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
+    if e.is_client() {
+        // hyper honours this: it sends the answer, then closes instead of reading on.
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -703,9 +868,89 @@ mod tests {
     #[test]
     fn absolute_form_becomes_origin_form() {
         let client = Client::new("127.0.0.1:1".parse().unwrap());
-        let mut p = request("http://example.com/x/y?z=1", &[]);
+        let mut p = request("http://example.com/x/y?z=1", &[("host", "other.example")]);
         prepare_request(&mut p, &client);
         assert_eq!(p.uri, "/x/y?z=1");
+        assert_eq!(p.headers["host"], "example.com");
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            max_uri_bytes: 16,
+            max_body: 10,
+            ..Limits::default()
+        }
+    }
+
+    fn check(
+        uri: &str,
+        version: Version,
+        hs: &[(&str, &str)],
+        cl: Option<u64>,
+    ) -> Result<(), ClientError> {
+        let mut p = request(uri, hs);
+        p.version = version;
+        validate_request(&p, cl, &limits())
+    }
+
+    #[test]
+    fn host_must_be_one_valid_authority() {
+        let v11 = Version::HTTP_11;
+        for good in ["a.example:80", "a", "127.0.0.1:8080", "[::1]:80", "[::1]"] {
+            assert_eq!(check("/", v11, &[("host", good)], None), Ok(()), "{good:?}");
+        }
+        assert_eq!(check("/", Version::HTTP_10, &[], None), Ok(()));
+        assert_eq!(check("/", v11, &[], None), Err(ClientError::MissingHost));
+        assert_eq!(
+            check("/", v11, &[("host", "a"), ("host", "a")], None),
+            Err(ClientError::DuplicateHost)
+        );
+        for bad in ["", "a b", "u@a", "a:port", "a/b", ":80"] {
+            assert_eq!(
+                check("/", v11, &[("host", bad)], None),
+                Err(ClientError::InvalidHost),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn transfer_encoding_must_be_exactly_one_chunked() {
+        let v11 = Version::HTTP_11;
+        let te = |v: &[&str]| {
+            let mut hs = vec![("host", "a")];
+            hs.extend(v.iter().map(|v| ("transfer-encoding", *v)));
+            check("/", v11, &hs, None)
+        };
+        assert_eq!(te(&["chunked"]), Ok(()));
+        assert_eq!(te(&["Chunked "]), Ok(()));
+        for bad in [
+            &["chunked, chunked"][..],
+            &["gzip, chunked"],
+            &["chunked", "chunked"],
+            &[""],
+        ] {
+            assert_eq!(te(bad), Err(ClientError::TransferEncoding), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn target_and_declared_body_are_held_to_the_limits() {
+        let v11 = Version::HTTP_11;
+        let host = &[("host", "a")];
+        assert_eq!(check("/0123456789abcde", v11, host, None), Ok(()));
+        assert_eq!(
+            check("/0123456789abcdef", v11, host, None),
+            Err(ClientError::UriTooLong { len: 17, limit: 16 })
+        );
+        assert_eq!(check("/", v11, host, Some(10)), Ok(()));
+        assert_eq!(
+            check("/", v11, host, Some(11)),
+            Err(ClientError::BodyTooLarge { limit: 10 })
+        );
+        let unlimited = Limits::default();
+        let p = request("/", host);
+        assert_eq!(validate_request(&p, Some(u64::MAX), &unlimited), Ok(()));
     }
 
     #[test]
@@ -722,6 +967,13 @@ mod tests {
     #[test]
     fn each_error_maps_to_one_status() {
         let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let client = |e| ProxyError::Client(e).status().as_u16();
+        assert_eq!(client(ClientError::MissingHost), 400);
+        assert_eq!(client(ClientError::DuplicateHost), 400);
+        assert_eq!(client(ClientError::InvalidHost), 400);
+        assert_eq!(client(ClientError::TransferEncoding), 400);
+        assert_eq!(client(ClientError::UriTooLong { len: 2, limit: 1 }), 414);
+        assert_eq!(client(ClientError::BodyTooLarge { limit: 1 }), 413);
         assert_eq!(ProxyError::NoBackend(String::new()).status(), 503);
         assert_eq!(
             ProxyError::BadGateway {

@@ -23,9 +23,9 @@ use tokio::sync::watch;
 use tokio::task::LocalSet;
 use tracing::{debug, error, info, warn};
 
-use crate::config::Config;
+use crate::config::{Config, Limits};
 use crate::cpus::{format_cpu_list, pin_current_thread};
-use crate::idle::{self, Activity, TrackedBody, TrackedIo};
+use crate::idle::{self, Activity, Expired, TrackedBody, TrackedIo};
 use crate::proxy::{self, Client};
 use crate::upstream::{SharedUpstream, WorkerUpstream};
 
@@ -238,6 +238,7 @@ fn worker_main(
             accepting.push(tokio::task::spawn_local(accept_loop(
                 listener,
                 upstream,
+                config.limits,
                 idle,
                 graceful.clone(),
                 stop.clone(),
@@ -266,14 +267,21 @@ fn worker_main(
 async fn accept_loop(
     listener: TcpListener,
     upstream: Rc<WorkerUpstream>,
+    limits: Limits,
     client_idle: Duration,
     graceful: Rc<GracefulShutdown>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut builder = http1::Builder::new();
-    // Idle connections are closed by the per-connection watchdog in `idle` instead: hyper's
-    // header read timeout arms a new boxed timer for every request.
+    // Idle connections and late request heads (`limits.header_timeout`) are handled by the
+    // per-connection watchdog in `idle` instead: hyper's header read timeout arms a new boxed
+    // timer for every request, also runs while a keep-alive connection waits between requests,
+    // and closes without a 408.
     builder.header_read_timeout(None);
+    // hyper answers a head over either limit with 431 and closes; complete or not, the head
+    // never grows past `max_header_bytes` in memory.
+    builder.max_header_size(limits.max_header_bytes);
+    builder.max_headers(limits.max_headers);
     loop {
         let accepted = tokio::select! {
             biased;
@@ -292,12 +300,12 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let client = Rc::new(Client::new(peer));
         let upstream = upstream.clone();
-        let activity = Rc::new(Activity::default());
+        let activity = Rc::new(Activity::accepted());
         let io = TrackedIo::new(TokioIo::new(stream), activity.clone());
         let requests = activity.clone();
         let service = service_fn(move |req| {
             let active = requests.request();
-            let forwarded = proxy::handle(upstream.clone(), client.clone(), req);
+            let forwarded = proxy::handle(upstream.clone(), client.clone(), limits, req);
             async move {
                 forwarded
                     .await
@@ -305,19 +313,49 @@ async fn accept_loop(
             }
         });
         let conn = graceful.watch(builder.serve_connection(io, service));
+        let header_timeout = limits.header_timeout;
         tokio::task::spawn_local(async move {
-            tokio::select! {
+            tokio::pin!(conn);
+            let expired = tokio::select! {
                 biased;
-                ended = conn => {
+                ended = &mut conn => {
                     if let Err(e) = ended {
-                        debug!(client = %peer, "client connection ended: {e}");
+                        log_connection_error(peer, &e);
                     }
+                    return;
                 }
-                () = idle::watchdog(activity, client_idle) => {
+                e = idle::watchdog(activity, client_idle, header_timeout) => e,
+            };
+            match expired {
+                Expired::Idle => {
                     debug!(client = %peer, "closing client connection idle for {client_idle:?}");
+                }
+                Expired::Head { bytes: false } => {
+                    debug!(client = %peer, "closing client connection that sent nothing within {header_timeout:?}");
+                }
+                Expired::Head { bytes: true } => {
+                    warn!(client = %peer, "answered 408: no complete request head within {header_timeout:?} (limits.header_timeout)");
+                    // Polled once more, hyper reads; that read writes the 408 and ends the
+                    // stream, and hyper closes. Bounded in case hyper is not reading after all.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
                 }
             }
         });
+    }
+}
+
+/// Logs why a client connection ended early. hyper's parser refusing a request is worth a
+/// warning (it answered the client itself, so nothing else logs it); a client going away is not.
+fn log_connection_error(peer: SocketAddr, e: &hyper::Error) {
+    // This also covers hyper's 414 for a target over 64 KiB, which config validation keeps out
+    // of reach: `max_header_bytes` stays below that, and a longer head gets 431 first.
+    if e.is_parse_too_large() {
+        warn!(client = %peer, "answered 431: request head over limits.max_header_bytes or limits.max_headers ({e})");
+    } else if e.is_parse() {
+        // hyper answers every other parse error it can name with 400.
+        warn!(client = %peer, "answered 400: malformed request ({e})");
+    } else {
+        debug!(client = %peer, "client connection ended: {e}");
     }
 }
 
