@@ -133,29 +133,34 @@ pub fn validate_request(
         });
     }
 
-    let mut hosts = parts.headers.get_all(header::HOST).iter();
-    match (hosts.next(), hosts.next()) {
-        (None, _) if parts.version == Version::HTTP_11 => return Err(ClientError::MissingHost),
-        (None, _) => {}
-        (Some(_), Some(_)) => return Err(ClientError::DuplicateHost),
-        (Some(host), None) => {
-            if !is_valid_host(host.as_bytes()) {
-                return Err(ClientError::InvalidHost);
+    // One pass over the headers rather than a lookup per name: a request usually carries a
+    // handful, and each HeaderMap lookup hashes the name.
+    let mut host: Option<&HeaderValue> = None;
+    let mut hosts = 0;
+    // hyper has refused every Transfer-Encoding whose last coding isn't chunked; what is left
+    // must be exactly one `chunked` over all its lines.
+    let mut codings = 0;
+    for (name, value) in &parts.headers {
+        if name == header::HOST {
+            hosts += 1;
+            host = Some(value);
+        } else if name == header::TRANSFER_ENCODING {
+            for coding in value.as_bytes().split(|&b| b == b',') {
+                codings += 1;
+                if codings > 1 || !coding.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                    return Err(ClientError::TransferEncoding);
+                }
             }
         }
     }
-
-    // hyper has refused every Transfer-Encoding whose last coding isn't chunked; what is left
-    // must be exactly one `chunked` over all its lines.
-    let mut codings = parts
-        .headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .map(|c| c.trim_ascii());
-    if let Some(first) = codings.next() {
-        if !first.eq_ignore_ascii_case(b"chunked") || codings.next().is_some() {
-            return Err(ClientError::TransferEncoding);
+    match (host, hosts) {
+        (None, _) if parts.version == Version::HTTP_11 => return Err(ClientError::MissingHost),
+        (None, _) => {}
+        (Some(_), 2..) => return Err(ClientError::DuplicateHost),
+        (Some(host), _) => {
+            if !is_valid_host(host.as_bytes()) {
+                return Err(ClientError::InvalidHost);
+            }
         }
     }
 
@@ -369,6 +374,8 @@ async fn forward(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (mut parts, body) = req.into_parts();
     validate_request(&parts, body.size_hint().exact(), limits).map_err(ProxyError::Client)?;
+    // Validation leaves only HTTP/1.0 requests without Host.
+    let maybe_hostless = parts.version == Version::HTTP_10;
     prepare_request(&mut parts, client);
     let chunked = set_request_framing(&mut parts.headers, &body);
     let shared = &*upstream.shared;
@@ -387,7 +394,7 @@ async fn forward(
     };
     // An HTTP/1.0 request may come without Host, but it goes upstream as HTTP/1.1, which needs
     // one: the backend's address then, as the health probes send.
-    let host_from_backend = !parts.headers.contains_key(header::HOST);
+    let host_from_backend = maybe_hostless && !parts.headers.contains_key(header::HOST);
     let mut tried = Tried::new(n);
     let mut first_try: Option<Instant> = None;
     let mut last_error: Option<ProxyError> = None;
