@@ -149,113 +149,15 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------- helpers
-# Direct children of a pid (e.g. the nginx worker of a master).
-children() {
-    ps -o pid= --ppid "$1" 2>/dev/null | awk '{print $1}' || true
-}
-
-# The pid plus its children.
-proc_tree() {
-    echo "$1"
-    children "$1"
-}
-
-# Sum of utime+stime (clock ticks) over the given pids.
-cpu_ticks() {
-    local pid total=0 t
-    for pid in "$@"; do
-        # Field 2 (comm) may contain spaces: drop everything up to ") ", after
-        # which field 3 (state) is $1, so fields 14/15 are $12/$13.
-        t=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{print $12 + $13}') || t=0
-        total=$((total + ${t:-0}))
-    done
-    echo "$total"
-}
-
-port_in_use() {
-    ss -ltnH "sport = :$1" 2>/dev/null | grep -q . && return 0
-    return 1
-}
+# shellcheck source=benches/lib.sh
+source "$ROOT/benches/lib.sh"
 
 # pick_port: sets PICKED to the next free port >= NEXT_PORT (not in a
 # subshell, so that NEXT_PORT advances).
-NEXT_PORT=$PORT_BASE
-PICKED=""
-pick_port() {
-    local i p
-    for ((i = 0; i < 200; i++)); do
-        p=$NEXT_PORT
-        NEXT_PORT=$((NEXT_PORT + 1))
-        if ! port_in_use "$p"; then
-            PICKED=$p
-            return 0
-        fi
-    done
-    die "no free port found from $PORT_BASE"
-}
 
 # render TEMPLATE DEST PORT DIR
 render() {
     sed -e "s|@DIR@|$4|g" -e "s|@PORT@|$3|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" "$1" >"$2"
-}
-
-# nginx needs writable temp paths when run as non-root; Debian compiles in
-# absolute ones under /var/lib/nginx. Point them into the temp dir (only for
-# the modules this nginx actually has).
-nginx_temp_paths() {
-    local dir=$1 v m
-    v=$(nginx -V 2>&1)
-    mkdir -p "$dir/tmp"
-    {
-        echo "client_body_temp_path $dir/tmp/body;"
-        for m in proxy fastcgi uwsgi scgi; do
-            [[ $v == *"--without-http_${m}_module"* ]] || echo "${m}_temp_path $dir/tmp/$m;"
-        done
-    } >"$dir/temp_paths.conf"
-}
-
-wait_ready() { # NAME PORT PID LOGFILE
-    local i body
-    for ((i = 0; i < 50; i++)); do
-        kill -0 "$3" 2>/dev/null || {
-            cat "$4" >&2 2>/dev/null || true
-            die "$1 exited during startup (log above: $4)"
-        }
-        if body=$(curl -s --max-time 1 "http://127.0.0.1:$2/" 2>/dev/null) && [[ $body == "hello world" ]]; then
-            kill -0 "$3" 2>/dev/null || continue # loop top reports the exit
-            return 0
-        fi
-        sleep 0.1
-    done
-    cat "$4" >&2 2>/dev/null || true
-    die "$1 not answering 'hello world' on 127.0.0.1:$2 after 5 s"
-}
-
-# "busy0 total0 busy1 total1": jiffies of cores 0 and 1 from /proc/stat
-# (busy = user+nice+system+irq+softirq+steal; total adds idle+iowait).
-core_jiffies() {
-    awk '$1 == "cpu0" || $1 == "cpu1" { b = $2 + $3 + $4 + $7 + $8 + $9; printf "%d %d ", b, b + $5 + $6 } END { print "" }' /proc/stat
-}
-
-# busy% of core 0 and core 1 between two core_jiffies snapshots
-core_busy() { # "SNAP0" "SNAP1"
-    awk -v a="$1" -v b="$2" 'BEGIN {
-        split(a, x, " "); split(b, y, " ")
-        printf "%.0f %.0f\n", (y[2] > x[2]) ? 100 * (y[1] - x[1]) / (y[2] - x[2]) : 0,
-            (y[4] > x[4]) ? 100 * (y[3] - x[3]) / (y[4] - x[4]) : 0
-    }'
-}
-
-affinity() { taskset -pc "$1" 2>/dev/null | awk -F': ' '{print $2}'; }
-
-# Convert a wrk time ("812.00us", "1.23ms", "2.00s", "1.00m", "1.00h") to us.
-to_us() {
-    awk -v t="$1" 'BEGIN {
-        n = t + 0; u = t; sub(/^[0-9.]+/, "", u)
-        f = (u == "us") ? 1 : (u == "ms") ? 1e3 : (u == "s") ? 1e6 : (u == "m") ? 6e7 : (u == "h") ? 3.6e9 : -1
-        if (f < 0) { print "nan"; exit }
-        printf "%.0f\n", n * f
-    }'
 }
 
 run_wrk() { # PORT DURATION OUTFILE

@@ -177,62 +177,16 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------- helpers
-children() { ps -o pid= --ppid "$1" 2>/dev/null | awk '{print $1}' || true; }
-
-port_in_use() { ss -ltnH "sport = :$1" 2>/dev/null | grep -q .; }
+# shellcheck source=benches/lib.sh
+source "$ROOT/benches/lib.sh"
 
 # pick_port: sets PICKED to the next free port >= NEXT_PORT (not in a
 # subshell, so that NEXT_PORT advances).
-NEXT_PORT=$PORT_BASE
-PICKED=""
-pick_port() {
-    local i p
-    for ((i = 0; i < 200; i++)); do
-        p=$NEXT_PORT
-        NEXT_PORT=$((NEXT_PORT + 1))
-        if ! port_in_use "$p"; then
-            PICKED=$p
-            return 0
-        fi
-    done
-    die "no free port found from $PORT_BASE"
-}
 
 # render TEMPLATE DEST PORT DIR
 render() {
     sed -e "s|@DIR@|$4|g" -e "s|@PORT@|$3|g" -e "s|@BACKEND_PORT@|$3|g" \
         -e "s|@B1@|${BPORT[1]}|g" -e "s|@B2@|${BPORT[2]}|g" -e "s|@B3@|${BPORT[3]}|g" "$1" >"$2"
-}
-
-# nginx needs writable temp paths when run as non-root; Debian compiles in
-# absolute ones under /var/lib/nginx. Point them into the temp dir.
-nginx_temp_paths() {
-    local dir=$1 v m
-    v=$(nginx -V 2>&1)
-    mkdir -p "$dir/tmp"
-    {
-        echo "client_body_temp_path $dir/tmp/body;"
-        for m in proxy fastcgi uwsgi scgi; do
-            [[ $v == *"--without-http_${m}_module"* ]] || echo "${m}_temp_path $dir/tmp/$m;"
-        done
-    } >"$dir/temp_paths.conf"
-}
-
-wait_ready() { # NAME PORT PID LOGFILE PATH
-    local i body
-    for ((i = 0; i < 50; i++)); do
-        kill -0 "$3" 2>/dev/null || {
-            cat "$4" >&2 2>/dev/null || true
-            die "$1 exited during startup (log above: $4)"
-        }
-        if body=$(curl -s --max-time 1 "http://127.0.0.1:$2$5" 2>/dev/null) && [[ $body == "hello world" ]]; then
-            kill -0 "$3" 2>/dev/null || continue # loop top reports the exit
-            return 0
-        fi
-        sleep 0.1
-    done
-    cat "$4" >&2 2>/dev/null || true
-    die "$1 not answering 'hello world' on 127.0.0.1:$2$5 after 5 s"
 }
 
 # start_backend I: (re)start backend I on core 1 in its own process group.
@@ -295,16 +249,6 @@ core_busy_1s() {
 since() { awk -v t0="$1" -v n="$EPOCHREALTIME" 'BEGIN { printf "%.2f\n", n - t0 }'; }
 sleep_until() { # T0 OFFSET
     sleep "$(awk -v t0="$1" -v o="$2" -v n="$EPOCHREALTIME" 'BEGIN { d = t0 + o - n; printf "%.3f\n", (d > 0) ? d : 0 }')"
-}
-
-# Convert a wrk time ("812.00us", "1.23ms", "2.00s", "1.00m", "1.00h") to us.
-to_us() {
-    awk -v t="$1" 'BEGIN {
-        n = t + 0; u = t; sub(/^[0-9.]+/, "", u)
-        f = (u == "us") ? 1 : (u == "ms") ? 1e3 : (u == "s") ? 1e6 : (u == "m") ? 6e7 : (u == "h") ? 3.6e9 : -1
-        if (f < 0) { print "nan"; exit }
-        printf "%.0f\n", n * f
-    }'
 }
 
 start_wrk() { # PORT DURATION OUTFILE

@@ -142,56 +142,8 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------- helpers
-children() {
-    ps -o pid= --ppid "$1" 2>/dev/null | awk '{print $1}' || true
-}
-
-# Sum of utime+stime (clock ticks) over the given pids.
-cpu_ticks() {
-    local pid total=0 t
-    for pid in "$@"; do
-        # Field 2 (comm) may contain spaces: drop everything up to ") ", after
-        # which field 3 (state) is $1, so fields 14/15 are $12/$13.
-        t=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{print $12 + $13}') || t=0
-        total=$((total + ${t:-0}))
-    done
-    echo "$total"
-}
-
-port_in_use() {
-    ss -ltnH "sport = :$1" 2>/dev/null | grep -q . && return 0
-    return 1
-}
-
-# nginx needs writable temp paths when run as non-root; Debian compiles in
-# absolute ones under /var/lib/nginx. Point them into the temp dir (only for
-# the modules this nginx actually has).
-nginx_temp_paths() {
-    local dir=$1 v m
-    v=$(nginx -V 2>&1)
-    mkdir -p "$dir/tmp"
-    {
-        echo "client_body_temp_path $dir/tmp/body;"
-        for m in proxy fastcgi uwsgi scgi; do
-            [[ $v == *"--without-http_${m}_module"* ]] || echo "${m}_temp_path $dir/tmp/$m;"
-        done
-    } >"$dir/temp_paths.conf"
-}
-
-# "busy0 total0 busy1 total1": jiffies of cores 0 and 1 from /proc/stat
-# (busy = user+nice+system+irq+softirq+steal; total adds idle+iowait).
-core_jiffies() {
-    awk '$1 == "cpu0" || $1 == "cpu1" { b = $2 + $3 + $4 + $7 + $8 + $9; printf "%d %d ", b, b + $5 + $6 } END { print "" }' /proc/stat
-}
-
-# busy% of core 0 and core 1 between two core_jiffies snapshots
-core_busy() { # "SNAP0" "SNAP1"
-    awk -v a="$1" -v b="$2" 'BEGIN {
-        split(a, x, " "); split(b, y, " ")
-        printf "%.0f %.0f\n", (y[2] > x[2]) ? 100 * (y[1] - x[1]) / (y[2] - x[2]) : 0,
-            (y[4] > x[4]) ? 100 * (y[3] - x[3]) / (y[4] - x[4]) : 0
-    }'
-}
+# shellcheck source=benches/lib.sh
+source "$ROOT/benches/lib.sh"
 
 # Sets CHILD_TIMES to the user and system time of this shell's waited-for
 # children so far, as bash's `times` prints them on its second line
@@ -210,16 +162,6 @@ cpu_s_between() { # BEFORE AFTER
             return sum
         }
         BEGIN { printf "%.3f\n", s(b) - s(a) }'
-}
-
-# Convert a wrk time ("812.00us", "1.23ms", "2.00s", "1.00m", "1.00h") to us.
-to_us() {
-    awk -v t="$1" 'BEGIN {
-        n = t + 0; u = t; sub(/^[0-9.]+/, "", u)
-        f = (u == "us") ? 1 : (u == "ms") ? 1e3 : (u == "s") ? 1e6 : (u == "m") ? 6e7 : (u == "h") ? 3.6e9 : -1
-        if (f < 0) { print "nan"; exit }
-        printf "%.0f\n", n * f
-    }'
 }
 
 # The first value of "KEY": in pinlb bench's pretty-printed JSON. The target's
