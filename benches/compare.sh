@@ -117,31 +117,13 @@ PIDS=()           # every process we started (long-lived ones)
 WRK_PID=""
 
 cleanup() {
-    local rc=$? pid c i
+    local rc=$?
     trap - EXIT INT TERM
     set +e
     if [[ -n $WRK_PID ]]; then kill "$WRK_PID" 2>/dev/null || true; fi
-    # Graceful first (nginx master stops its worker on SIGTERM), then SIGKILL.
-    local all=("${PIDS[@]}")
-    for pid in "${PIDS[@]}"; do
-        while read -r c; do
-            if [[ -n $c ]]; then all+=("$c"); fi
-        done < <(children "$pid")
-    done
-    for pid in "${all[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for ((i = 0; i < 30; i++)); do
-        local alive=0
-        for pid in "${all[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-        ((alive)) || break
-        sleep 0.1
-    done
-    for pid in "${all[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    stop_all "${PIDS[@]}"
     wait 2>/dev/null || true
-    if [[ $KEEP_TMP == 1 ]]; then
-        log "temp dir kept: $WORK"
-    else
-        rm -rf -- "$WORK"
-    fi
+    remove_work
     exit "$rc"
 }
 trap cleanup EXIT

@@ -108,3 +108,35 @@ to_us() {
         printf "%.0f\n", n * f
     }'
 }
+
+# stop_all PID...: stops each process and its direct children (an nginx master's
+# worker): SIGTERM first, so nginx masters stop their workers, then SIGKILL for
+# whatever is still alive after 3 s.
+stop_all() {
+    local all=() pid c i alive
+    for pid in "$@"; do
+        [[ -n $pid ]] || continue
+        all+=("$pid")
+        while read -r c; do
+            if [[ -n $c ]]; then all+=("$c"); fi
+        done < <(children "$pid")
+    done
+    ((${#all[@]})) || return 0
+    for pid in "${all[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for ((i = 0; i < 30; i++)); do
+        alive=0
+        for pid in "${all[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        ((alive)) || break
+        sleep 0.1
+    done
+    for pid in "${all[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+
+# remove_work: the temp dir $WORK goes, unless KEEP_TMP=1.
+remove_work() {
+    if [[ $KEEP_TMP == 1 ]]; then
+        log "temp dir kept: $WORK"
+    else
+        rm -rf -- "$WORK"
+    fi
+}

@@ -110,31 +110,13 @@ BACKEND_PID=""
 GEN_PID=""
 
 cleanup() {
-    local rc=$? pid i all=()
+    local rc=$?
     trap - EXIT INT TERM
     set +e
     if [[ -n $GEN_PID ]]; then kill "$GEN_PID" 2>/dev/null || true; fi
-    if [[ -n $BACKEND_PID ]]; then
-        all=("$BACKEND_PID")
-        while read -r pid; do
-            if [[ -n $pid ]]; then all+=("$pid"); fi
-        done < <(children "$BACKEND_PID")
-    fi
-    # Graceful first (the nginx master stops its worker on SIGTERM), then SIGKILL.
-    for pid in "${all[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for ((i = 0; i < 30; i++)); do
-        local alive=0
-        for pid in "${all[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-        ((alive)) || break
-        sleep 0.1
-    done
-    for pid in "${all[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    stop_all "$BACKEND_PID"
     wait 2>/dev/null || true
-    if [[ $KEEP_TMP == 1 ]]; then
-        log "temp dir kept: $WORK"
-    else
-        rm -rf -- "$WORK"
-    fi
+    remove_work
     exit "$rc"
 }
 trap cleanup EXIT
