@@ -35,7 +35,6 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::LocalSet;
@@ -304,18 +303,9 @@ fn body_of(len: usize) -> Bytes {
 }
 
 fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    // SO_REUSEADDR only, so a backend restarted at once gets its port back from TIME_WAIT.
-    // Not SO_REUSEPORT: two backends must never share a port unnoticed.
-    sock.set_reuse_address(true)?;
-    if addr.is_ipv6() {
-        sock.set_only_v6(true)?;
-    }
-    sock.set_nonblocking(true)?;
-    sock.bind(&addr.into())?;
-    // The backlog of benches/peers/backend-nginx.conf, the server this one is measured against.
-    sock.listen(4096)?;
-    Ok(sock.into())
+    // Not SO_REUSEPORT: two backends must never share a port unnoticed. The backlog is that of
+    // benches/peers/backend-nginx.conf, the server this one is measured against.
+    crate::server::listener(addr, false, 4096)
 }
 
 /// How one server answers, shared by its connections (on its one thread, hence `Rc`).

@@ -194,16 +194,28 @@ pub fn control_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    // nginx's default backlog on Linux.
+    listener(addr, true, 511)
+}
+
+/// A non-blocking listening socket with `SO_REUSEADDR` (a restarted process gets its port
+/// back from TIME_WAIT at once), and `SO_REUSEPORT` when `reuse_port`.
+pub(crate) fn listener(
+    addr: SocketAddr,
+    reuse_port: bool,
+    backlog: i32,
+) -> std::io::Result<std::net::TcpListener> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
-    sock.set_reuse_port(true)?;
+    if reuse_port {
+        sock.set_reuse_port(true)?;
+    }
     if addr.is_ipv6() {
         sock.set_only_v6(true)?;
     }
     sock.set_nonblocking(true)?;
     sock.bind(&addr.into())?;
-    // nginx's default backlog on Linux.
-    sock.listen(511)?;
+    sock.listen(backlog)?;
     Ok(sock.into())
 }
 
