@@ -153,6 +153,15 @@ struct RawConfig {
     upstream: BTreeMap<String, RawUpstream>,
     #[serde(default)]
     limits: RawLimits,
+    #[serde(default)]
+    forwarded: RawForwarded,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawForwarded {
+    #[serde(default)]
+    trusted: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -268,6 +277,9 @@ pub struct Config {
     pub runtime: Runtime,
     /// What a client request may be, for every listener.
     pub limits: Limits,
+    /// Peers whose X-Forwarded-For is kept (the client's address is appended); from everyone
+    /// else it is replaced by the client's address, so a client cannot spoof it.
+    pub trusted: Vec<ipnet::IpNet>,
     pub listeners: Vec<Listener>,
     pub upstreams: Vec<Upstream>,
     /// Non-fatal findings (a backend pinned to a proxy core), shown by `check` and logged at start.
@@ -974,9 +986,29 @@ impl Config {
             listeners.push(Listener { address, upstream });
         }
 
+        let mut trusted = Vec::with_capacity(raw.forwarded.trusted.len());
+        for (i, t) in raw.forwarded.trusted.iter().enumerate() {
+            let v = t.get_ref();
+            // A plain address is a network of one.
+            let net = v
+                .parse::<ipnet::IpNet>()
+                .or_else(|_| v.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| {
+                    at(
+                        t.span(),
+                        &format!("forwarded.trusted[{i}]"),
+                        format!(
+                            "invalid network \"{v}\", expected an address or a CIDR block such as \"10.0.0.0/8\""
+                        ),
+                    )
+                })?;
+            trusted.push(net);
+        }
+
         Ok(Config {
             runtime,
             limits,
+            trusted,
             listeners,
             upstreams,
             warnings,
@@ -1010,6 +1042,19 @@ impl Config {
                 format!("{} bytes", l.max_body)
             },
             l.header_timeout
+        );
+        let _ = writeln!(
+            s,
+            "forwarded: X-Forwarded-For {}",
+            if self.trusted.is_empty() {
+                "replaced by the client's address for every client".to_string()
+            } else {
+                let nets: Vec<String> = self.trusted.iter().map(|n| n.to_string()).collect();
+                format!(
+                    "kept and appended to for {}, replaced for every other client",
+                    nets.join(", ")
+                )
+            }
         );
         for l in &self.listeners {
             let _ = writeln!(
@@ -1410,6 +1455,23 @@ client_idle = "2s"
         assert_eq!(
             with("interval = \"2d\""),
             "pinlb.toml:10:12: upstream.app.health.interval: 172800s is too long, expected at most 1 day"
+        );
+    }
+
+    #[test]
+    fn trusted_proxies_are_networks_or_addresses() {
+        let c = parse(&format!(
+            "{MINIMAL}\n[forwarded]\ntrusted = [\"10.0.0.0/8\", \"192.0.2.7\", \"::1\"]\n"
+        ))
+        .unwrap();
+        let nets: Vec<String> = c.trusted.iter().map(|n| n.to_string()).collect();
+        assert_eq!(nets, ["10.0.0.0/8", "192.0.2.7/32", "::1/128"]);
+        assert!(parse(MINIMAL).unwrap().trusted.is_empty());
+        assert_eq!(
+            err(&format!(
+                "{MINIMAL}\n[forwarded]\ntrusted = [\"10.0.0.0/33\"]\n"
+            )),
+            "pinlb.toml:10:12: forwarded.trusted[0]: invalid network \"10.0.0.0/33\", expected an address or a CIDR block such as \"10.0.0.0/8\""
         );
     }
 }

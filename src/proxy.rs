@@ -28,14 +28,22 @@ use crate::upstream::{InFlight, WorkerUpstream};
 pub struct Client {
     /// The client's IP, rendered once per connection for X-Forwarded-For.
     pub xff: HeaderValue,
+    /// Whether the client is in `forwarded.trusted`: a proxy whose X-Forwarded-For is kept and
+    /// appended to. Anyone else's is replaced, so a client cannot make a backend believe it
+    /// comes from another address.
+    pub trusted: bool,
 }
 
 impl Client {
-    pub fn new(peer: SocketAddr) -> Self {
+    /// Decided once per connection, from the peer's address.
+    pub fn new(peer: SocketAddr, trusted: &[ipnet::IpNet]) -> Self {
         let ip = peer.ip().to_string();
         // An IP address is always a valid header value.
         let xff = HeaderValue::from_str(&ip).unwrap_or(HeaderValue::from_static("unknown"));
-        Client { xff }
+        Client {
+            xff,
+            trusted: trusted.iter().any(|n| n.contains(&peer.ip())),
+        }
     }
 }
 
@@ -310,6 +318,10 @@ pub fn prepare_request(parts: &mut http::request::Parts, client: &Client) {
     h.remove(header::EXPECT);
     match h.entry(X_FORWARDED_FOR) {
         header::Entry::Vacant(e) => {
+            e.insert(client.xff.clone());
+        }
+        header::Entry::Occupied(mut e) if !client.trusted => {
+            // `insert` replaces every line of it.
             e.insert(client.xff.clone());
         }
         header::Entry::Occupied(mut e) => {
@@ -866,7 +878,10 @@ mod tests {
 
     #[test]
     fn forwarded_for_is_set_or_appended() {
-        let client = Client::new("10.1.2.3:5555".parse().unwrap());
+        let client = Client::new(
+            "10.1.2.3:5555".parse().unwrap(),
+            &["10.0.0.0/8".parse().unwrap()],
+        );
         let mut p = request("/", &[]);
         prepare_request(&mut p, &client);
         assert_eq!(p.headers["x-forwarded-for"], "10.1.2.3");
@@ -886,8 +901,27 @@ mod tests {
     }
 
     #[test]
+    fn an_untrusted_clients_forwarded_for_is_replaced() {
+        let client = Client::new(
+            "192.0.2.1:5555".parse().unwrap(),
+            &["10.0.0.0/8".parse().unwrap()],
+        );
+        assert!(!client.trusted);
+        let mut p = request(
+            "/",
+            &[
+                ("x-forwarded-for", "1.1.1.1"),
+                ("X-Forwarded-For", "2.2.2.2"),
+            ],
+        );
+        prepare_request(&mut p, &client);
+        assert_eq!(p.headers.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(p.headers["x-forwarded-for"], "192.0.2.1");
+    }
+
+    #[test]
     fn host_is_kept_and_expect_is_answered_locally() {
-        let client = Client::new("[::1]:1".parse().unwrap());
+        let client = Client::new("[::1]:1".parse().unwrap(), &[]);
         let mut p = request(
             "/a?b",
             &[("host", "app.example"), ("expect", "100-continue")],
@@ -900,7 +934,7 @@ mod tests {
 
     #[test]
     fn absolute_form_becomes_origin_form() {
-        let client = Client::new("127.0.0.1:1".parse().unwrap());
+        let client = Client::new("127.0.0.1:1".parse().unwrap(), &[]);
         let mut p = request("http://example.com/x/y?z=1", &[("host", "other.example")]);
         prepare_request(&mut p, &client);
         assert_eq!(p.uri, "/x/y?z=1");

@@ -250,6 +250,7 @@ fn worker_main(
             accepting.push(tokio::task::spawn_local(accept_loop(
                 listener,
                 upstream,
+                config.trusted.clone().into(),
                 config.limits,
                 idle,
                 graceful.clone(),
@@ -279,6 +280,7 @@ fn worker_main(
 async fn accept_loop(
     listener: TcpListener,
     upstream: Rc<WorkerUpstream>,
+    trusted: Rc<[ipnet::IpNet]>,
     limits: Limits,
     client_idle: Duration,
     graceful: Rc<GracefulShutdown>,
@@ -310,7 +312,7 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let client = Rc::new(Client::new(peer));
+        let client = Rc::new(Client::new(peer, &trusted));
         let upstream = upstream.clone();
         let activity = Rc::new(Activity::accepted());
         let io = TrackedIo::new(TokioIo::new(stream), activity.clone());

@@ -709,7 +709,10 @@ async fn a_backend_that_stops_reading_holds_back_the_upload_instead_of_filling_m
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hop_by_hop_request_headers_are_stripped_and_forwarding_headers_set() {
     let a = Backend::start("a").await;
-    let proxy = Proxy::start(&Setup::with(&[a.addr]));
+    let mut setup = Setup::with(&[a.addr]);
+    // The client is a trusted proxy here, so its X-Forwarded-For is kept and appended to.
+    setup.extra = "[forwarded]\ntrusted = [\"127.0.0.0/8\"]\n".into();
+    let proxy = Proxy::start(&setup);
 
     let mut s = TcpStream::connect(proxy.addr).await.unwrap();
     s.write_all(
@@ -760,6 +763,26 @@ async fn hop_by_hop_request_headers_are_stripped_and_forwarding_headers_set() {
     assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
     assert_eq!(seen.headers["x-forwarded-proto"], "http");
     assert_eq!(seen.headers["host"], "pinlb.test");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_clients_x_forwarded_for_is_replaced_by_its_address() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start(&Setup::with(&[a.addr]));
+    let r = raw_request(
+        proxy.addr,
+        b"GET / HTTP/1.1\r\nHost: app.example\r\n\
+          X-Forwarded-For: 10.9.9.9\r\nX-Forwarded-For: 10.8.8.8\r\nConnection: close\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let seen = a.requests().pop().unwrap();
+    assert_eq!(seen.headers.get_all("x-forwarded-for").iter().count(), 1);
+    assert_eq!(
+        seen.headers["x-forwarded-for"], "127.0.0.1",
+        "a spoofed X-Forwarded-For must not reach the backend"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
