@@ -172,6 +172,7 @@ struct RawLimits {
     max_uri_bytes: Option<Spanned<Size>>,
     max_body: Option<Spanned<Size>>,
     header_timeout: Option<Spanned<Dur>>,
+    max_connections: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -309,6 +310,10 @@ pub struct Limits {
     /// A request head must arrive whole within this long of its first byte (or of the accept,
     /// for a connection's first request); else 408 and close.
     pub header_timeout: Duration,
+    /// Client connections open at once, per process. At the limit pinlb stops accepting (new
+    /// connections wait in the kernel's backlog) and closes idle keep-alive connections to make
+    /// room, as nginx does when `worker_connections` run out.
+    pub max_connections: usize,
 }
 
 impl Limits {
@@ -328,6 +333,7 @@ impl Default for Limits {
             max_uri_bytes: 8 * 1024,
             max_body: 0,
             header_timeout: Duration::from_secs(10),
+            max_connections: 10_000,
         }
     }
 }
@@ -717,6 +723,22 @@ impl Config {
                 max_body: l.max_body.as_ref().map_or(d.max_body, |v| v.get_ref().0),
                 header_timeout: positive(&l.header_timeout, "limits.header_timeout")?
                     .unwrap_or(d.header_timeout),
+                max_connections: match &l.max_connections {
+                    None => d.max_connections,
+                    // tokio's semaphore holds at most usize::MAX >> 3 permits.
+                    Some(v) if (1..=1 << 40).contains(v.get_ref()) => *v.get_ref(),
+                    Some(v) => {
+                        return Err(at(
+                            v.span(),
+                            "limits.max_connections",
+                            format!(
+                                "{} is out of range, expected 1 to {}",
+                                v.get_ref(),
+                                1u64 << 40
+                            ),
+                        ));
+                    }
+                },
             }
         };
 
@@ -1032,7 +1054,7 @@ impl Config {
         let l = &self.limits;
         let _ = writeln!(
             s,
-            "limits: request head {} bytes and {} headers, uri {} bytes, body {}, head within {:?}",
+            "limits: request head {} bytes and {} headers, uri {} bytes, body {}, head within {:?}, {} connections",
             l.max_header_bytes,
             l.max_headers,
             l.max_uri_bytes,
@@ -1041,7 +1063,8 @@ impl Config {
             } else {
                 format!("{} bytes", l.max_body)
             },
-            l.header_timeout
+            l.header_timeout,
+            l.max_connections
         );
         let _ = writeln!(
             s,
@@ -1198,7 +1221,7 @@ backends = [{ address = "127.0.0.1:8881" }]
     #[test]
     fn limits_parse_sizes_and_durations() {
         let c = parse(&format!(
-            "[limits]\nmax_header_bytes = \"16KiB\"\nmax_headers = 50\nmax_uri_bytes = 2048\nmax_body = \"1MiB\"\nheader_timeout = \"300ms\"\n{MINIMAL}"
+            "[limits]\nmax_header_bytes = \"16KiB\"\nmax_headers = 50\nmax_uri_bytes = 2048\nmax_body = \"1MiB\"\nheader_timeout = \"300ms\"\nmax_connections = 2\n{MINIMAL}"
         ))
         .unwrap();
         assert_eq!(
@@ -1209,6 +1232,7 @@ backends = [{ address = "127.0.0.1:8881" }]
                 max_uri_bytes: 2048,
                 max_body: 1024 * 1024,
                 header_timeout: Duration::from_millis(300),
+                max_connections: 2,
             }
         );
         assert!(

@@ -25,6 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::rt::{Read, ReadBufCursor, Write};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// What the watchdog looks at for one client connection.
@@ -56,6 +57,12 @@ impl Activity {
         self.events.set(self.events.get().wrapping_add(1));
     }
 
+    /// Idle between requests: nothing in flight and no part of a next head arrived. Such a
+    /// connection can be closed to make room without cutting anything off.
+    fn is_idle(&self) -> bool {
+        self.in_flight.get() == 0 && !self.head_bytes.get()
+    }
+
     /// Marks a request in flight until the returned guard is dropped.
     pub fn request(self: &Rc<Self>) -> Active {
         self.in_flight.set(self.in_flight.get() + 1);
@@ -79,6 +86,8 @@ impl Activity {
 pub enum Expired {
     /// Nothing moved for `client_idle`.
     Idle,
+    /// The process is at `limits.max_connections` and this connection was idle: it makes room.
+    Pressure,
     /// No complete request head within `header_timeout`; `bytes` says whether any of it came.
     /// When it did, the connection's next read answers 408.
     Head { bytes: bool },
@@ -97,8 +106,14 @@ impl Drop for Active {
 }
 
 /// Completes once the connection has been idle for `idle`, or a request head has taken longer
-/// than `head` to arrive.
-pub async fn watchdog(activity: Rc<Activity>, idle: Duration, head: Duration) -> Expired {
+/// than `head` to arrive, or `pressure` is notified (the process is out of connections) while the
+/// connection is idle.
+pub async fn watchdog(
+    activity: Rc<Activity>,
+    idle: Duration,
+    head: Duration,
+    pressure: &Notify,
+) -> Expired {
     const CHECKS: u32 = 4;
     // Config validation rejects 0; the floor keeps a tiny value from spinning anyway.
     let period = (idle.min(head) / CHECKS).max(Duration::from_millis(1));
@@ -107,7 +122,20 @@ pub async fn watchdog(activity: Rc<Activity>, idle: Duration, head: Duration) ->
     let mut seen = activity.events.get();
     let mut quiet = 0;
     loop {
-        tokio::time::sleep(period).await;
+        // The tick keeps its deadline across notifications: pressure that goes on must not
+        // postpone the idle and head checks of a busy connection.
+        let tick = tokio::time::sleep(period);
+        tokio::pin!(tick);
+        loop {
+            tokio::select! {
+                () = &mut tick => break,
+                () = pressure.notified() => {
+                    if activity.is_idle() {
+                        return Expired::Pressure;
+                    }
+                }
+            }
+        }
         if let Some(since) = activity.head_since.get() {
             let deadline = since + head;
             // Due before the next check: wait for it exactly, so a late head is answered at
@@ -277,7 +305,8 @@ mod tests {
         let activity = Rc::new(Activity::accepted());
         let a = activity.clone();
         let start = Instant::now();
-        let dog = watchdog(activity.clone(), Duration::from_secs(60), HEAD);
+        let pressure = Notify::new();
+        let dog = watchdog(activity.clone(), Duration::from_secs(60), HEAD, &pressure);
         let trickle = async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -297,7 +326,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_connection_that_sends_nothing_is_closed_at_the_header_timeout_without_an_answer() {
         let activity = Rc::new(Activity::accepted());
-        let expired = watchdog(activity.clone(), Duration::from_secs(60), HEAD).await;
+        let expired = watchdog(
+            activity.clone(),
+            Duration::from_secs(60),
+            HEAD,
+            &Notify::new(),
+        )
+        .await;
         assert_eq!(expired, Expired::Head { bytes: false });
         assert!(!activity.head_expired.get());
     }
@@ -307,7 +342,7 @@ mod tests {
         let activity = Rc::new(Activity::accepted());
         drop(activity.request());
         let start = Instant::now();
-        let expired = watchdog(activity, Duration::from_secs(60), HEAD).await;
+        let expired = watchdog(activity, Duration::from_secs(60), HEAD, &Notify::new()).await;
         assert_eq!(expired, Expired::Idle);
         let took = start.elapsed();
         assert!(
@@ -321,7 +356,7 @@ mod tests {
         let activity = Rc::new(Activity::default());
         let start = tokio::time::Instant::now();
         assert_eq!(
-            watchdog(activity, Duration::from_secs(60), HEAD).await,
+            watchdog(activity, Duration::from_secs(60), HEAD, &Notify::new()).await,
             Expired::Idle
         );
         let took = start.elapsed();
@@ -335,9 +370,10 @@ mod tests {
     async fn a_request_in_flight_keeps_the_connection_open() {
         let activity = Rc::new(Activity::default());
         let active = activity.request();
+        let pressure = Notify::new();
         let dog = tokio::time::timeout(
             Duration::from_secs(600),
-            watchdog(activity.clone(), Duration::from_secs(60), HEAD),
+            watchdog(activity.clone(), Duration::from_secs(60), HEAD, &pressure),
         );
         assert!(
             dog.await.is_err(),
@@ -345,7 +381,7 @@ mod tests {
         );
         drop(active);
         let start = tokio::time::Instant::now();
-        watchdog(activity, Duration::from_secs(60), HEAD).await;
+        watchdog(activity, Duration::from_secs(60), HEAD, &Notify::new()).await;
         assert!(start.elapsed() >= Duration::from_secs(60));
     }
 
@@ -354,7 +390,8 @@ mod tests {
         let activity = Rc::new(Activity::default());
         let a = activity.clone();
         let start = tokio::time::Instant::now();
-        let dog = watchdog(activity, Duration::from_secs(60), HEAD);
+        let pressure = Notify::new();
+        let dog = watchdog(activity, Duration::from_secs(60), HEAD, &pressure);
         let traffic = async move {
             // Bytes move every 10 s for the first 100 s.
             for _ in 0..10 {
@@ -372,5 +409,32 @@ mod tests {
             took >= Duration::from_secs(160) && took <= Duration::from_secs(180),
             "{took:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn under_pressure_an_idle_connection_makes_room_and_a_busy_one_does_not() {
+        let pressure = Notify::new();
+        let idle = Rc::new(Activity::default());
+        let busy = Rc::new(Activity::default());
+        let _request = busy.request();
+        let idle_dog = watchdog(idle, Duration::from_secs(60), HEAD, &pressure);
+        let busy_dog = watchdog(busy, Duration::from_secs(60), HEAD, &pressure);
+        tokio::pin!(idle_dog, busy_dog);
+        // Let both register, then announce the pressure.
+        tokio::task::yield_now().await;
+        assert!(futures_poll(idle_dog.as_mut()).is_none());
+        assert!(futures_poll(busy_dog.as_mut()).is_none());
+        pressure.notify_waiters();
+        assert_eq!(futures_poll(idle_dog.as_mut()), Some(Expired::Pressure));
+        assert!(futures_poll(busy_dog.as_mut()).is_none());
+    }
+
+    /// Polls a future once with a no-op waker.
+    fn futures_poll<F: std::future::Future>(f: Pin<&mut F>) -> Option<F::Output> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match f.poll(&mut cx) {
+            Poll::Ready(v) => Some(v),
+            Poll::Pending => None,
+        }
     }
 }

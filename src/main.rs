@@ -55,13 +55,14 @@ fn main() -> ExitCode {
         Command::Demo(args) => pinlb::demo::main(args),
         Command::Check { config } => match Config::load(&config) {
             Ok(c) => {
-                print!("{}", c.describe());
                 let map = pinlb::coremap::CoreMap::discover(&c);
-                print!("{}", map.render());
+                let mut out = c.describe() + &map.render();
                 for w in map.warnings() {
-                    println!("warning: {w}");
+                    out += &format!("warning: {w}\n");
                 }
-                println!("{}: configuration is valid", config.display());
+                out += &format!("{}: configuration is valid\n", config.display());
+                // Written at once and without print!'s panic on a closed pipe (`check | head`).
+                let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -19,7 +19,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::LocalSet;
 use tracing::{debug, error, info, warn};
 
@@ -145,6 +145,10 @@ impl Server {
             .iter()
             .map(|u| Arc::new(SharedUpstream::new(u.clone())))
             .collect();
+        let connections = Arc::new(Connections {
+            slots: Arc::new(Semaphore::new(config.limits.max_connections)),
+            pressure: Notify::new(),
+        });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());
         for (worker, (core, listeners)) in cpus.iter().copied().zip(sockets).enumerate() {
@@ -153,7 +157,20 @@ impl Server {
             let stop = stop_rx.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("pinlb-w{worker}"))
-                .spawn(move || worker_main(worker, core, config, upstreams, listeners, stop))
+                .spawn({
+                    let connections = connections.clone();
+                    move || {
+                        worker_main(
+                            worker,
+                            core,
+                            config,
+                            upstreams,
+                            connections,
+                            listeners,
+                            stop,
+                        )
+                    }
+                })
                 .map_err(|source| ServerError::Worker { worker, source })?;
             threads.push(handle);
         }
@@ -224,6 +241,7 @@ fn worker_main(
     core: usize,
     config: Arc<Config>,
     upstreams: Vec<Arc<SharedUpstream>>,
+    connections: Arc<Connections>,
     sockets: Vec<std::net::TcpListener>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), ServerError> {
@@ -250,8 +268,11 @@ fn worker_main(
             accepting.push(tokio::task::spawn_local(accept_loop(
                 listener,
                 upstream,
-                config.trusted.clone().into(),
-                config.limits,
+                Rc::new(ClientRules {
+                    trusted: config.trusted.clone(),
+                    connections: connections.clone(),
+                    limits: config.limits,
+                }),
                 idle,
                 graceful.clone(),
                 stop.clone(),
@@ -280,12 +301,13 @@ fn worker_main(
 async fn accept_loop(
     listener: TcpListener,
     upstream: Rc<WorkerUpstream>,
-    trusted: Rc<[ipnet::IpNet]>,
-    limits: Limits,
+    rules: Rc<ClientRules>,
     client_idle: Duration,
     graceful: Rc<GracefulShutdown>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let limits = rules.limits;
+    let connections = &rules.connections;
     let mut builder = http1::Builder::new();
     // Idle connections and late request heads (`limits.header_timeout`) are handled by the
     // per-connection watchdog in `idle` instead: hyper's header read timeout arms a new boxed
@@ -297,6 +319,11 @@ async fn accept_loop(
     builder.max_header_size(limits.max_header_bytes);
     builder.max_headers(limits.max_headers);
     loop {
+        let slot = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return,
+            slot = connections.slot() => slot,
+        };
         let accepted = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return,
@@ -312,7 +339,7 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let client = Rc::new(Client::new(peer, &trusted));
+        let client = Rc::new(Client::new(peer, &rules.trusted));
         let upstream = upstream.clone();
         let activity = Rc::new(Activity::accepted());
         let io = TrackedIo::new(TokioIo::new(stream), activity.clone());
@@ -328,7 +355,10 @@ async fn accept_loop(
         });
         let conn = graceful.watch(builder.serve_connection(io, service));
         let header_timeout = limits.header_timeout;
+        let connections = connections.clone();
         tokio::task::spawn_local(async move {
+            // The connection's slot is free again when this task ends.
+            let _slot = slot;
             tokio::pin!(conn);
             let expired = tokio::select! {
                 biased;
@@ -338,9 +368,12 @@ async fn accept_loop(
                     }
                     return;
                 }
-                e = idle::watchdog(activity, client_idle, header_timeout) => e,
+                e = idle::watchdog(activity, client_idle, header_timeout, &connections.pressure) => e,
             };
             match expired {
+                Expired::Pressure => {
+                    debug!(client = %peer, "closing idle client connection: at limits.max_connections");
+                }
                 Expired::Idle => {
                     debug!(client = %peer, "closing client connection idle for {client_idle:?}");
                 }
@@ -355,6 +388,48 @@ async fn accept_loop(
                 }
             }
         });
+    }
+}
+
+/// What applies to every client of a listener, whatever its upstream.
+struct ClientRules {
+    /// `forwarded.trusted`.
+    trusted: Vec<ipnet::IpNet>,
+    connections: Arc<Connections>,
+    limits: Limits,
+}
+
+/// The process's client connections, counted against `limits.max_connections` by every worker.
+pub(crate) struct Connections {
+    /// One permit per open client connection.
+    slots: Arc<Semaphore>,
+    /// Notified while an accept loop waits for a slot: idle keep-alive connections close to make
+    /// room, as nginx does when it runs out of `worker_connections`, so a flood of idle clients
+    /// cannot lock out active ones.
+    pressure: Notify,
+}
+
+impl Connections {
+    /// Waits for room for one more connection. Until there is, nothing is accepted (new
+    /// connections wait in the kernel's backlog) and idle connections are asked to close, again
+    /// every 100 ms in case one became idle meanwhile.
+    async fn slot(&self) -> OwnedSemaphorePermit {
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return slot;
+        }
+        warn!("at limits.max_connections: not accepting, closing idle connections to make room");
+        loop {
+            self.pressure.notify_waiters();
+            tokio::select! {
+                slot = self.slots.clone().acquire_owned() => {
+                    // The semaphore is never closed.
+                    if let Ok(slot) = slot {
+                        return slot;
+                    }
+                }
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
     }
 }
 

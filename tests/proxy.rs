@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use http::Method;
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 const MIB: u64 = 1024 * 1024;
@@ -1418,4 +1418,60 @@ async fn sigterm_as_soon_as_the_binary_listens_still_exits_0() {
         "pinlb was already accepting connections, so SIGTERM must shut it down gracefully; stderr:\n{}",
         proxy.log().join("\n")
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// limits.max_connections
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_max_connections_idle_keep_alive_connections_make_room_for_new_clients() {
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.extra = "[limits]\nmax_connections = 2\n".into();
+    let proxy = Proxy::start(&setup);
+
+    // Two clients fill the limit and stay connected, idle, after one request each.
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        let mut r = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
+        r.get_mut()
+            .write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(read_response(&mut r, false).await.status, 200);
+        idle.push(r);
+    }
+    // A third client is still served: idle connections close to make room.
+    assert_eq!(get(proxy.addr, "/").await.status, 200);
+    let mut closed = 0;
+    for r in &mut idle {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(2), r.read(&mut byte)).await;
+        if matches!(read, Ok(Ok(0))) {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "no idle connection was closed to make room");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_max_connections_a_busy_connection_keeps_its_slot_and_the_next_client_waits() {
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.extra = "[limits]\nmax_connections = 1\n".into();
+    let proxy = Proxy::start(&setup);
+
+    let addr = proxy.addr;
+    let slow = tokio::spawn(async move { get(addr, "/sleep/400").await });
+    a.wait_for_hits(1).await;
+    // Accepted only once the slow request's connection has closed: it waits in the backlog
+    // meanwhile instead of being refused.
+    let r = get(proxy.addr, "/").await;
+    assert_eq!(r.status, 200);
+    assert!(
+        slow.is_finished(),
+        "the second client was served while the only slot was busy"
+    );
+    assert_eq!(slow.await.unwrap().status, 200);
 }
