@@ -29,7 +29,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// What the watchdog looks at for one client connection.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Activity {
     /// Bumped on every completed read or write.
     events: Cell<u64>,
@@ -43,6 +43,9 @@ pub struct Activity {
     head_bytes: Cell<bool>,
     /// Set by the watchdog once the head is late: the next read answers 408 and ends the stream.
     head_expired: Cell<bool>,
+    /// The connection task, kept while hyper waits for a request head, so that the watchdog
+    /// (another task) can make it read once more and answer 408.
+    reader: Cell<Option<std::task::Waker>>,
 }
 
 impl Activity {
@@ -61,6 +64,13 @@ impl Activity {
     /// connection can be closed to make room without cutting anything off.
     fn is_idle(&self) -> bool {
         self.in_flight.get() == 0 && !self.head_bytes.get()
+    }
+
+    /// Makes the connection's task poll its reader again (see `head_expired`).
+    pub fn wake_reader(&self) {
+        if let Some(waker) = self.reader.take() {
+            waker.wake();
+        }
     }
 
     /// Marks a request in flight until the returned guard is dropped.
@@ -94,7 +104,6 @@ pub enum Expired {
 }
 
 /// Holds a request in flight; travels with the response body.
-#[derive(Debug)]
 pub struct Active(Rc<Activity>);
 
 impl Drop for Active {
@@ -203,6 +212,9 @@ impl<T: Read + Write + Unpin> Read for TrackedIo<T> {
             if self.activity.in_flight.get() == 0 {
                 self.activity.head_read();
             }
+        } else if self.activity.in_flight.get() == 0 {
+            // Waiting for (the rest of) a request head: the one wait the watchdog may cut short.
+            self.activity.reader.set(Some(cx.waker().clone()));
         }
         polled
     }

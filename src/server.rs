@@ -356,19 +356,21 @@ async fn accept_loop(
         let conn = graceful.watch(builder.serve_connection(io, service));
         let header_timeout = limits.header_timeout;
         let connections = connections.clone();
-        tokio::task::spawn_local(async move {
-            // The connection's slot is free again when this task ends.
+        // The connection and its watchdog are two tasks, so that the watchdog (its timer, and
+        // the shared notification of `max_connections` pressure, whose polling takes a lock) is
+        // polled only when it has something to check, never on the connection's every wake.
+        let mut serving = tokio::task::spawn_local(async move {
+            // The connection's slot is free again when this task ends or is aborted.
             let _slot = slot;
-            tokio::pin!(conn);
+            if let Err(e) = conn.await {
+                log_connection_error(peer, &e);
+            }
+        });
+        tokio::task::spawn_local(async move {
             let expired = tokio::select! {
                 biased;
-                ended = &mut conn => {
-                    if let Err(e) = ended {
-                        log_connection_error(peer, &e);
-                    }
-                    return;
-                }
-                e = idle::watchdog(activity, client_idle, header_timeout, &connections.pressure) => e,
+                _ = &mut serving => return,
+                e = idle::watchdog(activity.clone(), client_idle, header_timeout, &connections.pressure) => e,
             };
             match expired {
                 Expired::Pressure => {
@@ -382,11 +384,19 @@ async fn accept_loop(
                 }
                 Expired::Head { bytes: true } => {
                     warn!(client = %peer, "answered 408: no complete request head within {header_timeout:?} (limits.header_timeout)");
-                    // Polled once more, hyper reads; that read writes the 408 and ends the
-                    // stream, and hyper closes. Bounded in case hyper is not reading after all.
-                    let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
+                    // Woken, hyper reads again; that read writes the 408 and ends the stream,
+                    // and hyper closes. Bounded in case hyper is not reading after all.
+                    activity.wake_reader();
+                    if tokio::time::timeout(Duration::from_secs(1), &mut serving)
+                        .await
+                        .is_ok()
+                    {
+                        return;
+                    }
                 }
             }
+            // Dropping the connection closes its socket.
+            serving.abort();
         });
     }
 }
