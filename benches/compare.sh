@@ -179,33 +179,7 @@ PIDS+=("$BACKEND_PID")
 wait_ready backend "$BACKEND_PORT" "$BACKEND_PID" "$WORK/backend/error.log"
 
 for p in "${PEER_LIST[@]}"; do
-    d="$WORK/$p"
-    mkdir -p "$d"
-    LOGF[$p]="$d/stdout.log"
-    case $p in
-    nginx)
-        nginx_temp_paths "$d"
-        render "$PEERS_DIR/nginx.conf" "$d/nginx.conf" "${PORT[$p]}" "$d"
-        taskset -c 0 nginx -p "$d" -c "$d/nginx.conf" -e "$d/error.log" >"${LOGF[$p]}" 2>&1 &
-        PID_OF[$p]=$!
-        LOGF[$p]="$d/error.log"
-        VERSION[$p]=$(nginx -v 2>&1 | awk -F'/' '{print $2}')
-        ;;
-    haproxy)
-        render "$PEERS_DIR/haproxy.cfg" "$d/haproxy.cfg" "${PORT[$p]}" "$d"
-        taskset -c 0 haproxy -db -f "$d/haproxy.cfg" >"${LOGF[$p]}" 2>&1 &
-        PID_OF[$p]=$!
-        VERSION[$p]=$(haproxy -v 2>&1 | awk 'NR == 1 {print $3}')
-        ;;
-    pinlb)
-        render "$PEERS_DIR/pinlb.toml" "$d/pinlb.toml" "${PORT[$p]}" "$d"
-        RUST_LOG=warn taskset -c 0 "$PINLB" serve -c "$d/pinlb.toml" >"${LOGF[$p]}" 2>&1 &
-        PID_OF[$p]=$!
-        VERSION[$p]=$("$PINLB" --version 2>&1 | awk 'NR == 1 {print $NF}')
-        ;;
-    esac
-    PIDS+=("${PID_OF[$p]}")
-    wait_ready "$p" "${PORT[$p]}" "${PID_OF[$p]}" "${LOGF[$p]}"
+    start_peer "$p" "$PEERS_DIR/pinlb.toml"
 done
 
 # ---------------------------------------------------------------- header

@@ -140,3 +140,42 @@ remove_work() {
         rm -rf -- "$WORK"
     fi
 }
+
+# start_peer P PINLB_TOML: renders proxy P's config (nginx, haproxy or pinlb; pinlb's
+# from PINLB_TOML, checked with `pinlb check` first) into $WORK/P, starts it on
+# core 0 and waits until it answers. Uses the caller's PORT, PEERS_DIR, PINLB
+# and WORK; fills PID_OF[P], LOGF[P] and VERSION[P], and adds the pid to PIDS.
+# shellcheck disable=SC2004,SC2034 # those are the caller's associative arrays, keyed by name
+start_peer() {
+    local p=$1 toml=$2 d="$WORK/$1"
+    mkdir -p "$d"
+    LOGF[$p]="$d/stdout.log"
+    case $p in
+    nginx)
+        nginx_temp_paths "$d"
+        render "$PEERS_DIR/nginx.conf" "$d/nginx.conf" "${PORT[$p]}" "$d"
+        taskset -c 0 nginx -p "$d" -c "$d/nginx.conf" -e "$d/error.log" >"${LOGF[$p]}" 2>&1 &
+        PID_OF[$p]=$!
+        LOGF[$p]="$d/error.log"
+        VERSION[$p]=$(nginx -v 2>&1 | awk -F'/' '{print $2}')
+        ;;
+    haproxy)
+        render "$PEERS_DIR/haproxy.cfg" "$d/haproxy.cfg" "${PORT[$p]}" "$d"
+        taskset -c 0 haproxy -db -f "$d/haproxy.cfg" >"${LOGF[$p]}" 2>&1 &
+        PID_OF[$p]=$!
+        VERSION[$p]=$(haproxy -v 2>&1 | awk 'NR == 1 {print $3}')
+        ;;
+    pinlb)
+        render "$toml" "$d/pinlb.toml" "${PORT[$p]}" "$d"
+        "$PINLB" check -c "$d/pinlb.toml" >"$d/check.log" 2>&1 || {
+            cat "$d/check.log" >&2
+            die "pinlb check rejected $toml (rendered: $d/pinlb.toml); this binary may predate its keys - or leave pinlb out of PEERS"
+        }
+        RUST_LOG=warn taskset -c 0 "$PINLB" serve -c "$d/pinlb.toml" >"${LOGF[$p]}" 2>&1 &
+        PID_OF[$p]=$!
+        VERSION[$p]=$("$PINLB" --version 2>&1 | awk 'NR == 1 {print $NF}')
+        ;;
+    esac
+    PIDS+=("${PID_OF[$p]}")
+    wait_ready "$p" "${PORT[$p]}" "${PID_OF[$p]}" "${LOGF[$p]}"
+}
