@@ -36,6 +36,20 @@ async fn wait_until_down(b: &Backend) {
     b.wait_for_probes(seen + FALL + 1).await;
 }
 
+/// Sends a GET on `conn` and checks that it gets a 503 with `body` at once: a request no
+/// backend can take waits on nothing.
+async fn assert_fast_503(conn: &mut Conn, body: &str) {
+    let start = Instant::now();
+    let r = conn.get("/").await;
+    let took = start.elapsed();
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.body, body);
+    assert!(
+        took < Duration::from_millis(200),
+        "a 503 should wait on nothing, took {took:?}"
+    );
+}
+
 /// Sends GETs for `/` (at most `max`, 10 ms apart) until backend `id` answers one; every answer
 /// must be a 200. Returns how many requests it took, or `None`.
 async fn until_answered_by(conn: &mut Conn, id: &str, max: usize) -> Option<usize> {
@@ -391,18 +405,11 @@ async fn with_every_backend_down_by_health_checks_a_request_gets_503_at_once() {
     wait_until_down(&b).await;
     let mut conn = Conn::open(proxy.addr).await;
 
-    let start = Instant::now();
-    let r = conn.get("/").await;
-    let took = start.elapsed();
-    assert_eq!(r.status, 503, "{r:?}");
-    assert_eq!(
-        r.body,
-        "503 Service Unavailable: no backend available among 2: 2 down by health checks\n"
-    );
-    assert!(
-        took < Duration::from_millis(200),
-        "a 503 should wait on nothing, took {took:?}"
-    );
+    assert_fast_503(
+        &mut conn,
+        "503 Service Unavailable: no backend available among 2: 2 down by health checks\n",
+    )
+    .await;
     assert_eq!((a.hits(), b.hits()), (0, 0));
 }
 
@@ -416,15 +423,11 @@ async fn a_lone_backend_down_by_health_checks_is_not_tried_and_gets_503_at_once(
     wait_until_down(&a).await;
     let mut conn = Conn::open(proxy.addr).await;
 
-    let start = Instant::now();
-    let r = conn.get("/").await;
-    let took = start.elapsed();
-    assert_eq!(r.status, 503, "{r:?}");
-    assert_eq!(
-        r.body,
-        "503 Service Unavailable: no backend available among 1: 1 down by health checks\n"
-    );
-    assert!(took < Duration::from_millis(200), "took {took:?}");
+    assert_fast_503(
+        &mut conn,
+        "503 Service Unavailable: no backend available among 1: 1 down by health checks\n",
+    )
+    .await;
     assert_eq!(a.hits(), 0);
 }
 
@@ -818,15 +821,11 @@ async fn a_lone_backend_at_max_conns_gets_the_next_request_a_503_at_once() {
     let slow = tokio::spawn(get(proxy.addr, "/sleep/1000"));
     a.wait_for_hits(1).await;
     let mut conn = Conn::open(proxy.addr).await;
-    let start = Instant::now();
-    let r = conn.get("/").await;
-    let took = start.elapsed();
-    assert_eq!(r.status, 503, "{r:?}");
-    assert_eq!(
-        r.body,
-        "503 Service Unavailable: no backend available among 1: 1 at max_conns\n"
-    );
-    assert!(took < Duration::from_millis(200), "took {took:?}");
+    assert_fast_503(
+        &mut conn,
+        "503 Service Unavailable: no backend available among 1: 1 at max_conns\n",
+    )
+    .await;
     assert_eq!(a.hits(), 1);
 
     assert_eq!(slow.await.unwrap().status, 200);
