@@ -130,9 +130,6 @@ trap 'exit 143' TERM
 # shellcheck source=benches/lib.sh
 source "$ROOT/benches/lib.sh"
 
-# pick_port: sets PICKED to the next free port >= NEXT_PORT (not in a
-# subshell, so that NEXT_PORT advances).
-
 run_wrk() { # PORT DURATION OUTFILE
     taskset -c 1 wrk -t1 -c"$CONNS" -d"$2" --latency "http://127.0.0.1:$1/" >"$3" 2>&1 &
     WRK_PID=$!
@@ -182,12 +179,7 @@ for s in "${SERVERS[@]}"; do
 done
 
 # ---------------------------------------------------------------- header
-CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
-if COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then
-    git -C "$ROOT" diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+dirty"
-else
-    COMMIT="none (no git HEAD)"
-fi
+host_facts
 ENV_LINE="ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS WARMUP=$WARMUP PINLB=$PINLB"
 
 echo "== pinlb backend vs nginx return 200 =="

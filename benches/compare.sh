@@ -134,9 +134,6 @@ trap 'exit 143' TERM
 # shellcheck source=benches/lib.sh
 source "$ROOT/benches/lib.sh"
 
-# pick_port: sets PICKED to the next free port >= NEXT_PORT (not in a
-# subshell, so that NEXT_PORT advances).
-
 # render TEMPLATE DEST PORT DIR
 render() {
     sed -e "s|@DIR@|$4|g" -e "s|@PORT@|$3|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" "$1" >"$2"
@@ -183,12 +180,7 @@ for p in "${PEER_LIST[@]}"; do
 done
 
 # ---------------------------------------------------------------- header
-CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
-if COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then
-    git -C "$ROOT" diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+dirty"
-else
-    COMMIT="none (no git HEAD)"
-fi
+host_facts
 ENV_LINE="ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS WARMUP=$WARMUP PEERS=\"$PEERS\""
 [[ " ${PEER_LIST[*]} " == *" pinlb "* ]] && ENV_LINE+=" PINLB=$PINLB"
 

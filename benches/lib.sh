@@ -179,3 +179,15 @@ start_peer() {
     PIDS+=("${PID_OF[$p]}")
     wait_ready "$p" "${PORT[$p]}" "${PID_OF[$p]}" "${LOGF[$p]}"
 }
+
+# host_facts: sets CPU_MODEL and COMMIT (the short hash, +dirty with local changes)
+# for a report's header.
+# shellcheck disable=SC2034 # read by the caller
+host_facts() {
+    CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+    if COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then
+        git -C "$ROOT" diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+dirty"
+    else
+        COMMIT="none (no git HEAD)"
+    fi
+}

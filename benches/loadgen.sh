@@ -215,12 +215,7 @@ for ((i = 0; i < 50; i++)); do
 done
 ((ready)) || die "the backend is not answering 'hello world' on $URL after 5 s"
 
-CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
-if COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then
-    git -C "$ROOT" diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+dirty"
-else
-    COMMIT="none (no git HEAD)"
-fi
+host_facts
 WRK_VERSION=$(wrk -v 2>&1 | awk 'NR == 1 {print $2}' || true)
 PINLB_VERSION=$("$PINLB" --version 2>&1 | awk 'NR == 1 {print $NF}')
 ENV_LINE="ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS PINLB=$PINLB"
