@@ -377,16 +377,7 @@ async fn accept_loop(listener: TcpListener, answer: Rc<Answer>) {
     // No timer is configured; an explicit None keeps hyper from looking for one per connection.
     builder.header_read_timeout(None);
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning on accept.
-                error!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
+        let (stream, peer) = crate::server::accept(&listener).await;
         let answer = answer.clone();
         let service = service_fn(move |req| respond(answer.clone(), req));
         let conn = builder.serve_connection(TokioIo::new(stream), service);

@@ -324,21 +324,11 @@ async fn accept_loop(
             _ = stop.wait_for(|s| *s) => return,
             slot = connections.slot() => slot,
         };
-        let accepted = tokio::select! {
+        let (stream, peer) = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return,
-            a = listener.accept() => a,
+            a = accept(&listener) => a,
         };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning on accept.
-                error!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
         let client = Rc::new(Client::new(peer, &rules.trusted));
         let upstream = upstream.clone();
         let activity = Rc::new(Activity::accepted());
@@ -398,6 +388,24 @@ async fn accept_loop(
             // Dropping the connection closes its socket.
             serving.abort();
         });
+    }
+}
+
+/// The next client connection, with TCP_NODELAY set. Accept errors (out of file descriptors
+/// and the like) are logged and retried after 50 ms instead of spinning.
+pub(crate) async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                // Small requests and responses must not wait for Nagle.
+                let _ = stream.set_nodelay(true);
+                return (stream, peer);
+            }
+            Err(e) => {
+                error!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 }
 
