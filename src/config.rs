@@ -155,6 +155,23 @@ struct RawConfig {
     limits: RawLimits,
     #[serde(default)]
     forwarded: RawForwarded,
+    admin: Option<RawAdmin>,
+    #[serde(default)]
+    log: RawLog,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    address: Option<Spanned<String>>,
+    token: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLog {
+    access: Option<Spanned<String>>,
+    format: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -283,8 +300,48 @@ pub struct Config {
     pub trusted: Vec<ipnet::IpNet>,
     pub listeners: Vec<Listener>,
     pub upstreams: Vec<Upstream>,
+    /// The admin listener (`/metrics`, `/status`, runtime control, `/reload`); `None` keeps it
+    /// off, and then nothing on the request path counts metrics either.
+    pub admin: Option<Admin>,
+    /// Where the access log goes; `None` keeps it off.
+    pub access_log: Option<AccessLog>,
     /// Non-fatal findings (a backend pinned to a proxy core), shown by `check` and logged at start.
     pub warnings: Vec<String>,
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admin {
+    pub address: SocketAddr,
+    /// When set, every admin request needs `Authorization: Bearer <token>`. Required for an
+    /// address other than loopback: the admin API can take backends out and reload the config.
+    pub token: Option<String>,
+}
+
+impl Admin {
+    pub const DEFAULT_ADDRESS: &str = "127.0.0.1:9901";
+}
+
+/// `[log] access` and `format`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLog {
+    pub target: AccessTarget,
+    pub format: AccessFormat,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessTarget {
+    Stdout,
+    File(std::path::PathBuf),
+}
+
+/// The access log's line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessFormat {
+    /// nginx's and Apache's `combined`, with the backend and the two times appended.
+    Combined,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1027,12 +1084,92 @@ impl Config {
             trusted.push(net);
         }
 
+        let admin = match &raw.admin {
+            None => None,
+            Some(a) => {
+                let address = match &a.address {
+                    None => Admin::DEFAULT_ADDRESS.parse().ok(),
+                    Some(v) => v.get_ref().parse::<SocketAddr>().ok(),
+                }
+                .ok_or_else(|| {
+                    let v = a.address.as_ref().map_or(Default::default(), |v| v.span());
+                    let text = a.address.as_ref().map_or("", |v| v.get_ref().as_str());
+                    at(
+                        v,
+                        "admin.address",
+                        format!(
+                            "invalid address \"{text}\", expected IP:PORT such as \"{}\"",
+                            Admin::DEFAULT_ADDRESS
+                        ),
+                    )
+                })?;
+                let token = match &a.token {
+                    Some(t) if t.get_ref().is_empty() => {
+                        return Err(at(
+                            t.span(),
+                            "admin.token",
+                            "an empty token is not allowed, expected a secret string".into(),
+                        ));
+                    }
+                    t => t.as_ref().map(|t| t.get_ref().clone()),
+                };
+                if token.is_none() && !address.ip().is_loopback() {
+                    let span = a.address.as_ref().map_or(0..0, |v| v.span());
+                    return Err(at(
+                        span,
+                        "admin.address",
+                        format!(
+                            "{address} is not a loopback address, so admin.token must be set: anyone who can reach it could take backends out and reload the config"
+                        ),
+                    ));
+                }
+                Some(Admin { address, token })
+            }
+        };
+        let access_log = match &raw.log.access {
+            None => None,
+            Some(v) if v.get_ref().is_empty() => {
+                return Err(at(
+                    v.span(),
+                    "log.access",
+                    "expected \"stdout\" or a file path".into(),
+                ));
+            }
+            Some(v) => Some(AccessLog {
+                target: if v.get_ref() == "stdout" {
+                    AccessTarget::Stdout
+                } else {
+                    AccessTarget::File(v.get_ref().into())
+                },
+                format: AccessFormat::Combined,
+            }),
+        };
+        let access_log = match (&raw.log.format, access_log) {
+            (None, a) => a,
+            (Some(f), a) => {
+                let format = match f.get_ref().as_str() {
+                    "combined" => AccessFormat::Combined,
+                    "json" => AccessFormat::Json,
+                    other => {
+                        return Err(at(
+                            f.span(),
+                            "log.format",
+                            format!("unknown value \"{other}\", expected one of combined, json"),
+                        ));
+                    }
+                };
+                a.map(|a| AccessLog { format, ..a })
+            }
+        };
+
         Ok(Config {
             runtime,
             limits,
             trusted,
             listeners,
             upstreams,
+            admin,
+            access_log,
             warnings,
         })
     }
@@ -1160,6 +1297,42 @@ impl Config {
                     let _ = write!(extra, ", slow_start {:?}", b.slow_start);
                 }
                 let _ = writeln!(s, "  backend {} weight {}{extra}", b.address, b.weight);
+            }
+        }
+        match &self.admin {
+            None => {
+                let _ = writeln!(s, "admin: off");
+            }
+            Some(a) => {
+                let _ = writeln!(
+                    s,
+                    "admin: http://{}/ (metrics, status, control, reload){}",
+                    a.address,
+                    if a.token.is_some() {
+                        ", bearer token required"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+        match &self.access_log {
+            None => {
+                let _ = writeln!(s, "access log: off");
+            }
+            Some(a) => {
+                let _ = writeln!(
+                    s,
+                    "access log: {} ({})",
+                    match &a.target {
+                        AccessTarget::Stdout => "stdout".to_string(),
+                        AccessTarget::File(p) => p.display().to_string(),
+                    },
+                    match a.format {
+                        AccessFormat::Combined => "combined",
+                        AccessFormat::Json => "json",
+                    }
+                );
             }
         }
         for w in &self.warnings {

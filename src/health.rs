@@ -173,7 +173,7 @@ async fn exchange(addr: SocketAddr, health: &Health) -> Result<(), String> {
 }
 
 /// Probes every backend of every upstream that has a `health` table, until dropped; never
-/// returns.
+/// returns. A reload drops it and starts it again with the new generation's upstreams.
 ///
 /// Each backend has its own loop. Their first probes are spread evenly over the interval, and
 /// every wait gets up to ±10% jitter, so probes of many backends (or many pinlb processes) do not
@@ -197,14 +197,23 @@ pub async fn run(upstreams: Vec<Arc<SharedUpstream>>) {
 
 async fn check_loop(up: Arc<SharedUpstream>, backend: usize, health: Health, offset: Duration) {
     let state = &up.backends[backend];
-    let mut checks = Checks::default();
+    // After a reload the loop starts again for a backend that may be down: it stays down until
+    // `rise` passes.
+    let mut checks = Checks {
+        up: state.is_up(),
+        streak: 0,
+    };
     let mut next = tokio::time::Instant::now() + offset;
     loop {
         tokio::time::sleep_until(next).await;
         // From now when behind (the thread stalled, or a probe ran long), so missed probes are
         // skipped rather than fired back to back.
         next = next.max(tokio::time::Instant::now()) + jittered(health.interval);
+        let started = std::time::Instant::now();
         let result = probe(state.address, &health).await;
+        if up.counting {
+            state.stats.check_time.observe(started.elapsed());
+        }
         let Some(up_now) = checks.record(result.is_ok(), health.rise, health.fall) else {
             continue;
         };

@@ -39,6 +39,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod accesslog;
+pub mod admin;
 pub mod backend;
 pub mod balance;
 pub mod bench;
@@ -49,7 +51,9 @@ pub mod demo;
 pub mod h1;
 pub mod health;
 pub mod idle;
+pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod server;
 pub mod upstream;
 

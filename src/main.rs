@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use pinlb::server::Signals;
+use pinlb::server::{Hangups, Signals};
 use pinlb::{Config, Server};
 use tracing_subscriber::EnvFilter;
 
@@ -94,7 +94,18 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let result = Server::bind(c).and_then(|s| s.run_on(control, signals.wait()));
+            let hangups = match control.block_on(async { Hangups::register() }) {
+                Ok(h) => h,
+                Err(e) => {
+                    eprintln!("pinlb: cannot listen for SIGHUP/SIGUSR1: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let result = Server::bind(c).and_then(|s| {
+                s.reload_from(config)
+                    .on_signals(hangups)
+                    .run_on(control, signals.wait())
+            });
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -9,6 +9,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -20,8 +21,10 @@ use hyper::body::Incoming;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use crate::accesslog::Upstreamed;
 use crate::config::Limits;
 use crate::h1::{self, Conn, Finished, H1Error, UpstreamBody};
+use crate::metrics::ErrorKind;
 use crate::upstream::{InFlight, WorkerUpstream};
 
 /// Everything one client connection's requests need to know about the client.
@@ -362,14 +365,16 @@ pub fn prepare_request(parts: &mut http::request::Parts, client: &Client) {
 }
 
 /// Forwards one request. Never fails at the hyper level: every failure becomes an error response.
+/// With `log`, a response from a backend carries an [`Upstreamed`] extension for the access log.
 pub async fn handle(
     upstream: Rc<WorkerUpstream>,
     client: Rc<Client>,
     limits: Limits,
     req: Request<Incoming>,
+    log: bool,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let method = req.method().clone();
-    match forward(&upstream, &client, &limits, req).await {
+    match forward(&upstream, &client, &limits, req, log).await {
         Ok(resp) => Ok(resp),
         Err(e) => {
             warn!(upstream = %upstream.shared.config.name, "{method} answered {}: {e}", e.status().as_u16());
@@ -383,6 +388,7 @@ async fn forward(
     client: &Client,
     limits: &Limits,
     req: Request<Incoming>,
+    log: bool,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (mut parts, body) = req.into_parts();
     validate_request(&parts, body.size_hint().exact(), limits).map_err(ProxyError::Client)?;
@@ -419,8 +425,12 @@ async fn forward(
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
-        first_try.get_or_insert_with(Instant::now);
-        let addr = shared.backends[backend].address;
+        let started = *first_try.get_or_insert_with(Instant::now);
+        let state = &shared.backends[backend];
+        let addr = state.address;
+        if shared.counting {
+            state.stats.requests.fetch_add(1, Ordering::Relaxed);
+        }
         if host_from_backend {
             if let Ok(v) = HeaderValue::from_str(&addr.to_string()) {
                 parts.headers.insert(header::HOST, v);
@@ -438,15 +448,17 @@ async fn forward(
         .await
         {
             Ok((head, conn)) => {
-                if shared
-                    .config
-                    .passive
-                    .fail_on_status
-                    .contains(head.status.as_u16())
-                {
+                let status = head.status.as_u16();
+                if shared.config.passive.fail_on_status.contains(status) {
                     shared.record_failure(backend);
                 } else {
                     shared.record_success(&guard);
+                }
+                // The clock is read only when something uses it.
+                let elapsed = (shared.counting || log).then(|| started.elapsed());
+                if let (true, Some(elapsed)) = (shared.counting, elapsed) {
+                    state.stats.response(status);
+                    state.stats.response_time.observe(elapsed);
                 }
                 let body = ProxyBody::Upstream {
                     body: UpstreamBody::new(conn, head.framing),
@@ -457,10 +469,21 @@ async fn forward(
                         backend,
                     }),
                 };
-                return Ok(h1::response(head, body));
+                let mut resp = h1::response(head, body);
+                if let (true, Some(upstream_time)) = (log, elapsed) {
+                    resp.extensions_mut().insert(Upstreamed {
+                        backend: addr,
+                        upstream_time,
+                    });
+                }
+                return Ok(resp);
             }
             Err(failure) => failure,
         };
+        if let (true, Some(kind)) = (shared.counting, failure.kind()) {
+            state.stats.error(kind);
+        }
+
         let (error, sent) = match failure {
             Failure::Connect(cause) => (
                 ProxyError::BadGateway {
@@ -512,6 +535,19 @@ enum Failure {
     Exchange(H1Error),
 }
 
+impl Failure {
+    /// The backend's fault, as `/metrics` counts it; `None` when the client's body failed.
+    fn kind(&self) -> Option<ErrorKind> {
+        Some(match self {
+            Failure::Connect(_) => ErrorKind::Connect,
+            Failure::Exchange(H1Error::Timeout) => ErrorKind::Timeout,
+            Failure::Exchange(H1Error::Io(_) | H1Error::ClosedBeforeResponse) => ErrorKind::Reset,
+            Failure::Exchange(H1Error::Invalid(_) | H1Error::HeadTooLarge) => ErrorKind::Invalid,
+            Failure::Exchange(H1Error::ClientBody(_) | H1Error::BodyTooLarge(_)) => return None,
+        })
+    }
+}
+
 /// One attempt at one backend: a pooled or new connection, the request, the response head.
 ///
 /// A pooled connection that breaks before any response byte is most likely the keep-alive race
@@ -530,11 +566,25 @@ async fn attempt(
 ) -> Result<(h1::Head, Conn), Failure> {
     let addr = upstream.shared.backends[backend].address;
     let timeouts = upstream.shared.config.timeouts;
+    let stats = upstream
+        .shared
+        .counting
+        .then(|| &upstream.shared.backends[backend].stats);
     let mut conn = match upstream.checkout(backend).await {
-        Some(conn) => conn,
-        None => connect(addr, timeouts.connect)
-            .await
-            .map_err(Failure::Connect)?,
+        Some(conn) => {
+            if let Some(s) = stats {
+                s.connections_reused.fetch_add(1, Ordering::Relaxed);
+            }
+            conn
+        }
+        None => {
+            if let Some(s) = stats {
+                s.connections_opened.fetch_add(1, Ordering::Relaxed);
+            }
+            connect(addr, timeouts.connect)
+                .await
+                .map_err(Failure::Connect)?
+        }
     };
     loop {
         let exchange = async {
@@ -550,6 +600,9 @@ async fn attempt(
             Ok(head) => return Ok((head, conn)),
             Err(e) if conn.reused && e.is_stale() && resendable && body.replayable() => {
                 debug!(backend = %addr, "stale pooled connection ({e}), reconnecting");
+                if let Some(s) = stats {
+                    s.connections_opened.fetch_add(1, Ordering::Relaxed);
+                }
                 conn = connect(addr, timeouts.connect)
                     .await
                     .map_err(Failure::Connect)?;

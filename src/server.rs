@@ -7,12 +7,18 @@
 //! afterwards inherits that mask before narrowing it to its own core. That control thread also
 //! runs the active health checks, so they need no thread of their own.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -23,10 +29,13 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::LocalSet;
 use tracing::{debug, error, info, warn};
 
-use crate::config::{Config, Limits};
+use crate::accesslog::{AccessHandle, AccessLog, Entry, LoggedBody};
+use crate::config::{Config, Limits, Listener};
 use crate::cpus::{format_cpu_list, pin_current_thread};
 use crate::idle::{self, Activity, Expired, TrackedBody, TrackedIo};
+use crate::metrics::{ListenerStats, Registered};
 use crate::proxy::{self, Client};
+use crate::reload;
 use crate::upstream::{SharedUpstream, WorkerUpstream};
 
 /// Errors that stop pinlb from starting or running.
@@ -55,48 +64,66 @@ pub enum ServerError {
 /// Listening sockets bound for every worker, ready to run.
 pub struct Server {
     config: Arc<Config>,
-    /// `sockets[worker][listener]`: each worker has its own socket per listener, all sharing the
-    /// port through `SO_REUSEPORT`.
-    sockets: Vec<Vec<std::net::TcpListener>>,
+    /// `sockets[worker]`: each worker has its own socket per listener (keyed by the configured
+    /// address), all sharing the port through `SO_REUSEPORT`.
+    sockets: Sockets,
     /// The address each listener actually got (port 0 resolved).
     local_addrs: Vec<SocketAddr>,
+    /// The admin listener, bound with the others so that its port is known before `run`.
+    admin: Option<std::net::TcpListener>,
+    /// The file `SIGHUP` and `POST /reload` read again; without one there is nothing to reload.
+    config_path: Option<PathBuf>,
+    /// SIGHUP and SIGUSR1, registered by the caller before binding.
+    hangups: Option<Hangups>,
 }
 
 impl Server {
-    /// Binds one socket per listener per worker. A listener on port 0 gets a port from the kernel
-    /// for its first socket; the other workers bind that same port.
+    /// Binds one socket per listener per worker, and the admin listener. A listener on port 0
+    /// gets a port from the kernel for its first socket; the other workers bind that same port.
     pub fn bind(config: Config) -> Result<Server, ServerError> {
         let workers = config.runtime.cpus.len();
-        let mut sockets: Vec<Vec<std::net::TcpListener>> =
-            (0..workers).map(|_| Vec::new()).collect();
-        let mut local_addrs = Vec::with_capacity(config.listeners.len());
-        for l in &config.listeners {
-            let mut addr = l.address;
-            for per_worker in sockets.iter_mut() {
-                let sock = reuseport_listener(addr).map_err(|source| ServerError::Bind {
-                    address: addr,
-                    source,
-                })?;
-                if addr.port() == 0 {
-                    addr = sock.local_addr().map_err(|source| ServerError::Bind {
-                        address: addr,
+        let (sockets, local_addrs) = bind_listeners(&config.listeners, workers, |_| false)?;
+        let admin = match &config.admin {
+            None => None,
+            Some(a) => {
+                Some(
+                    listener(a.address, false, 128).map_err(|source| ServerError::Bind {
+                        address: a.address,
                         source,
-                    })?;
-                }
-                per_worker.push(sock);
+                    })?,
+                )
             }
-            local_addrs.push(addr);
-        }
+        };
         Ok(Server {
             config: Arc::new(config),
             sockets,
             local_addrs,
+            admin,
+            config_path: None,
+            hangups: None,
         })
     }
 
     /// The bound address of each listener, in config order.
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.local_addrs
+    }
+
+    /// The admin listener's bound address, when `[admin]` is configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Names the file a reload (`SIGHUP`, `POST /reload`) reads.
+    pub fn reload_from(mut self, path: PathBuf) -> Self {
+        self.config_path = Some(path);
+        self
+    }
+
+    /// Reloads on SIGHUP and reopens the access log on SIGUSR1.
+    pub fn on_signals(mut self, hangups: Hangups) -> Self {
+        self.hangups = Some(hangups);
+        self
     }
 
     /// Runs the workers until `shutdown` completes, then stops accepting, lets in-flight requests
@@ -123,6 +150,9 @@ impl Server {
             config,
             sockets,
             local_addrs,
+            admin,
+            config_path,
+            hangups,
         } = self;
         let cpus = config.runtime.cpus.clone();
         pin_current_thread(&cpus).map_err(|source| ServerError::Pin {
@@ -140,48 +170,68 @@ impl Server {
             );
         }
 
+        // Started from this thread, the access log's thread inherits its cores.
+        let access = match &config.access_log {
+            None => None,
+            Some(a) => Some(AccessLog::start(a).map_err(|source| ServerError::Worker {
+                worker: usize::MAX,
+                source,
+            })?),
+        };
+        let counting = config.admin.is_some();
         let upstreams: Vec<Arc<SharedUpstream>> = config
             .upstreams
             .iter()
-            .map(|u| Arc::new(SharedUpstream::new(u.clone())))
+            .map(|u| Arc::new(SharedUpstream::new(u.clone(), counting)))
             .collect();
-        let connections = Arc::new(Connections {
-            slots: Arc::new(Semaphore::new(config.limits.max_connections)),
-            pressure: Notify::new(),
+        let first = Arc::new(Generation::new(1, config.clone(), upstreams, sockets));
+        let (generations, generation_rx) = watch::channel(first);
+        let process = Arc::new(Process {
+            generations,
+            registered: Registered::default(),
+            started: std::time::Instant::now(),
+            config_path,
+            workers: cpus.len(),
+            reloading: tokio::sync::Mutex::new(()),
+            access: access.as_ref().map(AccessLog::handle),
+            connections: Connections {
+                slots: Arc::new(Semaphore::new(config.limits.max_connections)),
+                pressure: Notify::new(),
+            },
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());
-        for (worker, (core, listeners)) in cpus.iter().copied().zip(sockets).enumerate() {
-            let config = config.clone();
-            let upstreams = upstreams.clone();
+        for (worker, core) in cpus.iter().copied().enumerate() {
+            let process = process.clone();
+            let generations = generation_rx.clone();
             let stop = stop_rx.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("pinlb-w{worker}"))
-                .spawn({
-                    let connections = connections.clone();
-                    move || {
-                        worker_main(
-                            worker,
-                            core,
-                            config,
-                            upstreams,
-                            connections,
-                            listeners,
-                            stop,
-                        )
-                    }
-                })
+                .spawn(move || worker_main(worker, core, process, generations, stop))
                 .map_err(|source| ServerError::Worker { worker, source })?;
             threads.push(handle);
         }
 
-        // Health checks run on this thread, pinned to `runtime.cpus` like the workers, until
-        // shutdown.
-        let checks = crate::health::run(upstreams.clone());
+        // Health checks and the admin listener run on this thread, pinned to `runtime.cpus`
+        // like the workers, until shutdown.
+        let admin = match admin {
+            None => None,
+            Some(sock) => {
+                Some(
+                    TcpListener::from_std(sock).map_err(|source| ServerError::Worker {
+                        worker: usize::MAX,
+                        source,
+                    })?,
+                )
+            }
+        };
         control.block_on(async {
+            if let Some(listener) = admin {
+                tokio::spawn(crate::admin::serve(listener, process.clone()));
+            }
             tokio::select! {
                 () = shutdown => {}
-                () = checks => {}
+                () = control_loop(process.clone(), hangups, access.as_ref()) => {}
             }
         });
         info!(
@@ -198,8 +248,164 @@ impl Server {
                 Err(_) => result = Err(ServerError::WorkerPanicked { worker }),
             }
         }
+        // Workers are gone, and with them every sender: the log thread writes what is left.
+        drop(process);
+        if let Some(a) = access {
+            a.stop();
+        }
         info!("stopped");
         result
+    }
+}
+
+/// A listener's identity across reloads: its configured address, and which of the listeners
+/// with that address it is (several may ask for port 0).
+pub(crate) type ListenerKey = (SocketAddr, usize);
+
+/// The keys of `listeners`, in order.
+pub(crate) fn listener_keys(listeners: &[Listener]) -> Vec<ListenerKey> {
+    let mut keys: Vec<ListenerKey> = Vec::with_capacity(listeners.len());
+    for l in listeners {
+        let n = keys.iter().filter(|(a, _)| *a == l.address).count();
+        keys.push((l.address, n));
+    }
+    keys
+}
+
+/// Sockets per worker, each with its listener's key.
+pub(crate) type Sockets = Vec<Vec<(ListenerKey, std::net::TcpListener)>>;
+
+/// Binds every listener for every worker, except those `skip` names (already listening).
+pub(crate) fn bind_listeners(
+    listeners: &[Listener],
+    workers: usize,
+    skip: impl Fn(&ListenerKey) -> bool,
+) -> Result<(Sockets, Vec<SocketAddr>), ServerError> {
+    let mut sockets: Sockets = (0..workers).map(|_| Vec::new()).collect();
+    let mut local_addrs = Vec::with_capacity(listeners.len());
+    for (l, key) in listeners.iter().zip(listener_keys(listeners)) {
+        if skip(&key) {
+            continue;
+        }
+        let mut addr = l.address;
+        for per_worker in sockets.iter_mut() {
+            let sock = reuseport_listener(addr).map_err(|source| ServerError::Bind {
+                address: addr,
+                source,
+            })?;
+            if addr.port() == 0 {
+                addr = sock.local_addr().map_err(|source| ServerError::Bind {
+                    address: addr,
+                    source,
+                })?;
+            }
+            per_worker.push((key, sock));
+        }
+        local_addrs.push(addr);
+    }
+    Ok((sockets, local_addrs))
+}
+
+/// Runs health checks for the running generation, starting them again after each reload, and
+/// reloads on SIGHUP and reopens the access log on SIGUSR1. Never returns.
+async fn control_loop(process: Arc<Process>, hangups: Option<Hangups>, access: Option<&AccessLog>) {
+    let mut generations = process.generations.subscribe();
+    let (mut hup, mut usr1) = match hangups {
+        Some(h) => (Some(h.hup), Some(h.usr1)),
+        None => (None, None),
+    };
+    loop {
+        let upstreams = generations.borrow_and_update().upstreams.clone();
+        let checks = crate::health::run(upstreams);
+        tokio::pin!(checks);
+        loop {
+            tokio::select! {
+                () = &mut checks => {}
+                changed = generations.changed() => {
+                    if changed.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                    break;
+                }
+                Some(()) = recv_signal(&mut hup) => {
+                    info!("SIGHUP: reloading the configuration");
+                    match reload::reload(&process).await {
+                        Ok(summary) => info!("{summary}"),
+                        Err(e) => error!("reload failed, the running configuration stays: {e}"),
+                    }
+                }
+                Some(()) = recv_signal(&mut usr1) => {
+                    match access {
+                        Some(a) => {
+                            info!("SIGUSR1: reopening the access log");
+                            a.reopen();
+                        }
+                        None => info!("SIGUSR1: no access log to reopen"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn recv_signal(s: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match s {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What the control thread, the admin listener and every worker share.
+pub(crate) struct Process {
+    /// The running configuration generation. Workers watch it and switch when a reload sends a
+    /// new one; the request path never reads it.
+    pub generations: watch::Sender<Arc<Generation>>,
+    /// Every worker's listener counters, for `/metrics`.
+    pub registered: Registered,
+    pub started: std::time::Instant,
+    pub config_path: Option<PathBuf>,
+    pub workers: usize,
+    /// Held for a whole reload, so a SIGHUP and a `POST /reload` never interleave.
+    pub reloading: tokio::sync::Mutex<()>,
+    /// Where finished requests go, when the access log is on.
+    pub access: Option<AccessHandle>,
+    pub connections: Connections,
+}
+
+/// One configuration generation: what a reload swaps as a whole.
+pub(crate) struct Generation {
+    /// 1 at start, one more per successful reload.
+    pub number: u64,
+    pub config: Arc<Config>,
+    pub upstreams: Vec<Arc<SharedUpstream>>,
+    /// Sockets for the listeners this generation adds, `[worker]` → (listener key, socket).
+    /// Each worker takes its own.
+    sockets: Vec<std::sync::Mutex<Vec<(ListenerKey, std::net::TcpListener)>>>,
+    /// Each worker adds a permit once it has switched to this generation.
+    pub applied: Semaphore,
+}
+
+impl Generation {
+    pub fn new(
+        number: u64,
+        config: Arc<Config>,
+        upstreams: Vec<Arc<SharedUpstream>>,
+        sockets: Sockets,
+    ) -> Self {
+        Generation {
+            number,
+            config,
+            upstreams,
+            sockets: sockets.into_iter().map(std::sync::Mutex::new).collect(),
+            applied: Semaphore::new(0),
+        }
+    }
+
+    fn take_sockets(&self, worker: usize) -> Vec<(ListenerKey, std::net::TcpListener)> {
+        match self.sockets.get(worker) {
+            Some(m) => std::mem::take(&mut *m.lock().unwrap_or_else(|p| p.into_inner())),
+            None => Vec::new(),
+        }
     }
 }
 
@@ -239,11 +445,9 @@ pub(crate) fn listener(
 fn worker_main(
     worker: usize,
     core: usize,
-    config: Arc<Config>,
-    upstreams: Vec<Arc<SharedUpstream>>,
-    connections: Arc<Connections>,
-    sockets: Vec<std::net::TcpListener>,
-    stop: watch::Receiver<bool>,
+    process: Arc<Process>,
+    mut generations: watch::Receiver<Arc<Generation>>,
+    mut stop: watch::Receiver<bool>,
 ) -> Result<(), ServerError> {
     pin_current_thread(&[core]).map_err(|source| ServerError::Pin {
         what: format!("worker {worker}"),
@@ -258,31 +462,48 @@ fn worker_main(
 
     let local = LocalSet::new();
     local.block_on(&rt, async move {
-        let graceful = Rc::new(GracefulShutdown::new());
-        let mut accepting = Vec::with_capacity(sockets.len());
-        for (l, sock) in config.listeners.iter().zip(sockets) {
-            let listener = TcpListener::from_std(sock)
-                .map_err(|source| ServerError::Worker { worker, source })?;
-            let upstream = WorkerUpstream::new(upstreams[l.upstream].clone());
-            let idle = upstream.shared.config.timeouts.client_idle;
-            accepting.push(tokio::task::spawn_local(accept_loop(
-                listener,
-                upstream,
-                Rc::new(ClientRules {
-                    trusted: config.trusted.clone(),
-                    connections: connections.clone(),
-                    limits: config.limits,
-                }),
-                idle,
-                graceful.clone(),
-                stop.clone(),
-            )));
+        let mut state = WorkerState {
+            worker,
+            core,
+            process,
+            graceful: Rc::new(GracefulShutdown::new()),
+            stop: stop.clone(),
+            listeners: HashMap::new(),
+            upstreams: Vec::new(),
+            accepting: Vec::new(),
+        };
+        let first = generations.borrow_and_update().clone();
+        state.apply(&first)?;
+        first.applied.add_permits(1);
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                changed = generations.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let generation = generations.borrow_and_update().clone();
+                    if let Err(e) = state.apply(&generation) {
+                        error!("worker {worker}: {e}");
+                    }
+                    generation.applied.add_permits(1);
+                }
+            }
         }
+        let WorkerState {
+            graceful,
+            accepting,
+            listeners,
+            upstreams,
+            ..
+        } = state;
+        drop((listeners, upstreams));
         for a in accepting {
             let _ = a.await;
         }
         // The listening sockets are closed now; wait for open connections to finish.
-        let timeout = config.runtime.shutdown_timeout;
+        let timeout = first.config.runtime.shutdown_timeout;
+        drop(first);
         // The accept loops have ended and dropped their handles, so this is the last one.
         let Ok(graceful) = Rc::try_unwrap(graceful) else {
             error!("worker {worker}: connection tracker still shared at shutdown; not waiting for open connections");
@@ -298,60 +519,191 @@ fn worker_main(
     })
 }
 
+/// One worker's listeners and upstreams in the running generation.
+struct WorkerState {
+    worker: usize,
+    core: usize,
+    process: Arc<Process>,
+    graceful: Rc<GracefulShutdown>,
+    stop: watch::Receiver<bool>,
+    /// By configured address: where the listener's requests go, and how to stop its accept loop
+    /// when a reload removes it.
+    listeners: HashMap<ListenerKey, (Rc<Route>, watch::Sender<bool>)>,
+    /// This worker's view of each upstream, in config order.
+    upstreams: Vec<Rc<WorkerUpstream>>,
+    accepting: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl WorkerState {
+    /// Switches to `generation`: new upstream views (keeping the pools of backends that stay),
+    /// every kept listener pointed at its (possibly new) upstream, accept loops started for new
+    /// listeners and stopped for removed ones. Open connections are untouched: their next
+    /// request reads the new route.
+    fn apply(&mut self, generation: &Generation) -> Result<(), ServerError> {
+        let config = &generation.config;
+        let upstreams: Vec<Rc<WorkerUpstream>> = generation
+            .upstreams
+            .iter()
+            .map(|u| {
+                let previous = self
+                    .upstreams
+                    .iter()
+                    .find(|p| p.shared.config.name == u.config.name);
+                WorkerUpstream::reloaded(u.clone(), previous.map(|p| &**p))
+            })
+            .collect();
+        let rules = Rc::new(ClientRules {
+            trusted: config.trusted.clone(),
+            limits: config.limits,
+        });
+        let mut sockets = generation.take_sockets(self.worker);
+        let keys = listener_keys(&config.listeners);
+        for (l, key) in config.listeners.iter().zip(&keys) {
+            let upstream = upstreams[l.upstream].clone();
+            if let Some((route, _)) = self.listeners.get(key) {
+                *route.upstream.borrow_mut() = upstream;
+                *route.rules.borrow_mut() = rules.clone();
+                continue;
+            }
+            let Some(i) = sockets.iter().position(|(k, _)| k == key) else {
+                error!(
+                    "worker {}: no socket for new listener {}",
+                    self.worker, l.address
+                );
+                continue;
+            };
+            let (_, sock) = sockets.swap_remove(i);
+            let listener = TcpListener::from_std(sock).map_err(|source| ServerError::Worker {
+                worker: self.worker,
+                source,
+            })?;
+            let bound = listener.local_addr().unwrap_or(l.address);
+            let stats = config.admin.is_some().then(|| {
+                self.process
+                    .registered
+                    .listener(bound, self.worker, self.core)
+            });
+            let route = Rc::new(Route {
+                upstream: RefCell::new(upstream),
+                rules: RefCell::new(rules.clone()),
+            });
+            let (removed_tx, removed_rx) = watch::channel(false);
+            self.accepting.push(tokio::task::spawn_local(accept_loop(
+                listener,
+                route.clone(),
+                stats,
+                self.process.clone(),
+                self.graceful.clone(),
+                self.stop.clone(),
+                removed_rx,
+            )));
+            self.listeners.insert(*key, (route, removed_tx));
+        }
+        let worker = self.worker;
+        self.listeners.retain(|key, (_, removed)| {
+            let keep = keys.contains(key);
+            if !keep {
+                let _ = removed.send(true);
+                debug!(
+                    "worker {worker}: stopped accepting on {}; its connections finish",
+                    key.0
+                );
+            }
+            keep
+        });
+        self.upstreams = upstreams;
+        Ok(())
+    }
+}
+
+/// Where one listener's requests go in the running generation. A reload replaces the contents,
+/// and every request reads them anew, so keep-alive connections follow a reload too.
+struct Route {
+    upstream: RefCell<Rc<WorkerUpstream>>,
+    rules: RefCell<Rc<ClientRules>>,
+}
+
 async fn accept_loop(
     listener: TcpListener,
-    upstream: Rc<WorkerUpstream>,
-    rules: Rc<ClientRules>,
-    client_idle: Duration,
+    route: Rc<Route>,
+    stats: Option<Arc<ListenerStats>>,
+    process: Arc<Process>,
     graceful: Rc<GracefulShutdown>,
     mut stop: watch::Receiver<bool>,
+    mut removed: watch::Receiver<bool>,
 ) {
-    let limits = rules.limits;
-    let connections = &rules.connections;
-    let mut builder = http1::Builder::new();
-    // Idle connections and late request heads (`limits.header_timeout`) are handled by the
-    // per-connection watchdog in `idle` instead: hyper's header read timeout arms a new boxed
-    // timer for every request, also runs while a keep-alive connection waits between requests,
-    // and closes without a 408.
-    builder.header_read_timeout(None);
-    // hyper answers a head over either limit with 431 and closes; complete or not, the head
-    // never grows past `max_header_bytes` in memory.
-    builder.max_header_size(limits.max_header_bytes);
-    builder.max_headers(limits.max_headers);
+    let connections = &process.connections;
     loop {
         let slot = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return,
+            _ = removed.wait_for(|s| *s) => return,
             slot = connections.slot() => slot,
         };
         let (stream, peer) = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return,
+            _ = removed.wait_for(|s| *s) => return,
             a = accept(&listener) => a,
         };
+        let rules = route.rules.borrow().clone();
+        let limits = rules.limits;
+        let client_idle = route.upstream.borrow().shared.config.timeouts.client_idle;
+        let mut builder = http1::Builder::new();
+        // Idle connections and late request heads (`limits.header_timeout`) are handled by the
+        // per-connection watchdog in `idle` instead: hyper's header read timeout arms a new boxed
+        // timer for every request, also runs while a keep-alive connection waits between
+        // requests, and closes without a 408.
+        builder.header_read_timeout(None);
+        // hyper answers a head over either limit with 431 and closes; complete or not, the head
+        // never grows past `max_header_bytes` in memory.
+        builder.max_header_size(limits.max_header_bytes);
+        builder.max_headers(limits.max_headers);
+
         let client = Rc::new(Client::new(peer, &rules.trusted));
-        let upstream = upstream.clone();
         let activity = Rc::new(Activity::accepted());
         let io = TrackedIo::new(TokioIo::new(stream), activity.clone());
         let requests = activity.clone();
-        let service = service_fn(move |req| {
+        let route = route.clone();
+        let access = process.access.clone();
+        let counted = stats.clone();
+        if let Some(s) = &stats {
+            s.accepted.fetch_add(1, Ordering::Relaxed);
+        }
+        let service = service_fn(move |req: Request<Incoming>| {
             let active = requests.request();
-            let forwarded = proxy::handle(upstream.clone(), client.clone(), limits, req);
+            if let Some(s) = &counted {
+                s.requests.fetch_add(1, Ordering::Relaxed);
+            }
+            let entry = access.as_ref().map(|_| Entry::start(&req, peer));
+            let upstream = route.upstream.borrow().clone();
+            let forwarded = proxy::handle(upstream, client.clone(), limits, req, entry.is_some());
+            let access = access.clone();
             async move {
-                forwarded
-                    .await
-                    .map(|resp| resp.map(|body| TrackedBody::new(body, active)))
+                let resp = forwarded.await?;
+                let (mut parts, body) = resp.into_parts();
+                let logged = match (entry, access) {
+                    (Some(mut entry), Some(access)) => {
+                        entry.responded(&mut parts);
+                        Some((entry, access))
+                    }
+                    _ => None,
+                };
+                let body = LoggedBody::new(TrackedBody::new(body, active), logged);
+                Ok::<_, std::convert::Infallible>(Response::from_parts(parts, body))
             }
         });
         let conn = graceful.watch(builder.serve_connection(io, service));
         let header_timeout = limits.header_timeout;
-        let connections = connections.clone();
+        let process = process.clone();
+        let closed = stats.clone();
         // The connection and its watchdog are two tasks, so that the watchdog (its timer, and
         // the shared notification of `max_connections` pressure, whose polling takes a lock) is
         // polled only when it has something to check, never on the connection's every wake.
         let mut serving = tokio::task::spawn_local(async move {
             // The connection's slot is free again when this task ends or is aborted.
             let _slot = slot;
+            let _closed = Closed(closed);
             if let Err(e) = conn.await {
                 log_connection_error(peer, &e);
             }
@@ -360,7 +712,7 @@ async fn accept_loop(
             let expired = tokio::select! {
                 biased;
                 _ = &mut serving => return,
-                e = idle::watchdog(activity.clone(), client_idle, header_timeout, &connections.pressure) => e,
+                e = idle::watchdog(activity.clone(), client_idle, header_timeout, &process.connections.pressure) => e,
             };
             match expired {
                 Expired::Pressure => {
@@ -391,6 +743,17 @@ async fn accept_loop(
     }
 }
 
+/// Counts a client connection closed when dropped, however its task ends (aborted included).
+struct Closed(Option<Arc<ListenerStats>>);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        if let Some(s) = &self.0 {
+            s.closed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The next client connection, with TCP_NODELAY set. Accept errors (out of file descriptors
 /// and the like) are logged and retried after 50 ms instead of spinning.
 pub(crate) async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, SocketAddr) {
@@ -413,7 +776,6 @@ pub(crate) async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, So
 struct ClientRules {
     /// `forwarded.trusted`.
     trusted: Vec<ipnet::IpNet>,
-    connections: Arc<Connections>,
     limits: Limits,
 }
 
@@ -463,6 +825,24 @@ fn log_connection_error(peer: SocketAddr, e: &hyper::Error) {
         warn!(client = %peer, "answered 400: malformed request ({e})");
     } else {
         debug!(client = %peer, "client connection ended: {e}");
+    }
+}
+
+/// SIGHUP (reload) and SIGUSR1 (reopen the access log), registered before binding like
+/// [`Signals`], for the same reason: their default action ends the process.
+pub struct Hangups {
+    hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+}
+
+impl Hangups {
+    /// Must run inside a tokio runtime with I/O enabled (the control runtime).
+    pub fn register() -> std::io::Result<Hangups> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Hangups {
+            hup: signal(SignalKind::hangup())?,
+            usr1: signal(SignalKind::user_defined1())?,
+        })
     }
 }
 

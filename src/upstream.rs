@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,7 @@ use crate::balance::{SmoothWrr, least_conn};
 use crate::config::{Algorithm, Backend, Upstream};
 use crate::h1::Conn;
 use crate::health::{FailWindow, ramped_weight};
+use crate::metrics::BackendStats;
 
 /// Configured weights are multiplied by this before selection, so a backend in slow start can
 /// carry a small fraction of even weight 1. Scaling every weight alike changes no pick.
@@ -50,21 +51,61 @@ impl Now {
     }
 }
 
+/// What the admin API set for a backend (`POST /backends/{address}/drain` and so on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminState {
+    /// Takes requests by the health and passive rules.
+    Active = 0,
+    /// Takes no new requests; those in flight finish.
+    Draining = 1,
+    /// Like down: no new requests. Health checks go on, so its state is known when enabled.
+    Disabled = 2,
+}
+
+impl AdminState {
+    pub const ALL: [AdminState; 3] = [
+        AdminState::Active,
+        AdminState::Draining,
+        AdminState::Disabled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdminState::Active => "active",
+            AdminState::Draining => "draining",
+            AdminState::Disabled => "disabled",
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => AdminState::Draining,
+            2 => AdminState::Disabled,
+            _ => AdminState::Active,
+        }
+    }
+}
+
 /// A backend as every worker sees it.
+///
+/// One per backend of an upstream, shared by every config generation that keeps the backend (the
+/// same address in the same upstream), so a reload keeps its health, passive failures, in-flight
+/// count and counters. The settings a reload may change (`weight`, `max_conns`, `slow_start`) are
+/// atomics too, stored by [`BackendState::configure`].
 #[derive(Debug)]
 pub struct BackendState {
     pub address: SocketAddr,
-    pub weight: u32,
-    /// `weight` in the balancer's units ([`WEIGHT_SCALE`]).
-    scaled_weight: u64,
+    weight: AtomicU32,
     /// Most requests in flight across all workers; 0 = unlimited.
-    max_conns: usize,
-    slow_start: Duration,
+    max_conns: AtomicUsize,
+    slow_start_ms: AtomicU64,
     /// Requests sent to this backend whose response has not finished yet, across all workers.
     /// least_conn and `max_conns` read it; [`InFlight`] is the only writer.
     in_flight: AtomicUsize,
     /// Active health: false while checks hold the backend down. Always true without checks.
     up: AtomicBool,
+    /// [`AdminState`], as set through the admin API.
+    admin: AtomicU8,
     /// Passive accounting, the fields of a [`FailWindow`]. Workers update them with plain
     /// loads and stores: two failures racing may count as one, which only delays a skip by one
     /// failure, and costs no lock on the request path. `until` alone needs compare-and-swap, so
@@ -74,23 +115,54 @@ pub struct BackendState {
     skip_until_ms: AtomicU64,
     /// While non-zero the backend is in slow start, which began at this instant.
     ramp_from_ms: AtomicU64,
+    /// What `/metrics` reports; counted only while the admin listener is on.
+    pub stats: BackendStats,
 }
 
 impl BackendState {
     fn new(b: &Backend) -> Self {
-        BackendState {
+        let state = BackendState {
             address: b.address,
-            weight: b.weight,
-            scaled_weight: u64::from(b.weight) * WEIGHT_SCALE,
-            max_conns: b.max_conns,
-            slow_start: b.slow_start,
+            weight: AtomicU32::new(0),
+            max_conns: AtomicUsize::new(0),
+            slow_start_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             up: AtomicBool::new(true),
+            admin: AtomicU8::new(AdminState::Active as u8),
             fails: AtomicU32::new(0),
             fails_since_ms: AtomicU64::new(0),
             skip_until_ms: AtomicU64::new(0),
             ramp_from_ms: AtomicU64::new(0),
-        }
+            stats: BackendStats::default(),
+        };
+        state.configure(b);
+        state
+    }
+
+    /// Applies the backend's settings from a (re)loaded config.
+    fn configure(&self, b: &Backend) {
+        self.weight.store(b.weight, Ordering::Relaxed);
+        self.max_conns.store(b.max_conns, Ordering::Relaxed);
+        self.slow_start_ms
+            .store(millis(b.slow_start), Ordering::Relaxed);
+    }
+
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+
+    /// Requests in flight across all workers.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn admin_state(&self) -> AdminState {
+        AdminState::from_u8(self.admin.load(Ordering::Relaxed))
+    }
+
+    /// Sets the admin state; returns the one before.
+    pub fn set_admin_state(&self, s: AdminState) -> AdminState {
+        AdminState::from_u8(self.admin.swap(s as u8, Ordering::Relaxed))
     }
 
     /// Whether active health checks hold the backend up.
@@ -126,33 +198,39 @@ impl BackendState {
 
     /// Whether `max_conns` requests are in flight.
     pub fn is_full(&self) -> bool {
-        self.max_conns != 0 && self.in_flight.load(Ordering::Relaxed) >= self.max_conns
+        let max = self.max_conns.load(Ordering::Relaxed);
+        max != 0 && self.in_flight.load(Ordering::Relaxed) >= max
     }
 
     /// Whether the backend may be picked now. A lone backend is never skipped for passive
     /// failures, as in nginx: skipping it cannot help.
     fn available(&self, now: &mut Now, lone: bool) -> bool {
-        self.is_up() && (lone || !self.skipped(now)) && !self.is_full()
+        self.admin.load(Ordering::Relaxed) == AdminState::Active as u8
+            && self.is_up()
+            && (lone || !self.skipped(now))
+            && !self.is_full()
     }
 
     /// The weight selection uses now: the configured one, or less during slow start.
     fn weight_now(&self, now: &mut Now) -> u64 {
+        let scaled = u64::from(self.weight()) * WEIGHT_SCALE;
         let from = self.ramp_from_ms.load(Ordering::Relaxed);
         if from == 0 {
-            return self.scaled_weight;
+            return scaled;
         }
         let elapsed = Duration::from_millis(now.get().saturating_sub(from));
-        if elapsed >= self.slow_start {
+        let slow_start = Duration::from_millis(self.slow_start_ms.load(Ordering::Relaxed));
+        if elapsed >= slow_start {
             // Only this ramp ends: a backend that went down and came back meanwhile has a new one.
             let _ =
                 self.ramp_from_ms
                     .compare_exchange(from, 0, Ordering::Relaxed, Ordering::Relaxed);
         }
-        ramped_weight(self.scaled_weight, elapsed, self.slow_start)
+        ramped_weight(scaled, elapsed, slow_start)
     }
 
     fn start_ramp(&self) {
-        if !self.slow_start.is_zero() {
+        if self.slow_start_ms.load(Ordering::Relaxed) != 0 {
             self.ramp_from_ms.store(clock_ms(), Ordering::Relaxed);
         }
     }
@@ -193,17 +271,43 @@ impl BackendState {
     }
 }
 
-/// An upstream as every worker sees it.
+/// An upstream as every worker sees it, in one config generation.
 #[derive(Debug)]
 pub struct SharedUpstream {
     pub config: Upstream,
-    pub backends: Vec<BackendState>,
+    pub backends: Vec<Arc<BackendState>>,
+    /// Whether the request path counts [`BackendStats`] (the admin listener is on).
+    pub counting: bool,
 }
 
 impl SharedUpstream {
-    pub fn new(config: Upstream) -> Self {
-        let backends = config.backends.iter().map(BackendState::new).collect();
-        SharedUpstream { config, backends }
+    pub fn new(config: Upstream, counting: bool) -> Self {
+        Self::reloaded(config, counting, &[])
+    }
+
+    /// The upstream of a new config generation. A backend that `previous` (the running
+    /// generation's upstreams) has under the same upstream name and address keeps its state,
+    /// with the new settings applied.
+    pub fn reloaded(config: Upstream, counting: bool, previous: &[Arc<SharedUpstream>]) -> Self {
+        let before = previous.iter().find(|u| u.config.name == config.name);
+        let backends = config
+            .backends
+            .iter()
+            .map(|b| {
+                match before.and_then(|u| u.backends.iter().find(|s| s.address == b.address)) {
+                    Some(state) => {
+                        state.configure(b);
+                        state.clone()
+                    }
+                    None => Arc::new(BackendState::new(b)),
+                }
+            })
+            .collect();
+        SharedUpstream {
+            config,
+            backends,
+            counting,
+        }
     }
 
     fn lone(&self) -> bool {
@@ -237,7 +341,7 @@ impl SharedUpstream {
         if !guard.trial {
             return;
         }
-        let b = &self.backends[guard.backend];
+        let b = &guard.state;
         let mut w = b.window();
         if w.succeed() {
             b.store_window(w);
@@ -248,6 +352,11 @@ impl SharedUpstream {
 
     /// Why no backend could be picked, for the 503 body and log line.
     pub fn unavailable(&self) -> String {
+        let out = self
+            .backends
+            .iter()
+            .filter(|b| b.admin_state() != AdminState::Active)
+            .count();
         let down = self.backends.iter().filter(|b| !b.is_up()).count();
         let skipped = self
             .backends
@@ -256,6 +365,9 @@ impl SharedUpstream {
             .count();
         let full = self.backends.iter().filter(|b| b.is_full()).count();
         let mut why = Vec::new();
+        if out > 0 {
+            why.push(format!("{out} draining or disabled"));
+        }
         if down > 0 {
             why.push(format!("{down} down by health checks"));
         }
@@ -282,24 +394,22 @@ impl SharedUpstream {
 /// so errors, timeouts and cancelled clients can never leak a count.
 #[derive(Debug)]
 pub struct InFlight {
-    upstream: Arc<SharedUpstream>,
-    backend: usize,
+    state: Arc<BackendState>,
     /// This request is the one trial a skipped backend gets after `fail_timeout`.
     trial: bool,
 }
 
 impl InFlight {
-    /// Counts a request against `backend`, unless that would exceed its `max_conns`. The
-    /// increment comes first, so two workers racing for the last slot cannot both get it.
-    fn acquire(upstream: &Arc<SharedUpstream>, backend: usize) -> Option<Self> {
-        let b = &upstream.backends[backend];
+    /// Counts a request against `b`, unless that would exceed its `max_conns`. The increment
+    /// comes first, so two workers racing for the last slot cannot both get it.
+    fn acquire(b: &Arc<BackendState>) -> Option<Self> {
         let before = b.in_flight.fetch_add(1, Ordering::Relaxed);
         let guard = InFlight {
-            upstream: upstream.clone(),
-            backend,
+            state: b.clone(),
             trial: false,
         };
-        if b.max_conns != 0 && before >= b.max_conns {
+        let max = b.max_conns.load(Ordering::Relaxed);
+        if max != 0 && before >= max {
             return None;
         }
         Some(guard)
@@ -308,9 +418,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.upstream.backends[self.backend]
-            .in_flight
-            .fetch_sub(1, Ordering::Relaxed);
+        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -323,8 +431,9 @@ pub struct WorkerUpstream {
     /// Each pick's snapshot of the backends, kept to reuse the allocations.
     scratch: RefCell<Snapshot>,
     /// Idle keep-alive connections, one stack per backend (most recently used on top, so the
-    /// warmest connection is reused and surplus ones age out).
-    idle: Vec<RefCell<Vec<Conn>>>,
+    /// warmest connection is reused and surplus ones age out). Shared with the next config
+    /// generation's `WorkerUpstream` for each backend it keeps.
+    idle: Vec<Rc<RefCell<Vec<Conn>>>>,
 }
 
 /// One consistent view of state other workers keep changing: selection must see the same
@@ -338,11 +447,29 @@ struct Snapshot {
 
 impl WorkerUpstream {
     pub fn new(shared: Arc<SharedUpstream>) -> Rc<Self> {
+        Self::reloaded(shared, None)
+    }
+
+    /// This worker's view of a new generation's upstream; backends that `previous` had keep
+    /// their idle connections.
+    pub fn reloaded(shared: Arc<SharedUpstream>, previous: Option<&WorkerUpstream>) -> Rc<Self> {
         let n = shared.backends.len();
+        let idle = shared
+            .backends
+            .iter()
+            .map(|b| {
+                previous
+                    .and_then(|p| {
+                        let i = p.shared.backends.iter().position(|o| Arc::ptr_eq(o, b))?;
+                        Some(p.idle[i].clone())
+                    })
+                    .unwrap_or_default()
+            })
+            .collect();
         Rc::new(WorkerUpstream {
             wrr: RefCell::new(SmoothWrr::new(n)),
             scratch: RefCell::new(Snapshot::default()),
-            idle: (0..n).map(|_| RefCell::new(Vec::new())).collect(),
+            idle,
             shared,
         })
     }
@@ -378,7 +505,7 @@ impl WorkerUpstream {
             } else {
                 wrr.pick(weights, |i| eligible[i])
             }?;
-            if let Some(mut guard) = InFlight::acquire(&self.shared, b) {
+            if let Some(mut guard) = InFlight::acquire(&shared.backends[b]) {
                 let fail_timeout = shared.config.passive.fail_timeout;
                 if let Some(trial) = shared.backends[b].claim(&mut now, fail_timeout, lone) {
                     guard.trial = trial;
@@ -428,7 +555,7 @@ mod tests {
              [upstream.app]\n{extra}\nbackends = [{list}]\n"
         );
         let config = Config::parse("t.toml", &text, &[0]).unwrap();
-        let shared = Arc::new(SharedUpstream::new(config.upstreams[0].clone()));
+        let shared = Arc::new(SharedUpstream::new(config.upstreams[0].clone(), false));
         WorkerUpstream::new(shared)
     }
 

@@ -172,6 +172,8 @@ fn check_accepts_a_valid_file_and_prints_the_plan() {
             "  retry: at most 2 tries within 3s, non_idempotent false, bodies up to 16384 bytes kept for replay",
             "  backend 127.0.0.1:8881 weight 5, max_conns 100, slow_start 30s",
             "  backend 127.0.0.1:8882 weight 1",
+            "admin: http://127.0.0.1:9901/ (metrics, status, control, reload)",
+            "access log: /var/log/pinlb/access.log (json)",
         ],
         "{stdout}"
     );

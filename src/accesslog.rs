@@ -1,0 +1,442 @@
+//! The access log (`[log] access`, `format`): one line per request, written off the request path.
+//!
+//! A worker fills an [`Entry`] from what it already has (the request head's method, target and
+//! two headers, the status, the backend, two clock readings) and, when the response body ends,
+//! hands it over a bounded channel. Formatting and writing happen on the log thread, which
+//! batches whatever is queued into one buffered write. That thread is started from the control
+//! thread, so it is pinned to `runtime.cpus` like everything else.
+//!
+//! If the log thread falls behind so far that the queue is full, lines are dropped and counted
+//! rather than slowing requests; the count is logged as a warning.
+//!
+//! SIGUSR1 reopens the file, for logrotate: the old file gets everything queued before the signal.
+
+use std::fmt::Write as _;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use tracing::{error, warn};
+
+use crate::config::{AccessFormat, AccessTarget};
+
+/// Entries the channel holds before lines are dropped: a few hundred milliseconds at full speed.
+const QUEUE: usize = 64 * 1024;
+
+/// Set by the proxy on responses that came from a backend, for the log line.
+#[derive(Debug, Clone, Copy)]
+pub struct Upstreamed {
+    pub backend: SocketAddr,
+    /// From the first attempt to the response head.
+    pub upstream_time: Duration,
+}
+
+/// One request's line, before formatting.
+#[derive(Debug)]
+pub struct Entry {
+    client: SocketAddr,
+    method: Method,
+    uri: Uri,
+    version: Version,
+    referer: Option<HeaderValue>,
+    user_agent: Option<HeaderValue>,
+    start: Instant,
+    status: u16,
+    upstream: Option<Upstreamed>,
+    /// Response body bytes sent to the client.
+    bytes: u64,
+    total: Duration,
+}
+
+impl Entry {
+    /// Taken when the request head has arrived. Cloning the URI and header values copies no
+    /// bytes: they share the buffer hyper read them into.
+    pub fn start<B>(req: &Request<B>, client: SocketAddr) -> Box<Entry> {
+        Box::new(Entry {
+            client,
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            referer: req.headers().get(header::REFERER).cloned(),
+            user_agent: req.headers().get(header::USER_AGENT).cloned(),
+            start: Instant::now(),
+            status: 0,
+            upstream: None,
+            bytes: 0,
+            total: Duration::ZERO,
+        })
+    }
+
+    /// Records the response head (and takes the proxy's [`Upstreamed`] out of it).
+    pub fn responded(&mut self, parts: &mut http::response::Parts) {
+        self.status = parts.status.as_u16();
+        self.upstream = parts.extensions.remove::<Upstreamed>();
+    }
+}
+
+enum Msg {
+    Entry(Box<Entry>),
+    Reopen,
+    Stop,
+}
+
+/// What workers hold to send finished entries.
+#[derive(Clone)]
+pub struct AccessHandle {
+    tx: SyncSender<Msg>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl AccessHandle {
+    fn send(&self, mut e: Box<Entry>) {
+        e.total = e.start.elapsed();
+        match self.tx.try_send(Msg::Entry(e)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            // The log thread is gone (shutting down): nothing to do.
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+/// The running access log: its thread and the handle workers clone.
+pub struct AccessLog {
+    handle: AccessHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AccessLog {
+    /// Opens the target (so a bad path fails at start, not at the first request) and starts the
+    /// log thread, which inherits the calling thread's cores.
+    pub fn start(config: &crate::config::AccessLog) -> io::Result<AccessLog> {
+        let out = Output::open(&config.target)?;
+        let (tx, rx) = sync_channel(QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let format = config.format;
+        let counted = dropped.clone();
+        let thread = std::thread::Builder::new()
+            .name("pinlb-log".into())
+            .spawn(move || write_loop(rx, out, format, counted))?;
+        Ok(AccessLog {
+            handle: AccessHandle { tx, dropped },
+            thread: Some(thread),
+        })
+    }
+
+    pub fn handle(&self) -> AccessHandle {
+        self.handle.clone()
+    }
+
+    /// Closes and opens the file again (after logrotate moved it).
+    pub fn reopen(&self) {
+        let _ = self.handle.tx.send(Msg::Reopen);
+    }
+
+    /// Writes what is queued and ends the thread.
+    pub fn stop(mut self) {
+        let _ = self.handle.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+enum Output {
+    Stdout(io::Stdout),
+    File(PathBuf, BufWriter<File>),
+}
+
+impl Output {
+    fn open(target: &AccessTarget) -> io::Result<Output> {
+        Ok(match target {
+            AccessTarget::Stdout => Output::Stdout(io::stdout()),
+            AccessTarget::File(path) => {
+                let f = OpenOptions::new().create(true).append(true).open(path)?;
+                Output::File(path.clone(), BufWriter::with_capacity(64 * 1024, f))
+            }
+        })
+    }
+
+    fn write_all(&mut self, b: &[u8]) -> io::Result<()> {
+        match self {
+            Output::Stdout(s) => s.lock().write_all(b),
+            Output::File(_, w) => w.write_all(b),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Output::Stdout(s) => s.lock().flush(),
+            Output::File(_, w) => w.flush(),
+        }
+    }
+
+    fn reopen(&mut self) -> io::Result<()> {
+        if let Output::File(path, w) = self {
+            w.flush()?;
+            let f = OpenOptions::new().create(true).append(true).open(&*path)?;
+            *w = BufWriter::with_capacity(64 * 1024, f);
+        }
+        Ok(())
+    }
+}
+
+fn write_loop(rx: Receiver<Msg>, mut out: Output, format: AccessFormat, dropped: Arc<AtomicU64>) {
+    let mut line = String::with_capacity(512);
+    let mut reported = 0;
+    // Blocks for the first message, then takes everything already queued before one flush.
+    while let Ok(first) = rx.recv() {
+        let mut next = Some(first);
+        let mut stop = false;
+        while let Some(msg) = next.take() {
+            match msg {
+                Msg::Entry(e) => {
+                    line.clear();
+                    format_entry(&mut line, &e, format, SystemTime::now());
+                    if let Err(err) = out.write_all(line.as_bytes()) {
+                        error!("access log: write failed: {err}");
+                    }
+                }
+                Msg::Reopen => {
+                    if let Err(err) = out.reopen() {
+                        error!("access log: cannot reopen: {err}");
+                    }
+                }
+                Msg::Stop => stop = true,
+            }
+            next = rx.try_recv().ok();
+        }
+        if let Err(err) = out.flush() {
+            error!("access log: write failed: {err}");
+        }
+        let d = dropped.load(Ordering::Relaxed);
+        if d > reported {
+            warn!(
+                "access log: {} line(s) dropped, the log thread fell behind",
+                d - reported
+            );
+            reported = d;
+        }
+        if stop {
+            return;
+        }
+    }
+}
+
+/// One line, newline included.
+fn format_entry(out: &mut String, e: &Entry, format: AccessFormat, now: SystemTime) {
+    let target = e
+        .uri
+        .path_and_query()
+        .map_or_else(|| e.uri.to_string(), |pq| pq.as_str().to_string());
+    let upstream_time = e.upstream.map(|u| u.upstream_time.as_secs_f64());
+    let total = e.total.as_secs_f64();
+    match format {
+        AccessFormat::Combined => {
+            // nginx's combined format, then the backend and the two times (seconds, ms
+            // resolution, as nginx's $upstream_response_time and $request_time).
+            let _ = write!(out, "{} - - [{}] \"", e.client.ip(), clf_time(now));
+            escape_into(out, e.method.as_str().as_bytes());
+            out.push(' ');
+            escape_into(out, target.as_bytes());
+            let _ = write!(out, " {:?}\" {} {} \"", e.version, e.status, e.bytes);
+            header_into(out, e.referer.as_ref());
+            out.push_str("\" \"");
+            header_into(out, e.user_agent.as_ref());
+            out.push('"');
+            match e.upstream {
+                Some(u) => {
+                    let _ = write!(out, " {}", u.backend);
+                }
+                None => out.push_str(" -"),
+            }
+            match upstream_time {
+                Some(t) => {
+                    let _ = write!(out, " {t:.3}");
+                }
+                None => out.push_str(" -"),
+            }
+            let _ = writeln!(out, " {total:.3}");
+        }
+        AccessFormat::Json => {
+            let text = |v: Option<&HeaderValue>| {
+                v.map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            };
+            let v = serde_json::json!({
+                "time": humantime::format_rfc3339_millis(now).to_string(),
+                "client": e.client.ip().to_string(),
+                "method": e.method.as_str(),
+                "path": target,
+                "protocol": format!("{:?}", e.version),
+                "status": e.status,
+                "bytes": e.bytes,
+                "backend": e.upstream.map(|u| u.backend.to_string()),
+                "upstream_time": upstream_time,
+                "total_time": total,
+                "referer": text(e.referer.as_ref()),
+                "user_agent": text(e.user_agent.as_ref()),
+            });
+            let _ = writeln!(out, "{v}");
+        }
+    }
+}
+
+fn header_into(out: &mut String, v: Option<&HeaderValue>) {
+    match v {
+        Some(v) => escape_into(out, v.as_bytes()),
+        None => out.push('-'),
+    }
+}
+
+/// As nginx escapes log variables: `"`, `\`, control and non-ASCII bytes become `\xHH`, so a
+/// client cannot forge a line or break the quoting.
+fn escape_into(out: &mut String, bytes: &[u8]) {
+    for &b in bytes {
+        if b == b'"' || b == b'\\' || !(0x20..0x7f).contains(&b) {
+            let _ = write!(out, "\\x{b:02X}");
+        } else {
+            out.push(char::from(b));
+        }
+    }
+}
+
+/// `29/Nov/2026:23:47:26 +0000`, the common log format's time, in UTC.
+fn clf_time(t: SystemTime) -> String {
+    // "2026-11-29T23:47:26Z"
+    let iso = humantime::format_rfc3339_seconds(t).to_string();
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let month = iso
+        .get(5..7)
+        .and_then(|m| m.parse::<usize>().ok())
+        .and_then(|m| MONTHS.get(m.wrapping_sub(1)))
+        .copied()
+        .unwrap_or("???");
+    format!(
+        "{}/{month}/{}:{} +0000",
+        iso.get(8..10).unwrap_or("??"),
+        iso.get(0..4).unwrap_or("????"),
+        iso.get(11..19).unwrap_or("??:??:??")
+    )
+}
+
+/// A response body that counts the bytes sent and hands its [`Entry`] to the log when it ends
+/// (or when hyper drops it: the client went away, or the body was never polled).
+pub struct LoggedBody<B> {
+    body: B,
+    log: Option<(Box<Entry>, AccessHandle)>,
+}
+
+impl<B> LoggedBody<B> {
+    pub fn new(body: B, log: Option<(Box<Entry>, AccessHandle)>) -> Self {
+        LoggedBody { body, log }
+    }
+
+    fn finish(&mut self) {
+        if let Some((e, handle)) = self.log.take() {
+            handle.send(e);
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for LoggedBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some((e, _))) = (frame.data_ref(), self.log.as_mut()) {
+                    e.bytes += data.len() as u64;
+                }
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.finish(),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl<B> Drop for LoggedBody<B> {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> Entry {
+        let req = Request::builder()
+            .method("GET")
+            .uri("/a?b=c")
+            .header("user-agent", "curl \"8\"")
+            .body(())
+            .unwrap();
+        let mut e = *Entry::start(&req, "10.0.0.7:5555".parse().unwrap());
+        e.status = 200;
+        e.bytes = 12;
+        e.upstream = Some(Upstreamed {
+            backend: "127.0.0.1:8881".parse().unwrap(),
+            upstream_time: Duration::from_micros(1500),
+        });
+        e.total = Duration::from_micros(2400);
+        e
+    }
+
+    #[test]
+    fn combined_lines_read_like_nginx_with_backend_and_times_appended() {
+        let mut s = String::new();
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000);
+        format_entry(&mut s, &entry(), AccessFormat::Combined, t);
+        assert_eq!(
+            s,
+            "10.0.0.7 - - [30/Nov/2026:00:53:20 +0000] \"GET /a?b=c HTTP/1.1\" 200 12 \"-\" \"curl \\x228\\x22\" 127.0.0.1:8881 0.002 0.002\n"
+        );
+    }
+
+    #[test]
+    fn json_lines_carry_every_field() {
+        let mut s = String::new();
+        format_entry(&mut s, &entry(), AccessFormat::Json, SystemTime::UNIX_EPOCH);
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(v["client"], "10.0.0.7");
+        assert_eq!(v["method"], "GET");
+        assert_eq!(v["path"], "/a?b=c");
+        assert_eq!(v["user_agent"], "curl \"8\"");
+        assert_eq!(v["status"], 200);
+        assert_eq!(v["bytes"], 12);
+        assert_eq!(v["backend"], "127.0.0.1:8881");
+        assert_eq!(v["upstream_time"], 0.0015);
+        assert_eq!(v["total_time"], 0.0024);
+        assert_eq!(v["referer"], serde_json::Value::Null);
+        assert_eq!(v["time"], "1970-01-01T00:00:00.000Z");
+    }
+}

@@ -1,0 +1,157 @@
+//! Hot reload (SIGHUP, `POST /reload`): read the file again, validate it, and hand every worker a
+//! new configuration generation.
+//!
+//! Validation comes first: an invalid file changes nothing. A valid one becomes a new
+//! [`Generation`](crate::server::Generation) that every worker switches to between two requests:
+//!
+//! - backends still present (same upstream, same address) keep their state: health, passive
+//!   failures, in-flight count, admin state, counters, and each worker's pooled connections;
+//! - removed backends get no new requests; those in flight finish;
+//! - open client connections stay open, and their next request follows the new config;
+//! - new listener addresses are bound here, before anything is swapped, so a port that is taken
+//!   fails the reload instead of half-applying it; removed ones stop accepting and their
+//!   connections finish.
+//!
+//! What a running process cannot change is kept as it was, and the reply says so: the worker
+//! cores (`runtime.cpus`), the admin listener, the access log and `limits.max_connections`.
+
+use std::fmt::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::server::{Generation, Process, bind_listeners, listener_keys};
+use crate::upstream::SharedUpstream;
+
+/// How long a reload waits for every worker to switch. A worker switches between two polls of
+/// its runtime, so only a stuck worker takes longer.
+const SWITCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reloads the configuration file; returns a summary of what changed, or why nothing did.
+pub(crate) async fn reload(process: &Process) -> Result<String, String> {
+    let _one_at_a_time = process.reloading.lock().await;
+    let path = process.config_path.as_ref().ok_or(
+        "pinlb was started without a configuration file, so there is nothing to read again",
+    )?;
+    let mut config = Config::load(path).map_err(|e| e.to_string())?;
+    let current = process.generations.borrow().clone();
+    let before = &current.config;
+
+    let mut kept = Vec::new();
+    if config.runtime.cpus != before.runtime.cpus {
+        kept.push(format!(
+            "runtime.cpus changed to {:?}, which needs a restart; workers stay on cores {:?}",
+            config.runtime.cpus, before.runtime.cpus
+        ));
+        config.runtime.cpus = before.runtime.cpus.clone();
+    }
+    if config.admin != before.admin {
+        kept.push(
+            "[admin] changed, which needs a restart; the admin listener stays as it was".into(),
+        );
+        config.admin = before.admin.clone();
+    }
+    if config.access_log != before.access_log {
+        kept.push("[log] changed, which needs a restart; the access log stays as it was".into());
+        config.access_log = before.access_log.clone();
+    }
+    if config.limits.max_connections != before.limits.max_connections {
+        kept.push(format!(
+            "limits.max_connections changed, which needs a restart; it stays {}",
+            before.limits.max_connections
+        ));
+        config.limits.max_connections = before.limits.max_connections;
+    }
+
+    let running_keys = listener_keys(&before.listeners);
+    let running = |k: &_| running_keys.contains(k);
+    let (sockets, bound) =
+        bind_listeners(&config.listeners, process.workers, running).map_err(|e| e.to_string())?;
+    let counting = config.admin.is_some();
+    let upstreams: Vec<Arc<SharedUpstream>> = config
+        .upstreams
+        .iter()
+        .map(|u| {
+            Arc::new(SharedUpstream::reloaded(
+                u.clone(),
+                counting,
+                &current.upstreams,
+            ))
+        })
+        .collect();
+
+    let summary = describe(before, &config, &bound, &kept);
+    let number = current.number + 1;
+    let generation = Arc::new(Generation::new(
+        number,
+        Arc::new(config),
+        upstreams,
+        sockets,
+    ));
+    drop(current);
+    process.generations.send_replace(generation.clone());
+    let workers = u32::try_from(process.workers).unwrap_or(u32::MAX);
+    match tokio::time::timeout(SWITCH_TIMEOUT, generation.applied.acquire_many(workers)).await {
+        Ok(Ok(permits)) => permits.forget(),
+        _ => {
+            return Err(format!(
+                "generation {number} was sent, but not every worker switched within {SWITCH_TIMEOUT:?}"
+            ));
+        }
+    }
+    Ok(format!("reloaded: generation {number}\n{summary}"))
+}
+
+/// What a reload changes, one line each, for the log and the reply.
+fn describe(
+    before: &Config,
+    after: &Config,
+    bound: &[std::net::SocketAddr],
+    kept: &[String],
+) -> String {
+    let mut s = String::new();
+    for u in &after.upstreams {
+        match before.upstreams.iter().find(|b| b.name == u.name) {
+            None => {
+                let _ = writeln!(s, "upstream {}: added", u.name);
+            }
+            Some(old) => {
+                for b in &u.backends {
+                    if !old.backends.iter().any(|o| o.address == b.address) {
+                        let _ = writeln!(s, "upstream {}: backend {} added", u.name, b.address);
+                    }
+                }
+                for o in &old.backends {
+                    if !u.backends.iter().any(|b| b.address == o.address) {
+                        let _ = writeln!(
+                            s,
+                            "upstream {}: backend {} removed; its requests in flight finish",
+                            u.name, o.address
+                        );
+                    }
+                }
+            }
+        }
+    }
+    for old in &before.upstreams {
+        if !after.upstreams.iter().any(|u| u.name == old.name) {
+            let _ = writeln!(s, "upstream {}: removed", old.name);
+        }
+    }
+    for a in bound {
+        let _ = writeln!(s, "listening on {a}");
+    }
+    for l in &before.listeners {
+        if !after.listeners.iter().any(|n| n.address == l.address) {
+            let _ = writeln!(
+                s,
+                "stopped listening on {}; its connections finish",
+                l.address
+            );
+        }
+    }
+    for k in kept {
+        let _ = writeln!(s, "{k}");
+    }
+    s.trim_end().to_string()
+}
