@@ -628,6 +628,13 @@ const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 impl Config {
     /// Reads and validates `path` against the cores this process may run on.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let allowed = crate::cpus::allowed_cpus().unwrap_or_default();
+        Config::load_for(path, &allowed)
+    }
+
+    /// Reads and validates `path` against `allowed` cores: a reload runs on a thread pinned to
+    /// `runtime.cpus`, so it passes the set the process had at start.
+    pub fn load_for(path: &Path, allowed: &[usize]) -> Result<Config, ConfigError> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: name.clone(),
@@ -636,8 +643,7 @@ impl Config {
             key: String::new(),
             message: format!("cannot read file: {e}"),
         })?;
-        let allowed = crate::cpus::allowed_cpus().unwrap_or_default();
-        Config::parse(&name, &text, &allowed)
+        Config::parse(&name, &text, allowed)
     }
 
     /// Parses and validates `text`; `file` is only used in messages. `allowed` is the set of cores
@@ -1376,6 +1382,49 @@ upstream = "app"
 [upstream.app]
 backends = [{ address = "127.0.0.1:8881" }]
 "#;
+
+    #[test]
+    fn admin_is_off_unless_configured_and_needs_a_token_off_loopback() {
+        assert_eq!(parse(MINIMAL).unwrap().admin, None);
+        let on = parse(&format!("{MINIMAL}[admin]\n")).unwrap();
+        assert_eq!(
+            on.admin.unwrap().address,
+            Admin::DEFAULT_ADDRESS.parse().unwrap()
+        );
+        assert_eq!(
+            err(&format!("{MINIMAL}[admin]\naddress = \"0.0.0.0:9901\"\n")),
+            "pinlb.toml:9:11: admin.address: 0.0.0.0:9901 is not a loopback address, so admin.token must be set: anyone who can reach it could take backends out and reload the config"
+        );
+        let open = parse(&format!(
+            "{MINIMAL}[admin]\naddress = \"0.0.0.0:9901\"\ntoken = \"t\"\n"
+        ))
+        .unwrap();
+        assert_eq!(open.admin.unwrap().token.as_deref(), Some("t"));
+        assert_eq!(
+            err(&format!("{MINIMAL}[admin]\naddress = \"localhost\"\n")),
+            "pinlb.toml:9:11: admin.address: invalid address \"localhost\", expected IP:PORT such as \"127.0.0.1:9901\""
+        );
+        assert!(err(&format!("{MINIMAL}[admin]\nport = 1\n")).contains("unknown field `port`"));
+    }
+
+    #[test]
+    fn the_access_log_is_off_by_default_and_its_format_is_checked() {
+        assert_eq!(parse(MINIMAL).unwrap().access_log, None);
+        let log = parse(&format!("{MINIMAL}[log]\naccess = \"stdout\"\n"))
+            .unwrap()
+            .access_log
+            .unwrap();
+        assert_eq!(
+            (log.target, log.format),
+            (AccessTarget::Stdout, AccessFormat::Combined)
+        );
+        assert_eq!(
+            err(&format!(
+                "{MINIMAL}[log]\naccess = \"/tmp/a.log\"\nformat = \"jsonl\"\n"
+            )),
+            "pinlb.toml:10:10: log.format: unknown value \"jsonl\", expected one of combined, json"
+        );
+    }
 
     #[test]
     fn minimal_config_takes_defaults() {

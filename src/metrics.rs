@@ -43,16 +43,17 @@ impl Histogram {
         self.sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
-    /// Sum in seconds, count, and cumulative buckets as Prometheus wants them.
+    /// Sum in seconds, count, and each bucket's own count (the encoder makes them cumulative).
     fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
         let mut total = 0;
         let mut buckets = Vec::with_capacity(self.counts.len());
         for (i, c) in self.counts.iter().enumerate() {
-            total += c.load(Ordering::Relaxed);
+            let n = c.load(Ordering::Relaxed);
+            total += n;
             let le = BUCKETS_US
                 .get(i)
                 .map_or(f64::INFINITY, |&us| us as f64 / 1e6);
-            buckets.push((le, total));
+            buckets.push((le, n));
         }
         let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
         (sum, total, buckets)
@@ -443,7 +444,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn histogram_buckets_are_cumulative_and_bounded_above() {
+    fn histogram_buckets_have_inclusive_bounds_and_an_overflow() {
         let h = Histogram::default();
         h.observe(Duration::from_micros(50));
         h.observe(Duration::from_micros(100));
@@ -452,9 +453,9 @@ mod tests {
         let (sum, count, buckets) = h.snapshot();
         assert_eq!(count, 4);
         assert_eq!(buckets[0], (0.0001, 2), "le is inclusive");
-        assert_eq!(buckets[1], (0.00025, 3));
-        assert_eq!(buckets[buckets.len() - 2].1, 3);
-        assert_eq!(buckets[buckets.len() - 1], (f64::INFINITY, 4));
+        assert_eq!(buckets[1], (0.00025, 1));
+        assert_eq!(buckets[buckets.len() - 2].1, 0);
+        assert_eq!(buckets[buckets.len() - 1], (f64::INFINITY, 1));
         assert!((sum - 60.000251).abs() < 1e-9, "{sum}");
     }
 

@@ -33,7 +33,7 @@ pub(crate) async fn reload(process: &Process) -> Result<String, String> {
     let path = process.config_path.as_ref().ok_or(
         "pinlb was started without a configuration file, so there is nothing to read again",
     )?;
-    let mut config = Config::load(path).map_err(|e| e.to_string())?;
+    let mut config = Config::load_for(path, &process.allowed).map_err(|e| e.to_string())?;
     let current = process.generations.borrow().clone();
     let before = &current.config;
 
@@ -141,12 +141,13 @@ fn describe(
     for a in bound {
         let _ = writeln!(s, "listening on {a}");
     }
-    for l in &before.listeners {
-        if !after.listeners.iter().any(|n| n.address == l.address) {
+    let kept_keys = listener_keys(&after.listeners);
+    for (i, key) in listener_keys(&before.listeners).iter().enumerate() {
+        if !kept_keys.contains(key) {
             let _ = writeln!(
                 s,
-                "stopped listening on {}; its connections finish",
-                l.address
+                "stopped listening on {} (was listener[{i}]); its connections finish",
+                key.0
             );
         }
     }

@@ -75,6 +75,9 @@ pub struct Server {
     config_path: Option<PathBuf>,
     /// SIGHUP and SIGUSR1, registered by the caller before binding.
     hangups: Option<Hangups>,
+    /// The cores the process may use, read before any thread is pinned; a reload validates
+    /// `runtime.cpus` against them.
+    allowed: Vec<usize>,
 }
 
 impl Server {
@@ -101,6 +104,7 @@ impl Server {
             admin,
             config_path: None,
             hangups: None,
+            allowed: crate::cpus::allowed_cpus().unwrap_or_default(),
         })
     }
 
@@ -153,6 +157,7 @@ impl Server {
             admin,
             config_path,
             hangups,
+            allowed,
         } = self;
         let cpus = config.runtime.cpus.clone();
         pin_current_thread(&cpus).map_err(|source| ServerError::Pin {
@@ -191,6 +196,7 @@ impl Server {
             registered: Registered::default(),
             started: std::time::Instant::now(),
             config_path,
+            allowed,
             workers: cpus.len(),
             reloading: tokio::sync::Mutex::new(()),
             access: access.as_ref().map(AccessLog::handle),
@@ -214,20 +220,14 @@ impl Server {
 
         // Health checks and the admin listener run on this thread, pinned to `runtime.cpus`
         // like the workers, until shutdown.
-        let admin = match admin {
-            None => None,
-            Some(sock) => {
-                Some(
-                    TcpListener::from_std(sock).map_err(|source| ServerError::Worker {
-                        worker: usize::MAX,
-                        source,
-                    })?,
-                )
-            }
-        };
         control.block_on(async {
-            if let Some(listener) = admin {
-                tokio::spawn(crate::admin::serve(listener, process.clone()));
+            if let Some(sock) = admin {
+                match TcpListener::from_std(sock) {
+                    Ok(listener) => {
+                        tokio::spawn(crate::admin::serve(listener, process.clone()));
+                    }
+                    Err(e) => error!("admin listener failed: {e}"),
+                }
             }
             tokio::select! {
                 () = shutdown => {}
@@ -364,6 +364,8 @@ pub(crate) struct Process {
     pub registered: Registered,
     pub started: std::time::Instant,
     pub config_path: Option<PathBuf>,
+    /// The cores the process may use, as read at start.
+    pub allowed: Vec<usize>,
     pub workers: usize,
     /// Held for a whole reload, so a SIGHUP and a `POST /reload` never interleave.
     pub reloading: tokio::sync::Mutex<()>,

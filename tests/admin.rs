@@ -1,0 +1,530 @@
+//! Operating pinlb live: the admin listener's metrics, status and control, hot reload, and the
+//! access log. Real backends and a real proxy on loopback, as everywhere.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use http::{Method, StatusCode};
+use tokio::sync::watch;
+
+/// `[admin]` on a port of the kernel's choosing, with an optional token.
+fn admin_table(token: Option<&str>) -> String {
+    match token {
+        Some(t) => format!("[admin]\naddress = \"127.0.0.1:0\"\ntoken = \"{t}\"\n"),
+        None => "[admin]\naddress = \"127.0.0.1:0\"\n".into(),
+    }
+}
+
+fn with_admin(backends: &[SocketAddr]) -> Setup {
+    let mut setup = Setup::with(backends);
+    setup.extra = admin_table(None);
+    setup
+}
+
+fn labels(backend: SocketAddr) -> String {
+    format!("upstream=\"app\",backend=\"{backend}\"")
+}
+
+#[tokio::test]
+async fn metrics_count_requests_responses_connections_and_latency_per_backend() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let proxy = Proxy::start(&with_admin(&[a.addr, b.addr]));
+    let mut conn = Conn::open(proxy.addr).await;
+    for _ in 0..10 {
+        assert_eq!(conn.get("/").await.status, StatusCode::OK);
+    }
+    let m = proxy.metrics().await;
+    for be in [&a, &b] {
+        let l = labels(be.addr);
+        assert_eq!(m.value("pinlb_backend_requests_total", &l), 5.0);
+        assert_eq!(
+            m.value(
+                "pinlb_backend_responses_total",
+                &format!("{l},class=\"2xx\"")
+            ),
+            5.0
+        );
+        assert_eq!(
+            m.value(
+                "pinlb_backend_responses_total",
+                &format!("{l},class=\"5xx\"")
+            ),
+            0.0
+        );
+        // One connection per backend, then reused: keep-alive works and shows.
+        assert_eq!(m.value("pinlb_backend_connections_opened_total", &l), 1.0);
+        assert_eq!(m.value("pinlb_backend_connections_reused_total", &l), 4.0);
+        assert_eq!(
+            m.value("pinlb_backend_response_time_seconds_count", &l),
+            5.0
+        );
+        assert_eq!(
+            m.value(
+                "pinlb_backend_response_time_seconds_bucket",
+                &format!("{l},le=\"+Inf\"")
+            ),
+            5.0
+        );
+        assert_eq!(m.value("pinlb_backend_in_flight", &l), 0.0);
+        assert_eq!(m.value("pinlb_backend_up", &l), 1.0);
+        assert_eq!(
+            m.value(
+                "pinlb_backend_admin_state",
+                &format!("{l},state=\"active\"")
+            ),
+            1.0
+        );
+    }
+    let listener = format!("listener=\"{}\"", proxy.addr);
+    assert_eq!(m.value("pinlb_listener_requests_total", &listener), 10.0);
+    assert_eq!(
+        m.value("pinlb_listener_connections_accepted_total", &listener),
+        1.0
+    );
+    assert_eq!(m.value("pinlb_listener_connections_active", &listener), 1.0);
+    let core = first_core();
+    assert_eq!(
+        m.value(
+            "pinlb_worker_requests_total",
+            &format!("worker=\"0\",core=\"{core}\"")
+        ),
+        10.0
+    );
+    assert_eq!(m.value("pinlb_config_generation", ""), 1.0);
+}
+
+#[tokio::test]
+async fn metrics_count_errors_by_kind() {
+    let refusing = Refusing::new();
+    let slow = Backend::start_with_delay("slow", Duration::from_secs(5)).await;
+    let mut setup = with_admin(&[refusing.addr, slow.addr]);
+    setup.response_timeout = "200ms";
+    // No passive skipping, so each request tries both.
+    setup.extra += "[upstream.app.passive]\nmax_fails = 0\n";
+    let proxy = Proxy::start(&setup);
+    let r = get(proxy.addr, "/").await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.body);
+    let m = proxy.metrics().await;
+    assert_eq!(
+        m.value(
+            "pinlb_backend_errors_total",
+            &format!("{},kind=\"connect\"", labels(refusing.addr))
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.value(
+            "pinlb_backend_errors_total",
+            &format!("{},kind=\"timeout\"", labels(slow.addr))
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn status_shows_generation_workers_listeners_and_every_backend() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let proxy = Proxy::start(&with_admin(&[a.addr, b.addr]));
+    assert_eq!(get(proxy.addr, "/").await.status, StatusCode::OK);
+    let s = proxy.status().await;
+    assert_eq!(s["generation"], 1);
+    assert_eq!(s["workers"][0]["core"], first_core());
+    assert_eq!(s["workers"][0]["requests"], 1);
+    assert_eq!(s["listeners"][0]["upstream"], "app");
+    let backends = s["upstreams"][0]["backends"].as_array().unwrap();
+    let addrs: Vec<&str> = backends
+        .iter()
+        .map(|b| b["address"].as_str().unwrap())
+        .collect();
+    assert_eq!(addrs, [a.addr.to_string(), b.addr.to_string()]);
+    assert!(backends.iter().all(|b| b["state"] == "up"), "{s}");
+    assert_eq!(backends[0]["requests"], 1);
+
+    // The page itself is served, and names what it fetches.
+    let page = proxy.admin(Method::GET, "/", None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("fetch(\"status\""), "{}", page.body);
+}
+
+#[tokio::test]
+async fn a_token_is_required_when_set_and_unknown_paths_and_methods_are_refused() {
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.extra = admin_table(Some("s3cret"));
+    let proxy = Proxy::start(&setup);
+    let r = proxy.admin(Method::GET, "/metrics", None).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    assert!(r.headers.contains_key("www-authenticate"));
+    let r = proxy.admin(Method::GET, "/status", Some("wrong")).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    let r = proxy.admin(Method::GET, "/status", Some("s3cret")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+
+    let r = proxy.admin(Method::GET, "/nope", Some("s3cret")).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = proxy.admin(Method::GET, "/reload", Some("s3cret")).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(r.headers["allow"], "POST");
+    let path = format!("/backends/{}/pause", a.addr);
+    let r = proxy.admin(Method::POST, &path, Some("s3cret")).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
+    let r = proxy
+        .admin(Method::POST, "/backends/127.0.0.1:1/drain", Some("s3cret"))
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
+    assert!(r.body.contains("no upstream has backend 127.0.0.1:1"));
+}
+
+#[tokio::test]
+async fn a_draining_backend_finishes_its_requests_but_gets_no_new_ones() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let proxy = Proxy::start(&with_admin(&[a.addr, b.addr]));
+    // A request held at `a`, in flight through the drain.
+    a.set_gate(false);
+    let held = tokio::spawn({
+        let addr = proxy.addr;
+        async move { get(addr, "/gated").await }
+    });
+    a.wait_for_hits(1).await;
+
+    let r = proxy
+        .admin(Method::POST, &format!("/backends/{}/drain", a.addr), None)
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let s = proxy.status().await;
+    assert_eq!(s["upstreams"][0]["backends"][0]["state"], "draining");
+    assert_eq!(s["upstreams"][0]["backends"][0]["in_flight"], 1);
+    for _ in 0..6 {
+        assert_eq!(get(proxy.addr, "/").await.backend(), "b");
+    }
+    assert_eq!(a.hits(), 1);
+    let m = proxy.metrics().await;
+    assert_eq!(
+        m.value(
+            "pinlb_backend_admin_state",
+            &format!("{},state=\"draining\"", labels(a.addr))
+        ),
+        1.0
+    );
+
+    a.set_gate(true);
+    let held = held.await.unwrap();
+    assert_eq!((held.status, held.backend()), (StatusCode::OK, "a"));
+
+    let r = proxy
+        .admin(Method::POST, &format!("/backends/{}/enable", a.addr), None)
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let picked: Vec<String> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(get(proxy.addr, "/").await.backend().to_string());
+        }
+        v
+    };
+    assert_eq!(picked.iter().filter(|b| *b == "a").count(), 2, "{picked:?}");
+}
+
+#[tokio::test]
+async fn a_disabled_lone_backend_gets_a_503_that_says_why() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start(&with_admin(&[a.addr]));
+    let r = proxy
+        .admin(Method::POST, &format!("/backends/{}/disable", a.addr), None)
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = get(proxy.addr, "/").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.body.contains("1 draining or disabled"), "{}", r.body);
+    assert_eq!(a.hits(), 0);
+    let s = proxy.status().await;
+    assert_eq!(s["upstreams"][0]["backends"][0]["state"], "disabled");
+}
+
+/// A config that listens on one port-0 listener for `backends`, with the admin listener on.
+fn reload_config(backends: &[SocketAddr], extra: &str) -> String {
+    let mut setup = with_admin(backends);
+    setup.extra += extra;
+    setup.toml()
+}
+
+#[tokio::test]
+async fn reload_under_load_swaps_a_backend_without_a_single_error() {
+    let old = Backend::start("old").await;
+    let kept = Backend::start("kept").await;
+    let new = Backend::start("new").await;
+    let proxy = Proxy::start_file(&reload_config(&[old.addr, kept.addr], ""));
+
+    // Four clients, each on its own keep-alive connection, request after request.
+    let (stop_tx, stop) = watch::channel(false);
+    let errors = Arc::new(AtomicUsize::new(0));
+    let done: Arc<Vec<AtomicU64>> = Arc::new((0..4).map(|_| AtomicU64::new(0)).collect());
+    let mut clients = Vec::new();
+    for i in 0..4 {
+        let (addr, stop, errors, done) = (proxy.addr, stop.clone(), errors.clone(), done.clone());
+        clients.push(tokio::spawn(async move {
+            let mut conn = Conn::open(addr).await;
+            // Bounded: the test stops them well before.
+            for _ in 0..100_000 {
+                if *stop.borrow() {
+                    break;
+                }
+                let r = conn.get("/").await;
+                if r.status != StatusCode::OK {
+                    errors.fetch_add(1, Ordering::SeqCst);
+                }
+                done[i].fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    old.wait_for_hits(20).await;
+
+    proxy.rewrite(&reload_config(&[new.addr, kept.addr], ""));
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(
+        r.body.contains(&format!("backend {} removed", old.addr)),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains(&format!("backend {} added", new.addr)),
+        "{}",
+        r.body
+    );
+    // Every client finishes the request it had in flight and starts another after the reload;
+    // from then on `old` must see nothing.
+    let marks: Vec<u64> = done.iter().map(|d| d.load(Ordering::SeqCst)).collect();
+    for (i, mark) in marks.iter().enumerate() {
+        let d = &done[i];
+        tokio::time::timeout(WAIT, async {
+            while d.load(Ordering::SeqCst) < mark + 2 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("client made progress after the reload");
+    }
+    let old_hits = old.hits();
+    new.wait_for_hits(new.hits() + 50).await;
+    let _ = stop_tx.send(true);
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert_eq!(
+        errors.load(Ordering::SeqCst),
+        0,
+        "requests failed around the reload"
+    );
+    assert_eq!(
+        old.hits(),
+        old_hits,
+        "the removed backend got requests after the reload"
+    );
+    assert_eq!(proxy.status().await["generation"], 2);
+}
+
+#[tokio::test]
+async fn an_invalid_reload_is_refused_with_the_error_and_changes_nothing() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start_file(&reload_config(&[a.addr], ""));
+    proxy.rewrite("[upstream.app]\nalgorithm = \"leastconn\"\nbackends = []\n");
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(
+        r.body
+            .contains(".toml:2:13: upstream.app.algorithm: unknown value \"leastconn\""),
+        "{}",
+        r.body
+    );
+    assert_eq!(proxy.status().await["generation"], 1);
+    assert_eq!(get(proxy.addr, "/").await.backend(), "a");
+}
+
+#[tokio::test]
+async fn reload_binds_new_listeners_stops_removed_ones_and_keeps_what_needs_a_restart() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let two_listeners = format!(
+        "{}\n[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"other\"\n\n[upstream.other]\nbackends = [{{ address = \"{}\" }}]\n",
+        reload_config(&[a.addr], ""),
+        b.addr
+    );
+    let proxy = Proxy::start_file(&reload_config(&[a.addr], ""));
+    let mut before = Conn::open(proxy.addr).await;
+    assert_eq!(before.get("/").await.backend(), "a");
+
+    proxy.rewrite(&two_listeners);
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let added: SocketAddr = r
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("listening on "))
+        .unwrap_or_else(|| panic!("no new listener in: {}", r.body))
+        .parse()
+        .unwrap();
+    assert_eq!(get(added, "/").await.backend(), "b");
+    // The connection opened before the reload is untouched.
+    assert_eq!(before.get("/").await.backend(), "a");
+
+    // Back to one listener, and a core change that only a restart can make.
+    let cores = format!("cpus = [{}]", first_core());
+    let other_core = allowed().into_iter().find(|c| *c != first_core());
+    let mut text = reload_config(&[a.addr], "");
+    if let Some(c) = other_core {
+        text = text.replace(&cores, &format!("cpus = [{c}]"));
+    }
+    proxy.rewrite(&text);
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(
+        r.body.contains("stopped listening on 127.0.0.1:0"),
+        "{}",
+        r.body
+    );
+    if other_core.is_some() {
+        assert!(r.body.contains("runtime.cpus changed"), "{}", r.body);
+        assert!(r.body.contains("needs a restart"), "{}", r.body);
+    }
+    let refused = tokio::net::TcpStream::connect(added).await;
+    assert!(refused.is_err(), "the removed listener still accepts");
+    assert_eq!(get(proxy.addr, "/").await.backend(), "a");
+    assert_eq!(proxy.status().await["generation"], 3);
+}
+
+#[tokio::test]
+async fn a_reload_keeps_the_admin_state_of_kept_backends_and_their_counters() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let c = Backend::start("c").await;
+    let proxy = Proxy::start_file(&reload_config(&[a.addr, b.addr], ""));
+    for _ in 0..4 {
+        get(proxy.addr, "/").await;
+    }
+    proxy
+        .admin(Method::POST, &format!("/backends/{}/drain", a.addr), None)
+        .await;
+    proxy.rewrite(&reload_config(&[a.addr, b.addr, c.addr], ""));
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let m = proxy.metrics().await;
+    assert_eq!(
+        m.value("pinlb_backend_requests_total", &labels(a.addr)),
+        2.0
+    );
+    assert_eq!(
+        m.value(
+            "pinlb_backend_admin_state",
+            &format!("{},state=\"draining\"", labels(a.addr))
+        ),
+        1.0
+    );
+    assert_eq!(m.value("pinlb_config_generation", ""), 2.0);
+    for _ in 0..4 {
+        assert_ne!(get(proxy.addr, "/").await.backend(), "a");
+    }
+    // `b` kept its pooled connection through the reload: every request since went on it.
+    assert_eq!(b.accepts(), 1, "the kept backend's connection was reopened");
+}
+
+#[tokio::test]
+async fn the_access_log_writes_one_line_per_request_with_backend_and_times() {
+    let a = Backend::start("a").await;
+    for (format, check) in [
+        ("combined", check_combined as fn(&str, SocketAddr)),
+        ("json", check_json),
+    ] {
+        let path = temp_config("");
+        let mut setup = Setup::with(&[a.addr]);
+        setup.extra = format!(
+            "[log]\naccess = \"{}\"\nformat = \"{format}\"\n",
+            path.display()
+        );
+        let proxy = Proxy::start(&setup);
+        let mut conn = Conn::open(proxy.addr).await;
+        for i in 0..3 {
+            let r = conn.get(&format!("/item/{i}?q=1")).await;
+            assert_eq!(r.status, StatusCode::OK);
+        }
+        // The log thread writes everything queued before it stops.
+        drop(conn);
+        proxy.join(WAIT).await.unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        for (i, line) in lines.iter().enumerate() {
+            assert!(line.contains(&format!("/item/{i}?q=1")), "{line}");
+            check(line, a.addr);
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+fn check_combined(line: &str, backend: SocketAddr) {
+    // 127.0.0.1 - - [29/Nov/2026:23:47:26 +0000] "GET /item/0?q=1 HTTP/1.1" 200 N "-" "-" BACKEND 0.001 0.001
+    assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
+    assert!(line.contains(" +0000] \"GET /item/"), "{line}");
+    let after = line.split("HTTP/1.1\" ").nth(1).unwrap();
+    let fields: Vec<&str> = after.split(' ').collect();
+    assert_eq!(fields[0], "200", "{line}");
+    assert!(fields[1].parse::<u64>().unwrap() > 0, "{line}");
+    assert_eq!(fields[4], backend.to_string(), "{line}");
+    assert!(fields[5].parse::<f64>().is_ok(), "{line}");
+    assert!(fields[6].parse::<f64>().is_ok(), "{line}");
+}
+
+fn check_json(line: &str, backend: SocketAddr) {
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["client"], "127.0.0.1");
+    assert_eq!(v["method"], "GET");
+    assert_eq!(v["status"], 200);
+    assert!(v["bytes"].as_u64().unwrap() > 0, "{line}");
+    assert_eq!(v["backend"], backend.to_string());
+    assert!(v["upstream_time"].as_f64().unwrap() <= v["total_time"].as_f64().unwrap());
+}
+
+#[tokio::test]
+async fn the_binary_reloads_on_sighup_and_reopens_the_access_log_on_sigusr1() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let log = temp_config("");
+    let rotated = log.with_extension("1");
+    let access = format!("[log]\naccess = \"{}\"\n", log.display());
+    let mut setup = with_admin(&[a.addr]);
+    setup.extra += &access;
+    let mut proxy = BinProxy::spawn(&setup).await;
+    assert_eq!(get(proxy.addr, "/").await.backend(), "a");
+
+    // logrotate: move the file, then SIGUSR1; the next line goes to a new file.
+    std::fs::rename(&log, &rotated).unwrap();
+    proxy.signal(nix::sys::signal::Signal::SIGUSR1);
+    proxy
+        .wait_for_log("SIGUSR1: reopening the access log")
+        .await;
+
+    let mut next = with_admin(&[b.addr]);
+    next.extra += &access;
+    std::fs::write(proxy.config_path(), next.toml()).unwrap();
+    proxy.signal(nix::sys::signal::Signal::SIGHUP);
+    proxy.wait_for_log("reloaded: generation 2").await;
+    assert_eq!(get(proxy.addr, "/").await.backend(), "b");
+
+    proxy.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(proxy.wait_exit().await.success());
+    let before = std::fs::read_to_string(&rotated).unwrap();
+    let after = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(before.lines().count(), 1, "{before}");
+    assert_eq!(after.lines().count(), 1, "{after}");
+    assert!(after.contains(&b.addr.to_string()), "{after}");
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&rotated);
+}
