@@ -1,0 +1,215 @@
+//! The admin status page in a real headless browser (Debian's `chromium`; `.ci/run` installs it):
+//! it loads, shows every backend, and updates in place when one goes down.
+//!
+//! The test drives chromium over the DevTools protocol: it reads the page's DOM with
+//! `Runtime.evaluate`, so what it checks is what a person would see.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+/// A headless chromium with its DevTools endpoint; killed on drop.
+struct Chromium {
+    child: Child,
+    profile: std::path::PathBuf,
+    /// `ws://127.0.0.1:PORT/devtools/browser/...`
+    devtools: String,
+}
+
+impl Chromium {
+    fn start(url: &str) -> Chromium {
+        let profile = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("chromium-{}", std::process::id()));
+        let mut child = Command::new("chromium")
+            .args([
+                "--headless=new",
+                // Tests run as root in CI, where chromium's sandbox cannot start.
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--remote-debugging-address=127.0.0.1",
+                "--remote-debugging-port=0",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg(url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start chromium (Debian package `chromium`; .ci/run installs it)");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(at) = line.find("ws://") {
+                    let _ = tx.send(line[at..].trim().to_string());
+                }
+            }
+        });
+        let devtools = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("chromium never printed its DevTools address");
+        Chromium {
+            child,
+            profile,
+            devtools,
+        }
+    }
+
+    /// The DevTools WebSocket of the page chromium opened.
+    async fn page(&self) -> Page {
+        let port: u16 = self
+            .devtools
+            .trim_start_matches("ws://127.0.0.1:")
+            .split('/')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("DevTools port");
+        let addr = format!("127.0.0.1:{port}").parse().unwrap();
+        // DevTools answers only a Host that is an IP address or localhost.
+        let mut req = request(http::Method::GET, "/json/list", empty());
+        req.headers_mut()
+            .insert("host", format!("127.0.0.1:{port}").parse().unwrap());
+        let listed = Conn::open(addr).await.fetch(req).await;
+        let list: Value = serde_json::from_str(&listed.body)
+            .unwrap_or_else(|e| panic!("{e}: {} {}", listed.status, listed.body));
+        let url = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["type"] == "page")
+            .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+            .expect("a page target")
+            .to_string();
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("connect to the page's DevTools");
+        Page { ws, next_id: 1 }
+    }
+}
+
+impl Drop for Chromium {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.profile);
+    }
+}
+
+struct Page {
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    next_id: u64,
+}
+
+impl Page {
+    /// Evaluates `expression` in the page and returns its value.
+    async fn eval(&mut self, expression: &str) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let cmd = json!({
+            "id": id,
+            "method": "Runtime.evaluate",
+            "params": { "expression": expression, "returnByValue": true },
+        });
+        self.ws
+            .send(Message::text(cmd.to_string()))
+            .await
+            .expect("send to DevTools");
+        // Events may come first; bounded by the wait limit.
+        tokio::time::timeout(WAIT, async {
+            while let Some(msg) = self.ws.next().await {
+                let Ok(Message::Text(text)) = msg else {
+                    continue;
+                };
+                let v: Value = serde_json::from_str(&text).unwrap();
+                if v["id"] == id {
+                    return v["result"]["result"]["value"].clone();
+                }
+            }
+            panic!("DevTools closed the connection");
+        })
+        .await
+        .expect("no DevTools reply in time")
+    }
+
+    /// Evaluates `expression` every 100 ms until `done` accepts its value (at most 100 times).
+    async fn eval_until(&mut self, expression: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let mut last = Value::Null;
+        for _ in 0..100 {
+            last = self.eval(expression).await;
+            if done(&last) {
+                return last;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the page never showed what was expected; last: {last}");
+    }
+}
+
+/// `[[address, state], ...]` of the backend rows, as the page shows them.
+const ROWS: &str = "JSON.stringify([...document.querySelectorAll('tr.backend')]\
+    .map(r => [r.dataset.address, r.querySelector('.state').textContent]))";
+
+fn rows(v: &Value) -> Vec<(String, String)> {
+    serde_json::from_str(v.as_str().unwrap_or("[]")).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_status_page_shows_every_backend_and_updates_in_place_when_one_goes_down() {
+    let a = Backend::start("a").await;
+    let mut b = Backend::start("b").await;
+    let c = Backend::start("c").await;
+    let mut setup = Setup::with(&[a.addr, b.addr, c.addr]);
+    setup.extra = "[admin]\naddress = \"127.0.0.1:0\"\n\n\
+                   [upstream.app.health]\npath = \"/health\"\ninterval = \"200ms\"\n\
+                   timeout = \"100ms\"\nrise = 1\nfall = 1\n"
+        .into();
+    let proxy = Proxy::start(&setup);
+    let admin = proxy.admin.unwrap();
+
+    let browser = Chromium::start(&format!("http://{admin}/"));
+    let mut page = browser.page().await;
+    let shown = page
+        .eval_until(ROWS, |v| {
+            let r = rows(v);
+            r.len() == 3 && r.iter().all(|(_, s)| s == "up")
+        })
+        .await;
+    let addrs: Vec<String> = rows(&shown).into_iter().map(|(a, _)| a).collect();
+    assert_eq!(
+        addrs,
+        [a.addr.to_string(), b.addr.to_string(), c.addr.to_string()]
+    );
+    let workers = page
+        .eval("document.querySelectorAll('#workers tbody tr').length")
+        .await;
+    assert_eq!(workers, 1);
+    // A mark on this page load: if the page reloaded instead of updating, it would be gone.
+    page.eval("window.pinlbTestMark = 42").await;
+
+    b.kill().await;
+    let after = page
+        .eval_until(ROWS, |v| {
+            rows(v)
+                .iter()
+                .any(|(addr, s)| *addr == b.addr.to_string() && s == "down")
+        })
+        .await;
+    let states: Vec<String> = rows(&after).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(states, ["up", "down", "up"]);
+    assert_eq!(page.eval("window.pinlbTestMark").await, 42);
+    let colour = page
+        .eval("getComputedStyle(document.querySelectorAll('tr.backend .state')[1]).backgroundColor")
+        .await;
+    assert_eq!(colour, "rgb(192, 57, 43)", "a down backend is shown red");
+}
