@@ -43,7 +43,11 @@
 #   DURATION=10s        wrk duration of each recorded run
 #   CONNS=64            wrk connections (-c); wrk always uses one thread (-t1)
 #   WARMUP=1s           unrecorded wrk run before each recorded run; 0 = none
-#   PEERS="pinlb nginx haproxy"   proxies to run, in this order
+#   PEERS="pinlb nginx haproxy"   proxies to run, in this order; also
+#                       pinlb-metrics ([admin] on, so the request path counts
+#                       metrics) and pinlb-log (access log to a file), which
+#                       are reported against plain pinlb
+#                       (benches/peers/pinlb-*.toml)
 #   PINLB=target/release/pinlb    pinlb binary (relative to the repo root)
 #   OUT_MD=/tmp/pinlb-compare.md  where the Markdown report is written
 #   PORT_BASE=18080     ports: the first free loopback ports >= PORT_BASE
@@ -84,7 +88,7 @@ die() { printf '[compare] ERROR: %s\n' "$*" >&2; exit 1; }
 read -r -a PEER_LIST <<<"$PEERS"
 ((${#PEER_LIST[@]} > 0)) || die "PEERS is empty"
 for p in "${PEER_LIST[@]}"; do
-    case $p in pinlb | nginx | haproxy) ;; *) die "unknown peer '$p' (known: pinlb nginx haproxy)" ;; esac
+    case $p in pinlb | pinlb-metrics | pinlb-log | nginx | haproxy) ;; *) die "unknown peer '$p' (known: pinlb pinlb-metrics pinlb-log nginx haproxy)" ;; esac
 done
 
 # ---------------------------------------------------------------- tools
@@ -101,7 +105,7 @@ fi
 for t in nginx haproxy wrk curl taskset ss awk getconf sort; do
     command -v "$t" >/dev/null 2>&1 || die "required tool '$t' not found"
 done
-if [[ " ${PEER_LIST[*]} " == *" pinlb "* ]]; then
+if [[ " ${PEER_LIST[*]} " == *" pinlb"* ]]; then
     [[ -x $PINLB ]] || die "pinlb binary not found at $PINLB (build it: cargo build --release, or set PINLB=..., or PEERS=\"nginx haproxy\")"
     "$PINLB" --version >/dev/null 2>&1 || die "'$PINLB --version' failed"
 fi
@@ -176,7 +180,7 @@ PIDS+=("$BACKEND_PID")
 wait_ready backend "$BACKEND_PORT" "$BACKEND_PID" "$WORK/backend/error.log"
 
 for p in "${PEER_LIST[@]}"; do
-    start_peer "$p" "$PEERS_DIR/pinlb.toml"
+    start_peer "$p" "$PEERS_DIR/$p.toml"
 done
 
 # ---------------------------------------------------------------- header
@@ -282,7 +286,7 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
             "${MED_RPS[$p]}" "${MIN_RPS[$p]}" "${MAX_RPS[$p]}" "${MED_P99[$p]}" "${MED_CPU[$p]}" "${ERRS[$p]}"
     done
     others=()
-    for p in "${PEER_LIST[@]}"; do [[ $p == pinlb ]] || others+=("$p"); done
+    for p in "${PEER_LIST[@]}"; do [[ $p == pinlb* ]] || others+=("$p"); done
     if [[ " ${PEER_LIST[*]} " == *" pinlb "* ]] && ((${#others[@]} > 0)); then
         best_rps="" best_rps_p="" best_p99="" best_p99_p="" best_cpu="" best_cpu_p=""
         for p in "${others[@]}"; do
@@ -307,6 +311,7 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
         # median over rounds: drift between rounds cancels out better than in a ratio of medians.
         per_round=$(awk -F'\t' '
             $2 == "pinlb" { rps[$1] = $3; cpu[$1] = $6; next }
+            $2 ~ /^pinlb-/ { next }
             { if ($3 > best[$1]) best[$1] = $3; if (!($1 in lean) || $6 < lean[$1]) lean[$1] = $6 }
             END { for (r in rps) if (best[r] > 0 && lean[r] > 0) printf "%f %f\n", rps[r] / best[r], cpu[r] / lean[r] }' "$RAW")
         median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%.2f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -315,6 +320,17 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
         echo
         echo "Paired per round, median of $paired_n rounds: throughput pinlb ÷ best peer = **$paired_rps**, CPU per request pinlb ÷ leaner peer = **$paired_cpu**."
     fi
+    # pinlb with a feature on against plain pinlb (issue 6: metrics within 3%, access log
+    # within 10% of throughput).
+    for v in "${PEER_LIST[@]}"; do
+        [[ $v == pinlb-* && " ${PEER_LIST[*]} " == *" pinlb "* ]] || continue
+        vs=$(awk -F'\t' -v v="$v" '
+            $2 == "pinlb" { base[$1] = $3 } $2 == v { var[$1] = $3 }
+            END { for (r in var) if (base[r] > 0) printf "%f\n", var[r] / base[r] }' "$RAW" |
+            sort -g | awk '{ a[NR] = $1 } END { if (NR) printf "%.3f", (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')
+        echo
+        echo "- $v ÷ pinlb throughput: **$(awk -v a="${MED_RPS[$v]}" -v b="${MED_RPS[pinlb]}" 'BEGIN { printf "%.3f", a / b }')** (ratio of medians), **$vs** (paired per round, median); CPU per request $(awk -v a="${MED_CPU[$v]}" -v b="${MED_CPU[pinlb]}" 'BEGIN { printf "%.3f", a / b }')×"
+    done
     noisy=$(awk -F'\t' '$10 > 10 { n++ } END { print n + 0 }' "$RAW")
     if ((noisy > 0)); then
         echo

@@ -165,7 +165,7 @@ start_peer() {
         PID_OF[$p]=$!
         VERSION[$p]=$(haproxy -v 2>&1 | awk 'NR == 1 {print $3}')
         ;;
-    pinlb)
+    pinlb*)
         render "$toml" "$d/pinlb.toml" "${PORT[$p]}" "$d"
         "$PINLB" check -c "$d/pinlb.toml" >"$d/check.log" 2>&1 || {
             cat "$d/check.log" >&2

@@ -20,7 +20,14 @@
 //! - [`idle`]: closing idle client connections with one watchdog per connection, not a timer
 //!   per request.
 //! - [`server`]: binding `SO_REUSEPORT` sockets and running one pinned single-threaded runtime per
-//!   core, with graceful shutdown.
+//!   core, with graceful shutdown; each worker follows the running configuration generation.
+//! - [`reload`]: hot reload (SIGHUP, `POST /reload`): validate, bind new listeners, hand every
+//!   worker a new generation that keeps the state of the backends that stay.
+//! - [`metrics`]: the counters the request path bumps (atomics, no lock) and their Prometheus
+//!   rendering.
+//! - [`admin`]: the admin listener: `/metrics`, `/status`, the status page, drain/disable/enable,
+//!   `/reload`.
+//! - [`accesslog`]: the access log, formatted and written by its own thread.
 //! - [`backend`]: `pinlb backend`, pinned hello-world test servers, one per core.
 //! - [`demo`]: `pinlb demo`, the embedded default: backends, proxy and bench in one process,
 //!   laid out on the allowed cores.
