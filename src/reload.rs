@@ -2,7 +2,7 @@
 //! new configuration generation.
 //!
 //! Validation comes first: an invalid file changes nothing. A valid one becomes a new
-//! [`Generation`](crate::server::Generation) that every worker switches to between two requests:
+//! configuration generation that every worker switches to between two requests:
 //!
 //! - backends still present (same upstream, same address) keep their state: health, passive
 //!   failures, in-flight count, admin state, counters, and each worker's pooled connections;

@@ -91,7 +91,7 @@ impl AdminState {
 /// One per backend of an upstream, shared by every config generation that keeps the backend (the
 /// same address in the same upstream), so a reload keeps its health, passive failures, in-flight
 /// count and counters. The settings a reload may change (`weight`, `max_conns`, `slow_start`) are
-/// atomics too, stored by [`BackendState::configure`].
+/// atomics too, stored again by each reload.
 #[derive(Debug)]
 pub struct BackendState {
     pub address: SocketAddr,
