@@ -2,21 +2,26 @@
 //!
 //! A worker fills an [`Entry`] from what it already has (the request head's method, target and
 //! two headers, the status, the backend, two clock readings) and, when the response body ends,
-//! hands it over a bounded channel. Formatting and writing happen on the log thread, which
-//! batches whatever is queued into one buffered write. That thread is started from the control
-//! thread, so it is pinned to `runtime.cpus` like everything else.
+//! adds it to its own [`Batch`]. A full batch (or, every [`FLUSH`], whatever is there) goes over a
+//! bounded channel to the log thread, which formats it and writes it in one buffered write. So
+//! the log thread wakes once per batch, not per request: on a machine where it shares a core
+//! with a worker, a wake-up per request would cost more than the logging itself. That thread is
+//! started from the control thread, so it is pinned to `runtime.cpus` like everything else.
 //!
 //! If the log thread falls behind so far that the queue is full, lines are dropped and counted
-//! rather than slowing requests; the count is logged as a warning.
+//! rather than slowing requests; the count is logged as a warning. Lines reach the file within
+//! about [`FLUSH`] of their request's end, as with nginx's `access_log ... buffer= flush=`.
 //!
 //! SIGUSR1 reopens the file, for logrotate: the old file gets everything queued before the signal.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
@@ -31,8 +36,13 @@ use tracing::{error, warn};
 
 use crate::config::{AccessFormat, AccessTarget};
 
-/// Entries the channel holds before lines are dropped: a few hundred milliseconds at full speed.
-const QUEUE: usize = 64 * 1024;
+/// Entries a worker collects before handing them to the log thread.
+const BATCH: usize = 64;
+/// How often a worker hands over a batch that is not full.
+pub const FLUSH: Duration = Duration::from_millis(200);
+/// Batches the channel holds before lines are dropped: 64 Ki entries, a second or more at full
+/// speed.
+const QUEUE: usize = 1024;
 
 /// Set by the proxy on responses that came from a backend, for the log line.
 #[derive(Debug, Clone, Copy)]
@@ -86,12 +96,12 @@ impl Entry {
 }
 
 enum Msg {
-    Entry(Box<Entry>),
+    Entries(Vec<Box<Entry>>),
     Reopen,
     Stop,
 }
 
-/// What workers hold to send finished entries.
+/// What a worker holds to hand entries to the log thread.
 #[derive(Clone)]
 pub struct AccessHandle {
     tx: SyncSender<Msg>,
@@ -99,16 +109,55 @@ pub struct AccessHandle {
 }
 
 impl AccessHandle {
-    fn send(&self, mut e: Box<Entry>) {
-        e.total = e.start.elapsed();
-        match self.tx.try_send(Msg::Entry(e)) {
+    fn send(&self, entries: Vec<Box<Entry>>) {
+        let n = entries.len() as u64;
+        match self.tx.try_send(Msg::Entries(entries)) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
+                self.dropped.fetch_add(n, Ordering::Relaxed);
             }
             // The log thread is gone (shutting down): nothing to do.
             Err(TrySendError::Disconnected(_)) => {}
         }
+    }
+}
+
+/// One worker's finished entries, not yet handed over. Worker-local: no lock, no atomic.
+pub struct Batch {
+    handle: AccessHandle,
+    entries: RefCell<Vec<Box<Entry>>>,
+}
+
+impl Batch {
+    pub fn new(handle: AccessHandle) -> Rc<Batch> {
+        Rc::new(Batch {
+            handle,
+            entries: RefCell::new(Vec::with_capacity(BATCH)),
+        })
+    }
+
+    fn push(&self, mut e: Box<Entry>) {
+        e.total = e.start.elapsed();
+        let mut entries = self.entries.borrow_mut();
+        entries.push(e);
+        if entries.len() >= BATCH {
+            let full = std::mem::replace(&mut *entries, Vec::with_capacity(BATCH));
+            self.handle.send(full);
+        }
+    }
+
+    /// Hands over whatever is collected; the worker calls it every [`FLUSH`] and at the end.
+    pub fn flush(&self) {
+        let mut entries = self.entries.borrow_mut();
+        if !entries.is_empty() {
+            self.handle.send(std::mem::take(&mut *entries));
+        }
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 
@@ -196,6 +245,7 @@ impl Output {
 
 fn write_loop(rx: Receiver<Msg>, mut out: Output, format: AccessFormat, dropped: Arc<AtomicU64>) {
     let mut line = String::with_capacity(512);
+    let mut clock = Clock::default();
     let mut reported = 0;
     // Blocks for the first message, then takes everything already queued before one flush.
     while let Ok(first) = rx.recv() {
@@ -203,11 +253,14 @@ fn write_loop(rx: Receiver<Msg>, mut out: Output, format: AccessFormat, dropped:
         let mut stop = false;
         while let Some(msg) = next.take() {
             match msg {
-                Msg::Entry(e) => {
-                    line.clear();
-                    format_entry(&mut line, &e, format, SystemTime::now());
-                    if let Err(err) = out.write_all(line.as_bytes()) {
-                        error!("access log: write failed: {err}");
+                Msg::Entries(entries) => {
+                    let now = SystemTime::now();
+                    for e in entries {
+                        line.clear();
+                        format_entry(&mut line, &e, format, now, &mut clock);
+                        if let Err(err) = out.write_all(line.as_bytes()) {
+                            error!("access log: write failed: {err}");
+                        }
                     }
                 }
                 Msg::Reopen => {
@@ -236,8 +289,35 @@ fn write_loop(rx: Receiver<Msg>, mut out: Output, format: AccessFormat, dropped:
     }
 }
 
-/// One line, newline included.
-fn format_entry(out: &mut String, e: &Entry, format: AccessFormat, now: SystemTime) {
+/// The time as the log writes it, formatted once per second rather than once per line.
+#[derive(Default)]
+struct Clock {
+    second: u64,
+    clf: String,
+}
+
+impl Clock {
+    fn clf(&mut self, now: SystemTime) -> &str {
+        let second = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if second != self.second || self.clf.is_empty() {
+            self.second = second;
+            self.clf = clf_time(now);
+        }
+        &self.clf
+    }
+}
+
+/// One line, newline included. The time is when the log thread writes the line (within about
+/// [`FLUSH`] of the request's end).
+fn format_entry(
+    out: &mut String,
+    e: &Entry,
+    format: AccessFormat,
+    now: SystemTime,
+    clock: &mut Clock,
+) {
     let target = e
         .uri
         .path_and_query()
@@ -248,7 +328,7 @@ fn format_entry(out: &mut String, e: &Entry, format: AccessFormat, now: SystemTi
         AccessFormat::Combined => {
             // nginx's combined format, then the backend and the two times (seconds, ms
             // resolution, as nginx's $upstream_response_time and $request_time).
-            let _ = write!(out, "{} - - [{}] \"", e.client.ip(), clf_time(now));
+            let _ = write!(out, "{} - - [{}] \"", e.client.ip(), clock.clf(now));
             escape_into(out, e.method.as_str().as_bytes());
             out.push(' ');
             escape_into(out, target.as_bytes());
@@ -338,17 +418,17 @@ fn clf_time(t: SystemTime) -> String {
 /// (or when hyper drops it: the client went away, or the body was never polled).
 pub struct LoggedBody<B> {
     body: B,
-    log: Option<(Box<Entry>, AccessHandle)>,
+    log: Option<(Box<Entry>, Rc<Batch>)>,
 }
 
 impl<B> LoggedBody<B> {
-    pub fn new(body: B, log: Option<(Box<Entry>, AccessHandle)>) -> Self {
+    pub fn new(body: B, log: Option<(Box<Entry>, Rc<Batch>)>) -> Self {
         LoggedBody { body, log }
     }
 
     fn finish(&mut self) {
-        if let Some((e, handle)) = self.log.take() {
-            handle.send(e);
+        if let Some((e, batch)) = self.log.take() {
+            batch.push(e);
         }
     }
 }
@@ -415,7 +495,13 @@ mod tests {
     fn combined_lines_read_like_nginx_with_backend_and_times_appended() {
         let mut s = String::new();
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000);
-        format_entry(&mut s, &entry(), AccessFormat::Combined, t);
+        format_entry(
+            &mut s,
+            &entry(),
+            AccessFormat::Combined,
+            t,
+            &mut Clock::default(),
+        );
         assert_eq!(
             s,
             "10.0.0.7 - - [30/Nov/2026:00:53:20 +0000] \"GET /a?b=c HTTP/1.1\" 200 12 \"-\" \"curl \\x228\\x22\" 127.0.0.1:8881 0.002 0.002\n"
@@ -425,7 +511,13 @@ mod tests {
     #[test]
     fn json_lines_carry_every_field() {
         let mut s = String::new();
-        format_entry(&mut s, &entry(), AccessFormat::Json, SystemTime::UNIX_EPOCH);
+        format_entry(
+            &mut s,
+            &entry(),
+            AccessFormat::Json,
+            SystemTime::UNIX_EPOCH,
+            &mut Clock::default(),
+        );
         let v: serde_json::Value = serde_json::from_str(&s).unwrap();
         assert_eq!(v["client"], "10.0.0.7");
         assert_eq!(v["method"], "GET");

@@ -29,7 +29,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::LocalSet;
 use tracing::{debug, error, info, warn};
 
-use crate::accesslog::{AccessHandle, AccessLog, Entry, LoggedBody};
+use crate::accesslog::{AccessHandle, AccessLog, Batch, Entry, LoggedBody};
 use crate::config::{Config, Limits, Listener};
 use crate::cpus::{format_cpu_list, pin_current_thread};
 use crate::idle::{self, Activity, Expired, TrackedBody, TrackedIo};
@@ -472,11 +472,35 @@ fn worker_main(
             stop: stop.clone(),
             listeners: HashMap::new(),
             upstreams: Vec::new(),
-            accepting: Vec::new(),
+            batch: None,
         };
+        // Entries for the access log collect per worker and go to the log thread in batches.
+        if let Some(handle) = &state.process.access {
+            let batch = Batch::new(handle.clone());
+            let flushing = Rc::downgrade(&batch);
+            tokio::task::spawn_local(async move {
+                let mut every = tokio::time::interval(crate::accesslog::FLUSH);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                loop {
+                    every.tick().await;
+                    match flushing.upgrade() {
+                        Some(b) => b.flush(),
+                        None => return,
+                    }
+                }
+            });
+            state.batch = Some(batch);
+        }
         let first = generations.borrow_and_update().clone();
         state.apply(&first)?;
         first.applied.add_permits(1);
+        // A reload is acknowledged once the listeners it removed are closed, so that when it
+        // returns, connecting to them is refused.
+        let closed = |tasks: Vec<tokio::task::JoinHandle<()>>| async move {
+            for t in tasks {
+                let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
+            }
+        };
         loop {
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
@@ -485,8 +509,9 @@ fn worker_main(
                         break;
                     }
                     let generation = generations.borrow_and_update().clone();
-                    if let Err(e) = state.apply(&generation) {
-                        error!("worker {worker}: {e}");
+                    match state.apply(&generation) {
+                        Ok(removed) => closed(removed).await,
+                        Err(e) => error!("worker {worker}: {e}"),
                     }
                     generation.applied.add_permits(1);
                 }
@@ -494,14 +519,19 @@ fn worker_main(
         }
         let WorkerState {
             graceful,
-            accepting,
             listeners,
             upstreams,
+            batch,
             ..
         } = state;
-        drop((listeners, upstreams));
-        for a in accepting {
-            let _ = a.await;
+        drop(upstreams);
+        // Connections still open hold the batch too; what it has now goes out, the rest when
+        // they end.
+        if let Some(b) = batch {
+            b.flush();
+        }
+        for (_, l) in listeners {
+            let _ = l.task.await;
         }
         // The listening sockets are closed now; wait for open connections to finish.
         let timeout = first.config.runtime.shutdown_timeout;
@@ -528,20 +558,32 @@ struct WorkerState {
     process: Arc<Process>,
     graceful: Rc<GracefulShutdown>,
     stop: watch::Receiver<bool>,
-    /// By configured address: where the listener's requests go, and how to stop its accept loop
-    /// when a reload removes it.
-    listeners: HashMap<ListenerKey, (Rc<Route>, watch::Sender<bool>)>,
+    listeners: HashMap<ListenerKey, Listening>,
     /// This worker's view of each upstream, in config order.
     upstreams: Vec<Rc<WorkerUpstream>>,
-    accepting: Vec<tokio::task::JoinHandle<()>>,
+    /// This worker's access log entries, when the access log is on.
+    batch: Option<Rc<Batch>>,
+}
+
+/// One of a worker's listeners.
+struct Listening {
+    /// Where its requests go.
+    route: Rc<Route>,
+    /// Tells the accept loop to stop, when a reload removes the listener.
+    removed: watch::Sender<bool>,
+    /// The accept loop; it owns the listening socket.
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl WorkerState {
     /// Switches to `generation`: new upstream views (keeping the pools of backends that stay),
     /// every kept listener pointed at its (possibly new) upstream, accept loops started for new
     /// listeners and stopped for removed ones. Open connections are untouched: their next
-    /// request reads the new route.
-    fn apply(&mut self, generation: &Generation) -> Result<(), ServerError> {
+    /// request reads the new route. Returns the accept loops it stopped.
+    fn apply(
+        &mut self,
+        generation: &Generation,
+    ) -> Result<Vec<tokio::task::JoinHandle<()>>, ServerError> {
         let config = &generation.config;
         let upstreams: Vec<Rc<WorkerUpstream>> = generation
             .upstreams
@@ -562,9 +604,9 @@ impl WorkerState {
         let keys = listener_keys(&config.listeners);
         for (l, key) in config.listeners.iter().zip(&keys) {
             let upstream = upstreams[l.upstream].clone();
-            if let Some((route, _)) = self.listeners.get(key) {
-                *route.upstream.borrow_mut() = upstream;
-                *route.rules.borrow_mut() = rules.clone();
+            if let Some(l) = self.listeners.get(key) {
+                *l.route.upstream.borrow_mut() = upstream;
+                *l.route.rules.borrow_mut() = rules.clone();
                 continue;
             }
             let Some(i) = sockets.iter().position(|(k, _)| k == key) else {
@@ -589,32 +631,45 @@ impl WorkerState {
                 upstream: RefCell::new(upstream),
                 rules: RefCell::new(rules.clone()),
             });
-            let (removed_tx, removed_rx) = watch::channel(false);
-            self.accepting.push(tokio::task::spawn_local(accept_loop(
+            let (removed, removed_rx) = watch::channel(false);
+            let task = tokio::task::spawn_local(accept_loop(
                 listener,
                 route.clone(),
                 stats,
                 self.process.clone(),
+                self.batch.clone(),
                 self.graceful.clone(),
                 self.stop.clone(),
                 removed_rx,
-            )));
-            self.listeners.insert(*key, (route, removed_tx));
+            ));
+            self.listeners.insert(
+                *key,
+                Listening {
+                    route,
+                    removed,
+                    task,
+                },
+            );
         }
-        let worker = self.worker;
-        self.listeners.retain(|key, (_, removed)| {
-            let keep = keys.contains(key);
-            if !keep {
-                let _ = removed.send(true);
+        let gone: Vec<ListenerKey> = self
+            .listeners
+            .keys()
+            .filter(|k| !keys.contains(k))
+            .copied()
+            .collect();
+        let mut stopped = Vec::with_capacity(gone.len());
+        for key in gone {
+            if let Some(l) = self.listeners.remove(&key) {
+                let _ = l.removed.send(true);
                 debug!(
-                    "worker {worker}: stopped accepting on {}; its connections finish",
-                    key.0
+                    "worker {}: stopped accepting on {}; its connections finish",
+                    self.worker, key.0
                 );
+                stopped.push(l.task);
             }
-            keep
-        });
+        }
         self.upstreams = upstreams;
-        Ok(())
+        Ok(stopped)
     }
 }
 
@@ -630,6 +685,7 @@ async fn accept_loop(
     route: Rc<Route>,
     stats: Option<Arc<ListenerStats>>,
     process: Arc<Process>,
+    batch: Option<Rc<Batch>>,
     graceful: Rc<GracefulShutdown>,
     mut stop: watch::Receiver<bool>,
     mut removed: watch::Receiver<bool>,
@@ -667,7 +723,7 @@ async fn accept_loop(
         let io = TrackedIo::new(TokioIo::new(stream), activity.clone());
         let requests = activity.clone();
         let route = route.clone();
-        let access = process.access.clone();
+        let access = batch.clone();
         let counted = stats.clone();
         if let Some(s) = &stats {
             s.accepted.fetch_add(1, Ordering::Relaxed);
