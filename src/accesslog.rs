@@ -96,7 +96,7 @@ impl Entry {
 }
 
 enum Msg {
-    Entries(Vec<Box<Entry>>),
+    Entries(Vec<Entry>),
     Reopen,
     Stop,
 }
@@ -109,7 +109,7 @@ pub struct AccessHandle {
 }
 
 impl AccessHandle {
-    fn send(&self, entries: Vec<Box<Entry>>) {
+    fn send(&self, entries: Vec<Entry>) {
         let n = entries.len() as u64;
         match self.tx.try_send(Msg::Entries(entries)) {
             Ok(()) => {}
@@ -125,7 +125,7 @@ impl AccessHandle {
 /// One worker's finished entries, not yet handed over. Worker-local: no lock, no atomic.
 pub struct Batch {
     handle: AccessHandle,
-    entries: RefCell<Vec<Box<Entry>>>,
+    entries: RefCell<Vec<Entry>>,
 }
 
 impl Batch {
@@ -139,7 +139,7 @@ impl Batch {
     fn push(&self, mut e: Box<Entry>) {
         e.total = e.start.elapsed();
         let mut entries = self.entries.borrow_mut();
-        entries.push(e);
+        entries.push(*e);
         if entries.len() >= BATCH {
             let full = std::mem::replace(&mut *entries, Vec::with_capacity(BATCH));
             self.handle.send(full);
