@@ -630,12 +630,12 @@ impl WorkerState {
             let route = Rc::new(Route {
                 upstream: RefCell::new(upstream),
                 rules: RefCell::new(rules.clone()),
+                stats,
             });
             let (removed, removed_rx) = watch::channel(false);
             let task = tokio::task::spawn_local(accept_loop(
                 listener,
                 route.clone(),
-                stats,
                 self.process.clone(),
                 self.batch.clone(),
                 self.graceful.clone(),
@@ -678,12 +678,13 @@ impl WorkerState {
 struct Route {
     upstream: RefCell<Rc<WorkerUpstream>>,
     rules: RefCell<Rc<ClientRules>>,
+    /// This worker's counters for the listener, while metrics are on.
+    stats: Option<Arc<ListenerStats>>,
 }
 
 async fn accept_loop(
     listener: TcpListener,
     route: Rc<Route>,
-    stats: Option<Arc<ListenerStats>>,
     process: Arc<Process>,
     batch: Option<Rc<Batch>>,
     graceful: Rc<GracefulShutdown>,
@@ -691,6 +692,7 @@ async fn accept_loop(
     mut removed: watch::Receiver<bool>,
 ) {
     let connections = &process.connections;
+    let stats = route.stats.clone();
     loop {
         let slot = tokio::select! {
             biased;
