@@ -11,6 +11,10 @@
 # completed.
 #
 # Usage: bash benches/callgrind.sh [PINLB_BINARY]   (default target/release/pinlb)
+#   EXTRA_TOML='...'  appended to pinlb's config, e.g. to count what a feature costs:
+#   EXTRA_TOML=$'[admin]\naddress = "127.0.0.1:0"' (metrics on), or
+#   EXTRA_TOML=$'[log]\naccess = "/tmp/access.log"' (access log; its thread is counted too:
+#   callgrind's totals cover every thread of the process).
 # Needs: valgrind, nginx, wrk, curl, taskset (apt-get install -y valgrind nginx-light wrk).
 set -euo pipefail
 
@@ -57,6 +61,7 @@ upstream = "app"
 [upstream.app]
 keepalive = 64
 backends = [{ address = "127.0.0.1:$BACKEND_PORT" }]
+${EXTRA_TOML:-}
 EOF
 RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" \
     "$PINLB" serve -c "$WORK/pinlb.toml" 2>"$WORK/valgrind.log" &

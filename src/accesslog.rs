@@ -44,7 +44,7 @@ pub const FLUSH: Duration = Duration::from_millis(200);
 /// speed.
 const QUEUE: usize = 1024;
 
-/// Set by the proxy on responses that came from a backend, for the log line.
+/// What the proxy tells the log about a response that came from a backend.
 #[derive(Debug, Clone, Copy)]
 pub struct Upstreamed {
     pub backend: SocketAddr,
@@ -88,10 +88,10 @@ impl Entry {
         })
     }
 
-    /// Records the response head (and takes the proxy's [`Upstreamed`] out of it).
-    pub fn responded(&mut self, parts: &mut http::response::Parts) {
-        self.status = parts.status.as_u16();
-        self.upstream = parts.extensions.remove::<Upstreamed>();
+    /// Records the response's status, and the backend that sent it.
+    pub fn responded(&mut self, status: http::StatusCode, upstream: Option<Upstreamed>) {
+        self.status = status.as_u16();
+        self.upstream = upstream;
     }
 }
 
@@ -289,14 +289,34 @@ fn write_loop(rx: Receiver<Msg>, mut out: Output, format: AccessFormat, dropped:
     }
 }
 
-/// The time as the log writes it, formatted once per second rather than once per line.
+/// What the log thread formats once and reuses: the time (once per second), and the addresses
+/// it has written (a busy log sees the same few clients and backends again and again).
 #[derive(Default)]
 struct Clock {
     second: u64,
     clf: String,
+    ips: std::collections::HashMap<std::net::IpAddr, String>,
+    addrs: std::collections::HashMap<SocketAddr, String>,
 }
 
+/// Most distinct addresses each cache keeps before starting over.
+const CACHED: usize = 4096;
+
 impl Clock {
+    fn ip(&mut self, ip: std::net::IpAddr) -> &str {
+        if self.ips.len() >= CACHED && !self.ips.contains_key(&ip) {
+            self.ips.clear();
+        }
+        self.ips.entry(ip).or_insert_with(|| ip.to_string())
+    }
+
+    fn addr(&mut self, addr: SocketAddr) -> &str {
+        if self.addrs.len() >= CACHED && !self.addrs.contains_key(&addr) {
+            self.addrs.clear();
+        }
+        self.addrs.entry(addr).or_insert_with(|| addr.to_string())
+    }
+
     fn clf(&mut self, now: SystemTime) -> &str {
         let second = now
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -311,6 +331,10 @@ impl Clock {
 
 /// One line, newline included. The time is when the log thread writes the line (within about
 /// [`FLUSH`] of the request's end).
+///
+/// The combined format is written by hand, integers through `itoa`, and addresses from a small
+/// cache: `core::fmt` for two addresses and two floats cost more than the rest of a request's
+/// logging together.
 fn format_entry(
     out: &mut String,
     e: &Entry,
@@ -321,35 +345,42 @@ fn format_entry(
     let target = e
         .uri
         .path_and_query()
-        .map_or_else(|| e.uri.to_string(), |pq| pq.as_str().to_string());
+        .map_or_else(|| e.uri.path(), |pq| pq.as_str());
     let upstream_time = e.upstream.map(|u| u.upstream_time.as_secs_f64());
     let total = e.total.as_secs_f64();
     match format {
         AccessFormat::Combined => {
             // nginx's combined format, then the backend and the two times (seconds, ms
             // resolution, as nginx's $upstream_response_time and $request_time).
-            let _ = write!(out, "{} - - [{}] \"", e.client.ip(), clock.clf(now));
+            out.push_str(clock.ip(e.client.ip()));
+            out.push_str(" - - [");
+            out.push_str(clock.clf(now));
+            out.push_str("] \"");
             escape_into(out, e.method.as_str().as_bytes());
             out.push(' ');
             escape_into(out, target.as_bytes());
-            let _ = write!(out, " {:?}\" {} {} \"", e.version, e.status, e.bytes);
+            out.push(' ');
+            out.push_str(version(e.version));
+            out.push_str("\" ");
+            out.push_str(itoa::Buffer::new().format(e.status));
+            out.push(' ');
+            out.push_str(itoa::Buffer::new().format(e.bytes));
+            out.push_str(" \"");
             header_into(out, e.referer.as_ref());
             out.push_str("\" \"");
             header_into(out, e.user_agent.as_ref());
-            out.push('"');
+            out.push_str("\" ");
             match e.upstream {
                 Some(u) => {
-                    let _ = write!(out, " {}", u.backend);
+                    out.push_str(clock.addr(u.backend));
+                    out.push(' ');
+                    seconds_into(out, u.upstream_time);
                 }
-                None => out.push_str(" -"),
+                None => out.push_str("- -"),
             }
-            match upstream_time {
-                Some(t) => {
-                    let _ = write!(out, " {t:.3}");
-                }
-                None => out.push_str(" -"),
-            }
-            let _ = writeln!(out, " {total:.3}");
+            out.push(' ');
+            seconds_into(out, e.total);
+            out.push('\n');
         }
         AccessFormat::Json => {
             let text = |v: Option<&HeaderValue>| {
@@ -360,7 +391,7 @@ fn format_entry(
                 "client": e.client.ip().to_string(),
                 "method": e.method.as_str(),
                 "path": target,
-                "protocol": format!("{:?}", e.version),
+                "protocol": version(e.version),
                 "status": e.status,
                 "bytes": e.bytes,
                 "backend": e.upstream.map(|u| u.backend.to_string()),
@@ -374,6 +405,32 @@ fn format_entry(
     }
 }
 
+fn version(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_11 => "HTTP/1.1",
+        Version::HTTP_2 => "HTTP/2.0",
+        Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP/?",
+    }
+}
+
+/// Seconds with millisecond resolution, rounded to nearest: `0.002`, `12.345`.
+fn seconds_into(out: &mut String, d: Duration) {
+    let ms = (d.as_micros() + 500) / 1000;
+    out.push_str(itoa::Buffer::new().format(ms / 1000));
+    out.push('.');
+    let frac = ms % 1000;
+    if frac < 100 {
+        out.push('0');
+    }
+    if frac < 10 {
+        out.push('0');
+    }
+    out.push_str(itoa::Buffer::new().format(frac));
+}
+
 fn header_into(out: &mut String, v: Option<&HeaderValue>) {
     match v {
         Some(v) => escape_into(out, v.as_bytes()),
@@ -384,6 +441,12 @@ fn header_into(out: &mut String, v: Option<&HeaderValue>) {
 /// As nginx escapes log variables: `"`, `\`, control and non-ASCII bytes become `\xHH`, so a
 /// client cannot forge a line or break the quoting.
 fn escape_into(out: &mut String, bytes: &[u8]) {
+    let plain = |b: &u8| *b != b'"' && *b != b'\\' && (0x20..0x7f).contains(b);
+    if bytes.iter().all(plain) {
+        // All printable ASCII, so valid UTF-8.
+        out.push_str(std::str::from_utf8(bytes).unwrap_or_default());
+        return;
+    }
     for &b in bytes {
         if b == b'"' || b == b'\\' || !(0x20..0x7f).contains(&b) {
             let _ = write!(out, "\\x{b:02X}");
@@ -506,6 +569,28 @@ mod tests {
             s,
             "10.0.0.7 - - [30/Nov/2026:00:53:20 +0000] \"GET /a?b=c HTTP/1.1\" 200 12 \"-\" \"curl \\x228\\x22\" 127.0.0.1:8881 0.002 0.002\n"
         );
+    }
+
+    #[test]
+    fn seconds_have_millisecond_resolution_rounded_to_nearest() {
+        let s = |us| {
+            let mut out = String::new();
+            seconds_into(&mut out, Duration::from_micros(us));
+            out
+        };
+        assert_eq!(s(0), "0.000");
+        assert_eq!(s(499), "0.000");
+        assert_eq!(s(500), "0.001");
+        assert_eq!(s(42_000), "0.042");
+        assert_eq!(s(12_345_678), "12.346");
+        assert_eq!(s(59_999_999), "60.000");
+    }
+
+    #[test]
+    fn quotes_backslashes_and_control_bytes_are_escaped() {
+        let mut out = String::new();
+        escape_into(&mut out, b"a\"b\\c\n\xffd");
+        assert_eq!(out, "a\\x22b\\x5Cc\\x0A\\xFFd");
     }
 
     #[test]

@@ -365,20 +365,20 @@ pub fn prepare_request(parts: &mut http::request::Parts, client: &Client) {
 }
 
 /// Forwards one request. Never fails at the hyper level: every failure becomes an error response.
-/// With `log`, a response from a backend carries an [`Upstreamed`] extension for the access log.
+/// With `log`, a response from a backend comes with its [`Upstreamed`] for the access log.
 pub async fn handle(
     upstream: Rc<WorkerUpstream>,
     client: Rc<Client>,
     limits: Limits,
     req: Request<Incoming>,
     log: bool,
-) -> Result<Response<ProxyBody>, Infallible> {
+) -> Result<(Response<ProxyBody>, Option<Upstreamed>), Infallible> {
     let method = req.method().clone();
     match forward(&upstream, &client, &limits, req, log).await {
-        Ok(resp) => Ok(resp),
+        Ok(served) => Ok(served),
         Err(e) => {
             warn!(upstream = %upstream.shared.config.name, "{method} answered {}: {e}", e.status().as_u16());
-            Ok(error_response(&e, &method))
+            Ok((error_response(&e, &method), None))
         }
     }
 }
@@ -389,7 +389,7 @@ async fn forward(
     limits: &Limits,
     req: Request<Incoming>,
     log: bool,
-) -> Result<Response<ProxyBody>, ProxyError> {
+) -> Result<(Response<ProxyBody>, Option<Upstreamed>), ProxyError> {
     let (mut parts, body) = req.into_parts();
     validate_request(&parts, body.size_hint().exact(), limits).map_err(ProxyError::Client)?;
     // Validation leaves only HTTP/1.0 requests without Host.
@@ -469,14 +469,14 @@ async fn forward(
                         backend,
                     }),
                 };
-                let mut resp = h1::response(head, body);
-                if let (true, Some(upstream_time)) = (log, elapsed) {
-                    resp.extensions_mut().insert(Upstreamed {
+                let served = match (log, elapsed) {
+                    (true, Some(upstream_time)) => Some(Upstreamed {
                         backend: addr,
                         upstream_time,
-                    });
-                }
-                return Ok(resp);
+                    }),
+                    _ => None,
+                };
+                return Ok((h1::response(head, body), served));
             }
             Err(failure) => failure,
         };

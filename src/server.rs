@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::Request;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -740,17 +740,17 @@ async fn accept_loop(
             let forwarded = proxy::handle(upstream, client.clone(), limits, req, entry.is_some());
             let access = access.clone();
             async move {
-                let resp = forwarded.await?;
-                let (mut parts, body) = resp.into_parts();
+                let (resp, upstreamed) = forwarded.await?;
                 let logged = match (entry, access) {
                     (Some(mut entry), Some(access)) => {
-                        entry.responded(&mut parts);
+                        entry.responded(resp.status(), upstreamed);
                         Some((entry, access))
                     }
                     _ => None,
                 };
-                let body = LoggedBody::new(TrackedBody::new(body, active), logged);
-                Ok::<_, std::convert::Infallible>(Response::from_parts(parts, body))
+                Ok::<_, std::convert::Infallible>(
+                    resp.map(|body| LoggedBody::new(TrackedBody::new(body, active), logged)),
+                )
             }
         });
         let conn = graceful.watch(builder.serve_connection(io, service));
