@@ -477,16 +477,22 @@ fn clf_time(t: SystemTime) -> String {
     )
 }
 
-/// A response body that counts the bytes sent and hands its [`Entry`] to the log when it ends
-/// (or when hyper drops it: the client went away, or the body was never polled).
-pub struct LoggedBody<B> {
+/// A response body as hyper sends it: it counts the bytes sent and hands its [`Entry`] to the log
+/// when it ends (or when hyper drops it: the client went away, or the body was never polled),
+/// and keeps `held` alive until then (the connection's count of requests in flight).
+pub struct LoggedBody<B, G> {
     body: B,
     log: Option<(Box<Entry>, Rc<Batch>)>,
+    _held: G,
 }
 
-impl<B> LoggedBody<B> {
-    pub fn new(body: B, log: Option<(Box<Entry>, Rc<Batch>)>) -> Self {
-        LoggedBody { body, log }
+impl<B, G> LoggedBody<B, G> {
+    pub fn new(body: B, held: G, log: Option<(Box<Entry>, Rc<Batch>)>) -> Self {
+        LoggedBody {
+            body,
+            log,
+            _held: held,
+        }
     }
 
     fn finish(&mut self) {
@@ -496,7 +502,7 @@ impl<B> LoggedBody<B> {
     }
 }
 
-impl<B: Body<Data = Bytes> + Unpin> Body for LoggedBody<B> {
+impl<B: Body<Data = Bytes> + Unpin, G: Unpin> Body for LoggedBody<B, G> {
     type Data = Bytes;
     type Error = B::Error;
 
@@ -526,7 +532,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for LoggedBody<B> {
     }
 }
 
-impl<B> Drop for LoggedBody<B> {
+impl<B, G> Drop for LoggedBody<B, G> {
     fn drop(&mut self) {
         self.finish();
     }

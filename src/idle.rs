@@ -22,8 +22,6 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
 use hyper::rt::{Read, ReadBufCursor, Write};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -261,41 +259,6 @@ impl<T: Write + Unpin> Write for TrackedIo<T> {
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), std::io::Error>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// A response body that keeps its request counted in flight until hyper is done with it.
-pub struct TrackedBody<B> {
-    body: B,
-    _active: Active,
-}
-
-impl<B> TrackedBody<B> {
-    pub fn new(body: B, active: Active) -> Self {
-        TrackedBody {
-            body,
-            _active: active,
-        }
-    }
-}
-
-impl<B: Body<Data = Bytes> + Unpin> Body for TrackedBody<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
 

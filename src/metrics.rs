@@ -44,7 +44,7 @@ impl Histogram {
     }
 
     /// Sum in seconds, count, and each bucket's own count (the encoder makes them cumulative).
-    fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
+    fn snapshot(&self) -> HistogramValues {
         let mut total = 0;
         let mut buckets = Vec::with_capacity(self.counts.len());
         for (i, c) in self.counts.iter().enumerate() {
@@ -56,7 +56,7 @@ impl Histogram {
             buckets.push((le, n));
         }
         let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-        (sum, total, buckets)
+        HistogramValues(sum, total, buckets)
     }
 }
 
@@ -415,25 +415,24 @@ impl Collector for Scrape {
             MetricType::Counter,
             each(&|b| load(&b.stats.connections_reused)),
         )?;
+        let histograms = |pick: fn(&BackendStats) -> &Histogram| {
+            backends
+                .iter()
+                .map(move |(l, b)| (l.clone(), pick(&b.stats).snapshot()))
+        };
         family(
             &mut e,
             "backend_response_time_seconds",
             "From the first attempt to the backend's response head.",
             MetricType::Histogram,
-            backends.iter().map(|(l, b)| {
-                let (s, c, bk) = b.stats.response_time.snapshot();
-                (l.clone(), HistogramValues(s, c, bk))
-            }),
+            histograms(|s| &s.response_time),
         )?;
         family(
             &mut e,
             "backend_health_check_duration_seconds",
             "Active health probes, from connect to the end of the response.",
             MetricType::Histogram,
-            backends.iter().map(|(l, b)| {
-                let (s, c, bk) = b.stats.check_time.snapshot();
-                (l.clone(), HistogramValues(s, c, bk))
-            }),
+            histograms(|s| &s.check_time),
         )?;
         Ok(())
     }
@@ -450,7 +449,7 @@ mod tests {
         h.observe(Duration::from_micros(100));
         h.observe(Duration::from_micros(101));
         h.observe(Duration::from_secs(60));
-        let (sum, count, buckets) = h.snapshot();
+        let HistogramValues(sum, count, buckets) = h.snapshot();
         assert_eq!(count, 4);
         assert_eq!(buckets[0], (0.0001, 2), "le is inclusive");
         assert_eq!(buckets[1], (0.00025, 1));

@@ -32,7 +32,7 @@ use tracing::{debug, error, info, warn};
 use crate::accesslog::{AccessHandle, AccessLog, Batch, Entry, LoggedBody};
 use crate::config::{Config, Limits, Listener};
 use crate::cpus::{format_cpu_list, pin_current_thread};
-use crate::idle::{self, Activity, Expired, TrackedBody, TrackedIo};
+use crate::idle::{self, Activity, Expired, TrackedIo};
 use crate::metrics::{ListenerStats, Registered};
 use crate::proxy::{self, Client};
 use crate::reload;
@@ -749,7 +749,7 @@ async fn accept_loop(
                     _ => None,
                 };
                 Ok::<_, std::convert::Infallible>(
-                    resp.map(|body| LoggedBody::new(TrackedBody::new(body, active), logged)),
+                    resp.map(|body| LoggedBody::new(body, active, logged)),
                 )
             }
         });
