@@ -189,6 +189,7 @@ struct RawLimits {
     max_uri_bytes: Option<Spanned<Size>>,
     max_body: Option<Spanned<Size>>,
     header_timeout: Option<Spanned<Dur>>,
+    body_timeout: Option<Spanned<Dur>>,
     max_connections: Option<Spanned<usize>>,
 }
 
@@ -367,6 +368,10 @@ pub struct Limits {
     /// A request head must arrive whole within this long of its first byte (or of the accept,
     /// for a connection's first request); else 408 and close.
     pub header_timeout: Duration,
+    /// Between two reads of a request body (nginx's `client_body_timeout`): a client that sends
+    /// none of its body for this long gets 408 and the connection is closed; the backend never
+    /// sees that request complete.
+    pub body_timeout: Duration,
     /// Client connections open at once, per process. At the limit pinlb stops accepting (new
     /// connections wait in the kernel's backlog) and closes idle keep-alive connections to make
     /// room, as nginx does when `worker_connections` run out.
@@ -390,6 +395,7 @@ impl Default for Limits {
             max_uri_bytes: 8 * 1024,
             max_body: 0,
             header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
             max_connections: 10_000,
         }
     }
@@ -786,6 +792,8 @@ impl Config {
                 max_body: l.max_body.as_ref().map_or(d.max_body, |v| v.get_ref().0),
                 header_timeout: positive(&l.header_timeout, "limits.header_timeout")?
                     .unwrap_or(d.header_timeout),
+                body_timeout: positive(&l.body_timeout, "limits.body_timeout")?
+                    .unwrap_or(d.body_timeout),
                 max_connections: match &l.max_connections {
                     None => d.max_connections,
                     // tokio's semaphore holds at most usize::MAX >> 3 permits.
@@ -1197,7 +1205,7 @@ impl Config {
         let l = &self.limits;
         let _ = writeln!(
             s,
-            "limits: request head {} bytes and {} headers, uri {} bytes, body {}, head within {:?}, {} connections",
+            "limits: request head {} bytes and {} headers, uri {} bytes, body {}, head within {:?}, body reads {:?} apart at most, {} connections",
             l.max_header_bytes,
             l.max_headers,
             l.max_uri_bytes,
@@ -1207,6 +1215,7 @@ impl Config {
                 format!("{} bytes", l.max_body)
             },
             l.header_timeout,
+            l.body_timeout,
             l.max_connections
         );
         let _ = writeln!(
@@ -1443,7 +1452,7 @@ backends = [{ address = "127.0.0.1:8881" }]
     #[test]
     fn limits_parse_sizes_and_durations() {
         let c = parse(&format!(
-            "[limits]\nmax_header_bytes = \"16KiB\"\nmax_headers = 50\nmax_uri_bytes = 2048\nmax_body = \"1MiB\"\nheader_timeout = \"300ms\"\nmax_connections = 2\n{MINIMAL}"
+            "[limits]\nmax_header_bytes = \"16KiB\"\nmax_headers = 50\nmax_uri_bytes = 2048\nmax_body = \"1MiB\"\nheader_timeout = \"300ms\"\nbody_timeout = \"2s\"\nmax_connections = 2\n{MINIMAL}"
         ))
         .unwrap();
         assert_eq!(
@@ -1454,6 +1463,7 @@ backends = [{ address = "127.0.0.1:8881" }]
                 max_uri_bytes: 2048,
                 max_body: 1024 * 1024,
                 header_timeout: Duration::from_millis(300),
+                body_timeout: Duration::from_secs(2),
                 max_connections: 2,
             }
         );

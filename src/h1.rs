@@ -57,6 +57,9 @@ pub enum H1Error {
     /// The client's request body grew past `limits.max_body` (bytes); not the backend's fault.
     #[error("request body over {0} bytes")]
     BodyTooLarge(u64),
+    /// The client sent none of its body for `limits.body_timeout`; not the backend's fault.
+    #[error("no request body data within {0:?}")]
+    BodyTimeout(std::time::Duration),
 }
 
 impl H1Error {

@@ -88,6 +88,8 @@ pub enum ClientError {
     UriTooLong { len: usize, limit: usize },
     /// The body is, or grew, larger than `limits.max_body`.
     BodyTooLarge { limit: u64 },
+    /// None of the body arrived for `limits.body_timeout`.
+    BodyTimeout { after: Duration },
 }
 
 impl ClientError {
@@ -99,6 +101,7 @@ impl ClientError {
             | ClientError::TransferEncoding => StatusCode::BAD_REQUEST,
             ClientError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
             ClientError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ClientError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
         }
     }
 }
@@ -120,6 +123,12 @@ impl fmt::Display for ClientError {
             }
             ClientError::BodyTooLarge { limit } => {
                 write!(f, "request body over limits.max_body ({limit} bytes)")
+            }
+            ClientError::BodyTimeout { after } => {
+                write!(
+                    f,
+                    "no request body data within {after:?} (limits.body_timeout)"
+                )
             }
         }
     }
@@ -398,7 +407,7 @@ async fn forward(
     let chunked = set_request_framing(&mut parts.headers, &body);
     let shared = &*upstream.shared;
     let retry = &shared.config.retry;
-    let mut body = RequestBody::new(body, retry.buffer, limits.max_body);
+    let mut body = RequestBody::new(body, retry.buffer, limits);
     // Once a backend may have acted on the request, sending it again needs both of these.
     let method_resendable = retry.non_idempotent || is_idempotent(&parts.method);
 
@@ -498,6 +507,9 @@ async fn forward(
             Failure::Exchange(H1Error::BodyTooLarge(limit)) => {
                 return Err(ProxyError::Client(ClientError::BodyTooLarge { limit }));
             }
+            Failure::Exchange(H1Error::BodyTimeout(after)) => {
+                return Err(ProxyError::Client(ClientError::BodyTimeout { after }));
+            }
             Failure::Exchange(H1Error::Timeout) => (
                 ProxyError::Timeout {
                     backend: addr,
@@ -543,7 +555,9 @@ impl Failure {
             Failure::Exchange(H1Error::Timeout) => ErrorKind::Timeout,
             Failure::Exchange(H1Error::Io(_) | H1Error::ClosedBeforeResponse) => ErrorKind::Reset,
             Failure::Exchange(H1Error::Invalid(_) | H1Error::HeadTooLarge) => ErrorKind::Invalid,
-            Failure::Exchange(H1Error::ClientBody(_) | H1Error::BodyTooLarge(_)) => return None,
+            Failure::Exchange(
+                H1Error::ClientBody(_) | H1Error::BodyTooLarge(_) | H1Error::BodyTimeout(_),
+            ) => return None,
         })
     }
 }
@@ -634,10 +648,12 @@ struct RequestBody {
     received: u64,
     /// `limits.max_body`; 0 = unlimited.
     max: u64,
+    /// `limits.body_timeout`: the longest wait for the next piece of the body.
+    timeout: Duration,
 }
 
 impl RequestBody {
-    fn new(client: Incoming, limit: usize, max: u64) -> Self {
+    fn new(client: Incoming, limit: usize, limits: &Limits) -> Self {
         RequestBody {
             client,
             kept: Vec::new(),
@@ -645,7 +661,8 @@ impl RequestBody {
             limit,
             lost: false,
             received: 0,
-            max,
+            max: limits.max_body,
+            timeout: limits.body_timeout,
         }
     }
 
@@ -665,8 +682,15 @@ impl RequestBody {
         for data in &self.kept {
             conn.write_body(data, chunked).await?;
         }
-        while let Some(frame) =
-            std::future::poll_fn(|cx| Pin::new(&mut self.client).poll_frame(cx)).await
+        // Only a client that sends nothing for the whole timeout is cut off: a slow but
+        // steady upload goes on (nginx's client_body_timeout).
+        let timeout = self.timeout;
+        while let Some(frame) = tokio::time::timeout(
+            timeout,
+            std::future::poll_fn(|cx| Pin::new(&mut self.client).poll_frame(cx)),
+        )
+        .await
+        .map_err(|_| H1Error::BodyTimeout(timeout))?
         {
             let frame = frame.map_err(|e| H1Error::ClientBody(e.to_string()))?;
             let Ok(data) = frame.into_data() else {

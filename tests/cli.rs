@@ -163,7 +163,7 @@ fn check_accepts_a_valid_file_and_prints_the_plan() {
     assert_eq!(
         rest,
         [
-            "limits: request head 32768 bytes and 100 headers, uri 8192 bytes, body unlimited, head within 10s, 10000 connections",
+            "limits: request head 32768 bytes and 100 headers, uri 8192 bytes, body unlimited, head within 10s, body reads 60s apart at most, 10000 connections",
             "forwarded: X-Forwarded-For kept and appended to for 10.0.0.0/8, 192.0.2.7/32, replaced for every other client",
             "listener 127.0.0.1:8888 -> upstream app",
             "upstream app: least_conn, keepalive 16 per backend per worker, timeouts connect 500ms response 30s client_idle 60s",

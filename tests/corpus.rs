@@ -22,8 +22,10 @@ max_headers = 20
 max_uri_bytes = "1KiB"
 max_body = "1KiB"
 header_timeout = "300ms"
+body_timeout = "300ms"
 "#;
 const HEADER_TIMEOUT: Duration = Duration::from_millis(300);
+const BODY_TIMEOUT: Duration = Duration::from_millis(300);
 
 struct Case {
     name: &'static str,
@@ -308,6 +310,62 @@ async fn a_trickled_head_gets_408_at_the_header_timeout() {
     assert!(rest.is_empty(), "{rest:?}");
     trickle.abort();
     assert_eq!(backend.requests(), 0);
+}
+
+/// A body that stops arriving gets 408 once `body_timeout` passes without a byte, and the
+/// backend, which already has the head and part of the body, never sees the request complete.
+/// A body that keeps coming, however slowly, is not cut off.
+#[tokio::test]
+async fn a_stalled_body_gets_408_at_the_body_timeout_but_a_slow_steady_one_goes_through() {
+    let backend = RawServer::start(|_| RawAction::Respond(raw_ok("b", "ok"))).await;
+    let mut setup = Setup::with(&[backend.addr]);
+    setup.extra = LIMITS.to_string();
+    let proxy = Proxy::start(&setup);
+
+    // Steady: 10 bytes, one every 100 ms (a third of the timeout), 1 s in all.
+    let stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let (read, mut write) = stream.into_split();
+    write
+        .write_all(b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n")
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        tokio::time::sleep(BODY_TIMEOUT / 3).await;
+        write.write_all(b"x").await.unwrap();
+    }
+    let resp = read_response(&mut BufReader::new(read), false).await;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    backend.wait_for_requests(1).await;
+    assert_eq!(backend.seen()[0].body, b"xxxxxxxxxx");
+
+    // Stalled: half the body, then nothing.
+    let stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let (read, mut write) = stream.into_split();
+    let start = Instant::now();
+    write
+        .write_all(b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nxxxxx")
+        .await
+        .unwrap();
+    let mut r = BufReader::new(read);
+    let resp = read_response(&mut r, false).await;
+    let took = start.elapsed();
+    assert_eq!(resp.status, 408, "{resp:?}");
+    assert!(
+        String::from_utf8_lossy(&resp.body).contains("limits.body_timeout"),
+        "{resp:?}"
+    );
+    assert!(
+        took >= BODY_TIMEOUT && took < BODY_TIMEOUT * 4,
+        "408 after {took:?}, body_timeout is {BODY_TIMEOUT:?}"
+    );
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(WAIT, r.read_to_end(&mut rest))
+        .await
+        .expect("pinlb closes after the 408");
+    assert!(rest.is_empty(), "{rest:?}");
+    drop(write);
+    // The steady request is the only complete one the backend ever saw.
+    assert_eq!(backend.requests(), 1);
 }
 
 /// Each refusal leaves a warn line that names the cause, whether pinlb or hyper's parser
