@@ -26,7 +26,7 @@
 mod load;
 pub mod report;
 pub mod stats;
-mod wire;
+pub(crate) mod wire;
 
 use std::io::{IsTerminal, Write as _};
 use std::net::{SocketAddr, ToSocketAddrs};
