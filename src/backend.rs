@@ -476,6 +476,7 @@ fn status_head(status: StatusCode, len: Option<usize>) -> Vec<u8> {
 
 /// Rewrites the server's date at every second boundary: one timer per server, not per request.
 async fn keep_date(replies: Rc<Replies>) {
+    // Ends with the server: `server_main`'s select drops it at stop.
     loop {
         let into_second = SystemTime::now()
             .duration_since(UNIX_EPOCH)
