@@ -8,38 +8,37 @@
 //! 200 at once.
 //!
 //! These servers must never be the bottleneck of a measurement: on one core they serve at least
-//! 0.9× the rate of an nginx `return 200` worker (`benches/backend.sh`). So the request path
-//! allocates no body (each server builds its body once and hands out reference-counted clones),
-//! takes no lock, touches no cache line another core writes, and keeps connections alive.
+//! 0.9× the rate of an nginx `return 200` worker (`benches/backend.sh`). So a connection is a
+//! hand-written HTTP/1.1 loop rather than hyper: requests are parsed in place with `httparse`,
+//! the responses are pre-built bytes copied into one output buffer per batch of pipelined
+//! requests, and the request path allocates nothing, reads no clock, takes no lock, touches no
+//! cache line another core writes, and keeps connections alive. Request bodies are read and
+//! dropped (Content-Length or chunked, with `100 Continue` when asked); a malformed request gets
+//! a 400 and the connection closes.
 //!
 //! Stopping is nginx's fast shutdown (its SIGTERM): the listening sockets close and open
 //! connections are dropped, in-flight requests included. A test backend has nothing to finish.
 
-use std::convert::Infallible;
-use std::future::poll_fn;
+use std::cell::Cell;
+use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::process::ExitCode;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::task::{Context, Poll};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use http::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::LocalSet;
 use tracing::{debug, error, info, warn};
 
+use crate::bench::wire::{BodyDecoder, Chunked};
 use crate::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list, pin_current_thread};
 use crate::server::Signals;
 
@@ -308,7 +307,8 @@ fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     crate::server::listener(addr, false, 4096)
 }
 
-/// How one server answers, shared by its connections (on its one thread, hence `Rc`).
+/// How one server answers, as `start` hands it to the server's thread, which turns it into its
+/// [`Replies`].
 struct Answer {
     status: StatusCode,
     /// Built once per server, not once for all: cloning bumps a reference count, and a count
@@ -361,64 +361,427 @@ fn server_main(
     // Connections are spawned onto this LocalSet; the accept loop ends at stop, and dropping the
     // LocalSet and the runtime then drops (closes) every connection.
     let local = LocalSet::new();
+    let replies = Rc::new(Replies::new(answer));
     local.block_on(&rt, async move {
         tokio::select! {
             biased;
             // Err: the `Backends` is gone, which means stop too.
             _ = stopped.wait_for(|s| *s) => {}
-            () = accept_loop(listener, Rc::new(answer)) => {}
+            () = accept_loop(listener, replies.clone()) => {}
+            () = keep_date(replies.clone()) => {}
         }
     });
     debug!("backend {server} stopped");
 }
 
-async fn accept_loop(listener: TcpListener, answer: Rc<Answer>) {
-    let mut builder = http1::Builder::new();
-    // No timer is configured; an explicit None keeps hyper from looking for one per connection.
-    builder.header_read_timeout(None);
+async fn accept_loop(listener: TcpListener, replies: Rc<Replies>) {
     loop {
         let (stream, peer) = crate::server::accept(&listener).await;
-        let answer = answer.clone();
-        let service = service_fn(move |req| respond(answer.clone(), req));
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let replies = replies.clone();
         tokio::task::spawn_local(async move {
-            if let Err(e) = conn.await {
+            if let Err(e) = serve(stream, &replies).await {
                 debug!(client = %peer, "connection ended: {e}");
             }
         });
     }
 }
 
-async fn respond(
-    answer: Rc<Answer>,
-    req: Request<Incoming>,
-) -> Result<Response<Fixed>, Infallible> {
-    let health = req.uri().path() == "/health";
-    // A request body left unread would make hyper close the connection after the response.
-    drain(req.into_body()).await;
-    if health {
-        return Ok(Response::new(Fixed(Some(Bytes::from_static(b"ok\n")))));
-    }
-    if !answer.delay.is_zero() {
-        tokio::time::sleep(answer.delay).await;
-    }
-    if !answer.work.is_zero() {
-        burn(answer.work);
-    }
-    answer.counter.bump();
-    let mut resp = Response::new(Fixed(Some(answer.body.clone())));
-    *resp.status_mut() = answer.status;
-    Ok(resp)
+/// Each connection's read buffer to start with; a request head that does not fit doubles it, up
+/// to [`MAX_HEAD`].
+const READ_BUF: usize = 4 * 1024;
+/// Largest request head accepted (nginx's `large_client_header_buffers` is 4 × 8 KiB).
+const MAX_HEAD: usize = 32 * 1024;
+/// Most header lines accepted in a request head.
+const MAX_HEADERS: usize = 64;
+/// Bodies up to this size are copied into the connection's output buffer with their heads, so a
+/// batch of pipelined responses goes out in one write; larger ones are written from the server's
+/// one copy.
+const COPY_BODY: usize = 16 * 1024;
+/// `date: ` plus an IMF-fixdate, `Sun, 06 Nov 1994 08:49:37 GMT`.
+const DATE_LEN: usize = 29;
+
+/// How one server answers, shared by its connections (on its one thread, hence `Rc` and `Cell`).
+///
+/// Every answer is the same bytes except the date, so the heads are built once and each
+/// response is a few copies into the connection's output buffer: no allocation, no header map,
+/// no per-request clock read.
+struct Replies {
+    /// `HTTP/1.1 {status}\r\ncontent-length: {len}\r\n` (no length for 204 and 304).
+    head: Vec<u8>,
+    body: Bytes,
+    /// The same for `/health`: 200, `ok\n`.
+    health_head: Vec<u8>,
+    health_body: Bytes,
+    /// The current HTTP date, rewritten once a second by [`keep_date`], not read per request.
+    date: Cell<[u8; DATE_LEN]>,
+    work: Duration,
+    delay: Duration,
+    counter: Arc<Counter>,
 }
 
-/// Reads a request body to its end, dropping the data.
-async fn drain(mut body: Incoming) {
-    while !body.is_end_stream() {
-        match poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-            Some(Ok(_)) => {}
-            Some(Err(_)) | None => break,
+impl Replies {
+    fn new(answer: Answer) -> Replies {
+        let no_body = matches!(answer.status.as_u16(), 204 | 304);
+        let head = status_head(answer.status, (!no_body).then_some(answer.body.len()));
+        Replies {
+            head,
+            body: if no_body { Bytes::new() } else { answer.body },
+            health_head: status_head(StatusCode::OK, Some(3)),
+            health_body: Bytes::from_static(b"ok\n"),
+            date: Cell::new(http_date(SystemTime::now())),
+            work: answer.work,
+            delay: answer.delay,
+            counter: answer.counter,
         }
     }
+
+    /// Appends the response to `req` to `out`, and returns the body when it is too large to copy
+    /// and must be written after `out`.
+    fn append(&self, req: &Request, out: &mut Vec<u8>) -> Option<Bytes> {
+        let (head, body) = if req.health {
+            (&self.health_head, &self.health_body)
+        } else {
+            (&self.head, &self.body)
+        };
+        out.extend_from_slice(head);
+        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(&self.date.get());
+        out.extend_from_slice(b"\r\n");
+        match req.persist {
+            Persist::KeepAlive => {}
+            Persist::KeepAlive10 => out.extend_from_slice(b"connection: keep-alive\r\n"),
+            Persist::Close => out.extend_from_slice(b"connection: close\r\n"),
+        }
+        out.extend_from_slice(b"\r\n");
+        if req.head_only || body.is_empty() {
+            None
+        } else if body.len() <= COPY_BODY {
+            out.extend_from_slice(body);
+            None
+        } else {
+            Some(body.clone())
+        }
+    }
+}
+
+/// `HTTP/1.1 200 OK\r\ncontent-length: 12\r\n`: a status line and the length, if any.
+fn status_head(status: StatusCode, len: Option<usize>) -> Vec<u8> {
+    let reason = status.canonical_reason().unwrap_or("");
+    let mut head = format!("HTTP/1.1 {} {reason}\r\n", status.as_u16());
+    if let Some(len) = len {
+        head.push_str(&format!("content-length: {len}\r\n"));
+    }
+    head.into_bytes()
+}
+
+/// Rewrites the server's date at every second boundary: one timer per server, not per request.
+async fn keep_date(replies: Rc<Replies>) {
+    // Ends with the server: `server_main`'s select drops it at stop.
+    loop {
+        let into_second = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let to_next = Duration::from_nanos(u64::from(1_000_000_000 - into_second.min(999_999_999)));
+        tokio::time::sleep(to_next).await;
+        replies.date.set(http_date(SystemTime::now()));
+    }
+}
+
+/// `t` as an IMF-fixdate (RFC 9110 §5.6.7): `Sun, 06 Nov 1994 08:49:37 GMT`. Times before 1970
+/// read as 1970.
+fn http_date(t: SystemTime) -> [u8; DATE_LEN] {
+    const DAYS: [&[u8; 3]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
+    const MONTHS: [&[u8; 3]; 12] = [
+        b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
+        b"Dec",
+    ];
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let days = secs / 86_400;
+    let (year, month, day) = civil_from_days(days);
+    let sod = secs % 86_400;
+    let (h, m, s) = (sod / 3600, sod / 60 % 60, sod % 60);
+    let mut out = [0u8; DATE_LEN];
+    let digits = |n: u64, w: usize, at: &mut [u8]| {
+        let mut n = n;
+        for i in (0..w).rev() {
+            at[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+    };
+    out[0..3].copy_from_slice(DAYS[(days % 7) as usize]);
+    out[3..5].copy_from_slice(b", ");
+    digits(day, 2, &mut out[5..7]);
+    out[7] = b' ';
+    out[8..11].copy_from_slice(MONTHS[(month - 1) as usize]);
+    out[11] = b' ';
+    digits(year, 4, &mut out[12..16]);
+    out[16] = b' ';
+    digits(h, 2, &mut out[17..19]);
+    out[19] = b':';
+    digits(m, 2, &mut out[20..22]);
+    out[22] = b':';
+    digits(s, 2, &mut out[23..25]);
+    out[25..29].copy_from_slice(b" GMT");
+    out
+}
+
+/// (year, month 1-12, day 1-31) of a day counted from 1970-01-01: Howard Hinnant's
+/// `civil_from_days`, for days on or after the epoch.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+/// Whether the connection stays open after a response, and what the response must say about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Persist {
+    /// HTTP/1.1 without `Connection: close`: open, nothing to say.
+    KeepAlive,
+    /// HTTP/1.0 with `Connection: keep-alive`: open, and the response must say so.
+    KeepAlive10,
+    /// Closed after the response, which says so.
+    Close,
+}
+
+/// What the answer to one request depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Request {
+    /// Bytes of the head, up to and including the empty line.
+    len: usize,
+    /// `/health`, whatever the query.
+    health: bool,
+    /// HEAD: the response has no body.
+    head_only: bool,
+    persist: Persist,
+    /// Where the request body ends; `Length(0)` when there is none.
+    body: BodyDecoder,
+    /// `Expect: 100-continue`: the client waits for an interim response before sending the body.
+    expect_continue: bool,
+}
+
+/// A request that cannot be answered: `400`, or `431` for a head too large.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BadRequest {
+    Malformed,
+    TooLarge,
+}
+
+impl BadRequest {
+    fn response(self) -> &'static [u8] {
+        match self {
+            BadRequest::Malformed => {
+                b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            }
+            BadRequest::TooLarge => {
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            }
+        }
+    }
+}
+
+/// Parses a request head at the start of `buf`: `Ok(None)` until it is complete.
+///
+/// Body framing follows RFC 9112 §6.3 for requests: `Transfer-Encoding` ending in `chunked` is
+/// chunked (and wins over `Content-Length`, after which the connection closes, as the RFC
+/// requires of such a message); any other transfer coding, or a bad or conflicting
+/// `Content-Length`, is a 400; otherwise `Content-Length`; otherwise no body. HTTP/1.0 closes
+/// unless it says `keep-alive`; HTTP/1.1 stays open unless it says `close`.
+fn parse_request(buf: &[u8]) -> Result<Option<Request>, BadRequest> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(BadRequest::TooLarge),
+        Err(_) => return Err(BadRequest::Malformed),
+    };
+    let http10 = req.version == Some(0);
+    let (mut close, mut keep_alive) = (false, false);
+    let mut length: Option<u64> = None;
+    let mut chunked = None;
+    let mut expect_continue = false;
+    for h in req.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("content-length") {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or(BadRequest::Malformed)?;
+            if length.is_some_and(|l| l != n) {
+                return Err(BadRequest::Malformed);
+            }
+            length = Some(n);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            let last = h.value.rsplit(|&b| b == b',').next().unwrap_or_default();
+            chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                close |= token.eq_ignore_ascii_case(b"close");
+                keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        } else if name.eq_ignore_ascii_case("expect") {
+            expect_continue = h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+        }
+    }
+    let body = match (chunked, length) {
+        (Some(false), _) => return Err(BadRequest::Malformed),
+        (Some(true), l) => {
+            close |= l.is_some();
+            BodyDecoder::Chunked(Chunked::Size { size: 0, digits: 0 })
+        }
+        (None, l) => BodyDecoder::Length(l.unwrap_or(0)),
+    };
+    let persist = if close || (http10 && !keep_alive) {
+        Persist::Close
+    } else if http10 {
+        Persist::KeepAlive10
+    } else {
+        Persist::KeepAlive
+    };
+    let path = req.path.unwrap_or_default();
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    Ok(Some(Request {
+        len,
+        health: path == "/health",
+        head_only: req.method == Some("HEAD"),
+        persist,
+        body,
+        expect_continue,
+    }))
+}
+
+/// One client connection: its stream, the bytes read and not yet used, and the responses not yet
+/// written.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    /// `buf[start..end]` is read and not yet used.
+    start: usize,
+    end: usize,
+    out: Vec<u8>,
+}
+
+impl Conn {
+    /// Writes the responses gathered so far, in one write when the socket takes them.
+    async fn flush(&mut self) -> io::Result<()> {
+        if !self.out.is_empty() {
+            self.stream.write_all(&self.out).await?;
+            self.out.clear();
+        }
+        Ok(())
+    }
+
+    /// Reads more: first writes what is gathered (the client may be waiting for it before it
+    /// sends more), then moves the unused bytes to the front. `Ok(false)` at end of stream.
+    async fn fill(&mut self) -> io::Result<bool> {
+        self.flush().await?;
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.end == self.buf.len() {
+            let grown = (self.buf.len() * 2).min(MAX_HEAD);
+            if grown <= self.buf.len() {
+                return Err(io::Error::other("request head too large"));
+            }
+            self.buf.resize(grown, 0);
+        }
+        let n = self.stream.read(&mut self.buf[self.end..]).await?;
+        self.end += n;
+        Ok(n > 0)
+    }
+}
+
+/// Serves one connection: parses every request already read, gathers their responses, and writes
+/// them in one go before it waits to read more, so a batch of pipelined requests costs one read
+/// and one write. hyper did the same work with a task wake-up, a header map and a body poll per
+/// request; this loop is the part of that a fixed answer needs, which is what lets one core keep
+/// up with an nginx worker (`benches/backend.sh`).
+async fn serve(stream: TcpStream, replies: &Replies) -> io::Result<()> {
+    let mut c = Conn {
+        stream,
+        buf: vec![0; READ_BUF],
+        start: 0,
+        end: 0,
+        out: Vec::with_capacity(512),
+    };
+    loop {
+        let req = loop {
+            match parse_request(&c.buf[c.start..c.end]) {
+                Ok(Some(req)) => break req,
+                Ok(None) if c.end - c.start < MAX_HEAD => {
+                    if !c.fill().await? {
+                        return c.flush().await;
+                    }
+                }
+                Ok(None) => return refuse(&mut c, BadRequest::TooLarge).await,
+                Err(bad) => return refuse(&mut c, bad).await,
+            }
+        };
+        c.start += req.len;
+        skip_body(&mut c, &req).await?;
+        if !req.health {
+            if !replies.delay.is_zero() {
+                // Responses already gathered don't wait out this request's delay.
+                c.flush().await?;
+                tokio::time::sleep(replies.delay).await;
+            }
+            if !replies.work.is_zero() {
+                burn(replies.work);
+            }
+            replies.counter.bump();
+        }
+        if let Some(body) = replies.append(&req, &mut c.out) {
+            c.flush().await?;
+            c.stream.write_all(&body).await?;
+        }
+        if req.persist == Persist::Close {
+            c.flush().await?;
+            return c.stream.shutdown().await;
+        }
+    }
+}
+
+/// Reads the request body to its end, dropping it, so the next request starts where it ends.
+async fn skip_body(c: &mut Conn, req: &Request) -> io::Result<()> {
+    let mut body = req.body;
+    if body == BodyDecoder::Length(0) {
+        return Ok(());
+    }
+    let mut continued = !req.expect_continue;
+    loop {
+        let fed = body
+            .feed(&c.buf[c.start..c.end])
+            .map_err(|_| io::Error::other("malformed chunked request body"))?;
+        c.start += fed.used;
+        if fed.done {
+            return Ok(());
+        }
+        if !continued {
+            c.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            continued = true;
+        }
+        if !c.fill().await? {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+}
+
+/// Answers a request that cannot be served, after the responses before it, and closes.
+async fn refuse(c: &mut Conn, bad: BadRequest) -> io::Result<()> {
+    c.out.extend_from_slice(bad.response());
+    c.flush().await?;
+    c.stream.shutdown().await
 }
 
 /// Keeps the core busy for `d`, on the monotonic clock. It blocks the server's thread on purpose:
@@ -427,29 +790,6 @@ fn burn(d: Duration) {
     let end = Instant::now() + d;
     while Instant::now() < end {
         std::hint::spin_loop();
-    }
-}
-
-/// A body sent in one frame, with its exact length so hyper writes a Content-Length.
-struct Fixed(Option<Bytes>);
-
-impl Body for Fixed {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(self.0.take().map(|d| Ok(Frame::data(d))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.0.as_ref().map_or(0, |d| d.len() as u64))
     }
 }
 
@@ -628,6 +968,131 @@ mod tests {
                 "{status}"
             );
         }
+    }
+
+    #[test]
+    fn http_dates_are_imf_fixdates() {
+        let at = |secs| http_date(UNIX_EPOCH + Duration::from_secs(secs));
+        assert_eq!(&at(0), b"Thu, 01 Jan 1970 00:00:00 GMT");
+        // RFC 9110's example.
+        assert_eq!(&at(784_111_777), b"Sun, 06 Nov 1994 08:49:37 GMT");
+        // A leap day, and the last second of a year.
+        assert_eq!(&at(951_782_400), b"Tue, 29 Feb 2000 00:00:00 GMT");
+        assert_eq!(&at(1_798_761_599), b"Thu, 31 Dec 2026 23:59:59 GMT");
+    }
+
+    fn parse(s: &str) -> Result<Option<Request>, BadRequest> {
+        parse_request(s.as_bytes())
+    }
+
+    #[test]
+    fn a_bodiless_get_stays_open_and_an_incomplete_head_asks_for_more() {
+        let req = parse("GET /x HTTP/1.1\r\nHost: b\r\n\r\nGET")
+            .unwrap()
+            .unwrap();
+        assert_eq!(req.len, 28);
+        assert_eq!(req.persist, Persist::KeepAlive);
+        assert_eq!(req.body, BodyDecoder::Length(0));
+        assert!(!req.health && !req.head_only && !req.expect_continue);
+        assert_eq!(parse("GET /x HTTP/1.1\r\nHost: b\r\n"), Ok(None));
+    }
+
+    #[test]
+    fn health_is_the_path_whatever_the_query() {
+        assert!(
+            parse("GET /health?x=1 HTTP/1.1\r\n\r\n")
+                .unwrap()
+                .unwrap()
+                .health
+        );
+        assert!(
+            !parse("GET /healthz HTTP/1.1\r\n\r\n")
+                .unwrap()
+                .unwrap()
+                .health
+        );
+    }
+
+    #[test]
+    fn connection_headers_and_versions_decide_persistence() {
+        let persist = |s: &str| parse(s).unwrap().unwrap().persist;
+        assert_eq!(
+            persist("GET / HTTP/1.1\r\nConnection: Keep-Alive, CLOSE\r\n\r\n"),
+            Persist::Close
+        );
+        assert_eq!(persist("GET / HTTP/1.0\r\n\r\n"), Persist::Close);
+        assert_eq!(
+            persist("GET / HTTP/1.0\r\nconnection: keep-alive\r\n\r\n"),
+            Persist::KeepAlive10
+        );
+    }
+
+    #[test]
+    fn bodies_are_framed_by_chunked_then_content_length() {
+        let req = |s: &str| parse(s).unwrap().unwrap();
+        let post = req("POST / HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n");
+        assert_eq!(post.body, BodyDecoder::Length(5));
+        assert!(post.expect_continue);
+        let chunked = req("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
+        assert!(matches!(chunked.body, BodyDecoder::Chunked(_)));
+        assert_eq!(chunked.persist, Persist::KeepAlive);
+        // Both: chunked wins, and the connection closes after the response.
+        let both =
+            req("POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert!(matches!(both.body, BodyDecoder::Chunked(_)));
+        assert_eq!(both.persist, Persist::Close);
+        assert!(req("HEAD / HTTP/1.1\r\n\r\n").head_only);
+    }
+
+    #[test]
+    fn bad_framing_and_bad_heads_are_refused() {
+        for bad in [
+            "POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+            "GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+        ] {
+            assert_eq!(parse(bad), Err(BadRequest::Malformed), "{bad:?}");
+        }
+        let many = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            "a: b\r\n".repeat(MAX_HEADERS + 1)
+        );
+        assert_eq!(parse(&many), Err(BadRequest::TooLarge));
+    }
+
+    #[test]
+    fn replies_are_the_status_length_date_and_body() {
+        let replies = Replies::new(Answer {
+            status: StatusCode::ACCEPTED,
+            body: body_of(12),
+            work: Duration::ZERO,
+            delay: Duration::ZERO,
+            counter: Arc::default(),
+        });
+        replies.date.set(*b"Sun, 06 Nov 1994 08:49:37 GMT");
+        let req = parse("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        let mut out = Vec::new();
+        assert!(replies.append(&req, &mut out).is_none());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 202 Accepted\r\ncontent-length: 12\r\ndate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
+             connection: keep-alive\r\n\r\nhello world\n"
+        );
+        let no_content = Replies::new(Answer {
+            status: StatusCode::NO_CONTENT,
+            body: body_of(12),
+            work: Duration::ZERO,
+            delay: Duration::ZERO,
+            counter: Arc::default(),
+        });
+        let mut out = Vec::new();
+        let get = parse("GET / HTTP/1.1\r\n\r\n").unwrap().unwrap();
+        assert!(no_content.append(&get, &mut out).is_none());
+        assert!(out.starts_with(b"HTTP/1.1 204 No Content\r\ndate: "));
+        assert!(out.ends_with(b" GMT\r\n\r\n"));
     }
 
     #[test]

@@ -157,6 +157,116 @@ async fn a_request_body_is_read_so_the_connection_stays_open() {
     assert_eq!(backends.requests(), 2);
 }
 
+/// Writes `request` on a fresh connection to `addr` and reads until `want` responses have
+/// arrived (counted by their status lines) or the server closes; returns all it read.
+async fn raw_exchange(addr: SocketAddr, request: &[u8], want: usize) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(request).await.expect("write");
+    let mut seen = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        while seen.windows(9).filter(|w| w == b"HTTP/1.1 ").count() < want {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, read)
+        .await
+        .expect("responses within WAIT");
+    String::from_utf8(seen).expect("text")
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order() {
+    let backends = start(&spec(1));
+    let three = b"GET / HTTP/1.1\r\nhost: b\r\n\r\nGET /health HTTP/1.1\r\nhost: b\r\n\r\n\
+                  HEAD / HTTP/1.1\r\nhost: b\r\n\r\n";
+    let got = raw_exchange(backends.addrs()[0], three, 3).await;
+    let bodies: Vec<&str> = got.split("HTTP/1.1 200 OK\r\n").skip(1).collect();
+    assert_eq!(bodies.len(), 3, "{got}");
+    assert!(bodies[0].ends_with("\r\n\r\nhello world\n"), "{got}");
+    assert!(bodies[1].ends_with("\r\n\r\nok\n"), "{got}");
+    // HEAD: the length of the body it would get, and no body.
+    assert!(bodies[2].starts_with("content-length: 12\r\n"), "{got}");
+    assert!(bodies[2].ends_with("\r\n\r\n"), "{got}");
+    assert_eq!(backends.requests(), 2);
+}
+
+#[tokio::test]
+async fn a_chunked_body_with_expect_continue_is_read_and_the_connection_stays_open() {
+    let backends = start(&spec(1));
+    let addr = backends.addrs()[0];
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(
+        b"POST / HTTP/1.1\r\nhost: b\r\ntransfer-encoding: chunked\r\nexpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = [0u8; 512];
+    let n = tokio::time::timeout(WAIT, conn.read(&mut buf))
+        .await
+        .expect("100 Continue within WAIT")
+        .expect("read");
+    assert_eq!(&buf[..n], b"HTTP/1.1 100 Continue\r\n\r\n");
+    conn.write_all(b"5;x=y\r\nhello\r\n0\r\nt: 1\r\n\r\nGET / HTTP/1.1\r\nhost: b\r\n\r\n")
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let read = async {
+        while seen.windows(12).filter(|w| w == b"hello world\n").count() < 2 {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, read)
+        .await
+        .expect("two responses within WAIT");
+    let got = String::from_utf8(seen).unwrap();
+    assert_eq!(got.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{got}");
+    assert_eq!(backends.requests(), 2);
+}
+
+#[tokio::test]
+async fn http_1_0_closes_unless_asked_to_keep_alive() {
+    let backends = start(&spec(1));
+    let addr = backends.addrs()[0];
+    // Read until the server closes: a second response would mean it kept the connection.
+    let closed = raw_exchange(addr, b"GET / HTTP/1.0\r\n\r\nGET / HTTP/1.0\r\n\r\n", 2).await;
+    assert_eq!(closed.matches("HTTP/1.1 200 OK").count(), 1, "{closed}");
+    assert!(closed.contains("\r\nconnection: close\r\n"), "{closed}");
+    let kept = raw_exchange(
+        addr,
+        b"GET / HTTP/1.0\r\nconnection: keep-alive\r\n\r\nGET / HTTP/1.0\r\n\r\n",
+        2,
+    )
+    .await;
+    assert_eq!(kept.matches("HTTP/1.1 200 OK").count(), 2, "{kept}");
+    assert!(kept.contains("\r\nconnection: keep-alive\r\n"), "{kept}");
+}
+
+#[tokio::test]
+async fn a_malformed_request_gets_400_after_the_answers_before_it_and_a_close() {
+    let backends = start(&spec(1));
+    let got = raw_exchange(
+        backends.addrs()[0],
+        b"GET / HTTP/1.1\r\nhost: b\r\n\r\nGET / HTTP/1.1\r\nbad header\r\n\r\n",
+        // More than it sends: only the close ends the read.
+        3,
+    )
+    .await;
+    let statuses: Vec<&str> = got.matches("HTTP/1.1 ").collect();
+    assert_eq!(statuses.len(), 2, "{got}");
+    assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got}");
+    assert!(got.contains("HTTP/1.1 400 Bad Request\r\n"), "{got}");
+    assert_eq!(backends.requests(), 1);
+}
+
 /// `(thread id, name, Cpus_allowed_list)` of every thread of `pid` ("self" for this process).
 fn threads(pid: &str) -> Vec<(String, String, String)> {
     let mut out = Vec::new();

@@ -24,6 +24,10 @@ enum Reply {
     Chunked,
     /// `503`, Content-Length framed.
     Unavailable,
+    /// `200` with `Connection: close`, and the connection closed after it.
+    Close,
+    /// `100 Continue`, then `200`: the interim response comes first.
+    Interim,
     /// Reads requests and never answers.
     Silent,
 }
@@ -38,6 +42,12 @@ impl Reply {
             Reply::Unavailable => {
                 Some(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 5\r\n\r\nbusy\n")
             }
+            Reply::Close => Some(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nhello world\n",
+            ),
+            Reply::Interim => Some(
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nhello world\n",
+            ),
             Reply::Silent => None,
         }
     }
@@ -99,7 +109,7 @@ async fn serve(mut stream: TcpStream, reply: Reply, seen: Arc<AtomicU64>) {
             pending.drain(..end + 4);
             seen.fetch_add(1, Ordering::SeqCst);
             if let Some(bytes) = reply.bytes() {
-                if stream.write_all(bytes).await.is_err() {
+                if stream.write_all(bytes).await.is_err() || matches!(reply, Reply::Close) {
                     return;
                 }
             }
@@ -188,6 +198,23 @@ fn the_open_loop_holds_its_rate() {
     );
     let rps = t.rounds[0].requests_per_sec;
     assert!((1800.0..=2200.0).contains(&rps), "{rps} req/s");
+}
+
+#[test]
+fn connections_the_server_closes_are_replaced_and_interim_responses_skipped() {
+    let closing = Backend::start(Reply::Close);
+    let interim = Backend::start(Reply::Interim);
+    let report = bench(&options(vec![
+        closing.target("closing"),
+        interim.target("interim"),
+    ]));
+    for (t, backend) in report.targets.iter().zip([&closing, &interim]) {
+        let (r, w) = (t.requests, t.warmup);
+        assert_eq!(r.sent + w.sent, backend.seen(), "{}: {r:?} {w:?}", t.name);
+        assert!(r.sent > 0, "{}: {r:?}", t.name);
+        assert_eq!(r.errors.total() + w.errors.total(), 0, "{}", t.name);
+        assert_eq!((r.responses, r.ok), (r.sent, r.sent), "{}", t.name);
+    }
 }
 
 #[test]

@@ -3,9 +3,10 @@
 //!
 //! Nothing is shared between threads while they run except one progress counter each: every
 //! thread records into its own histogram and counts, which the coordinating thread merges when
-//! they are done, as wrk does. Inside a thread the connections are tasks on a `LocalSet`
-//! sharing that thread's statistics through a `RefCell`, since no borrow is ever held across an
-//! await.
+//! they are done, as wrk does. Inside a thread, the closed loop is one task that drives all the
+//! thread's connections like an event loop (`closed.rs`); the open loop is one task per
+//! connection, on a `LocalSet`. Either way they share the thread's statistics through a
+//! `RefCell`, since no borrow is ever held across an await.
 //!
 //! Accounting is exact: a request belongs to the recorded window when it was sent (closed loop)
 //! or scheduled (open loop) inside it, to the warm-up otherwise. After the window closes no new
@@ -29,13 +30,14 @@ use tokio::task::LocalSet;
 use tokio::time::Sleep;
 
 use super::BenchError;
+use super::closed::closed_loop;
 use super::report::Counts;
 use super::stats::new_histogram;
 use super::wire::{BodyDecoder, parse_head};
 use crate::cpus::pin_current_thread;
 
 /// Each connection's read buffer. A response head must fit; bodies stream through it.
-const READ_BUF: usize = 32 * 1024;
+pub(super) const READ_BUF: usize = 32 * 1024;
 /// How often the coordinating thread reports progress while the threads run.
 const TICK: Duration = Duration::from_millis(250);
 
@@ -243,21 +245,23 @@ fn thread_main(
     });
     let local = LocalSet::new();
     let panicked = local.block_on(&rt, async {
-        let tasks: Vec<_> = conns
-            .into_iter()
-            .map(|g| {
-                let sh = shared.clone();
-                match plan.rate {
-                    None => tokio::task::spawn_local(async move { closed_loop(&sh).await }),
-                    Some(rate) => {
-                        let connections = plan.connections;
-                        tokio::task::spawn_local(async move {
-                            open_loop(&sh, g, connections, rate).await
-                        })
-                    }
-                }
-            })
-            .collect();
+        let tasks: Vec<_> = match plan.rate {
+            None => {
+                let (sh, n) = (shared.clone(), conns.len());
+                vec![tokio::task::spawn_local(async move {
+                    closed_loop(&sh, n).await
+                })]
+            }
+            Some(rate) => conns
+                .into_iter()
+                .map(|g| {
+                    let (sh, connections) = (shared.clone(), plan.connections);
+                    tokio::task::spawn_local(
+                        async move { open_loop(&sh, g, connections, rate).await },
+                    )
+                })
+                .collect(),
+        };
         let mut panicked = false;
         for t in tasks {
             panicked |= t.await.is_err();
@@ -301,16 +305,16 @@ impl Drop for SetupGuard<'_> {
 }
 
 /// One thread's view of the run, shared by its connection tasks.
-struct Thread {
-    addr: SocketAddr,
-    request: Arc<[u8]>,
-    timeout: Duration,
+pub(super) struct Thread {
+    pub(super) addr: SocketAddr,
+    pub(super) request: Arc<[u8]>,
+    pub(super) timeout: Duration,
     /// When this thread's load started: the warm-up, and the open loop's schedule.
     begin: Instant,
     /// Start of the recorded window.
-    t0: Instant,
+    pub(super) t0: Instant,
     /// End of the recorded window: no request is sent (or scheduled) at or after it.
-    end: Instant,
+    pub(super) end: Instant,
     stats: RefCell<Stats>,
     /// This thread's progress counter is `progress[thread]`.
     progress: Arc<Vec<Progress>>,
@@ -327,7 +331,7 @@ struct Stats {
 }
 
 /// How one exchange ended.
-enum Outcome {
+pub(super) enum Outcome {
     Response(u16),
     /// No complete response within the timeout.
     Timeout,
@@ -336,7 +340,7 @@ enum Outcome {
 }
 
 impl Thread {
-    fn connect_error(&self, recorded: bool) {
+    pub(super) fn connect_error(&self, recorded: bool) {
         let mut st = self.stats.borrow_mut();
         let counts = if recorded {
             &mut st.recorded
@@ -348,7 +352,7 @@ impl Thread {
 
     /// Counts one exchange; the latency goes into the histogram when it was a response in the
     /// recorded window (timeouts and broken connections have no latency, as in wrk).
-    fn record(&self, recorded: bool, outcome: Outcome, latency: Duration) {
+    pub(super) fn record(&self, recorded: bool, outcome: Outcome, latency: Duration) {
         let mut st = self.stats.borrow_mut();
         let st = &mut *st;
         let counts = if recorded {
@@ -398,43 +402,6 @@ impl Thread {
                 Err(Broken) => (Outcome::Broken, false),
             },
             () = timer => (Outcome::Timeout, false),
-        }
-    }
-}
-
-/// Closed loop: the next request goes out as soon as the previous response is read. Latency is
-/// measured from the write of the request, and connect time is not part of it (as in wrk).
-/// After a failed connect it tries again at once, as wrk does, yielding to the other connections
-/// first.
-async fn closed_loop(sh: &Thread) {
-    let mut buf = vec![0u8; READ_BUF];
-    let mut conn: Option<TcpStream> = None;
-    let timer = tokio::time::sleep(sh.timeout);
-    tokio::pin!(timer);
-    loop {
-        let stream = match conn {
-            Some(ref mut s) => s,
-            None => match connect(sh.addr, sh.timeout).await {
-                Ok(s) => conn.insert(s),
-                Err(_) => {
-                    let now = Instant::now();
-                    if now >= sh.end {
-                        break;
-                    }
-                    sh.connect_error(now >= sh.t0);
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-            },
-        };
-        let start = Instant::now();
-        if start >= sh.end {
-            break;
-        }
-        let (outcome, keep_alive) = sh.exchange(stream, &mut buf, timer.as_mut()).await;
-        sh.record(start >= sh.t0, outcome, start.elapsed());
-        if !keep_alive {
-            conn = None;
         }
     }
 }
@@ -499,7 +466,7 @@ async fn open_loop(sh: &Thread, g: usize, connections: usize, rate: f64) {
 
 /// A connect within `timeout`, with Nagle off: a request is one small write, and it must go out
 /// at once.
-async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+pub(super) async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;

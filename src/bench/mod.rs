@@ -13,20 +13,22 @@
 //! The client is lean on purpose, so that it measures the server and not itself: its threads are
 //! pinned to `--cpus`, each runs a single-threaded runtime with its share of the keep-alive
 //! connections, every request is the same pre-built bytes, and responses are parsed in place
-//! (`wire.rs`) on the raw `TcpStream`. It drives more requests than wrk on one core, and its
-//! median agrees with wrk's at low concurrency; against a saturated server it does not, because
-//! wrk leaves the time a ready request waits for its event loop out of the latency and this tool
-//! does not (`benches/loadgen.sh` measures both side by side; figures in `benches/RESULTS.md`).
+//! (`wire.rs`) on the raw `TcpStream`. Its closed loop is structured like wrk's event loop (read
+//! every ready response, write the next requests on the following pass, each clock starting at
+//! its write), so that its latencies count what wrk's count; `benches/loadgen.sh` measures both
+//! side by side, and `benches/RESULTS.md` has the figures and where they still differ.
 //!
 //! - [`stats`]: medians, ratios, added latency and percentile curves, as plain functions.
 //! - `wire.rs`: the request bytes, response heads and body framing.
-//! - `load.rs`: the pinned threads and the closed- and open-loop connection loops.
+//! - `load.rs`: the pinned threads, the open loop, and the accounting both loops share.
+//! - `closed.rs`: the closed loop, one event-loop task per thread.
 //! - [`report`]: the results, and the table, JSON and SVG made from them.
 
+mod closed;
 mod load;
 pub mod report;
 pub mod stats;
-mod wire;
+pub(crate) mod wire;
 
 use std::io::{IsTerminal, Write as _};
 use std::net::{SocketAddr, ToSocketAddrs};

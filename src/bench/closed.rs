@@ -1,0 +1,374 @@
+//! The closed loop: one task drives all of a thread's connections the way an event-loop load
+//! generator such as wrk does, so that its latencies mean what wrk's mean.
+//!
+//! Each pass of the loop handles every connection that is ready once: it writes the requests
+//! armed on the previous pass, then reads every response that has arrived. A connection whose
+//! response completes is armed, and its next request goes out on the next pass, after the
+//! runtime has polled the driver again (`yield_now` defers the task until then). That is wrk's
+//! structure: `epoll_wait`, every ready read handled (a completed response only re-arms
+//! `EPOLLOUT`), then the writes on the following pass, each starting its clock as it is written.
+//!
+//! Why it matters: latency is counted from the write of a request to the end of its response, so
+//! the time a connection spends between reading one response and writing the next request, the
+//! generator's own queue, is not in it. When the next request went out in the same poll as the
+//! read (one task per connection, as this module replaced), that queue was empty: all `-c`
+//! requests were queued at the server all the time, and the mean latency was connections ÷
+//! throughput by Little's law. wrk instead leaves each connection about one pass out of the server's
+//! queue, so against a saturated server at `-c64` this tool's median was 1.9× wrk's while their
+//! rates and p99s agreed. Nothing here hides time a request spends at the server: the clock starts
+//! when the request is written and stops when its response has been read.
+//!
+//! How much either tool leaves out depends on how many events a pass gathers, which depends on
+//! which side is slower. When the client is, responses pile up while it works, passes grow, and
+//! the median falls to about half of connections ÷ throughput; when the server is, a pass handles
+//! one or two events and the median is close to connections ÷ throughput. wrk was seen in both
+//! regimes against the same nginx minutes apart (`benches/RESULTS.md`). This loop has the same
+//! structure but not wrk's costs (no `epoll_ctl` per request), so against a given server it is
+//! more often the faster side.
+//!
+//! Connect time is not part of the latency (as in wrk). A failed connect is counted and tried again
+//! on the next pass, as wrk does. One timer per thread, set to the earliest deadline of the
+//! requests in flight, enforces the timeout; a response that takes longer counts as a timeout and
+//! its connection is replaced.
+
+use std::future::{Future, poll_fn};
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::load::{Outcome, READ_BUF, Thread, connect};
+use super::wire::{BodyDecoder, parse_head};
+
+type Connecting = Pin<Box<dyn Future<Output = io::Result<TcpStream>>>>;
+
+/// Where one connection stands.
+enum State {
+    /// No connection: one is opened on the next pass.
+    Closed,
+    Connecting(Connecting),
+    /// Connected and idle: the next request goes out on the next pass.
+    Armed,
+    /// The request is (partly) written: `written` bytes of it.
+    Writing {
+        written: usize,
+    },
+    /// Reading the response: `filled` bytes of the head so far.
+    Head {
+        filled: usize,
+    },
+    /// Reading the body of a response whose head said `status` and `keep_alive`.
+    Body {
+        decoder: BodyDecoder,
+        status: u16,
+        keep_alive: bool,
+    },
+    /// The window has closed: nothing more to send.
+    Done,
+}
+
+/// One connection of the loop.
+struct Conn {
+    stream: Option<TcpStream>,
+    state: State,
+    /// When the request in flight was written (the start of its latency), and its deadline.
+    start: Instant,
+    deadline: Instant,
+    buf: Box<[u8]>,
+}
+
+/// How reading a response went.
+enum Read {
+    /// The response is complete.
+    Response { status: u16, keep_alive: bool },
+    /// Nothing more to read now.
+    Pending,
+    /// The connection failed or sent something that is not a response.
+    Broken,
+}
+
+/// Runs `connections` connections in closed loop until the window closes and every request sent
+/// has been answered or has timed out.
+pub(super) async fn closed_loop(sh: &Thread, connections: usize) {
+    let now = Instant::now();
+    let mut conns: Vec<Conn> = (0..connections)
+        .map(|_| Conn {
+            stream: None,
+            state: State::Closed,
+            start: now,
+            deadline: now,
+            buf: vec![0u8; READ_BUF].into_boxed_slice(),
+        })
+        .collect();
+    let timer = tokio::time::sleep(sh.timeout);
+    tokio::pin!(timer);
+    let mut timer_at = None;
+    // Bounded: after `sh.end` no connection is armed again, so every connection reaches `Done`
+    // once its last response is read or its timeout passes.
+    loop {
+        let (live, armed, deadline) = poll_fn(|cx| Poll::Ready(pass(sh, &mut conns, cx))).await;
+        if !live {
+            break;
+        }
+        if let Some(at) = deadline {
+            if timer_at != Some(at) {
+                timer.as_mut().reset(tokio::time::Instant::from_std(at));
+                timer_at = Some(at);
+            }
+            // Registers the timer's wake-up; when it is already due, the next pass finds it.
+            let _ = poll_fn(|cx| Poll::Ready(timer.as_mut().poll(cx))).await;
+        }
+        if armed {
+            // The next pass after the driver has been polled, like wrk's next `epoll_wait`.
+            tokio::task::yield_now().await;
+        } else {
+            // Every connection is waiting on its socket or the timer, each registered with this
+            // task's waker during the pass: sleep until one of them wakes it.
+            wait_for_wake().await;
+        }
+    }
+}
+
+/// Returns `Pending` once, then `Ready`: the task sleeps until something it registered with
+/// wakes it.
+async fn wait_for_wake() {
+    let mut polled = false;
+    poll_fn(|_| {
+        if polled {
+            Poll::Ready(())
+        } else {
+            polled = true;
+            Poll::Pending
+        }
+    })
+    .await;
+}
+
+/// One pass over all connections. Returns whether any connection is still live, whether any is
+/// armed for the next pass, and the earliest deadline of a request in flight.
+fn pass(sh: &Thread, conns: &mut [Conn], cx: &mut Context<'_>) -> (bool, bool, Option<Instant>) {
+    let mut live = false;
+    let mut armed = false;
+    let mut deadline: Option<Instant> = None;
+    // Writes first: they were armed on the previous pass, before the reads of this one arrived.
+    for c in conns.iter_mut() {
+        if matches!(c.state, State::Armed) {
+            c.send(sh);
+            c.step(sh, cx, c.start);
+        }
+    }
+    let now = Instant::now();
+    for c in conns.iter_mut() {
+        c.step(sh, cx, now);
+        match c.state {
+            State::Done => continue,
+            State::Armed | State::Closed => armed = true,
+            State::Writing { .. } | State::Head { .. } | State::Body { .. } => {
+                deadline = Some(deadline.map_or(c.deadline, |d| d.min(c.deadline)));
+            }
+            State::Connecting(_) => {}
+        }
+        live = true;
+    }
+    (live, armed, deadline)
+}
+
+impl Conn {
+    /// Writes the next request, starting its clock, unless the window has closed.
+    fn send(&mut self, sh: &Thread) {
+        let now = Instant::now();
+        if now >= sh.end {
+            self.close(State::Done);
+            return;
+        }
+        self.start = now;
+        self.deadline = now + sh.timeout;
+        self.state = State::Writing { written: 0 };
+    }
+
+    /// Moves this connection on as far as it can go without waiting.
+    fn step(&mut self, sh: &Thread, cx: &mut Context<'_>, now: Instant) {
+        // Bounded: each turn either returns or moves to a later state of the same exchange.
+        loop {
+            match &mut self.state {
+                State::Done | State::Armed => return,
+                State::Closed => {
+                    if now >= sh.end {
+                        self.state = State::Done;
+                        return;
+                    }
+                    self.state = State::Connecting(Box::pin(connect(sh.addr, sh.timeout)));
+                }
+                State::Connecting(fut) => match fut.as_mut().poll(cx) {
+                    Poll::Ready(Ok(s)) => {
+                        self.stream = Some(s);
+                        // Like wrk, the first request goes out on the next pass.
+                        self.state = State::Armed;
+                        return;
+                    }
+                    Poll::Ready(Err(_)) => {
+                        let now = Instant::now();
+                        if now >= sh.end {
+                            self.state = State::Done;
+                        } else {
+                            sh.connect_error(now >= sh.t0);
+                            self.state = State::Closed;
+                        }
+                        return;
+                    }
+                    Poll::Pending => return,
+                },
+                State::Writing { written } => {
+                    if now >= self.deadline {
+                        return self.finish(sh, Outcome::Timeout, false);
+                    }
+                    let Some(stream) = &mut self.stream else {
+                        return self.finish(sh, Outcome::Broken, false);
+                    };
+                    let request = &sh.request[*written..];
+                    match Pin::new(stream).poll_write(cx, request) {
+                        Poll::Ready(Ok(n)) if n == request.len() => {
+                            self.state = State::Head { filled: 0 };
+                        }
+                        Poll::Ready(Ok(n)) if n > 0 => *written += n,
+                        Poll::Ready(_) => return self.finish(sh, Outcome::Broken, false),
+                        Poll::Pending => return,
+                    }
+                }
+                State::Head { .. } | State::Body { .. } => match self.read(cx) {
+                    Read::Response { status, keep_alive } => {
+                        return self.finish(sh, Outcome::Response(status), keep_alive);
+                    }
+                    Read::Broken => return self.finish(sh, Outcome::Broken, false),
+                    Read::Pending if now >= self.deadline => {
+                        return self.finish(sh, Outcome::Timeout, false);
+                    }
+                    Read::Pending => return,
+                },
+            }
+        }
+    }
+
+    /// Records the exchange that just ended and arms the connection for the next one, on a new
+    /// connection unless this one can be kept.
+    fn finish(&mut self, sh: &Thread, outcome: Outcome, keep_alive: bool) {
+        let recorded = self.start >= sh.t0;
+        sh.record(recorded, outcome, self.start.elapsed());
+        if keep_alive {
+            self.state = State::Armed;
+        } else {
+            self.close(State::Closed);
+        }
+    }
+
+    fn close(&mut self, next: State) {
+        self.stream = None;
+        self.state = next;
+    }
+
+    /// Reads what has arrived of the response. Interim 1xx responses are skipped; bytes after the
+    /// response, which nothing asked for, make the connection unusable for the next request.
+    fn read(&mut self, cx: &mut Context<'_>) -> Read {
+        // Bounded: every turn reads more bytes, or returns.
+        loop {
+            let Some(stream) = &mut self.stream else {
+                return Read::Broken;
+            };
+            let into = match self.state {
+                State::Head { filled } => &mut self.buf[filled..],
+                _ => &mut self.buf[..],
+            };
+            // `poll_read`, not `try_read`: a short read tells tokio the socket is drained, so the
+            // next response is waited for without a read that fails with `EAGAIN` first.
+            let mut into = ReadBuf::new(into);
+            let n = match Pin::new(stream).poll_read(cx, &mut into) {
+                Poll::Ready(Ok(())) => into.filled().len(),
+                Poll::Ready(Err(_)) => return Read::Broken,
+                Poll::Pending => return Read::Pending,
+            };
+            let done = match &mut self.state {
+                State::Head { filled } => {
+                    if n == 0 {
+                        return Read::Broken;
+                    }
+                    *filled += n;
+                    let filled = *filled;
+                    self.on_head_bytes(filled)
+                }
+                State::Body {
+                    decoder,
+                    status,
+                    keep_alive,
+                } => {
+                    if n == 0 {
+                        if *decoder == BodyDecoder::UntilClose {
+                            return Read::Response {
+                                status: *status,
+                                keep_alive: false,
+                            };
+                        }
+                        return Read::Broken;
+                    }
+                    match decoder.feed(&self.buf[..n]) {
+                        Ok(fed) if fed.done => Some(Read::Response {
+                            status: *status,
+                            keep_alive: *keep_alive && fed.used == n,
+                        }),
+                        Ok(_) => None,
+                        Err(_) => Some(Read::Broken),
+                    }
+                }
+                _ => Some(Read::Broken),
+            };
+            if let Some(r) = done {
+                return r;
+            }
+        }
+    }
+
+    /// Parses the head in `buf[..filled]`; moves on to the body once it is complete. `Some` when
+    /// the exchange is over.
+    fn on_head_bytes(&mut self, mut filled: usize) -> Option<Read> {
+        // Bounded: each turn drops an interim response from the buffer.
+        loop {
+            let head = match parse_head(&self.buf[..filled]) {
+                Ok(Some(h)) => h,
+                Ok(None) if filled == self.buf.len() => return Some(Read::Broken),
+                Ok(None) => {
+                    self.state = State::Head { filled };
+                    return None;
+                }
+                Err(_) => return Some(Read::Broken),
+            };
+            if head.is_interim() {
+                self.buf.copy_within(head.len..filled, 0);
+                filled -= head.len;
+                if filled == 0 {
+                    self.state = State::Head { filled };
+                    return None;
+                }
+                continue;
+            }
+            let mut decoder = head.body;
+            let rest = filled - head.len;
+            return match decoder.feed(&self.buf[head.len..filled]) {
+                Ok(fed) if fed.done => Some(Read::Response {
+                    status: head.status,
+                    keep_alive: head.keep_alive && fed.used == rest,
+                }),
+                Ok(_) => {
+                    self.state = State::Body {
+                        decoder,
+                        status: head.status,
+                        keep_alive: head.keep_alive,
+                    };
+                    None
+                }
+                Err(_) => Some(Read::Broken),
+            };
+        }
+    }
+}
