@@ -199,6 +199,7 @@ fn request() -> impl Strategy<Value = Vec<u8>> {
         "Trailer: X-Trailer",
         "X Space: 1",
         "X-Forwarded-For: 192.0.2.1",
+        "X-Obs-Text: caf\u{e9}",
     ]);
     let bare_lf = prop::bool::weighted(0.15);
     (method, target, version, host, framing(), extra, bare_lf).prop_map(

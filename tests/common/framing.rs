@@ -69,19 +69,19 @@ pub fn next_request(buf: &[u8]) -> Result<Option<Forwarded>, String> {
     let mut transfer_encoding = Vec::new();
     let mut client = None;
     for h in req.headers.iter() {
-        let value = std::str::from_utf8(h.value)
-            .map_err(|_| format!("a non-UTF-8 {} value: {}", h.name, show()))?;
+        // Bytes over 0x7f (obs-text) are allowed in values and passed on; NUL, CR and LF never.
         if h.value
             .iter()
             .any(|b| *b == 0 || *b == b'\r' || *b == b'\n')
         {
             return Err(format!("NUL, CR or LF in {}: {}", h.name, show()));
         }
+        let value = String::from_utf8_lossy(h.value);
         match h.name.to_ascii_lowercase().as_str() {
             "host" if value.trim().is_empty() => return Err(format!("empty Host: {}", show())),
             "host" => host += 1,
-            "content-length" => content_length.push(value.trim()),
-            "transfer-encoding" => transfer_encoding.push(value.trim()),
+            "content-length" => content_length.push(value.trim().to_string()),
+            "transfer-encoding" => transfer_encoding.push(value.trim().to_string()),
             "x-forwarded-for" => client = Some(value.trim().to_string()),
             // Hop-by-hop: pinlb removes them; `Connection` may name only keep-alive or close.
             "te" | "trailer" | "upgrade" | "keep-alive" | "proxy-connection" => {
