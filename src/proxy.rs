@@ -81,6 +81,9 @@ pub enum ClientError {
     DuplicateHost,
     /// Empty, or not `host[:port]`.
     InvalidHost,
+    /// The target `*` with a method other than OPTIONS (RFC 9112 §3.2.4): hyper's parser lets
+    /// `GET *` through, and no backend route matches it the same way.
+    AsteriskForm,
     /// Any Transfer-Encoding but exactly `chunked`: pinlb decodes and re-frames the body, so it
     /// would lose any other coding, and `chunked, chunked` is how TE.TE smuggling starts.
     TransferEncoding,
@@ -98,6 +101,7 @@ impl ClientError {
             ClientError::MissingHost
             | ClientError::DuplicateHost
             | ClientError::InvalidHost
+            | ClientError::AsteriskForm
             | ClientError::TransferEncoding => StatusCode::BAD_REQUEST,
             ClientError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
             ClientError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -112,6 +116,9 @@ impl fmt::Display for ClientError {
             ClientError::MissingHost => f.write_str("HTTP/1.1 request without a Host header"),
             ClientError::DuplicateHost => f.write_str("more than one Host header"),
             ClientError::InvalidHost => f.write_str("empty or invalid Host header"),
+            ClientError::AsteriskForm => {
+                f.write_str("target \"*\" with a method other than OPTIONS")
+            }
             ClientError::TransferEncoding => {
                 f.write_str("Transfer-Encoding other than a single \"chunked\"")
             }
@@ -151,6 +158,9 @@ pub fn validate_request(
             len,
             limit: limits.max_uri_bytes,
         });
+    }
+    if uri.path() == "*" && parts.method != Method::OPTIONS {
+        return Err(ClientError::AsteriskForm);
     }
 
     // One pass over the headers rather than a lookup per name: a request usually carries a
@@ -1115,6 +1125,7 @@ mod tests {
         assert_eq!(client(ClientError::MissingHost), 400);
         assert_eq!(client(ClientError::DuplicateHost), 400);
         assert_eq!(client(ClientError::InvalidHost), 400);
+        assert_eq!(client(ClientError::AsteriskForm), 400);
         assert_eq!(client(ClientError::TransferEncoding), 400);
         assert_eq!(client(ClientError::UriTooLong { len: 2, limit: 1 }), 414);
         assert_eq!(client(ClientError::BodyTooLarge { limit: 1 }), 413);

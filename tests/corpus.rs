@@ -147,6 +147,10 @@ fn cases() -> Vec<Case> {
         case("empty Host", "GET / HTTP/1.1\r\nHost: \r\n\r\n", &[400], NONE, true),
         case("Host with a space", "GET / HTTP/1.1\r\nHost: a b\r\n\r\n", &[400], NONE, true),
         case("Host with userinfo", "GET / HTTP/1.1\r\nHost: user@a\r\n\r\n", &[400], NONE, true),
+        // Asterisk-form is for OPTIONS only; hyper lets `GET *` through (found by tests/prop.rs).
+        case("OPTIONS *", "OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", &[200], ONE, false),
+        case("GET *", "GET * HTTP/1.1\r\nHost: a\r\n\r\n", &[400], NONE, true),
+        case("POST * with a body", "POST * HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello", &[400], NONE, true),
         // Sizes.
         case("head over max_header_bytes", big_header, &[431], NONE, true),
         case("more than max_headers", many_headers, &[431], NONE, true),

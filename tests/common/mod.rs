@@ -7,6 +7,8 @@
 // Each test crate (`proxy.rs`, `cli.rs`) uses a different part of this module.
 #![allow(dead_code)]
 
+pub mod framing;
+
 use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::io::{BufRead, BufReader as StdBufReader};
