@@ -272,7 +272,10 @@ PEERS_CSV="${PEER_LIST[*]}"
 PEERS_CSV=${PEERS_CSV// /, }
 if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP unrecorded warm-up"; fi
 {
-    echo "### pinlb vs nginx vs HAProxy ($(date -u +%Y-%m-%d), commit $COMMIT)"
+    title="pinlb vs nginx vs HAProxy"
+    [[ " ${PEER_LIST[*]} " == *" nginx "* || " ${PEER_LIST[*]} " == *" haproxy "* ]] ||
+        title="pinlb with and without its optional features"
+    echo "### $title ($(date -u +%Y-%m-%d), commit $COMMIT)"
     echo
     echo "- Command: \`$ENV_LINE $CMDLINE\`"
     echo "- Host: nproc=$NCPU, $CPU_MODEL, $(uname -sr); before start core0 ${IDLE_BUSY0}% / core1 ${IDLE_BUSY1}% busy"
