@@ -72,7 +72,7 @@ pub struct Entry {
 impl Entry {
     /// Taken when the request head has arrived. Cloning the URI and header values copies no
     /// bytes: they share the buffer hyper read them into.
-    pub fn start<B>(req: &Request<B>, client: SocketAddr) -> Box<Entry> {
+    fn start<B>(req: &Request<B>, client: SocketAddr) -> Box<Entry> {
         Box::new(Entry {
             client,
             method: req.method().clone(),
@@ -89,9 +89,40 @@ impl Entry {
     }
 
     /// Records the response's status, and the backend that sent it.
-    pub fn responded(&mut self, status: http::StatusCode, upstream: Option<Upstreamed>) {
+    fn responded(&mut self, status: http::StatusCode, upstream: Option<Upstreamed>) {
         self.status = status.as_u16();
         self.upstream = upstream;
+    }
+}
+
+/// An [`Entry`] whose response has not been produced yet. If the request is abandoned first
+/// (the client went away while pinlb waited on a backend), it is logged as nginx does, with
+/// status 499.
+pub struct Pending(Option<(Box<Entry>, Rc<Batch>)>);
+
+impl Pending {
+    pub fn start<B>(req: &Request<B>, client: SocketAddr, batch: &Rc<Batch>) -> Pending {
+        Pending(Some((Entry::start(req, client), batch.clone())))
+    }
+
+    /// The response is here: the entry goes on with the response body.
+    pub fn responded(
+        mut self,
+        status: http::StatusCode,
+        upstream: Option<Upstreamed>,
+    ) -> Option<(Box<Entry>, Rc<Batch>)> {
+        let (mut e, batch) = self.0.take()?;
+        e.responded(status, upstream);
+        Some((e, batch))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some((mut e, batch)) = self.0.take() {
+            e.status = 499;
+            batch.push(e);
+        }
     }
 }
 

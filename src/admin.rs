@@ -11,8 +11,10 @@
 //! | `POST /reload` | read the config file again, as SIGHUP does |
 //!
 //! A backend address names that backend in every upstream that has it. With `admin.token` set,
-//! every request needs `Authorization: Bearer <token>`; the page asks for the token once and keeps
-//! it in the tab's session storage.
+//! every request but the page itself needs `Authorization: Bearer <token>`; the page asks for the
+//! token once and keeps it in the tab's session storage. A POST that a browser says comes from a
+//! page of another origin is refused (403), so no web page can drive a tokenless admin listener.
+//! At most 64 admin connections are open at once, each bounded in time.
 //!
 //! It runs on the control thread (pinned to `runtime.cpus`), never on a worker, so a scrape
 //! takes nothing from the request path but the atomics it reads.
@@ -21,6 +23,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -29,32 +32,54 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
 use crate::server::Process;
 use crate::upstream::{AdminState, BackendState};
+
+/// Admin connections open at once; more wait in the kernel's backlog. The admin listener shares
+/// the process's file descriptors with the workers, so it must not be able to use them up.
+const MAX_CONNECTIONS: usize = 64;
+/// An admin connection must send a whole request head within this, and is closed after this
+/// long idle: the token is checked only once a head has arrived.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accepts admin connections until the control runtime stops.
 pub(crate) async fn serve(listener: TcpListener, process: Arc<Process>) {
     if let Ok(addr) = listener.local_addr() {
         info!("admin listening on http://{addr}/");
     }
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
+        // The semaphore is never closed.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let (stream, peer) = crate::server::accept(&listener).await;
         let process = process.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |req| {
                 let process = process.clone();
                 async move { Ok::<_, Infallible>(route(&process, req, peer).await) }
             });
-            if let Err(e) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                debug!(client = %peer, "admin connection ended: {e}");
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(ADMIN_TIMEOUT);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            // Bounds the whole connection too, so a client that stops reading a reply can't
+            // hold its slot either; `/reload` waits for the workers at most a few seconds.
+            match tokio::time::timeout(ADMIN_TIMEOUT * 6, conn).await {
+                Ok(Err(e)) => debug!(client = %peer, "admin connection ended: {e}"),
+                Err(_) => {
+                    debug!(client = %peer, "admin connection closed after {:?}", ADMIN_TIMEOUT * 6)
+                }
+                Ok(Ok(())) => {}
             }
         });
     }
@@ -84,6 +109,20 @@ fn json_reply(status: StatusCode, v: &serde_json::Value) -> Reply {
 
 async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> Reply {
     let generation = process.generations.borrow().clone();
+    // The page holds no data (it fetches `/status`, which needs the token), and a browser that
+    // opens it sends no Authorization header: it must load to ask for the token.
+    if req.method() == Method::GET && req.uri().path() == "/" {
+        return reply(StatusCode::OK, "text/html; charset=utf-8", PAGE);
+    }
+    // A web page in a browser on this host can send a POST to a loopback address without the
+    // user knowing (CSRF). Browsers say where such a request comes from; refuse it.
+    if req.method() == Method::POST && cross_site(&req) {
+        warn!(client = %peer, "admin: POST {} refused: sent by a page from another origin", req.uri().path());
+        return text(
+            StatusCode::FORBIDDEN,
+            "403 Forbidden: a POST from a web page of another origin",
+        );
+    }
     if let Some(token) = generation
         .config
         .admin
@@ -106,7 +145,6 @@ async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> R
     let path = req.uri().path().to_string();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (req.method(), segments.as_slice()) {
-        (&Method::GET, [""]) => reply(StatusCode::OK, "text/html; charset=utf-8", PAGE),
         (&Method::GET, ["metrics"]) => reply(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -124,11 +162,12 @@ async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> R
                 text(StatusCode::OK, summary)
             }
             Err(e) => {
-                warn!("admin: reload failed, the running configuration stays: {e}");
-                text(
-                    StatusCode::BAD_REQUEST,
-                    format!("reload failed, the running configuration stays: {e}"),
-                )
+                warn!("admin: {e}");
+                let status = match e {
+                    crate::reload::ReloadError::Refused(_) => StatusCode::BAD_REQUEST,
+                    crate::reload::ReloadError::Unconfirmed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                };
+                text(status, e.to_string())
             }
         },
         (_, [""] | ["metrics"] | ["status"]) => method_not_allowed("GET"),
@@ -152,17 +191,36 @@ fn method_not_allowed(allow: &'static str) -> Reply {
     r
 }
 
-/// Compares the bearer token without stopping at the first differing byte.
+/// Whether a browser says the request comes from a page of another origin: `Sec-Fetch-Site`
+/// other than same-origin or none (typed by the user), or an `Origin` that is not this host.
+/// Clients that are not browsers (curl, Prometheus) send neither and pass.
+fn cross_site<B>(req: &Request<B>) -> bool {
+    let h = req.headers();
+    if let Some(site) = h.get("sec-fetch-site") {
+        return site != "same-origin" && site != "none";
+    }
+    match (h.get(header::ORIGIN), h.get(header::HOST)) {
+        (None, _) => false,
+        (Some(origin), Some(host)) => {
+            origin.as_bytes().strip_prefix(b"http://") != Some(host.as_bytes())
+        }
+        (Some(_), None) => true,
+    }
+}
+
+/// Compares the bearer token without stopping at the first differing byte. The scheme is
+/// case-insensitive (RFC 9110 §11.1).
 fn authorized<B>(req: &Request<B>, token: &str) -> bool {
     let Some(given) = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|v| v.as_bytes())
+        .filter(|v| v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
+        .map(|v| &v[7..])
     else {
         return false;
     };
-    let (a, b) = (given.as_bytes(), token.as_bytes());
+    let (a, b) = (given, token.as_bytes());
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -306,8 +364,27 @@ mod tests {
         assert!(authorized(&req("Bearer s3cret"), "s3cret"));
         assert!(!authorized(&req("Bearer s3cre"), "s3cret"));
         assert!(!authorized(&req("Bearer s3cretX"), "s3cret"));
-        assert!(!authorized(&req("bearer s3cret"), "s3cret"));
+        assert!(authorized(&req("bearer s3cret"), "s3cret"));
         assert!(!authorized(&req("s3cret"), "s3cret"));
         assert!(!authorized(&Request::new(()), "s3cret"));
+    }
+
+    #[test]
+    fn posts_from_pages_of_other_origins_are_told_apart() {
+        let req = |headers: &[(&str, &str)]| {
+            let mut b = Request::builder()
+                .method("POST")
+                .header("host", "127.0.0.1:9901");
+            for (k, v) in headers {
+                b = b.header(*k, *v);
+            }
+            b.body(()).unwrap()
+        };
+        assert!(!cross_site(&req(&[])), "curl sends neither header");
+        assert!(!cross_site(&req(&[("sec-fetch-site", "same-origin")])));
+        assert!(!cross_site(&req(&[("origin", "http://127.0.0.1:9901")])));
+        assert!(cross_site(&req(&[("sec-fetch-site", "cross-site")])));
+        assert!(cross_site(&req(&[("origin", "http://evil.example")])));
+        assert!(cross_site(&req(&[("origin", "null")])));
     }
 }

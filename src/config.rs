@@ -1118,11 +1118,14 @@ impl Config {
                     )
                 })?;
                 let token = match &a.token {
-                    Some(t) if t.get_ref().is_empty() => {
+                    Some(t)
+                        if t.get_ref().is_empty()
+                            || !t.get_ref().bytes().all(|b| b.is_ascii_graphic()) =>
+                    {
                         return Err(at(
                             t.span(),
                             "admin.token",
-                            "an empty token is not allowed, expected a secret string".into(),
+                            "expected a non-empty secret of printable ASCII characters without spaces (it is sent in an HTTP header)".into(),
                         ));
                     }
                     t => t.as_ref().map(|t| t.get_ref().clone()),
@@ -1134,6 +1137,16 @@ impl Config {
                         "admin.address",
                         format!(
                             "{address} is not a loopback address, so admin.token must be set: anyone who can reach it could take backends out and reload the config"
+                        ),
+                    ));
+                }
+                if address.port() != 0 && listeners.iter().any(|l| l.address == address) {
+                    let span = a.address.as_ref().map_or(0..0, |v| v.span());
+                    return Err(at(
+                        span,
+                        "admin.address",
+                        format!(
+                            "{address} is also a [[listener]] address, expected an address of its own"
                         ),
                     ));
                 }
@@ -1160,6 +1173,14 @@ impl Config {
         };
         let access_log = match (&raw.log.format, access_log) {
             (None, a) => a,
+            (Some(f), None) => {
+                return Err(at(
+                    f.span(),
+                    "log.format",
+                    "set without log.access, expected log.access too (\"stdout\" or a file path)"
+                        .into(),
+                ));
+            }
             (Some(f), a) => {
                 let format = match f.get_ref().as_str() {
                     "combined" => AccessFormat::Combined,
@@ -1414,6 +1435,14 @@ backends = [{ address = "127.0.0.1:8881" }]
             "pinlb.toml:9:11: admin.address: invalid address \"localhost\", expected IP:PORT such as \"127.0.0.1:9901\""
         );
         assert!(err(&format!("{MINIMAL}[admin]\nport = 1\n")).contains("unknown field `port`"));
+        assert_eq!(
+            err(&format!("{MINIMAL}[admin]\naddress = \"127.0.0.1:8888\"\n")),
+            "pinlb.toml:9:11: admin.address: 127.0.0.1:8888 is also a [[listener]] address, expected an address of its own"
+        );
+        assert!(
+            err(&format!("{MINIMAL}[admin]\ntoken = \"two words\"\n"))
+                .starts_with("pinlb.toml:9:9: admin.token: expected a non-empty secret")
+        );
     }
 
     #[test]
@@ -1432,6 +1461,10 @@ backends = [{ address = "127.0.0.1:8881" }]
                 "{MINIMAL}[log]\naccess = \"/tmp/a.log\"\nformat = \"jsonl\"\n"
             )),
             "pinlb.toml:10:10: log.format: unknown value \"jsonl\", expected one of combined, json"
+        );
+        assert_eq!(
+            err(&format!("{MINIMAL}[log]\nformat = \"json\"\n")),
+            "pinlb.toml:9:10: log.format: set without log.access, expected log.access too (\"stdout\" or a file path)"
         );
     }
 

@@ -594,6 +594,11 @@ async fn attempt(
         .shared
         .counting
         .then(|| &upstream.shared.backends[backend].stats);
+    let opened = || {
+        if let Some(s) = stats {
+            s.connections_opened.fetch_add(1, Ordering::Relaxed);
+        }
+    };
     let mut conn = match upstream.checkout(backend).await {
         Some(conn) => {
             if let Some(s) = stats {
@@ -602,12 +607,11 @@ async fn attempt(
             conn
         }
         None => {
-            if let Some(s) = stats {
-                s.connections_opened.fetch_add(1, Ordering::Relaxed);
-            }
-            connect(addr, timeouts.connect)
+            let conn = connect(addr, timeouts.connect)
                 .await
-                .map_err(Failure::Connect)?
+                .map_err(Failure::Connect)?;
+            opened();
+            conn
         }
     };
     loop {
@@ -624,12 +628,10 @@ async fn attempt(
             Ok(head) => return Ok((head, conn)),
             Err(e) if conn.reused && e.is_stale() && resendable && body.replayable() => {
                 debug!(backend = %addr, "stale pooled connection ({e}), reconnecting");
-                if let Some(s) = stats {
-                    s.connections_opened.fetch_add(1, Ordering::Relaxed);
-                }
                 conn = connect(addr, timeouts.connect)
                     .await
                     .map_err(Failure::Connect)?;
+                opened();
             }
             Err(e) => return Err(Failure::Exchange(e)),
         }

@@ -14,6 +14,9 @@
 //!
 //! What a running process cannot change is kept as it was, and the reply says so: the worker
 //! cores (`runtime.cpus`), the admin listener, the access log and `limits.max_connections`.
+//! `limits.max_header_bytes`, `max_headers`, `header_timeout` and `timeouts.client_idle` are
+//! fixed per client connection when it is accepted, so they apply to connections accepted after
+//! the reload; everything else applies to the next request on every connection.
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -27,14 +30,40 @@ use crate::upstream::SharedUpstream;
 /// its runtime, so only a stuck worker takes longer.
 const SWITCH_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why a reload did not (fully) happen.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReloadError {
+    /// Nothing changed: no file, an invalid one, a port that can't be bound, or an earlier
+    /// reload still being applied.
+    #[error("reload failed, the running configuration stays: {0}")]
+    Refused(String),
+    /// The new generation went out but not every worker confirmed it in time: some may still
+    /// run the previous one.
+    #[error("{0}")]
+    Unconfirmed(String),
+}
+
 /// Reloads the configuration file; returns a summary of what changed, or why nothing did.
-pub(crate) async fn reload(process: &Process) -> Result<String, String> {
+pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
     let _one_at_a_time = process.reloading.lock().await;
-    let path = process.config_path.as_ref().ok_or(
-        "pinlb was started without a configuration file, so there is nothing to read again",
-    )?;
-    let mut config = Config::load_for(path, &process.allowed).map_err(|e| e.to_string())?;
+    let refused = |e: String| ReloadError::Refused(e);
+    let path = process.config_path.as_ref().ok_or_else(|| {
+        refused(
+            "pinlb was started without a configuration file, so there is nothing to read again"
+                .into(),
+        )
+    })?;
+    let mut config =
+        Config::load_for(path, &process.allowed).map_err(|e| refused(e.to_string()))?;
     let current = process.generations.borrow().clone();
+    // A worker that skipped a generation would never take that generation's new sockets.
+    let switched = current.acked.load(std::sync::atomic::Ordering::Relaxed);
+    if switched < process.workers {
+        return Err(refused(format!(
+            "generation {} is not running on every worker yet ({switched} of {}); try again",
+            current.number, process.workers
+        )));
+    }
     let before = &current.config;
 
     let mut kept = Vec::new();
@@ -65,8 +94,8 @@ pub(crate) async fn reload(process: &Process) -> Result<String, String> {
 
     let running_keys = listener_keys(&before.listeners);
     let running = |k: &_| running_keys.contains(k);
-    let (sockets, bound) =
-        bind_listeners(&config.listeners, process.workers, running).map_err(|e| e.to_string())?;
+    let (sockets, bound) = bind_listeners(&config.listeners, process.workers, running)
+        .map_err(|e| refused(e.to_string()))?;
     let counting = config.admin.is_some();
     let upstreams: Vec<Arc<SharedUpstream>> = config
         .upstreams
@@ -94,9 +123,10 @@ pub(crate) async fn reload(process: &Process) -> Result<String, String> {
     match tokio::time::timeout(SWITCH_TIMEOUT, generation.applied.acquire_many(workers)).await {
         Ok(Ok(permits)) => permits.forget(),
         _ => {
-            return Err(format!(
-                "generation {number} was sent, but not every worker switched within {SWITCH_TIMEOUT:?}"
-            ));
+            return Err(ReloadError::Unconfirmed(format!(
+                "generation {number} was sent, but not every worker confirmed it within {SWITCH_TIMEOUT:?}; some may still run generation {}",
+                number - 1
+            )));
         }
     }
     Ok(format!("reloaded: generation {number}\n{summary}"))

@@ -29,7 +29,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::LocalSet;
 use tracing::{debug, error, info, warn};
 
-use crate::accesslog::{AccessHandle, AccessLog, Batch, Entry, LoggedBody};
+use crate::accesslog::{AccessHandle, AccessLog, Batch, LoggedBody, Pending};
 use crate::config::{Config, Limits, Listener};
 use crate::cpus::{format_cpu_list, pin_current_thread};
 use crate::idle::{self, Activity, Expired, TrackedIo};
@@ -190,7 +190,7 @@ impl Server {
             .map(|u| Arc::new(SharedUpstream::new(u.clone(), counting)))
             .collect();
         let first = Arc::new(Generation::new(1, config.clone(), upstreams, sockets));
-        let (generations, generation_rx) = watch::channel(first);
+        let (generations, generation_rx) = watch::channel(first.clone());
         let process = Arc::new(Process {
             generations,
             registered: Registered::default(),
@@ -209,11 +209,11 @@ impl Server {
         let mut threads = Vec::with_capacity(cpus.len());
         for (worker, core) in cpus.iter().copied().enumerate() {
             let process = process.clone();
-            let generations = generation_rx.clone();
+            let (first, generations) = (first.clone(), generation_rx.clone());
             let stop = stop_rx.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("pinlb-w{worker}"))
-                .spawn(move || worker_main(worker, core, process, generations, stop))
+                .spawn(move || worker_main(worker, core, process, first, generations, stop))
                 .map_err(|source| ServerError::Worker { worker, source })?;
             threads.push(handle);
         }
@@ -236,7 +236,7 @@ impl Server {
         });
         info!(
             "shutting down: no new connections; in-flight requests get up to {:?}",
-            config.runtime.shutdown_timeout
+            process.generations.borrow().config.runtime.shutdown_timeout
         );
         let _ = stop_tx.send(true);
 
@@ -331,7 +331,7 @@ async fn control_loop(process: Arc<Process>, hangups: Option<Hangups>, access: O
                     info!("SIGHUP: reloading the configuration");
                     match reload::reload(&process).await {
                         Ok(summary) => info!("{summary}"),
-                        Err(e) => error!("reload failed, the running configuration stays: {e}"),
+                        Err(e) => error!("{e}"),
                     }
                 }
                 Some(()) = recv_signal(&mut usr1) => {
@@ -383,8 +383,11 @@ pub(crate) struct Generation {
     /// Sockets for the listeners this generation adds, `[worker]` → (listener key, socket).
     /// Each worker takes its own.
     sockets: Vec<std::sync::Mutex<Vec<(ListenerKey, std::net::TcpListener)>>>,
-    /// Each worker adds a permit once it has switched to this generation.
+    /// Each worker adds a permit once it has switched to this generation; a reload waits for
+    /// all of them.
     pub applied: Semaphore,
+    /// Workers that have switched to this generation; a reload is refused until all have.
+    pub acked: std::sync::atomic::AtomicUsize,
 }
 
 impl Generation {
@@ -400,7 +403,14 @@ impl Generation {
             upstreams,
             sockets: sockets.into_iter().map(std::sync::Mutex::new).collect(),
             applied: Semaphore::new(0),
+            acked: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// Called by each worker once it runs this generation.
+    fn acknowledge(&self) {
+        self.acked.fetch_add(1, Ordering::Relaxed);
+        self.applied.add_permits(1);
     }
 
     fn take_sockets(&self, worker: usize) -> Vec<(ListenerKey, std::net::TcpListener)> {
@@ -448,6 +458,7 @@ fn worker_main(
     worker: usize,
     core: usize,
     process: Arc<Process>,
+    first: Arc<Generation>,
     mut generations: watch::Receiver<Arc<Generation>>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ServerError> {
@@ -491,9 +502,12 @@ fn worker_main(
             });
             state.batch = Some(batch);
         }
-        let first = generations.borrow_and_update().clone();
+        // The first generation is the one this worker's sockets were bound for. A reload that
+        // came before the thread got here is seen as a change right after, so its new
+        // listeners' sockets are taken too.
         state.apply(&first)?;
-        first.applied.add_permits(1);
+        first.acknowledge();
+        drop(first);
         // A reload is acknowledged once the listeners it removed are closed, so that when it
         // returns, connecting to them is refused.
         let closed = |tasks: Vec<tokio::task::JoinHandle<()>>| async move {
@@ -513,7 +527,7 @@ fn worker_main(
                         Ok(removed) => closed(removed).await,
                         Err(e) => error!("worker {worker}: {e}"),
                     }
-                    generation.applied.add_permits(1);
+                    generation.acknowledge();
                 }
             }
         }
@@ -533,9 +547,9 @@ fn worker_main(
         for (_, l) in listeners {
             let _ = l.task.await;
         }
-        // The listening sockets are closed now; wait for open connections to finish.
-        let timeout = first.config.runtime.shutdown_timeout;
-        drop(first);
+        // The listening sockets are closed now; wait for open connections to finish, as long
+        // as the running configuration allows.
+        let timeout = generations.borrow().config.runtime.shutdown_timeout;
         // The accept loops have ended and dropped their handles, so this is the last one.
         let Ok(graceful) = Rc::try_unwrap(graceful) else {
             error!("worker {worker}: connection tracker still shared at shutdown; not waiting for open connections");
@@ -706,6 +720,8 @@ async fn accept_loop(
             _ = removed.wait_for(|s| *s) => return,
             a = accept(&listener) => a,
         };
+        // Limits hyper enforces per connection (head size, header count) and the watchdog's
+        // timeouts are taken now; the rest of the rules and the route are read per request.
         let rules = route.rules.borrow().clone();
         let limits = rules.limits;
         let client_idle = route.upstream.borrow().shared.config.timeouts.client_idle;
@@ -720,7 +736,9 @@ async fn accept_loop(
         builder.max_header_size(limits.max_header_bytes);
         builder.max_headers(limits.max_headers);
 
-        let client = Rc::new(Client::new(peer, &rules.trusted));
+        // What a request needs to know about its client, recomputed only after a reload changed
+        // the rules (`forwarded.trusted` above all).
+        let client = RefCell::new((rules.clone(), Rc::new(Client::new(peer, &rules.trusted))));
         let activity = Rc::new(Activity::accepted());
         let io = TrackedIo::new(TokioIo::new(stream), activity.clone());
         let requests = activity.clone();
@@ -735,19 +753,22 @@ async fn accept_loop(
             if let Some(s) = &counted {
                 s.requests.fetch_add(1, Ordering::Relaxed);
             }
-            let entry = access.as_ref().map(|_| Entry::start(&req, peer));
+            let pending = access
+                .as_ref()
+                .map(|batch| Pending::start(&req, peer, batch));
             let upstream = route.upstream.borrow().clone();
-            let forwarded = proxy::handle(upstream, client.clone(), limits, req, entry.is_some());
-            let access = access.clone();
+            let (limits, client) = {
+                let now = route.rules.borrow();
+                let mut cached = client.borrow_mut();
+                if !Rc::ptr_eq(&cached.0, &now) {
+                    *cached = (now.clone(), Rc::new(Client::new(peer, &now.trusted)));
+                }
+                (now.limits, cached.1.clone())
+            };
+            let forwarded = proxy::handle(upstream, client, limits, req, pending.is_some());
             async move {
                 let (resp, upstreamed) = forwarded.await?;
-                let logged = match (entry, access) {
-                    (Some(mut entry), Some(access)) => {
-                        entry.responded(resp.status(), upstreamed);
-                        Some((entry, access))
-                    }
-                    _ => None,
-                };
+                let logged = pending.and_then(|p| p.responded(resp.status(), upstreamed));
                 Ok::<_, std::convert::Infallible>(
                     resp.map(|body| LoggedBody::new(body, active, logged)),
                 )

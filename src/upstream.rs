@@ -297,6 +297,10 @@ impl SharedUpstream {
                 match before.and_then(|u| u.backends.iter().find(|s| s.address == b.address)) {
                     Some(state) => {
                         state.configure(b);
+                        // Without checks nothing else would ever bring it back up.
+                        if config.health.is_none() {
+                            state.set_up(true);
+                        }
                         state.clone()
                     }
                     None => Arc::new(BackendState::new(b)),

@@ -26,6 +26,12 @@ fn with_admin(backends: &[SocketAddr]) -> Setup {
     setup
 }
 
+/// Up to two workers, on the first two allowed cores: reloads must reach every worker.
+fn two_workers(mut setup: Setup) -> Setup {
+    setup.cpus = allowed().into_iter().take(2).collect();
+    setup
+}
+
 fn labels(backend: SocketAddr) -> String {
     format!("upstream=\"app\",backend=\"{backend}\"")
 }
@@ -166,6 +172,10 @@ async fn a_token_is_required_when_set_and_unknown_paths_and_methods_are_refused(
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
     let r = proxy.admin(Method::GET, "/status", Some("s3cret")).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    // The page loads without the token (a browser sends none); it then asks for it.
+    let page = proxy.admin(Method::GET, "/", None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("pinlb admin token"), "{}", page.body);
 
     let r = proxy.admin(Method::GET, "/nope", Some("s3cret")).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
@@ -256,12 +266,17 @@ fn reload_config(backends: &[SocketAddr], extra: &str) -> String {
     setup.toml()
 }
 
+/// [`reload_config`] with up to two workers.
+fn two_workers_config(backends: &[SocketAddr]) -> String {
+    two_workers(with_admin(backends)).toml()
+}
+
 #[tokio::test]
 async fn reload_under_load_swaps_a_backend_without_a_single_error() {
     let old = Backend::start("old").await;
     let kept = Backend::start("kept").await;
     let new = Backend::start("new").await;
-    let proxy = Proxy::start_file(&reload_config(&[old.addr, kept.addr], ""));
+    let proxy = Proxy::start_file(&two_workers_config(&[old.addr, kept.addr]));
 
     // Four clients, each on its own keep-alive connection, request after request.
     let (stop_tx, stop) = watch::channel(false);
@@ -287,7 +302,7 @@ async fn reload_under_load_swaps_a_backend_without_a_single_error() {
     }
     old.wait_for_hits(20).await;
 
-    proxy.rewrite(&reload_config(&[new.addr, kept.addr], ""));
+    proxy.rewrite(&two_workers_config(&[new.addr, kept.addr]));
     let r = proxy.admin(Method::POST, "/reload", None).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     assert!(
@@ -532,4 +547,132 @@ async fn the_binary_reloads_on_sighup_and_reopens_the_access_log_on_sigusr1() {
     assert!(after.contains(&b.addr.to_string()), "{after}");
     let _ = std::fs::remove_file(&log);
     let _ = std::fs::remove_file(&rotated);
+}
+
+#[tokio::test]
+async fn a_post_from_a_page_of_another_origin_is_refused() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start(&with_admin(&[a.addr]));
+    let addr = proxy.admin.unwrap();
+    let path = format!("/backends/{}/disable", a.addr);
+    let mut req = request(Method::POST, &path, empty());
+    req.headers_mut()
+        .insert("origin", "http://evil.example".parse().unwrap());
+    let r = Conn::open(addr).await.fetch(req).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+    assert_eq!(
+        get(proxy.addr, "/").await.backend(),
+        "a",
+        "the backend was disabled"
+    );
+    // The page's own requests, and clients that are not browsers, are served.
+    let mut req = request(Method::POST, &path, empty());
+    req.headers_mut()
+        .insert("sec-fetch-site", "same-origin".parse().unwrap());
+    let r = Conn::open(addr).await.fetch(req).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
+#[tokio::test]
+async fn an_open_keep_alive_connection_follows_a_reload_of_the_trusted_proxies() {
+    let a = Backend::start("a").await;
+    let trusting = reload_config(&[a.addr], "\n[forwarded]\ntrusted = [\"127.0.0.1\"]\n");
+    let proxy = Proxy::start_file(&trusting);
+    let mut conn = Conn::open(proxy.addr).await;
+    let spoofed = || {
+        let mut req = request(Method::GET, "/", empty());
+        req.headers_mut()
+            .insert("x-forwarded-for", "203.0.113.9".parse().unwrap());
+        req
+    };
+    let xff = |a: &Backend| {
+        a.requests()
+            .last()
+            .unwrap()
+            .headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    assert_eq!(conn.fetch(spoofed()).await.status, StatusCode::OK);
+    assert_eq!(xff(&a), "203.0.113.9, 127.0.0.1");
+
+    proxy.rewrite(&reload_config(&[a.addr], ""));
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(conn.fetch(spoofed()).await.status, StatusCode::OK);
+    assert_eq!(
+        xff(&a),
+        "127.0.0.1",
+        "the same connection is no longer trusted"
+    );
+}
+
+#[tokio::test]
+async fn removing_health_checks_in_a_reload_brings_a_down_backend_back() {
+    let a = Backend::start("a").await;
+    let checked = reload_config(
+        &[a.addr],
+        "[upstream.app.health]\npath = \"/health\"\ninterval = \"100ms\"\ntimeout = \"50ms\"\nfall = 1\nrise = 1\n",
+    );
+    let proxy = Proxy::start_file(&checked);
+    a.set_health(503);
+    // Bounded: a check runs every 100 ms.
+    let mut down = false;
+    for _ in 0..100 {
+        if proxy.status().await["upstreams"][0]["backends"][0]["health"] == "down" {
+            down = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(down, "health checks never took the backend down");
+    assert_eq!(
+        get(proxy.addr, "/").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+
+    proxy.rewrite(&reload_config(&[a.addr], ""));
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(get(proxy.addr, "/").await.backend(), "a");
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_before_the_response_is_logged_with_499() {
+    let slow = Backend::start("slow").await;
+    let path = temp_config("");
+    let mut setup = Setup::with(&[slow.addr]);
+    setup.extra = format!(
+        "[log]\naccess = \"{}\"\nformat = \"json\"\n",
+        path.display()
+    );
+    let proxy = Proxy::start(&setup);
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut s, b"GET /sleep/3000 HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    slow.wait_for_hits(1).await;
+    drop(s);
+    // A complete exchange too, so the exact byte count is checked as well.
+    let r = get(proxy.addr, "/done").await;
+    assert_eq!(r.status, StatusCode::OK);
+    proxy.join(WAIT).await.unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let gone = lines
+        .iter()
+        .find(|v| v["path"] == "/sleep/3000")
+        .unwrap_or_else(|| panic!("no line for the abandoned request in:\n{text}"));
+    assert_eq!(gone["status"], 499, "{text}");
+    assert_eq!(gone["bytes"], 0);
+    let done = lines.iter().find(|v| v["path"] == "/done").unwrap();
+    assert_eq!(done["status"], 200);
+    assert_eq!(done["bytes"], r.body.len());
+    let _ = std::fs::remove_file(&path);
 }
