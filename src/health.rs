@@ -197,11 +197,11 @@ pub async fn run(upstreams: Vec<Arc<SharedUpstream>>) {
 
 async fn check_loop(up: Arc<SharedUpstream>, backend: usize, health: Health, offset: Duration) {
     let state = &up.backends[backend];
-    // After a reload the loop starts again for a backend that may be down: it stays down until
-    // `rise` passes.
+    // After a reload the loop starts again, from the backend's state and the streak the last
+    // loop left: frequent reloads must not keep a failing backend from ever reaching `fall`.
     let mut checks = Checks {
         up: state.is_up(),
-        streak: 0,
+        streak: state.check_streak(),
     };
     let mut next = tokio::time::Instant::now() + offset;
     loop {
@@ -214,7 +214,9 @@ async fn check_loop(up: Arc<SharedUpstream>, backend: usize, health: Health, off
         if up.counting {
             state.stats.check_time.observe(started.elapsed());
         }
-        let Some(up_now) = checks.record(result.is_ok(), health.rise, health.fall) else {
+        let changed = checks.record(result.is_ok(), health.rise, health.fall);
+        state.set_check_streak(checks.streak);
+        let Some(up_now) = changed else {
             continue;
         };
         state.set_up(up_now);

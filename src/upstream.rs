@@ -104,6 +104,9 @@ pub struct BackendState {
     in_flight: AtomicUsize,
     /// Active health: false while checks hold the backend down. Always true without checks.
     up: AtomicBool,
+    /// Consecutive check results that disagree with `up`, kept here so that the check loop a
+    /// reload starts again goes on counting.
+    check_streak: AtomicU32,
     /// [`AdminState`], as set through the admin API.
     admin: AtomicU8,
     /// Passive accounting, the fields of a [`FailWindow`]. Workers update them with plain
@@ -128,6 +131,7 @@ impl BackendState {
             slow_start_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             up: AtomicBool::new(true),
+            check_streak: AtomicU32::new(0),
             admin: AtomicU8::new(AdminState::Active as u8),
             fails: AtomicU32::new(0),
             fails_since_ms: AtomicU64::new(0),
@@ -178,6 +182,14 @@ impl BackendState {
             self.store_window(FailWindow::default());
             self.start_ramp();
         }
+    }
+
+    pub fn check_streak(&self) -> u32 {
+        self.check_streak.load(Ordering::Relaxed)
+    }
+
+    pub fn set_check_streak(&self, n: u32) {
+        self.check_streak.store(n, Ordering::Relaxed);
     }
 
     /// Whether the backend is inside a passive skip window.
@@ -300,6 +312,7 @@ impl SharedUpstream {
                         // Without checks nothing else would ever bring it back up.
                         if config.health.is_none() {
                             state.set_up(true);
+                            state.set_check_streak(0);
                         }
                         state.clone()
                     }

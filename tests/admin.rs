@@ -676,3 +676,31 @@ async fn a_client_that_leaves_before_the_response_is_logged_with_499() {
     assert_eq!(done["bytes"], r.body.len());
     let _ = std::fs::remove_file(&path);
 }
+
+#[tokio::test]
+async fn a_reload_does_not_restart_the_count_of_failed_checks() {
+    let a = Backend::start("a").await;
+    a.set_health(503);
+    let checked = reload_config(
+        &[a.addr],
+        "[upstream.app.health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"100ms\"\nfall = 3\nrise = 1\n",
+    );
+    let proxy = Proxy::start_file(&checked);
+    a.wait_for_probes(2).await;
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    // Bounded: probes come every 200 ms.
+    for _ in 0..200 {
+        if proxy.status().await["upstreams"][0]["backends"][0]["health"] == "down" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let probes = a.probes();
+    assert_eq!(
+        proxy.status().await["upstreams"][0]["backends"][0]["health"],
+        "down"
+    );
+    // The third failure takes it down: the two from before the reload still count.
+    assert!(probes <= 3, "down only after {probes} failed probes");
+}
