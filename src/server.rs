@@ -777,14 +777,15 @@ async fn accept_loop(
         let conn = graceful.watch(builder.serve_connection(io, service));
         let header_timeout = limits.header_timeout;
         let process = process.clone();
-        let closed = stats.clone();
+        // Counted however the task ends, even aborted before its first poll.
+        let closed = Closed(stats.clone());
         // The connection and its watchdog are two tasks, so that the watchdog (its timer, and
         // the shared notification of `max_connections` pressure, whose polling takes a lock) is
         // polled only when it has something to check, never on the connection's every wake.
         let mut serving = tokio::task::spawn_local(async move {
             // The connection's slot is free again when this task ends or is aborted.
             let _slot = slot;
-            let _closed = Closed(closed);
+            let _closed = closed;
             if let Err(e) = conn.await {
                 log_connection_error(peer, &e);
             }
