@@ -112,23 +112,12 @@ chmod 755 "$WORK" # nginx workers may run as an unprivileged user when root
 PIDS=()           # every long-lived process we started
 WRK_PID=""
 
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    set +e
-    if [[ -n $WRK_PID ]]; then kill "$WRK_PID" 2>/dev/null || true; fi
-    stop_all "${PIDS[@]}"
-    wait 2>/dev/null || true
-    remove_work
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+running_pids() { echo "$WRK_PID" "${PIDS[@]}"; }
 
 # ---------------------------------------------------------------- helpers
 # shellcheck source=benches/lib.sh
 source "$ROOT/benches/lib.sh"
+install_cleanup
 
 run_wrk() { # PORT DURATION OUTFILE
     taskset -c 1 wrk -t1 -c"$CONNS" -d"$2" --latency "http://127.0.0.1:$1/" >"$3" 2>&1 &

@@ -144,23 +144,12 @@ PIDS=()           # the proxies
 BPID=()           # backend i (1-3): pid of its nginx master = its process group
 WRK_PID=""
 
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    set +e
-    if [[ -n $WRK_PID ]]; then kill "$WRK_PID" 2>/dev/null || true; fi
-    stop_all "${PIDS[@]}" "${BPID[@]}"
-    wait 2>/dev/null || true
-    remove_work
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+running_pids() { echo "$WRK_PID" "${PIDS[@]}" "${BPID[@]}"; }
 
 # ---------------------------------------------------------------- helpers
 # shellcheck source=benches/lib.sh
 source "$ROOT/benches/lib.sh"
+install_cleanup
 
 # render TEMPLATE DEST PORT DIR
 render() {

@@ -109,21 +109,11 @@ PIDS=()
 CLIENT_PID=""
 PROXY_PID=""
 
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    set +e
-    stop_all "$CLIENT_PID" "$PROXY_PID" "${PIDS[@]}"
-    wait 2>/dev/null || true
-    remove_work
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+running_pids() { echo "$CLIENT_PID" "$PROXY_PID" "${PIDS[@]}"; }
 
 # shellcheck source=benches/lib.sh
 source "$ROOT/benches/lib.sh"
+install_cleanup
 
 render() { # TEMPLATE DEST PORT DIR
     sed -e "s|@DIR@|$4|g" -e "s|@PORT@|$3|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" \

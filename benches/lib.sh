@@ -132,6 +132,27 @@ stop_all() {
     for pid in "${all[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
 }
 
+# install_cleanup: on exit, Ctrl-C or TERM, stop every process the script's own `running_pids`
+# prints (with their children), wait for them, remove $WORK (remove_work) and exit with the
+# script's status.
+install_cleanup() {
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    set +e
+    local pids
+    read -r -a pids < <(running_pids)
+    stop_all "${pids[@]}"
+    wait 2>/dev/null || true
+    remove_work
+    exit "$rc"
+}
+
 # remove_work: the temp dir $WORK goes, unless KEEP_TMP=1.
 remove_work() {
     if [[ $KEEP_TMP == 1 ]]; then

@@ -109,23 +109,12 @@ chmod 755 "$WORK" # nginx workers may run as an unprivileged user when root
 BACKEND_PID=""
 GEN_PID=""
 
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    set +e
-    if [[ -n $GEN_PID ]]; then kill "$GEN_PID" 2>/dev/null || true; fi
-    stop_all "$BACKEND_PID"
-    wait 2>/dev/null || true
-    remove_work
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+running_pids() { echo "$GEN_PID" "$BACKEND_PID"; }
 
 # ---------------------------------------------------------------- helpers
 # shellcheck source=benches/lib.sh
 source "$ROOT/benches/lib.sh"
+install_cleanup
 
 # Sets CHILD_TIMES to the user and system time of this shell's waited-for
 # children so far, as bash's `times` prints them on its second line

@@ -92,21 +92,11 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/pinlb-soak.XXXXXX")
 PIDS=()        # long-lived processes: pinlb and the client loops
 BACKEND_PID=() # by backend index 1-3
 
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    set +e
-    stop_all "${PIDS[@]}" "${BACKEND_PID[@]}"
-    wait 2>/dev/null || true
-    remove_work
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+running_pids() { echo "${PIDS[@]}" "${BACKEND_PID[@]}"; }
 
 # shellcheck source=benches/lib.sh
 source "$ROOT/benches/lib.sh"
+install_cleanup
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 fds() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
