@@ -238,7 +238,9 @@ fn control(process: &Process, address: &str, action: &str) -> Reply {
             );
         }
     };
-    let Ok(addr) = address.parse::<SocketAddr>() else {
+    // curl and browsers may percent-encode an IPv6 address's brackets and colons.
+    let decoded = percent_decode(address);
+    let Ok(addr) = decoded.parse::<SocketAddr>() else {
         return text(
             StatusCode::BAD_REQUEST,
             format!("400 Bad Request: \"{address}\" is not a backend address (IP:PORT)"),
@@ -268,6 +270,31 @@ fn control(process: &Process, address: &str, action: &str) -> Reply {
         StatusCode::OK,
         &json!({ "backend": addr.to_string(), "state": state.as_str(), "upstreams": upstreams }),
     )
+}
+
+/// `%XX` escapes decoded; anything malformed is left as it is (and then fails to parse).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// What the status page and `GET /status` show: the same picture as `/metrics`.
@@ -367,6 +394,14 @@ mod tests {
         assert!(authorized(&req("bearer s3cret"), "s3cret"));
         assert!(!authorized(&req("s3cret"), "s3cret"));
         assert!(!authorized(&Request::new(()), "s3cret"));
+    }
+
+    #[test]
+    fn backend_addresses_in_paths_may_be_percent_encoded() {
+        assert_eq!(percent_decode("%5B::1%5D:8080"), "[::1]:8080");
+        assert_eq!(percent_decode("%5b%3A%3a1%5d%3A80"), "[::1]:80");
+        assert_eq!(percent_decode("127.0.0.1:80"), "127.0.0.1:80");
+        assert_eq!(percent_decode("%zz%5"), "%zz%5");
     }
 
     #[test]
