@@ -86,19 +86,10 @@ die() {
 [[ $PORT_BASE =~ ^[0-9]+$ ]] || die "PORT_BASE must be a number (got '$PORT_BASE')"
 
 # ---------------------------------------------------------------- tools
-missing=()
-for t in nginx wrk; do command -v "$t" >/dev/null 2>&1 || missing+=("$t"); done
-if ((${#missing[@]} > 0)); then
-    if [[ $(id -u) -ne 0 ]]; then
-        die "missing ${missing[*]}; run as root or: apt-get install -y nginx-light wrk"
-    fi
-    log "installing nginx-light wrk (missing: ${missing[*]})"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y nginx-light wrk
-fi
-for t in nginx wrk curl taskset ss awk getconf sort; do
-    command -v "$t" >/dev/null 2>&1 || die "required tool '$t' not found"
-done
+# shellcheck source=benches/lib.sh
+source "$ROOT/benches/lib.sh"
+install_missing "nginx-light wrk" nginx wrk
+require nginx wrk curl taskset ss awk getconf sort
 [[ -x $PINLB ]] || die "pinlb binary not found at $PINLB (build it: cargo build --release, or set PINLB=...)"
 "$PINLB" backend --help >/dev/null 2>&1 || die "'$PINLB backend --help' failed: a pinlb without the backend command?"
 
@@ -115,27 +106,11 @@ WRK_PID=""
 running_pids() { echo "$WRK_PID" "${PIDS[@]}"; }
 
 # ---------------------------------------------------------------- helpers
-# shellcheck source=benches/lib.sh
-source "$ROOT/benches/lib.sh"
 install_cleanup
-
-run_wrk() { # PORT DURATION OUTFILE
-    taskset -c 1 wrk -t1 -c"$CONNS" -d"$2" --latency "http://127.0.0.1:$1/" >"$3" 2>&1 &
-    WRK_PID=$!
-    local rc=0
-    wait "$WRK_PID" || rc=$?
-    WRK_PID=""
-    if ((rc != 0)); then
-        cat "$3" >&2
-        die "wrk failed (rc=$rc) against port $1"
-    fi
-}
 
 # ---------------------------------------------------------------- start
 # Is the machine quiet? Sample both cores for 1 s before starting anything.
-j0=$(core_jiffies)
-sleep 1
-read -r IDLE_BUSY0 IDLE_BUSY1 < <(core_busy "$j0" "$(core_jiffies)")
+read -r IDLE_BUSY0 IDLE_BUSY1 < <(core_busy_1s)
 
 declare -A PORT PID_OF VERSION LOGF
 for s in "${SERVERS[@]}"; do

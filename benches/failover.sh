@@ -114,19 +114,10 @@ for p in "${PEER_LIST[@]}"; do
 done
 
 # ---------------------------------------------------------------- tools
-missing=()
-for t in nginx haproxy wrk; do command -v "$t" >/dev/null 2>&1 || missing+=("$t"); done
-if ((${#missing[@]} > 0)); then
-    if [[ $(id -u) -ne 0 ]]; then
-        die "missing ${missing[*]}; run as root or: apt-get install -y nginx-light haproxy wrk"
-    fi
-    log "installing nginx-light haproxy wrk (missing: ${missing[*]})"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y nginx-light haproxy wrk
-fi
-for t in nginx haproxy wrk curl taskset setsid ss awk sort grep; do
-    command -v "$t" >/dev/null 2>&1 || die "required tool '$t' not found"
-done
+# shellcheck source=benches/lib.sh
+source "$ROOT/benches/lib.sh"
+install_missing "nginx-light haproxy wrk" nginx haproxy wrk
+require nginx haproxy wrk curl taskset setsid ss awk sort grep
 if [[ " ${PEER_LIST[*]} " == *" pinlb "* ]]; then
     [[ -x $PINLB ]] || die "pinlb binary not found at $PINLB (build it: cargo build --release, or set PINLB=..., or PEERS=\"nginx haproxy\")"
     "$PINLB" --version >/dev/null 2>&1 || die "'$PINLB --version' failed"
@@ -147,8 +138,6 @@ WRK_PID=""
 running_pids() { echo "$WRK_PID" "${PIDS[@]}" "${BPID[@]}"; }
 
 # ---------------------------------------------------------------- helpers
-# shellcheck source=benches/lib.sh
-source "$ROOT/benches/lib.sh"
 install_cleanup
 
 # render TEMPLATE DEST PORT DIR
@@ -198,20 +187,6 @@ readmitted() {
         sleep 0.1
     done
     return 1
-}
-
-# busy% of cores 0 and 1 over 1 s (/proc/stat: busy = user+nice+system+irq+
-# softirq+steal; total adds idle+iowait).
-core_busy_1s() {
-    local a b
-    a=$(awk '$1 == "cpu0" || $1 == "cpu1" { b = $2 + $3 + $4 + $7 + $8 + $9; printf "%d %d ", b, b + $5 + $6 }' /proc/stat)
-    sleep 1
-    b=$(awk '$1 == "cpu0" || $1 == "cpu1" { b = $2 + $3 + $4 + $7 + $8 + $9; printf "%d %d ", b, b + $5 + $6 }' /proc/stat)
-    awk -v a="$a" -v b="$b" 'BEGIN {
-        split(a, x, " "); split(b, y, " ")
-        printf "%.0f %.0f\n", (y[2] > x[2]) ? 100 * (y[1] - x[1]) / (y[2] - x[2]) : 0,
-            (y[4] > x[4]) ? 100 * (y[3] - x[3]) / (y[4] - x[4]) : 0
-    }'
 }
 
 since() { awk -v t0="$1" -v n="$EPOCHREALTIME" 'BEGIN { printf "%.2f\n", n - t0 }'; }

@@ -97,6 +97,14 @@ core_busy() { # "SNAP0" "SNAP1"
     }'
 }
 
+# core_busy_1s: "BUSY0 BUSY1", the % busy of cores 0 and 1 over the next second.
+core_busy_1s() {
+    local j0
+    j0=$(core_jiffies)
+    sleep 1
+    core_busy "$j0" "$(core_jiffies)"
+}
+
 affinity() { taskset -pc "$1" 2>/dev/null | awk -F': ' '{print $2}'; }
 
 # Convert a wrk time ("812.00us", "1.23ms", "2.00s", "1.00m", "1.00h") to us.
@@ -130,6 +138,41 @@ stop_all() {
         sleep 0.1
     done
     for pid in "${all[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+
+# install_missing "PACKAGES" CMD...: when any CMD is missing, installs the Debian PACKAGES with
+# apt-get (as root; otherwise dies saying what to install).
+install_missing() {
+    local pkgs=$1 missing=() t
+    shift
+    for t in "$@"; do command -v "$t" >/dev/null 2>&1 || missing+=("$t"); done
+    ((${#missing[@]})) || return 0
+    [[ $(id -u) -eq 0 ]] || die "missing ${missing[*]}; run as root or: apt-get install -y $pkgs"
+    log "installing $pkgs (missing: ${missing[*]})"
+    apt-get update -qq
+    local list
+    read -r -a list <<<"$pkgs"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "${list[@]}"
+}
+
+# require CMD...: dies naming the first command not found.
+require() {
+    local t
+    for t in "$@"; do command -v "$t" >/dev/null 2>&1 || die "required tool '$t' not found"; done
+}
+
+# run_wrk PORT DURATION OUTFILE: wrk -t1 -c$CONNS --latency on core 1 against the port, its output
+# in OUTFILE; dies with that output if wrk fails. $WRK_PID names it while it runs (for cleanup).
+run_wrk() {
+    taskset -c 1 wrk -t1 -c"$CONNS" -d"$2" --latency "http://127.0.0.1:$1/" >"$3" 2>&1 &
+    WRK_PID=$!
+    local rc=0
+    wait "$WRK_PID" || rc=$?
+    WRK_PID=""
+    if ((rc != 0)); then
+        cat "$3" >&2
+        die "wrk failed (rc=$rc) against port $1"
+    fi
 }
 
 # install_cleanup: on exit, Ctrl-C or TERM, stop every process the script's own `running_pids`

@@ -83,19 +83,10 @@ die() {
 [[ $DURATION =~ ^[0-9]+[smh]$ ]] || die "DURATION must look like 10s or 2m (got '$DURATION'): both tools must parse it"
 
 # ---------------------------------------------------------------- tools
-missing=()
-for t in nginx wrk; do command -v "$t" >/dev/null 2>&1 || missing+=("$t"); done
-if ((${#missing[@]} > 0)); then
-    if [[ $(id -u) -ne 0 ]]; then
-        die "missing ${missing[*]}; run as root or: apt-get install -y nginx-light wrk"
-    fi
-    log "installing nginx-light wrk (missing: ${missing[*]})"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y nginx-light wrk
-fi
-for t in nginx wrk curl taskset ss awk getconf sort; do
-    command -v "$t" >/dev/null 2>&1 || die "required tool '$t' not found"
-done
+# shellcheck source=benches/lib.sh
+source "$ROOT/benches/lib.sh"
+install_missing "nginx-light wrk" nginx wrk
+require nginx wrk curl taskset ss awk getconf sort
 [[ -x $PINLB ]] || die "pinlb binary not found at $PINLB (build it: cargo build --release, or set PINLB=...)"
 "$PINLB" bench --help >/dev/null 2>&1 || die "'$PINLB bench --help' failed: is this a pinlb with the bench command?"
 
@@ -112,8 +103,6 @@ GEN_PID=""
 running_pids() { echo "$GEN_PID" "$BACKEND_PID"; }
 
 # ---------------------------------------------------------------- helpers
-# shellcheck source=benches/lib.sh
-source "$ROOT/benches/lib.sh"
 install_cleanup
 
 # Sets CHILD_TIMES to the user and system time of this shell's waited-for
@@ -169,9 +158,7 @@ run_tool() {
 }
 
 # ---------------------------------------------------------------- start
-j0=$(core_jiffies)
-sleep 1
-read -r IDLE_BUSY0 IDLE_BUSY1 < <(core_busy "$j0" "$(core_jiffies)")
+read -r IDLE_BUSY0 IDLE_BUSY1 < <(core_busy_1s)
 
 PORT=""
 for ((p = PORT_BASE; p < PORT_BASE + 200; p++)); do
