@@ -214,15 +214,6 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 
 # ---------------------------------------------------------------- summary
-# stats SERVER COLUMN -> "median min max" of that column over rounds
-stats() {
-    awk -F'\t' -v s="$1" -v c="$2" '$2 == s {print $c}' "$RAW" | sort -g |
-        awk '{ a[NR] = $1 } END {
-            if (NR == 0) { print "nan nan nan"; exit }
-            m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
-            print m, a[1], a[NR]
-        }'
-}
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%.2f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; else print "n/a" }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 
@@ -276,10 +267,4 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
     echo "</details>"
 } >"$MD"
 
-echo
-cat "$MD"
-if mkdir -p "$(dirname -- "$OUT_MD")" && cp "$MD" "$OUT_MD"; then
-    log "report written to $OUT_MD"
-else
-    log "WARNING: could not write $OUT_MD"
-fi
+publish_report "$MD"

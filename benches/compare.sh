@@ -213,15 +213,6 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 
 # ---------------------------------------------------------------- summary
-# stats PEER COLUMN -> "median min max" of that column over rounds
-stats() {
-    awk -F'\t' -v p="$1" -v c="$2" '$2 == p {print $c}' "$RAW" | sort -g |
-        awk '{ a[NR] = $1 } END {
-            if (NR == 0) { print "nan nan nan"; exit }
-            m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
-            print m, a[1], a[NR]
-        }'
-}
 
 declare -A MED_RPS MIN_RPS MAX_RPS MED_P99 MED_CPU ERRS
 for p in "${PEER_LIST[@]}"; do
@@ -313,10 +304,4 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
     echo "</details>"
 } >"$MD"
 
-echo
-cat "$MD"
-if mkdir -p "$(dirname -- "$OUT_MD")" && cp "$MD" "$OUT_MD"; then
-    log "report written to $OUT_MD"
-else
-    log "WARNING: could not write $OUT_MD"
-fi
+publish_report "$MD"

@@ -369,10 +369,4 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
     echo "</details>"
 } >"$MD"
 
-echo
-cat "$MD"
-if mkdir -p "$(dirname -- "$OUT_MD")" && cp "$MD" "$OUT_MD"; then
-    log "report written to $OUT_MD"
-else
-    log "WARNING: could not write $OUT_MD"
-fi
+publish_report "$MD"

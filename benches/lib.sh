@@ -175,6 +175,28 @@ run_wrk() {
     fi
 }
 
+# stats NAME COLUMN -> "median min max" of that column of $RAW (tab-separated, the name in column
+# 2) over the rounds.
+stats() {
+    awk -F'\t' -v p="$1" -v c="$2" '$2 == p {print $c}' "$RAW" | sort -g |
+        awk '{ a[NR] = $1 } END {
+            if (NR == 0) { print "nan nan nan"; exit }
+            m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+            print m, a[1], a[NR]
+        }'
+}
+
+# publish_report MD: prints the Markdown report MD and copies it to $OUT_MD.
+publish_report() {
+    echo
+    cat "$1"
+    if mkdir -p "$(dirname -- "$OUT_MD")" && cp "$1" "$OUT_MD"; then
+        log "report written to $OUT_MD"
+    else
+        log "WARNING: could not write $OUT_MD"
+    fi
+}
+
 # install_cleanup: on exit, Ctrl-C or TERM, stop every process the script's own `running_pids`
 # prints (with their children), wait for them, remove $WORK (remove_work) and exit with the
 # script's status.

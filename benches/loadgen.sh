@@ -268,15 +268,6 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 
 # ---------------------------------------------------------------- summary
-# stats TOOL COLUMN -> "median min max" of that column over rounds
-stats() {
-    awk -F'\t' -v p="$1" -v c="$2" '$2 == p {print $c}' "$RAW" | sort -g |
-        awk '{ a[NR] = $1 } END {
-            if (NR == 0) { print "nan nan nan"; exit }
-            m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
-            print m, a[1], a[NR]
-        }'
-}
 # paired COLUMN -> median over rounds of pinlb's value / wrk's value
 paired() {
     awk -F'\t' -v c="$1" '$2 == "wrk" { w[$1] = $c } $2 == "pinlb" { p[$1] = $c }
@@ -346,10 +337,4 @@ MD="$WORK/report.md"
     echo "</details>"
 } >"$MD"
 
-echo
-cat "$MD"
-if mkdir -p "$(dirname -- "$OUT_MD")" && cp "$MD" "$OUT_MD"; then
-    log "report written to $OUT_MD"
-else
-    log "WARNING: could not write $OUT_MD"
-fi
+publish_report "$MD"

@@ -301,10 +301,4 @@ MD="$WORK/report.md"
     echo "</details>"
 } >"$MD"
 
-echo
-cat "$MD"
-if mkdir -p "$(dirname -- "$OUT_MD")" && cp "$MD" "$OUT_MD"; then
-    log "report written to $OUT_MD"
-else
-    log "WARNING: could not write $OUT_MD"
-fi
+publish_report "$MD"
