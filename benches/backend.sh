@@ -150,18 +150,7 @@ echo "== pinlb backend vs nginx return 200 =="
 echo "command:   $ENV_LINE $CMDLINE"
 echo "nproc:     $NCPU ($CPU_MODEL), CLK_TCK=$CLK_TCK; before start: core0 ${IDLE_BUSY0}% busy, core1 ${IDLE_BUSY1}% busy"
 echo "topology:  server under test -> core 0 (one thread / one worker); wrk -t1 -c$CONNS -> core 1"
-for s in "${SERVERS[@]}"; do
-    tree=$(proc_tree "${PID_OF[$s]}" | tr '\n' ' ')
-    aff="" thr=""
-    for q in $tree; do
-        aff+="$(affinity "$q") "
-        thr+="$(awk '/^Threads:/ {print $2}' "/proc/$q/status" 2>/dev/null) "
-    done
-    echo "           $s ${VERSION[$s]} 127.0.0.1:${PORT[$s]} pids [ ${tree}] threads [ ${thr}] affinity [ ${aff}]"
-done
-if ((IDLE_BUSY0 > 10 || IDLE_BUSY1 > 10)); then
-    log "WARNING: cores busy before start (core0 ${IDLE_BUSY0}%, core1 ${IDLE_BUSY1}%) - something else is running; numbers will be noisy"
-fi
+describe_procs "${SERVERS[@]}"
 
 # ---------------------------------------------------------------- rounds
 RAW="$WORK/raw.tsv" # round server rps p99_us errors cpu_us_per_req requests core0% core1% other0%

@@ -157,18 +157,7 @@ echo "command:   $ENV_LINE $CMDLINE"
 echo "nproc:     $NCPU ($CPU_MODEL), CLK_TCK=$CLK_TCK; before start: core0 ${IDLE_BUSY0}% busy, core1 ${IDLE_BUSY1}% busy"
 echo "topology:  proxy under test -> core 0 (1 worker); backend nginx (1 worker) + wrk -t1 -c$CONNS -> core 1"
 echo "           backend 127.0.0.1:$BACKEND_PORT pid $BACKEND_PID (+$(children "$BACKEND_PID" | wc -l) worker) affinity $(affinity "$BACKEND_PID")"
-for p in "${PEER_LIST[@]}"; do
-    tree=$(proc_tree "${PID_OF[$p]}" | tr '\n' ' ')
-    aff="" thr=""
-    for q in $tree; do
-        aff+="$(affinity "$q") "
-        thr+="$(awk '/^Threads:/ {print $2}' "/proc/$q/status" 2>/dev/null) "
-    done
-    echo "           $p ${VERSION[$p]} 127.0.0.1:${PORT[$p]} pids [ ${tree}] threads [ ${thr}] affinity [ ${aff}]"
-done
-if ((IDLE_BUSY0 > 10 || IDLE_BUSY1 > 10)); then
-    log "WARNING: cores busy before start (core0 ${IDLE_BUSY0}%, core1 ${IDLE_BUSY1}%) - something else is running; numbers will be noisy"
-fi
+describe_procs "${PEER_LIST[@]}"
 
 # ---------------------------------------------------------------- rounds
 RAW="$WORK/raw.tsv" # round peer rps p99_us errors cpu_us_per_req requests core0% core1% other0%

@@ -175,6 +175,25 @@ run_wrk() {
     fi
 }
 
+# describe_procs NAME...: one line per process under test (from the PID_OF, VERSION and PORT
+# arrays): its pids, threads and allowed cores; then a warning if the cores were busy before
+# the start ($IDLE_BUSY0, $IDLE_BUSY1).
+describe_procs() {
+    local name tree q aff thr
+    for name in "$@"; do
+        tree=$(proc_tree "${PID_OF[$name]}" | tr '\n' ' ')
+        aff="" thr=""
+        for q in $tree; do
+            aff+="$(affinity "$q") "
+            thr+="$(awk '/^Threads:/ {print $2}' "/proc/$q/status" 2>/dev/null) "
+        done
+        echo "           $name ${VERSION[$name]} 127.0.0.1:${PORT[$name]} pids [ ${tree}] threads [ ${thr}] affinity [ ${aff}]"
+    done
+    if ((IDLE_BUSY0 > 10 || IDLE_BUSY1 > 10)); then
+        log "WARNING: cores busy before start (core0 ${IDLE_BUSY0}%, core1 ${IDLE_BUSY1}%) - something else is running; numbers will be noisy"
+    fi
+}
+
 # stats NAME COLUMN -> "median min max" of that column of $RAW (tab-separated, the name in column
 # 2) over the rounds.
 stats() {
