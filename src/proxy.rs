@@ -620,9 +620,8 @@ async fn attempt(
             if !body.is_empty() {
                 body.send(&mut conn, chunked).await?;
             }
-            tokio::time::timeout(timeouts.response, conn.read_head(&parts.method))
+            conn.read_head_within(&parts.method, timeouts.response)
                 .await
-                .unwrap_or(Err(H1Error::Timeout))
         };
         match exchange.await {
             Ok(head) => return Ok((head, conn)),

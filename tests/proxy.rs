@@ -459,6 +459,50 @@ async fn a_backend_slower_than_the_response_timeout_gives_504() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_on_a_pooled_connection_gets_the_whole_response_timeout() {
+    // The response timer belongs to the pooled backend connection and is reset per request: a
+    // later request must get the whole timeout from its own start, not what was left of an
+    // earlier request's, and a backend too slow for it must still get 504.
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.response_timeout = "500ms";
+    let proxy = Proxy::start(&setup);
+    assert_eq!(get(proxy.addr, "/").await.status, 200);
+
+    // 300 ms later, a request answered after 400 ms: within its own timeout, past the first's.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.set_gate(false);
+    let opener = {
+        let started = Instant::now();
+        let a_gate = a.gate_handle();
+        tokio::spawn(async move {
+            tokio::time::sleep_until((started + Duration::from_millis(400)).into()).await;
+            a_gate.send_replace(true);
+        })
+    };
+    let r = get(proxy.addr, "/gated").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    opener.await.unwrap();
+
+    // A request the backend never answers in time, on the same connection: 504 at the timeout.
+    a.set_gate(false);
+    let start = Instant::now();
+    let r = get(proxy.addr, "/gated").await;
+    let took = start.elapsed();
+    assert_eq!(r.status, 504, "{r:?}");
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_millis(2000),
+        "took {took:?}"
+    );
+    assert_eq!(
+        a.accepts(),
+        1,
+        "all three requests must share one pooled connection"
+    );
+    a.set_gate(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_upload_is_not_cut_off_by_the_response_timeout() {
     // The response timeout is about the backend taking long to answer, not about the client taking
     // long to send: a backend cannot answer an upload before it has it.

@@ -417,6 +417,11 @@ impl Backend {
         self.state.gate.send_replace(open);
     }
 
+    /// The gate itself, to open it from another task.
+    pub fn gate_handle(&self) -> watch::Sender<bool> {
+        self.state.gate.clone()
+    }
+
     /// Waits (bounded) until at least `n` requests have arrived.
     pub async fn wait_for_hits(&self, n: usize) {
         let mut rx = self.state.hits.subscribe();
