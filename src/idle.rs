@@ -42,8 +42,10 @@ pub struct Activity {
     /// Set by the watchdog once the head is late: the next read answers 408 and ends the stream.
     head_expired: Cell<bool>,
     /// The connection task, kept while hyper waits for a request head, so that the watchdog
-    /// (another task) can make it read once more and answer 408.
+    /// (another task) can make it read once more and answer 408, or close for a stop.
     reader: Cell<Option<std::task::Waker>>,
+    /// The worker is stopping: the connection finishes its request in flight and closes.
+    draining: Cell<bool>,
 }
 
 impl Activity {
@@ -62,6 +64,17 @@ impl Activity {
     /// connection can be closed to make room without cutting anything off.
     fn is_idle(&self) -> bool {
         self.in_flight.get() == 0 && !self.head_bytes.get()
+    }
+
+    /// Asks the connection to close once no request is in flight; its task is woken if it is
+    /// waiting for a request head, and otherwise sees the flag when its response moves on.
+    pub fn drain(&self) {
+        self.draining.set(true);
+        self.wake_reader();
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.get()
     }
 
     /// Makes the connection's task poll its reader again (see `head_expired`).
