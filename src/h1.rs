@@ -15,7 +15,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
@@ -280,7 +280,42 @@ pub struct Head {
     pub keep_alive: bool,
     /// With Transfer-Encoding present: whether its final coding is chunked.
     pub chunked_last: Option<bool>,
+    /// What the Content-Length headers said, read while parsing so that framing needs no
+    /// lookup in `headers`.
+    content_length: ContentLength,
     pub framing: Framing,
+}
+
+/// The Content-Length of a response head, all its headers and list members taken together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ContentLength {
+    Absent,
+    Valid(u64),
+    Invalid(&'static str),
+}
+
+impl ContentLength {
+    /// Takes in one Content-Length header value: a number, or a list of equal numbers.
+    fn add(self, value: &[u8]) -> ContentLength {
+        let mut now = self;
+        for part in value.split(|&b| b == b',') {
+            let part = part.trim_ascii();
+            if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
+                return ContentLength::Invalid("bad Content-Length");
+            }
+            // At most 19 digits: no overflow.
+            let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            now = match now {
+                ContentLength::Absent => ContentLength::Valid(n),
+                ContentLength::Valid(l) if l == n => now,
+                ContentLength::Valid(_) => {
+                    return ContentLength::Invalid("conflicting Content-Length values");
+                }
+                ContentLength::Invalid(_) => return now,
+            };
+        }
+        now
+    }
 }
 
 /// Parses a complete head off the front of `buf`, or returns `None` if more bytes are needed.
@@ -327,6 +362,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
     let mut keep_alive_token = false;
     let mut chunked_last: Option<bool> = None;
     let mut named: Vec<HeaderName> = Vec::new();
+    let mut content_length = ContentLength::Absent;
     for &(n, nl, v, vl) in &spans {
         let raw_name = &head[n..n + nl];
         let raw_value = &head[v..v + vl];
@@ -355,6 +391,9 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
             }
             Some(Hop::Other) => {}
             None => {
+                if raw_name.eq_ignore_ascii_case(b"content-length") {
+                    content_length = content_length.add(raw_value);
+                }
                 let name = HeaderName::from_bytes(raw_name)
                     .map_err(|_| H1Error::Invalid("bad header name"))?;
                 let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
@@ -373,6 +412,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
         headers,
         keep_alive,
         chunked_last,
+        content_length,
         framing: Framing::Empty,
     }))
 }
@@ -422,9 +462,8 @@ impl Framing {
         {
             return Ok(Framing::Empty);
         }
-        let h = &head.headers;
         if let Some(chunked) = head.chunked_last {
-            if h.contains_key(header::CONTENT_LENGTH) {
+            if head.content_length != ContentLength::Absent {
                 return Err(H1Error::Invalid(
                     "both Transfer-Encoding and Content-Length",
                 ));
@@ -436,27 +475,11 @@ impl Framing {
                 Framing::Close
             });
         }
-        let mut length: Option<u64> = None;
-        for v in h.get_all(header::CONTENT_LENGTH) {
-            for part in v.as_bytes().split(|&b| b == b',') {
-                let part = part.trim_ascii();
-                if part.is_empty() || !part.iter().all(u8::is_ascii_digit) || part.len() > 19 {
-                    return Err(H1Error::Invalid("bad Content-Length"));
-                }
-                let n: u64 = std::str::from_utf8(part)
-                    .ok()
-                    .and_then(|p| p.parse().ok())
-                    .ok_or(H1Error::Invalid("bad Content-Length"))?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(H1Error::Invalid("conflicting Content-Length values"));
-                }
-                length = Some(n);
-            }
-        }
-        Ok(match length {
-            Some(0) => Framing::Empty,
-            Some(n) => Framing::Length(n),
-            None => Framing::Close,
+        Ok(match head.content_length {
+            ContentLength::Invalid(why) => return Err(H1Error::Invalid(why)),
+            ContentLength::Valid(0) => Framing::Empty,
+            ContentLength::Valid(n) => Framing::Length(n),
+            ContentLength::Absent => Framing::Close,
         })
     }
 }
@@ -831,6 +854,10 @@ mod tests {
             "HTTP/1.1 200 OK\r\nContent-Length: 1e3\r\n\r\n",
             "HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n",
             "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 3, 4\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 3,,3\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\nCONTENT-LENGTH: 5\r\n\r\n",
         ];
         for b in bad {
             assert!(
