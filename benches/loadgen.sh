@@ -48,6 +48,13 @@
 # connections queue behind 50 us of work each, and the generator's own pass is
 # a small part of every request's time. Run both; report both.
 #
+# WIRE=1 adds a reference neither tool controls: tcpdump (pinned to core 0,
+# beside the backend, so it disturbs both tools' runs alike) records every
+# packet with a payload on the backend's port, and each request's wire latency
+# is the time from its first request packet to the first response packet on
+# the same connection. A tool's latency minus the wire latency is the time the
+# tool itself adds: sending, waking up, reading, parsing.
+#
 # Usage (from anywhere; root or not):
 #   bash benches/loadgen.sh
 #   ROUNDS=3 DURATION=5s bash benches/loadgen.sh
@@ -56,6 +63,7 @@
 #   DURATION=10s        duration of every run
 #   CONNS=64            connections (-c); both tools use one thread on core 1
 #   PINLB=target/release/pinlb    pinlb binary (relative to the repo root)
+#   WIRE=0              1 = also measure wire latency with tcpdump (see above)
 #   BACKEND_WORK=       empty: the nginx backend; a duration ("50us"): `pinlb
 #                       backend --work` on core 0 instead (same binary)
 #   OUT_MD=/tmp/pinlb-loadgen.md  where the Markdown report is written
@@ -80,6 +88,7 @@ DURATION=${DURATION:-10s}
 CONNS=${CONNS:-64}
 PINLB=${PINLB:-target/release/pinlb}
 BACKEND_WORK=${BACKEND_WORK:-}
+WIRE=${WIRE:-0}
 OUT_MD=${OUT_MD:-/tmp/pinlb-loadgen.md}
 PORT_BASE=${PORT_BASE:-18180}
 KEEP_TMP=${KEEP_TMP:-0}
@@ -102,6 +111,11 @@ die() {
 # shellcheck source=benches/lib.sh
 source "$ROOT/benches/lib.sh"
 install_missing "nginx-light wrk" nginx wrk
+if ((WIRE)); then
+    install_missing tcpdump tcpdump
+    PATH="$PATH:/usr/bin:/usr/sbin"
+    require tcpdump
+fi
 require nginx wrk curl taskset ss awk getconf sort
 [[ -x $PINLB ]] || die "pinlb binary not found at $PINLB (build it: cargo build --release, or set PINLB=...)"
 "$PINLB" bench --help >/dev/null 2>&1 || die "'$PINLB bench --help' failed: is this a pinlb with the bench command?"
@@ -115,8 +129,9 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/pinlb-loadgen.XXXXXX")
 chmod 755 "$WORK" # nginx workers may run as an unprivileged user when root
 BACKEND_PID=""
 GEN_PID=""
+CAPTURE_PID=""
 
-running_pids() { echo "$GEN_PID" "$BACKEND_PID"; }
+running_pids() { echo "$GEN_PID" "$CAPTURE_PID" "$BACKEND_PID"; }
 
 # ---------------------------------------------------------------- helpers
 install_cleanup
@@ -171,6 +186,38 @@ run_tool() {
         die "$1 failed (rc=$rc)"
     fi
     RUN_CPU_S=$(cpu_s_between "$before" "$after")
+}
+
+# start_capture FILE: tcpdump on core 0 of every payload packet to or from the backend's port,
+# one line each with its epoch timestamp; returns once tcpdump is listening.
+start_capture() {
+    taskset -c 0 tcpdump -i lo -tt -n -B 65536 \
+        "tcp port $PORT and (ip[2:2] - ((ip[0] & 0xf) << 2) - ((tcp[12] & 0xf0) >> 2)) != 0" \
+        >"$1" 2>"$1.err" &
+    CAPTURE_PID=$!
+    local i
+    for ((i = 0; i < 50; i++)); do
+        grep -q "listening on" "$1.err" 2>/dev/null && return 0
+        kill -0 "$CAPTURE_PID" 2>/dev/null || die "tcpdump failed: $(cat "$1.err")"
+        sleep 0.1
+    done
+    die "tcpdump did not start listening within 5 s"
+}
+
+# stop_capture FILE: stops tcpdump and prints the wire latency p50 and p99 in microseconds: per
+# connection, from the first packet of a request to the first packet of its response.
+stop_capture() {
+    kill -INT "$CAPTURE_PID" 2>/dev/null || true
+    wait "$CAPTURE_PID" 2>/dev/null || true
+    CAPTURE_PID=""
+    awk -v port="$PORT" '$2 == "IP" {
+            n = split($3, s, "."); sp = s[n]; n = split($5, d, "."); dp = d[n]; sub(/:$/, "", dp)
+            if (dp == port) { if (!(sp in sent)) sent[sp] = $1 }
+            else if (sp == port && (dp in sent)) { printf "%.1f\n", ($1 - sent[dp]) * 1e6; delete sent[dp] }
+        }' "$1" | sort -g | awk '{ v[NR] = $1 } END {
+            if (NR == 0) { print "0 0"; exit }
+            i50 = int(NR * 0.50); if (i50 < NR * 0.50) i50++; i99 = int(NR * 0.99); if (i99 < NR * 0.99) i99++
+            print v[i50], v[i99] }'
 }
 
 # ---------------------------------------------------------------- start
@@ -228,7 +275,7 @@ if ((IDLE_BUSY0 > 10 || IDLE_BUSY1 > 10)); then
 fi
 
 # ---------------------------------------------------------------- rounds
-RAW="$WORK/raw.tsv" # round tool rps p50_us p99_us errors requests cpu_us_per_req core0% core1% other0% other1%
+RAW="$WORK/raw.tsv" # round tool rps p50_us p99_us errors requests cpu_us_per_req core0% core1% other0% other1% wire_p50 wire_p99
 : >"$RAW"
 mapfile -t BACKEND_TREE < <(echo "$BACKEND_PID"; children "$BACKEND_PID")
 for ((r = 1; r <= ROUNDS; r++)); do
@@ -237,7 +284,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
         out="$WORK/$tool-$r.out"
         b0=$(cpu_ticks "${BACKEND_TREE[@]}")
         j0=$(core_jiffies)
+        ((WIRE)) && start_capture "$WORK/$tool-$r.pcap.txt"
         run_tool "$tool" "$out"
+        wire="- -"
+        ((WIRE)) && wire=$(stop_capture "$WORK/$tool-$r.pcap.txt")
         read -r busy0 busy1 < <(core_busy "$j0" "$(core_jiffies)")
         b1=$(cpu_ticks "${BACKEND_TREE[@]}")
 
@@ -279,10 +329,12 @@ for ((r = 1; r <= ROUNDS; r++)); do
                 o1 = (t > 0) ? c1 - 100 * c / t : 0
                 printf "%.2f %.0f %.0f\n", (n > 0) ? c * 1e6 / n : 0, (o0 < 0) ? 0 : o0, (o1 < 0) ? 0 : o1
             }')
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$tool" "$rps" "$p50" "$p99" \
-            "$errors" "$reqs" "$cpu" "$busy0" "$busy1" "$other0" "$other1" >>"$RAW"
+        read -r wire50 wire99 <<<"$wire"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$tool" "$rps" "$p50" "$p99" \
+            "$errors" "$reqs" "$cpu" "$busy0" "$busy1" "$other0" "$other1" "$wire50" "$wire99" >>"$RAW"
         printf 'round %d/%d  %-5s %8.0f req/s  p50 %6.0f us  p99 %6.0f us  cpu %5s us/req  core0 %3s%% (other %2s%%)  core1 %3s%% (other %2s%%)  errors %s\n' \
             "$r" "$ROUNDS" "$tool" "$rps" "$p50" "$p99" "$cpu" "$busy0" "$other0" "$busy1" "$other1" "$errors"
+        ((WIRE)) && printf '              wire p50 %6.0f us  wire p99 %6.0f us\n' "$wire50" "$wire99"
         if ((errors > 0)); then log "WARNING: $tool had $errors errors in round $r"; fi
         if ((other0 > 10 || other1 > 10)); then
             log "WARNING: round $r ($tool): cores busy outside the benchmark (core0 ${other0}%, core1 ${other1}%) - something else is running?"
@@ -302,12 +354,16 @@ verdict() { # VALUE LOW HIGH -> "ok" or "MISSED"
     awk -v v="$1" -v lo="$2" -v hi="$3" 'BEGIN { print (v != "n/a" && v + 0 >= lo && v + 0 <= hi) ? "ok" : "MISSED" }'
 }
 
-declare -A MED_RPS MIN_RPS MAX_RPS MED_P50 MED_P99 MED_CPU ERRS
+declare -A MED_RPS MIN_RPS MAX_RPS MED_P50 MED_P99 MED_CPU ERRS MED_W50 MED_W99
 for t in wrk pinlb; do
     read -r "MED_RPS[$t]" "MIN_RPS[$t]" "MAX_RPS[$t]" < <(stats "$t" 3)
     read -r "MED_P50[$t]" _ _ < <(stats "$t" 4)
     read -r "MED_P99[$t]" _ _ < <(stats "$t" 5)
     read -r "MED_CPU[$t]" _ _ < <(stats "$t" 8)
+    if ((WIRE)); then
+        read -r "MED_W50[$t]" _ _ < <(stats "$t" 13)
+        read -r "MED_W99[$t]" _ _ < <(stats "$t" 14)
+    fi
     ERRS[$t]=$(awk -F'\t' -v p="$t" '$2 == p {s += $6} END {print s + 0}' "$RAW")
 done
 R_RPS=$(ratio "${MED_RPS[pinlb]}" "${MED_RPS[wrk]}")
@@ -345,6 +401,19 @@ MD="$WORK/report.md"
     echo "| p50 | $R_P50 | $P_P50 | 0.9–1.1 | $(verdict "$P_P50" 0.9 1.1) |"
     echo "| p99 | $R_P99 | $P_P99 | 0.9–1.1 | $(verdict "$P_P99" 0.9 1.1) |"
     echo "| CPU per request | $R_CPU | $P_CPU | (< 1 is leaner) | |"
+    if ((WIRE)); then
+        echo
+        echo "Against the wire (tcpdump on the backend's port; medians over rounds, µs): what each tool adds to the latency it reports."
+        echo
+        echo "| tool | p50 | wire p50 | added at p50 | p99 | wire p99 | added at p99 |"
+        echo "|---|---:|---:|---:|---:|---:|---:|"
+        for t in wrk pinlb; do
+            name=$t
+            [[ $t == pinlb ]] && name="pinlb bench"
+            awk -v n="$name" -v a="${MED_P50[$t]}" -v w="${MED_W50[$t]}" -v b="${MED_P99[$t]}" -v x="${MED_W99[$t]}" \
+                'BEGIN { printf "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", n, a, w, a - w, b, x, b - x }'
+        done
+    fi
     noisy=$(awk -F'\t' '$11 > 10 || $12 > 10 { n++ } END { print n + 0 }' "$RAW")
     if ((noisy > 0)); then
         echo
@@ -353,9 +422,9 @@ MD="$WORK/report.md"
     echo
     echo "<details><summary>per-round results</summary>"
     echo
-    echo "| round | tool | req/s | p50 µs | p99 µs | CPU µs/req | errors | requests | core0 busy (other) | core1 busy (other) |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-    awk -F'\t' '{ printf "| %s | %s | %.0f | %.0f | %.0f | %s | %s | %s | %s%% (%s%%) | %s%% (%s%%) |\n", $1, ($2 == "pinlb") ? "pinlb bench" : $2, $3, $4, $5, $8, $6, $7, $9, $11, $10, $12 }' "$RAW"
+    echo "| round | tool | req/s | p50 µs | p99 µs | wire p50 µs | wire p99 µs | CPU µs/req | errors | requests | core0 busy (other) | core1 busy (other) |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    awk -F'\t' '{ printf "| %s | %s | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s%% (%s%%) | %s%% (%s%%) |\n", $1, ($2 == "pinlb") ? "pinlb bench" : $2, $3, $4, $5, $13, $14, $8, $6, $7, $9, $11, $10, $12 }' "$RAW"
     echo
     echo "</details>"
 } >"$MD"
