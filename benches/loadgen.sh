@@ -264,7 +264,9 @@ done
 host_facts
 WRK_VERSION=$(wrk -v 2>&1 | awk 'NR == 1 {print $2}' || true)
 PINLB_VERSION=$("$PINLB" --version 2>&1 | awk 'NR == 1 {print $NF}')
-ENV_LINE="ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS${BACKEND_WORK:+ BACKEND_WORK=$BACKEND_WORK} PINLB=$PINLB"
+WIRE_ENV=""
+if ((WIRE)); then WIRE_ENV=" WIRE=1"; fi
+ENV_LINE="ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS${BACKEND_WORK:+ BACKEND_WORK=$BACKEND_WORK}$WIRE_ENV PINLB=$PINLB"
 
 echo "== pinlb bench vs wrk =="
 echo "command:   $ENV_LINE $CMDLINE"
