@@ -28,6 +28,11 @@
 #                master+worker; haproxy: its process(es); pinlb: its process,
 #                all threads) from /proc/PID/stat fields 14+15 (clock ticks,
 #                getconf CLK_TCK), divided by the requests wrk completed
+#   with SYSCALLS=1, also: system calls per request made by the proxy's
+#                processes (`perf stat -e raw_syscalls:sys_enter` attached for the
+#                run), and TCP segments sent per request on the whole machine
+#                (Tcp OutSegs from /proc/net/snmp: client, proxy and backend legs;
+#                four is the least a proxied request can take)
 #   core busy    % busy of core 0 and core 1 during the run (/proc/stat), and
 #                core 0's busy % NOT spent in the proxy's processes - rounds
 #                where that exceeds 10% (another program running) are flagged
@@ -53,6 +58,10 @@
 #   PORT_BASE=18080     ports: the first free loopback ports >= PORT_BASE
 #                       (checked with `ss -ltn`), in order backend, then PEERS
 #   KEEP_TMP=0          1 = keep the temp dir (configs, logs, wrk outputs)
+#   SYSCALLS=0          1 = count system calls and TCP segments per request (see
+#                       above). The syscall tracepoint costs each proxy a little per
+#                       call, more for one that makes more calls, so don't read
+#                       throughput from such a run; run it separately.
 # Needs: nginx, haproxy, wrk (installed with apt-get if missing and root),
 # curl, taskset, ss, awk, getconf.
 #
@@ -70,6 +79,7 @@ ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-10s}
 CONNS=${CONNS:-64}
 WARMUP=${WARMUP:-1s}
+SYSCALLS=${SYSCALLS:-0}
 PEERS=${PEERS:-pinlb nginx haproxy}
 PINLB=${PINLB:-target/release/pinlb}
 OUT_MD=${OUT_MD:-/tmp/pinlb-compare.md}
@@ -96,6 +106,10 @@ done
 source "$ROOT/benches/lib.sh"
 install_missing "nginx-light haproxy wrk" nginx haproxy wrk
 require nginx haproxy wrk curl taskset ss awk getconf sort
+if ((SYSCALLS)); then
+    install_missing linux-perf perf
+    require perf
+fi
 if [[ " ${PEER_LIST[*]} " == *" pinlb"* ]]; then
     [[ -x $PINLB ]] || die "pinlb binary not found at $PINLB (build it: cargo build --release, or set PINLB=..., or PEERS=\"nginx haproxy\")"
     "$PINLB" --version >/dev/null 2>&1 || die "'$PINLB --version' failed"
@@ -111,7 +125,13 @@ chmod 755 "$WORK" # nginx workers may run as an unprivileged user when root
 PIDS=()           # every process we started (long-lived ones)
 WRK_PID=""
 
-running_pids() { echo "$WRK_PID" "${PIDS[@]}"; }
+PERF_PID=""
+running_pids() { echo "$WRK_PID" "$PERF_PID" "${PIDS[@]}"; }
+
+# Tcp OutSegs so far, machine-wide (/proc/net/snmp: a header line, then the values).
+tcp_out_segs() {
+    awk '$1 == "Tcp:" { if (!n) { for (i = 2; i <= NF; i++) if ($i == "OutSegs") c = i; n = 1 } else print $c }' /proc/net/snmp
+}
 
 # ---------------------------------------------------------------- helpers
 install_cleanup
@@ -150,6 +170,7 @@ done
 # ---------------------------------------------------------------- header
 host_facts
 ENV_LINE="ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS WARMUP=$WARMUP PEERS=\"$PEERS\""
+if ((SYSCALLS)); then ENV_LINE+=" SYSCALLS=1"; fi
 [[ " ${PEER_LIST[*]} " == *" pinlb "* ]] && ENV_LINE+=" PINLB=$PINLB"
 
 echo "== pinlb comparison benchmark =="
@@ -171,7 +192,19 @@ for ((r = 1; r <= ROUNDS; r++)); do
         c0=$(cpu_ticks "${tree[@]}")
         j0=$(core_jiffies)
         out="$WORK/wrk-$r-$p.txt"
+        if ((SYSCALLS)); then
+            segs0=$(tcp_out_segs)
+            perf stat -x, -e raw_syscalls:sys_enter -p "$(IFS=,; echo "${tree[*]}")" \
+                -o "$WORK/perf-$r-$p.txt" -- sleep "$DURATION" 2>/dev/null &
+            PERF_PID=$!
+        fi
         run_wrk "${PORT[$p]}" "$DURATION" "$out"
+        sys_req="-" segs_req="-"
+        if ((SYSCALLS)); then
+            wait "$PERF_PID" || true
+            PERF_PID=""
+            segs1=$(tcp_out_segs)
+        fi
         c1=$(cpu_ticks "${tree[@]}")
         read -r busy0 busy1 < <(core_busy "$j0" "$(core_jiffies)")
         kill -0 "$pid" 2>/dev/null || { cat "${LOGF[$p]}" >&2 || true; die "$p (pid $pid) died during round $r"; }
@@ -190,10 +223,16 @@ for ((r = 1; r <= ROUNDS; r++)); do
             'BEGIN { o = (t > 0) ? b - 100 * d * 1e6 / hz / t : 0; printf "%.0f\n", (o < 0) ? 0 : o }')
         errors=$((${sockerr:-0} + ${non2xx:-0}))
         cpu=$(awk -v d=$((c1 - c0)) -v hz="$CLK_TCK" -v n="$reqs" 'BEGIN { printf "%.2f\n", (n > 0) ? d * 1e6 / hz / n : 0 }')
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$p99" "$errors" "$cpu" "$reqs" "$busy0" "$busy1" "$other0" >>"$RAW"
+        if ((SYSCALLS)); then
+            calls=$(awk -F, '$3 == "raw_syscalls:sys_enter" { print $1 }' "$WORK/perf-$r-$p.txt")
+            read -r sys_req segs_req < <(awk -v c="${calls:-0}" -v s=$((segs1 - segs0)) -v n="$reqs" \
+                'BEGIN { printf "%.2f %.2f\n", (n > 0) ? c / n : 0, (n > 0) ? s / n : 0 }')
+        fi
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$p99" "$errors" "$cpu" "$reqs" "$busy0" "$busy1" "$other0" "$sys_req" "$segs_req" >>"$RAW"
         printf 'round %d/%d  %-8s %8.0f req/s  p99 %6s us  cpu %6s us/req  core0 %3s%% (other %2s%%)  core1 %3s%%  errors %s%s\n' \
             "$r" "$ROUNDS" "$p" "$rps" "$p99" "$cpu" "$busy0" "$other0" "$busy1" "$errors" \
             "$( ((errors > 0)) && echo "  (socket: ${sockerr:-0}, non-2xx/3xx: ${non2xx:-0})")"
+        if ((SYSCALLS)); then printf '              %s system calls and %s TCP segments per request\n' "$sys_req" "$segs_req"; fi
         if ((errors > 0)); then log "WARNING: $p had errors in round $r"; fi
         if ((other0 > 10)); then
             log "WARNING: core 0 was ${other0}% busy outside $p in round $r - something else is running?"
@@ -286,9 +325,9 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
     echo
     echo "<details><summary>per-round results</summary>"
     echo
-    echo "| round | proxy | req/s | p99 µs | CPU µs/req | errors | requests | core0 busy | core0 busy outside proxy | core1 busy |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-    awk -F'\t' '{ printf "| %s | %s | %.0f | %s | %s | %s | %s | %s%% | %s%% | %s%% |\n", $1, $2, $3, $4, $6, $5, $7, $8, $10, $9 }' "$RAW"
+    echo "| round | proxy | req/s | p99 µs | CPU µs/req | system calls/req | TCP segments/req | errors | requests | core0 busy | core0 busy outside proxy | core1 busy |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    awk -F'\t' '{ printf "| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s%% | %s%% | %s%% |\n", $1, $2, $3, $4, $6, $11, $12, $5, $7, $8, $10, $9 }' "$RAW"
     echo
     echo "</details>"
 } >"$MD"
