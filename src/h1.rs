@@ -199,7 +199,11 @@ impl Conn {
         method: &Method,
         timeout: Duration,
     ) -> Result<Head, H1Error> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let now = tokio::time::Instant::now();
+        // A timeout too large to add is as good as none (as `tokio::time::timeout` treats it).
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
         let mut timer = match self.timer.take() {
             Some(mut t) => {
                 t.as_mut().reset(deadline);
@@ -296,7 +300,14 @@ enum ContentLength {
 
 impl ContentLength {
     /// Takes in one Content-Length header value: a number, or a list of equal numbers.
+    ///
+    /// Read from every Content-Length line, even one that `Connection` names: the length still
+    /// frames the body on this connection (and a backend cannot dodge the CL-with-TE check that
+    /// way); the header itself is not passed on.
     fn add(self, value: &[u8]) -> ContentLength {
+        if let ContentLength::Invalid(_) = self {
+            return self;
+        }
         let mut now = self;
         for part in value.split(|&b| b == b',') {
             let part = part.trim_ascii();
@@ -844,6 +855,11 @@ mod tests {
             .unwrap(),
             Length(3)
         );
+        // A Content-Length that Connection names still frames the body; it is not passed on.
+        let text = "HTTP/1.1 200 OK\r\nConnection: content-length\r\nContent-Length: 3\r\n\r\n";
+        assert_eq!(framing(Method::GET, text).unwrap(), Length(3));
+        let h = head(text).unwrap().unwrap();
+        assert!(!h.headers.contains_key(http::header::CONTENT_LENGTH));
     }
 
     #[test]
@@ -858,6 +874,8 @@ mod tests {
             "HTTP/1.1 200 OK\r\nContent-Length: 3,,3\r\n\r\n",
             "HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\n",
             "HTTP/1.1 200 OK\r\ncontent-length: 3\r\nCONTENT-LENGTH: 5\r\n\r\n",
+            // Naming Content-Length in Connection does not hide it from the framing check.
+            "HTTP/1.1 200 OK\r\nConnection: content-length\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
         ];
         for b in bad {
             assert!(

@@ -19,7 +19,7 @@
 use std::cell::Cell;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use hyper::rt::{Read, ReadBufCursor, Write};
@@ -41,9 +41,9 @@ pub struct Activity {
     head_bytes: Cell<bool>,
     /// Set by the watchdog once the head is late: the next read answers 408 and ends the stream.
     head_expired: Cell<bool>,
-    /// The connection task, kept while hyper waits for a request head, so that the watchdog
-    /// (another task) can make it read once more and answer 408, or close for a stop.
-    reader: Cell<Option<std::task::Waker>>,
+    /// The connection's task, remembered on each of its polls, so that the watchdog (another
+    /// task) can make hyper read once more and answer 408, or see a stop.
+    task: Cell<Option<Waker>>,
     /// The worker is stopping: the connection finishes its request in flight and closes.
     draining: Cell<bool>,
 }
@@ -66,20 +66,30 @@ impl Activity {
         self.in_flight.get() == 0 && !self.head_bytes.get()
     }
 
-    /// Asks the connection to close once no request is in flight; its task is woken if it is
-    /// waiting for a request head, and otherwise sees the flag when its response moves on.
+    /// Asks the connection to close once no request is in flight, and wakes its task to see
+    /// that.
     pub fn drain(&self) {
         self.draining.set(true);
-        self.wake_reader();
+        self.wake();
     }
 
     pub fn is_draining(&self) -> bool {
         self.draining.get()
     }
 
-    /// Makes the connection's task poll its reader again (see `head_expired`).
-    pub fn wake_reader(&self) {
-        if let Some(waker) = self.reader.take() {
+    /// Remembers the connection's task; called on every poll of it, and costs a clone only
+    /// when the task is a new one (never, for a task that stays the same).
+    pub fn remember(&self, waker: &Waker) {
+        match self.task.take() {
+            Some(w) if w.will_wake(waker) => self.task.set(Some(w)),
+            _ => self.task.set(Some(waker.clone())),
+        }
+    }
+
+    /// Wakes the connection's task: hyper then polls its reader, which answers 408 when
+    /// `head_expired` is set, and the task sees `draining`.
+    pub fn wake(&self) {
+        if let Some(waker) = self.task.take() {
             waker.wake();
         }
     }
@@ -223,9 +233,6 @@ impl<T: Read + Write + Unpin> Read for TrackedIo<T> {
             if self.activity.in_flight.get() == 0 {
                 self.activity.head_read();
             }
-        } else if self.activity.in_flight.get() == 0 {
-            // Waiting for (the rest of) a request head: the one wait the watchdog may cut short.
-            self.activity.reader.set(Some(cx.waker().clone()));
         }
         polled
     }

@@ -792,9 +792,13 @@ async fn accept_loop(
             let mut conn = std::pin::pin!(conn);
             let mut asked = false;
             let served = std::future::poll_fn(|cx| {
-                if !asked && draining.is_draining() {
-                    asked = true;
-                    conn.as_mut().graceful_shutdown();
+                if !asked {
+                    if draining.is_draining() {
+                        asked = true;
+                        conn.as_mut().graceful_shutdown();
+                    } else {
+                        draining.remember(cx.waker());
+                    }
                 }
                 conn.as_mut().poll(cx)
             })
@@ -804,17 +808,29 @@ async fn accept_loop(
             }
         });
         tokio::task::spawn_local(async move {
-            let expired = tokio::select! {
-                biased;
-                _ = &mut serving => return,
-                _ = stopped.wait_for(|s| *s) => {
-                    // An idle connection is closed by hyper at once; a busy one once its response
-                    // is out. The worker bounds the wait with `shutdown_timeout`.
-                    activity.drain();
-                    let _ = serving.await;
-                    return;
+            let watchdog = idle::watchdog(
+                activity.clone(),
+                client_idle,
+                header_timeout,
+                &process.connections.pressure,
+            );
+            tokio::pin!(watchdog);
+            let mut stopping = false;
+            // Bounded: the stop branch is taken at most once, and every other branch leaves.
+            let expired = loop {
+                tokio::select! {
+                    biased;
+                    _ = &mut serving => return,
+                    _ = stopped.wait_for(|s| *s), if !stopping => {
+                        // hyper closes an idle connection when woken, a busy one once its
+                        // response is out. The watchdog goes on: a client trickling its head
+                        // still gets its 408 at `header_timeout`. The worker bounds the wait
+                        // with `shutdown_timeout`.
+                        stopping = true;
+                        activity.drain();
+                    }
+                    e = &mut watchdog => break e,
                 }
-                e = idle::watchdog(activity.clone(), client_idle, header_timeout, &process.connections.pressure) => e,
             };
             match expired {
                 Expired::Pressure => {
@@ -830,7 +846,7 @@ async fn accept_loop(
                     warn!(client = %peer, "answered 408: no complete request head within {header_timeout:?} (limits.header_timeout)");
                     // Woken, hyper reads again; that read writes the 408 and ends the stream,
                     // and hyper closes. Bounded in case hyper is not reading after all.
-                    activity.wake_reader();
+                    activity.wake();
                     if tokio::time::timeout(Duration::from_secs(1), &mut serving)
                         .await
                         .is_ok()

@@ -499,7 +499,29 @@ async fn every_request_on_a_pooled_connection_gets_the_whole_response_timeout() 
         1,
         "all three requests must share one pooled connection"
     );
+
+    // After the timer of an earlier request has fired while the connection sat in the pool, a
+    // request answered after 300 ms still gets its whole 500 ms.
     a.set_gate(true);
+    assert_eq!(get(proxy.addr, "/").await.status, 200);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    a.set_gate(false);
+    let opener = {
+        let started = Instant::now();
+        let a_gate = a.gate_handle();
+        tokio::spawn(async move {
+            tokio::time::sleep_until((started + Duration::from_millis(300)).into()).await;
+            a_gate.send_replace(true);
+        })
+    };
+    let r = get(proxy.addr, "/gated").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    opener.await.unwrap();
+    assert_eq!(
+        a.accepts(),
+        2,
+        "the 504 closed the first connection; one new one since"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
