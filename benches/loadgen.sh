@@ -377,6 +377,8 @@ P_P50=$(paired 4)
 P_P99=$(paired 5)
 P_CPU=$(paired 8)
 
+tool_name() { if [[ $1 == pinlb ]]; then echo "pinlb bench"; else echo "$1"; fi; }
+
 MD="$WORK/report.md"
 {
     echo "### pinlb bench vs wrk ($(date -u +%Y-%m-%d), commit $COMMIT)"
@@ -389,9 +391,7 @@ MD="$WORK/report.md"
     echo "| tool | req/s (median) | req/s min | req/s max | p50 µs (median) | p99 µs (median) | CPU µs/req (median) | errors (all rounds) |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|"
     for t in wrk pinlb; do
-        name=$t
-        [[ $t == pinlb ]] && name="pinlb bench"
-        printf '| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %s |\n' "$name" "${MED_RPS[$t]}" "${MIN_RPS[$t]}" \
+        printf '| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %s |\n' "$(tool_name "$t")" "${MED_RPS[$t]}" "${MIN_RPS[$t]}" \
             "${MAX_RPS[$t]}" "${MED_P50[$t]}" "${MED_P99[$t]}" "${MED_CPU[$t]}" "${ERRS[$t]}"
     done
     echo
@@ -410,9 +410,7 @@ MD="$WORK/report.md"
         echo "| tool | p50 | wire p50 | added at p50 | p99 | wire p99 | added at p99 |"
         echo "|---|---:|---:|---:|---:|---:|---:|"
         for t in wrk pinlb; do
-            name=$t
-            [[ $t == pinlb ]] && name="pinlb bench"
-            awk -v n="$name" -v a="${MED_P50[$t]}" -v w="${MED_W50[$t]}" -v b="${MED_P99[$t]}" -v x="${MED_W99[$t]}" \
+            awk -v n="$(tool_name "$t")" -v a="${MED_P50[$t]}" -v w="${MED_W50[$t]}" -v b="${MED_P99[$t]}" -v x="${MED_W99[$t]}" \
                 'BEGIN { printf "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", n, a, w, a - w, b, x, b - x }'
         done
     fi

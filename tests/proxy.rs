@@ -458,6 +458,24 @@ async fn a_backend_slower_than_the_response_timeout_gives_504() {
     );
 }
 
+/// `GET /gated` through the proxy, with the backend's gate opened `after` from now.
+async fn gated_get_answered_after(
+    a: &Backend,
+    proxy: std::net::SocketAddr,
+    after: Duration,
+) -> Reply {
+    a.set_gate(false);
+    let gate = a.gate_handle();
+    let at = Instant::now() + after;
+    let opener = tokio::spawn(async move {
+        tokio::time::sleep_until(at.into()).await;
+        gate.send_replace(true);
+    });
+    let r = get(proxy, "/gated").await;
+    opener.await.unwrap();
+    r
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_on_a_pooled_connection_gets_the_whole_response_timeout() {
     // The response timer belongs to the pooled backend connection and is reset per request: a
@@ -471,18 +489,8 @@ async fn every_request_on_a_pooled_connection_gets_the_whole_response_timeout() 
 
     // 300 ms later, a request answered after 400 ms: within its own timeout, past the first's.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    a.set_gate(false);
-    let opener = {
-        let started = Instant::now();
-        let a_gate = a.gate_handle();
-        tokio::spawn(async move {
-            tokio::time::sleep_until((started + Duration::from_millis(400)).into()).await;
-            a_gate.send_replace(true);
-        })
-    };
-    let r = get(proxy.addr, "/gated").await;
+    let r = gated_get_answered_after(&a, proxy.addr, Duration::from_millis(400)).await;
     assert_eq!(r.status, 200, "{r:?}");
-    opener.await.unwrap();
 
     // A request the backend never answers in time, on the same connection: 504 at the timeout.
     a.set_gate(false);
@@ -505,18 +513,8 @@ async fn every_request_on_a_pooled_connection_gets_the_whole_response_timeout() 
     a.set_gate(true);
     assert_eq!(get(proxy.addr, "/").await.status, 200);
     tokio::time::sleep(Duration::from_millis(700)).await;
-    a.set_gate(false);
-    let opener = {
-        let started = Instant::now();
-        let a_gate = a.gate_handle();
-        tokio::spawn(async move {
-            tokio::time::sleep_until((started + Duration::from_millis(300)).into()).await;
-            a_gate.send_replace(true);
-        })
-    };
-    let r = get(proxy.addr, "/gated").await;
+    let r = gated_get_answered_after(&a, proxy.addr, Duration::from_millis(300)).await;
     assert_eq!(r.status, 200, "{r:?}");
-    opener.await.unwrap();
     assert_eq!(
         a.accepts(),
         2,
