@@ -82,6 +82,11 @@ impl<'de> Deserialize<'de> for Algorithm {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Dur(Duration);
 
+impl Dur {
+    /// The longest duration any key accepts.
+    const MAX: Duration = Duration::from_secs(365 * 86_400);
+}
+
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
@@ -91,11 +96,19 @@ impl<'de> Deserialize<'de> for Dur {
                 f.write_str("a duration string with a unit, such as \"250ms\", \"2s\" or \"1m\"")
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<Dur, E> {
-                humantime::parse_duration(s).map(Dur).map_err(|_| {
+                let d = humantime::parse_duration(s).map_err(|_| {
                     E::custom(format!(
                         "invalid duration \"{s}\", expected a number with a unit, such as \"250ms\", \"2s\" or \"1m\""
                     ))
-                })
+                })?;
+                // No timeout needs more, and a deadline of now plus any such duration cannot
+                // overflow a clock: the request path adds them without checking.
+                if d > Dur::MAX {
+                    return Err(E::custom(format!(
+                        "duration \"{s}\" is too long, expected at most 365 days"
+                    )));
+                }
+                Ok(Dur(d))
             }
         }
         d.deserialize_str(V)
@@ -1677,6 +1690,23 @@ client_idle = "2s"
             e.starts_with("pinlb.toml:2:20: runtime.shutdown_timeout: invalid duration \"30\""),
             "{e}"
         );
+    }
+
+    #[test]
+    fn durations_over_a_year_are_rejected() {
+        let e = err(&format!(
+            "[limits]\nheader_timeout = \"400days\"\n{MINIMAL}"
+        ));
+        assert!(
+            e.starts_with(
+                "pinlb.toml:2:18: limits.header_timeout: duration \"400days\" is too long, expected at most 365 days"
+            ),
+            "{e}"
+        );
+        let ok = parse(&format!(
+            "[limits]\nheader_timeout = \"365days\"\n{MINIMAL}"
+        ));
+        assert!(ok.is_ok(), "{:?}", ok.err());
     }
 
     #[test]
