@@ -792,13 +792,11 @@ async fn accept_loop(
             let mut conn = std::pin::pin!(conn);
             let mut asked = false;
             let served = std::future::poll_fn(|cx| {
-                if !asked {
-                    if draining.is_draining() {
-                        asked = true;
-                        conn.as_mut().graceful_shutdown();
-                    } else {
-                        draining.remember(cx.waker());
-                    }
+                // Also during a stop: a late head's 408 still needs the task woken.
+                draining.remember(cx.waker());
+                if !asked && draining.is_draining() {
+                    asked = true;
+                    conn.as_mut().graceful_shutdown();
                 }
                 conn.as_mut().poll(cx)
             })
