@@ -1395,6 +1395,44 @@ async fn shutdown_does_not_wait_for_idle_client_connections() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_still_arriving_at_shutdown_gets_408_at_the_header_timeout() {
+    // hyper does not close a connection holding part of a head when asked to stop, so the
+    // watchdog must go on timing that head through the stop.
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.shutdown_timeout = "10s";
+    setup.extra = "[limits]\nheader_timeout = \"500ms\"\n".into();
+    let mut proxy = Proxy::start(&setup);
+
+    let mut slow = TcpStream::connect(proxy.addr).await.unwrap();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n")
+        .await
+        .unwrap();
+    // Answered once the head has been read in part: the proxy has the bytes before the stop.
+    let mut idle = Conn::open(proxy.addr).await;
+    assert_eq!(idle.get("/").await.status, 200);
+
+    let start = Instant::now();
+    proxy.trigger_shutdown();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut got))
+        .await
+        .expect("the connection ends within the header timeout, not the shutdown timeout")
+        .unwrap();
+    assert!(
+        got.starts_with(b"HTTP/1.1 408 "),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    proxy
+        .join(Duration::from_secs(5))
+        .await
+        .expect("run returns Ok");
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(3), "shutdown took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_gives_up_on_requests_that_outlast_the_shutdown_timeout() {
     let stuck = Backend::start_with_delay("stuck", Duration::from_secs(30)).await;
     let mut setup = Setup::with(&[stuck.addr]);
