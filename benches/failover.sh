@@ -194,20 +194,6 @@ sleep_until() { # T0 OFFSET
     sleep "$(awk -v t0="$1" -v o="$2" -v n="$EPOCHREALTIME" 'BEGIN { d = t0 + o - n; printf "%.3f\n", (d > 0) ? d : 0 }')"
 }
 
-start_wrk() { # PORT DURATION OUTFILE
-    taskset -c 1 wrk -t1 -c"$CONNS" -d"$2" --latency "http://127.0.0.1:$1/" >"$3" 2>&1 &
-    WRK_PID=$!
-}
-wait_wrk() { # OUTFILE
-    local rc=0
-    wait "$WRK_PID" || rc=$?
-    WRK_PID=""
-    if ((rc != 0)); then
-        cat "$1" >&2
-        die "wrk failed (rc=$rc)"
-    fi
-}
-
 # ---------------------------------------------------------------- start
 read -r IDLE_BUSY0 IDLE_BUSY1 < <(core_busy_1s)
 declare -A PORT PID_OF VERSION LOGF

@@ -161,18 +161,25 @@ require() {
     for t in "$@"; do command -v "$t" >/dev/null 2>&1 || die "required tool '$t' not found"; done
 }
 
-# run_wrk PORT DURATION OUTFILE: wrk -t1 -c$CONNS --latency on core 1 against the port, its output
-# in OUTFILE; dies with that output if wrk fails. $WRK_PID names it while it runs (for cleanup).
-run_wrk() {
+# start_wrk PORT DURATION OUTFILE: starts wrk -t1 -c$CONNS --latency on core 1 against the port,
+# its output in OUTFILE; $WRK_PID names it while it runs (for cleanup). wait_wrk OUTFILE waits
+# for it and dies with that output if wrk failed. run_wrk PORT DURATION OUTFILE does both.
+start_wrk() {
     taskset -c 1 wrk -t1 -c"$CONNS" -d"$2" --latency "http://127.0.0.1:$1/" >"$3" 2>&1 &
     WRK_PID=$!
+}
+wait_wrk() {
     local rc=0
     wait "$WRK_PID" || rc=$?
     WRK_PID=""
     if ((rc != 0)); then
-        cat "$3" >&2
-        die "wrk failed (rc=$rc) against port $1"
+        cat "$1" >&2
+        die "wrk failed (rc=$rc)"
     fi
+}
+run_wrk() {
+    start_wrk "$1" "$2" "$3"
+    wait_wrk "$3"
 }
 
 # describe_procs NAME...: one line per process under test (from the PID_OF, VERSION and PORT
