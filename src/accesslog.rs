@@ -20,18 +20,14 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{Method, Request, Uri, Version};
-use http_body::{Body, Frame, SizeHint};
+use http::{Method, Uri, Version};
 use tracing::{error, warn};
 
 use crate::config::{AccessFormat, AccessTarget};
@@ -72,14 +68,14 @@ pub struct Entry {
 impl Entry {
     /// Taken when the request head has arrived. Cloning the URI and header values copies no
     /// bytes: they share the buffer hyper read them into.
-    fn start<B>(req: &Request<B>, client: SocketAddr) -> Box<Entry> {
+    fn start(req: &http::request::Parts, client: SocketAddr) -> Box<Entry> {
         Box::new(Entry {
             client,
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-            version: req.version(),
-            referer: req.headers().get(header::REFERER).cloned(),
-            user_agent: req.headers().get(header::USER_AGENT).cloned(),
+            method: req.method.clone(),
+            uri: req.uri.clone(),
+            version: req.version,
+            referer: req.headers.get(header::REFERER).cloned(),
+            user_agent: req.headers.get(header::USER_AGENT).cloned(),
             start: Instant::now(),
             status: 0,
             upstream: None,
@@ -101,7 +97,7 @@ impl Entry {
 pub struct Pending(Option<(Box<Entry>, Rc<Batch>)>);
 
 impl Pending {
-    pub fn start<B>(req: &Request<B>, client: SocketAddr, batch: &Rc<Batch>) -> Pending {
+    pub fn start(req: &http::request::Parts, client: SocketAddr, batch: &Rc<Batch>) -> Pending {
         Pending(Some((Entry::start(req, client), batch.clone())))
     }
 
@@ -508,64 +504,28 @@ fn clf_time(t: SystemTime) -> String {
     )
 }
 
-/// A response body as hyper sends it: it counts the bytes sent and hands its [`Entry`] to the log
-/// when it ends (or when hyper drops it: the client went away, or the body was never polled),
-/// and keeps `held` alive until then (the connection's count of requests in flight).
-pub struct LoggedBody<B, G> {
-    body: B,
-    log: Option<(Box<Entry>, Rc<Batch>)>,
-    _held: G,
-}
+/// A response on its way to the client: it counts the body bytes sent and hands its [`Entry`]
+/// to the log when dropped, whether the body went out whole or the client went away.
+pub struct Logged(Option<(Box<Entry>, Rc<Batch>)>);
 
-impl<B, G> LoggedBody<B, G> {
-    pub fn new(body: B, held: G, log: Option<(Box<Entry>, Rc<Batch>)>) -> Self {
-        LoggedBody {
-            body,
-            log,
-            _held: held,
-        }
+impl Logged {
+    pub fn new(log: Option<(Box<Entry>, Rc<Batch>)>) -> Self {
+        Logged(log)
     }
 
-    fn finish(&mut self) {
-        if let Some((e, batch)) = self.log.take() {
+    /// `n` more body bytes went out.
+    pub fn sent(&mut self, n: usize) {
+        if let Some((e, _)) = self.0.as_mut() {
+            e.bytes += n as u64;
+        }
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        if let Some((e, batch)) = self.0.take() {
             batch.push(e);
         }
-    }
-}
-
-impl<B: Body<Data = Bytes> + Unpin, G: Unpin> Body for LoggedBody<B, G> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(data), Some((e, _))) = (frame.data_ref(), self.log.as_mut()) {
-                    e.bytes += data.len() as u64;
-                }
-            }
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.finish(),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-impl<B, G> Drop for LoggedBody<B, G> {
-    fn drop(&mut self) {
-        self.finish();
     }
 }
 
@@ -574,12 +534,13 @@ mod tests {
     use super::*;
 
     fn entry() -> Entry {
-        let req = Request::builder()
+        let (req, ()) = http::Request::builder()
             .method("GET")
             .uri("/a?b=c")
             .header("user-agent", "curl \"8\"")
             .body(())
-            .unwrap();
+            .unwrap()
+            .into_parts();
         let mut e = *Entry::start(&req, "10.0.0.7:5555".parse().unwrap());
         e.status = 200;
         e.bytes = 12;

@@ -17,7 +17,6 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Version};
-use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
@@ -41,6 +40,16 @@ pub struct Conn {
     /// The response timeout's timer, created by the first [`Conn::read_head_within`] and reset
     /// for every later request on this connection.
     timer: Option<Pin<Box<Sleep>>>,
+}
+
+/// How a request's body is framed on its way to a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestFraming {
+    /// No body, and no framing header.
+    None,
+    /// `Content-Length` (0 included, when the client sent it).
+    Length(u64),
+    Chunked,
 }
 
 /// Why an exchange with a backend failed.
@@ -112,12 +121,13 @@ impl Conn {
         }
     }
 
-    /// Writes a request head. `chunked` adds `Transfer-Encoding: chunked` for a body of unknown
-    /// length; a body of known length keeps the client's Content-Length.
+    /// Writes a request head, framed as `body` says: `Content-Length` for a body of known length
+    /// (`parts.headers` carries no framing header of its own), `Transfer-Encoding: chunked` for
+    /// one that streams without.
     pub async fn write_head(
         &mut self,
         parts: &http::request::Parts,
-        chunked: bool,
+        body: RequestFraming,
     ) -> io::Result<()> {
         let out = &mut self.out;
         out.clear();
@@ -132,8 +142,14 @@ impl Conn {
             out.extend_from_slice(value.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
-        if chunked {
-            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        match body {
+            RequestFraming::None => {}
+            RequestFraming::Length(n) => {
+                out.extend_from_slice(b"content-length: ");
+                out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            RequestFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         }
         out.extend_from_slice(b"\r\n");
         self.stream.write_all(&self.out).await
@@ -285,14 +301,17 @@ pub struct Head {
     /// With Transfer-Encoding present: whether its final coding is chunked.
     pub chunked_last: Option<bool>,
     /// What the Content-Length headers said, read while parsing so that framing needs no
-    /// lookup in `headers`.
-    content_length: ContentLength,
+    /// lookup in `headers`. The header itself never enters `headers`: the client side writes
+    /// the framing it sends.
+    pub content_length: ContentLength,
+    /// Whether the backend sent a Date header; the client side adds one when it did not.
+    pub has_date: bool,
     pub framing: Framing,
 }
 
 /// The Content-Length of a response head, all its headers and list members taken together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ContentLength {
+pub enum ContentLength {
     Absent,
     Valid(u64),
     Invalid(&'static str),
@@ -374,6 +393,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
     let mut chunked_last: Option<bool> = None;
     let mut named: Vec<HeaderName> = Vec::new();
     let mut content_length = ContentLength::Absent;
+    let mut has_date = false;
     for &(n, nl, v, vl) in &spans {
         let raw_name = &head[n..n + nl];
         let raw_value = &head[v..v + vl];
@@ -402,9 +422,11 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
             }
             Some(Hop::Other) => {}
             None => {
-                if raw_name.eq_ignore_ascii_case(b"content-length") {
+                if raw_name.len() == 14 && raw_name.eq_ignore_ascii_case(b"content-length") {
                     content_length = content_length.add(raw_value);
+                    continue;
                 }
+                has_date |= raw_name.len() == 4 && raw_name.eq_ignore_ascii_case(b"date");
                 let name = HeaderName::from_bytes(raw_name)
                     .map_err(|_| H1Error::Invalid("bad header name"))?;
                 let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
@@ -414,6 +436,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
         }
     }
     for name in named {
+        has_date &= name != http::header::DATE;
         headers.remove(name);
     }
     let keep_alive = !close && (version == Version::HTTP_11 || keep_alive_token);
@@ -424,6 +447,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
         keep_alive,
         chunked_last,
         content_length,
+        has_date,
         framing: Framing::Empty,
     }))
 }
@@ -508,17 +532,11 @@ enum Chunk {
     Trailers,
 }
 
-/// A response body read from the backend connection as the client's side of hyper polls it.
-#[derive(Debug)]
-pub struct UpstreamBody {
-    conn: Option<Conn>,
+/// Reads a message body off a connection's buffer by its framing: as much as the buffer holds,
+/// never past the body's end. Backend response bodies and client request bodies both use it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decoder {
     state: BodyState,
-    /// The body ends when the backend closes, so the connection can never be reused.
-    close_delimited: bool,
-    /// Some data went to the client already.
-    sent_data: bool,
-    /// An error held back for one poll so hyper can flush what it has first.
-    failed: Option<H1Error>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -529,57 +547,44 @@ enum BodyState {
     Done,
 }
 
-/// What a finished body leaves behind.
-pub enum Finished {
-    /// The exchange completed and the connection may carry another.
-    Reusable(Conn),
-    /// The exchange completed but the connection cannot be reused, or it did not complete.
-    Closed,
-}
-
-impl UpstreamBody {
-    pub fn new(conn: Conn, framing: Framing) -> Self {
+impl Decoder {
+    pub fn new(framing: Framing) -> Self {
         let state = match framing {
-            Framing::Empty => BodyState::Done,
+            Framing::Empty | Framing::Length(0) => BodyState::Done,
             Framing::Length(n) => BodyState::Length(n),
             Framing::Chunked => BodyState::Chunked(Chunk::Size),
             Framing::Close => BodyState::Close,
         };
-        UpstreamBody {
-            conn: Some(conn),
-            state,
-            close_delimited: framing == Framing::Close,
-            sent_data: false,
-            failed: None,
-        }
+        Decoder { state }
     }
 
     pub fn is_done(&self) -> bool {
         self.state == BodyState::Done
     }
 
-    /// Takes the connection back once the body is complete; `keep_alive` says whether the
-    /// response allowed reuse.
-    pub fn finish(&mut self, keep_alive: bool) -> Finished {
-        match self.conn.take() {
-            Some(conn)
-                if self.state == BodyState::Done
-                    && keep_alive
-                    && !self.close_delimited
-                    && conn.buf.is_empty() =>
-            {
-                Finished::Reusable(conn)
-            }
-            _ => Finished::Closed,
+    /// The bytes still to come, when the framing says.
+    pub fn remaining(&self) -> Option<u64> {
+        match self.state {
+            BodyState::Done => Some(0),
+            BodyState::Length(n) => Some(n),
+            _ => None,
         }
     }
 
-    /// Decodes as much as the buffer holds; `None` means more bytes are needed.
-    fn decode(&mut self) -> Result<Option<Bytes>, H1Error> {
-        let Some(conn) = self.conn.as_mut() else {
-            return Ok(None);
-        };
-        let buf = &mut conn.buf;
+    /// The connection reached its end: true if that completes the body (it was delimited by
+    /// the close), false if the body was cut short.
+    pub fn at_eof(&mut self) -> bool {
+        match self.state {
+            BodyState::Close | BodyState::Done => {
+                self.state = BodyState::Done;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Decodes as much as `buf` holds; `None` means more bytes are needed, or the body is done.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, H1Error> {
         loop {
             match self.state {
                 BodyState::Done => return Ok(None),
@@ -650,6 +655,102 @@ impl UpstreamBody {
     }
 }
 
+/// A response body read from the backend connection as the client side writes it out.
+#[derive(Debug)]
+pub struct UpstreamBody {
+    conn: Option<Conn>,
+    decoder: Decoder,
+    /// The body ends when the backend closes, so the connection can never be reused.
+    close_delimited: bool,
+    /// Whether the backend's head carried a Date header.
+    has_date: bool,
+}
+
+/// What a finished body leaves behind.
+pub enum Finished {
+    /// The exchange completed and the connection may carry another.
+    Reusable(Conn),
+    /// The exchange completed but the connection cannot be reused, or it did not complete.
+    Closed,
+}
+
+impl UpstreamBody {
+    pub fn new(conn: Conn, head: &Head) -> Self {
+        UpstreamBody {
+            conn: Some(conn),
+            decoder: Decoder::new(head.framing),
+            close_delimited: head.framing == Framing::Close,
+            has_date: head.has_date,
+        }
+    }
+
+    /// Whether the backend sent a Date header.
+    pub fn has_date(&self) -> bool {
+        self.has_date
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.decoder.is_done()
+    }
+
+    /// The body's length still to come, when the backend framed it by length.
+    pub fn remaining(&self) -> Option<u64> {
+        self.decoder.remaining()
+    }
+
+    /// Takes the connection back once the body is complete; `keep_alive` says whether the
+    /// response allowed reuse.
+    pub fn finish(&mut self, keep_alive: bool) -> Finished {
+        match self.conn.take() {
+            Some(conn)
+                if self.decoder.is_done()
+                    && keep_alive
+                    && !self.close_delimited
+                    && conn.buf.is_empty() =>
+            {
+                Finished::Reusable(conn)
+            }
+            _ => Finished::Closed,
+        }
+    }
+
+    /// Decodes as much as the buffer holds; `None` means more bytes are needed.
+    fn decode(&mut self) -> Result<Option<Bytes>, H1Error> {
+        match self.conn.as_mut() {
+            Some(conn) => self.decoder.decode(&mut conn.buf),
+            None => Ok(None),
+        }
+    }
+
+    /// The next piece of the body; `None` once it is complete. An error means the body was
+    /// cut short or malformed: the client must see an aborted response.
+    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, H1Error>>> {
+        loop {
+            match self.decode() {
+                Ok(Some(data)) => return Poll::Ready(Some(Ok(data))),
+                Ok(None) if self.decoder.is_done() => return Poll::Ready(None),
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            }
+            let Some(conn) = self.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let n = match ready!(conn.poll_fill(cx)) {
+                Ok(n) => n,
+                Err(e) => return Poll::Ready(Some(Err(e.into()))),
+            };
+            if n == 0 {
+                if self.decoder.at_eof() {
+                    return Poll::Ready(None);
+                }
+                return Poll::Ready(Some(Err(H1Error::Invalid(
+                    "backend closed the connection mid-body",
+                ))));
+            }
+        }
+    }
+}
+
 /// Takes one CRLF-terminated line (without the CRLF) off the buffer. A bare LF is an error.
 fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, H1Error> {
     match buf.iter().position(|&b| b == b'\n') {
@@ -683,86 +784,20 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
     Ok(size)
 }
 
-impl UpstreamBody {
-    fn poll_data(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
-        loop {
-            match self.decode() {
-                Ok(Some(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
-                Ok(None) if self.state == BodyState::Done => return Poll::Ready(None),
-                Ok(None) => {}
-                Err(e) => return Poll::Ready(Some(Err(e))),
-            }
-            let Some(conn) = self.conn.as_mut() else {
-                return Poll::Ready(None);
-            };
-            let n = match ready!(conn.poll_fill(cx)) {
-                Ok(n) => n,
-                Err(e) => return Poll::Ready(Some(Err(e.into()))),
-            };
-            if n == 0 {
-                if self.state == BodyState::Close {
-                    self.state = BodyState::Done;
-                    return Poll::Ready(None);
-                }
-                // The backend died mid-body: the client must see an aborted response.
-                return Poll::Ready(Some(Err(H1Error::Invalid(
-                    "backend closed the connection mid-body",
-                ))));
-            }
-        }
-    }
-}
-
-impl Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = H1Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
-        if let Some(e) = self.failed.take() {
-            return Poll::Ready(Some(Err(e)));
-        }
-        let polled = self.as_mut().poll_data(cx);
-        if let Poll::Ready(Some(Err(e))) = polled {
-            if self.sent_data {
-                // hyper drops a connection at once when its body fails, without flushing what
-                // it holds. Yield once so the head and data already relayed reach the client
-                // before the abort, as nginx and HAProxy show a truncated response.
-                self.failed = Some(e);
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-            return Poll::Ready(Some(Err(e)));
-        }
-        if let Poll::Ready(Some(Ok(_))) = polled {
-            self.sent_data = true;
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.state == BodyState::Done
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self.state {
-            BodyState::Done => SizeHint::with_exact(0),
-            BodyState::Length(n) => SizeHint::with_exact(n),
-            _ => SizeHint::default(),
-        }
-    }
-}
-
-/// Builds the response hyper will send to the client.
-pub fn response<B>(head: Head, body: B) -> Response<B> {
+/// Builds the response the client side sends: the status and end-to-end headers. The client
+/// side writes the framing headers itself, from the body; only a response without one keeps the
+/// backend's Content-Length here: to a HEAD request, or a 304, it describes the body that was not
+/// sent.
+pub fn response<B>(head: Head, body: B, method: &Method) -> Response<B> {
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
     *resp.headers_mut() = head.headers;
+    if let ContentLength::Valid(n) = head.content_length {
+        if method == Method::HEAD || head.status == StatusCode::NOT_MODIFIED {
+            resp.headers_mut()
+                .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+    }
     resp
 }
 
@@ -886,23 +921,13 @@ mod tests {
     }
 
     fn decode_all(framing: Framing, wire: &[u8]) -> Result<(Vec<u8>, bool), H1Error> {
-        // A connection is needed only as the buffer's owner; build one on a real loopback socket.
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let s = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-            let mut conn = Conn::new(s);
-            conn.buf.extend_from_slice(wire);
-            let mut body = UpstreamBody::new(conn, framing);
-            let mut out = Vec::new();
-            while let Some(d) = body.decode()? {
-                out.extend_from_slice(&d);
-            }
-            Ok((out, body.is_done()))
-        })
+        let mut buf = BytesMut::from(wire);
+        let mut decoder = Decoder::new(framing);
+        let mut out = Vec::new();
+        while let Some(d) = decoder.decode(&mut buf)? {
+            out.extend_from_slice(&d);
+        }
+        Ok((out, decoder.is_done()))
     }
 
     #[test]

@@ -15,12 +15,10 @@
 
 use std::future::poll_fn;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
-use http_body::Body;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::{info, warn};
@@ -161,9 +159,9 @@ async fn exchange(addr: SocketAddr, health: &Health) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let status = head.status.as_u16();
     // Read the body to its end so the backend sees an orderly close rather than a reset.
-    let mut body = UpstreamBody::new(conn, head.framing);
-    while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-        frame.map_err(|e| format!("reading the body failed: {e}"))?;
+    let mut body = UpstreamBody::new(conn, &head);
+    while let Some(piece) = poll_fn(|cx| body.poll_data(cx)).await {
+        piece.map_err(|e| format!("reading the body failed: {e}"))?;
     }
     if health.expect.contains(status) {
         Ok(())

@@ -1,435 +1,379 @@
-//! Closing idle client connections (`timeouts.client_idle`) without a timer per request.
+//! A worker's open client connections: closing the idle ones (`timeouts.client_idle`, and
+//! `limits.header_timeout` for a connection that never sends its first byte), making room at
+//! `limits.max_connections`, and closing them for a stop.
 //!
-//! hyper's own header read timeout would do it, but it arms a new boxed timer for every request
-//! head, which was about a tenth of pinlb's user-space instructions per request. Instead each
-//! connection counts its reads and writes, and a watchdog per connection wakes four times per
-//! `client_idle`: a connection with no request in flight and no bytes moved for four checks in a
-//! row has been idle for at least `client_idle` (and at most 1.25× that) and is closed. A request
-//! waiting on a slow backend keeps its connection open, however quiet it is.
+//! There is no timer per connection. Each connection has a slot in its worker's [`Clients`]; one
+//! sweeper task per worker ticks at a fixed period and closes the connections that have waited
+//! for a request for more ticks than their timeout allows. Entering and leaving the idle state
+//! costs a connection two stores, no clock read and no timer-wheel insertion, and an idle
+//! connection costs its slot (a few dozen bytes) and nothing else. A timeout is kept to within one
+//! period late, never early: the period is a quarter of the shortest timeout that applies, at most
+//! 100 ms. The same tick refreshes the cached `Date` header value.
 //!
-//! The same watchdog enforces `limits.header_timeout` against clients that trickle a request
-//! head (slowloris), which the idle check cannot see: their bytes keep moving. The head clock
-//! starts at the accept for a connection's first request and at the first byte read after a
-//! response for later ones; one clock read per request, no timer. hyper's own header read timeout
-//! would not do: it also runs while a keep-alive connection waits for its next request (so it
-//! would cut `client_idle` short), and it closes without a response. Here a late head gets
-//! `408 Request Timeout`, written by [`TrackedIo`] on hyper's next read, which then sees the end
-//! of the stream and closes.
+//! A request head that has begun to arrive is no longer idle: the connection times it itself
+//! (`downstream`), since a slowloris client keeps bytes moving and a late head gets a 408.
 
-use std::cell::Cell;
-use std::pin::Pin;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use hyper::rt::{Read, ReadBufCursor, Write};
+use http::HeaderValue;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
-/// What the watchdog looks at for one client connection.
-#[derive(Default)]
-pub struct Activity {
-    /// Bumped on every completed read or write.
-    events: Cell<u64>,
-    /// Requests whose response hasn't been fully written.
-    in_flight: Cell<u32>,
-    /// When the request head now arriving began; `None` while a request is in flight or a
-    /// keep-alive connection waits for its next one.
-    head_since: Cell<Option<Instant>>,
-    /// Whether any byte of that head has arrived: a connection that never sent one is closed
-    /// without an answer, as nginx does.
-    head_bytes: Cell<bool>,
-    /// Set by the watchdog once the head is late: the next read answers 408 and ends the stream.
-    head_expired: Cell<bool>,
-    /// The connection's task, remembered on each of its polls, so that the watchdog (another
-    /// task) can make hyper read once more and answer 408, or see a stop.
-    task: Cell<Option<Waker>>,
-    /// The worker is stopping: the connection finishes its request in flight and closes.
+/// The longest tick: timeouts are kept to within this much.
+const MAX_PERIOD: Duration = Duration::from_millis(100);
+
+/// A worker's client connections.
+pub struct Clients {
+    slots: RefCell<Slots>,
+    /// Connections open on this worker.
+    open: Cell<usize>,
+    /// Notified when `open` drops to zero.
+    none_open: Notify,
+    /// Sweeps so far; a waiting connection records the tick it began at.
+    tick: Cell<u32>,
+    period: Cell<Duration>,
+    /// The worker is stopping: idle connections close now, busy ones after their response.
     draining: Cell<bool>,
+    /// The `Date` header value, refreshed every tick.
+    date: RefCell<HeaderValue>,
 }
 
-impl Activity {
-    /// A freshly accepted connection: the clock for its first request head runs from now.
-    pub fn accepted() -> Self {
-        let a = Activity::default();
-        a.head_since.set(Some(Instant::now()));
-        a
+#[derive(Default)]
+struct Slots {
+    slots: Vec<Slot>,
+    /// Indices of unused slots.
+    free: Vec<usize>,
+}
+
+#[derive(Default)]
+struct Slot {
+    in_use: bool,
+    /// The tick at which the connection began to wait for a request; `None` while it has one.
+    idle_since: Option<u32>,
+    /// Ticks it may wait.
+    limit: u32,
+    /// Set by the sweeper, by pressure or by a stop: the connection closes when it next looks.
+    close: bool,
+    /// The connection's task, remembered while it waits.
+    waker: Option<Waker>,
+}
+
+impl Default for Clients {
+    fn default() -> Self {
+        Clients {
+            slots: RefCell::default(),
+            open: Cell::new(0),
+            none_open: Notify::new(),
+            tick: Cell::new(0),
+            period: Cell::new(MAX_PERIOD),
+            draining: Cell::new(false),
+            date: RefCell::new(http_date()),
+        }
+    }
+}
+
+impl Clients {
+    /// Registers a new connection. `idle` is its `timeouts.client_idle`, `head` the longest it
+    /// may take to send its first byte (`limits.header_timeout`).
+    pub fn open(self: &Rc<Self>, idle: Duration, head: Duration) -> Client {
+        let mut s = self.slots.borrow_mut();
+        let index = match s.free.pop() {
+            Some(i) => i,
+            None => {
+                s.slots.push(Slot::default());
+                s.slots.len() - 1
+            }
+        };
+        s.slots[index] = Slot {
+            in_use: true,
+            ..Slot::default()
+        };
+        self.open.set(self.open.get() + 1);
+        Client {
+            clients: self.clone(),
+            index,
+            idle_ticks: self.ticks(idle),
+            head_ticks: self.ticks(head),
+        }
     }
 
-    fn bump(&self) {
-        self.events.set(self.events.get().wrapping_add(1));
+    /// Whole periods in `d`, rounded up.
+    fn ticks(&self, d: Duration) -> u32 {
+        let p = self.period.get().as_nanos().max(1);
+        u32::try_from(d.as_nanos().div_ceil(p)).unwrap_or(u32::MAX)
     }
 
-    /// Idle between requests: nothing in flight and no part of a next head arrived. Such a
-    /// connection can be closed to make room without cutting anything off.
-    fn is_idle(&self) -> bool {
-        self.in_flight.get() == 0 && !self.head_bytes.get()
+    /// Sets the tick from the shortest timeout that applies to this worker's connections.
+    pub fn set_shortest_timeout(&self, shortest: Duration) {
+        self.period
+            .set((shortest / 4).clamp(Duration::from_millis(1), MAX_PERIOD));
     }
 
-    /// Asks the connection to close once no request is in flight, and wakes its task to see
-    /// that.
+    pub fn open_count(&self) -> usize {
+        self.open.get()
+    }
+
+    /// Completes once no connection is open.
+    pub async fn all_closed(&self) {
+        // Bounded: every connection ends within the caller's timeout, or the caller gives up.
+        while self.open.get() > 0 {
+            self.none_open.notified().await;
+        }
+    }
+
+    /// Closes the connections waiting for a request, to make room for new ones.
+    pub fn close_idle(&self) {
+        let mut s = self.slots.borrow_mut();
+        for slot in s.slots.iter_mut() {
+            if slot.in_use && slot.idle_since.is_some() {
+                slot.close = true;
+                if let Some(w) = slot.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+    }
+
+    /// Starts a stop: idle connections close now, busy ones once their response is out.
     pub fn drain(&self) {
         self.draining.set(true);
-        self.wake();
+        self.close_idle();
     }
 
     pub fn is_draining(&self) -> bool {
         self.draining.get()
     }
 
-    /// Remembers the connection's task; called on every poll of it, and costs a clone only
-    /// when the task is a new one (never, for a task that stays the same).
-    pub fn remember(&self, waker: &Waker) {
-        match self.task.take() {
-            Some(w) if w.will_wake(waker) => self.task.set(Some(w)),
-            _ => self.task.set(Some(waker.clone())),
-        }
+    /// The current `Date` header value.
+    pub fn date(&self) -> HeaderValue {
+        self.date.borrow().clone()
     }
 
-    /// Wakes the connection's task: hyper then polls its reader, which answers 408 when
-    /// `head_expired` is set, and the task sees `draining`.
-    pub fn wake(&self) {
-        if let Some(waker) = self.task.take() {
-            waker.wake();
+    /// One tick: closes the connections that have waited too long, and refreshes the date.
+    fn sweep(&self) {
+        let now = self.tick.get().wrapping_add(1);
+        self.tick.set(now);
+        *self.date.borrow_mut() = http_date();
+        let mut s = self.slots.borrow_mut();
+        for slot in s.slots.iter_mut() {
+            let Some(since) = slot.idle_since else {
+                continue;
+            };
+            // It began waiting somewhere within tick `since`: more than `limit` ticks later, at
+            // least `limit` whole periods have passed.
+            if slot.in_use && now.wrapping_sub(since) > slot.limit {
+                slot.close = true;
+                if let Some(w) = slot.waker.take() {
+                    w.wake();
+                }
+            }
         }
-    }
-
-    /// Marks a request in flight until the returned guard is dropped.
-    pub fn request(self: &Rc<Self>) -> Active {
-        self.in_flight.set(self.in_flight.get() + 1);
-        self.head_since.set(None);
-        self.head_bytes.set(false);
-        Active(self.clone())
-    }
-
-    /// A read completed while no request is in flight: part of the next request head (or the
-    /// end of the stream, which ends the connection anyway).
-    fn head_read(&self) {
-        if self.head_since.get().is_none() {
-            self.head_since.set(Some(Instant::now()));
-        }
-        self.head_bytes.set(true);
     }
 }
 
-/// Why [`watchdog`] gave up on a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expired {
-    /// Nothing moved for `client_idle`.
-    Idle,
-    /// The process is at `limits.max_connections` and this connection was idle: it makes room.
-    Pressure,
-    /// No complete request head within `header_timeout`; `bytes` says whether any of it came.
-    /// When it did, the connection's next read answers 408.
-    Head { bytes: bool },
-}
-
-/// Holds a request in flight; travels with the response body.
-pub struct Active(Rc<Activity>);
-
-impl Drop for Active {
-    fn drop(&mut self) {
-        self.0
-            .in_flight
-            .set(self.0.in_flight.get().saturating_sub(1));
-    }
-}
-
-/// Completes once the connection has been idle for `idle`, or a request head has taken longer
-/// than `head` to arrive, or `pressure` is notified (the process is out of connections) while the
-/// connection is idle.
-pub async fn watchdog(
-    activity: Rc<Activity>,
-    idle: Duration,
-    head: Duration,
-    pressure: &Notify,
-) -> Expired {
-    const CHECKS: u32 = 4;
-    // Config validation rejects 0; the floor keeps a tiny value from spinning anyway.
-    let period = (idle.min(head) / CHECKS).max(Duration::from_millis(1));
-    // Quiet checks in a row that add up to at least `idle`.
-    let needed = u32::try_from(idle.as_nanos().div_ceil(period.as_nanos())).unwrap_or(u32::MAX);
-    let mut seen = activity.events.get();
-    let mut quiet = 0;
+/// Runs a worker's sweeper until the worker's runtime ends. `pressure` reads a count that
+/// another worker bumps while it waits for room under `limits.max_connections`; when it moved,
+/// this worker's idle connections close too.
+pub async fn sweeper(clients: Rc<Clients>, pressure: impl Fn() -> u64) {
+    let mut seen = pressure();
     loop {
-        // The tick keeps its deadline across notifications: pressure that goes on must not
-        // postpone the idle and head checks of a busy connection.
-        let tick = tokio::time::sleep(period);
-        tokio::pin!(tick);
-        loop {
-            tokio::select! {
-                () = &mut tick => break,
-                () = pressure.notified() => {
-                    if activity.is_idle() {
-                        return Expired::Pressure;
-                    }
-                }
-            }
-        }
-        if let Some(since) = activity.head_since.get() {
-            let deadline = since + head;
-            // Due before the next check: wait for it exactly, so a late head is answered at
-            // `head`, not up to a period later.
-            if activity.in_flight.get() == 0 && deadline <= Instant::now() + period {
-                tokio::time::sleep_until(deadline).await;
-                if activity.head_since.get() == Some(since) && activity.in_flight.get() == 0 {
-                    let bytes = activity.head_bytes.get();
-                    activity.head_expired.set(bytes);
-                    return Expired::Head { bytes };
-                }
-            }
-        }
-        let now = activity.events.get();
-        if now != seen || activity.in_flight.get() > 0 {
+        tokio::time::sleep(clients.period.get()).await;
+        clients.sweep();
+        let now = pressure();
+        if now != seen {
             seen = now;
-            quiet = 0;
-            continue;
-        }
-        quiet += 1;
-        if quiet >= needed {
-            return Expired::Idle;
+            clients.close_idle();
         }
     }
 }
 
-/// A client connection's I/O that reports each completed read and write to [`Activity`].
-pub struct TrackedIo<T> {
-    inner: T,
-    activity: Rc<Activity>,
+fn http_date() -> HeaderValue {
+    let text = httpdate::fmt_http_date(SystemTime::now());
+    HeaderValue::from_str(&text)
+        .unwrap_or(HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"))
 }
 
-impl<T> TrackedIo<T> {
-    pub fn new(inner: T, activity: Rc<Activity>) -> Self {
-        TrackedIo { inner, activity }
+/// One connection's slot; freed when dropped.
+pub struct Client {
+    clients: Rc<Clients>,
+    index: usize,
+    idle_ticks: u32,
+    head_ticks: u32,
+}
+
+/// Why a connection stopped waiting for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Bytes arrived (or the client closed, which the read will show).
+    Readable,
+    /// The connection is to close: idle too long, room needed, or a stop.
+    Close,
+}
+
+impl Client {
+    pub fn clients(&self) -> &Clients {
+        &self.clients
     }
-}
 
-/// What a client whose request head came too late gets. Written by pinlb, not hyper: hyper
-/// has no response for its own header timeout.
-const REQUEST_TIMEOUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\n\
-content-type: text/plain; charset=utf-8\r\n\
-content-length: 75\r\n\
-connection: close\r\n\
-\r\n\
-408 Request Timeout: no complete request head within limits.header_timeout\n";
-
-impl<T: Read + Write + Unpin> Read for TrackedIo<T> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
+    /// Waits for the first byte of a request. `first` says whether it is the connection's first
+    /// request, which must begin within `limits.header_timeout` of the accept (or
+    /// `timeouts.client_idle`, if shorter); a later one within `timeouts.client_idle` of the
+    /// previous response. `readable` polls the socket.
+    pub fn poll_wait(
+        &self,
+        first: bool,
         cx: &mut Context<'_>,
-        buf: ReadBufCursor<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        if self.activity.head_expired.replace(false) {
-            // hyper is waiting for the rest of a head and has written nothing since its last
-            // response, so the answer can go straight onto the socket. Best effort: the socket
-            // buffer is empty, and a client too slow to take 130 bytes gets only the close.
-            let _ = Pin::new(&mut self.inner).poll_write(cx, REQUEST_TIMEOUT);
-            // The end of the stream: hyper drops the partial head and closes.
-            return Poll::Ready(Ok(()));
+        readable: impl FnOnce(&mut Context<'_>) -> Poll<std::io::Result<()>>,
+    ) -> Poll<Wait> {
+        let mut s = self.clients.slots.borrow_mut();
+        let tick = self.clients.tick.get();
+        let Some(slot) = s.slots.get_mut(self.index) else {
+            return Poll::Ready(Wait::Close);
+        };
+        if slot.close || self.clients.draining.get() {
+            return Poll::Ready(Wait::Close);
         }
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if polled.is_ready() {
-            self.activity.bump();
-            if self.activity.in_flight.get() == 0 {
-                self.activity.head_read();
+        match readable(cx) {
+            Poll::Ready(Ok(())) => {
+                slot.idle_since = None;
+                slot.waker = None;
+                Poll::Ready(Wait::Readable)
+            }
+            Poll::Ready(Err(_)) => Poll::Ready(Wait::Close),
+            Poll::Pending => {
+                if slot.idle_since.is_none() {
+                    slot.idle_since = Some(tick);
+                    // A connection that never sent a byte is idle too.
+                    slot.limit = if first {
+                        self.head_ticks.min(self.idle_ticks)
+                    } else {
+                        self.idle_ticks
+                    };
+                }
+                match &slot.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => slot.waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
             }
         }
-        polled
     }
 }
 
-impl<T: Write + Unpin> Write for TrackedIo<T> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<Result<usize, std::io::Error>> {
-        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if polled.is_ready() {
-            self.activity.bump();
+impl Drop for Client {
+    fn drop(&mut self) {
+        {
+            let mut s = self.clients.slots.borrow_mut();
+            if let Some(slot) = s.slots.get_mut(self.index) {
+                *slot = Slot::default();
+                s.free.push(self.index);
+            }
         }
-        polled
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<Result<usize, std::io::Error>> {
-        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if polled.is_ready() {
-            self.activity.bump();
+        let n = self.clients.open.get().saturating_sub(1);
+        self.clients.open.set(n);
+        if n == 0 {
+            // Stores a permit if `all_closed` isn't waiting yet, so the wake is never lost.
+            self.clients.none_open.notify_one();
         }
-        polled
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), std::io::Error>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), std::io::Error>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
 
-    const HEAD: Duration = Duration::from_secs(10);
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn pending(_: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Pending
+    }
+
+    fn setup() -> (Rc<Clients>, Arc<Count>) {
+        let clients = Rc::new(Clients::default());
+        clients.set_shortest_timeout(Duration::from_millis(400));
+        (clients, Arc::new(Count(AtomicUsize::new(0))))
+    }
 
     #[test]
-    fn the_408_says_its_own_length() {
-        let text = String::from_utf8_lossy(REQUEST_TIMEOUT);
-        let (head, body) = text.split_once("\r\n\r\n").unwrap();
-        assert!(head.contains(&format!("content-length: {}\r\n", body.len())));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_trickled_head_expires_at_the_header_timeout_however_busy() {
-        let activity = Rc::new(Activity::accepted());
-        let a = activity.clone();
-        let start = Instant::now();
-        let pressure = Notify::new();
-        let dog = watchdog(activity.clone(), Duration::from_secs(60), HEAD, &pressure);
-        let trickle = async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                a.bump();
-                a.head_read();
-            }
-        };
-        let expired = tokio::select! {
-            e = dog => e,
-            () = trickle => unreachable!(),
-        };
-        assert_eq!(expired, Expired::Head { bytes: true });
-        assert_eq!(start.elapsed(), HEAD);
-        assert!(activity.head_expired.get(), "the next read must answer 408");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_connection_that_sends_nothing_is_closed_at_the_header_timeout_without_an_answer() {
-        let activity = Rc::new(Activity::accepted());
-        let expired = watchdog(
-            activity.clone(),
-            Duration::from_secs(60),
-            HEAD,
-            &Notify::new(),
-        )
-        .await;
-        assert_eq!(expired, Expired::Head { bytes: false });
-        assert!(!activity.head_expired.get());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_keep_alive_connection_between_requests_waits_for_client_idle_not_the_head_clock() {
-        let activity = Rc::new(Activity::accepted());
-        drop(activity.request());
-        let start = Instant::now();
-        let expired = watchdog(activity, Duration::from_secs(60), HEAD, &Notify::new()).await;
-        assert_eq!(expired, Expired::Idle);
-        let took = start.elapsed();
-        assert!(
-            took >= Duration::from_secs(60) && took <= Duration::from_secs(63),
-            "{took:?}"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_quiet_connection_is_idle_after_the_timeout_and_not_before() {
-        let activity = Rc::new(Activity::default());
-        let start = tokio::time::Instant::now();
+    fn a_waiting_connection_closes_after_its_timeout_and_not_before() {
+        let (clients, woken) = setup();
+        // A period of 100 ms: 300 ms to idle is 3 ticks, 200 ms for the first byte 2.
+        let c = clients.open(Duration::from_millis(300), Duration::from_millis(200));
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert_eq!(c.poll_wait(false, &mut cx, pending), Poll::Pending);
+        for _ in 0..3 {
+            clients.sweep();
+            assert_eq!(c.poll_wait(false, &mut cx, pending), Poll::Pending);
+        }
+        clients.sweep();
+        assert_eq!(woken.0.load(Ordering::Relaxed), 1);
         assert_eq!(
-            watchdog(activity, Duration::from_secs(60), HEAD, &Notify::new()).await,
-            Expired::Idle
-        );
-        let took = start.elapsed();
-        assert!(
-            took >= Duration::from_secs(60) && took <= Duration::from_secs(75),
-            "{took:?}"
+            c.poll_wait(false, &mut cx, pending),
+            Poll::Ready(Wait::Close)
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_request_in_flight_keeps_the_connection_open() {
-        let activity = Rc::new(Activity::default());
-        let active = activity.request();
-        let pressure = Notify::new();
-        let dog = tokio::time::timeout(
-            Duration::from_secs(600),
-            watchdog(activity.clone(), Duration::from_secs(60), HEAD, &pressure),
+    #[test]
+    fn the_first_request_gets_the_header_timeout_and_a_busy_connection_is_never_swept() {
+        let (clients, woken) = setup();
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let first = clients.open(Duration::from_secs(60), Duration::from_millis(200));
+        assert_eq!(first.poll_wait(true, &mut cx, pending), Poll::Pending);
+        let busy = clients.open(Duration::from_millis(100), Duration::from_millis(100));
+        let ready = |_: &mut Context<'_>| Poll::Ready(Ok(()));
+        assert_eq!(
+            busy.poll_wait(false, &mut cx, ready),
+            Poll::Ready(Wait::Readable)
         );
-        assert!(
-            dog.await.is_err(),
-            "the watchdog fired with a request in flight"
-        );
-        drop(active);
-        let start = tokio::time::Instant::now();
-        watchdog(activity, Duration::from_secs(60), HEAD, &Notify::new()).await;
-        assert!(start.elapsed() >= Duration::from_secs(60));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn traffic_restarts_the_count() {
-        let activity = Rc::new(Activity::default());
-        let a = activity.clone();
-        let start = tokio::time::Instant::now();
-        let pressure = Notify::new();
-        let dog = watchdog(activity, Duration::from_secs(60), HEAD, &pressure);
-        let traffic = async move {
-            // Bytes move every 10 s for the first 100 s.
-            for _ in 0..10 {
-                tokio::time::sleep(Duration::from_secs(10)).await;
-                a.bump();
-            }
-            std::future::pending::<()>().await
-        };
-        tokio::select! {
-            _ = dog => {}
-            _ = traffic => {}
+        for _ in 0..3 {
+            clients.sweep();
         }
-        let took = start.elapsed();
-        assert!(
-            took >= Duration::from_secs(160) && took <= Duration::from_secs(180),
-            "{took:?}"
+        assert_eq!(
+            first.poll_wait(true, &mut cx, pending),
+            Poll::Ready(Wait::Close)
+        );
+        assert_eq!(
+            busy.poll_wait(false, &mut cx, ready),
+            Poll::Ready(Wait::Readable)
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn under_pressure_an_idle_connection_makes_room_and_a_busy_one_does_not() {
-        let pressure = Notify::new();
-        let idle = Rc::new(Activity::default());
-        let busy = Rc::new(Activity::default());
-        let _request = busy.request();
-        let idle_dog = watchdog(idle, Duration::from_secs(60), HEAD, &pressure);
-        let busy_dog = watchdog(busy, Duration::from_secs(60), HEAD, &pressure);
-        tokio::pin!(idle_dog, busy_dog);
-        // Let both register, then announce the pressure.
-        tokio::task::yield_now().await;
-        assert!(futures_poll(idle_dog.as_mut()).is_none());
-        assert!(futures_poll(busy_dog.as_mut()).is_none());
-        pressure.notify_waiters();
-        assert_eq!(futures_poll(idle_dog.as_mut()), Some(Expired::Pressure));
-        assert!(futures_poll(busy_dog.as_mut()).is_none());
-    }
-
-    /// Polls a future once with a no-op waker.
-    fn futures_poll<F: std::future::Future>(f: Pin<&mut F>) -> Option<F::Output> {
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        match f.poll(&mut cx) {
-            Poll::Ready(v) => Some(v),
-            Poll::Pending => None,
-        }
+    #[test]
+    fn pressure_and_a_stop_close_only_waiting_connections_and_slots_are_reused() {
+        let (clients, woken) = setup();
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let idle = clients.open(Duration::from_secs(60), Duration::from_secs(60));
+        let busy = clients.open(Duration::from_secs(60), Duration::from_secs(60));
+        assert_eq!(idle.poll_wait(false, &mut cx, pending), Poll::Pending);
+        clients.close_idle();
+        assert_eq!(woken.0.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            idle.poll_wait(false, &mut cx, pending),
+            Poll::Ready(Wait::Close)
+        );
+        assert_eq!(clients.open_count(), 2);
+        drop(idle);
+        assert_eq!(clients.open_count(), 1);
+        let again = clients.open(Duration::from_secs(60), Duration::from_secs(60));
+        assert_eq!(again.index, 0, "the freed slot is taken again");
+        clients.drain();
+        assert!(clients.is_draining());
+        assert_eq!(
+            busy.poll_wait(false, &mut cx, pending),
+            Poll::Ready(Wait::Close)
+        );
     }
 }

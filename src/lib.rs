@@ -13,12 +13,14 @@
 //! - [`health`]: whether a backend may be picked: active checks (rise/fall), passive failure
 //!   accounting (max_fails/fail_timeout) and slow start, as pure state machines, plus the probe
 //!   loop that runs on the control thread.
+//! - [`downstream`]: the client side of HTTP/1.1: parsing and validating request heads, reading
+//!   request bodies, writing responses; one task per connection.
 //! - [`h1`]: the backend side of HTTP/1.1: request writing, response head parsing and body
 //!   framing on pooled connections.
 //! - [`proxy`]: the request path: rewrite headers, pick, forward (retrying by nginx's
 //!   `proxy_next_upstream` rules), stream back, map errors to 502/503/504.
-//! - [`idle`]: closing idle client connections with one watchdog per connection, not a timer
-//!   per request.
+//! - [`idle`]: a worker's open client connections: one sweeper closes the idle ones, makes room
+//!   at `max_connections` and drains them for a stop; no timer per connection.
 //! - [`server`]: binding `SO_REUSEPORT` sockets and running one pinned single-threaded runtime per
 //!   core, with graceful shutdown; each worker follows the running configuration generation.
 //! - [`reload`]: hot reload (SIGHUP, `POST /reload`): validate, bind new listeners, hand every
@@ -55,6 +57,7 @@ pub mod config;
 pub mod coremap;
 pub mod cpus;
 pub mod demo;
+pub mod downstream;
 pub mod h1;
 pub mod health;
 pub mod idle;

@@ -7,33 +7,27 @@
 //! afterwards inherits that mask before narrowing it to its own core. That control thread also
 //! runs the active health checks, so they need no thread of their own.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use http::Request;
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::LocalSet;
 use tracing::{debug, error, info, warn};
 
-use crate::accesslog::{AccessHandle, AccessLog, Batch, LoggedBody, Pending};
+use crate::accesslog::{AccessHandle, AccessLog, Batch};
 use crate::config::{Config, Limits, Listener};
 use crate::cpus::{format_cpu_list, pin_current_thread};
-use crate::idle::{self, Activity, Expired, TrackedIo};
+use crate::idle::Clients;
 use crate::metrics::{ListenerStats, Registered};
-use crate::proxy::{self, Client};
 use crate::reload;
 use crate::upstream::{SharedUpstream, WorkerUpstream};
 
@@ -201,7 +195,7 @@ impl Server {
             access: access.as_ref().map(AccessLog::handle),
             connections: Connections {
                 slots: Arc::new(Semaphore::new(config.limits.max_connections)),
-                pressure: Notify::new(),
+                pressure: AtomicU64::new(0),
             },
         });
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -478,7 +472,7 @@ fn worker_main(
             worker,
             core,
             process,
-            open: Rc::new(OpenConnections::default()),
+            clients: Rc::new(Clients::default()),
             stop: stop.clone(),
             listeners: HashMap::new(),
             upstreams: Vec::new(),
@@ -501,6 +495,10 @@ fn worker_main(
             });
             state.batch = Some(batch);
         }
+        let pressured = state.process.clone();
+        tokio::task::spawn_local(crate::idle::sweeper(state.clients.clone(), move || {
+            pressured.connections.pressure.load(Ordering::Relaxed)
+        }));
         // The first generation is the one this worker's sockets were bound for. A reload that
         // came before the thread got here is seen as a change right after, so its new
         // listeners' sockets are taken too.
@@ -531,7 +529,7 @@ fn worker_main(
             }
         }
         let WorkerState {
-            open,
+            clients,
             listeners,
             upstreams,
             batch,
@@ -546,10 +544,11 @@ fn worker_main(
         for (_, l) in listeners {
             let _ = l.task.await;
         }
-        // The listening sockets are closed now; wait for open connections to finish, as long
-        // as the running configuration allows.
+        // The listening sockets are closed now: idle connections close, busy ones once their
+        // response is out, as long as the running configuration allows.
+        clients.drain();
         let timeout = generations.borrow().config.runtime.shutdown_timeout;
-        if tokio::time::timeout(timeout, open.all_closed())
+        if tokio::time::timeout(timeout, clients.all_closed())
             .await
             .is_err()
         {
@@ -565,7 +564,7 @@ struct WorkerState {
     core: usize,
     process: Arc<Process>,
     /// This worker's open client connections, which a stop lets finish.
-    open: Rc<OpenConnections>,
+    clients: Rc<Clients>,
     stop: watch::Receiver<bool>,
     listeners: HashMap<ListenerKey, Listening>,
     /// This worker's view of each upstream, in config order.
@@ -609,6 +608,13 @@ impl WorkerState {
             trusted: config.trusted.clone(),
             limits: config.limits,
         });
+        // The sweeper's tick follows the shortest timeout it keeps.
+        let shortest = config
+            .upstreams
+            .iter()
+            .map(|u| u.timeouts.client_idle)
+            .fold(config.limits.header_timeout, Duration::min);
+        self.clients.set_shortest_timeout(shortest);
         let mut sockets = generation.take_sockets(self.worker);
         let keys = listener_keys(&config.listeners);
         for (l, key) in config.listeners.iter().zip(&keys) {
@@ -647,7 +653,7 @@ impl WorkerState {
                 route.clone(),
                 self.process.clone(),
                 self.batch.clone(),
-                self.open.clone(),
+                self.clients.clone(),
                 self.stop.clone(),
                 removed_rx,
             ));
@@ -684,11 +690,11 @@ impl WorkerState {
 
 /// Where one listener's requests go in the running generation. A reload replaces the contents,
 /// and every request reads them anew, so keep-alive connections follow a reload too.
-struct Route {
-    upstream: RefCell<Rc<WorkerUpstream>>,
-    rules: RefCell<Rc<ClientRules>>,
+pub(crate) struct Route {
+    pub upstream: RefCell<Rc<WorkerUpstream>>,
+    pub rules: RefCell<Rc<ClientRules>>,
     /// This worker's counters for the listener, while metrics are on.
-    stats: Option<Arc<ListenerStats>>,
+    pub stats: Option<Arc<ListenerStats>>,
 }
 
 async fn accept_loop(
@@ -696,7 +702,7 @@ async fn accept_loop(
     route: Rc<Route>,
     process: Arc<Process>,
     batch: Option<Rc<Batch>>,
-    open: Rc<OpenConnections>,
+    clients: Rc<Clients>,
     mut stop: watch::Receiver<bool>,
     mut removed: watch::Receiver<bool>,
 ) {
@@ -707,7 +713,7 @@ async fn accept_loop(
             biased;
             _ = stop.wait_for(|s| *s) => return,
             _ = removed.wait_for(|s| *s) => return,
-            slot = connections.slot() => slot,
+            slot = connections.slot(&clients) => slot,
         };
         let (stream, peer) = tokio::select! {
             biased;
@@ -715,197 +721,35 @@ async fn accept_loop(
             _ = removed.wait_for(|s| *s) => return,
             a = accept(&listener) => a,
         };
-        // Limits hyper enforces per connection (head size, header count) and the watchdog's
-        // timeouts are taken now; the rest of the rules and the route are read per request.
-        let rules = route.rules.borrow().clone();
-        let limits = rules.limits;
+        // The timeouts that decide when the connection is idle are taken now; the rest of the
+        // rules and the route are read per request.
+        let header_timeout = route.rules.borrow().limits.header_timeout;
         let client_idle = route.upstream.borrow().shared.config.timeouts.client_idle;
-        let mut builder = http1::Builder::new();
-        // Idle connections and late request heads (`limits.header_timeout`) are handled by the
-        // per-connection watchdog in `idle` instead: hyper's header read timeout arms a new boxed
-        // timer for every request, also runs while a keep-alive connection waits between
-        // requests, and closes without a 408.
-        builder.header_read_timeout(None);
-        // hyper answers a head over either limit with 431 and closes; complete or not, the head
-        // never grows past `max_header_bytes` in memory.
-        builder.max_header_size(limits.max_header_bytes);
-        builder.max_headers(limits.max_headers);
-
-        // What a request needs to know about its client, recomputed only after a reload changed
-        // the rules (`forwarded.trusted` above all).
-        let client = RefCell::new((rules.clone(), Rc::new(Client::new(peer, &rules.trusted))));
-        let activity = Rc::new(Activity::accepted());
-        let io = TrackedIo::new(TokioIo::new(stream), activity.clone());
-        let requests = activity.clone();
-        let route = route.clone();
-        let access = batch.clone();
-        let counted = stats.clone();
+        let registered = clients.open(client_idle, header_timeout);
         if let Some(s) = &stats {
             s.accepted.fetch_add(1, Ordering::Relaxed);
         }
-        let service = service_fn(move |req: Request<Incoming>| {
-            let active = requests.request();
-            if let Some(s) = &counted {
-                s.requests.fetch_add(1, Ordering::Relaxed);
-            }
-            let pending = access
-                .as_ref()
-                .map(|batch| Pending::start(&req, peer, batch));
-            let upstream = route.upstream.borrow().clone();
-            let (limits, client) = {
-                let now = route.rules.borrow();
-                let mut cached = client.borrow_mut();
-                if !Rc::ptr_eq(&cached.0, &now) {
-                    *cached = (now.clone(), Rc::new(Client::new(peer, &now.trusted)));
-                }
-                (now.limits, cached.1.clone())
-            };
-            let forwarded = proxy::handle(upstream, client, limits, req, pending.is_some());
-            async move {
-                let (resp, upstreamed) = forwarded.await?;
-                let logged = pending.and_then(|p| p.responded(resp.status(), upstreamed));
-                Ok::<_, std::convert::Infallible>(
-                    resp.map(|body| LoggedBody::new(body, active, logged)),
-                )
-            }
-        });
-        let conn = builder.serve_connection(io, service);
-        let header_timeout = limits.header_timeout;
-        let process = process.clone();
-        // Counted however the task ends, even aborted before its first poll.
-        let closed = Closed {
-            stats: stats.clone(),
-            _open: open.opened(),
-        };
-        let draining = activity.clone();
-        let mut stopped = stop.clone();
-        // The connection and its watchdog are two tasks, so that the watchdog (its timer, and
-        // the shared notification of `max_connections` pressure, whose polling takes a lock) is
-        // polled only when it has something to check, never on the connection's every wake.
-        let mut serving = tokio::task::spawn_local(async move {
-            // The connection's slot is free again when this task ends or is aborted.
-            let _slot = slot;
-            let _closed = closed;
-            // A stop (see the watchdog task) asks hyper to finish the request in flight, if any,
-            // and close. One flag read per poll: hyper-util's `GracefulShutdown` polled a watch
-            // channel on every wake of every connection, about 2% of the instructions per request.
-            let mut conn = std::pin::pin!(conn);
-            let mut asked = false;
-            let served = std::future::poll_fn(|cx| {
-                // Also during a stop: a late head's 408 still needs the task woken.
-                draining.remember(cx.waker());
-                if !asked && draining.is_draining() {
-                    asked = true;
-                    conn.as_mut().graceful_shutdown();
-                }
-                conn.as_mut().poll(cx)
-            })
-            .await;
-            if let Err(e) = served {
-                log_connection_error(peer, &e);
-            }
-        });
-        tokio::task::spawn_local(async move {
-            let watchdog = idle::watchdog(
-                activity.clone(),
-                client_idle,
-                header_timeout,
-                &process.connections.pressure,
-            );
-            tokio::pin!(watchdog);
-            let mut stopping = false;
-            // Bounded: the stop branch is taken at most once, and every other branch leaves.
-            let expired = loop {
-                tokio::select! {
-                    biased;
-                    _ = &mut serving => return,
-                    _ = stopped.wait_for(|s| *s), if !stopping => {
-                        // hyper closes an idle connection when woken, a busy one once its
-                        // response is out. The watchdog goes on: a client trickling its head
-                        // still gets its 408 at `header_timeout`. The worker bounds the wait
-                        // with `shutdown_timeout`.
-                        stopping = true;
-                        activity.drain();
-                    }
-                    e = &mut watchdog => break e,
-                }
-            };
-            match expired {
-                Expired::Pressure => {
-                    debug!(client = %peer, "closing idle client connection: at limits.max_connections");
-                }
-                Expired::Idle => {
-                    debug!(client = %peer, "closing client connection idle for {client_idle:?}");
-                }
-                Expired::Head { bytes: false } => {
-                    debug!(client = %peer, "closing client connection that sent nothing within {header_timeout:?}");
-                }
-                Expired::Head { bytes: true } => {
-                    warn!(client = %peer, "answered 408: no complete request head within {header_timeout:?} (limits.header_timeout)");
-                    // Woken, hyper reads again; that read writes the 408 and ends the stream,
-                    // and hyper closes. Bounded in case hyper is not reading after all.
-                    activity.wake();
-                    if tokio::time::timeout(Duration::from_secs(1), &mut serving)
-                        .await
-                        .is_ok()
-                    {
-                        return;
-                    }
-                }
-            }
-            // Dropping the connection closes its socket.
-            serving.abort();
-        });
+        // Counted however the task ends, even dropped before its first poll; the connection's
+        // `max_connections` slot is free again then too.
+        let held = (slot, Closed(stats.clone()));
+        tokio::task::spawn_local(crate::downstream::serve(
+            stream,
+            peer,
+            registered,
+            route.clone(),
+            batch.clone(),
+            held,
+        ));
     }
 }
 
-/// Counts a client connection closed when dropped, however its task ends (aborted included).
-struct Closed {
-    stats: Option<Arc<ListenerStats>>,
-    _open: OpenConnection,
-}
+/// Counts a client connection closed when dropped, however its task ends.
+struct Closed(Option<Arc<ListenerStats>>);
 
 impl Drop for Closed {
     fn drop(&mut self) {
-        if let Some(s) = &self.stats {
+        if let Some(s) = &self.0 {
             s.closed.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// A worker's open client connections, counted so that a stop can wait for them to finish.
-#[derive(Default)]
-struct OpenConnections {
-    count: Cell<usize>,
-    /// Notified when the count drops to zero.
-    none: Notify,
-}
-
-impl OpenConnections {
-    fn opened(self: &Rc<Self>) -> OpenConnection {
-        self.count.set(self.count.get() + 1);
-        OpenConnection(self.clone())
-    }
-
-    /// Completes once no connection is open.
-    async fn all_closed(&self) {
-        // Bounded: every connection ends within the caller's timeout, or the caller gives up.
-        while self.count.get() > 0 {
-            self.none.notified().await;
-        }
-    }
-}
-
-/// One open connection of [`OpenConnections`], until dropped.
-struct OpenConnection(Rc<OpenConnections>);
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        let n = self.0.count.get().saturating_sub(1);
-        self.0.count.set(n);
-        if n == 0 {
-            // Stores a permit if `all_closed` isn't waiting yet, so the wake is never lost.
-            self.0.none.notify_one();
         }
     }
 }
@@ -929,33 +773,35 @@ pub(crate) async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, So
 }
 
 /// What applies to every client of a listener, whatever its upstream.
-struct ClientRules {
+pub(crate) struct ClientRules {
     /// `forwarded.trusted`.
-    trusted: Vec<ipnet::IpNet>,
-    limits: Limits,
+    pub trusted: Vec<ipnet::IpNet>,
+    pub limits: Limits,
 }
 
 /// The process's client connections, counted against `limits.max_connections` by every worker.
 pub(crate) struct Connections {
     /// One permit per open client connection.
     slots: Arc<Semaphore>,
-    /// Notified while an accept loop waits for a slot: idle keep-alive connections close to make
-    /// room, as nginx does when it runs out of `worker_connections`, so a flood of idle clients
-    /// cannot lock out active ones.
-    pressure: Notify,
+    /// Bumped while an accept loop waits for a slot: every worker's sweeper then closes its idle
+    /// keep-alive connections to make room, as nginx does when it runs out of
+    /// `worker_connections`, so that a flood of idle clients cannot lock out active ones.
+    pub pressure: AtomicU64,
 }
 
 impl Connections {
     /// Waits for room for one more connection. Until there is, nothing is accepted (new
-    /// connections wait in the kernel's backlog) and idle connections are asked to close, again
-    /// every 100 ms in case one became idle meanwhile.
-    async fn slot(&self) -> OwnedSemaphorePermit {
+    /// connections wait in the kernel's backlog) and idle connections are asked to close: this
+    /// worker's at once, every worker's at its next tick, and again every 100 ms in case one
+    /// became idle meanwhile.
+    async fn slot(&self, clients: &Clients) -> OwnedSemaphorePermit {
         if let Ok(slot) = self.slots.clone().try_acquire_owned() {
             return slot;
         }
         warn!("at limits.max_connections: not accepting, closing idle connections to make room");
         loop {
-            self.pressure.notify_waiters();
+            self.pressure.fetch_add(1, Ordering::Relaxed);
+            clients.close_idle();
             tokio::select! {
                 slot = self.slots.clone().acquire_owned() => {
                     // The semaphore is never closed.
@@ -966,21 +812,6 @@ impl Connections {
                 () = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
         }
-    }
-}
-
-/// Logs why a client connection ended early. hyper's parser refusing a request is worth a
-/// warning (it answered the client itself, so nothing else logs it); a client going away is not.
-fn log_connection_error(peer: SocketAddr, e: &hyper::Error) {
-    // This also covers hyper's 414 for a target over 64 KiB, which config validation keeps out
-    // of reach: `max_header_bytes` stays below that, and a longer head gets 431 first.
-    if e.is_parse_too_large() {
-        warn!(client = %peer, "answered 431: request head over limits.max_header_bytes or limits.max_headers ({e})");
-    } else if e.is_parse() {
-        // hyper answers every other parse error it can name with 400.
-        warn!(client = %peer, "answered 400: malformed request ({e})");
-    } else {
-        debug!(client = %peer, "client connection ended: {e}");
     }
 }
 

@@ -1,0 +1,1206 @@
+//! The client side of HTTP/1.1: reading requests off a client connection, and writing the
+//! responses back.
+//!
+//! pinlb serves clients with this small codec rather than hyper's server, for the same reasons
+//! `h1` talks to backends without hyper's client: a proxy needs less than a general server, and
+//! the difference is what pinlb costs. hyper's server was about 7.7k of the 17.7k user-space
+//! instructions per proxied request (benches/callgrind.sh), and it keeps two 8 KiB buffers per
+//! connection for as long as the connection is open, idle or not. Here an idle keep-alive
+//! connection holds no buffer at all (its read buffer is freed between requests), and a request
+//! is parsed in place with `httparse`, the parser hyper uses.
+//!
+//! Per request: one read for the head (and whatever body came with it), the exchange with the
+//! backend, and one write for the response head together with the part of the body the backend
+//! sent with its own head. What hyper's server checked on its own is checked here: the request
+//! line and header syntax, head size and header count (431), Content-Length and
+//! Transfer-Encoding framing; and what a proxy must add: Host, the target's form and length
+//! (414), the declared body size (413).
+
+use std::cell::Cell;
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, StatusCode, Uri, Version};
+use socket2::SockRef;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::accesslog::{Batch, Logged, Pending};
+use crate::config::Limits;
+use crate::h1::{ContentLength, Decoder, Framing, H1Error, RequestFraming};
+use crate::idle::{self, Wait};
+use crate::proxy::{self, Answer, ClientError, ProxyBody};
+use crate::server::Route;
+
+/// Room a read needs before the buffer grows: a typical request head fits in one read.
+const READ_CHUNK: usize = 4 * 1024;
+/// After a response that ends the connection with client bytes left unread, how long and how
+/// much pinlb goes on reading (and discarding) before it closes, so that the close does not
+/// turn into a reset that destroys the response before the client reads it (nginx's
+/// `lingering_close`).
+const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 256 * 1024;
+
+/// A request head pinlb refuses before anything else looks at it: malformed syntax, or too large
+/// to read. Answered and the connection closed; not logged to the access log, as hyper's parser
+/// errors were not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed {
+    pub status: StatusCode,
+    pub cause: String,
+}
+
+impl Malformed {
+    fn bad(cause: impl Into<String>) -> Self {
+        Malformed {
+            status: StatusCode::BAD_REQUEST,
+            cause: cause.into(),
+        }
+    }
+
+    fn too_large(cause: &str) -> Self {
+        Malformed {
+            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            cause: cause.into(),
+        }
+    }
+}
+
+/// A parsed request head.
+#[derive(Debug)]
+pub struct RequestHead {
+    /// Method, target, version and the end-to-end headers: hop-by-hop headers, the framing
+    /// headers and Expect never enter the map.
+    pub parts: http::request::Parts,
+    /// How the body is framed, as sent upstream.
+    pub body: RequestFraming,
+    /// What the client asked for: HTTP/1.1 unless `Connection: close`, HTTP/1.0 only with
+    /// `Connection: keep-alive`.
+    pub keep_alive: bool,
+    /// Content-Length came with Transfer-Encoding: the body is read as chunked, and the
+    /// connection closes after the response, since the client and some other hop may disagree
+    /// on where this request ends (HAProxy's rule).
+    pub ambiguous: bool,
+    /// `Expect: 100-continue`: pinlb answers it when the body is first read.
+    pub expect_continue: bool,
+    /// Why pinlb refuses the request, if it does; answered through the proxy's error path, so
+    /// it is counted and logged like any request.
+    pub refused: Option<ClientError>,
+}
+
+/// The hop-by-hop headers and the others a request head is parsed around, recognised on raw
+/// bytes.
+enum Special {
+    Connection,
+    TransferEncoding,
+    ContentLength,
+    Host,
+    Expect,
+    /// Keep-Alive, Proxy-Connection, TE, Trailer, Upgrade: dropped.
+    Hop,
+}
+
+impl Special {
+    fn of(name: &[u8]) -> Option<Special> {
+        let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
+        // The length check first: almost every header is ruled out by it.
+        match name.len() {
+            4 if is("host") => Some(Special::Host),
+            6 if is("expect") => Some(Special::Expect),
+            10 if is("connection") => Some(Special::Connection),
+            14 if is("content-length") => Some(Special::ContentLength),
+            17 if is("transfer-encoding") => Some(Special::TransferEncoding),
+            10 if is("keep-alive") => Some(Special::Hop),
+            16 if is("proxy-connection") => Some(Special::Hop),
+            2 if is("te") => Some(Special::Hop),
+            7 if is("trailer") || is("upgrade") => Some(Special::Hop),
+            _ => None,
+        }
+    }
+}
+
+/// Parses a complete request head off the front of `buf`, leaving the rest (body, pipelined
+/// requests) in it; `Ok(None)` when more bytes are needed.
+pub fn parse_request(
+    buf: &mut BytesMut,
+    limits: &Limits,
+) -> Result<Option<RequestHead>, Malformed> {
+    let mut slots = [const { MaybeUninit::<httparse::Header>::uninit() }; Limits::MAX_HEADERS];
+    let slots = &mut slots[..limits.max_headers.min(Limits::MAX_HEADERS)];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default()
+        .parse_request_with_uninit_headers(&mut req, buf, slots)
+    {
+        Ok(httparse::Status::Complete(len)) if len <= limits.max_header_bytes => len,
+        Ok(httparse::Status::Partial) if buf.len() <= limits.max_header_bytes => return Ok(None),
+        Ok(_) => {
+            return Err(Malformed::too_large(
+                "request head over limits.max_header_bytes",
+            ));
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(Malformed::too_large(
+                "more header lines than limits.max_headers",
+            ));
+        }
+        Err(e) => return Err(Malformed::bad(format!("malformed request: {e}"))),
+    };
+    let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
+        .map_err(|_| Malformed::bad("malformed request: invalid method"))?;
+    let version = match req.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    let path = req.path.unwrap_or_default();
+    let asterisk = path == "*";
+    let base = buf.as_ptr() as usize;
+    let target = (path.as_ptr() as usize - base, path.len());
+    // Record where each header lies, then split the head off the buffer so that the target and
+    // the values share its memory instead of being copied.
+    let spans: Vec<(usize, usize, usize, usize)> = req
+        .headers
+        .iter()
+        .map(|h| {
+            (
+                h.name.as_ptr() as usize - base,
+                h.name.len(),
+                h.value.as_ptr() as usize - base,
+                h.value.len(),
+            )
+        })
+        .collect();
+    let head = buf.split_to(len).freeze();
+    let uri = Uri::from_maybe_shared(head.slice(target.0..target.0 + target.1))
+        .map_err(|_| Malformed::bad("malformed request: invalid target"))?;
+    if uri.path_and_query().is_none() {
+        // Authority-form (`CONNECT host:port`): pinlb does not tunnel.
+        return Err(Malformed::bad(format!(
+            "{method} with an authority-form target is not supported"
+        )));
+    }
+
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    let mut close = false;
+    let mut keep_alive_token = false;
+    let mut named: Vec<HeaderName> = Vec::new();
+    let mut codings = 0usize;
+    let mut chunked_only = true;
+    let mut content_length = ContentLength::Absent;
+    let mut hosts = 0usize;
+    let mut host_ok = false;
+    let mut expect_continue = false;
+    for &(n, nl, v, vl) in &spans {
+        let raw_name = &head[n..n + nl];
+        let raw_value = &head[v..v + vl];
+        match Special::of(raw_name) {
+            Some(Special::Connection) => {
+                for t in raw_value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                    if t.eq_ignore_ascii_case(b"close") {
+                        close = true;
+                    } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                        keep_alive_token = true;
+                    } else if let Ok(name) = HeaderName::from_bytes(t) {
+                        named.push(name);
+                    }
+                }
+                continue;
+            }
+            Some(Special::TransferEncoding) => {
+                // Exactly one `chunked` over all lines: pinlb decodes and re-frames the body, so
+                // it would lose any other coding, and `chunked, chunked` is how TE.TE smuggling
+                // starts.
+                for coding in raw_value.split(|&b| b == b',') {
+                    codings += 1;
+                    chunked_only &= coding.trim_ascii().eq_ignore_ascii_case(b"chunked");
+                }
+                continue;
+            }
+            Some(Special::ContentLength) => {
+                content_length = add_content_length(content_length, raw_value);
+                continue;
+            }
+            Some(Special::Expect) => {
+                expect_continue |= raw_value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+                continue;
+            }
+            Some(Special::Hop) => continue,
+            Some(Special::Host) => {
+                hosts += 1;
+                host_ok = is_valid_host(raw_value);
+            }
+            None => {}
+        }
+        let name = HeaderName::from_bytes(raw_name)
+            .map_err(|_| Malformed::bad("malformed request: invalid header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
+            .map_err(|_| Malformed::bad("malformed request: invalid header value"))?;
+        headers.append(name, value);
+    }
+    for name in named {
+        // A proxy always sends Host on, whatever Connection says.
+        if name != header::HOST {
+            headers.remove(name);
+        }
+    }
+
+    let mut refused = None;
+    let mut refuse = |e: ClientError| {
+        refused.get_or_insert(e);
+    };
+    if target.1 > limits.max_uri_bytes {
+        refuse(ClientError::UriTooLong {
+            len: target.1,
+            limit: limits.max_uri_bytes,
+        });
+    }
+    if asterisk && method != Method::OPTIONS {
+        refuse(ClientError::AsteriskForm);
+    }
+    let te = codings > 0;
+    if te && (codings > 1 || !chunked_only || version == Version::HTTP_10) {
+        refuse(ClientError::TransferEncoding);
+    }
+    match hosts {
+        0 if version == Version::HTTP_11 => refuse(ClientError::MissingHost),
+        0 => {}
+        1 if !host_ok => refuse(ClientError::InvalidHost),
+        1 => {}
+        _ => refuse(ClientError::DuplicateHost),
+    }
+    let body = if te {
+        RequestFraming::Chunked
+    } else {
+        match content_length {
+            ContentLength::Absent => RequestFraming::None,
+            ContentLength::Valid(n) => RequestFraming::Length(n),
+            ContentLength::Invalid(why) => {
+                refuse(ClientError::ContentLength(why));
+                RequestFraming::None
+            }
+        }
+    };
+    if let RequestFraming::Length(n) = body {
+        if limits.max_body > 0 && n > limits.max_body {
+            refuse(ClientError::BodyTooLarge {
+                limit: limits.max_body,
+            });
+        }
+    }
+
+    let (mut parts, ()) = Request::new(()).into_parts();
+    parts.method = method;
+    parts.uri = uri;
+    parts.version = version;
+    parts.headers = headers;
+    Ok(Some(RequestHead {
+        parts,
+        body,
+        keep_alive: !close && (version == Version::HTTP_11 || keep_alive_token),
+        ambiguous: te && content_length != ContentLength::Absent,
+        expect_continue: expect_continue && version == Version::HTTP_11,
+        refused,
+    }))
+}
+
+/// Takes in one Content-Length line of a request: digits only. Lines must agree; a list in one
+/// line is refused, as hyper refused it (a response's list of equal values is accepted, in `h1`).
+fn add_content_length(now: ContentLength, value: &[u8]) -> ContentLength {
+    let v = value.trim_ascii();
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return ContentLength::Invalid("invalid Content-Length");
+    }
+    // At most 19 digits: no overflow.
+    let n = v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    match now {
+        ContentLength::Absent => ContentLength::Valid(n),
+        ContentLength::Valid(l) if l == n => now,
+        ContentLength::Valid(_) => ContentLength::Invalid("conflicting Content-Length values"),
+        ContentLength::Invalid(_) => now,
+    }
+}
+
+/// Whether a Host value is `host[:port]` (RFC 9110 §7.2, RFC 3986 §3.2.2): a registered name or
+/// IPv4 address of unreserved, sub-delim and `%` characters, or an IPv6 literal in brackets,
+/// then an optional decimal port.
+fn is_valid_host(v: &[u8]) -> bool {
+    let (host, port) = if let Some(rest) = v.strip_prefix(b"[") {
+        let Some(end) = rest.iter().position(|&b| b == b']') else {
+            return false;
+        };
+        let literal = &rest[..end];
+        if literal.is_empty()
+            || !literal
+                .iter()
+                .all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+        {
+            return false;
+        }
+        match &rest[end + 1..] {
+            [] => return true,
+            [b':', port @ ..] => (&b""[..], port),
+            _ => return false,
+        }
+    } else {
+        match v.iter().rposition(|&b| b == b':') {
+            Some(i) => (&v[..i], &v[i + 1..]),
+            None => (v, &b""[..]),
+        }
+    };
+    let reg_name = |b: &u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(b);
+    let host_ok = v.starts_with(b"[") || (!host.is_empty() && host.iter().all(reg_name));
+    host_ok && port.iter().all(u8::is_ascii_digit)
+}
+
+/// Reads what the socket has into the spare room of `buf`; `Ok(0)` is the end of the stream.
+///
+/// A short read has emptied the socket, so the socket's readiness is cleared then, as tokio's
+/// own `poll_read` does: the next wait goes straight to the reactor instead of first making a
+/// read that fails with EAGAIN.
+fn poll_read_buf(
+    stream: &TcpStream,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(READ_CHUNK);
+    }
+    loop {
+        ready!(stream.poll_read_ready(cx))?;
+        let spare = buf.spare_capacity_mut();
+        let room = spare.len();
+        let mut got = 0;
+        let read = stream.try_io(Interest::READABLE, || {
+            let n = SockRef::from(stream).recv(spare)?;
+            got = n;
+            if n > 0 && n < room {
+                // Reported to tokio as "would block" so that it clears the readiness; `got`
+                // carries the bytes out.
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Ok(n)
+        });
+        match read {
+            Ok(_) | Err(_) if got > 0 => {
+                // SAFETY: `recv` initialised the first `got` bytes of the spare capacity.
+                unsafe { buf.set_len(buf.len() + got) };
+                return Poll::Ready(Ok(got));
+            }
+            Ok(n) => return Poll::Ready(Ok(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+    }
+}
+
+/// Writes all of `bufs`, waiting for room in the socket as needed.
+async fn write_all(stream: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    let mut left: usize = bufs.iter().map(|b| b.len()).sum();
+    // Bounded: every pass writes something, or waits for room, or fails.
+    while left > 0 {
+        match stream.try_write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                left -= n;
+                IoSlice::advance_slices(&mut bufs, n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A request's body, read from the client connection as the proxy sends it on.
+pub struct ClientBody<'a> {
+    stream: &'a TcpStream,
+    buf: &'a mut BytesMut,
+    framing: RequestFraming,
+    decoder: Decoder,
+    /// `Expect: 100-continue` not yet answered.
+    expect_continue: bool,
+    /// Set once the whole body has been read, for the connection to see while the proxy holds
+    /// the body.
+    done: &'a Cell<bool>,
+}
+
+impl<'a> ClientBody<'a> {
+    fn new(
+        stream: &'a TcpStream,
+        buf: &'a mut BytesMut,
+        framing: RequestFraming,
+        expect_continue: bool,
+        done: &'a Cell<bool>,
+    ) -> Self {
+        let decoder = Decoder::new(match framing {
+            RequestFraming::None => Framing::Empty,
+            RequestFraming::Length(n) => Framing::Length(n),
+            RequestFraming::Chunked => Framing::Chunked,
+        });
+        done.set(decoder.is_done());
+        ClientBody {
+            stream,
+            buf,
+            framing,
+            decoder,
+            expect_continue,
+            done,
+        }
+    }
+
+    /// How the client framed the body, as it goes upstream.
+    pub fn framing(&self) -> RequestFraming {
+        self.framing
+    }
+
+    /// True once the whole body has been read (at once, for a request without one).
+    pub fn is_done(&self) -> bool {
+        self.decoder.is_done()
+    }
+
+    /// The next piece of the body; `None` once it is complete. Errors are the client's: a
+    /// malformed chunk, or the connection ending mid-body.
+    pub async fn next(&mut self) -> Result<Option<Bytes>, H1Error> {
+        // Bounded: every pass decodes, or reads at least one byte, or ends.
+        loop {
+            let decoded = self
+                .decoder
+                .decode(self.buf)
+                .map_err(|e| H1Error::ClientBody(e.to_string()))?;
+            if self.decoder.is_done() {
+                self.done.set(true);
+            }
+            if decoded.is_some() || self.decoder.is_done() {
+                return Ok(decoded);
+            }
+            if self.expect_continue {
+                // The client waits for this before it sends the body; a client that sent it
+                // anyway has it in the buffer, and the answer is skipped.
+                self.expect_continue = false;
+                write_all(
+                    self.stream,
+                    &mut [IoSlice::new(b"HTTP/1.1 100 Continue\r\n\r\n")],
+                )
+                .await
+                .map_err(|e| H1Error::ClientBody(e.to_string()))?;
+            }
+            let n = std::future::poll_fn(|cx| poll_read_buf(self.stream, self.buf, cx))
+                .await
+                .map_err(|e| H1Error::ClientBody(e.to_string()))?;
+            if n == 0 {
+                return Err(H1Error::ClientBody(
+                    "client closed the connection mid-body".into(),
+                ));
+            }
+        }
+    }
+}
+
+/// Completes when the client closes its connection (or it breaks) while its request is with a
+/// backend, so that the request is abandoned, as hyper and nginx do. Watches only once the
+/// request body has been read; bytes of a pipelined request stop the watch, since they are not
+/// read until the response is out.
+fn poll_client_gone(
+    stream: &TcpStream,
+    body_done: &Cell<bool>,
+    pipelined: &Cell<bool>,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    if !body_done.get() || pipelined.get() {
+        return Poll::Pending;
+    }
+    // Bounded: a pass that does not return has cleared the readiness, and the next poll of
+    // readiness is Pending unless new bytes came.
+    for _ in 0..4 {
+        match stream.poll_read_ready(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(_)) => return Poll::Ready(()),
+            Poll::Ready(Ok(())) => {}
+        }
+        let mut probe = [MaybeUninit::<u8>::uninit(); 1];
+        match stream.try_io(Interest::READABLE, || {
+            SockRef::from(stream).peek(&mut probe)
+        }) {
+            Ok(0) => return Poll::Ready(()),
+            Ok(_) => {
+                pipelined.set(true);
+                return Poll::Pending;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Poll::Ready(()),
+        }
+    }
+    Poll::Pending
+}
+
+/// What happens to a connection after an exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    KeepAlive,
+    Close,
+    /// Close, reading and discarding what the client still sends for a while first.
+    Linger,
+}
+
+/// One client connection, for as long as it is open.
+struct Connection {
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: idle::Client,
+    route: Rc<Route>,
+    batch: Option<Rc<Batch>>,
+    /// The header timeout of the connection's first request runs from here.
+    accepted: Instant,
+    /// The rules the connection's client identity was worked out under, and that identity;
+    /// recomputed only after a reload changed the rules (`forwarded.trusted` above all).
+    client: std::cell::RefCell<(Rc<crate::server::ClientRules>, Rc<proxy::Client>)>,
+}
+
+/// Serves one client connection until it closes. `held` is kept until then: the connection's
+/// `limits.max_connections` permit and its counters.
+pub(crate) async fn serve<H>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: idle::Client,
+    route: Rc<Route>,
+    batch: Option<Rc<Batch>>,
+    held: H,
+) {
+    let rules = route.rules.borrow().clone();
+    let client = Rc::new(proxy::Client::new(peer, &rules.trusted));
+    let conn = Connection {
+        stream,
+        peer,
+        slot,
+        route,
+        batch,
+        accepted: Instant::now(),
+        client: std::cell::RefCell::new((rules, client)),
+    };
+    let mut buf = BytesMut::new();
+    let mut first = true;
+    // Bounded by the client: every pass serves one request, or ends.
+    let next = loop {
+        if buf.is_empty() {
+            // Idle until the first bytes of a request are in the buffer (or the client closed):
+            // a readiness without bytes behind it keeps the connection idle, with no buffer.
+            let wait = std::future::poll_fn(|cx| {
+                conn.slot.poll_wait(first, cx, |cx| {
+                    let read = poll_read_buf(&conn.stream, &mut buf, cx);
+                    if read.is_pending() && buf.is_empty() {
+                        buf = BytesMut::new();
+                    }
+                    read.map(|r| r.map(drop))
+                })
+            })
+            .await;
+            if wait == Wait::Close {
+                debug!(client = %conn.peer, "closing client connection: idle, or making room, or stopping");
+                break Next::Close;
+            }
+        }
+        // Boxed: the exchange's state, the largest part of it the proxy's, exists only while a
+        // request does, and an idle connection's task stays small.
+        let next = Box::pin(conn.exchange(&mut buf, first)).await;
+        if next != Next::KeepAlive {
+            break next;
+        }
+        first = false;
+        if buf.is_empty() {
+            // Nothing pipelined: the buffer goes until the next request comes.
+            buf = BytesMut::new();
+        }
+    };
+    conn.close(next).await;
+    drop(held);
+}
+
+impl Connection {
+    /// Reads one request, has the proxy answer it, and writes the response.
+    async fn exchange(&self, buf: &mut BytesMut, first: bool) -> Next {
+        let limits = self.route.rules.borrow().limits;
+        let head = match self.read_head(buf, first, &limits).await {
+            Ok(Some(head)) => head,
+            Ok(None) => return Next::Close,
+            Err(m) => {
+                warn!(client = %self.peer, "answered {}: {}", m.status.as_u16(), m.cause);
+                let _ = self.write_local(m.status, &m.cause).await;
+                return Next::Linger;
+            }
+        };
+        let RequestHead {
+            parts,
+            body,
+            keep_alive,
+            ambiguous,
+            expect_continue,
+            refused,
+        } = head;
+        if let Some(s) = &self.route.stats {
+            s.requests.fetch_add(1, Ordering::Relaxed);
+        }
+        let pending = self
+            .batch
+            .as_ref()
+            .map(|batch| Pending::start(&parts, self.peer, batch));
+        let upstream = self.route.upstream.borrow().clone();
+        let (limits, client) = {
+            let now = self.route.rules.borrow();
+            let mut cached = self.client.borrow_mut();
+            if !Rc::ptr_eq(&cached.0, &now) {
+                *cached = (
+                    now.clone(),
+                    Rc::new(proxy::Client::new(self.peer, &now.trusted)),
+                );
+            }
+            (now.limits, cached.1.clone())
+        };
+        let method = parts.method.clone();
+        let version = parts.version;
+
+        let body_done = Cell::new(false);
+        let pipelined = Cell::new(false);
+        let mut client_body = ClientBody::new(&self.stream, buf, body, expect_continue, &body_done);
+        let answered = {
+            let forwarded = proxy::handle(
+                upstream,
+                client,
+                limits,
+                parts,
+                &mut client_body,
+                refused,
+                pending.is_some(),
+            );
+            let gone = std::future::poll_fn(|cx| {
+                poll_client_gone(&self.stream, &body_done, &pipelined, cx)
+            });
+            tokio::select! {
+                biased;
+                answer = forwarded => Some(answer),
+                () = gone => None,
+            }
+        };
+        let Some(answer) = answered else {
+            // Dropping the proxy's future abandons the request; the access log records 499.
+            debug!(client = %self.peer, "client closed the connection while its request was with a backend");
+            return Next::Close;
+        };
+        let body_read = client_body.is_done();
+        let Answer {
+            response,
+            upstreamed,
+            close,
+        } = answer;
+        let logged = Logged::new(pending.and_then(|p| p.responded(response.status(), upstreamed)));
+        let keep_alive =
+            keep_alive && !ambiguous && !close && body_read && !self.slot.clients().is_draining();
+        match self
+            .write_response(response, &method, version, keep_alive, logged)
+            .await
+        {
+            Ok(Some(true)) => Next::KeepAlive,
+            Ok(Some(false)) if body_read && buf.is_empty() => Next::Close,
+            Ok(Some(false)) => Next::Linger,
+            // Aborted: the client must see the response end early.
+            Ok(None) | Err(_) => Next::Close,
+        }
+    }
+
+    /// Reads until `buf` holds a whole request head. `Ok(None)`: the client closed, or its head
+    /// came too late and was answered with 408.
+    async fn read_head(
+        &self,
+        buf: &mut BytesMut,
+        first: bool,
+        limits: &Limits,
+    ) -> Result<Option<RequestHead>, Malformed> {
+        let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        // Bounded: each pass reads at least one byte (the head is at most
+        // `limits.max_header_bytes`), or ends.
+        loop {
+            if !buf.is_empty() {
+                if let Some(head) = parse_request(buf, limits)? {
+                    return Ok(Some(head));
+                }
+                if timer.is_none() {
+                    // Part of a head is here: it must be complete within the header timeout of
+                    // its first byte (of the accept, for the first request). The clock is read
+                    // only now, when a head needs more than one read.
+                    let since = if first { self.accepted } else { Instant::now() };
+                    timer = Some(Box::pin(tokio::time::sleep_until(
+                        since + limits.header_timeout,
+                    )));
+                }
+            }
+            let read = std::future::poll_fn(|cx| {
+                if let Some(t) = timer.as_mut() {
+                    if t.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(None);
+                    }
+                }
+                poll_read_buf(&self.stream, buf, cx).map(Some)
+            })
+            .await;
+            match read {
+                Some(Ok(0)) => {
+                    if !buf.is_empty() {
+                        debug!(client = %self.peer, "client closed the connection inside a request head");
+                    }
+                    return Ok(None);
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    debug!(client = %self.peer, "client connection failed: {e}");
+                    return Ok(None);
+                }
+                None => {
+                    warn!(client = %self.peer, "answered 408: no complete request head within {:?} (limits.header_timeout)", limits.header_timeout);
+                    let _ = self
+                        .write_local(
+                            StatusCode::REQUEST_TIMEOUT,
+                            "no complete request head within limits.header_timeout",
+                        )
+                        .await;
+                    // What arrived of the head is dropped unread.
+                    buf.clear();
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// Writes a response pinlb makes itself before any request reached the proxy, and which
+    /// ends the connection.
+    async fn write_local(&self, status: StatusCode, cause: &str) -> io::Result<()> {
+        let text = format!(
+            "{} {}: {cause}\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("")
+        );
+        let mut head = Vec::with_capacity(256);
+        status_line(&mut head, status);
+        head.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\n");
+        header_line(&mut head, b"date", self.slot.clients().date().as_bytes());
+        head.extend_from_slice(b"content-length: ");
+        head.extend_from_slice(itoa::Buffer::new().format(text.len()).as_bytes());
+        head.extend_from_slice(b"\r\nconnection: close\r\n\r\n");
+        write_all(
+            &self.stream,
+            &mut [IoSlice::new(&head), IoSlice::new(text.as_bytes())],
+        )
+        .await
+    }
+
+    /// Writes a response and streams its body. `Ok(Some(keep_alive))` when it went out whole,
+    /// with whether the connection may carry another request (an HTTP/1.0 client's body of
+    /// unknown length is delimited by closing it); `Ok(None)` when the body broke off (the
+    /// backend failed mid-body: the client must see an aborted response, so the connection
+    /// closes without the body's end).
+    async fn write_response(
+        &self,
+        response: http::Response<ProxyBody>,
+        method: &Method,
+        version: Version,
+        keep_alive: bool,
+        mut logged: Logged,
+    ) -> io::Result<Option<bool>> {
+        let (parts, mut body) = response.into_parts();
+        let status = parts.status;
+        let bodiless = method == Method::HEAD
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED;
+        let length = body.remaining();
+        let chunked = !bodiless && length.is_none() && version == Version::HTTP_11;
+        // An HTTP/1.0 client gets a body of unknown length delimited by the close.
+        let keep_alive = keep_alive && (bodiless || length.is_some() || chunked);
+
+        let mut head = Vec::with_capacity(256);
+        status_line(&mut head, status);
+        for (name, value) in &parts.headers {
+            header_line(&mut head, name.as_str().as_bytes(), value.as_bytes());
+        }
+        if !body.has_date() {
+            header_line(&mut head, b"date", self.slot.clients().date().as_bytes());
+        }
+        if !bodiless {
+            match length {
+                Some(n) => {
+                    head.extend_from_slice(b"content-length: ");
+                    head.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+                    head.extend_from_slice(b"\r\n");
+                }
+                None if chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+                None => {}
+            }
+        }
+        if !keep_alive {
+            head.extend_from_slice(b"connection: close\r\n");
+        } else if version == Version::HTTP_10 {
+            head.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+
+        // The head goes out with the first piece of the body when that is already here (the
+        // backend usually sends its head and a small body in one packet): one write, not two.
+        let mut head = Some(head);
+        // Bounded by the body: every pass writes a piece of it, or ends.
+        loop {
+            let piece = if bodiless {
+                None
+            } else if head.is_some() {
+                match std::future::poll_fn(|cx| Poll::Ready(body.poll_data(cx))).await {
+                    Poll::Ready(piece) => piece,
+                    Poll::Pending => {
+                        if let Some(h) = head.take() {
+                            write_all(&self.stream, &mut [IoSlice::new(&h)]).await?;
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                std::future::poll_fn(|cx| body.poll_data(cx)).await
+            };
+            let h = head.take().unwrap_or_default();
+            match piece {
+                Some(Ok(data)) => {
+                    logged.sent(data.len());
+                    if chunked {
+                        let mut size = [0u8; 18];
+                        let size = chunk_size_line(&mut size, data.len());
+                        write_all(
+                            &self.stream,
+                            &mut [
+                                IoSlice::new(&h),
+                                IoSlice::new(size),
+                                IoSlice::new(&data),
+                                IoSlice::new(b"\r\n"),
+                            ],
+                        )
+                        .await?;
+                    } else {
+                        write_all(&self.stream, &mut [IoSlice::new(&h), IoSlice::new(&data)])
+                            .await?;
+                    }
+                }
+                None => {
+                    let end: &[u8] = if chunked { b"0\r\n\r\n" } else { b"" };
+                    write_all(&self.stream, &mut [IoSlice::new(&h), IoSlice::new(end)]).await?;
+                    return Ok(Some(keep_alive));
+                }
+                Some(Err(e)) => {
+                    if !h.is_empty() {
+                        write_all(&self.stream, &mut [IoSlice::new(&h)]).await?;
+                    }
+                    warn!(client = %self.peer, "response aborted: {e}");
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// Ends the connection: the response is out, so the write side closes first (the client
+    /// sees the end of the stream); with `Next::Linger`, what the client still sends is read
+    /// and dropped for a while, so that closing with unread bytes does not reset the connection
+    /// before the client has read its answer.
+    async fn close(&self, next: Next) {
+        let sock = SockRef::from(&self.stream);
+        let _ = sock.shutdown(std::net::Shutdown::Write);
+        if next != Next::Linger {
+            return;
+        }
+        let mut scratch = BytesMut::with_capacity(16 * 1024);
+        let mut read = 0;
+        let _ = tokio::time::timeout(LINGER_TIME, async {
+            // Bounded by `LINGER_BYTES` and the timeout.
+            while read < LINGER_BYTES {
+                scratch.clear();
+                match std::future::poll_fn(|cx| poll_read_buf(&self.stream, &mut scratch, cx)).await
+                {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => read += n,
+                }
+            }
+        })
+        .await;
+    }
+}
+
+/// `HTTP/1.1 200 OK\r\n`
+fn status_line(out: &mut Vec<u8>, status: StatusCode) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A chunk's size line, `1a\r\n`, written into `out`.
+fn chunk_size_line(out: &mut [u8; 18], len: usize) -> &[u8] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut n = len;
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = HEX[n & 15];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    let d = &digits[i..];
+    out[..d.len()].copy_from_slice(d);
+    out[d.len()..d.len() + 2].copy_from_slice(b"\r\n");
+    &out[..d.len() + 2]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Option<RequestHead>, Malformed> {
+        parse_with(text, &Limits::default())
+    }
+
+    fn parse_with(text: &str, limits: &Limits) -> Result<Option<RequestHead>, Malformed> {
+        parse_request(&mut BytesMut::from(text), limits)
+    }
+
+    fn head(text: &str) -> RequestHead {
+        parse(text).unwrap().expect("a complete head")
+    }
+
+    fn refused(text: &str) -> Option<ClientError> {
+        head(text).refused
+    }
+
+    #[test]
+    fn a_head_is_parsed_and_leaves_the_body_and_the_next_request_in_the_buffer() {
+        let mut buf = BytesMut::from(
+            "POST /a?b HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nX-A: 1\r\nx-a: 2\r\n\r\nhiGET",
+        );
+        let h = parse_request(&mut buf, &Limits::default())
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.parts.method, Method::POST);
+        assert_eq!(h.parts.uri, "/a?b");
+        assert_eq!(h.body, RequestFraming::Length(2));
+        assert!(h.keep_alive);
+        assert_eq!(h.refused, None);
+        assert_eq!(
+            h.parts.headers.get_all("x-a").iter().collect::<Vec<_>>(),
+            ["1", "2"]
+        );
+        assert!(!h.parts.headers.contains_key("content-length"));
+        assert_eq!(&buf[..], b"hiGET");
+    }
+
+    #[test]
+    fn a_partial_head_asks_for_more_until_it_is_over_the_limit() {
+        assert!(parse("GET / HTTP/1.1\r\nHost: x\r\n").unwrap().is_none());
+        let limits = Limits {
+            max_header_bytes: 1024,
+            ..Limits::default()
+        };
+        let long = format!("GET / HTTP/1.1\r\nX-A: {}", "a".repeat(1100));
+        assert_eq!(parse_with(&long, &limits).unwrap_err().status, 431);
+        let many = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            "X-A: 1\r\n".repeat(Limits::default().max_headers + 1)
+        );
+        assert_eq!(parse(&many).unwrap_err().status, 431);
+    }
+
+    #[test]
+    fn hop_by_hop_headers_expect_and_framing_never_reach_the_map() {
+        let h = head(
+            "POST / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, X-Hop, Host\r\nKeep-Alive: 5\r\n\
+             Proxy-Connection: x\r\nTE: trailers\r\nTrailer: x-sum\r\nUpgrade: h2c\r\n\
+             Transfer-Encoding: chunked\r\nExpect: 100-continue\r\nX-Hop: 1\r\nX-Kept: 2\r\n\r\n",
+        );
+        let names: Vec<_> = h.parts.headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["host", "x-kept"]);
+        assert_eq!(h.body, RequestFraming::Chunked);
+        assert!(h.expect_continue);
+        assert!(h.keep_alive);
+    }
+
+    #[test]
+    fn keep_alive_follows_version_and_connection() {
+        let ka = |t: &str| head(t).keep_alive;
+        assert!(ka("GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert!(!ka(
+            "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        ));
+        assert!(!ka("GET / HTTP/1.0\r\n\r\n"));
+        assert!(ka("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"));
+    }
+
+    #[test]
+    fn host_must_be_one_valid_authority() {
+        for good in ["a.example:80", "a", "127.0.0.1:8080", "[::1]:80", "[::1]"] {
+            let t = format!("GET / HTTP/1.1\r\nHost: {good}\r\n\r\n");
+            assert_eq!(refused(&t), None, "{good:?}");
+        }
+        assert_eq!(refused("GET / HTTP/1.0\r\n\r\n"), None);
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\n\r\n"),
+            Some(ClientError::MissingHost)
+        );
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n"),
+            Some(ClientError::DuplicateHost)
+        );
+        for bad in ["", "a b", "u@a", "a:port", "a/b", ":80", "[::1", "[]:80"] {
+            let t = format!("GET / HTTP/1.1\r\nHost: {bad}\r\n\r\n");
+            assert_eq!(refused(&t), Some(ClientError::InvalidHost), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn transfer_encoding_must_be_exactly_one_chunked() {
+        let te = |v: &[&str]| {
+            let lines: String = v
+                .iter()
+                .map(|v| format!("Transfer-Encoding: {v}\r\n"))
+                .collect();
+            refused(&format!("POST / HTTP/1.1\r\nHost: a\r\n{lines}\r\n"))
+        };
+        assert_eq!(te(&["chunked"]), None);
+        assert_eq!(te(&["Chunked "]), None);
+        for bad in [
+            &["chunked, chunked"][..],
+            &["gzip, chunked"],
+            &["chunked", "chunked"],
+            &["xchunked"],
+            &[""],
+        ] {
+            assert_eq!(te(bad), Some(ClientError::TransferEncoding), "{bad:?}");
+        }
+        assert_eq!(
+            refused("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Some(ClientError::TransferEncoding)
+        );
+    }
+
+    #[test]
+    fn content_length_with_transfer_encoding_is_read_as_chunked_and_closes() {
+        let h = head(
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n",
+        );
+        assert_eq!(h.body, RequestFraming::Chunked);
+        assert!(h.ambiguous);
+        assert_eq!(h.refused, None);
+    }
+
+    #[test]
+    fn content_length_must_be_one_plain_number() {
+        let cl = |v: &[&str]| {
+            let lines: String = v
+                .iter()
+                .map(|v| format!("Content-Length: {v}\r\n"))
+                .collect();
+            head(&format!("POST / HTTP/1.1\r\nHost: a\r\n{lines}\r\n"))
+        };
+        assert_eq!(cl(&["5"]).body, RequestFraming::Length(5));
+        assert_eq!(cl(&["5", "5"]).body, RequestFraming::Length(5));
+        assert_eq!(cl(&["0"]).body, RequestFraming::Length(0));
+        for bad in [
+            &["5", "6"][..],
+            &["5, 5"],
+            &["-5"],
+            &["+5"],
+            &["0x5"],
+            &["99999999999999999999"],
+            &[""],
+        ] {
+            assert!(
+                matches!(cl(bad).refused, Some(ClientError::ContentLength(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn target_and_declared_body_are_held_to_the_limits() {
+        let limits = Limits {
+            max_uri_bytes: 16,
+            max_body: 10,
+            ..Limits::default()
+        };
+        let at = |t: &str| parse_with(t, &limits).unwrap().unwrap().refused;
+        assert_eq!(at("GET /0123456789abcde HTTP/1.1\r\nHost: a\r\n\r\n"), None);
+        assert_eq!(
+            at("GET /0123456789abcdef HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Some(ClientError::UriTooLong { len: 17, limit: 16 })
+        );
+        assert_eq!(
+            at("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            at("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\n"),
+            Some(ClientError::BodyTooLarge { limit: 10 })
+        );
+        assert_eq!(
+            refused("OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n"),
+            None,
+            "asterisk-form is for OPTIONS"
+        );
+        assert_eq!(
+            refused("GET * HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Some(ClientError::AsteriskForm)
+        );
+    }
+
+    #[test]
+    fn malformed_heads_are_refused_with_400() {
+        for bad in [
+            "GET / HTTP/1.1\rHost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\r\n b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\0b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost : a\r\n\r\n",
+            "GET  / HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET / HTTP/1.2\r\nHost: a\r\n\r\n",
+            "CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n",
+        ] {
+            assert_eq!(parse(bad).unwrap_err().status, 400, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn absolute_form_and_bare_lf_are_accepted() {
+        let h = head("GET http://a/x HTTP/1.1\nHost: a\n\n");
+        assert_eq!(h.parts.uri.path(), "/x");
+        assert_eq!(h.parts.uri.authority().map(|a| a.as_str()), Some("a"));
+    }
+
+    #[test]
+    fn chunk_size_lines_are_lowercase_hex() {
+        let mut out = [0u8; 18];
+        assert_eq!(chunk_size_line(&mut out, 0), b"0\r\n");
+        assert_eq!(chunk_size_line(&mut out, 26), b"1a\r\n");
+        assert_eq!(
+            chunk_size_line(&mut out, usize::MAX),
+            b"ffffffffffffffff\r\n"
+        );
+    }
+}
