@@ -429,9 +429,8 @@ pub struct ClientBody<'a> {
     decoder: Decoder,
     /// `Expect: 100-continue` not yet answered.
     expect_continue: bool,
-    /// Set once the whole body has been read, for the connection to see while the proxy holds
-    /// the body.
-    done: &'a Cell<bool>,
+    /// Told when the body is complete, for the connection to see while the proxy holds it.
+    watch: &'a Watch,
 }
 
 impl<'a> ClientBody<'a> {
@@ -440,21 +439,32 @@ impl<'a> ClientBody<'a> {
         buf: &'a mut BytesMut,
         framing: RequestFraming,
         expect_continue: bool,
-        done: &'a Cell<bool>,
+        watch: &'a Watch,
     ) -> Self {
         let decoder = Decoder::new(match framing {
             RequestFraming::None => Framing::Empty,
             RequestFraming::Length(n) => Framing::Length(n),
             RequestFraming::Chunked => Framing::Chunked,
         });
-        done.set(decoder.is_done());
-        ClientBody {
+        let body = ClientBody {
             stream,
             buf,
             framing,
             decoder,
             expect_continue,
-            done,
+            watch,
+        };
+        body.check_done();
+        body
+    }
+
+    /// Once the body is complete, whatever is left in the buffer belongs to a next request.
+    fn check_done(&self) {
+        if self.decoder.is_done() {
+            self.watch.body_done.set(true);
+            if !self.buf.is_empty() {
+                self.watch.pipelined.set(true);
+            }
         }
     }
 
@@ -477,9 +487,7 @@ impl<'a> ClientBody<'a> {
                 .decoder
                 .decode(self.buf)
                 .map_err(|e| H1Error::ClientBody(e.to_string()))?;
-            if self.decoder.is_done() {
-                self.done.set(true);
-            }
+            self.check_done();
             if decoded.is_some() || self.decoder.is_done() {
                 return Ok(decoded);
             }
@@ -506,17 +514,22 @@ impl<'a> ClientBody<'a> {
     }
 }
 
+/// What the connection watches while the proxy holds the request body.
+#[derive(Default)]
+struct Watch {
+    /// The whole request body has been read.
+    body_done: Cell<bool>,
+    /// Bytes of a next request have arrived: in the buffer, or waiting in the socket.
+    pipelined: Cell<bool>,
+}
+
 /// Completes when the client closes its connection (or it breaks) while its request is with a
 /// backend, so that the request is abandoned, as hyper and nginx do. Watches only once the
-/// request body has been read; bytes of a pipelined request stop the watch, since they are not
-/// read until the response is out.
-fn poll_client_gone(
-    stream: &TcpStream,
-    body_done: &Cell<bool>,
-    pipelined: &Cell<bool>,
-    cx: &mut Context<'_>,
-) -> Poll<()> {
-    if !body_done.get() || pipelined.get() {
+/// request body has been read, and not once a next request has begun to arrive: those bytes are
+/// not read until the response is out, and a client that pipelines and then closes its side
+/// still gets every answer.
+fn poll_client_gone(stream: &TcpStream, watch: &Watch, cx: &mut Context<'_>) -> Poll<()> {
+    if !watch.body_done.get() || watch.pipelined.get() {
         return Poll::Pending;
     }
     // Bounded: a pass that does not return has cleared the readiness, and the next poll of
@@ -533,7 +546,7 @@ fn poll_client_gone(
         }) {
             Ok(0) => return Poll::Ready(()),
             Ok(_) => {
-                pipelined.set(true);
+                watch.pipelined.set(true);
                 return Poll::Pending;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -543,6 +556,37 @@ fn poll_client_gone(
     Poll::Pending
 }
 
+/// A timer made on first need and reset for each later wait: waits that never block (most do
+/// not) cost no timer, and those that do share one.
+#[derive(Default)]
+struct Deadline(Option<Pin<Box<tokio::time::Sleep>>>);
+
+impl Deadline {
+    /// `fut`'s output, or `None` if it was pending for `limit`.
+    async fn within<T>(&mut self, limit: Duration, fut: impl Future<Output = T>) -> Option<T> {
+        let mut fut = std::pin::pin!(fut);
+        let mut armed = false;
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Some(v));
+            }
+            if !armed {
+                armed = true;
+                let at = Instant::now() + limit;
+                match self.0.as_mut() {
+                    Some(t) => t.as_mut().reset(at),
+                    None => self.0 = Some(Box::pin(tokio::time::sleep_until(at))),
+                }
+            }
+            match self.0.as_mut().map(|t| t.as_mut().poll(cx)) {
+                Some(Poll::Ready(())) => Poll::Ready(None),
+                _ => Poll::Pending,
+            }
+        })
+        .await
+    }
+}
+
 /// What happens to a connection after an exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Next {
@@ -550,6 +594,16 @@ enum Next {
     Close,
     /// Close, reading and discarding what the client still sends for a while first.
     Linger,
+    /// Reset: a response broke off, and the client must not take what it got for the whole.
+    Abort,
+}
+
+/// How a response went out.
+enum Written {
+    /// Whole; with whether the connection may carry another request.
+    Whole { keep_alive: bool },
+    /// Cut short: the backend failed or stalled mid-body.
+    Aborted,
 }
 
 /// One client connection, for as long as it is open.
@@ -630,13 +684,8 @@ impl Connection {
     async fn exchange(&self, buf: &mut BytesMut, first: bool) -> Next {
         let limits = self.route.rules.borrow().limits;
         let head = match self.read_head(buf, first, &limits).await {
-            Ok(Some(head)) => head,
-            Ok(None) => return Next::Close,
-            Err(m) => {
-                warn!(client = %self.peer, "answered {}: {}", m.status.as_u16(), m.cause);
-                let _ = self.write_local(m.status, &m.cause).await;
-                return Next::Linger;
-            }
+            Ok(head) => head,
+            Err(next) => return next,
         };
         let RequestHead {
             parts,
@@ -654,6 +703,7 @@ impl Connection {
             .as_ref()
             .map(|batch| Pending::start(&parts, self.peer, batch));
         let upstream = self.route.upstream.borrow().clone();
+        let timeouts = upstream.shared.config.timeouts;
         let (limits, client) = {
             let now = self.route.rules.borrow();
             let mut cached = self.client.borrow_mut();
@@ -668,9 +718,8 @@ impl Connection {
         let method = parts.method.clone();
         let version = parts.version;
 
-        let body_done = Cell::new(false);
-        let pipelined = Cell::new(false);
-        let mut client_body = ClientBody::new(&self.stream, buf, body, expect_continue, &body_done);
+        let watch = Watch::default();
+        let mut client_body = ClientBody::new(&self.stream, buf, body, expect_continue, &watch);
         let answered = {
             let forwarded = proxy::handle(
                 upstream,
@@ -681,9 +730,7 @@ impl Connection {
                 refused,
                 pending.is_some(),
             );
-            let gone = std::future::poll_fn(|cx| {
-                poll_client_gone(&self.stream, &body_done, &pipelined, cx)
-            });
+            let gone = std::future::poll_fn(|cx| poll_client_gone(&self.stream, &watch, cx));
             tokio::select! {
                 biased;
                 answer = forwarded => Some(answer),
@@ -704,33 +751,42 @@ impl Connection {
         let logged = Logged::new(pending.and_then(|p| p.responded(response.status(), upstreamed)));
         let keep_alive =
             keep_alive && !ambiguous && !close && body_read && !self.slot.clients().is_draining();
-        match self
-            .write_response(response, &method, version, keep_alive, logged)
-            .await
-        {
-            Ok(Some(true)) => Next::KeepAlive,
-            Ok(Some(false)) if body_read && buf.is_empty() => Next::Close,
-            Ok(Some(false)) => Next::Linger,
-            // Aborted: the client must see the response end early.
-            Ok(None) | Err(_) => Next::Close,
+        let written = self
+            .write_response(response, &method, version, keep_alive, logged, timeouts)
+            .await;
+        match written {
+            Ok(Written::Whole { keep_alive: true }) => Next::KeepAlive,
+            Ok(Written::Whole { .. }) if body_read && buf.is_empty() && !watch.pipelined.get() => {
+                Next::Close
+            }
+            // Bytes the client sent are left unread.
+            Ok(Written::Whole { .. }) => Next::Linger,
+            Ok(Written::Aborted) | Err(_) => Next::Abort,
         }
     }
 
-    /// Reads until `buf` holds a whole request head. `Ok(None)`: the client closed, or its head
-    /// came too late and was answered with 408.
+    /// Reads until `buf` holds a whole request head. A head that can't be served (malformed,
+    /// too large, too late) is answered here; `Err` says how the connection ends then, or after
+    /// the client closed.
     async fn read_head(
         &self,
         buf: &mut BytesMut,
         first: bool,
         limits: &Limits,
-    ) -> Result<Option<RequestHead>, Malformed> {
+    ) -> Result<RequestHead, Next> {
         let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
         // Bounded: each pass reads at least one byte (the head is at most
         // `limits.max_header_bytes`), or ends.
         loop {
             if !buf.is_empty() {
-                if let Some(head) = parse_request(buf, limits)? {
-                    return Ok(Some(head));
+                match parse_request(buf, limits) {
+                    Ok(Some(head)) => return Ok(head),
+                    Ok(None) => {}
+                    Err(m) => {
+                        warn!(client = %self.peer, "answered {}: {}", m.status.as_u16(), m.cause);
+                        self.write_local(m.status, &m.cause).await;
+                        return Err(Next::Linger);
+                    }
                 }
                 if timer.is_none() {
                     // Part of a head is here: it must be complete within the header timeout of
@@ -756,32 +812,33 @@ impl Connection {
                     if !buf.is_empty() {
                         debug!(client = %self.peer, "client closed the connection inside a request head");
                     }
-                    return Ok(None);
+                    return Err(Next::Close);
                 }
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {
                     debug!(client = %self.peer, "client connection failed: {e}");
-                    return Ok(None);
+                    return Err(Next::Close);
                 }
                 None => {
                     warn!(client = %self.peer, "answered 408: no complete request head within {:?} (limits.header_timeout)", limits.header_timeout);
-                    let _ = self
-                        .write_local(
-                            StatusCode::REQUEST_TIMEOUT,
-                            "no complete request head within limits.header_timeout",
-                        )
-                        .await;
-                    // What arrived of the head is dropped unread.
+                    self.write_local(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "no complete request head within limits.header_timeout",
+                    )
+                    .await;
+                    // What arrived of the head is dropped, and what still comes is read and
+                    // dropped for a while, so that the client sees the 408 and not a reset.
                     buf.clear();
-                    return Ok(None);
+                    return Err(Next::Linger);
                 }
             }
         }
     }
 
     /// Writes a response pinlb makes itself before any request reached the proxy, and which
-    /// ends the connection.
-    async fn write_local(&self, status: StatusCode, cause: &str) -> io::Result<()> {
+    /// ends the connection. Best effort, for at most `LINGER_TIME`: the connection closes next
+    /// anyway.
+    async fn write_local(&self, status: StatusCode, cause: &str) {
         let text = format!(
             "{} {}: {cause}\n",
             status.as_u16(),
@@ -794,18 +851,15 @@ impl Connection {
         head.extend_from_slice(b"content-length: ");
         head.extend_from_slice(itoa::Buffer::new().format(text.len()).as_bytes());
         head.extend_from_slice(b"\r\nconnection: close\r\n\r\n");
-        write_all(
-            &self.stream,
-            &mut [IoSlice::new(&head), IoSlice::new(text.as_bytes())],
-        )
-        .await
+        let mut out = [IoSlice::new(&head), IoSlice::new(text.as_bytes())];
+        let _ = tokio::time::timeout(LINGER_TIME, write_all(&self.stream, &mut out)).await;
     }
 
-    /// Writes a response and streams its body. `Ok(Some(keep_alive))` when it went out whole,
-    /// with whether the connection may carry another request (an HTTP/1.0 client's body of
-    /// unknown length is delimited by closing it); `Ok(None)` when the body broke off (the
-    /// backend failed mid-body: the client must see an aborted response, so the connection
-    /// closes without the body's end).
+    /// Writes a response and streams its body.
+    ///
+    /// Each wait is bounded: for the next piece of the body by `timeouts.response` (nginx's
+    /// `proxy_read_timeout`), for room in the client's socket by `timeouts.client_idle` (its
+    /// `send_timeout`). Either running out cuts the response short.
     async fn write_response(
         &self,
         response: http::Response<ProxyBody>,
@@ -813,7 +867,8 @@ impl Connection {
         version: Version,
         keep_alive: bool,
         mut logged: Logged,
-    ) -> io::Result<Option<bool>> {
+        timeouts: crate::config::Timeouts,
+    ) -> io::Result<Written> {
         let (parts, mut body) = response.into_parts();
         let status = parts.status;
         let bodiless = method == Method::HEAD
@@ -851,10 +906,13 @@ impl Connection {
         }
         head.extend_from_slice(b"\r\n");
 
+        let mut reading = Deadline::default();
+        let mut sending = Deadline::default();
+        let stalled = || io::Error::new(io::ErrorKind::TimedOut, "client took no data");
         // The head goes out with the first piece of the body when that is already here (the
         // backend usually sends its head and a small body in one packet): one write, not two.
         let mut head = Some(head);
-        // Bounded by the body: every pass writes a piece of it, or ends.
+        // Bounded by the body and the timeouts: every pass writes a piece of it, or ends.
         loop {
             let piece = if bodiless {
                 None
@@ -863,58 +921,89 @@ impl Connection {
                     Poll::Ready(piece) => piece,
                     Poll::Pending => {
                         if let Some(h) = head.take() {
-                            write_all(&self.stream, &mut [IoSlice::new(&h)]).await?;
+                            sending
+                                .within(
+                                    timeouts.client_idle,
+                                    write_all(&self.stream, &mut [IoSlice::new(&h)]),
+                                )
+                                .await
+                                .ok_or_else(stalled)??;
                         }
                         continue;
                     }
                 }
             } else {
-                std::future::poll_fn(|cx| body.poll_data(cx)).await
+                let next = std::future::poll_fn(|cx| body.poll_data(cx));
+                match reading.within(timeouts.response, next).await {
+                    Some(piece) => piece,
+                    None => {
+                        warn!(client = %self.peer, "response aborted: the backend sent no more of the body within {:?} (timeouts.response)", timeouts.response);
+                        return Ok(Written::Aborted);
+                    }
+                }
             };
             let h = head.take().unwrap_or_default();
-            match piece {
+            let write = match piece {
                 Some(Ok(data)) => {
                     logged.sent(data.len());
                     if chunked {
                         let mut size = [0u8; 18];
                         let size = chunk_size_line(&mut size, data.len());
-                        write_all(
-                            &self.stream,
-                            &mut [
-                                IoSlice::new(&h),
-                                IoSlice::new(size),
-                                IoSlice::new(&data),
-                                IoSlice::new(b"\r\n"),
-                            ],
-                        )
-                        .await?;
+                        let mut out = [
+                            IoSlice::new(&h),
+                            IoSlice::new(size),
+                            IoSlice::new(&data),
+                            IoSlice::new(b"\r\n"),
+                        ];
+                        sending
+                            .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                            .await
                     } else {
-                        write_all(&self.stream, &mut [IoSlice::new(&h), IoSlice::new(&data)])
-                            .await?;
+                        let mut out = [IoSlice::new(&h), IoSlice::new(&data)];
+                        sending
+                            .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                            .await
                     }
                 }
                 None => {
                     let end: &[u8] = if chunked { b"0\r\n\r\n" } else { b"" };
-                    write_all(&self.stream, &mut [IoSlice::new(&h), IoSlice::new(end)]).await?;
-                    return Ok(Some(keep_alive));
+                    let mut out = [IoSlice::new(&h), IoSlice::new(end)];
+                    sending
+                        .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                        .await
+                        .ok_or_else(stalled)??;
+                    return Ok(Written::Whole { keep_alive });
                 }
                 Some(Err(e)) => {
                     if !h.is_empty() {
-                        write_all(&self.stream, &mut [IoSlice::new(&h)]).await?;
+                        let mut out = [IoSlice::new(&h)];
+                        sending
+                            .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                            .await
+                            .ok_or_else(stalled)??;
                     }
                     warn!(client = %self.peer, "response aborted: {e}");
-                    return Ok(None);
+                    return Ok(Written::Aborted);
                 }
+            };
+            if write.is_none() {
+                warn!(client = %self.peer, "response aborted: the client took no data for {:?} (timeouts.client_idle)", timeouts.client_idle);
             }
+            write.ok_or_else(stalled)??;
         }
     }
 
-    /// Ends the connection: the response is out, so the write side closes first (the client
-    /// sees the end of the stream); with `Next::Linger`, what the client still sends is read
+    /// Ends the connection. After a response the write side closes first, so the client sees
+    /// the end of the stream; with `Next::Linger`, what the client still sends is then read
     /// and dropped for a while, so that closing with unread bytes does not reset the connection
-    /// before the client has read its answer.
+    /// before the client has read its answer (nginx's `lingering_close`). `Next::Abort` resets
+    /// it instead: a response cut short must not look complete, even one delimited by the close.
     async fn close(&self, next: Next) {
         let sock = SockRef::from(&self.stream);
+        if next == Next::Abort {
+            let _ = sock.set_linger(Some(Duration::ZERO));
+            return;
+        }
         let _ = sock.shutdown(std::net::Shutdown::Write);
         if next != Next::Linger {
             return;

@@ -25,6 +25,8 @@ use tokio::time::Sleep;
 const MAX_HEAD: usize = 64 * 1024;
 /// Most header lines accepted in a response head.
 const MAX_HEADERS: usize = 128;
+/// Most bytes of trailer fields after a chunked body (hyper's limit on chunk extensions).
+const MAX_TRAILERS: usize = 16 * 1024;
 /// Read buffer size; most responses a backend sends fit in one read.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -528,8 +530,8 @@ enum Chunk {
     Data(u64),
     /// Expecting the CRLF after chunk data.
     DataEnd,
-    /// Reading trailer lines after the last chunk.
-    Trailers,
+    /// Reading trailer lines after the last chunk; this many bytes of them so far.
+    Trailers(usize),
 }
 
 /// Reads a message body off a connection's buffer by its framing: as much as the buffer holds,
@@ -636,18 +638,22 @@ impl Decoder {
                     };
                     let size = parse_chunk_size(&line)?;
                     self.state = BodyState::Chunked(if size == 0 {
-                        Chunk::Trailers
+                        Chunk::Trailers(0)
                     } else {
                         Chunk::Data(size)
                     });
                 }
-                BodyState::Chunked(Chunk::Trailers) => {
+                BodyState::Chunked(Chunk::Trailers(seen)) => {
                     let Some(line) = take_line(buf)? else {
                         return Ok(None);
                     };
                     // Trailer fields are not forwarded; the empty line ends the body.
                     if line.is_empty() {
                         self.state = BodyState::Done;
+                    } else if seen + line.len() > MAX_TRAILERS {
+                        return Err(H1Error::Invalid("trailer section too large"));
+                    } else {
+                        self.state = BodyState::Chunked(Chunk::Trailers(seen + line.len() + 2));
                     }
                 }
             }
@@ -767,18 +773,37 @@ fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, H1Error> {
     }
 }
 
-/// Parses `1a;ext=1` into 26. At most 16 hex digits, so the size fits in a u64.
+/// Parses `1a;ext=1` into 26 (RFC 9112 §7.1): at most 16 hex digits, so the size fits in a
+/// u64, then optional whitespace and extensions, which may hold no control character (a bare CR
+/// above all). As strict as hyper's decoder, so that pinlb and a proxy in front of it cannot read
+/// one body two ways.
 fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
-    let digits = line.split(|&b| b == b';').next().unwrap_or_default();
-    let digits = digits.trim_ascii_end();
+    let bad = H1Error::Invalid("bad chunk size");
+    let end = line
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    let (digits, rest) = line.split_at(end);
     if digits.is_empty() || digits.len() > 16 {
-        return Err(H1Error::Invalid("bad chunk size"));
+        return Err(bad);
+    }
+    let rest = rest.trim_ascii_start();
+    let rest_ok = rest.is_empty()
+        || (rest[0] == b';'
+            && rest
+                .iter()
+                .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b) || b >= 0x80));
+    // `trim_ascii_start` also takes CR, LF and form feed: only SP and HTAB may follow the size.
+    let ws_ok = line[end..line.len() - rest.len()]
+        .iter()
+        .all(|&b| b == b' ' || b == b'\t');
+    if !rest_ok || !ws_ok {
+        return Err(bad);
     }
     let mut size = 0u64;
     for &d in digits {
-        let v = (d as char)
-            .to_digit(16)
-            .ok_or(H1Error::Invalid("bad chunk size"))?;
+        // Hex digits only, checked above.
+        let v = (d as char).to_digit(16).unwrap_or(0);
         size = (size << 4) | u64::from(v);
     }
     Ok(size)
@@ -942,6 +967,22 @@ mod tests {
     }
 
     #[test]
+    fn chunk_sizes_may_have_whitespace_before_extensions() {
+        let (data, done) = decode_all(Framing::Chunked, b"5 ;a=1\r\nhello\r\n0\t\r\n\r\n").unwrap();
+        assert_eq!(data, b"hello");
+        assert!(done);
+    }
+
+    #[test]
+    fn an_endless_trailer_section_is_refused() {
+        let mut wire = b"0\r\n".to_vec();
+        for _ in 0..2000 {
+            wire.extend_from_slice(b"X-T: 123456789\r\n");
+        }
+        assert!(decode_all(Framing::Chunked, &wire).is_err());
+    }
+
+    #[test]
     fn chunked_decoding_waits_for_more_bytes() {
         let (data, done) = decode_all(Framing::Chunked, b"a\r\n01234").unwrap();
         assert_eq!(data, b"01234");
@@ -957,6 +998,11 @@ mod tests {
             b"11111111111111111\r\n",
             b"-5\r\n",
             b"\r\n",
+            b"5\r\r\nhello\r\n0\r\n\r\n",
+            b"5\x0c\r\nhello\r\n0\r\n\r\n",
+            b"5;a\rb\r\nhello\r\n0\r\n\r\n",
+            b"5 x\r\nhello\r\n0\r\n\r\n",
+            b"0x5\r\nhello\r\n0\r\n\r\n",
         ] {
             assert!(
                 decode_all(Framing::Chunked, wire).is_err(),

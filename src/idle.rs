@@ -34,6 +34,9 @@ pub struct Clients {
     /// Sweeps so far; a waiting connection records the tick it began at.
     tick: Cell<u32>,
     period: Cell<Duration>,
+    /// Bumped when `period` changes (a reload), so that connections count their timeouts in
+    /// ticks of the new length.
+    period_changes: Cell<u32>,
     /// The worker is stopping: idle connections close now, busy ones after their response.
     draining: Cell<bool>,
     /// The `Date` header value, refreshed every tick.
@@ -68,6 +71,7 @@ impl Default for Clients {
             none_open: Notify::new(),
             tick: Cell::new(0),
             period: Cell::new(MAX_PERIOD),
+            period_changes: Cell::new(0),
             draining: Cell::new(false),
             date: RefCell::new(http_date()),
         }
@@ -94,8 +98,18 @@ impl Clients {
         Client {
             clients: self.clone(),
             index,
-            idle_ticks: self.ticks(idle),
-            head_ticks: self.ticks(head),
+            idle,
+            head,
+            ticks: Cell::new(self.limits(idle, head)),
+        }
+    }
+
+    /// A connection's timeouts in ticks of the current length.
+    fn limits(&self, idle: Duration, head: Duration) -> Limits {
+        Limits {
+            period: self.period_changes.get(),
+            idle: self.ticks(idle),
+            first: self.ticks(head.min(idle)),
         }
     }
 
@@ -107,8 +121,12 @@ impl Clients {
 
     /// Sets the tick from the shortest timeout that applies to this worker's connections.
     pub fn set_shortest_timeout(&self, shortest: Duration) {
-        self.period
-            .set((shortest / 4).clamp(Duration::from_millis(1), MAX_PERIOD));
+        let period = (shortest / 4).clamp(Duration::from_millis(1), MAX_PERIOD);
+        if period != self.period.get() {
+            self.period.set(period);
+            self.period_changes
+                .set(self.period_changes.get().wrapping_add(1));
+        }
     }
 
     pub fn open_count(&self) -> usize {
@@ -199,8 +217,22 @@ fn http_date() -> HeaderValue {
 pub struct Client {
     clients: Rc<Clients>,
     index: usize,
-    idle_ticks: u32,
-    head_ticks: u32,
+    /// `timeouts.client_idle`.
+    idle: Duration,
+    /// `limits.header_timeout`.
+    head: Duration,
+    ticks: Cell<Limits>,
+}
+
+/// A connection's timeouts counted in ticks, for one tick length.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// The `period_changes` they were counted for.
+    period: u32,
+    /// Waiting for a later request.
+    idle: u32,
+    /// Waiting for the first byte of the first request.
+    first: u32,
 }
 
 /// Why a connection stopped waiting for a request.
@@ -245,12 +277,13 @@ impl Client {
             Poll::Pending => {
                 if slot.idle_since.is_none() {
                     slot.idle_since = Some(tick);
+                    let mut limits = self.ticks.get();
+                    if limits.period != self.clients.period_changes.get() {
+                        limits = self.clients.limits(self.idle, self.head);
+                        self.ticks.set(limits);
+                    }
                     // A connection that never sent a byte is idle too.
-                    slot.limit = if first {
-                        self.head_ticks.min(self.idle_ticks)
-                    } else {
-                        self.idle_ticks
-                    };
+                    slot.limit = if first { limits.first } else { limits.idle };
                 }
                 match &slot.waker {
                     Some(w) if w.will_wake(cx.waker()) => {}
@@ -347,6 +380,27 @@ mod tests {
         assert_eq!(
             busy.poll_wait(false, &mut cx, ready),
             Poll::Ready(Wait::Readable)
+        );
+    }
+
+    #[test]
+    fn a_shorter_tick_after_a_reload_keeps_the_timeout_of_open_connections() {
+        let (clients, woken) = setup();
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        // 300 ms at 100 ms a tick, opened before the reload.
+        let c = clients.open(Duration::from_millis(300), Duration::from_secs(60));
+        clients.set_shortest_timeout(Duration::from_millis(100));
+        // Now 25 ms a tick: the same 300 ms is 12 ticks.
+        assert_eq!(c.poll_wait(false, &mut cx, pending), Poll::Pending);
+        for _ in 0..12 {
+            clients.sweep();
+        }
+        assert_eq!(c.poll_wait(false, &mut cx, pending), Poll::Pending);
+        clients.sweep();
+        assert_eq!(
+            c.poll_wait(false, &mut cx, pending),
+            Poll::Ready(Wait::Close)
         );
     }
 

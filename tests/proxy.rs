@@ -597,6 +597,110 @@ async fn a_backend_dying_mid_body_is_not_passed_off_as_a_complete_response() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_body_delimited_by_the_close_ends_in_a_reset_not_an_end_of_stream() {
+    // An HTTP/1.0 client gets a body of unknown length delimited by the close: a plain close
+    // after a chunked backend body broke off would look like the whole body.
+    let backend = raw_backend(vec![
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec(),
+        b"5\r\nhello\r\n".to_vec(),
+    ])
+    .await;
+    let proxy = Proxy::start(&Setup::with(&[backend]));
+
+    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
+    s.get_mut()
+        .write_all(b"GET / HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let r = read_head(&mut s).await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert_eq!(r.header("content-length"), None, "{}", r.head);
+    assert_eq!(r.header("transfer-encoding"), None, "{}", r.head);
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(WAIT, s.read_to_end(&mut rest))
+        .await
+        .expect("pinlb ends the connection when the backend's body breaks");
+    let e = end.expect_err("the client must see a reset, not the end of the body");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_stalls_mid_body_is_cut_off_after_the_response_timeout() {
+    // A backend that sends its head and part of the body, then nothing while it keeps the
+    // connection open.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    let stalling = tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        let mut s = BufReader::new(s);
+        let mut line = String::new();
+        while tokio::io::AsyncBufReadExt::read_line(&mut s, &mut line)
+            .await
+            .unwrap_or(0)
+            > 2
+        {
+            line.clear();
+        }
+        s.get_mut()
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    });
+    let mut setup = Setup::with(&[backend]);
+    setup.response_timeout = "300ms";
+    let proxy = Proxy::start(&setup);
+
+    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
+    s.get_mut()
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let r = read_head(&mut s).await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut rest))
+        .await
+        .expect("pinlb gives up on a stalled body");
+    let took = start.elapsed();
+    assert_eq!(rest, b"0123456789");
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        "cut off after {took:?}, timeouts.response is 300ms"
+    );
+    stalling.abort();
+}
+
+/// A client that closes its side while its last request is with a backend abandons that
+/// request, as with hyper's server and nginx (499): a half-close reads the same as a close. The
+/// requests it pipelined before are answered all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_closing_its_side_still_gets_answers_to_the_requests_before_its_last() {
+    let slow = Backend::start_with_delay("slow", Duration::from_millis(200)).await;
+    let proxy = Proxy::start(&Setup::with(&[slow.addr]));
+
+    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
+    s.get_mut()
+        .write_all(
+            b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\n\r\nGET /3 HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    // Half-closed while its first request is with the backend.
+    s.get_mut().shutdown().await.unwrap();
+    for _ in 0..2 {
+        let r = read_response(&mut s, false).await;
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut rest))
+        .await
+        .expect("the connection ends");
+    assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_statuses_and_bodies_pass_through_unchanged() {
     let a = Backend::start("a").await;
     let proxy = Proxy::start(&Setup::with(&[a.addr]));
