@@ -26,11 +26,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant, SystemTime};
 
-use http::header::{self, HeaderValue};
-use http::{Method, Uri, Version};
+use http::header::HeaderValue;
+use http::{Method, Version};
 use tracing::{error, warn};
 
 use crate::config::{AccessFormat, AccessTarget};
+use crate::downstream::RequestHead;
 
 /// Entries a worker collects before handing them to the log thread.
 const BATCH: usize = 64;
@@ -53,7 +54,8 @@ pub struct Upstreamed {
 pub struct Entry {
     client: SocketAddr,
     method: Method,
-    uri: Uri,
+    /// The request target as the client sent it.
+    target: String,
     version: Version,
     referer: Option<HeaderValue>,
     user_agent: Option<HeaderValue>,
@@ -66,16 +68,16 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// Taken when the request head has arrived. Cloning the URI and header values copies no
-    /// bytes: they share the buffer hyper read them into.
-    fn start(req: &http::request::Parts, client: SocketAddr) -> Box<Entry> {
+    /// Taken when the request head has arrived.
+    fn start(req: &RequestHead, client: SocketAddr) -> Box<Entry> {
+        let value = |v: Option<&[u8]>| v.and_then(|v| HeaderValue::from_bytes(v).ok());
         Box::new(Entry {
             client,
             method: req.method.clone(),
-            uri: req.uri.clone(),
+            target: String::from_utf8_lossy(req.target()).into_owned(),
             version: req.version,
-            referer: req.headers.get(header::REFERER).cloned(),
-            user_agent: req.headers.get(header::USER_AGENT).cloned(),
+            referer: value(req.referer()),
+            user_agent: value(req.user_agent()),
             start: Instant::now(),
             status: 0,
             upstream: None,
@@ -97,7 +99,7 @@ impl Entry {
 pub struct Pending(Option<(Box<Entry>, Rc<Batch>)>);
 
 impl Pending {
-    pub fn start(req: &http::request::Parts, client: SocketAddr, batch: &Rc<Batch>) -> Pending {
+    pub fn start(req: &RequestHead, client: SocketAddr, batch: &Rc<Batch>) -> Pending {
         Pending(Some((Entry::start(req, client), batch.clone())))
     }
 
@@ -369,10 +371,7 @@ fn format_entry(
     now: SystemTime,
     clock: &mut Clock,
 ) {
-    let target = e
-        .uri
-        .path_and_query()
-        .map_or_else(|| e.uri.path(), |pq| pq.as_str());
+    let target = e.target.as_str();
     let upstream_time = e.upstream.map(|u| u.upstream_time.as_secs_f64());
     let total = e.total.as_secs_f64();
     match format {
@@ -534,13 +533,12 @@ mod tests {
     use super::*;
 
     fn entry() -> Entry {
-        let (req, ()) = http::Request::builder()
-            .method("GET")
-            .uri("/a?b=c")
-            .header("user-agent", "curl \"8\"")
-            .body(())
+        let mut buf = bytes::BytesMut::from(
+            &b"GET /a?b=c HTTP/1.1\r\nHost: a\r\nUser-Agent: curl \"8\"\r\n\r\n"[..],
+        );
+        let req = crate::downstream::parse_request(&mut buf, &crate::config::Limits::default())
             .unwrap()
-            .into_parts();
+            .unwrap();
         let mut e = *Entry::start(&req, "10.0.0.7:5555".parse().unwrap());
         e.status = 200;
         e.bytes = 12;

@@ -27,9 +27,8 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, StatusCode, Uri, Version};
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Method, StatusCode, Uri, Version};
 use socket2::SockRef;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -38,7 +37,7 @@ use tracing::{debug, warn};
 
 use crate::accesslog::{Batch, Logged, Pending};
 use crate::config::Limits;
-use crate::h1::{ContentLength, Decoder, Framing, H1Error, RequestFraming};
+use crate::h1::{ContentLength, Decoder, Framing, H1Error, Reply, RequestFraming};
 use crate::idle::{self, Wait};
 use crate::proxy::{self, Answer, ClientError, ProxyBody};
 use crate::server::Route;
@@ -77,12 +76,30 @@ impl Malformed {
     }
 }
 
-/// A parsed request head.
+/// A parsed request head, ready to go upstream: its end-to-end header lines are already written
+/// out as they will be sent, so that forwarding a header costs a copy, not a map insertion.
 #[derive(Debug)]
 pub struct RequestHead {
-    /// Method, target, version and the end-to-end headers: hop-by-hop headers, the framing
-    /// headers and Expect never enter the map.
-    pub parts: http::request::Parts,
+    pub method: Method,
+    pub version: Version,
+    /// The target, then the header lines, each `name: value\r\n` with the name as the client
+    /// wrote it. Hop-by-hop headers, the framing headers, Expect, Host and the X-Forwarded
+    /// headers are not among the lines: pinlb writes those itself.
+    text: Vec<u8>,
+    /// Where the target lies in `text`.
+    target: (usize, usize),
+    /// Where the lines lie in `text`.
+    lines: (usize, usize),
+    /// Where the Host value lies in `text`: the authority of an absolute-form target, or the
+    /// Host header.
+    host: Option<(usize, usize)>,
+    /// Where the origin-form path lies in `text`; `None` for an absolute-form target without
+    /// one, which goes upstream as `/`.
+    path: Option<(usize, usize)>,
+    user_agent: Option<(usize, usize)>,
+    referer: Option<(usize, usize)>,
+    /// The client's X-Forwarded-For lines, joined into one list.
+    pub forwarded_for: Option<Vec<u8>>,
     /// How the body is framed, as sent upstream.
     pub body: RequestFraming,
     /// What the client asked for: HTTP/1.1 unless `Connection: close`, HTTP/1.0 only with
@@ -99,16 +116,61 @@ pub struct RequestHead {
     pub refused: Option<ClientError>,
 }
 
-/// The hop-by-hop headers and the others a request head is parsed around, recognised on raw
-/// bytes.
+impl RequestHead {
+    fn at(&self, (start, end): (usize, usize)) -> &[u8] {
+        &self.text[start..end]
+    }
+
+    /// The target as the client sent it.
+    pub fn target(&self) -> &[u8] {
+        self.at(self.target)
+    }
+
+    /// The target as it goes upstream: origin-form.
+    pub fn path(&self) -> &[u8] {
+        self.path.map_or(b"/", |p| self.at(p))
+    }
+
+    /// The end-to-end header lines, `name: value\r\n` each.
+    pub fn lines(&self) -> &[u8] {
+        self.at(self.lines)
+    }
+
+    pub fn host(&self) -> Option<&[u8]> {
+        self.host.map(|h| self.at(h))
+    }
+
+    pub fn user_agent(&self) -> Option<&[u8]> {
+        self.user_agent.map(|h| self.at(h))
+    }
+
+    pub fn referer(&self) -> Option<&[u8]> {
+        self.referer.map(|h| self.at(h))
+    }
+
+    /// Whether a header line with this name goes upstream (case-insensitive).
+    pub fn has_line(&self, name: &str) -> bool {
+        self.lines().split(|&b| b == b'\n').any(|l| {
+            l.len() > name.len()
+                && l[name.len()] == b':'
+                && l[..name.len()].eq_ignore_ascii_case(name.as_bytes())
+        })
+    }
+}
+
+/// The headers a request head is parsed around, recognised on raw bytes.
 enum Special {
     Connection,
     TransferEncoding,
     ContentLength,
     Host,
     Expect,
-    /// Keep-Alive, Proxy-Connection, TE, Trailer, Upgrade: dropped.
-    Hop,
+    ForwardedFor,
+    UserAgent,
+    Referer,
+    /// Keep-Alive, Proxy-Connection, TE, Trailer, Upgrade (hop-by-hop), X-Forwarded-Proto
+    /// (pinlb's to set): dropped.
+    Dropped,
 }
 
 impl Special {
@@ -118,13 +180,17 @@ impl Special {
         match name.len() {
             4 if is("host") => Some(Special::Host),
             6 if is("expect") => Some(Special::Expect),
+            7 if is("referer") => Some(Special::Referer),
             10 if is("connection") => Some(Special::Connection),
+            10 if is("user-agent") => Some(Special::UserAgent),
             14 if is("content-length") => Some(Special::ContentLength),
+            15 if is("x-forwarded-for") => Some(Special::ForwardedFor),
             17 if is("transfer-encoding") => Some(Special::TransferEncoding),
-            10 if is("keep-alive") => Some(Special::Hop),
-            16 if is("proxy-connection") => Some(Special::Hop),
-            2 if is("te") => Some(Special::Hop),
-            7 if is("trailer") || is("upgrade") => Some(Special::Hop),
+            17 if is("x-forwarded-proto") => Some(Special::Dropped),
+            10 if is("keep-alive") => Some(Special::Dropped),
+            16 if is("proxy-connection") => Some(Special::Dropped),
+            2 if is("te") => Some(Special::Dropped),
+            7 if is("trailer") || is("upgrade") => Some(Special::Dropped),
             _ => None,
         }
     }
@@ -162,109 +228,126 @@ pub fn parse_request(
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    let path = req.path.unwrap_or_default();
-    let asterisk = path == "*";
-    let base = buf.as_ptr() as usize;
-    let target = (path.as_ptr() as usize - base, path.len());
-    // Record where each header lies, then split the head off the buffer so that the target and
-    // the values share its memory instead of being copied.
-    let spans: Vec<(usize, usize, usize, usize)> = req
-        .headers
-        .iter()
-        .map(|h| {
-            (
-                h.name.as_ptr() as usize - base,
-                h.name.len(),
-                h.value.as_ptr() as usize - base,
-                h.value.len(),
-            )
-        })
-        .collect();
-    let head = buf.split_to(len).freeze();
-    let uri = Uri::from_maybe_shared(head.slice(target.0..target.0 + target.1))
-        .map_err(|_| Malformed::bad("malformed request: invalid target"))?;
-    if uri.path_and_query().is_none() {
-        // Authority-form (`CONNECT host:port`): pinlb does not tunnel.
-        return Err(Malformed::bad(format!(
-            "{method} with an authority-form target is not supported"
-        )));
+    let target = req.path.unwrap_or_default().as_bytes();
+    // http::Uri's rule, which hyper applied: ASCII only. httparse has already refused spaces
+    // and control bytes.
+    if !target.is_ascii() {
+        return Err(Malformed::bad("malformed request: invalid target"));
     }
 
-    let mut headers = HeaderMap::with_capacity(spans.len());
+    // The Connection header may come after a header it names, so it is read first.
     let mut close = false;
     let mut keep_alive_token = false;
-    let mut named: Vec<HeaderName> = Vec::new();
+    let mut named: Vec<&[u8]> = Vec::new();
+    for h in req.headers.iter() {
+        if h.name.len() == 10 && h.name.eq_ignore_ascii_case("connection") {
+            for t in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                if t.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                    keep_alive_token = true;
+                } else if !t.is_empty() && !t.eq_ignore_ascii_case(b"host") {
+                    // A proxy always sends Host on, whatever Connection says.
+                    named.push(t);
+                }
+            }
+        }
+    }
+
+    let mut text = Vec::with_capacity(len + 16);
+    text.extend_from_slice(target);
+    let target_at = (0, target.len());
+    let (mut host, path) = split_target(target, &method)?;
+    let absolute = host.is_some();
+    let lines_start = text.len();
     let mut codings = 0usize;
     let mut chunked_only = true;
     let mut content_length = ContentLength::Absent;
     let mut hosts = 0usize;
     let mut host_ok = false;
     let mut expect_continue = false;
-    for &(n, nl, v, vl) in &spans {
-        let raw_name = &head[n..n + nl];
-        let raw_value = &head[v..v + vl];
-        match Special::of(raw_name) {
-            Some(Special::Connection) => {
-                for t in raw_value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                    if t.eq_ignore_ascii_case(b"close") {
-                        close = true;
-                    } else if t.eq_ignore_ascii_case(b"keep-alive") {
-                        keep_alive_token = true;
-                    } else if let Ok(name) = HeaderName::from_bytes(t) {
-                        named.push(name);
-                    }
-                }
-                continue;
-            }
+    let mut forwarded_for: Option<Vec<u8>> = None;
+    let mut host_value = None;
+    let mut user_agent = None;
+    let mut referer = None;
+    for h in req.headers.iter() {
+        let (name, value) = (h.name.as_bytes(), h.value);
+        let mut keep = None;
+        match Special::of(name) {
+            Some(Special::Connection | Special::Dropped) => continue,
             Some(Special::TransferEncoding) => {
                 // Exactly one `chunked` over all lines: pinlb decodes and re-frames the body, so
                 // it would lose any other coding, and `chunked, chunked` is how TE.TE smuggling
                 // starts.
-                for coding in raw_value.split(|&b| b == b',') {
+                for coding in value.split(|&b| b == b',') {
                     codings += 1;
                     chunked_only &= coding.trim_ascii().eq_ignore_ascii_case(b"chunked");
                 }
                 continue;
             }
             Some(Special::ContentLength) => {
-                content_length = add_content_length(content_length, raw_value);
+                content_length = add_content_length(content_length, value);
                 continue;
             }
             Some(Special::Expect) => {
-                expect_continue |= raw_value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+                expect_continue |= value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
                 continue;
             }
-            Some(Special::Hop) => continue,
+            Some(Special::ForwardedFor) => {
+                let list = forwarded_for.get_or_insert_with(Vec::new);
+                if !list.is_empty() {
+                    list.extend_from_slice(b", ");
+                }
+                list.extend_from_slice(value);
+                continue;
+            }
             Some(Special::Host) => {
                 hosts += 1;
-                host_ok = is_valid_host(raw_value);
+                host_ok = is_valid_host(value);
+                host_value = Some(value);
+                continue;
             }
+            Some(Special::UserAgent) => keep = Some(&mut user_agent),
+            Some(Special::Referer) => keep = Some(&mut referer),
             None => {}
         }
-        let name = HeaderName::from_bytes(raw_name)
-            .map_err(|_| Malformed::bad("malformed request: invalid header name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
-            .map_err(|_| Malformed::bad("malformed request: invalid header value"))?;
-        headers.append(name, value);
-    }
-    for name in named {
-        // A proxy always sends Host on, whatever Connection says.
-        if name != header::HOST {
-            headers.remove(name);
+        if named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            continue;
         }
+        // httparse took only token characters for the name; the value must be what a header
+        // value may hold (no NUL, CR or LF, which httparse refuses too, nor other controls).
+        if !value.iter().all(|&b| b == b'\t' || b >= 0x20) || value.contains(&0x7f) {
+            return Err(Malformed::bad("malformed request: invalid header value"));
+        }
+        text.extend_from_slice(name);
+        text.extend_from_slice(b": ");
+        let at = text.len();
+        text.extend_from_slice(value);
+        if let Some(k) = keep {
+            *k = Some((at, text.len()));
+        }
+        text.extend_from_slice(b"\r\n");
+    }
+    let lines = (lines_start, text.len());
+    // Host is not a line: pinlb writes it first, itself. An absolute-form target's authority
+    // wins over it (RFC 9112 §3.2.2).
+    if let (false, 1, Some(value)) = (absolute, hosts, host_value) {
+        let at = text.len();
+        text.extend_from_slice(value);
+        host = Some(Span::Text(at, text.len()));
     }
 
     let mut refused = None;
     let mut refuse = |e: ClientError| {
         refused.get_or_insert(e);
     };
-    if target.1 > limits.max_uri_bytes {
+    if target.len() > limits.max_uri_bytes {
         refuse(ClientError::UriTooLong {
-            len: target.1,
+            len: target.len(),
             limit: limits.max_uri_bytes,
         });
     }
-    if asterisk && method != Method::OPTIONS {
+    if target == b"*" && method != Method::OPTIONS {
         refuse(ClientError::AsteriskForm);
     }
     let te = codings > 0;
@@ -298,19 +381,65 @@ pub fn parse_request(
         }
     }
 
-    let (mut parts, ()) = Request::new(()).into_parts();
-    parts.method = method;
-    parts.uri = uri;
-    parts.version = version;
-    parts.headers = headers;
+    // The head is copied out; what follows it (body, next requests) stays.
+    buf.advance(len);
+    // Spans of the target are offsets into it, and it sits at the start of `text`.
+    let resolve = |s: Span| match s {
+        Span::Target(a, b) | Span::Text(a, b) => (a, b),
+    };
     Ok(Some(RequestHead {
-        parts,
+        method,
+        version,
+        target: target_at,
+        lines,
+        host: host.map(resolve),
+        path: path.map(resolve),
+        user_agent,
+        referer,
+        text,
+        forwarded_for,
         body,
         keep_alive: !close && (version == Version::HTTP_11 || keep_alive_token),
         ambiguous: te && content_length != ContentLength::Absent,
         expect_continue: expect_continue && version == Version::HTTP_11,
         refused,
     }))
+}
+
+/// A stretch of the request head's `text`: within the target (which starts it), or after it.
+#[derive(Debug, Clone, Copy)]
+enum Span {
+    Target(usize, usize),
+    Text(usize, usize),
+}
+
+/// Splits a request target into the authority an absolute-form target names, if any, and the
+/// origin-form path to send upstream (`None`: `/`). Refuses the authority form (`CONNECT
+/// host:port`: pinlb does not tunnel) and targets that are not URIs.
+fn split_target(target: &[u8], method: &Method) -> Result<(Option<Span>, Option<Span>), Malformed> {
+    if target.first() == Some(&b'/') || target == b"*" {
+        return Ok((None, Some(Span::Target(0, target.len()))));
+    }
+    let invalid = || Malformed::bad("malformed request: invalid target");
+    let uri = Uri::try_from(target).map_err(|_| invalid())?;
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(Malformed::bad(format!(
+            "{method} with an authority-form target is not supported"
+        )));
+    };
+    // `scheme://authority` then the path: the offsets in the target are those of the parts.
+    let host_start = scheme.len() + 3;
+    let host_end = host_start + authority.as_str().len();
+    if target.get(host_start..host_end) != Some(authority.as_str().as_bytes()) {
+        return Err(invalid());
+    }
+    let path = match target.get(host_end) {
+        Some(b'/') => Some(Span::Target(host_end, target.len())),
+        // `http://a` or `http://a?q`: the path is `/` (RFC 9112 §3.2.1); a query alone can't
+        // be sent without one, so it is dropped with the rest.
+        _ => None,
+    };
+    Ok((Some(Span::Target(host_start, host_end)), path))
 }
 
 /// Takes in one Content-Length line of a request: digits only. Lines must agree; a list in one
@@ -683,25 +812,18 @@ impl Connection {
     /// Reads one request, has the proxy answer it, and writes the response.
     async fn exchange(&self, buf: &mut BytesMut, first: bool) -> Next {
         let limits = self.route.rules.borrow().limits;
-        let head = match self.read_head(buf, first, &limits).await {
+        let mut head = match self.read_head(buf, first, &limits).await {
             Ok(head) => head,
             Err(next) => return next,
         };
-        let RequestHead {
-            parts,
-            body,
-            keep_alive,
-            ambiguous,
-            expect_continue,
-            refused,
-        } = head;
+        let refused = head.refused.take();
         if let Some(s) = &self.route.stats {
             s.requests.fetch_add(1, Ordering::Relaxed);
         }
         let pending = self
             .batch
             .as_ref()
-            .map(|batch| Pending::start(&parts, self.peer, batch));
+            .map(|batch| Pending::start(&head, self.peer, batch));
         let upstream = self.route.upstream.borrow().clone();
         let timeouts = upstream.shared.config.timeouts;
         let (limits, client) = {
@@ -715,17 +837,15 @@ impl Connection {
             }
             (now.limits, cached.1.clone())
         };
-        let method = parts.method.clone();
-        let version = parts.version;
-
         let watch = Watch::default();
-        let mut client_body = ClientBody::new(&self.stream, buf, body, expect_continue, &watch);
+        let mut client_body =
+            ClientBody::new(&self.stream, buf, head.body, head.expect_continue, &watch);
         let answered = {
             let forwarded = proxy::handle(
                 upstream,
                 client,
                 limits,
-                parts,
+                &head,
                 &mut client_body,
                 refused,
                 pending.is_some(),
@@ -748,11 +868,21 @@ impl Connection {
             upstreamed,
             close,
         } = answer;
-        let logged = Logged::new(pending.and_then(|p| p.responded(response.status(), upstreamed)));
-        let keep_alive =
-            keep_alive && !ambiguous && !close && body_read && !self.slot.clients().is_draining();
+        let logged = Logged::new(pending.and_then(|p| p.responded(response.status, upstreamed)));
+        let keep_alive = head.keep_alive
+            && !head.ambiguous
+            && !close
+            && body_read
+            && !self.slot.clients().is_draining();
         let written = self
-            .write_response(response, &method, version, keep_alive, logged, timeouts)
+            .write_response(
+                response,
+                &head.method,
+                head.version,
+                keep_alive,
+                logged,
+                timeouts,
+            )
             .await;
         match written {
             Ok(Written::Whole { keep_alive: true }) => Next::KeepAlive,
@@ -862,15 +992,18 @@ impl Connection {
     /// `send_timeout`). Either running out cuts the response short.
     async fn write_response(
         &self,
-        response: http::Response<ProxyBody>,
+        response: Reply<ProxyBody>,
         method: &Method,
         version: Version,
         keep_alive: bool,
         mut logged: Logged,
         timeouts: crate::config::Timeouts,
     ) -> io::Result<Written> {
-        let (parts, mut body) = response.into_parts();
-        let status = parts.status;
+        let Reply {
+            status,
+            headers,
+            mut body,
+        } = response;
         let bodiless = method == Method::HEAD
             || status.is_informational()
             || status == StatusCode::NO_CONTENT
@@ -880,11 +1013,9 @@ impl Connection {
         // An HTTP/1.0 client gets a body of unknown length delimited by the close.
         let keep_alive = keep_alive && (bodiless || length.is_some() || chunked);
 
-        let mut head = Vec::with_capacity(256);
+        let mut head = Vec::with_capacity(headers.len() + 128);
         status_line(&mut head, status);
-        for (name, value) in &parts.headers {
-            header_line(&mut head, name.as_str().as_bytes(), value.as_bytes());
-        }
+        head.extend_from_slice(&headers);
         if !body.has_date() {
             header_line(&mut head, b"date", self.slot.clients().date().as_bytes());
         }
@@ -1089,16 +1220,16 @@ mod tests {
         let h = parse_request(&mut buf, &Limits::default())
             .unwrap()
             .unwrap();
-        assert_eq!(h.parts.method, Method::POST);
-        assert_eq!(h.parts.uri, "/a?b");
+        assert_eq!(h.method, Method::POST);
+        assert_eq!(h.target(), b"/a?b");
+        assert_eq!(h.path(), b"/a?b");
+        assert_eq!(h.host(), Some(&b"x"[..]));
         assert_eq!(h.body, RequestFraming::Length(2));
         assert!(h.keep_alive);
         assert_eq!(h.refused, None);
-        assert_eq!(
-            h.parts.headers.get_all("x-a").iter().collect::<Vec<_>>(),
-            ["1", "2"]
-        );
-        assert!(!h.parts.headers.contains_key("content-length"));
+        assert_eq!(h.lines(), b"X-A: 1\r\nx-a: 2\r\n");
+        assert!(!h.has_line("content-length"));
+        assert!(h.has_line("x-a"));
         assert_eq!(&buf[..], b"hiGET");
     }
 
@@ -1119,14 +1250,16 @@ mod tests {
     }
 
     #[test]
-    fn hop_by_hop_headers_expect_and_framing_never_reach_the_map() {
+    fn hop_by_hop_headers_expect_framing_and_forwarding_headers_are_not_among_the_lines() {
         let h = head(
             "POST / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, X-Hop, Host\r\nKeep-Alive: 5\r\n\
              Proxy-Connection: x\r\nTE: trailers\r\nTrailer: x-sum\r\nUpgrade: h2c\r\n\
-             Transfer-Encoding: chunked\r\nExpect: 100-continue\r\nX-Hop: 1\r\nX-Kept: 2\r\n\r\n",
+             Transfer-Encoding: chunked\r\nExpect: 100-continue\r\nX-Hop: 1\r\nX-Kept: 2\r\n\
+             X-Forwarded-For: 1.1.1.1\r\nX-Forwarded-Proto: https\r\nx-forwarded-for: 2.2.2.2\r\n\r\n",
         );
-        let names: Vec<_> = h.parts.headers.keys().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["host", "x-kept"]);
+        assert_eq!(h.lines(), b"X-Kept: 2\r\n");
+        assert_eq!(h.host(), Some(&b"x"[..]));
+        assert_eq!(h.forwarded_for.as_deref(), Some(&b"1.1.1.1, 2.2.2.2"[..]));
         assert_eq!(h.body, RequestFraming::Chunked);
         assert!(h.expect_continue);
         assert!(h.keep_alive);
@@ -1270,16 +1403,33 @@ mod tests {
             "GET  / HTTP/1.1\r\nHost: a\r\n\r\n",
             "GET / HTTP/1.2\r\nHost: a\r\n\r\n",
             "CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET /\u{e9} HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\x7fb\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\x01b\r\n\r\n",
         ] {
             assert_eq!(parse(bad).unwrap_err().status, 400, "{bad:?}");
         }
     }
 
     #[test]
-    fn absolute_form_and_bare_lf_are_accepted() {
-        let h = head("GET http://a/x HTTP/1.1\nHost: a\n\n");
-        assert_eq!(h.parts.uri.path(), "/x");
-        assert_eq!(h.parts.uri.authority().map(|a| a.as_str()), Some("a"));
+    fn absolute_form_goes_upstream_as_origin_form_with_its_authority_as_host() {
+        let h = head("GET http://a.example:81/x?y HTTP/1.1\nHost: other\n\n");
+        assert_eq!(h.path(), b"/x?y");
+        assert_eq!(h.host(), Some(&b"a.example:81"[..]));
+        assert_eq!(h.target(), b"http://a.example:81/x?y");
+        let h = head("GET http://a HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(h.path(), b"/");
+        let h = head("OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(h.path(), b"*");
+    }
+
+    #[test]
+    fn an_http_1_0_request_may_come_without_host_and_keeps_user_agent_for_the_log() {
+        let h = head("GET / HTTP/1.0\r\nUser-Agent: x/1\r\nReferer: /r\r\n\r\n");
+        assert_eq!(h.host(), None);
+        assert_eq!(h.user_agent(), Some(&b"x/1"[..]));
+        assert_eq!(h.referer(), Some(&b"/r"[..]));
+        assert_eq!(h.lines(), b"User-Agent: x/1\r\nReferer: /r\r\n");
     }
 
     #[test]

@@ -15,8 +15,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Response, StatusCode, Version};
+use http::{Method, StatusCode, Version};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
@@ -42,6 +41,20 @@ pub struct Conn {
     /// The response timeout's timer, created by the first [`Conn::read_head_within`] and reset
     /// for every later request on this connection.
     timer: Option<Pin<Box<Sleep>>>,
+}
+
+/// A request as it goes to a backend.
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    pub method: &'a Method,
+    /// Origin-form.
+    pub path: &'a [u8],
+    pub host: &'a [u8],
+    /// The end-to-end header lines, `name: value\r\n` each, without Host, the framing headers
+    /// and the X-Forwarded ones.
+    pub lines: &'a [u8],
+    /// The X-Forwarded-For value to send.
+    pub forwarded_for: &'a [u8],
 }
 
 /// How a request's body is framed on its way to a backend.
@@ -124,26 +137,21 @@ impl Conn {
     }
 
     /// Writes a request head, framed as `body` says: `Content-Length` for a body of known length
-    /// (`parts.headers` carries no framing header of its own), `Transfer-Encoding: chunked` for
-    /// one that streams without.
-    pub async fn write_head(
-        &mut self,
-        parts: &http::request::Parts,
-        body: RequestFraming,
-    ) -> io::Result<()> {
+    /// (`req.lines` carry no framing header of their own), `Transfer-Encoding: chunked` for one
+    /// that streams without.
+    pub async fn write_head(&mut self, req: &Outgoing<'_>, body: RequestFraming) -> io::Result<()> {
         let out = &mut self.out;
         out.clear();
-        out.extend_from_slice(parts.method.as_str().as_bytes());
+        out.extend_from_slice(req.method.as_str().as_bytes());
         out.push(b' ');
-        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        out.extend_from_slice(target.as_bytes());
-        out.extend_from_slice(b" HTTP/1.1\r\n");
-        for (name, value) in &parts.headers {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
+        out.extend_from_slice(req.path);
+        out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+        out.extend_from_slice(req.host);
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(req.lines);
+        out.extend_from_slice(b"x-forwarded-for: ");
+        out.extend_from_slice(req.forwarded_for);
+        out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\n");
         match body {
             RequestFraming::None => {}
             RequestFraming::Length(n) => {
@@ -295,16 +303,16 @@ impl Conn {
 pub struct Head {
     pub status: StatusCode,
     pub version: Version,
-    /// End-to-end headers only: hop-by-hop ones are consumed by the parser.
-    pub headers: HeaderMap,
+    /// The end-to-end header lines, `name: value\r\n` each, as they go to the client:
+    /// hop-by-hop headers (and those Connection names) are consumed by the parser, and so is
+    /// Content-Length, which the client side writes from the framing it sends.
+    pub headers: Vec<u8>,
     /// Whether the response lets the connection carry another exchange (HTTP/1.1 unless
     /// `Connection: close`; HTTP/1.0 only with `Connection: keep-alive`).
     pub keep_alive: bool,
     /// With Transfer-Encoding present: whether its final coding is chunked.
     pub chunked_last: Option<bool>,
-    /// What the Content-Length headers said, read while parsing so that framing needs no
-    /// lookup in `headers`. The header itself never enters `headers`: the client side writes
-    /// the framing it sends.
+    /// What the Content-Length headers said.
     pub content_length: ContentLength,
     /// Whether the backend sent a Date header; the client side adds one when it did not.
     pub has_date: bool,
@@ -371,48 +379,34 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
     } else {
         Version::HTTP_11
     };
-    // Record where each header lies, then split the head off the buffer so values can share its
-    // memory instead of being copied.
-    let base = buf.as_ptr() as usize;
-    let spans: Vec<(usize, usize, usize, usize)> = resp
-        .headers
-        .iter()
-        .map(|h| {
-            (
-                h.name.as_ptr() as usize - base,
-                h.name.len(),
-                h.value.as_ptr() as usize - base,
-                h.value.len(),
-            )
-        })
-        .collect();
-    let head = buf.split_to(len).freeze();
-    // Hop-by-hop headers are handled here and never enter the map, so they cost no insertion
-    // and no removal later; only what they say about this connection is kept.
-    let mut headers = HeaderMap::with_capacity(spans.len());
+    // Hop-by-hop headers are handled here and never reach the client: only what they say about
+    // this connection is kept. Connection may come after a header it names, so it goes first.
     let mut close = false;
     let mut keep_alive_token = false;
-    let mut chunked_last: Option<bool> = None;
-    let mut named: Vec<HeaderName> = Vec::new();
-    let mut content_length = ContentLength::Absent;
-    let mut has_date = false;
-    for &(n, nl, v, vl) in &spans {
-        let raw_name = &head[n..n + nl];
-        let raw_value = &head[v..v + vl];
-        match Hop::of(raw_name) {
-            Some(Hop::Connection) => {
-                for t in raw_value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                    if t.eq_ignore_ascii_case(b"close") {
-                        close = true;
-                    } else if t.eq_ignore_ascii_case(b"keep-alive") {
-                        keep_alive_token = true;
-                    } else if let Ok(name) = HeaderName::from_bytes(t) {
-                        named.push(name);
-                    }
+    let mut named: Vec<&[u8]> = Vec::new();
+    for h in resp.headers.iter() {
+        if let Some(Hop::Connection) = Hop::of(h.name.as_bytes()) {
+            for t in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                if t.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                    keep_alive_token = true;
+                } else if !t.is_empty() {
+                    named.push(t);
                 }
             }
+        }
+    }
+    // The end-to-end headers are written out as they go to the client.
+    let mut headers = Vec::with_capacity(len);
+    let mut chunked_last: Option<bool> = None;
+    let mut content_length = ContentLength::Absent;
+    let mut has_date = false;
+    for h in resp.headers.iter() {
+        let (name, value) = (h.name.as_bytes(), h.value);
+        match Hop::of(name) {
             Some(Hop::TransferEncoding) => {
-                let last = raw_value
+                let last = value
                     .split(|&b| b == b',')
                     .map(<[u8]>::trim_ascii)
                     .rfind(|t| !t.is_empty());
@@ -421,27 +415,34 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
                     Some(t) => chunked_last = Some(t.eq_ignore_ascii_case(b"chunked")),
                     None => chunked_last = chunked_last.or(Some(false)),
                 }
+                continue;
             }
-            Some(Hop::Other) => {}
-            None => {
-                if raw_name.len() == 14 && raw_name.eq_ignore_ascii_case(b"content-length") {
-                    content_length = content_length.add(raw_value);
-                    continue;
-                }
-                has_date |= raw_name.len() == 4 && raw_name.eq_ignore_ascii_case(b"date");
-                let name = HeaderName::from_bytes(raw_name)
-                    .map_err(|_| H1Error::Invalid("bad header name"))?;
-                let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
-                    .map_err(|_| H1Error::Invalid("bad header value"))?;
-                headers.append(name, value);
-            }
+            Some(Hop::Connection | Hop::Other) => continue,
+            None => {}
         }
-    }
-    for name in named {
-        has_date &= name != http::header::DATE;
-        headers.remove(name);
+        if name.len() == 14 && name.eq_ignore_ascii_case(b"content-length") {
+            // Read even when Connection names it: it still frames the body on this connection
+            // (and a backend cannot dodge the CL-with-TE check that way). The client side
+            // writes the framing it sends.
+            content_length = content_length.add(value);
+            continue;
+        }
+        if named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            continue;
+        }
+        // httparse took only token characters for the name; a value may not hold controls but
+        // HTAB (httparse refuses NUL, CR and LF itself).
+        if !value.iter().all(|&b| b == b'\t' || b >= 0x20) || value.contains(&0x7f) {
+            return Err(H1Error::Invalid("bad header value"));
+        }
+        has_date |= name.len() == 4 && name.eq_ignore_ascii_case(b"date");
+        headers.extend_from_slice(name);
+        headers.extend_from_slice(b": ");
+        headers.extend_from_slice(value);
+        headers.extend_from_slice(b"\r\n");
     }
     let keep_alive = !close && (version == Version::HTTP_11 || keep_alive_token);
+    buf.advance(len);
     Ok(Some(Head {
         status,
         version,
@@ -809,21 +810,33 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
     Ok(size)
 }
 
-/// Builds the response the client side sends: the status and end-to-end headers. The client
-/// side writes the framing headers itself, from the body; only a response without one keeps the
-/// backend's Content-Length here: to a HEAD request, or a 304, it describes the body that was not
-/// sent.
-pub fn response<B>(head: Head, body: B, method: &Method) -> Response<B> {
-    let mut resp = Response::new(body);
-    *resp.status_mut() = head.status;
-    *resp.headers_mut() = head.headers;
+/// A response on its way to the client.
+#[derive(Debug)]
+pub struct Reply<B> {
+    pub status: StatusCode,
+    /// End-to-end header lines, `name: value\r\n` each. The client side adds the framing
+    /// headers, from the body, and Date when there is none.
+    pub headers: Vec<u8>,
+    pub body: B,
+}
+
+/// Builds the response the client side sends. Only a response without a body keeps the
+/// backend's Content-Length among its lines: to a HEAD request, or a 304, it describes the body
+/// that was not sent.
+pub fn response<B>(head: Head, body: B, method: &Method) -> Reply<B> {
+    let mut headers = head.headers;
     if let ContentLength::Valid(n) = head.content_length {
         if method == Method::HEAD || head.status == StatusCode::NOT_MODIFIED {
-            resp.headers_mut()
-                .insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+            headers.extend_from_slice(b"content-length: ");
+            headers.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            headers.extend_from_slice(b"\r\n");
         }
     }
-    resp
+    Reply {
+        status: head.status,
+        headers,
+        body,
+    }
 }
 
 #[cfg(test)]
@@ -849,10 +862,8 @@ mod tests {
         let mut buf = BytesMut::from("HTTP/1.1 404 Not Found\r\nX-A: 1\r\nx-a: 2\r\n\r\nbody");
         let h = parse_head(&mut buf).unwrap().unwrap();
         assert_eq!(h.status, 404);
-        assert_eq!(
-            h.headers.get_all("x-a").iter().collect::<Vec<_>>(),
-            ["1", "2"]
-        );
+        assert_eq!(h.headers, b"X-A: 1\r\nx-a: 2\r\n");
+        assert!(!h.has_date);
         assert_eq!(&buf[..], b"body");
     }
 
@@ -919,7 +930,7 @@ mod tests {
         let text = "HTTP/1.1 200 OK\r\nConnection: content-length\r\nContent-Length: 3\r\n\r\n";
         assert_eq!(framing(Method::GET, text).unwrap(), Length(3));
         let h = head(text).unwrap().unwrap();
-        assert!(!h.headers.contains_key(http::header::CONTENT_LENGTH));
+        assert!(h.headers.is_empty());
     }
 
     #[test]
@@ -1032,16 +1043,16 @@ mod tests {
     }
 
     #[test]
-    fn hop_by_hop_headers_never_reach_the_map() {
+    fn hop_by_hop_headers_never_reach_the_client() {
         let h = head(
             "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: timeout=5\r\n\
              Proxy-Connection: x\r\nTE: trailers\r\nTrailer: x-sum\r\nUpgrade: h2c\r\n\
-             Transfer-Encoding: chunked\r\nX-Hop: 1\r\nX-Kept: 2\r\n\r\n",
+             Transfer-Encoding: chunked\r\nX-Hop: 1\r\nX-Kept: 2\r\nDate: d\r\n\r\n",
         )
         .unwrap()
         .unwrap();
-        let names: Vec<_> = h.headers.keys().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["x-kept"]);
+        assert_eq!(h.headers, b"X-Kept: 2\r\nDate: d\r\n");
+        assert!(h.has_date);
         assert_eq!(h.chunked_last, Some(true));
         assert!(h.keep_alive);
     }

@@ -12,15 +12,15 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{self, HeaderName, HeaderValue};
-use http::{Method, Response, StatusCode, Uri, Version};
+use http::header::HeaderValue;
+use http::{Method, StatusCode};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use crate::accesslog::Upstreamed;
 use crate::config::Limits;
-use crate::downstream::ClientBody;
-use crate::h1::{self, Conn, Finished, H1Error, RequestFraming, UpstreamBody};
+use crate::downstream::{ClientBody, RequestHead};
+use crate::h1::{self, Conn, Finished, H1Error, Outgoing, Reply, RequestFraming, UpstreamBody};
 use crate::metrics::ErrorKind;
 use crate::upstream::{InFlight, WorkerUpstream};
 
@@ -179,63 +179,26 @@ impl fmt::Display for ProxyError {
     }
 }
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-
-/// Rewrites a client request into the one sent upstream: the client's address appended to
-/// X-Forwarded-For, X-Forwarded-Proto set, origin-form URI, HTTP/1.1. The parser already left
-/// out the hop-by-hop headers and Expect: `100 Continue` is pinlb's own answer, sent when the
-/// body is first read, once a backend connection is ready, as nginx does.
-pub fn prepare_request(parts: &mut http::request::Parts, client: &Client) {
-    let h = &mut parts.headers;
-    match h.entry(X_FORWARDED_FOR) {
-        header::Entry::Vacant(e) => {
-            e.insert(client.xff.clone());
-        }
-        header::Entry::Occupied(mut e) if !client.trusted => {
-            // `insert` replaces every line of it.
-            e.insert(client.xff.clone());
-        }
-        header::Entry::Occupied(mut e) => {
-            // Several XFF lines are one comma-separated list; fold them and append the client.
-            let mut joined = Vec::new();
-            for v in e.iter() {
-                if !joined.is_empty() {
-                    joined.extend_from_slice(b", ");
-                }
-                joined.extend_from_slice(v.as_bytes());
-            }
+/// The X-Forwarded-For value sent upstream: the client's address, appended to the list the
+/// client sent when the client is a trusted proxy, and replacing it otherwise, so that a client
+/// cannot make a backend believe it comes from another address. The parser joined several
+/// X-Forwarded-For lines into one list; exactly one line goes upstream.
+pub fn forwarded_for<'a>(sent: Option<&'a [u8]>, client: &'a Client) -> std::borrow::Cow<'a, [u8]> {
+    match sent {
+        Some(list) if client.trusted && !list.is_empty() => {
+            let mut joined = Vec::with_capacity(list.len() + 2 + client.xff.len());
+            joined.extend_from_slice(list);
             joined.extend_from_slice(b", ");
             joined.extend_from_slice(client.xff.as_bytes());
-            match HeaderValue::from_bytes(&joined) {
-                Ok(v) => {
-                    e.insert(v);
-                }
-                Err(_) => {
-                    e.insert(client.xff.clone());
-                }
-            }
+            std::borrow::Cow::Owned(joined)
         }
+        _ => std::borrow::Cow::Borrowed(client.xff.as_bytes()),
     }
-    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-    if let Some(authority) = parts.uri.authority() {
-        // With an absolute-form target the Host header is ignored for the target's authority
-        // (RFC 9112 §3.2.2): a backend that only sees Host must not be told another host.
-        if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
-            h.insert(header::HOST, v);
-        }
-    }
-    if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
-        // Absolute-form from the client: backends expect origin-form.
-        let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        parts.uri = Uri::try_from(pq).unwrap_or_else(|_| Uri::from_static("/"));
-    }
-    parts.version = Version::HTTP_11;
 }
 
 /// The proxy's answer to one request.
 pub struct Answer {
-    pub response: Response<ProxyBody>,
+    pub response: Reply<ProxyBody>,
     /// For the access log, when asked for: which backend answered, and how fast.
     pub upstreamed: Option<Upstreamed>,
     /// The client is at fault: its connection closes after the answer, since what follows on it
@@ -246,19 +209,24 @@ pub struct Answer {
 /// Forwards one request whose head `downstream` parsed, or answers `refused` at once. Never
 /// fails: every failure becomes an error response. With `log`, a response from a backend comes
 /// with its [`Upstreamed`] for the access log.
+///
+/// The request goes upstream as HTTP/1.1, origin-form, with Host first and X-Forwarded-For and
+/// X-Forwarded-Proto last. The parser already left out the hop-by-hop headers and Expect:
+/// `100 Continue` is pinlb's own answer, sent when the body is first read, once a backend
+/// connection is ready, as nginx does.
 pub async fn handle(
     upstream: Rc<WorkerUpstream>,
     client: Rc<Client>,
     limits: Limits,
-    parts: http::request::Parts,
+    head: &RequestHead,
     body: &mut ClientBody<'_>,
     refused: Option<ClientError>,
     log: bool,
 ) -> Answer {
-    let method = parts.method.clone();
+    let method = &head.method;
     let forwarded = match refused {
         Some(e) => Err(ProxyError::Client(e)),
-        None => forward(&upstream, &client, &limits, parts, body, log).await,
+        None => forward(&upstream, &client, &limits, head, body, log).await,
     };
     match forwarded {
         Ok((response, upstreamed)) => Answer {
@@ -269,7 +237,7 @@ pub async fn handle(
         Err(e) => {
             warn!(upstream = %upstream.shared.config.name, "{method} answered {}: {e}", e.status().as_u16());
             Answer {
-                response: error_response(&e, &method),
+                response: error_response(&e, method),
                 upstreamed: None,
                 close: e.is_client(),
             }
@@ -281,19 +249,27 @@ async fn forward(
     upstream: &Rc<WorkerUpstream>,
     client: &Client,
     limits: &Limits,
-    mut parts: http::request::Parts,
+    head: &RequestHead,
     body: &mut ClientBody<'_>,
     log: bool,
-) -> Result<(Response<ProxyBody>, Option<Upstreamed>), ProxyError> {
-    // The parser refused HTTP/1.1 without Host: only HTTP/1.0 may come without it.
-    let maybe_hostless = parts.version == Version::HTTP_10;
+) -> Result<(Reply<ProxyBody>, Option<Upstreamed>), ProxyError> {
     let framing = body.framing();
-    prepare_request(&mut parts, client);
+    let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), client);
+    let base = Outgoing {
+        method: &head.method,
+        path: head.path(),
+        // The parser refused HTTP/1.1 without Host: only HTTP/1.0 may come without it. It goes
+        // upstream as HTTP/1.1, which needs one: the backend's address then, as the health
+        // probes send.
+        host: head.host().unwrap_or_default(),
+        lines: head.lines(),
+        forwarded_for: &forwarded_for,
+    };
     let shared = &*upstream.shared;
     let retry = &shared.config.retry;
     let mut body = RequestBody::new(body, retry.buffer, limits);
     // Once a backend may have acted on the request, sending it again needs both of these.
-    let method_resendable = retry.non_idempotent || is_idempotent(&parts.method);
+    let method_resendable = retry.non_idempotent || is_idempotent(&head.method);
 
     // nginx's proxy_next_upstream: a failed attempt moves on to the next backend, each backend
     // at most once per request, within `tries` attempts and `timeout` since the first.
@@ -303,9 +279,7 @@ async fn forward(
     } else {
         retry.tries.min(n)
     };
-    // An HTTP/1.0 request may come without Host, but it goes upstream as HTTP/1.1, which needs
-    // one: the backend's address then, as the health probes send.
-    let host_from_backend = maybe_hostless && !parts.headers.contains_key(header::HOST);
+    let host_from_backend = head.host().is_none();
     let mut tried = Tried::new(n);
     let mut first_try: Option<Instant> = None;
     let mut last_error: Option<ProxyError> = None;
@@ -324,24 +298,24 @@ async fn forward(
         if shared.counting {
             state.stats.requests.fetch_add(1, Ordering::Relaxed);
         }
-        if host_from_backend {
-            if let Ok(v) = HeaderValue::from_str(&addr.to_string()) {
-                parts.headers.insert(header::HOST, v);
-            }
-        }
+        let backend_host = host_from_backend.then(|| addr.to_string());
+        let out = Outgoing {
+            host: backend_host.as_deref().map_or(base.host, str::as_bytes),
+            ..base
+        };
 
         let failure = match attempt(
             upstream,
             backend,
-            &parts,
+            &out,
             framing,
             &mut body,
             method_resendable,
         )
         .await
         {
-            Ok((head, conn)) => {
-                let status = head.status.as_u16();
+            Ok((answer, conn)) => {
+                let status = answer.status.as_u16();
                 if shared.config.passive.fail_on_status.contains(status) {
                     shared.record_failure(backend);
                 } else {
@@ -354,10 +328,10 @@ async fn forward(
                     state.stats.response_time.observe(elapsed);
                 }
                 let body = ProxyBody::Upstream {
-                    body: UpstreamBody::new(conn, &head),
+                    body: UpstreamBody::new(conn, &answer),
                     release: Some(Release {
                         _guard: guard,
-                        keep_alive: head.keep_alive,
+                        keep_alive: answer.keep_alive,
                         upstream: upstream.clone(),
                         backend,
                     }),
@@ -369,7 +343,7 @@ async fn forward(
                     }),
                     _ => None,
                 };
-                return Ok((h1::response(head, body, &parts.method), served));
+                return Ok((h1::response(answer, body, &head.method), served));
             }
             Err(failure) => failure,
         };
@@ -411,7 +385,7 @@ async fn forward(
         };
         shared.record_failure(backend);
         if sent && !method_resendable {
-            warn!(backend = %addr, "{error}; not retried: {} is not idempotent and the backend may have processed it", parts.method);
+            warn!(backend = %addr, "{error}; not retried: {} is not idempotent and the backend may have processed it", head.method);
             return Err(error);
         }
         if sent && !body.replayable() {
@@ -457,7 +431,7 @@ impl Failure {
 async fn attempt(
     upstream: &WorkerUpstream,
     backend: usize,
-    parts: &http::request::Parts,
+    req: &Outgoing<'_>,
     framing: RequestFraming,
     body: &mut RequestBody<'_, '_>,
     resendable: bool,
@@ -490,13 +464,12 @@ async fn attempt(
     };
     loop {
         let exchange = async {
-            conn.write_head(parts, framing).await?;
+            conn.write_head(req, framing).await?;
             if !body.is_empty() {
                 body.send(&mut conn, framing == RequestFraming::Chunked)
                     .await?;
             }
-            conn.read_head_within(&parts.method, timeouts.response)
-                .await
+            conn.read_head_within(req.method, timeouts.response).await
         };
         match exchange.await {
             Ok(head) => return Ok((head, conn)),
@@ -654,7 +627,7 @@ impl Tried {
 }
 
 /// A short text response for a request pinlb had to answer itself.
-fn error_response(e: &ProxyError, method: &Method) -> Response<ProxyBody> {
+fn error_response(e: &ProxyError, method: &Method) -> Reply<ProxyBody> {
     let status = e.status();
     let text = format!(
         "{} {}: {e}\n",
@@ -667,19 +640,19 @@ fn error_response(e: &ProxyError, method: &Method) -> Response<ProxyBody> {
     } else {
         Bytes::from(text)
     };
-    let mut resp = Response::new(ProxyBody::Local(Some(body)));
-    *resp.status_mut() = status;
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    let mut headers = b"content-type: text/plain; charset=utf-8\r\n".to_vec();
     if method == Method::HEAD {
         // The length of the page a GET would have had; the client side writes the framing of
         // every other response from its body.
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        headers.extend_from_slice(b"content-length: ");
+        headers.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
+        headers.extend_from_slice(b"\r\n");
     }
-    resp
+    Reply {
+        status,
+        headers,
+        body: ProxyBody::Local(Some(body)),
+    }
 }
 
 /// What to do when an upstream response body is over.
@@ -759,47 +732,19 @@ impl Drop for ProxyBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::Request;
-
-    fn request(uri: &str, hs: &[(&str, &str)]) -> http::request::Parts {
-        let mut b = Request::builder().uri(uri).version(Version::HTTP_10);
-        for (k, v) in hs {
-            b = b.header(*k, *v);
-        }
-        b.body(()).unwrap().into_parts().0
-    }
 
     #[test]
-    fn forwarded_for_is_set_or_appended() {
-        let client = Client::new(
+    fn forwarded_for_is_the_client_appended_to_a_trusted_proxys_list() {
+        let trusted = Client::new(
             "10.1.2.3:5555".parse().unwrap(),
             &["10.0.0.0/8".parse().unwrap()],
         );
-        let mut p = request("/", &[]);
-        prepare_request(&mut p, &client);
-        assert_eq!(p.headers["x-forwarded-for"], "10.1.2.3");
-        assert_eq!(p.headers["x-forwarded-proto"], "http");
-        assert_eq!(p.version, Version::HTTP_11);
-
+        assert!(trusted.trusted);
+        assert_eq!(&*forwarded_for(None, &trusted), b"10.1.2.3");
         assert_eq!(
-            forwarded_for_from_two_lines(&client),
-            "1.1.1.1, 2.2.2.2, 10.1.2.3"
+            &*forwarded_for(Some(b"1.1.1.1, 2.2.2.2"), &trusted),
+            b"1.1.1.1, 2.2.2.2, 10.1.2.3"
         );
-    }
-
-    /// The X-Forwarded-For sent upstream for a request that came with two such lines; there
-    /// is always exactly one line upstream.
-    fn forwarded_for_from_two_lines(client: &Client) -> HeaderValue {
-        let mut p = request(
-            "/",
-            &[
-                ("x-forwarded-for", "1.1.1.1"),
-                ("X-Forwarded-For", "2.2.2.2"),
-            ],
-        );
-        prepare_request(&mut p, client);
-        assert_eq!(p.headers.get_all("x-forwarded-for").iter().count(), 1);
-        p.headers["x-forwarded-for"].clone()
     }
 
     #[test]
@@ -809,25 +754,9 @@ mod tests {
             &["10.0.0.0/8".parse().unwrap()],
         );
         assert!(!client.trusted);
-        assert_eq!(forwarded_for_from_two_lines(&client), "192.0.2.1");
-    }
-
-    #[test]
-    fn host_is_kept() {
-        let client = Client::new("[::1]:1".parse().unwrap(), &[]);
-        let mut p = request("/a?b", &[("host", "app.example")]);
-        prepare_request(&mut p, &client);
-        assert_eq!(p.headers["host"], "app.example");
-        assert_eq!(p.headers["x-forwarded-for"], "::1");
-    }
-
-    #[test]
-    fn absolute_form_becomes_origin_form() {
-        let client = Client::new("127.0.0.1:1".parse().unwrap(), &[]);
-        let mut p = request("http://example.com/x/y?z=1", &[("host", "other.example")]);
-        prepare_request(&mut p, &client);
-        assert_eq!(p.uri, "/x/y?z=1");
-        assert_eq!(p.headers["host"], "example.com");
+        assert_eq!(&*forwarded_for(Some(b"1.1.1.1"), &client), b"192.0.2.1");
+        let v6 = Client::new("[::1]:1".parse().unwrap(), &[]);
+        assert_eq!(&*forwarded_for(None, &v6), b"::1");
     }
 
     #[test]
