@@ -40,7 +40,7 @@ use crate::config::Limits;
 use crate::h1::{ContentLength, Decoder, Framing, H1Error, Reply, RequestFraming};
 use crate::idle::{self, Wait};
 use crate::proxy::{self, Answer, ClientError, ProxyBody};
-use crate::server::Route;
+use crate::server::{Held, Route};
 
 /// Room a read needs before the buffer grows: a typical request head fits in one read.
 const READ_CHUNK: usize = 4 * 1024;
@@ -314,11 +314,9 @@ pub fn parse_request(
         if named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
             continue;
         }
-        // httparse took only token characters for the name; the value must be what a header
-        // value may hold (no NUL, CR or LF, which httparse refuses too, nor other controls).
-        if !value.iter().all(|&b| b == b'\t' || b >= 0x20) || value.contains(&0x7f) {
-            return Err(Malformed::bad("malformed request: invalid header value"));
-        }
+        // httparse has checked the name's token characters and the value's bytes (HTAB,
+        // visible ASCII, space, obs-text: what a header value may hold), so the line can be
+        // copied as it is.
         text.extend_from_slice(name);
         text.extend_from_slice(b": ");
         let at = text.len();
@@ -749,15 +747,56 @@ struct Connection {
     client: std::cell::RefCell<(Rc<crate::server::ClientRules>, Rc<proxy::Client>)>,
 }
 
-/// Serves one client connection until it closes. `held` is kept until then: the connection's
-/// `limits.max_connections` permit and its counters.
-pub(crate) async fn serve<H>(
+/// A connection parked while idle (see `idle`): what it needs to start again.
+pub struct Parked {
+    pub socket: std::net::TcpStream,
+    peer: SocketAddr,
+    slot: idle::Client,
+    route: Rc<Route>,
+    batch: Option<Rc<Batch>>,
+    held: Held,
+}
+
+impl Parked {
+    pub fn slot_index(&self) -> usize {
+        self.slot.index()
+    }
+}
+
+/// Starts parked connections again as their clients send something, until the worker ends.
+pub(crate) async fn unparker(clients: Rc<idle::Clients>) {
+    loop {
+        for parked in clients.unparked().await {
+            let Parked {
+                socket,
+                peer,
+                slot,
+                route,
+                batch,
+                held,
+            } = *parked;
+            match TcpStream::from_std(socket) {
+                Ok(stream) => {
+                    tokio::task::spawn_local(serve(stream, peer, slot, route, batch, held, false));
+                }
+                // Dropped: closed.
+                Err(e) => debug!(client = %peer, "cannot take a parked connection back: {e}"),
+            }
+        }
+    }
+}
+
+/// Serves one client connection until it closes or is parked. `held` is kept until then: the
+/// connection's `limits.max_connections` permit and its counters. `first`: no request has come
+/// on it yet.
+pub(crate) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
     slot: idle::Client,
     route: Rc<Route>,
     batch: Option<Rc<Batch>>,
-    held: H,
+    held: Held,
+    first: bool,
 ) {
     let rules = route.rules.borrow().clone();
     let client = Rc::new(proxy::Client::new(peer, &rules.trusted));
@@ -771,7 +810,7 @@ pub(crate) async fn serve<H>(
         client: std::cell::RefCell::new((rules, client)),
     };
     let mut buf = BytesMut::new();
-    let mut first = true;
+    let mut first = first;
     // Bounded by the client: every pass serves one request, or ends.
     let next = loop {
         if buf.is_empty() {
@@ -787,9 +826,16 @@ pub(crate) async fn serve<H>(
                 })
             })
             .await;
-            if wait == Wait::Close {
-                debug!(client = %conn.peer, "closing client connection: idle, or making room, or stopping");
-                break Next::Close;
+            match wait {
+                Wait::Readable => {}
+                Wait::Close => {
+                    debug!(client = %conn.peer, "closing client connection: idle, or making room, or stopping");
+                    break Next::Close;
+                }
+                Wait::Park => {
+                    park(conn, held);
+                    return;
+                }
             }
         }
         // Boxed: the exchange's state, the largest part of it the proxy's, exists only while a
@@ -804,8 +850,40 @@ pub(crate) async fn serve<H>(
             buf = BytesMut::new();
         }
     };
-    conn.close(next).await;
+    // Boxed: rarely needed (a lingering close holds a buffer and a timer), and kept out of the
+    // task's own state, which every open connection pays for.
+    Box::pin(conn.close(next)).await;
     drop(held);
+}
+
+/// Parks an idle connection: its socket leaves the reactor for the worker's parking set.
+fn park(conn: Connection, held: Held) {
+    let Connection {
+        stream,
+        peer,
+        slot,
+        route,
+        batch,
+        ..
+    } = conn;
+    let clients = slot.clients_rc();
+    match stream.into_std() {
+        Ok(socket) => {
+            let parked = Box::new(Parked {
+                socket,
+                peer,
+                slot,
+                route,
+                batch,
+                held,
+            });
+            if let Err(parked) = clients.park(parked) {
+                debug!(client = %peer, "closing idle client connection: it could not be parked");
+                drop(parked);
+            }
+        }
+        Err(e) => debug!(client = %peer, "closing idle client connection: {e}"),
+    }
 }
 
 impl Connection {
@@ -977,7 +1055,7 @@ impl Connection {
         let mut head = Vec::with_capacity(256);
         status_line(&mut head, status);
         head.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\n");
-        header_line(&mut head, b"date", self.slot.clients().date().as_bytes());
+        self.slot.clients().write_date(&mut head);
         head.extend_from_slice(b"content-length: ");
         head.extend_from_slice(itoa::Buffer::new().format(text.len()).as_bytes());
         head.extend_from_slice(b"\r\nconnection: close\r\n\r\n");
@@ -1017,7 +1095,7 @@ impl Connection {
         status_line(&mut head, status);
         head.extend_from_slice(&headers);
         if !body.has_date() {
-            header_line(&mut head, b"date", self.slot.clients().date().as_bytes());
+            self.slot.clients().write_date(&mut head);
         }
         if !bodiless {
             match length {
@@ -1162,13 +1240,6 @@ fn status_line(out: &mut Vec<u8>, status: StatusCode) {
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
-}
-
-fn header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
 }
 

@@ -430,11 +430,8 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
         if named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
             continue;
         }
-        // httparse took only token characters for the name; a value may not hold controls but
-        // HTAB (httparse refuses NUL, CR and LF itself).
-        if !value.iter().all(|&b| b == b'\t' || b >= 0x20) || value.contains(&0x7f) {
-            return Err(H1Error::Invalid("bad header value"));
-        }
+        // httparse has checked the name's token characters and the value's bytes (HTAB,
+        // visible ASCII, space, obs-text), so the line can be copied as it is.
         has_date |= name.len() == 4 && name.eq_ignore_ascii_case(b"date");
         headers.extend_from_slice(name);
         headers.extend_from_slice(b": ");

@@ -472,7 +472,7 @@ fn worker_main(
             worker,
             core,
             process,
-            clients: Rc::new(Clients::default()),
+            clients: Rc::new(Clients::with_parking()),
             stop: stop.clone(),
             listeners: HashMap::new(),
             upstreams: Vec::new(),
@@ -495,6 +495,7 @@ fn worker_main(
             });
             state.batch = Some(batch);
         }
+        tokio::task::spawn_local(crate::downstream::unparker(state.clients.clone()));
         let pressured = state.process.clone();
         tokio::task::spawn_local(crate::idle::sweeper(state.clients.clone(), move || {
             pressured.connections.pressure.load(Ordering::Relaxed)
@@ -729,9 +730,10 @@ async fn accept_loop(
         if let Some(s) = &stats {
             s.accepted.fetch_add(1, Ordering::Relaxed);
         }
-        // Counted however the task ends, even dropped before its first poll; the connection's
-        // `max_connections` slot is free again then too.
-        let held = (slot, Closed(stats.clone()));
+        let held = Held {
+            _slot: slot,
+            _closed: Closed(stats.clone()),
+        };
         tokio::task::spawn_local(crate::downstream::serve(
             stream,
             peer,
@@ -739,11 +741,20 @@ async fn accept_loop(
             route.clone(),
             batch.clone(),
             held,
+            true,
         ));
     }
 }
 
-/// Counts a client connection closed when dropped, however its task ends.
+/// What a client connection holds until it closes, however its task ends (dropped before its
+/// first poll included): its `limits.max_connections` permit, and its count as an open
+/// connection.
+pub(crate) struct Held {
+    _slot: OwnedSemaphorePermit,
+    _closed: Closed,
+}
+
+/// Counts a client connection closed when dropped.
 struct Closed(Option<Arc<ListenerStats>>);
 
 impl Drop for Closed {

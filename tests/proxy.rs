@@ -1430,6 +1430,63 @@ async fn an_idle_client_connection_is_closed_after_client_idle() {
     );
 }
 
+/// A keep-alive connection idle for longer than `idle::PARK_AFTER` (1 s) is parked: its socket
+/// leaves the reactor and its task ends. It must still serve its next request, pipelined ones
+/// too, and still close at `client_idle`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_idle_connection_serves_its_next_requests_and_still_times_out() {
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.client_idle = "2500ms";
+    let proxy = Proxy::start(&setup);
+
+    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
+    s.get_mut()
+        .write_all(b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut s, false).await.status, 200);
+    // The idleness under test: parked after 1 s, well before client_idle.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    s.get_mut()
+        .write_all(b"GET /2 HTTP/1.1\r\nHost: x\r\n\r\nGET /3 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        assert_eq!(read_response(&mut s, false).await.status, 200);
+    }
+    assert_eq!(a.hits(), 3);
+    let took = wait_closed(s.get_mut()).await;
+    assert!(
+        took >= Duration::from_millis(2400) && took < Duration::from_secs(5),
+        "closed after {took:?} idle, client_idle is 2.5s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_parked_connections_at_once() {
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.shutdown_timeout = "10s";
+    let mut proxy = Proxy::start(&setup);
+    let mut idle = Conn::open(proxy.addr).await;
+    assert_eq!(idle.get("/").await.status, 200);
+    // Parked after 1 s.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+
+    proxy.trigger_shutdown();
+    let start = Instant::now();
+    proxy
+        .join(Duration::from_secs(15))
+        .await
+        .expect("run returns Ok");
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "shutdown waited {took:?} on a parked connection"
+    );
+}
+
 /// Connects until refused: at most 50 tries 10 ms apart.
 async fn wait_until_refused(addr: std::net::SocketAddr) -> bool {
     for _ in 0..50 {
