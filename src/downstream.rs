@@ -42,8 +42,6 @@ use crate::idle::{self, Wait};
 use crate::proxy::{self, Answer, ClientError, ProxyBody};
 use crate::server::{Held, Route};
 
-/// Room a read needs before the buffer grows: a typical request head fits in one read.
-const READ_CHUNK: usize = 4 * 1024;
 /// After a response that ends the connection with client bytes left unread, how long and how
 /// much pinlb goes on reading (and discarding) before it closes, so that the close does not
 /// turn into a reset that destroys the response before the client reads it (nginx's
@@ -500,7 +498,7 @@ fn poll_read_buf(
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
     if buf.capacity() - buf.len() < 1024 {
-        buf.reserve(READ_CHUNK);
+        buf.reserve(idle::READ_BUFFER);
     }
     loop {
         ready!(stream.poll_read_ready(cx))?;
@@ -818,9 +816,12 @@ pub(crate) async fn serve(
             // a readiness without bytes behind it keeps the connection idle, with no buffer.
             let wait = std::future::poll_fn(|cx| {
                 conn.slot.poll_wait(first, cx, |cx| {
+                    if buf.capacity() == 0 {
+                        buf = conn.slot.clients().take_buffer();
+                    }
                     let read = poll_read_buf(&conn.stream, &mut buf, cx);
                     if read.is_pending() && buf.is_empty() {
-                        buf = BytesMut::new();
+                        conn.slot.clients().give_buffer(std::mem::take(&mut buf));
                     }
                     read.map(|r| r.map(drop))
                 })
@@ -847,7 +848,7 @@ pub(crate) async fn serve(
         first = false;
         if buf.is_empty() {
             // Nothing pipelined: the buffer goes until the next request comes.
-            buf = BytesMut::new();
+            conn.slot.clients().give_buffer(std::mem::take(&mut buf));
         }
     };
     // Boxed: rarely needed (a lingering close holds a buffer and a timer), and kept out of the

@@ -385,7 +385,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
     let mut keep_alive_token = false;
     let mut named: Vec<&[u8]> = Vec::new();
     for h in resp.headers.iter() {
-        if let Some(Hop::Connection) = Hop::of(h.name.as_bytes()) {
+        if h.name.len() == 10 && h.name.eq_ignore_ascii_case("connection") {
             for t in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
                 if t.eq_ignore_ascii_case(b"close") {
                     close = true;
