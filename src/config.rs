@@ -370,9 +370,9 @@ pub struct Runtime {
 /// amount of memory and time and gets a clear status instead of a hang.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Request line plus headers; over it → 431 (hyper's `max_header_size`).
+    /// Request line plus headers; over it → 431.
     pub max_header_bytes: usize,
-    /// Header lines per request; over it → 431 (hyper's `max_headers`).
+    /// Header lines per request; over it → 431.
     pub max_headers: usize,
     /// The request target as sent; over it → 414.
     pub max_uri_bytes: usize,
@@ -392,11 +392,10 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// Bounds on `max_header_bytes`: below 1 KiB ordinary browsers' heads fail. Up to 64 KiB,
-    /// every head over the limit gets hyper's 431, and its own 414 for a target over 64 KiB can
-    /// never come first, so a status always names the limit that was hit.
+    /// Bounds on `max_header_bytes`: below 1 KiB ordinary browsers' heads fail; above 64 KiB a
+    /// slow client could make each connection hold that much while its head trickles in.
     pub const HEADER_BYTES: (usize, usize) = (1024, 64 * 1024);
-    /// Most `max_headers`: hyper keeps room for that many on the stack or heap per request.
+    /// Most `max_headers`: the parser keeps room for that many on the stack per request.
     pub const MAX_HEADERS: usize = 1000;
 }
 

@@ -1,9 +1,9 @@
 //! The upstream side of HTTP/1.1: writing a request on a pooled connection and reading the
 //! response head and body back, on the worker's own task.
 //!
-//! hyper serves the client side. For the backend side pinlb uses this small codec instead of
+//! The client side is `downstream`. For the backend side pinlb uses this small codec instead of
 //! hyper's client because a proxy needs far less than a general client: the request is already
-//! parsed and validated by hyper, and the response body is handed straight to hyper's server. Doing
+//! parsed and validated, and the response body goes straight to the client side. Doing
 //! it here removes a spawned connection task, two channels and a oneshot per request (29% of
 //! pinlb's user-space instructions per request, by benches/callgrind.sh), and lets the proxy see
 //! exactly how the backend framed its response (RFC 9112 §6.3).
