@@ -711,7 +711,15 @@ impl ProxyBody {
         match self {
             ProxyBody::Upstream { body, .. } => {
                 let polled = body.poll_data(cx);
-                if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+                // Released with the body's last piece, before it is written to the client: a
+                // client that has its whole response may send its next request at once, and it
+                // must find the backend's in-flight count and pooled connection back.
+                let ended = match &polled {
+                    Poll::Ready(Some(Ok(_))) => body.is_done(),
+                    Poll::Ready(_) => true,
+                    Poll::Pending => false,
+                };
+                if ended {
                     self.release();
                 }
                 polled
