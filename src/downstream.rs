@@ -91,13 +91,15 @@ pub struct RequestHead {
     /// Where the Host value lies in `text`: the authority of an absolute-form target, or the
     /// Host header.
     host: Option<(usize, usize)>,
-    /// Where the origin-form path lies in `text`; `None` for an absolute-form target without
-    /// one, which goes upstream as `/`.
-    path: Option<(usize, usize)>,
+    /// Where the origin-form path lies in `text`.
+    path: (usize, usize),
     user_agent: Option<(usize, usize)>,
     referer: Option<(usize, usize)>,
     /// The client's X-Forwarded-For lines, joined into one list.
     pub forwarded_for: Option<Vec<u8>>,
+    /// The client's Forwarded and X-Real-IP lines, which say who the client is as
+    /// X-Forwarded-For does: passed on only from a client in `forwarded.trusted`.
+    pub proxied_lines: Option<Vec<u8>>,
     /// How the body is framed, as sent upstream.
     pub body: RequestFraming,
     /// What the client asked for: HTTP/1.1 unless `Connection: close`, HTTP/1.0 only with
@@ -126,7 +128,7 @@ impl RequestHead {
 
     /// The target as it goes upstream: origin-form.
     pub fn path(&self) -> &[u8] {
-        self.path.map_or(b"/", |p| self.at(p))
+        self.at(self.path)
     }
 
     /// The end-to-end header lines, `name: value\r\n` each.
@@ -164,6 +166,8 @@ enum Special {
     Host,
     Expect,
     ForwardedFor,
+    /// Forwarded, X-Real-IP.
+    Proxied,
     UserAgent,
     Referer,
     /// Keep-Alive, Proxy-Connection, TE, Trailer, Upgrade (hop-by-hop), X-Forwarded-Proto
@@ -179,6 +183,7 @@ impl Special {
             4 if is("host") => Some(Special::Host),
             6 if is("expect") => Some(Special::Expect),
             7 if is("referer") => Some(Special::Referer),
+            9 if is("forwarded") || is("x-real-ip") => Some(Special::Proxied),
             10 if is("connection") => Some(Special::Connection),
             10 if is("user-agent") => Some(Special::UserAgent),
             14 if is("content-length") => Some(Special::ContentLength),
@@ -227,8 +232,7 @@ pub fn parse_request(
         _ => Version::HTTP_11,
     };
     let target = req.path.unwrap_or_default().as_bytes();
-    // http::Uri's rule, which hyper applied: ASCII only. httparse has already refused spaces
-    // and control bytes.
+    // ASCII only, as `http::Uri` has it; httparse has already refused spaces and control bytes.
     if !target.is_ascii() {
         return Err(Malformed::bad("malformed request: invalid target"));
     }
@@ -265,6 +269,7 @@ pub fn parse_request(
     let mut host_ok = false;
     let mut expect_continue = false;
     let mut forwarded_for: Option<Vec<u8>> = None;
+    let mut proxied_lines: Option<Vec<u8>> = None;
     let mut host_value = None;
     let mut user_agent = None;
     let mut referer = None;
@@ -305,8 +310,20 @@ pub fn parse_request(
                 host_value = Some(value);
                 continue;
             }
+            Some(Special::Proxied) => {
+                let lines = proxied_lines.get_or_insert_with(Vec::new);
+                lines.extend_from_slice(name);
+                lines.extend_from_slice(b": ");
+                lines.extend_from_slice(value);
+                lines.extend_from_slice(b"\r\n");
+                continue;
+            }
             Some(Special::UserAgent) => keep = Some(&mut user_agent),
             Some(Special::Referer) => keep = Some(&mut referer),
+            // Dropped, as nginx does by default (`underscores_in_headers off`): CGI-style
+            // backends read `X_Forwarded_For` and `X-Forwarded-For` as one variable, so a client
+            // could spoof its address under the underscored name.
+            None if name.contains(&b'_') => continue,
             None => {}
         }
         if named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
@@ -377,6 +394,15 @@ pub fn parse_request(
         }
     }
 
+    let path = match path {
+        Path::Within(a, b) => (a, b),
+        Path::SlashThen(a, b) => {
+            let at = text.len();
+            text.push(b'/');
+            text.extend_from_slice(&target[a..b]);
+            (at, text.len())
+        }
+    };
     // The head is copied out; what follows it (body, next requests) stays.
     buf.advance(len);
     // Spans of the target are offsets into it, and it sits at the start of `text`.
@@ -389,11 +415,12 @@ pub fn parse_request(
         target: target_at,
         lines,
         host: host.map(resolve),
-        path: path.map(resolve),
+        path,
         user_agent,
         referer,
         text,
         forwarded_for,
+        proxied_lines,
         body,
         keep_alive: !close && (version == Version::HTTP_11 || keep_alive_token),
         ambiguous: te && content_length != ContentLength::Absent,
@@ -409,31 +436,66 @@ enum Span {
     Text(usize, usize),
 }
 
+/// The origin-form path a target goes upstream with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// This stretch of the target.
+    Within(usize, usize),
+    /// `/` and then this stretch of the target: an absolute-form target with a query and no
+    /// path (`http://a?q` goes upstream as `/?q`, RFC 9112 §3.2.1).
+    SlashThen(usize, usize),
+}
+
+/// Whether a byte may appear in a request target as it is: unreserved, sub-delims, `:`, `@`,
+/// `/`, `?` and `%` (RFC 3986). Targets of only these skip `http::uri` validation.
+fn is_plain_target_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%".contains(&b)
+}
+
 /// Splits a request target into the authority an absolute-form target names, if any, and the
-/// origin-form path to send upstream (`None`: `/`). Refuses the authority form (`CONNECT
-/// host:port`: pinlb does not tunnel) and targets that are not URIs.
-fn split_target(target: &[u8], method: &Method) -> Result<(Option<Span>, Option<Span>), Malformed> {
-    if target.first() == Some(&b'/') || target == b"*" {
-        return Ok((None, Some(Span::Target(0, target.len()))));
-    }
+/// origin-form path to send upstream. A fragment (never valid in a request, RFC 9112 §3.2) is cut
+/// off, as `http::Uri` did for hyper. Refuses the authority form (`CONNECT host:port`: pinlb does
+/// not tunnel), targets that are not URIs, and absolute-form targets other than `http://` with a
+/// valid `host[:port]` (userinfo would reach the backend as its Host).
+fn split_target(target: &[u8], method: &Method) -> Result<(Option<Span>, Path), Malformed> {
     let invalid = || Malformed::bad("malformed request: invalid target");
+    let end = target
+        .iter()
+        .position(|&b| b == b'#')
+        .unwrap_or(target.len());
+    let target = &target[..end];
+    if target == b"*" {
+        return Ok((None, Path::Within(0, 1)));
+    }
+    if target.first() == Some(&b'/') {
+        if !target.iter().all(|&b| is_plain_target_byte(b))
+            && http::uri::PathAndQuery::try_from(target).is_err()
+        {
+            return Err(invalid());
+        }
+        return Ok((None, Path::Within(0, end)));
+    }
     let uri = Uri::try_from(target).map_err(|_| invalid())?;
     let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
         return Err(Malformed::bad(format!(
             "{method} with an authority-form target is not supported"
         )));
     };
+    let authority = authority.as_str().as_bytes();
+    if !scheme.eq_ignore_ascii_case("http") || !is_valid_host(authority) {
+        return Err(Malformed::bad(
+            "malformed request: absolute-form target other than http://host[:port]",
+        ));
+    }
     // `scheme://authority` then the path: the offsets in the target are those of the parts.
     let host_start = scheme.len() + 3;
-    let host_end = host_start + authority.as_str().len();
-    if target.get(host_start..host_end) != Some(authority.as_str().as_bytes()) {
+    let host_end = host_start + authority.len();
+    if target.get(host_start..host_end) != Some(authority) {
         return Err(invalid());
     }
     let path = match target.get(host_end) {
-        Some(b'/') => Some(Span::Target(host_end, target.len())),
-        // `http://a` or `http://a?q`: the path is `/` (RFC 9112 §3.2.1); a query alone can't
-        // be sent without one, so it is dropped with the rest.
-        _ => None,
+        Some(b'/') => Path::Within(host_end, end),
+        _ => Path::SlashThen(host_end, end),
     };
     Ok((Some(Span::Target(host_start, host_end)), path))
 }
@@ -753,6 +815,9 @@ pub struct Parked {
     route: Rc<Route>,
     batch: Option<Rc<Batch>>,
     held: Held,
+    /// No request has come on it yet: its first head is still timed from `accepted`.
+    first: bool,
+    accepted: Instant,
 }
 
 impl Parked {
@@ -772,10 +837,13 @@ pub(crate) async fn unparker(clients: Rc<idle::Clients>) {
                 route,
                 batch,
                 held,
+                first,
+                accepted,
             } = *parked;
             match TcpStream::from_std(socket) {
                 Ok(stream) => {
-                    tokio::task::spawn_local(serve(stream, peer, slot, route, batch, held, false));
+                    let start = Start { first, accepted };
+                    tokio::task::spawn_local(serve(stream, peer, slot, route, batch, held, start));
                 }
                 // Dropped: closed.
                 Err(e) => debug!(client = %peer, "cannot take a parked connection back: {e}"),
@@ -784,9 +852,27 @@ pub(crate) async fn unparker(clients: Rc<idle::Clients>) {
     }
 }
 
+/// Where a connection's service starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Start {
+    /// No request has come on it yet.
+    pub first: bool,
+    /// When it was accepted: the header timeout of its first request runs from here.
+    pub accepted: Instant,
+}
+
+impl Start {
+    /// A connection just accepted.
+    pub fn accepted() -> Start {
+        Start {
+            first: true,
+            accepted: Instant::now(),
+        }
+    }
+}
+
 /// Serves one client connection until it closes or is parked. `held` is kept until then: the
-/// connection's `limits.max_connections` permit and its counters. `first`: no request has come
-/// on it yet.
+/// connection's `limits.max_connections` permit and its counters.
 pub(crate) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
@@ -794,7 +880,7 @@ pub(crate) async fn serve(
     route: Rc<Route>,
     batch: Option<Rc<Batch>>,
     held: Held,
-    first: bool,
+    start: Start,
 ) {
     let rules = route.rules.borrow().clone();
     let client = Rc::new(proxy::Client::new(peer, &rules.trusted));
@@ -804,11 +890,11 @@ pub(crate) async fn serve(
         slot,
         route,
         batch,
-        accepted: Instant::now(),
+        accepted: start.accepted,
         client: std::cell::RefCell::new((rules, client)),
     };
     let mut buf = BytesMut::new();
-    let mut first = first;
+    let mut first = start.first;
     // Bounded by the client: every pass serves one request, or ends.
     let next = loop {
         if buf.is_empty() {
@@ -834,7 +920,7 @@ pub(crate) async fn serve(
                     break Next::Close;
                 }
                 Wait::Park => {
-                    park(conn, held);
+                    park(conn, held, first);
                     return;
                 }
             }
@@ -860,13 +946,14 @@ pub(crate) async fn serve(
 }
 
 /// Parks an idle connection: its socket leaves the reactor for the worker's parking set.
-fn park(conn: Connection, held: Held) {
+fn park(conn: Connection, held: Held, first: bool) {
     let Connection {
         stream,
         peer,
         slot,
         route,
         batch,
+        accepted,
         ..
     } = conn;
     let clients = slot.clients_rc();
@@ -879,6 +966,8 @@ fn park(conn: Connection, held: Held) {
                 route,
                 batch,
                 held,
+                first,
+                accepted,
             });
             if let Err(parked) = clients.park(parked) {
                 debug!(client = %peer, "closing idle client connection: it could not be parked");
@@ -1504,6 +1593,54 @@ mod tests {
         assert_eq!(h.user_agent(), Some(&b"x/1"[..]));
         assert_eq!(h.referer(), Some(&b"/r"[..]));
         assert_eq!(h.lines(), b"User-Agent: x/1\r\nReferer: /r\r\n");
+    }
+
+    #[test]
+    fn absolute_form_must_be_http_with_a_valid_authority() {
+        for bad in [
+            "GET http://u:p@evil.example/x HTTP/1.1\r\nHost: good\r\n\r\n",
+            "GET http://a:99x/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET https://a/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET foo://a/ HTTP/1.1\r\nHost: a\r\n\r\n",
+        ] {
+            assert_eq!(parse(bad).unwrap_err().status, 400, "{bad:?}");
+        }
+        let h = head("GET http://a?q=1 HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(h.path(), b"/?q=1");
+    }
+
+    #[test]
+    fn a_fragment_is_cut_off_and_targets_must_be_uris() {
+        assert_eq!(
+            head("GET /a?b#frag HTTP/1.1\r\nHost: a\r\n\r\n").path(),
+            b"/a?b"
+        );
+        assert_eq!(
+            head("GET http://a/x#f HTTP/1.1\r\nHost: a\r\n\r\n").path(),
+            b"/x"
+        );
+        // Not plain, but what http::uri takes (and hyper forwarded).
+        assert_eq!(
+            head("GET /a%20b|c HTTP/1.1\r\nHost: a\r\n\r\n").path(),
+            b"/a%20b|c"
+        );
+        for bad in ["/a<b", "/a>b"] {
+            let t = format!("GET {bad} HTTP/1.1\r\nHost: a\r\n\r\n");
+            assert_eq!(parse(&t).unwrap_err().status, 400, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn forwarded_and_x_real_ip_are_kept_apart_and_underscored_names_dropped() {
+        let h = head(
+            "GET / HTTP/1.1\r\nHost: a\r\nX-Real-IP: 1.2.3.4\r\nForwarded: for=1.2.3.4\r\n\
+             X_Forwarded_For: 6.6.6.6\r\nX-Kept: 1\r\n\r\n",
+        );
+        assert_eq!(h.lines(), b"X-Kept: 1\r\n");
+        assert_eq!(
+            h.proxied_lines.as_deref(),
+            Some(&b"X-Real-IP: 1.2.3.4\r\nForwarded: for=1.2.3.4\r\n"[..])
+        );
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub struct Outgoing<'a> {
     /// The end-to-end header lines, `name: value\r\n` each, without Host, the framing headers
     /// and the X-Forwarded ones.
     pub lines: &'a [u8],
+    /// More lines: Forwarded and X-Real-IP, from a trusted client only.
+    pub trusted_lines: &'a [u8],
     /// The X-Forwarded-For value to send.
     pub forwarded_for: &'a [u8],
 }
@@ -149,6 +151,7 @@ impl Conn {
         out.extend_from_slice(req.host);
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(req.lines);
+        out.extend_from_slice(req.trusted_lines);
         out.extend_from_slice(b"x-forwarded-for: ");
         out.extend_from_slice(req.forwarded_for);
         out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\n");

@@ -263,6 +263,10 @@ async fn forward(
         // probes send.
         host: head.host().unwrap_or_default(),
         lines: head.lines(),
+        trusted_lines: match (&head.proxied_lines, client.trusted) {
+            (Some(lines), true) => lines,
+            _ => b"",
+        },
         forwarded_for: &forwarded_for,
     };
     let shared = &*upstream.shared;

@@ -741,7 +741,7 @@ async fn accept_loop(
             route.clone(),
             batch.clone(),
             held,
-            true,
+            crate::downstream::Start::accepted(),
         ));
     }
 }

@@ -896,6 +896,8 @@ async fn hop_by_hop_request_headers_are_stripped_and_forwarding_headers_set() {
           X-Forwarded-For: 203.0.113.7\r\n\
           X-Forwarded-For: 198.51.100.2\r\n\
           X-Forwarded-Proto: https\r\n\
+          X-Real-IP: 203.0.113.7\r\n\
+          Forwarded: for=203.0.113.7\r\n\
           X-Custom: kept\r\n\
           \r\n",
     )
@@ -923,6 +925,9 @@ async fn hop_by_hop_request_headers_are_stripped_and_forwarding_headers_set() {
     assert_eq!(h["x-forwarded-for"], "203.0.113.7, 198.51.100.2, 127.0.0.1");
     assert_eq!(h["x-forwarded-proto"], "http");
     assert_eq!(h["x-custom"], "kept");
+    // A trusted proxy's other forwarding headers pass too.
+    assert_eq!(h["x-real-ip"], "203.0.113.7");
+    assert_eq!(h["forwarded"], "for=203.0.113.7");
 
     // Without an X-Forwarded-For of its own, the client's address is the whole value.
     let r = get(proxy.addr, "/").await;
@@ -940,7 +945,9 @@ async fn an_untrusted_clients_x_forwarded_for_is_replaced_by_its_address() {
     let r = raw_request(
         proxy.addr,
         b"GET / HTTP/1.1\r\nHost: app.example\r\n\
-          X-Forwarded-For: 10.9.9.9\r\nX-Forwarded-For: 10.8.8.8\r\nConnection: close\r\n\r\n",
+          X-Forwarded-For: 10.9.9.9\r\nX-Forwarded-For: 10.8.8.8\r\n\
+          X-Real-IP: 10.9.9.9\r\nForwarded: for=10.9.9.9\r\nX_Forwarded_For: 10.9.9.9\r\n\
+          Connection: close\r\n\r\n",
         false,
     )
     .await;
@@ -950,6 +957,47 @@ async fn an_untrusted_clients_x_forwarded_for_is_replaced_by_its_address() {
     assert_eq!(
         seen.headers["x-forwarded-for"], "127.0.0.1",
         "a spoofed X-Forwarded-For must not reach the backend"
+    );
+    // Nor the other names a backend may take the client's address from: X-Real-IP and
+    // Forwarded from an untrusted client, and any underscored name (CGI-style backends read
+    // `X_Forwarded_For` as `X-Forwarded-For`), as nginx drops those by default.
+    for gone in ["x-real-ip", "forwarded", "x_forwarded_for"] {
+        assert!(
+            !seen.headers.contains_key(gone),
+            "{gone} reached the backend: {:?}",
+            seen.headers
+        );
+    }
+}
+
+/// A connection parked before its first request (idle for more than a second) still has its
+/// first head timed from the accept, not from when it was taken back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_head_is_timed_from_the_accept_even_across_parking() {
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.extra = "[limits]\nheader_timeout = \"2s\"\n".into();
+    let proxy = Proxy::start(&setup);
+
+    let start = Instant::now();
+    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+    // Silent past `idle::PARK_AFTER`, then part of a head.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n").await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut got))
+        .await
+        .expect("the connection ends")
+        .unwrap();
+    let took = start.elapsed();
+    assert!(
+        got.starts_with(b"HTTP/1.1 408 "),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_millis(2900),
+        "408 after {took:?} from the accept, header_timeout is 2s"
     );
 }
 
