@@ -149,7 +149,8 @@ impl RequestHead {
     }
 
     /// Whether a header line with this name goes upstream (case-insensitive).
-    pub fn has_line(&self, name: &str) -> bool {
+    #[cfg(test)]
+    fn has_line(&self, name: &str) -> bool {
         self.lines().split(|&b| b == b'\n').any(|l| {
             l.len() > name.len()
                 && l[name.len()] == b':'

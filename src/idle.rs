@@ -199,7 +199,8 @@ impl Clients {
         }
     }
 
-    pub fn open_count(&self) -> usize {
+    #[cfg(test)]
+    fn open_count(&self) -> usize {
         self.open.get()
     }
 
