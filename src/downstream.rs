@@ -37,7 +37,7 @@ use tracing::{debug, warn};
 
 use crate::accesslog::{Batch, Logged, Pending};
 use crate::config::Limits;
-use crate::h1::{ContentLength, Decoder, Framing, H1Error, Reply, RequestFraming};
+use crate::h1::{ContentLength, Decoder, Framing, H1Error, Hop, Reply, RequestFraming};
 use crate::idle::{self, Wait};
 use crate::proxy::{self, Answer, ClientError, ProxyBody};
 use crate::server::{Held, Route};
@@ -178,6 +178,13 @@ enum Special {
 
 impl Special {
     fn of(name: &[u8]) -> Option<Special> {
+        // The hop-by-hop headers are the same in both directions: `h1` knows them.
+        match Hop::of(name) {
+            Some(Hop::Connection) => return Some(Special::Connection),
+            Some(Hop::TransferEncoding) => return Some(Special::TransferEncoding),
+            Some(Hop::Other) => return Some(Special::Dropped),
+            None => {}
+        }
         let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
         // The length check first: almost every header is ruled out by it.
         match name.len() {
@@ -185,16 +192,10 @@ impl Special {
             6 if is("expect") => Some(Special::Expect),
             7 if is("referer") => Some(Special::Referer),
             9 if is("forwarded") || is("x-real-ip") => Some(Special::Proxied),
-            10 if is("connection") => Some(Special::Connection),
             10 if is("user-agent") => Some(Special::UserAgent),
             14 if is("content-length") => Some(Special::ContentLength),
             15 if is("x-forwarded-for") => Some(Special::ForwardedFor),
-            17 if is("transfer-encoding") => Some(Special::TransferEncoding),
             17 if is("x-forwarded-proto") => Some(Special::Dropped),
-            10 if is("keep-alive") => Some(Special::Dropped),
-            16 if is("proxy-connection") => Some(Special::Dropped),
-            2 if is("te") => Some(Special::Dropped),
-            7 if is("trailer") || is("upgrade") => Some(Special::Dropped),
             _ => None,
         }
     }

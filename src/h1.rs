@@ -455,8 +455,8 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
     }))
 }
 
-/// The hop-by-hop headers (RFC 9110 §7.6.1), recognised on raw bytes.
-enum Hop {
+/// The hop-by-hop headers (RFC 9110 §7.6.1), recognised on raw bytes; both directions use it.
+pub(crate) enum Hop {
     Connection,
     TransferEncoding,
     /// Keep-Alive, Proxy-Connection, TE, Trailer, Upgrade: dropped.
@@ -464,7 +464,7 @@ enum Hop {
 }
 
 impl Hop {
-    fn of(name: &[u8]) -> Option<Hop> {
+    pub(crate) fn of(name: &[u8]) -> Option<Hop> {
         let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
         // The length check first: almost every header is ruled out by it.
         match name.len() {
