@@ -31,7 +31,7 @@ use http::{Method, Version};
 use tracing::{error, warn};
 
 use crate::config::{AccessFormat, AccessTarget};
-use crate::downstream::RequestHead;
+use crate::http1::request::RequestHead;
 
 /// Entries a worker collects before handing them to the log thread.
 const BATCH: usize = 64;
@@ -536,7 +536,7 @@ mod tests {
         let mut buf = bytes::BytesMut::from(
             &b"GET /a?b=c HTTP/1.1\r\nHost: a\r\nUser-Agent: curl \"8\"\r\n\r\n"[..],
         );
-        let req = crate::downstream::parse_request(&mut buf, &crate::config::Limits::default())
+        let req = crate::http1::request::parse_request(&mut buf, &crate::config::Limits::default())
             .unwrap()
             .unwrap();
         let mut e = *Entry::start(&req, "10.0.0.7:5555".parse().unwrap());

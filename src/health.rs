@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use tracing::{info, warn};
 
 use crate::config::Health;
-use crate::h1::{Conn, UpstreamBody};
+use crate::http1::client::{Conn, UpstreamBody, describe_io};
 use crate::upstream::SharedUpstream;
 
 /// Active-check state of one backend: HAProxy's `rise`/`fall` counter.
@@ -141,7 +141,7 @@ pub async fn probe(addr: SocketAddr, health: &Health) -> Result<(), String> {
 async fn exchange(addr: SocketAddr, health: &Health) -> Result<(), String> {
     let mut stream = TcpStream::connect(addr)
         .await
-        .map_err(|e| crate::proxy::describe_io(&e))?;
+        .map_err(|e| describe_io(&e))?;
     let _ = stream.set_nodelay(true);
     let host = health.host.clone().unwrap_or_else(|| addr.to_string());
     let request = format!(

@@ -4,8 +4,7 @@
 //! backend's body streams back, and the upstream connection returns to the worker's pool when the
 //! response body ends.
 
-use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
@@ -14,18 +13,23 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Method, StatusCode};
-use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use crate::accesslog::Upstreamed;
 use crate::config::Limits;
-use crate::downstream::{ClientBody, RequestHead};
-use crate::h1::{self, Conn, Finished, H1Error, Outgoing, Reply, RequestFraming, UpstreamBody};
+use crate::connection::ClientBody;
+use crate::http1::client::{self, Conn, Finished, Outgoing, UpstreamBody, UpstreamError, connect};
+use crate::http1::common::{
+    ERROR_PAGE_TYPE, Reply, RequestFraming, content_length_line, error_page,
+};
+use crate::http1::request::{ClientError, RequestHead};
 use crate::metrics::ErrorKind;
 use crate::upstream::{InFlight, WorkerUpstream};
 
 /// Everything one client connection's requests need to know about the client.
 pub struct Client {
+    /// The client's IP, for the log lines that blame it.
+    pub ip: IpAddr,
     /// The client's IP, rendered once per connection for X-Forwarded-For.
     pub xff: HeaderValue,
     /// Whether the client is in `forwarded.trusted`: a proxy whose X-Forwarded-For is kept and
@@ -41,6 +45,7 @@ impl Client {
         // An IP address is always a valid header value.
         let xff = HeaderValue::from_str(&ip).unwrap_or(HeaderValue::from_static("unknown"));
         Client {
+            ip: peer.ip(),
             xff,
             trusted: trusted.iter().any(|n| n.contains(&peer.ip())),
         }
@@ -48,98 +53,25 @@ impl Client {
 }
 
 /// Why a request could not be answered by a backend. Each kind maps to one status, in
-/// [`ProxyError::status`].
-#[derive(Debug)]
+/// [`ProxyError::status`]; a client's fault keeps [`ClientError::status`].
+#[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     /// No backend could be picked: each is down, skipped after failures, or at `max_conns`. The
     /// text says which.
+    #[error("{0}")]
     NoBackend(String),
     /// Every backend was tried and failed to connect, or the chosen one failed mid-exchange.
+    #[error("backend {backend} failed: {cause}")]
     BadGateway { backend: SocketAddr, cause: String },
-    /// The client's request body broke off (the client went away or sent bad framing).
-    ClientBody(String),
     /// The backend did not send response headers within `timeouts.response`.
+    #[error("backend {backend} sent no response headers within {after:?}")]
     Timeout {
         backend: SocketAddr,
         after: Duration,
     },
-    /// The client's request was refused before any backend saw all of it.
+    /// The client's request was refused, or its body failed, before any backend answered.
+    #[error("{0}")]
     Client(ClientError),
-}
-
-/// Why pinlb refused a request that parsed, each found by `downstream::parse_request` (or, for
-/// the body, while it streams). Malformed syntax and oversized heads are refused before this,
-/// with 400 and 431.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClientError {
-    /// HTTP/1.1 requires Host (RFC 9112 §3.2).
-    MissingHost,
-    /// Two Host lines: which one a backend or cache believes is how host confusion starts.
-    DuplicateHost,
-    /// Empty, or not `host[:port]`.
-    InvalidHost,
-    /// The target `*` with a method other than OPTIONS (RFC 9112 §3.2.4): no backend route
-    /// matches it the same way.
-    AsteriskForm,
-    /// A Content-Length that is not one plain number, or lines that disagree (RFC 9112 §6.3).
-    ContentLength(&'static str),
-    /// Any Transfer-Encoding but exactly `chunked`: pinlb decodes and re-frames the body, so it
-    /// would lose any other coding, and `chunked, chunked` is how TE.TE smuggling starts.
-    TransferEncoding,
-    /// The request target is longer than `limits.max_uri_bytes`.
-    UriTooLong { len: usize, limit: usize },
-    /// The body is, or grew, larger than `limits.max_body`.
-    BodyTooLarge { limit: u64 },
-    /// None of the body arrived for `limits.body_timeout`.
-    BodyTimeout { after: Duration },
-}
-
-impl ClientError {
-    pub fn status(&self) -> StatusCode {
-        match self {
-            ClientError::MissingHost
-            | ClientError::DuplicateHost
-            | ClientError::InvalidHost
-            | ClientError::AsteriskForm
-            | ClientError::ContentLength(_)
-            | ClientError::TransferEncoding => StatusCode::BAD_REQUEST,
-            ClientError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
-            ClientError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ClientError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-        }
-    }
-}
-
-impl fmt::Display for ClientError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ClientError::MissingHost => f.write_str("HTTP/1.1 request without a Host header"),
-            ClientError::DuplicateHost => f.write_str("more than one Host header"),
-            ClientError::InvalidHost => f.write_str("empty or invalid Host header"),
-            ClientError::AsteriskForm => {
-                f.write_str("target \"*\" with a method other than OPTIONS")
-            }
-            ClientError::TransferEncoding => {
-                f.write_str("Transfer-Encoding other than a single \"chunked\"")
-            }
-            ClientError::ContentLength(why) => f.write_str(why),
-            ClientError::UriTooLong { len, limit } => {
-                write!(
-                    f,
-                    "request target of {len} bytes, over limits.max_uri_bytes ({limit})"
-                )
-            }
-            ClientError::BodyTooLarge { limit } => {
-                write!(f, "request body over limits.max_body ({limit} bytes)")
-            }
-            ClientError::BodyTimeout { after } => {
-                write!(
-                    f,
-                    "no request body data within {after:?} (limits.body_timeout)"
-                )
-            }
-        }
-    }
 }
 
 impl ProxyError {
@@ -147,34 +79,8 @@ impl ProxyError {
         match self {
             ProxyError::NoBackend(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Client(e) => e.status(),
-        }
-    }
-
-    /// Whether the client is at fault: its connection is closed after the answer, since what
-    /// follows on it (an unread body, a confused framing) can't be trusted.
-    fn is_client(&self) -> bool {
-        matches!(self, ProxyError::Client(_) | ProxyError::ClientBody(_))
-    }
-}
-
-impl fmt::Display for ProxyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ProxyError::NoBackend(why) => f.write_str(why),
-            ProxyError::BadGateway { backend, cause } => {
-                write!(f, "backend {backend} failed: {cause}")
-            }
-            ProxyError::ClientBody(cause) => write!(f, "request body broke off: {cause}"),
-            ProxyError::Timeout { backend, after } => {
-                write!(
-                    f,
-                    "backend {backend} sent no response headers within {after:?}"
-                )
-            }
-            ProxyError::Client(e) => e.fmt(f),
         }
     }
 }
@@ -206,7 +112,7 @@ pub struct Answer {
     pub close: bool,
 }
 
-/// Forwards one request whose head `downstream` parsed, or answers `refused` at once. Never
+/// Forwards one request whose head `http1::request` parsed, or answers `refused` at once. Never
 /// fails: every failure becomes an error response. With `log`, a response from a backend comes
 /// with its [`Upstreamed`] for the access log.
 ///
@@ -235,11 +141,19 @@ pub async fn handle(
             close: false,
         },
         Err(e) => {
-            warn!(upstream = %upstream.shared.config.name, "{method} answered {}: {e}", e.status().as_u16());
+            let status = e.status().as_u16();
+            // The log line blames the side at fault: a client's bad request is not the
+            // upstream's.
+            let close = matches!(e, ProxyError::Client(_));
+            if close {
+                warn!(client = %client.ip, "{method} answered {status}: {e}");
+            } else {
+                warn!(upstream = %upstream.shared.config.name, "{method} answered {status}: {e}");
+            }
             Answer {
                 response: error_response(&e, method),
                 upstreamed: None,
-                close: e.is_client(),
+                close,
             }
         }
     }
@@ -347,7 +261,7 @@ async fn forward(
                     }),
                     _ => None,
                 };
-                return Ok((h1::response(answer, body, &head.method), served));
+                return Ok((client::response(answer, body, &head.method), served));
             }
             Err(failure) => failure,
         };
@@ -363,16 +277,10 @@ async fn forward(
                 },
                 false,
             ),
-            Failure::Exchange(H1Error::ClientBody(e)) => return Err(ProxyError::ClientBody(e)),
             // The backend has the head and part of the body; dropping the connection without the
             // last chunk leaves it an incomplete request, never a complete one.
-            Failure::Exchange(H1Error::BodyTooLarge(limit)) => {
-                return Err(ProxyError::Client(ClientError::BodyTooLarge { limit }));
-            }
-            Failure::Exchange(H1Error::BodyTimeout(after)) => {
-                return Err(ProxyError::Client(ClientError::BodyTimeout { after }));
-            }
-            Failure::Exchange(H1Error::Timeout) => (
+            Failure::Exchange(UpstreamError::Client(e)) => return Err(ProxyError::Client(e)),
+            Failure::Exchange(UpstreamError::Timeout) => (
                 ProxyError::Timeout {
                     backend: addr,
                     after: shared.config.timeouts.response,
@@ -406,7 +314,7 @@ enum Failure {
     /// No connection: nothing was sent, so another backend may always be tried.
     Connect(String),
     /// The request, or part of it, may have reached the backend.
-    Exchange(H1Error),
+    Exchange(UpstreamError),
 }
 
 impl Failure {
@@ -414,12 +322,14 @@ impl Failure {
     fn kind(&self) -> Option<ErrorKind> {
         Some(match self {
             Failure::Connect(_) => ErrorKind::Connect,
-            Failure::Exchange(H1Error::Timeout) => ErrorKind::Timeout,
-            Failure::Exchange(H1Error::Io(_) | H1Error::ClosedBeforeResponse) => ErrorKind::Reset,
-            Failure::Exchange(H1Error::Invalid(_) | H1Error::HeadTooLarge) => ErrorKind::Invalid,
+            Failure::Exchange(UpstreamError::Timeout) => ErrorKind::Timeout,
+            Failure::Exchange(UpstreamError::Io(_) | UpstreamError::ClosedBeforeResponse) => {
+                ErrorKind::Reset
+            }
             Failure::Exchange(
-                H1Error::ClientBody(_) | H1Error::BodyTooLarge(_) | H1Error::BodyTimeout(_),
-            ) => return None,
+                UpstreamError::Invalid(_) | UpstreamError::Body(_) | UpstreamError::HeadTooLarge,
+            ) => ErrorKind::Invalid,
+            Failure::Exchange(UpstreamError::Client(_)) => return None,
         })
     }
 }
@@ -439,7 +349,7 @@ async fn attempt(
     framing: RequestFraming,
     body: &mut RequestBody<'_, '_>,
     resendable: bool,
-) -> Result<(h1::Head, Conn), Failure> {
+) -> Result<(client::Head, Conn), Failure> {
     let addr = upstream.shared.backends[backend].address;
     let timeouts = upstream.shared.config.timeouts;
     let stats = upstream
@@ -541,22 +451,24 @@ impl<'b, 'c> RequestBody<'b, 'c> {
 
     /// Sends the body: what was kept from an earlier attempt, then the rest as the client sends
     /// it.
-    async fn send(&mut self, conn: &mut Conn, chunked: bool) -> Result<(), H1Error> {
+    async fn send(&mut self, conn: &mut Conn, chunked: bool) -> Result<(), UpstreamError> {
         for data in &self.kept {
             conn.write_body(data, chunked).await?;
         }
         // Only a client that sends nothing for the whole timeout is cut off: a slow but
         // steady upload goes on (nginx's client_body_timeout).
         let timeout = self.timeout;
+        let client_error = UpstreamError::Client;
         while let Some(data) = tokio::time::timeout(timeout, self.client.next())
             .await
-            .map_err(|_| H1Error::BodyTimeout(timeout))??
+            .map_err(|_| client_error(ClientError::BodyTimeout { after: timeout }))?
+            .map_err(client_error)?
         {
             // A Content-Length over the limit was refused up front; this catches chunked
             // bodies, before the byte over the limit goes anywhere.
             self.received += data.len() as u64;
             if self.max > 0 && self.received > self.max {
-                return Err(H1Error::BodyTooLarge(self.max));
+                return Err(client_error(ClientError::BodyTooLarge { limit: self.max }));
             }
             if !self.lost && self.kept_len + data.len() <= self.limit {
                 self.kept_len += data.len();
@@ -571,29 +483,6 @@ impl<'b, 'c> RequestBody<'b, 'c> {
             conn.finish_chunked().await?;
         }
         Ok(())
-    }
-}
-
-/// Opens a new connection to a backend.
-async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Conn, String> {
-    let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(describe_io(&e)),
-        Err(_) => return Err(format!("connect timed out after {timeout:?}")),
-    };
-    // Small requests and responses must not wait for Nagle.
-    let _ = stream.set_nodelay(true);
-    Ok(Conn::new(stream))
-}
-
-/// A short cause for a failed connect or exchange, as the logs and error pages show it.
-pub(crate) fn describe_io(e: &std::io::Error) -> String {
-    use std::io::ErrorKind::*;
-    match e.kind() {
-        ConnectionRefused => "connection refused".into(),
-        ConnectionReset => "connection reset".into(),
-        TimedOut => "connect timed out".into(),
-        _ => e.to_string(),
     }
 }
 
@@ -633,24 +522,18 @@ impl Tried {
 /// A short text response for a request pinlb had to answer itself.
 fn error_response(e: &ProxyError, method: &Method) -> Reply<ProxyBody> {
     let status = e.status();
-    let text = format!(
-        "{} {}: {e}\n",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or("")
-    );
+    let text = error_page(status, e);
     let len = text.len();
     let body = if method == Method::HEAD {
         Bytes::new()
     } else {
         Bytes::from(text)
     };
-    let mut headers = b"content-type: text/plain; charset=utf-8\r\n".to_vec();
+    let mut headers = ERROR_PAGE_TYPE.to_vec();
     if method == Method::HEAD {
         // The length of the page a GET would have had; the client side writes the framing of
         // every other response from its body.
-        headers.extend_from_slice(b"content-length: ");
-        headers.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
-        headers.extend_from_slice(b"\r\n");
+        content_length_line(&mut headers, len as u64);
     }
     Reply {
         status,
@@ -711,7 +594,10 @@ impl ProxyBody {
     }
 
     /// The next piece of the body; `None` once it is complete. An error means it broke off.
-    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, H1Error>>> {
+    pub fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, UpstreamError>>> {
         match self {
             ProxyBody::Upstream { body, .. } => {
                 let polled = body.poll_data(cx);

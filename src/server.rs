@@ -24,10 +24,11 @@ use tokio::task::LocalSet;
 use tracing::{debug, error, info, warn};
 
 use crate::accesslog::{AccessHandle, AccessLog, Batch};
-use crate::config::{Config, Limits, Listener};
+use crate::config::{Config, Listener};
+use crate::connection::{ClientRules, Held, Route};
 use crate::cpus::{format_cpu_list, pin_current_thread};
 use crate::idle::Clients;
-use crate::metrics::{ListenerStats, Registered};
+use crate::metrics::Registered;
 use crate::reload;
 use crate::upstream::{SharedUpstream, WorkerUpstream};
 
@@ -495,7 +496,7 @@ fn worker_main(
             });
             state.batch = Some(batch);
         }
-        tokio::task::spawn_local(crate::downstream::unparker(state.clients.clone()));
+        tokio::task::spawn_local(crate::connection::unparker(state.clients.clone()));
         let pressured = state.process.clone();
         tokio::task::spawn_local(crate::idle::sweeper(state.clients.clone(), move || {
             pressured.connections.pressure.load(Ordering::Relaxed)
@@ -689,15 +690,6 @@ impl WorkerState {
     }
 }
 
-/// Where one listener's requests go in the running generation. A reload replaces the contents,
-/// and every request reads them anew, so keep-alive connections follow a reload too.
-pub(crate) struct Route {
-    pub upstream: RefCell<Rc<WorkerUpstream>>,
-    pub rules: RefCell<Rc<ClientRules>>,
-    /// This worker's counters for the listener, while metrics are on.
-    pub stats: Option<Arc<ListenerStats>>,
-}
-
 async fn accept_loop(
     listener: TcpListener,
     route: Rc<Route>,
@@ -727,41 +719,16 @@ async fn accept_loop(
         let header_timeout = route.rules.borrow().limits.header_timeout;
         let client_idle = route.upstream.borrow().shared.config.timeouts.client_idle;
         let registered = clients.open(client_idle, header_timeout);
-        if let Some(s) = &stats {
-            s.accepted.fetch_add(1, Ordering::Relaxed);
-        }
-        let held = Held {
-            _slot: slot,
-            _closed: Closed(stats.clone()),
-        };
-        tokio::task::spawn_local(crate::downstream::serve(
+        let held = Held::new(slot, stats.clone());
+        tokio::task::spawn_local(crate::connection::serve(
             stream,
             peer,
             registered,
             route.clone(),
             batch.clone(),
             held,
-            crate::downstream::Start::accepted(),
+            crate::connection::Start::accepted(),
         ));
-    }
-}
-
-/// What a client connection holds until it closes, however its task ends (dropped before its
-/// first poll included): its `limits.max_connections` permit, and its count as an open
-/// connection.
-pub(crate) struct Held {
-    _slot: OwnedSemaphorePermit,
-    _closed: Closed,
-}
-
-/// Counts a client connection closed when dropped.
-struct Closed(Option<Arc<ListenerStats>>);
-
-impl Drop for Closed {
-    fn drop(&mut self) {
-        if let Some(s) = &self.0 {
-            s.closed.fetch_add(1, Ordering::Relaxed);
-        }
     }
 }
 
@@ -781,13 +748,6 @@ pub(crate) async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, So
             }
         }
     }
-}
-
-/// What applies to every client of a listener, whatever its upstream.
-pub(crate) struct ClientRules {
-    /// `forwarded.trusted`.
-    pub trusted: Vec<ipnet::IpNet>,
-    pub limits: Limits,
 }
 
 /// The process's client connections, counted against `limits.max_connections` by every worker.

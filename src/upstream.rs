@@ -19,8 +19,8 @@ use tracing::{info, warn};
 
 use crate::balance::{SmoothWrr, least_conn};
 use crate::config::{Algorithm, Backend, Upstream};
-use crate::h1::Conn;
 use crate::health::{FailWindow, ramped_weight};
+use crate::http1::client::Conn;
 use crate::metrics::BackendStats;
 
 /// Configured weights are multiplied by this before selection, so a backend in slow start can

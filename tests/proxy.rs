@@ -1786,3 +1786,42 @@ async fn at_max_connections_a_busy_connection_keeps_its_slot_and_the_next_client
     );
     assert_eq!(slow.await.unwrap().status, 200);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Blame: a client's bad body is the client's fault
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_chunked_request_body_is_answered_and_logged_as_the_clients_fault() {
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.cpus = vec![first_core()];
+    let mut proxy = BinProxy::spawn(&setup).await;
+
+    let r = raw_request(
+        proxy.addr,
+        b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n0\r\n\r\n",
+        false,
+    )
+    .await;
+    let body = String::from_utf8_lossy(&r.body);
+    assert_eq!(r.status, 400, "{}{body}", r.head);
+    assert!(
+        body.contains("malformed request body: bad chunk size"),
+        "the page names the client's body: {body:?}"
+    );
+    assert!(
+        !body.contains("backend"),
+        "the page blames no backend: {body:?}"
+    );
+
+    let line = proxy.wait_for_log("answered 400").await;
+    assert!(
+        line.contains("client=127.0.0.1") && line.contains("malformed request body"),
+        "the log line names the client and its body: {line}"
+    );
+    assert!(
+        !line.contains("upstream=") && !line.contains("backend"),
+        "the log line must not blame the backend: {line}"
+    );
+}

@@ -1,7 +1,7 @@
-//! The upstream side of HTTP/1.1: writing a request on a pooled connection and reading the
+//! The backend side of HTTP/1.1: writing a request on a pooled connection and reading the
 //! response head and body back, on the worker's own task.
 //!
-//! The client side is `downstream`. For the backend side pinlb uses this small codec instead of
+//! The client side is `connection`. For the backend side pinlb uses this small codec instead of
 //! hyper's client because a proxy needs far less than a general client: the request is already
 //! parsed and validated, and the response body goes straight to the client side. Doing
 //! it here removes a spawned connection task, two channels and a oneshot per request (29% of
@@ -10,6 +10,7 @@
 
 use std::io;
 use std::mem::MaybeUninit;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -20,12 +21,17 @@ use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
+use super::body::{BodyError, Decoder, Framing};
+use super::common::{
+    ConnectionTokens, ContentLength, Hop, Reply, RequestFraming, chunk_size_line,
+    content_length_line,
+};
+use super::request::ClientError;
+
 /// Largest response head accepted from a backend.
 const MAX_HEAD: usize = 64 * 1024;
 /// Most header lines accepted in a response head.
 const MAX_HEADERS: usize = 128;
-/// Most bytes of trailer fields after a chunked body (hyper's limit on chunk extensions).
-const MAX_TRAILERS: usize = 16 * 1024;
 /// Read buffer size; most responses a backend sends fit in one read.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -59,19 +65,9 @@ pub struct Outgoing<'a> {
     pub forwarded_for: &'a [u8],
 }
 
-/// How a request's body is framed on its way to a backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestFraming {
-    /// No body, and no framing header.
-    None,
-    /// `Content-Length` (0 included, when the client sent it).
-    Length(u64),
-    Chunked,
-}
-
 /// Why an exchange with a backend failed.
 #[derive(Debug, thiserror::Error)]
-pub enum H1Error {
+pub enum UpstreamError {
     #[error("{0}")]
     Io(#[from] io::Error),
     #[error("backend closed the connection before responding")]
@@ -82,24 +78,21 @@ pub enum H1Error {
     HeadTooLarge,
     #[error("no response headers in time")]
     Timeout,
-    /// Reading the client's request body failed; not the backend's fault.
-    #[error("request body: {0}")]
-    ClientBody(String),
-    /// The client's request body grew past `limits.max_body` (bytes); not the backend's fault.
-    #[error("request body over {0} bytes")]
-    BodyTooLarge(u64),
-    /// The client sent none of its body for `limits.body_timeout`; not the backend's fault.
-    #[error("no request body data within {0:?}")]
-    BodyTimeout(std::time::Duration),
+    /// The backend framed its response body wrongly.
+    #[error("invalid response from backend: {0}")]
+    Body(#[from] BodyError),
+    /// The client's request body failed while it was being sent: not the backend's fault.
+    #[error("{0}")]
+    Client(ClientError),
 }
 
-impl H1Error {
+impl UpstreamError {
     /// True when nothing of a response arrived: on a reused connection this is the race with
     /// the backend closing an idle keep-alive connection.
     pub fn is_stale(&self) -> bool {
         match self {
-            H1Error::ClosedBeforeResponse => true,
-            H1Error::Io(e) => matches!(
+            UpstreamError::ClosedBeforeResponse => true,
+            UpstreamError::Io(e) => matches!(
                 e.kind(),
                 io::ErrorKind::ConnectionReset
                     | io::ErrorKind::BrokenPipe
@@ -174,16 +167,17 @@ impl Conn {
             return Ok(());
         }
         if chunked {
-            let size = format!("{:x}\r\n", data.len());
+            let mut line = [0u8; 18];
+            let size = chunk_size_line(&mut line, data.len());
             if data.len() <= 16 * 1024 {
                 // One system call for a small chunk; copying it is cheaper than two more.
                 let mut out = Vec::with_capacity(size.len() + data.len() + 2);
-                out.extend_from_slice(size.as_bytes());
+                out.extend_from_slice(size);
                 out.extend_from_slice(data);
                 out.extend_from_slice(b"\r\n");
                 return self.stream.write_all(&out).await;
             }
-            self.stream.write_all(size.as_bytes()).await?;
+            self.stream.write_all(size).await?;
             self.stream.write_all(data).await?;
             self.stream.write_all(b"\r\n").await
         } else {
@@ -211,11 +205,11 @@ impl Conn {
     }
 
     /// Reads the response head, skipping interim 1xx responses.
-    pub async fn read_head(&mut self, method: &Method) -> Result<Head, H1Error> {
+    pub async fn read_head(&mut self, method: &Method) -> Result<Head, UpstreamError> {
         self.next_head(method, None).await
     }
 
-    /// [`Conn::read_head`], failing with [`H1Error::Timeout`] when no final head has arrived
+    /// [`Conn::read_head`], failing with [`UpstreamError::Timeout`] when no final head has arrived
     /// within `timeout`.
     ///
     /// The timer belongs to the connection and is reset for each request rather than made anew
@@ -227,7 +221,7 @@ impl Conn {
         &mut self,
         method: &Method,
         timeout: Duration,
-    ) -> Result<Head, H1Error> {
+    ) -> Result<Head, UpstreamError> {
         let now = tokio::time::Instant::now();
         // A timeout too large to add is as good as none (as `tokio::time::timeout` treats it).
         let deadline = now
@@ -249,7 +243,7 @@ impl Conn {
         &mut self,
         method: &Method,
         mut timer: Option<Pin<&mut Sleep>>,
-    ) -> Result<Head, H1Error> {
+    ) -> Result<Head, UpstreamError> {
         loop {
             let head = std::future::poll_fn(|cx| match self.poll_head(cx) {
                 Poll::Pending => {
@@ -257,7 +251,7 @@ impl Conn {
                         .as_mut()
                         .is_some_and(|t| t.as_mut().poll(cx).is_ready());
                     if expired {
-                        Poll::Ready(Err(H1Error::Timeout))
+                        Poll::Ready(Err(UpstreamError::Timeout))
                     } else {
                         Poll::Pending
                     }
@@ -267,17 +261,17 @@ impl Conn {
             .await?;
             if head.status == StatusCode::SWITCHING_PROTOCOLS {
                 // pinlb strips Upgrade from requests, so a 101 is a confused backend.
-                return Err(H1Error::Invalid("unexpected 101 Switching Protocols"));
+                return Err(UpstreamError::Invalid("unexpected 101 Switching Protocols"));
             }
             if head.status.is_informational() {
                 continue;
             }
-            let framing = Framing::of(method, &head)?;
+            let framing = framing_of(method, &head)?;
             return Ok(Head { framing, ..head });
         }
     }
 
-    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Head, H1Error>> {
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Head, UpstreamError>> {
         let mut got_any = !self.buf.is_empty();
         loop {
             if !self.buf.is_empty() {
@@ -285,15 +279,15 @@ impl Conn {
                     return Poll::Ready(Ok(head));
                 }
                 if self.buf.len() > MAX_HEAD {
-                    return Poll::Ready(Err(H1Error::HeadTooLarge));
+                    return Poll::Ready(Err(UpstreamError::HeadTooLarge));
                 }
             }
             let n = ready!(self.poll_fill(cx))?;
             if n == 0 {
                 return Poll::Ready(Err(if got_any {
-                    H1Error::Invalid("connection closed inside the response head")
+                    UpstreamError::Invalid("connection closed inside the response head")
                 } else {
-                    H1Error::ClosedBeforeResponse
+                    UpstreamError::ClosedBeforeResponse
                 }));
             }
             got_any = true;
@@ -322,47 +316,8 @@ pub struct Head {
     pub framing: Framing,
 }
 
-/// The Content-Length of a response head, all its headers and list members taken together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ContentLength {
-    Absent,
-    Valid(u64),
-    Invalid(&'static str),
-}
-
-impl ContentLength {
-    /// Takes in one Content-Length header value: a number, or a list of equal numbers.
-    ///
-    /// Read from every Content-Length line, even one that `Connection` names: the length still
-    /// frames the body on this connection (and a backend cannot dodge the CL-with-TE check that
-    /// way); the header itself is not passed on.
-    fn add(self, value: &[u8]) -> ContentLength {
-        if let ContentLength::Invalid(_) = self {
-            return self;
-        }
-        let mut now = self;
-        for part in value.split(|&b| b == b',') {
-            let part = part.trim_ascii();
-            if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
-                return ContentLength::Invalid("bad Content-Length");
-            }
-            // At most 19 digits: no overflow.
-            let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-            now = match now {
-                ContentLength::Absent => ContentLength::Valid(n),
-                ContentLength::Valid(l) if l == n => now,
-                ContentLength::Valid(_) => {
-                    return ContentLength::Invalid("conflicting Content-Length values");
-                }
-                ContentLength::Invalid(_) => return now,
-            };
-        }
-        now
-    }
-}
-
 /// Parses a complete head off the front of `buf`, or returns `None` if more bytes are needed.
-fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
     let mut slots = [const { MaybeUninit::<httparse::Header>::uninit() }; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut []);
     let len = match httparse::ParserConfig::default()
@@ -370,36 +325,23 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
     {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(H1Error::Invalid("too many headers")),
-        Err(_) => return Err(H1Error::Invalid("malformed status line or header")),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(UpstreamError::Invalid("too many headers"));
+        }
+        Err(_) => return Err(UpstreamError::Invalid("malformed status line or header")),
     };
     let status = resp
         .code
         .and_then(|c| StatusCode::from_u16(c).ok())
-        .ok_or(H1Error::Invalid("bad status code"))?;
+        .ok_or(UpstreamError::Invalid("bad status code"))?;
     let version = if resp.version == Some(0) {
         Version::HTTP_10
     } else {
         Version::HTTP_11
     };
     // Hop-by-hop headers are handled here and never reach the client: only what they say about
-    // this connection is kept. Connection may come after a header it names, so it goes first.
-    let mut close = false;
-    let mut keep_alive_token = false;
-    let mut named: Vec<&[u8]> = Vec::new();
-    for h in resp.headers.iter() {
-        if h.name.len() == 10 && h.name.eq_ignore_ascii_case("connection") {
-            for t in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                if t.eq_ignore_ascii_case(b"close") {
-                    close = true;
-                } else if t.eq_ignore_ascii_case(b"keep-alive") {
-                    keep_alive_token = true;
-                } else if !t.is_empty() {
-                    named.push(t);
-                }
-            }
-        }
-    }
+    // this connection is kept.
+    let connection = ConnectionTokens::scan(resp.headers);
     // The end-to-end headers are written out as they go to the client.
     let mut headers = Vec::with_capacity(len);
     let mut chunked_last: Option<bool> = None;
@@ -427,10 +369,10 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
             // Read even when Connection names it: it still frames the body on this connection
             // (and a backend cannot dodge the CL-with-TE check that way). The client side
             // writes the framing it sends.
-            content_length = content_length.add(value);
+            content_length = content_length.add(value, true);
             continue;
         }
-        if named.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+        if connection.names(name) {
             continue;
         }
         // httparse has checked the name's token characters and the value's bytes (HTAB,
@@ -441,7 +383,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
         headers.extend_from_slice(value);
         headers.extend_from_slice(b"\r\n");
     }
-    let keep_alive = !close && (version == Version::HTTP_11 || keep_alive_token);
+    let keep_alive = connection.keep_alive(version == Version::HTTP_11);
     buf.advance(len);
     Ok(Some(Head {
         status,
@@ -455,211 +397,35 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, H1Error> {
     }))
 }
 
-/// The hop-by-hop headers (RFC 9110 §7.6.1), recognised on raw bytes; both directions use it.
-pub(crate) enum Hop {
-    Connection,
-    TransferEncoding,
-    /// Keep-Alive, Proxy-Connection, TE, Trailer, Upgrade: dropped.
-    Other,
-}
-
-impl Hop {
-    pub(crate) fn of(name: &[u8]) -> Option<Hop> {
-        let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
-        // The length check first: almost every header is ruled out by it.
-        match name.len() {
-            10 if is("connection") => Some(Hop::Connection),
-            17 if is("transfer-encoding") => Some(Hop::TransferEncoding),
-            10 if is("keep-alive") => Some(Hop::Other),
-            16 if is("proxy-connection") => Some(Hop::Other),
-            2 if is("te") => Some(Hop::Other),
-            7 if is("trailer") || is("upgrade") => Some(Hop::Other),
-            _ => None,
-        }
-    }
-}
-
 /// How a response body is delimited (RFC 9112 §6.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
-    /// No body: HEAD, 1xx, 204, 304, or Content-Length: 0.
-    Empty,
-    Length(u64),
-    Chunked,
-    /// Until the backend closes the connection.
-    Close,
-}
-
-impl Framing {
-    fn of(method: &Method, head: &Head) -> Result<Framing, H1Error> {
-        let s = head.status;
-        if method == Method::HEAD
-            || s.is_informational()
-            || s == StatusCode::NO_CONTENT
-            || s == StatusCode::NOT_MODIFIED
-        {
-            return Ok(Framing::Empty);
+fn framing_of(method: &Method, head: &Head) -> Result<Framing, UpstreamError> {
+    let s = head.status;
+    if method == Method::HEAD
+        || s.is_informational()
+        || s == StatusCode::NO_CONTENT
+        || s == StatusCode::NOT_MODIFIED
+    {
+        return Ok(Framing::Empty);
+    }
+    if let Some(chunked) = head.chunked_last {
+        if head.content_length != ContentLength::Absent {
+            return Err(UpstreamError::Invalid(
+                "both Transfer-Encoding and Content-Length",
+            ));
         }
-        if let Some(chunked) = head.chunked_last {
-            if head.content_length != ContentLength::Absent {
-                return Err(H1Error::Invalid(
-                    "both Transfer-Encoding and Content-Length",
-                ));
-            }
-            // Another final coding is delimited by the connection closing.
-            return Ok(if chunked {
-                Framing::Chunked
-            } else {
-                Framing::Close
-            });
-        }
-        Ok(match head.content_length {
-            ContentLength::Invalid(why) => return Err(H1Error::Invalid(why)),
-            ContentLength::Valid(0) => Framing::Empty,
-            ContentLength::Valid(n) => Framing::Length(n),
-            ContentLength::Absent => Framing::Close,
-        })
+        // Another final coding is delimited by the connection closing.
+        return Ok(if chunked {
+            Framing::Chunked
+        } else {
+            Framing::Close
+        });
     }
-}
-
-/// Chunked decoding state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Chunk {
-    /// Reading a chunk-size line.
-    Size,
-    /// Inside chunk data, this many bytes left.
-    Data(u64),
-    /// Expecting the CRLF after chunk data.
-    DataEnd,
-    /// Reading trailer lines after the last chunk; this many bytes of them so far.
-    Trailers(usize),
-}
-
-/// Reads a message body off a connection's buffer by its framing: as much as the buffer holds,
-/// never past the body's end. Backend response bodies and client request bodies both use it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decoder {
-    state: BodyState,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BodyState {
-    Length(u64),
-    Chunked(Chunk),
-    Close,
-    Done,
-}
-
-impl Decoder {
-    pub fn new(framing: Framing) -> Self {
-        let state = match framing {
-            Framing::Empty | Framing::Length(0) => BodyState::Done,
-            Framing::Length(n) => BodyState::Length(n),
-            Framing::Chunked => BodyState::Chunked(Chunk::Size),
-            Framing::Close => BodyState::Close,
-        };
-        Decoder { state }
-    }
-
-    pub fn is_done(&self) -> bool {
-        self.state == BodyState::Done
-    }
-
-    /// The bytes still to come, when the framing says.
-    pub fn remaining(&self) -> Option<u64> {
-        match self.state {
-            BodyState::Done => Some(0),
-            BodyState::Length(n) => Some(n),
-            _ => None,
-        }
-    }
-
-    /// The connection reached its end: true if that completes the body (it was delimited by
-    /// the close), false if the body was cut short.
-    pub fn at_eof(&mut self) -> bool {
-        match self.state {
-            BodyState::Close | BodyState::Done => {
-                self.state = BodyState::Done;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Decodes as much as `buf` holds; `None` means more bytes are needed, or the body is done.
-    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, H1Error> {
-        loop {
-            match self.state {
-                BodyState::Done => return Ok(None),
-                BodyState::Close => {
-                    if buf.is_empty() {
-                        return Ok(None);
-                    }
-                    return Ok(Some(buf.split().freeze()));
-                }
-                BodyState::Length(left) => {
-                    if buf.is_empty() {
-                        return Ok(None);
-                    }
-                    let n = (buf.len() as u64).min(left) as usize;
-                    let left = left - n as u64;
-                    self.state = if left == 0 {
-                        BodyState::Done
-                    } else {
-                        BodyState::Length(left)
-                    };
-                    return Ok(Some(buf.split_to(n).freeze()));
-                }
-                BodyState::Chunked(Chunk::Data(left)) => {
-                    if buf.is_empty() {
-                        return Ok(None);
-                    }
-                    let n = (buf.len() as u64).min(left) as usize;
-                    let left = left - n as u64;
-                    self.state = BodyState::Chunked(if left == 0 {
-                        Chunk::DataEnd
-                    } else {
-                        Chunk::Data(left)
-                    });
-                    return Ok(Some(buf.split_to(n).freeze()));
-                }
-                BodyState::Chunked(Chunk::DataEnd) => {
-                    if buf.len() < 2 {
-                        return Ok(None);
-                    }
-                    if &buf[..2] != b"\r\n" {
-                        return Err(H1Error::Invalid("chunk data not followed by CRLF"));
-                    }
-                    buf.advance(2);
-                    self.state = BodyState::Chunked(Chunk::Size);
-                }
-                BodyState::Chunked(Chunk::Size) => {
-                    let Some(line) = take_line(buf)? else {
-                        return Ok(None);
-                    };
-                    let size = parse_chunk_size(&line)?;
-                    self.state = BodyState::Chunked(if size == 0 {
-                        Chunk::Trailers(0)
-                    } else {
-                        Chunk::Data(size)
-                    });
-                }
-                BodyState::Chunked(Chunk::Trailers(seen)) => {
-                    let Some(line) = take_line(buf)? else {
-                        return Ok(None);
-                    };
-                    // Trailer fields are not forwarded; the empty line ends the body.
-                    if line.is_empty() {
-                        self.state = BodyState::Done;
-                    } else if seen + line.len() > MAX_TRAILERS {
-                        return Err(H1Error::Invalid("trailer section too large"));
-                    } else {
-                        self.state = BodyState::Chunked(Chunk::Trailers(seen + line.len() + 2));
-                    }
-                }
-            }
-        }
-    }
+    Ok(match head.content_length {
+        ContentLength::Invalid(why) => return Err(UpstreamError::Invalid(why)),
+        ContentLength::Valid(0) => Framing::Empty,
+        ContentLength::Valid(n) => Framing::Length(n),
+        ContentLength::Absent => Framing::Close,
+    })
 }
 
 /// A response body read from the backend connection as the client side writes it out.
@@ -722,16 +488,19 @@ impl UpstreamBody {
     }
 
     /// Decodes as much as the buffer holds; `None` means more bytes are needed.
-    fn decode(&mut self) -> Result<Option<Bytes>, H1Error> {
+    fn decode(&mut self) -> Result<Option<Bytes>, UpstreamError> {
         match self.conn.as_mut() {
-            Some(conn) => self.decoder.decode(&mut conn.buf),
+            Some(conn) => Ok(self.decoder.decode(&mut conn.buf)?),
             None => Ok(None),
         }
     }
 
     /// The next piece of the body; `None` once it is complete. An error means the body was
     /// cut short or malformed: the client must see an aborted response.
-    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, H1Error>>> {
+    pub fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, UpstreamError>>> {
         loop {
             match self.decode() {
                 Ok(Some(data)) => return Poll::Ready(Some(Ok(data))),
@@ -750,74 +519,12 @@ impl UpstreamBody {
                 if self.decoder.at_eof() {
                     return Poll::Ready(None);
                 }
-                return Poll::Ready(Some(Err(H1Error::Invalid(
+                return Poll::Ready(Some(Err(UpstreamError::Invalid(
                     "backend closed the connection mid-body",
                 ))));
             }
         }
     }
-}
-
-/// Takes one CRLF-terminated line (without the CRLF) off the buffer. A bare LF is an error.
-fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, H1Error> {
-    match buf.iter().position(|&b| b == b'\n') {
-        Some(i) => {
-            if i == 0 || buf[i - 1] != b'\r' {
-                return Err(H1Error::Invalid("bare LF in chunked body"));
-            }
-            let mut line = buf.split_to(i + 1);
-            line.truncate(i - 1);
-            Ok(Some(line))
-        }
-        None if buf.len() > 4096 => Err(H1Error::Invalid("chunk line too long")),
-        None => Ok(None),
-    }
-}
-
-/// Parses `1a;ext=1` into 26 (RFC 9112 §7.1): at most 16 hex digits, so the size fits in a
-/// u64, then optional whitespace and extensions, which may hold no control character (a bare CR
-/// above all). As strict as hyper's decoder, so that pinlb and a proxy in front of it cannot read
-/// one body two ways.
-fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
-    let bad = H1Error::Invalid("bad chunk size");
-    let end = line
-        .iter()
-        .position(|b| !b.is_ascii_hexdigit())
-        .unwrap_or(line.len());
-    let (digits, rest) = line.split_at(end);
-    if digits.is_empty() || digits.len() > 16 {
-        return Err(bad);
-    }
-    let rest = rest.trim_ascii_start();
-    let rest_ok = rest.is_empty()
-        || (rest[0] == b';'
-            && rest
-                .iter()
-                .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b) || b >= 0x80));
-    // `trim_ascii_start` also takes CR, LF and form feed: only SP and HTAB may follow the size.
-    let ws_ok = line[end..line.len() - rest.len()]
-        .iter()
-        .all(|&b| b == b' ' || b == b'\t');
-    if !rest_ok || !ws_ok {
-        return Err(bad);
-    }
-    let mut size = 0u64;
-    for &d in digits {
-        // Hex digits only, checked above.
-        let v = (d as char).to_digit(16).unwrap_or(0);
-        size = (size << 4) | u64::from(v);
-    }
-    Ok(size)
-}
-
-/// A response on its way to the client.
-#[derive(Debug)]
-pub struct Reply<B> {
-    pub status: StatusCode,
-    /// End-to-end header lines, `name: value\r\n` each. The client side adds the framing
-    /// headers, from the body, and Date when there is none.
-    pub headers: Vec<u8>,
-    pub body: B,
 }
 
 /// Builds the response the client side sends. Only a response without a body keeps the
@@ -827,9 +534,7 @@ pub fn response<B>(head: Head, body: B, method: &Method) -> Reply<B> {
     let mut headers = head.headers;
     if let ContentLength::Valid(n) = head.content_length {
         if method == Method::HEAD || head.status == StatusCode::NOT_MODIFIED {
-            headers.extend_from_slice(b"content-length: ");
-            headers.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-            headers.extend_from_slice(b"\r\n");
+            content_length_line(&mut headers, n);
         }
     }
     Reply {
@@ -839,17 +544,40 @@ pub fn response<B>(head: Head, body: B, method: &Method) -> Reply<B> {
     }
 }
 
+/// Opens a new connection to a backend.
+pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Conn, String> {
+    let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(describe_io(&e)),
+        Err(_) => return Err(format!("connect timed out after {timeout:?}")),
+    };
+    // Small requests and responses must not wait for Nagle.
+    let _ = stream.set_nodelay(true);
+    Ok(Conn::new(stream))
+}
+
+/// A short cause for a failed connect or exchange, as the logs and error pages show it.
+pub(crate) fn describe_io(e: &std::io::Error) -> String {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        ConnectionRefused => "connection refused".into(),
+        ConnectionReset => "connection reset".into(),
+        TimedOut => "connect timed out".into(),
+        _ => e.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn head(text: &str) -> Result<Option<Head>, H1Error> {
+    fn head(text: &str) -> Result<Option<Head>, UpstreamError> {
         parse_head(&mut BytesMut::from(text))
     }
 
-    fn framing(method: Method, text: &str) -> Result<Framing, H1Error> {
+    fn framing(method: Method, text: &str) -> Result<Framing, UpstreamError> {
         let h = head(text)?.expect("complete head");
-        Framing::of(&method, &h)
+        framing_of(&method, &h)
     }
 
     #[test]
@@ -871,7 +599,7 @@ mod tests {
     fn garbage_instead_of_a_status_line_is_invalid() {
         assert!(matches!(
             head("SSH-2.0-OpenSSH\r\n\r\n"),
-            Err(H1Error::Invalid(_))
+            Err(UpstreamError::Invalid(_))
         ));
     }
 
@@ -950,84 +678,10 @@ mod tests {
         ];
         for b in bad {
             assert!(
-                matches!(framing(Method::GET, b), Err(H1Error::Invalid(_))),
+                matches!(framing(Method::GET, b), Err(UpstreamError::Invalid(_))),
                 "{b:?}"
             );
         }
-    }
-
-    fn decode_all(framing: Framing, wire: &[u8]) -> Result<(Vec<u8>, bool), H1Error> {
-        let mut buf = BytesMut::from(wire);
-        let mut decoder = Decoder::new(framing);
-        let mut out = Vec::new();
-        while let Some(d) = decoder.decode(&mut buf)? {
-            out.extend_from_slice(&d);
-        }
-        Ok((out, decoder.is_done()))
-    }
-
-    #[test]
-    fn chunked_bodies_decode_with_extensions_and_trailers() {
-        let (data, done) = decode_all(
-            Framing::Chunked,
-            b"5;name=v\r\nhello\r\n1\r\n!\r\n0\r\nX-Trailer: 1\r\n\r\n",
-        )
-        .unwrap();
-        assert_eq!(data, b"hello!");
-        assert!(done);
-    }
-
-    #[test]
-    fn chunk_sizes_may_have_whitespace_before_extensions() {
-        let (data, done) = decode_all(Framing::Chunked, b"5 ;a=1\r\nhello\r\n0\t\r\n\r\n").unwrap();
-        assert_eq!(data, b"hello");
-        assert!(done);
-    }
-
-    #[test]
-    fn an_endless_trailer_section_is_refused() {
-        let mut wire = b"0\r\n".to_vec();
-        for _ in 0..2000 {
-            wire.extend_from_slice(b"X-T: 123456789\r\n");
-        }
-        assert!(decode_all(Framing::Chunked, &wire).is_err());
-    }
-
-    #[test]
-    fn chunked_decoding_waits_for_more_bytes() {
-        let (data, done) = decode_all(Framing::Chunked, b"a\r\n01234").unwrap();
-        assert_eq!(data, b"01234");
-        assert!(!done);
-    }
-
-    #[test]
-    fn bad_chunks_are_invalid() {
-        for wire in [
-            &b"zz\r\nxx\r\n0\r\n\r\n"[..],
-            b"5\nhello\r\n0\r\n\r\n",
-            b"5\r\nhelloXX0\r\n\r\n",
-            b"11111111111111111\r\n",
-            b"-5\r\n",
-            b"\r\n",
-            b"5\r\r\nhello\r\n0\r\n\r\n",
-            b"5\x0c\r\nhello\r\n0\r\n\r\n",
-            b"5;a\rb\r\nhello\r\n0\r\n\r\n",
-            b"5 x\r\nhello\r\n0\r\n\r\n",
-            b"0x5\r\nhello\r\n0\r\n\r\n",
-        ] {
-            assert!(
-                decode_all(Framing::Chunked, wire).is_err(),
-                "{:?}",
-                String::from_utf8_lossy(wire)
-            );
-        }
-    }
-
-    #[test]
-    fn length_bodies_stop_at_the_length() {
-        let (data, done) = decode_all(Framing::Length(3), b"abc").unwrap();
-        assert_eq!(data, b"abc");
-        assert!(done);
     }
 
     #[test]

@@ -1,0 +1,871 @@
+//! One client connection's life: reading requests off it, handing each to the proxy, writing
+//! the responses back, and closing, lingering or parking it.
+//!
+//! pinlb serves clients with its own codec (`http1`) rather than hyper's server, for the same
+//! reasons it talks to backends without hyper's client: a proxy needs less than a general server, and
+//! the difference is what pinlb costs. hyper's server was about 7.7k of the 17.7k user-space
+//! instructions per proxied request (benches/callgrind.sh), and it keeps two 8 KiB buffers per
+//! connection for as long as the connection is open, idle or not. Here an idle keep-alive
+//! connection holds no buffer at all (its read buffer is freed between requests), and a request
+//! is parsed in place with `httparse`, the parser hyper uses.
+//!
+//! Per request: one read for the head (and whatever body came with it), the exchange with the
+//! backend, and one write for the response head together with the part of the body the backend
+//! sent with its own head. Request heads are parsed and checked by `http1::request`.
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{Method, StatusCode, Version};
+use socket2::SockRef;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::accesslog::{Batch, Logged, Pending};
+use crate::config::Limits;
+use crate::http1::body::{Decoder, Framing};
+use crate::http1::common::{
+    ERROR_PAGE_TYPE, Reply, RequestFraming, chunk_size_line, content_length_line, error_page,
+    status_line,
+};
+use crate::http1::request::{ClientError, RequestHead, parse_request};
+use crate::idle::{self, Wait};
+use crate::metrics::ListenerStats;
+use crate::proxy::{self, Answer, ProxyBody};
+use crate::upstream::WorkerUpstream;
+
+/// After a response that ends the connection with client bytes left unread, how long and how
+/// much pinlb goes on reading (and discarding) before it closes, so that the close does not
+/// turn into a reset that destroys the response before the client reads it (nginx's
+/// `lingering_close`).
+const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 256 * 1024;
+
+/// Where one listener's requests go in the running generation. A reload replaces the contents,
+/// and every request reads them anew, so keep-alive connections follow a reload too.
+pub(crate) struct Route {
+    pub upstream: RefCell<Rc<WorkerUpstream>>,
+    pub rules: RefCell<Rc<ClientRules>>,
+    /// This worker's counters for the listener, while metrics are on.
+    pub stats: Option<Arc<ListenerStats>>,
+}
+
+/// What applies to every client of a listener, whatever its upstream.
+pub(crate) struct ClientRules {
+    /// `forwarded.trusted`.
+    pub trusted: Vec<ipnet::IpNet>,
+    pub limits: Limits,
+}
+
+/// What a client connection holds until it closes, however its task ends (dropped before its
+/// first poll included): its `limits.max_connections` permit, and its count as an open
+/// connection.
+pub(crate) struct Held {
+    _slot: OwnedSemaphorePermit,
+    _closed: Closed,
+}
+
+impl Held {
+    /// Counts the connection open on `stats` (when metrics are on) until it is dropped.
+    pub(crate) fn new(slot: OwnedSemaphorePermit, stats: Option<Arc<ListenerStats>>) -> Held {
+        if let Some(s) = &stats {
+            s.accepted.fetch_add(1, Ordering::Relaxed);
+        }
+        Held {
+            _slot: slot,
+            _closed: Closed(stats),
+        }
+    }
+}
+
+/// Counts a client connection closed when dropped.
+struct Closed(Option<Arc<ListenerStats>>);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        if let Some(s) = &self.0 {
+            s.closed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Reads what the socket has into the spare room of `buf`; `Ok(0)` is the end of the stream.
+///
+/// A short read has emptied the socket, so the socket's readiness is cleared then, as tokio's
+/// own `poll_read` does: the next wait goes straight to the reactor instead of first making a
+/// read that fails with EAGAIN.
+fn poll_read_buf(
+    stream: &TcpStream,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(idle::READ_BUFFER);
+    }
+    loop {
+        ready!(stream.poll_read_ready(cx))?;
+        let spare = buf.spare_capacity_mut();
+        let room = spare.len();
+        let mut got = 0;
+        let read = stream.try_io(Interest::READABLE, || {
+            let n = SockRef::from(stream).recv(spare)?;
+            got = n;
+            if n > 0 && n < room {
+                // Reported to tokio as "would block" so that it clears the readiness; `got`
+                // carries the bytes out.
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Ok(n)
+        });
+        match read {
+            Ok(_) | Err(_) if got > 0 => {
+                // SAFETY: `recv` initialised the first `got` bytes of the spare capacity.
+                unsafe { buf.set_len(buf.len() + got) };
+                return Poll::Ready(Ok(got));
+            }
+            Ok(n) => return Poll::Ready(Ok(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+    }
+}
+
+/// Writes all of `bufs`, waiting for room in the socket as needed.
+async fn write_all(stream: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    let mut left: usize = bufs.iter().map(|b| b.len()).sum();
+    // Bounded: every pass writes something, or waits for room, or fails.
+    while left > 0 {
+        match stream.try_write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                left -= n;
+                IoSlice::advance_slices(&mut bufs, n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A request's body, read from the client connection as the proxy sends it on.
+pub struct ClientBody<'a> {
+    stream: &'a TcpStream,
+    buf: &'a mut BytesMut,
+    framing: RequestFraming,
+    decoder: Decoder,
+    /// `Expect: 100-continue` not yet answered.
+    expect_continue: bool,
+    /// Told when the body is complete, for the connection to see while the proxy holds it.
+    watch: &'a Watch,
+}
+
+impl<'a> ClientBody<'a> {
+    fn new(
+        stream: &'a TcpStream,
+        buf: &'a mut BytesMut,
+        framing: RequestFraming,
+        expect_continue: bool,
+        watch: &'a Watch,
+    ) -> Self {
+        let decoder = Decoder::new(match framing {
+            RequestFraming::None => Framing::Empty,
+            RequestFraming::Length(n) => Framing::Length(n),
+            RequestFraming::Chunked => Framing::Chunked,
+        });
+        let body = ClientBody {
+            stream,
+            buf,
+            framing,
+            decoder,
+            expect_continue,
+            watch,
+        };
+        body.check_done();
+        body
+    }
+
+    /// Once the body is complete, whatever is left in the buffer belongs to a next request.
+    fn check_done(&self) {
+        if self.decoder.is_done() {
+            self.watch.body_done.set(true);
+            if !self.buf.is_empty() {
+                self.watch.pipelined.set(true);
+            }
+        }
+    }
+
+    /// How the client framed the body, as it goes upstream.
+    pub fn framing(&self) -> RequestFraming {
+        self.framing
+    }
+
+    /// True once the whole body has been read (at once, for a request without one).
+    pub fn is_done(&self) -> bool {
+        self.decoder.is_done()
+    }
+
+    /// The next piece of the body; `None` once it is complete. Errors are the client's: a
+    /// malformed chunk, or the connection ending mid-body.
+    pub async fn next(&mut self) -> Result<Option<Bytes>, ClientError> {
+        let broke_off = |e: io::Error| ClientError::BodyBrokeOff(e.to_string());
+        // Bounded: every pass decodes, or reads at least one byte, or ends.
+        loop {
+            let decoded = self.decoder.decode(self.buf).map_err(ClientError::Body)?;
+            self.check_done();
+            if decoded.is_some() || self.decoder.is_done() {
+                return Ok(decoded);
+            }
+            if self.expect_continue {
+                // The client waits for this before it sends the body; a client that sent it
+                // anyway has it in the buffer, and the answer is skipped.
+                self.expect_continue = false;
+                write_all(
+                    self.stream,
+                    &mut [IoSlice::new(b"HTTP/1.1 100 Continue\r\n\r\n")],
+                )
+                .await
+                .map_err(broke_off)?;
+            }
+            let n = std::future::poll_fn(|cx| poll_read_buf(self.stream, self.buf, cx))
+                .await
+                .map_err(broke_off)?;
+            if n == 0 {
+                return Err(ClientError::BodyBrokeOff(
+                    "client closed the connection mid-body".into(),
+                ));
+            }
+        }
+    }
+}
+
+/// What the connection watches while the proxy holds the request body.
+#[derive(Default)]
+struct Watch {
+    /// The whole request body has been read.
+    body_done: Cell<bool>,
+    /// Bytes of a next request have arrived: in the buffer, or waiting in the socket.
+    pipelined: Cell<bool>,
+}
+
+/// Completes when the client closes its connection (or it breaks) while its request is with a
+/// backend, so that the request is abandoned, as hyper and nginx do. Watches only once the
+/// request body has been read, and not once a next request has begun to arrive: those bytes are
+/// not read until the response is out, and a client that pipelines and then closes its side
+/// still gets every answer.
+fn poll_client_gone(stream: &TcpStream, watch: &Watch, cx: &mut Context<'_>) -> Poll<()> {
+    if !watch.body_done.get() || watch.pipelined.get() {
+        return Poll::Pending;
+    }
+    // Bounded: a pass that does not return has cleared the readiness, and the next poll of
+    // readiness is Pending unless new bytes came.
+    for _ in 0..4 {
+        match stream.poll_read_ready(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(_)) => return Poll::Ready(()),
+            Poll::Ready(Ok(())) => {}
+        }
+        let mut probe = [MaybeUninit::<u8>::uninit(); 1];
+        match stream.try_io(Interest::READABLE, || {
+            SockRef::from(stream).peek(&mut probe)
+        }) {
+            Ok(0) => return Poll::Ready(()),
+            Ok(_) => {
+                watch.pipelined.set(true);
+                return Poll::Pending;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Poll::Ready(()),
+        }
+    }
+    Poll::Pending
+}
+
+/// A timer made on first need and reset for each later wait: waits that never block (most do
+/// not) cost no timer, and those that do share one.
+#[derive(Default)]
+struct Deadline(Option<Pin<Box<tokio::time::Sleep>>>);
+
+impl Deadline {
+    /// `fut`'s output, or `None` if it was pending for `limit`.
+    async fn within<T>(&mut self, limit: Duration, fut: impl Future<Output = T>) -> Option<T> {
+        let mut fut = std::pin::pin!(fut);
+        let mut armed = false;
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Some(v));
+            }
+            if !armed {
+                armed = true;
+                let at = Instant::now() + limit;
+                match self.0.as_mut() {
+                    Some(t) => t.as_mut().reset(at),
+                    None => self.0 = Some(Box::pin(tokio::time::sleep_until(at))),
+                }
+            }
+            match self.0.as_mut().map(|t| t.as_mut().poll(cx)) {
+                Some(Poll::Ready(())) => Poll::Ready(None),
+                _ => Poll::Pending,
+            }
+        })
+        .await
+    }
+}
+
+/// What happens to a connection after an exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    KeepAlive,
+    Close,
+    /// Close, reading and discarding what the client still sends for a while first.
+    Linger,
+    /// Reset: a response broke off, and the client must not take what it got for the whole.
+    Abort,
+}
+
+/// How a response went out.
+enum Written {
+    /// Whole; with whether the connection may carry another request.
+    Whole { keep_alive: bool },
+    /// Cut short: the backend failed or stalled mid-body.
+    Aborted,
+}
+
+/// One client connection, for as long as it is open.
+struct Connection {
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: idle::Client,
+    route: Rc<Route>,
+    batch: Option<Rc<Batch>>,
+    /// The header timeout of the connection's first request runs from here.
+    accepted: Instant,
+    /// The rules the connection's client identity was worked out under, and that identity;
+    /// recomputed only after a reload changed the rules (`forwarded.trusted` above all).
+    client: RefCell<(Rc<ClientRules>, Rc<proxy::Client>)>,
+}
+
+/// A connection parked while idle (see `idle`): what it needs to start again.
+pub struct Parked {
+    pub socket: std::net::TcpStream,
+    peer: SocketAddr,
+    slot: idle::Client,
+    route: Rc<Route>,
+    batch: Option<Rc<Batch>>,
+    held: Held,
+    /// No request has come on it yet: its first head is still timed from `accepted`.
+    first: bool,
+    accepted: Instant,
+}
+
+impl Parked {
+    pub fn slot_index(&self) -> usize {
+        self.slot.index()
+    }
+}
+
+/// Starts parked connections again as their clients send something, until the worker ends.
+pub(crate) async fn unparker(clients: Rc<idle::Clients>) {
+    loop {
+        for parked in clients.unparked().await {
+            let Parked {
+                socket,
+                peer,
+                slot,
+                route,
+                batch,
+                held,
+                first,
+                accepted,
+            } = *parked;
+            match TcpStream::from_std(socket) {
+                Ok(stream) => {
+                    let start = Start { first, accepted };
+                    tokio::task::spawn_local(serve(stream, peer, slot, route, batch, held, start));
+                }
+                // Dropped: closed.
+                Err(e) => debug!(client = %peer, "cannot take a parked connection back: {e}"),
+            }
+        }
+    }
+}
+
+/// Where a connection's service starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Start {
+    /// No request has come on it yet.
+    pub first: bool,
+    /// When it was accepted: the header timeout of its first request runs from here.
+    pub accepted: Instant,
+}
+
+impl Start {
+    /// A connection just accepted.
+    pub fn accepted() -> Start {
+        Start {
+            first: true,
+            accepted: Instant::now(),
+        }
+    }
+}
+
+/// Serves one client connection until it closes or is parked. `held` is kept until then: the
+/// connection's `limits.max_connections` permit and its counters.
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: idle::Client,
+    route: Rc<Route>,
+    batch: Option<Rc<Batch>>,
+    held: Held,
+    start: Start,
+) {
+    let rules = route.rules.borrow().clone();
+    let client = Rc::new(proxy::Client::new(peer, &rules.trusted));
+    let conn = Connection {
+        stream,
+        peer,
+        slot,
+        route,
+        batch,
+        accepted: start.accepted,
+        client: RefCell::new((rules, client)),
+    };
+    let mut buf = BytesMut::new();
+    let mut first = start.first;
+    // Bounded by the client: every pass serves one request, or ends.
+    let next = loop {
+        if buf.is_empty() {
+            // Idle until the first bytes of a request are in the buffer (or the client closed):
+            // a readiness without bytes behind it keeps the connection idle, with no buffer.
+            let wait = std::future::poll_fn(|cx| {
+                conn.slot.poll_wait(first, cx, |cx| {
+                    if buf.capacity() == 0 {
+                        buf = conn.slot.clients().take_buffer();
+                    }
+                    let read = poll_read_buf(&conn.stream, &mut buf, cx);
+                    if read.is_pending() && buf.is_empty() {
+                        conn.slot.clients().give_buffer(std::mem::take(&mut buf));
+                    }
+                    read.map(|r| r.map(drop))
+                })
+            })
+            .await;
+            match wait {
+                Wait::Readable => {}
+                Wait::Close => {
+                    debug!(client = %conn.peer, "closing client connection: idle, or making room, or stopping");
+                    break Next::Close;
+                }
+                Wait::Park => {
+                    park(conn, held, first);
+                    return;
+                }
+            }
+        }
+        // Boxed: the exchange's state (about 5 KB, most of it the proxy's) exists only while a
+        // request does, so that a connection waiting for its next request keeps a small task.
+        // Unboxed saved about 500 instructions per request (an allocation and a copy of the
+        // state), but the memory of 10,000 connections that had just gone idle (before they
+        // park) stayed with the allocator, and benches/idle.sh measured 571 bytes per parked
+        // connection instead of 391.
+        let next = Box::pin(conn.exchange(&mut buf, first)).await;
+        if next != Next::KeepAlive {
+            break next;
+        }
+        first = false;
+        if buf.is_empty() {
+            // Nothing pipelined: the buffer goes until the next request comes.
+            conn.slot.clients().give_buffer(std::mem::take(&mut buf));
+        }
+    };
+    // Boxed: rarely needed (a lingering close holds a buffer and a timer), and kept out of the
+    // task's own state, which every open connection pays for.
+    Box::pin(conn.close(next)).await;
+    drop(held);
+}
+
+/// Parks an idle connection: its socket leaves the reactor for the worker's parking set.
+fn park(conn: Connection, held: Held, first: bool) {
+    let Connection {
+        stream,
+        peer,
+        slot,
+        route,
+        batch,
+        accepted,
+        ..
+    } = conn;
+    let clients = slot.clients_rc();
+    match stream.into_std() {
+        Ok(socket) => {
+            let parked = Box::new(Parked {
+                socket,
+                peer,
+                slot,
+                route,
+                batch,
+                held,
+                first,
+                accepted,
+            });
+            if let Err(parked) = clients.park(parked) {
+                debug!(client = %peer, "closing idle client connection: it could not be parked");
+                drop(parked);
+            }
+        }
+        Err(e) => debug!(client = %peer, "closing idle client connection: {e}"),
+    }
+}
+
+impl Connection {
+    /// Reads one request, has the proxy answer it, and writes the response.
+    async fn exchange(&self, buf: &mut BytesMut, first: bool) -> Next {
+        let limits = self.route.rules.borrow().limits;
+        let mut head = match self.read_head(buf, first, &limits).await {
+            Ok(head) => head,
+            Err(next) => return next,
+        };
+        let refused = head.refused.take();
+        if let Some(s) = &self.route.stats {
+            s.requests.fetch_add(1, Ordering::Relaxed);
+        }
+        let pending = self
+            .batch
+            .as_ref()
+            .map(|batch| Pending::start(&head, self.peer, batch));
+        let upstream = self.route.upstream.borrow().clone();
+        let timeouts = upstream.shared.config.timeouts;
+        let (limits, client) = {
+            let now = self.route.rules.borrow();
+            let mut cached = self.client.borrow_mut();
+            if !Rc::ptr_eq(&cached.0, &now) {
+                *cached = (
+                    now.clone(),
+                    Rc::new(proxy::Client::new(self.peer, &now.trusted)),
+                );
+            }
+            (now.limits, cached.1.clone())
+        };
+        let watch = Watch::default();
+        let mut client_body =
+            ClientBody::new(&self.stream, buf, head.body, head.expect_continue, &watch);
+        let answered = {
+            let forwarded = proxy::handle(
+                upstream,
+                client,
+                limits,
+                &head,
+                &mut client_body,
+                refused,
+                pending.is_some(),
+            );
+            let gone = std::future::poll_fn(|cx| poll_client_gone(&self.stream, &watch, cx));
+            tokio::select! {
+                biased;
+                answer = forwarded => Some(answer),
+                () = gone => None,
+            }
+        };
+        let Some(answer) = answered else {
+            // Dropping the proxy's future abandons the request; the access log records 499.
+            debug!(client = %self.peer, "client closed the connection while its request was with a backend");
+            return Next::Close;
+        };
+        let body_read = client_body.is_done();
+        let Answer {
+            response,
+            upstreamed,
+            close,
+        } = answer;
+        let logged = Logged::new(pending.and_then(|p| p.responded(response.status, upstreamed)));
+        let keep_alive = head.keep_alive
+            && !head.ambiguous
+            && !close
+            && body_read
+            && !self.slot.clients().is_draining();
+        let written = self
+            .write_response(
+                response,
+                &head.method,
+                head.version,
+                keep_alive,
+                logged,
+                timeouts,
+            )
+            .await;
+        match written {
+            Ok(Written::Whole { keep_alive: true }) => Next::KeepAlive,
+            Ok(Written::Whole { .. }) if body_read && buf.is_empty() && !watch.pipelined.get() => {
+                Next::Close
+            }
+            // Bytes the client sent are left unread.
+            Ok(Written::Whole { .. }) => Next::Linger,
+            Ok(Written::Aborted) | Err(_) => Next::Abort,
+        }
+    }
+
+    /// Reads until `buf` holds a whole request head. A head that can't be served (malformed,
+    /// too large, too late) is answered here; `Err` says how the connection ends then, or after
+    /// the client closed.
+    async fn read_head(
+        &self,
+        buf: &mut BytesMut,
+        first: bool,
+        limits: &Limits,
+    ) -> Result<RequestHead, Next> {
+        let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        // Bounded: each pass reads at least one byte (the head is at most
+        // `limits.max_header_bytes`), or ends.
+        loop {
+            if !buf.is_empty() {
+                match parse_request(buf, limits) {
+                    Ok(Some(head)) => return Ok(head),
+                    Ok(None) => {}
+                    Err(e) => {
+                        warn!(client = %self.peer, "answered {}: {e}", e.status().as_u16());
+                        self.write_local(e.status(), &e).await;
+                        return Err(Next::Linger);
+                    }
+                }
+                if timer.is_none() {
+                    // Part of a head is here: it must be complete within the header timeout of
+                    // its first byte (of the accept, for the first request). The clock is read
+                    // only now, when a head needs more than one read.
+                    let since = if first { self.accepted } else { Instant::now() };
+                    timer = Some(Box::pin(tokio::time::sleep_until(
+                        since + limits.header_timeout,
+                    )));
+                }
+            }
+            let read = std::future::poll_fn(|cx| {
+                if let Some(t) = timer.as_mut() {
+                    if t.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(None);
+                    }
+                }
+                poll_read_buf(&self.stream, buf, cx).map(Some)
+            })
+            .await;
+            match read {
+                Some(Ok(0)) => {
+                    if !buf.is_empty() {
+                        debug!(client = %self.peer, "client closed the connection inside a request head");
+                    }
+                    return Err(Next::Close);
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    debug!(client = %self.peer, "client connection failed: {e}");
+                    return Err(Next::Close);
+                }
+                None => {
+                    warn!(client = %self.peer, "answered 408: no complete request head within {:?} (limits.header_timeout)", limits.header_timeout);
+                    self.write_local(
+                        StatusCode::REQUEST_TIMEOUT,
+                        &"no complete request head within limits.header_timeout",
+                    )
+                    .await;
+                    // What arrived of the head is dropped, and what still comes is read and
+                    // dropped for a while, so that the client sees the 408 and not a reset.
+                    buf.clear();
+                    return Err(Next::Linger);
+                }
+            }
+        }
+    }
+
+    /// Writes a response pinlb makes itself before any request reached the proxy, and which
+    /// ends the connection. Best effort, for at most `LINGER_TIME`: the connection closes next
+    /// anyway.
+    async fn write_local(&self, status: StatusCode, cause: &dyn std::fmt::Display) {
+        let text = error_page(status, cause);
+        let mut head = Vec::with_capacity(256);
+        status_line(&mut head, status);
+        head.extend_from_slice(ERROR_PAGE_TYPE);
+        self.slot.clients().write_date(&mut head);
+        content_length_line(&mut head, text.len() as u64);
+        head.extend_from_slice(b"connection: close\r\n\r\n");
+        let mut out = [IoSlice::new(&head), IoSlice::new(text.as_bytes())];
+        let _ = tokio::time::timeout(LINGER_TIME, write_all(&self.stream, &mut out)).await;
+    }
+
+    /// Writes a response and streams its body.
+    ///
+    /// Each wait is bounded: for the next piece of the body by `timeouts.response` (nginx's
+    /// `proxy_read_timeout`), for room in the client's socket by `timeouts.client_idle` (its
+    /// `send_timeout`). Either running out cuts the response short.
+    async fn write_response(
+        &self,
+        response: Reply<ProxyBody>,
+        method: &Method,
+        version: Version,
+        keep_alive: bool,
+        mut logged: Logged,
+        timeouts: crate::config::Timeouts,
+    ) -> io::Result<Written> {
+        let Reply {
+            status,
+            headers,
+            mut body,
+        } = response;
+        let bodiless = method == Method::HEAD
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED;
+        let length = body.remaining();
+        let chunked = !bodiless && length.is_none() && version == Version::HTTP_11;
+        // An HTTP/1.0 client gets a body of unknown length delimited by the close.
+        let keep_alive = keep_alive && (bodiless || length.is_some() || chunked);
+
+        let mut head = Vec::with_capacity(headers.len() + 128);
+        status_line(&mut head, status);
+        head.extend_from_slice(&headers);
+        if !body.has_date() {
+            self.slot.clients().write_date(&mut head);
+        }
+        if !bodiless {
+            match length {
+                Some(n) => content_length_line(&mut head, n),
+                None if chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+                None => {}
+            }
+        }
+        if !keep_alive {
+            head.extend_from_slice(b"connection: close\r\n");
+        } else if version == Version::HTTP_10 {
+            head.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+
+        let mut reading = Deadline::default();
+        let mut sending = Deadline::default();
+        let stalled = || io::Error::new(io::ErrorKind::TimedOut, "client took no data");
+        // The head goes out with the first piece of the body when that is already here (the
+        // backend usually sends its head and a small body in one packet): one write, not two.
+        let mut head = Some(head);
+        // Bounded by the body and the timeouts: every pass writes a piece of it, or ends.
+        loop {
+            let piece = if bodiless {
+                None
+            } else if head.is_some() {
+                match std::future::poll_fn(|cx| Poll::Ready(body.poll_data(cx))).await {
+                    Poll::Ready(piece) => piece,
+                    Poll::Pending => {
+                        if let Some(h) = head.take() {
+                            sending
+                                .within(
+                                    timeouts.client_idle,
+                                    write_all(&self.stream, &mut [IoSlice::new(&h)]),
+                                )
+                                .await
+                                .ok_or_else(stalled)??;
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                let next = std::future::poll_fn(|cx| body.poll_data(cx));
+                match reading.within(timeouts.response, next).await {
+                    Some(piece) => piece,
+                    None => {
+                        warn!(client = %self.peer, "response aborted: the backend sent no more of the body within {:?} (timeouts.response)", timeouts.response);
+                        return Ok(Written::Aborted);
+                    }
+                }
+            };
+            let h = head.take().unwrap_or_default();
+            let write = match piece {
+                Some(Ok(data)) => {
+                    logged.sent(data.len());
+                    if chunked {
+                        let mut size = [0u8; 18];
+                        let size = chunk_size_line(&mut size, data.len());
+                        let mut out = [
+                            IoSlice::new(&h),
+                            IoSlice::new(size),
+                            IoSlice::new(&data),
+                            IoSlice::new(b"\r\n"),
+                        ];
+                        sending
+                            .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                            .await
+                    } else {
+                        let mut out = [IoSlice::new(&h), IoSlice::new(&data)];
+                        sending
+                            .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                            .await
+                    }
+                }
+                None => {
+                    let end: &[u8] = if chunked { b"0\r\n\r\n" } else { b"" };
+                    let mut out = [IoSlice::new(&h), IoSlice::new(end)];
+                    sending
+                        .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                        .await
+                        .ok_or_else(stalled)??;
+                    return Ok(Written::Whole { keep_alive });
+                }
+                Some(Err(e)) => {
+                    if !h.is_empty() {
+                        let mut out = [IoSlice::new(&h)];
+                        sending
+                            .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                            .await
+                            .ok_or_else(stalled)??;
+                    }
+                    warn!(client = %self.peer, "response aborted: {e}");
+                    return Ok(Written::Aborted);
+                }
+            };
+            if write.is_none() {
+                warn!(client = %self.peer, "response aborted: the client took no data for {:?} (timeouts.client_idle)", timeouts.client_idle);
+            }
+            write.ok_or_else(stalled)??;
+        }
+    }
+
+    /// Ends the connection. After a response the write side closes first, so the client sees
+    /// the end of the stream; with `Next::Linger`, what the client still sends is then read
+    /// and dropped for a while, so that closing with unread bytes does not reset the connection
+    /// before the client has read its answer (nginx's `lingering_close`). `Next::Abort` resets
+    /// it instead: a response cut short must not look complete, even one delimited by the close.
+    async fn close(&self, next: Next) {
+        let sock = SockRef::from(&self.stream);
+        if next == Next::Abort {
+            let _ = sock.set_linger(Some(Duration::ZERO));
+            return;
+        }
+        let _ = sock.shutdown(std::net::Shutdown::Write);
+        if next != Next::Linger {
+            return;
+        }
+        let mut scratch = BytesMut::with_capacity(16 * 1024);
+        let mut read = 0;
+        let _ = tokio::time::timeout(LINGER_TIME, async {
+            // Bounded by `LINGER_BYTES` and the timeout.
+            while read < LINGER_BYTES {
+                scratch.clear();
+                match std::future::poll_fn(|cx| poll_read_buf(&self.stream, &mut scratch, cx)).await
+                {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => read += n,
+                }
+            }
+        })
+        .await;
+    }
+}

@@ -1,0 +1,199 @@
+//! What both sides of HTTP/1.1 share: the hop-by-hop table, the Connection header's tokens,
+//! Content-Length, body framing on the way out, the status and chunk-size lines, and the text of
+//! the error pages pinlb writes itself. Each rule lives here once, so that a framing fix is made
+//! once for requests and responses alike.
+
+use http::StatusCode;
+
+/// The hop-by-hop headers (RFC 9110 §7.6.1), recognised on raw bytes; both directions use it.
+pub(crate) enum Hop {
+    Connection,
+    TransferEncoding,
+    /// Keep-Alive, Proxy-Connection, TE, Trailer, Upgrade: dropped.
+    Other,
+}
+
+impl Hop {
+    pub(crate) fn of(name: &[u8]) -> Option<Hop> {
+        let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
+        // The length check first: almost every header is ruled out by it.
+        match name.len() {
+            10 if is("connection") => Some(Hop::Connection),
+            17 if is("transfer-encoding") => Some(Hop::TransferEncoding),
+            10 if is("keep-alive") => Some(Hop::Other),
+            16 if is("proxy-connection") => Some(Hop::Other),
+            2 if is("te") => Some(Hop::Other),
+            7 if is("trailer") || is("upgrade") => Some(Hop::Other),
+            _ => None,
+        }
+    }
+}
+
+/// What the Connection headers of one message say: `close`, `keep-alive`, and the other headers
+/// they name, which are hop-by-hop too and are not passed on.
+#[derive(Debug, Default)]
+pub(crate) struct ConnectionTokens<'a> {
+    pub close: bool,
+    pub keep_alive: bool,
+    named: Vec<&'a [u8]>,
+}
+
+impl<'a> ConnectionTokens<'a> {
+    /// Reads every Connection header first: one may come after a header it names.
+    pub(crate) fn scan(headers: &[httparse::Header<'a>]) -> Self {
+        let mut tokens = ConnectionTokens::default();
+        for h in headers {
+            if h.name.len() == 10 && h.name.eq_ignore_ascii_case("connection") {
+                for t in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                    if t.eq_ignore_ascii_case(b"close") {
+                        tokens.close = true;
+                    } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                        tokens.keep_alive = true;
+                    } else if !t.is_empty() {
+                        tokens.named.push(t);
+                    }
+                }
+            }
+        }
+        tokens
+    }
+
+    /// Whether a Connection header names this header (case-insensitive).
+    pub(crate) fn names(&self, name: &[u8]) -> bool {
+        self.named.iter().any(|n| n.eq_ignore_ascii_case(name))
+    }
+
+    /// Whether the message lets its connection carry another: HTTP/1.1 unless `close`,
+    /// HTTP/1.0 only with `keep-alive`.
+    pub(crate) fn keep_alive(&self, http11: bool) -> bool {
+        !self.close && (http11 || self.keep_alive)
+    }
+}
+
+/// The Content-Length of a message head, all its headers taken together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentLength {
+    Absent,
+    Valid(u64),
+    Invalid(&'static str),
+}
+
+impl ContentLength {
+    /// Takes in one Content-Length header value. Several lines must agree. A list of equal
+    /// numbers in one line (`3, 3`, which RFC 9110 §8.6 lets a recipient accept) is taken when
+    /// `lists`: from backends, as hyper's client takes it; a request with one is refused, as
+    /// hyper's server refused it.
+    pub(crate) fn add(self, value: &[u8], lists: bool) -> ContentLength {
+        if let ContentLength::Invalid(_) = self {
+            return self;
+        }
+        let mut now = self;
+        // Without `lists` the whole value is one part, and a comma in it makes it invalid.
+        let parts = value.split(|&b| lists && b == b',');
+        for part in parts {
+            let part = part.trim_ascii();
+            if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
+                return ContentLength::Invalid(if lists {
+                    "bad Content-Length"
+                } else {
+                    "invalid Content-Length"
+                });
+            }
+            // At most 19 digits: no overflow.
+            let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            now = match now {
+                ContentLength::Absent => ContentLength::Valid(n),
+                ContentLength::Valid(l) if l == n => now,
+                ContentLength::Valid(_) => {
+                    return ContentLength::Invalid("conflicting Content-Length values");
+                }
+                ContentLength::Invalid(_) => return now,
+            };
+        }
+        now
+    }
+}
+
+/// How a request's body is framed on its way to a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestFraming {
+    /// No body, and no framing header.
+    None,
+    /// `Content-Length` (0 included, when the client sent it).
+    Length(u64),
+    Chunked,
+}
+
+/// A response on its way to the client.
+#[derive(Debug)]
+pub struct Reply<B> {
+    pub status: StatusCode,
+    /// End-to-end header lines, `name: value\r\n` each. The client side adds the framing
+    /// headers, from the body, and Date when there is none.
+    pub headers: Vec<u8>,
+    pub body: B,
+}
+
+/// `HTTP/1.1 200 OK\r\n`
+pub(crate) fn status_line(out: &mut Vec<u8>, status: StatusCode) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `content-length: 12\r\n`
+pub(crate) fn content_length_line(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A chunk's size line, `1a\r\n`, written into `out`.
+pub(crate) fn chunk_size_line(out: &mut [u8; 18], len: usize) -> &[u8] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut n = len;
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = HEX[n & 15];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    let d = &digits[i..];
+    out[..d.len()].copy_from_slice(d);
+    out[d.len()..d.len() + 2].copy_from_slice(b"\r\n");
+    &out[..d.len() + 2]
+}
+
+/// The header line of every page pinlb writes itself.
+pub(crate) const ERROR_PAGE_TYPE: &[u8] = b"content-type: text/plain; charset=utf-8\r\n";
+
+/// The body of a page pinlb writes itself: `502 Bad Gateway: <cause>`.
+pub(crate) fn error_page(status: StatusCode, cause: &dyn std::fmt::Display) -> String {
+    format!(
+        "{} {}: {cause}\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_size_lines_are_lowercase_hex() {
+        let mut out = [0u8; 18];
+        assert_eq!(chunk_size_line(&mut out, 0), b"0\r\n");
+        assert_eq!(chunk_size_line(&mut out, 26), b"1a\r\n");
+        assert_eq!(
+            chunk_size_line(&mut out, usize::MAX),
+            b"ffffffffffffffff\r\n"
+        );
+    }
+}

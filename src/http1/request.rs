@@ -1,0 +1,823 @@
+//! Request heads from clients: parsed in place with `httparse` and checked for everything a
+//! proxy must refuse, then written out as the lines that go upstream. Pure: bytes in, a head or
+//! an error out, so it is unit-tested and fuzzed without a socket.
+//!
+//! What hyper's server checked on its own is checked here: the request line and header syntax,
+//! head size and header count (431), Content-Length and Transfer-Encoding framing; and what a
+//! proxy must add: Host, the target's form and length (414), the declared body size (413).
+
+use std::mem::MaybeUninit;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use http::{Method, StatusCode, Uri, Version};
+
+use super::body::BodyError;
+use super::common::{ConnectionTokens, ContentLength, Hop, RequestFraming};
+use crate::config::Limits;
+
+/// Why pinlb refused a client's request: its head (malformed, too large, or breaking a rule a
+/// proxy must enforce) or its body. Each kind is answered with one status, in
+/// [`ClientError::status`], and always blames the client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// Not HTTP/1.x syntax: answered before anything else looks at the request, and the
+    /// connection closed.
+    #[error("{0}")]
+    Malformed(String),
+    /// A head over `limits.max_header_bytes` or `limits.max_headers`.
+    #[error("{0}")]
+    HeadTooLarge(&'static str),
+    /// HTTP/1.1 requires Host (RFC 9112 §3.2).
+    #[error("HTTP/1.1 request without a Host header")]
+    MissingHost,
+    /// Two Host lines: which one a backend or cache believes is how host confusion starts.
+    #[error("more than one Host header")]
+    DuplicateHost,
+    /// Empty, or not `host[:port]`.
+    #[error("empty or invalid Host header")]
+    InvalidHost,
+    /// The target `*` with a method other than OPTIONS (RFC 9112 §3.2.4): no backend route
+    /// matches it the same way.
+    #[error("target \"*\" with a method other than OPTIONS")]
+    AsteriskForm,
+    /// A Content-Length that is not one plain number, or lines that disagree (RFC 9112 §6.3).
+    #[error("{0}")]
+    ContentLength(&'static str),
+    /// Any Transfer-Encoding but exactly `chunked`: pinlb decodes and re-frames the body, so it
+    /// would lose any other coding, and `chunked, chunked` is how TE.TE smuggling starts.
+    #[error("Transfer-Encoding other than a single \"chunked\"")]
+    TransferEncoding,
+    /// The request target is longer than `limits.max_uri_bytes`.
+    #[error("request target of {len} bytes, over limits.max_uri_bytes ({limit})")]
+    UriTooLong { len: usize, limit: usize },
+    /// The body is, or grew, larger than `limits.max_body`.
+    #[error("request body over limits.max_body ({limit} bytes)")]
+    BodyTooLarge { limit: u64 },
+    /// None of the body arrived for `limits.body_timeout`.
+    #[error("no request body data within {after:?} (limits.body_timeout)")]
+    BodyTimeout { after: Duration },
+    /// The body's chunked framing was malformed.
+    #[error("malformed request body: {0}")]
+    Body(BodyError),
+    /// The body broke off: the client closed or its connection failed mid-body.
+    #[error("request body broke off: {0}")]
+    BodyBrokeOff(String),
+}
+
+impl ClientError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ClientError::Malformed(_)
+            | ClientError::MissingHost
+            | ClientError::DuplicateHost
+            | ClientError::InvalidHost
+            | ClientError::AsteriskForm
+            | ClientError::ContentLength(_)
+            | ClientError::TransferEncoding
+            | ClientError::Body(_)
+            | ClientError::BodyBrokeOff(_) => StatusCode::BAD_REQUEST,
+            ClientError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ClientError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            ClientError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ClientError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+        }
+    }
+}
+
+/// A parsed request head, ready to go upstream: its end-to-end header lines are already written
+/// out as they will be sent, so that forwarding a header costs a copy, not a map insertion.
+#[derive(Debug)]
+pub struct RequestHead {
+    pub method: Method,
+    pub version: Version,
+    /// The target, then the header lines, each `name: value\r\n` with the name as the client
+    /// wrote it. Hop-by-hop headers, the framing headers, Expect, Host and the X-Forwarded
+    /// headers are not among the lines: pinlb writes those itself.
+    text: Vec<u8>,
+    /// Where the target lies in `text`.
+    target: (usize, usize),
+    /// Where the lines lie in `text`.
+    lines: (usize, usize),
+    /// Where the Host value lies in `text`: the authority of an absolute-form target, or the
+    /// Host header.
+    host: Option<(usize, usize)>,
+    /// Where the origin-form path lies in `text`.
+    path: (usize, usize),
+    user_agent: Option<(usize, usize)>,
+    referer: Option<(usize, usize)>,
+    /// The client's X-Forwarded-For lines, joined into one list.
+    pub forwarded_for: Option<Vec<u8>>,
+    /// The client's Forwarded and X-Real-IP lines, which say who the client is as
+    /// X-Forwarded-For does: passed on only from a client in `forwarded.trusted`.
+    pub proxied_lines: Option<Vec<u8>>,
+    /// How the body is framed, as sent upstream.
+    pub body: RequestFraming,
+    /// What the client asked for: HTTP/1.1 unless `Connection: close`, HTTP/1.0 only with
+    /// `Connection: keep-alive`.
+    pub keep_alive: bool,
+    /// Content-Length came with Transfer-Encoding: the body is read as chunked, and the
+    /// connection closes after the response, since the client and some other hop may disagree
+    /// on where this request ends (HAProxy's rule).
+    pub ambiguous: bool,
+    /// `Expect: 100-continue`: pinlb answers it when the body is first read.
+    pub expect_continue: bool,
+    /// Why pinlb refuses the request, if it does; answered through the proxy's error path, so
+    /// it is counted and logged like any request.
+    pub refused: Option<ClientError>,
+}
+
+impl RequestHead {
+    fn at(&self, (start, end): (usize, usize)) -> &[u8] {
+        &self.text[start..end]
+    }
+
+    /// The target as the client sent it.
+    pub fn target(&self) -> &[u8] {
+        self.at(self.target)
+    }
+
+    /// The target as it goes upstream: origin-form.
+    pub fn path(&self) -> &[u8] {
+        self.at(self.path)
+    }
+
+    /// The end-to-end header lines, `name: value\r\n` each.
+    pub fn lines(&self) -> &[u8] {
+        self.at(self.lines)
+    }
+
+    pub fn host(&self) -> Option<&[u8]> {
+        self.host.map(|h| self.at(h))
+    }
+
+    pub fn user_agent(&self) -> Option<&[u8]> {
+        self.user_agent.map(|h| self.at(h))
+    }
+
+    pub fn referer(&self) -> Option<&[u8]> {
+        self.referer.map(|h| self.at(h))
+    }
+
+    /// Whether a header line with this name goes upstream (case-insensitive).
+    #[cfg(test)]
+    fn has_line(&self, name: &str) -> bool {
+        self.lines().split(|&b| b == b'\n').any(|l| {
+            l.len() > name.len()
+                && l[name.len()] == b':'
+                && l[..name.len()].eq_ignore_ascii_case(name.as_bytes())
+        })
+    }
+}
+
+/// The headers a request head is parsed around, recognised on raw bytes.
+enum Special {
+    Connection,
+    TransferEncoding,
+    ContentLength,
+    Host,
+    Expect,
+    ForwardedFor,
+    /// Forwarded, X-Real-IP.
+    Proxied,
+    UserAgent,
+    Referer,
+    /// Keep-Alive, Proxy-Connection, TE, Trailer, Upgrade (hop-by-hop), X-Forwarded-Proto
+    /// (pinlb's to set): dropped.
+    Dropped,
+}
+
+impl Special {
+    fn of(name: &[u8]) -> Option<Special> {
+        // The hop-by-hop headers are the same in both directions: `h1` knows them.
+        match Hop::of(name) {
+            Some(Hop::Connection) => return Some(Special::Connection),
+            Some(Hop::TransferEncoding) => return Some(Special::TransferEncoding),
+            Some(Hop::Other) => return Some(Special::Dropped),
+            None => {}
+        }
+        let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
+        // The length check first: almost every header is ruled out by it.
+        match name.len() {
+            4 if is("host") => Some(Special::Host),
+            6 if is("expect") => Some(Special::Expect),
+            7 if is("referer") => Some(Special::Referer),
+            9 if is("forwarded") || is("x-real-ip") => Some(Special::Proxied),
+            10 if is("user-agent") => Some(Special::UserAgent),
+            14 if is("content-length") => Some(Special::ContentLength),
+            15 if is("x-forwarded-for") => Some(Special::ForwardedFor),
+            17 if is("x-forwarded-proto") => Some(Special::Dropped),
+            _ => None,
+        }
+    }
+}
+
+/// Parses a complete request head off the front of `buf`, leaving the rest (body, pipelined
+/// requests) in it; `Ok(None)` when more bytes are needed.
+pub fn parse_request(
+    buf: &mut BytesMut,
+    limits: &Limits,
+) -> Result<Option<RequestHead>, ClientError> {
+    let mut slots = [const { MaybeUninit::<httparse::Header>::uninit() }; Limits::MAX_HEADERS];
+    let slots = &mut slots[..limits.max_headers.min(Limits::MAX_HEADERS)];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default()
+        .parse_request_with_uninit_headers(&mut req, buf, slots)
+    {
+        Ok(httparse::Status::Complete(len)) if len <= limits.max_header_bytes => len,
+        Ok(httparse::Status::Partial) if buf.len() <= limits.max_header_bytes => return Ok(None),
+        Ok(_) => {
+            return Err(ClientError::HeadTooLarge(
+                "request head over limits.max_header_bytes",
+            ));
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(ClientError::HeadTooLarge(
+                "more header lines than limits.max_headers",
+            ));
+        }
+        Err(e) => return Err(ClientError::Malformed(format!("malformed request: {e}"))),
+    };
+    let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
+        .map_err(|_| ClientError::Malformed("malformed request: invalid method".into()))?;
+    let version = match req.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    let target = req.path.unwrap_or_default().as_bytes();
+    // ASCII only, as `http::Uri` has it; httparse has already refused spaces and control bytes.
+    if !target.is_ascii() {
+        return Err(ClientError::Malformed(
+            "malformed request: invalid target".into(),
+        ));
+    }
+
+    // Host is never among the named: a proxy always sends it on, and it is read before the
+    // named headers are left out.
+    let connection = ConnectionTokens::scan(req.headers);
+
+    let mut text = Vec::with_capacity(len + 16);
+    text.extend_from_slice(target);
+    let target_at = (0, target.len());
+    let (mut host, path) = split_target(target, &method)?;
+    let absolute = host.is_some();
+    let lines_start = text.len();
+    let mut codings = 0usize;
+    let mut chunked_only = true;
+    let mut content_length = ContentLength::Absent;
+    let mut hosts = 0usize;
+    let mut host_ok = false;
+    let mut expect_continue = false;
+    let mut forwarded_for: Option<Vec<u8>> = None;
+    let mut proxied_lines: Option<Vec<u8>> = None;
+    let mut host_value = None;
+    let mut user_agent = None;
+    let mut referer = None;
+    for h in req.headers.iter() {
+        let (name, value) = (h.name.as_bytes(), h.value);
+        let mut keep = None;
+        match Special::of(name) {
+            Some(Special::Connection | Special::Dropped) => continue,
+            Some(Special::TransferEncoding) => {
+                // Exactly one `chunked` over all lines: pinlb decodes and re-frames the body, so
+                // it would lose any other coding, and `chunked, chunked` is how TE.TE smuggling
+                // starts.
+                for coding in value.split(|&b| b == b',') {
+                    codings += 1;
+                    chunked_only &= coding.trim_ascii().eq_ignore_ascii_case(b"chunked");
+                }
+                continue;
+            }
+            Some(Special::ContentLength) => {
+                content_length = content_length.add(value, false);
+                continue;
+            }
+            Some(Special::Expect) => {
+                expect_continue |= value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+                continue;
+            }
+            Some(Special::ForwardedFor) => {
+                let list = forwarded_for.get_or_insert_with(Vec::new);
+                if !list.is_empty() {
+                    list.extend_from_slice(b", ");
+                }
+                list.extend_from_slice(value);
+                continue;
+            }
+            Some(Special::Host) => {
+                hosts += 1;
+                host_ok = is_valid_host(value);
+                host_value = Some(value);
+                continue;
+            }
+            Some(Special::Proxied) => {
+                let lines = proxied_lines.get_or_insert_with(Vec::new);
+                lines.extend_from_slice(name);
+                lines.extend_from_slice(b": ");
+                lines.extend_from_slice(value);
+                lines.extend_from_slice(b"\r\n");
+                continue;
+            }
+            Some(Special::UserAgent) => keep = Some(&mut user_agent),
+            Some(Special::Referer) => keep = Some(&mut referer),
+            // Dropped, as nginx does by default (`underscores_in_headers off`): CGI-style
+            // backends read `X_Forwarded_For` and `X-Forwarded-For` as one variable, so a client
+            // could spoof its address under the underscored name.
+            None if name.contains(&b'_') => continue,
+            None => {}
+        }
+        if connection.names(name) {
+            continue;
+        }
+        // httparse has checked the name's token characters and the value's bytes (HTAB,
+        // visible ASCII, space, obs-text: what a header value may hold), so the line can be
+        // copied as it is.
+        text.extend_from_slice(name);
+        text.extend_from_slice(b": ");
+        let at = text.len();
+        text.extend_from_slice(value);
+        if let Some(k) = keep {
+            *k = Some((at, text.len()));
+        }
+        text.extend_from_slice(b"\r\n");
+    }
+    let lines = (lines_start, text.len());
+    // Host is not a line: pinlb writes it first, itself. An absolute-form target's authority
+    // wins over it (RFC 9112 §3.2.2).
+    if let (false, 1, Some(value)) = (absolute, hosts, host_value) {
+        let at = text.len();
+        text.extend_from_slice(value);
+        host = Some(Span::Text(at, text.len()));
+    }
+
+    let mut refused = None;
+    let mut refuse = |e: ClientError| {
+        refused.get_or_insert(e);
+    };
+    if target.len() > limits.max_uri_bytes {
+        refuse(ClientError::UriTooLong {
+            len: target.len(),
+            limit: limits.max_uri_bytes,
+        });
+    }
+    if target == b"*" && method != Method::OPTIONS {
+        refuse(ClientError::AsteriskForm);
+    }
+    let te = codings > 0;
+    if te && (codings > 1 || !chunked_only || version == Version::HTTP_10) {
+        refuse(ClientError::TransferEncoding);
+    }
+    match hosts {
+        0 if version == Version::HTTP_11 => refuse(ClientError::MissingHost),
+        0 => {}
+        1 if !host_ok => refuse(ClientError::InvalidHost),
+        1 => {}
+        _ => refuse(ClientError::DuplicateHost),
+    }
+    let body = if te {
+        RequestFraming::Chunked
+    } else {
+        match content_length {
+            ContentLength::Absent => RequestFraming::None,
+            ContentLength::Valid(n) => RequestFraming::Length(n),
+            ContentLength::Invalid(why) => {
+                refuse(ClientError::ContentLength(why));
+                RequestFraming::None
+            }
+        }
+    };
+    if let RequestFraming::Length(n) = body {
+        if limits.max_body > 0 && n > limits.max_body {
+            refuse(ClientError::BodyTooLarge {
+                limit: limits.max_body,
+            });
+        }
+    }
+
+    let path = match path {
+        Path::Within(a, b) => (a, b),
+        Path::SlashThen(a, b) => {
+            let at = text.len();
+            text.push(b'/');
+            text.extend_from_slice(&target[a..b]);
+            (at, text.len())
+        }
+    };
+    let keep_alive = connection.keep_alive(version == Version::HTTP_11);
+    // The head is copied out; what follows it (body, next requests) stays.
+    buf.advance(len);
+    // Spans of the target are offsets into it, and it sits at the start of `text`.
+    let resolve = |s: Span| match s {
+        Span::Target(a, b) | Span::Text(a, b) => (a, b),
+    };
+    Ok(Some(RequestHead {
+        method,
+        version,
+        target: target_at,
+        lines,
+        host: host.map(resolve),
+        path,
+        user_agent,
+        referer,
+        text,
+        forwarded_for,
+        proxied_lines,
+        body,
+        keep_alive,
+        ambiguous: te && content_length != ContentLength::Absent,
+        expect_continue: expect_continue && version == Version::HTTP_11,
+        refused,
+    }))
+}
+
+/// A stretch of the request head's `text`: within the target (which starts it), or after it.
+#[derive(Debug, Clone, Copy)]
+enum Span {
+    Target(usize, usize),
+    Text(usize, usize),
+}
+
+/// The origin-form path a target goes upstream with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// This stretch of the target.
+    Within(usize, usize),
+    /// `/` and then this stretch of the target: an absolute-form target with a query and no
+    /// path (`http://a?q` goes upstream as `/?q`, RFC 9112 §3.2.1).
+    SlashThen(usize, usize),
+}
+
+/// Whether a byte may appear in a request target as it is: unreserved, sub-delims, `:`, `@`,
+/// `/`, `?` and `%` (RFC 3986). Targets of only these skip `http::uri` validation.
+fn is_plain_target_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%".contains(&b)
+}
+
+/// Splits a request target into the authority an absolute-form target names, if any, and the
+/// origin-form path to send upstream. A fragment (never valid in a request, RFC 9112 §3.2) is cut
+/// off, as `http::Uri` did for hyper. Refuses the authority form (`CONNECT host:port`: pinlb does
+/// not tunnel), targets that are not URIs, and absolute-form targets other than `http://` with a
+/// valid `host[:port]` (userinfo would reach the backend as its Host).
+fn split_target(target: &[u8], method: &Method) -> Result<(Option<Span>, Path), ClientError> {
+    let invalid = || ClientError::Malformed("malformed request: invalid target".into());
+    let end = target
+        .iter()
+        .position(|&b| b == b'#')
+        .unwrap_or(target.len());
+    let target = &target[..end];
+    if target == b"*" {
+        return Ok((None, Path::Within(0, 1)));
+    }
+    if target.first() == Some(&b'/') {
+        if !target.iter().all(|&b| is_plain_target_byte(b))
+            && http::uri::PathAndQuery::try_from(target).is_err()
+        {
+            return Err(invalid());
+        }
+        return Ok((None, Path::Within(0, end)));
+    }
+    let uri = Uri::try_from(target).map_err(|_| invalid())?;
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(ClientError::Malformed(format!(
+            "{method} with an authority-form target is not supported"
+        )));
+    };
+    let authority = authority.as_str().as_bytes();
+    if !scheme.eq_ignore_ascii_case("http") || !is_valid_host(authority) {
+        return Err(ClientError::Malformed(
+            "malformed request: absolute-form target other than http://host[:port]".into(),
+        ));
+    }
+    // `scheme://authority` then the path: the offsets in the target are those of the parts.
+    let host_start = scheme.len() + 3;
+    let host_end = host_start + authority.len();
+    if target.get(host_start..host_end) != Some(authority) {
+        return Err(invalid());
+    }
+    let path = match target.get(host_end) {
+        Some(b'/') => Path::Within(host_end, end),
+        _ => Path::SlashThen(host_end, end),
+    };
+    Ok((Some(Span::Target(host_start, host_end)), path))
+}
+
+/// Whether a Host value is `host[:port]` (RFC 9110 §7.2, RFC 3986 §3.2.2): a registered name or
+/// IPv4 address of unreserved, sub-delim and `%` characters, or an IPv6 literal in brackets,
+/// then an optional decimal port.
+fn is_valid_host(v: &[u8]) -> bool {
+    let (host, port) = if let Some(rest) = v.strip_prefix(b"[") {
+        let Some(end) = rest.iter().position(|&b| b == b']') else {
+            return false;
+        };
+        let literal = &rest[..end];
+        if literal.is_empty()
+            || !literal
+                .iter()
+                .all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+        {
+            return false;
+        }
+        match &rest[end + 1..] {
+            [] => return true,
+            [b':', port @ ..] => (&b""[..], port),
+            _ => return false,
+        }
+    } else {
+        match v.iter().rposition(|&b| b == b':') {
+            Some(i) => (&v[..i], &v[i + 1..]),
+            None => (v, &b""[..]),
+        }
+    };
+    let reg_name = |b: &u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(b);
+    let host_ok = v.starts_with(b"[") || (!host.is_empty() && host.iter().all(reg_name));
+    host_ok && port.iter().all(u8::is_ascii_digit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Option<RequestHead>, ClientError> {
+        parse_with(text, &Limits::default())
+    }
+
+    fn parse_with(text: &str, limits: &Limits) -> Result<Option<RequestHead>, ClientError> {
+        parse_request(&mut BytesMut::from(text), limits)
+    }
+
+    fn head(text: &str) -> RequestHead {
+        parse(text).unwrap().expect("a complete head")
+    }
+
+    fn refused(text: &str) -> Option<ClientError> {
+        head(text).refused
+    }
+
+    #[test]
+    fn a_head_is_parsed_and_leaves_the_body_and_the_next_request_in_the_buffer() {
+        let mut buf = BytesMut::from(
+            "POST /a?b HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nX-A: 1\r\nx-a: 2\r\n\r\nhiGET",
+        );
+        let h = parse_request(&mut buf, &Limits::default())
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.method, Method::POST);
+        assert_eq!(h.target(), b"/a?b");
+        assert_eq!(h.path(), b"/a?b");
+        assert_eq!(h.host(), Some(&b"x"[..]));
+        assert_eq!(h.body, RequestFraming::Length(2));
+        assert!(h.keep_alive);
+        assert_eq!(h.refused, None);
+        assert_eq!(h.lines(), b"X-A: 1\r\nx-a: 2\r\n");
+        assert!(!h.has_line("content-length"));
+        assert!(h.has_line("x-a"));
+        assert_eq!(&buf[..], b"hiGET");
+    }
+
+    #[test]
+    fn a_partial_head_asks_for_more_until_it_is_over_the_limit() {
+        assert!(parse("GET / HTTP/1.1\r\nHost: x\r\n").unwrap().is_none());
+        let limits = Limits {
+            max_header_bytes: 1024,
+            ..Limits::default()
+        };
+        let long = format!("GET / HTTP/1.1\r\nX-A: {}", "a".repeat(1100));
+        assert_eq!(parse_with(&long, &limits).unwrap_err().status(), 431);
+        let many = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            "X-A: 1\r\n".repeat(Limits::default().max_headers + 1)
+        );
+        assert_eq!(parse(&many).unwrap_err().status(), 431);
+    }
+
+    #[test]
+    fn hop_by_hop_headers_expect_framing_and_forwarding_headers_are_not_among_the_lines() {
+        let h = head(
+            "POST / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, X-Hop, Host\r\nKeep-Alive: 5\r\n\
+             Proxy-Connection: x\r\nTE: trailers\r\nTrailer: x-sum\r\nUpgrade: h2c\r\n\
+             Transfer-Encoding: chunked\r\nExpect: 100-continue\r\nX-Hop: 1\r\nX-Kept: 2\r\n\
+             X-Forwarded-For: 1.1.1.1\r\nX-Forwarded-Proto: https\r\nx-forwarded-for: 2.2.2.2\r\n\r\n",
+        );
+        assert_eq!(h.lines(), b"X-Kept: 2\r\n");
+        assert_eq!(h.host(), Some(&b"x"[..]));
+        assert_eq!(h.forwarded_for.as_deref(), Some(&b"1.1.1.1, 2.2.2.2"[..]));
+        assert_eq!(h.body, RequestFraming::Chunked);
+        assert!(h.expect_continue);
+        assert!(h.keep_alive);
+    }
+
+    #[test]
+    fn keep_alive_follows_version_and_connection() {
+        let ka = |t: &str| head(t).keep_alive;
+        assert!(ka("GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert!(!ka(
+            "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        ));
+        assert!(!ka("GET / HTTP/1.0\r\n\r\n"));
+        assert!(ka("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"));
+    }
+
+    #[test]
+    fn host_must_be_one_valid_authority() {
+        for good in ["a.example:80", "a", "127.0.0.1:8080", "[::1]:80", "[::1]"] {
+            let t = format!("GET / HTTP/1.1\r\nHost: {good}\r\n\r\n");
+            assert_eq!(refused(&t), None, "{good:?}");
+        }
+        assert_eq!(refused("GET / HTTP/1.0\r\n\r\n"), None);
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\n\r\n"),
+            Some(ClientError::MissingHost)
+        );
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n"),
+            Some(ClientError::DuplicateHost)
+        );
+        for bad in ["", "a b", "u@a", "a:port", "a/b", ":80", "[::1", "[]:80"] {
+            let t = format!("GET / HTTP/1.1\r\nHost: {bad}\r\n\r\n");
+            assert_eq!(refused(&t), Some(ClientError::InvalidHost), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn transfer_encoding_must_be_exactly_one_chunked() {
+        let te = |v: &[&str]| {
+            let lines: String = v
+                .iter()
+                .map(|v| format!("Transfer-Encoding: {v}\r\n"))
+                .collect();
+            refused(&format!("POST / HTTP/1.1\r\nHost: a\r\n{lines}\r\n"))
+        };
+        assert_eq!(te(&["chunked"]), None);
+        assert_eq!(te(&["Chunked "]), None);
+        for bad in [
+            &["chunked, chunked"][..],
+            &["gzip, chunked"],
+            &["chunked", "chunked"],
+            &["xchunked"],
+            &[""],
+        ] {
+            assert_eq!(te(bad), Some(ClientError::TransferEncoding), "{bad:?}");
+        }
+        assert_eq!(
+            refused("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Some(ClientError::TransferEncoding)
+        );
+    }
+
+    #[test]
+    fn content_length_with_transfer_encoding_is_read_as_chunked_and_closes() {
+        let h = head(
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n",
+        );
+        assert_eq!(h.body, RequestFraming::Chunked);
+        assert!(h.ambiguous);
+        assert_eq!(h.refused, None);
+    }
+
+    #[test]
+    fn content_length_must_be_one_plain_number() {
+        let cl = |v: &[&str]| {
+            let lines: String = v
+                .iter()
+                .map(|v| format!("Content-Length: {v}\r\n"))
+                .collect();
+            head(&format!("POST / HTTP/1.1\r\nHost: a\r\n{lines}\r\n"))
+        };
+        assert_eq!(cl(&["5"]).body, RequestFraming::Length(5));
+        assert_eq!(cl(&["5", "5"]).body, RequestFraming::Length(5));
+        assert_eq!(cl(&["0"]).body, RequestFraming::Length(0));
+        for bad in [
+            &["5", "6"][..],
+            &["5, 5"],
+            &["-5"],
+            &["+5"],
+            &["0x5"],
+            &["99999999999999999999"],
+            &[""],
+        ] {
+            assert!(
+                matches!(cl(bad).refused, Some(ClientError::ContentLength(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn target_and_declared_body_are_held_to_the_limits() {
+        let limits = Limits {
+            max_uri_bytes: 16,
+            max_body: 10,
+            ..Limits::default()
+        };
+        let at = |t: &str| parse_with(t, &limits).unwrap().unwrap().refused;
+        assert_eq!(at("GET /0123456789abcde HTTP/1.1\r\nHost: a\r\n\r\n"), None);
+        assert_eq!(
+            at("GET /0123456789abcdef HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Some(ClientError::UriTooLong { len: 17, limit: 16 })
+        );
+        assert_eq!(
+            at("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            at("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\n"),
+            Some(ClientError::BodyTooLarge { limit: 10 })
+        );
+        assert_eq!(
+            refused("OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n"),
+            None,
+            "asterisk-form is for OPTIONS"
+        );
+        assert_eq!(
+            refused("GET * HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Some(ClientError::AsteriskForm)
+        );
+    }
+
+    #[test]
+    fn malformed_heads_are_refused_with_400() {
+        for bad in [
+            "GET / HTTP/1.1\rHost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\r\n b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\0b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost : a\r\n\r\n",
+            "GET  / HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET / HTTP/1.2\r\nHost: a\r\n\r\n",
+            "CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET /\u{e9} HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\x7fb\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX-A: a\x01b\r\n\r\n",
+        ] {
+            assert_eq!(parse(bad).unwrap_err().status(), 400, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn absolute_form_goes_upstream_as_origin_form_with_its_authority_as_host() {
+        let h = head("GET http://a.example:81/x?y HTTP/1.1\nHost: other\n\n");
+        assert_eq!(h.path(), b"/x?y");
+        assert_eq!(h.host(), Some(&b"a.example:81"[..]));
+        assert_eq!(h.target(), b"http://a.example:81/x?y");
+        let h = head("GET http://a HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(h.path(), b"/");
+        let h = head("OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(h.path(), b"*");
+    }
+
+    #[test]
+    fn an_http_1_0_request_may_come_without_host_and_keeps_user_agent_for_the_log() {
+        let h = head("GET / HTTP/1.0\r\nUser-Agent: x/1\r\nReferer: /r\r\n\r\n");
+        assert_eq!(h.host(), None);
+        assert_eq!(h.user_agent(), Some(&b"x/1"[..]));
+        assert_eq!(h.referer(), Some(&b"/r"[..]));
+        assert_eq!(h.lines(), b"User-Agent: x/1\r\nReferer: /r\r\n");
+    }
+
+    #[test]
+    fn absolute_form_must_be_http_with_a_valid_authority() {
+        for bad in [
+            "GET http://u:p@evil.example/x HTTP/1.1\r\nHost: good\r\n\r\n",
+            "GET http://a:99x/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET https://a/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET foo://a/ HTTP/1.1\r\nHost: a\r\n\r\n",
+        ] {
+            assert_eq!(parse(bad).unwrap_err().status(), 400, "{bad:?}");
+        }
+        let h = head("GET http://a?q=1 HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(h.path(), b"/?q=1");
+    }
+
+    #[test]
+    fn a_fragment_is_cut_off_and_targets_must_be_uris() {
+        assert_eq!(
+            head("GET /a?b#frag HTTP/1.1\r\nHost: a\r\n\r\n").path(),
+            b"/a?b"
+        );
+        assert_eq!(
+            head("GET http://a/x#f HTTP/1.1\r\nHost: a\r\n\r\n").path(),
+            b"/x"
+        );
+        // Not plain, but what http::uri takes (and hyper forwarded).
+        assert_eq!(
+            head("GET /a%20b|c HTTP/1.1\r\nHost: a\r\n\r\n").path(),
+            b"/a%20b|c"
+        );
+        for bad in ["/a<b", "/a>b"] {
+            let t = format!("GET {bad} HTTP/1.1\r\nHost: a\r\n\r\n");
+            assert_eq!(parse(&t).unwrap_err().status(), 400, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn forwarded_and_x_real_ip_are_kept_apart_and_underscored_names_dropped() {
+        let h = head(
+            "GET / HTTP/1.1\r\nHost: a\r\nX-Real-IP: 1.2.3.4\r\nForwarded: for=1.2.3.4\r\n\
+             X_Forwarded_For: 6.6.6.6\r\nX-Kept: 1\r\n\r\n",
+        );
+        assert_eq!(h.lines(), b"X-Kept: 1\r\n");
+        assert_eq!(
+            h.proxied_lines.as_deref(),
+            Some(&b"X-Real-IP: 1.2.3.4\r\nForwarded: for=1.2.3.4\r\n"[..])
+        );
+    }
+}
