@@ -38,7 +38,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
-use crate::server::Process;
+use crate::process::Process;
 use crate::upstream::{AdminState, BackendState};
 
 /// Admin connections open at once; more wait in the kernel's backlog. The admin listener shares
@@ -59,7 +59,7 @@ pub(crate) async fn serve(listener: TcpListener, process: Arc<Process>) {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let (stream, peer) = crate::server::accept(&listener).await;
+        let (stream, peer) = crate::listen::accept(&listener).await;
         let process = process.clone();
         tokio::spawn(async move {
             let _slot = slot;

@@ -304,7 +304,7 @@ fn body_of(len: usize) -> Bytes {
 fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     // Not SO_REUSEPORT: two backends must never share a port unnoticed. The backlog is that of
     // benches/peers/backend-nginx.conf, the server this one is measured against.
-    crate::server::listener(addr, false, 4096)
+    crate::listen::listener(addr, false, 4096)
 }
 
 /// How one server answers, as `start` hands it to the server's thread, which turns it into its
@@ -376,7 +376,7 @@ fn server_main(
 
 async fn accept_loop(listener: TcpListener, replies: Rc<Replies>) {
     loop {
-        let (stream, peer) = crate::server::accept(&listener).await;
+        let (stream, peer) = crate::listen::accept(&listener).await;
         let replies = replies.clone();
         tokio::task::spawn_local(async move {
             if let Err(e) = serve(stream, &replies).await {

@@ -18,6 +18,7 @@ use std::future::Future;
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -43,8 +44,8 @@ use crate::http1::common::{
 };
 use crate::http1::request::{ClientError, RequestHead, parse_request};
 use crate::idle::{self, Wait};
-use crate::metrics::ListenerStats;
-use crate::proxy::{self, Answer, ProxyBody};
+use crate::proxy::{self, Answer, ClientBody, ProxyBody};
+use crate::stats::ListenerStats;
 use crate::upstream::WorkerUpstream;
 
 /// After a response that ends the connection with client bytes left unread, how long and how
@@ -53,6 +54,11 @@ use crate::upstream::WorkerUpstream;
 /// `lingering_close`).
 const LINGER_TIME: Duration = Duration::from_secs(2);
 const LINGER_BYTES: usize = 256 * 1024;
+
+/// A worker's open client connections, which park here when idle.
+pub(crate) type Clients = idle::Clients<Parked>;
+/// A connection's slot among its worker's [`Clients`].
+type Slot = idle::Client<Parked>;
 
 /// Where one listener's requests go in the running generation. A reload replaces the contents,
 /// and every request reads them anew, so keep-alive connections follow a reload too.
@@ -162,7 +168,7 @@ async fn write_all(stream: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Resu
 }
 
 /// A request's body, read from the client connection as the proxy sends it on.
-pub struct ClientBody<'a> {
+pub struct BodyReader<'a> {
     stream: &'a TcpStream,
     buf: &'a mut BytesMut,
     framing: RequestFraming,
@@ -173,7 +179,7 @@ pub struct ClientBody<'a> {
     watch: &'a Watch,
 }
 
-impl<'a> ClientBody<'a> {
+impl<'a> BodyReader<'a> {
     fn new(
         stream: &'a TcpStream,
         buf: &'a mut BytesMut,
@@ -186,7 +192,7 @@ impl<'a> ClientBody<'a> {
             RequestFraming::Length(n) => Framing::Length(n),
             RequestFraming::Chunked => Framing::Chunked,
         });
-        let body = ClientBody {
+        let body = BodyReader {
             stream,
             buf,
             framing,
@@ -207,20 +213,20 @@ impl<'a> ClientBody<'a> {
             }
         }
     }
+}
 
-    /// How the client framed the body, as it goes upstream.
-    pub fn framing(&self) -> RequestFraming {
+impl proxy::ClientBody for BodyReader<'_> {
+    fn framing(&self) -> RequestFraming {
         self.framing
     }
 
-    /// True once the whole body has been read (at once, for a request without one).
-    pub fn is_done(&self) -> bool {
+    fn is_done(&self) -> bool {
         self.decoder.is_done()
     }
 
     /// The next piece of the body; `None` once it is complete. Errors are the client's: a
     /// malformed chunk, or the connection ending mid-body.
-    pub async fn next(&mut self) -> Result<Option<Bytes>, ClientError> {
+    async fn next(&mut self) -> Result<Option<Bytes>, ClientError> {
         let broke_off = |e: io::Error| ClientError::BodyBrokeOff(e.to_string());
         // Bounded: every pass decodes, or reads at least one byte, or ends.
         loop {
@@ -348,7 +354,7 @@ enum Written {
 struct Connection {
     stream: TcpStream,
     peer: SocketAddr,
-    slot: idle::Client,
+    slot: Slot,
     route: Rc<Route>,
     batch: Option<Rc<Batch>>,
     /// The header timeout of the connection's first request runs from here.
@@ -362,7 +368,7 @@ struct Connection {
 pub struct Parked {
     pub socket: std::net::TcpStream,
     peer: SocketAddr,
-    slot: idle::Client,
+    slot: Slot,
     route: Rc<Route>,
     batch: Option<Rc<Batch>>,
     held: Held,
@@ -371,14 +377,14 @@ pub struct Parked {
     accepted: Instant,
 }
 
-impl Parked {
-    pub fn slot_index(&self) -> usize {
-        self.slot.index()
+impl AsFd for Parked {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
     }
 }
 
 /// Starts parked connections again as their clients send something, until the worker ends.
-pub(crate) async fn unparker(clients: Rc<idle::Clients>) {
+pub(crate) async fn unparker(clients: Rc<Clients>) {
     loop {
         for parked in clients.unparked().await {
             let Parked {
@@ -427,7 +433,7 @@ impl Start {
 pub(crate) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
-    slot: idle::Client,
+    slot: Slot,
     route: Rc<Route>,
     batch: Option<Rc<Batch>>,
     held: Held,
@@ -522,7 +528,7 @@ fn park(conn: Connection, held: Held, first: bool) {
                 first,
                 accepted,
             });
-            if let Err(parked) = clients.park(parked) {
+            if let Err(parked) = clients.park(parked.slot.index(), parked) {
                 debug!(client = %peer, "closing idle client connection: it could not be parked");
                 drop(parked);
             }
@@ -562,7 +568,7 @@ impl Connection {
         };
         let watch = Watch::default();
         let mut client_body =
-            ClientBody::new(&self.stream, buf, head.body, head.expect_continue, &watch);
+            BodyReader::new(&self.stream, buf, head.body, head.expect_continue, &watch);
         let answered = {
             let forwarded = proxy::handle(
                 upstream,

@@ -23,7 +23,7 @@
 //! bytes, and a task with its future several hundred more.
 
 use std::cell::{Cell, RefCell};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime};
@@ -33,8 +33,6 @@ use http::HeaderValue;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
-
-use crate::connection::Parked;
 
 /// The longest tick: timeouts are kept to within this much.
 const MAX_PERIOD: Duration = Duration::from_millis(100);
@@ -47,9 +45,10 @@ pub const READ_BUFFER: usize = 4 * 1024;
 /// Parked connections taken back per pass.
 const UNPARK_BATCH: usize = 64;
 
-/// A worker's client connections.
-pub struct Clients {
-    slots: RefCell<Slots>,
+/// A worker's client connections, each of which may park here as a `P` (its socket, and what it
+/// needs to start again), so that this module knows nothing of what a connection is.
+pub struct Clients<P> {
+    slots: RefCell<Slots<P>>,
     /// Connections open on this worker.
     open: Cell<usize>,
     /// Notified when `open` drops to zero.
@@ -81,15 +80,13 @@ impl AsRawFd for ParkingLot {
     }
 }
 
-#[derive(Default)]
-struct Slots {
-    slots: Vec<Slot>,
+struct Slots<P> {
+    slots: Vec<Slot<P>>,
     /// Indices of unused slots.
     free: Vec<usize>,
 }
 
-#[derive(Default)]
-struct Slot {
+struct Slot<P> {
     in_use: bool,
     /// The tick at which the connection began to wait for a request; `None` while it has one.
     idle_since: Option<u32>,
@@ -100,12 +97,35 @@ struct Slot {
     /// Set by the sweeper: the connection has waited long enough to be parked.
     park: bool,
     /// The connection, parked: its socket in the parking epoll set, its task gone.
-    parked: Option<Box<Parked>>,
+    parked: Option<Box<P>>,
     /// The connection's task, remembered while it waits.
     waker: Option<Waker>,
 }
 
-impl Default for Clients {
+impl<P> Default for Slot<P> {
+    fn default() -> Self {
+        Slot {
+            in_use: false,
+            idle_since: None,
+            limit: 0,
+            close: false,
+            park: false,
+            parked: None,
+            waker: None,
+        }
+    }
+}
+
+impl<P> Default for Slots<P> {
+    fn default() -> Self {
+        Slots {
+            slots: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+}
+
+impl<P> Default for Clients<P> {
     fn default() -> Self {
         Clients {
             slots: RefCell::default(),
@@ -122,11 +142,11 @@ impl Default for Clients {
     }
 }
 
-impl Clients {
+impl<P: AsFd> Clients<P> {
     /// A worker's connections, with an epoll set to park idle ones in. Must be called on the
     /// worker's runtime; without the epoll set (it could not be made), connections are never
     /// parked.
-    pub fn with_parking() -> Clients {
+    pub fn with_parking() -> Clients<P> {
         let parking = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
             .map_err(std::io::Error::from)
             .and_then(|e| {
@@ -151,7 +171,7 @@ impl Clients {
 
     /// Registers a new connection. `idle` is its `timeouts.client_idle`, `head` the longest it
     /// may take to send its first byte (`limits.header_timeout`).
-    pub fn open(self: &Rc<Self>, idle: Duration, head: Duration) -> Client {
+    pub fn open(self: &Rc<Self>, idle: Duration, head: Duration) -> Client<P> {
         let mut s = self.slots.borrow_mut();
         let index = match s.free.pop() {
             Some(i) => i,
@@ -306,13 +326,12 @@ impl Clients {
 
     /// Parks a connection that [`Client::poll_wait`] said to park: its socket joins the
     /// parking epoll set, and the connection waits in its slot. Gives it back if it can't.
-    pub fn park(&self, parked: Box<Parked>) -> Result<(), Box<Parked>> {
+    pub fn park(&self, index: usize, parked: Box<P>) -> Result<(), Box<P>> {
         let Some(lot) = &self.parking else {
             return Err(parked);
         };
-        let index = parked.slot_index();
         let event = EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP, index as u64);
-        if lot.get_ref().0.add(&parked.socket, event).is_err() {
+        if lot.get_ref().0.add(&*parked, event).is_err() {
             return Err(parked);
         }
         let mut s = self.slots.borrow_mut();
@@ -323,7 +342,7 @@ impl Clients {
             }
             _ => {
                 drop(s);
-                let _ = lot.get_ref().0.delete(&parked.socket);
+                let _ = lot.get_ref().0.delete(&*parked);
                 Err(parked)
             }
         }
@@ -332,7 +351,7 @@ impl Clients {
     /// Waits until some parked connections have something to read (a request, or their end),
     /// and takes them out of the parking set, up to a batch at a time. Never completes without
     /// parking.
-    pub async fn unparked(&self) -> Vec<Box<Parked>> {
+    pub async fn unparked(&self) -> Vec<Box<P>> {
         let Some(lot) = &self.parking else {
             return std::future::pending().await;
         };
@@ -355,7 +374,7 @@ impl Clients {
                         continue;
                     };
                     if let Some(p) = slot.parked.take() {
-                        let _ = lot.get_ref().0.delete(&p.socket);
+                        let _ = lot.get_ref().0.delete(&*p);
                         slot.park = false;
                         slot.idle_since = None;
                         back.push(p);
@@ -372,7 +391,7 @@ impl Clients {
 /// Runs a worker's sweeper until the worker's runtime ends. `pressure` reads a count that
 /// another worker bumps while it waits for room under `limits.max_connections`; when it moved,
 /// this worker's idle connections close too.
-pub async fn sweeper(clients: Rc<Clients>, pressure: impl Fn() -> u64) {
+pub async fn sweeper<P: AsFd>(clients: Rc<Clients<P>>, pressure: impl Fn() -> u64) {
     let mut seen = pressure();
     loop {
         tokio::time::sleep(clients.period.get()).await;
@@ -392,8 +411,8 @@ fn http_date() -> HeaderValue {
 }
 
 /// One connection's slot; freed when dropped.
-pub struct Client {
-    clients: Rc<Clients>,
+pub struct Client<P> {
+    clients: Rc<Clients<P>>,
     index: usize,
     /// `timeouts.client_idle`.
     idle: Duration,
@@ -424,13 +443,13 @@ pub enum Wait {
     Park,
 }
 
-impl Client {
-    pub fn clients(&self) -> &Clients {
+impl<P: AsFd> Client<P> {
+    pub fn clients(&self) -> &Clients<P> {
         &self.clients
     }
 
     /// The worker's connections, to park in.
-    pub fn clients_rc(&self) -> Rc<Clients> {
+    pub fn clients_rc(&self) -> Rc<Clients<P>> {
         self.clients.clone()
     }
 
@@ -486,7 +505,7 @@ impl Client {
     }
 }
 
-impl Drop for Client {
+impl<P> Drop for Client<P> {
     fn drop(&mut self) {
         {
             let mut s = self.clients.slots.borrow_mut();
@@ -522,7 +541,7 @@ mod tests {
         Poll::Pending
     }
 
-    fn setup() -> (Rc<Clients>, Arc<Count>) {
+    fn setup() -> (Rc<Clients<std::net::TcpStream>>, Arc<Count>) {
         let clients = Rc::new(Clients::default());
         clients.set_shortest_timeout(Duration::from_millis(400));
         (clients, Arc::new(Count(AtomicUsize::new(0))))

@@ -2,40 +2,47 @@
 //!
 //! # Layout
 //!
-//! Data flows one way: config → validated plan → workers on cores → per-request path.
+//! Data flows one way: config → validated plan → workers on cores → per-request path. Each
+//! module below imports only modules listed before it (`tests/layout.rs` checks that no two import
+//! each other, directly or round a cycle).
 //!
+//! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`config`]: the TOML file, raw types and validation into a [`Config`]; errors carry
 //!   `file:line:col` and the key.
-//! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
 //! - [`balance`]: backend selection (smooth weighted round robin, least_conn) as pure functions.
+//! - [`health`]: whether a backend may be picked: active-check rise/fall, passive failure
+//!   accounting (max_fails/fail_timeout) and slow start, as pure state machines.
+//! - [`stats`]: the counters the request path bumps (atomics, no lock).
+//! - [`http1`]: pinlb's HTTP/1.1 codec: shared rules, body framing, request heads (pure,
+//!   fuzzed), and the backend side on pooled connections.
 //! - [`upstream`]: backend state shared by workers (atomics) and each worker's own pool.
-//! - [`health`]: whether a backend may be picked: active checks (rise/fall), passive failure
-//!   accounting (max_fails/fail_timeout) and slow start, as pure state machines, plus the probe
-//!   loop that runs on the control thread.
-//! - [`downstream`]: the client side of HTTP/1.1: parsing and validating request heads, reading
-//!   request bodies, writing responses; one task per connection.
-//! - [`h1`]: the backend side of HTTP/1.1: request writing, response head parsing and body
-//!   framing on pooled connections.
+//! - [`probe`]: active health checks, run on the control thread.
+//! - [`accesslog`]: the access log, formatted and written by its own thread.
 //! - [`proxy`]: the request path: rewrite headers, pick, forward (retrying by nginx's
 //!   `proxy_next_upstream` rules), stream back, map errors to 502/503/504.
 //! - [`idle`]: a worker's open client connections: one sweeper closes the idle ones, makes room
-//!   at `max_connections` and drains them for a stop; no timer per connection.
-//! - [`server`]: binding `SO_REUSEPORT` sockets and running one pinned single-threaded runtime per
-//!   core, with graceful shutdown; each worker follows the running configuration generation.
+//!   at `max_connections` and drains them for a stop, and idle ones park; no timer per connection.
+//! - [`connection`]: one client connection's life: read a request, hand it to the proxy, write
+//!   the response; keep it, close it, linger or park it.
+//! - [`listen`]: binding `SO_REUSEPORT` sockets per listener per worker, and accepting.
+//! - [`process`]: what the whole process shares: the running configuration generation, the
+//!   admission of connections under `max_connections`, and the errors that stop pinlb.
+//! - [`worker`]: one pinned single-threaded runtime per core: the accept loops, and following
+//!   each new configuration generation.
 //! - [`reload`]: hot reload (SIGHUP, `POST /reload`): validate, bind new listeners, hand every
 //!   worker a new generation that keeps the state of the backends that stay.
-//! - [`metrics`]: the counters the request path bumps (atomics, no lock) and their Prometheus
-//!   rendering.
-//! - [`admin`]: the admin listener: `/metrics`, `/status`, the status page, drain/disable/enable,
-//!   `/reload`.
-//! - [`accesslog`]: the access log, formatted and written by its own thread.
-//! - [`backend`]: `pinlb backend`, pinned hello-world test servers, one per core.
-//! - [`demo`]: `pinlb demo`, the embedded default: backends, proxy and bench in one process,
-//!   laid out on the allowed cores.
+//! - [`metrics`]: the Prometheus rendering of every counter and backend state.
+//! - [`admin`]: the admin listener (on hyper): `/metrics`, `/status`, the status page,
+//!   drain/disable/enable, `/reload`.
+//! - [`server`]: binding everything, starting the workers and the control thread, signals, and
+//!   the graceful stop.
 //! - [`bench`](mod@bench): `pinlb bench`, a pinned load generator that compares targets in
 //!   interleaved rounds: HDR latency percentiles, errors by kind, each target's overhead over the
 //!   first.
+//! - [`backend`]: `pinlb backend`, pinned hello-world test servers, one per core.
+//! - [`demo`]: `pinlb demo`, the embedded default: backends, proxy and bench in one process,
+//!   laid out on the allowed cores.
 //!
 //! A test (or an embedding program) binds first, reads the ports, then runs:
 //!
@@ -48,24 +55,31 @@
 //! # Ok(()) }
 //! ```
 
-pub mod accesslog;
-pub mod admin;
+#![allow(rustdoc::private_intra_doc_links)]
+
+mod accesslog;
+mod admin;
 pub mod backend;
 pub mod balance;
 pub mod bench;
 pub mod config;
-pub mod connection;
+mod connection;
 pub mod coremap;
 pub mod cpus;
 pub mod demo;
-pub mod health;
-pub mod http1;
-pub mod idle;
-pub mod metrics;
-pub mod proxy;
-pub mod reload;
+mod health;
+mod http1;
+mod idle;
+mod listen;
+mod metrics;
+mod probe;
+mod process;
+mod proxy;
+mod reload;
 pub mod server;
-pub mod upstream;
+mod stats;
+mod upstream;
+mod worker;
 
 pub use config::{Config, ConfigError};
 pub use server::{Server, ServerError};

@@ -17,14 +17,24 @@ use tracing::{debug, warn};
 
 use crate::accesslog::Upstreamed;
 use crate::config::Limits;
-use crate::connection::ClientBody;
 use crate::http1::client::{self, Conn, Finished, Outgoing, UpstreamBody, UpstreamError, connect};
 use crate::http1::common::{
     ERROR_PAGE_TYPE, Reply, RequestFraming, content_length_line, error_page,
 };
 use crate::http1::request::{ClientError, RequestHead};
-use crate::metrics::ErrorKind;
+use crate::stats::ErrorKind;
 use crate::upstream::{InFlight, WorkerUpstream};
+
+/// A request's body as the proxy reads it off the client connection, which implements it: the
+/// proxy knows nothing of the connection, so data flows from the connection to the proxy only.
+pub(crate) trait ClientBody {
+    /// How the client framed the body, as it goes upstream.
+    fn framing(&self) -> RequestFraming;
+    /// True once the whole body has been read (at once, for a request without one).
+    fn is_done(&self) -> bool;
+    /// The next piece of the body; `None` once it is complete.
+    async fn next(&mut self) -> Result<Option<Bytes>, ClientError>;
+}
 
 /// Everything one client connection's requests need to know about the client.
 pub struct Client {
@@ -125,7 +135,7 @@ pub async fn handle(
     client: Rc<Client>,
     limits: Limits,
     head: &RequestHead,
-    body: &mut ClientBody<'_>,
+    body: &mut impl ClientBody,
     refused: Option<ClientError>,
     log: bool,
 ) -> Answer {
@@ -164,7 +174,7 @@ async fn forward(
     client: &Client,
     limits: &Limits,
     head: &RequestHead,
-    body: &mut ClientBody<'_>,
+    body: &mut impl ClientBody,
     log: bool,
 ) -> Result<(Reply<ProxyBody>, Option<Upstreamed>), ProxyError> {
     let framing = body.framing();
@@ -347,7 +357,7 @@ async fn attempt(
     backend: usize,
     req: &Outgoing<'_>,
     framing: RequestFraming,
-    body: &mut RequestBody<'_, '_>,
+    body: &mut RequestBody<'_, impl ClientBody>,
     resendable: bool,
 ) -> Result<(client::Head, Conn), Failure> {
     let addr = upstream.shared.backends[backend].address;
@@ -410,8 +420,8 @@ fn is_idempotent(method: &Method) -> bool {
 /// The client's request body, streamed to the backend as it arrives. Up to `limit` bytes of it
 /// are kept (`Bytes` are reference-counted: keeping a chunk copies nothing) so that a failed
 /// attempt can send it again.
-struct RequestBody<'b, 'c> {
-    client: &'b mut ClientBody<'c>,
+struct RequestBody<'b, B> {
+    client: &'b mut B,
     kept: Vec<Bytes>,
     kept_len: usize,
     limit: usize,
@@ -425,8 +435,8 @@ struct RequestBody<'b, 'c> {
     timeout: Duration,
 }
 
-impl<'b, 'c> RequestBody<'b, 'c> {
-    fn new(client: &'b mut ClientBody<'c>, limit: usize, limits: &Limits) -> Self {
+impl<'b, B: ClientBody> RequestBody<'b, B> {
+    fn new(client: &'b mut B, limit: usize, limits: &Limits) -> Self {
         RequestBody {
             client,
             kept: Vec::new(),

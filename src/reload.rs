@@ -23,7 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::server::{Generation, Process, bind_listeners, listener_keys};
+use crate::listen::{bind_listeners, listener_keys};
+use crate::process::{Generation, Process};
 use crate::upstream::SharedUpstream;
 
 /// How long a reload waits for every worker to switch. A worker switches between two polls of

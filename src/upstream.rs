@@ -21,7 +21,7 @@ use crate::balance::{SmoothWrr, least_conn};
 use crate::config::{Algorithm, Backend, Upstream};
 use crate::health::{FailWindow, ramped_weight};
 use crate::http1::client::Conn;
-use crate::metrics::BackendStats;
+use crate::stats::BackendStats;
 
 /// Configured weights are multiplied by this before selection, so a backend in slow start can
 /// carry a small fraction of even weight 1. Scaling every weight alike changes no pick.
@@ -463,6 +463,7 @@ struct Snapshot {
 }
 
 impl WorkerUpstream {
+    #[cfg(test)]
     pub fn new(shared: Arc<SharedUpstream>) -> Rc<Self> {
         Self::reloaded(shared, None)
     }

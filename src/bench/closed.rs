@@ -40,7 +40,7 @@ use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::load::{Outcome, READ_BUF, Thread, connect};
+use super::thread::{Outcome, READ_BUF, Thread, connect};
 use super::wire::{BodyDecoder, parse_head};
 
 type Connecting = Pin<Box<dyn Future<Output = io::Result<TcpStream>>>>;

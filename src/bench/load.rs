@@ -14,30 +14,24 @@
 //! so the requests a server saw are exactly the `sent` of the warm-up plus the recorded window.
 
 use std::cell::RefCell;
-use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::LocalSet;
-use tokio::time::Sleep;
 
 use super::BenchError;
 use super::closed::closed_loop;
-use super::report::Counts;
+use super::stats::Counts;
 use super::stats::new_histogram;
-use super::wire::{BodyDecoder, parse_head};
+use super::thread::{Progress, READ_BUF, Stats, Thread, connect};
 use crate::cpus::pin_current_thread;
 
-/// Each connection's read buffer. A response head must fit; bodies stream through it.
-pub(super) const READ_BUF: usize = 32 * 1024;
 /// How often the coordinating thread reports progress while the threads run.
 const TICK: Duration = Duration::from_millis(250);
 
@@ -76,12 +70,6 @@ enum Msg {
     Ready(Result<(), BenchError>),
     Done(Result<RunResult, BenchError>),
 }
-
-/// A counter on a cache line of its own: each thread stores into its own at every response, and
-/// two threads' counters on one line would bounce it between their cores.
-#[repr(align(128))]
-#[derive(Default)]
-struct Progress(AtomicU64);
 
 /// Runs `plan` on its pinned threads and blocks until they are done. While they run, `tick` is
 /// called every 250 ms on this thread with the time since the start and the responses so far
@@ -304,108 +292,6 @@ impl Drop for SetupGuard<'_> {
     }
 }
 
-/// One thread's view of the run, shared by its connection tasks.
-pub(super) struct Thread {
-    pub(super) addr: SocketAddr,
-    pub(super) request: Arc<[u8]>,
-    pub(super) timeout: Duration,
-    /// When this thread's load started: the warm-up, and the open loop's schedule.
-    begin: Instant,
-    /// Start of the recorded window.
-    pub(super) t0: Instant,
-    /// End of the recorded window: no request is sent (or scheduled) at or after it.
-    pub(super) end: Instant,
-    stats: RefCell<Stats>,
-    /// This thread's progress counter is `progress[thread]`.
-    progress: Arc<Vec<Progress>>,
-    thread: usize,
-}
-
-/// One thread's results so far.
-struct Stats {
-    histogram: Histogram<u64>,
-    recorded: Counts,
-    warmup: Counts,
-    /// Responses in both phases, for the progress line.
-    responses: u64,
-}
-
-/// How one exchange ended.
-pub(super) enum Outcome {
-    Response(u16),
-    /// No complete response within the timeout.
-    Timeout,
-    /// The connection failed or the response was malformed.
-    Broken,
-}
-
-impl Thread {
-    pub(super) fn connect_error(&self, recorded: bool) {
-        let mut st = self.stats.borrow_mut();
-        let counts = if recorded {
-            &mut st.recorded
-        } else {
-            &mut st.warmup
-        };
-        counts.errors.connect += 1;
-    }
-
-    /// Counts one exchange; the latency goes into the histogram when it was a response in the
-    /// recorded window (timeouts and broken connections have no latency, as in wrk).
-    pub(super) fn record(&self, recorded: bool, outcome: Outcome, latency: Duration) {
-        let mut st = self.stats.borrow_mut();
-        let st = &mut *st;
-        let counts = if recorded {
-            &mut st.recorded
-        } else {
-            &mut st.warmup
-        };
-        counts.sent += 1;
-        match outcome {
-            Outcome::Response(status) => {
-                counts.responses += 1;
-                if (200..300).contains(&status) {
-                    counts.ok += 1;
-                } else {
-                    counts.errors.non_2xx += 1;
-                }
-                if recorded {
-                    let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-                    st.histogram.saturating_record(ns);
-                }
-                st.responses += 1;
-                self.progress[self.thread]
-                    .0
-                    .store(st.responses, Ordering::Relaxed);
-            }
-            Outcome::Timeout => counts.errors.timeout += 1,
-            Outcome::Broken => counts.errors.read += 1,
-        }
-    }
-
-    /// One request and its response on `stream`, with the timeout counted from now. Resetting
-    /// the connection's one `Sleep` to a later deadline only updates it in place, where a fresh
-    /// timer per request would be inserted into and removed from tokio's timer wheel each time.
-    async fn exchange(
-        &self,
-        stream: &mut TcpStream,
-        buf: &mut [u8],
-        mut timer: Pin<&mut Sleep>,
-    ) -> (Outcome, bool) {
-        timer
-            .as_mut()
-            .reset(tokio::time::Instant::now() + self.timeout);
-        tokio::select! {
-            biased;
-            r = exchange(stream, &self.request, buf) => match r {
-                Ok(resp) => (Outcome::Response(resp.status), resp.keep_alive),
-                Err(Broken) => (Outcome::Broken, false),
-            },
-            () = timer => (Outcome::Timeout, false),
-        }
-    }
-}
-
 /// Open loop: connection `g` of `connections` sends at fixed times, `connections / rate` seconds
 /// apart, offset by `g / rate` so that together they send `rate` requests per second evenly.
 ///
@@ -462,78 +348,4 @@ async fn open_loop(sh: &Thread, g: usize, connections: usize, rate: f64) {
             conn = None;
         }
     }
-}
-
-/// A connect within `timeout`, with Nagle off: a request is one small write, and it must go out
-/// at once.
-pub(super) async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-        .await
-        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-    stream.set_nodelay(true)?;
-    Ok(stream)
-}
-
-/// The connection failed or sent something that is not a response.
-struct Broken;
-
-/// A complete response.
-struct Response {
-    status: u16,
-    keep_alive: bool,
-}
-
-/// Writes `request` and reads one whole response into `buf` (head, then the body, which is
-/// dropped as it arrives). Interim 1xx responses are skipped. Bytes after the response, which
-/// nothing asked for, make the connection unusable for the next request.
-async fn exchange(
-    stream: &mut TcpStream,
-    request: &[u8],
-    buf: &mut [u8],
-) -> Result<Response, Broken> {
-    stream.write_all(request).await.map_err(|_| Broken)?;
-    let mut filled = 0;
-    let head = loop {
-        if filled > 0 {
-            match parse_head(&buf[..filled]).map_err(|_| Broken)? {
-                Some(h) if h.is_interim() => {
-                    buf.copy_within(h.len..filled, 0);
-                    filled -= h.len;
-                    continue;
-                }
-                Some(h) => break h,
-                // The head does not fit in the buffer.
-                None if filled == buf.len() => return Err(Broken),
-                None => {}
-            }
-        }
-        let n = stream.read(&mut buf[filled..]).await.map_err(|_| Broken)?;
-        if n == 0 {
-            return Err(Broken);
-        }
-        filled += n;
-    };
-    let mut body = head.body;
-    let mut keep_alive = head.keep_alive;
-    let mut fed = body.feed(&buf[head.len..filled]).map_err(|_| Broken)?;
-    let mut extra = filled - head.len - fed.used;
-    while !fed.done {
-        let n = stream.read(buf).await.map_err(|_| Broken)?;
-        if n == 0 {
-            if body == BodyDecoder::UntilClose {
-                keep_alive = false;
-                break;
-            }
-            return Err(Broken);
-        }
-        fed = body.feed(&buf[..n]).map_err(|_| Broken)?;
-        extra = n - fed.used;
-    }
-    if extra > 0 {
-        keep_alive = false;
-    }
-    Ok(Response {
-        status: head.status,
-        keep_alive,
-    })
 }

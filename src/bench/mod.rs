@@ -28,6 +28,7 @@ mod closed;
 mod load;
 pub mod report;
 pub mod stats;
+mod thread;
 pub(crate) mod wire;
 
 use std::io::{IsTerminal, Write as _};
@@ -40,8 +41,8 @@ use std::time::Duration;
 
 use http::Uri;
 
-pub use report::{Counts, Errors, Overhead, Report, RoundReport, TargetReport};
-pub use stats::{AddedLatency, CurvePoint, Latency, Spread};
+pub use report::{Overhead, Report, RoundReport, TargetReport};
+pub use stats::{AddedLatency, Counts, CurvePoint, Errors, Latency, Spread};
 
 use crate::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list};
 use load::Plan;

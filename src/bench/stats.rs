@@ -188,6 +188,52 @@ pub fn x_label(x: f64) -> String {
     format!("{:.*}%", nines.saturating_sub(2), p)
 }
 
+/// Requests counted in one phase (warm-up or recorded). Every request sent ends as exactly one
+/// of a response, a timeout or a read error: `sent == responses + errors.timeout + errors.read`,
+/// and `responses == ok + errors.non_2xx`. Connect errors sent nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Requests written (or begun to be written) on a connection: what the server may have seen.
+    pub sent: u64,
+    /// Complete responses, any status.
+    pub responses: u64,
+    /// Responses with a 2xx status.
+    pub ok: u64,
+    pub errors: Errors,
+}
+
+/// Failures by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Errors {
+    /// Connects that failed or took longer than the timeout.
+    pub connect: u64,
+    /// Requests with no complete response within the timeout; the connection is closed.
+    pub timeout: u64,
+    /// The connection broke (a failed write, a reset, an early close) or the response was
+    /// malformed.
+    pub read: u64,
+    /// Complete responses whose status was not 2xx.
+    pub non_2xx: u64,
+}
+
+impl Errors {
+    pub fn total(&self) -> u64 {
+        self.connect + self.timeout + self.read + self.non_2xx
+    }
+}
+
+impl Counts {
+    pub fn add(&mut self, other: &Counts) {
+        self.sent += other.sent;
+        self.responses += other.responses;
+        self.ok += other.ok;
+        self.errors.connect += other.errors.connect;
+        self.errors.timeout += other.errors.timeout;
+        self.errors.read += other.errors.read;
+        self.errors.non_2xx += other.errors.non_2xx;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

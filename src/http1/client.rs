@@ -299,7 +299,6 @@ impl Conn {
 #[derive(Debug)]
 pub struct Head {
     pub status: StatusCode,
-    pub version: Version,
     /// The end-to-end header lines, `name: value\r\n` each, as they go to the client:
     /// hop-by-hop headers (and those Connection names) are consumed by the parser, and so is
     /// Content-Length, which the client side writes from the framing it sends.
@@ -387,7 +386,6 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
     buf.advance(len);
     Ok(Some(Head {
         status,
-        version,
         headers,
         keep_alive,
         chunked_last,

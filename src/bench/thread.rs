@@ -1,0 +1,203 @@
+//! One load thread's side of a run: what its connection tasks share (the target, the request,
+//! the window, the thread's counts and histogram), one exchange on a connection, and connecting.
+//! The closed loop (`closed.rs`) and the open loop (`load.rs`) both drive connections with it.
+
+use std::cell::RefCell;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Sleep;
+
+use super::stats::Counts;
+use super::wire::{BodyDecoder, parse_head};
+
+/// Each connection's read buffer. A response head must fit; bodies stream through it.
+pub(super) const READ_BUF: usize = 32 * 1024;
+/// A counter on a cache line of its own: each thread stores into its own at every response, and
+/// two threads' counters on one line would bounce it between their cores.
+#[repr(align(128))]
+#[derive(Default)]
+pub(super) struct Progress(pub(super) AtomicU64);
+
+/// One thread's view of the run, shared by its connection tasks.
+pub(super) struct Thread {
+    pub(super) addr: SocketAddr,
+    pub(super) request: Arc<[u8]>,
+    pub(super) timeout: Duration,
+    /// When this thread's load started: the warm-up, and the open loop's schedule.
+    pub(super) begin: Instant,
+    /// Start of the recorded window.
+    pub(super) t0: Instant,
+    /// End of the recorded window: no request is sent (or scheduled) at or after it.
+    pub(super) end: Instant,
+    pub(super) stats: RefCell<Stats>,
+    /// This thread's progress counter is `progress[thread]`.
+    pub(super) progress: Arc<Vec<Progress>>,
+    pub(super) thread: usize,
+}
+
+/// One thread's results so far.
+pub(super) struct Stats {
+    pub(super) histogram: Histogram<u64>,
+    pub(super) recorded: Counts,
+    pub(super) warmup: Counts,
+    /// Responses in both phases, for the progress line.
+    pub(super) responses: u64,
+}
+
+/// How one exchange ended.
+pub(super) enum Outcome {
+    Response(u16),
+    /// No complete response within the timeout.
+    Timeout,
+    /// The connection failed or the response was malformed.
+    Broken,
+}
+
+impl Thread {
+    pub(super) fn connect_error(&self, recorded: bool) {
+        let mut st = self.stats.borrow_mut();
+        let counts = if recorded {
+            &mut st.recorded
+        } else {
+            &mut st.warmup
+        };
+        counts.errors.connect += 1;
+    }
+
+    /// Counts one exchange; the latency goes into the histogram when it was a response in the
+    /// recorded window (timeouts and broken connections have no latency, as in wrk).
+    pub(super) fn record(&self, recorded: bool, outcome: Outcome, latency: Duration) {
+        let mut st = self.stats.borrow_mut();
+        let st = &mut *st;
+        let counts = if recorded {
+            &mut st.recorded
+        } else {
+            &mut st.warmup
+        };
+        counts.sent += 1;
+        match outcome {
+            Outcome::Response(status) => {
+                counts.responses += 1;
+                if (200..300).contains(&status) {
+                    counts.ok += 1;
+                } else {
+                    counts.errors.non_2xx += 1;
+                }
+                if recorded {
+                    let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+                    st.histogram.saturating_record(ns);
+                }
+                st.responses += 1;
+                self.progress[self.thread]
+                    .0
+                    .store(st.responses, Ordering::Relaxed);
+            }
+            Outcome::Timeout => counts.errors.timeout += 1,
+            Outcome::Broken => counts.errors.read += 1,
+        }
+    }
+
+    /// One request and its response on `stream`, with the timeout counted from now. Resetting
+    /// the connection's one `Sleep` to a later deadline only updates it in place, where a fresh
+    /// timer per request would be inserted into and removed from tokio's timer wheel each time.
+    pub(super) async fn exchange(
+        &self,
+        stream: &mut TcpStream,
+        buf: &mut [u8],
+        mut timer: Pin<&mut Sleep>,
+    ) -> (Outcome, bool) {
+        timer
+            .as_mut()
+            .reset(tokio::time::Instant::now() + self.timeout);
+        tokio::select! {
+            biased;
+            r = exchange(stream, &self.request, buf) => match r {
+                Ok(resp) => (Outcome::Response(resp.status), resp.keep_alive),
+                Err(Broken) => (Outcome::Broken, false),
+            },
+            () = timer => (Outcome::Timeout, false),
+        }
+    }
+}
+
+/// A connect within `timeout`, with Nagle off: a request is one small write, and it must go out
+/// at once.
+pub(super) async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// The connection failed or sent something that is not a response.
+struct Broken;
+
+/// A complete response.
+struct Response {
+    status: u16,
+    keep_alive: bool,
+}
+
+/// Writes `request` and reads one whole response into `buf` (head, then the body, which is
+/// dropped as it arrives). Interim 1xx responses are skipped. Bytes after the response, which
+/// nothing asked for, make the connection unusable for the next request.
+async fn exchange(
+    stream: &mut TcpStream,
+    request: &[u8],
+    buf: &mut [u8],
+) -> Result<Response, Broken> {
+    stream.write_all(request).await.map_err(|_| Broken)?;
+    let mut filled = 0;
+    let head = loop {
+        if filled > 0 {
+            match parse_head(&buf[..filled]).map_err(|_| Broken)? {
+                Some(h) if h.is_interim() => {
+                    buf.copy_within(h.len..filled, 0);
+                    filled -= h.len;
+                    continue;
+                }
+                Some(h) => break h,
+                // The head does not fit in the buffer.
+                None if filled == buf.len() => return Err(Broken),
+                None => {}
+            }
+        }
+        let n = stream.read(&mut buf[filled..]).await.map_err(|_| Broken)?;
+        if n == 0 {
+            return Err(Broken);
+        }
+        filled += n;
+    };
+    let mut body = head.body;
+    let mut keep_alive = head.keep_alive;
+    let mut fed = body.feed(&buf[head.len..filled]).map_err(|_| Broken)?;
+    let mut extra = filled - head.len - fed.used;
+    while !fed.done {
+        let n = stream.read(buf).await.map_err(|_| Broken)?;
+        if n == 0 {
+            if body == BodyDecoder::UntilClose {
+                keep_alive = false;
+                break;
+            }
+            return Err(Broken);
+        }
+        fed = body.feed(&buf[..n]).map_err(|_| Broken)?;
+        extra = n - fed.used;
+    }
+    if extra > 0 {
+        keep_alive = false;
+    }
+    Ok(Response {
+        status: head.status,
+        keep_alive,
+    })
+}

@@ -1,0 +1,109 @@
+//! Listening sockets: binding them (one `SO_REUSEPORT` socket per listener per worker), their
+//! identity across reloads, and accepting on them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::TcpListener;
+use tracing::error;
+
+use crate::config::Listener;
+
+/// A listening socket that could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {address}: {source}")]
+pub struct BindError {
+    pub address: SocketAddr,
+    pub source: std::io::Error,
+}
+
+/// A listener's identity across reloads: its configured address, and which of the listeners
+/// with that address it is (several may ask for port 0).
+pub(crate) type ListenerKey = (SocketAddr, usize);
+
+/// The keys of `listeners`, in order.
+pub(crate) fn listener_keys(listeners: &[Listener]) -> Vec<ListenerKey> {
+    let mut keys: Vec<ListenerKey> = Vec::with_capacity(listeners.len());
+    for l in listeners {
+        let n = keys.iter().filter(|(a, _)| *a == l.address).count();
+        keys.push((l.address, n));
+    }
+    keys
+}
+
+/// Sockets per worker, each with its listener's key.
+pub(crate) type Sockets = Vec<Vec<(ListenerKey, std::net::TcpListener)>>;
+
+/// Binds every listener for every worker, except those `skip` names (already listening).
+pub(crate) fn bind_listeners(
+    listeners: &[Listener],
+    workers: usize,
+    skip: impl Fn(&ListenerKey) -> bool,
+) -> Result<(Sockets, Vec<SocketAddr>), BindError> {
+    let mut sockets: Sockets = (0..workers).map(|_| Vec::new()).collect();
+    let mut local_addrs = Vec::with_capacity(listeners.len());
+    for (l, key) in listeners.iter().zip(listener_keys(listeners)) {
+        if skip(&key) {
+            continue;
+        }
+        let mut addr = l.address;
+        for per_worker in sockets.iter_mut() {
+            let bind_error = |source| BindError {
+                address: addr,
+                source,
+            };
+            let sock = reuseport_listener(addr).map_err(bind_error)?;
+            if addr.port() == 0 {
+                addr = sock.local_addr().map_err(bind_error)?;
+            }
+            per_worker.push((key, sock));
+        }
+        local_addrs.push(addr);
+    }
+    Ok((sockets, local_addrs))
+}
+
+fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    // nginx's default backlog on Linux.
+    listener(addr, true, 511)
+}
+
+/// A non-blocking listening socket with `SO_REUSEADDR` (a restarted process gets its port
+/// back from TIME_WAIT at once), and `SO_REUSEPORT` when `reuse_port`.
+pub(crate) fn listener(
+    addr: SocketAddr,
+    reuse_port: bool,
+    backlog: i32,
+) -> std::io::Result<std::net::TcpListener> {
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
+    if reuse_port {
+        sock.set_reuse_port(true)?;
+    }
+    if addr.is_ipv6() {
+        sock.set_only_v6(true)?;
+    }
+    sock.set_nonblocking(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(backlog)?;
+    Ok(sock.into())
+}
+
+/// The next client connection, with TCP_NODELAY set. Accept errors (out of file descriptors
+/// and the like) are logged and retried after 50 ms instead of spinning.
+pub(crate) async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                // Small requests and responses must not wait for Nagle.
+                let _ = stream.set_nodelay(true);
+                return (stream, peer);
+            }
+            Err(e) => {
+                error!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

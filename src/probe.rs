@@ -1,0 +1,143 @@
+//! Active health checks: [`probe`] sends one `GET` and reads the status, and [`run`] probes
+//! every backend of every upstream that has a `health` table, on the control thread (pinned to
+//! `runtime.cpus`), spreading the probes over the interval. Each result goes through the pure
+//! `health::Checks` counter of its backend, in `upstream::BackendState`.
+
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tracing::{info, warn};
+
+use crate::config::Health;
+use crate::health::Checks;
+use crate::http1::client::{Conn, UpstreamBody, describe_io};
+use crate::upstream::SharedUpstream;
+
+/// Sends one health probe: `GET path` with `Connection: close`, and checks the status against
+/// `expect`. The whole exchange, connect included, must fit in `timeout`. Returns why it failed.
+pub async fn probe(addr: SocketAddr, health: &Health) -> Result<(), String> {
+    match tokio::time::timeout(health.timeout, exchange(addr, health)).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("no response within {:?}", health.timeout)),
+    }
+}
+
+async fn exchange(addr: SocketAddr, health: &Health) -> Result<(), String> {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| describe_io(&e))?;
+    let _ = stream.set_nodelay(true);
+    let host = health.host.clone().unwrap_or_else(|| addr.to_string());
+    let request = format!(
+        "GET {} HTTP/1.1\r\nhost: {host}\r\nuser-agent: pinlb-health\r\nconnection: close\r\n\r\n",
+        health.path
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("sending the probe failed: {e}"))?;
+    let mut conn = Conn::new(stream);
+    let head = conn
+        .read_head(&Method::GET)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = head.status.as_u16();
+    // Read the body to its end so the backend sees an orderly close rather than a reset.
+    let mut body = UpstreamBody::new(conn, &head);
+    while let Some(piece) = poll_fn(|cx| body.poll_data(cx)).await {
+        piece.map_err(|e| format!("reading the body failed: {e}"))?;
+    }
+    if health.expect.contains(status) {
+        Ok(())
+    } else {
+        Err(format!("status {status}, expected {}", health.expect))
+    }
+}
+
+/// Probes every backend of every upstream that has a `health` table, until dropped; never
+/// returns. A reload drops it and starts it again with the new generation's upstreams.
+///
+/// Each backend has its own loop. Their first probes are spread evenly over the interval, and
+/// every wait gets up to ±10% jitter, so probes of many backends (or many pinlb processes) do not
+/// fire together. Runs on the caller's runtime: the control thread's, pinned to `runtime.cpus`.
+pub async fn run(upstreams: Vec<Arc<SharedUpstream>>) {
+    let mut loops = tokio::task::JoinSet::new();
+    for up in upstreams {
+        let Some(health) = up.config.health.clone() else {
+            continue;
+        };
+        let n = up.backends.len() as u32;
+        for i in 0..up.backends.len() {
+            let offset = health.interval / n.max(1) * i as u32;
+            loops.spawn(check_loop(up.clone(), i, health.clone(), offset));
+        }
+    }
+    // The loops run until the set is dropped with this future.
+    while loops.join_next().await.is_some() {}
+    std::future::pending::<()>().await;
+}
+
+async fn check_loop(up: Arc<SharedUpstream>, backend: usize, health: Health, offset: Duration) {
+    let state = &up.backends[backend];
+    // After a reload the loop starts again, from the backend's state and the streak the last
+    // loop left: frequent reloads must not keep a failing backend from ever reaching `fall`.
+    let mut checks = Checks {
+        up: state.is_up(),
+        streak: state.check_streak(),
+    };
+    let mut next = tokio::time::Instant::now() + offset;
+    loop {
+        tokio::time::sleep_until(next).await;
+        // From now when behind (the thread stalled, or a probe ran long), so missed probes are
+        // skipped rather than fired back to back.
+        next = next.max(tokio::time::Instant::now()) + jittered(health.interval);
+        let started = std::time::Instant::now();
+        let result = probe(state.address, &health).await;
+        if up.counting {
+            state.stats.check_time.observe(started.elapsed());
+        }
+        let changed = checks.record(result.is_ok(), health.rise, health.fall);
+        state.set_check_streak(checks.streak);
+        let Some(up_now) = changed else {
+            continue;
+        };
+        state.set_up(up_now);
+        match result {
+            Ok(()) => info!(
+                upstream = %up.config.name,
+                "backend {} UP after {} passing checks",
+                state.address, health.rise
+            ),
+            Err(cause) => warn!(
+                upstream = %up.config.name,
+                "backend {} DOWN after {} failed checks: {cause}",
+                state.address, health.fall
+            ),
+        }
+    }
+}
+
+/// `interval` changed by a random amount of up to ±10%.
+fn jittered(interval: Duration) -> Duration {
+    let tenth = interval / 10;
+    interval - tenth + tenth.mul_f64(2.0 * fastrand::f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_ten_percent() {
+        let i = Duration::from_secs(2);
+        for _ in 0..1000 {
+            let j = jittered(i);
+            assert!(j >= Duration::from_millis(1800) && j <= Duration::from_millis(2200));
+        }
+    }
+}

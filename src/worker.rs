@@ -1,0 +1,306 @@
+//! A worker: one thread pinned to one core, with its own single-threaded runtime, its own
+//! listening sockets and upstream pools. It accepts connections, starts a task for each, and
+//! follows the running configuration generation.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::LocalSet;
+use tracing::{debug, error, info, warn};
+
+use crate::accesslog::Batch;
+use crate::connection::{ClientRules, Clients, Held, Route};
+use crate::cpus::pin_current_thread;
+use crate::listen::{ListenerKey, accept, listener_keys};
+use crate::process::{Generation, Process, ServerError};
+use crate::upstream::WorkerUpstream;
+
+pub(crate) fn worker_main(
+    worker: usize,
+    core: usize,
+    process: Arc<Process>,
+    first: Arc<Generation>,
+    mut generations: watch::Receiver<Arc<Generation>>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), ServerError> {
+    pin_current_thread(&[core]).map_err(|source| ServerError::Pin {
+        what: format!("worker {worker}"),
+        cpus: core.to_string(),
+        source,
+    })?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| ServerError::Worker { worker, source })?;
+    info!("worker {worker} running on core {core}");
+
+    let local = LocalSet::new();
+    local.block_on(&rt, async move {
+        let mut state = WorkerState {
+            worker,
+            core,
+            process,
+            clients: Rc::new(Clients::with_parking()),
+            stop: stop.clone(),
+            listeners: HashMap::new(),
+            upstreams: Vec::new(),
+            batch: None,
+        };
+        // Entries for the access log collect per worker and go to the log thread in batches.
+        if let Some(handle) = &state.process.access {
+            let batch = Batch::new(handle.clone());
+            let flushing = Rc::downgrade(&batch);
+            tokio::task::spawn_local(async move {
+                let mut every = tokio::time::interval(crate::accesslog::FLUSH);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                loop {
+                    every.tick().await;
+                    match flushing.upgrade() {
+                        Some(b) => b.flush(),
+                        None => return,
+                    }
+                }
+            });
+            state.batch = Some(batch);
+        }
+        tokio::task::spawn_local(crate::connection::unparker(state.clients.clone()));
+        let pressured = state.process.clone();
+        tokio::task::spawn_local(crate::idle::sweeper(state.clients.clone(), move || {
+            pressured.connections.pressure.load(Ordering::Relaxed)
+        }));
+        // The first generation is the one this worker's sockets were bound for. A reload that
+        // came before the thread got here is seen as a change right after, so its new
+        // listeners' sockets are taken too.
+        state.apply(&first)?;
+        first.acknowledge();
+        drop(first);
+        // A reload is acknowledged once the listeners it removed are closed, so that when it
+        // returns, connecting to them is refused.
+        let closed = |tasks: Vec<tokio::task::JoinHandle<()>>| async move {
+            for t in tasks {
+                let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                changed = generations.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let generation = generations.borrow_and_update().clone();
+                    match state.apply(&generation) {
+                        Ok(removed) => closed(removed).await,
+                        Err(e) => error!("worker {worker}: {e}"),
+                    }
+                    generation.acknowledge();
+                }
+            }
+        }
+        let WorkerState {
+            clients,
+            listeners,
+            upstreams,
+            batch,
+            ..
+        } = state;
+        drop(upstreams);
+        // Connections still open hold the batch too; what it has now goes out, the rest when
+        // they end.
+        if let Some(b) = batch {
+            b.flush();
+        }
+        for (_, l) in listeners {
+            let _ = l.task.await;
+        }
+        // The listening sockets are closed now: idle connections close, busy ones once their
+        // response is out, as long as the running configuration allows.
+        clients.drain();
+        let timeout = generations.borrow().config.runtime.shutdown_timeout;
+        if tokio::time::timeout(timeout, clients.all_closed())
+            .await
+            .is_err()
+        {
+            warn!("worker {worker}: connections still open after {timeout:?}, closing them");
+        }
+        Ok(())
+    })
+}
+
+/// One worker's listeners and upstreams in the running generation.
+struct WorkerState {
+    worker: usize,
+    core: usize,
+    process: Arc<Process>,
+    /// This worker's open client connections, which a stop lets finish.
+    clients: Rc<Clients>,
+    stop: watch::Receiver<bool>,
+    listeners: HashMap<ListenerKey, Listening>,
+    /// This worker's view of each upstream, in config order.
+    upstreams: Vec<Rc<WorkerUpstream>>,
+    /// This worker's access log entries, when the access log is on.
+    batch: Option<Rc<Batch>>,
+}
+
+/// One of a worker's listeners.
+struct Listening {
+    /// Where its requests go.
+    route: Rc<Route>,
+    /// Tells the accept loop to stop, when a reload removes the listener.
+    removed: watch::Sender<bool>,
+    /// The accept loop; it owns the listening socket.
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WorkerState {
+    /// Switches to `generation`: new upstream views (keeping the pools of backends that stay),
+    /// every kept listener pointed at its (possibly new) upstream, accept loops started for new
+    /// listeners and stopped for removed ones. Open connections are untouched: their next
+    /// request reads the new route. Returns the accept loops it stopped.
+    fn apply(
+        &mut self,
+        generation: &Generation,
+    ) -> Result<Vec<tokio::task::JoinHandle<()>>, ServerError> {
+        let config = &generation.config;
+        let upstreams: Vec<Rc<WorkerUpstream>> = generation
+            .upstreams
+            .iter()
+            .map(|u| {
+                let previous = self
+                    .upstreams
+                    .iter()
+                    .find(|p| p.shared.config.name == u.config.name);
+                WorkerUpstream::reloaded(u.clone(), previous.map(|p| &**p))
+            })
+            .collect();
+        let rules = Rc::new(ClientRules {
+            trusted: config.trusted.clone(),
+            limits: config.limits,
+        });
+        // The sweeper's tick follows the shortest timeout it keeps.
+        let shortest = config
+            .upstreams
+            .iter()
+            .map(|u| u.timeouts.client_idle)
+            .fold(config.limits.header_timeout, Duration::min);
+        self.clients.set_shortest_timeout(shortest);
+        let mut sockets = generation.take_sockets(self.worker);
+        let keys = listener_keys(&config.listeners);
+        for (l, key) in config.listeners.iter().zip(&keys) {
+            let upstream = upstreams[l.upstream].clone();
+            if let Some(l) = self.listeners.get(key) {
+                *l.route.upstream.borrow_mut() = upstream;
+                *l.route.rules.borrow_mut() = rules.clone();
+                continue;
+            }
+            let Some(i) = sockets.iter().position(|(k, _)| k == key) else {
+                error!(
+                    "worker {}: no socket for new listener {}",
+                    self.worker, l.address
+                );
+                continue;
+            };
+            let (_, sock) = sockets.swap_remove(i);
+            let listener = TcpListener::from_std(sock).map_err(|source| ServerError::Worker {
+                worker: self.worker,
+                source,
+            })?;
+            let bound = listener.local_addr().unwrap_or(l.address);
+            let stats = config.admin.is_some().then(|| {
+                self.process
+                    .registered
+                    .listener(bound, self.worker, self.core)
+            });
+            let route = Rc::new(Route {
+                upstream: RefCell::new(upstream),
+                rules: RefCell::new(rules.clone()),
+                stats,
+            });
+            let (removed, removed_rx) = watch::channel(false);
+            let task = tokio::task::spawn_local(accept_loop(
+                listener,
+                route.clone(),
+                self.process.clone(),
+                self.batch.clone(),
+                self.clients.clone(),
+                self.stop.clone(),
+                removed_rx,
+            ));
+            self.listeners.insert(
+                *key,
+                Listening {
+                    route,
+                    removed,
+                    task,
+                },
+            );
+        }
+        let gone: Vec<ListenerKey> = self
+            .listeners
+            .keys()
+            .filter(|k| !keys.contains(k))
+            .copied()
+            .collect();
+        let mut stopped = Vec::with_capacity(gone.len());
+        for key in gone {
+            if let Some(l) = self.listeners.remove(&key) {
+                let _ = l.removed.send(true);
+                debug!(
+                    "worker {}: stopped accepting on {}; its connections finish",
+                    self.worker, key.0
+                );
+                stopped.push(l.task);
+            }
+        }
+        self.upstreams = upstreams;
+        Ok(stopped)
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    route: Rc<Route>,
+    process: Arc<Process>,
+    batch: Option<Rc<Batch>>,
+    clients: Rc<Clients>,
+    mut stop: watch::Receiver<bool>,
+    mut removed: watch::Receiver<bool>,
+) {
+    let connections = &process.connections;
+    let stats = route.stats.clone();
+    loop {
+        let slot = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return,
+            _ = removed.wait_for(|s| *s) => return,
+            slot = connections.slot(&clients) => slot,
+        };
+        let (stream, peer) = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return,
+            _ = removed.wait_for(|s| *s) => return,
+            a = accept(&listener) => a,
+        };
+        // The timeouts that decide when the connection is idle are taken now; the rest of the
+        // rules and the route are read per request.
+        let header_timeout = route.rules.borrow().limits.header_timeout;
+        let client_idle = route.upstream.borrow().shared.config.timeouts.client_idle;
+        let registered = clients.open(client_idle, header_timeout);
+        let held = Held::new(slot, stats.clone());
+        tokio::task::spawn_local(crate::connection::serve(
+            stream,
+            peer,
+            registered,
+            route.clone(),
+            batch.clone(),
+            held,
+            crate::connection::Start::accepted(),
+        ));
+    }
+}
