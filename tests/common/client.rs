@@ -1,8 +1,10 @@
 //! The shared HTTP client: hyper's HTTP/1.1 client on one connection, for tests that need
 //! well-formed requests and whole responses.
 
+use std::fmt;
 use std::net::SocketAddr;
 
+use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -73,11 +75,24 @@ pub fn request(method: Method, path: &str, body: ClientBody) -> Request<ClientBo
 }
 
 /// A whole response.
-#[derive(Debug)]
 pub struct Reply {
     pub status: StatusCode,
     pub headers: HeaderMap,
+    /// The body as text (lossy), for the many tests whose bodies are text...
     pub body: String,
+    /// ...and as it arrived, for those that compare bytes.
+    pub bytes: Bytes,
+}
+
+/// Without `bytes`, which `body` already shows.
+impl fmt::Debug for Reply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reply")
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .field("body", &self.body)
+            .finish()
+    }
 }
 
 impl Reply {
@@ -92,6 +107,7 @@ impl Reply {
             status: parts.status,
             headers: parts.headers,
             body: String::from_utf8_lossy(&bytes).into_owned(),
+            bytes,
         }
     }
 

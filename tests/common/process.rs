@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::{Setup, WAIT, temp_config};
+use super::{Setup, WAIT, poll, temp_config};
 
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_pinlb")
@@ -121,21 +121,47 @@ impl BinProxy {
             .expect("VmHWM in /proc status")
     }
 
-    /// Waits (bounded: 250 polls of 20 ms) for the process to exit.
+    /// Waits (bounded: 250 polls 20 ms apart) for the process to exit. Polled: a child's exit is
+    /// no event this runtime can await.
     pub async fn wait_exit(&mut self) -> ExitStatus {
         let start = Instant::now();
-        for _ in 0..250 {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!(
-            "pinlb still running {:?} after it was asked to stop; stderr:\n{}",
-            start.elapsed(),
-            self.log().join("\n")
-        );
+        let child = &mut self.child;
+        let exited = poll(250, Duration::from_millis(20), async || {
+            child.try_wait().expect("try_wait")
+        })
+        .await;
+        exited.unwrap_or_else(|| {
+            panic!(
+                "pinlb still running {:?} after it was asked to stop; stderr:\n{}",
+                start.elapsed(),
+                self.log().join("\n")
+            )
+        })
     }
+}
+
+/// `(thread id, name, Cpus_allowed_list)` of every thread of `pid` ("self" for this process).
+pub fn threads(pid: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).expect("list threads");
+    for entry in dir.flatten() {
+        let path = entry.path();
+        // A thread may exit between the listing and the reads: skip it.
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("status")),
+        ) else {
+            continue;
+        };
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default();
+        let tid = entry.file_name().to_string_lossy().into_owned();
+        out.push((tid, comm.trim().to_string(), cpus));
+    }
+    out
 }
 
 impl Drop for BinProxy {

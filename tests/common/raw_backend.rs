@@ -72,6 +72,9 @@ pub enum RawAction {
     Reset,
     /// Keeps the connection open this long without answering, then closes it.
     HoldThenClose(Duration),
+    /// Writes these bytes (a response cut short, say), then neither reads nor writes again,
+    /// keeping the connection open for as long as the test's runtime runs.
+    RespondAndStall(Vec<u8>),
 }
 
 struct RawState {
@@ -254,6 +257,10 @@ async fn raw_connection(stream: TcpStream, conn: usize, st: Arc<RawState>, scrip
             RawAction::HoldThenClose(d) => {
                 tokio::time::sleep(d).await;
                 return;
+            }
+            RawAction::RespondAndStall(bytes) => {
+                let _ = tokio::io::AsyncWriteExt::write_all(s.get_mut(), &bytes).await;
+                std::future::pending::<()>().await;
             }
         }
     }

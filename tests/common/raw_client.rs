@@ -1,10 +1,18 @@
 //! The shared raw client: HTTP over a plain socket, for byte-level control of what is sent
 //! and seen (malformed requests, pipelining, half-closes, exact response heads).
 
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader,
+    ReadBuf,
+};
 use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::WAIT;
 
@@ -31,25 +39,145 @@ impl RawResponse {
     }
 }
 
-/// Reads a status line and headers.
+/// One client connection driven byte by byte: what the test sends goes out exactly as given,
+/// and what comes back is read through a buffer, so [`read_head`] and [`read_response`] can parse
+/// it. It is also a tokio stream (`AsyncRead`, `AsyncBufRead`, `AsyncWrite`), for tests that look
+/// at the bytes themselves.
+pub struct RawConn {
+    inner: BufReader<TcpStream>,
+}
+
+impl RawConn {
+    /// Connects (bounded by [`WAIT`]).
+    pub async fn open(addr: SocketAddr) -> RawConn {
+        let stream = tokio::time::timeout(WAIT, TcpStream::connect(addr))
+            .await
+            .expect("connect timed out")
+            .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+        RawConn {
+            inner: BufReader::new(stream),
+        }
+    }
+
+    /// Writes `bytes` as they are.
+    pub async fn send(&mut self, bytes: &[u8]) {
+        self.inner.get_mut().write_all(bytes).await.unwrap();
+    }
+
+    /// Sends `bytes` as they are and reads one response (`no_body` for HEAD).
+    pub async fn exchange(&mut self, bytes: &[u8], no_body: bool) -> RawResponse {
+        self.send(bytes).await;
+        read_response(self, no_body).await
+    }
+
+    /// Closes the sending side (FIN); responses can still be read.
+    pub async fn half_close(&mut self) {
+        self.inner.get_mut().shutdown().await.unwrap();
+    }
+
+    /// Reads until `done` accepts all that was read so far, or the peer closes (or resets), and
+    /// returns all that was read. Unbounded: the caller wraps it in a timeout.
+    pub async fn read_until(&mut self, mut done: impl FnMut(&[u8]) -> bool) -> Vec<u8> {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !done(&seen) {
+            match self.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        seen
+    }
+
+    /// Waits (bounded by [`WAIT`]) until the peer closes the connection (or resets it), reading
+    /// and discarding anything it sends first; returns how long that took.
+    pub async fn wait_closed(&mut self) -> Duration {
+        let start = Instant::now();
+        tokio::time::timeout(WAIT, self.read_until(|_| false))
+            .await
+            .expect("the connection was never closed");
+        start.elapsed()
+    }
+
+    /// Splits the connection into a buffered read half and the write half, for a writer in a
+    /// task of its own. Only before anything was read, so no buffered byte is lost.
+    pub fn into_split(self) -> (BufReader<OwnedReadHalf>, OwnedWriteHalf) {
+        assert!(self.inner.buffer().is_empty(), "split after a read");
+        let (read, write) = self.inner.into_inner().into_split();
+        (BufReader::new(read), write)
+    }
+}
+
+impl AsyncRead for RawConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncBufRead for RawConn {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        Pin::new(&mut self.get_mut().inner).poll_fill_buf(cx)
+    }
+
+    fn consume(mut self: Pin<&mut Self>, amt: usize) {
+        Pin::new(&mut self.inner).consume(amt)
+    }
+}
+
+impl AsyncWrite for RawConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// Sends `bytes` as they are on a new connection and reads one response (`no_body` for HEAD).
 pub async fn raw_request(addr: SocketAddr, bytes: &[u8], no_body: bool) -> RawResponse {
-    let mut s = tokio::io::BufReader::new(TcpStream::connect(addr).await.unwrap());
-    raw_exchange(&mut s, bytes, no_body).await
+    RawConn::open(addr).await.exchange(bytes, no_body).await
 }
 
-/// Sends `bytes` as they are on an open connection and reads one response (`no_body` for HEAD).
-pub async fn raw_exchange(
-    s: &mut tokio::io::BufReader<TcpStream>,
-    bytes: &[u8],
-    no_body: bool,
-) -> RawResponse {
-    tokio::io::AsyncWriteExt::write_all(s.get_mut(), bytes)
-        .await
-        .unwrap();
-    read_response(s, no_body).await
+/// Sends `bytes` as they are on a new connection and reads until `want` responses have arrived
+/// (counted by their status lines) or the server closes; returns all it read, as text.
+pub async fn raw_request_text(addr: SocketAddr, bytes: &[u8], want: usize) -> String {
+    let mut conn = RawConn::open(addr).await;
+    conn.send(bytes).await;
+    let seen = tokio::time::timeout(
+        WAIT,
+        conn.read_until(|seen| seen.windows(9).filter(|w| w == b"HTTP/1.1 ").count() >= want),
+    )
+    .await
+    .expect("responses within WAIT");
+    String::from_utf8(seen).expect("text")
 }
 
+/// [`raw_request_text`] for tests without a runtime, reading until the server closes: the
+/// request should ask it to (`Connection: close`). Each read is bounded by [`WAIT`].
+pub fn raw_request_blocking(addr: SocketAddr, bytes: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, WAIT).expect("connect");
+    conn.set_read_timeout(Some(WAIT)).unwrap();
+    conn.write_all(bytes).unwrap();
+    let mut resp = String::new();
+    conn.read_to_string(&mut resp).expect("response");
+    resp
+}
+
+/// Reads a status line and headers.
 pub async fn read_head<R: AsyncBufRead + Unpin>(r: &mut R) -> RawResponse {
     let mut head = String::new();
     let mut headers = Vec::new();
