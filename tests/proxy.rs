@@ -512,6 +512,7 @@ async fn every_request_on_a_pooled_connection_gets_the_whole_response_timeout() 
     // request answered after 300 ms still gets its whole 500 ms.
     a.set_gate(true);
     assert_eq!(get(proxy.addr, "/").await.status, 200);
+    // Longer than the 500 ms timer, in real time: it must fire while the connection is pooled.
     tokio::time::sleep(Duration::from_millis(700)).await;
     let r = gated_get_answered_after(&a, proxy.addr, Duration::from_millis(300)).await;
     assert_eq!(r.status, 200, "{r:?}");

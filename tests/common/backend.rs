@@ -100,6 +100,10 @@ struct BackendState {
 /// Every response carries `x-backend: ID`. Every request body is read to the end, counted and
 /// discarded (the first 64 KiB are recorded), and the count is reported in `x-body-bytes`.
 /// With a delay, the response waits that long after the body was read.
+///
+/// Delays (and `/sleep/MS`) are real sleeps on the test's runtime: they stand for a slow backend,
+/// and what they are measured against is pinlb's timers, which run on real time on pinlb's own
+/// runtimes.
 pub struct Backend {
     pub addr: SocketAddr,
     state: Arc<BackendState>,

@@ -57,7 +57,8 @@ pub struct RawSeen {
     pub at: Instant,
 }
 
-/// What a [`RawServer`] does with a request it has read completely, head and body.
+/// What a [`RawServer`] does with a request it has read completely, head and body. Durations are
+/// real time, like [`super::Backend`]'s delays.
 #[derive(Debug, Clone)]
 pub enum RawAction {
     /// Writes these bytes and waits for the next request on the connection.
