@@ -9,13 +9,14 @@
 //! - [`config`]: the cores a test may use, [`Setup`] (the TOML a test proxy runs with), config
 //!   files;
 //! - [`proxy`]: pinlb in process ([`Proxy`]), its admin listener and metrics;
-//! - [`process`]: pinlb as the binary ([`BinProxy`]);
+//! - [`process`]: pinlb as the binary ([`BinProxy`]), and the threads of a process ([`threads`]);
 //! - [`backend`]: hyper test backends ([`Backend`]) and a refusing port ([`Refusing`]);
 //! - [`raw_backend`]: backends that speak HTTP by hand ([`RawServer`], [`raw_backend`]);
 //! - [`client`]: the shared HTTP client ([`Conn`], [`get`]);
-//! - [`raw_client`]: the shared raw client, byte by byte ([`raw_request`], [`read_response`]);
+//! - [`raw_client`]: the shared raw client, byte by byte ([`RawConn`], [`raw_request`],
+//!   [`read_response`]);
 //! - [`body`]: request and response bodies ([`GenBody`], [`count_body`]);
-//! - [`wait`]: bounded waits ([`WAIT`], [`settle`]);
+//! - [`wait`]: bounded waits ([`WAIT`], [`poll`], [`settle`]);
 //! - [`framing`]: the framing invariant, shared with the fuzz target.
 
 // Each test crate (`proxy.rs`, `cli.rs`) uses a different part of this module.
