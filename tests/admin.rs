@@ -410,6 +410,7 @@ async fn reload_binds_new_listeners_stops_removed_ones_and_keeps_what_needs_a_re
         assert!(r.body.contains("runtime.cpus changed"), "{}", r.body);
         assert!(r.body.contains("needs a restart"), "{}", r.body);
     }
+    // A bare connect, not a client: it only probes whether the listener is still there.
     let refused = tokio::net::TcpStream::connect(added).await;
     assert!(refused.is_err(), "the removed listener still accepts");
     assert_eq!(get(proxy.addr, "/").await.backend(), "a");
@@ -620,14 +621,11 @@ async fn removing_health_checks_in_a_reload_brings_a_down_backend_back() {
     let proxy = Proxy::start_file(&checked);
     a.set_health(503);
     // Bounded: a check runs every 100 ms.
-    let mut down = false;
-    for _ in 0..100 {
-        if proxy.status().await["upstreams"][0]["backends"][0]["health"] == "down" {
-            down = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let down = poll(100, Duration::from_millis(50), async || {
+        (proxy.status().await["upstreams"][0]["backends"][0]["health"] == "down").then_some(())
+    })
+    .await
+    .is_some();
     assert!(down, "health checks never took the backend down");
     assert_eq!(
         get(proxy.addr, "/").await.status,
@@ -650,10 +648,8 @@ async fn a_client_that_leaves_before_the_response_is_logged_with_499() {
         path.display()
     );
     let proxy = Proxy::start(&setup);
-    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    tokio::io::AsyncWriteExt::write_all(&mut s, b"GET /sleep/3000 HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
+    let mut s = RawConn::open(proxy.addr).await;
+    s.send(b"GET /sleep/3000 HTTP/1.1\r\nHost: a\r\n\r\n").await;
     slow.wait_for_hits(1).await;
     drop(s);
     // A complete exchange too, so the exact byte count is checked as well.
@@ -689,13 +685,11 @@ async fn a_reload_does_not_restart_the_count_of_failed_checks() {
     a.wait_for_probes(2).await;
     let r = proxy.admin(Method::POST, "/reload", None).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    // Bounded: probes come every 200 ms.
-    for _ in 0..200 {
-        if proxy.status().await["upstreams"][0]["backends"][0]["health"] == "down" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Bounded: probes come every 200 ms. The assertion below says whether it got there.
+    poll(200, Duration::from_millis(20), async || {
+        (proxy.status().await["upstreams"][0]["backends"][0]["health"] == "down").then_some(())
+    })
+    .await;
     let probes = a.probes();
     assert_eq!(
         proxy.status().await["upstreams"][0]["backends"][0]["health"],

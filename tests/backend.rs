@@ -1,25 +1,26 @@
 //! `pinlb backend`: the pinned test servers, through the library and as the `pinlb` binary.
 //!
 //! Real TCP on `127.0.0.1` with kernel-chosen ports; every wait is on an event and bounded by
-//! [`WAIT`].
+//! [`WAIT`]. The clients are the shared ones in `common`.
+
+mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use common::{
+    Conn, RawConn, WAIT, allowed, bin, full, raw_request_blocking, raw_request_text, request,
+    threads,
+};
+use http::{Method, StatusCode};
 use pinlb::backend::{BackendError, BackendSpec, Backends};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-
-/// Upper bound for any single wait on an event.
-const WAIT: Duration = Duration::from_secs(10);
 
 /// Held while starting backends and while reading threads' cores. A server thread is named when
 /// it starts and pins itself just after, so a scan racing another test's start could see an
@@ -35,7 +36,7 @@ fn pinning() -> MutexGuard<'static, ()> {
 /// `n` cores for `n` servers: server i on the i-th allowed core, round robin. Every test uses this
 /// mapping, so all threads named `pinlb-be{i}` in this process belong on the same core.
 fn cores_for(n: usize) -> Vec<usize> {
-    let allowed = pinlb::cpus::allowed_cpus().expect("read this process's allowed cores");
+    let allowed = allowed();
     (0..n).map(|i| allowed[i % allowed.len()]).collect()
 }
 
@@ -53,45 +54,6 @@ fn start(spec: &BackendSpec) -> Backends {
     Backends::start(spec).expect("start the backends")
 }
 
-/// One keep-alive client connection.
-struct Client {
-    send: SendRequest<Full<Bytes>>,
-}
-
-impl Client {
-    async fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect(addr).await.expect("connect");
-        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .expect("handshake");
-        tokio::spawn(conn);
-        Client { send }
-    }
-
-    async fn request(&mut self, method: &str, path: &str, body: Bytes) -> (StatusCode, Bytes) {
-        let req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", "backend")
-            .body(Full::new(body))
-            .unwrap();
-        let exchange = async {
-            self.send.ready().await.expect("connection still open");
-            let resp = self.send.send_request(req).await.expect("response");
-            let status = resp.status();
-            let body = resp.into_body().collect().await.expect("body").to_bytes();
-            (status, body)
-        };
-        tokio::time::timeout(WAIT, exchange)
-            .await
-            .expect("response within WAIT")
-    }
-
-    async fn get(&mut self, path: &str) -> (StatusCode, Bytes) {
-        self.request("GET", path, Bytes::new()).await
-    }
-}
-
 #[tokio::test]
 async fn get_answers_the_status_and_body_size_asked_for_on_every_server() {
     let backends = start(&BackendSpec {
@@ -102,7 +64,8 @@ async fn get_answers_the_status_and_body_size_asked_for_on_every_server() {
     assert_eq!(backends.addrs().len(), 2);
     for &addr in backends.addrs() {
         assert_ne!(addr.port(), 0, "port 0 resolved");
-        let (status, body) = Client::connect(addr).await.get("/").await;
+        let r = Conn::open(addr).await.get("/").await;
+        let (status, body) = (r.status, r.bytes);
         assert_eq!(status, StatusCode::CREATED);
         assert_eq!(body.len(), 1000);
         assert!(body.starts_with(b"hello world\nhello world\n"));
@@ -113,7 +76,8 @@ async fn get_answers_the_status_and_body_size_asked_for_on_every_server() {
 #[tokio::test]
 async fn the_default_answer_is_200_hello_world() {
     let backends = start(&spec(1));
-    let (status, body) = Client::connect(backends.addrs()[0]).await.get("/").await;
+    let r = Conn::open(backends.addrs()[0]).await.get("/").await;
+    let (status, body) = (r.status, r.bytes);
     assert_eq!(status, StatusCode::OK);
     assert_eq!(&body[..], b"hello world\n");
 }
@@ -124,59 +88,42 @@ async fn health_answers_200_even_when_the_status_is_503() {
         status: 503,
         ..spec(1)
     });
-    let mut client = Client::connect(backends.addrs()[0]).await;
-    assert_eq!(client.get("/").await.0, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(client.get("/health").await.0, StatusCode::OK);
+    let mut client = Conn::open(backends.addrs()[0]).await;
+    assert_eq!(
+        client.get("/").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(client.get("/health").await.status, StatusCode::OK);
 }
 
 #[tokio::test]
 async fn requests_counts_exactly_the_requests_sent_but_not_health() {
     let backends = start(&spec(2));
     assert_eq!(backends.requests(), 0);
-    let mut a = Client::connect(backends.addrs()[0]).await;
-    let mut b = Client::connect(backends.addrs()[1]).await;
+    let mut a = Conn::open(backends.addrs()[0]).await;
+    let mut b = Conn::open(backends.addrs()[1]).await;
     for _ in 0..3 {
-        assert_eq!(a.get("/").await.0, StatusCode::OK);
+        assert_eq!(a.get("/").await.status, StatusCode::OK);
     }
     for _ in 0..4 {
-        assert_eq!(b.get("/any/path?x=1").await.0, StatusCode::OK);
+        assert_eq!(b.get("/any/path?x=1").await.status, StatusCode::OK);
     }
-    assert_eq!(a.get("/health").await.0, StatusCode::OK);
-    assert_eq!(b.get("/health").await.0, StatusCode::OK);
+    assert_eq!(a.get("/health").await.status, StatusCode::OK);
+    assert_eq!(b.get("/health").await.status, StatusCode::OK);
     assert_eq!(backends.requests(), 7);
 }
 
 #[tokio::test]
 async fn a_request_body_is_read_so_the_connection_stays_open() {
     let backends = start(&spec(1));
-    let mut client = Client::connect(backends.addrs()[0]).await;
+    let mut client = Conn::open(backends.addrs()[0]).await;
     let upload = Bytes::from(vec![b'x'; 256 * 1024]);
-    assert_eq!(client.request("POST", "/", upload).await.0, StatusCode::OK);
-    // The same connection carries the next request: `ready` in `request` fails on a closed one.
-    assert_eq!(client.get("/").await.0, StatusCode::OK);
+    let post = request(Method::POST, "/", full(upload));
+    assert_eq!(client.fetch(post).await.status, StatusCode::OK);
+    // The same connection carries the next request: `ready` in `Conn::send` fails on a closed
+    // one.
+    assert_eq!(client.get("/").await.status, StatusCode::OK);
     assert_eq!(backends.requests(), 2);
-}
-
-/// Writes `request` on a fresh connection to `addr` and reads until `want` responses have
-/// arrived (counted by their status lines) or the server closes; returns all it read.
-async fn raw_exchange(addr: SocketAddr, request: &[u8], want: usize) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = TcpStream::connect(addr).await.expect("connect");
-    conn.write_all(request).await.expect("write");
-    let mut seen = Vec::new();
-    let read = async {
-        let mut buf = [0u8; 4096];
-        while seen.windows(9).filter(|w| w == b"HTTP/1.1 ").count() < want {
-            match conn.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => seen.extend_from_slice(&buf[..n]),
-            }
-        }
-    };
-    tokio::time::timeout(WAIT, read)
-        .await
-        .expect("responses within WAIT");
-    String::from_utf8(seen).expect("text")
 }
 
 #[tokio::test]
@@ -184,7 +131,7 @@ async fn pipelined_requests_are_answered_in_order() {
     let backends = start(&spec(1));
     let three = b"GET / HTTP/1.1\r\nhost: b\r\n\r\nGET /health HTTP/1.1\r\nhost: b\r\n\r\n\
                   HEAD / HTTP/1.1\r\nhost: b\r\n\r\n";
-    let got = raw_exchange(backends.addrs()[0], three, 3).await;
+    let got = raw_request_text(backends.addrs()[0], three, 3).await;
     let bodies: Vec<&str> = got.split("HTTP/1.1 200 OK\r\n").skip(1).collect();
     assert_eq!(bodies.len(), 3, "{got}");
     assert!(bodies[0].ends_with("\r\n\r\nhello world\n"), "{got}");
@@ -199,32 +146,22 @@ async fn pipelined_requests_are_answered_in_order() {
 async fn a_chunked_body_with_expect_continue_is_read_and_the_connection_stays_open() {
     let backends = start(&spec(1));
     let addr = backends.addrs()[0];
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = TcpStream::connect(addr).await.expect("connect");
-    conn.write_all(
+    let mut conn = RawConn::open(addr).await;
+    conn.send(
         b"POST / HTTP/1.1\r\nhost: b\r\ntransfer-encoding: chunked\r\nexpect: 100-continue\r\n\r\n",
     )
-    .await
-    .unwrap();
+    .await;
     let mut buf = [0u8; 512];
     let n = tokio::time::timeout(WAIT, conn.read(&mut buf))
         .await
         .expect("100 Continue within WAIT")
         .expect("read");
     assert_eq!(&buf[..n], b"HTTP/1.1 100 Continue\r\n\r\n");
-    conn.write_all(b"5;x=y\r\nhello\r\n0\r\nt: 1\r\n\r\nGET / HTTP/1.1\r\nhost: b\r\n\r\n")
-        .await
-        .unwrap();
-    let mut seen = Vec::new();
-    let read = async {
-        while seen.windows(12).filter(|w| w == b"hello world\n").count() < 2 {
-            match conn.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => seen.extend_from_slice(&buf[..n]),
-            }
-        }
-    };
-    tokio::time::timeout(WAIT, read)
+    conn.send(b"5;x=y\r\nhello\r\n0\r\nt: 1\r\n\r\nGET / HTTP/1.1\r\nhost: b\r\n\r\n")
+        .await;
+    let read =
+        conn.read_until(|seen| seen.windows(12).filter(|w| w == b"hello world\n").count() >= 2);
+    let seen = tokio::time::timeout(WAIT, read)
         .await
         .expect("two responses within WAIT");
     let got = String::from_utf8(seen).unwrap();
@@ -237,10 +174,10 @@ async fn http_1_0_closes_unless_asked_to_keep_alive() {
     let backends = start(&spec(1));
     let addr = backends.addrs()[0];
     // Read until the server closes: a second response would mean it kept the connection.
-    let closed = raw_exchange(addr, b"GET / HTTP/1.0\r\n\r\nGET / HTTP/1.0\r\n\r\n", 2).await;
+    let closed = raw_request_text(addr, b"GET / HTTP/1.0\r\n\r\nGET / HTTP/1.0\r\n\r\n", 2).await;
     assert_eq!(closed.matches("HTTP/1.1 200 OK").count(), 1, "{closed}");
     assert!(closed.contains("\r\nconnection: close\r\n"), "{closed}");
-    let kept = raw_exchange(
+    let kept = raw_request_text(
         addr,
         b"GET / HTTP/1.0\r\nconnection: keep-alive\r\n\r\nGET / HTTP/1.0\r\n\r\n",
         2,
@@ -253,7 +190,7 @@ async fn http_1_0_closes_unless_asked_to_keep_alive() {
 #[tokio::test]
 async fn a_malformed_request_gets_400_after_the_answers_before_it_and_a_close() {
     let backends = start(&spec(1));
-    let got = raw_exchange(
+    let got = raw_request_text(
         backends.addrs()[0],
         b"GET / HTTP/1.1\r\nhost: b\r\n\r\nGET / HTTP/1.1\r\nbad header\r\n\r\n",
         // More than it sends: only the close ends the read.
@@ -265,30 +202,6 @@ async fn a_malformed_request_gets_400_after_the_answers_before_it_and_a_close() 
     assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got}");
     assert!(got.contains("HTTP/1.1 400 Bad Request\r\n"), "{got}");
     assert_eq!(backends.requests(), 1);
-}
-
-/// `(thread id, name, Cpus_allowed_list)` of every thread of `pid` ("self" for this process).
-fn threads(pid: &str) -> Vec<(String, String, String)> {
-    let mut out = Vec::new();
-    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).expect("list threads");
-    for entry in dir.flatten() {
-        let path = entry.path();
-        // A thread may exit between the listing and the reads: skip it.
-        let (Ok(comm), Ok(status)) = (
-            std::fs::read_to_string(path.join("comm")),
-            std::fs::read_to_string(path.join("status")),
-        ) else {
-            continue;
-        };
-        let cpus = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .map(|v| v.trim().to_string())
-            .unwrap_or_default();
-        let tid = entry.file_name().to_string_lossy().into_owned();
-        out.push((tid, comm.trim().to_string(), cpus));
-    }
-    out
 }
 
 #[test]
@@ -311,9 +224,9 @@ fn every_server_thread_is_pinned_to_its_core() {
 async fn delay_makes_a_response_take_at_least_that_long() {
     let delay = Duration::from_millis(100);
     let backends = start(&BackendSpec { delay, ..spec(1) });
-    let mut client = Client::connect(backends.addrs()[0]).await;
+    let mut client = Conn::open(backends.addrs()[0]).await;
     let started = Instant::now();
-    assert_eq!(client.get("/").await.0, StatusCode::OK);
+    assert_eq!(client.get("/").await.status, StatusCode::OK);
     assert!(started.elapsed() >= delay, "{:?}", started.elapsed());
 }
 
@@ -334,10 +247,10 @@ fn be0_cpu_ns() -> HashMap<String, u64> {
 async fn work_burns_cpu_on_the_server_thread_for_at_least_that_long() {
     let work = Duration::from_millis(200);
     let backends = start(&BackendSpec { work, ..spec(1) });
-    let mut client = Client::connect(backends.addrs()[0]).await;
+    let mut client = Conn::open(backends.addrs()[0]).await;
     let before = be0_cpu_ns();
     let started = Instant::now();
-    assert_eq!(client.get("/").await.0, StatusCode::OK);
+    assert_eq!(client.get("/").await.status, StatusCode::OK);
     assert!(started.elapsed() >= work, "{:?}", started.elapsed());
     // Other tests may run their own `pinlb-be0`: one of the threads (ours) must have burnt it.
     let after = be0_cpu_ns();
@@ -358,12 +271,9 @@ async fn work_burns_cpu_on_the_server_thread_for_at_least_that_long() {
 async fn stop_closes_the_port_and_open_connections() {
     let backends = start(&spec(1));
     let addr = backends.addrs()[0];
-    let mut open = TcpStream::connect(addr).await.expect("connect");
+    let mut open = RawConn::open(addr).await;
     // One exchange, so the connection is being served and not just queued in the backlog.
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    open.write_all(b"GET / HTTP/1.1\r\nhost: b\r\n\r\n")
-        .await
-        .unwrap();
+    open.send(b"GET / HTTP/1.1\r\nhost: b\r\n\r\n").await;
     let mut buf = [0u8; 512];
     let n = tokio::time::timeout(WAIT, open.read(&mut buf))
         .await
@@ -373,17 +283,8 @@ async fn stop_closes_the_port_and_open_connections() {
 
     backends.stop();
     // Whatever may be left of the response, then end of stream (or a reset).
-    let closed = async {
-        loop {
-            match open.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-    };
-    tokio::time::timeout(WAIT, closed)
-        .await
-        .expect("connection closed within WAIT");
+    open.wait_closed().await;
+    // A bare connect, not a client: it only probes whether the port is still open.
     assert!(TcpStream::connect(addr).await.is_err(), "port still open");
 }
 
@@ -406,7 +307,7 @@ fn a_taken_port_fails_the_start_naming_the_address() {
 #[test]
 fn the_binary_prints_its_address_serves_and_exits_0_on_sigterm() {
     let core = cores_for(1)[0];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pinlb"))
+    let mut child = Command::new(bin())
         .args([
             "backend",
             "--listen",
@@ -442,12 +343,10 @@ fn the_binary_prints_its_address_serves_and_exits_0_on_sigterm() {
         .parse()
         .expect("an address");
 
-    let mut conn = std::net::TcpStream::connect(addr).expect("connect");
-    conn.set_read_timeout(Some(WAIT)).unwrap();
-    conn.write_all(b"GET / HTTP/1.1\r\nhost: b\r\nconnection: close\r\n\r\n")
-        .unwrap();
-    let mut resp = String::new();
-    conn.read_to_string(&mut resp).expect("response");
+    let resp = raw_request_blocking(
+        addr,
+        b"GET / HTTP/1.1\r\nhost: b\r\nconnection: close\r\n\r\n",
+    );
     assert!(resp.starts_with("HTTP/1.1 202 Accepted\r\n"), "{resp}");
     assert!(resp.ends_with("\r\n\r\nhello world\n"), "{resp}");
 

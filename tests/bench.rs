@@ -5,12 +5,15 @@
 //! answering, so the count is final by the time the bench has its responses. The load threads
 //! are pinned to the first core this process may use.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use common::{Refusing, bin, first_core};
 use pinlb::bench::{BenchOptions, Report, Target, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -117,16 +120,6 @@ async fn serve(mut stream: TcpStream, reply: Reply, seen: Arc<AtomicU64>) {
     }
 }
 
-/// A port that refuses connections: bound, never listening, so no other test can take it.
-fn refusing_port() -> (SocketAddr, socket2::Socket) {
-    use socket2::{Domain, Socket, Type};
-    let sock = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
-    sock.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
-        .unwrap();
-    let addr = sock.local_addr().unwrap().as_socket().unwrap();
-    (addr, sock)
-}
-
 /// Short runs: 4 connections on one thread pinned to the first allowed core.
 fn options(targets: Vec<Target>) -> BenchOptions {
     BenchOptions {
@@ -137,7 +130,7 @@ fn options(targets: Vec<Target>) -> BenchOptions {
         warmup: Duration::from_millis(100),
         rounds: 1,
         rate: None,
-        cpus: vec![pinlb::cpus::allowed_cpus().unwrap()[0]],
+        cpus: vec![first_core()],
         timeout: Duration::from_secs(2),
         progress: false,
     }
@@ -219,7 +212,8 @@ fn connections_the_server_closes_are_replaced_and_interim_responses_skipped() {
 
 #[test]
 fn a_refusing_port_gives_connect_errors_and_no_requests() {
-    let (addr, _reserved) = refusing_port();
+    let dead = Refusing::new();
+    let addr = dead.addr;
     let opts = BenchOptions {
         duration: Duration::from_millis(200),
         warmup: Duration::ZERO,
@@ -308,8 +302,8 @@ fn the_command_prints_the_table_and_writes_json_and_a_chart() {
     let backend = Backend::start(Reply::Ok);
     let dir = TempDir::new("bench-cli");
     let (json, svg) = (dir.0.join("out.json"), dir.0.join("out.svg"));
-    let core = pinlb::cpus::allowed_cpus().unwrap()[0].to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_pinlb"))
+    let core = first_core().to_string();
+    let out = Command::new(bin())
         .args(["bench", &format!("local=http://{}/", backend.addr)])
         .args(["-c", "2", "-d", "200ms", "--warmup", "0s", "--rounds", "1"])
         .args(["--cpus", &core])
@@ -341,7 +335,7 @@ fn the_command_prints_the_table_and_writes_json_and_a_chart() {
 
 #[test]
 fn the_command_rejects_a_target_it_cannot_load() {
-    let out = Command::new(env!("CARGO_BIN_EXE_pinlb"))
+    let out = Command::new(bin())
         .args(["bench", "https://127.0.0.1:1/"])
         .output()
         .expect("run pinlb bench");

@@ -145,14 +145,12 @@ impl Page {
     /// Evaluates `expression` every 100 ms until `done` accepts its value (at most 100 times).
     async fn eval_until(&mut self, expression: &str, done: impl Fn(&Value) -> bool) -> Value {
         let mut last = Value::Null;
-        for _ in 0..100 {
+        let shown = poll(100, Duration::from_millis(100), async || {
             last = self.eval(expression).await;
-            if done(&last) {
-                return last;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the page never showed what was expected; last: {last}");
+            done(&last).then(|| last.clone())
+        })
+        .await;
+        shown.unwrap_or_else(|| panic!("the page never showed what was expected; last: {last}"))
     }
 }
 

@@ -7,8 +7,9 @@
 mod common;
 
 use std::process::{Command, Output};
+use std::time::Duration;
 
-use common::{allowed, bin};
+use common::{allowed, bin, poll_blocking};
 
 /// Runs `pinlb ARGS` in the package root.
 fn pinlb(args: &[&str]) -> Output {
@@ -289,15 +290,9 @@ fn serve_exits_1_naming_the_address_when_it_is_taken() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // At most 250 polls 20 ms apart; a pinlb that did start is killed.
-    let mut status = None;
-    for _ in 0..250 {
-        if let Some(s) = child.try_wait().unwrap() {
-            status = Some(s);
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    // At most 250 polls 20 ms apart; a pinlb that did start is killed, which is why this polls
+    // rather than blocks in `wait`.
+    let status = poll_blocking(250, Duration::from_millis(20), || child.try_wait().unwrap());
     if status.is_none() {
         let _ = child.kill();
         let _ = child.wait();

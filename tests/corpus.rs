@@ -12,8 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The corpus proxy's limits: small enough that the oversized cases stay small.
 const LIMITS: &str = r#"[limits]
@@ -218,8 +217,8 @@ async fn run(case: &Case) -> Result<(), String> {
     setup.extra = LIMITS.to_string();
     let proxy = Proxy::start(&setup);
 
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    s.get_mut().write_all(&case.send).await.unwrap();
+    let mut s = RawConn::open(proxy.addr).await;
+    s.send(&case.send).await;
     let mut got = Vec::new();
     for _ in case.statuses {
         got.push(read_response(&mut s, false).await.status);
@@ -286,19 +285,19 @@ async fn a_trickled_head_gets_408_at_the_header_timeout() {
     setup.extra = LIMITS.to_string();
     let proxy = Proxy::start(&setup);
 
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut r, mut write) = RawConn::open(proxy.addr).await.into_split();
     let start = Instant::now();
-    let (read, mut write) = stream.into_split();
     let trickle = tokio::spawn(async move {
         write.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n").await?;
-        // Far longer than the timeout if nothing stops it; pinlb closing ends it sooner.
+        // Far longer than the timeout if nothing stops it; pinlb closing ends it sooner. Real
+        // sleeps: the trickle's pace against pinlb's header timer, on pinlb's own runtime, is
+        // what the test is about.
         for _ in 0..400 {
             tokio::time::sleep(Duration::from_millis(25)).await;
             write.write_all(b"X-Slow: 1\r\n").await?;
         }
         Ok::<_, std::io::Error>(())
     });
-    let mut r = BufReader::new(read);
     let resp = read_response(&mut r, false).await;
     let took = start.elapsed();
     assert_eq!(resp.status, 408, "{resp:?}");
@@ -326,31 +325,26 @@ async fn a_stalled_body_gets_408_at_the_body_timeout_but_a_slow_steady_one_goes_
     setup.extra = LIMITS.to_string();
     let proxy = Proxy::start(&setup);
 
-    // Steady: 10 bytes, one every 100 ms (a third of the timeout), 1 s in all.
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let (read, mut write) = stream.into_split();
-    write
-        .write_all(b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n")
-        .await
-        .unwrap();
+    // Steady: 10 bytes, one every 100 ms (a third of the timeout), 1 s in all. Real sleeps: the
+    // pace against pinlb's body timer, on pinlb's own runtime, is what the test is about.
+    let mut steady = RawConn::open(proxy.addr).await;
+    steady
+        .send(b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n")
+        .await;
     for _ in 0..10 {
         tokio::time::sleep(BODY_TIMEOUT / 3).await;
-        write.write_all(b"x").await.unwrap();
+        steady.send(b"x").await;
     }
-    let resp = read_response(&mut BufReader::new(read), false).await;
+    let resp = read_response(&mut steady, false).await;
     assert_eq!(resp.status, 200, "{resp:?}");
     backend.wait_for_requests(1).await;
     assert_eq!(backend.seen()[0].body, b"xxxxxxxxxx");
 
     // Stalled: half the body, then nothing.
-    let stream = TcpStream::connect(proxy.addr).await.unwrap();
-    let (read, mut write) = stream.into_split();
+    let mut r = RawConn::open(proxy.addr).await;
     let start = Instant::now();
-    write
-        .write_all(b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nxxxxx")
-        .await
-        .unwrap();
-    let mut r = BufReader::new(read);
+    r.send(b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nxxxxx")
+        .await;
     let resp = read_response(&mut r, false).await;
     let took = start.elapsed();
     assert_eq!(resp.status, 408, "{resp:?}");
@@ -367,7 +361,7 @@ async fn a_stalled_body_gets_408_at_the_body_timeout_but_a_slow_steady_one_goes_
         .await
         .expect("pinlb closes after the 408");
     assert!(rest.is_empty(), "{rest:?}");
-    drop(write);
+    drop(r);
     // The steady request is the only complete one the backend ever saw.
     assert_eq!(backend.requests(), 1);
 }

@@ -52,16 +52,15 @@ async fn assert_fast_503(conn: &mut Conn, body: &str) {
 
 /// Sends GETs for `/` (at most `max`, 10 ms apart) until backend `id` answers one; every answer
 /// must be a 200. Returns how many requests it took, or `None`.
-async fn until_answered_by(conn: &mut Conn, id: &str, max: usize) -> Option<usize> {
-    for i in 1..=max {
+async fn until_answered_by(conn: &mut Conn, id: &str, max: u32) -> Option<usize> {
+    let mut sent = 0;
+    poll(max, Duration::from_millis(10), async || {
+        sent += 1;
         let r = conn.get("/").await;
         assert_eq!(r.status, 200, "{r:?}");
-        if r.backend() == id {
-            return Some(i);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    None
+        (r.backend() == id).then_some(sent)
+    })
+    .await
 }
 
 /// Which backends answered `n` GETs, as a string of their ids' first letters.
@@ -256,16 +255,16 @@ async fn a_probe_status_outside_expect_fails_the_check() {
     // Once it answers an expected status it comes back (503s until then: it is alone).
     a.set_health(204);
     let mut conn = Conn::open(proxy.addr).await;
-    let mut back = false;
-    for _ in 0..300 {
+    let back = poll(300, Duration::from_millis(10), async || {
         let r = conn.get("/").await;
         if r.status == 200 {
-            back = true;
-            break;
+            return Some(());
         }
         assert_eq!(r.status, 503, "{r:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        None
+    })
+    .await
+    .is_some();
     assert!(back, "a never came back after answering 204");
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use http::Method;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const MIB: u64 = 1024 * 1024;
@@ -192,14 +192,11 @@ async fn least_conn_forgets_a_download_the_client_abandoned() {
     drop(dl);
 
     // Once pinlb notices, `a` is idle again and gets requests (at most 100 tries 20 ms apart).
-    let mut back = false;
-    for _ in 0..100 {
-        if get(proxy.addr, "/").await.backend() == "a" {
-            back = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let back = poll(100, Duration::from_millis(20), async || {
+        (get(proxy.addr, "/").await.backend() == "a").then_some(())
+    })
+    .await
+    .is_some();
     assert!(
         back,
         "the abandoned download still counts as in flight on `a`"
@@ -336,16 +333,12 @@ async fn a_refusing_backend_is_skipped_for_10_seconds_even_once_it_is_back_then_
     );
 
     // Once the 10 s are over it gets requests again (polled: at most 75 requests 200 ms apart).
-    let mut back_after = None;
-    for _ in 0..75 {
+    let back_after = poll(75, Duration::from_millis(200), async || {
         let r = conn.get("/").await;
         assert_eq!(r.status, 200);
-        if r.backend() == "revived" {
-            back_after = Some(failed_at.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        (r.backend() == "revived").then(|| failed_at.elapsed())
+    })
+    .await;
     let back_after = back_after.expect("the revived backend never got a request again");
     assert!(
         back_after >= Duration::from_millis(9_900) && back_after < Duration::from_secs(13),
@@ -422,12 +415,16 @@ async fn head_on_an_error_gets_the_error_status_without_a_body() {
     let dead = Refusing::new();
     let proxy = Proxy::start(&Setup::with(&[dead.addr]));
 
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    let r = raw_exchange(&mut s, b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n", true).await;
+    let mut s = RawConn::open(proxy.addr).await;
+    let r = s
+        .exchange(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n", true)
+        .await;
     assert_eq!(r.status, 502, "{}", r.head);
 
     // Had the HEAD response carried body bytes, this response would not parse.
-    let r = raw_exchange(&mut s, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
+    let r = s
+        .exchange(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false)
+        .await;
     assert_eq!(r.status, 502, "{}", r.head);
     assert!(String::from_utf8_lossy(&r.body).contains("connection refused"));
 }
@@ -458,7 +455,9 @@ async fn a_backend_slower_than_the_response_timeout_gives_504() {
     );
 }
 
-/// `GET /gated` through the proxy, with the backend's gate opened `after` from now.
+/// `GET /gated` through the proxy, with the backend's gate opened `after` from now: a backend
+/// that takes that long to answer. Real time, since the response timer it is measured against
+/// runs on pinlb's own runtime.
 async fn gated_get_answered_after(
     a: &Backend,
     proxy: std::net::SocketAddr,
@@ -488,6 +487,7 @@ async fn every_request_on_a_pooled_connection_gets_the_whole_response_timeout() 
     assert_eq!(get(proxy.addr, "/").await.status, 200);
 
     // 300 ms later, a request answered after 400 ms: within its own timeout, past the first's.
+    // Real sleeps here and below: the timers under test run on pinlb's runtime, on real time.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let r = gated_get_answered_after(&a, proxy.addr, Duration::from_millis(400)).await;
     assert_eq!(r.status, 200, "{r:?}");
@@ -512,6 +512,7 @@ async fn every_request_on_a_pooled_connection_gets_the_whole_response_timeout() 
     // request answered after 300 ms still gets its whole 500 ms.
     a.set_gate(true);
     assert_eq!(get(proxy.addr, "/").await.status, 200);
+    // Longer than the 500 ms timer, in real time: it must fire while the connection is pooled.
     tokio::time::sleep(Duration::from_millis(700)).await;
     let r = gated_get_answered_after(&a, proxy.addr, Duration::from_millis(300)).await;
     assert_eq!(r.status, 200, "{r:?}");
@@ -531,9 +532,10 @@ async fn a_slow_upload_is_not_cut_off_by_the_response_timeout() {
     setup.response_timeout = "300ms";
     let proxy = Proxy::start(&setup);
 
-    let (read, mut write) = TcpStream::connect(proxy.addr).await.unwrap().into_split();
+    let (mut read, mut write) = RawConn::open(proxy.addr).await.into_split();
     // The client's deliberate slowness: 10 chunks of 1000 bytes, 100 ms apart. The response is
-    // read meanwhile, so an early one is seen rather than a broken pipe.
+    // read meanwhile, so an early one is seen rather than a broken pipe. Real sleeps: the time
+    // that passes is what the test is about, and pinlb's timer runs on its own runtime.
     let writer = tokio::spawn(async move {
         write
             .write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -547,7 +549,6 @@ async fn a_slow_upload_is_not_cut_off_by_the_response_timeout() {
         write.write_all(b"0\r\n\r\n").await?;
         Ok::<_, std::io::Error>(write)
     });
-    let mut read = BufReader::new(read);
     let r = read_response(&mut read, false).await;
     let _ = writer.await;
     assert_eq!(
@@ -570,11 +571,8 @@ async fn a_backend_dying_mid_body_is_not_passed_off_as_a_complete_response() {
     .await;
     let proxy = Proxy::start(&Setup::with(&[backend]));
 
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    s.get_mut()
-        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut s = RawConn::open(proxy.addr).await;
+    s.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
     let r = read_head(&mut s).await;
     assert_eq!(r.status, 200, "{}", r.head);
     assert_eq!(r.header("transfer-encoding"), Some("chunked"), "{}", r.head);
@@ -607,11 +605,8 @@ async fn a_broken_body_delimited_by_the_close_ends_in_a_reset_not_an_end_of_stre
     .await;
     let proxy = Proxy::start(&Setup::with(&[backend]));
 
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    s.get_mut()
-        .write_all(b"GET / HTTP/1.0\r\n\r\n")
-        .await
-        .unwrap();
+    let mut s = RawConn::open(proxy.addr).await;
+    s.send(b"GET / HTTP/1.0\r\n\r\n").await;
     let r = read_head(&mut s).await;
     assert_eq!(r.status, 200, "{}", r.head);
     assert_eq!(r.header("content-length"), None, "{}", r.head);
@@ -628,34 +623,18 @@ async fn a_broken_body_delimited_by_the_close_ends_in_a_reset_not_an_end_of_stre
 async fn a_backend_that_stalls_mid_body_is_cut_off_after_the_response_timeout() {
     // A backend that sends its head and part of the body, then nothing while it keeps the
     // connection open.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = listener.local_addr().unwrap();
-    let stalling = tokio::spawn(async move {
-        let (s, _) = listener.accept().await.unwrap();
-        let mut s = BufReader::new(s);
-        let mut line = String::new();
-        while tokio::io::AsyncBufReadExt::read_line(&mut s, &mut line)
-            .await
-            .unwrap_or(0)
-            > 2
-        {
-            line.clear();
-        }
-        s.get_mut()
-            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_secs(30)).await;
-    });
-    let mut setup = Setup::with(&[backend]);
+    let stalling = RawServer::start(|_| {
+        RawAction::RespondAndStall(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789".to_vec(),
+        )
+    })
+    .await;
+    let mut setup = Setup::with(&[stalling.addr]);
     setup.response_timeout = "300ms";
     let proxy = Proxy::start(&setup);
 
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    s.get_mut()
-        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut s = RawConn::open(proxy.addr).await;
+    s.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
     let start = Instant::now();
     let r = read_head(&mut s).await;
     assert_eq!(r.status, 200, "{}", r.head);
@@ -669,7 +648,6 @@ async fn a_backend_that_stalls_mid_body_is_cut_off_after_the_response_timeout() 
         took >= Duration::from_millis(250) && took < Duration::from_secs(3),
         "cut off after {took:?}, timeouts.response is 300ms"
     );
-    stalling.abort();
 }
 
 /// A client that closes its side while its last request is with a backend abandons that
@@ -680,15 +658,13 @@ async fn a_client_closing_its_side_still_gets_answers_to_the_requests_before_its
     let slow = Backend::start_with_delay("slow", Duration::from_millis(200)).await;
     let proxy = Proxy::start(&Setup::with(&[slow.addr]));
 
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    s.get_mut()
-        .write_all(
-            b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\n\r\nGET /3 HTTP/1.1\r\nHost: x\r\n\r\n",
-        )
-        .await
-        .unwrap();
+    let mut s = RawConn::open(proxy.addr).await;
+    s.send(
+        b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\n\r\nGET /3 HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await;
     // Half-closed while its first request is with the backend.
-    s.get_mut().shutdown().await.unwrap();
+    s.half_close().await;
     for _ in 0..2 {
         let r = read_response(&mut s, false).await;
         assert_eq!(r.status, 200, "{r:?}");
@@ -882,8 +858,8 @@ async fn hop_by_hop_request_headers_are_stripped_and_forwarding_headers_set() {
     setup.extra = "[forwarded]\ntrusted = [\"127.0.0.0/8\"]\n".into();
     let proxy = Proxy::start(&setup);
 
-    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
-    s.write_all(
+    let r = raw_request(
+        proxy.addr,
         b"GET /echo?x=1 HTTP/1.1\r\n\
           Host: app.example:8080\r\n\
           Connection: keep-alive, X-Client-Secret\r\n\
@@ -900,10 +876,9 @@ async fn hop_by_hop_request_headers_are_stripped_and_forwarding_headers_set() {
           Forwarded: for=203.0.113.7\r\n\
           X-Custom: kept\r\n\
           \r\n",
+        false,
     )
-    .await
-    .unwrap();
-    let r = read_response(&mut BufReader::new(s), false).await;
+    .await;
     assert_eq!(r.status, 200, "{r:?}");
 
     let seen = a.requests().pop().unwrap();
@@ -980,10 +955,11 @@ async fn a_first_head_is_timed_from_the_accept_even_across_parking() {
     let proxy = Proxy::start(&setup);
 
     let start = Instant::now();
-    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
-    // Silent past `idle::PARK_AFTER`, then part of a head.
+    let mut s = RawConn::open(proxy.addr).await;
+    // Silent past `idle::PARK_AFTER`, then part of a head. A real sleep: the silence is what the
+    // test is about, and pinlb parks on its own runtime's clock.
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n").await.unwrap();
+    s.send(b"GET / HTTP/1.1\r\nHost: a\r\n").await;
     let mut got = Vec::new();
     tokio::time::timeout(WAIT, s.read_to_end(&mut got))
         .await
@@ -1006,11 +982,12 @@ async fn hop_by_hop_response_headers_are_stripped() {
     let a = Backend::start("a").await;
     let proxy = Proxy::start(&Setup::with(&[a.addr]));
 
-    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
-    s.write_all(b"GET /hop HTTP/1.1\r\nHost: app.example\r\n\r\n")
-        .await
-        .unwrap();
-    let r = read_response(&mut BufReader::new(s), false).await;
+    let r = raw_request(
+        proxy.addr,
+        b"GET /hop HTTP/1.1\r\nHost: app.example\r\n\r\n",
+        false,
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.head);
     for gone in [
         "connection",
@@ -1091,8 +1068,10 @@ async fn head_requests_get_status_and_headers_but_no_body() {
     let a = Backend::start("a").await;
     let proxy = Proxy::start(&Setup::with(&[a.addr]));
 
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    let r = raw_exchange(&mut s, b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n", true).await;
+    let mut s = RawConn::open(proxy.addr).await;
+    let r = s
+        .exchange(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n", true)
+        .await;
     assert_eq!(r.status, 200, "{}", r.head);
     assert_eq!(
         r.header("content-length"),
@@ -1102,16 +1081,15 @@ async fn head_requests_get_status_and_headers_but_no_body() {
     );
     assert_eq!(r.header("x-backend"), Some("a"));
 
-    let r = raw_exchange(
-        &mut s,
-        b"HEAD /status/404 HTTP/1.1\r\nHost: x\r\n\r\n",
-        true,
-    )
-    .await;
+    let r = s
+        .exchange(b"HEAD /status/404 HTTP/1.1\r\nHost: x\r\n\r\n", true)
+        .await;
     assert_eq!(r.status, 404, "{}", r.head);
 
     // Had either HEAD response carried body bytes, this response would not parse.
-    let r = raw_exchange(&mut s, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
+    let r = s
+        .exchange(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false)
+        .await;
     assert_eq!(r.status, 200, "{}", r.head);
     assert_eq!(r.body, b"hello from a\n");
 
@@ -1124,11 +1102,11 @@ async fn expect_100_continue_gets_100_continue_then_the_body_reaches_the_backend
     let a = Backend::start("a").await;
     let proxy = Proxy::start(&Setup::with(&[a.addr]));
 
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    s.get_mut()
-        .write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\nExpect: 100-continue\r\n\r\n")
-        .await
-        .unwrap();
+    let mut s = RawConn::open(proxy.addr).await;
+    s.send(
+        b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await;
     let interim = read_head(&mut s).await;
     assert!(
         interim.head.starts_with("HTTP/1.1 100 Continue\r\n"),
@@ -1136,7 +1114,7 @@ async fn expect_100_continue_gets_100_continue_then_the_body_reaches_the_backend
         interim.head
     );
 
-    s.get_mut().write_all(b"hello world").await.unwrap();
+    s.send(b"hello world").await;
     let r = read_response(&mut s, false).await;
     assert_eq!(r.status, 200, "{}", r.head);
     assert_eq!(r.header("x-body-bytes"), Some("11"));
@@ -1197,9 +1175,11 @@ async fn a_close_delimited_backend_response_is_relayed_completely() {
     .await;
     let proxy = Proxy::start(&Setup::with(&[backend]));
 
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
+    let mut s = RawConn::open(proxy.addr).await;
     for i in 0..2 {
-        let r = raw_exchange(&mut s, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
+        let r = s
+            .exchange(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false)
+            .await;
         assert_eq!(r.status, 200, "request {i}: {}", r.head);
         assert_eq!(r.body.len(), 100_000, "request {i}");
         assert!(r.body.iter().all(|&b| b == b'x'));
@@ -1309,9 +1289,11 @@ async fn a_backend_that_closes_each_connection_still_serves_every_request() {
 
     // The raw client sends several requests on one connection: the backend's Connection: close is
     // about the backend's hop, so the client connection stays open.
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
+    let mut s = RawConn::open(proxy.addr).await;
     for i in 0..5 {
-        let r = raw_exchange(&mut s, b"GET /close HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
+        let r = s
+            .exchange(b"GET /close HTTP/1.1\r\nHost: x\r\n\r\n", false)
+            .await;
         assert_eq!(r.status, 200, "request {i}: {}", r.head);
         assert!(
             !r.has("connection"),
@@ -1347,26 +1329,15 @@ async fn a_pooled_connection_the_backend_closed_while_idle_is_replaced() {
 // Threads and cores (the binary)
 // ---------------------------------------------------------------------------------------------
 
-/// `(tid, comm, Cpus_allowed_list)` of every thread of `pid`.
+/// `(tid, comm, cores)` of every thread of `pid`: [`threads`] with the core list parsed.
 fn threads_of(pid: i32) -> Vec<(String, String, Vec<usize>)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).expect("list threads") {
-        let dir = entry.unwrap().path();
-        let tid = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let comm = std::fs::read_to_string(dir.join("comm"))
-            .unwrap()
-            .trim()
-            .to_string();
-        let status = std::fs::read_to_string(dir.join("status")).unwrap();
-        let list = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .expect("Cpus_allowed_list")
-            .trim();
-        let cores = pinlb::cpus::parse_cpu_list(list).unwrap();
-        out.push((tid, comm, cores));
-    }
-    out
+    threads(&pid.to_string())
+        .into_iter()
+        .map(|(tid, comm, list)| {
+            let cores = pinlb::cpus::parse_cpu_list(&list).unwrap();
+            (tid, comm, cores)
+        })
+        .collect()
 }
 
 async fn assert_pinned(cpus: Vec<usize>) {
@@ -1433,22 +1404,6 @@ async fn with_two_cores_each_worker_is_pinned_to_its_own_core() {
 // Client connections: idle timeout and graceful shutdown
 // ---------------------------------------------------------------------------------------------
 
-/// Waits (bounded) until the peer closes `s`, reading and discarding anything it sends first.
-async fn wait_closed(s: &mut TcpStream) -> Duration {
-    use tokio::io::AsyncReadExt;
-    let start = Instant::now();
-    let mut buf = [0u8; 1024];
-    loop {
-        match tokio::time::timeout(WAIT, s.read(&mut buf))
-            .await
-            .expect("the connection was never closed")
-        {
-            Ok(0) | Err(_) => return start.elapsed(),
-            Ok(_) => {}
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_client_connection_is_closed_after_client_idle() {
     let a = Backend::start("a").await;
@@ -1457,21 +1412,18 @@ async fn an_idle_client_connection_is_closed_after_client_idle() {
     let proxy = Proxy::start(&setup);
 
     // A connection that never sends a request...
-    let mut silent = TcpStream::connect(proxy.addr).await.unwrap();
-    let took = wait_closed(&mut silent).await;
+    let mut silent = RawConn::open(proxy.addr).await;
+    let took = silent.wait_closed().await;
     assert!(
         took >= Duration::from_millis(250) && took < Duration::from_secs(3),
         "silent connection closed after {took:?}"
     );
 
     // ...and one idle between requests.
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    s.get_mut()
-        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut s = RawConn::open(proxy.addr).await;
+    s.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert_eq!(read_response(&mut s, false).await.status, 200);
-    let took = wait_closed(s.get_mut()).await;
+    let took = s.wait_closed().await;
     assert!(
         took >= Duration::from_millis(250) && took < Duration::from_secs(3),
         "idle connection closed after {took:?}"
@@ -1488,23 +1440,19 @@ async fn a_parked_idle_connection_serves_its_next_requests_and_still_times_out()
     setup.client_idle = "2500ms";
     let proxy = Proxy::start(&setup);
 
-    let mut s = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-    s.get_mut()
-        .write_all(b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut s = RawConn::open(proxy.addr).await;
+    s.send(b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert_eq!(read_response(&mut s, false).await.status, 200);
-    // The idleness under test: parked after 1 s, well before client_idle.
+    // The idleness under test: parked after 1 s, well before client_idle. A real sleep: pinlb
+    // parks on its own runtime's clock.
     tokio::time::sleep(Duration::from_millis(1600)).await;
-    s.get_mut()
-        .write_all(b"GET /2 HTTP/1.1\r\nHost: x\r\n\r\nGET /3 HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    s.send(b"GET /2 HTTP/1.1\r\nHost: x\r\n\r\nGET /3 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
     for _ in 0..2 {
         assert_eq!(read_response(&mut s, false).await.status, 200);
     }
     assert_eq!(a.hits(), 3);
-    let took = wait_closed(s.get_mut()).await;
+    let took = s.wait_closed().await;
     assert!(
         took >= Duration::from_millis(2400) && took < Duration::from_secs(5),
         "closed after {took:?} idle, client_idle is 2.5s"
@@ -1519,7 +1467,7 @@ async fn shutdown_closes_parked_connections_at_once() {
     let mut proxy = Proxy::start(&setup);
     let mut idle = Conn::open(proxy.addr).await;
     assert_eq!(idle.get("/").await.status, 200);
-    // Parked after 1 s.
+    // Parked after 1 s (a real sleep: pinlb parks on its own runtime's clock).
     tokio::time::sleep(Duration::from_millis(1600)).await;
 
     proxy.trigger_shutdown();
@@ -1535,15 +1483,19 @@ async fn shutdown_closes_parked_connections_at_once() {
     );
 }
 
-/// Connects until refused: at most 50 tries 10 ms apart.
+/// Connects until refused: at most 50 tries 10 ms apart. A bare connect, not a client: it only
+/// probes whether the listener is still there.
 async fn wait_until_refused(addr: std::net::SocketAddr) -> bool {
-    for _ in 0..50 {
-        match TcpStream::connect(addr).await {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return true,
-            _ => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
-    false
+    poll(
+        50,
+        Duration::from_millis(10),
+        async || match TcpStream::connect(addr).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
+            _ => None,
+        },
+    )
+    .await
+    .is_some()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1585,7 +1537,7 @@ async fn shutdown_does_not_wait_for_idle_client_connections() {
 
     // One worker accepts in order, so once the second connection has been answered the silent
     // first one has been accepted too.
-    let mut silent = TcpStream::connect(proxy.addr).await.unwrap();
+    let mut silent = RawConn::open(proxy.addr).await;
     let mut idle = Conn::open(proxy.addr).await;
     assert_eq!(idle.get("/").await.status, 200);
 
@@ -1600,7 +1552,7 @@ async fn shutdown_does_not_wait_for_idle_client_connections() {
         took < Duration::from_secs(2),
         "shutdown waited {took:?} on connections with no request in flight"
     );
-    wait_closed(&mut silent).await;
+    silent.wait_closed().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1613,10 +1565,8 @@ async fn a_head_still_arriving_at_shutdown_gets_408_at_the_header_timeout() {
     setup.extra = "[limits]\nheader_timeout = \"500ms\"\n".into();
     let mut proxy = Proxy::start(&setup);
 
-    let mut slow = TcpStream::connect(proxy.addr).await.unwrap();
-    slow.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n")
-        .await
-        .unwrap();
+    let mut slow = RawConn::open(proxy.addr).await;
+    slow.send(b"GET / HTTP/1.1\r\nHost: a\r\n").await;
     // Answered once the head has been read in part: the proxy has the bytes before the stop.
     let mut idle = Conn::open(proxy.addr).await;
     assert_eq!(idle.get("/").await.status, 200);
@@ -1745,11 +1695,8 @@ async fn at_max_connections_idle_keep_alive_connections_make_room_for_new_client
     // Two clients fill the limit and stay connected, idle, after one request each.
     let mut idle = Vec::new();
     for _ in 0..2 {
-        let mut r = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
-        r.get_mut()
-            .write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
-            .await
-            .unwrap();
+        let mut r = RawConn::open(proxy.addr).await;
+        r.send(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").await;
         assert_eq!(read_response(&mut r, false).await.status, 200);
         idle.push(r);
     }

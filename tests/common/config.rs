@@ -1,0 +1,123 @@
+//! Proxy configurations: the cores the tests may use, the TOML a test proxy runs with, and
+//! config files written for the binary or a reload.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The cores this test process may run on.
+pub fn allowed() -> Vec<usize> {
+    pinlb::cpus::allowed_cpus().expect("read this process's allowed cores")
+}
+
+/// The first allowed core: a one-worker proxy runs there.
+pub fn first_core() -> usize {
+    allowed()[0]
+}
+
+/// A proxy configuration with one listener on a kernel-chosen port and one upstream `app`.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub cpus: Vec<usize>,
+    pub algorithm: &'static str,
+    pub backends: Vec<(SocketAddr, u32)>,
+    pub keepalive: usize,
+    pub connect_timeout: &'static str,
+    pub response_timeout: &'static str,
+    pub client_idle: &'static str,
+    pub shutdown_timeout: &'static str,
+    /// More TOML appended to the file, e.g. `[upstream.app.health]` and its keys.
+    pub extra: String,
+    /// More keys of the `[upstream.app]` table itself, e.g. `max_conns = 1`, one per line.
+    pub upstream_keys: String,
+    /// More keys for each backend's inline table, by position in `backends`, e.g.
+    /// `max_conns = 1` (several joined with ", "). Missing entries add nothing.
+    pub backend_keys: Vec<String>,
+}
+
+impl Setup {
+    /// Round robin through one worker on the first allowed core.
+    pub fn new(backends: &[(SocketAddr, u32)]) -> Setup {
+        Setup {
+            cpus: vec![first_core()],
+            algorithm: "round_robin",
+            backends: backends.to_vec(),
+            keepalive: 64,
+            connect_timeout: "1s",
+            response_timeout: "10s",
+            client_idle: "30s",
+            shutdown_timeout: "3s",
+            extra: String::new(),
+            upstream_keys: String::new(),
+            backend_keys: Vec::new(),
+        }
+    }
+
+    /// Equal weights.
+    pub fn with(backends: &[SocketAddr]) -> Setup {
+        Setup::new(&backends.iter().map(|&a| (a, 1)).collect::<Vec<_>>())
+    }
+
+    pub fn toml(&self) -> String {
+        let cpus = self
+            .cpus
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let backends = self
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, (a, w))| match self.backend_keys.get(i) {
+                Some(k) if !k.is_empty() => {
+                    format!("  {{ address = \"{a}\", weight = {w}, {k} }},\n")
+                }
+                _ => format!("  {{ address = \"{a}\", weight = {w} }},\n"),
+            })
+            .collect::<String>();
+        format!(
+            r#"[runtime]
+cpus = [{cpus}]
+shutdown_timeout = "{shutdown}"
+
+[[listener]]
+address = "127.0.0.1:0"
+upstream = "app"
+
+[upstream.app]
+algorithm = "{algorithm}"
+keepalive = {keepalive}
+{upstream_keys}
+backends = [
+{backends}]
+
+[upstream.app.timeouts]
+connect = "{connect}"
+response = "{response}"
+client_idle = "{client_idle}"
+
+{extra}"#,
+            shutdown = self.shutdown_timeout,
+            algorithm = self.algorithm,
+            keepalive = self.keepalive,
+            connect = self.connect_timeout,
+            response = self.response_timeout,
+            client_idle = self.client_idle,
+            extra = self.extra,
+            upstream_keys = self.upstream_keys,
+        )
+    }
+}
+
+/// Writes `text` to a fresh file under cargo's scratch directory for integration tests.
+pub fn temp_config(text: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "pinlb-{}-{}.toml",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::write(&path, text).expect("write config");
+    path
+}

@@ -1,0 +1,175 @@
+//! pinlb run as the binary: `pinlb serve` as a child process, its log, signals and memory.
+
+use std::io::{BufRead, BufReader as StdBufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::{Setup, WAIT, poll, temp_config};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_pinlb")
+}
+
+/// `pinlb serve` as a child process; its stderr is collected line by line.
+pub struct BinProxy {
+    pub child: Child,
+    pub pid: i32,
+    pub addr: SocketAddr,
+    log: watch::Receiver<Vec<String>>,
+    config: PathBuf,
+}
+
+impl BinProxy {
+    /// Starts the binary and waits until it logs its listening address.
+    pub async fn spawn(setup: &Setup) -> BinProxy {
+        let config = temp_config(&setup.toml());
+        let mut child = Command::new(bin())
+            .args(["serve", "-c"])
+            .arg(&config)
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start pinlb");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, log) = watch::channel(Vec::new());
+        // Keep draining stderr so pinlb never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in StdBufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                tx.send_modify(|v| v.push(line));
+            }
+        });
+        let pid = child.id() as i32;
+        let mut p = BinProxy {
+            child,
+            pid,
+            addr: "0.0.0.0:0".parse().unwrap(),
+            log,
+            config,
+        };
+        let line = p.wait_for_log("listening on ").await;
+        let rest = &line[line.find("listening on ").unwrap() + "listening on ".len()..];
+        p.addr = rest
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .expect("listening address");
+        p
+    }
+
+    /// Waits (bounded) for a stderr line containing `needle` and returns it.
+    pub async fn wait_for_log(&mut self, needle: &str) -> String {
+        let found = tokio::time::timeout(
+            WAIT,
+            self.log
+                .wait_for(|lines| lines.iter().any(|l| l.contains(needle))),
+        )
+        .await
+        .ok()
+        .and_then(|r| r.ok())
+        .and_then(|lines| lines.iter().find(|l| l.contains(needle)).cloned());
+        found.unwrap_or_else(|| {
+            panic!(
+                "pinlb never logged {needle:?}; stderr so far:\n{}",
+                self.log().join("\n")
+            )
+        })
+    }
+
+    pub fn log(&self) -> Vec<String> {
+        self.log.borrow().clone()
+    }
+
+    /// The config file it was started with (rewrite it, then SIGHUP).
+    pub fn config_path(&self) -> &PathBuf {
+        &self.config
+    }
+
+    /// The admin listener's address, from its start-up log line.
+    pub async fn admin_addr(&mut self) -> SocketAddr {
+        let line = self.wait_for_log("admin listening on http://").await;
+        let rest = &line[line.find("http://").unwrap() + "http://".len()..];
+        rest.trim_end_matches('/')
+            .split('/')
+            .next()
+            .unwrap()
+            .parse()
+            .expect("admin address")
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), signal).expect("kill");
+    }
+
+    /// Peak resident memory (VmHWM) in KiB.
+    pub fn vm_hwm_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+            .expect("read /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc status")
+    }
+
+    /// Waits (bounded: 250 polls 20 ms apart) for the process to exit. Polled: a child's exit is
+    /// no event this runtime can await.
+    pub async fn wait_exit(&mut self) -> ExitStatus {
+        let start = Instant::now();
+        let child = &mut self.child;
+        let exited = poll(250, Duration::from_millis(20), async || {
+            child.try_wait().expect("try_wait")
+        })
+        .await;
+        exited.unwrap_or_else(|| {
+            panic!(
+                "pinlb still running {:?} after it was asked to stop; stderr:\n{}",
+                start.elapsed(),
+                self.log().join("\n")
+            )
+        })
+    }
+}
+
+/// `(thread id, name, Cpus_allowed_list)` of every thread of `pid` ("self" for this process).
+pub fn threads(pid: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).expect("list threads");
+    for entry in dir.flatten() {
+        let path = entry.path();
+        // A thread may exit between the listing and the reads: skip it.
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("status")),
+        ) else {
+            continue;
+        };
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default();
+        let tid = entry.file_name().to_string_lossy().into_owned();
+        out.push((tid, comm.trim().to_string(), cpus));
+    }
+    out
+}
+
+impl Drop for BinProxy {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
