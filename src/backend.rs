@@ -40,6 +40,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::bench::wire::{BodyDecoder, Chunked};
 use crate::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list, pin_current_thread};
+use crate::http1::common::{ConnectionTokens, ContentLength, Hop, final_coding_chunked};
 use crate::server::Signals;
 
 /// What to run: the servers, where they run and how they answer.
@@ -487,57 +488,16 @@ async fn keep_date(replies: Rc<Replies>) {
     }
 }
 
-/// `t` as an IMF-fixdate (RFC 9110 §5.6.7): `Sun, 06 Nov 1994 08:49:37 GMT`. Times before 1970
-/// read as 1970.
+/// `t` as an IMF-fixdate (RFC 9110 §5.6.7): `Sun, 06 Nov 1994 08:49:37 GMT`, by `httpdate`.
 fn http_date(t: SystemTime) -> [u8; DATE_LEN] {
-    const DAYS: [&[u8; 3]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
-    const MONTHS: [&[u8; 3]; 12] = [
-        b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
-        b"Dec",
-    ];
-    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let days = secs / 86_400;
-    let (year, month, day) = civil_from_days(days);
-    let sod = secs % 86_400;
-    let (h, m, s) = (sod / 3600, sod / 60 % 60, sod % 60);
-    let mut out = [0u8; DATE_LEN];
-    let digits = |n: u64, w: usize, at: &mut [u8]| {
-        let mut n = n;
-        for i in (0..w).rev() {
-            at[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-        }
-    };
-    out[0..3].copy_from_slice(DAYS[(days % 7) as usize]);
-    out[3..5].copy_from_slice(b", ");
-    digits(day, 2, &mut out[5..7]);
-    out[7] = b' ';
-    out[8..11].copy_from_slice(MONTHS[(month - 1) as usize]);
-    out[11] = b' ';
-    digits(year, 4, &mut out[12..16]);
-    out[16] = b' ';
-    digits(h, 2, &mut out[17..19]);
-    out[19] = b':';
-    digits(m, 2, &mut out[20..22]);
-    out[22] = b':';
-    digits(s, 2, &mut out[23..25]);
-    out[25..29].copy_from_slice(b" GMT");
+    let mut out = [b' '; DATE_LEN];
+    let text = httpdate::fmt_http_date(t);
+    // An IMF-fixdate is always DATE_LEN bytes; a date `httpdate` can't write that way is left
+    // blank rather than cut.
+    if text.len() == DATE_LEN {
+        out.copy_from_slice(text.as_bytes());
+    }
     out
-}
-
-/// (year, month 1-12, day 1-31) of a day counted from 1970-01-01: Howard Hinnant's
-/// `civil_from_days`, for days on or after the epoch.
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
 }
 
 /// Whether the connection stays open after a response, and what the response must say about it.
@@ -604,34 +564,29 @@ fn parse_request(buf: &[u8]) -> Result<Option<Request>, BadRequest> {
         Err(_) => return Err(BadRequest::Malformed),
     };
     let http10 = req.version == Some(0);
-    let (mut close, mut keep_alive) = (false, false);
-    let mut length: Option<u64> = None;
+    let connection = ConnectionTokens::scan(req.headers);
+    let mut close = connection.close;
+    let mut length = ContentLength::Absent;
     let mut chunked = None;
     let mut expect_continue = false;
     for h in req.headers.iter() {
         let name = h.name;
-        if name.eq_ignore_ascii_case("content-length") {
-            let n = std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or(BadRequest::Malformed)?;
-            if length.is_some_and(|l| l != n) {
-                return Err(BadRequest::Malformed);
+        match Hop::of(name.as_bytes()) {
+            Some(Hop::TransferEncoding) => chunked = final_coding_chunked(chunked, h.value),
+            None if name.eq_ignore_ascii_case("content-length") => {
+                length = length.add(h.value, false);
             }
-            length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            let last = h.value.rsplit(|&b| b == b',').next().unwrap_or_default();
-            chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if name.eq_ignore_ascii_case("connection") {
-            for token in h.value.split(|&b| b == b',') {
-                let token = token.trim_ascii();
-                close |= token.eq_ignore_ascii_case(b"close");
-                keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            None if name.eq_ignore_ascii_case("expect") => {
+                expect_continue = h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
             }
-        } else if name.eq_ignore_ascii_case("expect") {
-            expect_continue = h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+            _ => {}
         }
     }
+    let length = match length {
+        ContentLength::Absent => None,
+        ContentLength::Valid(n) => Some(n),
+        ContentLength::Invalid(_) => return Err(BadRequest::Malformed),
+    };
     let body = match (chunked, length) {
         (Some(false), _) => return Err(BadRequest::Malformed),
         (Some(true), l) => {
@@ -640,7 +595,7 @@ fn parse_request(buf: &[u8]) -> Result<Option<Request>, BadRequest> {
         }
         (None, l) => BodyDecoder::Length(l.unwrap_or(0)),
     };
-    let persist = if close || (http10 && !keep_alive) {
+    let persist = if close || (http10 && !connection.keep_alive) {
         Persist::Close
     } else if http10 {
         Persist::KeepAlive10

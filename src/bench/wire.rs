@@ -2,13 +2,16 @@
 //! the status and framing of a response head (parsed with `httparse`), and a body decoder that
 //! finds where a body ends without keeping it.
 //!
-//! Not [`crate::h1`]: that codec hands bodies on to hyper's server and checks framing strictly
-//! for a proxy; here the body is thrown away as it arrives, so all a response costs is one parse
+//! The head's framing rules (Connection tokens, Content-Length, the final transfer coding) are
+//! the proxy's own, from `http1::common`. The body is not `http1::body`'s: that decoder hands each
+//! piece of a body on as `Bytes`; here the body is thrown away as it arrives, so all a response costs is one parse
 //! of its head and a scan of its chunk sizes. All of it is pure and works on byte slices, so the
 //! connection loops in [`super::load`] do only I/O. [`BodyDecoder`] also finds the end of the
 //! request bodies `pinlb backend` drops: chunked framing is the same both ways.
 
 use http::Uri;
+
+use crate::http1::common::{ConnectionTokens, ContentLength, Hop, final_coding_chunked};
 
 /// Most header lines accepted in a response head.
 const MAX_HEADERS: usize = 64;
@@ -70,35 +73,23 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, Malformed> {
         Err(_) => return Err(Malformed::Head),
     };
     let status = resp.code.unwrap_or(0);
-    let mut keep_alive = resp.version == Some(1);
-    let mut length: Option<u64> = None;
+    let mut keep_alive = ConnectionTokens::scan(resp.headers).keep_alive(resp.version == Some(1));
+    let mut length = ContentLength::Absent;
     let mut chunked = None;
     for h in resp.headers.iter() {
-        let name = h.name;
-        if name.eq_ignore_ascii_case("content-length") {
-            let n = std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
-                .ok_or(Malformed::ContentLength)?;
-            if length.is_some_and(|l| l != n) {
-                return Err(Malformed::ContentLength);
+        match Hop::of(h.name.as_bytes()) {
+            Some(Hop::TransferEncoding) => chunked = final_coding_chunked(chunked, h.value),
+            None if h.name.eq_ignore_ascii_case("content-length") => {
+                length = length.add(h.value, true);
             }
-            length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            // The last coding of the last header decides.
-            let last = h.value.rsplit(|&b| b == b',').next().unwrap_or(b"");
-            chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if name.eq_ignore_ascii_case("connection") {
-            for token in h.value.split(|&b| b == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    keep_alive = false;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                    keep_alive = true;
-                }
-            }
+            _ => {}
         }
     }
+    let length = match length {
+        ContentLength::Absent => None,
+        ContentLength::Valid(n) => Some(n),
+        ContentLength::Invalid(_) => return Err(Malformed::ContentLength),
+    };
     let body = if (100..200).contains(&status) || status == 204 || status == 304 {
         BodyDecoder::Length(0)
     } else {

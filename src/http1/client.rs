@@ -24,7 +24,7 @@ use tokio::time::Sleep;
 use super::body::{BodyError, Decoder, Framing};
 use super::common::{
     ConnectionTokens, ContentLength, Hop, Reply, RequestFraming, chunk_size_line,
-    content_length_line,
+    content_length_line, final_coding_chunked,
 };
 use super::request::ClientError;
 
@@ -350,15 +350,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
         let (name, value) = (h.name.as_bytes(), h.value);
         match Hop::of(name) {
             Some(Hop::TransferEncoding) => {
-                let last = value
-                    .split(|&b| b == b',')
-                    .map(<[u8]>::trim_ascii)
-                    .rfind(|t| !t.is_empty());
-                // A later header's codings come after an earlier one's.
-                match last {
-                    Some(t) => chunked_last = Some(t.eq_ignore_ascii_case(b"chunked")),
-                    None => chunked_last = chunked_last.or(Some(false)),
-                }
+                chunked_last = final_coding_chunked(chunked_last, value);
                 continue;
             }
             Some(Hop::Connection | Hop::Other) => continue,

@@ -114,6 +114,20 @@ impl ContentLength {
     }
 }
 
+/// Takes in one Transfer-Encoding header value: whether the message's final coding is chunked
+/// so far (`seen`, from earlier lines; a later line's codings come after an earlier one's). A
+/// value with no coding in it changes nothing but marks Transfer-Encoding as present.
+pub(crate) fn final_coding_chunked(seen: Option<bool>, value: &[u8]) -> Option<bool> {
+    let last = value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .rfind(|t| !t.is_empty());
+    match last {
+        Some(t) => Some(t.eq_ignore_ascii_case(b"chunked")),
+        None => seen.or(Some(false)),
+    }
+}
+
 /// How a request's body is framed on its way to a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestFraming {
