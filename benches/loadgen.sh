@@ -43,7 +43,7 @@
 # closed loop reports depends on how many of its connections wait on its own
 # side between a response and the next request (time no tool counts). wrk has
 # been seen at p50 271 us and 553 us against the same nginx minutes apart
-# (benches/RESULTS.md), so there wrk does not agree with itself within 10%.
+# (benches/HISTORY.md), so there wrk does not agree with itself within 10%.
 # BACKEND_WORK=50us gives a target whose latency is the server's: 64
 # connections queue behind 50 us of work each, and the generator's own pass is
 # a small part of every request's time. Run both; report both.

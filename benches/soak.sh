@@ -27,7 +27,7 @@
 #
 # Latency is counted from each request's scheduled send time. On a 2-core machine core 1
 # carries the backends and every client, and the open loop falls behind there well below the
-# closed-loop capacity, so the percentiles then measure that backlog (see RESULTS.md); lower
+# closed-loop capacity, so the percentiles then measure that backlog (see HISTORY.md); lower
 # LOAD_PCT, or use a third core for the clients, for latency figures that mean something.
 #
 # Counted as failures: the main load's errors (connect, timeout - 2 s - , read,

@@ -178,6 +178,7 @@ struct RawConfig {
 struct RawAdmin {
     address: Option<Spanned<String>>,
     token: Option<Spanned<String>>,
+    token_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1129,18 +1130,41 @@ impl Config {
                         ),
                     )
                 })?;
-                let token = match &a.token {
-                    Some(t)
-                        if t.get_ref().is_empty()
-                            || !t.get_ref().bytes().all(|b| b.is_ascii_graphic()) =>
-                    {
+                // A token file keeps the secret out of the config, as container and systemd
+                // secrets are mounted; its trailing newline is not part of the secret.
+                let (key, token) = match (&a.token, &a.token_file) {
+                    (Some(_), Some(f)) => {
                         return Err(at(
-                            t.span(),
-                            "admin.token",
+                            f.span(),
+                            "admin.token_file",
+                            "set together with admin.token, expected one of them".into(),
+                        ));
+                    }
+                    (None, Some(f)) => {
+                        let secret = std::fs::read_to_string(f.get_ref()).map_err(|e| {
+                            at(
+                                f.span(),
+                                "admin.token_file",
+                                format!("cannot read {}: {e}", f.get_ref()),
+                            )
+                        })?;
+                        let secret = secret.trim_end().to_string();
+                        ("admin.token_file", Some((f.span(), secret)))
+                    }
+                    (t, None) => (
+                        "admin.token",
+                        t.as_ref().map(|t| (t.span(), t.get_ref().clone())),
+                    ),
+                };
+                let token = match token {
+                    Some((span, t)) if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) => {
+                        return Err(at(
+                            span,
+                            key,
                             "expected a non-empty secret of printable ASCII characters without spaces (it is sent in an HTTP header)".into(),
                         ));
                     }
-                    t => t.as_ref().map(|t| t.get_ref().clone()),
+                    t => t.map(|(_, t)| t),
                 };
                 if token.is_none() && !address.ip().is_loopback() {
                     let span = a.address.as_ref().map_or(0..0, |v| v.span());
@@ -1148,7 +1172,7 @@ impl Config {
                         span,
                         "admin.address",
                         format!(
-                            "{address} is not a loopback address, so admin.token must be set: anyone who can reach it could take backends out and reload the config"
+                            "{address} is not a loopback address, so admin.token or admin.token_file must be set: anyone who can reach it could take backends out and reload the config"
                         ),
                     ));
                 }
@@ -1435,7 +1459,7 @@ backends = [{ address = "127.0.0.1:8881" }]
         );
         assert_eq!(
             err(&format!("{MINIMAL}[admin]\naddress = \"0.0.0.0:9901\"\n")),
-            "pinlb.toml:9:11: admin.address: 0.0.0.0:9901 is not a loopback address, so admin.token must be set: anyone who can reach it could take backends out and reload the config"
+            "pinlb.toml:9:11: admin.address: 0.0.0.0:9901 is not a loopback address, so admin.token or admin.token_file must be set: anyone who can reach it could take backends out and reload the config"
         );
         let open = parse(&format!(
             "{MINIMAL}[admin]\naddress = \"0.0.0.0:9901\"\ntoken = \"t\"\n"
@@ -1455,6 +1479,31 @@ backends = [{ address = "127.0.0.1:8881" }]
             err(&format!("{MINIMAL}[admin]\ntoken = \"two words\"\n"))
                 .starts_with("pinlb.toml:9:9: admin.token: expected a non-empty secret")
         );
+    }
+
+    #[test]
+    fn admin_token_file_is_read_without_its_trailing_newline() {
+        let path = std::env::temp_dir().join(format!("pinlb-token-{}", std::process::id()));
+        let with = |file: &str| {
+            format!("{MINIMAL}[admin]\naddress = \"0.0.0.0:9901\"\ntoken_file = \"{file}\"\n")
+        };
+        std::fs::write(&path, "s3cret\n").unwrap();
+        let file = path.to_str().unwrap();
+        let admin = parse(&with(file)).unwrap().admin.unwrap();
+        assert_eq!(admin.token.as_deref(), Some("s3cret"));
+        assert_eq!(
+            err(&format!("{}token = \"t\"\n", with(file))),
+            "pinlb.toml:10:14: admin.token_file: set together with admin.token, expected one of them"
+        );
+        std::fs::write(&path, "two words\n").unwrap();
+        assert!(
+            err(&with(file))
+                .starts_with("pinlb.toml:10:14: admin.token_file: expected a non-empty secret"),
+        );
+        std::fs::remove_file(&path).unwrap();
+        assert!(err(&with(file)).starts_with(&format!(
+            "pinlb.toml:10:14: admin.token_file: cannot read {file}: "
+        )),);
     }
 
     #[test]

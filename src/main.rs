@@ -43,11 +43,22 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The demo's output is its results: the proxy and backends it runs in this process would
+    // otherwise interleave their start and stop lines with them.
+    let level = match cli.command {
+        Command::Demo(_) => "warn",
+        _ => "info",
+    };
+    // Colour only for a person at a terminal: escape codes are noise in files, pipes and
+    // `docker logs`. NO_COLOR (no-color.org) turns it off there too.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
     match cli.command {
         Command::Backend(args) => pinlb::backend::main(args),

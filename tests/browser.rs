@@ -1,5 +1,5 @@
-//! The admin status page in a real headless browser (Debian's `chromium`; `.ci/run` installs it):
-//! it loads, shows every backend, and updates in place when one goes down.
+//! The admin status page in a real headless browser (Debian's `chromium`; `scripts/test`
+//! installs it): it loads, shows every backend, and updates in place when one goes down.
 //!
 //! The test drives chromium over the DevTools protocol: it reads the page's DOM with
 //! `Runtime.evaluate`, so what it checks is what a person would see.
@@ -43,7 +43,7 @@ impl Chromium {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("start chromium (Debian package `chromium`; .ci/run installs it)");
+            .expect("start chromium (Debian package `chromium`; scripts/test installs it)");
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

@@ -17,6 +17,7 @@ fn pinlb(args: &[&str]) -> Output {
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("NO_COLOR", "1")
+        .env_remove("RUST_LOG")
         .output()
         .expect("run pinlb")
 }
@@ -379,4 +380,30 @@ fn demo_runs_end_to_end_in_a_short_mode() {
         stdout.contains("| proxied |") && stdout.contains("against direct"),
         "{stdout}"
     );
+    assert!(
+        !stderr.contains(" INFO "),
+        "the in-process proxy and backends keep their start and stop lines out of the results: {stderr}"
+    );
+}
+
+#[test]
+fn logs_written_to_a_pipe_carry_no_colour_codes() {
+    let mut child = Command::new(bin())
+        .args(["backend", "--listen", "127.0.0.1:0"])
+        .env_remove("NO_COLOR")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    let read = std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stderr.take().unwrap()),
+        &mut first,
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    read.unwrap();
+    assert!(first.contains("INFO"), "{first:?}");
+    assert!(!first.contains('\x1b'), "{first:?}");
 }
