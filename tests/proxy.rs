@@ -1772,3 +1772,96 @@ async fn a_malformed_chunked_request_body_is_answered_and_logged_as_the_clients_
         "the log line must not blame the backend: {line}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Framing edges (RFC 9112): HTTP/1.0 with Transfer-Encoding, huge lengths, head size, OPTIONS *
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_0_response_with_transfer_encoding_is_passed_on_and_its_connection_closed() {
+    let b = RawServer::start(|_| {
+        RawAction::Respond(
+            b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n\
+              2\r\nok\r\n0\r\n\r\n"
+                .to_vec(),
+        )
+    })
+    .await;
+    let proxy = Proxy::start(&Setup::with(&[b.addr]));
+    for _ in 0..2 {
+        let r = get(proxy.addr, "/").await;
+        assert_eq!((r.status.as_u16(), r.body.as_str()), (200, "ok"), "{r:?}");
+    }
+    assert_eq!(
+        b.accepts(),
+        2,
+        "RFC 9112 §6.1: the connection closes after an HTTP/1.0 message with Transfer-Encoding"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_length_over_2_63_minus_1_is_refused_both_ways() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start(&Setup::with(&[a.addr]));
+    let r = raw_request(
+        proxy.addr,
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 9223372036854775808\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.head);
+    assert_eq!(a.hits(), 0, "the request must not reach the backend");
+
+    let b = RawServer::start(|_| {
+        RawAction::RespondAndClose(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 9223372036854775808\r\n\r\nx".to_vec(),
+        )
+    })
+    .await;
+    let proxy = Proxy::start(&Setup::with(&[b.addr]));
+    assert_eq!(get(proxy.addr, "/").await.status, 502);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_head_over_64_kib_is_a_502_however_it_arrives() {
+    let head = |size: usize| {
+        let mut h = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Pad: ".to_vec();
+        let pad = size - h.len() - 4;
+        h.extend(std::iter::repeat_n(b'a', pad));
+        h.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(h.len(), size);
+        h.extend_from_slice(b"ok");
+        h
+    };
+    for (size, status) in [
+        (60_000, 200),
+        (64 * 1024, 200),
+        (70_000, 502),
+        (140_000, 502),
+    ] {
+        let response = head(size);
+        let b = RawServer::start(move |_| RawAction::Respond(response.clone())).await;
+        let proxy = Proxy::start(&Setup::with(&[b.addr]));
+        let r = get(proxy.addr, "/").await;
+        assert_eq!(r.status, status, "a head of {size} bytes: {r:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_with_an_absolute_target_and_no_path_goes_upstream_as_options_asterisk() {
+    let b = RawServer::start(|_| RawAction::Respond(raw_ok("b", "hi"))).await;
+    let proxy = Proxy::start(&Setup::with(&[b.addr]));
+    let r = raw_request(
+        proxy.addr,
+        b"OPTIONS http://a HTTP/1.1\r\nHost: a\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    let seen = b.seen();
+    assert!(
+        seen[0].head.starts_with("OPTIONS * HTTP/1.1\r\n"),
+        "RFC 9112 §3.2.4: {:?}",
+        seen[0].head
+    );
+}

@@ -329,6 +329,10 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
         }
         Err(_) => return Err(UpstreamError::Invalid("malformed status line or header")),
     };
+    // A head that came in one read is complete before the size check in `poll_head` sees it.
+    if len > MAX_HEAD {
+        return Err(UpstreamError::HeadTooLarge);
+    }
     let status = resp
         .code
         .and_then(|c| StatusCode::from_u16(c).ok())
@@ -374,7 +378,11 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
         headers.extend_from_slice(value);
         headers.extend_from_slice(b"\r\n");
     }
-    let keep_alive = connection.keep_alive(version == Version::HTTP_11);
+    // An HTTP/1.0 message with Transfer-Encoding has faulty framing, and the connection must
+    // close after it (RFC 9112 §6.1): its body is still read by its coding and passed on, as
+    // nginx does, but nothing more goes on that connection.
+    let keep_alive = connection.keep_alive(version == Version::HTTP_11)
+        && !(version == Version::HTTP_10 && chunked_last.is_some());
     buf.advance(len);
     Ok(Some(Head {
         status,

@@ -78,6 +78,10 @@ pub enum ContentLength {
     Invalid(&'static str),
 }
 
+/// The largest Content-Length taken: many servers read it as a signed 64-bit number, so pinlb
+/// and the next hop could frame a larger one differently (nginx refuses it too).
+const MAX_CONTENT_LENGTH: u64 = i64::MAX as u64;
+
 impl ContentLength {
     /// Takes in one Content-Length header value. Several lines must agree. A list of equal
     /// numbers in one line (`3, 3`, which RFC 9110 §8.6 lets a recipient accept) is taken when
@@ -101,6 +105,9 @@ impl ContentLength {
             }
             // At most 19 digits: no overflow.
             let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            if n > MAX_CONTENT_LENGTH {
+                return ContentLength::Invalid("Content-Length over 2^63-1");
+            }
             now = match now {
                 ContentLength::Absent => ContentLength::Valid(n),
                 ContentLength::Valid(l) if l == n => now,
@@ -199,6 +206,23 @@ pub(crate) fn error_page(status: StatusCode, cause: &dyn std::fmt::Display) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn content_length_stops_at_the_largest_signed_64_bit_number() {
+        let cl = |v: &str| ContentLength::Absent.add(v.as_bytes(), false);
+        assert_eq!(
+            cl("9223372036854775807"),
+            ContentLength::Valid(i64::MAX as u64)
+        );
+        assert!(matches!(
+            cl("9223372036854775808"),
+            ContentLength::Invalid(_)
+        ));
+        assert!(matches!(
+            ContentLength::Absent.add(b"9223372036854775808, 9223372036854775808", true),
+            ContentLength::Invalid(_)
+        ));
+    }
 
     #[test]
     fn chunk_size_lines_are_lowercase_hex() {

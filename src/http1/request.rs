@@ -396,6 +396,11 @@ pub fn parse_request(
 
     let path = match path {
         Path::Within(a, b) => (a, b),
+        Path::Asterisk => {
+            let at = text.len();
+            text.push(b'*');
+            (at, text.len())
+        }
         Path::SlashThen(a, b) => {
             let at = text.len();
             text.push(b'/');
@@ -445,6 +450,8 @@ enum Path {
     /// `/` and then this stretch of the target: an absolute-form target with a query and no
     /// path (`http://a?q` goes upstream as `/?q`, RFC 9112 §3.2.1).
     SlashThen(usize, usize),
+    /// `*`: an absolute-form OPTIONS target with an empty path (`OPTIONS http://a`).
+    Asterisk,
 }
 
 /// Whether a byte may appear in a request target as it is: unreserved, sub-delims, `:`, `@`,
@@ -496,6 +503,8 @@ fn split_target(target: &[u8], method: &Method) -> Result<(Option<Span>, Path), 
     }
     let path = match target.get(host_end) {
         Some(b'/') => Path::Within(host_end, end),
+        // OPTIONS for the server as a whole (RFC 9112 §3.2.4).
+        None if method == Method::OPTIONS => Path::Asterisk,
         _ => Path::SlashThen(host_end, end),
     };
     Ok((Some(Span::Target(host_start, host_end)), path))
