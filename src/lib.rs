@@ -8,6 +8,7 @@
 //!   `file:line:col` and the key.
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
+//! - [`check`]: what `pinlb check` prints: the resolved plan, the core map, the verdict.
 //! - [`balance`]: backend selection (smooth weighted round robin, least_conn) as pure functions.
 //! - [`upstream`]: backend state shared by workers (atomics) and each worker's own pool.
 //! - [`health`]: whether a backend may be picked: active checks (rise/fall), passive failure
@@ -53,6 +54,7 @@ pub mod admin;
 pub mod backend;
 pub mod balance;
 pub mod bench;
+pub mod check;
 pub mod config;
 pub mod coremap;
 pub mod cpus;
