@@ -6,6 +6,10 @@
 //!    durations resolved, cores checked against the process's allowed set, upstreams referenced by
 //!    index. Nothing downstream re-parses a string.
 //!
+//! Every default is written once: a section's in its validated type's `Default` impl, and a key
+//! of a table that also has required keys (an upstream's `keepalive`, a backend's `weight`) in a
+//! named serde default function in `raw.rs`.
+//!
 //! Every error is a [`ConfigError`] that reads `file:line:col: key: what was expected`.
 
 mod error;
@@ -24,9 +28,10 @@ use error::Source;
 use raw::RawConfig;
 
 /// Balancing rule for an upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Algorithm {
     /// nginx's smooth weighted round robin.
+    #[default]
     RoundRobin,
     /// Fewest in-flight requests per unit of weight, across all workers.
     LeastConn,
@@ -104,6 +109,17 @@ pub struct Runtime {
     pub cpus: Vec<usize>,
     /// How long in-flight requests may run on after SIGTERM/SIGINT.
     pub shutdown_timeout: Duration,
+}
+
+/// The defaults but `cpus`, which is empty here: it defaults to the cores the process may run on,
+/// known only when the file is validated.
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime {
+            cpus: Vec::new(),
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Bounds on what one client may send, so that a malicious or broken client costs a bounded
@@ -203,6 +219,20 @@ pub struct Health {
     pub expect: StatusSet,
     /// Host header of the probe; the backend's address when unset.
     pub host: Option<String>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            path: "/".to_string(),
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            rise: 2,
+            fall: 3,
+            expect: StatusSet(vec![(200, 399)]),
+            host: None,
+        }
+    }
 }
 
 /// Passive failure detection, with nginx's semantics: `max_fails` failed attempts within

@@ -2,7 +2,9 @@
 //!
 //! Every table denies unknown keys. A value that validation may need to point at is kept as
 //! [`Spanned`], so that its error can name the line and column; a key left out is `None`, and
-//! validation fills in the default.
+//! validation fills in the default from the validated type's `Default` impl. Only the keys of a
+//! table that also has required keys (an upstream, a backend) get their defaults here, from a
+//! named function.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -79,7 +81,7 @@ pub(super) struct RawLimits {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawUpstream {
-    #[serde(default = "default_algorithm")]
+    #[serde(default)]
     pub algorithm: Algorithm,
     #[serde(default = "default_keepalive")]
     pub keepalive: usize,
@@ -96,10 +98,6 @@ pub(super) struct RawUpstream {
     pub passive: RawPassive,
     #[serde(default)]
     pub retry: RawRetry,
-}
-
-fn default_algorithm() -> Algorithm {
-    Algorithm::RoundRobin
 }
 
 /// Idle connections kept per backend, per worker.
@@ -161,8 +159,7 @@ pub(super) struct RawPassive {
 pub(super) struct RawRetry {
     pub tries: Option<usize>,
     pub timeout: Option<Spanned<Dur>>,
-    #[serde(default)]
-    pub non_idempotent: bool,
+    pub non_idempotent: Option<bool>,
     pub buffer: Option<Size>,
 }
 

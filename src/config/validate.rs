@@ -1,6 +1,6 @@
 //! Raw sections into validated ones, one function per section, in the order `Config::parse`
 //! calls them. Each takes the [`Source`] to name the place of an error, and fills in what the
-//! file leaves out with its default.
+//! file leaves out from the validated type's `Default`.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -15,16 +15,15 @@ use super::raw::{
 };
 use super::{
     AccessFormat, AccessLog, AccessTarget, Admin, Backend, Health, Limits, Listener, Passive,
-    Retry, Runtime, StatusSet, Timeouts, Upstream,
+    Retry, Runtime, Timeouts, Upstream,
 };
 use crate::cpus::format_cpu_list;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
-const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// `[runtime]`: the cores default to every core the process may run on.
 pub(super) fn runtime(src: &Source, raw: &RawRuntime, allowed: &[usize]) -> Result<Runtime> {
+    let d = Runtime::default();
     let cpus = match &raw.cpus {
         None => {
             if allowed.is_empty() {
@@ -58,9 +57,7 @@ pub(super) fn runtime(src: &Source, raw: &RawRuntime, allowed: &[usize]) -> Resu
     };
     Ok(Runtime {
         cpus,
-        shutdown_timeout: raw
-            .shutdown_timeout
-            .map_or(DEFAULT_SHUTDOWN_TIMEOUT, |d| d.0),
+        shutdown_timeout: raw.shutdown_timeout.map_or(d.shutdown_timeout, |d| d.0),
     })
 }
 
@@ -284,11 +281,10 @@ fn timeouts(src: &Source, key: &str, t: &RawTimeouts) -> Result<Timeouts> {
 
 /// `[upstream.NAME.health]`: checks are on when the table is there.
 fn health(src: &Source, key: &str, h: &RawHealth) -> Result<Health> {
+    let d = Health::default();
     let hkey = format!("{key}.health");
-    let interval =
-        positive(src, &h.interval, &format!("{hkey}.interval"))?.unwrap_or(Duration::from_secs(2));
-    let timeout =
-        positive(src, &h.timeout, &format!("{hkey}.timeout"))?.unwrap_or(Duration::from_secs(1));
+    let interval = positive(src, &h.interval, &format!("{hkey}.interval"))?.unwrap_or(d.interval);
+    let timeout = positive(src, &h.timeout, &format!("{hkey}.timeout"))?.unwrap_or(d.timeout);
     const DAY: Duration = Duration::from_secs(24 * 3600);
     if interval > DAY {
         let span = h.interval.as_ref().map_or(0..0, |d| d.span());
@@ -320,7 +316,7 @@ fn health(src: &Source, key: &str, h: &RawHealth) -> Result<Health> {
         Some(x) => Ok(*x.get_ref()),
     };
     let path = match &h.path {
-        None => "/".to_string(),
+        None => d.path,
         Some(p) => {
             let v = p.get_ref();
             // A fragment is never sent on the wire.
@@ -340,7 +336,7 @@ fn health(src: &Source, key: &str, h: &RawHealth) -> Result<Health> {
         }
     };
     let host = match &h.host {
-        None => None,
+        None => d.host,
         Some(v) => {
             if v.get_ref().is_empty()
                 || http::HeaderValue::from_str(v.get_ref()).is_err()
@@ -362,10 +358,10 @@ fn health(src: &Source, key: &str, h: &RawHealth) -> Result<Health> {
         path,
         interval,
         timeout,
-        rise: count(&h.rise, "rise", 2)?,
-        fall: count(&h.fall, "fall", 3)?,
+        rise: count(&h.rise, "rise", d.rise)?,
+        fall: count(&h.fall, "fall", d.fall)?,
         expect: match &h.expect {
-            None => StatusSet(vec![(200, 399)]),
+            None => d.expect,
             // Nothing would pass: every backend would go down after `fall`.
             Some(e) if e.get_ref().is_empty() => {
                 return Err(src.at(
@@ -382,11 +378,12 @@ fn health(src: &Source, key: &str, h: &RawHealth) -> Result<Health> {
 
 /// `[upstream.NAME.passive]`.
 fn passive(src: &Source, key: &str, p: &RawPassive) -> Result<Passive> {
+    let d = Passive::default();
     Ok(Passive {
-        max_fails: p.max_fails.unwrap_or(1),
+        max_fails: p.max_fails.unwrap_or(d.max_fails),
         fail_timeout: positive(src, &p.fail_timeout, &format!("{key}.passive.fail_timeout"))?
-            .unwrap_or(Duration::from_secs(10)),
-        fail_on_status: p.fail_on_status.clone().unwrap_or_default(),
+            .unwrap_or(d.fail_timeout),
+        fail_on_status: p.fail_on_status.clone().unwrap_or(d.fail_on_status),
     })
 }
 
@@ -396,7 +393,7 @@ fn retry(src: &Source, key: &str, r: &RawRetry) -> Result<Retry> {
     Ok(Retry {
         tries: r.tries.unwrap_or(d.tries),
         timeout: positive(src, &r.timeout, &format!("{key}.retry.timeout"))?.unwrap_or(d.timeout),
-        non_idempotent: r.non_idempotent,
+        non_idempotent: r.non_idempotent.unwrap_or(d.non_idempotent),
         buffer: r
             .buffer
             .map_or(d.buffer, |b| usize::try_from(b.0).unwrap_or(usize::MAX)),
