@@ -366,13 +366,10 @@ impl Config {
         let runtime = validate::runtime(&src, &raw.runtime, allowed)?;
         let limits = validate::limits(&src, &raw.limits)?;
         let mut warnings = Vec::new();
-        let mut seen = std::collections::HashSet::new();
         let upstreams = raw
             .upstream
             .iter()
-            .map(|(name, up)| {
-                validate::upstream(&src, name, up, &runtime.cpus, &mut seen, &mut warnings)
-            })
+            .map(|(name, up)| validate::upstream(&src, name, up, &runtime.cpus, &mut warnings))
             .collect::<Result<Vec<_>, _>>()?;
         let listeners = validate::listeners(&src, &raw.listeners, &upstreams)?;
         let trusted = validate::forwarded(&src, &raw.forwarded)?;

@@ -251,6 +251,30 @@ fn duplicate_backends_are_rejected() {
 }
 
 #[test]
+fn one_backend_address_may_be_listed_by_two_upstreams() {
+    let c = parse(&format!(
+        "{MINIMAL}\n[upstream.api]\nbackends = [{{ address = \"127.0.0.1:8881\", weight = 3 }}]\n"
+    ))
+    .unwrap();
+    let listed: Vec<(&str, String, u32)> = c
+        .upstreams
+        .iter()
+        .flat_map(|u| {
+            u.backends
+                .iter()
+                .map(|b| (u.name.as_str(), b.address.to_string(), b.weight))
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("api", "127.0.0.1:8881".to_string(), 3),
+            ("app", "127.0.0.1:8881".to_string(), 1)
+        ]
+    );
+}
+
+#[test]
 fn duplicate_listeners_are_rejected_but_port_0_may_repeat() {
     let two = |addr: &str| {
         format!("{MINIMAL}\n[[listener]]\naddress = \"{addr}\"\nupstream = \"app\"\n")

@@ -155,7 +155,6 @@ pub(super) fn upstream(
     name: &str,
     up: &RawUpstream,
     worker_cpus: &[usize],
-    seen: &mut HashSet<SocketAddr>,
     warnings: &mut Vec<String>,
 ) -> Result<Upstream> {
     let key = format!("upstream.{name}");
@@ -163,7 +162,7 @@ pub(super) fn upstream(
         name: name.to_string(),
         algorithm: up.algorithm,
         keepalive: up.keepalive,
-        backends: backends(src, name, &key, up, worker_cpus, seen, warnings)?,
+        backends: backends(src, name, &key, up, worker_cpus, warnings)?,
         timeouts: timeouts(src, &key, &up.timeouts)?,
         health: up
             .health
@@ -175,14 +174,15 @@ pub(super) fn upstream(
     })
 }
 
-/// An upstream's `backends`; `seen` holds the addresses of every upstream's backends so far.
+/// An upstream's `backends`. An address may appear once in an upstream: twice would only be a
+/// heavier weight, written confusingly. Another upstream may list it too, as nginx allows: it
+/// then has a backend of its own at that address, with its own health, counters and pool.
 fn backends(
     src: &Source,
     name: &str,
     key: &str,
     up: &RawUpstream,
     worker_cpus: &[usize],
-    seen: &mut HashSet<SocketAddr>,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Backend>> {
     let raw = up.backends.get_ref();
@@ -193,10 +193,11 @@ fn backends(
             "an upstream needs at least one backend",
         ));
     }
+    let mut seen = HashSet::new();
     let mut backends = Vec::with_capacity(raw.len());
     for (i, b) in raw.iter().enumerate() {
         let bkey = format!("{key}.backends[{i}]");
-        let backend = backend(src, &bkey, up, b, seen)?;
+        let backend = backend(src, &bkey, up, b, &mut seen)?;
         if let Some(bcpus) = &backend.cpus {
             let shared: Vec<usize> = bcpus
                 .iter()
@@ -217,7 +218,8 @@ fn backends(
     Ok(backends)
 }
 
-/// One entry of `backends`, whose address must not be in `seen`; `max_conns` and `slow_start` default to the upstream's.
+/// One entry of `backends`, whose address must not be in `seen` (the upstream's addresses so
+/// far); `max_conns` and `slow_start` default to the upstream's.
 fn backend(
     src: &Source,
     bkey: &str,
