@@ -752,7 +752,7 @@ fn status_of(s: &serde_json::Value, name: &str, addr: SocketAddr) -> serde_json:
 }
 
 #[tokio::test]
-async fn one_address_in_two_upstreams_is_drained_in_both_by_address() {
+async fn one_address_in_two_upstreams_is_drained_in_both_by_address_or_in_one_by_upstream() {
     let shared = Backend::start("shared").await;
     let a = Backend::start("a").await;
     let b = Backend::start("b").await;
@@ -794,6 +794,55 @@ async fn one_address_in_two_upstreams_is_drained_in_both_by_address() {
     assert_eq!(answered_by(app, 4).await, ["a"; 4]);
     assert_eq!(answered_by(api, 4).await, ["b"; 4]);
     assert_eq!(shared.hits(), 5);
+
+    // Qualified by upstream: that upstream only.
+    let r = proxy
+        .admin(
+            Method::POST,
+            &format!("/upstreams/app/backends/{}/enable", shared.addr),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["upstreams"], serde_json::json!(["app"]), "{v}");
+    let s = proxy.status().await;
+    assert_eq!(status_of(&s, "app", shared.addr)["state"], "up");
+    assert_eq!(status_of(&s, "api", shared.addr)["state"], "draining");
+    assert_eq!(answered_by(app, 4).await, ["a", "a", "shared", "shared"]);
+    assert_eq!(answered_by(api, 4).await, ["b"; 4]);
+
+    let r = proxy
+        .admin(
+            Method::POST,
+            &format!("/upstreams/web/backends/{}/enable", shared.addr),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert!(r.body.contains("no upstream \"web\""), "{}", r.body);
+    let r = proxy
+        .admin(
+            Method::POST,
+            &format!("/upstreams/app/backends/{}/drain", b.addr),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert!(
+        r.body
+            .contains(&format!("upstream \"app\" has no backend {}", b.addr)),
+        "{}",
+        r.body
+    );
+    let r = proxy
+        .admin(
+            Method::GET,
+            &format!("/upstreams/app/backends/{}/drain", shared.addr),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
 }
 
 #[tokio::test]
