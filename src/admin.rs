@@ -8,13 +8,16 @@
 //! | `POST /backends/{address}/drain` | no new requests; those in flight finish |
 //! | `POST /backends/{address}/disable` | like down; health checks go on |
 //! | `POST /backends/{address}/enable` | back to taking requests |
+//! | `POST /upstreams/{name}/backends/{address}/{action}` | the same, in that upstream only |
 //! | `POST /reload` | read the config file again, as SIGHUP does |
 //!
-//! A backend address names that backend in every upstream that has it. With `admin.token` set,
-//! every request but the page itself needs `Authorization: Bearer <token>`; the page asks for the
-//! token once and keeps it in the tab's session storage. A POST that a browser says comes from a
-//! page of another origin is refused (403), so no web page can drive a tokenless admin listener.
-//! At most 64 admin connections are open at once, each bounded in time.
+//! Two upstreams may list one address, and each then has a backend of its own there. An address
+//! alone names the backend in every upstream that has it; `/upstreams/{name}/...` in that one only.
+//! With `admin.token` set, every request but the page itself needs `Authorization: Bearer
+//! <token>`; the page asks for the token once and keeps it in the tab's session storage. A POST
+//! that a browser says comes from a page of another origin is refused (403), so no web page can
+//! drive a tokenless admin listener. At most 64 admin connections are open at once, each bounded
+//! in time.
 //!
 //! It runs on the control thread (pinned to `runtime.cpus`), never on a worker, so a scrape
 //! takes nothing from the request path but the atomics it reads.
@@ -155,7 +158,10 @@ async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> R
             ),
         ),
         (&Method::GET, ["status"]) => json_reply(StatusCode::OK, &status(process)),
-        (&Method::POST, ["backends", address, action]) => control(process, address, action),
+        (&Method::POST, ["backends", address, action]) => control(process, None, address, action),
+        (&Method::POST, ["upstreams", upstream, "backends", address, action]) => {
+            control(process, Some(upstream), address, action)
+        }
         (&Method::POST, ["reload"]) => match crate::reload::reload(process).await {
             Ok(summary) => {
                 info!("admin: {summary}");
@@ -171,11 +177,13 @@ async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> R
             }
         },
         (_, [""] | ["metrics"] | ["status"]) => method_not_allowed("GET"),
-        (_, ["backends", _, _] | ["reload"]) => method_not_allowed("POST"),
+        (_, ["backends", _, _] | ["upstreams", _, "backends", _, _] | ["reload"]) => {
+            method_not_allowed("POST")
+        }
         _ => text(
             StatusCode::NOT_FOUND,
             format!(
-                "404 Not Found: {path}; see GET / , /status, /metrics, POST /backends/{{address}}/{{drain,disable,enable}}, /reload"
+                "404 Not Found: {path}; see GET / , /status, /metrics, POST /backends/{{address}}/{{drain,disable,enable}}, /upstreams/{{name}}/backends/{{address}}/{{drain,disable,enable}}, /reload"
             ),
         ),
     }
@@ -224,7 +232,9 @@ fn authorized<B>(req: &Request<B>, token: &str) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn control(process: &Process, address: &str, action: &str) -> Reply {
+/// Sets the admin state of the backend at `address` in `upstream`, or in every upstream that
+/// has one there.
+fn control(process: &Process, upstream: Option<&str>, address: &str, action: &str) -> Reply {
     let state = match action {
         "drain" => AdminState::Draining,
         "disable" => AdminState::Disabled,
@@ -246,9 +256,22 @@ fn control(process: &Process, address: &str, action: &str) -> Reply {
             format!("400 Bad Request: \"{address}\" is not a backend address (IP:PORT)"),
         );
     };
+    // An upstream's name is a TOML key, which may hold any character.
+    let only = upstream.map(percent_decode);
     let generation = process.generations.borrow().clone();
+    if let Some(name) = &only {
+        if !generation.upstreams.iter().any(|u| &u.config.name == name) {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!("404 Not Found: no upstream \"{name}\""),
+            );
+        }
+    }
     let mut upstreams = Vec::new();
     for u in &generation.upstreams {
+        if only.as_ref().is_some_and(|name| name != &u.config.name) {
+            continue;
+        }
         for b in u.backends.iter().filter(|b| b.address == addr) {
             let before = b.set_admin_state(state);
             info!(
@@ -263,7 +286,10 @@ fn control(process: &Process, address: &str, action: &str) -> Reply {
     if upstreams.is_empty() {
         return text(
             StatusCode::NOT_FOUND,
-            format!("404 Not Found: no upstream has backend {addr}"),
+            match &only {
+                Some(name) => format!("404 Not Found: upstream \"{name}\" has no backend {addr}"),
+                None => format!("404 Not Found: no upstream has backend {addr}"),
+            },
         );
     }
     json_reply(

@@ -117,16 +117,22 @@ impl CoreMap {
                     on.push(format!("pinlb worker {i}"));
                 }
             }
+            // Two upstreams may list one address: it is one process, named once per core.
+            let mut add = |what: String| {
+                if !on.contains(&what) {
+                    on.push(what);
+                }
+            };
             for b in &self.backends {
                 if b.declared.as_ref().is_some_and(|d| d.contains(&core)) {
-                    on.push(format!("backend {} (declared)", b.address));
+                    add(format!("backend {} (declared)", b.address));
                 }
                 if let Found::Processes(ps) = &b.found {
                     for p in ps
                         .iter()
                         .filter(|p| self.pinned(p) && p.allowed.contains(&core))
                     {
-                        on.push(format!(
+                        add(format!(
                             "backend {} pid {} ({})",
                             b.address, p.pid, p.command
                         ));
@@ -183,7 +189,8 @@ impl CoreMap {
         !self.cores.iter().all(|c| p.allowed.contains(c))
     }
 
-    /// A warning for every backend process that may run on one of pinlb's cores.
+    /// A warning for every backend process that may run on one of pinlb's cores, once however
+    /// many upstreams list its address.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
         for b in &self.backends {
@@ -200,7 +207,7 @@ impl CoreMap {
                 if shared.is_empty() {
                     continue;
                 }
-                out.push(format!(
+                let warning = format!(
                     "backend {} is served by pid {} ({}), allowed on cores {}, which include pinlb's core{} {}",
                     b.address,
                     p.pid,
@@ -208,7 +215,10 @@ impl CoreMap {
                     format_cpu_list(&p.allowed),
                     if shared.len() > 1 { "s" } else { "" },
                     format_cpu_list(&shared)
-                ));
+                );
+                if !out.contains(&warning) {
+                    out.push(warning);
+                }
             }
         }
         out
@@ -473,5 +483,34 @@ mod tests {
             text.contains("served by pid 4242 (node), allowed on cores 0-3 (not pinned)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn an_address_two_upstreams_list_is_one_process_on_the_map() {
+        let listed = |upstream: &str| BackendProcess {
+            upstream: upstream.into(),
+            address: "127.0.0.1:8881".parse().unwrap(),
+            declared: Some(vec![0]),
+            found: Found::Processes(vec![Process {
+                pid: 4242,
+                command: "node".into(),
+                allowed: vec![0],
+            }]),
+        };
+        let map = CoreMap {
+            cores: vec![0, 1],
+            workers: vec![0],
+            backends: vec![listed("api"), listed("app")],
+        };
+        assert_eq!(map.warnings().len(), 1, "{:?}", map.warnings());
+        let text = map.render();
+        assert!(
+            text.contains(
+                "  core 0: pinlb worker 0, backend 127.0.0.1:8881 (declared), backend 127.0.0.1:8881 pid 4242 (node)\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("  backend 127.0.0.1:8881 (upstream api): served by pid 4242"));
+        assert!(text.contains("  backend 127.0.0.1:8881 (upstream app): served by pid 4242"));
     }
 }

@@ -10,6 +10,7 @@
 //! - [`config`]: the TOML file, raw types and validation into a [`Config`]; errors carry
 //!   `file:line:col` and the key.
 //! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
+//! - [`check`]: what `pinlb check` prints: the resolved plan, the core map, the verdict.
 //! - [`balance`]: backend selection (smooth weighted round robin, least_conn) as pure functions.
 //! - [`health`]: whether a backend may be picked: active-check rise/fall, passive failure
 //!   accounting (max_fails/fail_timeout) and slow start, as pure state machines.
@@ -62,6 +63,7 @@ mod admin;
 pub mod backend;
 pub mod balance;
 pub mod bench;
+pub mod check;
 pub mod config;
 mod connection;
 pub mod coremap;

@@ -66,12 +66,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => pinlb::demo::main(args),
         Command::Check { config } => match Config::load(&config) {
             Ok(c) => {
-                let map = pinlb::coremap::CoreMap::discover(&c);
-                let mut out = c.describe() + &map.render();
-                for w in map.warnings() {
-                    out += &format!("warning: {w}\n");
-                }
-                out += &format!("{}: configuration is valid\n", config.display());
+                let out = pinlb::check::report(&c, &config);
                 // Written at once and without print!'s panic on a closed pipe (`check | head`).
                 let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
                 ExitCode::SUCCESS

@@ -698,3 +698,175 @@ async fn a_reload_does_not_restart_the_count_of_failed_checks() {
     // The third failure takes it down: the two from before the reload still count.
     assert!(probes <= 3, "down only after {probes} failed probes");
 }
+
+/// Two upstreams that both list `shared`, each with a listener of its own: `app` (the first
+/// listener) with `only_app` too, `api` (the second) with `only_api`; `extra` follows `api`.
+fn shared_backend_config(
+    shared: SocketAddr,
+    only_app: SocketAddr,
+    only_api: SocketAddr,
+    extra: &str,
+) -> String {
+    let mut setup = with_admin(&[shared, only_app]);
+    setup.extra += &format!(
+        "\n[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"api\"\n\n\
+         [upstream.api]\n\
+         backends = [{{ address = \"{shared}\" }}, {{ address = \"{only_api}\" }}]\n\n{extra}"
+    );
+    setup.toml()
+}
+
+/// Which backends answer `n` requests to `addr`, sorted.
+async fn answered_by(addr: SocketAddr, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let r = get(addr, "/").await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        ids.push(r.backend().to_string());
+    }
+    ids.sort();
+    ids
+}
+
+/// The `/status` entry of the backend at `addr` in upstream `name`.
+fn status_of(s: &serde_json::Value, name: &str, addr: SocketAddr) -> serde_json::Value {
+    let u = s["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == name)
+        .unwrap_or_else(|| panic!("no upstream {name} in {s}"));
+    u["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["address"] == addr.to_string())
+        .unwrap_or_else(|| panic!("no backend {addr} in upstream {name}: {s}"))
+        .clone()
+}
+
+#[tokio::test]
+async fn one_address_in_two_upstreams_is_drained_in_both_by_address_or_in_one_by_upstream() {
+    let shared = Backend::start("shared").await;
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let proxy = Proxy::start_toml(&shared_backend_config(shared.addr, a.addr, b.addr, ""));
+    let (app, api) = (proxy.addrs[0], proxy.addrs[1]);
+
+    // Each upstream proxies to it, and counts its own requests under its own label.
+    assert_eq!(answered_by(app, 4).await, ["a", "a", "shared", "shared"]);
+    assert_eq!(
+        answered_by(api, 6).await,
+        ["b", "b", "b", "shared", "shared", "shared"]
+    );
+    let m = proxy.metrics().await;
+    let shared_in = |u: &str| format!("upstream=\"{u}\",backend=\"{}\"", shared.addr);
+    assert_eq!(
+        m.value("pinlb_backend_requests_total", &shared_in("app")),
+        2.0
+    );
+    assert_eq!(
+        m.value("pinlb_backend_requests_total", &shared_in("api")),
+        3.0
+    );
+
+    // By address alone: every upstream that has it.
+    let r = proxy
+        .admin(
+            Method::POST,
+            &format!("/backends/{}/drain", shared.addr),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["upstreams"], serde_json::json!(["api", "app"]), "{v}");
+    let s = proxy.status().await;
+    for u in ["app", "api"] {
+        assert_eq!(status_of(&s, u, shared.addr)["state"], "draining", "{u}");
+    }
+    assert_eq!(answered_by(app, 4).await, ["a"; 4]);
+    assert_eq!(answered_by(api, 4).await, ["b"; 4]);
+    assert_eq!(shared.hits(), 5);
+
+    // Qualified by upstream: that upstream only.
+    let r = proxy
+        .admin(
+            Method::POST,
+            &format!("/upstreams/app/backends/{}/enable", shared.addr),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["upstreams"], serde_json::json!(["app"]), "{v}");
+    let s = proxy.status().await;
+    assert_eq!(status_of(&s, "app", shared.addr)["state"], "up");
+    assert_eq!(status_of(&s, "api", shared.addr)["state"], "draining");
+    assert_eq!(answered_by(app, 4).await, ["a", "a", "shared", "shared"]);
+    assert_eq!(answered_by(api, 4).await, ["b"; 4]);
+
+    let r = proxy
+        .admin(
+            Method::POST,
+            &format!("/upstreams/web/backends/{}/enable", shared.addr),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert!(r.body.contains("no upstream \"web\""), "{}", r.body);
+    let r = proxy
+        .admin(
+            Method::POST,
+            &format!("/upstreams/app/backends/{}/drain", b.addr),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert!(
+        r.body
+            .contains(&format!("upstream \"app\" has no backend {}", b.addr)),
+        "{}",
+        r.body
+    );
+    let r = proxy
+        .admin(
+            Method::GET,
+            &format!("/upstreams/app/backends/{}/drain", shared.addr),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[tokio::test]
+async fn one_address_in_two_upstreams_has_its_own_health_in_each() {
+    let shared = Backend::start("shared").await;
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    // Checks in `api` only.
+    let proxy = Proxy::start_toml(&shared_backend_config(
+        shared.addr,
+        a.addr,
+        b.addr,
+        "[upstream.api.health]\npath = \"/health\"\ninterval = \"100ms\"\ntimeout = \"50ms\"\nfall = 1\nrise = 1\n",
+    ));
+    let (app, api) = (proxy.addrs[0], proxy.addrs[1]);
+    shared.set_health(503);
+    // Bounded: a check runs every 100 ms.
+    let mut down = false;
+    for _ in 0..100 {
+        if status_of(&proxy.status().await, "api", shared.addr)["health"] == "down" {
+            down = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(down, "health checks never took the backend down in api");
+    assert_eq!(
+        status_of(&proxy.status().await, "app", shared.addr)["health"],
+        "up"
+    );
+    assert_eq!(answered_by(api, 4).await, ["b"; 4]);
+    assert_eq!(answered_by(app, 4).await, ["a", "a", "shared", "shared"]);
+}

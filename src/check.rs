@@ -1,0 +1,208 @@
+//! `pinlb check`: what it prints for a valid file. The resolved plan, then the core map
+//! ([`crate::coremap`]) and its warnings, then the verdict.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use crate::config::{AccessFormat, AccessTarget, Config};
+use crate::coremap::CoreMap;
+use crate::cpus::format_cpu_list;
+
+/// Everything `pinlb check` prints for `config`, read from `file`. Looks for the backends'
+/// processes on this machine.
+pub fn report(config: &Config, file: &Path) -> String {
+    let map = CoreMap::discover(config);
+    let mut out = describe(config) + &map.render();
+    for w in map.warnings() {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    let _ = writeln!(out, "{}: configuration is valid", file.display());
+    out
+}
+
+/// The resolved plan, section by section, as `pinlb check` prints it.
+pub fn describe(config: &Config) -> String {
+    let mut s = String::new();
+    let rt = &config.runtime;
+    let _ = writeln!(
+        s,
+        "runtime: {} worker(s), shutdown_timeout {:?}",
+        rt.cpus.len(),
+        rt.shutdown_timeout
+    );
+    for (i, c) in rt.cpus.iter().enumerate() {
+        let _ = writeln!(s, "  worker {i} -> core {c}");
+    }
+    let l = &config.limits;
+    let _ = writeln!(
+        s,
+        "limits: request head {} bytes and {} headers, uri {} bytes, body {}, head within {:?}, body reads {:?} apart at most, {} connections",
+        l.max_header_bytes,
+        l.max_headers,
+        l.max_uri_bytes,
+        if l.max_body == 0 {
+            "unlimited".to_string()
+        } else {
+            format!("{} bytes", l.max_body)
+        },
+        l.header_timeout,
+        l.body_timeout,
+        l.max_connections
+    );
+    let _ = writeln!(
+        s,
+        "forwarded: X-Forwarded-For {}",
+        if config.trusted.is_empty() {
+            "replaced by the client's address for every client".to_string()
+        } else {
+            let nets: Vec<String> = config.trusted.iter().map(|n| n.to_string()).collect();
+            format!(
+                "kept and appended to for {}, replaced for every other client",
+                nets.join(", ")
+            )
+        }
+    );
+    for l in &config.listeners {
+        let _ = writeln!(
+            s,
+            "listener {} -> upstream {}",
+            l.address, config.upstreams[l.upstream].name
+        );
+    }
+    for u in &config.upstreams {
+        let t = &u.timeouts;
+        let _ = writeln!(
+            s,
+            "upstream {}: {}, keepalive {} per backend per worker, timeouts connect {:?} response {:?} client_idle {:?}",
+            u.name,
+            u.algorithm.as_str(),
+            u.keepalive,
+            t.connect,
+            t.response,
+            t.client_idle
+        );
+        match &u.health {
+            None => {
+                let _ = writeln!(s, "  health checks: off");
+            }
+            Some(h) => {
+                let _ = writeln!(
+                    s,
+                    "  health checks: GET {} every {:?}, timeout {:?}, rise {} fall {}, expect {}{}",
+                    h.path,
+                    h.interval,
+                    h.timeout,
+                    h.rise,
+                    h.fall,
+                    h.expect,
+                    h.host
+                        .as_deref()
+                        .map(|h| format!(", host {h}"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        let p = &u.passive;
+        if p.max_fails == 0 {
+            let _ = writeln!(s, "  passive checks: off");
+        } else {
+            let _ = writeln!(
+                s,
+                "  passive checks: max_fails {} within fail_timeout {:?}{}",
+                p.max_fails,
+                p.fail_timeout,
+                if p.fail_on_status.is_empty() {
+                    String::new()
+                } else {
+                    format!(", statuses {} count as failures", p.fail_on_status)
+                }
+            );
+        }
+        let r = &u.retry;
+        let _ = writeln!(
+            s,
+            "  retry: {} within {:?}, non_idempotent {}, bodies up to {} bytes kept for replay",
+            if r.tries == 0 {
+                "every backend once".to_string()
+            } else {
+                format!("at most {} tries", r.tries)
+            },
+            r.timeout,
+            r.non_idempotent,
+            r.buffer
+        );
+        for b in &u.backends {
+            let mut extra = String::new();
+            if let Some(c) = b.cpus.as_deref() {
+                let _ = write!(extra, ", cores {}", format_cpu_list(c));
+            }
+            if b.max_conns > 0 {
+                let _ = write!(extra, ", max_conns {}", b.max_conns);
+            }
+            if !b.slow_start.is_zero() {
+                let _ = write!(extra, ", slow_start {:?}", b.slow_start);
+            }
+            let _ = writeln!(s, "  backend {} weight {}{extra}", b.address, b.weight);
+        }
+    }
+    match &config.admin {
+        None => {
+            let _ = writeln!(s, "admin: off");
+        }
+        Some(a) => {
+            let _ = writeln!(
+                s,
+                "admin: http://{}/ (metrics, status, control, reload){}",
+                a.address,
+                if a.token.is_some() {
+                    ", bearer token required"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    match &config.access_log {
+        None => {
+            let _ = writeln!(s, "access log: off");
+        }
+        Some(a) => {
+            let _ = writeln!(
+                s,
+                "access log: {} ({})",
+                match &a.target {
+                    AccessTarget::Stdout => "stdout".to_string(),
+                    AccessTarget::File(p) => p.display().to_string(),
+                },
+                match a.format {
+                    AccessFormat::Combined => "combined",
+                    AccessFormat::Json => "json",
+                }
+            );
+        }
+    }
+    for w in &config.warnings {
+        let _ = writeln!(s, "warning: {w}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_gives_the_body_limit_in_bytes() {
+        let c = Config::parse(
+            "pinlb.toml",
+            "[limits]\nmax_body = \"1MiB\"\n[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"app\"\n[upstream.app]\nbackends = [{ address = \"127.0.0.1:8881\" }]\n",
+            &[0],
+        )
+        .unwrap();
+        assert!(
+            describe(&c).contains("body 1048576 bytes"),
+            "{}",
+            describe(&c)
+        );
+    }
+}

@@ -1,0 +1,393 @@
+//! Configuration: the TOML file, in two stages.
+//!
+//! 1. **Raw** types (`raw.rs`) mirror the file. They deny unknown keys and keep the byte span of
+//!    every value that validation may need to point at.
+//! 2. [`Config`] is the validated plan (`validate.rs`, one function per section): addresses parsed,
+//!    durations resolved, cores checked against the process's allowed set, upstreams referenced by
+//!    index. Nothing downstream re-parses a string.
+//!
+//! Every default is written once: a section's in its validated type's `Default` impl, and a key
+//! of a table that also has required keys (an upstream's `keepalive`, a backend's `weight`) in a
+//! named serde default function in `raw.rs`.
+//!
+//! Every error is a [`ConfigError`] that reads `file:line:col: key: what was expected`.
+
+mod error;
+mod raw;
+#[cfg(test)]
+mod tests;
+mod validate;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+pub use error::ConfigError;
+use error::Source;
+use raw::RawConfig;
+
+/// Balancing rule for an upstream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Algorithm {
+    /// nginx's smooth weighted round robin.
+    #[default]
+    RoundRobin,
+    /// Fewest in-flight requests per unit of weight, across all workers.
+    LeastConn,
+}
+
+impl Algorithm {
+    const NAMES: &'static str = "round_robin, least_conn";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::RoundRobin => "round_robin",
+            Algorithm::LeastConn => "least_conn",
+        }
+    }
+}
+
+/// The validated plan pinlb runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub runtime: Runtime,
+    /// What a client request may be, for every listener.
+    pub limits: Limits,
+    /// Peers whose X-Forwarded-For is kept (the client's address is appended); from everyone
+    /// else it is replaced by the client's address, so a client cannot spoof it.
+    pub trusted: Vec<ipnet::IpNet>,
+    pub listeners: Vec<Listener>,
+    pub upstreams: Vec<Upstream>,
+    /// The admin listener (`/metrics`, `/status`, runtime control, `/reload`); `None` keeps it
+    /// off, and then nothing on the request path counts metrics either.
+    pub admin: Option<Admin>,
+    /// Where the access log goes; `None` keeps it off.
+    pub access_log: Option<AccessLog>,
+    /// Non-fatal findings (a backend pinned to a proxy core), shown by `check` and logged at start.
+    pub warnings: Vec<String>,
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admin {
+    pub address: SocketAddr,
+    /// When set, every admin request needs `Authorization: Bearer <token>`. Required for an
+    /// address other than loopback: the admin API can take backends out and reload the config.
+    pub token: Option<String>,
+}
+
+impl Admin {
+    pub const DEFAULT_ADDRESS: &str = "127.0.0.1:9901";
+}
+
+/// `[log] access` and `format`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLog {
+    pub target: AccessTarget,
+    pub format: AccessFormat,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessTarget {
+    Stdout,
+    File(std::path::PathBuf),
+}
+
+/// The access log's line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessFormat {
+    /// nginx's and Apache's `combined`, with the backend and the two times appended.
+    Combined,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Runtime {
+    /// One worker thread per entry, pinned to that core. Sorted, no duplicates.
+    pub cpus: Vec<usize>,
+    /// How long in-flight requests may run on after SIGTERM/SIGINT.
+    pub shutdown_timeout: Duration,
+}
+
+/// The defaults but `cpus`, which is empty here: it defaults to the cores the process may run on,
+/// known only when the file is validated.
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime {
+            cpus: Vec::new(),
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Bounds on what one client may send, so that a malicious or broken client costs a bounded
+/// amount of memory and time and gets a clear status instead of a hang.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Request line plus headers; over it → 431.
+    pub max_header_bytes: usize,
+    /// Header lines per request; over it → 431.
+    pub max_headers: usize,
+    /// The request target as sent; over it → 414.
+    pub max_uri_bytes: usize,
+    /// Request body bytes; over it → 413. 0 = unlimited.
+    pub max_body: u64,
+    /// A request head must arrive whole within this long of its first byte (or of the accept,
+    /// for a connection's first request); else 408 and close.
+    pub header_timeout: Duration,
+    /// Between two reads of a request body (nginx's `client_body_timeout`): a client that sends
+    /// none of its body for this long gets 408 and the connection is closed; the backend never
+    /// sees that request complete.
+    pub body_timeout: Duration,
+    /// Client connections open at once, per process. At the limit pinlb stops accepting (new
+    /// connections wait in the kernel's backlog) and closes idle keep-alive connections to make
+    /// room, as nginx does when `worker_connections` run out.
+    pub max_connections: usize,
+}
+
+impl Limits {
+    /// Bounds on `max_header_bytes`: below 1 KiB ordinary browsers' heads fail; above 64 KiB a
+    /// slow client could make each connection hold that much while its head trickles in.
+    pub const HEADER_BYTES: (usize, usize) = (1024, 64 * 1024);
+    /// Most `max_headers`: the parser keeps room for that many on the stack per request.
+    pub const MAX_HEADERS: usize = 1000;
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_header_bytes: 32 * 1024,
+            max_headers: 100,
+            max_uri_bytes: 8 * 1024,
+            max_body: 0,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    pub address: SocketAddr,
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub name: String,
+    pub algorithm: Algorithm,
+    /// Idle connections kept per backend, per worker.
+    pub keepalive: usize,
+    pub backends: Vec<Backend>,
+    pub timeouts: Timeouts,
+    /// Active health checks; `None` when the file has no `health` table (off, as in nginx).
+    pub health: Option<Health>,
+    pub passive: Passive,
+    pub retry: Retry,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backend {
+    pub address: SocketAddr,
+    pub weight: u32,
+    /// Cores the backend is pinned to, if the user said so; used only for warnings and the plan.
+    pub cpus: Option<Vec<usize>>,
+    /// Most requests in flight to this backend across all workers; 0 = unlimited.
+    pub max_conns: usize,
+    /// After the backend comes back up, its weight ramps from ~0 to `weight` over this long;
+    /// zero = at once.
+    pub slow_start: Duration,
+}
+
+/// Active health checks, with HAProxy's semantics: `fall` consecutive failed probes take a
+/// backend down, `rise` consecutive passing ones bring it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// Path of the `GET` probe, origin-form.
+    pub path: String,
+    /// Time between two probes of one backend.
+    pub interval: Duration,
+    /// Budget for one probe, from connect to the end of the response body; less than `interval`.
+    pub timeout: Duration,
+    pub rise: u32,
+    pub fall: u32,
+    /// Statuses that pass.
+    pub expect: StatusSet,
+    /// Host header of the probe; the backend's address when unset.
+    pub host: Option<String>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            path: "/".to_string(),
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            rise: 2,
+            fall: 3,
+            expect: StatusSet(vec![(200, 399)]),
+            host: None,
+        }
+    }
+}
+
+/// Passive failure detection, with nginx's semantics: `max_fails` failed attempts within
+/// `fail_timeout` make the backend skipped for `fail_timeout`; then one request is let through as
+/// a trial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Passive {
+    /// 0 turns passive detection off.
+    pub max_fails: u32,
+    pub fail_timeout: Duration,
+    /// Backend responses with these statuses count as failed attempts too (they are still passed
+    /// to the client, not retried).
+    pub fail_on_status: StatusSet,
+}
+
+impl Default for Passive {
+    fn default() -> Self {
+        Passive {
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(10),
+            fail_on_status: StatusSet::default(),
+        }
+    }
+}
+
+/// When a failed attempt moves on to another backend, with nginx's `proxy_next_upstream` rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    /// Most attempts per request, the first included; 0 = every eligible backend once.
+    pub tries: usize,
+    /// No new attempt starts once this long has passed since the first.
+    pub timeout: Duration,
+    /// Whether POST, PATCH and other non-idempotent requests may be sent again after the backend
+    /// may have seen them.
+    pub non_idempotent: bool,
+    /// Request bodies up to this many bytes are kept so they can be sent again.
+    pub buffer: usize,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            tries: 0,
+            timeout: Duration::from_secs(10),
+            non_idempotent: false,
+            buffer: 64 * 1024,
+        }
+    }
+}
+
+/// A set of HTTP statuses, written `"200-399"`, `204`, or a list of those.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatusSet(Vec<(u16, u16)>);
+
+impl StatusSet {
+    pub fn contains(&self, status: u16) -> bool {
+        self.0.iter().any(|&(lo, hi)| lo <= status && status <= hi)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Display for StatusSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, &(lo, hi)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            if lo == hi {
+                write!(f, "{lo}")?;
+            } else {
+                write!(f, "{lo}-{hi}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Budget for one TCP connect to a backend.
+    pub connect: Duration,
+    /// From the end of the request (its body fully sent) until the backend's response headers
+    /// arrive, like nginx's proxy_read_timeout for the first byte; a slow upload is not cut off.
+    pub response: Duration,
+    /// An idle client keep-alive connection is closed after this.
+    pub client_idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(1),
+            response: Duration::from_secs(60),
+            client_idle: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates `path` against the cores this process may run on.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let allowed = crate::cpus::allowed_cpus().unwrap_or_default();
+        Config::load_for(path, &allowed)
+    }
+
+    /// Reads and validates `path` against `allowed` cores: a reload runs on a thread pinned to
+    /// `runtime.cpus`, so it passes the set the process had at start.
+    pub fn load_for(path: &Path, allowed: &[usize]) -> Result<Config, ConfigError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: name.clone(),
+            line: 0,
+            col: 0,
+            key: String::new(),
+            message: format!("cannot read file: {e}"),
+        })?;
+        Config::parse(&name, &text, allowed)
+    }
+
+    /// Parses and validates `text`; `file` is only used in messages. `allowed` is the set of cores
+    /// the process may run on (the default for `runtime.cpus`).
+    ///
+    /// Sections are validated in this order, so that a file with several mistakes always reports
+    /// the same one first.
+    pub fn parse(file: &str, text: &str, allowed: &[usize]) -> Result<Config, ConfigError> {
+        let src = Source { file, text };
+        let raw = RawConfig::parse(&src)?;
+        let runtime = validate::runtime(&src, &raw.runtime, allowed)?;
+        let limits = validate::limits(&src, &raw.limits)?;
+        let mut warnings = Vec::new();
+        let upstreams = raw
+            .upstream
+            .iter()
+            .map(|(name, up)| validate::upstream(&src, name, up, &runtime.cpus, &mut warnings))
+            .collect::<Result<Vec<_>, _>>()?;
+        let listeners = validate::listeners(&src, &raw.listeners, &upstreams)?;
+        let trusted = validate::forwarded(&src, &raw.forwarded)?;
+        let admin = raw
+            .admin
+            .as_ref()
+            .map(|a| validate::admin(&src, a, &listeners))
+            .transpose()?;
+        let access_log = validate::log(&src, &raw.log)?;
+        Ok(Config {
+            runtime,
+            limits,
+            trusted,
+            listeners,
+            upstreams,
+            admin,
+            access_log,
+            warnings,
+        })
+    }
+}

@@ -1,0 +1,365 @@
+//! The file as written: serde types that mirror it, and the deserialisers of its value types.
+//!
+//! Every table denies unknown keys. A value that validation may need to point at is kept as
+//! [`Spanned`], so that its error can name the line and column; a key left out is `None`, and
+//! validation fills in the default from the validated type's `Default` impl. Only the keys of a
+//! table that also has required keys (an upstream, a backend) get their defaults here, from a
+//! named function.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use toml::Spanned;
+
+use super::error::{ConfigError, Source};
+use super::{Algorithm, StatusSet};
+use crate::cpus::parse_cpu_list;
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    pub runtime: RawRuntime,
+    #[serde(default, rename = "listener")]
+    pub listeners: Vec<RawListener>,
+    #[serde(default)]
+    pub upstream: BTreeMap<String, RawUpstream>,
+    #[serde(default)]
+    pub limits: RawLimits,
+    #[serde(default)]
+    pub forwarded: RawForwarded,
+    pub admin: Option<RawAdmin>,
+    #[serde(default)]
+    pub log: RawLog,
+}
+
+impl RawConfig {
+    /// Deserialises `src`'s text. A type error names the key as the user wrote it and points at
+    /// the value.
+    pub fn parse(src: &Source) -> Result<RawConfig, ConfigError> {
+        let de = toml::Deserializer::parse(src.text)
+            .map_err(|e| src.at(e.span().unwrap_or(0..0), "", e.message()))?;
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            // `Spanned` values deserialize through a private field; users never wrote that key.
+            let key = e
+                .path()
+                .to_string()
+                .replace(".$__serde_spanned_private_value", "");
+            let inner = e.into_inner();
+            let key = if key == "." { String::new() } else { key };
+            src.at(inner.span().unwrap_or(0..0), &key, inner.message())
+        })
+    }
+}
+
+/// `[runtime]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRuntime {
+    pub cpus: Option<Spanned<CpuList>>,
+    pub shutdown_timeout: Option<Dur>,
+}
+
+/// `[limits]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimits {
+    pub max_header_bytes: Option<Spanned<Size>>,
+    pub max_headers: Option<Spanned<usize>>,
+    pub max_uri_bytes: Option<Spanned<Size>>,
+    pub max_body: Option<Spanned<Size>>,
+    pub header_timeout: Option<Spanned<Dur>>,
+    pub body_timeout: Option<Spanned<Dur>>,
+    pub max_connections: Option<Spanned<usize>>,
+}
+
+/// `[upstream.NAME]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUpstream {
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    #[serde(default = "default_keepalive")]
+    pub keepalive: usize,
+    pub backends: Spanned<Vec<RawBackend>>,
+    #[serde(default)]
+    pub timeouts: RawTimeouts,
+    /// Default for every backend's `max_conns`; 0 = unlimited.
+    #[serde(default)]
+    pub max_conns: usize,
+    /// Default for every backend's `slow_start`.
+    pub slow_start: Option<Dur>,
+    pub health: Option<RawHealth>,
+    #[serde(default)]
+    pub passive: RawPassive,
+    #[serde(default)]
+    pub retry: RawRetry,
+}
+
+/// Idle connections kept per backend, per worker.
+fn default_keepalive() -> usize {
+    64
+}
+
+/// One entry of `backends`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBackend {
+    pub address: Spanned<String>,
+    #[serde(default = "default_weight")]
+    pub weight: Spanned<u32>,
+    pub cpus: Option<Spanned<CpuList>>,
+    pub max_conns: Option<usize>,
+    pub slow_start: Option<Dur>,
+}
+
+/// Weight 1, at no place in the file (it is never wrong, so never pointed at).
+fn default_weight() -> Spanned<u32> {
+    Spanned::new(0..0, 1)
+}
+
+/// `[upstream.NAME.timeouts]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTimeouts {
+    pub connect: Option<Spanned<Dur>>,
+    pub response: Option<Spanned<Dur>>,
+    pub client_idle: Option<Spanned<Dur>>,
+}
+
+/// `[upstream.NAME.health]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHealth {
+    pub path: Option<Spanned<String>>,
+    pub interval: Option<Spanned<Dur>>,
+    pub timeout: Option<Spanned<Dur>>,
+    pub rise: Option<Spanned<u32>>,
+    pub fall: Option<Spanned<u32>>,
+    pub expect: Option<Spanned<StatusSet>>,
+    pub host: Option<Spanned<String>>,
+}
+
+/// `[upstream.NAME.passive]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPassive {
+    pub max_fails: Option<u32>,
+    pub fail_timeout: Option<Spanned<Dur>>,
+    pub fail_on_status: Option<StatusSet>,
+}
+
+/// `[upstream.NAME.retry]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRetry {
+    pub tries: Option<usize>,
+    pub timeout: Option<Spanned<Dur>>,
+    pub non_idempotent: Option<bool>,
+    pub buffer: Option<Size>,
+}
+
+/// One `[[listener]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawListener {
+    pub address: Spanned<String>,
+    pub upstream: Spanned<String>,
+}
+
+/// `[forwarded]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawForwarded {
+    #[serde(default)]
+    pub trusted: Vec<Spanned<String>>,
+}
+
+/// `[admin]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAdmin {
+    pub address: Option<Spanned<String>>,
+    pub token: Option<Spanned<String>>,
+    pub token_file: Option<Spanned<String>>,
+}
+
+/// `[log]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLog {
+    pub access: Option<Spanned<String>>,
+    pub format: Option<Spanned<String>>,
+}
+
+impl<'de> Deserialize<'de> for Algorithm {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.as_str() {
+            "round_robin" => Ok(Algorithm::RoundRobin),
+            "least_conn" => Ok(Algorithm::LeastConn),
+            other => Err(de::Error::custom(format!(
+                "unknown value \"{other}\", expected one of {}",
+                Algorithm::NAMES
+            ))),
+        }
+    }
+}
+
+/// A duration written as a string with a unit: "250ms", "2s", "1m".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Dur(pub(super) Duration);
+
+impl Dur {
+    /// The longest duration any key accepts.
+    const MAX: Duration = Duration::from_secs(365 * 86_400);
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Dur;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a duration string with a unit, such as \"250ms\", \"2s\" or \"1m\"")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Dur, E> {
+                let d = humantime::parse_duration(s).map_err(|_| {
+                    E::custom(format!(
+                        "invalid duration \"{s}\", expected a number with a unit, such as \"250ms\", \"2s\" or \"1m\""
+                    ))
+                })?;
+                // No timeout needs more, and a deadline of now plus any such duration cannot
+                // overflow a clock: the request path adds them without checking.
+                if d > Dur::MAX {
+                    return Err(E::custom(format!(
+                        "duration \"{s}\" is too long, expected at most 365 days"
+                    )));
+                }
+                Ok(Dur(d))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A list of cores: `[0, 2]`, `"2-5"`, `"0,2-3"` or `[0, "2-5"]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct CpuList(pub(super) Vec<usize>);
+
+impl<'de> Deserialize<'de> for CpuList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        const EXPECTED: &str = "a core id, a range string like \"2-5\", or a list of them";
+        impl<'de> Visitor<'de> for V {
+            type Value = CpuList;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<CpuList, E> {
+                usize::try_from(v)
+                    .map(|c| CpuList(vec![c]))
+                    .map_err(|_| E::custom(format!("invalid core {v}, expected {EXPECTED}")))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<CpuList, E> {
+                self.visit_i64(i64::try_from(v).unwrap_or(-1))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<CpuList, E> {
+                parse_cpu_list(s).map(CpuList).map_err(|e| {
+                    E::custom(format!(
+                        "invalid core list \"{s}\" ({e}), expected {EXPECTED}"
+                    ))
+                })
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<CpuList, A::Error> {
+                let mut out = Vec::new();
+                while let Some(CpuList(part)) = seq.next_element::<CpuList>()? {
+                    out.extend(part);
+                }
+                Ok(CpuList(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for StatusSet {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        const EXPECTED: &str =
+            "a status such as 200, a range string like \"200-399\", or a list of them";
+        fn status<E: de::Error>(v: i64) -> Result<u16, E> {
+            u16::try_from(v)
+                .ok()
+                .filter(|s| (100..=599).contains(s))
+                .ok_or_else(|| E::custom(format!("invalid status {v}, expected 100 to 599")))
+        }
+        impl<'de> Visitor<'de> for V {
+            type Value = StatusSet;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<StatusSet, E> {
+                let s = status(v)?;
+                Ok(StatusSet(vec![(s, s)]))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<StatusSet, E> {
+                self.visit_i64(i64::try_from(v).unwrap_or(-1))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<StatusSet, E> {
+                let bad =
+                    || E::custom(format!("invalid status range \"{s}\", expected {EXPECTED}"));
+                let (lo, hi) = s.split_once('-').unwrap_or((s, s));
+                let lo = status(lo.trim().parse().map_err(|_| bad())?)?;
+                let hi = status(hi.trim().parse().map_err(|_| bad())?)?;
+                if lo > hi {
+                    return Err(bad());
+                }
+                Ok(StatusSet(vec![(lo, hi)]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StatusSet, A::Error> {
+                let mut out = Vec::new();
+                while let Some(StatusSet(part)) = seq.next_element::<StatusSet>()? {
+                    out.extend(part);
+                }
+                Ok(StatusSet(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A size in bytes: `4096`, `"64KiB"`, `"1MiB"`, `"0"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Size(pub(super) u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        const EXPECTED: &str = "a size such as 4096, \"64KiB\" or \"1MiB\"";
+        impl Visitor<'_> for V {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Size, E> {
+                Ok(Size(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Size, E> {
+                u64::try_from(v)
+                    .map(Size)
+                    .map_err(|_| E::custom(format!("invalid size {v}, expected {EXPECTED}")))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Size, E> {
+                s.parse::<bytesize::ByteSize>()
+                    .map(|b| Size(b.as_u64()))
+                    .map_err(|_| E::custom(format!("invalid size \"{s}\", expected {EXPECTED}")))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}

@@ -1,0 +1,429 @@
+//! `Config::parse` end to end: what each section accepts, its defaults, and each error's exact
+//! place and words.
+
+use super::*;
+
+const ALLOWED: &[usize] = &[0, 1, 2, 3];
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse("pinlb.toml", text, ALLOWED)
+}
+
+fn err(text: &str) -> String {
+    parse(text)
+        .expect_err("config should be rejected")
+        .to_string()
+}
+
+const MINIMAL: &str = r#"
+[[listener]]
+address = "127.0.0.1:8888"
+upstream = "app"
+
+[upstream.app]
+backends = [{ address = "127.0.0.1:8881" }]
+"#;
+
+#[test]
+fn admin_is_off_unless_configured_and_needs_a_token_off_loopback() {
+    assert_eq!(parse(MINIMAL).unwrap().admin, None);
+    let on = parse(&format!("{MINIMAL}[admin]\n")).unwrap();
+    assert_eq!(
+        on.admin.unwrap().address,
+        Admin::DEFAULT_ADDRESS.parse().unwrap()
+    );
+    assert_eq!(
+        err(&format!("{MINIMAL}[admin]\naddress = \"0.0.0.0:9901\"\n")),
+        "pinlb.toml:9:11: admin.address: 0.0.0.0:9901 is not a loopback address, so admin.token or admin.token_file must be set: anyone who can reach it could take backends out and reload the config"
+    );
+    let open = parse(&format!(
+        "{MINIMAL}[admin]\naddress = \"0.0.0.0:9901\"\ntoken = \"t\"\n"
+    ))
+    .unwrap();
+    assert_eq!(open.admin.unwrap().token.as_deref(), Some("t"));
+    assert_eq!(
+        err(&format!("{MINIMAL}[admin]\naddress = \"localhost\"\n")),
+        "pinlb.toml:9:11: admin.address: invalid address \"localhost\", expected IP:PORT such as \"127.0.0.1:9901\""
+    );
+    assert!(err(&format!("{MINIMAL}[admin]\nport = 1\n")).contains("unknown field `port`"));
+    assert_eq!(
+        err(&format!("{MINIMAL}[admin]\naddress = \"127.0.0.1:8888\"\n")),
+        "pinlb.toml:9:11: admin.address: 127.0.0.1:8888 is also a [[listener]] address, expected an address of its own"
+    );
+    assert!(
+        err(&format!("{MINIMAL}[admin]\ntoken = \"two words\"\n"))
+            .starts_with("pinlb.toml:9:9: admin.token: expected a non-empty secret")
+    );
+}
+
+#[test]
+fn admin_token_file_is_read_without_its_trailing_newline() {
+    let path = std::env::temp_dir().join(format!("pinlb-token-{}", std::process::id()));
+    let with = |file: &str| {
+        format!("{MINIMAL}[admin]\naddress = \"0.0.0.0:9901\"\ntoken_file = \"{file}\"\n")
+    };
+    std::fs::write(&path, "s3cret\n").unwrap();
+    let file = path.to_str().unwrap();
+    let admin = parse(&with(file)).unwrap().admin.unwrap();
+    assert_eq!(admin.token.as_deref(), Some("s3cret"));
+    assert_eq!(
+        err(&format!("{}token = \"t\"\n", with(file))),
+        "pinlb.toml:10:14: admin.token_file: set together with admin.token, expected one of them"
+    );
+    std::fs::write(&path, "two words\n").unwrap();
+    assert!(
+        err(&with(file))
+            .starts_with("pinlb.toml:10:14: admin.token_file: expected a non-empty secret"),
+    );
+    std::fs::remove_file(&path).unwrap();
+    assert!(err(&with(file)).starts_with(&format!(
+        "pinlb.toml:10:14: admin.token_file: cannot read {file}: "
+    )));
+}
+
+#[test]
+fn the_access_log_is_off_by_default_and_its_format_is_checked() {
+    assert_eq!(parse(MINIMAL).unwrap().access_log, None);
+    let log = parse(&format!("{MINIMAL}[log]\naccess = \"stdout\"\n"))
+        .unwrap()
+        .access_log
+        .unwrap();
+    assert_eq!(
+        (log.target, log.format),
+        (AccessTarget::Stdout, AccessFormat::Combined)
+    );
+    assert_eq!(
+        err(&format!(
+            "{MINIMAL}[log]\naccess = \"/tmp/a.log\"\nformat = \"jsonl\"\n"
+        )),
+        "pinlb.toml:10:10: log.format: unknown value \"jsonl\", expected one of combined, json"
+    );
+    assert_eq!(
+        err(&format!("{MINIMAL}[log]\nformat = \"json\"\n")),
+        "pinlb.toml:9:10: log.format: set without log.access, expected log.access too (\"stdout\" or a file path)"
+    );
+}
+
+#[test]
+fn minimal_config_takes_defaults() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.runtime.cpus, ALLOWED);
+    assert_eq!(c.runtime.shutdown_timeout, Duration::from_secs(30));
+    let u = &c.upstreams[0];
+    assert_eq!(u.algorithm, Algorithm::RoundRobin);
+    assert_eq!(u.keepalive, 64);
+    assert_eq!(u.backends[0].weight, 1);
+    assert_eq!(u.timeouts, Timeouts::default());
+    assert_eq!(c.listeners[0].upstream, 0);
+    assert_eq!(c.limits, Limits::default());
+}
+
+#[test]
+fn limits_parse_sizes_and_durations() {
+    let c = parse(&format!(
+        "[limits]\nmax_header_bytes = \"16KiB\"\nmax_headers = 50\nmax_uri_bytes = 2048\nmax_body = \"1MiB\"\nheader_timeout = \"300ms\"\nbody_timeout = \"2s\"\nmax_connections = 2\n{MINIMAL}"
+    ))
+    .unwrap();
+    assert_eq!(
+        c.limits,
+        Limits {
+            max_header_bytes: 16 * 1024,
+            max_headers: 50,
+            max_uri_bytes: 2048,
+            max_body: 1024 * 1024,
+            header_timeout: Duration::from_millis(300),
+            body_timeout: Duration::from_secs(2),
+            max_connections: 2,
+        }
+    );
+}
+
+#[test]
+fn limits_that_could_never_work_are_rejected_at_their_place() {
+    let with = |kv: &str| err(&format!("[limits]\n{kv}\n{MINIMAL}"));
+    assert_eq!(
+        with("max_header_bytes = \"100B\""),
+        "pinlb.toml:2:20: limits.max_header_bytes: 100 bytes is out of range, expected \"1KiB\" to \"64KiB\""
+    );
+    assert!(
+        with("max_header_bytes = \"65KiB\"")
+            .starts_with("pinlb.toml:2:20: limits.max_header_bytes: 66560 bytes is out of range"),
+        "{}",
+        with("max_header_bytes = \"65KiB\"")
+    );
+    assert_eq!(
+        with("max_headers = 0"),
+        "pinlb.toml:2:15: limits.max_headers: 0 is out of range, expected 1 to 1000"
+    );
+    assert_eq!(
+        with("max_uri_bytes = \"0\""),
+        "pinlb.toml:2:17: limits.max_uri_bytes: 0 is not allowed, expected a size such as \"8KiB\""
+    );
+    assert!(
+        with("header_timeout = \"0s\"")
+            .starts_with("pinlb.toml:2:18: limits.header_timeout: a duration of 0"),
+        "{}",
+        with("header_timeout = \"0s\"")
+    );
+    assert!(
+        with("max_body = \"lots\"")
+            .starts_with("pinlb.toml:2:12: limits.max_body: invalid size \"lots\""),
+        "{}",
+        with("max_body = \"lots\"")
+    );
+}
+
+#[test]
+fn full_contract_parses() {
+    let c = parse(
+        r#"
+[runtime]
+cpus = [0, "2-3"]
+shutdown_timeout = "250ms"
+
+[[listener]]
+address = "127.0.0.1:8888"
+upstream = "app"
+
+[upstream.app]
+algorithm = "least_conn"
+keepalive = 8
+backends = [
+  { address = "127.0.0.1:8881", weight = 5 },
+  { address = "127.0.0.1:8882", cpus = [1] },
+  { address = "127.0.0.1:8883", cpus = "2" },
+]
+
+[upstream.app.timeouts]
+connect = "1s"
+response = "1m"
+client_idle = "2s"
+"#,
+    )
+    .unwrap();
+    assert_eq!(c.runtime.cpus, vec![0, 2, 3]);
+    assert_eq!(c.runtime.shutdown_timeout, Duration::from_millis(250));
+    let u = &c.upstreams[0];
+    assert_eq!(u.algorithm, Algorithm::LeastConn);
+    assert_eq!(u.keepalive, 8);
+    assert_eq!(
+        u.backends.iter().map(|b| b.weight).collect::<Vec<_>>(),
+        vec![5, 1, 1]
+    );
+    assert_eq!(u.timeouts.response, Duration::from_secs(60));
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    assert!(c.warnings[0].contains("127.0.0.1:8883"), "{:?}", c.warnings);
+}
+
+#[test]
+fn unknown_algorithm_names_place_key_and_choices() {
+    let e = err(&MINIMAL.replace(
+        "[upstream.app]\n",
+        "[upstream.app]\nalgorithm = \"leastconn\"\n",
+    ));
+    assert_eq!(
+        e,
+        "pinlb.toml:7:13: upstream.app.algorithm: unknown value \"leastconn\", expected one of round_robin, least_conn"
+    );
+}
+
+#[test]
+fn unknown_keys_are_errors() {
+    let e = err(&MINIMAL.replace(
+        "[upstream.app]\n",
+        "[upstream.app]\nalgoritm = \"least_conn\"\n",
+    ));
+    assert!(
+        e.starts_with("pinlb.toml:7:1: upstream.app.algoritm: unknown field `algoritm`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn weight_zero_is_rejected_at_the_weight() {
+    let e = err(&MINIMAL.replace("8881\" }", "8881\", weight = 0 }"));
+    assert_eq!(
+        e,
+        "pinlb.toml:7:52: upstream.app.backends[0].weight: weight 0 is not allowed, expected a positive integer"
+    );
+}
+
+#[test]
+fn empty_upstream_is_rejected() {
+    let e = err(&MINIMAL.replace("[{ address = \"127.0.0.1:8881\" }]", "[]"));
+    assert_eq!(
+        e,
+        "pinlb.toml:7:12: upstream.app.backends: an upstream needs at least one backend"
+    );
+}
+
+#[test]
+fn listener_to_unknown_upstream_is_rejected() {
+    let e = err(&MINIMAL.replace("upstream = \"app\"", "upstream = \"web\""));
+    assert_eq!(
+        e,
+        "pinlb.toml:4:12: listener[0].upstream: unknown upstream \"web\", expected one of: app"
+    );
+}
+
+#[test]
+fn duplicate_backends_are_rejected() {
+    let e = err(&MINIMAL.replace(
+        "[{ address = \"127.0.0.1:8881\" }]",
+        "[{ address = \"127.0.0.1:8881\" }, { address = \"127.0.0.1:8881\" }]",
+    ));
+    assert!(e.starts_with("pinlb.toml:7:57: upstream.app.backends[1].address: duplicate backend address 127.0.0.1:8881"), "{e}");
+}
+
+#[test]
+fn one_backend_address_may_be_listed_by_two_upstreams() {
+    let c = parse(&format!(
+        "{MINIMAL}\n[upstream.api]\nbackends = [{{ address = \"127.0.0.1:8881\", weight = 3 }}]\n"
+    ))
+    .unwrap();
+    let listed: Vec<(&str, String, u32)> = c
+        .upstreams
+        .iter()
+        .flat_map(|u| {
+            u.backends
+                .iter()
+                .map(|b| (u.name.as_str(), b.address.to_string(), b.weight))
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("api", "127.0.0.1:8881".to_string(), 3),
+            ("app", "127.0.0.1:8881".to_string(), 1)
+        ]
+    );
+}
+
+#[test]
+fn duplicate_listeners_are_rejected_but_port_0_may_repeat() {
+    let two = |addr: &str| {
+        format!("{MINIMAL}\n[[listener]]\naddress = \"{addr}\"\nupstream = \"app\"\n")
+            .replace("127.0.0.1:8888", addr)
+    };
+    let e = err(&two("127.0.0.1:8888"));
+    assert!(
+        e.starts_with(
+            "pinlb.toml:10:11: listener[1].address: duplicate listener address 127.0.0.1:8888"
+        ),
+        "{e}"
+    );
+    assert_eq!(parse(&two("127.0.0.1:0")).unwrap().listeners.len(), 2);
+}
+
+#[test]
+fn core_outside_allowed_set_names_core_and_set() {
+    let e = err(&format!("[runtime]\ncpus = \"2-7\"\n{MINIMAL}"));
+    assert_eq!(
+        e,
+        "pinlb.toml:2:8: runtime.cpus: core 4 is not in this process's allowed set 0-3"
+    );
+}
+
+#[test]
+fn bad_duration_says_what_is_expected() {
+    let e = err(&format!("[runtime]\nshutdown_timeout = \"30\"\n{MINIMAL}"));
+    assert!(
+        e.starts_with("pinlb.toml:2:20: runtime.shutdown_timeout: invalid duration \"30\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn durations_over_a_year_are_rejected() {
+    let e = err(&format!(
+        "[limits]\nheader_timeout = \"400days\"\n{MINIMAL}"
+    ));
+    assert!(
+        e.starts_with(
+            "pinlb.toml:2:18: limits.header_timeout: duration \"400days\" is too long, expected at most 365 days"
+        ),
+        "{e}"
+    );
+    let ok = parse(&format!(
+        "[limits]\nheader_timeout = \"365days\"\n{MINIMAL}"
+    ));
+    assert!(ok.is_ok(), "{:?}", ok.err());
+}
+
+#[test]
+fn type_errors_inside_spanned_values_name_the_users_key() {
+    let e = err(&MINIMAL.replace("8881\" }", "8881\", weight = \"heavy\" }"));
+    assert!(
+        e.starts_with("pinlb.toml:7:52: upstream.app.backends[0].weight: "),
+        "{e}"
+    );
+    let e = err(&format!(
+        "{MINIMAL}\n[upstream.app.timeouts]\nresponse = \"30\"\n"
+    ));
+    assert!(
+        e.starts_with("pinlb.toml:10:12: upstream.app.timeouts.response: invalid duration"),
+        "{e}"
+    );
+}
+
+#[test]
+fn zero_timeouts_are_rejected() {
+    let e = err(&format!(
+        "{MINIMAL}\n[upstream.app.timeouts]\nclient_idle = \"0s\"\n"
+    ));
+    assert_eq!(
+        e,
+        "pinlb.toml:10:15: upstream.app.timeouts.client_idle: a duration of 0 is not allowed, expected a positive duration such as \"1s\""
+    );
+}
+
+#[test]
+fn bad_address_says_what_is_expected() {
+    let e = err(&MINIMAL.replace("127.0.0.1:8888", "localhost"));
+    assert!(
+        e.starts_with("pinlb.toml:3:11: listener[0].address: invalid address \"localhost\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn syntax_errors_have_a_position() {
+    let e = err("[runtime\ncpus = [0]\n");
+    assert!(e.starts_with("pinlb.toml:1:"), "{e}");
+}
+
+#[test]
+fn health_values_that_could_never_work_are_rejected_at_their_place() {
+    let with = |keys: &str| err(&format!("{MINIMAL}\n[upstream.app.health]\n{keys}\n"));
+    assert_eq!(
+        with("expect = []"),
+        "pinlb.toml:10:10: upstream.app.health.expect: an empty list passes no probe, expected a status such as 200, a range such as \"200-399\", or a list of them"
+    );
+    assert!(
+        with("path = \"/health#top\"")
+            .starts_with("pinlb.toml:10:8: upstream.app.health.path: invalid path \"/health#top\""),
+        "{}",
+        with("path = \"/health#top\"")
+    );
+    assert_eq!(
+        with("interval = \"2d\""),
+        "pinlb.toml:10:12: upstream.app.health.interval: 172800s is too long, expected at most 1 day"
+    );
+}
+
+#[test]
+fn trusted_proxies_are_networks_or_addresses() {
+    let c = parse(&format!(
+        "{MINIMAL}\n[forwarded]\ntrusted = [\"10.0.0.0/8\", \"192.0.2.7\", \"::1\"]\n"
+    ))
+    .unwrap();
+    let nets: Vec<String> = c.trusted.iter().map(|n| n.to_string()).collect();
+    assert_eq!(nets, ["10.0.0.0/8", "192.0.2.7/32", "::1/128"]);
+    assert!(parse(MINIMAL).unwrap().trusted.is_empty());
+    assert_eq!(
+        err(&format!(
+            "{MINIMAL}\n[forwarded]\ntrusted = [\"10.0.0.0/33\"]\n"
+        )),
+        "pinlb.toml:10:12: forwarded.trusted[0]: invalid network \"10.0.0.0/33\", expected an address or a CIDR block such as \"10.0.0.0/8\""
+    );
+}

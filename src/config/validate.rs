@@ -1,0 +1,595 @@
+//! Raw sections into validated ones, one function per section, in the order `Config::parse`
+//! calls them. Each takes the [`Source`] to name the place of an error, and fills in what the
+//! file leaves out from the validated type's `Default`.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::error::{ConfigError, Source};
+use super::raw::{
+    Dur, RawAdmin, RawBackend, RawForwarded, RawHealth, RawLimits, RawListener, RawLog, RawPassive,
+    RawRetry, RawRuntime, RawTimeouts, RawUpstream,
+};
+use super::{
+    AccessFormat, AccessLog, AccessTarget, Admin, Backend, Health, Limits, Listener, Passive,
+    Retry, Runtime, Timeouts, Upstream,
+};
+use crate::cpus::format_cpu_list;
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+/// `[runtime]`: the cores default to every core the process may run on.
+pub(super) fn runtime(src: &Source, raw: &RawRuntime, allowed: &[usize]) -> Result<Runtime> {
+    let d = Runtime::default();
+    let cpus = match &raw.cpus {
+        None => {
+            if allowed.is_empty() {
+                return Err(src.at(
+                    0..0,
+                    "runtime.cpus",
+                    "cannot read the cores this process may run on; list them explicitly",
+                ));
+            }
+            allowed.to_vec()
+        }
+        Some(list) => {
+            let mut cpus = list.get_ref().0.clone();
+            cpus.sort_unstable();
+            cpus.dedup();
+            if cpus.is_empty() {
+                return Err(src.at(list.span(), "runtime.cpus", "expected at least one core"));
+            }
+            if let Some(bad) = cpus.iter().find(|c| !allowed.contains(c)) {
+                return Err(src.at(
+                    list.span(),
+                    "runtime.cpus",
+                    format!(
+                        "core {bad} is not in this process's allowed set {}",
+                        format_cpu_list(allowed)
+                    ),
+                ));
+            }
+            cpus
+        }
+    };
+    Ok(Runtime {
+        cpus,
+        shutdown_timeout: raw.shutdown_timeout.map_or(d.shutdown_timeout, |d| d.0),
+    })
+}
+
+/// A duration that must not be zero, when given: a zero timeout or interval would fail every
+/// request or close every connection at once.
+fn positive(src: &Source, v: &Option<Spanned<Dur>>, key: &str) -> Result<Option<Duration>> {
+    match v {
+        None => Ok(None),
+        Some(x) if x.get_ref().0.is_zero() => Err(src.at(
+            x.span(),
+            key,
+            "a duration of 0 is not allowed, expected a positive duration such as \"1s\"",
+        )),
+        Some(x) => Ok(Some(x.get_ref().0)),
+    }
+}
+
+/// `[limits]`.
+pub(super) fn limits(src: &Source, l: &RawLimits) -> Result<Limits> {
+    let d = Limits::default();
+    let (lo, hi) = Limits::HEADER_BYTES;
+    let max_header_bytes = match &l.max_header_bytes {
+        None => d.max_header_bytes,
+        Some(v) => usize::try_from(v.get_ref().0)
+            .ok()
+            .filter(|n| (lo..=hi).contains(n))
+            .ok_or_else(|| {
+                src.at(
+                    v.span(),
+                    "limits.max_header_bytes",
+                    format!(
+                        "{} bytes is out of range, expected \"1KiB\" to \"64KiB\"",
+                        v.get_ref().0
+                    ),
+                )
+            })?,
+    };
+    let max_headers = match &l.max_headers {
+        None => d.max_headers,
+        Some(v) if (1..=Limits::MAX_HEADERS).contains(v.get_ref()) => *v.get_ref(),
+        Some(v) => {
+            return Err(src.at(
+                v.span(),
+                "limits.max_headers",
+                format!(
+                    "{} is out of range, expected 1 to {}",
+                    v.get_ref(),
+                    Limits::MAX_HEADERS
+                ),
+            ));
+        }
+    };
+    let max_uri_bytes = match &l.max_uri_bytes {
+        None => d.max_uri_bytes,
+        Some(v) if v.get_ref().0 == 0 => {
+            return Err(src.at(
+                v.span(),
+                "limits.max_uri_bytes",
+                "0 is not allowed, expected a size such as \"8KiB\"",
+            ));
+        }
+        Some(v) => usize::try_from(v.get_ref().0).unwrap_or(usize::MAX),
+    };
+    Ok(Limits {
+        max_header_bytes,
+        max_headers,
+        max_uri_bytes,
+        max_body: l.max_body.as_ref().map_or(d.max_body, |v| v.get_ref().0),
+        header_timeout: positive(src, &l.header_timeout, "limits.header_timeout")?
+            .unwrap_or(d.header_timeout),
+        body_timeout: positive(src, &l.body_timeout, "limits.body_timeout")?
+            .unwrap_or(d.body_timeout),
+        max_connections: match &l.max_connections {
+            None => d.max_connections,
+            // tokio's semaphore holds at most usize::MAX >> 3 permits.
+            Some(v) if (1..=1 << 40).contains(v.get_ref()) => *v.get_ref(),
+            Some(v) => {
+                return Err(src.at(
+                    v.span(),
+                    "limits.max_connections",
+                    format!(
+                        "{} is out of range, expected 1 to {}",
+                        v.get_ref(),
+                        1u64 << 40
+                    ),
+                ));
+            }
+        },
+    })
+}
+
+/// `[upstream.NAME]` and its tables. A backend pinned to one of `worker_cpus` adds a warning.
+pub(super) fn upstream(
+    src: &Source,
+    name: &str,
+    up: &RawUpstream,
+    worker_cpus: &[usize],
+    warnings: &mut Vec<String>,
+) -> Result<Upstream> {
+    let key = format!("upstream.{name}");
+    Ok(Upstream {
+        name: name.to_string(),
+        algorithm: up.algorithm,
+        keepalive: up.keepalive,
+        backends: backends(src, name, &key, up, worker_cpus, warnings)?,
+        timeouts: timeouts(src, &key, &up.timeouts)?,
+        health: up
+            .health
+            .as_ref()
+            .map(|h| health(src, &key, h))
+            .transpose()?,
+        passive: passive(src, &key, &up.passive)?,
+        retry: retry(src, &key, &up.retry)?,
+    })
+}
+
+/// An upstream's `backends`. An address may appear once in an upstream: twice would only be a
+/// heavier weight, written confusingly. Another upstream may list it too, as nginx allows: it
+/// then has a backend of its own at that address, with its own health, counters and pool.
+fn backends(
+    src: &Source,
+    name: &str,
+    key: &str,
+    up: &RawUpstream,
+    worker_cpus: &[usize],
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Backend>> {
+    let raw = up.backends.get_ref();
+    if raw.is_empty() {
+        return Err(src.at(
+            up.backends.span(),
+            &format!("{key}.backends"),
+            "an upstream needs at least one backend",
+        ));
+    }
+    let mut seen = HashSet::new();
+    let mut backends = Vec::with_capacity(raw.len());
+    for (i, b) in raw.iter().enumerate() {
+        let bkey = format!("{key}.backends[{i}]");
+        let backend = backend(src, &bkey, up, b, &mut seen)?;
+        if let Some(bcpus) = &backend.cpus {
+            let shared: Vec<usize> = bcpus
+                .iter()
+                .copied()
+                .filter(|c| worker_cpus.contains(c))
+                .collect();
+            if !shared.is_empty() {
+                warnings.push(format!(
+                    "backend {} (upstream {name}) is pinned to cores {}, which overlap pinlb's cores {}",
+                    backend.address,
+                    format_cpu_list(&shared),
+                    format_cpu_list(worker_cpus)
+                ));
+            }
+        }
+        backends.push(backend);
+    }
+    Ok(backends)
+}
+
+/// One entry of `backends`, whose address must not be in `seen` (the upstream's addresses so
+/// far); `max_conns` and `slow_start` default to the upstream's.
+fn backend(
+    src: &Source,
+    bkey: &str,
+    up: &RawUpstream,
+    b: &RawBackend,
+    seen: &mut HashSet<SocketAddr>,
+) -> Result<Backend> {
+    let address: SocketAddr = b.address.get_ref().parse().map_err(|_| {
+        src.at(
+            b.address.span(),
+            &format!("{bkey}.address"),
+            format!(
+                "invalid address \"{}\", expected IP:PORT such as \"127.0.0.1:8881\"",
+                b.address.get_ref()
+            ),
+        )
+    })?;
+    if !seen.insert(address) {
+        return Err(src.at(
+            b.address.span(),
+            &format!("{bkey}.address"),
+            format!("duplicate backend address {address}; each backend may appear once"),
+        ));
+    }
+    let weight = *b.weight.get_ref();
+    if weight == 0 {
+        return Err(src.at(
+            b.weight.span(),
+            &format!("{bkey}.weight"),
+            "weight 0 is not allowed, expected a positive integer",
+        ));
+    }
+    let cpus = b.cpus.as_ref().map(|c| {
+        let mut v = c.get_ref().0.clone();
+        v.sort_unstable();
+        v.dedup();
+        v
+    });
+    Ok(Backend {
+        address,
+        weight,
+        cpus,
+        max_conns: b.max_conns.unwrap_or(up.max_conns),
+        slow_start: b
+            .slow_start
+            .or(up.slow_start)
+            .map_or(Duration::ZERO, |d| d.0),
+    })
+}
+
+/// `[upstream.NAME.timeouts]`.
+fn timeouts(src: &Source, key: &str, t: &RawTimeouts) -> Result<Timeouts> {
+    let d = Timeouts::default();
+    let tkey = |field: &str| format!("{key}.timeouts.{field}");
+    Ok(Timeouts {
+        connect: positive(src, &t.connect, &tkey("connect"))?.unwrap_or(d.connect),
+        response: positive(src, &t.response, &tkey("response"))?.unwrap_or(d.response),
+        client_idle: positive(src, &t.client_idle, &tkey("client_idle"))?.unwrap_or(d.client_idle),
+    })
+}
+
+/// `[upstream.NAME.health]`: checks are on when the table is there.
+fn health(src: &Source, key: &str, h: &RawHealth) -> Result<Health> {
+    let d = Health::default();
+    let hkey = format!("{key}.health");
+    let interval = positive(src, &h.interval, &format!("{hkey}.interval"))?.unwrap_or(d.interval);
+    let timeout = positive(src, &h.timeout, &format!("{hkey}.timeout"))?.unwrap_or(d.timeout);
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+    if interval > DAY {
+        let span = h.interval.as_ref().map_or(0..0, |d| d.span());
+        return Err(src.at(
+            span,
+            &format!("{hkey}.interval"),
+            format!("{interval:?} is too long, expected at most 1 day"),
+        ));
+    }
+    if timeout >= interval {
+        let span = h
+            .timeout
+            .as_ref()
+            .or(h.interval.as_ref())
+            .map_or(0..0, |d| d.span());
+        return Err(src.at(
+            span,
+            &hkey,
+            format!("timeout ({timeout:?}) must be less than interval ({interval:?})"),
+        ));
+    }
+    let count = |v: &Option<Spanned<u32>>, field: &str, default: u32| match v {
+        None => Ok(default),
+        Some(x) if *x.get_ref() == 0 => Err(src.at(
+            x.span(),
+            &format!("{hkey}.{field}"),
+            "0 is not allowed, expected a positive number of checks",
+        )),
+        Some(x) => Ok(*x.get_ref()),
+    };
+    let path = match &h.path {
+        None => d.path,
+        Some(p) => {
+            let v = p.get_ref();
+            // A fragment is never sent on the wire.
+            if !v.starts_with('/')
+                || v.contains('#')
+                || http::uri::PathAndQuery::try_from(v.as_str()).is_err()
+            {
+                return Err(src.at(
+                    p.span(),
+                    &format!("{hkey}.path"),
+                    format!(
+                        "invalid path \"{v}\", expected an origin-form path such as \"/health\""
+                    ),
+                ));
+            }
+            v.clone()
+        }
+    };
+    let host = match &h.host {
+        None => d.host,
+        Some(v) => {
+            if v.get_ref().is_empty()
+                || http::HeaderValue::from_str(v.get_ref()).is_err()
+                || v.get_ref().contains([' ', '\t'])
+            {
+                return Err(src.at(
+                    v.span(),
+                    &format!("{hkey}.host"),
+                    format!(
+                        "invalid host \"{}\", expected a host name such as \"app.local\"",
+                        v.get_ref()
+                    ),
+                ));
+            }
+            Some(v.get_ref().clone())
+        }
+    };
+    Ok(Health {
+        path,
+        interval,
+        timeout,
+        rise: count(&h.rise, "rise", d.rise)?,
+        fall: count(&h.fall, "fall", d.fall)?,
+        expect: match &h.expect {
+            None => d.expect,
+            // Nothing would pass: every backend would go down after `fall`.
+            Some(e) if e.get_ref().is_empty() => {
+                return Err(src.at(
+                    e.span(),
+                    &format!("{hkey}.expect"),
+                    "an empty list passes no probe, expected a status such as 200, a range such as \"200-399\", or a list of them",
+                ));
+            }
+            Some(e) => e.get_ref().clone(),
+        },
+        host,
+    })
+}
+
+/// `[upstream.NAME.passive]`.
+fn passive(src: &Source, key: &str, p: &RawPassive) -> Result<Passive> {
+    let d = Passive::default();
+    Ok(Passive {
+        max_fails: p.max_fails.unwrap_or(d.max_fails),
+        fail_timeout: positive(src, &p.fail_timeout, &format!("{key}.passive.fail_timeout"))?
+            .unwrap_or(d.fail_timeout),
+        fail_on_status: p.fail_on_status.clone().unwrap_or(d.fail_on_status),
+    })
+}
+
+/// `[upstream.NAME.retry]`.
+fn retry(src: &Source, key: &str, r: &RawRetry) -> Result<Retry> {
+    let d = Retry::default();
+    Ok(Retry {
+        tries: r.tries.unwrap_or(d.tries),
+        timeout: positive(src, &r.timeout, &format!("{key}.retry.timeout"))?.unwrap_or(d.timeout),
+        non_idempotent: r.non_idempotent.unwrap_or(d.non_idempotent),
+        buffer: r
+            .buffer
+            .map_or(d.buffer, |b| usize::try_from(b.0).unwrap_or(usize::MAX)),
+    })
+}
+
+/// `[[listener]]`: at least one, each to a known upstream.
+pub(super) fn listeners(
+    src: &Source,
+    raw: &[RawListener],
+    upstreams: &[Upstream],
+) -> Result<Vec<Listener>> {
+    if raw.is_empty() {
+        return Err(src.at(0..0, "listener", "expected at least one [[listener]]"));
+    }
+    let mut listeners = Vec::with_capacity(raw.len());
+    for (i, l) in raw.iter().enumerate() {
+        let key = format!("listener[{i}]");
+        let address: SocketAddr = l.address.get_ref().parse().map_err(|_| {
+            src.at(
+                l.address.span(),
+                &format!("{key}.address"),
+                format!(
+                    "invalid address \"{}\", expected IP:PORT such as \"127.0.0.1:8888\"",
+                    l.address.get_ref()
+                ),
+            )
+        })?;
+        // SO_REUSEPORT would let both bind and the kernel would split one port's connections
+        // between two upstreams. Port 0 asks the kernel for a fresh port each time.
+        if address.port() != 0 && listeners.iter().any(|o: &Listener| o.address == address) {
+            return Err(src.at(
+                l.address.span(),
+                &format!("{key}.address"),
+                format!(
+                    "duplicate listener address {address}; each address may be listened on once"
+                ),
+            ));
+        }
+        let wanted = l.upstream.get_ref();
+        let upstream = upstreams
+            .iter()
+            .position(|u| &u.name == wanted)
+            .ok_or_else(|| {
+                let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+                src.at(
+                    l.upstream.span(),
+                    &format!("{key}.upstream"),
+                    format!(
+                        "unknown upstream \"{wanted}\", expected one of: {}",
+                        if known.is_empty() {
+                            "(none defined)".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                )
+            })?;
+        listeners.push(Listener { address, upstream });
+    }
+    Ok(listeners)
+}
+
+/// `[forwarded] trusted`: networks, or addresses as networks of one.
+pub(super) fn forwarded(src: &Source, raw: &RawForwarded) -> Result<Vec<ipnet::IpNet>> {
+    let mut trusted = Vec::with_capacity(raw.trusted.len());
+    for (i, t) in raw.trusted.iter().enumerate() {
+        let v = t.get_ref();
+        let net = v
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| v.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+            .map_err(|_| {
+                src.at(
+                    t.span(),
+                    &format!("forwarded.trusted[{i}]"),
+                    format!(
+                        "invalid network \"{v}\", expected an address or a CIDR block such as \"10.0.0.0/8\""
+                    ),
+                )
+            })?;
+        trusted.push(net);
+    }
+    Ok(trusted)
+}
+
+/// `[admin]`: off loopback it needs a token, and it may not share a listener's address.
+pub(super) fn admin(src: &Source, a: &RawAdmin, listeners: &[Listener]) -> Result<Admin> {
+    let address = match &a.address {
+        None => Admin::DEFAULT_ADDRESS.parse().ok(),
+        Some(v) => v.get_ref().parse::<SocketAddr>().ok(),
+    }
+    .ok_or_else(|| {
+        let v = a.address.as_ref().map_or(Default::default(), |v| v.span());
+        let text = a.address.as_ref().map_or("", |v| v.get_ref().as_str());
+        src.at(
+            v,
+            "admin.address",
+            format!(
+                "invalid address \"{text}\", expected IP:PORT such as \"{}\"",
+                Admin::DEFAULT_ADDRESS
+            ),
+        )
+    })?;
+    // A token file keeps the secret out of the config, as container and systemd secrets are
+    // mounted; its trailing newline is not part of the secret.
+    let (key, token) = match (&a.token, &a.token_file) {
+        (Some(_), Some(f)) => {
+            return Err(src.at(
+                f.span(),
+                "admin.token_file",
+                "set together with admin.token, expected one of them",
+            ));
+        }
+        (None, Some(f)) => {
+            let secret = std::fs::read_to_string(f.get_ref()).map_err(|e| {
+                src.at(
+                    f.span(),
+                    "admin.token_file",
+                    format!("cannot read {}: {e}", f.get_ref()),
+                )
+            })?;
+            ("admin.token_file", Some((f.span(), secret.trim_end().to_string())))
+        }
+        (t, None) => (
+            "admin.token",
+            t.as_ref().map(|t| (t.span(), t.get_ref().clone())),
+        ),
+    };
+    let token = match token {
+        Some((span, t)) if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) => {
+            return Err(src.at(
+                span,
+                key,
+                "expected a non-empty secret of printable ASCII characters without spaces (it is sent in an HTTP header)",
+            ));
+        }
+        t => t.map(|(_, t)| t),
+    };
+    let span = a.address.as_ref().map_or(0..0, |v| v.span());
+    if token.is_none() && !address.ip().is_loopback() {
+        return Err(src.at(
+            span,
+            "admin.address",
+            format!(
+                "{address} is not a loopback address, so admin.token or admin.token_file must be set: anyone who can reach it could take backends out and reload the config"
+            ),
+        ));
+    }
+    if address.port() != 0 && listeners.iter().any(|l| l.address == address) {
+        return Err(src.at(
+            span,
+            "admin.address",
+            format!("{address} is also a [[listener]] address, expected an address of its own"),
+        ));
+    }
+    Ok(Admin { address, token })
+}
+
+/// `[log]`: `format` only with `access`.
+pub(super) fn log(src: &Source, raw: &RawLog) -> Result<Option<AccessLog>> {
+    let access_log = match &raw.access {
+        None => None,
+        Some(v) if v.get_ref().is_empty() => {
+            return Err(src.at(v.span(), "log.access", "expected \"stdout\" or a file path"));
+        }
+        Some(v) => Some(AccessLog {
+            target: if v.get_ref() == "stdout" {
+                AccessTarget::Stdout
+            } else {
+                AccessTarget::File(v.get_ref().into())
+            },
+            format: AccessFormat::Combined,
+        }),
+    };
+    match (&raw.format, access_log) {
+        (None, a) => Ok(a),
+        (Some(f), None) => Err(src.at(
+            f.span(),
+            "log.format",
+            "set without log.access, expected log.access too (\"stdout\" or a file path)",
+        )),
+        (Some(f), a) => {
+            let format = match f.get_ref().as_str() {
+                "combined" => AccessFormat::Combined,
+                "json" => AccessFormat::Json,
+                other => {
+                    return Err(src.at(
+                        f.span(),
+                        "log.format",
+                        format!("unknown value \"{other}\", expected one of combined, json"),
+                    ));
+                }
+            };
+            Ok(a.map(|a| AccessLog { format, ..a }))
+        }
+    }
+}
