@@ -42,7 +42,7 @@ use crate::http1::common::{
     ERROR_PAGE_TYPE, Reply, RequestFraming, chunk_size_line, content_length_line, error_page,
     status_line,
 };
-use crate::http1::request::{ClientError, RequestHead, parse_request};
+use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::idle::{self, Wait};
 use crate::proxy::{self, Answer, ClientBody, ProxyBody};
 use crate::stats::ListenerStats;
@@ -227,7 +227,7 @@ impl proxy::ClientBody for BodyReader<'_> {
     /// The next piece of the body; `None` once it is complete. Errors are the client's: a
     /// malformed chunk, or the connection ending mid-body.
     async fn next(&mut self) -> Result<Option<Bytes>, ClientError> {
-        let broke_off = |e: io::Error| ClientError::BodyBrokeOff(e.to_string());
+        let broke_off = |e: io::Error| ClientError::BodyBrokeOff(e.to_string().into());
         // Bounded: every pass decodes, or reads at least one byte, or ends.
         loop {
             let decoded = self.decoder.decode(self.buf).map_err(ClientError::Body)?;
@@ -634,11 +634,17 @@ impl Connection {
         limits: &Limits,
     ) -> Result<RequestHead, Next> {
         let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        let mut end = HeadEnd::default();
         // Bounded: each pass reads at least one byte (the head is at most
         // `limits.max_header_bytes`), or ends.
         loop {
             if !buf.is_empty() {
-                match parse_request(buf, limits) {
+                let parsed = if end.arrived(buf) || buf.len() > limits.max_header_bytes {
+                    parse_request(buf, limits)
+                } else {
+                    Ok(None)
+                };
+                match parsed {
                     Ok(Some(head)) => return Ok(head),
                     Ok(None) => {}
                     Err(e) => {

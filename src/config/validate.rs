@@ -517,7 +517,10 @@ pub(super) fn admin(src: &Source, a: &RawAdmin, listeners: &[Listener]) -> Resul
                     format!("cannot read {}: {e}", f.get_ref()),
                 )
             })?;
-            ("admin.token_file", Some((f.span(), secret.trim_end().to_string())))
+            (
+                "admin.token_file",
+                Some((f.span(), secret.trim_end().to_string())),
+            )
         }
         (t, None) => (
             "admin.token",
