@@ -189,7 +189,7 @@ enum Special {
 
 impl Special {
     fn of(name: &[u8]) -> Option<Special> {
-        // The hop-by-hop headers are the same in both directions: `h1` knows them.
+        // The hop-by-hop headers are the same in both directions: one table in `common`.
         match Hop::of(name) {
             Some(Hop::Connection) => return Some(Special::Connection),
             Some(Hop::TransferEncoding) => return Some(Special::TransferEncoding),
