@@ -270,6 +270,7 @@ fn default_weight() -> Spanned<u32> {
 struct RawTimeouts {
     connect: Option<Spanned<Dur>>,
     response: Option<Spanned<Dur>>,
+    send: Option<Spanned<Dur>>,
     client_idle: Option<Spanned<Dur>>,
 }
 
@@ -627,6 +628,9 @@ pub struct Timeouts {
     /// From the end of the request (its body fully sent) until the backend's response headers
     /// arrive, like nginx's proxy_read_timeout for the first byte; a slow upload is not cut off.
     pub response: Duration,
+    /// The longest wait for room to write the request to a backend that takes no data (nginx's
+    /// proxy_send_timeout): a backend that stops reading an upload cannot hold it forever.
+    pub send: Duration,
     /// An idle client keep-alive connection is closed after this.
     pub client_idle: Duration,
 }
@@ -636,6 +640,7 @@ impl Default for Timeouts {
         Timeouts {
             connect: Duration::from_secs(1),
             response: Duration::from_secs(60),
+            send: Duration::from_secs(60),
             client_idle: Duration::from_secs(60),
         }
     }
@@ -904,6 +909,7 @@ impl Config {
             let timeouts = Timeouts {
                 connect: positive(&t.connect, &tkey("connect"))?.unwrap_or(d.connect),
                 response: positive(&t.response, &tkey("response"))?.unwrap_or(d.response),
+                send: positive(&t.send, &tkey("send"))?.unwrap_or(d.send),
                 client_idle: positive(&t.client_idle, &tkey("client_idle"))?
                     .unwrap_or(d.client_idle),
             };
@@ -1275,12 +1281,13 @@ impl Config {
             let t = &u.timeouts;
             let _ = writeln!(
                 s,
-                "upstream {}: {}, keepalive {} per backend per worker, timeouts connect {:?} response {:?} client_idle {:?}",
+                "upstream {}: {}, keepalive {} per backend per worker, timeouts connect {:?} response {:?} send {:?} client_idle {:?}",
                 u.name,
                 u.algorithm.as_str(),
                 u.keepalive,
                 t.connect,
                 t.response,
+                t.send,
                 t.client_idle
             );
             match &u.health {
@@ -1579,6 +1586,7 @@ backends = [
 [upstream.app.timeouts]
 connect = "1s"
 response = "1m"
+send = "5s"
 client_idle = "2s"
 "#,
         )
@@ -1593,6 +1601,7 @@ client_idle = "2s"
             vec![5, 1, 1]
         );
         assert_eq!(u.timeouts.response, Duration::from_secs(60));
+        assert_eq!(u.timeouts.send, Duration::from_secs(5));
         assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
         assert!(c.warnings[0].contains("127.0.0.1:8883"), "{:?}", c.warnings);
     }
