@@ -543,7 +543,10 @@ impl<'b, B: ClientBody> RequestBody<'b, B> {
                 self.lost = true;
                 self.kept = Vec::new();
             }
-            if let Some(head) = conn.write_body(&data, chunked, send_timeout, method).await? {
+            if let Some(head) = conn
+                .write_body(&data, chunked, send_timeout, method)
+                .await?
+            {
                 return Ok(Some(head));
             }
         }

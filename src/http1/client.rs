@@ -191,7 +191,11 @@ impl Conn {
             let mut line = [0u8; 18];
             let size = chunk_size_line(&mut line, data.len());
             // One system call, and nothing copied.
-            let mut out = [IoSlice::new(size), IoSlice::new(data), IoSlice::new(b"\r\n")];
+            let mut out = [
+                IoSlice::new(size),
+                IoSlice::new(data),
+                IoSlice::new(b"\r\n"),
+            ];
             self.write_request(&mut out, timeout, Some(answer)).await
         } else {
             self.write_request(&mut [IoSlice::new(data)], timeout, Some(answer))
@@ -312,7 +316,9 @@ impl Conn {
     ) -> Result<Head, UpstreamError> {
         self.arm_timer(timeout);
         let mut timer = self.timer.take();
-        let head = self.next_head(method, timer.as_mut().map(Pin::as_mut)).await;
+        let head = self
+            .next_head(method, timer.as_mut().map(Pin::as_mut))
+            .await;
         self.timer = timer;
         head
     }
