@@ -768,5 +768,13 @@ mod tests {
             .status(),
             504
         );
+        assert_eq!(
+            ProxyError::SendTimeout {
+                backend: a,
+                after: Duration::from_secs(1)
+            }
+            .status(),
+            504
+        );
     }
 }
