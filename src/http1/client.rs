@@ -168,9 +168,20 @@ impl Conn {
             RequestFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         }
         out.extend_from_slice(b"\r\n");
-        let written = self
-            .write_request(&mut [IoSlice::new(&out)], timeout, None)
-            .await;
+        // Most heads go out whole at once; only the rest, if any, needs the bounded wait.
+        let written = match self.stream.try_write(&out) {
+            Ok(n) if n == out.len() => Ok(None),
+            Ok(n) => {
+                let rest = out.get(n..).unwrap_or_default();
+                self.write_request(&mut [IoSlice::new(rest)], timeout, None)
+                    .await
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.write_request(&mut [IoSlice::new(&out)], timeout, None)
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        };
         self.out = out;
         written.map(|_| ())
     }
