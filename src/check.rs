@@ -73,12 +73,13 @@ pub fn describe(config: &Config) -> String {
         let t = &u.timeouts;
         let _ = writeln!(
             s,
-            "upstream {}: {}, keepalive {} per backend per worker, timeouts connect {:?} response {:?} client_idle {:?}",
+            "upstream {}: {}, keepalive {} per backend per worker, timeouts connect {:?} response {:?} send {:?} client_idle {:?}",
             u.name,
             u.algorithm.as_str(),
             u.keepalive,
             t.connect,
             t.response,
+            t.send,
             t.client_idle
         );
         match &u.health {

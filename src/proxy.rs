@@ -79,6 +79,12 @@ pub enum ProxyError {
         backend: SocketAddr,
         after: Duration,
     },
+    /// The backend took no more of the request for `timeouts.send`.
+    #[error("backend {backend} took no more of the request for {after:?}")]
+    SendTimeout {
+        backend: SocketAddr,
+        after: Duration,
+    },
     /// The client's request was refused, or its body failed, before any backend answered.
     #[error("{0}")]
     Client(ClientError),
@@ -89,7 +95,9 @@ impl ProxyError {
         match self {
             ProxyError::NoBackend(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Timeout { .. } | ProxyError::SendTimeout { .. } => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
             ProxyError::Client(e) => e.status(),
         }
     }
@@ -297,6 +305,13 @@ async fn forward(
                 },
                 true,
             ),
+            Failure::Exchange(UpstreamError::SendTimeout) => (
+                ProxyError::SendTimeout {
+                    backend: addr,
+                    after: shared.config.timeouts.send,
+                },
+                true,
+            ),
             Failure::Exchange(e) => (
                 ProxyError::BadGateway {
                     backend: addr,
@@ -332,7 +347,9 @@ impl Failure {
     fn kind(&self) -> Option<ErrorKind> {
         Some(match self {
             Failure::Connect(_) => ErrorKind::Connect,
-            Failure::Exchange(UpstreamError::Timeout) => ErrorKind::Timeout,
+            Failure::Exchange(UpstreamError::Timeout | UpstreamError::SendTimeout) => {
+                ErrorKind::Timeout
+            }
             Failure::Exchange(UpstreamError::Io(_) | UpstreamError::ClosedBeforeResponse) => {
                 ErrorKind::Reset
             }
@@ -388,10 +405,20 @@ async fn attempt(
     };
     loop {
         let exchange = async {
-            conn.write_head(req, framing).await?;
+            conn.write_head(req, framing, timeouts.send).await?;
             if !body.is_empty() {
-                body.send(&mut conn, framing == RequestFraming::Chunked)
+                let chunked = framing == RequestFraming::Chunked;
+                let early = body
+                    .send(&mut conn, chunked, req.method, timeouts.send)
                     .await?;
+                if let Some(head) = early {
+                    // The backend answered before it had the whole request. The rest is not
+                    // sent, and the connection, its request left incomplete, carries no other.
+                    return Ok(client::Head {
+                        keep_alive: false,
+                        ..head
+                    });
+                }
             }
             conn.read_head_within(req.method, timeouts.response).await
         };
@@ -460,20 +487,49 @@ impl<'b, B: ClientBody> RequestBody<'b, B> {
     }
 
     /// Sends the body: what was kept from an earlier attempt, then the rest as the client sends
-    /// it.
-    async fn send(&mut self, conn: &mut Conn, chunked: bool) -> Result<(), UpstreamError> {
+    /// it. Each wait for room at the backend is bounded by `send_timeout`.
+    ///
+    /// Returns the backend's final response head when it comes before the whole body was sent,
+    /// while a piece is written or the next is awaited from the client: the rest is then left
+    /// unsent (and unread), since a backend that answered may never read it.
+    async fn send(
+        &mut self,
+        conn: &mut Conn,
+        chunked: bool,
+        method: &Method,
+        send_timeout: Duration,
+    ) -> Result<Option<client::Head>, UpstreamError> {
         for data in &self.kept {
-            conn.write_body(data, chunked).await?;
+            if let Some(head) = conn.write_body(data, chunked, send_timeout, method).await? {
+                return Ok(Some(head));
+            }
         }
         // Only a client that sends nothing for the whole timeout is cut off: a slow but
         // steady upload goes on (nginx's client_body_timeout).
         let timeout = self.timeout;
         let client_error = UpstreamError::Client;
-        while let Some(data) = tokio::time::timeout(timeout, self.client.next())
-            .await
-            .map_err(|_| client_error(ClientError::BodyTimeout { after: timeout }))?
-            .map_err(client_error)?
-        {
+        // Bounded by the body: every pass sends a piece of it, or returns.
+        loop {
+            let next = {
+                let mut piece = std::pin::pin!(tokio::time::timeout(timeout, self.client.next()));
+                // The client's piece first: the backend is looked at only while the client
+                // keeps the body waiting.
+                std::future::poll_fn(|cx| match piece.as_mut().poll(cx) {
+                    Poll::Ready(piece) => Poll::Ready(Ok(piece)),
+                    Poll::Pending => conn.poll_response_head(cx, method).map(Err),
+                })
+                .await
+            };
+            let piece = match next {
+                Ok(piece) => piece,
+                Err(head) => return head.map(Some),
+            };
+            let Some(data) = piece
+                .map_err(|_| client_error(ClientError::BodyTimeout { after: timeout }))?
+                .map_err(client_error)?
+            else {
+                break;
+            };
             // A Content-Length over the limit was refused up front; this catches chunked
             // bodies, before the byte over the limit goes anywhere.
             self.received += data.len() as u64;
@@ -487,12 +543,17 @@ impl<'b, B: ClientBody> RequestBody<'b, B> {
                 self.lost = true;
                 self.kept = Vec::new();
             }
-            conn.write_body(&data, chunked).await?;
+            if let Some(head) = conn
+                .write_body(&data, chunked, send_timeout, method)
+                .await?
+            {
+                return Ok(Some(head));
+            }
         }
         if chunked {
-            conn.finish_chunked().await?;
+            return conn.finish_chunked(send_timeout, method).await;
         }
-        Ok(())
+        Ok(None)
     }
 }
 
@@ -701,6 +762,14 @@ mod tests {
         );
         assert_eq!(
             ProxyError::Timeout {
+                backend: a,
+                after: Duration::from_secs(1)
+            }
+            .status(),
+            504
+        );
+        assert_eq!(
+            ProxyError::SendTimeout {
                 backend: a,
                 after: Duration::from_secs(1)
             }

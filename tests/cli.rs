@@ -168,7 +168,7 @@ fn check_accepts_a_valid_file_and_prints_the_plan() {
             "limits: request head 32768 bytes and 100 headers, uri 8192 bytes, body unlimited, head within 10s, body reads 60s apart at most, 10000 connections",
             "forwarded: X-Forwarded-For kept and appended to for 10.0.0.0/8, 192.0.2.7/32, replaced for every other client",
             "listener 127.0.0.1:8888 -> upstream app",
-            "upstream app: least_conn, keepalive 16 per backend per worker, timeouts connect 500ms response 30s client_idle 60s",
+            "upstream app: least_conn, keepalive 16 per backend per worker, timeouts connect 500ms response 30s send 60s client_idle 60s",
             "  health checks: GET /health every 2s, timeout 1s, rise 2 fall 3, expect 200,300-304, host app.local",
             "  passive checks: max_fails 2 within fail_timeout 5s, statuses 502,503,504 count as failures",
             "  retry: at most 2 tries within 3s, non_idempotent false, bodies up to 16384 bytes kept for replay",

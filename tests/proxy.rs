@@ -846,6 +846,157 @@ async fn a_backend_that_stops_reading_holds_back_the_upload_instead_of_filling_m
     assert_eq!(r.headers["x-body-bytes"], BIG.to_string());
 }
 
+/// Sends `head` and then `len` bytes of body on `write`, 64 KiB at a time, until done or pinlb
+/// stops taking them (closes or resets); returns how much of the body went out.
+fn upload(
+    mut write: tokio::net::tcp::OwnedWriteHalf,
+    head: String,
+    len: u64,
+) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        if write.write_all(head.as_bytes()).await.is_err() {
+            return 0;
+        }
+        let chunk = vec![b'u'; 64 * 1024];
+        let mut sent = 0;
+        // Bounded by `len`: every pass writes a chunk, or ends.
+        while sent < len {
+            let n = chunk.len().min((len - sent) as usize);
+            if write.write_all(&chunk[..n]).await.is_err() {
+                break;
+            }
+            sent += n as u64;
+        }
+        sent
+    })
+}
+
+/// Reads (bounded by [`WAIT`]) until pinlb closes or resets the connection.
+async fn closed_by_pinlb(read: &mut tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>) {
+    let mut scratch = [0u8; 4096];
+    let closed = tokio::time::timeout(WAIT, async {
+        // Bounded by the timeout.
+        loop {
+            match read.read(&mut scratch).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "pinlb never closed the client connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_answers_an_upload_early_and_stops_reading_has_its_answer_passed_on_at_once()
+{
+    let backend = HeadServer::start(OnHead::AnswerThenStopReading(
+        b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\n\r\nbig!".to_vec(),
+    ))
+    .await;
+    let proxy = BinProxy::spawn(&Setup::with(&[backend.addr])).await;
+    let baseline = proxy.fds_at_rest().await;
+
+    let (mut read, write) = RawConn::open(proxy.addr).await.into_split();
+    let len = 32 * MIB;
+    let started = Instant::now();
+    let writer = upload(
+        write,
+        format!("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: {len}\r\n\r\n"),
+        len,
+    );
+    let r = tokio::time::timeout(Duration::from_secs(1), read_response(&mut read, false))
+        .await
+        .expect("the backend's early 413 reaches the client within 1 s");
+    let took = started.elapsed();
+    assert_eq!(r.status, 413, "{}", r.head);
+    assert_eq!(r.body, b"big!");
+    // The rest of the body can't be read within the linger bound, so the connection ends.
+    assert_eq!(r.header("connection"), Some("close"), "{}", r.head);
+    eprintln!("the early 413 arrived after {took:?}");
+    closed_by_pinlb(&mut read).await;
+    let sent = writer.await.unwrap();
+    assert!(sent < len, "pinlb took the whole body ({sent} bytes)");
+    assert_eq!(backend.heads(), 1);
+
+    drop(read);
+    let now = proxy.wait_fds_at_most(baseline).await;
+    assert_eq!(
+        now, baseline,
+        "pinlb holds {now} file descriptors, {baseline} before the upload"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_never_reads_an_upload_nor_answers_gives_504_after_the_send_timeout() {
+    let backend = HeadServer::start(OnHead::NeverAnswer).await;
+    let mut setup = Setup::with(&[backend.addr]);
+    setup.send_timeout = Some("1s");
+    let send_timeout = Duration::from_secs(1);
+    let proxy = BinProxy::spawn(&setup).await;
+    let baseline = proxy.fds_at_rest().await;
+
+    let (mut read, write) = RawConn::open(proxy.addr).await.into_split();
+    let len = 16 * MIB;
+    let started = Instant::now();
+    let writer = upload(
+        write,
+        format!("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: {len}\r\n\r\n"),
+        len,
+    );
+    // The backend's buffers fill at loopback speed; from then on the send timeout runs.
+    let r = tokio::time::timeout(send_timeout * 3, read_response(&mut read, false))
+        .await
+        .expect("an answer soon after the send timeout");
+    let took = started.elapsed();
+    assert_eq!(r.status, 504, "{}", r.head);
+    assert!(
+        took >= send_timeout && took < send_timeout * 2,
+        "the 504 came after {took:?}, with a send timeout of {send_timeout:?}"
+    );
+    eprintln!("the 504 arrived after {took:?} (send timeout {send_timeout:?})");
+    closed_by_pinlb(&mut read).await;
+    let sent = writer.await.unwrap();
+    assert!(sent < len, "pinlb took the whole body ({sent} bytes)");
+
+    drop(read);
+    let now = proxy.wait_fds_at_most(baseline).await;
+    assert_eq!(
+        now, baseline,
+        "pinlb holds {now} file descriptors, {baseline} before the upload"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_streamed_past_the_retry_buffer_is_not_sent_to_another_backend_after_a_send_timeout()
+ {
+    // PUT may be sent again; only the body, larger than retry.buffer, forbids it.
+    let a = HeadServer::start(OnHead::NeverAnswer).await;
+    let b = HeadServer::start(OnHead::NeverAnswer).await;
+    let mut setup = Setup::with(&[a.addr, b.addr]);
+    setup.send_timeout = Some("500ms");
+    let proxy = Proxy::start(&setup);
+
+    let (mut read, write) = RawConn::open(proxy.addr).await.into_split();
+    let len = 16 * MIB;
+    let writer = upload(
+        write,
+        format!("PUT /upload HTTP/1.1\r\nHost: a\r\nContent-Length: {len}\r\n\r\n"),
+        len,
+    );
+    let r = tokio::time::timeout(WAIT, read_response(&mut read, false))
+        .await
+        .expect("an answer after the send timeout");
+    assert_eq!(r.status, 504, "{}", r.head);
+    assert_eq!(
+        a.heads() + b.heads(),
+        1,
+        "the request went to both backends"
+    );
+    closed_by_pinlb(&mut read).await;
+    writer.abort();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Headers and HTTP details
 // ---------------------------------------------------------------------------------------------

@@ -320,6 +320,9 @@ pub struct Timeouts {
     /// From the end of the request (its body fully sent) until the backend's response headers
     /// arrive, like nginx's proxy_read_timeout for the first byte; a slow upload is not cut off.
     pub response: Duration,
+    /// The longest wait for room to write the request to a backend that takes no data (nginx's
+    /// proxy_send_timeout): a backend that stops reading an upload cannot hold it forever.
+    pub send: Duration,
     /// An idle client keep-alive connection is closed after this.
     pub client_idle: Duration,
 }
@@ -329,6 +332,7 @@ impl Default for Timeouts {
         Timeouts {
             connect: Duration::from_secs(1),
             response: Duration::from_secs(60),
+            send: Duration::from_secs(60),
             client_idle: Duration::from_secs(60),
         }
     }

@@ -128,6 +128,7 @@ fn default_weight() -> Spanned<u32> {
 pub(super) struct RawTimeouts {
     pub connect: Option<Spanned<Dur>>,
     pub response: Option<Spanned<Dur>>,
+    pub send: Option<Spanned<Dur>>,
     pub client_idle: Option<Spanned<Dur>>,
 }
 

@@ -197,6 +197,7 @@ backends = [
 [upstream.app.timeouts]
 connect = "1s"
 response = "1m"
+send = "5s"
 client_idle = "2s"
 "#,
     )
@@ -211,6 +212,7 @@ client_idle = "2s"
         vec![5, 1, 1]
     );
     assert_eq!(u.timeouts.response, Duration::from_secs(60));
+    assert_eq!(u.timeouts.send, Duration::from_secs(5));
     assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
     assert!(c.warnings[0].contains("127.0.0.1:8883"), "{:?}", c.warnings);
 }

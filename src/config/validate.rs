@@ -277,6 +277,7 @@ fn timeouts(src: &Source, key: &str, t: &RawTimeouts) -> Result<Timeouts> {
     Ok(Timeouts {
         connect: positive(src, &t.connect, &tkey("connect"))?.unwrap_or(d.connect),
         response: positive(src, &t.response, &tkey("response"))?.unwrap_or(d.response),
+        send: positive(src, &t.send, &tkey("send"))?.unwrap_or(d.send),
         client_idle: positive(src, &t.client_idle, &tkey("client_idle"))?.unwrap_or(d.client_idle),
     })
 }

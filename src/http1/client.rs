@@ -8,7 +8,7 @@
 //! pinlb's user-space instructions per request, by benches/callgrind.sh), and lets the proxy see
 //! exactly how the backend framed its response (RFC 9112 §6.3).
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, StatusCode, Version};
-use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
@@ -44,8 +44,8 @@ pub struct Conn {
     out: Vec<u8>,
     /// Whether this connection already carried an exchange (taken from the pool).
     pub reused: bool,
-    /// The response timeout's timer, created by the first [`Conn::read_head_within`] and reset
-    /// for every later request on this connection.
+    /// The timer of the response timeout and of the send timeout, created by the first wait
+    /// that needs it and reset for every later one on this connection.
     timer: Option<Pin<Box<Sleep>>>,
 }
 
@@ -78,6 +78,9 @@ pub enum UpstreamError {
     HeadTooLarge,
     #[error("no response headers in time")]
     Timeout,
+    /// The backend took no more of the request for the send timeout.
+    #[error("the backend took no request data in time")]
+    SendTimeout,
     /// The backend framed its response body wrongly.
     #[error("invalid response from backend: {0}")]
     Body(#[from] BodyError),
@@ -133,9 +136,16 @@ impl Conn {
 
     /// Writes a request head, framed as `body` says: `Content-Length` for a body of known length
     /// (`req.lines` carry no framing header of their own), `Transfer-Encoding: chunked` for one
-    /// that streams without.
-    pub async fn write_head(&mut self, req: &Outgoing<'_>, body: RequestFraming) -> io::Result<()> {
-        let out = &mut self.out;
+    /// that streams without. A wait for room in the socket is bounded by `timeout`.
+    pub async fn write_head(
+        &mut self,
+        req: &Outgoing<'_>,
+        body: RequestFraming,
+        timeout: Duration,
+    ) -> Result<(), UpstreamError> {
+        // Taken out while it is written, so the write can borrow the connection; put back after,
+        // to keep its allocation.
+        let mut out = std::mem::take(&mut self.out);
         out.clear();
         out.extend_from_slice(req.method.as_str().as_bytes());
         out.push(b' ');
@@ -158,36 +168,135 @@ impl Conn {
             RequestFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         }
         out.extend_from_slice(b"\r\n");
-        self.stream.write_all(&self.out).await
+        // Most heads go out whole at once; only the rest, if any, needs the bounded wait.
+        let written = match self.stream.try_write(&out) {
+            Ok(n) if n == out.len() => Ok(None),
+            Ok(n) => {
+                let rest = out.get(n..).unwrap_or_default();
+                self.write_request(&mut [IoSlice::new(rest)], timeout, None)
+                    .await
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.write_request(&mut [IoSlice::new(&out)], timeout, None)
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        };
+        self.out = out;
+        written.map(|_| ())
     }
 
-    /// Writes one piece of request body, chunk-encoded when `chunked`.
-    pub async fn write_body(&mut self, data: &[u8], chunked: bool) -> io::Result<()> {
+    /// Writes one piece of request body, chunk-encoded when `chunked`, as
+    /// [`Conn::write_request`] does with `answer` to watch for.
+    pub async fn write_body(
+        &mut self,
+        data: &[u8],
+        chunked: bool,
+        timeout: Duration,
+        answer: &Method,
+    ) -> Result<Option<Head>, UpstreamError> {
         if data.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         if chunked {
             let mut line = [0u8; 18];
             let size = chunk_size_line(&mut line, data.len());
-            if data.len() <= 16 * 1024 {
-                // One system call for a small chunk; copying it is cheaper than two more.
-                let mut out = Vec::with_capacity(size.len() + data.len() + 2);
-                out.extend_from_slice(size);
-                out.extend_from_slice(data);
-                out.extend_from_slice(b"\r\n");
-                return self.stream.write_all(&out).await;
-            }
-            self.stream.write_all(size).await?;
-            self.stream.write_all(data).await?;
-            self.stream.write_all(b"\r\n").await
+            // One system call, and nothing copied.
+            let mut out = [
+                IoSlice::new(size),
+                IoSlice::new(data),
+                IoSlice::new(b"\r\n"),
+            ];
+            self.write_request(&mut out, timeout, Some(answer)).await
         } else {
-            self.stream.write_all(data).await
+            self.write_request(&mut [IoSlice::new(data)], timeout, Some(answer))
+                .await
         }
     }
 
-    /// Ends a chunked request body.
-    pub async fn finish_chunked(&mut self) -> io::Result<()> {
-        self.stream.write_all(b"0\r\n\r\n").await
+    /// Ends a chunked request body, as [`Conn::write_body`] writes a piece of it.
+    pub async fn finish_chunked(
+        &mut self,
+        timeout: Duration,
+        answer: &Method,
+    ) -> Result<Option<Head>, UpstreamError> {
+        self.write_request(&mut [IoSlice::new(b"0\r\n\r\n")], timeout, Some(answer))
+            .await
+    }
+
+    /// Writes all of `bufs`. Each wait for room in the socket is bounded by `timeout` (nginx's
+    /// `proxy_send_timeout`): a backend that stops reading fails with
+    /// [`UpstreamError::SendTimeout`] instead of holding the request forever.
+    ///
+    /// With `answer` (the request's method), a final response head that arrives while the write
+    /// waits ends it early and is returned: a backend that answers before it has read the whole
+    /// request (a 413 or a 401 to an upload) may never read the rest. Interim 1xx heads are
+    /// skipped. A write that never waits costs nothing more than the write: no clock read, no
+    /// timer, no read.
+    async fn write_request(
+        &mut self,
+        mut bufs: &mut [IoSlice<'_>],
+        timeout: Duration,
+        answer: Option<&Method>,
+    ) -> Result<Option<Head>, UpstreamError> {
+        let mut left: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut armed = false;
+        std::future::poll_fn(|cx| {
+            // Bounded: every pass writes something, or returns.
+            while left > 0 {
+                let written = match &*bufs {
+                    [one] => Pin::new(&mut self.stream).poll_write(cx, one),
+                    _ => Pin::new(&mut self.stream).poll_write_vectored(cx, bufs),
+                };
+                match written {
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(Err(io::Error::from(io::ErrorKind::WriteZero).into()));
+                    }
+                    Poll::Ready(Ok(n)) => {
+                        left -= n;
+                        IoSlice::advance_slices(&mut bufs, n);
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                    Poll::Pending => {
+                        if let Some(method) = answer {
+                            if let Poll::Ready(head) = self.poll_response_head(cx, method) {
+                                return Poll::Ready(head.map(Some));
+                            }
+                        }
+                        // The timer is set once per wait, when the write first has to wait.
+                        if !armed {
+                            armed = true;
+                            self.arm_timer(timeout);
+                        }
+                        return match self.timer.as_mut().map(|t| t.as_mut().poll(cx)) {
+                            Some(Poll::Ready(())) => Poll::Ready(Err(UpstreamError::SendTimeout)),
+                            _ => Poll::Pending,
+                        };
+                    }
+                }
+            }
+            Poll::Ready(Ok(None))
+        })
+        .await
+    }
+
+    /// Sets the connection's timer to expire `timeout` from now, creating it on first need.
+    ///
+    /// The timer belongs to the connection and is reset for each wait rather than made anew (as
+    /// `tokio::time::timeout` would): moving a pending tokio timer's deadline later only updates
+    /// it in place, and the timer wheel is touched when the old deadline passes, whereas a new
+    /// timer is inserted into the wheel and removed from it on every request, about 600
+    /// instructions each time (benches/callgrind.sh).
+    fn arm_timer(&mut self, timeout: Duration) {
+        let now = tokio::time::Instant::now();
+        // A timeout too large to add is as good as none (as `tokio::time::timeout` treats it).
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
+        match self.timer.as_mut() {
+            Some(t) => t.as_mut().reset(deadline),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
     }
 
     /// Reads more bytes into the buffer; `Ok(0)` is end of stream.
@@ -210,32 +319,18 @@ impl Conn {
     }
 
     /// [`Conn::read_head`], failing with [`UpstreamError::Timeout`] when no final head has arrived
-    /// within `timeout`.
-    ///
-    /// The timer belongs to the connection and is reset for each request rather than made anew
-    /// (as `tokio::time::timeout` would): moving a pending tokio timer's deadline later only
-    /// updates it in place, and the timer wheel is touched when the old deadline passes, whereas
-    /// a new timer is inserted into the wheel and removed from it on every request, about 600
-    /// instructions each time (benches/callgrind.sh).
+    /// within `timeout`. The timer is the connection's own (see [`Conn::arm_timer`]).
     pub async fn read_head_within(
         &mut self,
         method: &Method,
         timeout: Duration,
     ) -> Result<Head, UpstreamError> {
-        let now = tokio::time::Instant::now();
-        // A timeout too large to add is as good as none (as `tokio::time::timeout` treats it).
-        let deadline = now
-            .checked_add(timeout)
-            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
-        let mut timer = match self.timer.take() {
-            Some(mut t) => {
-                t.as_mut().reset(deadline);
-                t
-            }
-            None => Box::pin(tokio::time::sleep_until(deadline)),
-        };
-        let head = self.next_head(method, Some(timer.as_mut())).await;
-        self.timer = Some(timer);
+        self.arm_timer(timeout);
+        let mut timer = self.timer.take();
+        let head = self
+            .next_head(method, timer.as_mut().map(Pin::as_mut))
+            .await;
+        self.timer = timer;
         head
     }
 
@@ -244,30 +339,43 @@ impl Conn {
         method: &Method,
         mut timer: Option<Pin<&mut Sleep>>,
     ) -> Result<Head, UpstreamError> {
-        loop {
-            let head = std::future::poll_fn(|cx| match self.poll_head(cx) {
-                Poll::Pending => {
-                    let expired = timer
-                        .as_mut()
-                        .is_some_and(|t| t.as_mut().poll(cx).is_ready());
-                    if expired {
-                        Poll::Ready(Err(UpstreamError::Timeout))
-                    } else {
-                        Poll::Pending
-                    }
+        std::future::poll_fn(|cx| match self.poll_response_head(cx, method) {
+            Poll::Pending => {
+                let expired = timer
+                    .as_mut()
+                    .is_some_and(|t| t.as_mut().poll(cx).is_ready());
+                if expired {
+                    Poll::Ready(Err(UpstreamError::Timeout))
+                } else {
+                    Poll::Pending
                 }
-                done => done,
-            })
-            .await?;
+            }
+            done => done,
+        })
+        .await
+    }
+
+    /// The backend's final response head to a request with `method`, skipping interim 1xx
+    /// heads, once it has arrived.
+    pub fn poll_response_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        method: &Method,
+    ) -> Poll<Result<Head, UpstreamError>> {
+        // Bounded: each pass consumes a head from the buffer, or returns.
+        loop {
+            let head = ready!(self.poll_head(cx))?;
             if head.status == StatusCode::SWITCHING_PROTOCOLS {
                 // pinlb strips Upgrade from requests, so a 101 is a confused backend.
-                return Err(UpstreamError::Invalid("unexpected 101 Switching Protocols"));
+                return Poll::Ready(Err(UpstreamError::Invalid(
+                    "unexpected 101 Switching Protocols",
+                )));
             }
             if head.status.is_informational() {
                 continue;
             }
             let framing = framing_of(method, &head)?;
-            return Ok(Head { framing, ..head });
+            return Poll::Ready(Ok(Head { framing, ..head }));
         }
     }
 

@@ -24,6 +24,8 @@ pub struct Setup {
     pub keepalive: usize,
     pub connect_timeout: &'static str,
     pub response_timeout: &'static str,
+    /// `timeouts.send`, when not the default.
+    pub send_timeout: Option<&'static str>,
     pub client_idle: &'static str,
     pub shutdown_timeout: &'static str,
     /// More TOML appended to the file, e.g. `[upstream.app.health]` and its keys.
@@ -45,6 +47,7 @@ impl Setup {
             keepalive: 64,
             connect_timeout: "1s",
             response_timeout: "10s",
+            send_timeout: None,
             client_idle: "30s",
             shutdown_timeout: "3s",
             extra: String::new(),
@@ -95,7 +98,7 @@ backends = [
 [upstream.app.timeouts]
 connect = "{connect}"
 response = "{response}"
-client_idle = "{client_idle}"
+{send}client_idle = "{client_idle}"
 
 {extra}"#,
             shutdown = self.shutdown_timeout,
@@ -103,6 +106,9 @@ client_idle = "{client_idle}"
             keepalive = self.keepalive,
             connect = self.connect_timeout,
             response = self.response_timeout,
+            send = self
+                .send_timeout
+                .map_or(String::new(), |t| format!("send = \"{t}\"\n")),
             client_idle = self.client_idle,
             extra = self.extra,
             upstream_keys = self.upstream_keys,

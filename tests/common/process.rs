@@ -110,6 +110,50 @@ impl BinProxy {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), signal).expect("kill");
     }
 
+    /// The file descriptors the process has open now.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid))
+            .expect("list the process's file descriptors")
+            .count()
+    }
+
+    /// The file descriptors the process holds at rest, serving nothing: measured after one
+    /// request pinlb answers itself (a head without Host gets 400), since each worker opens its
+    /// runtime's descriptors on its first connection, and once the count holds still.
+    pub async fn fds_at_rest(&self) -> usize {
+        let mut conn = super::RawConn::open(self.addr).await;
+        conn.send(b"GET / HTTP/1.1\r\n\r\n").await;
+        conn.wait_closed().await;
+        // Polls: what is awaited is the absence of change, which no event announces; the
+        // connection's own descriptor goes a moment after the client sees the close.
+        let mut last = self.open_fds();
+        let mut still = 0;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let now = self.open_fds();
+            if now == last {
+                still += 1;
+                if still == 3 {
+                    return now;
+                }
+            } else {
+                (last, still) = (now, 0);
+            }
+        }
+        panic!("pinlb's file descriptors never held still: {last} and changing");
+    }
+
+    /// Waits (polls: the count is another process's, announced by no event; at most 5 s) until
+    /// the process has at most `n` file descriptors open, and returns the last count.
+    pub async fn wait_fds_at_most(&self, n: usize) -> usize {
+        let back = poll(100, Duration::from_millis(50), async || {
+            let now = self.open_fds();
+            (now <= n).then_some(now)
+        })
+        .await;
+        back.unwrap_or_else(|| self.open_fds())
+    }
+
     /// Peak resident memory (VmHWM) in KiB.
     pub fn vm_hwm_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))

@@ -196,6 +196,82 @@ impl Drop for RawServer {
     }
 }
 
+/// What a [`HeadServer`] does once it has read a request head. It never reads the body.
+#[derive(Debug, Clone)]
+pub enum OnHead {
+    /// Writes these bytes at once (an early answer, a 413 say), then neither reads nor writes
+    /// again, keeping the connection open for as long as the test's runtime runs.
+    AnswerThenStopReading(Vec<u8>),
+    /// Neither answers nor reads again, keeping the connection open for as long as the test's
+    /// runtime runs.
+    NeverAnswer,
+}
+
+/// A backend that reads only request heads, for the backends a [`RawServer`] cannot be (it reads
+/// every body before it acts): one that answers an upload early and stops reading, or one that
+/// stops reading and never answers.
+pub struct HeadServer {
+    pub addr: SocketAddr,
+    heads: watch::Sender<usize>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl HeadServer {
+    pub async fn start(action: OnHead) -> HeadServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let heads = watch::Sender::new(0);
+        let counter = heads.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                let (action, counter) = (action.clone(), counter.clone());
+                tokio::spawn(async move {
+                    let mut s = tokio::io::BufReader::new(s);
+                    let mut line = String::new();
+                    // Bounded by the head: each pass reads a line, or ends.
+                    loop {
+                        line.clear();
+                        match s.read_line(&mut line).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) if line == "\r\n" || line == "\n" => break,
+                            Ok(_) => {}
+                        }
+                    }
+                    counter.send_modify(|n| *n += 1);
+                    if let OnHead::AnswerThenStopReading(bytes) = action {
+                        let _ = tokio::io::AsyncWriteExt::write_all(s.get_mut(), &bytes).await;
+                    }
+                    std::future::pending::<()>().await;
+                });
+            }
+        });
+        HeadServer {
+            addr,
+            heads,
+            accept,
+        }
+    }
+
+    /// Request heads read so far.
+    pub fn heads(&self) -> usize {
+        *self.heads.borrow()
+    }
+
+    pub async fn wait_for_heads(&self, n: usize) {
+        let mut rx = self.heads.subscribe();
+        tokio::time::timeout(WAIT, rx.wait_for(|h| *h >= n))
+            .await
+            .unwrap_or_else(|_| panic!("never saw {n} request heads (saw {})", self.heads()))
+            .expect("head counter closed");
+    }
+}
+
+impl Drop for HeadServer {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
 /// A complete `200 OK` response with `x-backend: id` and `body`, keeping the connection open.
 pub fn raw_ok(id: &str, body: &str) -> Vec<u8> {
     format!(
