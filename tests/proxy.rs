@@ -968,6 +968,60 @@ async fn a_backend_that_never_reads_an_upload_nor_answers_gives_504_after_the_se
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_answers_and_send_timeouts_leave_memory_and_descriptors_where_they_were() {
+    // One backend answers every upload at once and stops reading; the other never reads.
+    let early = HeadServer::start(OnHead::AnswerThenStopReading(
+        b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\n\r\nbig!".to_vec(),
+    ))
+    .await;
+    let silent = HeadServer::start(OnHead::NeverAnswer).await;
+    let toml = |addr: std::net::SocketAddr| {
+        let mut setup = Setup::with(&[addr]);
+        setup.send_timeout = Some("200ms");
+        setup
+    };
+    let (early_proxy, silent_proxy) = (
+        BinProxy::spawn(&toml(early.addr)).await,
+        BinProxy::spawn(&toml(silent.addr)).await,
+    );
+    let len = 8 * MIB;
+    let case = async |proxy: &BinProxy, status: u16| {
+        let (mut read, write) = RawConn::open(proxy.addr).await.into_split();
+        let writer = upload(
+            write,
+            format!("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: {len}\r\n\r\n"),
+            len,
+        );
+        let r = tokio::time::timeout(WAIT, read_response(&mut read, false))
+            .await
+            .expect("an answer");
+        assert_eq!(r.status, status, "{}", r.head);
+        closed_by_pinlb(&mut read).await;
+        let _ = writer.await;
+    };
+    for (proxy, status) in [(&early_proxy, 413), (&silent_proxy, 504)] {
+        let fds = proxy.fds_at_rest().await;
+        // The first case warms the allocator and the pools; the next ones must not add to them.
+        case(proxy, status).await;
+        let warm = proxy.vm_rss_kib();
+        for _ in 0..8 {
+            case(proxy, status).await;
+        }
+        let after = proxy.vm_rss_kib();
+        assert!(
+            after <= warm + 1024,
+            "{status}: resident memory grew from {warm} KiB to {after} KiB over 8 more {} MiB uploads",
+            len / MIB
+        );
+        assert_eq!(
+            proxy.wait_fds_at_most(fds).await,
+            fds,
+            "{status}: descriptors"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_streamed_past_the_retry_buffer_is_not_sent_to_another_backend_after_a_send_timeout()
  {
     // PUT may be sent again; only the body, larger than retry.buffer, forbids it.

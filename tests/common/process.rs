@@ -154,6 +154,17 @@ impl BinProxy {
         back.unwrap_or_else(|| self.open_fds())
     }
 
+    /// Resident memory now (VmRSS) in KiB.
+    pub fn vm_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+            .expect("read /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc status")
+    }
+
     /// Peak resident memory (VmHWM) in KiB.
     pub fn vm_hwm_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
