@@ -375,7 +375,11 @@ fn websocket_mode_counts_every_echo_of_pinlb_backend_and_no_errors() {
     assert_eq!(report.message_size, Some(64));
     assert!(report.table().contains("msg/s"), "{}", report.table());
     // One upgrade per connection and run (each run opens its own): no reconnects.
-    assert_eq!(backends.requests(), 2 * 4, "4 connections in each of 2 runs");
+    assert_eq!(
+        backends.requests(),
+        2 * 4,
+        "4 connections in each of 2 runs"
+    );
     backends.stop();
 }
 
