@@ -16,6 +16,12 @@
 //! dropped (Content-Length or chunked, with `100 Continue` when asked); a malformed request gets
 //! a 400 and the connection closes.
 //!
+//! A `GET` on any path (but `/health`) with `Upgrade: websocket` and `Connection: upgrade` is a
+//! WebSocket echo: it is answered `101 Switching Protocols` with its `Sec-WebSocket-Accept`, and
+//! from then on every text or binary message is sent back as it came, pings are answered with
+//! pongs and a close with a close. The handshake is parsed here like any request; the frames are
+//! `tokio-tungstenite`'s (see [`echo`]). The upgrade counts as one request; the messages don't.
+//!
 //! Stopping is nginx's fast shutdown (its SIGTERM): the listening sockets close and open
 //! connections are dropped, in-flight requests included. A test backend has nothing to finish.
 
@@ -31,11 +37,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
 use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::LocalSet;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tracing::{debug, error, info, warn};
 
 use crate::bench::wire::{BodyDecoder, Chunked};
@@ -525,7 +536,12 @@ struct Request {
     body: BodyDecoder,
     /// `Expect: 100-continue`: the client waits for an interim response before sending the body.
     expect_continue: bool,
+    /// A WebSocket handshake: the `Sec-WebSocket-Accept` its `101` carries.
+    websocket: Option<[u8; ACCEPT_LEN]>,
 }
+
+/// A `Sec-WebSocket-Accept` value: a SHA-1 digest in base64.
+const ACCEPT_LEN: usize = 28;
 
 /// A request that cannot be answered: `400`, or `431` for a head too large.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -569,6 +585,9 @@ fn parse_request(buf: &[u8]) -> Result<Option<Request>, BadRequest> {
     let mut length = ContentLength::Absent;
     let mut chunked = None;
     let mut expect_continue = false;
+    let mut upgrade_websocket = false;
+    let mut ws_key = None;
+    let mut ws_version_13 = false;
     for h in req.headers.iter() {
         let name = h.name;
         match Hop::of(name.as_bytes()) {
@@ -578,6 +597,18 @@ fn parse_request(buf: &[u8]) -> Result<Option<Request>, BadRequest> {
             }
             None if name.eq_ignore_ascii_case("expect") => {
                 expect_continue = h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+            }
+            Some(Hop::Other) if name.eq_ignore_ascii_case("upgrade") => {
+                upgrade_websocket |= h
+                    .value
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"websocket"));
+            }
+            None if name.eq_ignore_ascii_case("sec-websocket-key") => {
+                ws_key = Some(h.value.trim_ascii());
+            }
+            None if name.eq_ignore_ascii_case("sec-websocket-version") => {
+                ws_version_13 = h.value.trim_ascii() == b"13";
             }
             _ => {}
         }
@@ -604,13 +635,34 @@ fn parse_request(buf: &[u8]) -> Result<Option<Request>, BadRequest> {
     };
     let path = req.path.unwrap_or_default();
     let path = path.split_once('?').map_or(path, |(p, _)| p);
+    let health = path == "/health";
+    // RFC 6455 §4.2.1: a GET over HTTP/1.1 with both Upgrade and Connection naming the upgrade,
+    // a key and version 13. One that asks for websocket but lacks the rest is a 400; an Upgrade
+    // to anything else is ignored, as RFC 9110 §7.8 lets a server do.
+    let websocket = if upgrade_websocket && connection.names(b"upgrade") && !health {
+        match (ws_key, ws_version_13, req.method, http10) {
+            (Some(key), true, Some("GET"), false) if !key.is_empty() => {
+                let accept = derive_accept_key(key);
+                let mut out = [0; ACCEPT_LEN];
+                if accept.len() != ACCEPT_LEN {
+                    return Err(BadRequest::Malformed);
+                }
+                out.copy_from_slice(accept.as_bytes());
+                Some(out)
+            }
+            _ => return Err(BadRequest::Malformed),
+        }
+    } else {
+        None
+    };
     Ok(Some(Request {
         len,
-        health: path == "/health",
+        health,
         head_only: req.method == Some("HEAD"),
         persist,
         body,
         expect_continue,
+        websocket,
     }))
 }
 
@@ -685,6 +737,18 @@ async fn serve(stream: TcpStream, replies: &Replies) -> io::Result<()> {
         };
         c.start += req.len;
         skip_body(&mut c, &req).await?;
+        if let Some(accept) = req.websocket {
+            replies.counter.bump();
+            c.out.extend_from_slice(
+                b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\nsec-websocket-accept: ",
+            );
+            c.out.extend_from_slice(&accept);
+            c.out.extend_from_slice(b"\r\n\r\n");
+            c.flush().await?;
+            // A client may send its first frames right behind the handshake.
+            let read = c.buf[c.start..c.end].to_vec();
+            return echo(c.stream, read).await;
+        }
         if !req.health {
             if !replies.delay.is_zero() {
                 // Responses already gathered don't wait out this request's delay.
@@ -705,6 +769,30 @@ async fn serve(stream: TcpStream, replies: &Replies) -> io::Result<()> {
             return c.stream.shutdown().await;
         }
     }
+}
+
+/// A WebSocket connection after its `101`: every text and binary message goes back as it came,
+/// one message per frame (a fragmented message is echoed whole, once its last fragment is in).
+///
+/// tungstenite does the protocol: unmasking, reassembly, UTF-8 checks, limits, and the replies
+/// to pings and to a close, which it queues and writes on the next read. Per message that costs
+/// one read, one frame parse, one payload allocation and one write, no more than the HTTP loop
+/// above costs per request, so the echo is no bottleneck for a proxy in front of it either. Its
+/// read buffer is this server's `READ_BUF`, not tungstenite's 128 KiB, so idle tunnels stay cheap.
+async fn echo(stream: TcpStream, read: Vec<u8>) -> io::Result<()> {
+    let config = WebSocketConfig::default().read_buffer_size(READ_BUF);
+    let mut ws =
+        WebSocketStream::from_partially_read(stream, read, Role::Server, Some(config)).await;
+    while let Some(msg) = ws.next().await {
+        match msg.map_err(io::Error::other)? {
+            m @ (Message::Text(_) | Message::Binary(_)) => {
+                ws.send(m).await.map_err(io::Error::other)?;
+            }
+            // Pongs and closes are tungstenite's to write; a raw frame is never read.
+            Message::Ping(_) | Message::Pong(_) | Message::Close(_) | Message::Frame(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Reads the request body to its end, dropping it, so the next request starts where it ends.
@@ -1014,6 +1102,43 @@ mod tests {
             "a: b\r\n".repeat(MAX_HEADERS + 1)
         );
         assert_eq!(parse(&many), Err(BadRequest::TooLarge));
+    }
+
+    #[test]
+    fn a_websocket_handshake_gets_the_accept_key_of_rfc_6455() {
+        let req = parse(
+            "GET /chat HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(req.websocket, Some(*b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="));
+    }
+
+    #[test]
+    fn other_upgrades_are_ignored_and_incomplete_websocket_ones_refused() {
+        let ws = |s: &str| parse(s).map(|r| r.unwrap().websocket);
+        let key = "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+        // Not an upgrade to websocket, or not named in Connection: an ordinary request.
+        assert_eq!(
+            ws("GET / HTTP/1.1\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n"),
+            Ok(None)
+        );
+        assert_eq!(
+            ws(&format!(
+                "GET / HTTP/1.1\r\nUpgrade: websocket\r\n{key}Sec-WebSocket-Version: 13\r\n\r\n"
+            )),
+            Ok(None)
+        );
+        for bad in [
+            // No key, another version, a POST, HTTP/1.0.
+            "GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\nSec-WebSocket-Version: 13\r\n\r\n".to_string(),
+            format!("GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n{key}Sec-WebSocket-Version: 8\r\n\r\n"),
+            format!("POST / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n{key}Sec-WebSocket-Version: 13\r\n\r\n"),
+            format!("GET / HTTP/1.0\r\nUpgrade: websocket\r\nConnection: upgrade\r\n{key}Sec-WebSocket-Version: 13\r\n\r\n"),
+        ] {
+            assert_eq!(ws(&bad), Err(BadRequest::Malformed), "{bad:?}");
+        }
     }
 
     #[test]

@@ -199,6 +199,7 @@ fn run(args: &DemoArgs) -> Result<(), String> {
         warmup: (args.duration / 4).min(Duration::from_secs(1)),
         rounds: args.rounds.max(1),
         rate: None,
+        websocket: None,
         cpus: layout.load.clone(),
         timeout: Duration::from_secs(2),
         progress: true,

@@ -396,3 +396,88 @@ impl Drop for KillOnDrop {
         }
     }
 }
+
+#[tokio::test]
+async fn a_websocket_client_gets_text_and_binary_echoes_a_pong_and_a_clean_close() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    let backends = start(&spec(1));
+    let addr = backends.addrs()[0];
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut ws, resp) = tokio::time::timeout(
+        WAIT,
+        tokio_tungstenite::client_async(format!("ws://{addr}/any/path"), stream),
+    )
+    .await
+    .expect("handshake within WAIT")
+    .expect("handshake");
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+
+    async fn next<S: StreamExt + Unpin>(ws: &mut S) -> Option<S::Item> {
+        tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("a message within WAIT")
+    }
+    let binary: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+    let sent = [
+        Message::text("hello"),
+        Message::binary(binary),
+        Message::text(""),
+    ];
+    for m in sent {
+        ws.send(m.clone()).await.unwrap();
+        assert_eq!(next(&mut ws).await.unwrap().unwrap(), m);
+    }
+    ws.send(Message::Ping(Bytes::from_static(b"are you there")))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut ws).await.unwrap().unwrap(),
+        Message::Pong(Bytes::from_static(b"are you there"))
+    );
+
+    ws.close(None).await.unwrap();
+    assert!(matches!(next(&mut ws).await, Some(Ok(Message::Close(_)))));
+    // The server closes the TCP connection once the close handshake is done.
+    assert!(next(&mut ws).await.is_none());
+    assert_eq!(backends.requests(), 1, "the upgrade is one request");
+    backends.stop();
+}
+
+/// A client frame, masked as RFC 6455 requires of clients.
+fn masked_frame(first_byte: u8, payload: &[u8]) -> Vec<u8> {
+    assert!(payload.len() < 126);
+    let mask = [0x12, 0x34, 0x56, 0x78];
+    let mut f = vec![first_byte, 0x80 | payload.len() as u8];
+    f.extend_from_slice(&mask);
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    f
+}
+
+#[tokio::test]
+async fn a_fragmented_message_sent_right_behind_the_handshake_is_echoed_whole() {
+    use tokio::io::AsyncWriteExt;
+
+    let backends = start(&spec(1));
+    let mut stream = TcpStream::connect(backends.addrs()[0]).await.unwrap();
+    let mut out = b"GET /ws HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        .to_vec();
+    // Text "hel" not final, then its continuation "lo", in the same write as the handshake.
+    out.extend(masked_frame(0x01, b"hel"));
+    out.extend(masked_frame(0x80, b"lo"));
+    stream.write_all(&out).await.unwrap();
+
+    let head = "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\
+        sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
+    let mut got = vec![0u8; head.len() + 7];
+    tokio::time::timeout(WAIT, stream.read_exact(&mut got))
+        .await
+        .expect("the 101 and the echo within WAIT")
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&got[..head.len()]), head);
+    // One final text frame, unmasked: the whole message.
+    assert_eq!(&got[head.len()..], b"\x81\x05hello");
+    backends.stop();
+}

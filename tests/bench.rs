@@ -130,6 +130,7 @@ fn options(targets: Vec<Target>) -> BenchOptions {
         warmup: Duration::from_millis(100),
         rounds: 1,
         rate: None,
+        websocket: None,
         cpus: vec![first_core()],
         timeout: Duration::from_secs(2),
         progress: false,
@@ -342,4 +343,112 @@ fn the_command_rejects_a_target_it_cannot_load() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("only http://"), "{stderr}");
+}
+
+/// A `pinlb backend` on the first allowed core, whose WebSocket path echoes.
+fn echo_backend() -> pinlb::backend::Backends {
+    pinlb::backend::Backends::start(&pinlb::backend::BackendSpec {
+        listen: vec!["127.0.0.1:0".parse().unwrap()],
+        cpus: vec![first_core()],
+        ..Default::default()
+    })
+    .expect("start pinlb backend")
+}
+
+#[test]
+fn websocket_mode_counts_every_echo_of_pinlb_backend_and_no_errors() {
+    let backends = echo_backend();
+    let addr = backends.addrs()[0];
+    let opts = BenchOptions {
+        websocket: Some(64),
+        rounds: 2,
+        ..options(vec![format!("echo=http://{addr}/ws").parse().unwrap()])
+    };
+    let report = bench(&opts);
+    let t = &report.targets[0];
+    let (r, w) = (t.requests, t.warmup);
+    assert!(r.responses > 0, "{r:?}");
+    assert_eq!(r.errors.total() + w.errors.total(), 0, "{r:?} {w:?}");
+    assert_eq!((r.responses, r.ok), (r.sent, r.sent), "{r:?}");
+    assert_eq!(t.histogram.len(), r.responses, "one latency per echo");
+    assert!(t.latency.p50_us > 0.0 && t.latency.p50_us <= t.latency.p99_us);
+    assert_eq!(report.message_size, Some(64));
+    assert!(report.table().contains("msg/s"), "{}", report.table());
+    // One upgrade per connection and run (each run opens its own): no reconnects.
+    assert_eq!(
+        backends.requests(),
+        2 * 4,
+        "4 connections in each of 2 runs"
+    );
+    backends.stop();
+}
+
+#[test]
+fn websocket_mode_against_a_server_that_does_not_upgrade_gives_handshake_errors() {
+    let backend = Backend::start(Reply::Ok);
+    let opts = BenchOptions {
+        websocket: Some(64),
+        duration: Duration::from_millis(200),
+        warmup: Duration::ZERO,
+        ..options(vec![backend.target("plain")])
+    };
+    let report = bench(&opts);
+    let r = report.targets[0].requests;
+    assert!(r.errors.handshake > 0, "{r:?}");
+    assert_eq!((r.sent, r.responses), (0, 0), "{r:?}");
+    assert!(report.table().contains("handshake "), "{}", report.table());
+}
+
+#[test]
+fn the_command_in_websocket_mode_writes_well_formed_json() {
+    let backends = echo_backend();
+    let dir = TempDir::new("bench-ws-cli");
+    let json = dir.0.join("out.json");
+    let core = first_core().to_string();
+    let out = Command::new(bin())
+        .args(["bench", "--ws", "--message-size", "100"])
+        .arg(format!("echo=http://{}/", backends.addrs()[0]))
+        .args(["-c", "2", "-d", "200ms", "--warmup", "0s", "--rounds", "1"])
+        .args(["--cpus", &core])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run pinlb bench --ws");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("| echo | "), "{stdout}");
+    assert!(
+        stdout.contains("WebSocket echo of 100-byte messages"),
+        "{stdout}"
+    );
+
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["message_size"], 100);
+    let t = &v["targets"][0];
+    assert_eq!(t["name"], "echo");
+    assert!(t["requests"]["responses"].as_u64().unwrap() > 0, "{t}");
+    assert_eq!(t["requests"]["ok"], t["requests"]["responses"]);
+    for (kind, n) in t["requests"]["errors"].as_object().unwrap() {
+        assert_eq!(n.as_u64(), Some(0), "{kind}");
+    }
+    assert!(t["requests_per_sec"]["median"].as_f64().unwrap() > 0.0);
+    assert!(t["latency"]["p99_us"].as_f64().unwrap() > 0.0);
+    backends.stop();
+}
+
+#[test]
+fn the_command_refuses_the_open_loop_in_websocket_mode() {
+    let out = Command::new(bin())
+        .args(["bench", "--ws", "--rate", "100", "http://127.0.0.1:1/"])
+        .output()
+        .expect("run pinlb bench");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("'--ws' cannot be used with '--rate"),
+        "{stderr}"
+    );
 }

@@ -26,13 +26,15 @@
 //! structure but not wrk's costs (no `epoll_ctl` per request), so against a given server it is
 //! more often the faster side.
 //!
-//! Connect time is not part of the latency (as in wrk). A failed connect is counted and tried again
+//! With `--ws` an exchange is a WebSocket message and its echo, on connections that were
+//! upgraded when they opened; everything else here is the same.
+//!
+//! Connect time is not part of the latency (as in wrk), nor is the WebSocket handshake. A failed connect is counted and tried again
 //! on the next pass, as wrk does. One timer per thread, set to the earliest deadline of the
 //! requests in flight, enforces the timeout; a response that takes longer counts as a timeout and
 //! its connection is replaced.
 
 use std::future::{Future, poll_fn};
-use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -40,10 +42,11 @@ use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::thread::{Outcome, READ_BUF, Thread, connect};
+use super::thread::{Failed, Outcome, READ_BUF, Thread};
 use super::wire::{BodyDecoder, parse_head};
+use super::ws::Echo;
 
-type Connecting = Pin<Box<dyn Future<Output = io::Result<TcpStream>>>>;
+type Connecting = Pin<Box<dyn Future<Output = Result<TcpStream, Failed>>>>;
 
 /// Where one connection stands.
 enum State {
@@ -66,6 +69,8 @@ enum State {
         status: u16,
         keep_alive: bool,
     },
+    /// `--ws`: reading the echo of the message.
+    Echo(Echo),
     /// The window has closed: nothing more to send.
     Done,
 }
@@ -84,6 +89,8 @@ struct Conn {
 enum Read {
     /// The response is complete.
     Response { status: u16, keep_alive: bool },
+    /// `--ws`: the echo is complete.
+    Echo { keep_alive: bool },
     /// Nothing more to read now.
     Pending,
     /// The connection failed or sent something that is not a response.
@@ -166,7 +173,7 @@ fn pass(sh: &Thread, conns: &mut [Conn], cx: &mut Context<'_>) -> (bool, bool, O
         match c.state {
             State::Done => continue,
             State::Armed | State::Closed => armed = true,
-            State::Writing { .. } | State::Head { .. } | State::Body { .. } => {
+            State::Writing { .. } | State::Head { .. } | State::Body { .. } | State::Echo(_) => {
                 deadline = Some(deadline.map_or(c.deadline, |d| d.min(c.deadline)));
             }
             State::Connecting(_) => {}
@@ -200,7 +207,7 @@ impl Conn {
                         self.state = State::Done;
                         return;
                     }
-                    self.state = State::Connecting(Box::pin(connect(sh.addr, sh.timeout)));
+                    self.state = State::Connecting(Box::pin(sh.open()));
                 }
                 State::Connecting(fut) => match fut.as_mut().poll(cx) {
                     Poll::Ready(Ok(s)) => {
@@ -209,12 +216,12 @@ impl Conn {
                         self.state = State::Armed;
                         return;
                     }
-                    Poll::Ready(Err(_)) => {
+                    Poll::Ready(Err(failed)) => {
                         let now = Instant::now();
                         if now >= sh.end {
                             self.state = State::Done;
                         } else {
-                            sh.connect_error(now >= sh.t0);
+                            sh.connect_error(now >= sh.t0, failed);
                             self.state = State::Closed;
                         }
                         return;
@@ -231,16 +238,22 @@ impl Conn {
                     let request = &sh.request[*written..];
                     match Pin::new(stream).poll_write(cx, request) {
                         Poll::Ready(Ok(n)) if n == request.len() => {
-                            self.state = State::Head { filled: 0 };
+                            self.state = match &sh.websocket {
+                                Some(ws) => State::Echo(Echo::new(ws.message_size)),
+                                None => State::Head { filled: 0 },
+                            };
                         }
                         Poll::Ready(Ok(n)) if n > 0 => *written += n,
                         Poll::Ready(_) => return self.finish(sh, Outcome::Broken, false),
                         Poll::Pending => return,
                     }
                 }
-                State::Head { .. } | State::Body { .. } => match self.read(cx) {
+                State::Head { .. } | State::Body { .. } | State::Echo(_) => match self.read(cx) {
                     Read::Response { status, keep_alive } => {
                         return self.finish(sh, Outcome::Response(status), keep_alive);
+                    }
+                    Read::Echo { keep_alive } => {
+                        return self.finish(sh, Outcome::Echo, keep_alive);
                     }
                     Read::Broken => return self.finish(sh, Outcome::Broken, false),
                     Read::Pending if now >= self.deadline => {
@@ -316,6 +329,19 @@ impl Conn {
                         Ok(fed) if fed.done => Some(Read::Response {
                             status: *status,
                             keep_alive: *keep_alive && fed.used == n,
+                        }),
+                        Ok(_) => None,
+                        Err(_) => Some(Read::Broken),
+                    }
+                }
+                // Bytes after the echo, which nothing asked for, make the connection unusable.
+                State::Echo(echo) => {
+                    if n == 0 {
+                        return Read::Broken;
+                    }
+                    match echo.feed(&self.buf[..n]) {
+                        Ok(fed) if fed.done => Some(Read::Echo {
+                            keep_alive: fed.used == n,
                         }),
                         Ok(_) => None,
                         Err(_) => Some(Read::Broken),

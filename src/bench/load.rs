@@ -29,7 +29,8 @@ use super::BenchError;
 use super::closed::closed_loop;
 use super::stats::Counts;
 use super::stats::new_histogram;
-use super::thread::{Progress, READ_BUF, Stats, Thread, connect};
+use super::thread::{Failed, Progress, READ_BUF, Stats, Thread, connect};
+use super::ws::WsPlan;
 use crate::cpus::pin_current_thread;
 
 /// How often the coordinating thread reports progress while the threads run.
@@ -39,8 +40,11 @@ const TICK: Duration = Duration::from_millis(250);
 #[derive(Debug)]
 pub(crate) struct Plan {
     pub addr: SocketAddr,
-    /// The request bytes, built once for the whole bench and written as is on every exchange.
+    /// The request bytes, built once for the whole bench and written as is on every exchange
+    /// (with `--ws`, the message's frame).
     pub request: Arc<[u8]>,
+    /// `--ws`: the handshake each connection opens with, and the echo's size.
+    pub websocket: Option<Arc<WsPlan>>,
     pub connections: usize,
     pub threads: usize,
     /// Thread `i` is pinned to `cpus[i % cpus.len()]`.
@@ -218,6 +222,7 @@ fn thread_main(
     let shared = Rc::new(Thread {
         addr: plan.addr,
         request: plan.request.clone(),
+        websocket: plan.websocket.clone(),
         timeout: plan.timeout,
         begin,
         t0,
@@ -337,7 +342,7 @@ async fn open_loop(sh: &Thread, g: usize, connections: usize, rate: f64) {
             None => match connect(sh.addr, sh.timeout).await {
                 Ok(s) => conn.insert(s),
                 Err(_) => {
-                    sh.connect_error(recorded);
+                    sh.connect_error(recorded, Failed::Connect);
                     continue;
                 }
             },

@@ -10,6 +10,10 @@
 //! first target, the throughput ratio and the latency added at each percentile: the proxy's
 //! overhead when the first target is the backend alone.
 //!
+//! With `--ws` the same holds for WebSocket tunnels: each connection upgrades once when it
+//! opens, then every exchange is a binary message of `--message-size` bytes and its echo
+//! (`pinlb backend` echoes on any path), so the rates are messages/s.
+//!
 //! The client is lean on purpose, so that it measures the server and not itself: its threads are
 //! pinned to `--cpus`, each runs a single-threaded runtime with its share of the keep-alive
 //! connections, every request is the same pre-built bytes, and responses are parsed in place
@@ -20,6 +24,8 @@
 //!
 //! - [`stats`]: medians, ratios, added latency and percentile curves, as plain functions.
 //! - `wire.rs`: the request bytes, response heads and body framing.
+//! - `ws.rs`: `--ws`: the WebSocket handshake, the message frame, and finding the end of an
+//!   echo.
 //! - `load.rs`: the pinned threads, the open loop, and the accounting both loops share.
 //! - `closed.rs`: the closed loop, one event-loop task per thread.
 //! - [`report`]: the results, and the table, JSON and SVG made from them.
@@ -30,6 +36,7 @@ pub mod report;
 pub mod stats;
 mod thread;
 pub(crate) mod wire;
+pub(crate) mod ws;
 
 use std::io::{IsTerminal, Write as _};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -130,6 +137,10 @@ pub struct BenchOptions {
     pub rounds: usize,
     /// Open loop at this many requests per second in total; `None` is closed loop.
     pub rate: Option<f64>,
+    /// WebSocket echo instead of HTTP requests: each connection is upgraded when it opens (not
+    /// timed), then sends binary messages of this many bytes and waits for each one's echo.
+    /// Closed loop only.
+    pub websocket: Option<usize>,
     /// Cores for the load threads; empty means every core this process may run on.
     pub cpus: Vec<usize>,
     /// Per request (and per connect), like wrk's `--timeout`.
@@ -183,9 +194,17 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
         .targets
         .iter()
         .map(|t| {
+            let (request, websocket) = match opts.websocket {
+                Some(size) => {
+                    let (ws, frame) = ws::WsPlan::new(&t.url, size);
+                    (frame, Some(Arc::new(ws)))
+                }
+                None => (wire::request_bytes(&t.url), None),
+            };
             Ok(Arc::new(Plan {
                 addr: t.resolve()?,
-                request: wire::request_bytes(&t.url).into(),
+                request: request.into(),
+                websocket,
                 connections: opts.connections,
                 threads: opts.threads,
                 cpus: cpus.clone(),
@@ -257,6 +276,12 @@ fn check_options(opts: &BenchOptions) -> Result<Vec<usize>, BenchError> {
     if opts.rounds == 0 {
         return bad("rounds must be at least 1".into());
     }
+    if opts.websocket.is_some() && opts.rate.is_some() {
+        return bad(
+            "the open loop (--rate) is not supported with --ws: WebSocket mode is closed loop"
+                .into(),
+        );
+    }
     if let Some(r) = opts.rate {
         if !(r.is_finite() && r > 0.0) {
             return bad(format!(
@@ -297,8 +322,13 @@ fn progress_line(
             opts.duration.as_secs_f64()
         )
     };
+    let unit = if opts.websocket.is_some() {
+        "msg/s"
+    } else {
+        "req/s"
+    };
     format!(
-        "round {}/{}  {target}  {phase}  {rate:.0} req/s",
+        "round {}/{}  {target}  {phase}  {rate:.0} {unit}",
         round + 1,
         opts.rounds
     )
@@ -329,6 +359,14 @@ pub struct BenchArgs {
     /// (corrected for coordinated omission) [default: closed loop].
     #[arg(long, value_name = "REQ_PER_S")]
     pub rate: Option<f64>,
+    /// WebSocket echo instead of HTTP requests: each connection upgrades its target's URL
+    /// once (not timed), then sends a binary message and waits for its echo, over and over;
+    /// rates are messages/s. Closed loop only.
+    #[arg(long, conflicts_with = "rate")]
+    pub ws: bool,
+    /// With --ws: the size of each message ("64", "1KiB").
+    #[arg(long, value_name = "SIZE", default_value = "64", requires = "ws")]
+    pub message_size: bytesize::ByteSize,
     /// Cores for the load threads, e.g. "1" or "2-3" [default: every allowed core].
     #[arg(long, value_name = "LIST")]
     pub cpus: Option<String>,
@@ -354,8 +392,17 @@ impl BenchArgs {
         let threads = self
             .threads
             .unwrap_or_else(|| cpus.len().clamp(1, self.connections.max(1)));
+        let websocket = if self.ws {
+            let size = self.message_size.as_u64();
+            Some(usize::try_from(size).map_err(|_| {
+                BenchError::Options(format!("--message-size {size} does not fit in memory here"))
+            })?)
+        } else {
+            None
+        };
         Ok(BenchOptions {
             targets: self.targets.clone(),
+            websocket,
             connections: self.connections,
             threads,
             duration: self.duration,
@@ -445,6 +492,7 @@ mod tests {
             warmup: Duration::from_secs(1),
             rounds: 1,
             rate: None,
+            websocket: None,
             cpus: Vec::new(),
             timeout: Duration::from_secs(2),
             progress: false,
@@ -485,6 +533,11 @@ mod tests {
             },
             BenchOptions {
                 cpus: vec![100_000],
+                ..opts()
+            },
+            BenchOptions {
+                websocket: Some(64),
+                rate: Some(100.0),
                 ..opts()
             },
         ];

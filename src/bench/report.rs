@@ -30,6 +30,9 @@ pub struct Report {
     pub timeout_s: f64,
     /// Requests per second in open loop; `None` for closed loop.
     pub rate: Option<f64>,
+    /// `--ws`: the bytes of each WebSocket message; `None` for HTTP. With it, a request is a
+    /// message and its response the echo, so `requests_per_sec` is messages per second.
+    pub message_size: Option<usize>,
     /// In the order given; the first is what the others are compared against.
     pub targets: Vec<TargetReport>,
 }
@@ -146,6 +149,7 @@ impl Report {
             warmup_s: opts.warmup.as_secs_f64(),
             timeout_s: opts.timeout.as_secs_f64(),
             rate: opts.rate,
+            message_size: opts.websocket,
             targets,
         })
     }
@@ -155,8 +159,10 @@ impl Report {
     pub fn table(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "{}\n", self.describe());
-        out.push_str(
-            "| target | req/s | min | max | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | errors |\n",
+        let _ = writeln!(
+            out,
+            "| target | {} | min | max | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | errors |",
+            self.unit()
         );
         out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
         for t in &self.targets {
@@ -208,12 +214,26 @@ impl Report {
         out
     }
 
+    /// What the rates count: `req/s`, or `msg/s` for WebSocket messages.
+    pub fn unit(&self) -> &'static str {
+        if self.message_size.is_some() {
+            "msg/s"
+        } else {
+            "req/s"
+        }
+    }
+
     /// One line: the loop, the connections and threads, the cores, the rounds.
     fn describe(&self) -> String {
-        let mode = match self.rate {
+        let mut mode = match self.rate {
             Some(r) => format!("open loop at {r:.0} req/s (latency from the scheduled send time)"),
             None => "closed loop".into(),
         };
+        if let Some(size) = self.message_size {
+            mode.push_str(&format!(
+                ", WebSocket echo of {size}-byte messages (latency from each message's write to its echo's end; handshakes not timed)"
+            ));
+        }
         let warmup = if self.warmup_s > 0.0 {
             format!(" after {} s of warm-up", secs(self.warmup_s))
         } else {
@@ -352,6 +372,7 @@ fn errors(e: &Errors) -> String {
     }
     let kinds = [
         ("connect", e.connect),
+        ("handshake", e.handshake),
         ("timeout", e.timeout),
         ("read", e.read),
         ("non-2xx", e.non_2xx),
@@ -401,6 +422,7 @@ mod tests {
             warmup: Duration::ZERO,
             rounds: 2,
             rate: None,
+            websocket: None,
             cpus: vec![0],
             timeout: Duration::from_secs(2),
             progress: false,
@@ -460,6 +482,28 @@ mod tests {
         assert!(svg.contains("direct") && svg.contains("proxied"));
         assert!(svg.contains("99.9%") && svg.contains("latency (ms)"));
         assert!(svg.matches("<polyline").count() >= 2);
+    }
+
+    #[test]
+    fn a_websocket_report_counts_messages() {
+        let opts = BenchOptions {
+            websocket: Some(64),
+            ..opts()
+        };
+        let runs = vec![vec![run(1000.0, 100)], vec![run(500.0, 150)]];
+        let r = Report::build(&opts, &[1], runs).unwrap();
+        let t = r.table();
+        assert!(t.contains("| target | msg/s | min |"), "{t}");
+        assert!(
+            t.contains("closed loop, WebSocket echo of 64-byte messages"),
+            "{t}"
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["message_size"], 64);
+        assert_eq!(
+            serde_json::to_value(report()).unwrap()["message_size"],
+            serde_json::Value::Null
+        );
     }
 
     #[test]

@@ -190,7 +190,9 @@ pub fn x_label(x: f64) -> String {
 
 /// Requests counted in one phase (warm-up or recorded). Every request sent ends as exactly one
 /// of a response, a timeout or a read error: `sent == responses + errors.timeout + errors.read`,
-/// and `responses == ok + errors.non_2xx`. Connect errors sent nothing.
+/// and `responses == ok + errors.non_2xx`. Connect and handshake errors sent nothing.
+///
+/// With `--ws` a request is a message and a response its echo; every echo counts as ok.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Counts {
     /// Requests written (or begun to be written) on a connection: what the server may have seen.
@@ -207,10 +209,13 @@ pub struct Counts {
 pub struct Errors {
     /// Connects that failed or took longer than the timeout.
     pub connect: u64,
+    /// `--ws`: WebSocket handshakes answered with anything but a `101` carrying the right
+    /// `Sec-WebSocket-Accept` (a proxy that does not tunnel); the connection is opened again.
+    pub handshake: u64,
     /// Requests with no complete response within the timeout; the connection is closed.
     pub timeout: u64,
     /// The connection broke (a failed write, a reset, an early close) or the response was
-    /// malformed.
+    /// malformed (with `--ws`: a close frame, or an echo of another length).
     pub read: u64,
     /// Complete responses whose status was not 2xx.
     pub non_2xx: u64,
@@ -218,7 +223,7 @@ pub struct Errors {
 
 impl Errors {
     pub fn total(&self) -> u64 {
-        self.connect + self.timeout + self.read + self.non_2xx
+        self.connect + self.handshake + self.timeout + self.read + self.non_2xx
     }
 }
 
@@ -228,6 +233,7 @@ impl Counts {
         self.responses += other.responses;
         self.ok += other.ok;
         self.errors.connect += other.errors.connect;
+        self.errors.handshake += other.errors.handshake;
         self.errors.timeout += other.errors.timeout;
         self.errors.read += other.errors.read;
         self.errors.non_2xx += other.errors.non_2xx;

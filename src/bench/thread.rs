@@ -1,6 +1,7 @@
 //! One load thread's side of a run: what its connection tasks share (the target, the request,
-//! the window, the thread's counts and histogram), one exchange on a connection, and connecting.
-//! The closed loop (`closed.rs`) and the open loop (`load.rs`) both drive connections with it.
+//! the window, the thread's counts and histogram), one exchange on a connection, and connecting
+//! (with `--ws`, the WebSocket handshake too). The closed loop (`closed.rs`) and the open loop
+//! (`load.rs`) both drive connections with it.
 
 use std::cell::RefCell;
 use std::io;
@@ -17,6 +18,7 @@ use tokio::time::Sleep;
 
 use super::stats::Counts;
 use super::wire::{BodyDecoder, parse_head};
+use super::ws::{WsPlan, check_upgrade};
 
 /// Each connection's read buffer. A response head must fit; bodies stream through it.
 pub(super) const READ_BUF: usize = 32 * 1024;
@@ -29,7 +31,10 @@ pub(super) struct Progress(pub(super) AtomicU64);
 /// One thread's view of the run, shared by its connection tasks.
 pub(super) struct Thread {
     pub(super) addr: SocketAddr,
+    /// What every exchange writes: the HTTP request, or with `--ws` the message's frame.
     pub(super) request: Arc<[u8]>,
+    /// `--ws`: each connection opens with this handshake, and exchanges are echoes.
+    pub(super) websocket: Option<Arc<WsPlan>>,
     pub(super) timeout: Duration,
     /// When this thread's load started: the warm-up, and the open loop's schedule.
     pub(super) begin: Instant,
@@ -55,21 +60,55 @@ pub(super) struct Stats {
 /// How one exchange ended.
 pub(super) enum Outcome {
     Response(u16),
+    /// `--ws`: the whole echo of the message.
+    Echo,
     /// No complete response within the timeout.
     Timeout,
     /// The connection failed or the response was malformed.
     Broken,
 }
 
+/// Why a connection could not be opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Failed {
+    Connect,
+    /// Connected, but the WebSocket handshake failed or took longer than the timeout.
+    Handshake,
+}
+
 impl Thread {
-    pub(super) fn connect_error(&self, recorded: bool) {
+    pub(super) fn connect_error(&self, recorded: bool, failed: Failed) {
         let mut st = self.stats.borrow_mut();
         let counts = if recorded {
             &mut st.recorded
         } else {
             &mut st.warmup
         };
-        counts.errors.connect += 1;
+        match failed {
+            Failed::Connect => counts.errors.connect += 1,
+            Failed::Handshake => counts.errors.handshake += 1,
+        }
+    }
+
+    /// Opens a connection to the target, with the handshake in `--ws` mode, all within the
+    /// timeout. Owns what it needs, so the closed loop can keep it across passes.
+    pub(super) fn open(&self) -> impl Future<Output = Result<TcpStream, Failed>> + 'static {
+        let (addr, timeout, ws) = (self.addr, self.timeout, self.websocket.clone());
+        async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let connecting = tokio::time::timeout_at(deadline, connect(addr, timeout));
+            let mut stream = match connecting.await {
+                Ok(Ok(s)) => s,
+                _ => return Err(Failed::Connect),
+            };
+            if let Some(ws) = ws {
+                match tokio::time::timeout_at(deadline, upgrade(&mut stream, &ws)).await {
+                    Ok(Ok(())) => {}
+                    _ => return Err(Failed::Handshake),
+                }
+            }
+            Ok(stream)
+        }
     }
 
     /// Counts one exchange; the latency goes into the histogram when it was a response in the
@@ -83,26 +122,33 @@ impl Thread {
             &mut st.warmup
         };
         counts.sent += 1;
-        match outcome {
-            Outcome::Response(status) => {
-                counts.responses += 1;
-                if (200..300).contains(&status) {
-                    counts.ok += 1;
-                } else {
-                    counts.errors.non_2xx += 1;
-                }
-                if recorded {
-                    let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-                    st.histogram.saturating_record(ns);
-                }
-                st.responses += 1;
-                self.progress[self.thread]
-                    .0
-                    .store(st.responses, Ordering::Relaxed);
+        // Whether the exchange got a whole answer, and whether that answer was a good one.
+        let good = match outcome {
+            Outcome::Response(status) => (200..300).contains(&status),
+            Outcome::Echo => true,
+            Outcome::Timeout => {
+                counts.errors.timeout += 1;
+                return;
             }
-            Outcome::Timeout => counts.errors.timeout += 1,
-            Outcome::Broken => counts.errors.read += 1,
+            Outcome::Broken => {
+                counts.errors.read += 1;
+                return;
+            }
+        };
+        counts.responses += 1;
+        if good {
+            counts.ok += 1;
+        } else {
+            counts.errors.non_2xx += 1;
         }
+        if recorded {
+            let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+            st.histogram.saturating_record(ns);
+        }
+        st.responses += 1;
+        self.progress[self.thread]
+            .0
+            .store(st.responses, Ordering::Relaxed);
     }
 
     /// One request and its response on `stream`, with the timeout counted from now. Resetting
@@ -136,6 +182,28 @@ pub(super) async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<T
         .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
     stream.set_nodelay(true)?;
     Ok(stream)
+}
+
+/// Sends the WebSocket handshake and reads its answer: a `101` with the expected accept key and
+/// nothing after it, or an error. The head is read into a buffer of its own, once per
+/// connection.
+async fn upgrade(stream: &mut TcpStream, ws: &WsPlan) -> io::Result<()> {
+    stream.write_all(&ws.handshake).await?;
+    let mut buf = vec![0u8; 8 * 1024];
+    let mut filled = 0;
+    loop {
+        let n = stream.read(&mut buf[filled..]).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        filled += n;
+        match check_upgrade(&buf[..filled], &ws.accept) {
+            Ok(Some(())) => return Ok(()),
+            Ok(None) if filled < buf.len() => {}
+            Ok(None) => return Err(io::Error::other("handshake answer too large")),
+            Err(refused) => return Err(io::Error::other(format!("{refused:?}"))),
+        }
+    }
 }
 
 /// The connection failed or sent something that is not a response.
