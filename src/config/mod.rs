@@ -188,6 +188,12 @@ pub struct Upstream {
     pub health: Option<Health>,
     pub passive: Passive,
     pub retry: Retry,
+    /// Whether a request that asks to upgrade (a WebSocket) goes to the backend with its
+    /// `Upgrade` and `Connection: upgrade`, so that a `101` turns the connection into a tunnel.
+    /// On by default: nginx users add the `Upgrade`/`Connection` lines for every WebSocket
+    /// app, and a proxy that breaks socket.io until told otherwise surprises more than one that
+    /// passes an upgrade the client asked for.
+    pub upgrade: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -325,6 +331,9 @@ pub struct Timeouts {
     pub send: Duration,
     /// An idle client keep-alive connection is closed after this.
     pub client_idle: Duration,
+    /// A tunnel (a connection that switched protocols, a WebSocket) that carries no byte either
+    /// way for this long is closed: HAProxy's `timeout tunnel`.
+    pub tunnel_idle: Duration,
 }
 
 impl Default for Timeouts {
@@ -334,6 +343,10 @@ impl Default for Timeouts {
             response: Duration::from_secs(60),
             send: Duration::from_secs(60),
             client_idle: Duration::from_secs(60),
+            // An hour, as HAProxy's documentation suggests for `timeout tunnel`: far longer than
+            // any application heartbeat (socket.io pings every 25 s), so that a quiet but live
+            // WebSocket is not cut, while a peer that vanished is still let go in the end.
+            tunnel_idle: Duration::from_secs(3600),
         }
     }
 }

@@ -98,6 +98,14 @@ pub(super) struct RawUpstream {
     pub passive: RawPassive,
     #[serde(default)]
     pub retry: RawRetry,
+    /// Whether requests that ask to upgrade (WebSocket) are passed on.
+    #[serde(default = "default_upgrade")]
+    pub upgrade: bool,
+}
+
+/// Upgrades pass unless the upstream says otherwise (see `config::Upstream::upgrade`).
+fn default_upgrade() -> bool {
+    true
 }
 
 /// Idle connections kept per backend, per worker.
@@ -130,6 +138,7 @@ pub(super) struct RawTimeouts {
     pub response: Option<Spanned<Dur>>,
     pub send: Option<Spanned<Dur>>,
     pub client_idle: Option<Spanned<Dur>>,
+    pub tunnel_idle: Option<Spanned<Dur>>,
 }
 
 /// `[upstream.NAME.health]`.

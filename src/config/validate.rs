@@ -171,6 +171,7 @@ pub(super) fn upstream(
             .transpose()?,
         passive: passive(src, &key, &up.passive)?,
         retry: retry(src, &key, &up.retry)?,
+        upgrade: up.upgrade,
     })
 }
 
@@ -279,6 +280,7 @@ fn timeouts(src: &Source, key: &str, t: &RawTimeouts) -> Result<Timeouts> {
         response: positive(src, &t.response, &tkey("response"))?.unwrap_or(d.response),
         send: positive(src, &t.send, &tkey("send"))?.unwrap_or(d.send),
         client_idle: positive(src, &t.client_idle, &tkey("client_idle"))?.unwrap_or(d.client_idle),
+        tunnel_idle: positive(src, &t.tunnel_idle, &tkey("tunnel_idle"))?.unwrap_or(d.tunnel_idle),
     })
 }
 

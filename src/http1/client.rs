@@ -44,6 +44,9 @@ pub struct Conn {
     out: Vec<u8>,
     /// Whether this connection already carried an exchange (taken from the pool).
     pub reused: bool,
+    /// The request on it asked to upgrade: a `101 Switching Protocols` is its answer, not an
+    /// error.
+    upgrading: bool,
     /// The timer of the response timeout and of the send timeout, created by the first wait
     /// that needs it and reset for every later one on this connection.
     timer: Option<Pin<Box<Sleep>>>,
@@ -63,6 +66,8 @@ pub struct Outgoing<'a> {
     pub trusted_lines: &'a [u8],
     /// The X-Forwarded-For value to send.
     pub forwarded_for: &'a [u8],
+    /// The protocols to ask the backend to switch to (`Upgrade`, with `Connection: upgrade`).
+    pub upgrade: Option<&'a [u8]>,
 }
 
 /// Why an exchange with a backend failed.
@@ -113,8 +118,15 @@ impl Conn {
             buf: BytesMut::new(),
             out: Vec::new(),
             reused: false,
+            upgrading: false,
             timer: None,
         }
+    }
+
+    /// The socket and what the backend sent after the head just read: a connection that
+    /// switched protocols leaves HTTP, and its bytes are relayed as they are.
+    pub fn into_parts(self) -> (TcpStream, BytesMut) {
+        (self.stream, self.buf)
     }
 
     /// Whether an idle pooled connection can take a request: the backend has not closed it or
@@ -158,6 +170,12 @@ impl Conn {
         out.extend_from_slice(b"x-forwarded-for: ");
         out.extend_from_slice(req.forwarded_for);
         out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\n");
+        self.upgrading = req.upgrade.is_some();
+        if let Some(protocols) = req.upgrade {
+            out.extend_from_slice(b"connection: upgrade\r\nupgrade: ");
+            out.extend_from_slice(protocols);
+            out.extend_from_slice(b"\r\n");
+        }
         match body {
             RequestFraming::None => {}
             RequestFraming::Length(n) => {
@@ -366,10 +384,18 @@ impl Conn {
         loop {
             let head = ready!(self.poll_head(cx))?;
             if head.status == StatusCode::SWITCHING_PROTOCOLS {
-                // pinlb strips Upgrade from requests, so a 101 is a confused backend.
-                return Poll::Ready(Err(UpstreamError::Invalid(
-                    "unexpected 101 Switching Protocols",
-                )));
+                if !self.upgrading {
+                    // Upgrade was not asked for (or not passed on), so a 101 is a confused
+                    // backend.
+                    return Poll::Ready(Err(UpstreamError::Invalid(
+                        "unexpected 101 Switching Protocols",
+                    )));
+                }
+                // The end of HTTP on this connection: what follows is the new protocol's.
+                return Poll::Ready(Ok(Head {
+                    keep_alive: false,
+                    ..head
+                }));
             }
             if head.status.is_informational() {
                 continue;
@@ -458,6 +484,8 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
     let mut chunked_last: Option<bool> = None;
     let mut content_length = ContentLength::Absent;
     let mut has_date = false;
+    let switching = status == StatusCode::SWITCHING_PROTOCOLS;
+    let mut upgrade = false;
     for h in resp.headers.iter() {
         let (name, value) = (h.name.as_bytes(), h.value);
         match Hop::of(name) {
@@ -465,7 +493,16 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
                 chunked_last = final_coding_chunked(chunked_last, value);
                 continue;
             }
-            Some(Hop::Connection | Hop::Other) => continue,
+            // A 101's Upgrade says what the connection became, and goes to the client; the
+            // client side adds `Connection: upgrade`.
+            Some(Hop::Upgrade) if switching => {
+                upgrade = true;
+                headers.extend_from_slice(b"upgrade: ");
+                headers.extend_from_slice(value);
+                headers.extend_from_slice(b"\r\n");
+                continue;
+            }
+            Some(Hop::Connection | Hop::Other | Hop::Upgrade) => continue,
             None => {}
         }
         if name.len() == 14 && name.eq_ignore_ascii_case(b"content-length") {
@@ -491,6 +528,12 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
     // nginx does, but nothing more goes on that connection.
     let keep_alive = connection.keep_alive(version == Version::HTTP_11)
         && !(version == Version::HTTP_10 && chunked_last.is_some());
+    if switching && !upgrade {
+        // RFC 9110 §15.2.2: a 101 must say what it switches to.
+        return Err(UpstreamError::Invalid(
+            "101 Switching Protocols without Upgrade",
+        ));
+    }
     buf.advance(len);
     Ok(Some(Head {
         status,
@@ -561,6 +604,11 @@ impl UpstreamBody {
             close_delimited: head.framing == Framing::Close,
             has_date: head.has_date,
         }
+    }
+
+    /// The connection, taken for good: after a 101 it carries the new protocol, not a body.
+    pub fn take_conn(&mut self) -> Option<Conn> {
+        self.conn.take()
     }
 
     /// Whether the backend sent a Date header.
@@ -799,6 +847,24 @@ mod tests {
         assert!(ka("HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\n\r\n"));
         assert!(!ka(
             "HTTP/1.1 200 OK\r\nConnection: keep-alive, close\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn a_101_keeps_its_upgrade_for_the_client_and_must_have_one() {
+        let h = head(
+            "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Accept: a\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            h.headers,
+            b"upgrade: websocket\r\nSec-WebSocket-Accept: a\r\n"
+        );
+        assert!(matches!(
+            head("HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n\r\n"),
+            Err(UpstreamError::Invalid(_))
         ));
     }
 

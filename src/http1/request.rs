@@ -13,7 +13,7 @@ use bytes::{Buf, BytesMut};
 use http::{Method, StatusCode, Uri, Version};
 
 use super::body::BodyError;
-use super::common::{ConnectionTokens, ContentLength, Hop, RequestFraming};
+use super::common::{ConnectionTokens, ContentLength, Hop, RequestFraming, upgrade_protocols};
 use crate::config::Limits;
 
 /// Why pinlb refused a client's request: its head (malformed, too large, or breaking a rule a
@@ -106,6 +106,10 @@ pub struct RequestHead {
     path: (usize, usize),
     user_agent: Option<(usize, usize)>,
     referer: Option<(usize, usize)>,
+    /// Where the protocols the client asks to upgrade to lie in `text`: only on an HTTP/1.1
+    /// request with both `Connection: upgrade` and an Upgrade naming something other than
+    /// `h2c` (see `common::upgrade_protocols`).
+    upgrade: Option<(usize, usize)>,
     /// The client's X-Forwarded-For lines, joined into one list.
     pub forwarded_for: Option<Vec<u8>>,
     /// The client's Forwarded and X-Real-IP lines, which say who the client is as
@@ -159,6 +163,12 @@ impl RequestHead {
         self.referer.map(|h| self.at(h))
     }
 
+    /// The protocols the client asks to switch to, as they go upstream; `None` for a request
+    /// that does not ask to upgrade.
+    pub fn upgrade(&self) -> Option<&[u8]> {
+        self.upgrade.map(|h| self.at(h))
+    }
+
     /// Whether a header line with this name goes upstream (case-insensitive).
     #[cfg(test)]
     fn has_line(&self, name: &str) -> bool {
@@ -182,7 +192,9 @@ enum Special {
     Proxied,
     UserAgent,
     Referer,
-    /// Keep-Alive, Proxy-Connection, TE, Trailer, Upgrade (hop-by-hop), X-Forwarded-Proto
+    /// Hop-by-hop, but sent on (by pinlb, after the other lines) when Connection names it.
+    Upgrade,
+    /// Keep-Alive, Proxy-Connection, TE, Trailer (hop-by-hop), X-Forwarded-Proto
     /// (pinlb's to set): dropped.
     Dropped,
 }
@@ -193,6 +205,7 @@ impl Special {
         match Hop::of(name) {
             Some(Hop::Connection) => return Some(Special::Connection),
             Some(Hop::TransferEncoding) => return Some(Special::TransferEncoding),
+            Some(Hop::Upgrade) => return Some(Special::Upgrade),
             Some(Hop::Other) => return Some(Special::Dropped),
             None => {}
         }
@@ -277,6 +290,7 @@ pub fn parse_request(
     let mut host_value = None;
     let mut user_agent = None;
     let mut referer = None;
+    let mut upgrade_value: Option<Vec<u8>> = None;
     for h in req.headers.iter() {
         let (name, value) = (h.name.as_bytes(), h.value);
         let mut keep = None;
@@ -322,6 +336,15 @@ pub fn parse_request(
                 lines.extend_from_slice(b"\r\n");
                 continue;
             }
+            Some(Special::Upgrade) => {
+                // Several lines are one list (RFC 9110 §5.3).
+                let list = upgrade_value.get_or_insert_with(Vec::new);
+                if !list.is_empty() {
+                    list.extend_from_slice(b", ");
+                }
+                list.extend_from_slice(value);
+                continue;
+            }
             Some(Special::UserAgent) => keep = Some(&mut user_agent),
             Some(Special::Referer) => keep = Some(&mut referer),
             // Dropped, as nginx does by default (`underscores_in_headers off`): CGI-style
@@ -352,6 +375,18 @@ pub fn parse_request(
         let at = text.len();
         text.extend_from_slice(value);
         host = Some(Span::Text(at, text.len()));
+    }
+    // Upgrade is HTTP/1.1's (an HTTP/1.0 one is ignored, RFC 9110 §7.8), and asks for a switch
+    // only when Connection names it too.
+    let mut upgrade = None;
+    if let Some(value) = upgrade_value {
+        if version == Version::HTTP_11 && connection.names(b"upgrade") {
+            let at = text.len();
+            upgrade_protocols(&value, &mut text);
+            if text.len() > at {
+                upgrade = Some((at, text.len()));
+            }
+        }
     }
 
     let mut refused = None;
@@ -428,6 +463,7 @@ pub fn parse_request(
         path,
         user_agent,
         referer,
+        upgrade,
         text,
         forwarded_for,
         proxied_lines,
@@ -676,6 +712,40 @@ mod tests {
         assert_eq!(h.body, RequestFraming::Chunked);
         assert!(h.expect_continue);
         assert!(h.keep_alive);
+    }
+
+    #[test]
+    fn an_upgrade_is_asked_for_only_with_connection_upgrade_on_http_1_1_and_never_h2c() {
+        let up = |t: &str| {
+            head(t)
+                .upgrade()
+                .map(|u| String::from_utf8(u.to_vec()).unwrap())
+        };
+        let asks = "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Upgrade\r\n\
+                    Upgrade: websocket\r\nSec-WebSocket-Key: k\r\n\r\n";
+        assert_eq!(up(asks).as_deref(), Some("websocket"));
+        // Upgrade is never among the lines: pinlb writes it itself, after them.
+        assert_eq!(head(asks).lines(), b"Sec-WebSocket-Key: k\r\n");
+        assert_eq!(
+            up("GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            up("GET / HTTP/1.0\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            up("GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            up(
+                "POST / HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: h2c, foo/1\r\n\
+                Upgrade: bar\r\nContent-Length: 0\r\n\r\n"
+            )
+            .as_deref(),
+            Some("foo/1, bar")
+        );
     }
 
     #[test]
