@@ -196,14 +196,17 @@ async fn forward(
         // upstream as HTTP/1.1, which needs one: the backend's address then, as the health
         // probes send.
         host: head.host().unwrap_or_default(),
-        lines: head.lines(),
+        lines: match head.upgrade_lines() {
+            Some(lines) if shared.config.upgrade => lines,
+            _ => head.lines(),
+        },
         trusted_lines: match (&head.proxied_lines, client.trusted) {
             (Some(lines), true) => lines,
             _ => b"",
         },
         forwarded_for: &forwarded_for,
-        upgrade: head.upgrade().filter(|_| shared.config.upgrade),
     };
+    let upgrade = shared.config.upgrade && head.upgrade_lines().is_some();
     let retry = &shared.config.retry;
     let mut body = RequestBody::new(body, retry.buffer, limits);
     // Once a backend may have acted on the request, sending it again needs both of these.
@@ -249,6 +252,7 @@ async fn forward(
             framing,
             &mut body,
             method_resendable,
+            upgrade,
         )
         .await
         {
@@ -378,6 +382,7 @@ async fn attempt(
     framing: RequestFraming,
     body: &mut RequestBody<'_, impl ClientBody>,
     resendable: bool,
+    upgrade: bool,
 ) -> Result<(client::Head, Conn), Failure> {
     let addr = upstream.shared.backends[backend].address;
     let timeouts = upstream.shared.config.timeouts;
@@ -406,6 +411,7 @@ async fn attempt(
         }
     };
     loop {
+        conn.expect_upgrade(upgrade);
         let exchange = async {
             conn.write_head(req, framing, timeouts.send).await?;
             if !body.is_empty() {

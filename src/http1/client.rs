@@ -66,8 +66,6 @@ pub struct Outgoing<'a> {
     pub trusted_lines: &'a [u8],
     /// The X-Forwarded-For value to send.
     pub forwarded_for: &'a [u8],
-    /// The protocols to ask the backend to switch to (`Upgrade`, with `Connection: upgrade`).
-    pub upgrade: Option<&'a [u8]>,
 }
 
 /// Why an exchange with a backend failed.
@@ -129,6 +127,12 @@ impl Conn {
         (self.stream, self.buf)
     }
 
+    /// Says whether the request about to be written asks to upgrade (its lines carry
+    /// `Connection: upgrade` and Upgrade): only then is a `101` its answer.
+    pub fn expect_upgrade(&mut self, upgrade: bool) {
+        self.upgrading = upgrade;
+    }
+
     /// Whether an idle pooled connection can take a request: the backend has not closed it or
     /// sent anything unasked. Costs no system call while the socket has no pending event.
     pub fn is_usable_idle(&mut self, cx: &mut Context<'_>) -> bool {
@@ -170,12 +174,6 @@ impl Conn {
         out.extend_from_slice(b"x-forwarded-for: ");
         out.extend_from_slice(req.forwarded_for);
         out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\n");
-        self.upgrading = req.upgrade.is_some();
-        if let Some(protocols) = req.upgrade {
-            out.extend_from_slice(b"connection: upgrade\r\nupgrade: ");
-            out.extend_from_slice(protocols);
-            out.extend_from_slice(b"\r\n");
-        }
         match body {
             RequestFraming::None => {}
             RequestFraming::Length(n) => {

@@ -99,6 +99,12 @@ pub struct RequestHead {
     target: (usize, usize),
     /// Where the lines lie in `text`.
     lines: (usize, usize),
+    /// On a request that asks to upgrade, where the lines end in `text` with
+    /// `connection: upgrade` and `upgrade: <protocols>` after them; 0 otherwise. Only an
+    /// HTTP/1.1 request with `upgrade` in Connection and an Upgrade naming something other than
+    /// `h2c` asks (see `common::upgrade_protocols`). A `u32`, where the head has room for one:
+    /// a larger head would cost every request a longer copy, upgrading or not.
+    upgrade_end: u32,
     /// Where the Host value lies in `text`: the authority of an absolute-form target, or the
     /// Host header.
     host: Option<(usize, usize)>,
@@ -106,10 +112,6 @@ pub struct RequestHead {
     path: (usize, usize),
     user_agent: Option<(usize, usize)>,
     referer: Option<(usize, usize)>,
-    /// Where the protocols the client asks to upgrade to lie in `text`: only on an HTTP/1.1
-    /// request with both `Connection: upgrade` and an Upgrade naming something other than
-    /// `h2c` (see `common::upgrade_protocols`).
-    upgrade: Option<(usize, usize)>,
     /// The client's X-Forwarded-For lines, joined into one list.
     pub forwarded_for: Option<Vec<u8>>,
     /// The client's Forwarded and X-Real-IP lines, which say who the client is as
@@ -163,10 +165,10 @@ impl RequestHead {
         self.referer.map(|h| self.at(h))
     }
 
-    /// The protocols the client asks to switch to, as they go upstream; `None` for a request
-    /// that does not ask to upgrade.
-    pub fn upgrade(&self) -> Option<&[u8]> {
-        self.upgrade.map(|h| self.at(h))
+    /// The end-to-end lines followed by `connection: upgrade` and the Upgrade line, as they go
+    /// upstream when upgrades are on; `None` for a request that does not ask to upgrade.
+    pub fn upgrade_lines(&self) -> Option<&[u8]> {
+        (self.upgrade_end != 0).then(|| self.at((self.lines.0, self.upgrade_end as usize)))
     }
 
     /// Whether a header line with this name goes upstream (case-insensitive).
@@ -369,24 +371,29 @@ pub fn parse_request(
         text.extend_from_slice(b"\r\n");
     }
     let lines = (lines_start, text.len());
+    // Upgrade is HTTP/1.1's (an HTTP/1.0 one is ignored, RFC 9110 §7.8), and asks for a switch
+    // only when Connection names it too.
+    let mut upgrade_end = 0;
+    if let Some(value) = upgrade_value {
+        if version == Version::HTTP_11 && connection.names(b"upgrade") {
+            text.extend_from_slice(b"connection: upgrade\r\nupgrade: ");
+            let at = text.len();
+            upgrade_protocols(&value, &mut text);
+            if text.len() > at {
+                text.extend_from_slice(b"\r\n");
+                upgrade_end = u32::try_from(text.len()).unwrap_or(0);
+            }
+            if upgrade_end == 0 {
+                text.truncate(lines.1);
+            }
+        }
+    }
     // Host is not a line: pinlb writes it first, itself. An absolute-form target's authority
     // wins over it (RFC 9112 §3.2.2).
     if let (false, 1, Some(value)) = (absolute, hosts, host_value) {
         let at = text.len();
         text.extend_from_slice(value);
         host = Some(Span::Text(at, text.len()));
-    }
-    // Upgrade is HTTP/1.1's (an HTTP/1.0 one is ignored, RFC 9110 §7.8), and asks for a switch
-    // only when Connection names it too.
-    let mut upgrade = None;
-    if let Some(value) = upgrade_value {
-        if version == Version::HTTP_11 && connection.names(b"upgrade") {
-            let at = text.len();
-            upgrade_protocols(&value, &mut text);
-            if text.len() > at {
-                upgrade = Some((at, text.len()));
-            }
-        }
     }
 
     let mut refused = None;
@@ -463,7 +470,7 @@ pub fn parse_request(
         path,
         user_agent,
         referer,
-        upgrade,
+        upgrade_end,
         text,
         forwarded_for,
         proxied_lines,
@@ -717,9 +724,16 @@ mod tests {
     #[test]
     fn an_upgrade_is_asked_for_only_with_connection_upgrade_on_http_1_1_and_never_h2c() {
         let up = |t: &str| {
-            head(t)
-                .upgrade()
-                .map(|u| String::from_utf8(u.to_vec()).unwrap())
+            let h = head(t);
+            h.upgrade_lines().map(|u| {
+                let u = String::from_utf8(u.to_vec()).unwrap();
+                let lines = String::from_utf8(h.lines().to_vec()).unwrap();
+                let rest = u.strip_prefix(&lines).expect("the lines come first");
+                let rest = rest
+                    .strip_prefix("connection: upgrade\r\nupgrade: ")
+                    .unwrap();
+                rest.strip_suffix("\r\n").unwrap().to_string()
+            })
         };
         let asks = "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Upgrade\r\n\
                     Upgrade: websocket\r\nSec-WebSocket-Key: k\r\n\r\n";
