@@ -946,12 +946,13 @@ impl Connection {
             return Next::Abort;
         }
         let stats = open.stats();
+        let idle = open.idle();
         let relayed = tunnel::relay(
             &mut ClientIo(&self.stream),
             &mut backend,
             buf,
             &early,
-            timeouts.tunnel_idle,
+            idle,
             |dir, n| {
                 if let Some(s) = stats {
                     s.tunnel_bytes[dir as usize].fetch_add(n, Ordering::Relaxed);
@@ -968,7 +969,7 @@ impl Connection {
                 Next::Close
             }
             End::Idle => {
-                debug!(client = %self.peer, up, down, "tunnel closed: no data either way for {:?} (timeouts.tunnel_idle)", timeouts.tunnel_idle);
+                debug!(client = %self.peer, up, down, "tunnel closed: no data either way for {:?} (timeouts.tunnel_idle)", idle);
                 let _ = SockRef::from(&backend).shutdown(std::net::Shutdown::Both);
                 Next::Close
             }

@@ -197,7 +197,7 @@ async fn forward(
         // probes send.
         host: head.host().unwrap_or_default(),
         lines: match head.upgrade_lines() {
-            Some(lines) if shared.config.upgrade => lines,
+            Some(lines) if shared.config.upgrade.enabled => lines,
             _ => head.lines(),
         },
         trusted_lines: match (&head.proxied_lines, client.trusted) {
@@ -206,7 +206,7 @@ async fn forward(
         },
         forwarded_for: &forwarded_for,
     };
-    let upgrade = shared.config.upgrade && head.upgrade_lines().is_some();
+    let upgrade = shared.config.upgrade.enabled && head.upgrade_lines().is_some();
     let retry = &shared.config.retry;
     let mut body = RequestBody::new(body, retry.buffer, limits);
     // Once a backend may have acted on the request, sending it again needs both of these.
@@ -660,6 +660,11 @@ impl OpenTunnel {
             s.tunnels_open.fetch_add(1, Ordering::Relaxed);
         }
         tunnel
+    }
+
+    /// `timeouts.tunnel_idle` of the tunnel's upstream.
+    pub fn idle(&self) -> Duration {
+        self.release.upstream.shared.config.upgrade.tunnel_idle
     }
 
     /// The backend's counters, while metrics are on.

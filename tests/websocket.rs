@@ -491,6 +491,14 @@ async fn a_101_the_client_did_not_ask_for_is_a_502() {
     let proxy = Proxy::start(&Setup::with(&[backend]));
     let r = raw_request(proxy.addr, b"GET / HTTP/1.1\r\nHost: app\r\n\r\n", false).await;
     assert_eq!(r.status, 502, "{r:?}");
+    // Asked for, but a 101 that does not say what it switches to.
+    let backend = raw_backend(vec![
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n\r\n".to_vec(),
+    ])
+    .await;
+    let proxy = Proxy::start(&Setup::with(&[backend]));
+    let r = raw_request(proxy.addr, ASK, false).await;
+    assert_eq!(r.status, 502, "{r:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,13 +99,7 @@ pub(super) struct RawUpstream {
     #[serde(default)]
     pub retry: RawRetry,
     /// Whether requests that ask to upgrade (WebSocket) are passed on.
-    #[serde(default = "default_upgrade")]
-    pub upgrade: bool,
-}
-
-/// Upgrades pass unless the upstream says otherwise (see `config::Upstream::upgrade`).
-fn default_upgrade() -> bool {
-    true
+    pub upgrade: Option<bool>,
 }
 
 /// Idle connections kept per backend, per worker.

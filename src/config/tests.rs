@@ -214,8 +214,8 @@ tunnel_idle = "10m"
     );
     assert_eq!(u.timeouts.response, Duration::from_secs(60));
     assert_eq!(u.timeouts.send, Duration::from_secs(5));
-    assert_eq!(u.timeouts.tunnel_idle, Duration::from_secs(600));
-    assert!(u.upgrade, "upgrades pass by default");
+    assert_eq!(u.upgrade.tunnel_idle, Duration::from_secs(600));
+    assert!(u.upgrade.enabled, "upgrades pass by default");
     assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
     assert!(c.warnings[0].contains("127.0.0.1:8883"), "{:?}", c.warnings);
 }
@@ -437,9 +437,9 @@ fn trusted_proxies_are_networks_or_addresses() {
 fn an_upstream_may_turn_upgrades_off_and_tunnel_idle_must_be_positive() {
     let off =
         parse(&MINIMAL.replace("[upstream.app]\n", "[upstream.app]\nupgrade = false\n")).unwrap();
-    assert!(!off.upstreams[0].upgrade);
+    assert!(!off.upstreams[0].upgrade.enabled);
     assert_eq!(
-        parse(MINIMAL).unwrap().upstreams[0].timeouts.tunnel_idle,
+        parse(MINIMAL).unwrap().upstreams[0].upgrade.tunnel_idle,
         Duration::from_secs(3600)
     );
     let e = err(&format!(
