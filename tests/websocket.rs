@@ -64,6 +64,8 @@ impl WsBackend {
                     (open.clone(), closed_clean.clone(), heads.clone());
                 let mut killed = killed.clone();
                 tokio::spawn(async move {
+                    // tungstenite's callback type returns its large error response.
+                    #[allow(clippy::result_large_err)]
                     let record = |req: &Request, mut resp: Response| {
                         let head = req
                             .headers()
