@@ -62,8 +62,11 @@ pub struct Entry {
     start: Instant,
     status: u16,
     upstream: Option<Upstreamed>,
-    /// Response body bytes sent to the client.
+    /// Response body bytes sent to the client; for a tunnel, every byte relayed to it.
     bytes: u64,
+    /// For a tunnel (after a 101) only: the bytes relayed from the client to the backend.
+    received: Option<u64>,
+    /// From the request head to the end of the response; for a tunnel, to its close.
     total: Duration,
 }
 
@@ -82,6 +85,7 @@ impl Entry {
             status: 0,
             upstream: None,
             bytes: 0,
+            received: None,
             total: Duration::ZERO,
         })
     }
@@ -406,6 +410,11 @@ fn format_entry(
             }
             out.push(' ');
             seconds_into(out, e.total);
+            if let Some(n) = e.received {
+                // A tunnel's line: the bytes it carried from the client, after its duration.
+                out.push(' ');
+                out.push_str(itoa::Buffer::new().format(n));
+            }
             out.push('\n');
         }
         AccessFormat::Json => {
@@ -423,6 +432,7 @@ fn format_entry(
                 "backend": e.upstream.map(|u| u.backend.to_string()),
                 "upstream_time": upstream_time,
                 "total_time": total,
+                "bytes_received": e.received,
                 "referer": text(e.referer.as_ref()),
                 "user_agent": text(e.user_agent.as_ref()),
             });
@@ -516,6 +526,14 @@ impl Logged {
     pub fn sent(&mut self, n: usize) {
         if let Some((e, _)) = self.0.as_mut() {
             e.bytes += n as u64;
+        }
+    }
+
+    /// A tunnel closed, having relayed `up` bytes from the client and `down` to it.
+    pub fn tunnelled(&mut self, up: u64, down: u64) {
+        if let Some((e, _)) = self.0.as_mut() {
+            e.bytes += down;
+            e.received = Some(up);
         }
     }
 }

@@ -29,7 +29,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::{Method, StatusCode, Version};
 use socket2::SockRef;
-use tokio::io::Interest;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
@@ -46,6 +46,7 @@ use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::idle::{self, Wait};
 use crate::proxy::{self, Answer, ClientBody, ProxyBody};
 use crate::stats::ListenerStats;
+use crate::tunnel::{self, Dir, End};
 use crate::upstream::WorkerUpstream;
 
 /// After a response that ends the connection with client bytes left unread, how long and how
@@ -165,6 +166,59 @@ async fn write_all(stream: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Resu
         }
     }
     Ok(())
+}
+
+/// The client's socket as a stream for a tunnel, through the shared reference the connection
+/// holds; reads and writes go straight to the socket, as the rest of this module's do.
+struct ClientIo<'a>(&'a TcpStream);
+
+impl AsyncRead for ClientIo<'_> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let stream = self.0;
+        // Bounded: a read that would block clears the readiness, and the next wait for it is
+        // Pending unless bytes came.
+        loop {
+            ready!(stream.poll_read_ready(cx))?;
+            match stream.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for ClientIo<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let stream = self.0;
+        // Bounded as `poll_read`.
+        loop {
+            ready!(stream.poll_write_ready(cx))?;
+            match stream.try_write(data) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                written => return Poll::Ready(written),
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(SockRef::from(self.0).shutdown(std::net::Shutdown::Write))
+    }
 }
 
 /// A request's body, read from the client connection as the proxy sends it on.
@@ -598,6 +652,11 @@ impl Connection {
             close,
         } = answer;
         let logged = Logged::new(pending.and_then(|p| p.responded(response.status, upstreamed)));
+        if response.status == StatusCode::SWITCHING_PROTOCOLS {
+            // Only a request that asked to upgrade gets a 101 this far (http1::client).
+            // Boxed: a tunnel's state is needed by few connections.
+            return Box::pin(self.tunnel(response, buf, logged, timeouts)).await;
+        }
         let keep_alive = head.keep_alive
             && !head.ambiguous
             && !close
@@ -847,6 +906,84 @@ impl Connection {
                 warn!(client = %self.peer, "response aborted: the client took no data for {:?} (timeouts.client_idle)", timeouts.client_idle);
             }
             write.ok_or_else(stalled)??;
+        }
+    }
+
+    /// Writes a `101` and relays bytes between the client and the backend until the tunnel
+    /// closes; the connection ends with it. Bytes either side sent after its head go first.
+    async fn tunnel(
+        &self,
+        response: Reply<ProxyBody>,
+        buf: &mut BytesMut,
+        mut logged: Logged,
+        timeouts: crate::config::Timeouts,
+    ) -> Next {
+        let Reply {
+            status,
+            headers,
+            mut body,
+        } = response;
+        let Some(proxy::Upgraded {
+            stream: mut backend,
+            early,
+            open,
+        }) = body.upgrade()
+        else {
+            return Next::Abort;
+        };
+        let mut head = Vec::with_capacity(headers.len() + 64);
+        status_line(&mut head, status);
+        head.extend_from_slice(&headers);
+        head.extend_from_slice(b"connection: upgrade\r\n\r\n");
+        let wrote = Deadline::default()
+            .within(
+                timeouts.client_idle,
+                write_all(&self.stream, &mut [IoSlice::new(&head)]),
+            )
+            .await;
+        if !matches!(wrote, Some(Ok(()))) {
+            debug!(client = %self.peer, "could not write a 101 to the client");
+            return Next::Abort;
+        }
+        let stats = open.stats();
+        let idle = open.idle();
+        let relayed = tunnel::relay(
+            &mut ClientIo(&self.stream),
+            &mut backend,
+            buf,
+            &early,
+            idle,
+            |dir, n| {
+                if let Some(s) = stats {
+                    s.tunnel_bytes[dir as usize].fetch_add(n, Ordering::Relaxed);
+                }
+            },
+        )
+        .await;
+        buf.clear();
+        logged.tunnelled(relayed.up, relayed.down);
+        let (up, down) = (relayed.up, relayed.down);
+        match relayed.end {
+            End::Closed => {
+                debug!(client = %self.peer, up, down, "tunnel closed");
+                Next::Close
+            }
+            End::Idle => {
+                debug!(client = %self.peer, up, down, "tunnel closed: no data either way for {:?} (timeouts.tunnel_idle)", idle);
+                let _ = SockRef::from(&backend).shutdown(std::net::Shutdown::Both);
+                Next::Close
+            }
+            End::Failed(dir, e) => {
+                let side = if dir == Dir::Up {
+                    "client to backend"
+                } else {
+                    "backend to client"
+                };
+                debug!(client = %self.peer, up, down, "tunnel cut ({side}): {e}");
+                // Reset both: a cut tunnel must not look like a clean close to either peer.
+                let _ = SockRef::from(&backend).set_linger(Some(Duration::ZERO));
+                Next::Abort
+            }
         }
     }
 

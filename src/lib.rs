@@ -22,6 +22,8 @@
 //! - [`accesslog`]: the access log, formatted and written by its own thread.
 //! - [`proxy`]: the request path: rewrite headers, pick, forward (retrying by nginx's
 //!   `proxy_next_upstream` rules), stream back, map errors to 502/503/504.
+//! - [`tunnel`]: after a `101 Switching Protocols`, relaying bytes both ways between client and
+//!   backend, one fixed buffer per direction, until both close or `timeouts.tunnel_idle`.
 //! - [`idle`]: a worker's open client connections: one sweeper closes the idle ones, makes room
 //!   at `max_connections` and drains them for a stop, and idle ones park; no timer per connection.
 //! - [`connection`]: one client connection's life: read a request, hand it to the proxy, write
@@ -80,6 +82,7 @@ mod proxy;
 mod reload;
 pub mod server;
 mod stats;
+mod tunnel;
 mod upstream;
 mod worker;
 

@@ -265,6 +265,32 @@ impl Collector for Scrape {
             MetricType::Counter,
             each(&|b| load(&b.stats.connections_reused)),
         )?;
+        family(
+            &mut e,
+            "backend_tunnels_open",
+            "Tunnels (WebSocket and other upgraded connections) open to the backend.",
+            MetricType::Gauge,
+            backends.iter().map(|(l, b)| {
+                let open = load(&b.stats.tunnels_open);
+                (l.clone(), gauge(i64::try_from(open).unwrap_or(i64::MAX)))
+            }),
+        )?;
+        family(
+            &mut e,
+            "backend_tunnel_bytes",
+            "Bytes relayed through tunnels, by direction.",
+            MetricType::Counter,
+            backends.iter().flat_map(|(l, b)| {
+                ["to_backend", "to_client"]
+                    .into_iter()
+                    .zip(&b.stats.tunnel_bytes)
+                    .map(|(direction, c)| {
+                        let mut l = l.clone();
+                        l.push(("direction", direction.to_string()));
+                        (l, counter(load(c)))
+                    })
+            }),
+        )?;
         let histograms = |pick: fn(&BackendStats) -> &Histogram| {
             backends.iter().map(move |(l, b)| {
                 let (sum, count, buckets) = pick(&b.stats).snapshot();

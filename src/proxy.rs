@@ -10,9 +10,10 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
 use http::{Method, StatusCode};
+use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use crate::accesslog::Upstreamed;
@@ -22,7 +23,7 @@ use crate::http1::common::{
     ERROR_PAGE_TYPE, Reply, RequestFraming, content_length_line, error_page,
 };
 use crate::http1::request::{ClientError, RequestHead};
-use crate::stats::ErrorKind;
+use crate::stats::{BackendStats, ErrorKind};
 use crate::upstream::{InFlight, WorkerUpstream};
 
 /// A request's body as the proxy reads it off the client connection, which implements it: the
@@ -187,6 +188,7 @@ async fn forward(
 ) -> Result<(Reply<ProxyBody>, Option<Upstreamed>), ProxyError> {
     let framing = body.framing();
     let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), client);
+    let shared = &*upstream.shared;
     let base = Outgoing {
         method: &head.method,
         path: head.path(),
@@ -194,14 +196,17 @@ async fn forward(
         // upstream as HTTP/1.1, which needs one: the backend's address then, as the health
         // probes send.
         host: head.host().unwrap_or_default(),
-        lines: head.lines(),
+        lines: match head.upgrade_lines() {
+            Some(lines) if shared.config.upgrade.enabled => lines,
+            _ => head.lines(),
+        },
         trusted_lines: match (&head.proxied_lines, client.trusted) {
             (Some(lines), true) => lines,
             _ => b"",
         },
         forwarded_for: &forwarded_for,
     };
-    let shared = &*upstream.shared;
+    let upgrade = shared.config.upgrade.enabled && head.upgrade_lines().is_some();
     let retry = &shared.config.retry;
     let mut body = RequestBody::new(body, retry.buffer, limits);
     // Once a backend may have acted on the request, sending it again needs both of these.
@@ -247,6 +252,7 @@ async fn forward(
             framing,
             &mut body,
             method_resendable,
+            upgrade,
         )
         .await
         {
@@ -376,6 +382,7 @@ async fn attempt(
     framing: RequestFraming,
     body: &mut RequestBody<'_, impl ClientBody>,
     resendable: bool,
+    upgrade: bool,
 ) -> Result<(client::Head, Conn), Failure> {
     let addr = upstream.shared.backends[backend].address;
     let timeouts = upstream.shared.config.timeouts;
@@ -404,6 +411,7 @@ async fn attempt(
         }
     };
     loop {
+        conn.expect_upgrade(upgrade);
         let exchange = async {
             conn.write_head(req, framing, timeouts.send).await?;
             if !body.is_empty() {
@@ -412,6 +420,13 @@ async fn attempt(
                     .send(&mut conn, chunked, req.method, timeouts.send)
                     .await?;
                 if let Some(head) = early {
+                    if head.status == StatusCode::SWITCHING_PROTOCOLS {
+                        // The rest of the body would go into the new protocol as if it were
+                        // the client's first bytes of it.
+                        return Err(UpstreamError::Invalid(
+                            "101 Switching Protocols before the whole request body was sent",
+                        ));
+                    }
                     // The backend answered before it had the whole request. The rest is not
                     // sent, and the connection, its request left incomplete, carries no other.
                     return Ok(client::Head {
@@ -622,6 +637,53 @@ pub struct Release {
     backend: usize,
 }
 
+/// A backend connection that switched protocols (a `101`), for the client side to relay bytes
+/// to and from until the tunnel closes.
+pub struct Upgraded {
+    pub stream: TcpStream,
+    /// What the backend sent after its 101 head: the first bytes of the new protocol.
+    pub early: BytesMut,
+    pub open: OpenTunnel,
+}
+
+/// Held for a tunnel's life: it counts in flight on its backend (for least_conn and
+/// `max_conns`) and as an open tunnel in `/metrics` until dropped. The backend connection is
+/// never returned to the pool.
+pub struct OpenTunnel {
+    release: Release,
+}
+
+impl OpenTunnel {
+    fn new(release: Release) -> OpenTunnel {
+        let tunnel = OpenTunnel { release };
+        if let Some(s) = tunnel.stats() {
+            s.tunnels_open.fetch_add(1, Ordering::Relaxed);
+        }
+        tunnel
+    }
+
+    /// `timeouts.tunnel_idle` of the tunnel's upstream.
+    pub fn idle(&self) -> Duration {
+        self.release.upstream.shared.config.upgrade.tunnel_idle
+    }
+
+    /// The backend's counters, while metrics are on.
+    pub fn stats(&self) -> Option<&BackendStats> {
+        let shared = &self.release.upstream.shared;
+        shared
+            .counting
+            .then(|| &shared.backends[self.release.backend].stats)
+    }
+}
+
+impl Drop for OpenTunnel {
+    fn drop(&mut self) {
+        if let Some(s) = self.stats() {
+            s.tunnels_open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The body of a response to a client.
 pub enum ProxyBody {
     /// Streamed from a backend.
@@ -648,6 +710,20 @@ impl ProxyBody {
 }
 
 impl ProxyBody {
+    /// The backend connection of a `101` response, taken out to become a tunnel.
+    pub fn upgrade(&mut self) -> Option<Upgraded> {
+        let ProxyBody::Upstream { body, release } = self else {
+            return None;
+        };
+        let release = release.take()?;
+        let (stream, early) = body.take_conn()?.into_parts();
+        Some(Upgraded {
+            stream,
+            early,
+            open: OpenTunnel::new(release),
+        })
+    }
+
     /// The body's length still to come, when known.
     pub fn remaining(&self) -> Option<u64> {
         match self {

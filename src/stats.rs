@@ -79,6 +79,10 @@ pub struct BackendStats {
     pub(crate) errors: [AtomicU64; 4],
     pub connections_opened: AtomicU64,
     pub connections_reused: AtomicU64,
+    /// Tunnels (connections that switched protocols after a 101) open now; a gauge.
+    pub tunnels_open: AtomicU64,
+    /// Bytes relayed through tunnels: `[to the backend, to the client]`.
+    pub tunnel_bytes: [AtomicU64; 2],
     /// From the first attempt to the response head.
     pub response_time: Histogram,
     /// Each active health probe, from connect to the end of the body.

@@ -188,6 +188,34 @@ pub struct Upstream {
     pub health: Option<Health>,
     pub passive: Passive,
     pub retry: Retry,
+    pub upgrade: Upgrade,
+}
+
+/// Upgrades (WebSocket) and the tunnels they become. Kept out of [`Timeouts`], which every
+/// request copies into its state: a longer copy there costs every request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Upgrade {
+    /// `upgrade`: whether a request that asks to upgrade goes to the backend with its `Upgrade`
+    /// and `Connection: upgrade`, so that a `101` turns the connection into a tunnel. On by
+    /// default: nginx users add those two lines for every WebSocket app, and a proxy that
+    /// breaks socket.io until told otherwise surprises more than one that passes an upgrade the
+    /// client asked for.
+    pub enabled: bool,
+    /// `timeouts.tunnel_idle`: a tunnel that carries no byte either way for this long is
+    /// closed, as HAProxy's `timeout tunnel`.
+    pub tunnel_idle: Duration,
+}
+
+impl Default for Upgrade {
+    fn default() -> Self {
+        Upgrade {
+            enabled: true,
+            // An hour, as HAProxy's documentation suggests for `timeout tunnel`: far longer than
+            // any application heartbeat (socket.io pings every 25 s), so that a quiet but live
+            // WebSocket is not cut, while a peer that vanished is still let go in the end.
+            tunnel_idle: Duration::from_secs(3600),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

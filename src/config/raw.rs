@@ -98,6 +98,8 @@ pub(super) struct RawUpstream {
     pub passive: RawPassive,
     #[serde(default)]
     pub retry: RawRetry,
+    /// Whether requests that ask to upgrade (WebSocket) are passed on.
+    pub upgrade: Option<bool>,
 }
 
 /// Idle connections kept per backend, per worker.
@@ -130,6 +132,7 @@ pub(super) struct RawTimeouts {
     pub response: Option<Spanned<Dur>>,
     pub send: Option<Spanned<Dur>>,
     pub client_idle: Option<Spanned<Dur>>,
+    pub tunnel_idle: Option<Spanned<Dur>>,
 }
 
 /// `[upstream.NAME.health]`.

@@ -199,6 +199,7 @@ connect = "1s"
 response = "1m"
 send = "5s"
 client_idle = "2s"
+tunnel_idle = "10m"
 "#,
     )
     .unwrap();
@@ -213,6 +214,8 @@ client_idle = "2s"
     );
     assert_eq!(u.timeouts.response, Duration::from_secs(60));
     assert_eq!(u.timeouts.send, Duration::from_secs(5));
+    assert_eq!(u.upgrade.tunnel_idle, Duration::from_secs(600));
+    assert!(u.upgrade.enabled, "upgrades pass by default");
     assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
     assert!(c.warnings[0].contains("127.0.0.1:8883"), "{:?}", c.warnings);
 }
@@ -428,4 +431,19 @@ fn trusted_proxies_are_networks_or_addresses() {
         )),
         "pinlb.toml:10:12: forwarded.trusted[0]: invalid network \"10.0.0.0/33\", expected an address or a CIDR block such as \"10.0.0.0/8\""
     );
+}
+
+#[test]
+fn an_upstream_may_turn_upgrades_off_and_tunnel_idle_must_be_positive() {
+    let off =
+        parse(&MINIMAL.replace("[upstream.app]\n", "[upstream.app]\nupgrade = false\n")).unwrap();
+    assert!(!off.upstreams[0].upgrade.enabled);
+    assert_eq!(
+        parse(MINIMAL).unwrap().upstreams[0].upgrade.tunnel_idle,
+        Duration::from_secs(3600)
+    );
+    let e = err(&format!(
+        "{MINIMAL}\n[upstream.app.timeouts]\ntunnel_idle = \"0s\"\n"
+    ));
+    assert!(e.contains("upstream.app.timeouts.tunnel_idle"), "{e}");
 }

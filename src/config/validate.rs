@@ -15,7 +15,7 @@ use super::raw::{
 };
 use super::{
     AccessFormat, AccessLog, AccessTarget, Admin, Backend, Health, Limits, Listener, Passive,
-    Retry, Runtime, Timeouts, Upstream,
+    Retry, Runtime, Timeouts, Upgrade, Upstream,
 };
 use crate::cpus::format_cpu_list;
 
@@ -171,6 +171,7 @@ pub(super) fn upstream(
             .transpose()?,
         passive: passive(src, &key, &up.passive)?,
         retry: retry(src, &key, &up.retry)?,
+        upgrade: upgrade(src, &key, up)?,
     })
 }
 
@@ -279,6 +280,17 @@ fn timeouts(src: &Source, key: &str, t: &RawTimeouts) -> Result<Timeouts> {
         response: positive(src, &t.response, &tkey("response"))?.unwrap_or(d.response),
         send: positive(src, &t.send, &tkey("send"))?.unwrap_or(d.send),
         client_idle: positive(src, &t.client_idle, &tkey("client_idle"))?.unwrap_or(d.client_idle),
+    })
+}
+
+/// `upgrade` and `timeouts.tunnel_idle` of `[upstream.NAME]`.
+fn upgrade(src: &Source, key: &str, up: &RawUpstream) -> Result<Upgrade> {
+    let d = Upgrade::default();
+    let tunnel_idle = &up.timeouts.tunnel_idle;
+    Ok(Upgrade {
+        enabled: up.upgrade.unwrap_or(d.enabled),
+        tunnel_idle: positive(src, tunnel_idle, &format!("{key}.timeouts.tunnel_idle"))?
+            .unwrap_or(d.tunnel_idle),
     })
 }
 

@@ -44,6 +44,9 @@ pub struct Conn {
     out: Vec<u8>,
     /// Whether this connection already carried an exchange (taken from the pool).
     pub reused: bool,
+    /// The request on it asked to upgrade: a `101 Switching Protocols` is its answer, not an
+    /// error.
+    upgrading: bool,
     /// The timer of the response timeout and of the send timeout, created by the first wait
     /// that needs it and reset for every later one on this connection.
     timer: Option<Pin<Box<Sleep>>>,
@@ -113,8 +116,21 @@ impl Conn {
             buf: BytesMut::new(),
             out: Vec::new(),
             reused: false,
+            upgrading: false,
             timer: None,
         }
+    }
+
+    /// The socket and what the backend sent after the head just read: a connection that
+    /// switched protocols leaves HTTP, and its bytes are relayed as they are.
+    pub fn into_parts(self) -> (TcpStream, BytesMut) {
+        (self.stream, self.buf)
+    }
+
+    /// Says whether the request about to be written asks to upgrade (its lines carry
+    /// `Connection: upgrade` and Upgrade): only then is a `101` its answer.
+    pub fn expect_upgrade(&mut self, upgrade: bool) {
+        self.upgrading = upgrade;
     }
 
     /// Whether an idle pooled connection can take a request: the backend has not closed it or
@@ -366,10 +382,27 @@ impl Conn {
         loop {
             let head = ready!(self.poll_head(cx))?;
             if head.status == StatusCode::SWITCHING_PROTOCOLS {
-                // pinlb strips Upgrade from requests, so a 101 is a confused backend.
-                return Poll::Ready(Err(UpstreamError::Invalid(
-                    "unexpected 101 Switching Protocols",
-                )));
+                if !self.upgrading {
+                    // Upgrade was not asked for (or not passed on), so a 101 is a confused
+                    // backend.
+                    return Poll::Ready(Err(UpstreamError::Invalid(
+                        "unexpected 101 Switching Protocols",
+                    )));
+                }
+                // RFC 9110 §15.2.2: a 101 says what it switches to; `parse_head` wrote the
+                // Upgrade line out, lowercase, as a line of its own.
+                if !head.headers.starts_with(b"upgrade: ")
+                    && !head.headers.windows(11).any(|w| w == b"\r\nupgrade: ")
+                {
+                    return Poll::Ready(Err(UpstreamError::Invalid(
+                        "101 Switching Protocols without Upgrade",
+                    )));
+                }
+                // The end of HTTP on this connection: what follows is the new protocol's.
+                return Poll::Ready(Ok(Head {
+                    keep_alive: false,
+                    ..head
+                }));
             }
             if head.status.is_informational() {
                 continue;
@@ -465,7 +498,15 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
                 chunked_last = final_coding_chunked(chunked_last, value);
                 continue;
             }
-            Some(Hop::Connection | Hop::Other) => continue,
+            // A 101's Upgrade says what the connection became, and goes to the client; the
+            // client side adds `Connection: upgrade`.
+            Some(Hop::Upgrade) if status == StatusCode::SWITCHING_PROTOCOLS => {
+                headers.extend_from_slice(b"upgrade: ");
+                headers.extend_from_slice(value);
+                headers.extend_from_slice(b"\r\n");
+                continue;
+            }
+            Some(Hop::Connection | Hop::Other | Hop::Upgrade) => continue,
             None => {}
         }
         if name.len() == 14 && name.eq_ignore_ascii_case(b"content-length") {
@@ -561,6 +602,11 @@ impl UpstreamBody {
             close_delimited: head.framing == Framing::Close,
             has_date: head.has_date,
         }
+    }
+
+    /// The connection, taken for good: after a 101 it carries the new protocol, not a body.
+    pub fn take_conn(&mut self) -> Option<Conn> {
+        self.conn.take()
     }
 
     /// Whether the backend sent a Date header.
@@ -800,6 +846,20 @@ mod tests {
         assert!(!ka(
             "HTTP/1.1 200 OK\r\nConnection: keep-alive, close\r\n\r\n"
         ));
+    }
+
+    #[test]
+    fn a_101_keeps_its_upgrade_for_the_client() {
+        let h = head(
+            "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Accept: a\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            h.headers,
+            b"upgrade: websocket\r\nSec-WebSocket-Accept: a\r\n"
+        );
     }
 
     #[test]

@@ -9,7 +9,10 @@ use http::StatusCode;
 pub(crate) enum Hop {
     Connection,
     TransferEncoding,
-    /// Keep-Alive, Proxy-Connection, TE, Trailer, Upgrade: dropped.
+    /// Forwarded only on a request that asks to upgrade (and in a 101's answer); dropped
+    /// otherwise.
+    Upgrade,
+    /// Keep-Alive, Proxy-Connection, TE, Trailer: dropped.
     Other,
 }
 
@@ -23,7 +26,8 @@ impl Hop {
             10 if is("keep-alive") => Some(Hop::Other),
             16 if is("proxy-connection") => Some(Hop::Other),
             2 if is("te") => Some(Hop::Other),
-            7 if is("trailer") || is("upgrade") => Some(Hop::Other),
+            7 if is("upgrade") => Some(Hop::Upgrade),
+            7 if is("trailer") => Some(Hop::Other),
             _ => None,
         }
     }
@@ -70,6 +74,24 @@ impl<'a> ConnectionTokens<'a> {
     #[inline]
     pub(crate) fn keep_alive(&self, http11: bool) -> bool {
         !self.close && (http11 || self.keep_alive)
+    }
+}
+
+/// The protocols of an Upgrade value that may go upstream, as one comma-separated list:
+/// every one but `h2c`, which pinlb never forwards (it would turn the connection into HTTP/2
+/// that neither pinlb nor the access log understands). Appended to `out`; nothing when none
+/// is left.
+pub(crate) fn upgrade_protocols(value: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
+    for p in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+        let name = p.split(|&b| b == b'/').next().unwrap_or_default();
+        if p.is_empty() || name.eq_ignore_ascii_case(b"h2c") {
+            continue;
+        }
+        if out.len() > start {
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(p);
     }
 }
 
@@ -231,6 +253,19 @@ mod tests {
             ContentLength::Absent.add(b"9223372036854775808, 9223372036854775808", true),
             ContentLength::Invalid(_)
         ));
+    }
+
+    #[test]
+    fn h2c_is_never_among_the_upgrade_protocols_sent_on() {
+        let protocols = |v: &str| {
+            let mut out = Vec::new();
+            upgrade_protocols(v.as_bytes(), &mut out);
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(protocols("websocket"), "websocket");
+        assert_eq!(protocols("h2c"), "");
+        assert_eq!(protocols("H2C, websocket"), "websocket");
+        assert_eq!(protocols(" foo/2 ,, h2c/1, bar "), "foo/2, bar");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use bytes::{Buf, BytesMut};
 use http::{Method, StatusCode, Uri, Version};
 
 use super::body::BodyError;
-use super::common::{ConnectionTokens, ContentLength, Hop, RequestFraming};
+use super::common::{ConnectionTokens, ContentLength, Hop, RequestFraming, upgrade_protocols};
 use crate::config::Limits;
 
 /// Why pinlb refused a client's request: its head (malformed, too large, or breaking a rule a
@@ -99,6 +99,12 @@ pub struct RequestHead {
     target: (usize, usize),
     /// Where the lines lie in `text`.
     lines: (usize, usize),
+    /// On a request that asks to upgrade, where the lines end in `text` with
+    /// `connection: upgrade` and `upgrade: <protocols>` after them; 0 otherwise. Only an
+    /// HTTP/1.1 request with `upgrade` in Connection and an Upgrade naming something other than
+    /// `h2c` asks (see `common::upgrade_protocols`). A `u32`, where the head has room for one:
+    /// a larger head would cost every request a longer copy, upgrading or not.
+    upgrade_end: u32,
     /// Where the Host value lies in `text`: the authority of an absolute-form target, or the
     /// Host header.
     host: Option<(usize, usize)>,
@@ -159,6 +165,12 @@ impl RequestHead {
         self.referer.map(|h| self.at(h))
     }
 
+    /// The end-to-end lines followed by `connection: upgrade` and the Upgrade line, as they go
+    /// upstream when upgrades are on; `None` for a request that does not ask to upgrade.
+    pub fn upgrade_lines(&self) -> Option<&[u8]> {
+        (self.upgrade_end != 0).then(|| self.at((self.lines.0, self.upgrade_end as usize)))
+    }
+
     /// Whether a header line with this name goes upstream (case-insensitive).
     #[cfg(test)]
     fn has_line(&self, name: &str) -> bool {
@@ -182,7 +194,9 @@ enum Special {
     Proxied,
     UserAgent,
     Referer,
-    /// Keep-Alive, Proxy-Connection, TE, Trailer, Upgrade (hop-by-hop), X-Forwarded-Proto
+    /// Hop-by-hop, but sent on (by pinlb, after the other lines) when Connection names it.
+    Upgrade,
+    /// Keep-Alive, Proxy-Connection, TE, Trailer (hop-by-hop), X-Forwarded-Proto
     /// (pinlb's to set): dropped.
     Dropped,
 }
@@ -193,6 +207,7 @@ impl Special {
         match Hop::of(name) {
             Some(Hop::Connection) => return Some(Special::Connection),
             Some(Hop::TransferEncoding) => return Some(Special::TransferEncoding),
+            Some(Hop::Upgrade) => return Some(Special::Upgrade),
             Some(Hop::Other) => return Some(Special::Dropped),
             None => {}
         }
@@ -277,6 +292,7 @@ pub fn parse_request(
     let mut host_value = None;
     let mut user_agent = None;
     let mut referer = None;
+    let mut upgrade_value: Option<Vec<u8>> = None;
     for h in req.headers.iter() {
         let (name, value) = (h.name.as_bytes(), h.value);
         let mut keep = None;
@@ -322,6 +338,15 @@ pub fn parse_request(
                 lines.extend_from_slice(b"\r\n");
                 continue;
             }
+            Some(Special::Upgrade) => {
+                // Several lines are one list (RFC 9110 §5.3).
+                let list = upgrade_value.get_or_insert_with(Vec::new);
+                if !list.is_empty() {
+                    list.extend_from_slice(b", ");
+                }
+                list.extend_from_slice(value);
+                continue;
+            }
             Some(Special::UserAgent) => keep = Some(&mut user_agent),
             Some(Special::Referer) => keep = Some(&mut referer),
             // Dropped, as nginx does by default (`underscores_in_headers off`): CGI-style
@@ -346,6 +371,23 @@ pub fn parse_request(
         text.extend_from_slice(b"\r\n");
     }
     let lines = (lines_start, text.len());
+    // Upgrade is HTTP/1.1's (an HTTP/1.0 one is ignored, RFC 9110 §7.8), and asks for a switch
+    // only when Connection names it too.
+    let mut upgrade_end = 0;
+    if let Some(value) = upgrade_value {
+        if version == Version::HTTP_11 && connection.names(b"upgrade") {
+            text.extend_from_slice(b"connection: upgrade\r\nupgrade: ");
+            let at = text.len();
+            upgrade_protocols(&value, &mut text);
+            if text.len() > at {
+                text.extend_from_slice(b"\r\n");
+                upgrade_end = u32::try_from(text.len()).unwrap_or(0);
+            }
+            if upgrade_end == 0 {
+                text.truncate(lines.1);
+            }
+        }
+    }
     // Host is not a line: pinlb writes it first, itself. An absolute-form target's authority
     // wins over it (RFC 9112 §3.2.2).
     if let (false, 1, Some(value)) = (absolute, hosts, host_value) {
@@ -428,6 +470,7 @@ pub fn parse_request(
         path,
         user_agent,
         referer,
+        upgrade_end,
         text,
         forwarded_for,
         proxied_lines,
@@ -676,6 +719,47 @@ mod tests {
         assert_eq!(h.body, RequestFraming::Chunked);
         assert!(h.expect_continue);
         assert!(h.keep_alive);
+    }
+
+    #[test]
+    fn an_upgrade_is_asked_for_only_with_connection_upgrade_on_http_1_1_and_never_h2c() {
+        let up = |t: &str| {
+            let h = head(t);
+            h.upgrade_lines().map(|u| {
+                let u = String::from_utf8(u.to_vec()).unwrap();
+                let lines = String::from_utf8(h.lines().to_vec()).unwrap();
+                let rest = u.strip_prefix(&lines).expect("the lines come first");
+                let rest = rest
+                    .strip_prefix("connection: upgrade\r\nupgrade: ")
+                    .unwrap();
+                rest.strip_suffix("\r\n").unwrap().to_string()
+            })
+        };
+        let asks = "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Upgrade\r\n\
+                    Upgrade: websocket\r\nSec-WebSocket-Key: k\r\n\r\n";
+        assert_eq!(up(asks).as_deref(), Some("websocket"));
+        // Upgrade is never among the lines: pinlb writes it itself, after them.
+        assert_eq!(head(asks).lines(), b"Sec-WebSocket-Key: k\r\n");
+        assert_eq!(
+            up("GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            up("GET / HTTP/1.0\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            up("GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            up(
+                "POST / HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: h2c, foo/1\r\n\
+                Upgrade: bar\r\nContent-Length: 0\r\n\r\n"
+            )
+            .as_deref(),
+            Some("foo/1, bar")
+        );
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub struct Setup {
     /// `timeouts.send`, when not the default.
     pub send_timeout: Option<&'static str>,
     pub client_idle: &'static str,
+    /// `timeouts.tunnel_idle`, when not the default.
+    pub tunnel_idle: Option<&'static str>,
     pub shutdown_timeout: &'static str,
     /// More TOML appended to the file, e.g. `[upstream.app.health]` and its keys.
     pub extra: String,
@@ -49,6 +51,7 @@ impl Setup {
             response_timeout: "10s",
             send_timeout: None,
             client_idle: "30s",
+            tunnel_idle: None,
             shutdown_timeout: "3s",
             extra: String::new(),
             upstream_keys: String::new(),
@@ -99,7 +102,7 @@ backends = [
 connect = "{connect}"
 response = "{response}"
 {send}client_idle = "{client_idle}"
-
+{tunnel_idle}
 {extra}"#,
             shutdown = self.shutdown_timeout,
             algorithm = self.algorithm,
@@ -110,6 +113,9 @@ response = "{response}"
                 .send_timeout
                 .map_or(String::new(), |t| format!("send = \"{t}\"\n")),
             client_idle = self.client_idle,
+            tunnel_idle = self
+                .tunnel_idle
+                .map_or(String::new(), |t| format!("tunnel_idle = \"{t}\"\n")),
             extra = self.extra,
             upstream_keys = self.upstream_keys,
         )
