@@ -46,6 +46,8 @@ pub struct Client {
     /// appended to. Anyone else's is replaced, so a client cannot make a backend believe it
     /// comes from another address.
     pub trusted: bool,
+    /// The client came over TLS: `X-Forwarded-Proto: https`.
+    pub https: bool,
 }
 
 impl Client {
@@ -58,6 +60,7 @@ impl Client {
             ip: peer.ip(),
             xff,
             trusted: trusted.iter().any(|n| n.contains(&peer.ip())),
+            https: false,
         }
     }
 }
@@ -200,6 +203,7 @@ async fn forward(
             _ => b"",
         },
         forwarded_for: &forwarded_for,
+        https: client.https,
     };
     let shared = &*upstream.shared;
     let retry = &shared.config.retry;
