@@ -114,6 +114,7 @@ impl Drop for Closed {
 }
 
 /// Reads what the client sent into the spare room of `buf`; `Ok(0)` is the end of the stream.
+#[inline]
 fn poll_read_buf(
     stream: &ClientStream,
     buf: &mut BytesMut,
@@ -122,9 +123,13 @@ fn poll_read_buf(
     stream.poll_read_buf(buf, cx)
 }
 
-/// Writes all of `bufs`, waiting for room in the socket as needed.
-async fn write_all(stream: &ClientStream, bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
-    stream.write_all(bufs).await
+/// Writes all of `bufs`, waiting for room in the socket as needed. Not an `async fn` of its
+/// own: a layer of future around the stream's would cost every response a copy of it.
+fn write_all<'a>(
+    stream: &'a ClientStream,
+    bufs: &'a mut [IoSlice<'_>],
+) -> impl Future<Output = io::Result<()>> + 'a {
+    stream.write_all(bufs)
 }
 
 /// A request's body, read from the client connection as the proxy sends it on.

@@ -107,6 +107,7 @@ impl ClientStream {
 
     /// Reads what the client sent into the spare room of `buf`; `Ok(0)` is the end of the
     /// stream.
+    #[inline]
     pub fn poll_read_buf(
         &self,
         buf: &mut BytesMut,
@@ -122,11 +123,35 @@ impl ClientStream {
     }
 
     /// Writes all of `bufs`, waiting for room in the socket as needed.
-    pub async fn write_all(&self, bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
-        match self {
-            ClientStream::Plain(s) => write_all_tcp(s, bufs).await,
-            ClientStream::Tls(t) => t.write_all(bufs).await,
+    ///
+    /// One future for both kinds, each waiting only on its socket's writability: a plain
+    /// write is the loop it was before TLS, with no future nested in it.
+    pub async fn write_all(&self, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+        let stream = match self {
+            ClientStream::Plain(s) => s,
+            ClientStream::Tls(t) => {
+                t.encrypt(bufs)?;
+                // Bounded: every pass writes something, or waits for room, or fails.
+                while !t.try_flush()? {
+                    t.tcp.writable().await?;
+                }
+                return Ok(());
+            }
+        };
+        let mut left: usize = bufs.iter().map(|b| b.len()).sum();
+        // Bounded: every pass writes something, or waits for room, or fails.
+        while left > 0 {
+            match stream.try_write_vectored(bufs) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    left -= n;
+                    IoSlice::advance_slices(&mut bufs, n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+                Err(e) => return Err(e),
+            }
         }
+        Ok(())
     }
 
     /// Whether the client, while it waits for a response, closed the connection or sent more.
@@ -184,6 +209,7 @@ impl ClientStream {
 /// A short read has emptied the socket, so the socket's readiness is cleared then, as tokio's
 /// own `poll_read` does: the next wait goes straight to the reactor instead of first making a
 /// read that fails with EAGAIN.
+#[inline]
 pub(crate) fn poll_read_tcp(
     stream: &TcpStream,
     buf: &mut BytesMut,
@@ -215,24 +241,6 @@ pub(crate) fn poll_read_tcp(
             Err(e) => return Poll::Ready(Err(e)),
         }
     }
-}
-
-/// Writes all of `bufs`, waiting for room in the socket as needed.
-async fn write_all_tcp(stream: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
-    let mut left: usize = bufs.iter().map(|b| b.len()).sum();
-    // Bounded: every pass writes something, or waits for room, or fails.
-    while left > 0 {
-        match stream.try_write_vectored(bufs) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                left -= n;
-                IoSlice::advance_slices(&mut bufs, n);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// Writes what rustls has to send (records, alerts) without waiting: `Ok(true)` once all is
@@ -316,37 +324,27 @@ impl TlsStream {
         }
     }
 
-    async fn write_all(&self, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
-        {
-            let mut conn = self.conn.try_borrow_mut().map_err(|_| busy())?;
-            let mut left: usize = bufs.iter().map(|b| b.len()).sum();
-            // Bounded: rustls takes it all (its buffer has no limit once the handshake is
-            // done), or says 0 and this fails.
-            while left > 0 {
-                let n = conn.writer().write_vectored(bufs)?;
-                if n == 0 {
-                    return Err(io::ErrorKind::WriteZero.into());
-                }
-                left -= n;
-                IoSlice::advance_slices(&mut bufs, n);
+    /// Encrypts all of `bufs` into rustls's outgoing records (its buffer has no limit once
+    /// the handshake is done).
+    fn encrypt(&self, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+        let mut conn = self.conn.try_borrow_mut().map_err(|_| busy())?;
+        let mut left: usize = bufs.iter().map(|b| b.len()).sum();
+        // Bounded: rustls takes something each pass, or says 0 and this fails.
+        while left > 0 {
+            let n = conn.writer().write_vectored(bufs)?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
             }
+            left -= n;
+            IoSlice::advance_slices(&mut bufs, n);
         }
-        self.flush().await
+        Ok(())
     }
 
-    /// Sends every record rustls has, waiting for room as needed.
-    async fn flush(&self) -> io::Result<()> {
-        // Bounded: every pass writes something, or waits for room, or fails.
-        loop {
-            let done = {
-                let mut conn = self.conn.try_borrow_mut().map_err(|_| busy())?;
-                try_flush(&self.tcp, &mut conn)?
-            };
-            if done {
-                return Ok(());
-            }
-            self.tcp.writable().await?;
-        }
+    /// Sends what rustls has without waiting: `Ok(true)` once all is out.
+    fn try_flush(&self) -> io::Result<bool> {
+        let mut conn = self.conn.try_borrow_mut().map_err(|_| busy())?;
+        try_flush(&self.tcp, &mut conn)
     }
 }
 
