@@ -598,7 +598,7 @@ fn parse_request(buf: &[u8]) -> Result<Option<Request>, BadRequest> {
             None if name.eq_ignore_ascii_case("expect") => {
                 expect_continue = h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
             }
-            Some(Hop::Other) if name.eq_ignore_ascii_case("upgrade") => {
+            Some(Hop::Upgrade) => {
                 upgrade_websocket |= h
                     .value
                     .split(|&b| b == b',')

@@ -63,11 +63,26 @@ pub fn describe(config: &Config) -> String {
         }
     );
     for l in &config.listeners {
-        let _ = writeln!(
-            s,
-            "listener {} -> upstream {}",
-            l.address, config.upstreams[l.upstream].name
-        );
+        let _ = match (&l.tls, l.redirect_https) {
+            (_, true) => writeln!(s, "listener {} -> redirect to https", l.address),
+            (Some(t), false) => writeln!(
+                s,
+                "listener {} (TLS: {} certificates{}) -> upstream {}",
+                l.address,
+                t.certificates.count(),
+                if t.certificates.has_default() {
+                    ", one default"
+                } else {
+                    ", no default"
+                },
+                config.upstreams[l.upstream].name
+            ),
+            (None, false) => writeln!(
+                s,
+                "listener {} -> upstream {}",
+                l.address, config.upstreams[l.upstream].name
+            ),
+        };
     }
     for u in &config.upstreams {
         let t = &u.timeouts;

@@ -16,7 +16,6 @@
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io::{self, IoSlice};
-use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
@@ -29,7 +28,6 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::{Method, StatusCode, Version};
 use socket2::SockRef;
-use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
@@ -45,7 +43,9 @@ use crate::http1::common::{
 use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::idle::{self, Wait};
 use crate::proxy::{self, Answer, ClientBody, ProxyBody};
-use crate::stats::ListenerStats;
+use crate::stats::{ListenerStats, TlsFailure};
+use crate::stream::{ClientStream, Refused, Stir, TlsState, TunnelIo, poll_read_tcp};
+use crate::tls::Terminator;
 use crate::tunnel::{self, Dir, End};
 use crate::upstream::WorkerUpstream;
 
@@ -68,6 +68,11 @@ pub(crate) struct Route {
     pub rules: RefCell<Rc<ClientRules>>,
     /// This worker's counters for the listener, while metrics are on.
     pub stats: Option<Arc<ListenerStats>>,
+    /// The listener's TLS certificates, for the handshakes of connections accepted from now
+    /// on; `None` for plain HTTP.
+    pub tls: RefCell<Option<Arc<Terminator>>>,
+    /// `redirect_https`: every request gets a 301 to https instead of a backend.
+    pub redirect_https: Cell<bool>,
 }
 
 /// What applies to every client of a listener, whatever its upstream.
@@ -109,121 +114,28 @@ impl Drop for Closed {
     }
 }
 
-/// Reads what the socket has into the spare room of `buf`; `Ok(0)` is the end of the stream.
-///
-/// A short read has emptied the socket, so the socket's readiness is cleared then, as tokio's
-/// own `poll_read` does: the next wait goes straight to the reactor instead of first making a
-/// read that fails with EAGAIN.
+/// Reads what the client sent into the spare room of `buf`; `Ok(0)` is the end of the stream.
+#[inline]
 fn poll_read_buf(
-    stream: &TcpStream,
+    stream: &ClientStream,
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
-    if buf.capacity() - buf.len() < 1024 {
-        buf.reserve(idle::READ_BUFFER);
-    }
-    loop {
-        ready!(stream.poll_read_ready(cx))?;
-        let spare = buf.spare_capacity_mut();
-        let room = spare.len();
-        let mut got = 0;
-        let read = stream.try_io(Interest::READABLE, || {
-            let n = SockRef::from(stream).recv(spare)?;
-            got = n;
-            if n > 0 && n < room {
-                // Reported to tokio as "would block" so that it clears the readiness; `got`
-                // carries the bytes out.
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-            Ok(n)
-        });
-        match read {
-            Ok(_) | Err(_) if got > 0 => {
-                // SAFETY: `recv` initialised the first `got` bytes of the spare capacity.
-                unsafe { buf.set_len(buf.len() + got) };
-                return Poll::Ready(Ok(got));
-            }
-            Ok(n) => return Poll::Ready(Ok(n)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Poll::Ready(Err(e)),
-        }
-    }
+    stream.poll_read_buf(buf, cx)
 }
 
-/// Writes all of `bufs`, waiting for room in the socket as needed.
-async fn write_all(stream: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
-    let mut left: usize = bufs.iter().map(|b| b.len()).sum();
-    // Bounded: every pass writes something, or waits for room, or fails.
-    while left > 0 {
-        match stream.try_write_vectored(bufs) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                left -= n;
-                IoSlice::advance_slices(&mut bufs, n);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// The client's socket as a stream for a tunnel, through the shared reference the connection
-/// holds; reads and writes go straight to the socket, as the rest of this module's do.
-struct ClientIo<'a>(&'a TcpStream);
-
-impl AsyncRead for ClientIo<'_> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let stream = self.0;
-        // Bounded: a read that would block clears the readiness, and the next wait for it is
-        // Pending unless bytes came.
-        loop {
-            ready!(stream.poll_read_ready(cx))?;
-            match stream.try_read(buf.initialize_unfilled()) {
-                Ok(n) => {
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-    }
-}
-
-impl AsyncWrite for ClientIo<'_> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let stream = self.0;
-        // Bounded as `poll_read`.
-        loop {
-            ready!(stream.poll_write_ready(cx))?;
-            match stream.try_write(data) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                written => return Poll::Ready(written),
-            }
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(SockRef::from(self.0).shutdown(std::net::Shutdown::Write))
-    }
+/// Writes all of `bufs`, waiting for room in the socket as needed. Not an `async fn` of its
+/// own: a layer of future around the stream's would cost every response a copy of it.
+fn write_all<'a>(
+    stream: &'a ClientStream,
+    bufs: &'a mut [IoSlice<'_>],
+) -> impl Future<Output = io::Result<()>> + 'a {
+    stream.write_all(bufs)
 }
 
 /// A request's body, read from the client connection as the proxy sends it on.
 pub struct BodyReader<'a> {
-    stream: &'a TcpStream,
+    stream: &'a ClientStream,
     buf: &'a mut BytesMut,
     framing: RequestFraming,
     decoder: Decoder,
@@ -235,7 +147,7 @@ pub struct BodyReader<'a> {
 
 impl<'a> BodyReader<'a> {
     fn new(
-        stream: &'a TcpStream,
+        stream: &'a ClientStream,
         buf: &'a mut BytesMut,
         framing: RequestFraming,
         expect_continue: bool,
@@ -326,32 +238,17 @@ struct Watch {
 /// request body has been read, and not once a next request has begun to arrive: those bytes are
 /// not read until the response is out, and a client that pipelines and then closes its side
 /// still gets every answer.
-fn poll_client_gone(stream: &TcpStream, watch: &Watch, cx: &mut Context<'_>) -> Poll<()> {
+fn poll_client_gone(stream: &ClientStream, watch: &Watch, cx: &mut Context<'_>) -> Poll<()> {
     if !watch.body_done.get() || watch.pipelined.get() {
         return Poll::Pending;
     }
-    // Bounded: a pass that does not return has cleared the readiness, and the next poll of
-    // readiness is Pending unless new bytes came.
-    for _ in 0..4 {
-        match stream.poll_read_ready(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(Err(_)) => return Poll::Ready(()),
-            Poll::Ready(Ok(())) => {}
-        }
-        let mut probe = [MaybeUninit::<u8>::uninit(); 1];
-        match stream.try_io(Interest::READABLE, || {
-            SockRef::from(stream).peek(&mut probe)
-        }) {
-            Ok(0) => return Poll::Ready(()),
-            Ok(_) => {
-                watch.pipelined.set(true);
-                return Poll::Pending;
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => return Poll::Ready(()),
+    match ready!(stream.poll_stir(cx)) {
+        Stir::Gone => Poll::Ready(()),
+        Stir::Sent => {
+            watch.pipelined.set(true);
+            Poll::Pending
         }
     }
-    Poll::Pending
 }
 
 /// A timer made on first need and reset for each later wait: waits that never block (most do
@@ -406,7 +303,7 @@ enum Written {
 
 /// One client connection, for as long as it is open.
 struct Connection {
-    stream: TcpStream,
+    stream: ClientStream,
     peer: SocketAddr,
     slot: Slot,
     route: Rc<Route>,
@@ -421,6 +318,8 @@ struct Connection {
 /// A connection parked while idle (see `idle`): what it needs to start again.
 pub struct Parked {
     pub socket: std::net::TcpStream,
+    /// A TLS connection's rustls state.
+    tls: Option<TlsState>,
     peer: SocketAddr,
     slot: Slot,
     route: Rc<Route>,
@@ -443,6 +342,7 @@ pub(crate) async fn unparker(clients: Rc<Clients>) {
         for parked in clients.unparked().await {
             let Parked {
                 socket,
+                tls,
                 peer,
                 slot,
                 route,
@@ -453,6 +353,7 @@ pub(crate) async fn unparker(clients: Rc<Clients>) {
             } = *parked;
             match TcpStream::from_std(socket) {
                 Ok(stream) => {
+                    let stream = ClientStream::from_parts(stream, tls);
                     let start = Start { first, accepted };
                     tokio::task::spawn_local(serve(stream, peer, slot, route, batch, held, start));
                 }
@@ -485,7 +386,7 @@ impl Start {
 /// Serves one client connection until it closes or is parked. `held` is kept until then: the
 /// connection's `limits.max_connections` permit and its counters.
 pub(crate) async fn serve(
-    stream: TcpStream,
+    stream: ClientStream,
     peer: SocketAddr,
     slot: Slot,
     route: Rc<Route>,
@@ -494,7 +395,7 @@ pub(crate) async fn serve(
     start: Start,
 ) {
     let rules = route.rules.borrow().clone();
-    let client = Rc::new(proxy::Client::new(peer, &rules.trusted));
+    let client = Rc::new(client_of(peer, &rules.trusted, &stream));
     let conn = Connection {
         stream,
         peer,
@@ -558,6 +459,76 @@ pub(crate) async fn serve(
     drop(held);
 }
 
+/// Serves a connection accepted on a TLS listener: the handshake first, within
+/// `limits.header_timeout` of the accept (the time its first request head would have). Plain
+/// HTTP gets a 400 that says so, as nginx answers; a failed handshake is counted and closed.
+pub(crate) async fn serve_tls(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+    route: Rc<Route>,
+    batch: Option<Rc<Batch>>,
+    held: Held,
+    start: Start,
+) {
+    // The certificates of the generation running now: a reload that comes during the
+    // handshake applies to the next one.
+    let Some(tls) = route.tls.borrow().clone() else {
+        let stream = ClientStream::Plain(tcp);
+        return serve(stream, peer, slot, route, batch, held, start).await;
+    };
+    let limit = route.rules.borrow().limits.header_timeout;
+    let shaken =
+        tokio::time::timeout_at(start.accepted + limit, crate::stream::handshake(tcp, &tls)).await;
+    drop(tls);
+    let count = |failure: TlsFailure| {
+        if let Some(s) = &route.stats {
+            s.tls_failures[failure as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    match shaken {
+        Ok(Ok(stream)) => {
+            if let (Some(s), ClientStream::Tls(_)) = (&route.stats, &stream) {
+                s.tls_handshakes.fetch_add(1, Ordering::Relaxed);
+                if stream.is_resumed() {
+                    s.tls_resumed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            serve(stream, peer, slot, route, batch, held, start).await;
+        }
+        Ok(Err(Refused::PlainHttp(tcp))) => {
+            count(TlsFailure::PlainHttp);
+            debug!(client = %peer, "answered 400: plain HTTP on a TLS listener");
+            let rules = route.rules.borrow().clone();
+            let client = Rc::new(proxy::Client::new(peer, &rules.trusted));
+            let conn = Connection {
+                stream: ClientStream::Plain(tcp),
+                peer,
+                slot,
+                route,
+                batch,
+                accepted: start.accepted,
+                client: RefCell::new((rules, client)),
+            };
+            conn.write_local(
+                StatusCode::BAD_REQUEST,
+                &"The plain HTTP request was sent to HTTPS port",
+            )
+            .await;
+            Box::pin(conn.close(Next::Linger)).await;
+            drop(held);
+        }
+        Ok(Err(Refused::Failed(failure, why))) => {
+            count(failure);
+            debug!(client = %peer, "TLS handshake failed: {why}");
+        }
+        Err(_) => {
+            count(TlsFailure::Timeout);
+            debug!(client = %peer, "TLS handshake not done within {limit:?} (limits.header_timeout)");
+        }
+    }
+}
+
 /// Parks an idle connection: its socket leaves the reactor for the worker's parking set.
 fn park(conn: Connection, held: Held, first: bool) {
     let Connection {
@@ -570,10 +541,12 @@ fn park(conn: Connection, held: Held, first: bool) {
         ..
     } = conn;
     let clients = slot.clients_rc();
+    let (stream, tls) = stream.into_parts();
     match stream.into_std() {
         Ok(socket) => {
             let parked = Box::new(Parked {
                 socket,
+                tls,
                 peer,
                 slot,
                 route,
@@ -603,6 +576,9 @@ impl Connection {
         if let Some(s) = &self.route.stats {
             s.requests.fetch_add(1, Ordering::Relaxed);
         }
+        if self.route.redirect_https.get() {
+            return self.redirect_https(&head, buf).await;
+        }
         let pending = self
             .batch
             .as_ref()
@@ -615,7 +591,7 @@ impl Connection {
             if !Rc::ptr_eq(&cached.0, &now) {
                 *cached = (
                     now.clone(),
-                    Rc::new(proxy::Client::new(self.peer, &now.trusted)),
+                    Rc::new(client_of(self.peer, &now.trusted, &self.stream)),
                 );
             }
             (now.limits, cached.1.clone())
@@ -763,15 +739,71 @@ impl Connection {
     /// ends the connection. Best effort, for at most `LINGER_TIME`: the connection closes next
     /// anyway.
     async fn write_local(&self, status: StatusCode, cause: &dyn std::fmt::Display) {
+        self.write_page(status, cause, b"", false).await;
+    }
+
+    /// Writes a page pinlb makes itself, with `lines` among its headers; best effort, for at
+    /// most `LINGER_TIME`. Whether the connection is kept says `keep_alive`.
+    async fn write_page(
+        &self,
+        status: StatusCode,
+        cause: &dyn std::fmt::Display,
+        lines: &[u8],
+        keep_alive: bool,
+    ) -> bool {
         let text = error_page(status, cause);
-        let mut head = Vec::with_capacity(256);
+        let mut head = Vec::with_capacity(256 + lines.len());
         status_line(&mut head, status);
         head.extend_from_slice(ERROR_PAGE_TYPE);
         self.slot.clients().write_date(&mut head);
         content_length_line(&mut head, text.len() as u64);
-        head.extend_from_slice(b"connection: close\r\n\r\n");
+        head.extend_from_slice(lines);
+        if !keep_alive {
+            head.extend_from_slice(b"connection: close\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
         let mut out = [IoSlice::new(&head), IoSlice::new(text.as_bytes())];
-        let _ = tokio::time::timeout(LINGER_TIME, write_all(&self.stream, &mut out)).await;
+        matches!(
+            tokio::time::timeout(LINGER_TIME, write_all(&self.stream, &mut out)).await,
+            Ok(Ok(()))
+        )
+    }
+
+    /// Answers a request on a `redirect_https` listener: 301 to the same host (without its
+    /// port) and target over https, as nginx's `return 301 https://$host$request_uri;`. The
+    /// connection stays open for a next request unless this one came with a body, which is
+    /// not read.
+    async fn redirect_https(&self, head: &RequestHead, buf: &BytesMut) -> Next {
+        let Some(host) = head.host().map(host_without_port) else {
+            self.write_local(
+                StatusCode::BAD_REQUEST,
+                &"no Host header to redirect to https with",
+            )
+            .await;
+            return Next::Linger;
+        };
+        let mut location = Vec::with_capacity(32 + host.len() + head.path().len());
+        location.extend_from_slice(b"location: https://");
+        location.extend_from_slice(host);
+        location.extend_from_slice(head.path());
+        location.extend_from_slice(b"\r\n");
+        let keep_alive = head.keep_alive
+            && head.body == RequestFraming::None
+            && !self.slot.clients().is_draining();
+        let status = StatusCode::MOVED_PERMANENTLY;
+        let written = self
+            .write_page(
+                status,
+                &"this site is served over https",
+                &location,
+                keep_alive,
+            )
+            .await;
+        match (written, keep_alive) {
+            (true, true) => Next::KeepAlive,
+            (true, false) if head.body == RequestFraming::None && buf.is_empty() => Next::Close,
+            _ => Next::Linger,
+        }
     }
 
     /// Writes a response and streams its body.
@@ -948,7 +980,7 @@ impl Connection {
         let stats = open.stats();
         let idle = open.idle();
         let relayed = tunnel::relay(
-            &mut ClientIo(&self.stream),
+            &mut TunnelIo(&self.stream),
             &mut backend,
             buf,
             &early,
@@ -993,11 +1025,12 @@ impl Connection {
     /// before the client has read its answer (nginx's `lingering_close`). `Next::Abort` resets
     /// it instead: a response cut short must not look complete, even one delimited by the close.
     async fn close(&self, next: Next) {
-        let sock = SockRef::from(&self.stream);
+        let sock = SockRef::from(self.stream.tcp());
         if next == Next::Abort {
             let _ = sock.set_linger(Some(Duration::ZERO));
             return;
         }
+        self.stream.notify_close();
         let _ = sock.shutdown(std::net::Shutdown::Write);
         if next != Next::Linger {
             return;
@@ -1008,13 +1041,46 @@ impl Connection {
             // Bounded by `LINGER_BYTES` and the timeout.
             while read < LINGER_BYTES {
                 scratch.clear();
-                match std::future::poll_fn(|cx| poll_read_buf(&self.stream, &mut scratch, cx)).await
-                {
+                // Over TLS too, what comes now is dropped unread: raw bytes off the socket.
+                let tcp = self.stream.tcp();
+                match std::future::poll_fn(|cx| poll_read_tcp(tcp, &mut scratch, cx)).await {
                     Ok(0) | Err(_) => break,
                     Ok(n) => read += n,
                 }
             }
         })
         .await;
+    }
+}
+
+/// What the proxy needs to know of a client on `stream`.
+fn client_of(peer: SocketAddr, trusted: &[ipnet::IpNet], stream: &ClientStream) -> proxy::Client {
+    proxy::Client {
+        https: stream.is_tls(),
+        ..proxy::Client::new(peer, trusted)
+    }
+}
+
+/// A Host value without its port: `example.com:8080` → `example.com`, `[::1]:8080` → `[::1]`.
+fn host_without_port(host: &[u8]) -> &[u8] {
+    let end = match host.iter().rposition(|&b| b == b':') {
+        // An IPv6 literal's colons are inside its brackets.
+        Some(i) if !host[i..].contains(&b']') => i,
+        _ => host.len(),
+    };
+    &host[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_without_port;
+
+    #[test]
+    fn a_redirect_keeps_the_host_and_drops_its_port() {
+        assert_eq!(host_without_port(b"example.com:8080"), b"example.com");
+        assert_eq!(host_without_port(b"example.com"), b"example.com");
+        assert_eq!(host_without_port(b"[::1]:8443"), b"[::1]");
+        assert_eq!(host_without_port(b"[::1]"), b"[::1]");
+        assert_eq!(host_without_port(b"10.0.0.1:80"), b"10.0.0.1");
     }
 }

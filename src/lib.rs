@@ -7,6 +7,8 @@
 //! each other, directly or round a cycle).
 //!
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
+//! - [`tls`]: a TLS listener's certificates (PEM chains and keys, checked against each other),
+//!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
 //! - [`config`]: the TOML file, raw types and validation into a [`Config`]; errors carry
 //!   `file:line:col` and the key.
 //! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
@@ -26,6 +28,8 @@
 //!   backend, one fixed buffer per direction, until both close or `timeouts.tunnel_idle`.
 //! - [`idle`]: a worker's open client connections: one sweeper closes the idle ones, makes room
 //!   at `max_connections` and drains them for a stop, and idle ones park; no timer per connection.
+//! - [`stream`]: a client connection's socket, plain or TLS (rustls driven by hand on it), and
+//!   the TLS handshake.
 //! - [`connection`]: one client connection's life: read a request, hand it to the proxy, write
 //!   the response; keep it, close it, linger or park it.
 //! - [`listen`]: binding `SO_REUSEPORT` sockets per listener per worker, and accepting.
@@ -82,6 +86,8 @@ mod proxy;
 mod reload;
 pub mod server;
 mod stats;
+mod stream;
+mod tls;
 mod tunnel;
 mod upstream;
 mod worker;

@@ -11,7 +11,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::stats::{BackendStats, ErrorKind, Histogram, ListenerStats, Registered};
+use crate::stats::{BackendStats, ErrorKind, Histogram, ListenerStats, Registered, TlsFailure};
 use crate::upstream::{AdminState, SharedUpstream};
 
 /// Renders everything in Prometheus's text format (0.0.4).
@@ -139,6 +139,42 @@ impl Collector for Scrape {
             per_listener(&|l| load(&l.requests))
                 .into_iter()
                 .map(|(l, v)| (l, counter(v))),
+        )?;
+
+        family(
+            &mut e,
+            "tls_handshakes",
+            "TLS handshakes completed on a listener.",
+            MetricType::Counter,
+            per_listener(&|l| load(&l.tls_handshakes))
+                .into_iter()
+                .map(|(l, v)| (l, counter(v))),
+        )?;
+        family(
+            &mut e,
+            "tls_resumed",
+            "TLS handshakes that resumed a session (a ticket or the session cache).",
+            MetricType::Counter,
+            per_listener(&|l| load(&l.tls_resumed))
+                .into_iter()
+                .map(|(l, v)| (l, counter(v))),
+        )?;
+        family(
+            &mut e,
+            "tls_handshake_failures",
+            "TLS handshakes that failed, by reason: plain_http (answered 400), timeout (limits.header_timeout), closed, unknown_name (no certificate for the SNI name and no default), invalid.",
+            MetricType::Counter,
+            TlsFailure::NAMES
+                .iter()
+                .enumerate()
+                .flat_map(|(i, reason)| {
+                    per_listener(&|l| load(&l.tls_failures[i])).into_iter().map(
+                        move |(mut l, v)| {
+                            l.push(("reason", reason.to_string()));
+                            (l, counter(v))
+                        },
+                    )
+                }),
         )?;
 
         // Per worker, summed over listeners: an imbalance between cores shows here.

@@ -47,6 +47,8 @@ pub struct Client {
     /// appended to. Anyone else's is replaced, so a client cannot make a backend believe it
     /// comes from another address.
     pub trusted: bool,
+    /// The client came over TLS: `X-Forwarded-Proto: https`.
+    pub https: bool,
 }
 
 impl Client {
@@ -59,6 +61,7 @@ impl Client {
             ip: peer.ip(),
             xff,
             trusted: trusted.iter().any(|n| n.contains(&peer.ip())),
+            https: false,
         }
     }
 }
@@ -205,6 +208,7 @@ async fn forward(
             _ => b"",
         },
         forwarded_for: &forwarded_for,
+        https: client.https,
     };
     let upgrade = shared.config.upgrade.enabled && head.upgrade_lines().is_some();
     let retry = &shared.config.retry;

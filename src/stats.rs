@@ -68,6 +68,27 @@ impl ErrorKind {
     pub(crate) const NAMES: [&str; 4] = ["connect", "timeout", "reset", "invalid"];
 }
 
+/// Why a TLS handshake on a listener failed, as `/metrics` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsFailure {
+    /// The client sent plain HTTP (it got a 400).
+    PlainHttp = 0,
+    /// No handshake within `limits.header_timeout`.
+    Timeout = 1,
+    /// The client closed or broke the connection mid-handshake.
+    Closed = 2,
+    /// The client asked for a name no certificate has, and there is no default.
+    UnknownName = 3,
+    /// Not TLS, or TLS the server refuses (no common version, cipher or ALPN protocol, a bad
+    /// record).
+    Invalid = 4,
+}
+
+impl TlsFailure {
+    pub(crate) const NAMES: [&str; 5] =
+        ["plain_http", "timeout", "closed", "unknown_name", "invalid"];
+}
+
 /// One backend's counters. They live in its [`crate::upstream::BackendState`], so they survive
 /// a reload that keeps the backend.
 #[derive(Debug, Default)]
@@ -115,6 +136,11 @@ pub struct ListenerStats {
     /// Connections closed; active = accepted − closed, so each is a plain counter.
     pub closed: AtomicU64,
     pub requests: AtomicU64,
+    /// TLS handshakes completed, and those of them that resumed a session.
+    pub tls_handshakes: AtomicU64,
+    pub tls_resumed: AtomicU64,
+    /// TLS handshakes failed, by [`TlsFailure`].
+    pub tls_failures: [AtomicU64; 5],
 }
 
 /// Every worker's listener counters, for the scrape. The lock is taken when a worker starts
@@ -145,6 +171,9 @@ impl Registered {
             accepted: AtomicU64::new(0),
             closed: AtomicU64::new(0),
             requests: AtomicU64::new(0),
+            tls_handshakes: AtomicU64::new(0),
+            tls_resumed: AtomicU64::new(0),
+            tls_failures: Default::default(),
         });
         all.push(s.clone());
         s

@@ -2,7 +2,7 @@
 //! listening sockets and upstream pools. It accepts connections, starts a task for each, and
 //! follows the running configuration generation.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -19,6 +19,7 @@ use crate::connection::{ClientRules, Clients, Held, Route};
 use crate::cpus::pin_current_thread;
 use crate::listen::{ListenerKey, accept, listener_keys};
 use crate::process::{Generation, Process, ServerError};
+use crate::stream::ClientStream;
 use crate::upstream::WorkerUpstream;
 
 pub(crate) fn worker_main(
@@ -194,9 +195,12 @@ impl WorkerState {
         let keys = listener_keys(&config.listeners);
         for (l, key) in config.listeners.iter().zip(&keys) {
             let upstream = upstreams[l.upstream].clone();
-            if let Some(l) = self.listeners.get(key) {
-                *l.route.upstream.borrow_mut() = upstream;
-                *l.route.rules.borrow_mut() = rules.clone();
+            if let Some(kept) = self.listeners.get(key) {
+                *kept.route.upstream.borrow_mut() = upstream;
+                *kept.route.rules.borrow_mut() = rules.clone();
+                // New handshakes get the new certificates; open connections keep theirs.
+                *kept.route.tls.borrow_mut() = l.tls.clone();
+                kept.route.redirect_https.set(l.redirect_https);
                 continue;
             }
             let Some(i) = sockets.iter().position(|(k, _)| k == key) else {
@@ -221,6 +225,8 @@ impl WorkerState {
                 upstream: RefCell::new(upstream),
                 rules: RefCell::new(rules.clone()),
                 stats,
+                tls: RefCell::new(l.tls.clone()),
+                redirect_https: Cell::new(l.redirect_https),
             });
             let (removed, removed_rx) = watch::channel(false);
             let task = tokio::task::spawn_local(accept_loop(
@@ -293,14 +299,27 @@ async fn accept_loop(
         let client_idle = route.upstream.borrow().shared.config.timeouts.client_idle;
         let registered = clients.open(client_idle, header_timeout);
         let held = Held::new(slot, stats.clone());
-        tokio::task::spawn_local(crate::connection::serve(
-            stream,
-            peer,
-            registered,
-            route.clone(),
-            batch.clone(),
-            held,
-            crate::connection::Start::accepted(),
-        ));
+        let start = crate::connection::Start::accepted();
+        if route.tls.borrow().is_some() {
+            tokio::task::spawn_local(crate::connection::serve_tls(
+                stream,
+                peer,
+                registered,
+                route.clone(),
+                batch.clone(),
+                held,
+                start,
+            ));
+        } else {
+            tokio::task::spawn_local(crate::connection::serve(
+                ClientStream::Plain(stream),
+                peer,
+                registered,
+                route.clone(),
+                batch.clone(),
+                held,
+                start,
+            ));
+        }
     }
 }

@@ -21,11 +21,14 @@ mod validate;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use error::ConfigError;
 use error::Source;
 use raw::RawConfig;
+
+use crate::tls::Terminator;
 
 /// Balancing rule for an upstream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -172,8 +175,13 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listener {
     pub address: SocketAddr,
-    /// Index into [`Config::upstreams`].
+    /// Index into [`Config::upstreams`]; unused by a listener that only redirects.
     pub upstream: usize,
+    /// TLS termination, its certificates read and checked; `None` for plain HTTP.
+    pub tls: Option<Arc<Terminator>>,
+    /// Every request is answered `301` to the same host and path over https, as nginx's
+    /// `return 301 https://$host$request_uri;`, instead of being proxied.
+    pub redirect_https: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -172,7 +172,29 @@ pub(super) struct RawRetry {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawListener {
     pub address: Spanned<String>,
-    pub upstream: Spanned<String>,
+    /// Required unless `redirect_https` is set.
+    pub upstream: Option<Spanned<String>>,
+    pub tls: Option<Spanned<RawTls>>,
+    pub redirect_https: Option<Spanned<bool>>,
+}
+
+/// `[listener.tls]`: a default certificate (`cert` and `key`), more chosen by SNI
+/// (`[[listener.tls.certificate]]`), or both.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub cert: Option<Spanned<String>>,
+    pub key: Option<Spanned<String>>,
+    #[serde(default, rename = "certificate")]
+    pub certificates: Vec<RawCertificate>,
+}
+
+/// One `[[listener.tls.certificate]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCertificate {
+    pub cert: Spanned<String>,
+    pub key: Spanned<String>,
 }
 
 /// `[forwarded]`.

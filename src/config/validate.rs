@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use toml::Spanned;
@@ -11,13 +12,14 @@ use toml::Spanned;
 use super::error::{ConfigError, Source};
 use super::raw::{
     Dur, RawAdmin, RawBackend, RawForwarded, RawHealth, RawLimits, RawListener, RawLog, RawPassive,
-    RawRetry, RawRuntime, RawTimeouts, RawUpstream,
+    RawRetry, RawRuntime, RawTimeouts, RawTls, RawUpstream,
 };
 use super::{
     AccessFormat, AccessLog, AccessTarget, Admin, Backend, Health, Limits, Listener, Passive,
     Retry, Runtime, Timeouts, Upgrade, Upstream,
 };
 use crate::cpus::format_cpu_list;
+use crate::tls::{CertFiles, Terminator};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -448,28 +450,142 @@ pub(super) fn listeners(
                 ),
             ));
         }
-        let wanted = l.upstream.get_ref();
-        let upstream = upstreams
-            .iter()
-            .position(|u| &u.name == wanted)
-            .ok_or_else(|| {
-                let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
-                src.at(
-                    l.upstream.span(),
+        let redirect_https = l.redirect_https.as_ref().is_some_and(|r| *r.get_ref());
+        if let (true, Some(t)) = (redirect_https, &l.tls) {
+            return Err(src.at(
+                t.span(),
+                &format!("{key}.tls"),
+                "set together with redirect_https, expected one of them: a listener that redirects to https serves plain HTTP",
+            ));
+        }
+        let upstream = match &l.upstream {
+            Some(u) => upstream_index(src, &key, u, upstreams)?,
+            // It proxies nothing; any index will do, and there is one once any listener proxies.
+            None if redirect_https => 0,
+            None => {
+                return Err(src.at(
+                    l.address.span(),
                     &format!("{key}.upstream"),
-                    format!(
-                        "unknown upstream \"{wanted}\", expected one of: {}",
-                        if known.is_empty() {
-                            "(none defined)".to_string()
-                        } else {
-                            known.join(", ")
-                        }
-                    ),
-                )
-            })?;
-        listeners.push(Listener { address, upstream });
+                    "missing, expected the name of an [upstream.NAME] (or redirect_https = true)",
+                ));
+            }
+        };
+        let tls = l
+            .tls
+            .as_ref()
+            .map(|t| tls(src, &key, t))
+            .transpose()?
+            .map(Arc::new);
+        listeners.push(Listener {
+            address,
+            upstream,
+            tls,
+            redirect_https,
+        });
+    }
+    if upstreams.is_empty() {
+        return Err(src.at(
+            0..0,
+            "upstream",
+            "expected at least one [upstream.NAME], for the listeners to proxy to",
+        ));
     }
     Ok(listeners)
+}
+
+/// A listener's `upstream`, as an index into `upstreams`.
+fn upstream_index(
+    src: &Source,
+    key: &str,
+    wanted: &Spanned<String>,
+    upstreams: &[Upstream],
+) -> Result<usize> {
+    upstreams
+        .iter()
+        .position(|u| &u.name == wanted.get_ref())
+        .ok_or_else(|| {
+            let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+            src.at(
+                wanted.span(),
+                &format!("{key}.upstream"),
+                format!(
+                    "unknown upstream \"{}\", expected one of: {}",
+                    wanted.get_ref(),
+                    if known.is_empty() {
+                        "(none defined)".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            )
+        })
+}
+
+/// `[listener.tls]`: every certificate and key read and checked now, so that a bad file fails
+/// the start or the reload, naming the file, and a reload that fails keeps the certificates
+/// that run.
+fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>) -> Result<Terminator> {
+    let t = raw.get_ref();
+    let tkey = format!("{key}.tls");
+    // Each certificate's files, the keys they were given under and their places.
+    let mut entries = Vec::with_capacity(t.certificates.len() + 1);
+    let default = match (&t.cert, &t.key) {
+        (Some(c), Some(k)) => {
+            let files = CertFiles {
+                cert: c.get_ref().into(),
+                key: k.get_ref().into(),
+            };
+            entries.push((tkey.clone(), files.clone(), c.span(), k.span()));
+            Some(files)
+        }
+        (None, None) => None,
+        (Some(c), None) => {
+            return Err(src.at(
+                c.span(),
+                &format!("{tkey}.key"),
+                "missing, expected the private key file of this cert",
+            ));
+        }
+        (None, Some(k)) => {
+            return Err(src.at(
+                k.span(),
+                &format!("{tkey}.cert"),
+                "missing, expected the certificate chain file for this key",
+            ));
+        }
+    };
+    let mut by_name = Vec::with_capacity(t.certificates.len());
+    for (i, c) in t.certificates.iter().enumerate() {
+        let files = CertFiles {
+            cert: c.cert.get_ref().into(),
+            key: c.key.get_ref().into(),
+        };
+        let ckey = format!("{tkey}.certificate[{i}]");
+        entries.push((ckey, files.clone(), c.cert.span(), c.key.span()));
+        by_name.push(files);
+    }
+    if entries.is_empty() {
+        return Err(src.at(
+            raw.span(),
+            &tkey,
+            "no certificate, expected cert and key (the default certificate), [[listener.tls.certificate]] tables, or both",
+        ));
+    }
+    Terminator::load(default.as_ref(), &by_name).map_err(|e| {
+        let place = e.file().and_then(|file| {
+            entries.iter().find_map(|(k, files, cert, key)| {
+                if files.key == file {
+                    Some((format!("{k}.key"), key.clone()))
+                } else if files.cert == file {
+                    Some((format!("{k}.cert"), cert.clone()))
+                } else {
+                    None
+                }
+            })
+        });
+        let (k, span) = place.unwrap_or((tkey.clone(), raw.span()));
+        src.at(span, &k, e.to_string())
+    })
 }
 
 /// `[forwarded] trusted`: networks, or addresses as networks of one.

@@ -66,6 +66,8 @@ pub struct Outgoing<'a> {
     pub trusted_lines: &'a [u8],
     /// The X-Forwarded-For value to send.
     pub forwarded_for: &'a [u8],
+    /// The client came over TLS: `X-Forwarded-Proto: https`.
+    pub https: bool,
 }
 
 /// Why an exchange with a backend failed.
@@ -173,7 +175,11 @@ impl Conn {
         out.extend_from_slice(req.trusted_lines);
         out.extend_from_slice(b"x-forwarded-for: ");
         out.extend_from_slice(req.forwarded_for);
-        out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\n");
+        out.extend_from_slice(if req.https {
+            b"\r\nx-forwarded-proto: https\r\n"
+        } else {
+            b"\r\nx-forwarded-proto: http\r\n"
+        });
         match body {
             RequestFraming::None => {}
             RequestFraming::Length(n) => {
