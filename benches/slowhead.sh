@@ -4,7 +4,8 @@
 #
 # Topology (2 cores): core 0 runs the proxy under test (one worker); core 1 runs the backend
 # nginx (`return 200`) and the client. The client (python3, TCP_NODELAY) sends a HEAD_BYTES
-# request head of 1,000-byte header lines (30 of them by default: under max_headers), one byte per send() with a short pause between sends so
+# request head of LINE-byte header lines (default 308: 98 lines, so that with Host and
+# the last one the head has 100 header lines, pinlb's default max_headers), one byte per send() with a short pause between sends so
 # that each byte is a packet and a read of its own, then reads the response. The proxy's CPU
 # time is the sum of /proc/PID/task/*/schedstat (nanoseconds on CPU) over its processes, read
 # before and after the request. The head stays under both proxies' defaults (nginx: 4 buffers
@@ -14,7 +15,7 @@
 # Usage: bash benches/slowhead.sh
 #   PINLBS="name=binary ..."  pinlb builds to compare (default: pinlb=target/release/pinlb), e.g.
 #                             PINLBS="before=/tmp/pinlb-old after=target/release/pinlb"
-#   ROUNDS=3 HEAD_BYTES=30310 GAP_US=50
+#   ROUNDS=3 HEAD_BYTES=30310 LINE=308 GAP_US=50
 # Needs: nginx, python3, curl, taskset.
 set -euo pipefail
 
@@ -23,6 +24,7 @@ PINLBS=${PINLBS:-pinlb=$ROOT/target/release/pinlb}
 ROUNDS=${ROUNDS:-3}
 HEAD_BYTES=${HEAD_BYTES:-30310}
 GAP_US=${GAP_US:-50}
+LINE=${LINE:-308}
 BACKEND_PORT=${BACKEND_PORT:-18280}
 WORK=$(mktemp -d)
 PIDS=()
@@ -97,12 +99,12 @@ wait_port "$port"
 
 cat >"$WORK/client.py" <<'EOF'
 import socket, sys, time
-port, size, gap = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) / 1e6
+port, size, gap, width = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) / 1e6, int(sys.argv[4])
 head = b"GET / HTTP/1.1\r\nHost: bench\r\n"
 n = 0
-while len(head) + 1000 + 13 <= size:
+while len(head) + width + 13 <= size:
     line = b"X-Pad-%05d: " % n
-    head += line + b"a" * (998 - len(line)) + b"\r\n"
+    head += line + b"a" * (width - 2 - len(line)) + b"\r\n"
     n += 1
 head += b"X-End: " + b"b" * max(0, size - len(head) - 11) + b"\r\n\r\n"
 s = socket.create_connection(("127.0.0.1", port))
@@ -116,12 +118,12 @@ status = resp.split(b" ", 2)[1].decode() if resp else "none"
 print(len(head), status)
 EOF
 
-echo "head: $HEAD_BYTES bytes, one per packet; proxy on core 0; $ROUNDS rounds"
+echo "head: $HEAD_BYTES bytes in $LINE-byte lines, one byte per packet; proxy on core 0; $ROUNDS rounds"
 declare -A RESULTS
 for round in $(seq "$ROUNDS"); do
     for name in "${NAMES[@]}"; do
         before=$(cpu_ns "${PID[$name]}")
-        out=$(taskset -c 1 python3 "$WORK/client.py" "${PORT[$name]}" "$HEAD_BYTES" "$GAP_US")
+        out=$(taskset -c 1 python3 "$WORK/client.py" "${PORT[$name]}" "$HEAD_BYTES" "$GAP_US" "$LINE")
         after=$(cpu_ns "${PID[$name]}")
         ms=$(awk -v d=$((after - before)) 'BEGIN{printf "%.1f", d / 1e6}')
         echo "round $round  $name  head ${out% *} bytes  status ${out#* }  CPU ${ms} ms"
