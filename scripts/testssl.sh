@@ -41,7 +41,9 @@ esac
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 90 \
     -subj "/CN=pinlb test CA" -keyout ca.key -out ca.pem 2>/dev/null
 openssl req -new "${newkey[@]}" -nodes -subj "/CN=localhost" -keyout key.pem -out leaf.csr 2>/dev/null
-printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n' >ext.cnf
+# A CRL location, as every public CA puts in its certificates: testssl.sh rates a certificate
+# without one HIGH, which says nothing of pinlb (nothing fetches it: no phone-out).
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\ncrlDistributionPoints=URI:http://127.0.0.1:1/ca.crl\n' >ext.cnf
 openssl x509 -req -in leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 90 \
     -extfile ext.cnf -out cert.pem 2>/dev/null
 
