@@ -47,7 +47,8 @@
 //! - [`bench`](mod@bench): `pinlb bench`, a pinned load generator that compares targets in
 //!   interleaved rounds: HDR latency percentiles, errors by kind, each target's overhead over the
 //!   first.
-//! - [`backend`]: `pinlb backend`, pinned hello-world test servers, one per core.
+//! - [`backend`]: `pinlb backend`, pinned hello-world test servers, one per core, with a
+//!   WebSocket echo.
 //! - [`demo`]: `pinlb demo`, the embedded default: backends, proxy and bench in one process,
 //!   laid out on the allowed cores.
 //!
