@@ -977,13 +977,15 @@ impl Connection {
             debug!(client = %self.peer, "could not write a 101 to the client");
             return Next::Abort;
         }
+        // Not held for the tunnel's life.
+        drop((head, headers));
         let stats = open.stats();
         let idle = open.idle();
         let relayed = tunnel::relay(
             &mut TunnelIo(&self.stream),
             &mut backend,
-            buf,
-            &early,
+            std::mem::take(buf),
+            early,
             idle,
             |dir, n| {
                 if let Some(s) = stats {

@@ -7,11 +7,13 @@
 //! sender), and a tunnel never holds more than [`BUFFER`] per direction. Both directions are
 //! polled from one task, so the tunnel costs one task, two buffers and one timer.
 
+use std::cell::RefCell;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
@@ -52,12 +54,19 @@ pub struct Relayed {
     pub end: End,
 }
 
-/// One direction: read from one side into the buffer, write the buffer to the other.
+thread_local! {
+    /// The worker's read buffer for every tunnel's reads: what the other side takes at once is
+    /// never copied, so an idle tunnel, or one whose peers keep up, holds no buffer of its own.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One direction: read from one side into the worker's scratch buffer and write that to the
+/// other; only the bytes the other side does not take at once are kept, in a buffer of this
+/// direction's own that is given back once they are written.
 struct Half {
-    buf: Box<[u8]>,
-    /// The part of `buf` still to write.
+    /// Bytes read but not yet written (from `start`); no allocation while there are none.
+    pending: Vec<u8>,
     start: usize,
-    end: usize,
     /// The reading side has closed its sending half.
     eof: bool,
     /// The end of stream was passed on: this direction is done.
@@ -66,15 +75,11 @@ struct Half {
 }
 
 impl Half {
-    /// A direction whose first bytes (read before the switch) are `early`; the buffer is
-    /// `BUFFER`, or larger to hold them all at once.
+    /// A direction whose first bytes (read before the switch) are `early`.
     fn new(early: &[u8]) -> Half {
-        let mut buf = vec![0u8; BUFFER.max(early.len())].into_boxed_slice();
-        buf[..early.len()].copy_from_slice(early);
         Half {
-            buf,
+            pending: early.to_vec(),
             start: 0,
-            end: early.len(),
             eof: false,
             done: false,
             total: 0,
@@ -101,8 +106,8 @@ impl Half {
         // Bounded by `PASSES`: every pass reads or writes something, or returns.
         for _ in 0..PASSES {
             // Bounded: every pass writes at least one byte, or returns.
-            while self.start < self.end {
-                let n = ready!(Pin::new(&mut *to).poll_write(cx, &self.buf[self.start..self.end]))?;
+            while self.start < self.pending.len() {
+                let n = ready!(Pin::new(&mut *to).poll_write(cx, &self.pending[self.start..]))?;
                 if n == 0 {
                     return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
                 }
@@ -110,10 +115,13 @@ impl Half {
                 self.total += n as u64;
                 *moved += n as u64;
             }
+            if self.pending.capacity() > 0 {
+                // Drained: the buffer goes back.
+                self.pending = Vec::new();
+                self.start = 0;
+            }
             // Nothing for a plain socket; a TLS stream sends what it holds.
             ready!(Pin::new(&mut *to).poll_flush(cx))?;
-            self.start = 0;
-            self.end = 0;
             if self.eof {
                 // The half-close goes on: the other side sees the end of stream and may still
                 // answer. An error here is a peer already gone, which the other direction
@@ -122,18 +130,69 @@ impl Half {
                 self.done = true;
                 return Poll::Ready(Ok(()));
             }
-            let mut rb = ReadBuf::new(&mut self.buf);
-            ready!(Pin::new(&mut *from).poll_read(cx, &mut rb))?;
-            let n = rb.filled().len();
-            if n == 0 {
-                self.eof = true;
-            } else {
-                self.end = n;
-            }
+            ready!(SCRATCH.with(|scratch| {
+                // Taken by a tunnel polled inside another's poll, which none is: then a buffer
+                // of its own for this read.
+                let mut own = Vec::new();
+                let mut borrowed = scratch.try_borrow_mut();
+                let buf = match borrowed.as_deref_mut() {
+                    Ok(b) => b,
+                    Err(_) => &mut own,
+                };
+                if buf.len() < BUFFER {
+                    buf.resize(BUFFER, 0);
+                }
+                self.read_and_pass(cx, from, to, moved, buf)
+            }))?;
         }
         // Out of passes with more to move: come back after the worker's other tasks.
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+
+    /// One read into `buf`, written on at once as far as `to` takes it; the rest is kept in
+    /// `pending`.
+    fn read_and_pass<R, W>(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &mut R,
+        to: &mut W,
+        moved: &mut u64,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<()>>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let n = {
+            let mut rb = ReadBuf::new(buf);
+            ready!(Pin::new(&mut *from).poll_read(cx, &mut rb))?;
+            rb.filled().len()
+        };
+        if n == 0 {
+            self.eof = true;
+            return Poll::Ready(Ok(()));
+        }
+        let mut off = 0;
+        // Bounded: every pass writes at least one byte, or stops.
+        while off < n {
+            match Pin::new(&mut *to).poll_write(cx, &buf[off..n]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(w)) => {
+                    off += w;
+                    self.total += w as u64;
+                    *moved += w as u64;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                // Woken when `to` has room; the rest waits in `pending` until then.
+                Poll::Pending => break,
+            }
+        }
+        if off < n {
+            self.pending = buf[off..n].to_vec();
+            self.start = 0;
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -144,8 +203,8 @@ impl Half {
 pub async fn relay<C, B>(
     client: &mut C,
     backend: &mut B,
-    client_early: &[u8],
-    backend_early: &[u8],
+    client_early: BytesMut,
+    backend_early: BytesMut,
     idle: Duration,
     mut count: impl FnMut(Dir, u64),
 ) -> Relayed
@@ -153,8 +212,10 @@ where
     C: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut up = Half::new(client_early);
-    let mut down = Half::new(backend_early);
+    let mut up = Half::new(&client_early);
+    let mut down = Half::new(&backend_early);
+    // Copied: the connections' read buffers go back now, not when the tunnel closes.
+    drop((client_early, backend_early));
     let now = Instant::now();
     // A timeout too large to add is as good as none.
     let far = |from: Instant| {
