@@ -15,7 +15,7 @@
 # Usage: bash benches/slowhead.sh
 #   PINLBS="name=binary ..."  pinlb builds to compare (default: pinlb=target/release/pinlb), e.g.
 #                             PINLBS="before=/tmp/pinlb-old after=target/release/pinlb"
-#   ROUNDS=3 HEAD_BYTES=30310 LINE=308 GAP_US=50
+#   ROUNDS=3 HEAD_BYTES=30310 LINE=308 GAP_US=50 KEEP_TMP=0
 # Needs: nginx, python3, curl, taskset.
 set -euo pipefail
 
@@ -27,22 +27,15 @@ GAP_US=${GAP_US:-50}
 LINE=${LINE:-308}
 BACKEND_PORT=${BACKEND_PORT:-18280}
 WORK=$(mktemp -d)
+KEEP_TMP=${KEEP_TMP:-0}
 PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-wait_port() {
-    for _ in $(seq 100); do
-        curl -s -o /dev/null "http://127.0.0.1:$1/" && return 0
-        sleep 0.2
-    done
-    echo "nothing answers on port $1" >&2
-    exit 1
-}
+log() { printf '[slowhead] %s\n' "$*" >&2; }
+die() { printf '[slowhead] ERROR: %s\n' "$*" >&2; exit 1; }
+PORT_BASE=$BACKEND_PORT
+# shellcheck source=benches/lib.sh
+source "$ROOT/benches/lib.sh"
+running_pids() { echo "${PIDS[@]}"; }
+install_cleanup
 
 # Nanoseconds on CPU of a process and its children, every thread.
 cpu_ns() {
@@ -58,18 +51,12 @@ cpu_ns() {
 render() { # TEMPLATE DEST PORT DIR
     sed -e "s|@DIR@|$4|g" -e "s|@PORT@|$3|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" "$1" >"$2"
 }
-temp_paths() {
-    mkdir -p "$1/tmp"
-    for m in client_body proxy fastcgi uwsgi scgi; do echo "${m}_temp_path $1/tmp/$m;"; done \
-        >"$1/temp_paths.conf"
-}
-
 mkdir -p "$WORK/backend"
-temp_paths "$WORK/backend"
+nginx_temp_paths "$WORK/backend"
 render "$ROOT/benches/peers/backend-nginx.conf" "$WORK/backend/nginx.conf" "" "$WORK/backend"
 taskset -c 1 nginx -p "$WORK/backend" -c "$WORK/backend/nginx.conf" -e "$WORK/backend/error.log" &
 PIDS+=($!)
-wait_port "$BACKEND_PORT"
+wait_ready backend "$BACKEND_PORT" "$!" "$WORK/backend/error.log"
 
 NAMES=()
 declare -A PORT PID
@@ -84,18 +71,18 @@ for spec in $PINLBS; do
     PIDS+=($!)
     PORT[$name]=$port
     NAMES+=("$name")
-    wait_port "$port"
+    wait_ready "$name" "$port" "${PID[$name]}" "$WORK/$name/log"
     port=$((port + 1))
 done
 mkdir -p "$WORK/nginx"
-temp_paths "$WORK/nginx"
+nginx_temp_paths "$WORK/nginx"
 render "$ROOT/benches/peers/nginx.conf" "$WORK/nginx/nginx.conf" "$port" "$WORK/nginx"
 taskset -c 0 nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" &
 PID[nginx]=$!
 PIDS+=($!)
 PORT[nginx]=$port
 NAMES+=(nginx)
-wait_port "$port"
+wait_ready nginx "$port" "${PID[nginx]}" "$WORK/nginx/error.log"
 
 cat >"$WORK/client.py" <<'EOF'
 import socket, sys, time
