@@ -43,11 +43,10 @@ use crate::http1::common::{
 use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::idle::{self, Wait};
 use crate::proxy::{self, Answer, ClientBody, ProxyBody};
+use crate::route::{ClientRules, Route, https_location};
 use crate::stats::{ListenerStats, TlsFailure};
-use crate::stream::{ClientStream, Refused, Stir, TlsState, TunnelIo, poll_read_tcp};
-use crate::tls::Terminator;
+use crate::stream::{ClientStream, Refused, Stir, StreamIo, TlsState, poll_read_tcp};
 use crate::tunnel::{self, Dir, End};
-use crate::upstream::WorkerUpstream;
 
 /// After a response that ends the connection with client bytes left unread, how long and how
 /// much pinlb goes on reading (and discarding) before it closes, so that the close does not
@@ -59,28 +58,7 @@ const LINGER_BYTES: usize = 256 * 1024;
 /// A worker's open client connections, which park here when idle.
 pub(crate) type Clients = idle::Clients<Parked>;
 /// A connection's slot among its worker's [`Clients`].
-type Slot = idle::Client<Parked>;
-
-/// Where one listener's requests go in the running generation. A reload replaces the contents,
-/// and every request reads them anew, so keep-alive connections follow a reload too.
-pub(crate) struct Route {
-    pub upstream: RefCell<Rc<WorkerUpstream>>,
-    pub rules: RefCell<Rc<ClientRules>>,
-    /// This worker's counters for the listener, while metrics are on.
-    pub stats: Option<Arc<ListenerStats>>,
-    /// The listener's TLS certificates, for the handshakes of connections accepted from now
-    /// on; `None` for plain HTTP.
-    pub tls: RefCell<Option<Arc<Terminator>>>,
-    /// `redirect_https`: every request gets a 301 to https instead of a backend.
-    pub redirect_https: Cell<bool>,
-}
-
-/// What applies to every client of a listener, whatever its upstream.
-pub(crate) struct ClientRules {
-    /// `forwarded.trusted`.
-    pub trusted: Vec<ipnet::IpNet>,
-    pub limits: Limits,
-}
+pub(crate) type Slot = idle::Client<Parked>;
 
 /// What a client connection holds until it closes, however its task ends (dropped before its
 /// first poll included): its `limits.max_connections` permit, and its count as an open
@@ -291,6 +269,9 @@ enum Next {
     Linger,
     /// Reset: a response broke off, and the client must not take what it got for the whole.
     Abort,
+    /// The connection began with the HTTP/2 preface on an `h2c` listener: HTTP/2 serves it
+    /// from here, with the bytes read so far.
+    Http2,
 }
 
 /// How a response went out.
@@ -395,7 +376,7 @@ pub(crate) async fn serve(
     start: Start,
 ) {
     let rules = route.rules.borrow().clone();
-    let client = Rc::new(client_of(peer, &rules.trusted, &stream));
+    let client = Rc::new(rules.client(peer, stream.is_tls()));
     let conn = Connection {
         stream,
         peer,
@@ -453,11 +434,36 @@ pub(crate) async fn serve(
             conn.slot.clients().give_buffer(std::mem::take(&mut buf));
         }
     };
+    if next == Next::Http2 {
+        let Connection {
+            stream,
+            peer,
+            slot,
+            route,
+            batch,
+            ..
+        } = conn;
+        Box::pin(crate::http2::serve(
+            stream,
+            buf.freeze(),
+            peer,
+            slot,
+            route,
+            batch,
+        ))
+        .await;
+        drop(held);
+        return;
+    }
     // Boxed: rarely needed (a lingering close holds a buffer and a timer), and kept out of the
     // task's own state, which every open connection pays for.
     Box::pin(conn.close(next)).await;
     drop(held);
 }
+
+/// What an h2c connection begins with: the first line of the HTTP/2 client preface (RFC 9113
+/// §3.4) and the empty line after it.
+const H2C_START: &[u8] = b"PRI * HTTP/2.0\r\n\r\n";
 
 /// Serves a connection accepted on a TLS listener: the handshake first, within
 /// `limits.header_timeout` of the accept (the time its first request head would have). Plain
@@ -493,6 +499,19 @@ pub(crate) async fn serve_tls(
                 if stream.is_resumed() {
                     s.tls_resumed.fetch_add(1, Ordering::Relaxed);
                 }
+            }
+            if stream.is_h2() {
+                Box::pin(crate::http2::serve(
+                    stream,
+                    Bytes::new(),
+                    peer,
+                    slot,
+                    route,
+                    batch,
+                ))
+                .await;
+                drop(held);
+                return;
             }
             serve(stream, peer, slot, route, batch, held, start).await;
         }
@@ -591,7 +610,7 @@ impl Connection {
             if !Rc::ptr_eq(&cached.0, &now) {
                 *cached = (
                     now.clone(),
-                    Rc::new(client_of(self.peer, &now.trusted, &self.stream)),
+                    Rc::new(now.client(self.peer, self.stream.is_tls())),
                 );
             }
             (now.limits, cached.1.clone())
@@ -682,6 +701,11 @@ impl Connection {
                 match parsed {
                     Ok(Some(head)) => return Ok(head),
                     Ok(None) => {}
+                    // The preface's first line parses as a head of version HTTP/2.0, which
+                    // HTTP/1.1 refuses: looked at only then, so it costs no other head anything.
+                    Err(_) if first && self.route.h2c.get() && buf.starts_with(H2C_START) => {
+                        return Err(Next::Http2);
+                    }
                     Err(e) => {
                         warn!(client = %self.peer, "answered {}: {e}", e.status().as_u16());
                         self.write_local(e.status(), &e).await;
@@ -774,7 +798,7 @@ impl Connection {
     /// connection stays open for a next request unless this one came with a body, which is
     /// not read.
     async fn redirect_https(&self, head: &RequestHead, buf: &BytesMut) -> Next {
-        let Some(host) = head.host().map(host_without_port) else {
+        let Some(location) = https_location(head) else {
             self.write_local(
                 StatusCode::BAD_REQUEST,
                 &"no Host header to redirect to https with",
@@ -782,11 +806,6 @@ impl Connection {
             .await;
             return Next::Linger;
         };
-        let mut location = Vec::with_capacity(32 + host.len() + head.path().len());
-        location.extend_from_slice(b"location: https://");
-        location.extend_from_slice(host);
-        location.extend_from_slice(head.path());
-        location.extend_from_slice(b"\r\n");
         let keep_alive = head.keep_alive
             && head.body == RequestFraming::None
             && !self.slot.clients().is_draining();
@@ -982,7 +1001,7 @@ impl Connection {
         let stats = open.stats();
         let idle = open.idle();
         let relayed = tunnel::relay(
-            &mut TunnelIo(&self.stream),
+            &mut StreamIo(&self.stream),
             &mut backend,
             std::mem::take(buf),
             early,
@@ -1052,37 +1071,5 @@ impl Connection {
             }
         })
         .await;
-    }
-}
-
-/// What the proxy needs to know of a client on `stream`.
-fn client_of(peer: SocketAddr, trusted: &[ipnet::IpNet], stream: &ClientStream) -> proxy::Client {
-    proxy::Client {
-        https: stream.is_tls(),
-        ..proxy::Client::new(peer, trusted)
-    }
-}
-
-/// A Host value without its port: `example.com:8080` → `example.com`, `[::1]:8080` → `[::1]`.
-fn host_without_port(host: &[u8]) -> &[u8] {
-    let end = match host.iter().rposition(|&b| b == b':') {
-        // An IPv6 literal's colons are inside its brackets.
-        Some(i) if !host[i..].contains(&b']') => i,
-        _ => host.len(),
-    };
-    &host[..end]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::host_without_port;
-
-    #[test]
-    fn a_redirect_keeps_the_host_and_drops_its_port() {
-        assert_eq!(host_without_port(b"example.com:8080"), b"example.com");
-        assert_eq!(host_without_port(b"example.com"), b"example.com");
-        assert_eq!(host_without_port(b"[::1]:8443"), b"[::1]");
-        assert_eq!(host_without_port(b"[::1]"), b"[::1]");
-        assert_eq!(host_without_port(b"10.0.0.1:80"), b"10.0.0.1");
     }
 }

@@ -255,6 +255,13 @@ impl<P: AsFd> Clients<P> {
     pub fn drain(&self) {
         self.draining.set(true);
         self.close_idle();
+        // A connection that multiplexes requests (HTTP/2) waits in its slot while busy too,
+        // and begins its graceful close now.
+        let wakers: Vec<Waker> = {
+            let mut s = self.slots.borrow_mut();
+            s.slots.iter_mut().filter_map(|s| s.waker.take()).collect()
+        };
+        wakers.into_iter().for_each(Waker::wake);
     }
 
     pub fn is_draining(&self) -> bool {
@@ -284,6 +291,11 @@ impl<P: AsFd> Clients<P> {
         out.extend_from_slice(b"date: ");
         out.extend_from_slice(self.date.borrow().as_bytes());
         out.extend_from_slice(b"\r\n");
+    }
+
+    /// The `Date` header value, as of the last tick.
+    pub fn date(&self) -> HeaderValue {
+        self.date.borrow().clone()
     }
 
     /// One tick: closes the connections that have waited too long, asks those that have
@@ -502,6 +514,43 @@ impl<P: AsFd> Client<P> {
                 Poll::Pending
             }
         }
+    }
+}
+
+impl<P: AsFd> Client<P> {
+    /// For a connection that carries many requests at once and never parks (HTTP/2):
+    /// completes when it is to close. `idle` says it has no request open; only then does its
+    /// idle time count, as `poll_wait`'s connection's does between requests: `first` (no
+    /// request yet) within `limits.header_timeout` of the accept, later ones within
+    /// `timeouts.client_idle`. Room needed under `max_connections` closes it only while idle;
+    /// a stop, at once (the caller lets its open requests finish).
+    pub fn poll_close(&self, idle: bool, first: bool, cx: &mut Context<'_>) -> Poll<()> {
+        let mut s = self.clients.slots.borrow_mut();
+        let tick = self.clients.tick.get();
+        let Some(slot) = s.slots.get_mut(self.index) else {
+            return Poll::Ready(());
+        };
+        if slot.close || self.clients.draining.get() {
+            return Poll::Ready(());
+        }
+        if !idle {
+            slot.idle_since = None;
+            slot.park = false;
+        } else if slot.idle_since.is_none() {
+            slot.idle_since = Some(tick);
+            let mut limits = self.ticks.get();
+            if limits.period != self.clients.period_changes.get() {
+                limits = self.clients.limits(self.idle, self.head);
+                self.ticks.set(limits);
+            }
+            slot.limit = if first { limits.first } else { limits.idle };
+        }
+        // The sweeper's asking it to park (left set, so it asks once) only polls it once more.
+        match &slot.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => slot.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
     }
 }
 

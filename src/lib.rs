@@ -30,6 +30,10 @@
 //!   at `max_connections` and drains them for a stop, and idle ones park; no timer per connection.
 //! - [`stream`]: a client connection's socket, plain or TLS (rustls driven by hand on it), and
 //!   the TLS handshake.
+//! - [`route`]: where a listener's requests go (its upstream, TLS, h2c) and the rules for its
+//!   clients, read anew per request so open connections follow a reload.
+//! - [`http2`]: HTTP/2 client connections on hyper's server (ALPN `h2`, or h2c), each stream
+//!   translated to the HTTP/1.1 head it stands for and sent through the same request path.
 //! - [`connection`]: one client connection's life: read a request, hand it to the proxy, write
 //!   the response; keep it, close it, linger or park it.
 //! - [`listen`]: binding `SO_REUSEPORT` sockets per listener per worker, and accepting.
@@ -78,6 +82,7 @@ pub mod cpus;
 pub mod demo;
 mod health;
 mod http1;
+mod http2;
 mod idle;
 mod listen;
 mod metrics;
@@ -85,6 +90,7 @@ mod probe;
 mod process;
 mod proxy;
 mod reload;
+mod route;
 pub mod server;
 mod stats;
 mod stream;

@@ -143,6 +143,24 @@ impl Collector for Scrape {
 
         family(
             &mut e,
+            "http2_connections",
+            "Client connections that spoke HTTP/2 (ALPN h2, or h2c); their streams count in pinlb_listener_requests.",
+            MetricType::Counter,
+            per_listener(&|l| load(&l.http2_connections))
+                .into_iter()
+                .map(|(l, v)| (l, counter(v))),
+        )?;
+        family(
+            &mut e,
+            "http2_protocol_errors",
+            "HTTP/2 connections closed with GOAWAY for a client's protocol error (rapid resets, a SETTINGS or CONTINUATION flood, a header list over limits.max_header_bytes, a malformed frame).",
+            MetricType::Counter,
+            per_listener(&|l| load(&l.http2_errors))
+                .into_iter()
+                .map(|(l, v)| (l, counter(v))),
+        )?;
+        family(
+            &mut e,
             "tls_handshakes",
             "TLS handshakes completed on a listener.",
             MetricType::Counter,

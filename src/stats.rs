@@ -141,6 +141,11 @@ pub struct ListenerStats {
     pub tls_resumed: AtomicU64,
     /// TLS handshakes failed, by [`TlsFailure`].
     pub tls_failures: [AtomicU64; 5],
+    /// Connections that spoke HTTP/2 (each of their streams counts in `requests`).
+    pub http2_connections: AtomicU64,
+    /// HTTP/2 connections closed for a protocol error of the client's (GOAWAY sent): a flood
+    /// of resets or SETTINGS, a malformed frame, a header list over the limit.
+    pub http2_errors: AtomicU64,
 }
 
 /// Every worker's listener counters, for the scrape. The lock is taken when a worker starts
@@ -174,6 +179,8 @@ impl Registered {
             tls_handshakes: AtomicU64::new(0),
             tls_resumed: AtomicU64::new(0),
             tls_failures: Default::default(),
+            http2_connections: AtomicU64::new(0),
+            http2_errors: AtomicU64::new(0),
         });
         all.push(s.clone());
         s

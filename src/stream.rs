@@ -8,6 +8,7 @@
 //! idle TLS connection parks like a plain one (its socket in the parking epoll set, its rustls
 //! state boxed beside it, see `idle`).
 
+use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::io::{self, IoSlice, Write};
 use std::mem::MaybeUninit;
@@ -71,6 +72,17 @@ impl ClientStream {
 
     pub fn is_tls(&self) -> bool {
         matches!(self, ClientStream::Tls(_))
+    }
+
+    /// A TLS connection on which ALPN chose HTTP/2.
+    pub fn is_h2(&self) -> bool {
+        match self {
+            ClientStream::Plain(_) => false,
+            ClientStream::Tls(t) => t
+                .conn
+                .try_borrow()
+                .is_ok_and(|c| c.alpn_protocol() == Some(crate::tls::H2)),
+        }
     }
 
     /// A TLS connection whose handshake resumed a session.
@@ -361,18 +373,19 @@ impl TlsStream {
     }
 }
 
-/// A client connection as a byte stream, for a tunnel after `101 Switching Protocols`: reads
-/// and writes go to the socket, through rustls on a TLS connection. Through the shared
-/// reference the connection holds, as its other operations are.
-pub(crate) struct TunnelIo<'a>(pub &'a ClientStream);
+/// A client connection as a byte stream (`AsyncRead` + `AsyncWrite`): reads and writes go to
+/// the socket, through rustls on a TLS connection. For a tunnel after `101 Switching
+/// Protocols`, through the shared reference the connection holds, as its other operations are;
+/// for an HTTP/2 connection, which hyper's server owns, with the stream itself.
+pub(crate) struct StreamIo<S>(pub S);
 
-impl AsyncRead for TunnelIo<'_> {
+impl<S: Borrow<ClientStream> + Unpin> AsyncRead for StreamIo<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let n = match self.0 {
+        let n = match self.0.borrow() {
             ClientStream::Plain(tcp) => {
                 // Bounded: a read that would block clears the readiness, and the next wait for
                 // it is Pending unless bytes came.
@@ -398,13 +411,13 @@ impl AsyncRead for TunnelIo<'_> {
     }
 }
 
-impl AsyncWrite for TunnelIo<'_> {
+impl<S: Borrow<ClientStream> + Unpin> AsyncWrite for StreamIo<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.0 {
+        match self.0.borrow() {
             ClientStream::Plain(tcp) => {
                 // Bounded as `poll_read`.
                 loop {
@@ -428,20 +441,20 @@ impl AsyncWrite for TunnelIo<'_> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.0 {
+        match self.0.borrow() {
             ClientStream::Plain(_) => Poll::Ready(Ok(())),
             ClientStream::Tls(t) => t.poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let ClientStream::Tls(t) = self.0 {
+        if let ClientStream::Tls(t) = self.0.borrow() {
             if let Ok(mut conn) = t.conn.try_borrow_mut() {
                 conn.send_close_notify();
             }
             ready!(t.poll_flush(cx))?;
         }
-        Poll::Ready(SockRef::from(self.0.tcp()).shutdown(std::net::Shutdown::Write))
+        Poll::Ready(SockRef::from(self.0.borrow().tcp()).shutdown(std::net::Shutdown::Write))
     }
 }
 

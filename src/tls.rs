@@ -30,8 +30,13 @@ compile_error!("pinlb needs a TLS crypto provider: build with the `aws-lc-rs` or
 /// nginx's `shared:SSL:10m` holds about 40,000).
 const SESSION_CACHE: usize = 20_480;
 
-/// The protocol each connection speaks inside TLS, offered by ALPN.
-const ALPN: &[&[u8]] = &[b"http/1.1"];
+/// The protocols a connection may speak inside TLS, offered by ALPN in the server's order of
+/// preference: HTTP/2 where the listener serves it, then HTTP/1.1. A client that offers
+/// neither (or sends no ALPN) speaks HTTP/1.1.
+const ALPN_H2: &[&[u8]] = &[H2, b"http/1.1"];
+const ALPN_H1: &[&[u8]] = &[b"http/1.1"];
+/// ALPN's name for HTTP/2 over TLS.
+pub const H2: &[u8] = b"h2";
 
 /// The crypto provider pinlb was built with.
 pub fn provider() -> Arc<CryptoProvider> {
@@ -253,7 +258,12 @@ pub struct Terminator {
 impl Terminator {
     /// Reads every certificate and key and builds the configuration. `default` is served to
     /// clients whose name no certificate of `by_name` has; without one, they are refused.
-    pub fn load(default: Option<&CertFiles>, by_name: &[CertFiles]) -> Result<Self, CertError> {
+    /// `h2` says whether HTTP/2 is offered by ALPN.
+    pub fn load(
+        default: Option<&CertFiles>,
+        by_name: &[CertFiles],
+        h2: bool,
+    ) -> Result<Self, CertError> {
         let provider = provider();
         let default = default
             .map(|f| Certificate::load(f, &provider))
@@ -268,7 +278,8 @@ impl Terminator {
             .map_err(CertError::Config)?
             .with_no_client_auth()
             .with_cert_resolver(certificates.clone());
-        config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+        let alpn = if h2 { ALPN_H2 } else { ALPN_H1 };
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         config.ticketer = ticketer().map_err(CertError::Config)?;
         config.session_storage = session_cache();
         // The server's order of cipher suites (rustls's: AES-GCM before ChaCha20 where AES is
@@ -308,7 +319,9 @@ impl PartialEq for Terminator {
                 .map(|c| c.files.clone())
                 .collect::<Vec<_>>()
         };
-        files(self) == files(other) && self.chains().eq(other.chains())
+        files(self) == files(other)
+            && self.chains().eq(other.chains())
+            && self.config.alpn_protocols == other.config.alpn_protocols
     }
 }
 

@@ -15,10 +15,11 @@ use tokio::task::LocalSet;
 use tracing::{debug, error, info, warn};
 
 use crate::accesslog::Batch;
-use crate::connection::{ClientRules, Clients, Held, Route};
+use crate::connection::{Clients, Held};
 use crate::cpus::pin_current_thread;
 use crate::listen::{ListenerKey, accept, listener_keys};
 use crate::process::{Generation, Process, ServerError};
+use crate::route::{ClientRules, Route};
 use crate::stream::ClientStream;
 use crate::upstream::WorkerUpstream;
 
@@ -183,6 +184,7 @@ impl WorkerState {
         let rules = Rc::new(ClientRules {
             trusted: config.trusted.clone(),
             limits: config.limits,
+            http2: config.http2,
         });
         // The sweeper's tick follows the shortest timeout it keeps.
         let shortest = config
@@ -201,6 +203,7 @@ impl WorkerState {
                 // New handshakes get the new certificates; open connections keep theirs.
                 *kept.route.tls.borrow_mut() = l.tls.clone();
                 kept.route.redirect_https.set(l.redirect_https);
+                kept.route.h2c.set(l.h2c);
                 continue;
             }
             let Some(i) = sockets.iter().position(|(k, _)| k == key) else {
@@ -227,6 +230,7 @@ impl WorkerState {
                 stats,
                 tls: RefCell::new(l.tls.clone()),
                 redirect_https: Cell::new(l.redirect_https),
+                h2c: Cell::new(l.h2c),
             });
             let (removed, removed_rx) = watch::channel(false);
             let task = tokio::task::spawn_local(accept_loop(

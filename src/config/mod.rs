@@ -57,6 +57,8 @@ pub struct Config {
     pub runtime: Runtime,
     /// What a client request may be, for every listener.
     pub limits: Limits,
+    /// HTTP/2 client connections, on every listener that speaks it.
+    pub http2: Http2,
     /// Peers whose X-Forwarded-For is kept (the client's address is appended); from everyone
     /// else it is replaced by the client's address, so a client cannot spoof it.
     pub trusted: Vec<ipnet::IpNet>,
@@ -182,6 +184,46 @@ pub struct Listener {
     /// Every request is answered `301` to the same host and path over https, as nginx's
     /// `return 301 https://$host$request_uri;`, instead of being proxied.
     pub redirect_https: bool,
+    /// `h2c`: a plain listener also takes cleartext HTTP/2 with prior knowledge (a connection
+    /// that begins with the HTTP/2 preface); every other connection is HTTP/1.1.
+    pub h2c: bool,
+}
+
+/// `[http2]`: HTTP/2 client connections (ALPN `h2` on TLS listeners, `h2c` on plain ones).
+/// The header list a stream may send is bounded by `limits.max_header_bytes`, the same limit
+/// as an HTTP/1.1 head's, so one key bounds both (and an HPACK header bomb).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2 {
+    /// Streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS); nginx's
+    /// `http2_max_concurrent_streams`, 128.
+    pub max_concurrent_streams: u32,
+    /// The flow-control window each request stream starts with: how much of a request body a
+    /// client may send before pinlb has passed it on.
+    pub initial_stream_window: u32,
+    /// The window for all of a connection's streams together.
+    pub initial_connection_window: u32,
+    /// How often an idle-looking connection is sent a PING; `None`: never (as nginx and
+    /// HAProxy). Idle connections are closed by `timeouts.client_idle` either way.
+    pub ping_interval: Option<Duration>,
+    /// How long a PING may go unanswered before the connection is closed.
+    pub ping_timeout: Duration,
+}
+
+impl Default for Http2 {
+    fn default() -> Self {
+        Http2 {
+            max_concurrent_streams: 128,
+            initial_stream_window: 256 * 1024,
+            initial_connection_window: 1024 * 1024,
+            ping_interval: None,
+            ping_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+impl Http2 {
+    /// HTTP/2's largest flow-control window (RFC 9113 §6.9.1).
+    pub const MAX_WINDOW: u64 = (1 << 31) - 1;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -405,6 +447,7 @@ impl Config {
         let raw = RawConfig::parse(&src)?;
         let runtime = validate::runtime(&src, &raw.runtime, allowed)?;
         let limits = validate::limits(&src, &raw.limits)?;
+        let http2 = validate::http2(&src, &raw.http2)?;
         let mut warnings = Vec::new();
         let upstreams = raw
             .upstream
@@ -422,6 +465,7 @@ impl Config {
         Ok(Config {
             runtime,
             limits,
+            http2,
             trusted,
             listeners,
             upstreams,

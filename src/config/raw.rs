@@ -35,6 +35,8 @@ pub(super) struct RawConfig {
     pub admin: Option<RawAdmin>,
     #[serde(default)]
     pub log: RawLog,
+    #[serde(default)]
+    pub http2: RawHttp2,
 }
 
 impl RawConfig {
@@ -75,6 +77,17 @@ pub(super) struct RawLimits {
     pub header_timeout: Option<Spanned<Dur>>,
     pub body_timeout: Option<Spanned<Dur>>,
     pub max_connections: Option<Spanned<usize>>,
+}
+
+/// `[http2]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHttp2 {
+    pub max_concurrent_streams: Option<Spanned<u32>>,
+    pub initial_stream_window: Option<Spanned<Size>>,
+    pub initial_connection_window: Option<Spanned<Size>>,
+    pub ping_interval: Option<Spanned<Dur>>,
+    pub ping_timeout: Option<Spanned<Dur>>,
 }
 
 /// `[upstream.NAME]`.
@@ -176,6 +189,10 @@ pub(super) struct RawListener {
     pub upstream: Option<Spanned<String>>,
     pub tls: Option<Spanned<RawTls>>,
     pub redirect_https: Option<Spanned<bool>>,
+    /// Cleartext HTTP/2 with prior knowledge, beside HTTP/1.1, on a plain listener.
+    pub h2c: Option<Spanned<bool>>,
+    /// Whether a TLS listener offers `h2` by ALPN.
+    pub http2: Option<Spanned<bool>>,
 }
 
 /// `[listener.tls]`: a default certificate (`cert` and `key`), more chosen by SNI

@@ -11,12 +11,12 @@ use toml::Spanned;
 
 use super::error::{ConfigError, Source};
 use super::raw::{
-    Dur, RawAdmin, RawBackend, RawForwarded, RawHealth, RawLimits, RawListener, RawLog, RawPassive,
-    RawRetry, RawRuntime, RawTimeouts, RawTls, RawUpstream,
+    Dur, RawAdmin, RawBackend, RawForwarded, RawHealth, RawHttp2, RawLimits, RawListener, RawLog,
+    RawPassive, RawRetry, RawRuntime, RawTimeouts, RawTls, RawUpstream, Size,
 };
 use super::{
-    AccessFormat, AccessLog, AccessTarget, Admin, Backend, Health, Limits, Listener, Passive,
-    Retry, Runtime, Timeouts, Upgrade, Upstream,
+    AccessFormat, AccessLog, AccessTarget, Admin, Backend, Health, Http2, Limits, Listener,
+    Passive, Retry, Runtime, Timeouts, Upgrade, Upstream,
 };
 use crate::cpus::format_cpu_list;
 use crate::tls::{CertFiles, Terminator};
@@ -148,6 +148,59 @@ pub(super) fn limits(src: &Source, l: &RawLimits) -> Result<Limits> {
                 ));
             }
         },
+    })
+}
+
+/// `[http2]`.
+pub(super) fn http2(src: &Source, h: &RawHttp2) -> Result<Http2> {
+    let d = Http2::default();
+    let window = |v: &Option<Spanned<Size>>, key: &str, default: u32| -> Result<u32> {
+        match v {
+            None => Ok(default),
+            Some(v) if (65_535..=Http2::MAX_WINDOW).contains(&v.get_ref().0) => {
+                Ok(v.get_ref().0 as u32)
+            }
+            Some(v) => Err(src.at(
+                v.span(),
+                key,
+                format!(
+                    "{} bytes is out of range, expected 65535 bytes (\"64KiB\" - 1) to 2^31 - 1",
+                    v.get_ref().0
+                ),
+            )),
+        }
+    };
+    let max_concurrent_streams = match &h.max_concurrent_streams {
+        None => d.max_concurrent_streams,
+        Some(v) if *v.get_ref() >= 1 => *v.get_ref(),
+        Some(v) => {
+            return Err(src.at(
+                v.span(),
+                "http2.max_concurrent_streams",
+                "0 is not allowed, expected 1 or more streams",
+            ));
+        }
+    };
+    Ok(Http2 {
+        max_concurrent_streams,
+        initial_stream_window: window(
+            &h.initial_stream_window,
+            "http2.initial_stream_window",
+            d.initial_stream_window,
+        )?,
+        initial_connection_window: window(
+            &h.initial_connection_window,
+            "http2.initial_connection_window",
+            d.initial_connection_window,
+        )?,
+        // "0s" turns the PINGs off, as leaving the key out does.
+        ping_interval: h
+            .ping_interval
+            .as_ref()
+            .map(|v| v.get_ref().0)
+            .filter(|d| !d.is_zero()),
+        ping_timeout: positive(src, &h.ping_timeout, "http2.ping_timeout")?
+            .unwrap_or(d.ping_timeout),
     })
 }
 
@@ -470,10 +523,26 @@ pub(super) fn listeners(
                 ));
             }
         };
+        let h2c = l.h2c.as_ref().is_some_and(|v| *v.get_ref());
+        if let (true, Some(t)) = (h2c, &l.tls) {
+            return Err(src.at(
+                t.span(),
+                &format!("{key}.tls"),
+                "set together with h2c, expected one of them: h2c is HTTP/2 on a plain listener; a TLS listener offers h2 by ALPN (listener.http2)",
+            ));
+        }
+        if let (Some(v), None) = (&l.http2, &l.tls) {
+            return Err(src.at(
+                v.span(),
+                &format!("{key}.http2"),
+                "only applies to a TLS listener (ALPN), expected h2c = true for HTTP/2 on a plain listener",
+            ));
+        }
+        let alpn_h2 = l.http2.as_ref().is_none_or(|v| *v.get_ref());
         let tls = l
             .tls
             .as_ref()
-            .map(|t| tls(src, &key, t))
+            .map(|t| tls(src, &key, t, alpn_h2))
             .transpose()?
             .map(Arc::new);
         listeners.push(Listener {
@@ -481,6 +550,7 @@ pub(super) fn listeners(
             upstream,
             tls,
             redirect_https,
+            h2c,
         });
     }
     if upstreams.is_empty() {
@@ -524,7 +594,7 @@ fn upstream_index(
 /// `[listener.tls]`: every certificate and key read and checked now, so that a bad file fails
 /// the start or the reload, naming the file, and a reload that fails keeps the certificates
 /// that run.
-fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>) -> Result<Terminator> {
+fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>, alpn_h2: bool) -> Result<Terminator> {
     let t = raw.get_ref();
     let tkey = format!("{key}.tls");
     // Each certificate's files, the keys they were given under and their places.
@@ -571,7 +641,7 @@ fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>) -> Result<Terminator> {
             "no certificate, expected cert and key (the default certificate), [[listener.tls.certificate]] tables, or both",
         ));
     }
-    Terminator::load(default.as_ref(), &by_name).map_err(|e| {
+    Terminator::load(default.as_ref(), &by_name, alpn_h2).map_err(|e| {
         let place = e.file().and_then(|file| {
             entries.iter().find_map(|(k, files, cert, key)| {
                 if files.key == file {

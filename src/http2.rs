@@ -1,0 +1,685 @@
+//! HTTP/2 client connections: hyper's HTTP/2 server on the connection, and each stream sent
+//! through the same request path as an HTTP/1.1 request.
+//!
+//! A connection speaks HTTP/2 when ALPN chose `h2` on a TLS listener, or when it begins with
+//! the HTTP/2 preface on a plain listener with `h2c = true` (`connection` decides, and hands the
+//! connection over with the bytes it already read). HTTP/1.1 keeps pinlb's own codec; HTTP/2's
+//! framing, HPACK, flow control and its defences (rapid reset, CONTINUATION floods, SETTINGS
+//! floods, header list size) are hyper's and its `h2` crate's, which h2spec checks upstream.
+//!
+//! Each stream's request is written out as the HTTP/1.1 head it stands for (RFC 9113 §8.3:
+//! `:authority` becomes Host, split Cookie fields are joined, the body is framed by its
+//! Content-Length or chunked) and parsed by `http1::request` as a client's head would be, so
+//! every rule about what reaches a backend lives in one place. The proxy then picks, forwards,
+//! retries and counts it exactly as it does an HTTP/1.1 request; the response's header lines
+//! become the stream's headers, without the connection-specific ones (RFC 9113 §8.2.2).
+//!
+//! A connection never parks (hyper holds its state), but it has its slot among the worker's
+//! client connections like any other: it is closed after `timeouts.client_idle` with no stream
+//! open (`limits.header_timeout` before its first), to make room at `limits.max_connections`,
+//! and at a stop, which sends GOAWAY and lets open streams finish.
+
+use std::cell::{Cell, RefCell};
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::{CONTENT_LENGTH, COOKIE, DATE, HOST};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Sleep;
+use tracing::{debug, warn};
+
+use std::os::fd::AsFd;
+
+use crate::accesslog::{Batch, Logged, Pending};
+use crate::config::Limits;
+use crate::http1::client::UpstreamError;
+use crate::http1::common::{ERROR_PAGE_TYPE, Hop, Reply, RequestFraming, error_page};
+use crate::http1::request::{ClientError, RequestHead, parse_request};
+use crate::idle;
+use crate::proxy::{self, ClientBody, ProxyBody};
+use crate::route::{ClientRules, Route, https_location};
+use crate::stream::{ClientStream, StreamIo};
+
+/// Per stream, the most response bytes hyper buffers for a client that is not reading them:
+/// past this the stream waits (and so does the backend, by TCP), so a client that never reads
+/// holds this much per stream and no more.
+const MAX_SEND_BUF: usize = 64 * 1024;
+
+/// What a connection's streams share.
+struct Shared {
+    route: Rc<Route>,
+    peer: SocketAddr,
+    batch: Option<Rc<Batch>>,
+    /// Over TLS: `X-Forwarded-Proto: https`.
+    tls: bool,
+    /// The client's identity, worked out under the rules it was made for (as an HTTP/1.1
+    /// connection keeps it, recomputed after a reload changed the rules).
+    client: RefCell<(Rc<ClientRules>, Rc<proxy::Client>)>,
+    /// The `Date` value of the worker's last tick.
+    date: Rc<dyn Fn() -> HeaderValue>,
+    /// Streams open: from the request's arrival to the end of its response.
+    open: Cell<usize>,
+    /// A stream has come: the connection's idle time now counts from its last one.
+    served: Cell<bool>,
+    /// The connection's task, woken when its last open stream ends, so its idle time begins.
+    task: RefCell<Option<Waker>>,
+}
+
+/// Counts a stream open until its response has gone (or the stream was reset).
+struct Open(Rc<Shared>);
+
+impl Open {
+    fn new(shared: &Rc<Shared>) -> Open {
+        shared.open.set(shared.open.get() + 1);
+        shared.served.set(true);
+        Open(shared.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        let n = self.0.open.get().saturating_sub(1);
+        self.0.open.set(n);
+        if n == 0 {
+            if let Some(w) = self.0.task.borrow_mut().take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// Runs hyper's stream tasks on the worker's own thread: a worker is one single-threaded
+/// runtime, and a stream's state (`Rc`s of the route and the pools) never leaves it.
+#[derive(Clone, Copy)]
+struct LocalExec;
+
+impl<F: std::future::Future + 'static> hyper::rt::Executor<F> for LocalExec {
+    fn execute(&self, fut: F) {
+        tokio::task::spawn_local(fut);
+    }
+}
+
+/// Serves an HTTP/2 connection until it closes. `early` is what was already read off it (the
+/// start of an h2c preface); `slot` is its place among the worker's connections.
+pub(crate) async fn serve<P: AsFd + 'static>(
+    stream: ClientStream,
+    early: Bytes,
+    peer: SocketAddr,
+    slot: idle::Client<P>,
+    route: Rc<Route>,
+    batch: Option<Rc<Batch>>,
+) {
+    let rules = route.rules.borrow().clone();
+    let h2 = rules.http2;
+    let limits = rules.limits;
+    let tls = stream.is_tls();
+    let client = Rc::new(rules.client(peer, tls));
+    let clients = slot.clients_rc();
+    let stats = route.stats.clone();
+    if let Some(s) = &stats {
+        s.http2_connections.fetch_add(1, Ordering::Relaxed);
+    }
+    let shared = Rc::new(Shared {
+        route,
+        peer,
+        batch,
+        tls,
+        client: RefCell::new((rules, client)),
+        date: Rc::new(move || clients.date()),
+        open: Cell::new(0),
+        served: Cell::new(false),
+        task: RefCell::new(None),
+    });
+    let io = TokioIo::new(Replay {
+        early,
+        io: StreamIo(stream),
+    });
+    let service = {
+        let shared = shared.clone();
+        hyper::service::service_fn(move |req| {
+            let shared = shared.clone();
+            async move { Ok::<_, Infallible>(shared.stream(req).await) }
+        })
+    };
+    let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(h2.max_concurrent_streams)
+        .initial_stream_window_size(h2.initial_stream_window)
+        .initial_connection_window_size(h2.initial_connection_window)
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_send_buf_size(MAX_SEND_BUF)
+        .keep_alive_interval(h2.ping_interval)
+        .keep_alive_timeout(h2.ping_timeout);
+    let conn = builder.serve_connection(io, service);
+    let mut conn = std::pin::pin!(conn);
+    let mut closing = false;
+    // Bounded by the connection: it ends when the client closes it, or after the GOAWAY that
+    // an idle timeout or a stop sends, once its open streams are done.
+    let ended = std::future::poll_fn(|cx| {
+        let polled = conn.as_mut().poll(cx);
+        if polled.is_ready() {
+            return polled;
+        }
+        if !closing {
+            *shared.task.borrow_mut() = Some(cx.waker().clone());
+            let idle = shared.open.get() == 0;
+            if slot.poll_close(idle, !shared.served.get(), cx).is_ready() {
+                closing = true;
+                debug!(client = %peer, "closing HTTP/2 connection (GOAWAY): idle, or making room, or stopping");
+                conn.as_mut().graceful_shutdown();
+                return conn.as_mut().poll(cx);
+            }
+        }
+        Poll::Pending
+    })
+    .await;
+    if let Err(e) = ended {
+        // A protocol error of the client's, for which hyper sent GOAWAY, is counted; a
+        // connection that broke is the network's.
+        let protocol = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<h2::Error>())
+            .is_some_and(|h| !h.is_io());
+        if protocol {
+            warn!(client = %peer, "HTTP/2 connection closed (GOAWAY): {e}");
+            if let Some(s) = &stats {
+                s.http2_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        } else {
+            debug!(client = %peer, "HTTP/2 connection ended: {e}");
+        }
+    }
+}
+
+impl Shared {
+    /// One stream: its request through the proxy, and the response as HTTP/2.
+    async fn stream(self: Rc<Self>, req: Request<Incoming>) -> Response<ResponseBody> {
+        let open = Open::new(&self);
+        let route = &self.route;
+        if let Some(s) = &route.stats {
+            s.requests.fetch_add(1, Ordering::Relaxed);
+        }
+        let (parts, body) = req.into_parts();
+        let (limits, client) = {
+            let now = route.rules.borrow();
+            let mut cached = self.client.borrow_mut();
+            if !Rc::ptr_eq(&cached.0, &now) {
+                *cached = (now.clone(), Rc::new(now.client(self.peer, self.tls)));
+            }
+            (now.limits, cached.1.clone())
+        };
+        let ended = body.is_end_stream();
+        let mut text = http1_head(&parts, ended, &limits);
+        let mut head = match parse_request(&mut text, &limits) {
+            Ok(Some(head)) => head,
+            Ok(None) => {
+                let e = ClientError::HeadTooLarge("request head over limits.max_header_bytes");
+                return self.refuse(&parts.method, e, open);
+            }
+            Err(e) => return self.refuse(&parts.method, e, open),
+        };
+        head.version = Version::HTTP_2;
+        let refused = head.refused.take();
+        let pending = self
+            .batch
+            .as_ref()
+            .map(|batch| Pending::start(&head, self.peer, batch));
+        if route.redirect_https.get() {
+            return self.redirect_https(&head, open);
+        }
+        let upstream = route.upstream.borrow().clone();
+        let timeout = upstream.shared.config.timeouts.response;
+        let mut body = RequestBody {
+            body,
+            framing: head.body,
+            done: ended,
+        };
+        let answer = proxy::handle(
+            upstream,
+            client,
+            limits,
+            &head,
+            &mut body,
+            refused,
+            pending.is_some(),
+        )
+        .await;
+        let logged = Logged::new(
+            pending.and_then(|p| p.responded(answer.response.status, answer.upstreamed)),
+        );
+        self.respond(answer.response, &head.method, logged, timeout, open)
+    }
+
+    /// A stream whose request pinlb refuses before any backend sees it; the connection and its
+    /// other streams go on.
+    fn refuse(&self, method: &Method, e: ClientError, open: Open) -> Response<ResponseBody> {
+        let status = e.status();
+        warn!(client = %self.peer, "answered {}: {e}", status.as_u16());
+        let page = Bytes::from(error_page(status, &e));
+        let mut headers = ERROR_PAGE_TYPE.to_vec();
+        if method == Method::HEAD {
+            crate::http1::common::content_length_line(&mut headers, page.len() as u64);
+        }
+        let reply = Reply {
+            status,
+            headers,
+            body: ProxyBody::Local(Some(if method == Method::HEAD {
+                Bytes::new()
+            } else {
+                page
+            })),
+        };
+        self.respond(reply, method, Logged::new(None), Duration::MAX, open)
+    }
+
+    /// `redirect_https`: 301 to the same host and path over https.
+    fn redirect_https(&self, head: &RequestHead, open: Open) -> Response<ResponseBody> {
+        let Some(location) = https_location(head) else {
+            return self.refuse(&head.method, ClientError::MissingHost, open);
+        };
+        let status = StatusCode::MOVED_PERMANENTLY;
+        let page = Bytes::from(error_page(status, &"this site is served over https"));
+        let mut headers = ERROR_PAGE_TYPE.to_vec();
+        headers.extend_from_slice(&location);
+        let reply = Reply {
+            status,
+            headers,
+            body: ProxyBody::Local(Some(page)),
+        };
+        self.respond(reply, &head.method, Logged::new(None), Duration::MAX, open)
+    }
+
+    /// The proxy's answer as an HTTP/2 response. A body that can't have content (HEAD, 204,
+    /// 304) is dropped at once, which releases its backend connection.
+    fn respond(
+        &self,
+        reply: Reply<ProxyBody>,
+        method: &Method,
+        logged: Logged,
+        timeout: Duration,
+        open: Open,
+    ) -> Response<ResponseBody> {
+        let Reply {
+            status,
+            headers,
+            body,
+        } = reply;
+        let bodiless = method == Method::HEAD
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED;
+        let mut map = header_map(&headers);
+        if !body.has_date() {
+            map.insert(DATE, self.slot_date());
+        }
+        let body = if bodiless {
+            drop(body);
+            None
+        } else {
+            if let Some(n) = body.remaining() {
+                map.insert(CONTENT_LENGTH, HeaderValue::from(n));
+            }
+            Some(body)
+        };
+        let mut response = Response::new(ResponseBody {
+            body,
+            logged,
+            timeout,
+            timer: None,
+            armed: false,
+            peer: self.peer,
+            _open: open,
+        });
+        *response.status_mut() = status;
+        *response.headers_mut() = map;
+        response
+    }
+
+    fn slot_date(&self) -> HeaderValue {
+        (self.date)()
+    }
+}
+
+/// The HTTP/1.1 head an HTTP/2 request stands for (RFC 9113 §8.3.1): the request line from
+/// `:method` and `:path`, Host from `:authority` (or the Host field), the header fields as
+/// they came with the Cookie fields joined into one (§8.2.3), and the framing: the client's
+/// Content-Length, or chunked for a body of unknown length. `http1::request` then checks it
+/// and drops what does not go upstream, as for any client's head.
+fn http1_head(parts: &http::request::Parts, ended: bool, limits: &Limits) -> BytesMut {
+    let mut out = BytesMut::with_capacity(512.min(limits.max_header_bytes));
+    out.put_slice(parts.method.as_str().as_bytes());
+    out.put_u8(b' ');
+    let target = match parts.uri.path_and_query() {
+        Some(p) if !p.as_str().is_empty() => p.as_str(),
+        _ => "/",
+    };
+    out.put_slice(target.as_bytes());
+    out.put_slice(b" HTTP/1.1\r\n");
+    let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
+    match authority {
+        Some(a) => {
+            out.put_slice(b"host: ");
+            out.put_slice(a);
+            out.put_slice(b"\r\n");
+        }
+        // Without `:authority` the Host field, if any, stands (§8.3.1).
+        None => {}
+    }
+    let mut cookies = parts.headers.get_all(COOKIE).iter().peekable();
+    if cookies.peek().is_some() {
+        out.put_slice(b"cookie: ");
+        for (i, c) in cookies.enumerate() {
+            if i > 0 {
+                out.put_slice(b"; ");
+            }
+            out.put_slice(c.as_bytes());
+        }
+        out.put_slice(b"\r\n");
+    }
+    let mut length = false;
+    for (name, value) in &parts.headers {
+        if name == COOKIE || (name == HOST && authority.is_some()) {
+            continue;
+        }
+        length |= name == CONTENT_LENGTH;
+        out.put_slice(name.as_str().as_bytes());
+        out.put_slice(b": ");
+        out.put_slice(value.as_bytes());
+        out.put_slice(b"\r\n");
+    }
+    if !ended && !length {
+        out.put_slice(b"transfer-encoding: chunked\r\n");
+    }
+    out.put_slice(b"\r\n");
+    out
+}
+
+/// A response's header lines (`name: value\r\n` each, as `http1` keeps them) as an HTTP/2
+/// header map, without the connection-specific fields HTTP/2 forbids (RFC 9113 §8.2.2). A line
+/// that is not a valid field is left out.
+fn header_map(lines: &[u8]) -> HeaderMap {
+    let mut map = HeaderMap::with_capacity(lines.len() / 32);
+    for line in lines.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+        if Hop::of(name).is_some() {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+        {
+            map.append(name, value);
+        }
+    }
+    map
+}
+
+/// A stream's request body, as the proxy reads it.
+struct RequestBody {
+    body: Incoming,
+    framing: RequestFraming,
+    done: bool,
+}
+
+impl ClientBody for RequestBody {
+    fn framing(&self) -> RequestFraming {
+        self.framing
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The next piece of the body. Trailers are not passed to an HTTP/1.1 backend: its
+    /// request went with chunked framing or a length, and pinlb sends no trailer section.
+    async fn next(&mut self) -> Result<Option<Bytes>, ClientError> {
+        use http_body_util::BodyExt;
+        // Bounded by the body: every pass takes a frame of it, or ends.
+        loop {
+            if self.done {
+                return Ok(None);
+            }
+            match self.body.frame().await {
+                None => {
+                    self.done = true;
+                    return Ok(None);
+                }
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if !data.is_empty() {
+                            return Ok(Some(data));
+                        }
+                    }
+                    if self.body.is_end_stream() {
+                        self.done = true;
+                        return Ok(None);
+                    }
+                }
+                Some(Err(e)) => {
+                    return Err(ClientError::BodyBrokeOff(
+                        format!("HTTP/2 stream: {e}").into(),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// A stream's response body: the proxy's, each wait for its next piece bounded by
+/// `timeouts.response`, as an HTTP/1.1 response's is. An error resets the stream, as a
+/// response cut short resets an HTTP/1.1 connection.
+pub(crate) struct ResponseBody {
+    body: Option<ProxyBody>,
+    logged: Logged,
+    timeout: Duration,
+    timer: Option<Pin<Box<Sleep>>>,
+    /// The timer runs for the current wait.
+    armed: bool,
+    peer: SocketAddr,
+    _open: Open,
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = UpstreamError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
+        let this = self.get_mut();
+        let Some(body) = this.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match body.poll_data(cx) {
+            Poll::Ready(Some(Ok(data))) => {
+                this.armed = false;
+                this.logged.sent(data.len());
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                warn!(client = %this.peer, "response aborted: {e}");
+                this.body = None;
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(None) => {
+                // Dropped now: the backend connection goes back to the pool.
+                this.body = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if !this.armed {
+                    this.armed = true;
+                    let now = tokio::time::Instant::now();
+                    let at = now.checked_add(this.timeout).unwrap_or(now + YEARS);
+                    match this.timer.as_mut() {
+                        Some(t) => t.as_mut().reset(at),
+                        None => this.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+                    }
+                }
+                match this.timer.as_mut().map(|t| t.as_mut().poll(cx)) {
+                    Some(Poll::Ready(())) => {
+                        warn!(client = %this.peer, "response aborted: the backend sent no more of the body within {:?} (timeouts.response)", this.timeout);
+                        this.body = None;
+                        Poll::Ready(Some(Err(UpstreamError::Timeout)))
+                    }
+                    _ => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.body.as_ref().map(ProxyBody::remaining) {
+            None => SizeHint::with_exact(0),
+            Some(Some(n)) => SizeHint::with_exact(n),
+            Some(None) => SizeHint::default(),
+        }
+    }
+}
+
+/// A timeout too large to add is as good as none.
+const YEARS: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// A connection's byte stream, with what was read off it before it was known to be HTTP/2
+/// replayed first.
+struct Replay<S> {
+    early: Bytes,
+    io: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.early.is_empty() {
+            let n = self.early.len().min(out.remaining());
+            let early = self.early.split_to(n);
+            out.put_slice(&early);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, out)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(req: Request<()>) -> http::request::Parts {
+        req.into_parts().0
+    }
+
+    #[test]
+    fn authority_becomes_host_and_cookies_are_joined() {
+        let req = Request::builder()
+            .method("GET")
+            .uri("https://example.com:8443/a?b=c")
+            .header("cookie", "a=1")
+            .header("x-one", "1")
+            .header("cookie", "b=2")
+            .body(())
+            .unwrap();
+        let head = http1_head(&parts(req), true, &Limits::default());
+        assert_eq!(
+            &head[..],
+            b"GET /a?b=c HTTP/1.1\r\nhost: example.com:8443\r\ncookie: a=1; b=2\r\nx-one: 1\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn a_body_without_a_length_goes_chunked_and_one_with_keeps_it() {
+        let req = Request::post("http://a/up").body(()).unwrap();
+        let head = http1_head(&parts(req), false, &Limits::default());
+        assert!(head.ends_with(b"host: a\r\ntransfer-encoding: chunked\r\n\r\n"));
+        let req = Request::post("http://a/up")
+            .header("content-length", "5")
+            .body(())
+            .unwrap();
+        let mut head = http1_head(&parts(req), false, &Limits::default());
+        let parsed = parse_request(&mut head, &Limits::default())
+            .unwrap()
+            .unwrap();
+        assert_eq!(parsed.body, RequestFraming::Length(5));
+    }
+
+    #[test]
+    fn the_head_goes_through_the_http1_rules() {
+        // A Host field beside :authority is dropped; hop-by-hop fields never reach a backend.
+        let req = Request::get("http://a/")
+            .header("host", "evil")
+            .header("te", "trailers")
+            .header("x-forwarded-for", "1.2.3.4")
+            .body(())
+            .unwrap();
+        let mut text = http1_head(&parts(req), true, &Limits::default());
+        let head = parse_request(&mut text, &Limits::default())
+            .unwrap()
+            .unwrap();
+        assert_eq!(head.host(), Some(&b"a"[..]));
+        assert_eq!(head.lines(), b"");
+        assert_eq!(head.forwarded_for.as_deref(), Some(&b"1.2.3.4"[..]));
+    }
+
+    #[test]
+    fn without_authority_the_host_field_stands() {
+        let mut req = Request::get("/x")
+            .header("host", "b.test")
+            .body(())
+            .unwrap();
+        *req.uri_mut() = "/x".parse().unwrap();
+        let mut text = http1_head(&parts(req), true, &Limits::default());
+        let head = parse_request(&mut text, &Limits::default())
+            .unwrap()
+            .unwrap();
+        assert_eq!(head.host(), Some(&b"b.test"[..]));
+    }
+
+    #[test]
+    fn response_lines_lose_connection_specific_fields() {
+        let map = header_map(
+            b"Content-Type: text/plain\r\nConnection: x\r\nKeep-Alive: 5\r\nSet-Cookie: a\r\nset-cookie: b\r\nbad line\r\n",
+        );
+        assert_eq!(map.len(), 3);
+        assert_eq!(map.get_all("set-cookie").iter().count(), 2);
+        assert!(map.get("connection").is_none());
+        assert_eq!(map["content-type"], "text/plain");
+    }
+}
