@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, COOKIE, DATE, HOST};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -43,8 +43,9 @@ use std::os::fd::AsFd;
 
 use crate::accesslog::{Batch, Logged, Pending};
 use crate::config::Limits;
+use crate::exec::LocalExec;
 use crate::http1::client::UpstreamError;
-use crate::http1::common::{ERROR_PAGE_TYPE, Hop, Reply, RequestFraming, error_page};
+use crate::http1::common::{ERROR_PAGE_TYPE, Reply, RequestFraming, error_page, header_map};
 use crate::http1::request::{ClientError, RequestHead, parse_request};
 use crate::idle;
 use crate::proxy::{self, ClientBody, ProxyBody};
@@ -96,17 +97,6 @@ impl Drop for Open {
                 w.wake();
             }
         }
-    }
-}
-
-/// Runs hyper's stream tasks on the worker's own thread: a worker is one single-threaded
-/// runtime, and a stream's state (`Rc`s of the route and the pools) never leaves it.
-#[derive(Clone, Copy)]
-struct LocalExec;
-
-impl<F: std::future::Future + 'static> hyper::rt::Executor<F> for LocalExec {
-    fn execute(&self, fut: F) {
-        tokio::task::spawn_local(fut);
     }
 }
 
@@ -244,6 +234,7 @@ impl Shared {
             body,
             framing: head.body,
             done: ended,
+            trailers: None,
         };
         let answer = proxy::handle(
             upstream,
@@ -366,14 +357,11 @@ fn http1_head(parts: &http::request::Parts, ended: bool, limits: &Limits) -> Byt
     out.put_slice(target.as_bytes());
     out.put_slice(b" HTTP/1.1\r\n");
     let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
-    match authority {
-        Some(a) => {
-            out.put_slice(b"host: ");
-            out.put_slice(a);
-            out.put_slice(b"\r\n");
-        }
-        // Without `:authority` the Host field, if any, stands (§8.3.1).
-        None => {}
+    // Without `:authority` the Host field, if any, stands (§8.3.1).
+    if let Some(a) = authority {
+        out.put_slice(b"host: ");
+        out.put_slice(a);
+        out.put_slice(b"\r\n");
     }
     let mut cookies = parts.headers.get_all(COOKIE).iter().peekable();
     if cookies.peek().is_some() {
@@ -404,34 +392,13 @@ fn http1_head(parts: &http::request::Parts, ended: bool, limits: &Limits) -> Byt
     out
 }
 
-/// A response's header lines (`name: value\r\n` each, as `http1` keeps them) as an HTTP/2
-/// header map, without the connection-specific fields HTTP/2 forbids (RFC 9113 §8.2.2). A line
-/// that is not a valid field is left out.
-fn header_map(lines: &[u8]) -> HeaderMap {
-    let mut map = HeaderMap::with_capacity(lines.len() / 32);
-    for line in lines.split(|&b| b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            continue;
-        };
-        let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
-        if Hop::of(name).is_some() {
-            continue;
-        }
-        if let (Ok(name), Ok(value)) =
-            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
-        {
-            map.append(name, value);
-        }
-    }
-    map
-}
-
 /// A stream's request body, as the proxy reads it.
 struct RequestBody {
     body: Incoming,
     framing: RequestFraming,
     done: bool,
+    /// The client's trailers, for an HTTP/2 backend.
+    trailers: Option<http::HeaderMap>,
 }
 
 impl ClientBody for RequestBody {
@@ -443,8 +410,12 @@ impl ClientBody for RequestBody {
         self.done
     }
 
-    /// The next piece of the body. Trailers are not passed to an HTTP/1.1 backend: its
-    /// request went with chunked framing or a length, and pinlb sends no trailer section.
+    fn take_trailers(&mut self) -> Option<http::HeaderMap> {
+        self.trailers.take()
+    }
+
+    /// The next piece of the body. Its trailers are kept for an HTTP/2 backend; an HTTP/1.1
+    /// backend does not get them (pinlb sends no trailer section in a chunked body).
     async fn next(&mut self) -> Result<Option<Bytes>, ClientError> {
         use http_body_util::BodyExt;
         // Bounded by the body: every pass takes a frame of it, or ends.
@@ -458,10 +429,10 @@ impl ClientBody for RequestBody {
                     return Ok(None);
                 }
                 Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        if !data.is_empty() {
-                            return Ok(Some(data));
-                        }
+                    match frame.into_data() {
+                        Ok(data) if !data.is_empty() => return Ok(Some(data)),
+                        Ok(_) => {}
+                        Err(frame) => self.trailers = frame.into_trailers().ok(),
                     }
                     if self.body.is_end_stream() {
                         self.done = true;
@@ -516,9 +487,11 @@ impl Body for ResponseBody {
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => {
-                // Dropped now: the backend connection goes back to the pool.
+                // Dropped now: the backend connection goes back to the pool. The trailers of an
+                // HTTP/2 backend (a gRPC status) end the stream.
+                let trailers = body.take_trailers();
                 this.body = None;
-                Poll::Ready(None)
+                Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))))
             }
             Poll::Pending => {
                 if !this.armed {
@@ -670,16 +643,5 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(head.host(), Some(&b"b.test"[..]));
-    }
-
-    #[test]
-    fn response_lines_lose_connection_specific_fields() {
-        let map = header_map(
-            b"Content-Type: text/plain\r\nConnection: x\r\nKeep-Alive: 5\r\nSet-Cookie: a\r\nset-cookie: b\r\nbad line\r\n",
-        );
-        assert_eq!(map.len(), 3);
-        assert_eq!(map.get_all("set-cookie").iter().count(), 2);
-        assert!(map.get("connection").is_none());
-        assert_eq!(map["content-type"], "text/plain");
     }
 }

@@ -19,6 +19,9 @@
 //! - [`stats`]: the counters the request path bumps (atomics, no lock).
 //! - [`http1`]: pinlb's HTTP/1.1 codec: shared rules, body framing, request heads (pure,
 //!   fuzzed), and the backend side on pooled connections.
+//! - [`exec`]: the executor that runs hyper's HTTP/2 tasks on the worker's own thread.
+//! - [`http2_backend`]: HTTP/2 to backends (`protocol = "h2c"`): hyper's client on
+//!   connections each worker multiplexes, the request's fields and its body's feed.
 //! - [`upstream`]: backend state shared by workers (atomics) and each worker's own pool.
 //! - [`probe`]: active health checks, run on the control thread.
 //! - [`accesslog`]: the access log, formatted and written by its own thread.
@@ -80,9 +83,11 @@ mod connection;
 pub mod coremap;
 pub mod cpus;
 pub mod demo;
+mod exec;
 mod health;
 mod http1;
 mod http2;
+mod http2_backend;
 mod idle;
 mod listen;
 mod metrics;

@@ -4,10 +4,12 @@
 //! backend's body streams back, and the upstream connection returns to the worker's pool when the
 //! response body ends.
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -18,11 +20,13 @@ use tracing::{debug, warn};
 
 use crate::accesslog::Upstreamed;
 use crate::config::Limits;
+use crate::config::Protocol;
 use crate::http1::client::{self, Conn, Finished, Outgoing, UpstreamBody, UpstreamError, connect};
 use crate::http1::common::{
-    ERROR_PAGE_TYPE, Reply, RequestFraming, content_length_line, error_page,
+    ERROR_PAGE_TYPE, Reply, RequestFraming, content_length_line, error_page, header_lines,
 };
 use crate::http1::request::{ClientError, RequestHead};
+use crate::http2_backend;
 use crate::stats::{BackendStats, ErrorKind};
 use crate::upstream::{InFlight, WorkerUpstream};
 
@@ -35,6 +39,11 @@ pub(crate) trait ClientBody {
     fn is_done(&self) -> bool;
     /// The next piece of the body; `None` once it is complete.
     async fn next(&mut self) -> Result<Option<Bytes>, ClientError>;
+    /// The trailers that came after the body, once it is complete: only an HTTP/2 client
+    /// sends them, and only an HTTP/2 backend gets them.
+    fn take_trailers(&mut self) -> Option<http::HeaderMap> {
+        None
+    }
 }
 
 /// Everything one client connection's requests need to know about the client.
@@ -192,6 +201,9 @@ async fn forward(
     let framing = body.framing();
     let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), client);
     let shared = &*upstream.shared;
+    // An HTTP/2 backend gets no Upgrade (extended CONNECT is not spoken): the request goes as
+    // an ordinary one, as with `upgrade = false`.
+    let upgrade_on = shared.config.upgrade.enabled && shared.config.protocol == Protocol::Http1;
     let base = Outgoing {
         method: &head.method,
         path: head.path(),
@@ -200,7 +212,7 @@ async fn forward(
         // probes send.
         host: head.host().unwrap_or_default(),
         lines: match head.upgrade_lines() {
-            Some(lines) if shared.config.upgrade.enabled => lines,
+            Some(lines) if upgrade_on => lines,
             _ => head.lines(),
         },
         trusted_lines: match (&head.proxied_lines, client.trusted) {
@@ -210,7 +222,7 @@ async fn forward(
         forwarded_for: &forwarded_for,
         https: client.https,
     };
-    let upgrade = shared.config.upgrade.enabled && head.upgrade_lines().is_some();
+    let upgrade = upgrade_on && head.upgrade_lines().is_some();
     let retry = &shared.config.retry;
     let mut body = RequestBody::new(body, retry.buffer, limits);
     // Once a backend may have acted on the request, sending it again needs both of these.
@@ -249,49 +261,67 @@ async fn forward(
             ..base
         };
 
-        let failure = match attempt(
-            upstream,
-            backend,
-            &out,
-            framing,
-            &mut body,
-            method_resendable,
-            upgrade,
-        )
-        .await
-        {
-            Ok((answer, conn)) => {
-                let status = answer.status.as_u16();
-                if shared.config.passive.fail_on_status.contains(status) {
-                    shared.record_failure(backend);
-                } else {
-                    shared.record_success(&guard);
-                }
-                // The clock is read only when something uses it.
-                let elapsed = (shared.counting || log).then(|| started.elapsed());
-                if let (true, Some(elapsed)) = (shared.counting, elapsed) {
-                    state.stats.response(status);
-                    state.stats.response_time.observe(elapsed);
-                }
-                let body = ProxyBody::Upstream {
-                    body: UpstreamBody::new(conn, &answer),
-                    release: Some(Release {
-                        _guard: guard,
-                        keep_alive: answer.keep_alive,
-                        upstream: upstream.clone(),
-                        backend,
-                    }),
-                };
-                let served = match (log, elapsed) {
-                    (true, Some(upstream_time)) => Some(Upstreamed {
-                        backend: addr,
-                        upstream_time,
-                    }),
-                    _ => None,
-                };
-                return Ok((client::response(answer, body, &head.method), served));
+        // What is done with every response, whichever protocol brought it.
+        let answered = |status: StatusCode, guard: &InFlight| {
+            if shared
+                .config
+                .passive
+                .fail_on_status
+                .contains(status.as_u16())
+            {
+                shared.record_failure(backend);
+            } else {
+                shared.record_success(guard);
             }
-            Err(failure) => failure,
+            // The clock is read only when something uses it.
+            let elapsed = (shared.counting || log).then(|| started.elapsed());
+            if let (true, Some(elapsed)) = (shared.counting, elapsed) {
+                state.stats.response(status.as_u16());
+                state.stats.response_time.observe(elapsed);
+            }
+            match (log, elapsed) {
+                (true, Some(upstream_time)) => Some(Upstreamed {
+                    backend: addr,
+                    upstream_time,
+                }),
+                _ => None,
+            }
+        };
+        let failure = match shared.config.protocol {
+            Protocol::Http1 => match attempt(
+                upstream,
+                backend,
+                &out,
+                framing,
+                &mut body,
+                method_resendable,
+                upgrade,
+            )
+            .await
+            {
+                Ok((answer, conn)) => {
+                    let served = answered(answer.status, &guard);
+                    let body = ProxyBody::Upstream {
+                        body: UpstreamBody::new(conn, &answer),
+                        release: Some(Release {
+                            _guard: guard,
+                            keep_alive: answer.keep_alive,
+                            upstream: upstream.clone(),
+                            backend,
+                        }),
+                    };
+                    return Ok((client::response(answer, body, &head.method), served));
+                }
+                Err(failure) => failure,
+            },
+            Protocol::H2c => match attempt_h2(upstream, backend, &out, framing, &mut body).await {
+                Ok((response, stream)) => {
+                    let served = answered(response.status(), &guard);
+                    let reply = h2_reply(response, &head.method, (guard, stream));
+                    return Ok((reply, served));
+                }
+                Err(failure) => failure,
+            },
         };
         if let (true, Some(kind)) = (shared.counting, failure.kind()) {
             state.stats.error(kind);
@@ -455,6 +485,117 @@ async fn attempt(
     }
 }
 
+/// One attempt at one HTTP/2 backend: a stream on a multiplexed connection, the request, the
+/// response head. A stream the backend refused unprocessed (REFUSED_STREAM, or a connection
+/// that closed before the request went out) is sent again on another connection, once, as
+/// RFC 9113 §8.7 allows for any method.
+async fn attempt_h2(
+    upstream: &WorkerUpstream,
+    backend: usize,
+    req: &Outgoing<'_>,
+    framing: RequestFraming,
+    body: &mut RequestBody<'_, impl ClientBody>,
+) -> Result<(http::Response<hyper::body::Incoming>, http2_backend::Stream), Failure> {
+    let shared = &upstream.shared;
+    let addr = shared.backends[backend].address;
+    let timeouts = shared.config.timeouts;
+    let stats = shared.counting.then(|| &shared.backends[backend].stats);
+    let length = match framing {
+        RequestFraming::Length(n) => Some(n),
+        _ => None,
+    };
+    let mut again = true;
+    loop {
+        let opened = upstream
+            .multiplexed(backend)
+            .open(addr, timeouts.connect, shared.config.max_streams)
+            .await
+            .map_err(Failure::Connect)?;
+        if let Some(s) = stats {
+            let counter = if opened.new {
+                &s.connections_opened
+            } else {
+                &s.connections_reused
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        let (feed, outbound) = http2_backend::channel(body.is_empty());
+        let request = http2_backend::request(req, length, outbound).map_err(|e| {
+            Failure::Exchange(UpstreamError::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                e,
+            )))
+        })?;
+        let mut send = opened.send;
+        let response = send.send_request(request);
+        let mut response = std::pin::pin!(response);
+        let early = if body.is_empty() {
+            None
+        } else {
+            body.send_h2(&feed, response.as_mut(), timeouts.send)
+                .await
+                .map_err(Failure::Exchange)?
+        };
+        let response = match early {
+            Some(r) => r,
+            None => tokio::time::timeout(timeouts.response, response)
+                .await
+                .map_err(|_| Failure::Exchange(UpstreamError::Timeout))?,
+        };
+        match response {
+            // The feed goes with the response: a body the backend answered before it had
+            // whole stays open (unended) until the response is over, then resets.
+            Ok(response) => return Ok((response, opened.stream.with_feed(feed))),
+            Err(e) if again && unprocessed(&e) && body.replayable() => {
+                debug!(backend = %addr, "HTTP/2 stream not processed ({e}), sending it again");
+                again = false;
+            }
+            Err(e) => {
+                return Err(Failure::Exchange(UpstreamError::Io(std::io::Error::other(
+                    format!("HTTP/2: {e}"),
+                ))));
+            }
+        }
+    }
+}
+
+/// A request the backend did not process: it never went out, or the stream was refused.
+fn unprocessed(e: &hyper::Error) -> bool {
+    e.is_canceled()
+        || std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<h2::Error>())
+            .and_then(h2::Error::reason)
+            == Some(h2::Reason::REFUSED_STREAM)
+}
+
+/// An HTTP/2 backend's response as the client side takes it: its fields as header lines
+/// without the framing ones pinlb writes itself (Content-Length stays on a HEAD's or a 304's
+/// answer, which has no body to count), and its body with its trailers.
+fn h2_reply(
+    response: http::Response<hyper::body::Incoming>,
+    method: &Method,
+    held: (InFlight, http2_backend::Stream),
+) -> Reply<ProxyBody> {
+    let (parts, body) = response.into_parts();
+    let keep_length = method == Method::HEAD || parts.status == StatusCode::NOT_MODIFIED;
+    let mut headers = Vec::with_capacity(256);
+    header_lines(
+        &parts.headers,
+        |name| name == http::header::CONTENT_LENGTH && !keep_length,
+        &mut headers,
+    );
+    Reply {
+        status: parts.status,
+        headers,
+        body: ProxyBody::Http2 {
+            body,
+            has_date: parts.headers.contains_key(http::header::DATE),
+            trailers: None,
+            held: Some(held),
+        },
+    }
+}
+
 /// Methods that may be sent twice with the effect of once (RFC 9110 §9.2.2).
 fn is_idempotent(method: &Method) -> bool {
     matches!(
@@ -479,6 +620,8 @@ struct RequestBody<'b, B> {
     max: u64,
     /// `limits.body_timeout`: the longest wait for the next piece of the body.
     timeout: Duration,
+    /// Which of `kept` the current attempt has still to send again.
+    replaying: std::ops::Range<usize>,
 }
 
 impl<'b, B: ClientBody> RequestBody<'b, B> {
@@ -492,6 +635,7 @@ impl<'b, B: ClientBody> RequestBody<'b, B> {
             received: 0,
             max: limits.max_body,
             timeout: limits.body_timeout,
+            replaying: 0..0,
         }
     }
 
@@ -505,12 +649,59 @@ impl<'b, B: ClientBody> RequestBody<'b, B> {
         !self.lost
     }
 
-    /// Sends the body: what was kept from an earlier attempt, then the rest as the client sends
-    /// it. Each wait for room at the backend is bounded by `send_timeout`.
-    ///
-    /// Returns the backend's final response head when it comes before the whole body was sent,
-    /// while a piece is written or the next is awaited from the client: the rest is then left
-    /// unsent (and unread), since a backend that answered may never read it.
+    /// The next piece to send: what was kept from an earlier attempt first, then the rest as
+    /// the client sends it, each wait for the client bounded by `limits.body_timeout`. While the
+    /// client keeps the body waiting, `answer` is polled: a backend's final response that comes
+    /// before the whole body was sent is returned instead, since a backend that answered may
+    /// never read the rest.
+    async fn next_piece<T>(
+        &mut self,
+        mut answer: impl FnMut(&mut Context<'_>) -> Poll<T>,
+    ) -> Result<Piece<T>, ClientError> {
+        if let Some(i) = self.replaying.next() {
+            if let Some(data) = self.kept.get(i) {
+                return Ok(Piece::Data(data.clone()));
+            }
+        }
+        // Only a client that sends nothing for the whole timeout is cut off: a slow but
+        // steady upload goes on (nginx's client_body_timeout).
+        let timeout = self.timeout;
+        let next = {
+            let mut piece = std::pin::pin!(tokio::time::timeout(timeout, self.client.next()));
+            // The client's piece first: the backend is looked at only while the client
+            // keeps the body waiting.
+            std::future::poll_fn(|cx| match piece.as_mut().poll(cx) {
+                Poll::Ready(piece) => Poll::Ready(Ok(piece)),
+                Poll::Pending => answer(cx).map(Err),
+            })
+            .await
+        };
+        let piece = match next {
+            Ok(piece) => piece,
+            Err(answered) => return Ok(Piece::Answer(answered)),
+        };
+        let Some(data) = piece.map_err(|_| ClientError::BodyTimeout { after: timeout })?? else {
+            return Ok(Piece::End);
+        };
+        // A Content-Length over the limit was refused up front; this catches chunked
+        // bodies, before the byte over the limit goes anywhere.
+        self.received += data.len() as u64;
+        if self.max > 0 && self.received > self.max {
+            return Err(ClientError::BodyTooLarge { limit: self.max });
+        }
+        if !self.lost && self.kept_len + data.len() <= self.limit {
+            self.kept_len += data.len();
+            self.kept.push(data.clone());
+        } else if !self.lost {
+            self.lost = true;
+            self.kept = Vec::new();
+        }
+        Ok(Piece::Data(data))
+    }
+
+    /// Sends the body on an HTTP/1.1 connection, each wait for room at the backend bounded by
+    /// `send_timeout`. Returns the backend's final response head when it comes before the whole
+    /// body was sent; the rest is then left unsent (and unread).
     async fn send(
         &mut self,
         conn: &mut Conn,
@@ -518,50 +709,18 @@ impl<'b, B: ClientBody> RequestBody<'b, B> {
         method: &Method,
         send_timeout: Duration,
     ) -> Result<Option<client::Head>, UpstreamError> {
-        for data in &self.kept {
-            if let Some(head) = conn.write_body(data, chunked, send_timeout, method).await? {
-                return Ok(Some(head));
-            }
-        }
-        // Only a client that sends nothing for the whole timeout is cut off: a slow but
-        // steady upload goes on (nginx's client_body_timeout).
-        let timeout = self.timeout;
-        let client_error = UpstreamError::Client;
+        self.replaying = 0..self.kept.len();
         // Bounded by the body: every pass sends a piece of it, or returns.
         loop {
-            let next = {
-                let mut piece = std::pin::pin!(tokio::time::timeout(timeout, self.client.next()));
-                // The client's piece first: the backend is looked at only while the client
-                // keeps the body waiting.
-                std::future::poll_fn(|cx| match piece.as_mut().poll(cx) {
-                    Poll::Ready(piece) => Poll::Ready(Ok(piece)),
-                    Poll::Pending => conn.poll_response_head(cx, method).map(Err),
-                })
+            let piece = self
+                .next_piece(|cx| conn.poll_response_head(cx, method))
                 .await
+                .map_err(UpstreamError::Client)?;
+            let data = match piece {
+                Piece::Data(data) => data,
+                Piece::End => break,
+                Piece::Answer(head) => return head.map(Some),
             };
-            let piece = match next {
-                Ok(piece) => piece,
-                Err(head) => return head.map(Some),
-            };
-            let Some(data) = piece
-                .map_err(|_| client_error(ClientError::BodyTimeout { after: timeout }))?
-                .map_err(client_error)?
-            else {
-                break;
-            };
-            // A Content-Length over the limit was refused up front; this catches chunked
-            // bodies, before the byte over the limit goes anywhere.
-            self.received += data.len() as u64;
-            if self.max > 0 && self.received > self.max {
-                return Err(client_error(ClientError::BodyTooLarge { limit: self.max }));
-            }
-            if !self.lost && self.kept_len + data.len() <= self.limit {
-                self.kept_len += data.len();
-                self.kept.push(data.clone());
-            } else if !self.lost {
-                self.lost = true;
-                self.kept = Vec::new();
-            }
             if let Some(head) = conn
                 .write_body(&data, chunked, send_timeout, method)
                 .await?
@@ -574,6 +733,73 @@ impl<'b, B: ClientBody> RequestBody<'b, B> {
         }
         Ok(None)
     }
+
+    /// Sends the body on an HTTP/2 stream, as [`RequestBody::send`] does on a connection, with
+    /// the client's trailers at its end. `response` is the stream's response, watched while the
+    /// body goes; one that comes first is returned.
+    async fn send_h2<R: Future>(
+        &mut self,
+        feed: &http2_backend::Feed,
+        mut response: Pin<&mut R>,
+        send_timeout: Duration,
+    ) -> Result<Option<R::Output>, UpstreamError> {
+        self.replaying = 0..self.kept.len();
+        let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        // Bounded by the body: every pass sends a piece of it, or returns.
+        loop {
+            let piece = self
+                .next_piece(|cx| response.as_mut().poll(cx))
+                .await
+                .map_err(UpstreamError::Client)?;
+            let data = match piece {
+                Piece::Data(data) => data,
+                Piece::End => {
+                    feed.end(self.client.take_trailers());
+                    return Ok(None);
+                }
+                Piece::Answer(answered) => return Ok(Some(answered)),
+            };
+            // Room comes when hyper took the last piece, which flow control allows; a backend
+            // that takes none for `send_timeout` fails the request.
+            let mut armed = false;
+            let room = std::future::poll_fn(|cx| {
+                if let Poll::Ready(room) = feed.poll_room(cx) {
+                    return Poll::Ready(Ok(room));
+                }
+                if let Poll::Ready(answered) = response.as_mut().poll(cx) {
+                    return Poll::Ready(Err(Some(answered)));
+                }
+                if !armed {
+                    armed = true;
+                    let at = tokio::time::Instant::now() + send_timeout;
+                    match timer.as_mut() {
+                        Some(t) => t.as_mut().reset(at),
+                        None => timer = Some(Box::pin(tokio::time::sleep_until(at))),
+                    }
+                }
+                match timer.as_mut().map(|t| t.as_mut().poll(cx)) {
+                    Some(Poll::Ready(())) => Poll::Ready(Err(None)),
+                    _ => Poll::Pending,
+                }
+            })
+            .await;
+            match room {
+                Ok(Ok(())) => feed.send(data),
+                // hyper stopped reading the body: the stream is over, and its response says why.
+                Ok(Err(http2_backend::Abandoned)) => return Ok(Some(response.as_mut().await)),
+                Err(Some(answered)) => return Ok(Some(answered)),
+                Err(None) => return Err(UpstreamError::SendTimeout),
+            }
+        }
+    }
+}
+
+/// What [`RequestBody::next_piece`] found.
+enum Piece<T> {
+    Data(Bytes),
+    End,
+    /// The backend answered first.
+    Answer(T),
 }
 
 /// The set of backends already tried for one request.
@@ -695,6 +921,15 @@ pub enum ProxyBody {
         body: UpstreamBody,
         release: Option<Release>,
     },
+    /// Streamed from an HTTP/2 backend, with the trailers that end it.
+    Http2 {
+        body: hyper::body::Incoming,
+        has_date: bool,
+        /// The trailers, once the body is over.
+        trailers: Option<http::HeaderMap>,
+        /// The in-flight count and the stream's place on its connection, until the body ends.
+        held: Option<(InFlight, http2_backend::Stream)>,
+    },
     /// Made by pinlb (an error page).
     Local(Option<Bytes>),
 }
@@ -732,6 +967,7 @@ impl ProxyBody {
     pub fn remaining(&self) -> Option<u64> {
         match self {
             ProxyBody::Upstream { body, .. } => body.remaining(),
+            ProxyBody::Http2 { body, .. } => http_body::Body::size_hint(body).exact(),
             ProxyBody::Local(data) => Some(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
     }
@@ -740,6 +976,7 @@ impl ProxyBody {
     pub fn has_date(&self) -> bool {
         match self {
             ProxyBody::Upstream { body, .. } => body.has_date(),
+            ProxyBody::Http2 { has_date, .. } => *has_date,
             ProxyBody::Local(_) => false,
         }
     }
@@ -765,7 +1002,54 @@ impl ProxyBody {
                 }
                 polled
             }
+            ProxyBody::Http2 {
+                body,
+                trailers,
+                held,
+                ..
+            } => {
+                // Bounded by the body: every pass takes a frame of it, or returns.
+                loop {
+                    let frame = match ready!(http_body::Body::poll_frame(Pin::new(&mut *body), cx))
+                    {
+                        Some(Ok(frame)) => frame,
+                        Some(Err(e)) => {
+                            *held = None;
+                            let e = std::io::Error::other(format!("HTTP/2: {e}"));
+                            return Poll::Ready(Some(Err(UpstreamError::Io(e))));
+                        }
+                        None => {
+                            *held = None;
+                            return Poll::Ready(None);
+                        }
+                    };
+                    match frame.into_data() {
+                        Ok(data) => {
+                            // Released with the last piece, as an HTTP/1.1 body is.
+                            if http_body::Body::is_end_stream(body) {
+                                *held = None;
+                            }
+                            return Poll::Ready(Some(Ok(data)));
+                        }
+                        Err(frame) => {
+                            if let Ok(t) = frame.into_trailers() {
+                                *trailers = Some(t);
+                            }
+                        }
+                    }
+                }
+            }
             ProxyBody::Local(data) => Poll::Ready(data.take().map(Ok)),
+        }
+    }
+
+    /// The trailers an HTTP/2 backend sent after the body, once it is over. An HTTP/1.1 client
+    /// does not get them (as nginx's `grpc_pass` to an HTTP/1.1 client): its response is not
+    /// framed for trailers.
+    pub fn take_trailers(&mut self) -> Option<http::HeaderMap> {
+        match self {
+            ProxyBody::Http2 { trailers, .. } => trailers.take(),
+            _ => None,
         }
     }
 }

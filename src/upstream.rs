@@ -21,6 +21,7 @@ use crate::balance::{SmoothWrr, least_conn};
 use crate::config::{Algorithm, Backend, Upstream};
 use crate::health::{FailWindow, ramped_weight};
 use crate::http1::client::Conn;
+use crate::http2_backend;
 use crate::stats::BackendStats;
 
 /// Configured weights are multiplied by this before selection, so a backend in slow start can
@@ -451,6 +452,9 @@ pub struct WorkerUpstream {
     /// warmest connection is reused and surplus ones age out). Shared with the next config
     /// generation's `WorkerUpstream` for each backend it keeps.
     idle: Vec<Rc<RefCell<Vec<Conn>>>>,
+    /// For an HTTP/2 upstream, the multiplexed connections to each backend; kept across
+    /// generations as `idle` is.
+    multiplexed: Vec<Rc<http2_backend::Pool>>,
 }
 
 /// One consistent view of state other workers keep changing: selection must see the same
@@ -472,15 +476,23 @@ impl WorkerUpstream {
     /// their idle connections.
     pub fn reloaded(shared: Arc<SharedUpstream>, previous: Option<&WorkerUpstream>) -> Rc<Self> {
         let n = shared.backends.len();
+        // Where this generation's backend `b` was in the previous one, if it was.
+        let kept = |b: &Arc<BackendState>| {
+            let p = previous?;
+            let i = p.shared.backends.iter().position(|o| Arc::ptr_eq(o, b))?;
+            Some((p, i))
+        };
         let idle = shared
             .backends
             .iter()
+            .map(|b| kept(b).map(|(p, i)| p.idle[i].clone()).unwrap_or_default())
+            .collect();
+        let multiplexed = shared
+            .backends
+            .iter()
             .map(|b| {
-                previous
-                    .and_then(|p| {
-                        let i = p.shared.backends.iter().position(|o| Arc::ptr_eq(o, b))?;
-                        Some(p.idle[i].clone())
-                    })
+                kept(b)
+                    .map(|(p, i)| p.multiplexed[i].clone())
                     .unwrap_or_default()
             })
             .collect();
@@ -488,8 +500,14 @@ impl WorkerUpstream {
             wrr: RefCell::new(SmoothWrr::new(n)),
             scratch: RefCell::new(Snapshot::default()),
             idle,
+            multiplexed,
             shared,
         })
+    }
+
+    /// This worker's HTTP/2 connections to `backend`.
+    pub fn multiplexed(&self, backend: usize) -> &http2_backend::Pool {
+        &self.multiplexed[backend]
     }
 
     /// Picks a backend by the upstream's algorithm among those not `excluded` that are up, not

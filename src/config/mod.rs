@@ -51,6 +51,28 @@ impl Algorithm {
     }
 }
 
+/// The protocol an upstream's backends speak.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1 on pooled keep-alive connections, through pinlb's own codec.
+    #[default]
+    Http1,
+    /// Cleartext HTTP/2 with prior knowledge, multiplexed: what gRPC servers behind a proxy
+    /// usually speak (nginx's `grpc_pass grpc://`).
+    H2c,
+}
+
+impl Protocol {
+    const NAMES: &'static str = "http1, h2c";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "http1",
+            Protocol::H2c => "h2c",
+        }
+    }
+}
+
 /// The validated plan pinlb runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -239,6 +261,17 @@ pub struct Upstream {
     pub passive: Passive,
     pub retry: Retry,
     pub upgrade: Upgrade,
+    /// `protocol`: what the backends speak.
+    pub protocol: Protocol,
+    /// `max_streams`: for an HTTP/2 upstream, the streams one backend connection carries at
+    /// once before the worker opens another to that backend.
+    pub max_streams: usize,
+}
+
+impl Upstream {
+    /// `max_streams`' default: the least an HTTP/2 server should allow (RFC 9113 §6.5.2
+    /// recommends no fewer than 100), and what most advertise.
+    pub const MAX_STREAMS: usize = 100;
 }
 
 /// Upgrades (WebSocket) and the tunnels they become. Kept out of [`Timeouts`], which every

@@ -15,7 +15,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use toml::Spanned;
 
 use super::error::{ConfigError, Source};
-use super::{Algorithm, StatusSet};
+use super::{Algorithm, Protocol, StatusSet};
 use crate::cpus::parse_cpu_list;
 
 /// The whole file.
@@ -113,6 +113,9 @@ pub(super) struct RawUpstream {
     pub retry: RawRetry,
     /// Whether requests that ask to upgrade (WebSocket) are passed on.
     pub upgrade: Option<bool>,
+    #[serde(default)]
+    pub protocol: Protocol,
+    pub max_streams: Option<Spanned<usize>>,
 }
 
 /// Idle connections kept per backend, per worker.
@@ -248,6 +251,20 @@ impl<'de> Deserialize<'de> for Algorithm {
             other => Err(de::Error::custom(format!(
                 "unknown value \"{other}\", expected one of {}",
                 Algorithm::NAMES
+            ))),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Protocol {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.as_str() {
+            "http1" => Ok(Protocol::Http1),
+            "h2c" => Ok(Protocol::H2c),
+            other => Err(de::Error::custom(format!(
+                "unknown value \"{other}\", expected one of {}",
+                Protocol::NAMES
             ))),
         }
     }

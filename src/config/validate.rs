@@ -227,6 +227,18 @@ pub(super) fn upstream(
         passive: passive(src, &key, &up.passive)?,
         retry: retry(src, &key, &up.retry)?,
         upgrade: upgrade(src, &key, up)?,
+        protocol: up.protocol,
+        max_streams: match &up.max_streams {
+            None => Upstream::MAX_STREAMS,
+            Some(v) if *v.get_ref() >= 1 => *v.get_ref(),
+            Some(v) => {
+                return Err(src.at(
+                    v.span(),
+                    &format!("{key}.max_streams"),
+                    "0 is not allowed, expected 1 or more streams per backend connection",
+                ));
+            }
+        },
     })
 }
 

@@ -1,9 +1,9 @@
 //! What both sides of HTTP/1.1 share: the hop-by-hop table, the Connection header's tokens,
 //! Content-Length, body framing on the way out, the status and chunk-size lines, and the text of
-//! the error pages pinlb writes itself. Each rule lives here once, so that a framing fix is made
-//! once for requests and responses alike.
+//! the error pages pinlb writes itself, and header lines to and from HTTP/2 header maps. Each
+//! rule lives here once, so that a framing fix is made once for requests and responses alike.
 
-use http::StatusCode;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 /// The hop-by-hop headers (RFC 9110 §7.6.1), recognised on raw bytes; both directions use it.
 pub(crate) enum Hop {
@@ -234,6 +234,43 @@ pub(crate) fn error_page(status: StatusCode, cause: &dyn std::fmt::Display) -> S
     )
 }
 
+/// Header lines (`name: value\r\n` each, as pinlb keeps heads) as an HTTP/2 header map,
+/// without the connection-specific fields HTTP/2 forbids (RFC 9113 §8.2.2). A line that is not
+/// a valid field is left out.
+pub(crate) fn header_map(lines: &[u8]) -> HeaderMap {
+    let mut map = HeaderMap::with_capacity(lines.len() / 32);
+    for line in lines.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+        if Hop::of(name).is_some() {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+        {
+            map.append(name, value);
+        }
+    }
+    map
+}
+
+/// An HTTP/2 message's fields as header lines, `name: value\r\n` each, leaving out
+/// `skip` (the framing fields pinlb writes itself).
+pub(crate) fn header_lines(map: &HeaderMap, skip: impl Fn(&HeaderName) -> bool, out: &mut Vec<u8>) {
+    for (name, value) in map {
+        if skip(name) {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,5 +314,16 @@ mod tests {
             chunk_size_line(&mut out, usize::MAX),
             b"ffffffffffffffff\r\n"
         );
+    }
+
+    #[test]
+    fn response_lines_lose_connection_specific_fields() {
+        let map = header_map(
+            b"Content-Type: text/plain\r\nConnection: x\r\nKeep-Alive: 5\r\nSet-Cookie: a\r\nset-cookie: b\r\nbad line\r\n",
+        );
+        assert_eq!(map.len(), 3);
+        assert_eq!(map.get_all("set-cookie").iter().count(), 2);
+        assert!(map.get("connection").is_none());
+        assert_eq!(map["content-type"], "text/plain");
     }
 }
