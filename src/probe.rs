@@ -1,4 +1,5 @@
-//! Active health checks: [`probe`] sends one `GET` and reads the status, and [`run`] probes
+//! Active health checks: [`probe`] sends one `GET` (in the upstream's protocol) and reads the
+//! status, and [`run`] probes
 //! every backend of every upstream that has a `health` table, on the control thread (pinned to
 //! `runtime.cpus`), spreading the probes over the interval. Each result goes through the pure
 //! `health::Checks` counter of its backend, in `upstream::BackendState`.
@@ -13,21 +14,36 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
-use crate::config::Health;
+use bytes::Bytes;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+
+use crate::config::{Health, Protocol};
 use crate::health::Checks;
 use crate::http1::client::{Conn, UpstreamBody, describe_io};
 use crate::upstream::SharedUpstream;
 
 /// Sends one health probe: `GET path` with `Connection: close`, and checks the status against
 /// `expect`. The whole exchange, connect included, must fit in `timeout`. Returns why it failed.
-pub async fn probe(addr: SocketAddr, health: &Health) -> Result<(), String> {
-    match tokio::time::timeout(health.timeout, exchange(addr, health)).await {
+pub async fn probe(addr: SocketAddr, health: &Health, protocol: Protocol) -> Result<(), String> {
+    let exchange = async {
+        let status = match protocol {
+            Protocol::Http1 => exchange(addr, health).await?,
+            Protocol::H2c => exchange_h2c(addr, health).await?,
+        };
+        if health.expect.contains(status) {
+            Ok(())
+        } else {
+            Err(format!("status {status}, expected {}", health.expect))
+        }
+    };
+    match tokio::time::timeout(health.timeout, exchange).await {
         Ok(result) => result,
         Err(_) => Err(format!("no response within {:?}", health.timeout)),
     }
 }
 
-async fn exchange(addr: SocketAddr, health: &Health) -> Result<(), String> {
+/// The probe over HTTP/1.1; the response's status.
+async fn exchange(addr: SocketAddr, health: &Health) -> Result<u16, String> {
     let mut stream = TcpStream::connect(addr)
         .await
         .map_err(|e| describe_io(&e))?;
@@ -52,11 +68,46 @@ async fn exchange(addr: SocketAddr, health: &Health) -> Result<(), String> {
     while let Some(piece) = poll_fn(|cx| body.poll_data(cx)).await {
         piece.map_err(|e| format!("reading the body failed: {e}"))?;
     }
-    if health.expect.contains(status) {
-        Ok(())
-    } else {
-        Err(format!("status {status}, expected {}", health.expect))
+    Ok(status)
+}
+
+/// The probe over cleartext HTTP/2, on a connection of its own (closed after it, as the
+/// HTTP/1.1 probe's is); the response's status. The control thread's runtime is not a
+/// worker's, so hyper's tasks go on it through tokio's own executor.
+async fn exchange_h2c(addr: SocketAddr, health: &Health) -> Result<u16, String> {
+    use http_body_util::{BodyExt, Empty};
+    let tcp = TcpStream::connect(addr)
+        .await
+        .map_err(|e| describe_io(&e))?;
+    let _ = tcp.set_nodelay(true);
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .handshake::<_, Empty<Bytes>>(TokioIo::new(tcp))
+        .await
+        .map_err(|e| format!("HTTP/2 handshake failed: {e}"))?;
+    let driver = tokio::spawn(conn);
+    let host = health.host.clone().unwrap_or_else(|| addr.to_string());
+    let request = http::Request::get(format!("http://{host}{}", health.path))
+        .header(http::header::USER_AGENT, "pinlb-health")
+        .body(Empty::new())
+        .map_err(|e| format!("cannot send the probe: {e}"))?;
+    let exchanged = async {
+        let response = send
+            .send_request(request)
+            .await
+            .map_err(|e| format!("HTTP/2: {e}"))?;
+        let status = response.status().as_u16();
+        // Read to its end, so the stream closes in order.
+        response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("reading the body failed: {e}"))?;
+        Ok(status)
     }
+    .await;
+    driver.abort();
+    exchanged
 }
 
 /// Probes every backend of every upstream that has a `health` table, until dropped; never
@@ -97,7 +148,7 @@ async fn check_loop(up: Arc<SharedUpstream>, backend: usize, health: Health, off
         // skipped rather than fired back to back.
         next = next.max(tokio::time::Instant::now()) + jittered(health.interval);
         let started = std::time::Instant::now();
-        let result = probe(state.address, &health).await;
+        let result = probe(state.address, &health, up.config.protocol).await;
         if up.counting {
             state.stats.check_time.observe(started.elapsed());
         }
