@@ -314,14 +314,18 @@ async fn forward(
                 }
                 Err(failure) => failure,
             },
-            Protocol::H2c => match attempt_h2(upstream, backend, &out, framing, &mut body).await {
-                Ok((response, stream)) => {
-                    let served = answered(response.status(), &guard);
-                    let reply = h2_reply(response, &head.method, (guard, stream));
-                    return Ok((reply, served));
+            // Boxed: an HTTP/2 attempt's state stays out of the request's own, which every
+            // HTTP/1.1 request copies.
+            Protocol::H2c => {
+                match Box::pin(attempt_h2(upstream, backend, &out, framing, &mut body)).await {
+                    Ok((response, stream)) => {
+                        let served = answered(response.status(), &guard);
+                        let reply = h2_reply(response, &head.method, (guard, stream));
+                        return Ok((reply, served));
+                    }
+                    Err(failure) => failure,
                 }
-                Err(failure) => failure,
-            },
+            }
         };
         if let (true, Some(kind)) = (shared.counting, failure.kind()) {
             state.stats.error(kind);
