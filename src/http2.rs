@@ -352,6 +352,9 @@ fn http1_head(parts: &http::request::Parts, ended: bool, limits: &Limits) -> Byt
     out.put_u8(b' ');
     let target = match parts.uri.path_and_query() {
         Some(p) if !p.as_str().is_empty() => p.as_str(),
+        // A CONNECT names only an authority (RFC 9113 §8.5), refused as HTTP/1.1's is: pinlb
+        // does not tunnel to where a client asks.
+        _ if parts.method == Method::CONNECT => parts.uri.authority().map_or("", |a| a.as_str()),
         _ => "/",
     };
     out.put_slice(target.as_bytes());
@@ -629,6 +632,15 @@ mod tests {
         assert_eq!(head.host(), Some(&b"a"[..]));
         assert_eq!(head.lines(), b"");
         assert_eq!(head.forwarded_for.as_deref(), Some(&b"1.2.3.4"[..]));
+    }
+
+    #[test]
+    fn a_connect_is_refused_as_an_http1_one_is() {
+        let mut req = Request::builder().method("CONNECT").body(()).unwrap();
+        *req.uri_mut() = "example.com:443".parse().unwrap();
+        let mut text = http1_head(&parts(req), true, &Limits::default());
+        let refused = parse_request(&mut text, &Limits::default()).unwrap_err();
+        assert_eq!(refused.status(), 400);
     }
 
     #[test]
