@@ -20,9 +20,10 @@
 #   BACKEND_PORT=18280        ports: the first free loopback ports from here on
 #   CALLGRIND=1               run every proxy under valgrind's callgrind (nginx without its master
 #                             process) and report user-space instructions per head and per wakeup
-#                             (per context switch) beside the CPU, which valgrind inflates. Use a
+#                             (per epoll_wait call) beside the CPU, which valgrind inflates. Use a
 #                             shorter head and a longer pause so that each byte is still a read of
-#                             its own under valgrind's slowdown: HEAD_BYTES=2000 GAP_US=5000.
+#                             its own under valgrind's slowdown: HEAD_BYTES=1500 GAP_US=4000
+#                             (6 s, inside pinlb's limits.header_timeout of 10 s).
 # Needs: nginx, python3, curl, taskset; valgrind for CALLGRIND=1.
 set -euo pipefail
 
@@ -148,10 +149,21 @@ print(len(head), status)
 EOF
 
 echo "head: $HEAD_BYTES bytes in $LINE-byte lines, one byte per packet; proxy on core 0; $ROUNDS rounds"
+# Calls of libc's epoll_wait in a callgrind dump (one per wakeup, for pinlb and nginx alike):
+# the `calls=` lines under each `cfn=` naming it (callgrind names a function once, then by id).
+epoll_waits() {
+    awk '/^c?fn=\(/ {
+            id = $1; sub(/^c?fn=/, "", id)
+            if (NF > 1) name[id] = $2
+            if ($1 ~ /^cfn=/) callee = name[id]
+        }
+        /^calls=/ { if (callee == "epoll_wait") { split($1, c, "="); n += c[2] } }
+        END { print n + 0 }' "$1"
+}
 declare -A RESULTS USER SYS SWITCHES IR IR_WAKE DUMPS
 for round in $(seq "$ROUNDS"); do
     for name in "${NAMES[@]}"; do
-        [ "$CALLGRIND" = 1 ] && callgrind_control -z "${PID[$name]}" >/dev/null
+        [ "$CALLGRIND" = 1 ] && callgrind_control -z "${PID[$name]}" >/dev/null 2>&1
         read -r ns0 u0 s0 c0 < <(usage "${PID[$name]}")
         out=$(taskset -c 1 python3 "$WORK/client.py" "${PORT[$name]}" "$HEAD_BYTES" "$GAP_US" "$LINE")
         read -r ns1 u1 s1 c1 < <(usage "${PID[$name]}")
@@ -159,12 +171,14 @@ for round in $(seq "$ROUNDS"); do
         if [ "$CALLGRIND" = 1 ]; then
             # The instructions since the zeroing: the round's dump of the counters.
             DUMPS[$name]=$((${DUMPS[$name]:-0} + 1))
-            callgrind_control -d "${PID[$name]}" >/dev/null
-            n=$(callgrind_annotate "$WORK/$name/cg.out.${DUMPS[$name]}" 2>/dev/null |
-                awk '/PROGRAM TOTALS/{gsub(",", "", $1); print $1}')
+            callgrind_control -d "${PID[$name]}" >/dev/null 2>&1
+            dump="$WORK/$name/cg.out.${DUMPS[$name]}"
+            n=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",", "", $1); print $1}')
+            waits=$(epoll_waits "$dump")
+            per=$((n / (waits > 0 ? waits : 1)))
             IR[$name]="${IR[$name]:-} $n"
-            IR_WAKE[$name]="${IR_WAKE[$name]:-} $((n / (c1 - c0 > 0 ? c1 - c0 : 1)))"
-            ir="  instructions $n ($((n / (c1 - c0 > 0 ? c1 - c0 : 1))) per switch)"
+            IR_WAKE[$name]="${IR_WAKE[$name]:-} $per"
+            ir="  instructions $n, epoll_wait calls $waits ($per instructions per wait)"
         fi
         ms=$(awk -v d=$((ns1 - ns0)) 'BEGIN{printf "%.1f", d / 1e6}')
         user=$(((u1 - u0) * 1000 / HZ))
@@ -186,6 +200,6 @@ for name in "${NAMES[@]}"; do
     echo "  $name: $(median ${RESULTS[$name]}) (user $(median ${USER[$name]}), sys $(median ${SYS[$name]})), switches $(median ${SWITCHES[$name]})"
     if [ "$CALLGRIND" = 1 ]; then
         # shellcheck disable=SC2086
-        echo "    user-space instructions per head $(median ${IR[$name]}), per switch $(median ${IR_WAKE[$name]})"
+        echo "    user-space instructions per head $(median ${IR[$name]}), per epoll_wait $(median ${IR_WAKE[$name]})"
     fi
 done
