@@ -722,13 +722,16 @@ impl Connection {
                     )));
                 }
             }
-            let read = std::future::poll_fn(|cx| {
-                if let Some(t) = timer.as_mut() {
-                    if t.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(None);
-                    }
-                }
-                poll_read_buf(&self.stream, buf, cx).map(Some)
+            // The timer is polled only when the read has to wait: a head that arrives a byte at
+            // a time wakes the task once per byte and polls this twice (the byte, then the wait
+            // for the next one), and the timer needs its waker only for the wait. A timer that
+            // ran out is seen at the next wait, after at most the bytes already there.
+            let read = std::future::poll_fn(|cx| match poll_read_buf(&self.stream, buf, cx) {
+                Poll::Ready(r) => Poll::Ready(Some(r)),
+                Poll::Pending => match timer.as_mut().map(|t| t.as_mut().poll(cx)) {
+                    Some(Poll::Ready(())) => Poll::Ready(None),
+                    _ => Poll::Pending,
+                },
             })
             .await;
             match read {
