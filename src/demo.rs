@@ -196,6 +196,8 @@ fn run(args: &DemoArgs) -> Result<(), String> {
         connections: args.connections,
         threads: layout.load.len(),
         duration: args.duration,
+        requests: None,
+        request: crate::bench::RequestSpec::default(),
         warmup: (args.duration / 4).min(Duration::from_secs(1)),
         rounds: args.rounds.max(1),
         rate: None,

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Refusing, bin, first_core};
-use pinlb::bench::{BenchOptions, Report, Target, run};
+use pinlb::bench::{BenchOptions, Report, RequestSpec, Target, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -127,6 +127,8 @@ fn options(targets: Vec<Target>) -> BenchOptions {
         connections: 4,
         threads: 1,
         duration: Duration::from_millis(300),
+        requests: None,
+        request: RequestSpec::default(),
         warmup: Duration::from_millis(100),
         rounds: 1,
         rate: None,
@@ -332,6 +334,181 @@ fn the_command_prints_the_table_and_writes_json_and_a_chart() {
     assert_eq!(v["threads"], 1);
     let chart = std::fs::read_to_string(&svg).unwrap();
     assert!(chart.starts_with("<svg") && chart.contains("local"));
+}
+
+/// The shared recording backend (`common::Backend`) on a runtime of its own, so the bench can
+/// block this thread while it answers.
+fn recording_backend() -> (tokio::runtime::Runtime, common::Backend) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("backend runtime");
+    let backend = rt.block_on(common::Backend::start("rec"));
+    (rt, backend)
+}
+
+#[test]
+fn a_request_count_sends_exactly_that_many_on_the_kept_connections() {
+    let (_rt, backend) = recording_backend();
+    let opts = BenchOptions {
+        requests: Some(250),
+        warmup: Duration::ZERO,
+        ..options(vec![
+            format!("rec=http://{}/x", backend.addr).parse().unwrap(),
+        ])
+    };
+    let report = bench(&opts);
+    let r = report.targets[0].requests;
+    assert_eq!((r.sent, r.ok), (250, 250), "{r:?}");
+    assert_eq!(backend.hits(), 250);
+    assert_eq!(backend.accepts(), 4, "one connection each, kept alive");
+    assert_eq!(r.statuses.top(), vec![(200, 250)]);
+    assert!(r.bytes_read > 250 * 12, "{r:?}");
+    assert!(
+        report.table().contains("250 requests"),
+        "{}",
+        report.table()
+    );
+}
+
+#[test]
+fn method_headers_and_body_go_out_and_without_keep_alive_each_on_its_own_connection() {
+    let (_rt, backend) = recording_backend();
+    let opts = BenchOptions {
+        requests: Some(40),
+        warmup: Duration::ZERO,
+        request: RequestSpec {
+            method: http::Method::POST,
+            headers: vec![("X-Test".into(), "yes".into())],
+            body: Some(b"hello body".to_vec()),
+            http10: false,
+            keep_alive: false,
+        },
+        ..options(vec![
+            format!("rec=http://{}/post", backend.addr).parse().unwrap(),
+        ])
+    };
+    let report = bench(&opts);
+    let r = report.targets[0].requests;
+    assert_eq!((r.sent, r.ok), (40, 40), "{r:?}");
+    assert_eq!(backend.accepts(), 40, "a new connection per request");
+    let seen = backend.requests();
+    assert_eq!(seen.len(), 40);
+    for req in seen {
+        assert_eq!(req.method, http::Method::POST);
+        assert_eq!(req.headers["x-test"], "yes");
+        assert_eq!(req.body_start, b"hello body");
+    }
+}
+
+#[test]
+fn http_1_0_requests_are_kept_alive_when_the_server_agrees() {
+    let (_rt, backend) = recording_backend();
+    let opts = BenchOptions {
+        requests: Some(20),
+        warmup: Duration::ZERO,
+        request: RequestSpec {
+            http10: true,
+            ..RequestSpec::default()
+        },
+        ..options(vec![
+            format!("rec=http://{}/", backend.addr).parse().unwrap(),
+        ])
+    };
+    let report = bench(&opts);
+    assert_eq!(report.targets[0].requests.ok, 20);
+    let seen = backend.requests();
+    assert!(seen.iter().all(|r| r.version == http::Version::HTTP_10));
+}
+
+#[test]
+fn a_head_request_reads_no_body() {
+    let (_rt, backend) = recording_backend();
+    let opts = BenchOptions {
+        requests: Some(30),
+        warmup: Duration::ZERO,
+        request: RequestSpec {
+            method: http::Method::HEAD,
+            ..RequestSpec::default()
+        },
+        ..options(vec![
+            format!("rec=http://{}/", backend.addr).parse().unwrap(),
+        ])
+    };
+    let report = bench(&opts);
+    let r = report.targets[0].requests;
+    assert_eq!((r.ok, r.errors.total()), (30, 0), "{r:?}");
+    assert_eq!(
+        backend.accepts(),
+        4,
+        "no connection was spoiled by a body it waited for"
+    );
+}
+
+#[test]
+fn the_command_takes_ab_s_flags() {
+    let (_rt, backend) = recording_backend();
+    let core = first_core().to_string();
+    let dir = TempDir::new("bench-ab");
+    let body = dir.0.join("body.json");
+    std::fs::write(&body, b"{\"a\":1}").unwrap();
+    let out = Command::new(bin())
+        .args(["bench", &format!("http://{}/api", backend.addr)])
+        .args(["-n", "100", "-c", "4", "--disable-keepalive", "-m", "PUT"])
+        .args(["-H", "Content-Type: application/json", "-H", "X-Two: 2"])
+        .arg("--body-file")
+        .arg(&body)
+        .args(["--cpus", &core])
+        .output()
+        .expect("run pinlb bench");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("200 ×100"), "{stdout}");
+    assert!(
+        stdout.contains("1 interleaved round(s) of 100 requests;"),
+        "{stdout}"
+    );
+    let seen = backend.requests();
+    assert_eq!((seen.len(), backend.accepts()), (100, 100));
+    assert!(seen.iter().all(|r| r.method == http::Method::PUT
+        && r.headers["content-type"] == "application/json"
+        && r.headers["x-two"] == "2"
+        && r.body_start == b"{\"a\":1}"));
+}
+
+#[test]
+fn the_command_fails_when_a_target_refuses_every_connection() {
+    let backend = Backend::start(Reply::Ok);
+    let dead = Refusing::new();
+    let core = first_core().to_string();
+    let out = Command::new(bin())
+        .args(["bench", &format!("up=http://{}/", backend.addr)])
+        .arg(format!("down=http://{}/", dead.addr))
+        .args(["-d", "200ms", "--warmup", "0s", "--rounds", "1", "-c", "2"])
+        .args(["--cpus", &core])
+        .output()
+        .expect("run pinlb bench");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("target down") && stderr.contains("connection refused"),
+        "{stderr}"
+    );
+    assert!(
+        !stdout.contains("0.00×") && !stdout.contains("| -"),
+        "{stdout}"
+    );
 }
 
 #[test]

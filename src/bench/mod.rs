@@ -49,10 +49,11 @@ use std::time::Duration;
 use http::Uri;
 
 pub use report::{Overhead, Report, RoundReport, TargetReport};
-pub use stats::{AddedLatency, Counts, CurvePoint, Errors, Latency, Spread};
+pub use stats::{AddedLatency, Counts, CurvePoint, Errors, Latency, Spread, Statuses};
+pub use wire::RequestSpec;
 
 use crate::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list};
-use load::Plan;
+use load::{Done, Plan};
 
 /// What to load: `NAME=URL`, or just `URL` (then the name is the URL).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,6 +133,11 @@ pub struct BenchOptions {
     pub threads: usize,
     /// The recorded window of each run.
     pub duration: Duration,
+    /// `-n`: the recorded window of each run is this many requests instead of `duration`.
+    pub requests: Option<u64>,
+    /// The method, headers, body and HTTP version of every request, and whether connections
+    /// are kept alive.
+    pub request: RequestSpec,
     /// Load before each recorded window, on the same connections, not recorded.
     pub warmup: Duration,
     pub rounds: usize,
@@ -199,7 +205,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
                     let (ws, frame) = ws::WsPlan::new(&t.url, size);
                     (frame, Some(Arc::new(ws)))
                 }
-                None => (wire::request_bytes(&t.url), None),
+                None => (wire::request_bytes(&t.url, &opts.request), None),
             };
             Ok(Arc::new(Plan {
                 addr: t.resolve()?,
@@ -210,7 +216,10 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
                 cpus: cpus.clone(),
                 warmup: opts.warmup,
                 duration: opts.duration,
+                requests: opts.requests,
                 timeout: opts.timeout,
+                head_request: opts.request.method == http::Method::HEAD,
+                keep_alive: opts.request.keep_alive,
                 rate: opts.rate,
             }))
         })
@@ -222,18 +231,18 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
     'rounds: for round in 0..opts.rounds {
         for ((plan, target), results) in plans.iter().zip(&opts.targets).zip(&mut runs) {
             let mut last = (Duration::ZERO, 0u64);
-            let mut tick = |elapsed: Duration, responses: u64| {
+            let mut tick = |elapsed: Duration, done: Done| {
                 if !show {
                     return;
                 }
                 let dt = elapsed.saturating_sub(last.0).as_secs_f64();
                 let rate = if dt > 0.0 {
-                    responses.saturating_sub(last.1) as f64 / dt
+                    done.responses.saturating_sub(last.1) as f64 / dt
                 } else {
                     0.0
                 };
-                last = (elapsed, responses);
-                let line = progress_line(round, opts, &target.name, elapsed, rate);
+                last = (elapsed, done.responses);
+                let line = progress_line(round, opts, &target.name, elapsed, rate, done);
                 let _ = write!(std::io::stderr(), "\r\x1b[K{line}");
             };
             match load::run(plan, &mut tick) {
@@ -270,6 +279,9 @@ fn check_options(opts: &BenchOptions) -> Result<Vec<usize>, BenchError> {
     if opts.duration.is_zero() {
         return bad("the duration must be greater than 0".into());
     }
+    if opts.requests == Some(0) {
+        return bad("-n must be at least 1".into());
+    }
     if opts.timeout.is_zero() {
         return bad("the timeout must be greater than 0".into());
     }
@@ -302,19 +314,22 @@ fn check_options(opts: &BenchOptions) -> Result<Vec<usize>, BenchError> {
     Ok(opts.cpus.clone())
 }
 
-/// The live progress line: `round 2/5  proxied  3.2/10 s  48211 req/s`, or the warm-up's
-/// progress before the recorded window starts.
+/// The live progress line: `round 2/5  proxied  3.2/10 s  48211 req/s  0 errors`, the
+/// warm-up's progress before the recorded window starts, and with `-n` the responses so far.
 fn progress_line(
     round: usize,
     opts: &BenchOptions,
     target: &str,
     elapsed: Duration,
     rate: f64,
+    done: Done,
 ) -> String {
     let e = elapsed.as_secs_f64();
     let warmup = opts.warmup.as_secs_f64();
     let phase = if e < warmup {
         format!("warm-up {e:.1}/{warmup:.1} s")
+    } else if let Some(n) = opts.requests {
+        format!("{:.1} s  {} responses of {n}", e - warmup, done.responses)
     } else {
         format!(
             "{:.1}/{:.1} s",
@@ -328,9 +343,10 @@ fn progress_line(
         "req/s"
     };
     format!(
-        "round {}/{}  {target}  {phase}  {rate:.0} {unit}",
+        "round {}/{}  {target}  {phase}  {rate:.0} {unit}  {} errors",
         round + 1,
-        opts.rounds
+        opts.rounds,
+        done.errors
     )
 }
 
@@ -346,23 +362,49 @@ pub struct BenchArgs {
     /// Load threads [default: the number of --cpus, at most -c].
     #[arg(short, long)]
     pub threads: Option<usize>,
-    /// Recorded duration of each run.
+    /// Recorded duration of each run (wrk's -d).
     #[arg(short, long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
-    /// Unrecorded load before each recorded run.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub warmup: Duration,
-    /// Rounds; each runs every target once, in order.
-    #[arg(long, default_value_t = 3)]
-    pub rounds: usize,
+    /// Send this many requests per run instead of running for a duration (ab's and oha's -n);
+    /// then --warmup defaults to 0 and --rounds to 1, as ab measures.
+    #[arg(short = 'n', long, value_name = "N", conflicts_with = "duration")]
+    pub requests: Option<u64>,
+    /// Unrecorded load before each recorded run [default: 1s, or 0s with -n].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub warmup: Option<Duration>,
+    /// Rounds; each runs every target once, in order [default: 3, or 1 with -n].
+    #[arg(long)]
+    pub rounds: Option<usize>,
     /// Open loop at this many requests/s in total, latency from the scheduled send time
     /// (corrected for coordinated omission) [default: closed loop].
     #[arg(long, value_name = "REQ_PER_S")]
     pub rate: Option<f64>,
+    /// The request method (ab's -m, oha's -m, curl's -X).
+    #[arg(short, long, value_name = "METHOD", default_value = "GET")]
+    pub method: http::Method,
+    /// A header for every request, "Name: value"; repeat it for more (ab, wrk, oha, curl: -H).
+    /// One named Host replaces the URL's.
+    #[arg(short = 'H', long = "header", value_name = "HEADER", value_parser = wire::parse_header)]
+    pub headers: Vec<(String, String)>,
+    /// The request body, sent with its Content-Length (curl's --data; -d is the duration, as in
+    /// wrk).
+    #[arg(long, value_name = "STRING", conflicts_with = "body_file")]
+    pub body: Option<String>,
+    /// The request body, read from FILE (ab's -p, oha's -D).
+    #[arg(long, value_name = "FILE")]
+    pub body_file: Option<PathBuf>,
+    /// A new connection for every request, which asks the server to close it: ab's default
+    /// (ab -k keeps alive). Latency then counts the connect, as ab's does.
+    #[arg(long)]
+    pub disable_keepalive: bool,
+    /// Send HTTP/1.0 requests, as ab does (kept alive with Connection: keep-alive unless
+    /// --disable-keepalive).
+    #[arg(long = "http1.0")]
+    pub http10: bool,
     /// WebSocket echo instead of HTTP requests: each connection upgrades its target's URL
     /// once (not timed), then sends a binary message and waits for its echo, over and over;
     /// rates are messages/s. Closed loop only.
-    #[arg(long, conflicts_with = "rate")]
+    #[arg(long, conflicts_with_all = ["rate", "body", "body_file", "disable_keepalive", "http10"])]
     pub ws: bool,
     /// With --ws: the size of each message ("64", "1KiB").
     #[arg(long, value_name = "SIZE", default_value = "64", requires = "ws")]
@@ -400,14 +442,34 @@ impl BenchArgs {
         } else {
             None
         };
+        let body = match (&self.body, &self.body_file) {
+            (Some(s), _) => Some(s.clone().into_bytes()),
+            (None, Some(path)) => Some(std::fs::read(path).map_err(|e| {
+                BenchError::Options(format!("--body-file {}: {e}", path.display()))
+            })?),
+            (None, None) => None,
+        };
+        let counted = self.requests.is_some();
         Ok(BenchOptions {
             targets: self.targets.clone(),
             websocket,
             connections: self.connections,
             threads,
             duration: self.duration,
-            warmup: self.warmup,
-            rounds: self.rounds,
+            requests: self.requests,
+            request: RequestSpec {
+                method: self.method.clone(),
+                headers: self.headers.clone(),
+                body,
+                http10: self.http10,
+                keep_alive: !self.disable_keepalive,
+            },
+            warmup: self.warmup.unwrap_or(if counted {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(1)
+            }),
+            rounds: self.rounds.unwrap_or(if counted { 1 } else { 3 }),
             rate: self.rate,
             cpus,
             timeout: self.timeout,
@@ -417,8 +479,9 @@ impl BenchArgs {
 }
 
 /// `pinlb bench`: runs, prints the table to stdout, writes `--json` and `--plot`. Exits 1 when
-/// the bench cannot run or a file cannot be written; errors during the run are results, not
-/// failures, and are in the table.
+/// the bench cannot run, a file cannot be written, or a target answered no request at all
+/// (refused every connection, say): then no figure compares anything. Other errors during the
+/// run are results, and are in the table.
 pub fn main(args: BenchArgs) -> ExitCode {
     let report = match args.options().and_then(|o| run(&o)) {
         Ok(r) => r,
@@ -429,6 +492,10 @@ pub fn main(args: BenchArgs) -> ExitCode {
     };
     print!("{}", report.table());
     let mut code = ExitCode::SUCCESS;
+    for failure in report.failures() {
+        eprintln!("pinlb bench: {failure}");
+        code = ExitCode::FAILURE;
+    }
     if let Some(path) = &args.json {
         if let Err(e) = report.write_json(path) {
             eprintln!("pinlb bench: cannot write {}: {e}", path.display());
@@ -489,6 +556,8 @@ mod tests {
             connections: 4,
             threads: 2,
             duration: Duration::from_secs(1),
+            requests: None,
+            request: RequestSpec::default(),
             warmup: Duration::from_secs(1),
             rounds: 1,
             rate: None,
@@ -532,6 +601,10 @@ mod tests {
                 ..opts()
             },
             BenchOptions {
+                requests: Some(0),
+                ..opts()
+            },
+            BenchOptions {
                 cpus: vec![100_000],
                 ..opts()
             },
@@ -552,13 +625,25 @@ mod tests {
             rounds: 5,
             ..opts()
         };
+        let done = Done {
+            responses: 70,
+            errors: 3,
+        };
         assert_eq!(
-            progress_line(1, &o, "proxied", Duration::from_millis(400), 0.0),
-            "round 2/5  proxied  warm-up 0.4/1.0 s  0 req/s"
+            progress_line(1, &o, "proxied", Duration::from_millis(400), 0.0, done),
+            "round 2/5  proxied  warm-up 0.4/1.0 s  0 req/s  3 errors"
         );
         assert_eq!(
-            progress_line(1, &o, "proxied", Duration::from_millis(1500), 48211.4),
-            "round 2/5  proxied  0.5/1.0 s  48211 req/s"
+            progress_line(1, &o, "proxied", Duration::from_millis(1500), 48211.4, done),
+            "round 2/5  proxied  0.5/1.0 s  48211 req/s  3 errors"
+        );
+        let counted = BenchOptions {
+            requests: Some(100),
+            ..o
+        };
+        assert_eq!(
+            progress_line(0, &counted, "ab", Duration::from_millis(1500), 10.0, done),
+            "round 1/5  ab  0.5 s  70 responses of 100  10 req/s  3 errors"
         );
     }
 }
