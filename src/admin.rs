@@ -2,7 +2,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `GET /metrics` | Prometheus text format |
+//! | `GET /metrics` | Prometheus text format (`promtool check metrics` passes it) |
 //! | `GET /status` | JSON: generation, uptime, workers and cores, listeners, every backend |
 //! | `GET /` | a small HTML page that renders `/status` and refreshes it every second |
 //! | `POST /backends/{address}/drain` | no new requests; those in flight finish |
@@ -10,6 +10,8 @@
 //! | `POST /backends/{address}/enable` | back to taking requests |
 //! | `POST /upstreams/{name}/backends/{address}/{action}` | the same, in that upstream only |
 //! | `POST /reload` | read the config file again, as SIGHUP does |
+//!
+//! Every `GET` answers `HEAD` too, with the same headers and no body.
 //!
 //! Two upstreams may list one address, and each then has a backend of its own there. An address
 //! alone names the backend in every upstream that has it; `/upstreams/{name}/...` in that one only.
@@ -114,7 +116,13 @@ async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> R
     let generation = process.generations.borrow().clone();
     // The page holds no data (it fetches `/status`, which needs the token), and a browser that
     // opens it sends no Authorization header: it must load to ask for the token.
-    if req.method() == Method::GET && req.uri().path() == "/" {
+    // HEAD is GET without the body (hyper leaves it out), on every GET endpoint.
+    let method = if req.method() == Method::HEAD {
+        Method::GET
+    } else {
+        req.method().clone()
+    };
+    if method == Method::GET && req.uri().path() == "/" {
         return reply(StatusCode::OK, "text/html; charset=utf-8", PAGE);
     }
     // A web page in a browser on this host can send a POST to a loopback address without the
@@ -147,7 +155,7 @@ async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> R
     }
     let path = req.uri().path().to_string();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    match (req.method(), segments.as_slice()) {
+    match (&method, segments.as_slice()) {
         (&Method::GET, ["metrics"]) => reply(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -155,6 +163,15 @@ async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> R
                 &generation.upstreams,
                 &process.registered,
                 generation.number,
+                &generation
+                    .config
+                    .listeners
+                    .iter()
+                    .map(|l| {
+                        let upstream = &generation.config.upstreams[l.upstream].name;
+                        (l.address, upstream.clone())
+                    })
+                    .collect::<Vec<_>>(),
             ),
         ),
         (&Method::GET, ["status"]) => json_reply(StatusCode::OK, &status(process)),
@@ -176,7 +193,7 @@ async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> R
                 text(status, e.to_string())
             }
         },
-        (_, [""] | ["metrics"] | ["status"]) => method_not_allowed("GET"),
+        (_, [""] | ["metrics"] | ["status"]) => method_not_allowed("GET, HEAD"),
         (_, ["backends", _, _] | ["upstreams", _, "backends", _, _] | ["reload"]) => {
             method_not_allowed("POST")
         }

@@ -36,7 +36,7 @@ enum Command {
     /// Run pinned test backends.
     Backend(pinlb::backend::BackendArgs),
     /// Compare targets side by side under load.
-    Bench(pinlb::bench::BenchArgs),
+    Bench(Box<pinlb::bench::BenchArgs>),
     /// Start backends and a proxy on this machine's cores and measure direct against proxied.
     Demo(pinlb::demo::DemoArgs),
 }
@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         .init();
     match cli.command {
         Command::Backend(args) => pinlb::backend::main(args),
-        Command::Bench(args) => pinlb::bench::main(args),
+        Command::Bench(args) => pinlb::bench::main(*args),
         Command::Demo(args) => pinlb::demo::main(args),
         Command::Check { config } => match Config::load(&config) {
             Ok(c) => {

@@ -90,7 +90,8 @@ pub(crate) struct Done {
 enum Msg {
     /// Pinned and ready to start, or why not.
     Ready(Result<(), BenchError>),
-    Done(Result<RunResult, BenchError>),
+    /// Boxed: a run's counts are large beside the other messages.
+    Done(Result<Box<RunResult>, BenchError>),
 }
 
 /// Runs `plan` on its pinned threads and blocks until they are done. While they run, `tick` is
@@ -323,7 +324,7 @@ fn thread_main(
             Err(_) => Err(BenchError::ThreadPanicked { thread }),
         }
     };
-    let _ = tx.send(Msg::Done(result));
+    let _ = tx.send(Msg::Done(result.map(Box::new)));
 }
 
 /// Sends `Ready(Err(ThreadPanicked))` if dropped, which only happens when setup panics; a
