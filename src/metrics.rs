@@ -479,6 +479,13 @@ impl Collector for Scrape {
         )?;
         family(
             &mut e,
+            "backend_retries",
+            "Attempts that failed at the backend and went on to another one (proxy_next_upstream).",
+            MetricType::Counter,
+            each(&|b| load(&b.stats.retries)),
+        )?;
+        family(
+            &mut e,
             "backend_in_flight",
             "Requests in flight to the backend, across workers.",
             MetricType::Gauge,

@@ -134,6 +134,12 @@ pub struct BackendStats {
     pub response_time: Histogram,
     /// Each active health probe, from connect to the end of the body.
     pub check_time: Histogram,
+    /// Attempts that failed here and went on to another backend (nginx's
+    /// `proxy_next_upstream`).
+    pub retries: AtomicU64,
+    /// The last active health probe: when (ms since the Unix epoch, shifted left one bit) and
+    /// whether it passed (the low bit); 0 before the first.
+    last_check: AtomicU64,
 }
 
 impl BackendStats {
@@ -144,6 +150,21 @@ impl BackendStats {
 
     pub fn error(&self, kind: ErrorKind) {
         self.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records an active health probe's result, now.
+    pub fn checked(&self, passed: bool) {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX >> 1));
+        self.last_check
+            .store(ms << 1 | u64::from(passed), Ordering::Relaxed);
+    }
+
+    /// The last probe's time (ms since the Unix epoch) and whether it passed.
+    pub fn last_check(&self) -> Option<(u64, bool)> {
+        let v = self.last_check.load(Ordering::Relaxed);
+        (v != 0).then_some((v >> 1, v & 1 == 1))
     }
 
     /// Failed attempts of every kind.
@@ -290,6 +311,17 @@ mod tests {
         assert_eq!(s.responses(Source::Backend, 200), 1);
         assert_eq!(s.responses(Source::Backend, 999), 1);
         assert_eq!(s.responses(Source::Backend, 42), 0);
+    }
+
+    #[test]
+    fn the_last_check_keeps_its_result_and_time() {
+        let s = BackendStats::default();
+        assert_eq!(s.last_check(), None);
+        s.checked(false);
+        let (ms, passed) = s.last_check().unwrap();
+        assert!(!passed && ms > 1_700_000_000_000, "{ms}");
+        s.checked(true);
+        assert!(s.last_check().unwrap().1);
     }
 
     #[test]

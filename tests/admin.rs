@@ -1059,3 +1059,45 @@ async fn promtool_accepts_the_metrics() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test]
+async fn status_shows_the_version_listener_connections_and_each_backends_responses_and_retries() {
+    let a = Backend::start("a").await;
+    let dead = Refusing::new();
+    let mut setup = with_admin(&[dead.addr, a.addr]);
+    setup.extra.push_str(
+        "\n[upstream.app.health]\npath = \"/health\"\ninterval = \"100ms\"\ntimeout = \"50ms\"\nrise = 1\nfall = 100\n",
+    );
+    let proxy = Proxy::start(&setup);
+    let mut conn = Conn::open(proxy.addr).await;
+    for _ in 0..4 {
+        assert_eq!(conn.get("/").await.backend(), "a");
+    }
+    let s = proxy.status().await;
+    assert_eq!(s["version"], env!("CARGO_PKG_VERSION"));
+    let l = &s["listeners"][0];
+    assert_eq!(l["address"], proxy.addr.to_string());
+    assert_eq!(
+        (l["upstream"].as_str(), l["connections"].as_u64()),
+        (Some("app"), Some(1))
+    );
+    assert_eq!(l["responses"]["2xx"], 4);
+    let backends = &s["upstreams"][0]["backends"];
+    let (refusing, good) = (&backends[0], &backends[1]);
+    assert!(refusing["retries"].as_u64() >= Some(1), "{refusing}");
+    assert_eq!(good["responses"]["2xx"], 4);
+    assert!(good["p50_ms"].as_f64().is_some_and(|v| v > 0.0), "{good}");
+    assert!(good["state_seconds"].as_f64().is_some());
+    // Health probes run every 100 ms: the refusing backend's last one failed.
+    let failed = poll(50, Duration::from_millis(100), async || {
+        let s = proxy.status().await;
+        let c = s["upstreams"][0]["backends"][0]["last_check"].clone();
+        (c["passed"] == false).then_some(c)
+    })
+    .await
+    .expect("a failed check is shown");
+    assert!(
+        failed["seconds_ago"].as_f64().is_some_and(|s| s < 5.0),
+        "{failed}"
+    );
+}
