@@ -165,9 +165,21 @@ fn serve(config: PathBuf) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("pinlb: {e}");
+            eprintln!("pinlb: {e}{}", held_by(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// For an address already in use, "; held by pid 42 (nginx)": who to stop, or to move.
+fn held_by(e: &pinlb::ServerError) -> String {
+    match e {
+        pinlb::ServerError::Bind(b) if b.source.kind() == std::io::ErrorKind::AddrInUse => {
+            pinlb::coremap::describe_holders(&pinlb::coremap::listening_on(b.address))
+                .map(|who| format!("; held by {who}"))
+                .unwrap_or_default()
+        }
+        _ => String::new(),
     }
 }
 

@@ -310,6 +310,22 @@ fn serve_exits_1_naming_the_address_when_it_is_taken() {
         stderr.contains(&format!("pinlb: cannot listen on {addr}: ")),
         "{stderr}"
     );
+    // The holder is this test process: the message names it, and so does `check`.
+    assert!(
+        stderr.contains(&format!("; held by pid {} (", std::process::id())),
+        "{stderr}"
+    );
+    let path = common::temp_config(&text);
+    let out = pinlb(&["check", "-c", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "warning: listener[0] {addr} is already listened on by pid {} (",
+            std::process::id()
+        )),
+        "{stdout}"
+    );
     drop(holder);
 }
 
