@@ -220,6 +220,7 @@ fn run(args: &DemoArgs) -> Result<(), String> {
         websocket: None,
         cpus: layout.load.clone(),
         timeout: Duration::from_secs(2),
+        trust: crate::bench::Trust::default(),
         progress: true,
     };
     let result = crate::bench::run(&opts);

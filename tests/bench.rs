@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Refusing, bin, first_core};
-use pinlb::bench::{BenchOptions, Report, RequestSpec, Target, run};
+use pinlb::bench::{BenchOptions, Report, RequestSpec, Target, Trust, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -135,6 +135,7 @@ fn options(targets: Vec<Target>) -> BenchOptions {
         websocket: None,
         cpus: vec![first_core()],
         timeout: Duration::from_secs(2),
+        trust: pinlb::bench::Trust::default(),
         progress: false,
     }
 }
@@ -511,15 +512,107 @@ fn the_command_fails_when_a_target_refuses_every_connection() {
     );
 }
 
+/// pinlb terminating TLS on `127.0.0.1` with a self-signed certificate for that address, in
+/// front of the recording backend; the certificate's PEM file is returned beside it.
+fn tls_proxy(
+    rt: &tokio::runtime::Runtime,
+    backend: &common::Backend,
+    dir: &TempDir,
+) -> (common::Proxy, std::path::PathBuf) {
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let (pem, key) = (dir.0.join("cert.pem"), dir.0.join("key.pem"));
+    std::fs::write(&pem, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.signing_key.serialize_pem()).unwrap();
+    let toml = common::Setup::with(&[backend.addr]).toml().replacen(
+        "upstream = \"app\"\n",
+        &format!("upstream = \"app\"\n[listener.tls]\ncert = {pem:?}\nkey = {key:?}\n"),
+        1,
+    );
+    let _guard = rt.enter();
+    (common::Proxy::start_toml(&toml), pem)
+}
+
+#[test]
+fn https_targets_are_loaded_over_tls_trusting_the_given_certificate_or_any() {
+    let (rt, backend) = recording_backend();
+    let dir = TempDir::new("bench-tls");
+    let (proxy, pem) = tls_proxy(&rt, &backend, &dir);
+    let url = format!("https://127.0.0.1:{}/", proxy.addr.port());
+    for trust in [Trust::File(pem.clone()), Trust::Insecure] {
+        let opts = BenchOptions {
+            requests: Some(60),
+            warmup: Duration::ZERO,
+            trust: trust.clone(),
+            ..options(vec![url.parse().unwrap()])
+        };
+        let r = bench(&opts).targets[0].requests;
+        assert_eq!(
+            (r.sent, r.ok, r.errors.total()),
+            (60, 60, 0),
+            "{trust:?}: {r:?}"
+        );
+    }
+    // Without keep-alive every request is a handshake of its own.
+    let opts = BenchOptions {
+        requests: Some(20),
+        warmup: Duration::ZERO,
+        trust: Trust::Insecure,
+        request: RequestSpec {
+            keep_alive: false,
+            ..RequestSpec::default()
+        },
+        ..options(vec![url.parse().unwrap()])
+    };
+    assert_eq!(bench(&opts).targets[0].requests.ok, 20);
+    assert_eq!(backend.hits(), 60 + 60 + 20);
+}
+
+#[test]
+fn the_command_refuses_an_untrusted_certificate_and_says_why() {
+    let (rt, backend) = recording_backend();
+    let dir = TempDir::new("bench-untrusted");
+    let (proxy, pem) = tls_proxy(&rt, &backend, &dir);
+    let core = first_core().to_string();
+    let url = format!("https://127.0.0.1:{}/", proxy.addr.port());
+    let run = |extra: &[&str]| {
+        Command::new(bin())
+            .args(["bench", &url, "-n", "10", "-c", "2", "--cpus", &core])
+            .args(extra)
+            .output()
+            .expect("run pinlb bench")
+    };
+    let out = run(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("answered no request") && stderr.contains("connect(s) failed"),
+        "{stderr}"
+    );
+    assert_eq!(backend.hits(), 0);
+    let out = run(&["--cacert", pem.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["-k"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(backend.hits(), 20);
+}
+
 #[test]
 fn the_command_rejects_a_target_it_cannot_load() {
     let out = Command::new(bin())
-        .args(["bench", "https://127.0.0.1:1/"])
+        .args(["bench", "ftp://127.0.0.1:1/"])
         .output()
         .expect("run pinlb bench");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("only http://"), "{stderr}");
+    assert!(stderr.contains("only http:// and https://"), "{stderr}");
 }
 
 /// A `pinlb backend` on the first allowed core, whose WebSocket path echoes.

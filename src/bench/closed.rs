@@ -39,14 +39,14 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use super::tls::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 use super::thread::{Failed, Outcome, READ_BUF, Thread};
 use super::wire::{BodyDecoder, parse_head};
 use super::ws::Echo;
 
-type Connecting = Pin<Box<dyn Future<Output = Result<TcpStream, Failed>>>>;
+type Connecting = Pin<Box<dyn Future<Output = Result<Stream, Failed>>>>;
 
 /// Where one connection stands.
 enum State {
@@ -77,7 +77,7 @@ enum State {
 
 /// One connection of the loop.
 struct Conn {
-    stream: Option<TcpStream>,
+    stream: Option<Stream>,
     state: State,
     /// When the request in flight was written (the start of its latency), and its deadline.
     start: Instant,
@@ -87,6 +87,9 @@ struct Conn {
     opened: Instant,
     /// Whether the request in flight was sent in the recorded window.
     recorded: bool,
+    /// A request of the `-n` budget taken when the connection began to open, for its first
+    /// request (or its failed connect): no connection is opened that no request will use.
+    reserved: bool,
     /// Bytes read for the exchange in flight.
     bytes: u64,
     buf: Box<[u8]>,
@@ -116,6 +119,7 @@ pub(super) async fn closed_loop(sh: &Thread, connections: usize) {
             deadline: now,
             opened: now,
             recorded: false,
+            reserved: false,
             bytes: 0,
             buf: vec![0u8; READ_BUF].into_boxed_slice(),
         })
@@ -198,7 +202,8 @@ impl Conn {
     fn send(&mut self, sh: &Thread) {
         let now = Instant::now();
         self.recorded = now >= sh.t0;
-        if now >= sh.end || (self.recorded && !sh.take()) {
+        let reserved = std::mem::take(&mut self.reserved);
+        if now >= sh.end || (self.recorded && !reserved && !sh.take()) {
             self.close(State::Done);
             return;
         }
@@ -215,10 +220,11 @@ impl Conn {
             match &mut self.state {
                 State::Done | State::Armed => return,
                 State::Closed => {
-                    if sh.over(now) {
+                    if sh.over(now) || (now >= sh.t0 && !sh.take()) {
                         self.state = State::Done;
                         return;
                     }
+                    self.reserved = now >= sh.t0;
                     self.opened = Instant::now();
                     self.state = State::Connecting(Box::pin(sh.open()));
                 }
@@ -231,12 +237,12 @@ impl Conn {
                     }
                     Poll::Ready(Err(failed)) => {
                         let now = Instant::now();
-                        let recorded = now >= sh.t0;
-                        // A failed connect in the window uses a request of the `-n` budget.
-                        if now >= sh.end || (recorded && !sh.take()) {
+                        // A failed connect uses the request of the `-n` budget it reserved.
+                        let reserved = std::mem::take(&mut self.reserved);
+                        if now >= sh.end {
                             self.state = State::Done;
                         } else {
-                            sh.connect_error(recorded, failed);
+                            sh.connect_error(reserved || now >= sh.t0, failed);
                             self.state = State::Closed;
                         }
                         return;
@@ -251,13 +257,22 @@ impl Conn {
                         return self.finish(sh, Outcome::Broken, false);
                     };
                     let request = &sh.request[*written..];
-                    match Pin::new(stream).poll_write(cx, request) {
-                        Poll::Ready(Ok(n)) if n == request.len() => {
-                            self.state = match &sh.websocket {
-                                Some(ws) => State::Echo(Echo::new(ws.message_size)),
-                                None => State::Head { filled: 0 },
-                            };
+                    if request.is_empty() {
+                        // Written whole: a TLS stream may still hold its last record, which a
+                        // flush sends; for TCP it is done at once.
+                        match Pin::new(stream).poll_flush(cx) {
+                            Poll::Ready(Ok(())) => {
+                                self.state = match &sh.websocket {
+                                    Some(ws) => State::Echo(Echo::new(ws.message_size)),
+                                    None => State::Head { filled: 0 },
+                                };
+                            }
+                            Poll::Ready(Err(_)) => return self.finish(sh, Outcome::Broken, false),
+                            Poll::Pending => return,
                         }
+                        continue;
+                    }
+                    match Pin::new(stream).poll_write(cx, request) {
                         Poll::Ready(Ok(n)) if n > 0 => *written += n,
                         Poll::Ready(_) => return self.finish(sh, Outcome::Broken, false),
                         Poll::Pending => return,

@@ -22,7 +22,6 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use tokio::net::TcpStream;
 use tokio::task::LocalSet;
 
 use super::BenchError;
@@ -43,6 +42,8 @@ const COUNTED_WINDOW_BOUND: Duration = Duration::from_secs(7 * 24 * 3600);
 #[derive(Debug)]
 pub(crate) struct Plan {
     pub addr: SocketAddr,
+    /// `https://`: how connections shake hands.
+    pub tls: Option<super::tls::Tls>,
     /// The request bytes, built once for the whole bench and written as is on every exchange
     /// (with `--ws`, the message's frame).
     pub request: Arc<[u8]>,
@@ -260,6 +261,7 @@ fn thread_main(
     };
     let shared = Rc::new(Thread {
         addr: plan.addr,
+        tls: plan.tls.clone(),
         request: plan.request.clone(),
         websocket: plan.websocket.clone(),
         timeout: plan.timeout,
@@ -354,7 +356,7 @@ impl Drop for SetupGuard<'_> {
 /// is sent once the window has closed, even for slots inside it that came due late.
 async fn open_loop(sh: &Thread, g: usize, connections: usize, rate: f64) {
     let mut buf = vec![0u8; READ_BUF];
-    let mut conn: Option<TcpStream> = None;
+    let mut conn: Option<super::tls::Stream> = None;
     let timer = tokio::time::sleep(sh.timeout);
     tokio::pin!(timer);
     let wait = tokio::time::sleep(Duration::ZERO);
@@ -384,7 +386,7 @@ async fn open_loop(sh: &Thread, g: usize, connections: usize, rate: f64) {
         }
         let stream = match conn {
             Some(ref mut s) => s,
-            None => match connect(sh.addr, sh.timeout).await {
+            None => match connect(sh.addr, sh.timeout, sh.tls.as_ref()).await {
                 Ok(s) => conn.insert(s),
                 Err(e) => {
                     // The slot's `-n` budget was taken above: the failed connect is its outcome.

@@ -35,6 +35,7 @@ mod load;
 pub mod report;
 pub mod stats;
 mod thread;
+mod tls;
 pub(crate) mod wire;
 pub(crate) mod ws;
 
@@ -50,6 +51,7 @@ use http::Uri;
 
 pub use report::{Overhead, Report, RoundReport, TargetReport};
 pub use stats::{AddedLatency, Counts, CurvePoint, Errors, Latency, Spread, Statuses};
+pub use tls::Trust;
 pub use wire::RequestSpec;
 
 use crate::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list};
@@ -83,13 +85,13 @@ impl FromStr for Target {
         }
         let url: Uri = url.parse().map_err(|e| bad(&format!("not a URL: {e}")))?;
         match url.scheme_str() {
-            Some("http") => {}
+            Some("http" | "https") => {}
             Some(other) => {
                 return Err(bad(&format!(
-                    "only http:// URLs are supported, not {other}://"
+                    "only http:// and https:// URLs are supported, not {other}://"
                 )));
             }
-            None => return Err(bad("expected an http:// URL")),
+            None => return Err(bad("expected an http:// or https:// URL")),
         }
         if url.host().is_none_or(str::is_empty) {
             return Err(bad("the URL has no host"));
@@ -102,13 +104,21 @@ impl FromStr for Target {
 }
 
 impl Target {
+    /// Whether the URL is `https://`.
+    fn is_https(&self) -> bool {
+        self.url.scheme_str() == Some("https")
+    }
+
     /// The socket address to connect to: the URL's host resolved (the first address), and its
-    /// port or 80.
+    /// port or the scheme's (80, 443).
     fn resolve(&self) -> Result<SocketAddr, BenchError> {
         let host = self.url.host().unwrap_or_default();
         // `Uri` keeps IPv6 literals in brackets; the resolver wants them bare.
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        let port = self.url.port_u16().unwrap_or(80);
+        let port = self
+            .url
+            .port_u16()
+            .unwrap_or(if self.is_https() { 443 } else { 80 });
         let resolve_err = |source| BenchError::Resolve {
             target: self.name.clone(),
             source,
@@ -151,6 +161,8 @@ pub struct BenchOptions {
     pub cpus: Vec<usize>,
     /// Per request (and per connect), like wrk's `--timeout`.
     pub timeout: Duration,
+    /// Which certificates `https://` targets are checked against.
+    pub trust: Trust,
     /// Show a live progress line on stderr. Only ever drawn when stderr is a terminal, so a
     /// caller can leave it on.
     pub progress: bool,
@@ -187,6 +199,8 @@ pub enum BenchError {
     HistogramCreate(#[from] hdrhistogram::CreationError),
     #[error("latency histogram: {0}")]
     HistogramMerge(#[from] hdrhistogram::AdditionError),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("cannot write chart {path}: {reason}")]
     Plot { path: PathBuf, reason: String },
 }
@@ -207,8 +221,17 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
                 }
                 None => (wire::request_bytes(&t.url, &opts.request), None),
             };
+            let tls = if t.is_https() {
+                Some(tls::Tls::new(
+                    t.url.host().unwrap_or_default(),
+                    &opts.trust,
+                )?)
+            } else {
+                None
+            };
             Ok(Arc::new(Plan {
                 addr: t.resolve()?,
+                tls,
                 request: request.into(),
                 websocket,
                 connections: opts.connections,
@@ -353,7 +376,7 @@ fn progress_line(
 /// `pinlb bench`'s command line.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Targets, compared against the first: NAME=URL or URL (http:// only).
+    /// Targets, compared against the first: NAME=URL or URL (http:// or https://).
     #[arg(required = true, value_name = "TARGET")]
     pub targets: Vec<Target>,
     /// Keep-alive connections per target.
@@ -415,6 +438,13 @@ pub struct BenchArgs {
     /// Per request (and connect).
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// https://: take any certificate (curl's -k), for a test server's self-signed one.
+    #[arg(short = 'k', long, conflicts_with = "cacert")]
+    pub insecure: bool,
+    /// https://: trust the certificates in this PEM file (curl's --cacert) [default: the
+    /// system's, /etc/ssl/certs/ca-certificates.crt].
+    #[arg(long, value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
     /// Also write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -473,6 +503,11 @@ impl BenchArgs {
             rate: self.rate,
             cpus,
             timeout: self.timeout,
+            trust: match (&self.cacert, self.insecure) {
+                (Some(path), _) => Trust::File(path.clone()),
+                (None, true) => Trust::Insecure,
+                (None, false) => Trust::System,
+            },
             progress: true,
         })
     }
@@ -531,8 +566,9 @@ mod tests {
 
     #[test]
     fn only_http_urls_with_a_host_are_targets() {
+        assert!(target("https://example.com/").is_ok());
         for bad in [
-            "https://example.com/",
+            "ftp://example.com/",
             "127.0.0.1:8881",
             "=http://127.0.0.1/",
             "x=not a url",
@@ -548,6 +584,8 @@ mod tests {
         assert_eq!(t.resolve().unwrap(), "127.0.0.1:80".parse().unwrap());
         let t = target("http://[::1]:8080/").unwrap();
         assert_eq!(t.resolve().unwrap(), "[::1]:8080".parse().unwrap());
+        let t = target("https://127.0.0.1/").unwrap();
+        assert_eq!(t.resolve().unwrap(), "127.0.0.1:443".parse().unwrap());
     }
 
     fn opts() -> BenchOptions {
@@ -564,6 +602,7 @@ mod tests {
             websocket: None,
             cpus: Vec::new(),
             timeout: Duration::from_secs(2),
+            trust: Trust::default(),
             progress: false,
         }
     }

@@ -616,6 +616,7 @@ mod tests {
             websocket: None,
             cpus: vec![0],
             timeout: Duration::from_secs(2),
+            trust: crate::bench::Trust::default(),
             progress: false,
         }
     }

@@ -16,6 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
+use super::tls::{Stream, Tls};
+
 use super::stats::Counts;
 use super::wire::{BodyDecoder, parse_head};
 use super::ws::{WsPlan, check_upgrade};
@@ -36,6 +38,8 @@ pub(super) struct Progress {
 /// One thread's view of the run, shared by its connection tasks.
 pub(super) struct Thread {
     pub(super) addr: SocketAddr,
+    /// `https://`: each connection's TLS handshake.
+    pub(super) tls: Option<Tls>,
     /// What every exchange writes: the HTTP request, or with `--ws` the message's frame.
     pub(super) request: Arc<[u8]>,
     /// `--ws`: each connection opens with this handshake, and exchanges are echoes.
@@ -135,11 +139,13 @@ impl Thread {
 
     /// Opens a connection to the target, with the handshake in `--ws` mode, all within the
     /// timeout. Owns what it needs, so the closed loop can keep it across passes.
-    pub(super) fn open(&self) -> impl Future<Output = Result<TcpStream, Failed>> + 'static {
+    pub(super) fn open(&self) -> impl Future<Output = Result<Stream, Failed>> + 'static {
         let (addr, timeout, ws) = (self.addr, self.timeout, self.websocket.clone());
+        let tls = self.tls.clone();
         async move {
             let deadline = tokio::time::Instant::now() + timeout;
-            let connecting = tokio::time::timeout_at(deadline, connect(addr, timeout));
+            let connecting =
+                tokio::time::timeout_at(deadline, connect(addr, timeout, tls.as_ref()));
             let mut stream = match connecting.await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => return Err(Failed::Connect(e.kind())),
@@ -216,7 +222,7 @@ impl Thread {
     /// timer per request would be inserted into and removed from tokio's timer wheel each time.
     pub(super) async fn exchange(
         &self,
-        stream: &mut TcpStream,
+        stream: &mut Stream,
         buf: &mut [u8],
         mut timer: Pin<&mut Sleep>,
     ) -> (Outcome, bool, u64) {
@@ -236,21 +242,29 @@ impl Thread {
     }
 }
 
-/// A connect within `timeout`, with Nagle off: a request is one small write, and it must go out
-/// at once.
-pub(super) async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+/// A connect within `timeout`, with Nagle off (a request is one small write, and it must go
+/// out at once), and the TLS handshake for an `https://` target.
+pub(super) async fn connect(
+    addr: SocketAddr,
+    timeout: Duration,
+    tls: Option<&Tls>,
+) -> io::Result<Stream> {
+    let opened = async {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Stream::open(stream, tls).await
+    };
+    tokio::time::timeout(timeout, opened)
         .await
-        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-    stream.set_nodelay(true)?;
-    Ok(stream)
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
 }
 
 /// Sends the WebSocket handshake and reads its answer: a `101` with the expected accept key and
 /// nothing after it, or an error. The head is read into a buffer of its own, once per
 /// connection.
-async fn upgrade(stream: &mut TcpStream, ws: &WsPlan) -> io::Result<()> {
+async fn upgrade(stream: &mut Stream, ws: &WsPlan) -> io::Result<()> {
     stream.write_all(&ws.handshake).await?;
+    stream.flush().await?;
     let mut buf = vec![0u8; 8 * 1024];
     let mut filled = 0;
     loop {
@@ -281,13 +295,15 @@ struct Response {
 /// dropped as it arrives). Interim 1xx responses are skipped. Bytes after the response, which
 /// nothing asked for, make the connection unusable for the next request.
 async fn exchange(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     request: &[u8],
     buf: &mut [u8],
     head_request: bool,
     bytes: &mut u64,
 ) -> Result<Response, Broken> {
     stream.write_all(request).await.map_err(|_| Broken)?;
+    // A TLS stream may hold the last record until flushed; for TCP this does nothing.
+    stream.flush().await.map_err(|_| Broken)?;
     let mut filled = 0;
     let head = loop {
         if filled > 0 {
