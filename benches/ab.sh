@@ -115,26 +115,13 @@ esac
 
 # run_tool TOOL OUTFILE: runs ab or pinlb bench on core 1, waits for it; sets RUN_CPU_S.
 run_tool() {
-    local before after rc=0
-    child_times
-    before=$CHILD_TIMES
     case $1 in
-    ab) taskset -c 1 ab -q -n "$REQUESTS" -c "$CONNS" "${AB_FLAGS[@]}" "$URL" >"$2" 2>&1 & ;;
+    ab) run_timed "$2" taskset -c 1 ab -q -n "$REQUESTS" -c "$CONNS" "${AB_FLAGS[@]}" "$URL" ;;
     pinlb)
-        "$PINLB" bench -n "$REQUESTS" -c "$CONNS" -t 1 --cpus 1 "${PINLB_FLAGS[@]}" \
-            --json "$2" "$URL" >"$2.txt" 2>&1 &
+        run_timed "$2.txt" "$PINLB" bench -n "$REQUESTS" -c "$CONNS" -t 1 --cpus 1 \
+            "${PINLB_FLAGS[@]}" --json "$2" "$URL"
         ;;
     esac
-    GEN_PID=$!
-    wait "$GEN_PID" || rc=$?
-    GEN_PID=""
-    child_times
-    after=$CHILD_TIMES
-    if ((rc != 0)); then
-        cat "$2" "$2.txt" >&2 2>/dev/null || true
-        die "$1 failed (rc=$rc)"
-    fi
-    RUN_CPU_S=$(cpu_s_between "$before" "$after")
 }
 
 read -r IDLE_BUSY0 IDLE_BUSY1 < <(core_busy_1s)

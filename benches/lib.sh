@@ -323,6 +323,26 @@ cpu_s_between() {
         BEGIN { printf "%.3f\n", s(b) - s(a) }'
 }
 
+# run_timed LOG CMD...: runs CMD in the background with its stdout and stderr in LOG (its pid in
+# GEN_PID meanwhile, for the caller's cleanup), waits for it, and sets RUN_CPU_S to the CPU
+# seconds it used (its utime+stime, all threads, from `times`); dies showing LOG if it failed.
+run_timed() {
+    local log=$1 before rc=0
+    shift
+    child_times
+    before=$CHILD_TIMES
+    "$@" >"$log" 2>&1 &
+    GEN_PID=$!
+    wait "$GEN_PID" || rc=$?
+    GEN_PID=""
+    child_times
+    if ((rc != 0)); then
+        cat "$log" >&2 2>/dev/null || true
+        die "$* failed (rc=$rc)"
+    fi
+    RUN_CPU_S=$(cpu_s_between "$before" "$CHILD_TIMES")
+}
+
 # json_first KEY FILE: the first value of "KEY": in pinlb bench's pretty-printed JSON. A
 # target's own figures come before its per-round ones; with one target, they are its.
 json_first() {

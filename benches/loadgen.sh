@@ -139,28 +139,13 @@ install_cleanup
 # run_tool TOOL OUTFILE: runs wrk or pinlb bench on core 1 against the backend,
 # waits for it; sets RUN_CPU_S to the CPU seconds it used.
 run_tool() {
-    local before after rc=0
-    child_times
-    before=$CHILD_TIMES
     case $1 in
-    wrk)
-        taskset -c 1 wrk -t1 -c"$CONNS" -d"$DURATION" --latency "$URL" >"$2" 2>&1 &
-        ;;
+    wrk) run_timed "$2" taskset -c 1 wrk -t1 -c"$CONNS" -d"$DURATION" --latency "$URL" ;;
     pinlb)
-        "$PINLB" bench -t 1 -c "$CONNS" -d "$DURATION" --rounds 1 --warmup 0s --cpus 1 \
-            --json "$2" "$URL" >"$2.txt" 2>&1 &
+        run_timed "$2.txt" "$PINLB" bench -t 1 -c "$CONNS" -d "$DURATION" --rounds 1 --warmup 0s \
+            --cpus 1 --json "$2" "$URL"
         ;;
     esac
-    GEN_PID=$!
-    wait "$GEN_PID" || rc=$?
-    GEN_PID=""
-    child_times
-    after=$CHILD_TIMES
-    if ((rc != 0)); then
-        cat "$2" "$2.txt" >&2 2>/dev/null || true
-        die "$1 failed (rc=$rc)"
-    fi
-    RUN_CPU_S=$(cpu_s_between "$before" "$after")
 }
 
 # start_capture FILE: tcpdump on core 0 of every payload packet to or from the backend's port,

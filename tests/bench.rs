@@ -140,6 +140,40 @@ fn options(targets: Vec<Target>) -> BenchOptions {
     }
 }
 
+/// What a run of the `pinlb bench` command left: its exit status and its output as text.
+struct Ran {
+    status: std::process::ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ran {
+    /// Panics with both outputs unless the command exited 0.
+    fn succeeded(self) -> Ran {
+        assert!(
+            self.status.success(),
+            "stdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+}
+
+/// Runs `pinlb bench ARGS`.
+fn pinlb_bench<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> Ran {
+    let out = Command::new(bin())
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("run pinlb bench");
+    Ran {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 fn bench(opts: &BenchOptions) -> Report {
     run(opts).expect("bench runs")
 }
@@ -454,20 +488,27 @@ fn the_command_takes_ab_s_flags() {
     let dir = TempDir::new("bench-ab");
     let body = dir.0.join("body.json");
     std::fs::write(&body, b"{\"a\":1}").unwrap();
-    let out = Command::new(bin())
-        .args(["bench", &format!("http://{}/api", backend.addr)])
-        .args(["-n", "100", "-c", "4", "--disable-keepalive", "-m", "PUT"])
-        .args(["-H", "Content-Type: application/json", "-H", "X-Two: 2"])
-        .arg("--body-file")
-        .arg(&body)
-        .args(["--cpus", &core])
-        .output()
-        .expect("run pinlb bench");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let url = format!("http://{}/api", backend.addr);
+    let body = body.to_str().unwrap();
+    let Ran { stdout, .. } = pinlb_bench([
+        url.as_str(),
+        "-n",
+        "100",
+        "-c",
+        "4",
+        "--disable-keepalive",
+        "-m",
+        "PUT",
+        "-H",
+        "Content-Type: application/json",
+        "-H",
+        "X-Two: 2",
+        "--body-file",
+        body,
+        "--cpus",
+        &core,
+    ])
+    .succeeded();
     assert!(stdout.contains("200 ×100"), "{stdout}");
     assert!(
         stdout.contains("1 interleaved round(s) of 100 requests;"),
@@ -486,19 +527,30 @@ fn the_command_fails_when_a_target_refuses_every_connection() {
     let backend = Backend::start(Reply::Ok);
     let dead = Refusing::new();
     let core = first_core().to_string();
-    let out = Command::new(bin())
-        .args(["bench", &format!("up=http://{}/", backend.addr)])
-        .arg(format!("down=http://{}/", dead.addr))
-        .args(["-d", "200ms", "--warmup", "0s", "--rounds", "1", "-c", "2"])
-        .args(["--cpus", &core])
-        .output()
-        .expect("run pinlb bench");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
+    let (up, down) = (
+        format!("up=http://{}/", backend.addr),
+        format!("down=http://{}/", dead.addr),
     );
+    let Ran {
+        status,
+        stdout,
+        stderr,
+    } = pinlb_bench([
+        up.as_str(),
+        &down,
+        "-d",
+        "200ms",
+        "--warmup",
+        "0s",
+        "--rounds",
+        "1",
+        "-c",
+        "2",
+        "--cpus",
+        &core,
+    ]);
     assert_eq!(
-        out.status.code(),
+        status.code(),
         Some(1),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
@@ -575,32 +627,21 @@ fn the_command_refuses_an_untrusted_certificate_and_says_why() {
     let core = first_core().to_string();
     let url = format!("https://127.0.0.1:{}/", proxy.addr.port());
     let run = |extra: &[&str]| {
-        Command::new(bin())
-            .args(["bench", &url, "-n", "10", "-c", "2", "--cpus", &core])
-            .args(extra)
-            .output()
-            .expect("run pinlb bench")
+        let mut args = vec![url.as_str(), "-n", "10", "-c", "2", "--cpus", &core];
+        args.extend_from_slice(extra);
+        pinlb_bench(args)
     };
-    let out = run(&[]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let refused = run(&[]);
+    assert_eq!(refused.status.code(), Some(1), "{}", refused.stderr);
     assert!(
-        stderr.contains("answered no request") && stderr.contains("connect(s) failed"),
-        "{stderr}"
+        refused.stderr.contains("answered no request")
+            && refused.stderr.contains("connect(s) failed"),
+        "{}",
+        refused.stderr
     );
     assert_eq!(backend.hits(), 0);
-    let out = run(&["--cacert", pem.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = run(&["-k"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run(&["--cacert", pem.to_str().unwrap()]).succeeded();
+    run(&["-k"]).succeeded();
     assert_eq!(backend.hits(), 20);
 }
 
