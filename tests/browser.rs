@@ -237,8 +237,12 @@ async fn the_status_page_shows_the_last_minute_and_its_drain_button_drains_with_
     // for nothing (a 401 in plain text), as the page's own prompt would leave it.
     let browser = Chromium::start(&format!("http://{admin}/nope"));
     let mut page = browser.page().await;
-    page.eval_until("document.readyState", |v| v == "complete")
-        .await;
+    // Chromium may still show about:blank when DevTools first answers: storage is per origin.
+    page.eval_until(
+        "location.pathname === '/nope' && document.readyState === 'complete'",
+        |v| *v == Value::Bool(true),
+    )
+    .await;
     page.eval("sessionStorage.setItem('pinlb-token', 's3cret'); location.href = '/'; 1")
         .await;
     page.eval_until(ROWS, |v| {
