@@ -461,6 +461,13 @@ impl Report {
                 .map_err(|e| e.to_string())?;
             for (i, (name, pts)) in lines.into_iter().enumerate() {
                 let color = Palette99::pick(i).to_rgba();
+                // Each line ends at the last percentile its own sample resolves (the maximum),
+                // marked with a dot: a shorter line had fewer responses, not a cut axis.
+                if let Some(&end) = pts.last() {
+                    chart
+                        .draw_series(std::iter::once(Circle::new(end, 4, color.filled())))
+                        .map_err(|e| e.to_string())?;
+                }
                 chart
                     .draw_series(LineSeries::new(pts, color.stroke_width(2)))
                     .map_err(|e| e.to_string())?
@@ -678,6 +685,7 @@ mod tests {
         assert!(svg.contains("direct") && svg.contains("proxied"));
         assert!(svg.contains("99.9%") && svg.contains("latency (ms)"));
         assert!(svg.matches("<polyline").count() >= 2);
+        assert_eq!(svg.matches("<circle").count(), 2, "each line's end is marked");
     }
 
     #[test]
