@@ -379,7 +379,8 @@ pub struct BenchArgs {
     /// Targets, compared against the first: NAME=URL or URL (http:// or https://).
     #[arg(required = true, value_name = "TARGET")]
     pub targets: Vec<Target>,
-    /// Keep-alive connections per target.
+    /// Connections open at once per target (ab's concurrency); kept alive unless
+    /// --disable-keepalive.
     #[arg(short, long, default_value_t = 64)]
     pub connections: usize,
     /// Load threads [default: the number of --cpus, at most -c].

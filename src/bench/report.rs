@@ -685,7 +685,11 @@ mod tests {
         assert!(svg.contains("direct") && svg.contains("proxied"));
         assert!(svg.contains("99.9%") && svg.contains("latency (ms)"));
         assert!(svg.matches("<polyline").count() >= 2);
-        assert_eq!(svg.matches("<circle").count(), 2, "each line's end is marked");
+        assert_eq!(
+            svg.matches("<circle").count(),
+            2,
+            "each line's end is marked"
+        );
     }
 
     #[test]
