@@ -163,8 +163,9 @@ pub struct BenchOptions {
     pub timeout: Duration,
     /// Which certificates `https://` targets are checked against.
     pub trust: Trust,
-    /// Show a live progress line on stderr. Only ever drawn when stderr is a terminal, so a
-    /// caller can leave it on.
+    /// Show a live progress line on stderr. Only ever drawn when both stdout and stderr are a
+    /// terminal (a person watching, output not captured by a script), so a caller can leave it
+    /// on.
     pub progress: bool,
 }
 
@@ -248,7 +249,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
         })
         .collect::<Result<Vec<_>, BenchError>>()?;
 
-    let show = opts.progress && std::io::stderr().is_terminal();
+    let show = opts.progress && std::io::stderr().is_terminal() && std::io::stdout().is_terminal();
     let mut runs: Vec<Vec<load::RunResult>> = plans.iter().map(|_| Vec::new()).collect();
     let mut result = Ok(());
     'rounds: for round in 0..opts.rounds {
