@@ -303,3 +303,48 @@ host_facts() {
         COMMIT="none (no git HEAD)"
     fi
 }
+
+# child_times: sets CHILD_TIMES to the user and system time of this shell's waited-for children
+# so far, as bash's `times` prints them on its second line ("0m1.234s 0m0.567s"). `times` must
+# run in the caller's shell, not in a $(...) subshell, and nothing here may start a child: its
+# CPU time would count. Writes $WORK/times.
+child_times() {
+    times >"$WORK/times"
+    { read -r _ && read -r CHILD_TIMES; } <"$WORK/times"
+}
+
+# cpu_s_between BEFORE AFTER: seconds between two CHILD_TIMES values.
+cpu_s_between() {
+    awk -v a="$1" -v b="$2" 'function s(t,   n, i, p, f, sum) {
+            n = split(t, f, " "); sum = 0
+            for (i = 1; i <= n; i++) { split(f[i], p, "m"); sub(/s$/, "", p[2]); sum += p[1] * 60 + p[2] }
+            return sum
+        }
+        BEGIN { printf "%.3f\n", s(b) - s(a) }'
+}
+
+# run_timed LOG CMD...: runs CMD in the background with its stdout and stderr in LOG (its pid in
+# GEN_PID meanwhile, for the caller's cleanup), waits for it, and sets RUN_CPU_S to the CPU
+# seconds it used (its utime+stime, all threads, from `times`); dies showing LOG if it failed.
+run_timed() {
+    local log=$1 before rc=0
+    shift
+    child_times
+    before=$CHILD_TIMES
+    "$@" >"$log" 2>&1 &
+    GEN_PID=$!
+    wait "$GEN_PID" || rc=$?
+    GEN_PID=""
+    child_times
+    if ((rc != 0)); then
+        cat "$log" >&2 2>/dev/null || true
+        die "$* failed (rc=$rc)"
+    fi
+    RUN_CPU_S=$(cpu_s_between "$before" "$CHILD_TIMES")
+}
+
+# json_first KEY FILE: the first value of "KEY": in pinlb bench's pretty-printed JSON. A
+# target's own figures come before its per-round ones; with one target, they are its.
+json_first() {
+    awk -v k="\"$1\":" '$1 == k { v = $2; sub(/,$/, "", v); print v; exit }' "$2"
+}

@@ -136,56 +136,16 @@ running_pids() { echo "$GEN_PID" "$CAPTURE_PID" "$BACKEND_PID"; }
 # ---------------------------------------------------------------- helpers
 install_cleanup
 
-# Sets CHILD_TIMES to the user and system time of this shell's waited-for
-# children so far, as bash's `times` prints them on its second line
-# ("0m1.234s 0m0.567s"). `times` must run in this shell, not in a $(...)
-# subshell, and nothing here may start a child: its CPU time would count.
-child_times() {
-    times >"$WORK/times"
-    { read -r _ && read -r CHILD_TIMES; } <"$WORK/times"
-}
-
-# Seconds between two CHILD_TIMES values.
-cpu_s_between() { # BEFORE AFTER
-    awk -v a="$1" -v b="$2" 'function s(t,   n, i, p, f, sum) {
-            n = split(t, f, " "); sum = 0
-            for (i = 1; i <= n; i++) { split(f[i], p, "m"); sub(/s$/, "", p[2]); sum += p[1] * 60 + p[2] }
-            return sum
-        }
-        BEGIN { printf "%.3f\n", s(b) - s(a) }'
-}
-
-# The first value of "KEY": in pinlb bench's pretty-printed JSON. The target's
-# own figures come before its per-round ones, and there is one target.
-json_first() { # KEY FILE
-    awk -v k="\"$1\":" '$1 == k { v = $2; sub(/,$/, "", v); print v; exit }' "$2"
-}
-
 # run_tool TOOL OUTFILE: runs wrk or pinlb bench on core 1 against the backend,
 # waits for it; sets RUN_CPU_S to the CPU seconds it used.
 run_tool() {
-    local before after rc=0
-    child_times
-    before=$CHILD_TIMES
     case $1 in
-    wrk)
-        taskset -c 1 wrk -t1 -c"$CONNS" -d"$DURATION" --latency "$URL" >"$2" 2>&1 &
-        ;;
+    wrk) run_timed "$2" taskset -c 1 wrk -t1 -c"$CONNS" -d"$DURATION" --latency "$URL" ;;
     pinlb)
-        "$PINLB" bench -t 1 -c "$CONNS" -d "$DURATION" --rounds 1 --warmup 0s --cpus 1 \
-            --json "$2" "$URL" >"$2.txt" 2>&1 &
+        run_timed "$2.txt" "$PINLB" bench -t 1 -c "$CONNS" -d "$DURATION" --rounds 1 --warmup 0s \
+            --cpus 1 --json "$2" "$URL"
         ;;
     esac
-    GEN_PID=$!
-    wait "$GEN_PID" || rc=$?
-    GEN_PID=""
-    child_times
-    after=$CHILD_TIMES
-    if ((rc != 0)); then
-        cat "$2" "$2.txt" >&2 2>/dev/null || true
-        die "$1 failed (rc=$rc)"
-    fi
-    RUN_CPU_S=$(cpu_s_between "$before" "$after")
 }
 
 # start_capture FILE: tcpdump on core 0 of every payload packet to or from the backend's port,

@@ -2,14 +2,16 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `GET /metrics` | Prometheus text format |
-//! | `GET /status` | JSON: generation, uptime, workers and cores, listeners, every backend |
-//! | `GET /` | a small HTML page that renders `/status` and refreshes it every second |
+//! | `GET /metrics` | Prometheus text format (`promtool check metrics` passes it) |
+//! | `GET /status` | JSON: version, generation, uptime, workers and cores, listeners with their connections and responses, every backend with its state and the last minute (see `status`) |
+//! | `GET /` | a small HTML page that renders `/status` every second, with drain/disable/enable buttons |
 //! | `POST /backends/{address}/drain` | no new requests; those in flight finish |
 //! | `POST /backends/{address}/disable` | like down; health checks go on |
 //! | `POST /backends/{address}/enable` | back to taking requests |
 //! | `POST /upstreams/{name}/backends/{address}/{action}` | the same, in that upstream only |
 //! | `POST /reload` | read the config file again, as SIGHUP does |
+//!
+//! Every `GET` answers `HEAD` too, with the same headers and no body.
 //!
 //! Two upstreams may list one address, and each then has a backend of its own there. An address
 //! alone names the backend in every upstream that has it; `/upstreams/{name}/...` in that one only.
@@ -25,7 +27,6 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,7 +43,8 @@ use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
 use crate::process::Process;
-use crate::upstream::{AdminState, BackendState};
+use crate::status::{Window, status};
+use crate::upstream::AdminState;
 
 /// Admin connections open at once; more wait in the kernel's backlog. The admin listener shares
 /// the process's file descriptors with the workers, so it must not be able to use them up.
@@ -57,18 +59,31 @@ pub(crate) async fn serve(listener: TcpListener, process: Arc<Process>) {
         info!("admin listening on http://{addr}/");
     }
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let window = Arc::new(Window::default());
+    // The status page's last minute; it ends with this task, when the control runtime stops.
+    tokio::spawn({
+        let (window, process) = (window.clone(), process.clone());
+        async move {
+            let mut every = tokio::time::interval(crate::status::SAMPLE_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                every.tick().await;
+                window.sample(&process);
+            }
+        }
+    });
     loop {
         // The semaphore is never closed.
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
         let (stream, peer) = crate::listen::accept(&listener).await;
-        let process = process.clone();
+        let (process, window) = (process.clone(), window.clone());
         tokio::spawn(async move {
             let _slot = slot;
             let service = service_fn(move |req| {
-                let process = process.clone();
-                async move { Ok::<_, Infallible>(route(&process, req, peer).await) }
+                let (process, window) = (process.clone(), window.clone());
+                async move { Ok::<_, Infallible>(route(&process, &window, req, peer).await) }
             });
             let mut builder = http1::Builder::new();
             builder
@@ -110,11 +125,22 @@ fn json_reply(status: StatusCode, v: &serde_json::Value) -> Reply {
     reply(status, "application/json", v.to_string())
 }
 
-async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> Reply {
+async fn route(
+    process: &Process,
+    window: &Window,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+) -> Reply {
     let generation = process.generations.borrow().clone();
     // The page holds no data (it fetches `/status`, which needs the token), and a browser that
     // opens it sends no Authorization header: it must load to ask for the token.
-    if req.method() == Method::GET && req.uri().path() == "/" {
+    // HEAD is GET without the body (hyper leaves it out), on every GET endpoint.
+    let method = if req.method() == Method::HEAD {
+        Method::GET
+    } else {
+        req.method().clone()
+    };
+    if method == Method::GET && req.uri().path() == "/" {
         return reply(StatusCode::OK, "text/html; charset=utf-8", PAGE);
     }
     // A web page in a browser on this host can send a POST to a loopback address without the
@@ -147,7 +173,7 @@ async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> R
     }
     let path = req.uri().path().to_string();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    match (req.method(), segments.as_slice()) {
+    match (&method, segments.as_slice()) {
         (&Method::GET, ["metrics"]) => reply(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -155,9 +181,18 @@ async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> R
                 &generation.upstreams,
                 &process.registered,
                 generation.number,
+                &generation
+                    .config
+                    .listeners
+                    .iter()
+                    .map(|l| {
+                        let upstream = &generation.config.upstreams[l.upstream].name;
+                        (l.address, upstream.clone())
+                    })
+                    .collect::<Vec<_>>(),
             ),
         ),
-        (&Method::GET, ["status"]) => json_reply(StatusCode::OK, &status(process)),
+        (&Method::GET, ["status"]) => json_reply(StatusCode::OK, &status(process, window)),
         (&Method::POST, ["backends", address, action]) => control(process, None, address, action),
         (&Method::POST, ["upstreams", upstream, "backends", address, action]) => {
             control(process, Some(upstream), address, action)
@@ -176,7 +211,7 @@ async fn route(process: &Process, req: Request<Incoming>, peer: SocketAddr) -> R
                 text(status, e.to_string())
             }
         },
-        (_, [""] | ["metrics"] | ["status"]) => method_not_allowed("GET"),
+        (_, [""] | ["metrics"] | ["status"]) => method_not_allowed("GET, HEAD"),
         (_, ["backends", _, _] | ["upstreams", _, "backends", _, _] | ["reload"]) => {
             method_not_allowed("POST")
         }
@@ -321,81 +356,6 @@ fn percent_decode(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// What the status page and `GET /status` show: the same picture as `/metrics`.
-fn status(process: &Process) -> serde_json::Value {
-    let generation = process.generations.borrow().clone();
-    let config = &generation.config;
-    let listeners = process.registered.all();
-    let workers: Vec<_> = config
-        .runtime
-        .cpus
-        .iter()
-        .enumerate()
-        .map(|(w, core)| {
-            let requests: u64 = listeners
-                .iter()
-                .filter(|l| l.worker == w)
-                .map(|l| l.requests.load(Ordering::Relaxed))
-                .sum();
-            json!({ "worker": w, "core": core, "requests": requests })
-        })
-        .collect();
-    let upstreams: Vec<_> = generation
-        .upstreams
-        .iter()
-        .map(|u| {
-            let backends: Vec<_> = u.backends.iter().map(|b| backend_status(b)).collect();
-            json!({
-                "name": u.config.name,
-                "algorithm": u.config.algorithm.as_str(),
-                "health_checks": u.config.health.is_some(),
-                "backends": backends,
-            })
-        })
-        .collect();
-    let listener_list: Vec<_> = config
-        .listeners
-        .iter()
-        .map(|l| json!({ "address": l.address.to_string(), "upstream": config.upstreams[l.upstream].name }))
-        .collect();
-    json!({
-        "generation": generation.number,
-        "uptime_seconds": process.started.elapsed().as_secs_f64(),
-        "config_file": process.config_path.as_ref().map(|p| p.display().to_string()),
-        "metrics": config.admin.is_some(),
-        "workers": workers,
-        "listeners": listener_list,
-        "upstreams": upstreams,
-    })
-}
-
-fn backend_status(b: &BackendState) -> serde_json::Value {
-    let admin = b.admin_state();
-    // One word for the page's colour: what keeps the backend from taking requests, if anything.
-    let state = if admin != AdminState::Active {
-        admin.as_str()
-    } else if !b.is_up() {
-        "down"
-    } else if b.is_skipped() {
-        "skipped"
-    } else if b.is_full() {
-        "full"
-    } else {
-        "up"
-    };
-    let s = &b.stats;
-    json!({
-        "address": b.address.to_string(),
-        "state": state,
-        "health": if b.is_up() { "up" } else { "down" },
-        "admin": admin.as_str(),
-        "weight": b.weight(),
-        "in_flight": b.in_flight(),
-        "requests": s.requests.load(Ordering::Relaxed),
-        "errors": s.errors_total(),
-    })
 }
 
 /// The status page: plain HTML and a script that fetches `/status` every second and redraws the

@@ -13,11 +13,35 @@ use crate::cpus::format_cpu_list;
 pub fn report(config: &Config, file: &Path) -> String {
     let map = CoreMap::discover(config);
     let mut out = describe(config) + &map.render();
-    for w in map.warnings() {
+    for w in map.warnings().into_iter().chain(taken_addresses(config)) {
         let _ = writeln!(out, "warning: {w}");
     }
     let _ = writeln!(out, "{}: configuration is valid", file.display());
     out
+}
+
+/// A warning for each address pinlb would listen on that a process already listens on:
+/// `serve` would fail there, unless that process is a pinlb sharing it (SO_REUSEPORT).
+fn taken_addresses(config: &Config) -> Vec<String> {
+    let mut addrs: Vec<(String, std::net::SocketAddr)> = config
+        .listeners
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (format!("listener[{i}]"), l.address))
+        .collect();
+    if let Some(a) = &config.admin {
+        addrs.push(("admin".into(), a.address));
+    }
+    addrs
+        .into_iter()
+        // Port 0 is the kernel's choice: never taken.
+        .filter(|(_, a)| a.port() != 0)
+        .filter_map(|(what, a)| {
+            crate::coremap::describe_holders(&crate::coremap::listening_on(a)).map(|who| {
+                format!("{what} {a} is already listened on by {who}: serve will fail there unless that is a pinlb sharing it")
+            })
+        })
+        .collect()
 }
 
 /// The resolved plan, section by section, as `pinlb check` prints it.

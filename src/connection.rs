@@ -44,7 +44,7 @@ use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::idle::{self, Wait};
 use crate::proxy::{self, Answer, ClientBody, ProxyBody};
 use crate::route::{ClientRules, Route, https_location};
-use crate::stats::{ListenerStats, TlsFailure};
+use crate::stats::{ListenerStats, Source, TlsFailure};
 use crate::stream::{ClientStream, Refused, Stir, StreamIo, TlsState, poll_read_tcp};
 use crate::tunnel::{self, Dir, End};
 
@@ -592,9 +592,11 @@ impl Connection {
             Err(next) => return next,
         };
         let refused = head.refused.take();
-        if let Some(s) = &self.route.stats {
+        // The clock is read only when someone can scrape what it measures.
+        let started = self.route.stats.as_ref().map(|s| {
             s.requests.fetch_add(1, Ordering::Relaxed);
-        }
+            Instant::now()
+        });
         if self.route.redirect_https.get() {
             return self.redirect_https(&head, buf).await;
         }
@@ -646,6 +648,17 @@ impl Connection {
             upstreamed,
             close,
         } = answer;
+        if let Some(s) = &self.route.stats {
+            let local = matches!(response.body, proxy::ProxyBody::Local(_));
+            s.response(
+                response.status,
+                if local {
+                    Source::Pinlb
+                } else {
+                    Source::Backend
+                },
+            );
+        }
         let logged = Logged::new(pending.and_then(|p| p.responded(response.status, upstreamed)));
         if response.status == StatusCode::SWITCHING_PROTOCOLS {
             // Only a request that asked to upgrade gets a 101 this far (http1::client).
@@ -667,6 +680,9 @@ impl Connection {
                 timeouts,
             )
             .await;
+        if let (Some(s), Some(t)) = (&self.route.stats, started) {
+            s.request_time.observe(t.elapsed());
+        }
         match written {
             Ok(Written::Whole { keep_alive: true }) => Next::KeepAlive,
             Ok(Written::Whole { .. }) if body_read && buf.is_empty() && !watch.pipelined.get() => {
@@ -778,6 +794,9 @@ impl Connection {
         lines: &[u8],
         keep_alive: bool,
     ) -> bool {
+        if let Some(s) = &self.route.stats {
+            s.response(status, Source::Pinlb);
+        }
         let text = error_page(status, cause);
         let mut head = Vec::with_capacity(256 + lines.len());
         status_line(&mut head, status);

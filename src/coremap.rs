@@ -23,7 +23,9 @@ pub struct Process {
     pub pid: u32,
     /// The command name (`/proc/<pid>/comm`).
     pub command: String,
-    /// The cores it may run on (`Cpus_allowed_list`).
+    /// The cores its threads may run on: the union of each thread's `Cpus_allowed_list`
+    /// (`/proc/<pid>/task/*/status`), so a process whose threads are pinned one per core is
+    /// pinned, whatever the mask it started with.
     pub allowed: Vec<usize>,
 }
 
@@ -117,25 +119,37 @@ impl CoreMap {
                     on.push(format!("pinlb worker {i}"));
                 }
             }
-            // Two upstreams may list one address: it is one process, named once per core.
-            let mut add = |what: String| {
-                if !on.contains(&what) {
-                    on.push(what);
+            // One entry per backend address: two upstreams may list one address, and a
+            // backend may be both declared on a core and found running there.
+            let mut addresses: Vec<SocketAddr> = self.backends.iter().map(|b| b.address).collect();
+            addresses.sort_unstable();
+            addresses.dedup();
+            for addr in addresses {
+                let same: Vec<&BackendProcess> =
+                    self.backends.iter().filter(|b| b.address == addr).collect();
+                let declared = same
+                    .iter()
+                    .any(|b| b.declared.as_ref().is_some_and(|d| d.contains(&core)));
+                let mut pids: Vec<String> = Vec::new();
+                for b in &same {
+                    if let Found::Processes(ps) = &b.found {
+                        for p in ps
+                            .iter()
+                            .filter(|p| self.pinned(p) && p.allowed.contains(&core))
+                        {
+                            let pid = format!("pid {} ({})", p.pid, p.command);
+                            if !pids.contains(&pid) {
+                                pids.push(pid);
+                            }
+                        }
+                    }
                 }
-            };
-            for b in &self.backends {
-                if b.declared.as_ref().is_some_and(|d| d.contains(&core)) {
-                    add(format!("backend {} (declared)", b.address));
-                }
-                if let Found::Processes(ps) = &b.found {
-                    for p in ps
-                        .iter()
-                        .filter(|p| self.pinned(p) && p.allowed.contains(&core))
-                    {
-                        add(format!(
-                            "backend {} pid {} ({})",
-                            b.address, p.pid, p.command
-                        ));
+                match (declared, pids.is_empty()) {
+                    (false, true) => {}
+                    (true, true) => on.push(format!("backend {addr} (declared)")),
+                    (false, false) => on.push(format!("backend {addr} {}", pids.join(", "))),
+                    (true, false) => {
+                        on.push(format!("backend {addr} (declared) {}", pids.join(", ")));
                     }
                 }
             }
@@ -301,6 +315,46 @@ pub fn serves(on: SocketAddr, backend: SocketAddr) -> bool {
     }
 }
 
+/// Who listens where pinlb would listen on `addr`, for `check` and for a failed bind: the
+/// processes holding a listening socket that takes connections to `addr`, or one that `addr`
+/// would take (a wildcard listener collides with every address on its port).
+pub fn listening_on(addr: SocketAddr) -> Found {
+    let listening = match read_listening() {
+        Ok(l) => l,
+        Err(e) => return Found::Unknown(e),
+    };
+    let taken: Vec<(SocketAddr, u64)> = listening
+        .into_iter()
+        .filter(|(on, _)| serves(*on, addr) || serves(addr, *on))
+        .collect();
+    if taken.is_empty() {
+        return Found::NotListening;
+    }
+    let wanted: BTreeSet<u64> = taken.iter().map(|s| s.1).collect();
+    let owners = socket_owners(Path::new("/proc"), &wanted);
+    let pids: BTreeSet<u32> = owners.iter().map(|o| o.1).collect();
+    let ps: Vec<Process> = pids.into_iter().filter_map(process).collect();
+    if ps.is_empty() {
+        Found::Hidden
+    } else {
+        Found::Processes(ps)
+    }
+}
+
+/// "pid 42 (nginx), pid 43 (nginx)", or why none can be named; `None` when nothing listens.
+pub fn describe_holders(found: &Found) -> Option<String> {
+    match found {
+        Found::Processes(ps) => Some(
+            ps.iter()
+                .map(|p| format!("pid {} ({})", p.pid, p.command))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        Found::Hidden => Some("a process of another user (run as root to see which)".into()),
+        Found::NotListening | Found::Remote | Found::Unknown(_) => None,
+    }
+}
+
 /// Whether `ip` is an address of this machine: binding to it works only then.
 fn is_local(ip: IpAddr) -> bool {
     ip.is_loopback()
@@ -369,7 +423,19 @@ fn socket_owners(proc: &Path, wanted: &BTreeSet<u64>) -> Vec<(u64, u32)> {
 
 fn process(pid: u32) -> Option<Process> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let allowed = allowed_from_status(&status)?;
+    // Every thread's mask, where the threads can be read; the process's own otherwise.
+    let threads: Vec<Vec<usize>> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .filter_map(|s| allowed_from_status(&s))
+        .collect();
+    let allowed = if threads.is_empty() {
+        allowed_from_status(&status)?
+    } else {
+        union(&threads)
+    };
     let command = std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|c| c.trim().to_string())
         .unwrap_or_else(|_| "?".into());
@@ -378,6 +444,12 @@ fn process(pid: u32) -> Option<Process> {
         command,
         allowed,
     })
+}
+
+/// Every core in any of `masks`, in order.
+pub fn union(masks: &[Vec<usize>]) -> Vec<usize> {
+    let all: BTreeSet<usize> = masks.iter().flatten().copied().collect();
+    all.into_iter().collect()
 }
 
 /// The `Cpus_allowed_list` of a `/proc/<pid>/status` text.
@@ -486,6 +558,32 @@ mod tests {
     }
 
     #[test]
+    fn a_process_is_pinned_when_its_threads_are_whatever_its_first_mask() {
+        // pinlb backend's threads, one per core, after a main thread that pinned itself too.
+        assert_eq!(union(&[vec![2], vec![2], vec![3]]), vec![2, 3]);
+        let map = CoreMap {
+            cores: vec![0, 1, 2, 3],
+            workers: vec![0],
+            backends: vec![BackendProcess {
+                upstream: "app".into(),
+                address: "127.0.0.1:8881".parse().unwrap(),
+                declared: None,
+                found: Found::Processes(vec![Process {
+                    pid: 7,
+                    command: "pinlb".into(),
+                    allowed: union(&[vec![2], vec![3]]),
+                }]),
+            }],
+        };
+        let text = map.render();
+        assert!(!text.contains("not pinned"), "{text}");
+        assert!(
+            text.contains("  core 2: backend 127.0.0.1:8881 pid 7 (pinlb)\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn an_address_two_upstreams_list_is_one_process_on_the_map() {
         let listed = |upstream: &str| BackendProcess {
             upstream: upstream.into(),
@@ -506,7 +604,7 @@ mod tests {
         let text = map.render();
         assert!(
             text.contains(
-                "  core 0: pinlb worker 0, backend 127.0.0.1:8881 (declared), backend 127.0.0.1:8881 pid 4242 (node)\n"
+                "  core 0: pinlb worker 0, backend 127.0.0.1:8881 (declared) pid 4242 (node)\n"
             ),
             "{text}"
         );

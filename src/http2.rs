@@ -50,6 +50,7 @@ use crate::http1::request::{ClientError, RequestHead, parse_request};
 use crate::idle;
 use crate::proxy::{self, ClientBody, ProxyBody};
 use crate::route::{ClientRules, Route, https_location};
+use crate::stats::Source;
 use crate::stream::{ClientStream, StreamIo};
 
 /// Per stream, the most response bytes hyper buffers for a client that is not reading them:
@@ -77,23 +78,39 @@ struct Shared {
     task: RefCell<Option<Waker>>,
 }
 
-/// Counts a stream open until its response has gone (or the stream was reset).
-struct Open(Rc<Shared>);
+/// Counts a stream open until its response has gone (or the stream was reset), and times it
+/// for `pinlb_request_duration_seconds` while metrics are on.
+struct Open {
+    shared: Rc<Shared>,
+    started: Option<std::time::Instant>,
+}
 
 impl Open {
     fn new(shared: &Rc<Shared>) -> Open {
         shared.open.set(shared.open.get() + 1);
         shared.served.set(true);
-        Open(shared.clone())
+        Open {
+            shared: shared.clone(),
+            // The clock is read only when someone can scrape what it measures.
+            started: shared
+                .route
+                .stats
+                .as_ref()
+                .map(|_| std::time::Instant::now()),
+        }
     }
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
-        let n = self.0.open.get().saturating_sub(1);
-        self.0.open.set(n);
+        let shared = &self.shared;
+        if let (Some(s), Some(t)) = (&shared.route.stats, self.started) {
+            s.request_time.observe(t.elapsed());
+        }
+        let n = shared.open.get().saturating_sub(1);
+        shared.open.set(n);
         if n == 0 {
-            if let Some(w) = self.0.task.borrow_mut().take() {
+            if let Some(w) = shared.task.borrow_mut().take() {
                 w.wake();
             }
         }
@@ -306,6 +323,13 @@ impl Shared {
             headers,
             body,
         } = reply;
+        if let Some(s) = &self.route.stats {
+            let source = match body {
+                ProxyBody::Local(_) => Source::Pinlb,
+                _ => Source::Backend,
+            };
+            s.response(status, source);
+        }
         let bodiless = method == Method::HEAD
             || status == StatusCode::NO_CONTENT
             || status == StatusCode::NOT_MODIFIED;

@@ -47,6 +47,8 @@
 //! - [`reload`]: hot reload (SIGHUP, `POST /reload`): validate, bind new listeners, hand every
 //!   worker a new generation that keeps the state of the backends that stay.
 //! - [`metrics`]: the Prometheus rendering of every counter and backend state.
+//! - [`status`]: what `/status` and the status page show, and the last minute the counters
+//!   don't keep (latency percentiles, time in a state), sampled every second.
 //! - [`admin`]: the admin listener (on hyper): `/metrics`, `/status`, the status page,
 //!   drain/disable/enable, `/reload`.
 //! - [`server`]: binding everything, starting the workers and the control thread, signals, and
@@ -98,6 +100,7 @@ mod reload;
 mod route;
 pub mod server;
 mod stats;
+mod status;
 mod stream;
 mod tls;
 mod tunnel;

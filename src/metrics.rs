@@ -1,4 +1,6 @@
-//! `/metrics`: every counter in `stats`, and each backend's state, in Prometheus's text format.
+//! `/metrics`: every counter in `stats`, and each backend's state, in Prometheus's text format;
+//! `pinlb_build_info`; and the process's CPU, memory, file descriptors and start time under the
+//! names every Prometheus client library exports them (`process_*`), read from `/proc`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,21 +13,29 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::stats::{BackendStats, ErrorKind, Histogram, ListenerStats, Registered, TlsFailure};
+use crate::stats::{
+    BackendStats, CODES, ErrorKind, Histogram, ListenerStats, Registered, Source, TlsFailure,
+};
 use crate::upstream::{AdminState, SharedUpstream};
 
-/// Renders everything in Prometheus's text format (0.0.4).
+/// Renders everything in Prometheus's text format (0.0.4). `routes` names each listener's
+/// upstream, by its configured address.
 pub fn render(
     upstreams: &[Arc<SharedUpstream>],
     registered: &Registered,
     generation: u64,
+    routes: &[(SocketAddr, String)],
 ) -> String {
-    let mut registry = Registry::with_prefix("pinlb");
-    registry.register_collector(Box::new(Scrape {
-        upstreams: upstreams.to_vec(),
-        listeners: registered.all(),
-        generation,
-    }));
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(ProcessMetrics));
+    registry
+        .sub_registry_with_prefix("pinlb")
+        .register_collector(Box::new(Scrape {
+            upstreams: upstreams.to_vec(),
+            listeners: registered.all(),
+            generation,
+            routes: routes.to_vec(),
+        }));
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
@@ -38,6 +48,98 @@ struct Scrape {
     upstreams: Vec<Arc<SharedUpstream>>,
     listeners: Vec<Arc<ListenerStats>>,
     generation: u64,
+    /// Each listener's upstream, for the request duration's labels.
+    routes: Vec<(SocketAddr, String)>,
+}
+
+/// What 4xx pinlb answers itself says about the request, by code: the `cause` label of
+/// `pinlb_client_errors_total`.
+const CLIENT_ERRORS: [(u16, &str); 5] = [
+    (400, "malformed"),
+    (408, "timeout"),
+    (413, "body_too_large"),
+    (414, "uri_too_long"),
+    (431, "head_too_large"),
+];
+
+/// The process's own figures, as the Prometheus client libraries export them (`process_*`).
+/// One that `/proc` cannot give is left out rather than reported as 0.
+#[derive(Debug)]
+struct ProcessMetrics;
+
+impl Collector for ProcessMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use procfs::WithCurrentSystemInfo as _;
+        let Ok(me) = procfs::process::Process::myself() else {
+            return Ok(());
+        };
+        if let Ok(stat) = me.stat() {
+            let ticks = procfs::ticks_per_second() as f64;
+            family(
+                &mut e,
+                "process_cpu_seconds",
+                "Total user and system CPU time spent in seconds.",
+                MetricType::Counter,
+                [(
+                    Labels::new(),
+                    ConstCounter::new((stat.utime + stat.stime) as f64 / ticks),
+                )],
+            )?;
+            family(
+                &mut e,
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes.",
+                MetricType::Gauge,
+                [(
+                    Labels::new(),
+                    gauge(i64::try_from(stat.rss_bytes().get()).unwrap_or(i64::MAX)),
+                )],
+            )?;
+            family(
+                &mut e,
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes.",
+                MetricType::Gauge,
+                [(
+                    Labels::new(),
+                    gauge(i64::try_from(stat.vsize).unwrap_or(i64::MAX)),
+                )],
+            )?;
+            if let Ok(boot) = procfs::boot_time_secs() {
+                family(
+                    &mut e,
+                    "process_start_time_seconds",
+                    "Start time of the process since unix epoch in seconds.",
+                    MetricType::Gauge,
+                    [(
+                        Labels::new(),
+                        ConstGauge::new(boot as f64 + stat.starttime as f64 / ticks),
+                    )],
+                )?;
+            }
+        }
+        if let Ok(n) = me.fd_count() {
+            family(
+                &mut e,
+                "process_open_fds",
+                "Number of open file descriptors.",
+                MetricType::Gauge,
+                [(Labels::new(), gauge(i64::try_from(n).unwrap_or(i64::MAX)))],
+            )?;
+        }
+        if let Ok(limits) = me.limits() {
+            if let procfs::process::LimitValue::Value(n) = limits.max_open_files.soft_limit {
+                family(
+                    &mut e,
+                    "process_max_fds",
+                    "Maximum number of open file descriptors.",
+                    MetricType::Gauge,
+                    [(Labels::new(), gauge(i64::try_from(n).unwrap_or(i64::MAX)))],
+                )?;
+            }
+        }
+        Ok(())
+    }
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -87,6 +189,27 @@ impl EncodeMetric for HistogramValues {
 impl Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        family(
+            &mut e,
+            "build_info",
+            "Always 1: the version of pinlb running and how it was built.",
+            MetricType::Gauge,
+            [(
+                vec![
+                    ("version", env!("CARGO_PKG_VERSION").to_string()),
+                    (
+                        "profile",
+                        if cfg!(debug_assertions) {
+                            "debug"
+                        } else {
+                            "release"
+                        }
+                        .to_string(),
+                    ),
+                ],
+                gauge(1),
+            )],
+        )?;
         family(
             &mut e,
             "config_generation",
@@ -195,6 +318,105 @@ impl Collector for Scrape {
                 }),
         )?;
 
+        // Every response written to a client, by listener, source and code: only the codes seen,
+        // since there are 900 possible; by class, every class, so a dashboard has its zeros.
+        let mut by_code: Vec<(Labels, ConstCounter<u64>)> = Vec::new();
+        let mut by_class: Vec<(Labels, ConstCounter<u64>)> = Vec::new();
+        let mut client_errors: Vec<(Labels, ConstCounter<u64>)> = Vec::new();
+        for a in &addrs {
+            let mine: Vec<&Arc<ListenerStats>> =
+                self.listeners.iter().filter(|l| l.listener == *a).collect();
+            let sum = |source: Source, code: u16| -> u64 {
+                mine.iter().map(|l| l.responses(source, code)).sum()
+            };
+            let mut classes = [0u64; 5];
+            for (source, name) in [Source::Backend, Source::Pinlb]
+                .into_iter()
+                .zip(Source::NAMES)
+            {
+                for code in (100..).take(CODES) {
+                    let n = sum(source, code);
+                    if n == 0 {
+                        continue;
+                    }
+                    if let Some(c) = classes.get_mut(usize::from(code / 100) - 1) {
+                        *c += n;
+                    }
+                    by_code.push((
+                        vec![
+                            ("listener", a.to_string()),
+                            ("code", code.to_string()),
+                            ("source", name.to_string()),
+                        ],
+                        counter(n),
+                    ));
+                }
+            }
+            for (i, n) in classes.iter().enumerate() {
+                by_class.push((
+                    vec![
+                        ("listener", a.to_string()),
+                        ("class", format!("{}xx", i + 1)),
+                    ],
+                    counter(*n),
+                ));
+            }
+            for (code, cause) in CLIENT_ERRORS {
+                client_errors.push((
+                    vec![("listener", a.to_string()), ("cause", cause.to_string())],
+                    counter(sum(Source::Pinlb, code)),
+                ));
+            }
+        }
+        family(
+            &mut e,
+            "responses",
+            "Responses written to clients, by status code and source: backend (passed on) or pinlb (its own error pages and redirects: 400, 408, 431, 502, 503, 504, ...).",
+            MetricType::Counter,
+            by_code,
+        )?;
+        family(
+            &mut e,
+            "responses_by_class",
+            "Responses written to clients, by status class, whoever made them.",
+            MetricType::Counter,
+            by_class,
+        )?;
+        family(
+            &mut e,
+            "client_errors",
+            "Requests pinlb refused itself as the client's fault, by cause: malformed (400), timeout (408: the head or body came too slowly), body_too_large (413), uri_too_long (414), head_too_large (431).",
+            MetricType::Counter,
+            client_errors,
+        )?;
+        family(
+            &mut e,
+            "request_duration_seconds",
+            "Client requests, from the request head read to the response's last byte written, by listener and the upstream it routes to.",
+            MetricType::Histogram,
+            addrs.iter().map(|a| {
+                let merged = Histogram::default();
+                for l in self.listeners.iter().filter(|l| l.listener == *a) {
+                    merged.add(&l.request_time);
+                }
+                let configured = self
+                    .listeners
+                    .iter()
+                    .find(|l| l.listener == *a)
+                    .map(|l| l.configured);
+                let upstream = self
+                    .routes
+                    .iter()
+                    .find(|(l, _)| Some(*l) == configured)
+                    .map_or_else(String::new, |(_, u)| u.clone());
+                let (sum, count, buckets) = merged.snapshot();
+                (
+                    vec![("listener", a.to_string()), ("upstream", upstream)],
+                    HistogramValues(sum, count, buckets),
+                )
+            }),
+        )?;
+
         // Per worker, summed over listeners: an imbalance between cores shows here.
         let mut workers: Vec<(usize, usize)> =
             self.listeners.iter().map(|l| (l.worker, l.core)).collect();
@@ -272,6 +494,13 @@ impl Collector for Scrape {
                     (l, counter(load(c)))
                 })
             }),
+        )?;
+        family(
+            &mut e,
+            "backend_retries",
+            "Attempts that failed at the backend and went on to another one (proxy_next_upstream).",
+            MetricType::Counter,
+            each(&|b| load(&b.stats.retries)),
         )?;
         family(
             &mut e,

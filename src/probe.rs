@@ -151,6 +151,7 @@ async fn check_loop(up: Arc<SharedUpstream>, backend: usize, health: Health, off
         let result = probe(state.address, &health, up.config.protocol).await;
         if up.counting {
             state.stats.check_time.observe(started.elapsed());
+            state.stats.checked(result.is_ok());
         }
         let changed = checks.record(result.is_ok(), health.rise, health.fall);
         state.set_check_streak(checks.streak);

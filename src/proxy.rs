@@ -373,6 +373,9 @@ async fn forward(
             warn!(backend = %addr, "{error}; not retried: the request body was larger than retry.buffer ({} bytes)", retry.buffer);
             return Err(error);
         }
+        if shared.counting {
+            state.stats.retries.fetch_add(1, Ordering::Relaxed);
+        }
         warn!(backend = %addr, "{error}; trying the next backend");
         last_error = Some(error);
     }

@@ -130,7 +130,12 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
             )));
         }
     }
-    Ok(format!("reloaded: generation {number}\n{summary}"))
+    // Nothing changed but the generation: no empty line after it in the log or the reply.
+    Ok(if summary.is_empty() {
+        format!("reloaded: generation {number}")
+    } else {
+        format!("reloaded: generation {number}\n{summary}")
+    })
 }
 
 /// What a reload changes, one line each, for the log and the reply.

@@ -12,11 +12,28 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Upper bounds of the latency buckets, in microseconds: fine at the bottom, where a proxy and
-/// its backends on one machine live, and up to Prometheus's usual 10 s.
-const BUCKETS_US: [u64; 16] = [
+/// its backends on one machine live, and up to 60 s, nginx's default `proxy_read_timeout`, so a
+/// request that waits out a timeout still lands in a bucket of its own.
+const BUCKETS_US: [u64; 18] = [
     100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000, 30_000_000, 60_000_000,
 ];
+
+/// Status codes counted one by one: 100 to 999, all that `http::StatusCode` can hold.
+pub(crate) const CODES: usize = 900;
+
+/// Who made a response that pinlb wrote to a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A backend's, passed on.
+    Backend = 0,
+    /// pinlb's own: an error page (400, 408, 431, 502, 503, 504, ...) or a redirect.
+    Pinlb = 1,
+}
+
+impl Source {
+    pub(crate) const NAMES: [&str; 2] = ["backend", "pinlb"];
+}
 
 /// A latency histogram with fixed buckets: one atomic add for the bucket, one for the sum.
 #[derive(Debug, Default)]
@@ -32,6 +49,15 @@ impl Histogram {
         let i = BUCKETS_US.partition_point(|&b| b < us);
         self.counts[i].fetch_add(1, Ordering::Relaxed);
         self.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// Adds `other`'s counts into this one: a scrape sums the workers' histograms.
+    pub fn add(&self, other: &Histogram) {
+        for (mine, theirs) in self.counts.iter().zip(&other.counts) {
+            mine.fetch_add(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.sum_us
+            .fetch_add(other.sum_us.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     /// Sum in seconds, count, and each bucket's own count (the encoder makes them cumulative).
@@ -108,6 +134,12 @@ pub struct BackendStats {
     pub response_time: Histogram,
     /// Each active health probe, from connect to the end of the body.
     pub check_time: Histogram,
+    /// Attempts that failed here and went on to another backend (nginx's
+    /// `proxy_next_upstream`).
+    pub retries: AtomicU64,
+    /// The last active health probe: when (ms since the Unix epoch, shifted left one bit) and
+    /// whether it passed (the low bit); 0 before the first.
+    last_check: AtomicU64,
 }
 
 impl BackendStats {
@@ -120,6 +152,21 @@ impl BackendStats {
         self.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Records an active health probe's result, now.
+    pub fn checked(&self, passed: bool) {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX >> 1));
+        self.last_check
+            .store(ms << 1 | u64::from(passed), Ordering::Relaxed);
+    }
+
+    /// The last probe's time (ms since the Unix epoch) and whether it passed.
+    pub fn last_check(&self) -> Option<(u64, bool)> {
+        let v = self.last_check.load(Ordering::Relaxed);
+        (v != 0).then_some((v >> 1, v & 1 == 1))
+    }
+
     /// Failed attempts of every kind.
     pub fn errors_total(&self) -> u64 {
         self.errors.iter().map(|e| e.load(Ordering::Relaxed)).sum()
@@ -129,7 +176,10 @@ impl BackendStats {
 /// One worker's counters for one listener. Only that worker writes them.
 #[derive(Debug)]
 pub struct ListenerStats {
+    /// The bound address (the kernel's port for a configured port 0).
     pub listener: SocketAddr,
+    /// The address as configured: what names the listener in the config, across reloads.
+    pub configured: SocketAddr,
     pub worker: usize,
     pub core: usize,
     pub accepted: AtomicU64,
@@ -146,31 +196,23 @@ pub struct ListenerStats {
     /// HTTP/2 connections closed for a protocol error of the client's (GOAWAY sent): a flood
     /// of resets or SETTINGS, a malformed frame, a header list over the limit.
     pub http2_errors: AtomicU64,
+    /// Responses written to clients, by [`Source`] and by code (`code - 100`): every one pinlb
+    /// sends, its own error pages included.
+    pub(crate) responses: [[AtomicU64; CODES]; 2],
+    /// From a request's head read to its response's last byte written.
+    pub request_time: Histogram,
 }
 
-/// Every worker's listener counters, for the scrape. The lock is taken when a worker starts
-/// listening on an address, and by a scrape; never per request.
-#[derive(Debug, Default)]
-pub struct Registered {
-    listeners: Mutex<Vec<Arc<ListenerStats>>>,
-}
-
-impl Registered {
-    /// Counters for `worker` listening on `listener`; the same ones again if it listened before
-    /// (a reload that kept the address).
-    pub fn listener(&self, listener: SocketAddr, worker: usize, core: usize) -> Arc<ListenerStats> {
-        let mut all = self
-            .listeners
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(s) = all
-            .iter()
-            .find(|s| s.listener == listener && s.worker == worker)
-        {
-            return s.clone();
-        }
-        let s = Arc::new(ListenerStats {
+impl ListenerStats {
+    fn new(
+        listener: SocketAddr,
+        configured: SocketAddr,
+        worker: usize,
+        core: usize,
+    ) -> ListenerStats {
+        ListenerStats {
             listener,
+            configured,
             worker,
             core,
             accepted: AtomicU64::new(0),
@@ -181,7 +223,56 @@ impl Registered {
             tls_failures: Default::default(),
             http2_connections: AtomicU64::new(0),
             http2_errors: AtomicU64::new(0),
-        });
+            responses: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            request_time: Histogram::default(),
+        }
+    }
+
+    /// Counts a response written (or about to be) to a client.
+    pub fn response(&self, status: http::StatusCode, source: Source) {
+        let i = usize::from(status.as_u16())
+            .saturating_sub(100)
+            .min(CODES - 1);
+        self.responses[source as usize][i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The responses of `source` with code `code`.
+    pub fn responses(&self, source: Source, code: u16) -> u64 {
+        usize::from(code)
+            .checked_sub(100)
+            .and_then(|i| self.responses[source as usize].get(i))
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+}
+
+/// Every worker's listener counters, for the scrape. The lock is taken when a worker starts
+/// listening on an address, and by a scrape; never per request.
+#[derive(Debug, Default)]
+pub struct Registered {
+    listeners: Mutex<Vec<Arc<ListenerStats>>>,
+}
+
+impl Registered {
+    /// Counters for `worker` listening on `listener` (configured as `configured`); the same ones
+    /// again if it listened before (a reload that kept the address).
+    pub fn listener(
+        &self,
+        listener: SocketAddr,
+        configured: SocketAddr,
+        worker: usize,
+        core: usize,
+    ) -> Arc<ListenerStats> {
+        let mut all = self
+            .listeners
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(s) = all
+            .iter()
+            .find(|s| s.listener == listener && s.worker == worker)
+        {
+            return s.clone();
+        }
+        let s = Arc::new(ListenerStats::new(listener, configured, worker, core));
         all.push(s.clone());
         s
     }
@@ -205,14 +296,39 @@ mod tests {
         h.observe(Duration::from_micros(50));
         h.observe(Duration::from_micros(100));
         h.observe(Duration::from_micros(101));
-        h.observe(Duration::from_secs(60));
+        h.observe(Duration::from_secs(61));
         let (sum, count, buckets) = h.snapshot();
         assert_eq!(count, 4);
         assert_eq!(buckets[0], (0.0001, 2), "le is inclusive");
         assert_eq!(buckets[1], (0.00025, 1));
         assert_eq!(buckets[buckets.len() - 2].1, 0);
         assert_eq!(buckets[buckets.len() - 1], (f64::INFINITY, 1));
-        assert!((sum - 60.000251).abs() < 1e-9, "{sum}");
+        assert!((sum - 61.000251).abs() < 1e-9, "{sum}");
+    }
+
+    #[test]
+    fn responses_are_counted_by_source_and_code() {
+        let a = "127.0.0.1:80".parse().unwrap();
+        let s = ListenerStats::new(a, a, 0, 0);
+        s.response(http::StatusCode::SERVICE_UNAVAILABLE, Source::Pinlb);
+        s.response(http::StatusCode::OK, Source::Backend);
+        s.response(http::StatusCode::from_u16(999).unwrap(), Source::Backend);
+        assert_eq!(s.responses(Source::Pinlb, 503), 1);
+        assert_eq!(s.responses(Source::Backend, 503), 0);
+        assert_eq!(s.responses(Source::Backend, 200), 1);
+        assert_eq!(s.responses(Source::Backend, 999), 1);
+        assert_eq!(s.responses(Source::Backend, 42), 0);
+    }
+
+    #[test]
+    fn the_last_check_keeps_its_result_and_time() {
+        let s = BackendStats::default();
+        assert_eq!(s.last_check(), None);
+        s.checked(false);
+        let (ms, passed) = s.last_check().unwrap();
+        assert!(!passed && ms > 1_700_000_000_000, "{ms}");
+        s.checked(true);
+        assert!(s.last_check().unwrap().1);
     }
 
     #[test]

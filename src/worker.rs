@@ -240,7 +240,7 @@ impl WorkerState {
             let stats = config.admin.is_some().then(|| {
                 self.process
                     .registered
-                    .listener(bound, self.worker, self.core)
+                    .listener(bound, l.address, self.worker, self.core)
             });
             let route = Rc::new(Route {
                 upstream: RefCell::new(upstream),

@@ -870,3 +870,234 @@ async fn one_address_in_two_upstreams_has_its_own_health_in_each() {
     assert_eq!(answered_by(api, 4).await, ["b"; 4]);
     assert_eq!(answered_by(app, 4).await, ["a", "a", "shared", "shared"]);
 }
+
+#[tokio::test]
+async fn every_response_is_counted_by_code_and_source_including_pinlbs_own_503s() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start(&with_admin(&[a.addr]));
+    let listener = format!("listener=\"{}\"", proxy.addr);
+    assert_eq!(get(proxy.addr, "/").await.status, StatusCode::OK);
+    assert_eq!(
+        get(proxy.addr, "/status/404").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let r = proxy
+        .admin(Method::POST, &format!("/backends/{}/disable", a.addr), None)
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    for _ in 0..3 {
+        assert_eq!(
+            get(proxy.addr, "/").await.status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+    let m = proxy.metrics().await;
+    let code = |code: u16, source: &str| {
+        m.get(
+            "pinlb_responses_total",
+            &format!("{listener},code=\"{code}\",source=\"{source}\""),
+        )
+    };
+    assert_eq!(code(503, "pinlb"), Some(3.0), "{}", m.0);
+    assert_eq!(code(200, "backend"), Some(1.0));
+    assert_eq!(code(404, "backend"), Some(1.0));
+    assert_eq!(code(503, "backend"), None, "codes never sent are left out");
+    let class = |c: &str| {
+        m.value(
+            "pinlb_responses_by_class_total",
+            &format!("{listener},class=\"{c}\""),
+        )
+    };
+    assert_eq!(
+        (class("2xx"), class("4xx"), class("5xx"), class("3xx")),
+        (1.0, 1.0, 3.0, 0.0)
+    );
+    // Every request is in the duration histogram, whatever answered it.
+    let routed = format!("{listener},upstream=\"app\"");
+    assert_eq!(
+        m.value("pinlb_request_duration_seconds_count", &routed),
+        5.0
+    );
+    assert_eq!(
+        m.value(
+            "pinlb_request_duration_seconds_bucket",
+            &format!("{routed},le=\"60\"")
+        ),
+        5.0
+    );
+}
+
+#[tokio::test]
+async fn requests_pinlb_refuses_are_counted_by_cause() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start(&with_admin(&[a.addr]));
+    let listener = format!("listener=\"{}\"", proxy.addr);
+    let r = raw_request(
+        proxy.addr,
+        b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    let huge = format!(
+        "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(100_000)
+    );
+    let r = raw_request(proxy.addr, huge.as_bytes(), false).await;
+    assert_eq!(r.status, 431);
+    let m = proxy.metrics().await;
+    let cause = |c: &str| {
+        m.value(
+            "pinlb_client_errors_total",
+            &format!("{listener},cause=\"{c}\""),
+        )
+    };
+    assert_eq!(
+        (
+            cause("malformed"),
+            cause("head_too_large"),
+            cause("timeout")
+        ),
+        (1.0, 1.0, 0.0)
+    );
+    assert_eq!(
+        m.value(
+            "pinlb_responses_total",
+            &format!("{listener},code=\"400\",source=\"pinlb\"")
+        ),
+        1.0
+    );
+    assert_eq!(a.hits(), 0);
+}
+
+#[tokio::test]
+async fn metrics_carry_build_info_and_the_process_figures_prometheus_clients_export() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start(&with_admin(&[a.addr]));
+    let m = proxy.metrics().await;
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        m.value(
+            "pinlb_build_info",
+            &format!("version=\"{version}\",profile=\"debug\"")
+        ),
+        1.0
+    );
+    assert!(m.value("process_cpu_seconds_total", "") > 0.0);
+    // Tests run in one process: these are the test binary's own figures, as they should be.
+    assert!(m.value("process_resident_memory_bytes", "") > 1_000_000.0);
+    assert!(m.value("process_open_fds", "") >= 3.0);
+    let started = m.value("process_start_time_seconds", "");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        started <= now + 1.0 && started > now - 24.0 * 3600.0,
+        "{started} vs {now}"
+    );
+}
+
+#[tokio::test]
+async fn head_works_on_every_get_endpoint_of_the_admin_listener() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start(&with_admin(&[a.addr]));
+    for path in ["/", "/status", "/metrics"] {
+        let got = proxy.admin(Method::GET, path, None).await;
+        let head = proxy.admin(Method::HEAD, path, None).await;
+        assert_eq!(head.status, StatusCode::OK, "HEAD {path}");
+        assert!(head.body.is_empty(), "HEAD {path}: {}", head.body);
+        assert_eq!(
+            head.headers["content-type"], got.headers["content-type"],
+            "{path}"
+        );
+        assert!(head.headers.contains_key("content-length"), "HEAD {path}");
+    }
+    let r = proxy.admin(Method::PUT, "/metrics", None).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(r.headers["allow"], "GET, HEAD");
+}
+
+#[tokio::test]
+async fn a_reload_that_changes_nothing_answers_one_line() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start_file(&reload_config(&[a.addr], ""));
+    // Served once: the worker runs generation 1, so a reload may follow it.
+    assert_eq!(get(proxy.addr, "/").await.backend(), "a");
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body, "reloaded: generation 2\n");
+}
+
+/// `promtool check metrics` (Debian package `prometheus`; scripts/test installs it) on a scrape
+/// of a proxy that has counted something of every kind.
+#[tokio::test]
+async fn promtool_accepts_the_metrics() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start(&with_admin(&[a.addr]));
+    assert_eq!(get(proxy.addr, "/").await.status, StatusCode::OK);
+    let r = raw_request(proxy.addr, b"BAD\r\n\r\n", false).await;
+    assert_eq!(r.status, 400);
+    let m = proxy.metrics().await;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run promtool (Debian package `prometheus`; scripts/test installs it)");
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(m.0.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn status_shows_the_version_listener_connections_and_each_backends_responses_and_retries() {
+    let a = Backend::start("a").await;
+    let dead = Refusing::new();
+    let mut setup = with_admin(&[dead.addr, a.addr]);
+    setup.extra.push_str(
+        "\n[upstream.app.health]\npath = \"/health\"\ninterval = \"100ms\"\ntimeout = \"50ms\"\nrise = 1\nfall = 100\n",
+    );
+    let proxy = Proxy::start(&setup);
+    let mut conn = Conn::open(proxy.addr).await;
+    for _ in 0..4 {
+        assert_eq!(conn.get("/").await.backend(), "a");
+    }
+    let s = proxy.status().await;
+    assert_eq!(s["version"], env!("CARGO_PKG_VERSION"));
+    let l = &s["listeners"][0];
+    assert_eq!(l["address"], proxy.addr.to_string());
+    assert_eq!(
+        (l["upstream"].as_str(), l["connections"].as_u64()),
+        (Some("app"), Some(1))
+    );
+    assert_eq!(l["responses"]["2xx"], 4);
+    let backends = &s["upstreams"][0]["backends"];
+    let (refusing, good) = (&backends[0], &backends[1]);
+    assert!(refusing["retries"].as_u64() >= Some(1), "{refusing}");
+    assert_eq!(good["responses"]["2xx"], 4);
+    assert!(good["p50_ms"].as_f64().is_some_and(|v| v > 0.0), "{good}");
+    assert!(good["state_seconds"].as_f64().is_some());
+    // Health probes run every 100 ms: the refusing backend's last one failed.
+    let failed = poll(50, Duration::from_millis(100), async || {
+        let s = proxy.status().await;
+        let c = s["upstreams"][0]["backends"][0]["last_check"].clone();
+        (c["passed"] == false).then_some(c)
+    })
+    .await
+    .expect("a failed check is shown");
+    assert!(
+        failed["seconds_ago"].as_f64().is_some_and(|s| s < 5.0),
+        "{failed}"
+    );
+}

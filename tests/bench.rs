@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Refusing, bin, first_core};
-use pinlb::bench::{BenchOptions, Report, Target, run};
+use pinlb::bench::{BenchOptions, Report, RequestSpec, Target, Trust, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -127,13 +127,50 @@ fn options(targets: Vec<Target>) -> BenchOptions {
         connections: 4,
         threads: 1,
         duration: Duration::from_millis(300),
+        requests: None,
+        request: RequestSpec::default(),
         warmup: Duration::from_millis(100),
         rounds: 1,
         rate: None,
         websocket: None,
         cpus: vec![first_core()],
         timeout: Duration::from_secs(2),
+        trust: pinlb::bench::Trust::default(),
         progress: false,
+    }
+}
+
+/// What a run of the `pinlb bench` command left: its exit status and its output as text.
+struct Ran {
+    status: std::process::ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ran {
+    /// Panics with both outputs unless the command exited 0.
+    fn succeeded(self) -> Ran {
+        assert!(
+            self.status.success(),
+            "stdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+}
+
+/// Runs `pinlb bench ARGS`.
+fn pinlb_bench<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> Ran {
+    let out = Command::new(bin())
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("run pinlb bench");
+    Ran {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
 
@@ -334,15 +371,289 @@ fn the_command_prints_the_table_and_writes_json_and_a_chart() {
     assert!(chart.starts_with("<svg") && chart.contains("local"));
 }
 
+/// The shared recording backend (`common::Backend`) on a runtime of its own, so the bench can
+/// block this thread while it answers.
+fn recording_backend() -> (tokio::runtime::Runtime, common::Backend) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("backend runtime");
+    let backend = rt.block_on(common::Backend::start("rec"));
+    (rt, backend)
+}
+
+#[test]
+fn a_request_count_sends_exactly_that_many_on_the_kept_connections() {
+    let (_rt, backend) = recording_backend();
+    let opts = BenchOptions {
+        requests: Some(250),
+        warmup: Duration::ZERO,
+        ..options(vec![
+            format!("rec=http://{}/x", backend.addr).parse().unwrap(),
+        ])
+    };
+    let report = bench(&opts);
+    let r = report.targets[0].requests;
+    assert_eq!((r.sent, r.ok), (250, 250), "{r:?}");
+    assert_eq!(backend.hits(), 250);
+    assert_eq!(backend.accepts(), 4, "one connection each, kept alive");
+    assert_eq!(r.statuses.top(), vec![(200, 250)]);
+    assert!(r.bytes_read > 250 * 12, "{r:?}");
+    assert!(
+        report.table().contains("250 requests"),
+        "{}",
+        report.table()
+    );
+}
+
+#[test]
+fn method_headers_and_body_go_out_and_without_keep_alive_each_on_its_own_connection() {
+    let (_rt, backend) = recording_backend();
+    let opts = BenchOptions {
+        requests: Some(40),
+        warmup: Duration::ZERO,
+        request: RequestSpec {
+            method: http::Method::POST,
+            headers: vec![("X-Test".into(), "yes".into())],
+            body: Some(b"hello body".to_vec()),
+            http10: false,
+            keep_alive: false,
+        },
+        ..options(vec![
+            format!("rec=http://{}/post", backend.addr).parse().unwrap(),
+        ])
+    };
+    let report = bench(&opts);
+    let r = report.targets[0].requests;
+    assert_eq!((r.sent, r.ok), (40, 40), "{r:?}");
+    assert_eq!(backend.accepts(), 40, "a new connection per request");
+    let seen = backend.requests();
+    assert_eq!(seen.len(), 40);
+    for req in seen {
+        assert_eq!(req.method, http::Method::POST);
+        assert_eq!(req.headers["x-test"], "yes");
+        assert_eq!(req.body_start, b"hello body");
+    }
+}
+
+#[test]
+fn http_1_0_requests_are_kept_alive_when_the_server_agrees() {
+    let (_rt, backend) = recording_backend();
+    let opts = BenchOptions {
+        requests: Some(20),
+        warmup: Duration::ZERO,
+        request: RequestSpec {
+            http10: true,
+            ..RequestSpec::default()
+        },
+        ..options(vec![
+            format!("rec=http://{}/", backend.addr).parse().unwrap(),
+        ])
+    };
+    let report = bench(&opts);
+    assert_eq!(report.targets[0].requests.ok, 20);
+    let seen = backend.requests();
+    assert!(seen.iter().all(|r| r.version == http::Version::HTTP_10));
+}
+
+#[test]
+fn a_head_request_reads_no_body() {
+    let (_rt, backend) = recording_backend();
+    let opts = BenchOptions {
+        requests: Some(30),
+        warmup: Duration::ZERO,
+        request: RequestSpec {
+            method: http::Method::HEAD,
+            ..RequestSpec::default()
+        },
+        ..options(vec![
+            format!("rec=http://{}/", backend.addr).parse().unwrap(),
+        ])
+    };
+    let report = bench(&opts);
+    let r = report.targets[0].requests;
+    assert_eq!((r.ok, r.errors.total()), (30, 0), "{r:?}");
+    assert_eq!(
+        backend.accepts(),
+        4,
+        "no connection was spoiled by a body it waited for"
+    );
+}
+
+#[test]
+fn the_command_takes_ab_s_flags() {
+    let (_rt, backend) = recording_backend();
+    let core = first_core().to_string();
+    let dir = TempDir::new("bench-ab");
+    let body = dir.0.join("body.json");
+    std::fs::write(&body, b"{\"a\":1}").unwrap();
+    let url = format!("http://{}/api", backend.addr);
+    let body = body.to_str().unwrap();
+    let Ran { stdout, .. } = pinlb_bench([
+        url.as_str(),
+        "-n",
+        "100",
+        "-c",
+        "4",
+        "--disable-keepalive",
+        "-m",
+        "PUT",
+        "-H",
+        "Content-Type: application/json",
+        "-H",
+        "X-Two: 2",
+        "--body-file",
+        body,
+        "--cpus",
+        &core,
+    ])
+    .succeeded();
+    assert!(stdout.contains("200 ×100"), "{stdout}");
+    assert!(
+        stdout.contains("1 interleaved round(s) of 100 requests;"),
+        "{stdout}"
+    );
+    let seen = backend.requests();
+    assert_eq!((seen.len(), backend.accepts()), (100, 100));
+    assert!(seen.iter().all(|r| r.method == http::Method::PUT
+        && r.headers["content-type"] == "application/json"
+        && r.headers["x-two"] == "2"
+        && r.body_start == b"{\"a\":1}"));
+}
+
+#[test]
+fn the_command_fails_when_a_target_refuses_every_connection() {
+    let backend = Backend::start(Reply::Ok);
+    let dead = Refusing::new();
+    let core = first_core().to_string();
+    let (up, down) = (
+        format!("up=http://{}/", backend.addr),
+        format!("down=http://{}/", dead.addr),
+    );
+    let Ran {
+        status,
+        stdout,
+        stderr,
+    } = pinlb_bench([
+        up.as_str(),
+        &down,
+        "-d",
+        "200ms",
+        "--warmup",
+        "0s",
+        "--rounds",
+        "1",
+        "-c",
+        "2",
+        "--cpus",
+        &core,
+    ]);
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("target down") && stderr.contains("connection refused"),
+        "{stderr}"
+    );
+    assert!(
+        !stdout.contains("0.00×") && !stdout.contains("| -"),
+        "{stdout}"
+    );
+}
+
+/// pinlb terminating TLS on `127.0.0.1` with a self-signed certificate for that address, in
+/// front of the recording backend; the certificate's PEM file is returned beside it.
+fn tls_proxy(
+    rt: &tokio::runtime::Runtime,
+    backend: &common::Backend,
+    dir: &TempDir,
+) -> (common::Proxy, std::path::PathBuf) {
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let (pem, key) = (dir.0.join("cert.pem"), dir.0.join("key.pem"));
+    std::fs::write(&pem, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.signing_key.serialize_pem()).unwrap();
+    let toml = common::Setup::with(&[backend.addr]).toml().replacen(
+        "upstream = \"app\"\n",
+        &format!("upstream = \"app\"\n[listener.tls]\ncert = {pem:?}\nkey = {key:?}\n"),
+        1,
+    );
+    let _guard = rt.enter();
+    (common::Proxy::start_toml(&toml), pem)
+}
+
+#[test]
+fn https_targets_are_loaded_over_tls_trusting_the_given_certificate_or_any() {
+    let (rt, backend) = recording_backend();
+    let dir = TempDir::new("bench-tls");
+    let (proxy, pem) = tls_proxy(&rt, &backend, &dir);
+    let url = format!("https://127.0.0.1:{}/", proxy.addr.port());
+    for trust in [Trust::File(pem.clone()), Trust::Insecure] {
+        let opts = BenchOptions {
+            requests: Some(60),
+            warmup: Duration::ZERO,
+            trust: trust.clone(),
+            ..options(vec![url.parse().unwrap()])
+        };
+        let r = bench(&opts).targets[0].requests;
+        assert_eq!(
+            (r.sent, r.ok, r.errors.total()),
+            (60, 60, 0),
+            "{trust:?}: {r:?}"
+        );
+    }
+    // Without keep-alive every request is a handshake of its own.
+    let opts = BenchOptions {
+        requests: Some(20),
+        warmup: Duration::ZERO,
+        trust: Trust::Insecure,
+        request: RequestSpec {
+            keep_alive: false,
+            ..RequestSpec::default()
+        },
+        ..options(vec![url.parse().unwrap()])
+    };
+    assert_eq!(bench(&opts).targets[0].requests.ok, 20);
+    assert_eq!(backend.hits(), 60 + 60 + 20);
+}
+
+#[test]
+fn the_command_refuses_an_untrusted_certificate_and_says_why() {
+    let (rt, backend) = recording_backend();
+    let dir = TempDir::new("bench-untrusted");
+    let (proxy, pem) = tls_proxy(&rt, &backend, &dir);
+    let core = first_core().to_string();
+    let url = format!("https://127.0.0.1:{}/", proxy.addr.port());
+    let run = |extra: &[&str]| {
+        let mut args = vec![url.as_str(), "-n", "10", "-c", "2", "--cpus", &core];
+        args.extend_from_slice(extra);
+        pinlb_bench(args)
+    };
+    let refused = run(&[]);
+    assert_eq!(refused.status.code(), Some(1), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("answered no request")
+            && refused.stderr.contains("connect(s) failed"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(backend.hits(), 0);
+    run(&["--cacert", pem.to_str().unwrap()]).succeeded();
+    run(&["-k"]).succeeded();
+    assert_eq!(backend.hits(), 20);
+}
+
 #[test]
 fn the_command_rejects_a_target_it_cannot_load() {
     let out = Command::new(bin())
-        .args(["bench", "https://127.0.0.1:1/"])
+        .args(["bench", "ftp://127.0.0.1:1/"])
         .output()
         .expect("run pinlb bench");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("only http://"), "{stderr}");
+    assert!(stderr.contains("only http:// and https://"), "{stderr}");
 }
 
 /// A `pinlb backend` on the first allowed core, whose WebSocket path echoes.

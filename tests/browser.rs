@@ -25,8 +25,11 @@ struct Chromium {
 
 impl Chromium {
     fn start(url: &str) -> Chromium {
+        // One profile per browser: two chromiums on one profile directory refuse to start.
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let profile = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("chromium-{}", std::process::id()));
+            .join(format!("chromium-{}-{n}", std::process::id()));
         let mut child = Command::new("chromium")
             .args([
                 "--headless=new",
@@ -192,6 +195,12 @@ async fn the_status_page_shows_every_backend_and_updates_in_place_when_one_goes_
         .eval("document.querySelectorAll('#workers tbody tr').length")
         .await;
     assert_eq!(workers, 1);
+    // Each row says when its last health check passed.
+    page.eval_until(
+        "document.querySelectorAll('tr.backend td.check.passed').length",
+        |v| v == 3,
+    )
+    .await;
     // A mark on this page load: if the page reloaded instead of updating, it would be gone.
     page.eval("window.pinlbTestMark = 42").await;
 
@@ -210,4 +219,92 @@ async fn the_status_page_shows_every_backend_and_updates_in_place_when_one_goes_
         .eval("getComputedStyle(document.querySelectorAll('tr.backend .state')[1]).backgroundColor")
         .await;
     assert_eq!(colour, "rgb(192, 57, 43)", "a down backend is shown red");
+}
+
+#[tokio::test]
+async fn the_status_page_shows_the_last_minute_and_its_drain_button_drains_with_the_token() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let mut setup = Setup::with(&[a.addr, b.addr]);
+    setup.extra = "[admin]\naddress = \"127.0.0.1:0\"\ntoken = \"s3cret\"\n".into();
+    let proxy = Proxy::start(&setup);
+    let admin = proxy.admin.unwrap();
+    for _ in 0..10 {
+        assert_eq!(get(proxy.addr, "/").await.status, http::StatusCode::OK);
+    }
+
+    // The token goes into the tab's session storage on a page of the admin origin that asks
+    // for nothing (a 401 in plain text), as the page's own prompt would leave it.
+    let browser = Chromium::start(&format!("http://{admin}/nope"));
+    let mut page = browser.page().await;
+    // Chromium may still show about:blank when DevTools first answers: storage is per origin.
+    page.eval_until(
+        "location.pathname === '/nope' && document.readyState === 'complete'",
+        |v| *v == Value::Bool(true),
+    )
+    .await;
+    page.eval("sessionStorage.setItem('pinlb-token', 's3cret'); location.href = '/'; 1")
+        .await;
+    page.eval_until(ROWS, |v| {
+        let r = rows(v);
+        r.len() == 2 && r.iter().all(|(_, s)| s == "up")
+    })
+    .await;
+    let version = page
+        .eval("document.getElementById('version').textContent")
+        .await;
+    assert_eq!(
+        version.as_str().unwrap_or_default(),
+        format!("{} (debug)", env!("CARGO_PKG_VERSION"))
+    );
+    // The listener's row counts the ten requests and their 2xx.
+    let listener = page
+        .eval_until(
+            "JSON.stringify([...document.querySelectorAll('tr.listener td')].map(td => td.textContent))",
+            |v| v.as_str().is_some_and(|s| s.contains("\"10\"")),
+        )
+        .await;
+    let cells: Vec<String> = serde_json::from_str(listener.as_str().unwrap()).unwrap();
+    assert_eq!(cells[0], format!("http://{}", proxy.addr));
+    assert_eq!(
+        (cells[1].as_str(), cells[3].as_str(), cells[6].as_str()),
+        ("app", "10", "10")
+    );
+    // Each backend served five in the last minute: its p50 is a number, not "–".
+    let p50 = page
+        .eval("[...document.querySelectorAll('tr.backend td.p50')].map(td => td.textContent).join(' ')")
+        .await;
+    assert!(
+        p50.as_str()
+            .is_some_and(|s| !s.contains('–') && !s.is_empty()),
+        "{p50}"
+    );
+    page.eval("window.pinlbTestMark = 7").await;
+
+    let press = format!(
+        "document.querySelector('tr.backend[data-address=\"{}\"] button[data-action=\"drain\"]').click(); 1",
+        b.addr
+    );
+    assert_eq!(page.eval(&press).await, 1);
+    let after = page
+        .eval_until(ROWS, |v| {
+            rows(v)
+                .iter()
+                .any(|(addr, s)| *addr == b.addr.to_string() && s == "draining")
+        })
+        .await;
+    let states: Vec<String> = rows(&after).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(states, ["up", "draining"]);
+    assert_eq!(
+        page.eval("window.pinlbTestMark").await,
+        7,
+        "updated in place"
+    );
+    // The API saw it, not just the page.
+    let s = proxy
+        .admin(http::Method::GET, "/status", Some("s3cret"))
+        .await;
+    let s: Value = serde_json::from_str(&s.body).unwrap();
+    assert_eq!(s["upstreams"][0]["backends"][1]["admin"], "draining");
+    assert_eq!(get(proxy.addr, "/").await.backend(), "a");
 }

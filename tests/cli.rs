@@ -113,10 +113,12 @@ fn check_rejects_a_missing_file_naming_it() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr.starts_with("tests/fixtures/does_not_exist.toml:"),
+        stderr.starts_with(
+            "tests/fixtures/does_not_exist.toml: no such configuration file (looked in /"
+        ),
         "{stderr}"
     );
-    assert!(stderr.contains("cannot read file"), "{stderr}");
+    assert!(!stderr.contains(":0:0"), "{stderr}");
 }
 
 #[test]
@@ -308,6 +310,22 @@ fn serve_exits_1_naming_the_address_when_it_is_taken() {
         stderr.contains(&format!("pinlb: cannot listen on {addr}: ")),
         "{stderr}"
     );
+    // The holder is this test process: the message names it, and so does `check`.
+    assert!(
+        stderr.contains(&format!("; held by pid {} (", std::process::id())),
+        "{stderr}"
+    );
+    let path = common::temp_config(&text);
+    let out = pinlb(&["check", "-c", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "warning: listener[0] {addr} is already listened on by pid {} (",
+            std::process::id()
+        )),
+        "{stdout}"
+    );
     drop(holder);
 }
 
@@ -406,4 +424,97 @@ fn logs_written_to_a_pipe_carry_no_colour_codes() {
     read.unwrap();
     assert!(first.contains("INFO"), "{first:?}");
     assert!(!first.contains('\x1b'), "{first:?}");
+}
+
+/// A fresh empty directory under the target's temporary directory, removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `pinlb ARGS` in `dir`.
+fn pinlb_in(dir: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run pinlb")
+}
+
+/// What `check` without `-c` must name: the system's file when the machine has one, else the
+/// working directory's.
+const SYSTEM_CONFIG: &str = "/etc/pinlb/pinlb.toml";
+
+#[test]
+fn check_without_a_file_reads_the_default_and_says_which() {
+    let dir = TempDir::new("default-config");
+    let valid = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/valid.toml"
+    ))
+    .unwrap();
+    std::fs::write(dir.0.join("pinlb.toml"), valid).unwrap();
+    let out = pinlb_in(&dir.0, &["check"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let expected = if std::path::Path::new(SYSTEM_CONFIG).exists() {
+        SYSTEM_CONFIG
+    } else {
+        "pinlb.toml"
+    };
+    assert!(
+        stderr.contains(&format!("pinlb: reading {expected} (no -c given)")),
+        "{stderr}"
+    );
+    if expected == "pinlb.toml" {
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("pinlb.toml"));
+    }
+}
+
+#[test]
+fn serve_without_a_file_or_a_default_one_says_where_it_looked() {
+    if std::path::Path::new(SYSTEM_CONFIG).exists() {
+        // The machine's own file would be read: what is tested here is its absence.
+        return;
+    }
+    let dir = TempDir::new("no-config");
+    let out = pinlb_in(&dir.0, &["serve"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "pinlb: no configuration file: give one with -c FILE, or put one at /etc/pinlb/pinlb.toml or ./pinlb.toml"
+    );
+}
+
+#[test]
+fn a_host_name_as_a_backend_is_refused_saying_names_are_not_resolved() {
+    let path = common::temp_config(
+        "[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"app\"\n\n[upstream.app]\nbackends = [{ address = \"localhost:8881\" }]\n",
+    );
+    let out = pinlb(&["check", "-c", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.trim_end().ends_with(
+            ":6:25: upstream.app.backends[0].address: invalid address \"localhost:8881\": host names are not resolved; write the IP address and port, such as \"127.0.0.1:8881\" or \"[::1]:8881\""
+        ),
+        "{stderr}"
+    );
 }

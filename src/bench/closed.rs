@@ -39,14 +39,14 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use super::tls::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 use super::thread::{Failed, Outcome, READ_BUF, Thread};
 use super::wire::{BodyDecoder, parse_head};
 use super::ws::Echo;
 
-type Connecting = Pin<Box<dyn Future<Output = Result<TcpStream, Failed>>>>;
+type Connecting = Pin<Box<dyn Future<Output = Result<Stream, Failed>>>>;
 
 /// Where one connection stands.
 enum State {
@@ -77,11 +77,21 @@ enum State {
 
 /// One connection of the loop.
 struct Conn {
-    stream: Option<TcpStream>,
+    stream: Option<Stream>,
     state: State,
     /// When the request in flight was written (the start of its latency), and its deadline.
     start: Instant,
     deadline: Instant,
+    /// When the connection began to be opened: with `--disable-keepalive` each request's
+    /// latency starts there, as `ab`'s does, since a client without keep-alive waits for it.
+    opened: Instant,
+    /// Whether the request in flight was sent in the recorded window.
+    recorded: bool,
+    /// A request of the `-n` budget taken when the connection began to open, for its first
+    /// request (or its failed connect): no connection is opened that no request will use.
+    reserved: bool,
+    /// Bytes read for the exchange in flight.
+    bytes: u64,
     buf: Box<[u8]>,
 }
 
@@ -107,6 +117,10 @@ pub(super) async fn closed_loop(sh: &Thread, connections: usize) {
             state: State::Closed,
             start: now,
             deadline: now,
+            opened: now,
+            recorded: false,
+            reserved: false,
+            bytes: 0,
             buf: vec![0u8; READ_BUF].into_boxed_slice(),
         })
         .collect();
@@ -187,11 +201,14 @@ impl Conn {
     /// Writes the next request, starting its clock, unless the window has closed.
     fn send(&mut self, sh: &Thread) {
         let now = Instant::now();
-        if now >= sh.end {
+        self.recorded = now >= sh.t0;
+        let reserved = std::mem::take(&mut self.reserved);
+        if now >= sh.end || (self.recorded && !reserved && !sh.take()) {
             self.close(State::Done);
             return;
         }
-        self.start = now;
+        self.start = if sh.keep_alive { now } else { self.opened };
+        self.bytes = 0;
         self.deadline = now + sh.timeout;
         self.state = State::Writing { written: 0 };
     }
@@ -203,10 +220,12 @@ impl Conn {
             match &mut self.state {
                 State::Done | State::Armed => return,
                 State::Closed => {
-                    if now >= sh.end {
+                    if sh.over(now) || (now >= sh.t0 && !sh.take()) {
                         self.state = State::Done;
                         return;
                     }
+                    self.reserved = now >= sh.t0;
+                    self.opened = Instant::now();
                     self.state = State::Connecting(Box::pin(sh.open()));
                 }
                 State::Connecting(fut) => match fut.as_mut().poll(cx) {
@@ -218,10 +237,12 @@ impl Conn {
                     }
                     Poll::Ready(Err(failed)) => {
                         let now = Instant::now();
+                        // A failed connect uses the request of the `-n` budget it reserved.
+                        let reserved = std::mem::take(&mut self.reserved);
                         if now >= sh.end {
                             self.state = State::Done;
                         } else {
-                            sh.connect_error(now >= sh.t0, failed);
+                            sh.connect_error(reserved || now >= sh.t0, failed);
                             self.state = State::Closed;
                         }
                         return;
@@ -236,31 +257,42 @@ impl Conn {
                         return self.finish(sh, Outcome::Broken, false);
                     };
                     let request = &sh.request[*written..];
-                    match Pin::new(stream).poll_write(cx, request) {
-                        Poll::Ready(Ok(n)) if n == request.len() => {
-                            self.state = match &sh.websocket {
-                                Some(ws) => State::Echo(Echo::new(ws.message_size)),
-                                None => State::Head { filled: 0 },
-                            };
+                    if request.is_empty() {
+                        // Written whole: a TLS stream may still hold its last record, which a
+                        // flush sends; for TCP it is done at once.
+                        match Pin::new(stream).poll_flush(cx) {
+                            Poll::Ready(Ok(())) => {
+                                self.state = match &sh.websocket {
+                                    Some(ws) => State::Echo(Echo::new(ws.message_size)),
+                                    None => State::Head { filled: 0 },
+                                };
+                            }
+                            Poll::Ready(Err(_)) => return self.finish(sh, Outcome::Broken, false),
+                            Poll::Pending => return,
                         }
+                        continue;
+                    }
+                    match Pin::new(stream).poll_write(cx, request) {
                         Poll::Ready(Ok(n)) if n > 0 => *written += n,
                         Poll::Ready(_) => return self.finish(sh, Outcome::Broken, false),
                         Poll::Pending => return,
                     }
                 }
-                State::Head { .. } | State::Body { .. } | State::Echo(_) => match self.read(cx) {
-                    Read::Response { status, keep_alive } => {
-                        return self.finish(sh, Outcome::Response(status), keep_alive);
+                State::Head { .. } | State::Body { .. } | State::Echo(_) => {
+                    match self.read(cx, sh.head_request) {
+                        Read::Response { status, keep_alive } => {
+                            return self.finish(sh, Outcome::Response(status), keep_alive);
+                        }
+                        Read::Echo { keep_alive } => {
+                            return self.finish(sh, Outcome::Echo, keep_alive);
+                        }
+                        Read::Broken => return self.finish(sh, Outcome::Broken, false),
+                        Read::Pending if now >= self.deadline => {
+                            return self.finish(sh, Outcome::Timeout, false);
+                        }
+                        Read::Pending => return,
                     }
-                    Read::Echo { keep_alive } => {
-                        return self.finish(sh, Outcome::Echo, keep_alive);
-                    }
-                    Read::Broken => return self.finish(sh, Outcome::Broken, false),
-                    Read::Pending if now >= self.deadline => {
-                        return self.finish(sh, Outcome::Timeout, false);
-                    }
-                    Read::Pending => return,
-                },
+                }
             }
         }
     }
@@ -268,9 +300,8 @@ impl Conn {
     /// Records the exchange that just ended and arms the connection for the next one, on a new
     /// connection unless this one can be kept.
     fn finish(&mut self, sh: &Thread, outcome: Outcome, keep_alive: bool) {
-        let recorded = self.start >= sh.t0;
-        sh.record(recorded, outcome, self.start.elapsed());
-        if keep_alive {
+        sh.record(self.recorded, outcome, self.start.elapsed(), self.bytes);
+        if keep_alive && sh.keep_alive {
             self.state = State::Armed;
         } else {
             self.close(State::Closed);
@@ -284,7 +315,7 @@ impl Conn {
 
     /// Reads what has arrived of the response. Interim 1xx responses are skipped; bytes after the
     /// response, which nothing asked for, make the connection unusable for the next request.
-    fn read(&mut self, cx: &mut Context<'_>) -> Read {
+    fn read(&mut self, cx: &mut Context<'_>, head_request: bool) -> Read {
         // Bounded: every turn reads more bytes, or returns.
         loop {
             let Some(stream) = &mut self.stream else {
@@ -302,6 +333,7 @@ impl Conn {
                 Poll::Ready(Err(_)) => return Read::Broken,
                 Poll::Pending => return Read::Pending,
             };
+            self.bytes += n as u64;
             let done = match &mut self.state {
                 State::Head { filled } => {
                     if n == 0 {
@@ -309,7 +341,7 @@ impl Conn {
                     }
                     *filled += n;
                     let filled = *filled;
-                    self.on_head_bytes(filled)
+                    self.on_head_bytes(filled, head_request)
                 }
                 State::Body {
                     decoder,
@@ -357,10 +389,10 @@ impl Conn {
 
     /// Parses the head in `buf[..filled]`; moves on to the body once it is complete. `Some` when
     /// the exchange is over.
-    fn on_head_bytes(&mut self, mut filled: usize) -> Option<Read> {
+    fn on_head_bytes(&mut self, mut filled: usize, head_request: bool) -> Option<Read> {
         // Bounded: each turn drops an interim response from the buffer.
         loop {
-            let head = match parse_head(&self.buf[..filled]) {
+            let head = match parse_head(&self.buf[..filled], head_request) {
                 Ok(Some(h)) => h,
                 Ok(None) if filled == self.buf.len() => return Some(Read::Broken),
                 Ok(None) => {

@@ -22,7 +22,6 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use tokio::net::TcpStream;
 use tokio::task::LocalSet;
 
 use super::BenchError;
@@ -35,11 +34,16 @@ use crate::cpus::pin_current_thread;
 
 /// How often the coordinating thread reports progress while the threads run.
 const TICK: Duration = Duration::from_millis(250);
+/// With `-n`, the recorded window ends when the requests are spent; this only bounds a run whose
+/// requests never finish (each is bounded by the timeout, so it is never reached in practice).
+const COUNTED_WINDOW_BOUND: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// One run of one target, as the threads need it.
 #[derive(Debug)]
 pub(crate) struct Plan {
     pub addr: SocketAddr,
+    /// `https://`: how connections shake hands.
+    pub tls: Option<super::tls::Tls>,
     /// The request bytes, built once for the whole bench and written as is on every exchange
     /// (with `--ws`, the message's frame).
     pub request: Arc<[u8]>,
@@ -51,7 +55,13 @@ pub(crate) struct Plan {
     pub cpus: Vec<usize>,
     pub warmup: Duration,
     pub duration: Duration,
+    /// `-n`: the recorded window is this many requests, not `duration`.
+    pub requests: Option<u64>,
     pub timeout: Duration,
+    /// The request is a `HEAD` (its responses have no body).
+    pub head_request: bool,
+    /// `--disable-keepalive` turns this off: one request per connection.
+    pub keep_alive: bool,
     /// Total requests per second in open loop; `None` is closed loop.
     pub rate: Option<f64>,
 }
@@ -66,23 +76,33 @@ pub(crate) struct RunResult {
     /// From the start of the recorded window until the slowest thread had every request it sent
     /// answered (or timed out): the time the recorded requests took.
     pub elapsed: Duration,
+    /// Why the first failed connect failed, if one did.
+    pub connect_failure: Option<std::io::ErrorKind>,
+}
+
+/// What the threads have done so far, warm-up included, for the progress line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Done {
+    pub responses: u64,
+    pub errors: u64,
 }
 
 /// What each thread sends the coordinating thread.
 enum Msg {
     /// Pinned and ready to start, or why not.
     Ready(Result<(), BenchError>),
-    Done(Result<RunResult, BenchError>),
+    /// Boxed: a run's counts are large beside the other messages.
+    Done(Result<Box<RunResult>, BenchError>),
 }
 
 /// Runs `plan` on its pinned threads and blocks until they are done. While they run, `tick` is
-/// called every 250 ms on this thread with the time since the start and the responses so far
-/// (warm-up included).
+/// called every 250 ms on this thread with the time since the start and the responses and
+/// errors so far (warm-up included).
 ///
 /// The calling thread is not pinned: it only waits, and it belongs to the caller.
 pub(crate) fn run(
     plan: &Arc<Plan>,
-    tick: &mut dyn FnMut(Duration, u64),
+    tick: &mut dyn FnMut(Duration, Done),
 ) -> Result<RunResult, BenchError> {
     let (tx, rx) = mpsc::channel();
     let progress: Arc<Vec<Progress>> =
@@ -143,8 +163,17 @@ pub(crate) fn run(
             Ok(Msg::Done(r)) => results.push(r),
             Ok(Msg::Ready(_)) => {}
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let responses = progress.iter().map(|p| p.0.load(Ordering::Relaxed)).sum();
-                tick(begin.elapsed(), responses);
+                let done = Done {
+                    responses: progress
+                        .iter()
+                        .map(|p| p.responses.load(Ordering::Relaxed))
+                        .sum(),
+                    errors: progress
+                        .iter()
+                        .map(|p| p.errors.load(Ordering::Relaxed))
+                        .sum(),
+                };
+                tick(begin.elapsed(), done);
             }
             // A thread died without reporting; `join` says which.
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -157,6 +186,7 @@ pub(crate) fn run(
         recorded: Counts::default(),
         warmup: Counts::default(),
         elapsed: Duration::ZERO,
+        connect_failure: None,
     };
     for r in results {
         let r = r?;
@@ -164,6 +194,7 @@ pub(crate) fn run(
         merged.recorded.add(&r.recorded);
         merged.warmup.add(&r.warmup);
         merged.elapsed = merged.elapsed.max(r.elapsed);
+        merged.connect_failure = merged.connect_failure.or(r.connect_failure);
     }
     Ok(merged)
 }
@@ -219,19 +250,34 @@ fn thread_main(
 
     let begin = Instant::now();
     let t0 = begin + plan.warmup;
+    // With `-n` the window ends when the budget is spent; `end` only has to be out of reach.
+    let (end, budget) = match plan.requests {
+        Some(n) => {
+            let threads = plan.threads as u64;
+            let share = n / threads + u64::from((thread as u64) < n % threads);
+            (t0 + COUNTED_WINDOW_BOUND, share)
+        }
+        None => (t0 + plan.duration, u64::MAX),
+    };
     let shared = Rc::new(Thread {
         addr: plan.addr,
+        tls: plan.tls.clone(),
         request: plan.request.clone(),
         websocket: plan.websocket.clone(),
         timeout: plan.timeout,
+        head_request: plan.head_request,
+        keep_alive: plan.keep_alive,
+        budget: std::cell::Cell::new(budget),
         begin,
         t0,
-        end: t0 + plan.duration,
+        end,
         stats: RefCell::new(Stats {
             histogram,
             recorded: Counts::default(),
             warmup: Counts::default(),
             responses: 0,
+            errors: 0,
+            connect_failure: None,
         }),
         progress,
         thread,
@@ -273,13 +319,14 @@ fn thread_main(
                     recorded: s.recorded,
                     warmup: s.warmup,
                     elapsed,
+                    connect_failure: s.connect_failure,
                 })
             }
             // Every task has ended and dropped its handle; this is the last one.
             Err(_) => Err(BenchError::ThreadPanicked { thread }),
         }
     };
-    let _ = tx.send(Msg::Done(result));
+    let _ = tx.send(Msg::Done(result.map(Box::new)));
 }
 
 /// Sends `Ready(Err(ThreadPanicked))` if dropped, which only happens when setup panics; a
@@ -309,7 +356,7 @@ impl Drop for SetupGuard<'_> {
 /// is sent once the window has closed, even for slots inside it that came due late.
 async fn open_loop(sh: &Thread, g: usize, connections: usize, rate: f64) {
     let mut buf = vec![0u8; READ_BUF];
-    let mut conn: Option<TcpStream> = None;
+    let mut conn: Option<super::tls::Stream> = None;
     let timer = tokio::time::sleep(sh.timeout);
     tokio::pin!(timer);
     let wait = tokio::time::sleep(Duration::ZERO);
@@ -334,21 +381,22 @@ async fn open_loop(sh: &Thread, g: usize, connections: usize, rate: f64) {
         };
         // A connection far behind schedule (a server that times out) still stops with the
         // window: its remaining slots are not sent at all.
-        if Instant::now() >= sh.end {
+        if Instant::now() >= sh.end || (recorded && !sh.take()) {
             break;
         }
         let stream = match conn {
             Some(ref mut s) => s,
-            None => match connect(sh.addr, sh.timeout).await {
+            None => match connect(sh.addr, sh.timeout, sh.tls.as_ref()).await {
                 Ok(s) => conn.insert(s),
-                Err(_) => {
-                    sh.connect_error(recorded, Failed::Connect);
+                Err(e) => {
+                    // The slot's `-n` budget was taken above: the failed connect is its outcome.
+                    sh.connect_error(recorded, Failed::Connect(e.kind()));
                     continue;
                 }
             },
         };
-        let (outcome, keep_alive) = sh.exchange(stream, &mut buf, timer.as_mut()).await;
-        sh.record(recorded, outcome, start.elapsed());
+        let (outcome, keep_alive, bytes) = sh.exchange(stream, &mut buf, timer.as_mut()).await;
+        sh.record(recorded, outcome, start.elapsed(), bytes);
         if !keep_alive {
             conn = None;
         }

@@ -35,6 +35,7 @@ mod load;
 pub mod report;
 pub mod stats;
 mod thread;
+mod tls;
 pub(crate) mod wire;
 pub(crate) mod ws;
 
@@ -49,10 +50,12 @@ use std::time::Duration;
 use http::Uri;
 
 pub use report::{Overhead, Report, RoundReport, TargetReport};
-pub use stats::{AddedLatency, Counts, CurvePoint, Errors, Latency, Spread};
+pub use stats::{AddedLatency, Counts, CurvePoint, Errors, Latency, Spread, Statuses};
+pub use tls::Trust;
+pub use wire::RequestSpec;
 
 use crate::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list};
-use load::Plan;
+use load::{Done, Plan};
 
 /// What to load: `NAME=URL`, or just `URL` (then the name is the URL).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,13 +85,13 @@ impl FromStr for Target {
         }
         let url: Uri = url.parse().map_err(|e| bad(&format!("not a URL: {e}")))?;
         match url.scheme_str() {
-            Some("http") => {}
+            Some("http" | "https") => {}
             Some(other) => {
                 return Err(bad(&format!(
-                    "only http:// URLs are supported, not {other}://"
+                    "only http:// and https:// URLs are supported, not {other}://"
                 )));
             }
-            None => return Err(bad("expected an http:// URL")),
+            None => return Err(bad("expected an http:// or https:// URL")),
         }
         if url.host().is_none_or(str::is_empty) {
             return Err(bad("the URL has no host"));
@@ -101,13 +104,21 @@ impl FromStr for Target {
 }
 
 impl Target {
+    /// Whether the URL is `https://`.
+    fn is_https(&self) -> bool {
+        self.url.scheme_str() == Some("https")
+    }
+
     /// The socket address to connect to: the URL's host resolved (the first address), and its
-    /// port or 80.
+    /// port or the scheme's (80, 443).
     fn resolve(&self) -> Result<SocketAddr, BenchError> {
         let host = self.url.host().unwrap_or_default();
         // `Uri` keeps IPv6 literals in brackets; the resolver wants them bare.
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        let port = self.url.port_u16().unwrap_or(80);
+        let port = self
+            .url
+            .port_u16()
+            .unwrap_or(if self.is_https() { 443 } else { 80 });
         let resolve_err = |source| BenchError::Resolve {
             target: self.name.clone(),
             source,
@@ -132,6 +143,11 @@ pub struct BenchOptions {
     pub threads: usize,
     /// The recorded window of each run.
     pub duration: Duration,
+    /// `-n`: the recorded window of each run is this many requests instead of `duration`.
+    pub requests: Option<u64>,
+    /// The method, headers, body and HTTP version of every request, and whether connections
+    /// are kept alive.
+    pub request: RequestSpec,
     /// Load before each recorded window, on the same connections, not recorded.
     pub warmup: Duration,
     pub rounds: usize,
@@ -145,8 +161,11 @@ pub struct BenchOptions {
     pub cpus: Vec<usize>,
     /// Per request (and per connect), like wrk's `--timeout`.
     pub timeout: Duration,
-    /// Show a live progress line on stderr. Only ever drawn when stderr is a terminal, so a
-    /// caller can leave it on.
+    /// Which certificates `https://` targets are checked against.
+    pub trust: Trust,
+    /// Show a live progress line on stderr. Only ever drawn when both stdout and stderr are a
+    /// terminal (a person watching, output not captured by a script), so a caller can leave it
+    /// on.
     pub progress: bool,
 }
 
@@ -181,6 +200,8 @@ pub enum BenchError {
     HistogramCreate(#[from] hdrhistogram::CreationError),
     #[error("latency histogram: {0}")]
     HistogramMerge(#[from] hdrhistogram::AdditionError),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("cannot write chart {path}: {reason}")]
     Plot { path: PathBuf, reason: String },
 }
@@ -199,10 +220,19 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
                     let (ws, frame) = ws::WsPlan::new(&t.url, size);
                     (frame, Some(Arc::new(ws)))
                 }
-                None => (wire::request_bytes(&t.url), None),
+                None => (wire::request_bytes(&t.url, &opts.request), None),
+            };
+            let tls = if t.is_https() {
+                Some(tls::Tls::new(
+                    t.url.host().unwrap_or_default(),
+                    &opts.trust,
+                )?)
+            } else {
+                None
             };
             Ok(Arc::new(Plan {
                 addr: t.resolve()?,
+                tls,
                 request: request.into(),
                 websocket,
                 connections: opts.connections,
@@ -210,30 +240,33 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
                 cpus: cpus.clone(),
                 warmup: opts.warmup,
                 duration: opts.duration,
+                requests: opts.requests,
                 timeout: opts.timeout,
+                head_request: opts.request.method == http::Method::HEAD,
+                keep_alive: opts.request.keep_alive,
                 rate: opts.rate,
             }))
         })
         .collect::<Result<Vec<_>, BenchError>>()?;
 
-    let show = opts.progress && std::io::stderr().is_terminal();
+    let show = opts.progress && std::io::stderr().is_terminal() && std::io::stdout().is_terminal();
     let mut runs: Vec<Vec<load::RunResult>> = plans.iter().map(|_| Vec::new()).collect();
     let mut result = Ok(());
     'rounds: for round in 0..opts.rounds {
         for ((plan, target), results) in plans.iter().zip(&opts.targets).zip(&mut runs) {
             let mut last = (Duration::ZERO, 0u64);
-            let mut tick = |elapsed: Duration, responses: u64| {
+            let mut tick = |elapsed: Duration, done: Done| {
                 if !show {
                     return;
                 }
                 let dt = elapsed.saturating_sub(last.0).as_secs_f64();
                 let rate = if dt > 0.0 {
-                    responses.saturating_sub(last.1) as f64 / dt
+                    done.responses.saturating_sub(last.1) as f64 / dt
                 } else {
                     0.0
                 };
-                last = (elapsed, responses);
-                let line = progress_line(round, opts, &target.name, elapsed, rate);
+                last = (elapsed, done.responses);
+                let line = progress_line(round, opts, &target.name, elapsed, rate, done);
                 let _ = write!(std::io::stderr(), "\r\x1b[K{line}");
             };
             match load::run(plan, &mut tick) {
@@ -270,6 +303,9 @@ fn check_options(opts: &BenchOptions) -> Result<Vec<usize>, BenchError> {
     if opts.duration.is_zero() {
         return bad("the duration must be greater than 0".into());
     }
+    if opts.requests == Some(0) {
+        return bad("-n must be at least 1".into());
+    }
     if opts.timeout.is_zero() {
         return bad("the timeout must be greater than 0".into());
     }
@@ -302,19 +338,22 @@ fn check_options(opts: &BenchOptions) -> Result<Vec<usize>, BenchError> {
     Ok(opts.cpus.clone())
 }
 
-/// The live progress line: `round 2/5  proxied  3.2/10 s  48211 req/s`, or the warm-up's
-/// progress before the recorded window starts.
+/// The live progress line: `round 2/5  proxied  3.2/10 s  48211 req/s  0 errors`, the
+/// warm-up's progress before the recorded window starts, and with `-n` the responses so far.
 fn progress_line(
     round: usize,
     opts: &BenchOptions,
     target: &str,
     elapsed: Duration,
     rate: f64,
+    done: Done,
 ) -> String {
     let e = elapsed.as_secs_f64();
     let warmup = opts.warmup.as_secs_f64();
     let phase = if e < warmup {
         format!("warm-up {e:.1}/{warmup:.1} s")
+    } else if let Some(n) = opts.requests {
+        format!("{:.1} s  {} responses of {n}", e - warmup, done.responses)
     } else {
         format!(
             "{:.1}/{:.1} s",
@@ -328,41 +367,69 @@ fn progress_line(
         "req/s"
     };
     format!(
-        "round {}/{}  {target}  {phase}  {rate:.0} {unit}",
+        "round {}/{}  {target}  {phase}  {rate:.0} {unit}  {} errors",
         round + 1,
-        opts.rounds
+        opts.rounds,
+        done.errors
     )
 }
 
 /// `pinlb bench`'s command line.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Targets, compared against the first: NAME=URL or URL (http:// only).
+    /// Targets, compared against the first: NAME=URL or URL (http:// or https://).
     #[arg(required = true, value_name = "TARGET")]
     pub targets: Vec<Target>,
-    /// Keep-alive connections per target.
+    /// Connections open at once per target (ab's concurrency); kept alive unless
+    /// --disable-keepalive.
     #[arg(short, long, default_value_t = 64)]
     pub connections: usize,
     /// Load threads [default: the number of --cpus, at most -c].
     #[arg(short, long)]
     pub threads: Option<usize>,
-    /// Recorded duration of each run.
+    /// Recorded duration of each run (wrk's -d).
     #[arg(short, long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
-    /// Unrecorded load before each recorded run.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub warmup: Duration,
-    /// Rounds; each runs every target once, in order.
-    #[arg(long, default_value_t = 3)]
-    pub rounds: usize,
+    /// Send this many requests per run instead of running for a duration (ab's and oha's -n);
+    /// then --warmup defaults to 0 and --rounds to 1, as ab measures.
+    #[arg(short = 'n', long, value_name = "N", conflicts_with = "duration")]
+    pub requests: Option<u64>,
+    /// Unrecorded load before each recorded run [default: 1s, or 0s with -n].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub warmup: Option<Duration>,
+    /// Rounds; each runs every target once, in order [default: 3, or 1 with -n].
+    #[arg(long)]
+    pub rounds: Option<usize>,
     /// Open loop at this many requests/s in total, latency from the scheduled send time
     /// (corrected for coordinated omission) [default: closed loop].
     #[arg(long, value_name = "REQ_PER_S")]
     pub rate: Option<f64>,
+    /// The request method (ab's -m, oha's -m, curl's -X).
+    #[arg(short, long, value_name = "METHOD", default_value = "GET")]
+    pub method: http::Method,
+    /// A header for every request, "Name: value"; repeat it for more (ab, wrk, oha, curl: -H).
+    /// One named Host replaces the URL's.
+    #[arg(short = 'H', long = "header", value_name = "HEADER", value_parser = wire::parse_header)]
+    pub headers: Vec<(String, String)>,
+    /// The request body, sent with its Content-Length (curl's --data; -d is the duration, as in
+    /// wrk).
+    #[arg(long, value_name = "STRING", conflicts_with = "body_file")]
+    pub body: Option<String>,
+    /// The request body, read from FILE (ab's -p, oha's -D).
+    #[arg(long, value_name = "FILE")]
+    pub body_file: Option<PathBuf>,
+    /// A new connection for every request, which asks the server to close it: ab's default
+    /// (ab -k keeps alive). Latency then counts the connect, as ab's does.
+    #[arg(long)]
+    pub disable_keepalive: bool,
+    /// Send HTTP/1.0 requests, as ab does (kept alive with Connection: keep-alive unless
+    /// --disable-keepalive).
+    #[arg(long = "http1.0")]
+    pub http10: bool,
     /// WebSocket echo instead of HTTP requests: each connection upgrades its target's URL
     /// once (not timed), then sends a binary message and waits for its echo, over and over;
     /// rates are messages/s. Closed loop only.
-    #[arg(long, conflicts_with = "rate")]
+    #[arg(long, conflicts_with_all = ["rate", "body", "body_file", "disable_keepalive", "http10"])]
     pub ws: bool,
     /// With --ws: the size of each message ("64", "1KiB").
     #[arg(long, value_name = "SIZE", default_value = "64", requires = "ws")]
@@ -373,6 +440,13 @@ pub struct BenchArgs {
     /// Per request (and connect).
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// https://: take any certificate (curl's -k), for a test server's self-signed one.
+    #[arg(short = 'k', long, conflicts_with = "cacert")]
+    pub insecure: bool,
+    /// https://: trust the certificates in this PEM file (curl's --cacert) [default: the
+    /// system's, /etc/ssl/certs/ca-certificates.crt].
+    #[arg(long, value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
     /// Also write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -400,25 +474,51 @@ impl BenchArgs {
         } else {
             None
         };
+        let body = match (&self.body, &self.body_file) {
+            (Some(s), _) => Some(s.clone().into_bytes()),
+            (None, Some(path)) => Some(std::fs::read(path).map_err(|e| {
+                BenchError::Options(format!("--body-file {}: {e}", path.display()))
+            })?),
+            (None, None) => None,
+        };
+        let counted = self.requests.is_some();
         Ok(BenchOptions {
             targets: self.targets.clone(),
             websocket,
             connections: self.connections,
             threads,
             duration: self.duration,
-            warmup: self.warmup,
-            rounds: self.rounds,
+            requests: self.requests,
+            request: RequestSpec {
+                method: self.method.clone(),
+                headers: self.headers.clone(),
+                body,
+                http10: self.http10,
+                keep_alive: !self.disable_keepalive,
+            },
+            warmup: self.warmup.unwrap_or(if counted {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(1)
+            }),
+            rounds: self.rounds.unwrap_or(if counted { 1 } else { 3 }),
             rate: self.rate,
             cpus,
             timeout: self.timeout,
+            trust: match (&self.cacert, self.insecure) {
+                (Some(path), _) => Trust::File(path.clone()),
+                (None, true) => Trust::Insecure,
+                (None, false) => Trust::System,
+            },
             progress: true,
         })
     }
 }
 
 /// `pinlb bench`: runs, prints the table to stdout, writes `--json` and `--plot`. Exits 1 when
-/// the bench cannot run or a file cannot be written; errors during the run are results, not
-/// failures, and are in the table.
+/// the bench cannot run, a file cannot be written, or a target answered no request at all
+/// (refused every connection, say): then no figure compares anything. Other errors during the
+/// run are results, and are in the table.
 pub fn main(args: BenchArgs) -> ExitCode {
     let report = match args.options().and_then(|o| run(&o)) {
         Ok(r) => r,
@@ -429,6 +529,10 @@ pub fn main(args: BenchArgs) -> ExitCode {
     };
     print!("{}", report.table());
     let mut code = ExitCode::SUCCESS;
+    for failure in report.failures() {
+        eprintln!("pinlb bench: {failure}");
+        code = ExitCode::FAILURE;
+    }
     if let Some(path) = &args.json {
         if let Err(e) = report.write_json(path) {
             eprintln!("pinlb bench: cannot write {}: {e}", path.display());
@@ -464,8 +568,9 @@ mod tests {
 
     #[test]
     fn only_http_urls_with_a_host_are_targets() {
+        assert!(target("https://example.com/").is_ok());
         for bad in [
-            "https://example.com/",
+            "ftp://example.com/",
             "127.0.0.1:8881",
             "=http://127.0.0.1/",
             "x=not a url",
@@ -481,6 +586,8 @@ mod tests {
         assert_eq!(t.resolve().unwrap(), "127.0.0.1:80".parse().unwrap());
         let t = target("http://[::1]:8080/").unwrap();
         assert_eq!(t.resolve().unwrap(), "[::1]:8080".parse().unwrap());
+        let t = target("https://127.0.0.1/").unwrap();
+        assert_eq!(t.resolve().unwrap(), "127.0.0.1:443".parse().unwrap());
     }
 
     fn opts() -> BenchOptions {
@@ -489,12 +596,15 @@ mod tests {
             connections: 4,
             threads: 2,
             duration: Duration::from_secs(1),
+            requests: None,
+            request: RequestSpec::default(),
             warmup: Duration::from_secs(1),
             rounds: 1,
             rate: None,
             websocket: None,
             cpus: Vec::new(),
             timeout: Duration::from_secs(2),
+            trust: Trust::default(),
             progress: false,
         }
     }
@@ -532,6 +642,10 @@ mod tests {
                 ..opts()
             },
             BenchOptions {
+                requests: Some(0),
+                ..opts()
+            },
+            BenchOptions {
                 cpus: vec![100_000],
                 ..opts()
             },
@@ -552,13 +666,25 @@ mod tests {
             rounds: 5,
             ..opts()
         };
+        let done = Done {
+            responses: 70,
+            errors: 3,
+        };
         assert_eq!(
-            progress_line(1, &o, "proxied", Duration::from_millis(400), 0.0),
-            "round 2/5  proxied  warm-up 0.4/1.0 s  0 req/s"
+            progress_line(1, &o, "proxied", Duration::from_millis(400), 0.0, done),
+            "round 2/5  proxied  warm-up 0.4/1.0 s  0 req/s  3 errors"
         );
         assert_eq!(
-            progress_line(1, &o, "proxied", Duration::from_millis(1500), 48211.4),
-            "round 2/5  proxied  0.5/1.0 s  48211 req/s"
+            progress_line(1, &o, "proxied", Duration::from_millis(1500), 48211.4, done),
+            "round 2/5  proxied  0.5/1.0 s  48211 req/s  3 errors"
+        );
+        let counted = BenchOptions {
+            requests: Some(100),
+            ..o
+        };
+        assert_eq!(
+            progress_line(0, &counted, "ab", Duration::from_millis(1500), 10.0, done),
+            "round 1/5  ab  0.5 s  70 responses of 100  10 req/s  3 errors"
         );
     }
 }

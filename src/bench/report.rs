@@ -26,6 +26,15 @@ pub struct Report {
     pub cpus: Vec<usize>,
     pub rounds: usize,
     pub duration_s: f64,
+    /// `-n`: each run was this many requests, and `duration_s` does not apply.
+    pub requests_per_run: Option<u64>,
+    /// The method and HTTP version of the requests, and whether connections were kept alive.
+    pub method: String,
+    pub http_version: String,
+    pub keep_alive: bool,
+    /// What a reader of the chart needs to trust it: pinlb's version and the machine's cores.
+    pub pinlb_version: String,
+    pub machine_cores: usize,
     pub warmup_s: f64,
     pub timeout_s: f64,
     /// Requests per second in open loop; `None` for closed loop.
@@ -58,6 +67,8 @@ pub struct TargetReport {
     /// The merged latency histogram of the recorded windows, in ns.
     #[serde(skip)]
     pub histogram: Histogram<u64>,
+    /// Why the first failed connect failed ("connection refused"), if one did.
+    pub connect_failure: Option<String>,
 }
 
 /// One round of one target.
@@ -84,6 +95,10 @@ pub struct Overhead {
     pub throughput_ratio: Option<f64>,
     /// This target's latency − the first's, at each percentile of the merged histograms.
     pub added_latency: AddedLatency,
+    /// How far each percentile moved between rounds: half the range of the first target's
+    /// per-round values plus half of this one's. An added latency within it is noise, and the
+    /// table prints it as "≈0".
+    pub noise: AddedLatency,
 }
 
 impl Report {
@@ -95,6 +110,10 @@ impl Report {
     ) -> Result<Report, BenchError> {
         let mut targets: Vec<TargetReport> = Vec::with_capacity(runs.len());
         for (target, rounds) in opts.targets.iter().zip(runs) {
+            let connect_failure = rounds
+                .iter()
+                .find_map(|r| r.connect_failure)
+                .map(|k| k.to_string());
             let mut histogram = new_histogram()?;
             let mut requests = Counts::default();
             let mut warmup = Counts::default();
@@ -117,10 +136,21 @@ impl Report {
             let latency = Latency::of(&histogram);
             let vs_first = targets.first().map(|first| {
                 let first_rps: Vec<f64> = first.rounds.iter().map(|r| r.requests_per_sec).collect();
+                let band = |pick: fn(&Latency) -> f64| {
+                    half_range(first.rounds.iter().map(|r| pick(&r.latency)))
+                        + half_range(per_round.iter().map(|r| pick(&r.latency)))
+                };
                 Overhead {
                     against: first.name.clone(),
                     throughput_ratio: stats::paired_ratio(&rps, &first_rps),
                     added_latency: latency.minus(&first.latency),
+                    noise: AddedLatency {
+                        p50_us: band(|l| l.p50_us),
+                        p90_us: band(|l| l.p90_us),
+                        p99_us: band(|l| l.p99_us),
+                        p999_us: band(|l| l.p999_us),
+                        max_us: band(|l| l.max_us),
+                    },
                 }
             });
             targets.push(TargetReport {
@@ -138,6 +168,7 @@ impl Report {
                 rounds: per_round,
                 percentiles: stats::percentile_curve(&histogram),
                 histogram,
+                connect_failure,
             });
         }
         Ok(Report {
@@ -146,6 +177,12 @@ impl Report {
             cpus: cpus.to_vec(),
             rounds: opts.rounds,
             duration_s: opts.duration.as_secs_f64(),
+            requests_per_run: opts.requests,
+            method: opts.request.method.to_string(),
+            http_version: if opts.request.http10 { "1.0" } else { "1.1" }.into(),
+            keep_alive: opts.request.keep_alive,
+            pinlb_version: env!("CARGO_PKG_VERSION").into(),
+            machine_cores: machine_cores(),
             warmup_s: opts.warmup.as_secs_f64(),
             timeout_s: opts.timeout.as_secs_f64(),
             rate: opts.rate,
@@ -182,6 +219,25 @@ impl Report {
                 errors(&t.requests.errors),
             );
         }
+        out.push_str(
+            "\nresponses (recorded windows, all rounds):\n\n| target | 1xx | 2xx | 3xx | 4xx | 5xx | codes | bytes read |\n|---|---:|---:|---:|---:|---:|---|---:|\n",
+        );
+        for t in &self.targets {
+            let st = &t.requests.statuses;
+            let c = st.classes;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                t.name,
+                c[0],
+                c[1],
+                c[2],
+                c[3],
+                c[4],
+                codes(st),
+                t.requests.bytes_read,
+            );
+        }
         let others: Vec<&TargetReport> = self.targets.iter().skip(1).collect();
         if let (Some(first), false) = (self.targets.first(), others.is_empty()) {
             let _ = writeln!(
@@ -196,22 +252,45 @@ impl Report {
             for t in others {
                 let Some(o) = &t.vs_first else { continue };
                 let a = &o.added_latency;
+                // A target that answered nothing has no ratio and no latency to compare.
+                if t.requests.responses == 0 || first.requests.responses == 0 {
+                    let _ = writeln!(out, "| {} | n/a | n/a | n/a | n/a | n/a | n/a |", t.name);
+                    continue;
+                }
                 let ratio = o
                     .throughput_ratio
                     .map_or_else(|| "n/a".into(), |r| format!("{r:.2}×"));
+                let n = &o.noise;
                 let _ = writeln!(
                     out,
                     "| {} | {ratio} | {} | {} | {} | {} | {} |",
                     t.name,
-                    signed_us(a.p50_us),
-                    signed_us(a.p90_us),
-                    signed_us(a.p99_us),
-                    signed_us(a.p999_us),
-                    signed_us(a.max_us),
+                    added(a.p50_us, n.p50_us),
+                    added(a.p90_us, n.p90_us),
+                    added(a.p99_us, n.p99_us),
+                    added(a.p999_us, n.p999_us),
+                    added(a.max_us, n.max_us),
                 );
             }
         }
         out
+    }
+
+    /// One line per target that answered nothing at all, saying why: `pinlb bench` exits 1
+    /// when there are any, since no figure of the run then means anything.
+    pub fn failures(&self) -> Vec<String> {
+        self.targets
+            .iter()
+            .filter(|t| t.requests.responses == 0)
+            .map(|t| {
+                let e = &t.requests.errors;
+                let why = match (&t.connect_failure, e.connect) {
+                    (Some(kind), n) if n > 0 => format!("{n} connect(s) failed: {kind}"),
+                    _ => format!("errors: {}", errors(e)),
+                };
+                format!("target {} ({}) answered no request; {why}", t.name, t.url)
+            })
+            .collect()
     }
 
     /// What the rates count: `req/s`, or `msg/s` for WebSocket messages.
@@ -239,11 +318,28 @@ impl Report {
         } else {
             String::new()
         };
+        let window = match self.requests_per_run {
+            Some(n) => format!("{n} requests"),
+            None => format!("{} s", secs(self.duration_s)),
+        };
+        let request = if self.message_size.is_some() {
+            String::new()
+        } else {
+            format!(
+                "; {} over HTTP/{}{}",
+                self.method,
+                self.http_version,
+                if self.keep_alive {
+                    ""
+                } else {
+                    ", a new connection per request"
+                }
+            )
+        };
         format!(
-            "{} target(s), {} interleaved round(s) of {} s{warmup}; {mode}; {} connection(s) on {} thread(s), cores {}; timeout {} s",
+            "{} target(s), {} interleaved round(s) of {window}{warmup}; {mode}{request}; {} connection(s) on {} thread(s), cores {}; timeout {} s",
             self.targets.len(),
             self.rounds,
-            secs(self.duration_s),
             self.connections,
             self.threads,
             format_cpu_list(&self.cpus),
@@ -267,6 +363,39 @@ impl Report {
         };
         let svg = self.svg().map_err(plot_err)?;
         std::fs::write(path, svg).map_err(|e| plot_err(e.to_string()))
+    }
+
+    /// The chart's subtitle, two lines a reader can trust without the terminal: how it was
+    /// measured, and each target's rate.
+    fn subtitle(&self) -> [String; 2] {
+        let window = match self.requests_per_run {
+            Some(n) => format!("{n} requests"),
+            None => format!("{} s", secs(self.duration_s)),
+        };
+        let rates = self
+            .targets
+            .iter()
+            .map(|t| {
+                format!(
+                    "{} {:.0} {}",
+                    t.name,
+                    t.requests_per_sec.median,
+                    self.unit()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        [
+            format!(
+                "{} connection(s), {} round(s) of {window}, load on cores {} · pinlb {} · {} core(s) on the machine",
+                self.connections,
+                self.rounds,
+                format_cpu_list(&self.cpus),
+                self.pinlb_version,
+                self.machine_cores,
+            ),
+            format!("median of rounds: {rates}"),
+        ]
     }
 
     fn svg(&self) -> Result<String, String> {
@@ -299,9 +428,19 @@ impl Report {
 
         let mut svg = String::new();
         {
-            let root = SVGBackend::with_string(&mut svg, (900, 540)).into_drawing_area();
+            let root = SVGBackend::with_string(&mut svg, (900, 580)).into_drawing_area();
             root.fill(&WHITE).map_err(|e| e.to_string())?;
-            let mut chart = ChartBuilder::on(&root)
+            let (top, body) = root.split_vertically(64);
+            let style = ("sans-serif", 13).into_font().color(&BLACK.mix(0.75));
+            for (i, line) in self.subtitle().iter().enumerate() {
+                top.draw(&Text::new(
+                    line.clone(),
+                    (16, 36 + 15 * i as i32),
+                    style.clone(),
+                ))
+                .map_err(|e| e.to_string())?;
+            }
+            let mut chart = ChartBuilder::on(&body)
                 .caption("latency by percentile", ("sans-serif", 22))
                 .margin(16)
                 .margin_right(40)
@@ -322,6 +461,13 @@ impl Report {
                 .map_err(|e| e.to_string())?;
             for (i, (name, pts)) in lines.into_iter().enumerate() {
                 let color = Palette99::pick(i).to_rgba();
+                // Each line ends at the last percentile its own sample resolves (the maximum),
+                // marked with a dot: a shorter line had fewer responses, not a cut axis.
+                if let Some(&end) = pts.last() {
+                    chart
+                        .draw_series(std::iter::once(Circle::new(end, 4, color.filled())))
+                        .map_err(|e| e.to_string())?;
+                }
                 chart
                     .draw_series(LineSeries::new(pts, color.stroke_width(2)))
                     .map_err(|e| e.to_string())?
@@ -350,6 +496,49 @@ fn us(v: f64) -> String {
     } else {
         format!("{v:.1}")
     }
+}
+
+/// An added latency: "≈0 (±12.0)" when it is within the rounds' noise or below zero (a
+/// target cannot be faster than the one it stands in front of, so that is noise too), else
+/// "+35.2".
+fn added(v: f64, noise: f64) -> String {
+    if v.abs() <= noise || v < 0.0 {
+        format!("≈0 (±{})", us(noise.max(v.abs())))
+    } else {
+        signed_us(v)
+    }
+}
+
+/// Half the range of per-round values; 0 for none or one.
+fn half_range(values: impl Iterator<Item = f64>) -> f64 {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    if hi >= lo { (hi - lo) / 2.0 } else { 0.0 }
+}
+
+/// The status codes seen, most frequent first: "200 ×9000, 503 ×3".
+fn codes(st: &super::stats::Statuses) -> String {
+    let mut parts: Vec<String> = st.top().iter().map(|(c, n)| format!("{c} ×{n}")).collect();
+    if st.other_codes > 0 {
+        parts.push(format!("others ×{}", st.other_codes));
+    }
+    if parts.is_empty() {
+        "–".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// Cores the machine has online (not only those this process may use), for the chart.
+fn machine_cores() -> usize {
+    use procfs::Current as _;
+    procfs::CpuInfo::current()
+        .map(|c| c.num_cores())
+        .ok()
+        .filter(|&n| n > 0)
+        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+        .unwrap_or(1)
 }
 
 fn signed_us(v: f64) -> String {
@@ -404,9 +593,16 @@ mod tests {
                 responses: n,
                 ok: n,
                 errors: Errors::default(),
+                statuses: {
+                    let mut s = super::super::stats::Statuses::default();
+                    s.add(200, n);
+                    s
+                },
+                bytes_read: n * 100,
             },
             warmup: Counts::default(),
             elapsed: Duration::from_secs(1),
+            connect_failure: None,
         }
     }
 
@@ -419,12 +615,15 @@ mod tests {
             connections: 4,
             threads: 1,
             duration: Duration::from_secs(1),
+            requests: None,
+            request: crate::bench::RequestSpec::default(),
             warmup: Duration::ZERO,
             rounds: 2,
             rate: None,
             websocket: None,
             cpus: vec![0],
             timeout: Duration::from_secs(2),
+            trust: crate::bench::Trust::default(),
             progress: false,
         }
     }
@@ -459,6 +658,10 @@ mod tests {
         );
         assert!(t.contains("| proxied | 0.50× | +50.0 |"), "{t}");
         assert!(
+            t.contains("| direct | 0 | 3000 | 0 | 0 | 0 | 200 ×3000 | 300000 |"),
+            "{t}"
+        );
+        assert!(
             t.contains("2 interleaved round(s) of 1 s; closed loop"),
             "{t}"
         );
@@ -482,6 +685,11 @@ mod tests {
         assert!(svg.contains("direct") && svg.contains("proxied"));
         assert!(svg.contains("99.9%") && svg.contains("latency (ms)"));
         assert!(svg.matches("<polyline").count() >= 2);
+        assert_eq!(
+            svg.matches("<circle").count(),
+            2,
+            "each line's end is marked"
+        );
     }
 
     #[test]
@@ -504,6 +712,49 @@ mod tests {
             serde_json::to_value(report()).unwrap()["message_size"],
             serde_json::Value::Null
         );
+    }
+
+    #[test]
+    fn added_latency_within_the_noise_or_below_zero_is_about_zero() {
+        assert_eq!(added(50.0, 10.0), "+50.0");
+        assert_eq!(added(8.0, 10.0), "≈0 (±10.0)");
+        assert_eq!(added(-367.0, 10.0), "≈0 (±367)");
+        assert_eq!(half_range([3.0, 9.0, 5.0].into_iter()), 3.0);
+        assert_eq!(half_range(std::iter::empty()), 0.0);
+    }
+
+    #[test]
+    fn a_target_that_answered_nothing_is_a_failure_with_its_reason() {
+        let mut refused = run(0.0, 100);
+        refused.recorded.errors.connect = 7;
+        refused.connect_failure = Some(std::io::ErrorKind::ConnectionRefused);
+        let runs = vec![vec![run(1000.0, 100)], vec![refused]];
+        let opts = BenchOptions {
+            rounds: 1,
+            ..opts()
+        };
+        let r = Report::build(&opts, &[1], runs).unwrap();
+        let f = r.failures();
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(
+            f[0].contains("proxied") && f[0].contains("7 connect(s) failed: connection refused"),
+            "{f:?}"
+        );
+        let t = r.table();
+        assert!(t.contains("| proxied | n/a | n/a |"), "{t}");
+        assert!(!t.contains("0.00×"), "{t}");
+        assert!(report().failures().is_empty());
+    }
+
+    #[test]
+    fn the_chart_says_how_it_was_measured() {
+        let svg = report().svg().unwrap();
+        assert!(
+            svg.contains("4 connection(s), 2 round(s) of 1 s"),
+            "subtitle missing"
+        );
+        assert!(svg.contains("direct 1500 req/s, proxied 750 req/s"));
+        assert!(svg.contains(&format!("pinlb {}", env!("CARGO_PKG_VERSION"))));
     }
 
     #[test]

@@ -202,6 +202,86 @@ pub struct Counts {
     /// Responses with a 2xx status.
     pub ok: u64,
     pub errors: Errors,
+    /// Complete responses by status.
+    pub statuses: Statuses,
+    /// Bytes read from the target (heads and bodies, or echoes), in complete responses and
+    /// broken ones alike.
+    pub bytes_read: u64,
+}
+
+/// Responses by status class, and by code for the first [`CODES`] distinct codes seen (a
+/// server answers with a handful; the rest are counted as `other_codes`). Fixed-size, so that
+/// counting a response allocates nothing and `Counts` stays `Copy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Statuses {
+    /// 1xx to 5xx; a code outside 100–599 counts in neither.
+    pub classes: [u64; 5],
+    /// `(code, count)`, unused slots with code 0.
+    codes: [(u16, u64); CODES],
+    /// Responses whose code found no free slot in `codes`.
+    pub other_codes: u64,
+}
+
+/// Distinct status codes counted one by one.
+const CODES: usize = 8;
+
+impl Statuses {
+    pub fn add(&mut self, status: u16, n: u64) {
+        if let Some(c) = (status / 100)
+            .checked_sub(1)
+            .and_then(|i| self.classes.get_mut(usize::from(i)))
+        {
+            *c += n;
+        }
+        self.add_code(status, n);
+    }
+
+    fn add_code(&mut self, status: u16, n: u64) {
+        match self
+            .codes
+            .iter_mut()
+            .find(|(code, _)| *code == status || *code == 0)
+        {
+            Some(slot) => *slot = (status, slot.1 + n),
+            None => self.other_codes += n,
+        }
+    }
+
+    /// Codes by count, most frequent first (then by code).
+    pub fn top(&self) -> Vec<(u16, u64)> {
+        let mut v: Vec<(u16, u64)> = self.codes.iter().copied().filter(|c| c.0 != 0).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v
+    }
+
+    fn merge(&mut self, other: &Statuses) {
+        for (mine, theirs) in self.classes.iter_mut().zip(&other.classes) {
+            *mine += theirs;
+        }
+        for (code, n) in other.codes.iter().copied().filter(|c| c.0 != 0) {
+            self.add_code(code, n);
+        }
+        self.other_codes += other.other_codes;
+    }
+}
+
+impl Serialize for Statuses {
+    /// `{"2xx": 9, ..., "codes": {"200": 9}, "other_codes": 0}`: only the classes and codes seen.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let codes: std::collections::BTreeMap<String, u64> = self
+            .top()
+            .into_iter()
+            .map(|(c, n)| (c.to_string(), n))
+            .collect();
+        let mut m = s.serialize_map(None)?;
+        for (i, n) in self.classes.iter().enumerate() {
+            m.serialize_entry(&format!("{}xx", i + 1), n)?;
+        }
+        m.serialize_entry("codes", &codes)?;
+        m.serialize_entry("other_codes", &self.other_codes)?;
+        m.end()
+    }
 }
 
 /// Failures by kind.
@@ -237,6 +317,8 @@ impl Counts {
         self.errors.timeout += other.errors.timeout;
         self.errors.read += other.errors.read;
         self.errors.non_2xx += other.errors.non_2xx;
+        self.statuses.merge(&other.statuses);
+        self.bytes_read += other.bytes_read;
     }
 }
 
@@ -323,6 +405,25 @@ mod tests {
         let h = new_histogram().unwrap();
         assert_eq!(Latency::of(&h).p99_us, 0.0);
         assert!(percentile_curve(&h).is_empty());
+    }
+
+    #[test]
+    fn statuses_count_classes_exactly_and_the_first_codes_one_by_one() {
+        let mut a = Statuses::default();
+        for code in [200, 200, 404, 503, 200] {
+            a.add(code, 1);
+        }
+        assert_eq!(a.classes, [0, 3, 0, 1, 1]);
+        assert_eq!(a.top(), vec![(200, 3), (404, 1), (503, 1)]);
+        let mut b = Statuses::default();
+        for code in 500..510 {
+            b.add(code, 2);
+        }
+        assert_eq!(b.other_codes, 4, "two codes found no slot");
+        a.merge(&b);
+        assert_eq!(a.classes, [0, 3, 0, 1, 21]);
+        let coded: u64 = a.top().iter().map(|c| c.1).sum();
+        assert_eq!(coded + a.other_codes, 25);
     }
 
     #[test]

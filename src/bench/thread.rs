@@ -3,7 +3,7 @@
 //! (with `--ws`, the WebSocket handshake too). The closed loop (`closed.rs`) and the open loop
 //! (`load.rs`) both drive connections with it.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -16,6 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
+use super::tls::{Stream, Tls};
+
 use super::stats::Counts;
 use super::wire::{BodyDecoder, parse_head};
 use super::ws::{WsPlan, check_upgrade};
@@ -26,16 +28,31 @@ pub(super) const READ_BUF: usize = 32 * 1024;
 /// two threads' counters on one line would bounce it between their cores.
 #[repr(align(128))]
 #[derive(Default)]
-pub(super) struct Progress(pub(super) AtomicU64);
+pub(super) struct Progress {
+    /// Complete responses, both phases.
+    pub(super) responses: AtomicU64,
+    /// Failed exchanges and connects, and non-2xx responses, both phases.
+    pub(super) errors: AtomicU64,
+}
 
 /// One thread's view of the run, shared by its connection tasks.
 pub(super) struct Thread {
     pub(super) addr: SocketAddr,
+    /// `https://`: each connection's TLS handshake.
+    pub(super) tls: Option<Tls>,
     /// What every exchange writes: the HTTP request, or with `--ws` the message's frame.
     pub(super) request: Arc<[u8]>,
     /// `--ws`: each connection opens with this handshake, and exchanges are echoes.
     pub(super) websocket: Option<Arc<WsPlan>>,
     pub(super) timeout: Duration,
+    /// The request is a `HEAD`: its responses have no body.
+    pub(super) head_request: bool,
+    /// Whether a connection may carry more than one request (`--disable-keepalive` says no).
+    pub(super) keep_alive: bool,
+    /// `-n`: requests this thread may still send in the recorded window; `u64::MAX` when the
+    /// window is a duration. A failed connect in the window uses one too, so a target that
+    /// refuses every connection ends the run instead of holding it for good.
+    pub(super) budget: Cell<u64>,
     /// When this thread's load started: the warm-up, and the open loop's schedule.
     pub(super) begin: Instant,
     /// Start of the recorded window.
@@ -55,6 +72,10 @@ pub(super) struct Stats {
     pub(super) warmup: Counts,
     /// Responses in both phases, for the progress line.
     pub(super) responses: u64,
+    /// Errors of every kind in both phases, for the progress line.
+    pub(super) errors: u64,
+    /// Why the first connect that failed did, for the message when a target fails entirely.
+    pub(super) connect_failure: Option<io::ErrorKind>,
 }
 
 /// How one exchange ended.
@@ -71,35 +92,64 @@ pub(super) enum Outcome {
 /// Why a connection could not be opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Failed {
-    Connect,
+    /// Refused, unreachable, timed out: the kind says which.
+    Connect(io::ErrorKind),
     /// Connected, but the WebSocket handshake failed or took longer than the timeout.
     Handshake,
 }
 
 impl Thread {
+    /// Takes one request from the `-n` budget; false when it is spent.
+    pub(super) fn take(&self) -> bool {
+        let left = self.budget.get();
+        if left == 0 {
+            return false;
+        }
+        if left != u64::MAX {
+            self.budget.set(left - 1);
+        }
+        true
+    }
+
+    /// Whether nothing more may be sent at `now`: the window has closed or the budget is spent.
+    pub(super) fn over(&self, now: Instant) -> bool {
+        now >= self.end || (now >= self.t0 && self.budget.get() == 0)
+    }
+
+    /// Counts a failed connect (or handshake), and keeps why the first connect failed.
     pub(super) fn connect_error(&self, recorded: bool, failed: Failed) {
         let mut st = self.stats.borrow_mut();
+        if let Failed::Connect(kind) = failed {
+            st.connect_failure.get_or_insert(kind);
+        }
         let counts = if recorded {
             &mut st.recorded
         } else {
             &mut st.warmup
         };
         match failed {
-            Failed::Connect => counts.errors.connect += 1,
+            Failed::Connect(_) => counts.errors.connect += 1,
             Failed::Handshake => counts.errors.handshake += 1,
         }
+        st.errors += 1;
+        self.progress[self.thread]
+            .errors
+            .store(st.errors, Ordering::Relaxed);
     }
 
     /// Opens a connection to the target, with the handshake in `--ws` mode, all within the
     /// timeout. Owns what it needs, so the closed loop can keep it across passes.
-    pub(super) fn open(&self) -> impl Future<Output = Result<TcpStream, Failed>> + 'static {
+    pub(super) fn open(&self) -> impl Future<Output = Result<Stream, Failed>> + 'static {
         let (addr, timeout, ws) = (self.addr, self.timeout, self.websocket.clone());
+        let tls = self.tls.clone();
         async move {
             let deadline = tokio::time::Instant::now() + timeout;
-            let connecting = tokio::time::timeout_at(deadline, connect(addr, timeout));
+            let connecting =
+                tokio::time::timeout_at(deadline, connect(addr, timeout, tls.as_ref()));
             let mut stream = match connecting.await {
                 Ok(Ok(s)) => s,
-                _ => return Err(Failed::Connect),
+                Ok(Err(e)) => return Err(Failed::Connect(e.kind())),
+                Err(_) => return Err(Failed::Connect(io::ErrorKind::TimedOut)),
             };
             if let Some(ws) = ws {
                 match tokio::time::timeout_at(deadline, upgrade(&mut stream, &ws)).await {
@@ -113,7 +163,7 @@ impl Thread {
 
     /// Counts one exchange; the latency goes into the histogram when it was a response in the
     /// recorded window (timeouts and broken connections have no latency, as in wrk).
-    pub(super) fn record(&self, recorded: bool, outcome: Outcome, latency: Duration) {
+    pub(super) fn record(&self, recorded: bool, outcome: Outcome, latency: Duration, bytes: u64) {
         let mut st = self.stats.borrow_mut();
         let st = &mut *st;
         let counts = if recorded {
@@ -122,16 +172,28 @@ impl Thread {
             &mut st.warmup
         };
         counts.sent += 1;
+        counts.bytes_read += bytes;
         // Whether the exchange got a whole answer, and whether that answer was a good one.
         let good = match outcome {
-            Outcome::Response(status) => (200..300).contains(&status),
+            Outcome::Response(status) => {
+                counts.statuses.add(status, 1);
+                (200..300).contains(&status)
+            }
             Outcome::Echo => true,
             Outcome::Timeout => {
                 counts.errors.timeout += 1;
+                st.errors += 1;
+                self.progress[self.thread]
+                    .errors
+                    .store(st.errors, Ordering::Relaxed);
                 return;
             }
             Outcome::Broken => {
                 counts.errors.read += 1;
+                st.errors += 1;
+                self.progress[self.thread]
+                    .errors
+                    .store(st.errors, Ordering::Relaxed);
                 return;
             }
         };
@@ -140,6 +202,10 @@ impl Thread {
             counts.ok += 1;
         } else {
             counts.errors.non_2xx += 1;
+            st.errors += 1;
+            self.progress[self.thread]
+                .errors
+                .store(st.errors, Ordering::Relaxed);
         }
         if recorded {
             let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
@@ -147,7 +213,7 @@ impl Thread {
         }
         st.responses += 1;
         self.progress[self.thread]
-            .0
+            .responses
             .store(st.responses, Ordering::Relaxed);
     }
 
@@ -156,39 +222,49 @@ impl Thread {
     /// timer per request would be inserted into and removed from tokio's timer wheel each time.
     pub(super) async fn exchange(
         &self,
-        stream: &mut TcpStream,
+        stream: &mut Stream,
         buf: &mut [u8],
         mut timer: Pin<&mut Sleep>,
-    ) -> (Outcome, bool) {
+    ) -> (Outcome, bool, u64) {
         timer
             .as_mut()
             .reset(tokio::time::Instant::now() + self.timeout);
-        tokio::select! {
+        let mut bytes = 0;
+        let outcome = tokio::select! {
             biased;
-            r = exchange(stream, &self.request, buf) => match r {
-                Ok(resp) => (Outcome::Response(resp.status), resp.keep_alive),
+            r = exchange(stream, &self.request, buf, self.head_request, &mut bytes) => match r {
+                Ok(resp) => (Outcome::Response(resp.status), resp.keep_alive && self.keep_alive),
                 Err(Broken) => (Outcome::Broken, false),
             },
             () = timer => (Outcome::Timeout, false),
-        }
+        };
+        (outcome.0, outcome.1, bytes)
     }
 }
 
-/// A connect within `timeout`, with Nagle off: a request is one small write, and it must go out
-/// at once.
-pub(super) async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+/// A connect within `timeout`, with Nagle off (a request is one small write, and it must go
+/// out at once), and the TLS handshake for an `https://` target.
+pub(super) async fn connect(
+    addr: SocketAddr,
+    timeout: Duration,
+    tls: Option<&Tls>,
+) -> io::Result<Stream> {
+    let opened = async {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Stream::open(stream, tls).await
+    };
+    tokio::time::timeout(timeout, opened)
         .await
-        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-    stream.set_nodelay(true)?;
-    Ok(stream)
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
 }
 
 /// Sends the WebSocket handshake and reads its answer: a `101` with the expected accept key and
 /// nothing after it, or an error. The head is read into a buffer of its own, once per
 /// connection.
-async fn upgrade(stream: &mut TcpStream, ws: &WsPlan) -> io::Result<()> {
+async fn upgrade(stream: &mut Stream, ws: &WsPlan) -> io::Result<()> {
     stream.write_all(&ws.handshake).await?;
+    stream.flush().await?;
     let mut buf = vec![0u8; 8 * 1024];
     let mut filled = 0;
     loop {
@@ -219,15 +295,19 @@ struct Response {
 /// dropped as it arrives). Interim 1xx responses are skipped. Bytes after the response, which
 /// nothing asked for, make the connection unusable for the next request.
 async fn exchange(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     request: &[u8],
     buf: &mut [u8],
+    head_request: bool,
+    bytes: &mut u64,
 ) -> Result<Response, Broken> {
     stream.write_all(request).await.map_err(|_| Broken)?;
+    // A TLS stream may hold the last record until flushed; for TCP this does nothing.
+    stream.flush().await.map_err(|_| Broken)?;
     let mut filled = 0;
     let head = loop {
         if filled > 0 {
-            match parse_head(&buf[..filled]).map_err(|_| Broken)? {
+            match parse_head(&buf[..filled], head_request).map_err(|_| Broken)? {
                 Some(h) if h.is_interim() => {
                     buf.copy_within(h.len..filled, 0);
                     filled -= h.len;
@@ -243,6 +323,7 @@ async fn exchange(
         if n == 0 {
             return Err(Broken);
         }
+        *bytes += n as u64;
         filled += n;
     };
     let mut body = head.body;
@@ -251,6 +332,7 @@ async fn exchange(
     let mut extra = filled - head.len - fed.used;
     while !fed.done {
         let n = stream.read(buf).await.map_err(|_| Broken)?;
+        *bytes += n as u64;
         if n == 0 {
             if body == BodyDecoder::UntilClose {
                 keep_alive = false;

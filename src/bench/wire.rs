@@ -16,16 +16,89 @@ use crate::http1::common::{ConnectionTokens, ContentLength, Hop, final_coding_ch
 /// Most header lines accepted in a response head.
 const MAX_HEADERS: usize = 64;
 
-/// The request a target gets, written once and sent as is on every exchange: `GET` with the
-/// URL's path and query, and `Host` set to its authority (what wrk sends).
-pub fn request_bytes(url: &Uri) -> Vec<u8> {
+/// What each request looks like beyond its URL: `-m`, `-H`, `--body`, `--http1.0` and
+/// `--disable-keepalive`. The default is wrk's: `GET`, HTTP/1.1, `Host` only, kept alive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestSpec {
+    pub method: http::Method,
+    /// Sent in this order after `Host` (or instead of it, when one of them is `Host`).
+    pub headers: Vec<(String, String)>,
+    /// Sent with its `Content-Length`, unless a header given sets one.
+    pub body: Option<Vec<u8>>,
+    /// `HTTP/1.0` on the request line, as `ab` sends.
+    pub http10: bool,
+    /// Every request on a connection of its own, asking the server to close it (`ab` without
+    /// `-k`).
+    pub keep_alive: bool,
+}
+
+impl Default for RequestSpec {
+    fn default() -> Self {
+        RequestSpec {
+            method: http::Method::GET,
+            headers: Vec::new(),
+            body: None,
+            http10: false,
+            keep_alive: true,
+        }
+    }
+}
+
+/// The request a target gets, written once and sent as is on every exchange: the method with
+/// the URL's path and query, `Host` set to its authority (what wrk sends), the headers asked for,
+/// and the body. An HTTP/1.0 request that is kept alive says `Connection: keep-alive` (as
+/// `ab -k` does); an HTTP/1.1 one that is not says `Connection: close`.
+pub fn request_bytes(url: &Uri, spec: &RequestSpec) -> Vec<u8> {
     let target = url.path_and_query().map_or("/", |pq| pq.as_str());
     let target = if target.is_empty() { "/" } else { target };
     let host = url.authority().map_or("", |a| {
         let s = a.as_str();
         s.rsplit_once('@').map_or(s, |(_, host)| host)
     });
-    format!("GET {target} HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes()
+    let version = if spec.http10 { "1.0" } else { "1.1" };
+    let given = |name: &str| {
+        spec.headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case(name))
+    };
+    let mut out = format!("{} {target} HTTP/{version}\r\n", spec.method);
+    if !given("host") {
+        out.push_str(&format!("Host: {host}\r\n"));
+    }
+    for (name, value) in &spec.headers {
+        out.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !given("connection") {
+        match (spec.http10, spec.keep_alive) {
+            (true, true) => out.push_str("Connection: keep-alive\r\n"),
+            (false, false) => out.push_str("Connection: close\r\n"),
+            _ => {}
+        }
+    }
+    if let Some(body) = &spec.body {
+        if !given("content-length") {
+            out.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+    }
+    out.push_str("\r\n");
+    let mut bytes = out.into_bytes();
+    if let Some(body) = &spec.body {
+        bytes.extend_from_slice(body);
+    }
+    bytes
+}
+
+/// A `-H` argument, `Name: value`, checked to be a header httparse and servers accept.
+pub fn parse_header(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s
+        .split_once(':')
+        .ok_or_else(|| format!("header {s:?}: expected \"Name: value\""))?;
+    let (name, value) = (name.trim(), value.trim());
+    http::header::HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("header {s:?}: {name:?} is not a header name"))?;
+    http::header::HeaderValue::from_str(value)
+        .map_err(|_| format!("header {s:?}: the value holds a control character"))?;
+    Ok((name.to_string(), value.to_string()))
 }
 
 /// Why a response could not be read.
@@ -64,7 +137,9 @@ impl Head {
 /// of the connection; otherwise Content-Length; otherwise the body runs to the end of the
 /// connection. HTTP/1.0 closes unless it says `keep-alive`; HTTP/1.1 keeps alive unless it says
 /// `close`.
-pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, Malformed> {
+///
+/// The response to a `HEAD` has no body whatever its head says: `head_request` says so.
+pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<Head>, Malformed> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut headers);
     let len = match resp.parse(buf) {
@@ -90,7 +165,7 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, Malformed> {
         ContentLength::Valid(n) => Some(n),
         ContentLength::Invalid(_) => return Err(Malformed::ContentLength),
     };
-    let body = if (100..200).contains(&status) || status == 204 || status == 304 {
+    let body = if head_request || (100..200).contains(&status) || status == 204 || status == 304 {
         BodyDecoder::Length(0)
     } else {
         match (chunked, length) {
@@ -274,7 +349,7 @@ mod tests {
     use super::*;
 
     fn head(s: &str) -> Head {
-        parse_head(s.as_bytes()).unwrap().unwrap()
+        parse_head(s.as_bytes(), false).unwrap().unwrap()
     }
 
     /// Feeds `data` split at every possible point into two pieces and checks each split gives
@@ -308,25 +383,71 @@ mod tests {
     fn the_request_asks_for_the_path_and_names_the_host() {
         let u: Uri = "http://127.0.0.1:8881/a/b?x=1".parse().unwrap();
         assert_eq!(
-            request_bytes(&u),
+            request_bytes(&u, &RequestSpec::default()),
             b"GET /a/b?x=1 HTTP/1.1\r\nHost: 127.0.0.1:8881\r\n\r\n"
         );
         let u: Uri = "http://example.com".parse().unwrap();
         assert_eq!(
-            request_bytes(&u),
+            request_bytes(&u, &RequestSpec::default()),
             b"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n"
         );
         let u: Uri = "http://user@example.com:81/".parse().unwrap();
         assert_eq!(
-            request_bytes(&u),
+            request_bytes(&u, &RequestSpec::default()),
             b"GET / HTTP/1.1\r\nHost: example.com:81\r\n\r\n"
         );
     }
 
     #[test]
+    fn method_headers_body_and_version_are_as_asked() {
+        let u: Uri = "http://127.0.0.1:8881/post".parse().unwrap();
+        let spec = RequestSpec {
+            method: http::Method::POST,
+            headers: vec![("X-A".into(), "1".into()), ("host".into(), "h".into())],
+            body: Some(b"hello".to_vec()),
+            http10: false,
+            keep_alive: false,
+        };
+        assert_eq!(
+            request_bytes(&u, &spec),
+            b"POST /post HTTP/1.1\r\nX-A: 1\r\nhost: h\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello"
+        );
+        let spec = RequestSpec {
+            http10: true,
+            ..RequestSpec::default()
+        };
+        assert_eq!(
+            request_bytes(&u, &spec),
+            b"GET /post HTTP/1.0\r\nHost: 127.0.0.1:8881\r\nConnection: keep-alive\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn header_arguments_are_name_colon_value() {
+        assert_eq!(
+            parse_header("Accept:  text/plain "),
+            Ok(("Accept".into(), "text/plain".into()))
+        );
+        assert!(parse_header("no colon").is_err());
+        assert!(parse_header("bad name: x").is_err());
+    }
+
+    #[test]
+    fn the_answer_to_a_head_request_has_no_body() {
+        let h = parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n", true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.body, BodyDecoder::Length(0));
+        assert!(h.keep_alive);
+    }
+
+    #[test]
     fn an_incomplete_head_asks_for_more() {
-        assert_eq!(parse_head(b"HTTP/1.1 200 OK\r\nContent-Le"), Ok(None));
-        assert_eq!(parse_head(b""), Ok(None));
+        assert_eq!(
+            parse_head(b"HTTP/1.1 200 OK\r\nContent-Le", false),
+            Ok(None)
+        );
+        assert_eq!(parse_head(b"", false), Ok(None));
     }
 
     #[test]
@@ -382,13 +503,16 @@ mod tests {
 
     #[test]
     fn bad_heads_and_lengths_are_malformed() {
-        assert_eq!(parse_head(b"garbage\r\n\r\n"), Err(Malformed::Head));
+        assert_eq!(parse_head(b"garbage\r\n\r\n", false), Err(Malformed::Head));
         assert_eq!(
-            parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"),
+            parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", false),
             Err(Malformed::ContentLength)
         );
         assert_eq!(
-            parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
+            parse_head(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                false
+            ),
             Err(Malformed::ContentLength)
         );
         // The same length twice is fine.

@@ -2,13 +2,14 @@
 
 use std::ops::Range;
 
-/// A configuration error that points at the offending place in the file.
+/// A configuration error that points at the offending place in the file: `file:line:col: key:
+/// message`, or `file: message` for an error of the whole file (it is missing, say).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}:{col}: {}{message}", key_prefix(.key))]
+#[error("{}", render(self))]
 pub struct ConfigError {
     /// The file name as the user gave it.
     pub file: String,
-    /// 1-based line of the offending value.
+    /// 1-based line of the offending value; 0 when the error is about the whole file.
     pub line: usize,
     /// 1-based column (in characters) of the offending value.
     pub col: usize,
@@ -18,11 +19,45 @@ pub struct ConfigError {
     pub message: String,
 }
 
-fn key_prefix(key: &str) -> String {
-    if key.is_empty() {
+fn render(e: &ConfigError) -> String {
+    let key = if e.key.is_empty() {
         String::new()
     } else {
-        format!("{key}: ")
+        format!("{}: ", e.key)
+    };
+    if e.line == 0 {
+        format!("{}: {key}{}", e.file, e.message)
+    } else {
+        format!("{}:{}:{}: {key}{}", e.file, e.line, e.col, e.message)
+    }
+}
+
+impl ConfigError {
+    /// The file `file` could not be read: missing says so plainly, and where it was looked for
+    /// when the name is relative.
+    pub fn unreadable(file: &str, e: &std::io::Error) -> ConfigError {
+        let message = match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                let path = std::path::Path::new(file);
+                match std::env::current_dir() {
+                    Ok(dir) if path.is_relative() => {
+                        format!("no such configuration file (looked in {})", dir.display())
+                    }
+                    _ => "no such configuration file".to_string(),
+                }
+            }
+            std::io::ErrorKind::PermissionDenied => {
+                "cannot read the configuration file: permission denied".to_string()
+            }
+            _ => format!("cannot read the configuration file: {e}"),
+        };
+        ConfigError {
+            file: file.to_string(),
+            line: 0,
+            col: 0,
+            key: String::new(),
+            message,
+        }
     }
 }
 
@@ -61,6 +96,18 @@ fn line_col(text: &str, pos: usize) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_file_says_so_without_a_position() {
+        let e = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let msg = ConfigError::unreadable("/etc/nope.toml", &e).to_string();
+        assert_eq!(msg, "/etc/nope.toml: no such configuration file");
+        let msg = ConfigError::unreadable("nope.toml", &e).to_string();
+        assert!(
+            msg.starts_with("nope.toml: no such configuration file (looked in /"),
+            "{msg}"
+        );
+    }
 
     #[test]
     fn line_col_counts_characters() {

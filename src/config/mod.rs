@@ -460,13 +460,7 @@ impl Config {
     /// `runtime.cpus`, so it passes the set the process had at start.
     pub fn load_for(path: &Path, allowed: &[usize]) -> Result<Config, ConfigError> {
         let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: name.clone(),
-            line: 0,
-            col: 0,
-            key: String::new(),
-            message: format!("cannot read file: {e}"),
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::unreadable(&name, &e))?;
         Config::parse(&name, &text, allowed)
     }
 

@@ -299,10 +299,7 @@ fn backend(
         src.at(
             b.address.span(),
             &format!("{bkey}.address"),
-            format!(
-                "invalid address \"{}\", expected IP:PORT such as \"127.0.0.1:8881\"",
-                b.address.get_ref()
-            ),
+            bad_address(b.address.get_ref(), "127.0.0.1:8881"),
         )
     })?;
     if !seen.insert(address) {
@@ -498,10 +495,7 @@ pub(super) fn listeners(
             src.at(
                 l.address.span(),
                 &format!("{key}.address"),
-                format!(
-                    "invalid address \"{}\", expected IP:PORT such as \"127.0.0.1:8888\"",
-                    l.address.get_ref()
-                ),
+                bad_address(l.address.get_ref(), "127.0.0.1:8888"),
             )
         })?;
         // SO_REUSEPORT would let both bind and the kernel would split one port's connections
@@ -692,6 +686,32 @@ pub(super) fn forwarded(src: &Source, raw: &RawForwarded) -> Result<Vec<ipnet::I
     Ok(trusted)
 }
 
+/// Why `text` is not an `IP:PORT`. A host name gets told that names are not resolved: pinlb
+/// reads addresses once, at load, and a name would have to be looked up then and its answer
+/// kept (nginx's behaviour), which hides an address that changes and picks one of
+/// `localhost`'s two (127.0.0.1 or ::1) silently. Writing the IP makes that choice visible.
+fn bad_address(text: &str, example: &str) -> String {
+    let named_host = text.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && port.parse::<u16>().is_ok()
+            && host.parse::<std::net::IpAddr>().is_err()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+    });
+    if named_host {
+        let like = match text.strip_prefix("localhost:") {
+            Some(port) => format!("\"127.0.0.1:{port}\" or \"[::1]:{port}\""),
+            None => format!("\"{example}\""),
+        };
+        format!(
+            "invalid address \"{text}\": host names are not resolved; write the IP address and port, such as {like}"
+        )
+    } else {
+        format!("invalid address \"{text}\", expected IP:PORT such as \"{example}\"")
+    }
+}
+
 /// `[admin]`: off loopback it needs a token, and it may not share a listener's address.
 pub(super) fn admin(src: &Source, a: &RawAdmin, listeners: &[Listener]) -> Result<Admin> {
     let address = match &a.address {
@@ -704,10 +724,7 @@ pub(super) fn admin(src: &Source, a: &RawAdmin, listeners: &[Listener]) -> Resul
         src.at(
             v,
             "admin.address",
-            format!(
-                "invalid address \"{text}\", expected IP:PORT such as \"{}\"",
-                Admin::DEFAULT_ADDRESS
-            ),
+            bad_address(text, Admin::DEFAULT_ADDRESS),
         )
     })?;
     // A token file keeps the secret out of the config, as container and systemd secrets are
