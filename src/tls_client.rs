@@ -159,12 +159,29 @@ impl BackendTls {
         }
     }
 
-    /// The name checked (and sent, when a DNS name), as `check` shows it.
-    pub fn name_shown(&self) -> String {
-        match &self.sni {
+    /// What `check` shows of the settings, in one line.
+    pub fn summary(&self) -> String {
+        let trust = match &self.trust {
+            Trust::File(f) => format!(
+                "verified against {} ({} CA certificates)",
+                f.display(),
+                self.roots.len()
+            ),
+            Trust::System => format!(
+                "verified against the system's CA store ({} certificates)",
+                self.roots.len()
+            ),
+            Trust::Nothing => "NOT verified (insecure_skip_verify)".into(),
+        };
+        let name = match &self.sni {
             Some(name) => format!("sni {}", name.to_str()),
-            None => "no SNI, the certificate must name the backend's address".into(),
-        }
+            None => "no SNI, the certificate must name each backend's address".into(),
+        };
+        let client = match &self.client_cert {
+            Some(files) => format!(", client certificate {}", files.cert.display()),
+            None => String::new(),
+        };
+        format!("{trust}, {name}{client}")
     }
 }
 

@@ -1093,10 +1093,27 @@ fn upstream_tls_config_errors_name_the_file_and_the_place() {
             + 2;
         (pinlb::Config::parse("test.toml", &toml, &allowed()), line)
     };
-    let (ok, _) = parse(&ca_file_key(&pki));
-    assert!(ok.is_ok(), "{:?}", ok.err());
+    let (ok, _) = parse(&format!(
+        "{}\nsni = \"api.internal\"\ncert = {:?}\nkey = {:?}",
+        ca_file_key(&pki),
+        client.cert,
+        client.key
+    ));
+    let plan = pinlb::check::describe(&ok.expect("valid"));
+    assert!(
+        plan.contains(&format!(
+            "  TLS to backends: verified against {} (1 CA certificates), sni api.internal, client certificate {}",
+            pki.ca_file().display(),
+            client.cert.display()
+        )),
+        "{plan}"
+    );
     let (ok, _) = parse("");
-    assert!(ok.is_ok(), "the system's CA store: {:?}", ok.err());
+    let plan = pinlb::check::describe(&ok.expect("the system's CA store"));
+    assert!(
+        plan.contains("TLS to backends: verified against the system's CA store"),
+        "{plan}"
+    );
 
     let missing = pki.dir.join("missing.pem");
     let (e, line) = parse(&format!("ca_file = {missing:?}"));

@@ -90,15 +90,52 @@ impl AsyncRead for BackendStream {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             BackendStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            BackendStream::Tls(t) => match ready!(Pin::new(&mut **t).poll_read(cx, buf)) {
-                // A backend that closes without a close_notify alert ends the stream as a TCP
-                // close would, as nginx takes it (OpenSSL's SSL_OP_IGNORE_UNEXPECTED_EOF): a
-                // body framed by length or chunks that it cuts short is still an error, found
-                // by the framing.
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Poll::Ready(Ok(())),
-                done => Poll::Ready(done),
-            },
+            BackendStream::Tls(t) => poll_read_tls(t, cx, buf),
         }
+    }
+}
+
+/// Kept out of line, here and in the other TLS arms: inlined, rustls's code would change what
+/// gets inlined into the plain path's callers.
+#[inline(never)]
+fn poll_read_tls(
+    t: &mut TlsStream<TcpStream>,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    match ready!(Pin::new(t).poll_read(cx, buf)) {
+        // A backend that closes without a close_notify alert ends the stream as a TCP close
+        // would, as nginx takes it (OpenSSL's SSL_OP_IGNORE_UNEXPECTED_EOF): a body framed by
+        // length or chunks that it cuts short is still an error, found by the framing.
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Poll::Ready(Ok(())),
+        done => Poll::Ready(done),
+    }
+}
+
+#[inline(never)]
+fn poll_flush_tls(t: &mut TlsStream<TcpStream>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    Pin::new(t).poll_flush(cx)
+}
+
+/// Whether an idle TLS connection can take a request. Records that arrived while idle (a
+/// session ticket, a key update) are taken in here; data or a close means the connection is
+/// done. No read of the socket while it has no pending event.
+#[inline(never)]
+fn is_usable_idle_tls(t: &mut TlsStream<TcpStream>, cx: &mut Context<'_>) -> bool {
+    let mut probe = [0u8; 1];
+    let mut rb = ReadBuf::new(&mut probe);
+    Pin::new(t).poll_read(cx, &mut rb).is_pending()
+}
+
+#[inline(never)]
+fn poll_write_tls(
+    t: &mut TlsStream<TcpStream>,
+    cx: &mut Context<'_>,
+    bufs: &[IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    match bufs {
+        [one] => Pin::new(t).poll_write(cx, one),
+        _ => Pin::new(t).poll_write_vectored(cx, bufs),
     }
 }
 
@@ -111,7 +148,7 @@ impl AsyncWrite for BackendStream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             BackendStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            BackendStream::Tls(t) => Pin::new(&mut **t).poll_write(cx, buf),
+            BackendStream::Tls(t) => poll_write_tls(t, cx, &[IoSlice::new(buf)]),
         }
     }
 
@@ -123,7 +160,7 @@ impl AsyncWrite for BackendStream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             BackendStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            BackendStream::Tls(t) => Pin::new(&mut **t).poll_write_vectored(cx, bufs),
+            BackendStream::Tls(t) => poll_write_tls(t, cx, bufs),
         }
     }
 
@@ -135,7 +172,7 @@ impl AsyncWrite for BackendStream {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             BackendStream::Plain(_) => Poll::Ready(Ok(())),
-            BackendStream::Tls(t) => Pin::new(&mut **t).poll_flush(cx),
+            BackendStream::Tls(t) => poll_flush_tls(t, cx),
         }
     }
 
@@ -255,14 +292,7 @@ impl Conn {
         }
         let stream = match &mut self.stream {
             BackendStream::Plain(s) => s,
-            BackendStream::Tls(t) => {
-                // Records that arrived while idle (a session ticket, a key update) are taken in
-                // here; data or a close means the connection is done. No read of the socket
-                // while it has no pending event.
-                let mut probe = [0u8; 1];
-                let mut rb = ReadBuf::new(&mut probe);
-                return Pin::new(&mut **t).poll_read(cx, &mut rb).is_pending();
-            }
+            BackendStream::Tls(t) => return is_usable_idle_tls(t, cx),
         };
         match stream.poll_read_ready(cx) {
             // No event since our last read: nothing arrived, the peer has not closed.
@@ -418,7 +448,7 @@ impl Conn {
             // What TLS encrypted and the socket has not taken yet goes out before the write is
             // done; a plain socket holds nothing back.
             if let BackendStream::Tls(t) = &mut self.stream {
-                match Pin::new(&mut **t).poll_flush(cx) {
+                match poll_flush_tls(t, cx) {
                     Poll::Ready(Ok(())) => {}
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
                     Poll::Pending => return self.poll_write_wait(cx, timeout, answer, &mut armed),
@@ -474,7 +504,9 @@ impl Conn {
         }
     }
 
-    /// Reads more bytes into the buffer; `Ok(0)` is end of stream.
+    /// Reads more bytes into the buffer; `Ok(0)` is end of stream. Inlined as it was before
+    /// TLS: its callers on the plain path then cost what they did (benches/callgrind.sh).
+    #[inline]
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < 1024 {
             self.buf.reserve(READ_CHUNK);
@@ -873,7 +905,9 @@ pub async fn connect(
     let Some(tls) = tls else {
         return Ok(Conn::new(BackendStream::Plain(stream)));
     };
-    match tokio::time::timeout(timeout, tls.handshake(stream)).await {
+    // Boxed: the handshake's state (rustls's, about a kilobyte) would otherwise make every
+    // request's future larger, plain ones included.
+    match tokio::time::timeout(timeout, Box::pin(tls.handshake(stream))).await {
         Ok(Ok(t)) => {
             let stream = BackendStream::Tls(Box::new(t));
             tracing::debug!(backend = %addr, resumed = stream.is_resumed(), "TLS handshake done");
