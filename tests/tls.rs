@@ -660,24 +660,12 @@ async fn a_plain_listener_with_redirect_https_answers_301_to_the_same_host_and_p
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_over_tls_is_tunnelled_to_a_plain_backend() {
-    use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::Message;
-
     // A WebSocket echo backend, plain: pinlb terminates TLS and tunnels the bytes.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let backend = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(mut ws) = tokio_tungstenite::accept_async(s).await else {
-                    return;
-                };
-                while let Some(Ok(m)) = ws.next().await {
-                    if m.is_close() || ws.send(m).await.is_err() {
-                        return;
-                    }
-                }
-            });
+            tokio::spawn(ws_echo(s));
         }
     });
     let pki = Pki::new();
@@ -691,7 +679,7 @@ async fn a_websocket_over_tls_is_tunnelled_to_a_plain_backend() {
             .await
             .expect("handshake")
             .into_inner();
-        let (mut ws, resp) = tokio::time::timeout(
+        let (ws, resp) = tokio::time::timeout(
             WAIT,
             tokio_tungstenite::client_async("wss://a.test/chat", tls),
         )
@@ -699,25 +687,51 @@ async fn a_websocket_over_tls_is_tunnelled_to_a_plain_backend() {
         .expect("upgrade in time")
         .expect("upgrade");
         assert_eq!(resp.status(), 101);
-        // Larger than one TLS record and one tunnel buffer, both ways.
-        let big = vec![7u8; 300 * 1024];
-        for m in [Message::text("hello"), Message::binary(big)] {
-            ws.send(m.clone()).await.unwrap();
-            let back = tokio::time::timeout(WAIT, ws.next())
-                .await
-                .expect("echo in time")
-                .expect("a message")
-                .expect("no error");
-            assert_eq!(back, m);
-        }
-        ws.close(None).await.unwrap();
-        let end = tokio::time::timeout(WAIT, async {
-            // Bounded by the timeout: the close answer, then the end.
-            while let Some(Ok(_)) = ws.next().await {}
-        })
-        .await;
-        assert!(end.is_ok(), "the tunnel closes after the close handshake");
+        check_echo(ws).await;
     }
+}
+
+/// A WebSocket echo on `stream`: every message back until the close.
+async fn ws_echo<S>(stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::{SinkExt, StreamExt};
+    let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+        return;
+    };
+    while let Some(Ok(m)) = ws.next().await {
+        if m.is_close() || ws.send(m).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Sends a short text and a binary message larger than one TLS record and one tunnel buffer on
+/// `ws`, checks that each comes back, then closes and waits for the end.
+async fn check_echo<S>(mut ws: tokio_tungstenite::WebSocketStream<S>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let big = vec![7u8; 300 * 1024];
+    for m in [Message::text("hello"), Message::binary(big)] {
+        ws.send(m.clone()).await.unwrap();
+        let back = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("echo in time")
+            .expect("a message")
+            .expect("no error");
+        assert_eq!(back, m);
+    }
+    ws.close(None).await.unwrap();
+    let end = tokio::time::timeout(WAIT, async {
+        // Bounded by the timeout: the close answer, then the end.
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+    assert!(end.is_ok(), "the tunnel closes after the close handshake");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -764,17 +778,24 @@ fn ca_file_key(pki: &Pki) -> String {
     format!("ca_file = {:?}", pki.ca_file())
 }
 
+/// A TLS backend `id` whose certificate, from `pki`, names 127.0.0.1 (and no host name).
+async fn ip_backend(pki: &Pki, id: &str) -> Backend {
+    Backend::start_tls(id, backend_tls(&pki.issue(id, &["127.0.0.1"], false), None)).await
+}
+
+/// A proxy setup for `backends` over TLS, trusting `pki`'s CA.
+fn trusting(pki: &Pki, backends: &[SocketAddr]) -> Setup {
+    let mut setup = Setup::with(backends);
+    setup.extra += &upstream_tls(&ca_file_key(pki));
+    setup
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_reach_a_tls_backend_on_one_pooled_connection_after_one_handshake() {
     let pki = Pki::new();
     // No sni: the certificate must name the backend's address.
-    let a = Backend::start_tls(
-        "a",
-        backend_tls(&pki.issue("ip", &["127.0.0.1"], false), None),
-    )
-    .await;
-    let mut setup = Setup::with(&[a.addr]);
-    setup.extra += &upstream_tls(&ca_file_key(&pki));
+    let a = ip_backend(&pki, "a").await;
+    let setup = trusting(&pki, &[a.addr]);
     let proxy = Proxy::start(&setup);
     // A fresh client connection each time: the reuse is the pool's.
     for i in 0..20 {
@@ -830,11 +851,7 @@ async fn requests_reach_a_tls_backend_on_one_pooled_connection_after_one_handsha
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_connections_to_a_tls_backend_resume_the_session() {
     let pki = Pki::new();
-    let a = Backend::start_tls(
-        "a",
-        backend_tls(&pki.issue("ip", &["127.0.0.1"], false), None),
-    )
-    .await;
+    let a = ip_backend(&pki, "a").await;
     // No pool: every request opens a connection.
     let mut setup = Setup::with(&[a.addr]);
     setup.keepalive = 0;
@@ -851,18 +868,9 @@ async fn new_connections_to_a_tls_backend_resume_the_session() {
 async fn a_backend_certificate_from_an_unknown_ca_fails_like_a_connect_and_is_logged() {
     let pki = Pki::new();
     let stranger = Pki::new();
-    let bad = Backend::start_tls(
-        "bad",
-        backend_tls(&stranger.issue("ip", &["127.0.0.1"], false), None),
-    )
-    .await;
-    let good = Backend::start_tls(
-        "good",
-        backend_tls(&pki.issue("ip", &["127.0.0.1"], false), None),
-    )
-    .await;
-    let mut setup = Setup::with(&[bad.addr, good.addr]);
-    setup.extra += &upstream_tls(&ca_file_key(&pki));
+    let bad = ip_backend(&stranger, "bad").await;
+    let good = ip_backend(&pki, "good").await;
+    let setup = trusting(&pki, &[bad.addr, good.addr]);
     let mut proxy = BinProxy::spawn(&setup).await;
     // Retried on the next backend, as a refused connect is.
     for _ in 0..4 {
@@ -883,8 +891,7 @@ async fn a_backend_certificate_from_an_unknown_ca_fails_like_a_connect_and_is_lo
     assert_eq!(bad.hits(), 0);
 
     // Alone, it is a 502 that says why.
-    let mut setup = Setup::with(&[bad.addr]);
-    setup.extra += &upstream_tls(&ca_file_key(&pki));
+    let setup = trusting(&pki, &[bad.addr]);
     let proxy = Proxy::start(&setup);
     let r = get(proxy.addr, "/").await;
     assert_eq!(r.status, 502, "{r:?}");
@@ -956,8 +963,7 @@ async fn a_client_certificate_is_shown_to_a_backend_that_requires_one() {
     assert_eq!(get(proxy.addr, "/").await.status, 200);
     assert!(a.handshakes()[0].client_cert);
 
-    let mut setup = Setup::with(&[a.addr]);
-    setup.extra += &upstream_tls(&ca_file_key(&pki));
+    let setup = trusting(&pki, &[a.addr]);
     let proxy = Proxy::start(&setup);
     let r = get(proxy.addr, "/").await;
     assert_eq!(r.status, 502, "refused without one: {r:?}");
@@ -967,13 +973,8 @@ async fn a_client_certificate_is_shown_to_a_backend_that_requires_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_checks_go_over_tls_and_mark_the_backend_down_and_up() {
     let pki = Pki::new();
-    let a = Backend::start_tls(
-        "a",
-        backend_tls(&pki.issue("ip", &["127.0.0.1"], false), None),
-    )
-    .await;
-    let mut setup = Setup::with(&[a.addr]);
-    setup.extra += &upstream_tls(&ca_file_key(&pki));
+    let a = ip_backend(&pki, "a").await;
+    let mut setup = trusting(&pki, &[a.addr]);
     setup.extra += "[upstream.app.health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"150ms\"\nrise = 1\nfall = 1\n";
     let proxy = Proxy::start(&setup);
     // The backend speaks only TLS: a probe it counts came over TLS.
@@ -1000,13 +1001,8 @@ async fn health_checks_go_over_tls_and_mark_the_backend_down_and_up() {
 async fn a_health_check_against_an_unverifiable_backend_fails_naming_the_cause() {
     let stranger = Pki::new();
     let pki = Pki::new();
-    let a = Backend::start_tls(
-        "a",
-        backend_tls(&stranger.issue("ip", &["127.0.0.1"], false), None),
-    )
-    .await;
-    let mut setup = Setup::with(&[a.addr]);
-    setup.extra += &upstream_tls(&ca_file_key(&pki));
+    let a = ip_backend(&stranger, "a").await;
+    let mut setup = trusting(&pki, &[a.addr]);
     setup.extra += "[upstream.app.health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"150ms\"\nrise = 1\nfall = 1\n";
     let mut proxy = BinProxy::spawn(&setup).await;
     let line = proxy
@@ -1021,9 +1017,6 @@ async fn a_health_check_against_an_unverifiable_backend_fails_naming_the_cause()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_is_tunnelled_to_a_tls_backend() {
-    use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::Message;
-
     let pki = Pki::new();
     let acceptor =
         tokio_rustls::TlsAcceptor::from(backend_tls(&pki.issue("ip", &["127.0.0.1"], false), None));
@@ -1033,25 +1026,16 @@ async fn a_websocket_is_tunnelled_to_a_tls_backend() {
         while let Ok((s, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(s).await else {
-                    return;
-                };
-                let Ok(mut ws) = tokio_tungstenite::accept_async(tls).await else {
-                    return;
-                };
-                while let Some(Ok(m)) = ws.next().await {
-                    if m.is_close() || ws.send(m).await.is_err() {
-                        return;
-                    }
+                if let Ok(tls) = acceptor.accept(s).await {
+                    ws_echo(tls).await;
                 }
             });
         }
     });
-    let mut setup = Setup::with(&[backend]);
-    setup.extra += &upstream_tls(&ca_file_key(&pki));
+    let setup = trusting(&pki, &[backend]);
     let proxy = Proxy::start(&setup);
     let tcp = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut ws, resp) = tokio::time::timeout(
+    let (ws, resp) = tokio::time::timeout(
         WAIT,
         tokio_tungstenite::client_async("ws://a.test/chat", tcp),
     )
@@ -1059,23 +1043,7 @@ async fn a_websocket_is_tunnelled_to_a_tls_backend() {
     .expect("upgrade in time")
     .expect("upgrade");
     assert_eq!(resp.status(), 101);
-    let big = vec![7u8; 300 * 1024];
-    for m in [Message::text("hello"), Message::binary(big)] {
-        ws.send(m.clone()).await.unwrap();
-        let back = tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("echo in time")
-            .expect("a message")
-            .expect("no error");
-        assert_eq!(back, m);
-    }
-    ws.close(None).await.unwrap();
-    let end = tokio::time::timeout(WAIT, async {
-        // Bounded by the timeout: the close answer, then the end.
-        while let Some(Ok(_)) = ws.next().await {}
-    })
-    .await;
-    assert!(end.is_ok(), "the tunnel closes after the close handshake");
+    check_echo(ws).await;
 }
 
 #[test]
@@ -1169,4 +1137,34 @@ fn upstream_tls_config_errors_name_the_file_and_the_place() {
         let e = e.unwrap_err().to_string();
         assert!(e.contains(want), "{keys}: {e}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_handshake_the_backend_never_answers_is_bounded_by_the_connect_timeout() {
+    // Accepts, then holds every connection without a byte of TLS.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            open.push(s);
+        }
+    });
+    let mut setup = Setup::with(&[addr]);
+    setup.connect_timeout = "300ms";
+    setup.extra += &upstream_tls("insecure_skip_verify = true");
+    let proxy = Proxy::start(&setup);
+    let start = Instant::now();
+    let r = get(proxy.addr, "/").await;
+    let took = start.elapsed();
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(
+        r.body.contains("TLS handshake timed out after 300ms"),
+        "{r:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    held.abort();
 }

@@ -232,27 +232,7 @@ fn upstream_tls(src: &Source, key: &str, raw: &Spanned<RawUpstreamTls>) -> Resul
         (None, true) => Trust::Nothing,
         (None, false) => Trust::System,
     };
-    let client_cert = match (&t.cert, &t.key) {
-        (Some(c), Some(k)) => Some(CertFiles {
-            cert: c.get_ref().into(),
-            key: k.get_ref().into(),
-        }),
-        (None, None) => None,
-        (Some(c), None) => {
-            return Err(src.at(
-                c.span(),
-                &format!("{tkey}.key"),
-                "missing, expected the private key file of this client cert",
-            ));
-        }
-        (None, Some(k)) => {
-            return Err(src.at(
-                k.span(),
-                &format!("{tkey}.cert"),
-                "missing, expected the client certificate chain file for this key",
-            ));
-        }
-    };
+    let client_cert = cert_pair(src, &tkey, &t.cert, &t.key)?;
     BackendTls::load(sni, trust, client_cert.clone()).map_err(|e| {
         let (k, span) = match &e {
             TrustError::Read { .. } | TrustError::Invalid { .. } => {
@@ -625,31 +605,10 @@ fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>) -> Result<Terminator> {
     let tkey = format!("{key}.tls");
     // Each certificate's files, the keys they were given under and their places.
     let mut entries = Vec::with_capacity(t.certificates.len() + 1);
-    let default = match (&t.cert, &t.key) {
-        (Some(c), Some(k)) => {
-            let files = CertFiles {
-                cert: c.get_ref().into(),
-                key: k.get_ref().into(),
-            };
-            entries.push((tkey.clone(), files.clone(), c.span(), k.span()));
-            Some(files)
-        }
-        (None, None) => None,
-        (Some(c), None) => {
-            return Err(src.at(
-                c.span(),
-                &format!("{tkey}.key"),
-                "missing, expected the private key file of this cert",
-            ));
-        }
-        (None, Some(k)) => {
-            return Err(src.at(
-                k.span(),
-                &format!("{tkey}.cert"),
-                "missing, expected the certificate chain file for this key",
-            ));
-        }
-    };
+    let default = cert_pair(src, &tkey, &t.cert, &t.key)?;
+    if let (Some(files), Some(c), Some(k)) = (&default, &t.cert, &t.key) {
+        entries.push((tkey.clone(), files.clone(), c.span(), k.span()));
+    }
     let mut by_name = Vec::with_capacity(t.certificates.len());
     for (i, c) in t.certificates.iter().enumerate() {
         let files = CertFiles {
@@ -682,6 +641,32 @@ fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>) -> Result<Terminator> {
         let (k, span) = place.unwrap_or((tkey.clone(), raw.span()));
         src.at(span, &k, e.to_string())
     })
+}
+
+/// A table's `cert` and `key` (under `tkey`): both, or neither.
+fn cert_pair(
+    src: &Source,
+    tkey: &str,
+    cert: &Option<Spanned<String>>,
+    key: &Option<Spanned<String>>,
+) -> Result<Option<CertFiles>> {
+    match (cert, key) {
+        (Some(c), Some(k)) => Ok(Some(CertFiles {
+            cert: c.get_ref().into(),
+            key: k.get_ref().into(),
+        })),
+        (None, None) => Ok(None),
+        (Some(c), None) => Err(src.at(
+            c.span(),
+            &format!("{tkey}.key"),
+            "missing, expected the private key file of this cert",
+        )),
+        (None, Some(k)) => Err(src.at(
+            k.span(),
+            &format!("{tkey}.cert"),
+            "missing, expected the certificate chain file for this key",
+        )),
+    }
 }
 
 /// `[forwarded] trusted`: networks, or addresses as networks of one.
