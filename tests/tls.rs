@@ -1168,3 +1168,28 @@ async fn a_tls_handshake_the_backend_never_answers_is_bounded_by_the_connect_tim
     );
     held.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_the_backend_tls_settings_drops_the_pooled_connections() {
+    let pki = Pki::new();
+    let stranger = Pki::new();
+    let a = ip_backend(&pki, "a").await;
+    let mut setup = trusting(&pki, &[a.addr]);
+    with_admin(&mut setup);
+    let proxy = Proxy::start_file(&setup.toml());
+    assert_eq!(get(proxy.addr, "/").await.status, 200);
+    // The same settings keep the pooled connection.
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(get(proxy.addr, "/").await.status, 200);
+    assert_eq!(a.accepts(), 1, "the pooled connection went on serving");
+    // Another CA: the connection verified against the old one carries no request.
+    let mut other = trusting(&stranger, &[a.addr]);
+    with_admin(&mut other);
+    proxy.rewrite(&other.toml());
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = get(proxy.addr, "/").await;
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(r.body.contains("certificate verify failed"), "{r:?}");
+}
