@@ -10,38 +10,47 @@ use std::time::Duration;
 
 use http::Method;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tracing::{info, warn};
 
 use crate::config::Health;
 use crate::health::Checks;
-use crate::http1::client::{Conn, UpstreamBody, describe_io};
+use crate::http1::client::{UpstreamBody, connect};
+use crate::tls_client::Connector;
 use crate::upstream::SharedUpstream;
 
 /// Sends one health probe: `GET path` with `Connection: close`, and checks the status against
 /// `expect`. The whole exchange, connect included, must fit in `timeout`. Returns why it failed.
-pub async fn probe(addr: SocketAddr, health: &Health) -> Result<(), String> {
-    match tokio::time::timeout(health.timeout, exchange(addr, health)).await {
+/// Over TLS when `tls` is given, as requests to the backend go: a probe passes only when a
+/// request could (the certificate verifies, the handshake succeeds).
+pub async fn probe(
+    addr: SocketAddr,
+    health: &Health,
+    tls: Option<&Connector>,
+) -> Result<(), String> {
+    match tokio::time::timeout(health.timeout, exchange(addr, health, tls)).await {
         Ok(result) => result,
         Err(_) => Err(format!("no response within {:?}", health.timeout)),
     }
 }
 
-async fn exchange(addr: SocketAddr, health: &Health) -> Result<(), String> {
-    let mut stream = TcpStream::connect(addr)
-        .await
-        .map_err(|e| describe_io(&e))?;
-    let _ = stream.set_nodelay(true);
+async fn exchange(
+    addr: SocketAddr,
+    health: &Health,
+    tls: Option<&Connector>,
+) -> Result<(), String> {
+    // The probe's own timeout bounds the whole exchange, the connect included.
+    let mut conn = connect(addr, health.timeout, tls).await?;
     let host = health.host.clone().unwrap_or_else(|| addr.to_string());
     let request = format!(
         "GET {} HTTP/1.1\r\nhost: {host}\r\nuser-agent: pinlb-health\r\nconnection: close\r\n\r\n",
         health.path
     );
-    stream
-        .write_all(request.as_bytes())
-        .await
+    let sent = async {
+        conn.stream.write_all(request.as_bytes()).await?;
+        conn.stream.flush().await
+    };
+    sent.await
         .map_err(|e| format!("sending the probe failed: {e}"))?;
-    let mut conn = Conn::new(stream);
     let head = conn
         .read_head(&Method::GET)
         .await
@@ -97,7 +106,7 @@ async fn check_loop(up: Arc<SharedUpstream>, backend: usize, health: Health, off
         // skipped rather than fired back to back.
         next = next.max(tokio::time::Instant::now()) + jittered(health.interval);
         let started = std::time::Instant::now();
-        let result = probe(state.address, &health).await;
+        let result = probe(state.address, &health, up.tls(backend)).await;
         if up.counting {
             state.stats.check_time.observe(started.elapsed());
             state.stats.checked(result.is_ok());

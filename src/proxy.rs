@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
 use http::{Method, StatusCode};
-use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use crate::accesslog::Upstreamed;
 use crate::config::Limits;
-use crate::http1::client::{self, Conn, Finished, Outgoing, UpstreamBody, UpstreamError, connect};
+use crate::http1::client::{
+    self, BackendStream, Conn, Finished, Outgoing, UpstreamBody, UpstreamError, connect,
+};
 use crate::http1::common::{
     ERROR_PAGE_TYPE, Reply, RequestFraming, content_length_line, error_page,
 };
@@ -410,7 +411,7 @@ async fn attempt(
             conn
         }
         None => {
-            let conn = connect(addr, timeouts.connect)
+            let conn = connect(addr, timeouts.connect, upstream.shared.tls(backend))
                 .await
                 .map_err(Failure::Connect)?;
             opened();
@@ -448,7 +449,7 @@ async fn attempt(
             Ok(head) => return Ok((head, conn)),
             Err(e) if conn.reused && e.is_stale() && resendable && body.replayable() => {
                 debug!(backend = %addr, "stale pooled connection ({e}), reconnecting");
-                conn = connect(addr, timeouts.connect)
+                conn = connect(addr, timeouts.connect, upstream.shared.tls(backend))
                     .await
                     .map_err(Failure::Connect)?;
                 opened();
@@ -647,7 +648,7 @@ pub struct Release {
 /// A backend connection that switched protocols (a `101`), for the client side to relay bytes
 /// to and from until the tunnel closes.
 pub struct Upgraded {
-    pub stream: TcpStream,
+    pub stream: BackendStream,
     /// What the backend sent after its 101 head: the first bytes of the new protocol.
     pub early: BytesMut,
     pub open: OpenTunnel,

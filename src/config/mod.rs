@@ -29,6 +29,7 @@ use error::Source;
 use raw::RawConfig;
 
 use crate::tls::Terminator;
+use crate::tls_client::BackendTls;
 
 /// Balancing rule for an upstream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -197,6 +198,9 @@ pub struct Upstream {
     pub passive: Passive,
     pub retry: Retry,
     pub upgrade: Upgrade,
+    /// TLS to the backends, its CA and client certificates read and checked; `None` for plain
+    /// TCP.
+    pub tls: Option<Arc<BackendTls>>,
 }
 
 /// Upgrades (WebSocket) and the tunnels they become. Kept out of [`Timeouts`], which every

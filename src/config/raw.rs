@@ -100,6 +100,19 @@ pub(super) struct RawUpstream {
     pub retry: RawRetry,
     /// Whether requests that ask to upgrade (WebSocket) are passed on.
     pub upgrade: Option<bool>,
+    /// TLS to the backends; plain TCP without the table.
+    pub tls: Option<Spanned<RawUpstreamTls>>,
+}
+
+/// `[upstream.NAME.tls]`: its presence turns TLS to the backends on.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUpstreamTls {
+    pub sni: Option<Spanned<String>>,
+    pub ca_file: Option<Spanned<String>>,
+    pub insecure_skip_verify: Option<Spanned<bool>>,
+    pub cert: Option<Spanned<String>>,
+    pub key: Option<Spanned<String>>,
 }
 
 /// Idle connections kept per backend, per worker.
