@@ -142,6 +142,9 @@ pub fn describe(config: &Config) -> String {
                 );
             }
         }
+        if let Some(tls) = &u.tls {
+            let _ = writeln!(s, "  TLS to backends: {}", tls.summary());
+        }
         let p = &u.passive;
         if p.max_fails == 0 {
             let _ = writeln!(s, "  passive checks: off");

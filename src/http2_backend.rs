@@ -1,5 +1,5 @@
-//! The backend side of HTTP/2 (`protocol = "h2c"`): hyper's HTTP/2 client on connections that
-//! each worker multiplexes, and the request and response as they cross it.
+//! The backend side of HTTP/2 (`protocol = "h2c"`, or `"h2"` over TLS): hyper's HTTP/2 client
+//! on connections that each worker multiplexes, and the request and response as they cross it.
 //!
 //! Each worker keeps, per backend, the connections it opened: a stream goes on the least busy
 //! one that carries fewer than `max_streams`, and a new connection opens only when all are that
@@ -31,6 +31,7 @@ use tracing::debug;
 use crate::exec::LocalExec;
 use crate::http1::client::{Outgoing, describe_io};
 use crate::http1::common::header_map;
+use crate::tls_client::Connector;
 
 /// A worker's HTTP/2 connections to one backend.
 #[derive(Default)]
@@ -82,6 +83,7 @@ impl Pool {
         addr: SocketAddr,
         connect: Duration,
         max_streams: usize,
+        tls: Option<&Connector>,
     ) -> Result<Opened, String> {
         {
             let mut conns = self.conns.borrow_mut();
@@ -102,7 +104,7 @@ impl Pool {
                 });
             }
         }
-        let send = handshake(addr, connect).await?;
+        let send = handshake(addr, connect, tls).await?;
         let streams = Rc::new(Cell::new(1));
         self.conns.borrow_mut().push(Multiplexed {
             send: send.clone(),
@@ -119,29 +121,56 @@ impl Pool {
     }
 }
 
-/// Opens a cleartext HTTP/2 connection (prior knowledge) and starts its driver on the worker.
-async fn handshake(addr: SocketAddr, timeout: Duration) -> Result<SendRequest<Outbound>, String> {
-    let opened = async {
-        let tcp = TcpStream::connect(addr)
-            .await
-            .map_err(|e| describe_io(&e))?;
-        // Small frames (HEADERS, WINDOW_UPDATE) must not wait for Nagle.
-        let _ = tcp.set_nodelay(true);
-        let (send, conn) = hyper::client::conn::http2::Builder::new(LocalExec)
-            .timer(TokioTimer::new())
-            .handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|e| format!("HTTP/2 handshake failed: {e}"))?;
-        tokio::task::spawn_local(async move {
-            if let Err(e) = conn.await {
-                debug!(backend = %addr, "HTTP/2 backend connection ended: {e}");
-            }
-        });
-        Ok(send)
-    };
-    tokio::time::timeout(timeout, opened)
+/// Opens an HTTP/2 connection: over TLS with `tls` (the backend must choose `h2` by ALPN),
+/// else cleartext with prior knowledge; and starts its driver on the worker. The TCP connect and
+/// the TLS handshake are each bounded by `timeout`, as for HTTP/1.1 backends.
+async fn handshake(
+    addr: SocketAddr,
+    timeout: Duration,
+    tls: Option<&Connector>,
+) -> Result<SendRequest<Outbound>, String> {
+    let timed_out = || format!("connect timed out after {timeout:?}");
+    let tcp = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
-        .unwrap_or_else(|_| Err(format!("connect timed out after {timeout:?}")))
+        .map_err(|_| timed_out())?
+        .map_err(|e| describe_io(&e))?;
+    // Small frames (HEADERS, WINDOW_UPDATE) must not wait for Nagle.
+    let _ = tcp.set_nodelay(true);
+    match tls {
+        None => tokio::time::timeout(timeout, start(addr, TokioIo::new(tcp)))
+            .await
+            .map_err(|_| timed_out())?,
+        Some(connector) => {
+            let opened = async {
+                let stream = connector.handshake(tcp).await?;
+                if stream.get_ref().1.alpn_protocol() != Some(crate::tls::H2) {
+                    return Err("the backend did not choose h2 by ALPN (protocol = \"h2\")".into());
+                }
+                start(addr, TokioIo::new(stream)).await
+            };
+            tokio::time::timeout(timeout, opened)
+                .await
+                .map_err(|_| format!("TLS handshake not done within {timeout:?}"))?
+        }
+    }
+}
+
+/// HTTP/2's own handshake on `io`, and its driver spawned on the worker.
+async fn start<T>(addr: SocketAddr, io: T) -> Result<SendRequest<Outbound>, String>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+{
+    let (send, conn) = hyper::client::conn::http2::Builder::new(LocalExec)
+        .timer(TokioTimer::new())
+        .handshake(io)
+        .await
+        .map_err(|e| format!("HTTP/2 handshake failed: {e}"))?;
+    tokio::task::spawn_local(async move {
+        if let Err(e) = conn.await {
+            debug!(backend = %addr, "HTTP/2 backend connection ended: {e}");
+        }
+    });
+    Ok(send)
 }
 
 /// The request as it goes to an HTTP/2 backend: `:authority` from Host, the end-to-end lines as
@@ -150,12 +179,13 @@ async fn handshake(addr: SocketAddr, timeout: Duration) -> Result<SendRequest<Ou
 pub fn request(
     req: &Outgoing<'_>,
     length: Option<u64>,
+    tls: bool,
     body: Outbound,
 ) -> Result<Request<Outbound>, String> {
     let authority = std::str::from_utf8(req.host).unwrap_or_default();
     let path = std::str::from_utf8(req.path).unwrap_or("/");
     let uri = http::Uri::builder()
-        .scheme("http")
+        .scheme(if tls { "https" } else { "http" })
         .authority(authority)
         .path_and_query(path)
         .build()

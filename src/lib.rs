@@ -9,6 +9,8 @@
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`tls`]: a TLS listener's certificates (PEM chains and keys, checked against each other),
 //!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
+//! - [`tls_client`]: TLS to backends: an upstream's CA certificates (a file or the system's),
+//!   the name verified, a client certificate, a session cache per backend, the handshake.
 //! - [`config`]: the TOML file, raw types and validation into a [`Config`]; errors carry
 //!   `file:line:col` and the key.
 //! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
@@ -103,6 +105,7 @@ mod stats;
 mod status;
 mod stream;
 mod tls;
+mod tls_client;
 mod tunnel;
 mod upstream;
 mod worker;

@@ -9,26 +9,33 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::Method;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
-use bytes::Bytes;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-
 use crate::config::{Health, Protocol};
 use crate::health::Checks;
-use crate::http1::client::{Conn, UpstreamBody, describe_io};
+use crate::http1::client::{UpstreamBody, connect, describe_io};
+use crate::tls_client::Connector;
 use crate::upstream::SharedUpstream;
 
 /// Sends one health probe: `GET path` with `Connection: close`, and checks the status against
 /// `expect`. The whole exchange, connect included, must fit in `timeout`. Returns why it failed.
-pub async fn probe(addr: SocketAddr, health: &Health, protocol: Protocol) -> Result<(), String> {
+/// Over TLS when `tls` is given, as requests to the backend go: a probe passes only when a
+/// request could (the certificate verifies, the handshake succeeds).
+pub async fn probe(
+    addr: SocketAddr,
+    health: &Health,
+    protocol: Protocol,
+    tls: Option<&Connector>,
+) -> Result<(), String> {
     let exchange = async {
         let status = match protocol {
-            Protocol::Http1 => exchange(addr, health).await?,
-            Protocol::H2c => exchange_h2c(addr, health).await?,
+            Protocol::Http1 => exchange(addr, health, tls).await?,
+            Protocol::H2c | Protocol::H2 => exchange_h2(addr, health, tls).await?,
         };
         if health.expect.contains(status) {
             Ok(())
@@ -43,21 +50,24 @@ pub async fn probe(addr: SocketAddr, health: &Health, protocol: Protocol) -> Res
 }
 
 /// The probe over HTTP/1.1; the response's status.
-async fn exchange(addr: SocketAddr, health: &Health) -> Result<u16, String> {
-    let mut stream = TcpStream::connect(addr)
-        .await
-        .map_err(|e| describe_io(&e))?;
-    let _ = stream.set_nodelay(true);
+async fn exchange(
+    addr: SocketAddr,
+    health: &Health,
+    tls: Option<&Connector>,
+) -> Result<u16, String> {
+    // The probe's own timeout bounds the whole exchange, the connect included.
+    let mut conn = connect(addr, health.timeout, tls).await?;
     let host = health.host.clone().unwrap_or_else(|| addr.to_string());
     let request = format!(
         "GET {} HTTP/1.1\r\nhost: {host}\r\nuser-agent: pinlb-health\r\nconnection: close\r\n\r\n",
         health.path
     );
-    stream
-        .write_all(request.as_bytes())
-        .await
+    let sent = async {
+        conn.stream.write_all(request.as_bytes()).await?;
+        conn.stream.flush().await
+    };
+    sent.await
         .map_err(|e| format!("sending the probe failed: {e}"))?;
-    let mut conn = Conn::new(stream);
     let head = conn
         .read_head(&Method::GET)
         .await
@@ -71,23 +81,46 @@ async fn exchange(addr: SocketAddr, health: &Health) -> Result<u16, String> {
     Ok(status)
 }
 
-/// The probe over cleartext HTTP/2, on a connection of its own (closed after it, as the
-/// HTTP/1.1 probe's is); the response's status. The control thread's runtime is not a
-/// worker's, so hyper's tasks go on it through tokio's own executor.
-async fn exchange_h2c(addr: SocketAddr, health: &Health) -> Result<u16, String> {
-    use http_body_util::{BodyExt, Empty};
+/// The probe over HTTP/2 (over TLS with `tls`), on a connection of its own (closed after it,
+/// as the HTTP/1.1 probe's is); the response's status.
+async fn exchange_h2(
+    addr: SocketAddr,
+    health: &Health,
+    tls: Option<&Connector>,
+) -> Result<u16, String> {
     let tcp = TcpStream::connect(addr)
         .await
         .map_err(|e| describe_io(&e))?;
     let _ = tcp.set_nodelay(true);
+    match tls {
+        None => exchange_h2_on(TokioIo::new(tcp), addr, health, "http").await,
+        Some(connector) => {
+            let stream = connector.handshake(tcp).await?;
+            exchange_h2_on(TokioIo::new(stream), addr, health, "https").await
+        }
+    }
+}
+
+/// The HTTP/2 probe on a connected `io`. The control thread's runtime is not a worker's, so
+/// hyper's tasks go on it through tokio's own executor.
+async fn exchange_h2_on<T>(
+    io: T,
+    addr: SocketAddr,
+    health: &Health,
+    scheme: &str,
+) -> Result<u16, String>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    use http_body_util::{BodyExt, Empty};
     let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
-        .handshake::<_, Empty<Bytes>>(TokioIo::new(tcp))
+        .handshake::<_, Empty<Bytes>>(io)
         .await
         .map_err(|e| format!("HTTP/2 handshake failed: {e}"))?;
     let driver = tokio::spawn(conn);
     let host = health.host.clone().unwrap_or_else(|| addr.to_string());
-    let request = http::Request::get(format!("http://{host}{}", health.path))
+    let request = http::Request::get(format!("{scheme}://{host}{}", health.path))
         .header(http::header::USER_AGENT, "pinlb-health")
         .body(Empty::new())
         .map_err(|e| format!("cannot send the probe: {e}"))?;
@@ -148,7 +181,7 @@ async fn check_loop(up: Arc<SharedUpstream>, backend: usize, health: Health, off
         // skipped rather than fired back to back.
         next = next.max(tokio::time::Instant::now()) + jittered(health.interval);
         let started = std::time::Instant::now();
-        let result = probe(state.address, &health, up.config.protocol).await;
+        let result = probe(state.address, &health, up.config.protocol, up.tls(backend)).await;
         if up.counting {
             state.stats.check_time.observe(started.elapsed());
             state.stats.checked(result.is_ok());

@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
 use http::{Method, StatusCode};
-use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use crate::accesslog::Upstreamed;
 use crate::config::Limits;
 use crate::config::Protocol;
-use crate::http1::client::{self, Conn, Finished, Outgoing, UpstreamBody, UpstreamError, connect};
+use crate::http1::client::{
+    self, BackendStream, Conn, Finished, Outgoing, UpstreamBody, UpstreamError, connect,
+};
 use crate::http1::common::{
     ERROR_PAGE_TYPE, Reply, RequestFraming, content_length_line, error_page, header_lines,
 };
@@ -203,7 +204,7 @@ async fn forward(
     let shared = &*upstream.shared;
     // An HTTP/2 backend gets no Upgrade (extended CONNECT is not spoken): the request goes as
     // an ordinary one, as with `upgrade = false`.
-    let upgrade_on = shared.config.upgrade.enabled && shared.config.protocol == Protocol::Http1;
+    let upgrade_on = shared.config.upgrade.enabled && !shared.config.protocol.is_http2();
     let base = Outgoing {
         method: &head.method,
         path: head.path(),
@@ -316,7 +317,7 @@ async fn forward(
             },
             // Boxed: an HTTP/2 attempt's state stays out of the request's own, which every
             // HTTP/1.1 request copies.
-            Protocol::H2c => {
+            Protocol::H2c | Protocol::H2 => {
                 match Box::pin(attempt_h2(upstream, backend, &out, framing, &mut body)).await {
                     Ok((response, stream)) => {
                         let served = answered(response.status(), &guard);
@@ -444,7 +445,7 @@ async fn attempt(
             conn
         }
         None => {
-            let conn = connect(addr, timeouts.connect)
+            let conn = connect(addr, timeouts.connect, upstream.shared.tls(backend))
                 .await
                 .map_err(Failure::Connect)?;
             opened();
@@ -482,7 +483,7 @@ async fn attempt(
             Ok(head) => return Ok((head, conn)),
             Err(e) if conn.reused && e.is_stale() && resendable && body.replayable() => {
                 debug!(backend = %addr, "stale pooled connection ({e}), reconnecting");
-                conn = connect(addr, timeouts.connect)
+                conn = connect(addr, timeouts.connect, upstream.shared.tls(backend))
                     .await
                     .map_err(Failure::Connect)?;
                 opened();
@@ -515,7 +516,12 @@ async fn attempt_h2(
     loop {
         let opened = upstream
             .multiplexed(backend)
-            .open(addr, timeouts.connect, shared.config.max_streams)
+            .open(
+                addr,
+                timeouts.connect,
+                shared.config.max_streams,
+                shared.tls(backend),
+            )
             .await
             .map_err(Failure::Connect)?;
         if let Some(s) = stats {
@@ -527,7 +533,8 @@ async fn attempt_h2(
             counter.fetch_add(1, Ordering::Relaxed);
         }
         let (feed, outbound) = http2_backend::channel(body.is_empty());
-        let request = http2_backend::request(req, length, outbound).map_err(|e| {
+        let tls = shared.tls(backend).is_some();
+        let request = http2_backend::request(req, length, tls, outbound).map_err(|e| {
             Failure::Exchange(UpstreamError::Io(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 e,
@@ -877,7 +884,7 @@ pub struct Release {
 /// A backend connection that switched protocols (a `101`), for the client side to relay bytes
 /// to and from until the tunnel closes.
 pub struct Upgraded {
-    pub stream: TcpStream,
+    pub stream: BackendStream,
     /// What the backend sent after its 101 head: the first bytes of the new protocol.
     pub early: BytesMut,
     pub open: OpenTunnel,

@@ -169,7 +169,18 @@ impl Certificate {
             key: Arc::new(key),
         })
     }
+}
 
+/// The chain and key of `files`, checked as a listener's are: for a client certificate that
+/// pinlb shows to backends (`[upstream.NAME.tls] cert` and `key`).
+pub fn certified_key(
+    files: &CertFiles,
+    provider: &CryptoProvider,
+) -> Result<Arc<CertifiedKey>, CertError> {
+    Certificate::load(files, provider).map(|c| c.key)
+}
+
+impl Certificate {
     /// Whether the certificate names `name` (wildcards included), as a client would check.
     fn serves(&self, name: &ServerName<'_>) -> bool {
         let Some(der) = self.key.cert.first() else {

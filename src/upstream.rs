@@ -23,6 +23,7 @@ use crate::health::{FailWindow, ramped_weight};
 use crate::http1::client::Conn;
 use crate::http2_backend;
 use crate::stats::BackendStats;
+use crate::tls_client::Connector;
 
 /// Configured weights are multiplied by this before selection, so a backend in slow start can
 /// carry a small fraction of even weight 1. Scaling every weight alike changes no pick.
@@ -289,6 +290,9 @@ impl BackendState {
 pub struct SharedUpstream {
     pub config: Upstream,
     pub backends: Vec<Arc<BackendState>>,
+    /// With `[upstream.NAME.tls]`, each backend's TLS configuration and session cache, by
+    /// backend; empty for plain TCP.
+    tls: Vec<Arc<Connector>>,
     /// Whether the request path counts [`BackendStats`] (the admin listener is on).
     pub counting: bool,
 }
@@ -303,6 +307,23 @@ impl SharedUpstream {
     /// with the new settings applied.
     pub fn reloaded(config: Upstream, counting: bool, previous: &[Arc<SharedUpstream>]) -> Self {
         let before = previous.iter().find(|u| u.config.name == config.name);
+        // Unchanged TLS settings keep each backend's session cache, so a reload costs no full
+        // handshakes.
+        let same_tls = before.filter(|u| u.config.tls == config.tls);
+        let tls = match &config.tls {
+            None => Vec::new(),
+            Some(t) => config
+                .backends
+                .iter()
+                .map(|b| {
+                    let kept = same_tls.and_then(|u| {
+                        let i = u.backends.iter().position(|s| s.address == b.address)?;
+                        u.tls.get(i).cloned()
+                    });
+                    kept.unwrap_or_else(|| Arc::new(t.connector(b.address)))
+                })
+                .collect(),
+        };
         let backends = config
             .backends
             .iter()
@@ -324,8 +345,14 @@ impl SharedUpstream {
         SharedUpstream {
             config,
             backends,
+            tls,
             counting,
         }
+    }
+
+    /// The TLS side of `backend`'s connections; `None` for plain TCP.
+    pub fn tls(&self, backend: usize) -> Option<&Connector> {
+        self.tls.get(backend).map(|c| &**c)
     }
 
     fn lone(&self) -> bool {
@@ -473,9 +500,15 @@ impl WorkerUpstream {
     }
 
     /// This worker's view of a new generation's upstream; backends that `previous` had keep
-    /// their idle connections.
+    /// their idle connections, unless the upstream's TLS settings changed (a plain connection
+    /// must not serve an upstream that now asks for TLS, nor one verified against another CA).
     pub fn reloaded(shared: Arc<SharedUpstream>, previous: Option<&WorkerUpstream>) -> Rc<Self> {
         let n = shared.backends.len();
+        // A backend's connections are kept only while they still speak what the upstream asks.
+        let previous = previous.filter(|p| {
+            p.shared.config.tls == shared.config.tls
+                && p.shared.config.protocol == shared.config.protocol
+        });
         // Where this generation's backend `b` was in the previous one, if it was.
         let kept = |b: &Arc<BackendState>| {
             let p = previous?;

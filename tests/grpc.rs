@@ -163,6 +163,65 @@ async fn grpc_backend() -> (SocketAddr, tokio::task::JoinHandle<()>) {
     (addr, task)
 }
 
+fn provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
+    #[cfg(feature = "aws-lc-rs")]
+    return std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    #[cfg(all(feature = "ring", not(feature = "aws-lc-rs")))]
+    return std::sync::Arc::new(rustls::crypto::ring::default_provider());
+}
+
+/// Starts the service over TLS (ALPN `h2` only) on `127.0.0.1:0`, with a self-signed
+/// certificate for `grpc.test`; the certificate's PEM file is the CA to trust.
+async fn grpc_tls_backend() -> (SocketAddr, std::path::PathBuf, tokio::task::JoinHandle<()>) {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let certified = rcgen::generate_simple_self_signed(vec!["grpc.test".to_string()]).unwrap();
+    let pem = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "grpc-tls-{}-{:?}.pem",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::write(&pem, certified.cert.pem()).unwrap();
+    let chain = vec![CertificateDer::from(certified.cert.der().to_vec())];
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+        certified.signing_key.serialize_der(),
+    ));
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        // Bounded by the test: the task is dropped with it.
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(|req| {
+                    let mut svc = EchoService;
+                    async move { svc.call(req).await }
+                });
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+            });
+        }
+    });
+    (addr, pem, task)
+}
+
 /// pinlb with an h2c listener in front of `backends`, spoken to over h2c.
 fn grpc_proxy(backends: &[SocketAddr], extra: &str) -> Proxy {
     let list: String = backends
@@ -173,7 +232,12 @@ fn grpc_proxy(backends: &[SocketAddr], extra: &str) -> Proxy {
         "[runtime]\ncpus = [{core}]\n\
          [[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"grpc\"\nh2c = true\n\
          [admin]\naddress = \"127.0.0.1:0\"\n\
-         [upstream.grpc]\nprotocol = \"h2c\"\nbackends = [{list}]\n{extra}\n",
+         [upstream.grpc]\n{protocol}backends = [{list}]\n{extra}\n",
+        protocol = if extra.contains("protocol") {
+            ""
+        } else {
+            "protocol = \"h2c\"\n"
+        },
         core = first_core()
     ))
 }
@@ -416,4 +480,26 @@ async fn an_http1_client_reaches_an_http2_backend() {
         "{reply:?}"
     );
     assert!(reply.headers.get("connection").is_none());
+}
+
+#[tokio::test]
+async fn grpc_goes_to_a_backend_over_tls_chosen_by_alpn() {
+    let (backend, ca, _task) = grpc_tls_backend().await;
+    let proxy = grpc_proxy(
+        &[backend],
+        &format!(
+            "protocol = \"h2\"\n[upstream.grpc.tls]\nsni = \"grpc.test\"\nca_file = \"{}\"\n",
+            ca.display()
+        ),
+    );
+    let mut grpc = client(proxy.addr).await;
+    let reply = unary(&mut grpc, Request::new(echo("over tls", 7)))
+        .await
+        .expect("call")
+        .into_inner();
+    assert_eq!((reply.message.as_str(), reply.count), ("over tls|", 7));
+    let status = unary(&mut grpc, Request::new(echo("not found", 0)))
+        .await
+        .expect_err("the backend fails the call");
+    assert_eq!(status.code(), Code::NotFound);
 }

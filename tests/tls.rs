@@ -660,24 +660,12 @@ async fn a_plain_listener_with_redirect_https_answers_301_to_the_same_host_and_p
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_over_tls_is_tunnelled_to_a_plain_backend() {
-    use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::Message;
-
     // A WebSocket echo backend, plain: pinlb terminates TLS and tunnels the bytes.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let backend = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(mut ws) = tokio_tungstenite::accept_async(s).await else {
-                    return;
-                };
-                while let Some(Ok(m)) = ws.next().await {
-                    if m.is_close() || ws.send(m).await.is_err() {
-                        return;
-                    }
-                }
-            });
+            tokio::spawn(ws_echo(s));
         }
     });
     let pki = Pki::new();
@@ -691,7 +679,7 @@ async fn a_websocket_over_tls_is_tunnelled_to_a_plain_backend() {
             .await
             .expect("handshake")
             .into_inner();
-        let (mut ws, resp) = tokio::time::timeout(
+        let (ws, resp) = tokio::time::timeout(
             WAIT,
             tokio_tungstenite::client_async("wss://a.test/chat", tls),
         )
@@ -699,23 +687,509 @@ async fn a_websocket_over_tls_is_tunnelled_to_a_plain_backend() {
         .expect("upgrade in time")
         .expect("upgrade");
         assert_eq!(resp.status(), 101);
-        // Larger than one TLS record and one tunnel buffer, both ways.
-        let big = vec![7u8; 300 * 1024];
-        for m in [Message::text("hello"), Message::binary(big)] {
-            ws.send(m.clone()).await.unwrap();
-            let back = tokio::time::timeout(WAIT, ws.next())
-                .await
-                .expect("echo in time")
-                .expect("a message")
-                .expect("no error");
-            assert_eq!(back, m);
-        }
-        ws.close(None).await.unwrap();
-        let end = tokio::time::timeout(WAIT, async {
-            // Bounded by the timeout: the close answer, then the end.
-            while let Some(Ok(_)) = ws.next().await {}
-        })
-        .await;
-        assert!(end.is_ok(), "the tunnel closes after the close handshake");
+        check_echo(ws).await;
     }
+}
+
+/// A WebSocket echo on `stream`: every message back until the close.
+async fn ws_echo<S>(stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::{SinkExt, StreamExt};
+    let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+        return;
+    };
+    while let Some(Ok(m)) = ws.next().await {
+        if m.is_close() || ws.send(m).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Sends a short text and a binary message larger than one TLS record and one tunnel buffer on
+/// `ws`, checks that each comes back, then closes and waits for the end.
+async fn check_echo<S>(mut ws: tokio_tungstenite::WebSocketStream<S>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let big = vec![7u8; 300 * 1024];
+    for m in [Message::text("hello"), Message::binary(big)] {
+        ws.send(m.clone()).await.unwrap();
+        let back = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("echo in time")
+            .expect("a message")
+            .expect("no error");
+        assert_eq!(back, m);
+    }
+    ws.close(None).await.unwrap();
+    let end = tokio::time::timeout(WAIT, async {
+        // Bounded by the timeout: the close answer, then the end.
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+    assert!(end.is_ok(), "the tunnel closes after the close handshake");
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS to backends
+// ---------------------------------------------------------------------------------------------
+
+/// A TLS backend's rustls configuration: `cert`'s chain and key, TLS 1.3 and 1.2, and client
+/// certificates from `clients` (a CA) required when given.
+fn backend_tls(cert: &Cert, clients: Option<&Pki>) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::PrivateKeyDer;
+    let chain = CertificateDer::pem_file_iter(&cert.cert)
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(&cert.key).unwrap();
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(BOTH)
+        .unwrap();
+    let builder = match clients {
+        None => builder.with_no_client_auth(),
+        Some(pki) => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots
+                .add(CertificateDer::from(pki.ca.der().to_vec()))
+                .unwrap();
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider(),
+            )
+            .build()
+            .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    Arc::new(builder.with_single_cert(chain, key).unwrap())
+}
+
+/// An `[upstream.app.tls]` table with `keys`, for `Setup::extra`.
+fn upstream_tls(keys: &str) -> String {
+    format!("[upstream.app.tls]\n{keys}\n")
+}
+
+fn ca_file_key(pki: &Pki) -> String {
+    format!("ca_file = {:?}", pki.ca_file())
+}
+
+/// A TLS backend `id` whose certificate, from `pki`, names 127.0.0.1 (and no host name).
+async fn ip_backend(pki: &Pki, id: &str) -> Backend {
+    Backend::start_tls(id, backend_tls(&pki.issue(id, &["127.0.0.1"], false), None)).await
+}
+
+/// A proxy setup for `backends` over TLS, trusting `pki`'s CA.
+fn trusting(pki: &Pki, backends: &[SocketAddr]) -> Setup {
+    let mut setup = Setup::with(backends);
+    setup.extra += &upstream_tls(&ca_file_key(pki));
+    setup
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_reach_a_tls_backend_on_one_pooled_connection_after_one_handshake() {
+    let pki = Pki::new();
+    // No sni: the certificate must name the backend's address.
+    let a = ip_backend(&pki, "a").await;
+    let setup = trusting(&pki, &[a.addr]);
+    let proxy = Proxy::start(&setup);
+    // A fresh client connection each time: the reuse is the pool's.
+    for i in 0..20 {
+        let r = get(proxy.addr, &format!("/n{i}")).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.body, "hello from a\n");
+    }
+    // Bodies larger than a TLS record and the socket's buffers, both ways.
+    let mut conn = Conn::open(proxy.addr).await;
+    let up = conn
+        .fetch(request(
+            Method::POST,
+            "/upload",
+            GenBody::new(3 << 20, true).boxed(),
+        ))
+        .await;
+    assert_eq!(up.status, 200, "{up:?}");
+    assert_eq!(
+        up.headers["x-body-bytes"],
+        (3u64 << 20).to_string().as_str()
+    );
+    let chunked = conn
+        .fetch(request(
+            Method::POST,
+            "/upload",
+            GenBody::new(1 << 20, false).boxed(),
+        ))
+        .await;
+    assert_eq!(
+        chunked.headers["x-body-bytes"],
+        (1u64 << 20).to_string().as_str()
+    );
+    let down = conn.get(&format!("/download/{}", 5 << 20)).await;
+    assert_eq!(down.status, 200);
+    assert_eq!(down.bytes.len(), 5 << 20);
+    assert_eq!(
+        a.accepts(),
+        1,
+        "every request went on the one pooled connection"
+    );
+    assert_eq!(
+        a.handshakes(),
+        vec![Handshake {
+            sni: None,
+            resumed: false,
+            client_cert: false
+        }],
+        "no SNI is sent for an IP address"
+    );
+    assert_eq!(a.requests().len(), 23);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_connections_to_a_tls_backend_resume_the_session() {
+    let pki = Pki::new();
+    let a = ip_backend(&pki, "a").await;
+    // No pool: every request opens a connection.
+    let mut setup = Setup::with(&[a.addr]);
+    setup.keepalive = 0;
+    setup.extra += &upstream_tls(&ca_file_key(&pki));
+    let proxy = Proxy::start(&setup);
+    for _ in 0..4 {
+        assert_eq!(get(proxy.addr, "/").await.status, 200);
+    }
+    let resumed: Vec<bool> = a.handshakes().iter().map(|h| h.resumed).collect();
+    assert_eq!(resumed, [false, true, true, true], "one full handshake");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_certificate_from_an_unknown_ca_fails_like_a_connect_and_is_logged() {
+    let pki = Pki::new();
+    let stranger = Pki::new();
+    let bad = ip_backend(&stranger, "bad").await;
+    let good = ip_backend(&pki, "good").await;
+    let setup = trusting(&pki, &[bad.addr, good.addr]);
+    let mut proxy = BinProxy::spawn(&setup).await;
+    // Retried on the next backend, as a refused connect is.
+    for _ in 0..4 {
+        let r = get(proxy.addr, "/").await;
+        assert_eq!((r.status.as_u16(), r.backend()), (200, "good"), "{r:?}");
+    }
+    let line = proxy
+        .wait_for_log(&format!(
+            "backend {} failed: TLS handshake failed: certificate verify failed: ",
+            bad.addr
+        ))
+        .await;
+    // Both test CAs have one name: the stranger's certificate names this CA as its issuer,
+    // and its signature does not verify.
+    assert!(line.contains("BadSignature"), "{line}");
+    assert!(line.contains("trying the next backend"), "{line}");
+    assert!(bad.handshakes().is_empty());
+    assert_eq!(bad.hits(), 0);
+
+    // Alone, it is a 502 that says why.
+    let setup = trusting(&pki, &[bad.addr]);
+    let proxy = Proxy::start(&setup);
+    let r = get(proxy.addr, "/").await;
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(r.body.contains("certificate verify failed"), "{r:?}");
+    // The system's CA store does not know the test CA either.
+    let mut setup = Setup::with(&[good.addr]);
+    setup.extra += &upstream_tls("");
+    let proxy = Proxy::start(&setup);
+    let r = get(proxy.addr, "/").await;
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(r.body.contains("UnknownIssuer"), "{r:?}");
+    // Unless told not to verify.
+    let mut setup = Setup::with(&[bad.addr]);
+    setup.extra += &upstream_tls("insecure_skip_verify = true");
+    let proxy = Proxy::start(&setup);
+    let r = get(proxy.addr, "/").await;
+    assert_eq!((r.status.as_u16(), r.backend()), (200, "bad"), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sni_is_sent_and_verified_and_a_wrong_name_is_refused() {
+    let pki = Pki::new();
+    let a = Backend::start_tls("a", backend_tls(&pki.issue("a", &["a.test"], false), None)).await;
+    let proxy_with = |keys: &str| {
+        let mut setup = Setup::with(&[a.addr]);
+        setup.extra += &upstream_tls(&format!("{}\n{keys}", ca_file_key(&pki)));
+        Proxy::start(&setup)
+    };
+    let right = proxy_with("sni = \"a.test\"");
+    let r = get(right.addr, "/").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(a.handshakes()[0].sni.as_deref(), Some("a.test"));
+
+    for (keys, why) in [
+        ("sni = \"b.test\"", "not valid for name"),
+        // Without sni the certificate must name 127.0.0.1, which this one does not.
+        ("", "not valid for name"),
+    ] {
+        let wrong = proxy_with(keys);
+        let r = get(wrong.addr, "/").await;
+        assert_eq!(r.status, 502, "{keys}: {r:?}");
+        assert!(r.body.contains("certificate verify failed"), "{r:?}");
+        assert!(r.body.contains(why), "{r:?}");
+    }
+    assert_eq!(
+        a.handshakes().len(),
+        1,
+        "only the right name completed a handshake"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_is_shown_to_a_backend_that_requires_one() {
+    let pki = Pki::new();
+    let a = Backend::start_tls(
+        "a",
+        backend_tls(&pki.issue("ip", &["127.0.0.1"], false), Some(&pki)),
+    )
+    .await;
+    let client = pki.issue("client", &["pinlb.client"], false);
+    let mut setup = Setup::with(&[a.addr]);
+    setup.extra += &upstream_tls(&format!(
+        "{}\ncert = {:?}\nkey = {:?}",
+        ca_file_key(&pki),
+        client.cert,
+        client.key
+    ));
+    let proxy = Proxy::start(&setup);
+    assert_eq!(get(proxy.addr, "/").await.status, 200);
+    assert!(a.handshakes()[0].client_cert);
+
+    let setup = trusting(&pki, &[a.addr]);
+    let proxy = Proxy::start(&setup);
+    let r = get(proxy.addr, "/").await;
+    assert_eq!(r.status, 502, "refused without one: {r:?}");
+    assert_eq!(a.handshakes().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_go_over_tls_and_mark_the_backend_down_and_up() {
+    let pki = Pki::new();
+    let a = ip_backend(&pki, "a").await;
+    let mut setup = trusting(&pki, &[a.addr]);
+    setup.extra += "[upstream.app.health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"150ms\"\nrise = 1\nfall = 1\n";
+    let proxy = Proxy::start(&setup);
+    // The backend speaks only TLS: a probe it counts came over TLS.
+    a.wait_for_probes(2).await;
+    assert!(a.handshakes().len() >= 2);
+    assert_eq!(get(proxy.addr, "/").await.status, 200);
+    a.set_health(500);
+    let down = poll(200, Duration::from_millis(20), async || {
+        (get(proxy.addr, "/").await.status == 503).then_some(())
+    })
+    .await;
+    assert!(down.is_some(), "marked down by a failing check over TLS");
+    a.set_health(200);
+    let up = poll(200, Duration::from_millis(20), async || {
+        (get(proxy.addr, "/").await.status == 200).then_some(())
+    })
+    .await;
+    assert!(up.is_some(), "marked up again by a passing check over TLS");
+    // Probes resume their sessions like requests do.
+    assert!(a.handshakes().iter().skip(1).all(|h| h.resumed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_check_against_an_unverifiable_backend_fails_naming_the_cause() {
+    let stranger = Pki::new();
+    let pki = Pki::new();
+    let a = ip_backend(&stranger, "a").await;
+    let mut setup = trusting(&pki, &[a.addr]);
+    setup.extra += "[upstream.app.health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"150ms\"\nrise = 1\nfall = 1\n";
+    let mut proxy = BinProxy::spawn(&setup).await;
+    let line = proxy
+        .wait_for_log(&format!("backend {} DOWN after 1 failed checks", a.addr))
+        .await;
+    assert!(
+        line.contains("TLS handshake failed: certificate verify failed"),
+        "{line}"
+    );
+    assert_eq!(a.probes(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_is_tunnelled_to_a_tls_backend() {
+    let pki = Pki::new();
+    let acceptor =
+        tokio_rustls::TlsAcceptor::from(backend_tls(&pki.issue("ip", &["127.0.0.1"], false), None));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(s).await {
+                    ws_echo(tls).await;
+                }
+            });
+        }
+    });
+    let setup = trusting(&pki, &[backend]);
+    let proxy = Proxy::start(&setup);
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    let (ws, resp) = tokio::time::timeout(
+        WAIT,
+        tokio_tungstenite::client_async("ws://a.test/chat", tcp),
+    )
+    .await
+    .expect("upgrade in time")
+    .expect("upgrade");
+    assert_eq!(resp.status(), 101);
+    check_echo(ws).await;
+}
+
+#[test]
+fn upstream_tls_config_errors_name_the_file_and_the_place() {
+    let pki = Pki::new();
+    let client = pki.issue("client", &["pinlb.client"], false);
+    let parse = |keys: &str| {
+        let mut setup = Setup::with(&["127.0.0.1:1".parse().unwrap()]);
+        setup.extra += &upstream_tls(keys);
+        let toml = setup.toml();
+        let line = toml
+            .lines()
+            .position(|l| l == "[upstream.app.tls]")
+            .unwrap()
+            + 2;
+        (pinlb::Config::parse("test.toml", &toml, &allowed()), line)
+    };
+    let (ok, _) = parse(&format!(
+        "{}\nsni = \"api.internal\"\ncert = {:?}\nkey = {:?}",
+        ca_file_key(&pki),
+        client.cert,
+        client.key
+    ));
+    let plan = pinlb::check::describe(&ok.expect("valid"));
+    assert!(
+        plan.contains(&format!(
+            "  TLS to backends: verified against {} (1 CA certificates), sni api.internal, client certificate {}",
+            pki.ca_file().display(),
+            client.cert.display()
+        )),
+        "{plan}"
+    );
+    let (ok, _) = parse("");
+    let plan = pinlb::check::describe(&ok.expect("the system's CA store"));
+    assert!(
+        plan.contains("TLS to backends: verified against the system's CA store"),
+        "{plan}"
+    );
+
+    let missing = pki.dir.join("missing.pem");
+    let (e, line) = parse(&format!("ca_file = {missing:?}"));
+    let e = e.unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!(
+            "test.toml:{line}:11: upstream.app.tls.ca_file: cannot read {}",
+            missing.display()
+        )),
+        "{e}"
+    );
+    // A key is not a CA bundle.
+    let (e, _) = parse(&format!("ca_file = {:?}", client.key));
+    let e = e.unwrap_err().to_string();
+    assert!(e.contains("upstream.app.tls.ca_file: "), "{e}");
+    assert!(e.contains(&client.key.display().to_string()), "{e}");
+    assert!(e.contains("no certificate in it"), "{e}");
+
+    let (e, line) = parse(&format!("cert = {:?}", client.cert));
+    let e = e.unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!(
+            "test.toml:{line}:8: upstream.app.tls.key: missing"
+        )),
+        "{e}"
+    );
+    let other = pki.issue("other", &["other"], true);
+    let (e, _) = parse(&format!("cert = {:?}\nkey = {:?}", client.cert, other.key));
+    let e = e.unwrap_err().to_string();
+    assert!(e.contains("upstream.app.tls.key: "), "{e}");
+    assert!(e.contains("does not match"), "{e}");
+
+    for (keys, want) in [
+        (
+            format!("{}\ninsecure_skip_verify = true", ca_file_key(&pki)),
+            "upstream.app.tls.ca_file: set together with insecure_skip_verify = true",
+        ),
+        (
+            "sni = \"10.0.0.1\"".to_string(),
+            "upstream.app.tls.sni: \"10.0.0.1\" is an IP address",
+        ),
+        (
+            "sni = \"not a name\"".to_string(),
+            "upstream.app.tls.sni: \"not a name\" is not a valid host name",
+        ),
+        ("verify = false".to_string(), "unknown field `verify`"),
+        (
+            "insecure_skip_verify = \"yes\"".to_string(),
+            "upstream.app.tls.insecure_skip_verify",
+        ),
+    ] {
+        let (e, _) = parse(&keys);
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains(want), "{keys}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_handshake_the_backend_never_answers_is_bounded_by_the_connect_timeout() {
+    // Accepts, then holds every connection without a byte of TLS.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            open.push(s);
+        }
+    });
+    let mut setup = Setup::with(&[addr]);
+    setup.connect_timeout = "300ms";
+    setup.extra += &upstream_tls("insecure_skip_verify = true");
+    let proxy = Proxy::start(&setup);
+    let start = Instant::now();
+    let r = get(proxy.addr, "/").await;
+    let took = start.elapsed();
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(
+        r.body.contains("TLS handshake timed out after 300ms"),
+        "{r:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    held.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_the_backend_tls_settings_drops_the_pooled_connections() {
+    let pki = Pki::new();
+    let stranger = Pki::new();
+    let a = ip_backend(&pki, "a").await;
+    let mut setup = trusting(&pki, &[a.addr]);
+    with_admin(&mut setup);
+    let proxy = Proxy::start_file(&setup.toml());
+    assert_eq!(get(proxy.addr, "/").await.status, 200);
+    // The same settings keep the pooled connection.
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(get(proxy.addr, "/").await.status, 200);
+    assert_eq!(a.accepts(), 1, "the pooled connection went on serving");
+    // Another CA: the connection verified against the old one carries no request.
+    let mut other = trusting(&stranger, &[a.addr]);
+    with_admin(&mut other);
+    proxy.rewrite(&other.toml());
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = get(proxy.addr, "/").await;
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(r.body.contains("certificate verify failed"), "{r:?}");
 }

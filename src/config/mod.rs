@@ -29,6 +29,7 @@ use error::Source;
 use raw::RawConfig;
 
 use crate::tls::Terminator;
+use crate::tls_client::BackendTls;
 
 /// Balancing rule for an upstream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -60,16 +61,25 @@ pub enum Protocol {
     /// Cleartext HTTP/2 with prior knowledge, multiplexed: what gRPC servers behind a proxy
     /// usually speak (nginx's `grpc_pass grpc://`).
     H2c,
+    /// HTTP/2 over TLS (`[upstream.NAME.tls]`), chosen by ALPN, multiplexed (nginx's
+    /// `grpc_pass grpcs://`).
+    H2,
 }
 
 impl Protocol {
-    const NAMES: &'static str = "http1, h2c";
+    const NAMES: &'static str = "http1, h2c, h2";
 
     pub fn as_str(self) -> &'static str {
         match self {
             Protocol::Http1 => "http1",
             Protocol::H2c => "h2c",
+            Protocol::H2 => "h2",
         }
+    }
+
+    /// HTTP/2, over TLS or not.
+    pub fn is_http2(self) -> bool {
+        matches!(self, Protocol::H2c | Protocol::H2)
     }
 }
 
@@ -261,6 +271,9 @@ pub struct Upstream {
     pub passive: Passive,
     pub retry: Retry,
     pub upgrade: Upgrade,
+    /// TLS to the backends, its CA and client certificates read and checked; `None` for plain
+    /// TCP.
+    pub tls: Option<Arc<BackendTls>>,
     /// `protocol`: what the backends speak.
     pub protocol: Protocol,
     /// `max_streams`: for an HTTP/2 upstream, the streams one backend connection carries at

@@ -113,9 +113,21 @@ pub(super) struct RawUpstream {
     pub retry: RawRetry,
     /// Whether requests that ask to upgrade (WebSocket) are passed on.
     pub upgrade: Option<bool>,
-    #[serde(default)]
-    pub protocol: Protocol,
+    pub protocol: Option<Spanned<Protocol>>,
     pub max_streams: Option<Spanned<usize>>,
+    /// TLS to the backends; plain TCP without the table.
+    pub tls: Option<Spanned<RawUpstreamTls>>,
+}
+
+/// `[upstream.NAME.tls]`: its presence turns TLS to the backends on.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUpstreamTls {
+    pub sni: Option<Spanned<String>>,
+    pub ca_file: Option<Spanned<String>>,
+    pub insecure_skip_verify: Option<Spanned<bool>>,
+    pub cert: Option<Spanned<String>>,
+    pub key: Option<Spanned<String>>,
 }
 
 /// Idle connections kept per backend, per worker.
@@ -262,6 +274,7 @@ impl<'de> Deserialize<'de> for Protocol {
         match s.as_str() {
             "http1" => Ok(Protocol::Http1),
             "h2c" => Ok(Protocol::H2c),
+            "h2" => Ok(Protocol::H2),
             other => Err(de::Error::custom(format!(
                 "unknown value \"{other}\", expected one of {}",
                 Protocol::NAMES

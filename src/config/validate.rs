@@ -7,19 +7,21 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::pki_types::ServerName;
 use toml::Spanned;
 
 use super::error::{ConfigError, Source};
 use super::raw::{
     Dur, RawAdmin, RawBackend, RawForwarded, RawHealth, RawHttp2, RawLimits, RawListener, RawLog,
-    RawPassive, RawRetry, RawRuntime, RawTimeouts, RawTls, RawUpstream, Size,
+    RawPassive, RawRetry, RawRuntime, RawTimeouts, RawTls, RawUpstream, RawUpstreamTls, Size,
 };
 use super::{
     AccessFormat, AccessLog, AccessTarget, Admin, Backend, Health, Http2, Limits, Listener,
-    Passive, Retry, Runtime, Timeouts, Upgrade, Upstream,
+    Passive, Protocol, Retry, Runtime, Timeouts, Upgrade, Upstream,
 };
 use crate::cpus::format_cpu_list;
 use crate::tls::{CertFiles, Terminator};
+use crate::tls_client::{BackendTls, Trust, TrustError};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -227,7 +229,7 @@ pub(super) fn upstream(
         passive: passive(src, &key, &up.passive)?,
         retry: retry(src, &key, &up.retry)?,
         upgrade: upgrade(src, &key, up)?,
-        protocol: up.protocol,
+        protocol: protocol(src, &key, up)?,
         max_streams: match &up.max_streams {
             None => Upstream::MAX_STREAMS,
             Some(v) if *v.get_ref() >= 1 => *v.get_ref(),
@@ -239,6 +241,106 @@ pub(super) fn upstream(
                 ));
             }
         },
+        tls: up
+            .tls
+            .as_ref()
+            .map(|t| upstream_tls(src, &key, t, protocol(src, &key, up)?))
+            .transpose()?
+            .map(Arc::new),
+    })
+}
+
+/// `protocol`, which must agree with the `tls` table: `h2` is HTTP/2 over TLS, `h2c` cleartext.
+fn protocol(src: &Source, key: &str, up: &RawUpstream) -> Result<Protocol> {
+    let Some(spanned) = &up.protocol else {
+        return Ok(Protocol::default());
+    };
+    let p = *spanned.get_ref();
+    match (p, &up.tls) {
+        (Protocol::H2, None) => Err(src.at(
+            spanned.span(),
+            &format!("{key}.protocol"),
+            "\"h2\" is HTTP/2 over TLS, expected an [upstream.NAME.tls] table with it (or \"h2c\" for cleartext HTTP/2)",
+        )),
+        (Protocol::H2c, Some(t)) => Err(src.at(
+            t.span(),
+            &format!("{key}.tls"),
+            "set together with protocol = \"h2c\" (cleartext HTTP/2), expected protocol = \"h2\" for HTTP/2 over TLS",
+        )),
+        _ => Ok(p),
+    }
+}
+
+/// `[upstream.NAME.tls]`: the CA file (or the system's store) and the client certificate read
+/// and checked now, for connections that speak `protocol` inside TLS (offered by ALPN).
+fn upstream_tls(
+    src: &Source,
+    key: &str,
+    raw: &Spanned<RawUpstreamTls>,
+    protocol: Protocol,
+) -> Result<BackendTls> {
+    let t = raw.get_ref();
+    let tkey = format!("{key}.tls");
+    let sni = match &t.sni {
+        None => None,
+        Some(s) => Some(match ServerName::try_from(s.get_ref().clone()) {
+            Ok(ServerName::DnsName(name)) => ServerName::DnsName(name),
+            Ok(_) => {
+                return Err(src.at(
+                    s.span(),
+                    &format!("{tkey}.sni"),
+                    format!(
+                        "\"{}\" is an IP address, which is never sent as SNI; expected a host name, or no sni to verify the backend's address",
+                        s.get_ref()
+                    ),
+                ));
+            }
+            Err(_) => {
+                return Err(src.at(
+                    s.span(),
+                    &format!("{tkey}.sni"),
+                    format!(
+                        "\"{}\" is not a valid host name, expected one such as api.internal",
+                        s.get_ref()
+                    ),
+                ));
+            }
+        }),
+    };
+    let insecure = t
+        .insecure_skip_verify
+        .as_ref()
+        .is_some_and(|i| *i.get_ref());
+    let trust = match (&t.ca_file, insecure) {
+        (Some(ca), true) => {
+            return Err(src.at(
+                ca.span(),
+                &format!("{tkey}.ca_file"),
+                "set together with insecure_skip_verify = true, expected one of them: nothing is verified against it",
+            ));
+        }
+        (Some(ca), false) => Trust::File(ca.get_ref().into()),
+        (None, true) => Trust::Nothing,
+        (None, false) => Trust::System,
+    };
+    let client_cert = cert_pair(src, &tkey, &t.cert, &t.key)?;
+    BackendTls::load(sni, trust, client_cert.clone(), protocol.is_http2()).map_err(|e| {
+        let (k, span) = match &e {
+            TrustError::Read { .. } | TrustError::Invalid { .. } => {
+                ("ca_file", t.ca_file.as_ref().map(|c| c.span()))
+            }
+            TrustError::ClientCert(c) => match (c.file(), &client_cert) {
+                (Some(f), Some(files)) if f == files.key => {
+                    ("key", t.key.as_ref().map(|k| k.span()))
+                }
+                _ => ("cert", t.cert.as_ref().map(|c| c.span())),
+            },
+            TrustError::NoSystemRoots { .. } | TrustError::Config(_) => ("", None),
+        };
+        match span {
+            Some(span) => src.at(span, &format!("{tkey}.{k}"), e.to_string()),
+            None => src.at(raw.span(), &tkey, e.to_string()),
+        }
     })
 }
 
@@ -605,31 +707,10 @@ fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>, alpn_h2: bool) -> Result<
     let tkey = format!("{key}.tls");
     // Each certificate's files, the keys they were given under and their places.
     let mut entries = Vec::with_capacity(t.certificates.len() + 1);
-    let default = match (&t.cert, &t.key) {
-        (Some(c), Some(k)) => {
-            let files = CertFiles {
-                cert: c.get_ref().into(),
-                key: k.get_ref().into(),
-            };
-            entries.push((tkey.clone(), files.clone(), c.span(), k.span()));
-            Some(files)
-        }
-        (None, None) => None,
-        (Some(c), None) => {
-            return Err(src.at(
-                c.span(),
-                &format!("{tkey}.key"),
-                "missing, expected the private key file of this cert",
-            ));
-        }
-        (None, Some(k)) => {
-            return Err(src.at(
-                k.span(),
-                &format!("{tkey}.cert"),
-                "missing, expected the certificate chain file for this key",
-            ));
-        }
-    };
+    let default = cert_pair(src, &tkey, &t.cert, &t.key)?;
+    if let (Some(files), Some(c), Some(k)) = (&default, &t.cert, &t.key) {
+        entries.push((tkey.clone(), files.clone(), c.span(), k.span()));
+    }
     let mut by_name = Vec::with_capacity(t.certificates.len());
     for (i, c) in t.certificates.iter().enumerate() {
         let files = CertFiles {
@@ -662,6 +743,32 @@ fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>, alpn_h2: bool) -> Result<
         let (k, span) = place.unwrap_or((tkey.clone(), raw.span()));
         src.at(span, &k, e.to_string())
     })
+}
+
+/// A table's `cert` and `key` (under `tkey`): both, or neither.
+fn cert_pair(
+    src: &Source,
+    tkey: &str,
+    cert: &Option<Spanned<String>>,
+    key: &Option<Spanned<String>>,
+) -> Result<Option<CertFiles>> {
+    match (cert, key) {
+        (Some(c), Some(k)) => Ok(Some(CertFiles {
+            cert: c.get_ref().into(),
+            key: k.get_ref().into(),
+        })),
+        (None, None) => Ok(None),
+        (Some(c), None) => Err(src.at(
+            c.span(),
+            &format!("{tkey}.key"),
+            "missing, expected the private key file of this cert",
+        )),
+        (None, Some(k)) => Err(src.at(
+            k.span(),
+            &format!("{tkey}.cert"),
+            "missing, expected the certificate chain file for this key",
+        )),
+    }
 }
 
 /// `[forwarded] trusted`: networks, or addresses as networks of one.

@@ -7,10 +7,16 @@
 //! it here removes a spawned connection task, two channels and a oneshot per request (29% of
 //! pinlb's user-space instructions per request, by benches/callgrind.sh), and lets the proxy see
 //! exactly how the backend framed its response (RFC 9112 §6.3).
+//!
+//! A connection is plain TCP or TLS ([`BackendStream`]). The plain path keeps its own calls
+//! (`try_write` first, readiness without a read for the idle check); TLS goes through
+//! tokio-rustls's stream, which holds what it encrypted until the socket takes it, so every
+//! write to it ends with a flush.
 
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -20,6 +26,7 @@ use http::{Method, StatusCode, Version};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
+use tokio_rustls::client::TlsStream;
 
 use super::body::{BodyError, Decoder, Framing};
 use super::common::{
@@ -27,6 +34,7 @@ use super::common::{
     content_length_line, final_coding_chunked,
 };
 use super::request::ClientError;
+use crate::tls_client::Connector;
 
 /// Largest response head accepted from a backend.
 const MAX_HEAD: usize = 64 * 1024;
@@ -35,10 +43,151 @@ const MAX_HEADERS: usize = 128;
 /// Read buffer size; most responses a backend sends fit in one read.
 const READ_CHUNK: usize = 16 * 1024;
 
+/// A backend connection's socket: plain TCP, or TLS on it.
+pub enum BackendStream {
+    Plain(TcpStream),
+    /// Boxed: a plain connection need not carry the room for rustls's state.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl std::fmt::Debug for BackendStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendStream::Plain(s) => f.debug_tuple("Plain").field(s).finish(),
+            BackendStream::Tls(t) => f.debug_tuple("Tls").field(t.get_ref().0).finish(),
+        }
+    }
+}
+
+impl BackendStream {
+    /// Whether a TLS connection's handshake resumed a session.
+    pub fn is_resumed(&self) -> bool {
+        match self {
+            BackendStream::Plain(_) => false,
+            BackendStream::Tls(t) => {
+                t.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
+            }
+        }
+    }
+}
+
+/// The socket itself (for `SockRef`: a tunnel cut after its idle timeout is shut down both ways).
+impl AsFd for BackendStream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            BackendStream::Plain(s) => s.as_fd(),
+            BackendStream::Tls(t) => t.get_ref().0.as_fd(),
+        }
+    }
+}
+
+impl AsyncRead for BackendStream {
+    #[inline]
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            BackendStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            BackendStream::Tls(t) => poll_read_tls(t, cx, buf),
+        }
+    }
+}
+
+/// Kept out of line, here and in the other TLS arms: inlined, rustls's code would change what
+/// gets inlined into the plain path's callers.
+#[inline(never)]
+fn poll_read_tls(
+    t: &mut TlsStream<TcpStream>,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    match ready!(Pin::new(t).poll_read(cx, buf)) {
+        // A backend that closes without a close_notify alert ends the stream as a TCP close
+        // would, as nginx takes it (OpenSSL's SSL_OP_IGNORE_UNEXPECTED_EOF): a body framed by
+        // length or chunks that it cuts short is still an error, found by the framing.
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Poll::Ready(Ok(())),
+        done => Poll::Ready(done),
+    }
+}
+
+#[inline(never)]
+fn poll_flush_tls(t: &mut TlsStream<TcpStream>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    Pin::new(t).poll_flush(cx)
+}
+
+/// Whether an idle TLS connection can take a request. Records that arrived while idle (a
+/// session ticket, a key update) are taken in here; data or a close means the connection is
+/// done. No read of the socket while it has no pending event.
+#[inline(never)]
+fn is_usable_idle_tls(t: &mut TlsStream<TcpStream>, cx: &mut Context<'_>) -> bool {
+    let mut probe = [0u8; 1];
+    let mut rb = ReadBuf::new(&mut probe);
+    Pin::new(t).poll_read(cx, &mut rb).is_pending()
+}
+
+#[inline(never)]
+fn poll_write_tls(
+    t: &mut TlsStream<TcpStream>,
+    cx: &mut Context<'_>,
+    bufs: &[IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    match bufs {
+        [one] => Pin::new(t).poll_write(cx, one),
+        _ => Pin::new(t).poll_write_vectored(cx, bufs),
+    }
+}
+
+impl AsyncWrite for BackendStream {
+    #[inline]
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            BackendStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            BackendStream::Tls(t) => poll_write_tls(t, cx, &[IoSlice::new(buf)]),
+        }
+    }
+
+    #[inline]
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            BackendStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            BackendStream::Tls(t) => poll_write_tls(t, cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    #[inline]
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            BackendStream::Plain(_) => Poll::Ready(Ok(())),
+            BackendStream::Tls(t) => poll_flush_tls(t, cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            BackendStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            BackendStream::Tls(t) => Pin::new(&mut **t).poll_shutdown(cx),
+        }
+    }
+}
+
 /// An open connection to a backend, with whatever it has sent that hasn't been consumed.
 #[derive(Debug)]
 pub struct Conn {
-    pub stream: TcpStream,
+    pub stream: BackendStream,
     buf: BytesMut,
     /// Request heads are built here; kept to reuse its allocation for every request.
     out: Vec<u8>,
@@ -112,7 +261,7 @@ impl UpstreamError {
 }
 
 impl Conn {
-    pub fn new(stream: TcpStream) -> Self {
+    pub fn new(stream: BackendStream) -> Self {
         Conn {
             stream,
             buf: BytesMut::new(),
@@ -125,7 +274,7 @@ impl Conn {
 
     /// The socket and what the backend sent after the head just read: a connection that
     /// switched protocols leaves HTTP, and its bytes are relayed as they are.
-    pub fn into_parts(self) -> (TcpStream, BytesMut) {
+    pub fn into_parts(self) -> (BackendStream, BytesMut) {
         (self.stream, self.buf)
     }
 
@@ -141,13 +290,17 @@ impl Conn {
         if !self.buf.is_empty() {
             return false;
         }
-        match self.stream.poll_read_ready(cx) {
+        let stream = match &mut self.stream {
+            BackendStream::Plain(s) => s,
+            BackendStream::Tls(t) => return is_usable_idle_tls(t, cx),
+        };
+        match stream.poll_read_ready(cx) {
             // No event since our last read: nothing arrived, the peer has not closed.
             Poll::Pending => true,
             Poll::Ready(Err(_)) => false,
             Poll::Ready(Ok(())) => {
                 let mut probe = [0u8; 1];
-                matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+                matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
             }
         }
     }
@@ -190,8 +343,18 @@ impl Conn {
             RequestFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         }
         out.extend_from_slice(b"\r\n");
+        let plain = match &self.stream {
+            BackendStream::Plain(s) => s,
+            BackendStream::Tls(_) => {
+                let written = self
+                    .write_request(&mut [IoSlice::new(&out)], timeout, None)
+                    .await;
+                self.out = out;
+                return written.map(|_| ());
+            }
+        };
         // Most heads go out whole at once; only the rest, if any, needs the bounded wait.
-        let written = match self.stream.try_write(&out) {
+        let written = match plain.try_write(&out) {
             Ok(n) if n == out.len() => Ok(None),
             Ok(n) => {
                 let rest = out.get(n..).unwrap_or_default();
@@ -279,27 +442,47 @@ impl Conn {
                         IoSlice::advance_slices(&mut bufs, n);
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
-                    Poll::Pending => {
-                        if let Some(method) = answer {
-                            if let Poll::Ready(head) = self.poll_response_head(cx, method) {
-                                return Poll::Ready(head.map(Some));
-                            }
-                        }
-                        // The timer is set once per wait, when the write first has to wait.
-                        if !armed {
-                            armed = true;
-                            self.arm_timer(timeout);
-                        }
-                        return match self.timer.as_mut().map(|t| t.as_mut().poll(cx)) {
-                            Some(Poll::Ready(())) => Poll::Ready(Err(UpstreamError::SendTimeout)),
-                            _ => Poll::Pending,
-                        };
-                    }
+                    Poll::Pending => return self.poll_write_wait(cx, timeout, answer, &mut armed),
+                }
+            }
+            // What TLS encrypted and the socket has not taken yet goes out before the write is
+            // done; a plain socket holds nothing back.
+            if let BackendStream::Tls(t) = &mut self.stream {
+                match poll_flush_tls(t, cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                    Poll::Pending => return self.poll_write_wait(cx, timeout, answer, &mut armed),
                 }
             }
             Poll::Ready(Ok(None))
         })
         .await
+    }
+
+    /// A write that must wait for room in the socket: ends early with a final head the backend
+    /// sent meanwhile (see [`Conn::write_request`]), or with [`UpstreamError::SendTimeout`] once
+    /// the wait has lasted `timeout`.
+    fn poll_write_wait(
+        &mut self,
+        cx: &mut Context<'_>,
+        timeout: Duration,
+        answer: Option<&Method>,
+        armed: &mut bool,
+    ) -> Poll<Result<Option<Head>, UpstreamError>> {
+        if let Some(method) = answer {
+            if let Poll::Ready(head) = self.poll_response_head(cx, method) {
+                return Poll::Ready(head.map(Some));
+            }
+        }
+        // The timer is set once per wait, when the write first has to wait.
+        if !*armed {
+            *armed = true;
+            self.arm_timer(timeout);
+        }
+        match self.timer.as_mut().map(|t| t.as_mut().poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Err(UpstreamError::SendTimeout)),
+            _ => Poll::Pending,
+        }
     }
 
     /// Sets the connection's timer to expire `timeout` from now, creating it on first need.
@@ -321,7 +504,9 @@ impl Conn {
         }
     }
 
-    /// Reads more bytes into the buffer; `Ok(0)` is end of stream.
+    /// Reads more bytes into the buffer; `Ok(0)` is end of stream. Inlined as it was before
+    /// TLS: its callers on the plain path then cost what they did (benches/callgrind.sh).
+    #[inline]
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < 1024 {
             self.buf.reserve(READ_CHUNK);
@@ -702,8 +887,14 @@ pub fn response<B>(head: Head, body: B, method: &Method) -> Reply<B> {
     }
 }
 
-/// Opens a new connection to a backend.
-pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Conn, String> {
+/// Opens a new connection to a backend, with a TLS handshake when `tls` is given. The connect
+/// and the handshake are each bounded by `timeout`, as nginx bounds both by
+/// `proxy_connect_timeout`.
+pub async fn connect(
+    addr: SocketAddr,
+    timeout: Duration,
+    tls: Option<&Connector>,
+) -> Result<Conn, String> {
     let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(describe_io(&e)),
@@ -711,7 +902,20 @@ pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Conn, String
     };
     // Small requests and responses must not wait for Nagle.
     let _ = stream.set_nodelay(true);
-    Ok(Conn::new(stream))
+    let Some(tls) = tls else {
+        return Ok(Conn::new(BackendStream::Plain(stream)));
+    };
+    // Boxed: the handshake's state (rustls's, about a kilobyte) would otherwise make every
+    // request's future larger, plain ones included.
+    match tokio::time::timeout(timeout, Box::pin(tls.handshake(stream))).await {
+        Ok(Ok(t)) => {
+            let stream = BackendStream::Tls(Box::new(t));
+            tracing::debug!(backend = %addr, resumed = stream.is_resumed(), "TLS handshake done");
+            Ok(Conn::new(stream))
+        }
+        Ok(Err(cause)) => Err(cause),
+        Err(_) => Err(format!("TLS handshake timed out after {timeout:?}")),
+    }
 }
 
 /// A short cause for a failed connect or exchange, as the logs and error pages show it.

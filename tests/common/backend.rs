@@ -79,6 +79,18 @@ struct BackendState {
     produced: Arc<AtomicU64>,
     /// `/gated` requests wait for this to be open before reading their body.
     gate: watch::Sender<bool>,
+    /// Over TLS ([`Backend::start_tls`]): every handshake that completed, in order.
+    handshakes: Mutex<Vec<Handshake>>,
+}
+
+/// What a TLS backend saw of one completed handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshake {
+    /// The name the client sent (SNI), if any.
+    pub sni: Option<String>,
+    pub resumed: bool,
+    /// Whether the client showed a certificate.
+    pub client_cert: bool,
 }
 
 /// A small hyper HTTP/1.1 server on a kernel-chosen port, running as tasks on the test's tokio
@@ -129,12 +141,22 @@ impl Backend {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind backend");
-        Backend::serve_with(listener, id, Duration::ZERO, Some(idle))
+        Backend::serve_with(listener, id, Duration::ZERO, Some(idle), None)
     }
 
     /// Serves on an already bound listener (e.g. on a port that refused connections before).
     pub fn serve(listener: TcpListener, id: &str, delay: Duration) -> Backend {
-        Backend::serve_with(listener, id, delay, None)
+        Backend::serve_with(listener, id, delay, None, None)
+    }
+
+    /// The same backend over TLS: each connection's handshake with `tls` (a rustls server
+    /// configuration) first, recorded in [`Backend::handshakes`]. A connection whose handshake
+    /// fails is counted as accepted and closed, and serves nothing.
+    pub async fn start_tls(id: &str, tls: Arc<rustls::ServerConfig>) -> Backend {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind backend");
+        Backend::serve_with(listener, id, Duration::ZERO, None, Some(tls.into()))
     }
 
     fn serve_with(
@@ -142,6 +164,7 @@ impl Backend {
         id: &str,
         delay: Duration,
         idle: Option<Duration>,
+        tls: Option<tokio_rustls::TlsAcceptor>,
     ) -> Backend {
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(BackendState {
@@ -158,6 +181,7 @@ impl Backend {
             requests: Mutex::new(Vec::new()),
             produced: Arc::new(AtomicU64::new(0)),
             gate: watch::Sender::new(true),
+            handshakes: Mutex::new(Vec::new()),
         });
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
         let st = state.clone();
@@ -173,22 +197,24 @@ impl Backend {
                 st.accepts.fetch_add(1, Ordering::SeqCst);
                 let _ = stream.set_nodelay(true);
                 let st = st.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let service = {
-                        let st = st.clone();
-                        service_fn(move |req| backend_handle(st.clone(), req))
-                    };
-                    let mut builder = hyper::server::conn::http1::Builder::new();
-                    if let Some(idle) = idle {
-                        builder
-                            .timer(hyper_util::rt::TokioTimer::new())
-                            .header_read_timeout(idle);
-                    }
-                    let mut killed = st.killed.subscribe();
-                    // A kill drops the connection wherever it is, a request in flight included.
-                    tokio::select! {
-                        _ = builder.serve_connection(TokioIo::new(stream), service) => {}
-                        _ = killed.wait_for(|k| *k) => {}
+                    match tls {
+                        None => serve_connection(&st, stream, idle).await,
+                        Some(acceptor) => {
+                            if let Ok(Ok(t)) =
+                                tokio::time::timeout(WAIT, acceptor.accept(stream)).await
+                            {
+                                let c = t.get_ref().1;
+                                st.handshakes.lock().unwrap().push(Handshake {
+                                    sni: c.server_name().map(str::to_string),
+                                    resumed: c.handshake_kind()
+                                        == Some(rustls::HandshakeKind::Resumed),
+                                    client_cert: c.peer_certificates().is_some(),
+                                });
+                                serve_connection(&st, t, idle).await;
+                            }
+                        }
                     }
                     st.closed.send_modify(|c| *c += 1);
                 });
@@ -219,6 +245,11 @@ impl Backend {
         self.state.killed.send_replace(true);
         self.wait_for_closed(self.accepts()).await;
         self.hits() - self.state.answered.load(Ordering::SeqCst)
+    }
+
+    /// Every TLS handshake completed so far.
+    pub fn handshakes(&self) -> Vec<Handshake> {
+        self.state.handshakes.lock().unwrap().clone()
     }
 
     /// Sets the status `/health` answers from now on.
@@ -311,6 +342,29 @@ impl Drop for Backend {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
+    }
+}
+
+/// Serves HTTP/1.1 on one accepted connection until it closes or the backend is killed.
+async fn serve_connection<S>(st: &Arc<BackendState>, stream: S, idle: Option<Duration>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = {
+        let st = st.clone();
+        service_fn(move |req| backend_handle(st.clone(), req))
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    if let Some(idle) = idle {
+        builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(idle);
+    }
+    let mut killed = st.killed.subscribe();
+    // A kill drops the connection wherever it is, a request in flight included.
+    tokio::select! {
+        _ = builder.serve_connection(TokioIo::new(stream), service) => {}
+        _ = killed.wait_for(|k| *k) => {}
     }
 }
 
