@@ -148,8 +148,13 @@ pub(crate) async fn serve<P: AsFd + 'static>(
     let service = {
         let shared = shared.clone();
         hyper::service::service_fn(move |req| {
+            // Counted open here, as hyper accepts the stream inside the connection's poll, and
+            // not in the stream's task, which runs later: the connection's idle check in the
+            // same poll must see it, or an idle time begun before it closes the connection
+            // under it.
+            let open = Open::new(&shared);
             let shared = shared.clone();
-            async move { Ok::<_, Infallible>(shared.stream(req).await) }
+            async move { Ok::<_, Infallible>(shared.stream(req, open).await) }
         })
     };
     let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
@@ -204,8 +209,7 @@ pub(crate) async fn serve<P: AsFd + 'static>(
 
 impl Shared {
     /// One stream: its request through the proxy, and the response as HTTP/2.
-    async fn stream(self: Rc<Self>, req: Request<Incoming>) -> Response<ResponseBody> {
-        let open = Open::new(&self);
+    async fn stream(self: Rc<Self>, req: Request<Incoming>, open: Open) -> Response<ResponseBody> {
         let route = &self.route;
         if let Some(s) = &route.stats {
             s.requests.fetch_add(1, Ordering::Relaxed);
