@@ -141,9 +141,11 @@ pub(crate) async fn serve<P: AsFd + 'static>(
         served: Cell::new(false),
         task: RefCell::new(None),
     });
+    let flooded = Rc::new(Cell::new(false));
     let io = TokioIo::new(Replay {
         early,
         io: StreamIo(stream),
+        flood: Flood::new(flooded.clone()),
     });
     let service = {
         let shared = shared.clone();
@@ -196,7 +198,12 @@ pub(crate) async fn serve<P: AsFd + 'static>(
         let protocol = std::error::Error::source(&e)
             .and_then(|s| s.downcast_ref::<h2::Error>())
             .is_some_and(|h| !h.is_io());
-        if protocol {
+        if flooded.get() {
+            warn!(client = %peer, "HTTP/2 connection closed (GOAWAY): over {FLOOD_FRAMES} SETTINGS or PING frames within {FLOOD_WINDOW:?}");
+            if let Some(s) = &stats {
+                s.http2_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        } else if protocol {
             warn!(client = %peer, "HTTP/2 connection closed (GOAWAY): {e}");
             if let Some(s) = &stats {
                 s.http2_errors.fetch_add(1, Ordering::Relaxed);
@@ -370,14 +377,11 @@ fn http1_head(parts: &http::request::Parts, ended: bool, limits: &Limits) -> Byt
     out.put_slice(target.as_bytes());
     out.put_slice(b" HTTP/1.1\r\n");
     let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
-    match authority {
-        Some(a) => {
-            out.put_slice(b"host: ");
-            out.put_slice(a);
-            out.put_slice(b"\r\n");
-        }
-        // Without `:authority` the Host field, if any, stands (§8.3.1).
-        None => {}
+    // Without `:authority` the Host field, if any, stands (§8.3.1).
+    if let Some(a) = authority {
+        out.put_slice(b"host: ");
+        out.put_slice(a);
+        out.put_slice(b"\r\n");
     }
     let mut cookies = parts.headers.get_all(COOKIE).iter().peekable();
     if cookies.peek().is_some() {
@@ -563,10 +567,11 @@ impl Body for ResponseBody {
 const YEARS: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// A connection's byte stream, with what was read off it before it was known to be HTTP/2
-/// replayed first.
+/// replayed first, and the client's frames watched for a flood on the way in.
 struct Replay<S> {
     early: Bytes,
     io: S,
+    flood: Flood,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
@@ -575,15 +580,125 @@ impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
         cx: &mut Context<'_>,
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        let from = out.filled().len();
         if !self.early.is_empty() {
             let n = self.early.len().min(out.remaining());
             let early = self.early.split_to(n);
             out.put_slice(&early);
-            return Poll::Ready(Ok(()));
+        } else {
+            std::task::ready!(Pin::new(&mut self.io).poll_read(cx, out))?;
         }
-        Pin::new(&mut self.io).poll_read(cx, out)
+        self.flood.watch(&mut out.filled_mut()[from..]);
+        Poll::Ready(Ok(()))
     }
 }
+
+/// SETTINGS and PING frames (not ACKs) a client may send within [`FLOOD_WINDOW`]. A client
+/// sends SETTINGS once or twice and PINGs seconds apart (gRPC keep-alive: 10 s at the
+/// least); h2 answers each with an ACK before it reads on, so a flood costs an answer per
+/// frame and no memory, but it has no limit of its own (hyper's SETTINGS flood test showed
+/// 100,000 ACKed).
+const FLOOD_FRAMES: u32 = 100;
+const FLOOD_WINDOW: Duration = Duration::from_secs(1);
+
+/// Watches the client's frame headers go by (RFC 9113 §4.1) for more than [`FLOOD_FRAMES`]
+/// SETTINGS or PING frames within [`FLOOD_WINDOW`]. The frame that goes over is handed to h2
+/// with its stream id made non-zero, which h2 answers as the protocol error that is (§6.5,
+/// §6.7): GOAWAY with PROTOCOL_ERROR, and the connection closes through h2's own path, its
+/// frames whole, counted in `pinlb_http2_protocol_errors`.
+struct Flood {
+    /// Preface bytes still to pass before the first frame.
+    preface: usize,
+    /// The current frame header, as far as it has come.
+    head: [u8; 9],
+    have: usize,
+    /// Payload bytes of the current frame still to pass.
+    skip: usize,
+    /// The current frame goes over the limit: its stream id is rewritten as it passes.
+    poison: bool,
+    window: Option<tokio::time::Instant>,
+    count: u32,
+    /// Set once a flood was seen.
+    seen: Rc<Cell<bool>>,
+}
+
+impl Flood {
+    fn new(seen: Rc<Cell<bool>>) -> Flood {
+        Flood {
+            preface: PREFACE_LEN,
+            head: [0; 9],
+            have: 0,
+            skip: 0,
+            poison: false,
+            window: None,
+            count: 0,
+            seen,
+        }
+    }
+
+    fn watch(&mut self, mut bytes: &mut [u8]) {
+        // Bounded by `bytes`: every pass takes at least one byte of it.
+        while !bytes.is_empty() {
+            let pass = if self.preface > 0 {
+                let n = self.preface.min(bytes.len());
+                self.preface -= n;
+                n
+            } else if self.skip > 0 {
+                let n = self.skip.min(bytes.len());
+                self.skip -= n;
+                n
+            } else {
+                self.header_byte(&mut bytes[0]);
+                1
+            };
+            bytes = &mut bytes[pass..];
+        }
+    }
+
+    fn header_byte(&mut self, b: &mut u8) {
+        const SETTINGS: u8 = 0x4;
+        const PING: u8 = 0x6;
+        const ACK: u8 = 0x1;
+        if self.have == 8 && self.poison {
+            *b |= 1;
+        }
+        self.head[self.have] = *b;
+        self.have += 1;
+        match self.have {
+            5 => {
+                let (kind, flags) = (self.head[3], self.head[4]);
+                if (kind == SETTINGS || kind == PING) && flags & ACK == 0 {
+                    self.poison = self.over();
+                }
+            }
+            9 => {
+                self.skip = usize::from(self.head[0]) << 16
+                    | usize::from(self.head[1]) << 8
+                    | usize::from(self.head[2]);
+                self.have = 0;
+                self.poison = false;
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts one SETTINGS or PING: whether it goes over the limit.
+    fn over(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        match self.window {
+            Some(start) if now.duration_since(start) < FLOOD_WINDOW => self.count += 1,
+            _ => (self.window, self.count) = (Some(now), 1),
+        }
+        let over = self.count > FLOOD_FRAMES;
+        if over {
+            self.seen.set(true);
+        }
+        over
+    }
+}
+
+/// The client preface's length (RFC 9113 §3.4).
+const PREFACE_LEN: usize = 24;
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
     fn poll_write(
@@ -674,6 +789,44 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(head.host(), Some(&b"b.test"[..]));
+    }
+
+    /// A SETTINGS frame (or its ACK), its stream id's last byte at 8.
+    fn settings(ack: bool) -> [u8; 15] {
+        [0, 0, 6, 4, u8::from(ack), 0, 0, 0, 0, 0, 4, 0, 0, 255, 255]
+    }
+
+    #[test]
+    fn the_frame_over_the_flood_limit_gets_a_stream_id_whatever_the_reads() {
+        for piece in [1, 7, 4096] {
+            let seen = Rc::new(Cell::new(false));
+            let mut flood = Flood::new(seen.clone());
+            let mut bytes = vec![b'P'; PREFACE_LEN];
+            // ACKs do not count, and a DATA payload that looks like SETTINGS is not read as
+            // one: were either counted, the 100th would be the one over.
+            bytes.extend(settings(true));
+            bytes.extend([0, 0, 15, 0, 0, 0, 0, 0, 1]);
+            bytes.extend(settings(false));
+            for _ in 0..=FLOOD_FRAMES {
+                bytes.extend(settings(false));
+            }
+            let n = FLOOD_FRAMES as usize;
+            let at = |n: usize| PREFACE_LEN + 15 + 9 + 15 + n * 15;
+            for chunk in bytes.chunks_mut(piece) {
+                flood.watch(chunk);
+            }
+            assert!(seen.get(), "pieces of {piece}");
+            assert_eq!(bytes[at(n - 1) + 8], 0, "the 100th is allowed");
+            assert_eq!(bytes[at(n) + 8], 1, "the 101st goes to h2 as an error");
+        }
+        let seen = Rc::new(Cell::new(false));
+        let mut flood = Flood::new(seen.clone());
+        let mut bytes = vec![b'P'; PREFACE_LEN];
+        for _ in 0..FLOOD_FRAMES {
+            bytes.extend(settings(false));
+        }
+        flood.watch(&mut bytes);
+        assert!(!seen.get());
     }
 
     #[test]
