@@ -49,8 +49,12 @@ pub struct Frame {
 impl Frame {
     /// A GOAWAY's last stream id and error code.
     pub fn goaway(&self) -> Option<(u32, u32)> {
-        (self.kind == GOAWAY && self.payload.len() >= 8)
-            .then(|| (be32(&self.payload[..4]) & 0x7fff_ffff, be32(&self.payload[4..8])))
+        (self.kind == GOAWAY && self.payload.len() >= 8).then(|| {
+            (
+                be32(&self.payload[..4]) & 0x7fff_ffff,
+                be32(&self.payload[4..8]),
+            )
+        })
     }
 
     /// A RST_STREAM's error code.
@@ -238,7 +242,9 @@ impl H2Conn {
         // Bounded by the deadline: every pass reads more, or ends.
         loop {
             if self.buf.len() >= 9 {
-                let len = (self.buf[0] as usize) << 16 | (self.buf[1] as usize) << 8 | self.buf[2] as usize;
+                let len = (self.buf[0] as usize) << 16
+                    | (self.buf[1] as usize) << 8
+                    | self.buf[2] as usize;
                 if self.buf.len() >= 9 + len {
                     let f = Frame {
                         kind: self.buf[3],
@@ -268,7 +274,11 @@ impl H2Conn {
 
     /// Reads frames until `want` picks one, answering nothing; at most `max` frames. Panics
     /// if the connection ends first. Returns the frame and every frame read before it.
-    pub async fn until(&mut self, max: usize, mut want: impl FnMut(&Frame) -> bool) -> (Frame, Vec<Frame>) {
+    pub async fn until(
+        &mut self,
+        max: usize,
+        mut want: impl FnMut(&Frame) -> bool,
+    ) -> (Frame, Vec<Frame>) {
         let mut before = Vec::new();
         for _ in 0..max {
             match self.next().await {
@@ -277,7 +287,10 @@ impl H2Conn {
                 None => panic!("the connection ended first; read {before:?}"),
             }
         }
-        panic!("{max} frames and not the one wanted; the last: {:?}", before.last());
+        panic!(
+            "{max} frames and not the one wanted; the last: {:?}",
+            before.last()
+        );
     }
 
     /// Reads until the connection ends (at most `max` frames), and returns the GOAWAY it sent,

@@ -40,6 +40,6 @@ pub mod wait;
 // Flat re-exports, so a test says `use common::*;`. Each test crate uses only some of them.
 #[allow(unused_imports)]
 pub use {
-    backend::*, body::*, client::*, config::*, pki::*, process::*, proxy::*, raw_backend::*, raw_client::*,
-    wait::*,
+    backend::*, body::*, client::*, config::*, pki::*, process::*, proxy::*, raw_backend::*,
+    raw_client::*, wait::*,
 };

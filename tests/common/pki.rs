@@ -100,4 +100,3 @@ impl Pki {
         Arc::new(config)
     }
 }
-
