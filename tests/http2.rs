@@ -92,7 +92,23 @@ fn scratch(name: &str) -> PathBuf {
         .join(format!("pinlb-h2-{}-{n}-{name}", std::process::id()))
 }
 
-/// Runs curl with `args` (on a blocking thread: the backends run on this runtime).
+/// Runs `cmd` on a blocking thread (the backends run on this runtime) and returns its stdout;
+/// it must succeed.
+async fn run_tool(mut cmd: Command) -> String {
+    let what = format!("{cmd:?}");
+    let out = tokio::task::spawn_blocking(move || cmd.output().expect("run the tool"))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Runs curl with `args`.
 async fn curl(args: &[&str]) -> Curl {
     let (head, body) = (scratch("head"), scratch("body"));
     let mut cmd = Command::new("curl");
@@ -102,15 +118,7 @@ async fn curl(args: &[&str]) -> Curl {
         .arg(&body)
         .args(["-w", "%{http_version} %{http_code}"])
         .args(args);
-    let out = tokio::task::spawn_blocking(move || cmd.output().expect("run curl"))
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "curl {args:?}: {stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_tool(cmd).await;
     let (version, status) = stdout.split_once(' ').expect("curl's -w output");
     let c = Curl {
         version: version.to_string(),
@@ -126,16 +134,7 @@ async fn curl(args: &[&str]) -> Curl {
 async fn nghttp(args: &[&str]) -> String {
     let mut cmd = Command::new("nghttp");
     cmd.args(["-t", "10"]).args(args);
-    let out = tokio::task::spawn_blocking(move || cmd.output().expect("run nghttp"))
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "nghttp {args:?}: {stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    run_tool(cmd).await
 }
 
 fn errors(m: &Metrics, addr: SocketAddr) -> f64 {
@@ -163,6 +162,16 @@ async fn wait_metric(proxy: &Proxy, name: &str, labels: &str, want: f64) {
         let now = proxy.metrics().await.get(name, labels);
         panic!("{name}{{{labels}}} never reached {want}: {now:?}");
     }
+}
+
+/// Reads until pinlb closes `raw` (at most `max` frames): it must have sent GOAWAY with `code`,
+/// and counted the connection as the listener's `n`th protocol error.
+async fn assert_goes_away(proxy: &Proxy, raw: &mut H2Conn, max: usize, code: u32, n: f64) {
+    let (goaway, seen) = raw.until_closed(max).await;
+    let (_, got) = goaway.unwrap_or_else(|| panic!("no GOAWAY: {:?}", seen.last()));
+    assert_eq!(got, code, "{:?}", seen.last());
+    let labels = format!("listener=\"{}\"", proxy.addr);
+    wait_metric(proxy, "pinlb_http2_protocol_errors_total", &labels, n).await;
 }
 
 fn in_flight_labels(backend: SocketAddr) -> String {
@@ -439,23 +448,15 @@ async fn many_concurrent_streams_on_one_connection_are_all_answered_round_robin(
     let proxy = Proxy::start(&setup);
 
     // The SETTINGS frame says what the config does; the default says 128.
-    let raw = H2Conn::open(proxy.addr, &[]).await;
-    assert!(
-        raw.server_settings
-            .contains(&(SETTINGS_MAX_CONCURRENT_STREAMS, 150)),
-        "{:?}",
-        raw.server_settings
-    );
-    drop(raw);
     let other = Proxy::start(&h2c(Setup::with(&[a.addr])));
-    let raw = H2Conn::open(other.addr, &[]).await;
-    assert!(
-        raw.server_settings
-            .contains(&(SETTINGS_MAX_CONCURRENT_STREAMS, 128)),
-        "{:?}",
-        raw.server_settings
-    );
-    drop(raw);
+    for (addr, want) in [(proxy.addr, 150), (other.addr, 128)] {
+        let raw = H2Conn::open(addr, &[]).await;
+        let settings = &raw.server_settings;
+        assert!(
+            settings.contains(&(SETTINGS_MAX_CONCURRENT_STREAMS, want)),
+            "{settings:?}"
+        );
+    }
 
     // 150 streams at once, each held 300 ms by the backend: all open together.
     let send = h2_client(proxy.addr).await;
@@ -773,7 +774,8 @@ async fn in_flight_returns_to_zero_after_streams_end_and_after_a_client_reset() 
     let mut raw = H2Conn::open(proxy.addr, &[]).await;
     raw.headers(1, &Hpack::request("GET", "/sleep/5000", "a.test"), true)
         .await;
-    a.wait_for_hits(3).await;
+    // Its request is the backend's fourth.
+    a.wait_for_hits(4).await;
     assert_eq!(
         proxy
             .metrics()
@@ -886,20 +888,7 @@ async fn rapid_reset_ends_in_goaway_enhance_your_calm_and_is_counted() {
         burst.extend(rst_frame(id, CANCEL));
     }
     raw.try_send(&burst).await;
-    let (goaway, seen) = raw.until_closed(10_000).await;
-    assert_eq!(
-        goaway.map(|g| g.1),
-        Some(ENHANCE_YOUR_CALM),
-        "{:?}",
-        seen.last()
-    );
-    wait_metric(
-        &proxy,
-        "pinlb_http2_protocol_errors_total",
-        &format!("listener=\"{}\"", proxy.addr),
-        1.0,
-    )
-    .await;
+    assert_goes_away(&proxy, &mut raw, 10_000, ENHANCE_YOUR_CALM, 1.0).await;
     // h2 counts streams reset before they were accepted, and goes away after 20 of them.
     assert!(
         a.hits() <= 20,
@@ -928,16 +917,7 @@ async fn a_continuation_flood_ends_in_goaway_and_is_counted() {
         flood.extend(frame(CONTINUATION, 0, 1, &field.0));
     }
     raw.try_send(&flood).await;
-    let (goaway, seen) = raw.until_closed(100).await;
-    let (_, code) = goaway.unwrap_or_else(|| panic!("no GOAWAY: {seen:?}"));
-    assert_eq!(code, ENHANCE_YOUR_CALM, "{seen:?}");
-    wait_metric(
-        &proxy,
-        "pinlb_http2_protocol_errors_total",
-        &format!("listener=\"{}\"", proxy.addr),
-        1.0,
-    )
-    .await;
+    assert_goes_away(&proxy, &mut raw, 100, ENHANCE_YOUR_CALM, 1.0).await;
     assert_eq!(a.hits(), 0);
 }
 
@@ -955,16 +935,7 @@ async fn an_hpack_header_bomb_is_refused_and_counted() {
     let mut out = frame(HEADERS, END_STREAM, 1, &block.0[..8000]);
     out.extend(frame(CONTINUATION, END_HEADERS, 1, &block.0[8000..]));
     raw.try_send(&out).await;
-    let (goaway, seen) = raw.until_closed(100).await;
-    let (_, code) = goaway.unwrap_or_else(|| panic!("no GOAWAY: {seen:?}"));
-    assert_eq!(code, ENHANCE_YOUR_CALM, "{seen:?}");
-    wait_metric(
-        &proxy,
-        "pinlb_http2_protocol_errors_total",
-        &format!("listener=\"{}\"", proxy.addr),
-        1.0,
-    )
-    .await;
+    assert_goes_away(&proxy, &mut raw, 100, ENHANCE_YOUR_CALM, 1.0).await;
     assert_eq!(a.hits(), 0);
 }
 
