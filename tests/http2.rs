@@ -47,8 +47,34 @@ fn tls(mut setup: Setup, cert: &Cert, listener_keys: &str) -> Setup {
 async fn h2_client(addr: SocketAddr) -> SendRequest<ClientBody> {
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     tcp.set_nodelay(true).unwrap();
+    h2_handshake(tcp).await
+}
+
+/// A hyper HTTP/2 client connection over TLS, `a.test` verified against `pki`'s CA, that
+/// offers only ALPN h2 (and checks that it got it).
+async fn h2_tls_client(addr: SocketAddr, pki: &Pki) -> SendRequest<ClientBody> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.set_nodelay(true).unwrap();
+    let mut config = (*pki.client(&[&rustls::version::TLS13])).clone();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from("a.test").unwrap();
+    let tls = tokio::time::timeout(
+        WAIT,
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp),
+    )
+    .await
+    .expect("a handshake in time")
+    .expect("handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    h2_handshake(tls).await
+}
+
+async fn h2_handshake<S>(io: S) -> SendRequest<ClientBody>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
             .await
             .expect("HTTP/2 handshake");
     tokio::spawn(conn);
@@ -242,10 +268,22 @@ async fn a_stream_reaches_an_http1_backend_as_the_request_it_stands_for() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bodies_up_and_down_arrive_exact_with_a_length_or_streamed() {
+async fn bodies_up_and_down_arrive_exact_with_a_length_or_streamed_over_h2c_and_tls() {
+    let pki = Pki::new();
+    let cert = pki.issue("a", &["a.test"], false);
     let a = Backend::start("a").await;
-    let proxy = Proxy::start(&h2c(Setup::with(&[a.addr])));
-    let mut send = h2_client(proxy.addr).await;
+    let plain = Proxy::start(&h2c(Setup::with(&[a.addr])));
+    let secure = Proxy::start(&tls(Setup::with(&[a.addr]), &cert, ""));
+    for (mut send, proto) in [
+        (h2_client(plain.addr).await, "http"),
+        (h2_tls_client(secure.addr, &pki).await, "https"),
+    ] {
+        bodies_on(&mut send, &a, proto).await;
+    }
+}
+
+/// POSTs and GETs of 1 and 16 MiB on `send`, with a length and without.
+async fn bodies_on(send: &mut SendRequest<ClientBody>, a: &Backend, proto: &str) {
     for (len, exact) in [
         (1u64 << 20, true),
         (1 << 20, false),
@@ -253,11 +291,12 @@ async fn bodies_up_and_down_arrive_exact_with_a_length_or_streamed() {
         (16 << 20, false),
     ] {
         let body = GenBody::new(len, exact).boxed();
-        let r = fetch(&mut send, req(Method::POST, "/upload", body)).await;
+        let r = fetch(send, req(Method::POST, "/upload", body)).await;
         assert_eq!(r.status, 200, "{r:?}");
         assert_eq!(r.headers["x-body-bytes"], len.to_string());
         let seen = a.requests().pop().unwrap();
         assert_eq!(seen.body_len, len);
+        assert_eq!(seen.headers["x-forwarded-proto"], proto);
         let pattern: Vec<u8> = (0..4096).map(|i| (i % 251) as u8).collect();
         assert_eq!(&seen.body_start[..4096], &pattern[..]);
         if exact {
