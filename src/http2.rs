@@ -24,7 +24,7 @@ use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -74,6 +74,33 @@ struct Shared {
     served: Cell<bool>,
     /// The connection's task, woken when its last open stream ends, so its idle time begins.
     task: RefCell<Option<Waker>>,
+    /// The streams' waits for the client to take their responses.
+    stalls: RefCell<Vec<Weak<Stall>>>,
+}
+
+/// A stream's wait for the client to take the last piece of its response: for flow-control
+/// window (a WINDOW_UPDATE) or room in the socket. hyper asks the body for the next piece only
+/// once the last one went, so the wait runs from a piece handed over to the next ask. It may
+/// last `timeouts.client_idle`, as an HTTP/1.1 response's wait for room in the client's
+/// socket may (nginx's `send_timeout`); past that the connection is closed. Otherwise a client
+/// that reads nothing, or never opens its window, would hold the stream, its backend
+/// connection and the client connection (never idle with a stream open) for ever.
+struct Stall {
+    since: Cell<Option<tokio::time::Instant>>,
+    limit: Duration,
+}
+
+impl Shared {
+    /// The earliest end of a stream's wait for the client, forgetting the streams gone.
+    fn stalled_until(&self) -> Option<tokio::time::Instant> {
+        let mut stalls = self.stalls.borrow_mut();
+        stalls.retain(|w| w.strong_count() > 0);
+        stalls
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|s| s.since.get().and_then(|t| t.checked_add(s.limit)))
+            .min()
+    }
 }
 
 /// Counts a stream open until its response has gone (or the stream was reset).
@@ -140,6 +167,7 @@ pub(crate) async fn serve<P: AsFd + 'static>(
         open: Cell::new(0),
         served: Cell::new(false),
         task: RefCell::new(None),
+        stalls: RefCell::new(Vec::new()),
     });
     let flooded = Rc::new(Cell::new(false));
     let io = TokioIo::new(Replay {
@@ -172,12 +200,27 @@ pub(crate) async fn serve<P: AsFd + 'static>(
     let conn = builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
     let mut closing = false;
-    // Bounded by the connection: it ends when the client closes it, or after the GOAWAY that
-    // an idle timeout or a stop sends, once its open streams are done.
+    let mut stall_timer: Option<Pin<Box<Sleep>>> = None;
+    // Bounded by the connection: it ends when the client closes it, after the GOAWAY that an
+    // idle timeout or a stop sends once its open streams are done, or when a stream waited
+    // too long for the client to take its response (`None`).
     let ended = std::future::poll_fn(|cx| {
         let polled = conn.as_mut().poll(cx);
-        if polled.is_ready() {
-            return polled;
+        if let Poll::Ready(r) = polled {
+            return Poll::Ready(Some(r));
+        }
+        if let Some(at) = shared.stalled_until() {
+            if at <= tokio::time::Instant::now() {
+                return Poll::Ready(None);
+            }
+            let timer = stall_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+            if timer.deadline() != at {
+                timer.as_mut().reset(at);
+            }
+            if timer.as_mut().poll(cx).is_ready() {
+                // Checked again at once: that wait may have ended meanwhile.
+                cx.waker().wake_by_ref();
+            }
         }
         if !closing {
             *shared.task.borrow_mut() = Some(cx.waker().clone());
@@ -186,12 +229,16 @@ pub(crate) async fn serve<P: AsFd + 'static>(
                 closing = true;
                 debug!(client = %peer, "closing HTTP/2 connection (GOAWAY): idle, or making room, or stopping");
                 conn.as_mut().graceful_shutdown();
-                return conn.as_mut().poll(cx);
+                return conn.as_mut().poll(cx).map(Some);
             }
         }
         Poll::Pending
     })
     .await;
+    let Some(ended) = ended else {
+        warn!(client = %peer, "HTTP/2 connection closed: a stream's response waited longer than timeouts.client_idle for the client to take it");
+        return;
+    };
     if let Err(e) = ended {
         // A protocol error of the client's, for which hyper sent GOAWAY, is counted; a
         // connection that broke is the network's.
@@ -342,6 +389,20 @@ impl Shared {
             }
             Some(body)
         };
+        let stall = Rc::new(Stall {
+            since: Cell::new(None),
+            limit: self
+                .route
+                .upstream
+                .borrow()
+                .shared
+                .config
+                .timeouts
+                .client_idle,
+        });
+        if body.is_some() {
+            self.stalls.borrow_mut().push(Rc::downgrade(&stall));
+        }
         let mut response = Response::new(ResponseBody {
             body,
             logged,
@@ -349,6 +410,7 @@ impl Shared {
             timer: None,
             armed: false,
             peer: self.peer,
+            stall,
             _open: open,
         });
         *response.status_mut() = status;
@@ -497,6 +559,7 @@ pub(crate) struct ResponseBody {
     /// The timer runs for the current wait.
     armed: bool,
     peer: SocketAddr,
+    stall: Rc<Stall>,
     _open: Open,
 }
 
@@ -509,6 +572,8 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
         let this = self.get_mut();
+        // Asked again: the last piece went.
+        this.stall.since.set(None);
         let Some(body) = this.body.as_mut() else {
             return Poll::Ready(None);
         };
@@ -516,6 +581,7 @@ impl Body for ResponseBody {
             Poll::Ready(Some(Ok(data))) => {
                 this.armed = false;
                 this.logged.sent(data.len());
+                this.stall.since.set(Some(tokio::time::Instant::now()));
                 Poll::Ready(Some(Ok(Frame::data(data))))
             }
             Poll::Ready(Some(Err(e))) => {

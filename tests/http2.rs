@@ -1070,3 +1070,69 @@ async fn a_client_that_never_reads_stalls_its_streams_without_growing_memory() {
     );
     drop(stalled);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_opens_its_window_is_closed_after_client_idle() {
+    // It reads everything (PINGs are answered, were they on) but sends no WINDOW_UPDATE.
+    let a = Backend::start("a").await;
+    let mut setup = h2c(Setup::with(&[a.addr]));
+    setup.client_idle = "1s";
+    let proxy = Proxy::start(&setup);
+    let labels = in_flight_labels(a.addr);
+    let mut raw = H2Conn::open(proxy.addr, &[(SETTINGS_INITIAL_WINDOW_SIZE, 16)]).await;
+    raw.headers(
+        1,
+        &Hpack::request("GET", "/download/1073741824", "a.test"),
+        true,
+    )
+    .await;
+    let (_, _) = raw.until(10, |f| f.kind == DATA && f.stream == 1).await;
+    let stalled = Instant::now();
+    let (_, seen) = raw.until_closed(100).await;
+    let took = stalled.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "closed {took:?} after the window ran out, with client_idle 1s"
+    );
+    let data: usize = seen
+        .iter()
+        .filter(|f| f.kind == DATA)
+        .map(|f| f.payload.len())
+        .sum();
+    assert_eq!(data, 0, "nothing past the 16-byte window");
+    wait_metric(&proxy, "pinlb_backend_in_flight", &labels, 0.0).await;
+    // The listener still serves.
+    let mut send = h2_client(proxy.addr).await;
+    assert_eq!(
+        fetch(&mut send, req(Method::GET, "/", empty()))
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_pings_on_a_client_that_never_reads_is_closed_and_its_backend_let_go() {
+    // The client that reads nothing answers no PING: closed after ping_timeout, well before
+    // client_idle (30 s here) would.
+    let a = Backend::start("a").await;
+    let mut setup = h2c(Setup::with(&[a.addr]));
+    setup.extra += "[http2]\nping_interval = \"300ms\"\nping_timeout = \"300ms\"\n";
+    let proxy = Proxy::start(&setup);
+    let labels = in_flight_labels(a.addr);
+    let mut raw = H2Conn::open(proxy.addr, &[(SETTINGS_INITIAL_WINDOW_SIZE, 16)]).await;
+    raw.headers(
+        1,
+        &Hpack::request("GET", "/download/1073741824", "a.test"),
+        true,
+    )
+    .await;
+    a.wait_for_hits(1).await;
+    // Read nothing (reading would answer the PINGs) until the stream is let go.
+    wait_metric(&proxy, "pinlb_backend_in_flight", &labels, 0.0).await;
+    let (_, seen) = raw.until_closed(1_000).await;
+    assert!(
+        seen.iter().any(|f| f.kind == PING && f.flags & ACK == 0),
+        "no PING: {seen:?}"
+    );
+}
