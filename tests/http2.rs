@@ -200,6 +200,13 @@ async fn assert_goes_away(proxy: &Proxy, raw: &mut H2Conn, max: usize, code: u32
     wait_metric(proxy, "pinlb_http2_protocol_errors_total", &labels, n).await;
 }
 
+/// The listener still serves a new HTTP/2 connection.
+async fn assert_still_serves(proxy: &Proxy) {
+    let mut send = h2_client(proxy.addr).await;
+    let r = fetch(&mut send, req(Method::GET, "/", empty())).await;
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
 fn in_flight_labels(backend: SocketAddr) -> String {
     format!("upstream=\"app\",backend=\"{backend}\"")
 }
@@ -934,14 +941,7 @@ async fn rapid_reset_ends_in_goaway_enhance_your_calm_and_is_counted() {
         "{} of 5000 reset streams reached the backend",
         a.hits()
     );
-    // The listener still serves.
-    let mut send = h2_client(proxy.addr).await;
-    assert_eq!(
-        fetch(&mut send, req(Method::GET, "/", empty()))
-            .await
-            .status,
-        200
-    );
+    assert_still_serves(&proxy).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1041,14 +1041,7 @@ async fn a_client_that_never_reads_stalls_its_streams_without_growing_memory() {
     const N: usize = 8;
     let mut stalled = Vec::new();
     for _ in 0..N {
-        let mut raw = H2Conn::open(proxy.addr, &[(SETTINGS_INITIAL_WINDOW_SIZE, 16)]).await;
-        raw.headers(
-            1,
-            &Hpack::request("GET", "/download/1073741824", "a.test"),
-            true,
-        )
-        .await;
-        stalled.push(raw);
+        stalled.push(stalled_download(proxy.addr).await);
     }
     a.wait_for_hits(1 + N).await;
     let produced = settle(&a.produced()).await - (32 << 20);
@@ -1071,6 +1064,14 @@ async fn a_client_that_never_reads_stalls_its_streams_without_growing_memory() {
     drop(stalled);
 }
 
+/// A connection with a 16-byte stream window that asks for 1 GiB and opens it no further.
+async fn stalled_download(addr: SocketAddr) -> H2Conn {
+    let mut raw = H2Conn::open(addr, &[(SETTINGS_INITIAL_WINDOW_SIZE, 16)]).await;
+    let block = Hpack::request("GET", "/download/1073741824", "a.test");
+    raw.headers(1, &block, true).await;
+    raw
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_opens_its_window_is_closed_after_client_idle() {
     // It reads everything (PINGs are answered, were they on) but sends no WINDOW_UPDATE.
@@ -1079,13 +1080,7 @@ async fn a_client_that_never_opens_its_window_is_closed_after_client_idle() {
     setup.client_idle = "1s";
     let proxy = Proxy::start(&setup);
     let labels = in_flight_labels(a.addr);
-    let mut raw = H2Conn::open(proxy.addr, &[(SETTINGS_INITIAL_WINDOW_SIZE, 16)]).await;
-    raw.headers(
-        1,
-        &Hpack::request("GET", "/download/1073741824", "a.test"),
-        true,
-    )
-    .await;
+    let mut raw = stalled_download(proxy.addr).await;
     let (_, _) = raw.until(10, |f| f.kind == DATA && f.stream == 1).await;
     let stalled = Instant::now();
     let (_, seen) = raw.until_closed(100).await;
@@ -1101,14 +1096,7 @@ async fn a_client_that_never_opens_its_window_is_closed_after_client_idle() {
         .sum();
     assert_eq!(data, 0, "nothing past the 16-byte window");
     wait_metric(&proxy, "pinlb_backend_in_flight", &labels, 0.0).await;
-    // The listener still serves.
-    let mut send = h2_client(proxy.addr).await;
-    assert_eq!(
-        fetch(&mut send, req(Method::GET, "/", empty()))
-            .await
-            .status,
-        200
-    );
+    assert_still_serves(&proxy).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1120,13 +1108,7 @@ async fn with_pings_on_a_client_that_never_reads_is_closed_and_its_backend_let_g
     setup.extra += "[http2]\nping_interval = \"300ms\"\nping_timeout = \"300ms\"\n";
     let proxy = Proxy::start(&setup);
     let labels = in_flight_labels(a.addr);
-    let mut raw = H2Conn::open(proxy.addr, &[(SETTINGS_INITIAL_WINDOW_SIZE, 16)]).await;
-    raw.headers(
-        1,
-        &Hpack::request("GET", "/download/1073741824", "a.test"),
-        true,
-    )
-    .await;
+    let mut raw = stalled_download(proxy.addr).await;
     a.wait_for_hits(1).await;
     // Read nothing (reading would answer the PINGs) until the stream is let go.
     wait_metric(&proxy, "pinlb_backend_in_flight", &labels, 0.0).await;
