@@ -24,7 +24,7 @@ use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -76,6 +76,33 @@ struct Shared {
     served: Cell<bool>,
     /// The connection's task, woken when its last open stream ends, so its idle time begins.
     task: RefCell<Option<Waker>>,
+    /// The streams' waits for the client to take their responses.
+    stalls: RefCell<Vec<Weak<Stall>>>,
+}
+
+/// A stream's wait for the client to take the last piece of its response: for flow-control
+/// window (a WINDOW_UPDATE) or room in the socket. hyper asks the body for the next piece only
+/// once the last one went, so the wait runs from a piece handed over to the next ask. It may
+/// last `timeouts.client_idle`, as an HTTP/1.1 response's wait for room in the client's
+/// socket may (nginx's `send_timeout`); past that the connection is closed. Otherwise a client
+/// that reads nothing, or never opens its window, would hold the stream, its backend
+/// connection and the client connection (never idle with a stream open) for ever.
+struct Stall {
+    since: Cell<Option<tokio::time::Instant>>,
+    limit: Duration,
+}
+
+impl Shared {
+    /// The earliest end of a stream's wait for the client, forgetting the streams gone.
+    fn stalled_until(&self) -> Option<tokio::time::Instant> {
+        let mut stalls = self.stalls.borrow_mut();
+        stalls.retain(|w| w.strong_count() > 0);
+        stalls
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|s| s.since.get().and_then(|t| t.checked_add(s.limit)))
+            .min()
+    }
 }
 
 /// Counts a stream open until its response has gone (or the stream was reset), and times it
@@ -147,16 +174,24 @@ pub(crate) async fn serve<P: AsFd + 'static>(
         open: Cell::new(0),
         served: Cell::new(false),
         task: RefCell::new(None),
+        stalls: RefCell::new(Vec::new()),
     });
+    let flooded = Rc::new(Cell::new(false));
     let io = TokioIo::new(Replay {
         early,
         io: StreamIo(stream),
+        flood: Flood::new(flooded.clone()),
     });
     let service = {
         let shared = shared.clone();
         hyper::service::service_fn(move |req| {
+            // Counted open here, as hyper accepts the stream inside the connection's poll, and
+            // not in the stream's task, which runs later: the connection's idle check in the
+            // same poll must see it, or an idle time begun before it closes the connection
+            // under it.
+            let open = Open::new(&shared);
             let shared = shared.clone();
-            async move { Ok::<_, Infallible>(shared.stream(req).await) }
+            async move { Ok::<_, Infallible>(shared.stream(req, open).await) }
         })
     };
     let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
@@ -172,12 +207,27 @@ pub(crate) async fn serve<P: AsFd + 'static>(
     let conn = builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
     let mut closing = false;
-    // Bounded by the connection: it ends when the client closes it, or after the GOAWAY that
-    // an idle timeout or a stop sends, once its open streams are done.
+    let mut stall_timer: Option<Pin<Box<Sleep>>> = None;
+    // Bounded by the connection: it ends when the client closes it, after the GOAWAY that an
+    // idle timeout or a stop sends once its open streams are done, or when a stream waited
+    // too long for the client to take its response (`None`).
     let ended = std::future::poll_fn(|cx| {
         let polled = conn.as_mut().poll(cx);
-        if polled.is_ready() {
-            return polled;
+        if let Poll::Ready(r) = polled {
+            return Poll::Ready(Some(r));
+        }
+        if let Some(at) = shared.stalled_until() {
+            if at <= tokio::time::Instant::now() {
+                return Poll::Ready(None);
+            }
+            let timer = stall_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+            if timer.deadline() != at {
+                timer.as_mut().reset(at);
+            }
+            if timer.as_mut().poll(cx).is_ready() {
+                // Checked again at once: that wait may have ended meanwhile.
+                cx.waker().wake_by_ref();
+            }
         }
         if !closing {
             *shared.task.borrow_mut() = Some(cx.waker().clone());
@@ -186,19 +236,28 @@ pub(crate) async fn serve<P: AsFd + 'static>(
                 closing = true;
                 debug!(client = %peer, "closing HTTP/2 connection (GOAWAY): idle, or making room, or stopping");
                 conn.as_mut().graceful_shutdown();
-                return conn.as_mut().poll(cx);
+                return conn.as_mut().poll(cx).map(Some);
             }
         }
         Poll::Pending
     })
     .await;
+    let Some(ended) = ended else {
+        warn!(client = %peer, "HTTP/2 connection closed: a stream's response waited longer than timeouts.client_idle for the client to take it");
+        return;
+    };
     if let Err(e) = ended {
         // A protocol error of the client's, for which hyper sent GOAWAY, is counted; a
         // connection that broke is the network's.
         let protocol = std::error::Error::source(&e)
             .and_then(|s| s.downcast_ref::<h2::Error>())
             .is_some_and(|h| !h.is_io());
-        if protocol {
+        if flooded.get() {
+            warn!(client = %peer, "HTTP/2 connection closed (GOAWAY): over {FLOOD_FRAMES} SETTINGS or PING frames within {FLOOD_WINDOW:?}");
+            if let Some(s) = &stats {
+                s.http2_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        } else if protocol {
             warn!(client = %peer, "HTTP/2 connection closed (GOAWAY): {e}");
             if let Some(s) = &stats {
                 s.http2_errors.fetch_add(1, Ordering::Relaxed);
@@ -211,8 +270,7 @@ pub(crate) async fn serve<P: AsFd + 'static>(
 
 impl Shared {
     /// One stream: its request through the proxy, and the response as HTTP/2.
-    async fn stream(self: Rc<Self>, req: Request<Incoming>) -> Response<ResponseBody> {
-        let open = Open::new(&self);
+    async fn stream(self: Rc<Self>, req: Request<Incoming>, open: Open) -> Response<ResponseBody> {
         let route = &self.route;
         if let Some(s) = &route.stats {
             s.requests.fetch_add(1, Ordering::Relaxed);
@@ -346,6 +404,20 @@ impl Shared {
             }
             Some(body)
         };
+        let stall = Rc::new(Stall {
+            since: Cell::new(None),
+            limit: self
+                .route
+                .upstream
+                .borrow()
+                .shared
+                .config
+                .timeouts
+                .client_idle,
+        });
+        if body.is_some() {
+            self.stalls.borrow_mut().push(Rc::downgrade(&stall));
+        }
         let mut response = Response::new(ResponseBody {
             body,
             logged,
@@ -353,6 +425,7 @@ impl Shared {
             timer: None,
             armed: false,
             peer: self.peer,
+            stall,
             _open: open,
         });
         *response.status_mut() = status;
@@ -487,6 +560,7 @@ pub(crate) struct ResponseBody {
     /// The timer runs for the current wait.
     armed: bool,
     peer: SocketAddr,
+    stall: Rc<Stall>,
     _open: Open,
 }
 
@@ -499,6 +573,8 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
         let this = self.get_mut();
+        // Asked again: the last piece went.
+        this.stall.since.set(None);
         let Some(body) = this.body.as_mut() else {
             return Poll::Ready(None);
         };
@@ -506,6 +582,7 @@ impl Body for ResponseBody {
             Poll::Ready(Some(Ok(data))) => {
                 this.armed = false;
                 this.logged.sent(data.len());
+                this.stall.since.set(Some(tokio::time::Instant::now()));
                 Poll::Ready(Some(Ok(Frame::data(data))))
             }
             Poll::Ready(Some(Err(e))) => {
@@ -559,10 +636,11 @@ impl Body for ResponseBody {
 const YEARS: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// A connection's byte stream, with what was read off it before it was known to be HTTP/2
-/// replayed first.
+/// replayed first, and the client's frames watched for a flood on the way in.
 struct Replay<S> {
     early: Bytes,
     io: S,
+    flood: Flood,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
@@ -571,15 +649,125 @@ impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
         cx: &mut Context<'_>,
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        let from = out.filled().len();
         if !self.early.is_empty() {
             let n = self.early.len().min(out.remaining());
             let early = self.early.split_to(n);
             out.put_slice(&early);
-            return Poll::Ready(Ok(()));
+        } else {
+            std::task::ready!(Pin::new(&mut self.io).poll_read(cx, out))?;
         }
-        Pin::new(&mut self.io).poll_read(cx, out)
+        self.flood.watch(&mut out.filled_mut()[from..]);
+        Poll::Ready(Ok(()))
     }
 }
+
+/// SETTINGS and PING frames (not ACKs) a client may send within [`FLOOD_WINDOW`]. A client
+/// sends SETTINGS once or twice and PINGs seconds apart (gRPC keep-alive: 10 s at the
+/// least); h2 answers each with an ACK before it reads on, so a flood costs an answer per
+/// frame and no memory, but it has no limit of its own (hyper's SETTINGS flood test showed
+/// 100,000 ACKed).
+const FLOOD_FRAMES: u32 = 100;
+const FLOOD_WINDOW: Duration = Duration::from_secs(1);
+
+/// Watches the client's frame headers go by (RFC 9113 §4.1) for more than [`FLOOD_FRAMES`]
+/// SETTINGS or PING frames within [`FLOOD_WINDOW`]. The frame that goes over is handed to h2
+/// with its stream id made non-zero, which h2 answers as the protocol error that is (§6.5,
+/// §6.7): GOAWAY with PROTOCOL_ERROR, and the connection closes through h2's own path, its
+/// frames whole, counted in `pinlb_http2_protocol_errors`.
+struct Flood {
+    /// Preface bytes still to pass before the first frame.
+    preface: usize,
+    /// The current frame header, as far as it has come.
+    head: [u8; 9],
+    have: usize,
+    /// Payload bytes of the current frame still to pass.
+    skip: usize,
+    /// The current frame goes over the limit: its stream id is rewritten as it passes.
+    poison: bool,
+    window: Option<tokio::time::Instant>,
+    count: u32,
+    /// Set once a flood was seen.
+    seen: Rc<Cell<bool>>,
+}
+
+impl Flood {
+    fn new(seen: Rc<Cell<bool>>) -> Flood {
+        Flood {
+            preface: PREFACE_LEN,
+            head: [0; 9],
+            have: 0,
+            skip: 0,
+            poison: false,
+            window: None,
+            count: 0,
+            seen,
+        }
+    }
+
+    fn watch(&mut self, mut bytes: &mut [u8]) {
+        // Bounded by `bytes`: every pass takes at least one byte of it.
+        while !bytes.is_empty() {
+            let pass = if self.preface > 0 {
+                let n = self.preface.min(bytes.len());
+                self.preface -= n;
+                n
+            } else if self.skip > 0 {
+                let n = self.skip.min(bytes.len());
+                self.skip -= n;
+                n
+            } else {
+                self.header_byte(&mut bytes[0]);
+                1
+            };
+            bytes = &mut bytes[pass..];
+        }
+    }
+
+    fn header_byte(&mut self, b: &mut u8) {
+        const SETTINGS: u8 = 0x4;
+        const PING: u8 = 0x6;
+        const ACK: u8 = 0x1;
+        if self.have == 8 && self.poison {
+            *b |= 1;
+        }
+        self.head[self.have] = *b;
+        self.have += 1;
+        match self.have {
+            5 => {
+                let (kind, flags) = (self.head[3], self.head[4]);
+                if (kind == SETTINGS || kind == PING) && flags & ACK == 0 {
+                    self.poison = self.over();
+                }
+            }
+            9 => {
+                self.skip = usize::from(self.head[0]) << 16
+                    | usize::from(self.head[1]) << 8
+                    | usize::from(self.head[2]);
+                self.have = 0;
+                self.poison = false;
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts one SETTINGS or PING: whether it goes over the limit.
+    fn over(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        match self.window {
+            Some(start) if now.duration_since(start) < FLOOD_WINDOW => self.count += 1,
+            _ => (self.window, self.count) = (Some(now), 1),
+        }
+        let over = self.count > FLOOD_FRAMES;
+        if over {
+            self.seen.set(true);
+        }
+        over
+    }
+}
+
+/// The client preface's length (RFC 9113 §3.4).
+const PREFACE_LEN: usize = 24;
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
     fn poll_write(
@@ -679,5 +867,43 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(head.host(), Some(&b"b.test"[..]));
+    }
+
+    /// A SETTINGS frame (or its ACK), its stream id's last byte at 8.
+    fn settings(ack: bool) -> [u8; 15] {
+        [0, 0, 6, 4, u8::from(ack), 0, 0, 0, 0, 0, 4, 0, 0, 255, 255]
+    }
+
+    #[test]
+    fn the_frame_over_the_flood_limit_gets_a_stream_id_whatever_the_reads() {
+        for piece in [1, 7, 4096] {
+            let seen = Rc::new(Cell::new(false));
+            let mut flood = Flood::new(seen.clone());
+            let mut bytes = vec![b'P'; PREFACE_LEN];
+            // ACKs do not count, and a DATA payload that looks like SETTINGS is not read as
+            // one: were either counted, the 100th would be the one over.
+            bytes.extend(settings(true));
+            bytes.extend([0, 0, 15, 0, 0, 0, 0, 0, 1]);
+            bytes.extend(settings(false));
+            for _ in 0..=FLOOD_FRAMES {
+                bytes.extend(settings(false));
+            }
+            let n = FLOOD_FRAMES as usize;
+            let at = |n: usize| PREFACE_LEN + 15 + 9 + 15 + n * 15;
+            for chunk in bytes.chunks_mut(piece) {
+                flood.watch(chunk);
+            }
+            assert!(seen.get(), "pieces of {piece}");
+            assert_eq!(bytes[at(n - 1) + 8], 0, "the 100th is allowed");
+            assert_eq!(bytes[at(n) + 8], 1, "the 101st goes to h2 as an error");
+        }
+        let seen = Rc::new(Cell::new(false));
+        let mut flood = Flood::new(seen.clone());
+        let mut bytes = vec![b'P'; PREFACE_LEN];
+        for _ in 0..FLOOD_FRAMES {
+            bytes.extend(settings(false));
+        }
+        flood.watch(&mut bytes);
+        assert!(!seen.get());
     }
 }

@@ -4,111 +4,17 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
 use http::Method;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, HandshakeKind, SupportedProtocolVersion};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    #[cfg(feature = "aws-lc-rs")]
-    return Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    #[cfg(all(feature = "ring", not(feature = "aws-lc-rs")))]
-    return Arc::new(rustls::crypto::ring::default_provider());
-}
-
-/// A CA, and files of server certificates it signed, in a directory of their own.
-struct Pki {
-    dir: PathBuf,
-    ca: CertifiedIssuer<'static, KeyPair>,
-}
-
-/// A server certificate's files.
-#[derive(Clone)]
-struct Cert {
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-impl Cert {
-    fn der(&self) -> CertificateDer<'static> {
-        CertificateDer::from_pem_file(&self.cert).expect("read cert")
-    }
-}
-
-impl Pki {
-    fn new() -> Pki {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-            "pinlb-tls-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        // Named apart from the servers': a certificate whose issuer is its own subject reads as
-        // self-signed to OpenSSL.
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "pinlb test CA");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
-        Pki { dir, ca }
-    }
-
-    /// A certificate for `names` under `file`.pem and `file`.key: ECDSA P-256, or RSA 2048.
-    fn issue(&self, file: &str, names: &[&str], rsa: bool) -> Cert {
-        let key = if rsa {
-            KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap()
-        } else {
-            KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap()
-        };
-        let list: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let mut params = CertificateParams::new(list).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, names[0]);
-        let cert = params.signed_by(&key, &self.ca).unwrap();
-        let out = Cert {
-            cert: self.dir.join(format!("{file}.pem")),
-            key: self.dir.join(format!("{file}.key")),
-        };
-        // The chain: the server's certificate, then the CA's.
-        std::fs::write(&out.cert, cert.pem() + &self.ca.pem()).unwrap();
-        std::fs::write(&out.key, key.serialize_pem()).unwrap();
-        out
-    }
-
-    fn ca_file(&self) -> PathBuf {
-        self.dir.join("ca.pem")
-    }
-
-    /// A client that trusts this CA, speaks `versions`, and offers ALPN http/1.1.
-    fn client(&self, versions: &[&'static SupportedProtocolVersion]) -> Arc<ClientConfig> {
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(CertificateDer::from(self.ca.der().to_vec()))
-            .unwrap();
-        let mut config = ClientConfig::builder_with_provider(provider())
-            .with_protocol_versions(versions)
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Arc::new(config)
-    }
-}
 
 /// A client that takes any certificate, to see which one a name gets.
 fn any_cert_client() -> Arc<ClientConfig> {

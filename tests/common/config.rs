@@ -32,6 +32,8 @@ pub struct Setup {
     pub shutdown_timeout: &'static str,
     /// More TOML appended to the file, e.g. `[upstream.app.health]` and its keys.
     pub extra: String,
+    /// More keys of the `[[listener]]` table, e.g. `h2c = true`, one per line.
+    pub listener_keys: String,
     /// More keys of the `[upstream.app]` table itself, e.g. `max_conns = 1`, one per line.
     pub upstream_keys: String,
     /// More keys for each backend's inline table, by position in `backends`, e.g.
@@ -54,6 +56,7 @@ impl Setup {
             tunnel_idle: None,
             shutdown_timeout: "3s",
             extra: String::new(),
+            listener_keys: String::new(),
             upstream_keys: String::new(),
             backend_keys: Vec::new(),
         }
@@ -90,7 +93,7 @@ shutdown_timeout = "{shutdown}"
 [[listener]]
 address = "127.0.0.1:0"
 upstream = "app"
-
+{listener_keys}
 [upstream.app]
 algorithm = "{algorithm}"
 keepalive = {keepalive}
@@ -117,6 +120,7 @@ response = "{response}"
                 .tunnel_idle
                 .map_or(String::new(), |t| format!("tunnel_idle = \"{t}\"\n")),
             extra = self.extra,
+            listener_keys = self.listener_keys,
             upstream_keys = self.upstream_keys,
         )
     }

@@ -17,7 +17,9 @@
 //!   [`read_response`]);
 //! - [`body`]: request and response bodies ([`GenBody`], [`count_body`]);
 //! - [`wait`]: bounded waits ([`WAIT`], [`poll`], [`settle`]);
-//! - [`framing`]: the framing invariant, shared with the fuzz target.
+//! - [`framing`]: the framing invariant, shared with the fuzz target;
+//! - [`pki`]: certificates made in the test ([`Pki`]);
+//! - [`h2frames`]: HTTP/2 frames by hand ([`h2frames::H2Conn`], [`h2frames::Hpack`]).
 
 // Each test crate (`proxy.rs`, `cli.rs`) uses a different part of this module.
 #![allow(dead_code)]
@@ -27,6 +29,8 @@ pub mod body;
 pub mod client;
 pub mod config;
 pub mod framing;
+pub mod h2frames;
+pub mod pki;
 pub mod process;
 pub mod proxy;
 pub mod raw_backend;
@@ -36,6 +40,6 @@ pub mod wait;
 // Flat re-exports, so a test says `use common::*;`. Each test crate uses only some of them.
 #[allow(unused_imports)]
 pub use {
-    backend::*, body::*, client::*, config::*, process::*, proxy::*, raw_backend::*, raw_client::*,
-    wait::*,
+    backend::*, body::*, client::*, config::*, pki::*, process::*, proxy::*, raw_backend::*,
+    raw_client::*, wait::*,
 };
