@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use http::Method;
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, HandshakeKind, SupportedProtocolVersion};
 use tokio::io::{AsyncWriteExt, BufReader};
