@@ -218,6 +218,7 @@ fn run(args: &DemoArgs) -> Result<(), String> {
         rounds: args.rounds.max(1),
         rate: None,
         websocket: None,
+        http2: None,
         cpus: layout.load.clone(),
         timeout: Duration::from_secs(2),
         trust: crate::bench::Trust::default(),

@@ -133,6 +133,7 @@ fn options(targets: Vec<Target>) -> BenchOptions {
         rounds: 1,
         rate: None,
         websocket: None,
+        http2: None,
         cpus: vec![first_core()],
         timeout: Duration::from_secs(2),
         trust: pinlb::bench::Trust::default(),
@@ -762,4 +763,151 @@ fn the_command_refuses_the_open_loop_in_websocket_mode() {
         stderr.contains("'--ws' cannot be used with '--rate"),
         "{stderr}"
     );
+}
+
+/// An h2c (prior knowledge) server on hyper that counts the requests it answers: `200` with a
+/// 12-byte body, or `503` on `/busy`. On a runtime of its own, stopped when dropped.
+struct H2Backend {
+    addr: SocketAddr,
+    seen: Arc<AtomicU64>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl H2Backend {
+    fn start() -> H2Backend {
+        use http_body_util::Full;
+        use hyper::body::Bytes;
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("backend runtime");
+        let listener = rt
+            .block_on(TcpListener::bind("127.0.0.1:0"))
+            .expect("bind a backend");
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(AtomicU64::new(0));
+        let counter = seen.clone();
+        rt.spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let counter = counter.clone();
+                let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    let status = if req.uri().path() == "/busy" {
+                        503
+                    } else {
+                        200
+                    };
+                    let resp = hyper::Response::builder()
+                        .status(status)
+                        .body(Full::new(Bytes::from_static(b"hello world\n")));
+                    async move { resp }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        });
+        H2Backend {
+            addr,
+            seen,
+            _rt: rt,
+        }
+    }
+
+    fn seen(&self) -> u64 {
+        self.seen.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn h2_counts_exactly_the_streams_the_server_answered() {
+    let backend = H2Backend::start();
+    let busy = H2Backend::start();
+    let targets = vec![
+        format!("ok=http://{}/", backend.addr).parse().unwrap(),
+        format!("busy=http://{}/busy", busy.addr).parse().unwrap(),
+    ];
+    let opts = BenchOptions {
+        connections: 2,
+        http2: Some(8),
+        rounds: 2,
+        ..options(targets)
+    };
+    let report = bench(&opts);
+    for (t, server) in report.targets.iter().zip([&backend, &busy]) {
+        let (r, w) = (t.requests, t.warmup);
+        // The one request of the check that the target speaks HTTP/2, before the first round.
+        assert_eq!(
+            r.sent + w.sent + 1,
+            server.seen(),
+            "{}: {r:?} {w:?}",
+            t.name
+        );
+        assert!(r.sent > 0 && w.sent > 0, "{}: {r:?}", t.name);
+        assert_eq!(r.responses, r.sent, "{}: {r:?}", t.name);
+        assert_eq!(t.histogram.len(), r.responses, "one latency per response");
+        assert_eq!(r.bytes_read, 12 * r.responses, "{}: body bytes", t.name);
+    }
+    let (ok, busy_r) = (report.targets[0].requests, report.targets[1].requests);
+    assert_eq!(ok.ok, ok.sent);
+    assert_eq!(ok.errors.total(), 0);
+    assert_eq!(busy_r.statuses.top(), vec![(503, busy_r.sent)]);
+    assert_eq!(busy_r.errors.non_2xx, busy_r.sent);
+
+    // -n: exactly that many, spread over the connections' streams.
+    let counted = H2Backend::start();
+    let opts = BenchOptions {
+        connections: 3,
+        http2: Some(5),
+        requests: Some(101),
+        warmup: Duration::ZERO,
+        ..options(vec![format!("n=http://{}/", counted.addr).parse().unwrap()])
+    };
+    let r = bench(&opts).targets[0].requests;
+    assert_eq!((r.sent, r.ok), (101, 101));
+    assert_eq!(counted.seen(), 102);
+}
+
+#[test]
+fn h2_against_an_http1_only_server_fails_and_says_so() {
+    let backend = Backend::start(Reply::Ok);
+    let ran = pinlb_bench([
+        "--h2".to_string(),
+        "--streams".into(),
+        "4".into(),
+        "-c".into(),
+        "2".into(),
+        "-n".into(),
+        "10".into(),
+        "--cpus".into(),
+        first_core().to_string(),
+        format!("http://{}/", backend.addr),
+    ]);
+    assert!(!ran.status.success(), "{}", ran.stdout);
+    assert!(
+        ran.stderr.contains("--h2") && ran.stderr.contains("HTTP/2"),
+        "{}",
+        ran.stderr
+    );
+    assert!(ran.stdout.is_empty(), "no table: {}", ran.stdout);
+
+    // And the command line: the same counts as the library, from `--h2 --streams`.
+    let h2 = H2Backend::start();
+    let ran = pinlb_bench([
+        "--h2".to_string(),
+        "--streams".into(),
+        "4".into(),
+        "-c".into(),
+        "2".into(),
+        "-n".into(),
+        "40".into(),
+        "--cpus".into(),
+        first_core().to_string(),
+        format!("http://{}/", h2.addr),
+    ])
+    .succeeded();
+    assert_eq!(h2.seen(), 41, "{}", ran.stdout);
 }

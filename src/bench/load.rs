@@ -64,6 +64,25 @@ pub(crate) struct Plan {
     pub keep_alive: bool,
     /// Total requests per second in open loop; `None` is closed loop.
     pub rate: Option<f64>,
+    /// `--h2`: the HTTP/2 request and the streams per connection.
+    pub h2: Option<Arc<super::h2::H2Plan>>,
+}
+
+/// `--h2`: one request to the target on a runtime of this thread's own, before any load, so a
+/// target that does not speak HTTP/2 fails the bench with a message that says so. Does nothing
+/// without `--h2`.
+pub(crate) fn probe_h2(plan: &Plan) -> Result<(), String> {
+    let Some(h2) = &plan.h2 else {
+        return Ok(());
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    LocalSet::new().block_on(
+        &rt,
+        super::h2::probe(plan.addr, plan.timeout, plan.tls.as_ref(), h2),
+    )
 }
 
 /// What one run measured, merged over its threads.
@@ -284,14 +303,24 @@ fn thread_main(
     });
     let local = LocalSet::new();
     let panicked = local.block_on(&rt, async {
-        let tasks: Vec<_> = match plan.rate {
-            None => {
+        let tasks: Vec<_> = match (&plan.h2, plan.rate) {
+            (Some(h2), _) => {
+                let h2 = Rc::new((**h2).clone());
+                conns
+                    .iter()
+                    .map(|_| {
+                        let (sh, h2) = (shared.clone(), h2.clone());
+                        tokio::task::spawn_local(super::h2::connection(sh, h2))
+                    })
+                    .collect()
+            }
+            (None, None) => {
                 let (sh, n) = (shared.clone(), conns.len());
                 vec![tokio::task::spawn_local(async move {
                     closed_loop(&sh, n).await
                 })]
             }
-            Some(rate) => conns
+            (None, Some(rate)) => conns
                 .into_iter()
                 .map(|g| {
                     let (sh, connections) = (shared.clone(), plan.connections);

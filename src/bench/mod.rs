@@ -28,9 +28,11 @@
 //!   echo.
 //! - `load.rs`: the pinned threads, the open loop, and the accounting both loops share.
 //! - `closed.rs`: the closed loop, one event-loop task per thread.
+//! - `h2.rs`: `--h2`: HTTP/2 on hyper's client, `--streams` concurrent streams per connection.
 //! - [`report`]: the results, and the table, JSON and SVG made from them.
 
 mod closed;
+mod h2;
 mod load;
 pub mod report;
 pub mod stats;
@@ -157,6 +159,9 @@ pub struct BenchOptions {
     /// timed), then sends binary messages of this many bytes and waits for each one's echo.
     /// Closed loop only.
     pub websocket: Option<usize>,
+    /// HTTP/2 (h2load's `--h2`), with this many concurrent streams per connection (h2load's
+    /// `-m`): prior knowledge on `http://`, ALPN `h2` on `https://`. Closed loop only.
+    pub http2: Option<usize>,
     /// Cores for the load threads; empty means every core this process may run on.
     pub cpus: Vec<usize>,
     /// Per request (and per connect), like wrk's `--timeout`.
@@ -202,6 +207,8 @@ pub enum BenchError {
     HistogramMerge(#[from] hdrhistogram::AdditionError),
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("--h2: target {target}: {reason}")]
+    Http2 { target: String, reason: String },
     #[error("cannot write chart {path}: {reason}")]
     Plot { path: PathBuf, reason: String },
 }
@@ -226,13 +233,26 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
                 Some(tls::Tls::new(
                     t.url.host().unwrap_or_default(),
                     &opts.trust,
+                    opts.http2.is_some(),
                 )?)
             } else {
                 None
             };
+            let h2 = match opts.http2 {
+                Some(streams) => Some(Arc::new(
+                    h2::H2Plan::new(&t.url, &opts.request, streams).map_err(|reason| {
+                        BenchError::Http2 {
+                            target: t.name.clone(),
+                            reason,
+                        }
+                    })?,
+                )),
+                None => None,
+            };
             Ok(Arc::new(Plan {
                 addr: t.resolve()?,
                 tls,
+                h2,
                 request: request.into(),
                 websocket,
                 connections: opts.connections,
@@ -248,6 +268,13 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
             }))
         })
         .collect::<Result<Vec<_>, BenchError>>()?;
+
+    for (plan, target) in plans.iter().zip(&opts.targets) {
+        load::probe_h2(plan).map_err(|reason| BenchError::Http2 {
+            target: target.name.clone(),
+            reason,
+        })?;
+    }
 
     let show = opts.progress && std::io::stderr().is_terminal() && std::io::stdout().is_terminal();
     let mut runs: Vec<Vec<load::RunResult>> = plans.iter().map(|_| Vec::new()).collect();
@@ -317,6 +344,21 @@ fn check_options(opts: &BenchOptions) -> Result<Vec<usize>, BenchError> {
             "the open loop (--rate) is not supported with --ws: WebSocket mode is closed loop"
                 .into(),
         );
+    }
+    if let Some(streams) = opts.http2 {
+        if streams == 0 {
+            return bad("--streams must be at least 1".into());
+        }
+        if opts.websocket.is_some() || opts.rate.is_some() {
+            return bad("--h2 is closed loop HTTP requests: not with --ws or --rate".into());
+        }
+        if opts.request.http10 || !opts.request.keep_alive {
+            return bad(
+                "--h2 keeps its connections and has no HTTP/1.0: not with --http1.0 or \
+                 --disable-keepalive"
+                    .into(),
+            );
+        }
     }
     if let Some(r) = opts.rate {
         if !(r.is_finite() && r > 0.0) {
@@ -434,6 +476,13 @@ pub struct BenchArgs {
     /// With --ws: the size of each message ("64", "1KiB").
     #[arg(long, value_name = "SIZE", default_value = "64", requires = "ws")]
     pub message_size: bytesize::ByteSize,
+    /// HTTP/2 (h2load's --h2): prior knowledge on http://, ALPN h2 on https://. Each
+    /// connection carries --streams requests at once. Closed loop only.
+    #[arg(long, conflicts_with_all = ["ws", "rate", "disable_keepalive", "http10"])]
+    pub h2: bool,
+    /// With --h2: concurrent streams per connection (h2load's -m).
+    #[arg(long, value_name = "M", default_value_t = 1, requires = "h2")]
+    pub streams: usize,
     /// Cores for the load threads, e.g. "1" or "2-3" [default: every allowed core].
     #[arg(long, value_name = "LIST")]
     pub cpus: Option<String>,
@@ -485,6 +534,7 @@ impl BenchArgs {
         Ok(BenchOptions {
             targets: self.targets.clone(),
             websocket,
+            http2: self.h2.then_some(self.streams),
             connections: self.connections,
             threads,
             duration: self.duration,
@@ -602,6 +652,7 @@ mod tests {
             rounds: 1,
             rate: None,
             websocket: None,
+            http2: None,
             cpus: Vec::new(),
             timeout: Duration::from_secs(2),
             trust: Trust::default(),

@@ -621,6 +621,7 @@ mod tests {
             rounds: 2,
             rate: None,
             websocket: None,
+            http2: None,
             cpus: vec![0],
             timeout: Duration::from_secs(2),
             trust: crate::bench::Trust::default(),

@@ -56,8 +56,9 @@ impl std::fmt::Debug for Tls {
 }
 
 impl Tls {
-    /// The client configuration for `host` under `trust`, offering HTTP/1.1 by ALPN.
-    pub(crate) fn new(host: &str, trust: &Trust) -> Result<Tls, BenchError> {
+    /// The client configuration for `host` under `trust`, offering HTTP/1.1 by ALPN, or only
+    /// `h2` for `--h2` (as h2load does when told `--h2`).
+    pub(crate) fn new(host: &str, trust: &Trust, h2: bool) -> Result<Tls, BenchError> {
         let bad = |reason: String| BenchError::Tls(reason);
         let provider = crate::tls::provider();
         let builder = ClientConfig::builder_with_provider(provider.clone())
@@ -75,7 +76,11 @@ impl Tls {
                 .with_root_certificates(roots(path)?)
                 .with_no_client_auth(),
         };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = if h2 {
+            vec![b"h2".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
         let name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']'))
             .map_err(|e| bad(format!("{host:?} is not a name TLS can check: {e}")))?
             .to_owned();
