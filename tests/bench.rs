@@ -66,22 +66,7 @@ struct Backend {
 
 impl Backend {
     fn start(reply: Reply) -> Backend {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("backend runtime");
-        let listener = rt
-            .block_on(TcpListener::bind("127.0.0.1:0"))
-            .expect("bind a backend");
-        let addr = listener.local_addr().unwrap();
-        let seen = Arc::new(AtomicU64::new(0));
-        let counter = seen.clone();
-        rt.spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve(stream, reply, counter.clone()));
-            }
-        });
+        let (addr, seen, rt) = counting_server(move |stream, seen| serve(stream, reply, seen));
         Backend {
             addr,
             seen,
@@ -96,6 +81,32 @@ impl Backend {
     fn target(&self, name: &str) -> Target {
         format!("{name}=http://{}/", self.addr).parse().unwrap()
     }
+}
+
+/// A server on `127.0.0.1:0` on a runtime of its own (stopped when dropped), which runs
+/// `serve` on each connection with the counter of requests it shares with the test.
+fn counting_server<F, Fut>(serve: F) -> (SocketAddr, Arc<AtomicU64>, tokio::runtime::Runtime)
+where
+    F: Fn(TcpStream, Arc<AtomicU64>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("backend runtime");
+    let listener = rt
+        .block_on(TcpListener::bind("127.0.0.1:0"))
+        .expect("bind a backend");
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(AtomicU64::new(0));
+    let counter = seen.clone();
+    rt.spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve(stream, counter.clone()));
+        }
+    });
+    (addr, seen, rt)
 }
 
 /// Requests are bodiless GETs, so each ends at the first empty line.
@@ -775,41 +786,7 @@ struct H2Backend {
 
 impl H2Backend {
     fn start() -> H2Backend {
-        use http_body_util::Full;
-        use hyper::body::Bytes;
-        use hyper_util::rt::{TokioExecutor, TokioIo};
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("backend runtime");
-        let listener = rt
-            .block_on(TcpListener::bind("127.0.0.1:0"))
-            .expect("bind a backend");
-        let addr = listener.local_addr().unwrap();
-        let seen = Arc::new(AtomicU64::new(0));
-        let counter = seen.clone();
-        rt.spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let counter = counter.clone();
-                let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    let status = if req.uri().path() == "/busy" {
-                        503
-                    } else {
-                        200
-                    };
-                    let resp = hyper::Response::builder()
-                        .status(status)
-                        .body(Full::new(Bytes::from_static(b"hello world\n")));
-                    async move { resp }
-                });
-                tokio::spawn(
-                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service),
-                );
-            }
-        });
+        let (addr, seen, rt) = counting_server(serve_h2);
         H2Backend {
             addr,
             seen,
@@ -820,6 +797,28 @@ impl H2Backend {
     fn seen(&self) -> u64 {
         self.seen.load(Ordering::SeqCst)
     }
+}
+
+/// One h2c connection: every request counted, then answered.
+async fn serve_h2(stream: TcpStream, seen: Arc<AtomicU64>) {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        let status = if req.uri().path() == "/busy" {
+            503
+        } else {
+            200
+        };
+        let resp = hyper::Response::builder()
+            .status(status)
+            .body(Full::new(Bytes::from_static(b"hello world\n")));
+        async move { resp }
+    });
+    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
 }
 
 #[test]
