@@ -91,7 +91,7 @@ pub fn describe(config: &Config) -> String {
             (_, true) => writeln!(s, "listener {} -> redirect to https", l.address),
             (Some(t), false) => writeln!(
                 s,
-                "listener {} (TLS: {} certificates{}) -> upstream {}",
+                "listener {} (TLS: {} certificates{}{}) -> upstream {}",
                 l.address,
                 t.certificates.count(),
                 if t.certificates.has_default() {
@@ -99,12 +99,19 @@ pub fn describe(config: &Config) -> String {
                 } else {
                     ", no default"
                 },
+                if t.offers_h2() {
+                    ", ALPN h2 and http/1.1"
+                } else {
+                    ", ALPN http/1.1"
+                },
                 config.upstreams[l.upstream].name
             ),
             (None, false) => writeln!(
                 s,
-                "listener {} -> upstream {}",
-                l.address, config.upstreams[l.upstream].name
+                "listener {}{} -> upstream {}",
+                l.address,
+                if l.h2c { " (HTTP/1.1 and h2c)" } else { "" },
+                config.upstreams[l.upstream].name
             ),
         };
     }
@@ -141,6 +148,14 @@ pub fn describe(config: &Config) -> String {
                         .unwrap_or_default()
                 );
             }
+        }
+        if u.protocol.is_http2() {
+            let _ = writeln!(
+                s,
+                "  HTTP/2 to backends ({}): up to {} streams per connection",
+                u.protocol.as_str(),
+                u.max_streams
+            );
         }
         if let Some(tls) = &u.tls {
             let _ = writeln!(s, "  TLS to backends: {}", tls.summary());

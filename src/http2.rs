@@ -160,6 +160,7 @@ pub(crate) async fn serve<P: AsFd + 'static>(
     let tls = stream.is_tls();
     let client = Rc::new(rules.client(peer, tls));
     let clients = slot.clients_rc();
+    let reloads = clients.reloads();
     let stats = route.stats.clone();
     if let Some(s) = &stats {
         s.http2_connections.fetch_add(1, Ordering::Relaxed);
@@ -232,9 +233,12 @@ pub(crate) async fn serve<P: AsFd + 'static>(
         if !closing {
             *shared.task.borrow_mut() = Some(cx.waker().clone());
             let idle = shared.open.get() == 0;
-            if slot.poll_close(idle, !shared.served.get(), cx).is_ready() {
+            if slot
+                .poll_close(idle, !shared.served.get(), reloads, cx)
+                .is_ready()
+            {
                 closing = true;
-                debug!(client = %peer, "closing HTTP/2 connection (GOAWAY): idle, or making room, or stopping");
+                debug!(client = %peer, "closing HTTP/2 connection (GOAWAY): idle, or making room, or a reload, or stopping");
                 conn.as_mut().graceful_shutdown();
                 return conn.as_mut().poll(cx).map(Some);
             }

@@ -61,6 +61,9 @@ pub struct Clients<P> {
     period_changes: Cell<u32>,
     /// The worker is stopping: idle connections close now, busy ones after their response.
     draining: Cell<bool>,
+    /// Reloads applied so far: a connection that carries many requests at once (HTTP/2) ends
+    /// with GOAWAY after one, as nginx's do.
+    reloads: Cell<u64>,
     /// The `Date` header value, refreshed every tick.
     date: RefCell<HeaderValue>,
     /// Read buffers of connections that went idle, for the next connection that reads: taking
@@ -135,6 +138,7 @@ impl<P> Default for Clients<P> {
             period: Cell::new(MAX_PERIOD),
             period_changes: Cell::new(0),
             draining: Cell::new(false),
+            reloads: Cell::new(0),
             date: RefCell::new(http_date()),
             buffers: RefCell::default(),
             parking: None,
@@ -255,8 +259,24 @@ impl<P: AsFd> Clients<P> {
     pub fn drain(&self) {
         self.draining.set(true);
         self.close_idle();
-        // A connection that multiplexes requests (HTTP/2) waits in its slot while busy too,
-        // and begins its graceful close now.
+        self.wake_all();
+    }
+
+    /// A reload was applied: connections that multiplex requests (HTTP/2) begin their graceful
+    /// close, so that their clients' next requests come on new connections.
+    pub fn reloaded(&self) {
+        self.reloads.set(self.reloads.get() + 1);
+        self.wake_all();
+    }
+
+    /// Reloads applied so far, for [`Client::poll_close`].
+    pub fn reloads(&self) -> u64 {
+        self.reloads.get()
+    }
+
+    /// Wakes every connection waiting in its slot: a connection that multiplexes requests
+    /// (HTTP/2) waits there while busy too. Others, waiting for a request, look and wait on.
+    fn wake_all(&self) {
         let wakers: Vec<Waker> = {
             let mut s = self.slots.borrow_mut();
             s.slots.iter_mut().filter_map(|s| s.waker.take()).collect()
@@ -523,14 +543,21 @@ impl<P: AsFd> Client<P> {
     /// idle time count, as `poll_wait`'s connection's does between requests: `first` (no
     /// request yet) within `limits.header_timeout` of the accept, later ones within
     /// `timeouts.client_idle`. Room needed under `max_connections` closes it only while idle;
-    /// a stop, at once (the caller lets its open requests finish).
-    pub fn poll_close(&self, idle: bool, first: bool, cx: &mut Context<'_>) -> Poll<()> {
+    /// a stop, or a reload since `reloads` (what [`Clients::reloads`] said when it opened), at
+    /// once (the caller lets its open requests finish).
+    pub fn poll_close(
+        &self,
+        idle: bool,
+        first: bool,
+        reloads: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
         let mut s = self.clients.slots.borrow_mut();
         let tick = self.clients.tick.get();
         let Some(slot) = s.slots.get_mut(self.index) else {
             return Poll::Ready(());
         };
-        if slot.close || self.clients.draining.get() {
+        if slot.close || self.clients.draining.get() || self.clients.reloads.get() != reloads {
             return Poll::Ready(());
         }
         if !idle {

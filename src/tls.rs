@@ -308,6 +308,11 @@ impl Terminator {
         })
     }
 
+    /// Whether ALPN offers HTTP/2.
+    pub fn offers_h2(&self) -> bool {
+        self.config.alpn_protocols.iter().any(|p| p == H2)
+    }
+
     /// Every certificate chain served, in DER: what makes two terminators the same.
     fn chains(&self) -> impl Iterator<Item = &[CertificateDer<'static>]> {
         let c = &self.certificates;

@@ -97,7 +97,10 @@ pub(crate) fn worker_main(
                     }
                     let generation = generations.borrow_and_update().clone();
                     match state.apply(&generation) {
-                        Ok(removed) => closed(removed).await,
+                        Ok(removed) => {
+                            state.clients.reloaded();
+                            closed(removed).await;
+                        }
                         Err(e) => error!("worker {worker}: {e}"),
                     }
                     generation.acknowledge();

@@ -917,6 +917,40 @@ async fn a_stop_sends_goaway_and_the_stream_in_flight_completes() {
     proxy.join(WAIT).await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_sends_goaway_and_the_stream_in_flight_completes() {
+    let a = Backend::start("a").await;
+    let toml = h2c(Setup::with(&[a.addr])).toml();
+    let proxy = Proxy::start_file(&toml);
+    let mut raw = H2Conn::open(proxy.addr, &[]).await;
+    raw.headers(1, &Hpack::request("GET", "/sleep/500", "a.test"), true)
+        .await;
+    a.wait_for_hits(1).await;
+    // The same file again, with one key changed, so that a generation is applied.
+    let changed = toml.replace("shutdown_timeout = \"3s\"", "shutdown_timeout = \"7s\"");
+    assert_ne!(changed, toml);
+    proxy.rewrite(&changed);
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (goaway, before) = raw.until(20, |f| f.kind == GOAWAY).await;
+    assert_eq!(goaway.goaway().map(|g| g.1), Some(NO_ERROR));
+    assert!(before.iter().all(|f| f.stream != 1), "{before:?}");
+    let (_end, between) = raw
+        .until(20, |f| {
+            f.stream == 1 && f.kind == DATA && f.flags & END_STREAM != 0
+        })
+        .await;
+    assert!(
+        between.iter().any(|f| f.kind == HEADERS && f.stream == 1),
+        "{between:?}"
+    );
+    let (_, _) = raw.until_closed(20).await;
+    // A new connection is served by the new generation.
+    let mut send = h2_client(proxy.addr).await;
+    let reply = fetch(&mut send, req(Method::GET, "/", empty())).await;
+    assert_eq!(reply.status, 200);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Defences
 // ---------------------------------------------------------------------------------------------

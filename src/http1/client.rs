@@ -308,6 +308,7 @@ impl Conn {
     /// Writes a request head, framed as `body` says: `Content-Length` for a body of known length
     /// (`req.lines` carry no framing header of their own), `Transfer-Encoding: chunked` for one
     /// that streams without. A wait for room in the socket is bounded by `timeout`.
+    #[inline(always)]
     pub async fn write_head(
         &mut self,
         req: &Outgoing<'_>,
@@ -527,6 +528,7 @@ impl Conn {
 
     /// [`Conn::read_head`], failing with [`UpstreamError::Timeout`] when no final head has arrived
     /// within `timeout`. The timer is the connection's own (see [`Conn::arm_timer`]).
+    #[inline(always)]
     pub async fn read_head_within(
         &mut self,
         method: &Method,
@@ -873,6 +875,7 @@ impl UpstreamBody {
 /// Builds the response the client side sends. Only a response without a body keeps the
 /// backend's Content-Length among its lines: to a HEAD request, or a 304, it describes the body
 /// that was not sent.
+#[inline(always)]
 pub fn response<B>(head: Head, body: B, method: &Method) -> Reply<B> {
     let mut headers = head.headers;
     if let ContentLength::Valid(n) = head.content_length {

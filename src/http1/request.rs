@@ -229,6 +229,10 @@ impl Special {
 
 /// Parses a complete request head off the front of `buf`, leaving the rest (body, pipelined
 /// requests) in it; `Ok(None)` when more bytes are needed.
+///
+/// Inlined: HTTP/1.1's one call of it per request is its hot path (HTTP/2 calls it too, and
+/// as a call it cost HTTP/1.1 about 50 instructions more per request).
+#[inline(always)]
 pub fn parse_request(
     buf: &mut BytesMut,
     limits: &Limits,
@@ -541,8 +545,32 @@ enum Path {
 
 /// Whether a byte may appear in a request target as it is: unreserved, sub-delims, `:`, `@`,
 /// `/`, `?` and `%` (RFC 3986). Targets of only these skip `http::uri` validation.
+/// A `match`, not a search of a list: `contains` on a byte string is a `memchr` call whose
+/// cost moved by 80 instructions per request with where the linker put the string.
 fn is_plain_target_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%".contains(&b)
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'-' | b'.'
+                | b'_'
+                | b'~'
+                | b'!'
+                | b'$'
+                | b'&'
+                | b'\''
+                | b'('
+                | b')'
+                | b'*'
+                | b'+'
+                | b','
+                | b';'
+                | b'='
+                | b':'
+                | b'@'
+                | b'/'
+                | b'?'
+                | b'%'
+        )
 }
 
 /// Splits a request target into the authority an absolute-form target names, if any, and the
