@@ -909,4 +909,10 @@ fn h2_against_an_http1_only_server_fails_and_says_so() {
     ])
     .succeeded();
     assert_eq!(h2.seen(), 41, "{}", ran.stdout);
+    assert!(
+        ran.stdout
+            .contains("GET over HTTP/2, 4 concurrent stream(s) per connection"),
+        "{}",
+        ran.stdout
+    );
 }

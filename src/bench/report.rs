@@ -42,6 +42,9 @@ pub struct Report {
     /// `--ws`: the bytes of each WebSocket message; `None` for HTTP. With it, a request is a
     /// message and its response the echo, so `requests_per_sec` is messages per second.
     pub message_size: Option<usize>,
+    /// `--h2`: the concurrent streams per connection; `None` for HTTP/1.x. `http_version` is
+    /// then `"2"`.
+    pub streams: Option<usize>,
     /// In the order given; the first is what the others are compared against.
     pub targets: Vec<TargetReport>,
 }
@@ -179,7 +182,12 @@ impl Report {
             duration_s: opts.duration.as_secs_f64(),
             requests_per_run: opts.requests,
             method: opts.request.method.to_string(),
-            http_version: if opts.request.http10 { "1.0" } else { "1.1" }.into(),
+            http_version: match (opts.http2, opts.request.http10) {
+                (Some(_), _) => "2",
+                (None, true) => "1.0",
+                (None, false) => "1.1",
+            }
+            .into(),
             keep_alive: opts.request.keep_alive,
             pinlb_version: env!("CARGO_PKG_VERSION").into(),
             machine_cores: machine_cores(),
@@ -187,6 +195,7 @@ impl Report {
             timeout_s: opts.timeout.as_secs_f64(),
             rate: opts.rate,
             message_size: opts.websocket,
+            streams: opts.http2,
             targets,
         })
     }
@@ -329,10 +338,10 @@ impl Report {
                 "; {} over HTTP/{}{}",
                 self.method,
                 self.http_version,
-                if self.keep_alive {
-                    ""
-                } else {
-                    ", a new connection per request"
+                match (self.streams, self.keep_alive) {
+                    (Some(m), _) => format!(", {m} concurrent stream(s) per connection"),
+                    (None, true) => String::new(),
+                    (None, false) => ", a new connection per request".into(),
                 }
             )
         };
