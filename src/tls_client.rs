@@ -302,7 +302,7 @@ impl ResolvesClientCert for ClientCert {
 /// `insecure_skip_verify = true`: any certificate is taken. The handshake's signatures are still
 /// checked, so the backend holds the key of the certificate it sent.
 #[derive(Debug)]
-struct AnyCertificate(Arc<CryptoProvider>);
+pub(crate) struct AnyCertificate(pub Arc<CryptoProvider>);
 
 impl ServerCertVerifier for AnyCertificate {
     fn verify_server_cert(

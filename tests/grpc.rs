@@ -503,3 +503,89 @@ async fn grpc_goes_to_a_backend_over_tls_chosen_by_alpn() {
         .expect_err("the backend fails the call");
     assert_eq!(status.code(), Code::NotFound);
 }
+
+/// An HTTP/2 backend that answers each request with the trailers it came with, as headers.
+async fn trailer_echo_backend() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        // Bounded by the test: the task is dropped with it.
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let collected = req.into_body().collect().await?;
+                        let trailers = collected.trailers().cloned().unwrap_or_default();
+                        let mut response =
+                            http::Response::new(http_body_util::Full::new(collected.to_bytes()));
+                        for (name, value) in &trailers {
+                            let echoed = format!("echo-{name}");
+                            response.headers_mut().insert(
+                                http::HeaderName::from_bytes(echoed.as_bytes()).unwrap(),
+                                value.clone(),
+                            );
+                        }
+                        Ok::<_, hyper::Error>(response)
+                    },
+                );
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                        .await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn a_clients_request_trailers_reach_an_http2_backend() {
+    use http_body_util::{BodyExt, StreamBody};
+    let (backend, _task) = trailer_echo_backend().await;
+    let proxy = grpc_proxy(&[backend], "");
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-checksum", "abc123".parse().unwrap());
+    let frames: Vec<Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>> = vec![
+        Ok(http_body::Frame::data(bytes::Bytes::from_static(
+            b"part one, ",
+        ))),
+        Ok(http_body::Frame::data(bytes::Bytes::from_static(
+            b"part two",
+        ))),
+        Ok(http_body::Frame::trailers(trailers)),
+    ];
+    let body = StreamBody::new(tokio_stream::iter(frames));
+    let request = http::Request::post(format!("http://{}/upload", proxy.addr))
+        .body(body)
+        .unwrap();
+    let response = tokio::time::timeout(WAIT, send.send_request(request))
+        .await
+        .expect("in time")
+        .expect("response");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response
+            .headers()
+            .get("echo-x-checksum")
+            .map(|v| v.to_str().unwrap()),
+        Some("abc123"),
+        "{:?}",
+        response.headers()
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"part one, part two");
+}

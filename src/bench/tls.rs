@@ -15,16 +15,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use rustls::ClientConfig;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use super::BenchError;
+// `--insecure`: the same verifier as `insecure_skip_verify` to backends, which takes every
+// certificate and still checks the handshake's signatures, so a handshake costs what a
+// verifying client's does but for the chain.
+use crate::tls_client::AnyCertificate;
 
 /// Debian's bundle of the system's trusted certificates.
 const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -104,56 +106,6 @@ fn roots(path: &Path) -> Result<rustls::RootCertStore, BenchError> {
         return Err(bad("no certificate in it".into()));
     }
     Ok(store)
-}
-
-/// `--insecure`: every certificate is taken; signatures are still checked, so the handshake
-/// costs what a verifying client's does but for the chain.
-#[derive(Debug)]
-struct AnyCertificate(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 /// A load connection: plain TCP, or TLS over it.
