@@ -799,6 +799,12 @@ mod tests {
         req.into_parts().0
     }
 
+    /// The head `req` stands for, through the HTTP/1.1 parser.
+    fn parsed(req: Request<()>) -> Result<RequestHead, ClientError> {
+        let mut text = http1_head(&parts(req), true, &Limits::default());
+        parse_request(&mut text, &Limits::default()).map(|h| h.expect("a whole head"))
+    }
+
     #[test]
     fn authority_becomes_host_and_cookies_are_joined() {
         let req = Request::builder()
@@ -841,10 +847,7 @@ mod tests {
             .header("x-forwarded-for", "1.2.3.4")
             .body(())
             .unwrap();
-        let mut text = http1_head(&parts(req), true, &Limits::default());
-        let head = parse_request(&mut text, &Limits::default())
-            .unwrap()
-            .unwrap();
+        let head = parsed(req).unwrap();
         assert_eq!(head.host(), Some(&b"a"[..]));
         assert_eq!(head.lines(), b"");
         assert_eq!(head.forwarded_for.as_deref(), Some(&b"1.2.3.4"[..]));
@@ -854,9 +857,7 @@ mod tests {
     fn a_connect_is_refused_as_an_http1_one_is() {
         let mut req = Request::builder().method("CONNECT").body(()).unwrap();
         *req.uri_mut() = "example.com:443".parse().unwrap();
-        let mut text = http1_head(&parts(req), true, &Limits::default());
-        let refused = parse_request(&mut text, &Limits::default()).unwrap_err();
-        assert_eq!(refused.status(), 400);
+        assert_eq!(parsed(req).unwrap_err().status(), 400);
     }
 
     #[test]
@@ -866,11 +867,7 @@ mod tests {
             .body(())
             .unwrap();
         *req.uri_mut() = "/x".parse().unwrap();
-        let mut text = http1_head(&parts(req), true, &Limits::default());
-        let head = parse_request(&mut text, &Limits::default())
-            .unwrap()
-            .unwrap();
-        assert_eq!(head.host(), Some(&b"b.test"[..]));
+        assert_eq!(parsed(req).unwrap().host(), Some(&b"b.test"[..]));
     }
 
     /// A SETTINGS frame (or its ACK), its stream id's last byte at 8.

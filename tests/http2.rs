@@ -877,6 +877,33 @@ async fn an_idle_connection_gets_goaway_but_one_with_an_open_stream_does_not() {
     assert_eq!(goaway, Some((1, NO_ERROR)));
 }
 
+/// Waits for a graceful GOAWAY (NO_ERROR) before any frame of stream 1, then for stream 1's
+/// whole answer and the close; when the GOAWAY came.
+async fn goaway_then_stream_1_completes(raw: &mut H2Conn) -> Instant {
+    let (goaway, before) = raw.until(20, |f| f.kind == GOAWAY).await;
+    let gone_away = Instant::now();
+    assert_eq!(goaway.goaway().map(|g| g.1), Some(NO_ERROR));
+    assert!(before.iter().all(|f| f.stream != 1), "{before:?}");
+    let (end, between) = raw
+        .until(20, |f| {
+            f.stream == 1 && f.kind == DATA && f.flags & END_STREAM != 0
+        })
+        .await;
+    assert!(
+        between.iter().any(|f| f.kind == HEADERS && f.stream == 1),
+        "{between:?}"
+    );
+    let body: Vec<u8> = between
+        .iter()
+        .chain([&end])
+        .filter(|f| f.kind == DATA && f.stream == 1)
+        .flat_map(|f| f.payload.clone())
+        .collect();
+    assert_eq!(body, b"hello from a\n");
+    let (_, _) = raw.until_closed(20).await;
+    gone_away
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_sends_goaway_and_the_stream_in_flight_completes() {
     let a = Backend::start("a").await;
@@ -889,31 +916,12 @@ async fn a_stop_sends_goaway_and_the_stream_in_flight_completes() {
     a.wait_for_hits(1).await;
     let stopped = Instant::now();
     proxy.trigger_shutdown();
-    let (goaway, before) = raw.until(20, |f| f.kind == GOAWAY).await;
+    let gone_away = goaway_then_stream_1_completes(&mut raw).await;
     assert!(
-        stopped.elapsed() < Duration::from_millis(500),
+        gone_away - stopped < Duration::from_millis(500),
         "GOAWAY came {:?} after the stop",
-        stopped.elapsed()
+        gone_away - stopped
     );
-    assert_eq!(goaway.goaway().map(|g| g.1), Some(NO_ERROR));
-    assert!(before.iter().all(|f| f.stream != 1), "{before:?}");
-    let (_end, between) = raw
-        .until(20, |f| {
-            f.stream == 1 && f.kind == DATA && f.flags & END_STREAM != 0
-        })
-        .await;
-    assert!(
-        between.iter().any(|f| f.kind == HEADERS && f.stream == 1),
-        "{between:?}"
-    );
-    let body: Vec<u8> = between
-        .iter()
-        .chain([&_end])
-        .filter(|f| f.kind == DATA && f.stream == 1)
-        .flat_map(|f| f.payload.clone())
-        .collect();
-    assert_eq!(body, b"hello from a\n");
-    let (_, _) = raw.until_closed(20).await;
     proxy.join(WAIT).await.unwrap();
 }
 
@@ -932,19 +940,7 @@ async fn a_reload_sends_goaway_and_the_stream_in_flight_completes() {
     proxy.rewrite(&changed);
     let r = proxy.admin(Method::POST, "/reload", None).await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let (goaway, before) = raw.until(20, |f| f.kind == GOAWAY).await;
-    assert_eq!(goaway.goaway().map(|g| g.1), Some(NO_ERROR));
-    assert!(before.iter().all(|f| f.stream != 1), "{before:?}");
-    let (_end, between) = raw
-        .until(20, |f| {
-            f.stream == 1 && f.kind == DATA && f.flags & END_STREAM != 0
-        })
-        .await;
-    assert!(
-        between.iter().any(|f| f.kind == HEADERS && f.stream == 1),
-        "{between:?}"
-    );
-    let (_, _) = raw.until_closed(20).await;
+    goaway_then_stream_1_completes(&mut raw).await;
     // A new connection is served by the new generation.
     let mut send = h2_client(proxy.addr).await;
     let reply = fetch(&mut send, req(Method::GET, "/", empty())).await;
