@@ -517,23 +517,37 @@ impl<P: AsFd> Client<P> {
             Poll::Ready(Err(_)) => Poll::Ready(Wait::Close),
             Poll::Pending if slot.park => Poll::Ready(Wait::Park),
             Poll::Pending => {
-                if slot.idle_since.is_none() {
-                    slot.idle_since = Some(tick);
-                    let mut limits = self.ticks.get();
-                    if limits.period != self.clients.period_changes.get() {
-                        limits = self.clients.limits(self.idle, self.head);
-                        self.ticks.set(limits);
-                    }
-                    // A connection that never sent a byte is idle too.
-                    slot.limit = if first { limits.first } else { limits.idle };
-                }
-                match &slot.waker {
-                    Some(w) if w.will_wake(cx.waker()) => {}
-                    _ => slot.waker = Some(cx.waker().clone()),
-                }
+                self.start_idle(slot, tick, first);
+                remember(slot, cx);
                 Poll::Pending
             }
         }
+    }
+
+    /// Starts the slot's idle time at `tick`, unless it has begun: limited as a first request's
+    /// wait (`first`) or a later one's, in ticks of the current length. A connection that never
+    /// sent a byte is idle too.
+    #[inline]
+    fn start_idle(&self, slot: &mut Slot<P>, tick: u32, first: bool) {
+        if slot.idle_since.is_some() {
+            return;
+        }
+        slot.idle_since = Some(tick);
+        let mut limits = self.ticks.get();
+        if limits.period != self.clients.period_changes.get() {
+            limits = self.clients.limits(self.idle, self.head);
+            self.ticks.set(limits);
+        }
+        slot.limit = if first { limits.first } else { limits.idle };
+    }
+}
+
+/// Remembers the connection's task in its slot, for the sweeper (or a stop) to wake.
+#[inline]
+fn remember<P>(slot: &mut Slot<P>, cx: &Context<'_>) {
+    match &slot.waker {
+        Some(w) if w.will_wake(cx.waker()) => {}
+        _ => slot.waker = Some(cx.waker().clone()),
     }
 }
 
@@ -560,23 +574,14 @@ impl<P: AsFd> Client<P> {
         if slot.close || self.clients.draining.get() || self.clients.reloads.get() != reloads {
             return Poll::Ready(());
         }
-        if !idle {
+        if idle {
+            self.start_idle(slot, tick, first);
+        } else {
             slot.idle_since = None;
             slot.park = false;
-        } else if slot.idle_since.is_none() {
-            slot.idle_since = Some(tick);
-            let mut limits = self.ticks.get();
-            if limits.period != self.clients.period_changes.get() {
-                limits = self.clients.limits(self.idle, self.head);
-                self.ticks.set(limits);
-            }
-            slot.limit = if first { limits.first } else { limits.idle };
         }
         // The sweeper's asking it to park (left set, so it asks once) only polls it once more.
-        match &slot.waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            _ => slot.waker = Some(cx.waker().clone()),
-        }
+        remember(slot, cx);
         Poll::Pending
     }
 }
