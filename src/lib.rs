@@ -7,6 +7,7 @@
 //! each other, directly or round a cycle).
 //!
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
+//! - [`child`]: child processes pinned to their cores before they run, killed when pinlb dies.
 //! - [`tls`]: a TLS listener's certificates (PEM chains and keys, checked against each other),
 //!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
 //! - [`tls_client`]: TLS to backends: an upstream's CA certificates (a file or the system's),
@@ -82,6 +83,7 @@ pub mod backend;
 pub mod balance;
 pub mod bench;
 pub mod check;
+pub mod child;
 pub mod config;
 mod connection;
 pub mod coremap;
