@@ -128,6 +128,19 @@ pub fn describe(config: &Config) -> String {
             t.send,
             t.client_idle
         );
+        if let Some(key) = &u.hash {
+            let _ = writeln!(
+                s,
+                "  hash on {key}: rendezvous (consistent) hashing by weight; requests without the key go round robin"
+            );
+        }
+        if u.algorithm == crate::config::Algorithm::Ewma {
+            let _ = writeln!(
+                s,
+                "  ewma: two random choices on peak response time x (in flight + 1), decay {:?}",
+                u.ewma_decay
+            );
+        }
         match &u.health {
             None => {
                 let _ = writeln!(s, "  health checks: off");
@@ -199,6 +212,9 @@ pub fn describe(config: &Config) -> String {
             }
             if !b.slow_start.is_zero() {
                 let _ = write!(extra, ", slow_start {:?}", b.slow_start);
+            }
+            if b.backup {
+                extra.push_str(", backup (only while no primary is available)");
             }
             let _ = writeln!(s, "  backend {} weight {}{extra}", b.address, b.weight);
         }

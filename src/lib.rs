@@ -7,6 +7,8 @@
 //! each other, directly or round a cycle).
 //!
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
+//! - [`balance`]: backend selection as pure functions: smooth weighted round robin, least_conn,
+//!   two random choices, the consistent-hash ring.
 //! - [`child`]: child processes pinned to their cores before they run, killed when pinlb dies.
 //! - [`tls`]: a TLS listener's certificates (PEM chains and keys, checked against each other),
 //!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
@@ -16,12 +18,12 @@
 //!   `file:line:col` and the key.
 //! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
 //! - [`check`]: what `pinlb check` prints: the resolved plan, the core map, the verdict.
-//! - [`balance`]: backend selection (smooth weighted round robin, least_conn) as pure functions.
 //! - [`health`]: whether a backend may be picked: active-check rise/fall, passive failure
 //!   accounting (max_fails/fail_timeout) and slow start, as pure state machines.
 //! - [`stats`]: the counters the request path bumps (atomics, no lock).
 //! - [`http1`]: pinlb's HTTP/1.1 codec: shared rules, body framing, request heads (pure,
 //!   fuzzed), and the backend side on pooled connections.
+//! - [`hash_key`]: what a `hash` upstream hashes for a request: client address, URI, header, cookie.
 //! - [`exec`]: the executor that runs hyper's HTTP/2 tasks on the worker's own thread.
 //! - [`http2_backend`]: HTTP/2 to backends (`protocol = "h2c"`): hyper's client on
 //!   connections each worker multiplexes, the request's fields and its body's feed.
@@ -90,6 +92,7 @@ pub mod coremap;
 pub mod cpus;
 pub mod demo;
 mod exec;
+mod hash_key;
 mod health;
 mod http1;
 mod http2;

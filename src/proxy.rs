@@ -19,7 +19,7 @@ use tracing::{debug, warn};
 
 use crate::accesslog::Upstreamed;
 use crate::config::Limits;
-use crate::config::Protocol;
+use crate::config::{Algorithm, Protocol};
 use crate::http1::client::{
     self, BackendStream, Conn, Finished, Outgoing, UpstreamBody, UpstreamError, connect,
 };
@@ -238,6 +238,13 @@ async fn forward(
         retry.tries.min(n)
     };
     let host_from_backend = head.host().is_none();
+    // Only a `hash` upstream reads the key; only `ewma` times each attempt.
+    let key = shared
+        .config
+        .hash
+        .as_ref()
+        .and_then(|spec| crate::hash_key::request_key(spec, head, client.ip));
+    let ewma = shared.config.algorithm == Algorithm::Ewma;
     let mut tried = Tried::new(n);
     let mut first_try: Option<Instant> = None;
     let mut last_error: Option<ProxyError> = None;
@@ -246,11 +253,12 @@ async fn forward(
         if tried.count >= max_tries || out_of_budget {
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         }
-        let Some((backend, guard)) = upstream.pick(|i| tried.contains(i)) else {
+        let Some((backend, guard)) = upstream.pick(key, |i| tried.contains(i)) else {
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
         let started = *first_try.get_or_insert_with(Instant::now);
+        let sent = ewma.then(Instant::now);
         let state = &shared.backends[backend];
         let addr = state.address;
         if shared.counting {
@@ -273,6 +281,9 @@ async fn forward(
                 shared.record_failure(backend);
             } else {
                 shared.record_success(guard);
+            }
+            if let Some(sent) = sent {
+                state.observe_response_time(sent.elapsed(), shared.config.ewma_decay);
             }
             // The clock is read only when something uses it.
             let elapsed = (shared.counting || log).then(|| started.elapsed());

@@ -44,7 +44,7 @@ fn assert_check_rejects(name: &str, expected: &str) {
 fn check_rejects_an_unknown_algorithm_naming_place_key_and_choices() {
     assert_check_rejects(
         "unknown_algorithm.toml",
-        r#"{file}:12:13: upstream.app.algorithm: unknown value "leastconn", expected one of round_robin, least_conn"#,
+        r#"{file}:12:13: upstream.app.algorithm: unknown value "leastconn", expected one of round_robin, least_conn, random_two, ewma, hash"#,
     );
 }
 
@@ -190,7 +190,7 @@ fn serve_refuses_an_invalid_file_with_the_same_message_and_exit_1() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(
         stderr.trim_end(),
-        r#"tests/fixtures/unknown_algorithm.toml:12:13: upstream.app.algorithm: unknown value "leastconn", expected one of round_robin, least_conn"#
+        r#"tests/fixtures/unknown_algorithm.toml:12:13: upstream.app.algorithm: unknown value "leastconn", expected one of round_robin, least_conn, random_two, ewma, hash"#
     );
 }
 

@@ -39,15 +39,73 @@ pub enum Algorithm {
     RoundRobin,
     /// Fewest in-flight requests per unit of weight, across all workers.
     LeastConn,
+    /// Power of two choices: two backends drawn at random by weight, the one with fewer
+    /// in-flight requests per unit of weight wins (nginx's `random two least_conn`).
+    RandomTwo,
+    /// Power of two choices on peak-EWMA response time × (in-flight + 1), as Finagle and
+    /// Linkerd balance: a slow backend loses to a fast one until the fast one is that busy.
+    Ewma,
+    /// Consistent (rendezvous) hashing on [`Upstream::hash`]'s key: a key keeps its backend,
+    /// and removing one of N backends moves only that backend's keys.
+    Hash,
 }
 
 impl Algorithm {
-    const NAMES: &'static str = "round_robin, least_conn";
+    const NAMES: &'static str = "round_robin, least_conn, random_two, ewma, hash";
 
     pub fn as_str(self) -> &'static str {
         match self {
             Algorithm::RoundRobin => "round_robin",
             Algorithm::LeastConn => "least_conn",
+            Algorithm::RandomTwo => "random_two",
+            Algorithm::Ewma => "ewma",
+            Algorithm::Hash => "hash",
+        }
+    }
+}
+
+/// What a `hash` upstream hashes (`hash = "..."`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    /// The client's address (the TCP peer, as nginx's `$remote_addr`).
+    ClientIp,
+    /// The request target as received, query included (nginx's `$request_uri`).
+    Uri,
+    /// A request header's value (`header:X-User`); the name is kept lower-case.
+    Header(String),
+    /// A cookie's value (`cookie:session`).
+    Cookie(String),
+}
+
+impl HashKey {
+    const EXPECTED: &'static str =
+        "expected \"client_ip\", \"uri\", \"header:NAME\" or \"cookie:NAME\"";
+
+    /// Reads `hash`'s value; the error says what was expected.
+    pub fn parse(s: &str) -> Result<HashKey, String> {
+        let named = |rest: &str, what: &str| {
+            if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+                return Err(format!("\"{s}\" names no {what}, {}", HashKey::EXPECTED));
+            }
+            Ok(rest.to_ascii_lowercase())
+        };
+        match s.split_once(':') {
+            None if s == "client_ip" => Ok(HashKey::ClientIp),
+            None if s == "uri" => Ok(HashKey::Uri),
+            Some(("header", name)) => named(name, "header").map(HashKey::Header),
+            Some(("cookie", name)) => named(name, "cookie").map(HashKey::Cookie),
+            _ => Err(format!("unknown value \"{s}\", {}", HashKey::EXPECTED)),
+        }
+    }
+}
+
+impl std::fmt::Display for HashKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HashKey::ClientIp => f.write_str("client_ip"),
+            HashKey::Uri => f.write_str("uri"),
+            HashKey::Header(name) => write!(f, "header:{name}"),
+            HashKey::Cookie(name) => write!(f, "cookie:{name}"),
         }
     }
 }
@@ -279,9 +337,17 @@ pub struct Upstream {
     /// `max_streams`: for an HTTP/2 upstream, the streams one backend connection carries at
     /// once before the worker opens another to that backend.
     pub max_streams: usize,
+    /// `hash`: the key of a `hash` upstream; `None` for every other algorithm.
+    pub hash: Option<HashKey>,
+    /// `ewma_decay`: how fast an `ewma` upstream forgets a response time (the time constant of
+    /// the moving average; Finagle's and Linkerd's default is 10 s).
+    pub ewma_decay: Duration,
 }
 
 impl Upstream {
+    /// `ewma_decay`'s default.
+    pub const EWMA_DECAY: Duration = Duration::from_secs(10);
+
     /// `max_streams`' default: the least an HTTP/2 server should allow (RFC 9113 §6.5.2
     /// recommends no fewer than 100), and what most advertise.
     pub const MAX_STREAMS: usize = 100;
@@ -325,6 +391,9 @@ pub struct Backend {
     /// After the backend comes back up, its weight ramps from ~0 to `weight` over this long;
     /// zero = at once.
     pub slow_start: Duration,
+    /// `backup`: picked only while no primary (non-backup) backend is available (nginx's
+    /// `backup`).
+    pub backup: bool,
 }
 
 /// Active health checks, with HAProxy's semantics: `fall` consecutive failed probes take a

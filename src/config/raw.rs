@@ -94,8 +94,10 @@ pub(super) struct RawHttp2 {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawUpstream {
-    #[serde(default)]
-    pub algorithm: Algorithm,
+    pub algorithm: Option<Spanned<Algorithm>>,
+    /// What `algorithm = "hash"` hashes.
+    pub hash: Option<Spanned<String>>,
+    pub ewma_decay: Option<Spanned<Dur>>,
     #[serde(default = "default_keepalive")]
     pub keepalive: usize,
     pub backends: Spanned<Vec<RawBackend>>,
@@ -145,6 +147,7 @@ pub(super) struct RawBackend {
     pub cpus: Option<Spanned<CpuList>>,
     pub max_conns: Option<usize>,
     pub slow_start: Option<Dur>,
+    pub backup: Option<Spanned<bool>>,
 }
 
 /// Weight 1, at no place in the file (it is never wrong, so never pointed at).
@@ -260,6 +263,9 @@ impl<'de> Deserialize<'de> for Algorithm {
         match s.as_str() {
             "round_robin" => Ok(Algorithm::RoundRobin),
             "least_conn" => Ok(Algorithm::LeastConn),
+            "random_two" => Ok(Algorithm::RandomTwo),
+            "ewma" => Ok(Algorithm::Ewma),
+            "hash" => Ok(Algorithm::Hash),
             other => Err(de::Error::custom(format!(
                 "unknown value \"{other}\", expected one of {}",
                 Algorithm::NAMES

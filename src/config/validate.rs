@@ -16,8 +16,8 @@ use super::raw::{
     RawPassive, RawRetry, RawRuntime, RawTimeouts, RawTls, RawUpstream, RawUpstreamTls, Size,
 };
 use super::{
-    AccessFormat, AccessLog, AccessTarget, Admin, Backend, Health, Http2, Limits, Listener,
-    Passive, Protocol, Retry, Runtime, Timeouts, Upgrade, Upstream,
+    AccessFormat, AccessLog, AccessTarget, Admin, Algorithm, Backend, HashKey, Health, Http2,
+    Limits, Listener, Passive, Protocol, Retry, Runtime, Timeouts, Upgrade, Upstream,
 };
 use crate::cpus::format_cpu_list;
 use crate::tls::{CertFiles, Terminator};
@@ -215,11 +215,19 @@ pub(super) fn upstream(
     warnings: &mut Vec<String>,
 ) -> Result<Upstream> {
     let key = format!("upstream.{name}");
+    let algorithm = up
+        .algorithm
+        .as_ref()
+        .map_or(Algorithm::default(), |a| *a.get_ref());
+    let backends = backends(src, name, &key, up, worker_cpus, warnings)?;
     Ok(Upstream {
         name: name.to_string(),
-        algorithm: up.algorithm,
+        algorithm,
+        hash: hash_key(src, &key, up, algorithm)?,
+        ewma_decay: positive(src, &up.ewma_decay, &format!("{key}.ewma_decay"))?
+            .unwrap_or(Upstream::EWMA_DECAY),
         keepalive: up.keepalive,
-        backends: backends(src, name, &key, up, worker_cpus, warnings)?,
+        backends: backup_rules(src, &key, up, algorithm, backends)?,
         timeouts: timeouts(src, &key, &up.timeouts)?,
         health: up
             .health
@@ -248,6 +256,69 @@ pub(super) fn upstream(
             .transpose()?
             .map(Arc::new),
     })
+}
+
+/// `hash`, which `algorithm = "hash"` needs and no other algorithm takes.
+fn hash_key(
+    src: &Source,
+    key: &str,
+    up: &RawUpstream,
+    algorithm: Algorithm,
+) -> Result<Option<HashKey>> {
+    match (&up.hash, algorithm) {
+        (Some(h), Algorithm::Hash) => HashKey::parse(h.get_ref())
+            .map(Some)
+            .map_err(|e| src.at(h.span(), &format!("{key}.hash"), e)),
+        (None, Algorithm::Hash) => Err(src.at(
+            up.algorithm.as_ref().map_or(0..0, |a| a.span()),
+            &format!("{key}.algorithm"),
+            "algorithm \"hash\" needs a key: hash = \"client_ip\", \"uri\", \"header:NAME\" or \"cookie:NAME\"",
+        )),
+        (Some(h), other) => Err(src.at(
+            h.span(),
+            &format!("{key}.hash"),
+            format!(
+                "hash is the key of algorithm \"hash\", but this upstream balances by \"{}\"",
+                other.as_str()
+            ),
+        )),
+        (None, _) => Ok(None),
+    }
+}
+
+/// `backup` backends need a primary to stand behind, and are not for `hash` upstreams: a key's
+/// backend must not depend on whether others are up (nginx refuses the same pairing).
+fn backup_rules(
+    src: &Source,
+    key: &str,
+    up: &RawUpstream,
+    algorithm: Algorithm,
+    backends: Vec<Backend>,
+) -> Result<Vec<Backend>> {
+    let raw = up.backends.get_ref();
+    let Some(first_backup) = backends.iter().position(|b| b.backup) else {
+        return Ok(backends);
+    };
+    let at = raw[first_backup]
+        .backup
+        .as_ref()
+        .map_or_else(|| raw[first_backup].address.span(), |v| v.span());
+    let bkey = format!("{key}.backends[{first_backup}].backup");
+    if algorithm == Algorithm::Hash {
+        return Err(src.at(
+            at,
+            &bkey,
+            "backup backends can't be used with algorithm \"hash\" (a key's backend would move whenever another went down); use round_robin, least_conn, random_two or ewma",
+        ));
+    }
+    if backends.iter().all(|b| b.backup) {
+        return Err(src.at(
+            at,
+            &bkey,
+            "every backend is a backup: an upstream needs at least one primary backend (backup = false)",
+        ));
+    }
+    Ok(backends)
 }
 
 /// `protocol`, which must agree with the `tls` table: `h2` is HTTP/2 over TLS, `h2c` cleartext.
@@ -434,6 +505,7 @@ fn backend(
             .slow_start
             .or(up.slow_start)
             .map_or(Duration::ZERO, |d| d.0),
+        backup: b.backup.as_ref().is_some_and(|v| *v.get_ref()),
     })
 }
 
