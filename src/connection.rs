@@ -43,7 +43,7 @@ use crate::http1::common::{
 use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::idle::{self, Wait};
 use crate::proxy::{self, Answer, ClientBody, ProxyBody};
-use crate::route::{ClientRules, Route, https_location};
+use crate::route::{ClientRules, Decision, Route, https_location};
 use crate::stats::{ListenerStats, Source, TlsFailure};
 use crate::stream::{ClientStream, Refused, Stir, StreamIo, TlsState, poll_read_tcp};
 use crate::tunnel::{self, Dir, End};
@@ -604,7 +604,19 @@ impl Connection {
             .batch
             .as_ref()
             .map(|batch| Pending::start(&head, self.peer, batch));
-        let upstream = self.route.upstream.borrow().clone();
+        let (upstream, rewritten, local) = match refused {
+            // A refused head is answered as such, whatever the routes say.
+            Some(_) => (self.route.upstream.borrow().clone(), None, None),
+            None => match self
+                .route
+                .decide(&head, self.stream.is_tls(), self.peer.ip())
+            {
+                Decision::Proxy(upstream, path) => (upstream, path, None),
+                Decision::Answer(reply) => {
+                    (self.route.upstream.borrow().clone(), None, Some(reply))
+                }
+            },
+        };
         let timeouts = upstream.shared.config.timeouts;
         let (limits, client) = {
             let now = self.route.rules.borrow();
@@ -620,12 +632,19 @@ impl Connection {
         let watch = Watch::default();
         let mut client_body =
             BodyReader::new(&self.stream, buf, head.body, head.expect_continue, &watch);
-        let answered = {
+        let answered = if let Some(response) = local {
+            Some(Answer {
+                response,
+                upstreamed: None,
+                close: false,
+            })
+        } else {
             let forwarded = proxy::handle(
                 upstream,
                 client,
                 limits,
                 &head,
+                rewritten.as_deref(),
                 &mut client_body,
                 refused,
                 pending.is_some(),

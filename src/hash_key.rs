@@ -16,27 +16,12 @@ pub fn request_key(spec: &HashKey, head: &RequestHead, client: IpAddr) -> Option
             IpAddr::V6(ip) => hash(&ip.octets()),
         }),
         HashKey::Uri => Some(hash(head.target())),
-        HashKey::Header(name) => header(head.lines(), name).map(hash),
-        HashKey::Cookie(name) => header_values(head.lines(), "cookie")
+        HashKey::Header(name) => head.header_values(name).find(|v| !v.is_empty()).map(hash),
+        HashKey::Cookie(name) => head
+            .header_values("cookie")
             .find_map(|v| cookie(v, name))
             .map(hash),
     }
-}
-
-/// The values of every `name:` line in `lines` (`name: value\r\n` each; `name` lower-case),
-/// trimmed.
-fn header_values<'a>(lines: &'a [u8], name: &'a str) -> impl Iterator<Item = &'a [u8]> {
-    lines.split(|&b| b == b'\n').filter_map(move |line| {
-        let colon = line.iter().position(|&b| b == b':')?;
-        let (n, v) = line.split_at(colon);
-        n.eq_ignore_ascii_case(name.as_bytes())
-            .then(|| v[1..].trim_ascii())
-    })
-}
-
-/// The first non-empty value of header `name`.
-fn header<'a>(lines: &'a [u8], name: &'a str) -> Option<&'a [u8]> {
-    header_values(lines, name).find(|v| !v.is_empty())
 }
 
 /// Cookie `name`'s value in one `Cookie` header (`a=1; b=2`); `None` when absent or empty.
@@ -53,22 +38,17 @@ fn cookie<'a>(value: &'a [u8], name: &str) -> Option<&'a [u8]> {
 mod tests {
     use super::*;
 
-    const LINES: &[u8] =
-        b"Host: a\r\nX-User: alice \r\ncookie: theme=dark; session=s1\r\nCookie: other=2\r\n";
-
     #[test]
-    fn a_header_is_found_case_insensitively_and_trimmed() {
-        assert_eq!(header(LINES, "x-user"), Some(&b"alice"[..]));
-        assert_eq!(header(LINES, "x-missing"), None);
-        assert_eq!(header(b"X-User:\r\n", "x-user"), None);
-    }
-
-    #[test]
-    fn a_cookie_is_found_in_any_cookie_header() {
-        let find = |name| header_values(LINES, "cookie").find_map(|v| cookie(v, name));
-        assert_eq!(find("session"), Some(&b"s1"[..]));
-        assert_eq!(find("other"), Some(&b"2"[..]));
-        assert_eq!(find("sess"), None);
+    fn a_cookie_is_found_among_its_pairs() {
+        assert_eq!(
+            cookie(b"theme=dark; session=s1", "session"),
+            Some(&b"s1"[..])
+        );
+        assert_eq!(
+            cookie(b"theme=dark;session=s1", "theme"),
+            Some(&b"dark"[..])
+        );
+        assert_eq!(cookie(b"sessionx=1", "session"), None);
         assert_eq!(cookie(b"a=", "a"), None);
     }
 }

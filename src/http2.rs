@@ -49,7 +49,7 @@ use crate::http1::common::{ERROR_PAGE_TYPE, Reply, RequestFraming, error_page, h
 use crate::http1::request::{ClientError, RequestHead, parse_request};
 use crate::idle;
 use crate::proxy::{self, ClientBody, ProxyBody};
-use crate::route::{ClientRules, Route, https_location};
+use crate::route::{ClientRules, Decision, Route, https_location};
 use crate::stats::Source;
 use crate::stream::{ClientStream, StreamIo};
 
@@ -307,7 +307,16 @@ impl Shared {
         if route.redirect_https.get() {
             return self.redirect_https(&head, open);
         }
-        let upstream = route.upstream.borrow().clone();
+        let (upstream, rewritten) = match refused {
+            Some(_) => (route.upstream.borrow().clone(), None),
+            None => match route.decide(&head, client.https, self.peer.ip()) {
+                Decision::Proxy(upstream, path) => (upstream, path),
+                Decision::Answer(reply) => {
+                    let logged = Logged::new(pending.and_then(|p| p.responded(reply.status, None)));
+                    return self.respond(reply, &head.method, logged, Duration::MAX, open);
+                }
+            },
+        };
         let timeout = upstream.shared.config.timeouts.response;
         let mut body = RequestBody {
             body,
@@ -320,6 +329,7 @@ impl Shared {
             client,
             limits,
             &head,
+            rewritten.as_deref(),
             &mut body,
             refused,
             pending.is_some(),

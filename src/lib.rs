@@ -14,6 +14,8 @@
 //!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
 //! - [`tls_client`]: TLS to backends: an upstream's CA certificates (a file or the system's),
 //!   the name verified, a client certificate, a session cache per backend, the handshake.
+//! - [`path`]: the normalised form of a request path that routes match (dot segments, escapes,
+//!   repeated slashes).
 //! - [`config`]: the TOML file, raw types and validation into a [`Config`]; errors carry
 //!   `file:line:col` and the key.
 //! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
@@ -38,6 +40,8 @@
 //!   at `max_connections` and drains them for a stop, and idle ones park; no timer per connection.
 //! - [`stream`]: a client connection's socket, plain or TLS (rustls driven by hand on it), and
 //!   the TLS handshake.
+//! - [`router`]: a listener's routes compiled for matching: by host, then in file order on the
+//!   normalised path, method and headers.
 //! - [`route`]: where a listener's requests go (its upstream, TLS, h2c) and the rules for its
 //!   clients, read anew per request so open connections follow a reload.
 //! - [`http2`]: HTTP/2 client connections on hyper's server (ALPN `h2`, or h2c), each stream
@@ -100,11 +104,13 @@ mod http2_backend;
 mod idle;
 mod listen;
 mod metrics;
+mod path;
 mod probe;
 mod process;
 mod proxy;
 mod reload;
 mod route;
+mod router;
 pub mod server;
 mod stats;
 mod status;

@@ -152,11 +152,13 @@ pub struct Answer {
 /// X-Forwarded-Proto last. The parser already left out the hop-by-hop headers and Expect:
 /// `100 Continue` is pinlb's own answer, sent when the body is first read, once a backend
 /// connection is ready, as nginx does.
+#[allow(clippy::too_many_arguments)]
 pub async fn handle(
     upstream: Rc<WorkerUpstream>,
     client: Rc<Client>,
     limits: Limits,
     head: &RequestHead,
+    path: Option<&[u8]>,
     body: &mut impl ClientBody,
     refused: Option<ClientError>,
     log: bool,
@@ -164,7 +166,7 @@ pub async fn handle(
     let method = &head.method;
     let forwarded = match refused {
         Some(e) => Err(ProxyError::Client(e)),
-        None => forward(&upstream, &client, &limits, head, body, log).await,
+        None => forward(&upstream, &client, &limits, head, path, body, log).await,
     };
     match forwarded {
         Ok((response, upstreamed)) => Answer {
@@ -196,6 +198,7 @@ async fn forward(
     client: &Client,
     limits: &Limits,
     head: &RequestHead,
+    path: Option<&[u8]>,
     body: &mut impl ClientBody,
     log: bool,
 ) -> Result<(Reply<ProxyBody>, Option<Upstreamed>), ProxyError> {
@@ -207,7 +210,8 @@ async fn forward(
     let upgrade_on = shared.config.upgrade.enabled && !shared.config.protocol.is_http2();
     let base = Outgoing {
         method: &head.method,
-        path: head.path(),
+        // A route that rewrote the prefix sends its path; otherwise the request's, as received.
+        path: path.unwrap_or(head.path()),
         // The parser refused HTTP/1.1 without Host: only HTTP/1.0 may come without it. It goes
         // upstream as HTTP/1.1, which needs one: the backend's address then, as the health
         // probes send.
@@ -863,14 +867,33 @@ impl Tried {
 /// A short text response for a request pinlb had to answer itself.
 fn error_response(e: &ProxyError, method: &Method) -> Reply<ProxyBody> {
     let status = e.status();
-    let text = error_page(status, e);
-    let len = text.len();
+    local_reply(
+        status,
+        ERROR_PAGE_TYPE,
+        Bytes::from(error_page(status, e)),
+        b"",
+        method,
+    )
+}
+
+/// A response pinlb makes itself: `status`, a `content-type` line, `lines` more header lines,
+/// and `page` as the body (none for HEAD, which still gets the page's length).
+pub fn local_reply(
+    status: StatusCode,
+    content_type: &[u8],
+    page: Bytes,
+    lines: &[u8],
+    method: &Method,
+) -> Reply<ProxyBody> {
+    let len = page.len();
     let body = if method == Method::HEAD {
         Bytes::new()
     } else {
-        Bytes::from(text)
+        page
     };
-    let mut headers = ERROR_PAGE_TYPE.to_vec();
+    let mut headers = Vec::with_capacity(content_type.len() + lines.len() + 24);
+    headers.extend_from_slice(content_type);
+    headers.extend_from_slice(lines);
     if method == Method::HEAD {
         // The length of the page a GET would have had; the client side writes the framing of
         // every other response from its body.

@@ -14,6 +14,7 @@
 
 mod error;
 mod raw;
+mod routes;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -277,6 +278,188 @@ pub struct Listener {
     /// `h2c`: a plain listener also takes cleartext HTTP/2 with prior knowledge (a connection
     /// that begins with the HTTP/2 preface); every other connection is HTTP/1.1.
     pub h2c: bool,
+    /// `[[listener.route]]`, in file order: the first that matches a request decides; a request
+    /// no route matches goes to `upstream`, or gets 404 when the listener has none.
+    pub routes: Vec<RouteRule>,
+    /// Whether the listener named an `upstream` for requests no route matches.
+    pub has_default: bool,
+}
+
+/// One `[[listener.route]]`: what it matches and what it does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteRule {
+    /// Host names it matches (the Host header without its port, case-insensitive); empty: any.
+    pub hosts: Vec<HostPattern>,
+    /// The normalised path it matches.
+    pub path: PathMatch,
+    /// Methods it matches; empty: any.
+    pub methods: Vec<http::Method>,
+    /// Headers that must be present with exactly this value (name lower-case); all of them.
+    pub headers: Vec<(String, String)>,
+    pub action: RouteAction,
+}
+
+/// A route's `host` entry.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum HostPattern {
+    /// `example.com`, lower-case.
+    Exact(String),
+    /// `*.example.com`, kept as the suffix `.example.com`: one label or more before it.
+    Suffix(String),
+}
+
+impl HostPattern {
+    /// Whether a lower-case host name (no port) matches.
+    pub fn matches(&self, host: &[u8]) -> bool {
+        match self {
+            HostPattern::Exact(h) => h.as_bytes() == host,
+            HostPattern::Suffix(s) => host.len() > s.len() && host.ends_with(s.as_bytes()),
+        }
+    }
+}
+
+impl fmt::Display for HostPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostPattern::Exact(h) => f.write_str(h),
+            HostPattern::Suffix(s) => write!(f, "*{s}"),
+        }
+    }
+}
+
+/// A route's `path` (a prefix, as nginx's `location /api/`) or `path_exact` (nginx's
+/// `location = /old`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathMatch {
+    Prefix(String),
+    Exact(String),
+}
+
+impl PathMatch {
+    /// Whether a normalised path (no query) matches.
+    pub fn matches(&self, path: &[u8]) -> bool {
+        match self {
+            PathMatch::Prefix(p) => path.starts_with(p.as_bytes()),
+            PathMatch::Exact(p) => path == p.as_bytes(),
+        }
+    }
+}
+
+impl fmt::Display for PathMatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PathMatch::Prefix(p) => write!(f, "{p}*"),
+            PathMatch::Exact(p) => write!(f, "= {p}"),
+        }
+    }
+}
+
+/// What a matched route does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteAction {
+    /// Proxy to `upstream` (an index into [`Config::upstreams`]); with `rewrite_prefix`, the
+    /// matched `path` prefix is replaced by it (nginx's `proxy_pass http://app/v2/;`).
+    Proxy {
+        upstream: usize,
+        rewrite_prefix: Option<String>,
+    },
+    /// Answer `status` (301, 302, 303, 307 or 308) with a Location from a template.
+    Redirect { status: u16, location: Template },
+    /// Answer `status` with a fixed body (nginx's `return 403;`).
+    Respond { status: u16, body: String },
+}
+
+/// A text with `{variables}`: `{scheme}`, `{host}` (without port), `{uri}` (the target as
+/// received, query included), `{path}` (without the query), `{query}` (without its `?`),
+/// `{client_ip}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template(pub Vec<TemplatePart>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variable {
+    Scheme,
+    Host,
+    Uri,
+    Path,
+    Query,
+    ClientIp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplatePart {
+    Text(String),
+    Var(Variable),
+}
+
+impl Template {
+    pub const VARIABLES: &'static str = "{scheme}, {host}, {uri}, {path}, {query}, {client_ip}";
+
+    /// Reads `{name}` variables out of `s`; `{{` and `}}` are literal braces.
+    pub fn parse(s: &str) -> Result<Template, String> {
+        let mut parts = Vec::new();
+        let mut text = String::new();
+        let mut rest = s;
+        while let Some(i) = rest.find(['{', '}']) {
+            text.push_str(&rest[..i]);
+            let tail = &rest[i..];
+            if tail.starts_with("{{") || tail.starts_with("}}") {
+                text.push_str(&tail[..1]);
+                rest = &tail[2..];
+                continue;
+            }
+            if tail.starts_with('}') {
+                return Err(format!(
+                    "unmatched '}}' in \"{s}\" (write '}}}}' for a brace)"
+                ));
+            }
+            let Some(end) = tail.find('}') else {
+                return Err(format!("unclosed '{{' in \"{s}\""));
+            };
+            let var = match &tail[1..end] {
+                "scheme" => Variable::Scheme,
+                "host" => Variable::Host,
+                "uri" => Variable::Uri,
+                "path" => Variable::Path,
+                "query" => Variable::Query,
+                "client_ip" => Variable::ClientIp,
+                other => {
+                    return Err(format!(
+                        "unknown variable {{{other}}}, expected one of {}",
+                        Template::VARIABLES
+                    ));
+                }
+            };
+            if !text.is_empty() {
+                parts.push(TemplatePart::Text(std::mem::take(&mut text)));
+            }
+            parts.push(TemplatePart::Var(var));
+            rest = &tail[end + 1..];
+        }
+        text.push_str(rest);
+        if !text.is_empty() {
+            parts.push(TemplatePart::Text(text));
+        }
+        Ok(Template(parts))
+    }
+}
+
+impl fmt::Display for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for part in &self.0 {
+            match part {
+                TemplatePart::Text(t) => f.write_str(&t.replace('{', "{{").replace('}', "}}"))?,
+                TemplatePart::Var(v) => f.write_str(match v {
+                    Variable::Scheme => "{scheme}",
+                    Variable::Host => "{host}",
+                    Variable::Uri => "{uri}",
+                    Variable::Path => "{path}",
+                    Variable::Query => "{query}",
+                    Variable::ClientIp => "{client_ip}",
+                })?,
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `[http2]`: HTTP/2 client connections (ALPN `h2` on TLS listeners, `h2c` on plain ones).

@@ -211,6 +211,49 @@ pub(super) struct RawListener {
     pub h2c: Option<Spanned<bool>>,
     /// Whether a TLS listener offers `h2` by ALPN.
     pub http2: Option<Spanned<bool>>,
+    /// `[[listener.route]]`.
+    #[serde(default)]
+    pub route: Vec<Spanned<RawRoute>>,
+}
+
+/// One `[[listener.route]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    /// One name or a list.
+    pub host: Option<Spanned<OneOrMany>>,
+    pub path: Option<Spanned<String>>,
+    pub path_exact: Option<Spanned<String>>,
+    pub methods: Option<Spanned<Vec<Spanned<String>>>>,
+    pub headers: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    pub upstream: Option<Spanned<String>>,
+    pub rewrite_prefix: Option<Spanned<String>>,
+    pub redirect: Option<Spanned<RawRedirect>>,
+    pub respond: Option<Spanned<RawRespond>>,
+}
+
+/// A string or a list of strings.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A route's `redirect = { status = 301, location = "..." }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRedirect {
+    pub status: Option<Spanned<u16>>,
+    pub location: Spanned<String>,
+}
+
+/// A route's `respond = { status = 403, body = "..." }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRespond {
+    pub status: Spanned<u16>,
+    pub body: Option<String>,
 }
 
 /// `[listener.tls]`: a default certificate (`cert` and `key`), more chosen by SNI

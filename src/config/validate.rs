@@ -691,15 +691,19 @@ pub(super) fn listeners(
                 "set together with redirect_https, expected one of them: a listener that redirects to https serves plain HTTP",
             ));
         }
+        let routes = super::routes::routes(src, &key, &l.route, |rkey, u| {
+            upstream_index(src, rkey, u, upstreams)
+        })?;
         let upstream = match &l.upstream {
             Some(u) => upstream_index(src, &key, u, upstreams)?,
-            // It proxies nothing; any index will do, and there is one once any listener proxies.
-            None if redirect_https => 0,
+            // It proxies nothing by default; any index will do, and there is one once any
+            // listener proxies.
+            None if redirect_https || !routes.is_empty() => 0,
             None => {
                 return Err(src.at(
                     l.address.span(),
                     &format!("{key}.upstream"),
-                    "missing, expected the name of an [upstream.NAME] (or redirect_https = true)",
+                    "missing, expected the name of an [upstream.NAME] (or [[listener.route]]s, or redirect_https = true)",
                 ));
             }
         };
@@ -731,6 +735,8 @@ pub(super) fn listeners(
             tls,
             redirect_https,
             h2c,
+            has_default: l.upstream.is_some(),
+            routes,
         });
     }
     if upstreams.is_empty() {

@@ -1,0 +1,283 @@
+//! `[[listener.route]]`: each route's match and action checked, and routes that an earlier one
+//! makes unreachable refused.
+
+use std::ops::Range;
+
+use toml::Spanned;
+
+use super::error::Source;
+use super::raw::{OneOrMany, RawRoute};
+use super::{ConfigError, HostPattern, PathMatch, RouteAction, RouteRule, Template};
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+/// A listener's routes, in order.
+pub(super) fn routes(
+    src: &Source,
+    key: &str,
+    raw: &[Spanned<RawRoute>],
+    upstream_index: impl Fn(&str, &Spanned<String>) -> Result<usize>,
+) -> Result<Vec<RouteRule>> {
+    let mut rules: Vec<RouteRule> = Vec::with_capacity(raw.len());
+    for (i, r) in raw.iter().enumerate() {
+        let rkey = format!("{key}.route[{i}]");
+        let rule = route(src, &rkey, r.get_ref(), r.span(), &upstream_index)?;
+        if let Some(j) = rules.iter().position(|earlier| covers(earlier, &rule)) {
+            let (line, _) = line_of(src, raw[j].span());
+            return Err(src.at(
+                r.span(),
+                &rkey,
+                format!(
+                    "never matches: {key}.route[{j}] (line {line}) comes first and matches every request this one would; put the narrower route first"
+                ),
+            ));
+        }
+        rules.push(rule);
+    }
+    Ok(rules)
+}
+
+fn line_of(src: &Source, span: Range<usize>) -> (usize, usize) {
+    let before = &src.text[..span.start.min(src.text.len())];
+    (before.matches('\n').count() + 1, 0)
+}
+
+fn route(
+    src: &Source,
+    rkey: &str,
+    r: &RawRoute,
+    span: Range<usize>,
+    upstream_index: &impl Fn(&str, &Spanned<String>) -> Result<usize>,
+) -> Result<RouteRule> {
+    let path = match (&r.path, &r.path_exact) {
+        (Some(_), Some(e)) => {
+            return Err(src.at(
+                e.span(),
+                &format!("{rkey}.path_exact"),
+                "set together with path, expected one of them: path matches a prefix, path_exact one path",
+            ));
+        }
+        (Some(p), None) => PathMatch::Prefix(path_pattern(src, &format!("{rkey}.path"), p)?),
+        (None, Some(e)) => PathMatch::Exact(path_pattern(src, &format!("{rkey}.path_exact"), e)?),
+        (None, None) => PathMatch::Prefix("/".into()),
+    };
+    let hosts = match &r.host {
+        None => Vec::new(),
+        Some(h) => {
+            let names: Vec<&str> = match h.get_ref() {
+                OneOrMany::One(n) => vec![n.as_str()],
+                OneOrMany::Many(v) => v.iter().map(String::as_str).collect(),
+            };
+            names
+                .into_iter()
+                .map(|n| host_pattern(n).map_err(|e| src.at(h.span(), &format!("{rkey}.host"), e)))
+                .collect::<Result<Vec<_>>>()?
+        }
+    };
+    let methods = match &r.methods {
+        None => Vec::new(),
+        Some(list) => list
+            .get_ref()
+            .iter()
+            .map(|m| {
+                let name = m.get_ref();
+                if name.is_empty() || !name.bytes().all(|b| b.is_ascii_uppercase()) {
+                    return Err(src.at(
+                        m.span(),
+                        &format!("{rkey}.methods"),
+                        format!(
+                            "\"{name}\" is not a method, expected upper-case names such as \"GET\""
+                        ),
+                    ));
+                }
+                http::Method::from_bytes(name.as_bytes()).map_err(|_| {
+                    src.at(
+                        m.span(),
+                        &format!("{rkey}.methods"),
+                        format!("\"{name}\" is not a method"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
+    };
+    let headers = match &r.headers {
+        None => Vec::new(),
+        Some(map) => map
+            .get_ref()
+            .iter()
+            .map(|(name, value)| {
+                if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    return Err(src.at(
+                        map.span(),
+                        &format!("{rkey}.headers"),
+                        format!("\"{name}\" is not a header name"),
+                    ));
+                }
+                Ok((name.to_ascii_lowercase(), value.get_ref().clone()))
+            })
+            .collect::<Result<Vec<_>>>()?,
+    };
+    let action = action(src, rkey, r, span, &path, upstream_index)?;
+    Ok(RouteRule {
+        hosts,
+        path,
+        methods,
+        headers,
+        action,
+    })
+}
+
+fn action(
+    src: &Source,
+    rkey: &str,
+    r: &RawRoute,
+    span: Range<usize>,
+    path: &PathMatch,
+    upstream_index: &impl Fn(&str, &Spanned<String>) -> Result<usize>,
+) -> Result<RouteAction> {
+    let given = [
+        r.upstream.is_some(),
+        r.redirect.is_some(),
+        r.respond.is_some(),
+    ];
+    if given.iter().filter(|&&g| g).count() != 1 {
+        return Err(src.at(
+            span,
+            rkey,
+            "expected exactly one of upstream, redirect or respond: what the route does",
+        ));
+    }
+    if let (Some(p), None) = (&r.rewrite_prefix, &r.upstream) {
+        return Err(src.at(
+            p.span(),
+            &format!("{rkey}.rewrite_prefix"),
+            "only applies to a route with an upstream",
+        ));
+    }
+    if let Some(u) = &r.upstream {
+        let rewrite_prefix = match &r.rewrite_prefix {
+            None => None,
+            Some(p) if matches!(path, PathMatch::Exact(_)) => {
+                return Err(src.at(
+                    p.span(),
+                    &format!("{rkey}.rewrite_prefix"),
+                    "replaces a matched path prefix, so it needs path, not path_exact",
+                ));
+            }
+            Some(p) if !p.get_ref().starts_with('/') => {
+                return Err(src.at(
+                    p.span(),
+                    &format!("{rkey}.rewrite_prefix"),
+                    format!(
+                        "\"{}\" does not start with '/', expected a path such as \"/v2/\"",
+                        p.get_ref()
+                    ),
+                ));
+            }
+            Some(p) => Some(p.get_ref().clone()),
+        };
+        return Ok(RouteAction::Proxy {
+            upstream: upstream_index(rkey, u)?,
+            rewrite_prefix,
+        });
+    }
+    if let Some(redirect) = &r.redirect {
+        let rd = redirect.get_ref();
+        let status = rd.status.as_ref().map_or(302, |s| *s.get_ref());
+        if ![301, 302, 303, 307, 308].contains(&status) {
+            return Err(src.at(
+                rd.status.as_ref().map_or(redirect.span(), |s| s.span()),
+                &format!("{rkey}.redirect.status"),
+                format!("{status} is not a redirect, expected 301, 302, 303, 307 or 308"),
+            ));
+        }
+        let location = Template::parse(rd.location.get_ref())
+            .map_err(|e| src.at(rd.location.span(), &format!("{rkey}.redirect.location"), e))?;
+        return Ok(RouteAction::Redirect { status, location });
+    }
+    let respond = r.respond.as_ref().expect("one action is given");
+    let rs = respond.get_ref();
+    let status = *rs.status.get_ref();
+    if !(200..=599).contains(&status) {
+        return Err(src.at(
+            rs.status.span(),
+            &format!("{rkey}.respond.status"),
+            format!("{status} is out of range, expected 200-599"),
+        ));
+    }
+    Ok(RouteAction::Respond {
+        status,
+        body: rs.body.clone().unwrap_or_default(),
+    })
+}
+
+/// A `path` or `path_exact`: it must start with `/` and be written normalised, since that is
+/// what it is compared with.
+fn path_pattern(src: &Source, key: &str, p: &Spanned<String>) -> Result<String> {
+    let text = p.get_ref();
+    if !text.starts_with('/') {
+        return Err(src.at(
+            p.span(),
+            key,
+            format!("\"{text}\" does not start with '/', expected a path such as \"/api/\""),
+        ));
+    }
+    let normal = crate::path::normalize(text.as_bytes());
+    if normal.as_ref() != text.as_bytes() || text.contains('?') {
+        return Err(src.at(
+            p.span(),
+            key,
+            format!(
+                "\"{text}\" is not a normalised path (requests are matched normalised, so it could never match as written), expected \"{}\"",
+                String::from_utf8_lossy(&normal)
+            ),
+        ));
+    }
+    Ok(text.clone())
+}
+
+/// One `host` entry: a name, or `*.` and a name.
+fn host_pattern(name: &str) -> std::result::Result<HostPattern, String> {
+    let lower = name.to_ascii_lowercase();
+    let (pattern, rest) = match lower.strip_prefix("*.") {
+        Some(rest) => (HostPattern::Suffix(format!(".{rest}")), rest.to_string()),
+        None => (HostPattern::Exact(lower.clone()), lower.clone()),
+    };
+    let valid = !rest.is_empty()
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
+    if !valid {
+        return Err(format!(
+            "\"{name}\" is not a host name, expected a name such as \"example.com\" or \"*.example.com\" (no port, no other '*')"
+        ));
+    }
+    Ok(pattern)
+}
+
+/// Whether `a`, coming first, matches every request `b` would, so `b` never decides.
+fn covers(a: &RouteRule, b: &RouteRule) -> bool {
+    let hosts = a.hosts.is_empty()
+        || (!b.hosts.is_empty()
+            && b.hosts.iter().all(|hb| {
+                a.hosts.iter().any(|ha| match (ha, hb) {
+                    (HostPattern::Exact(x), HostPattern::Exact(y)) => x == y,
+                    (HostPattern::Suffix(s), HostPattern::Exact(y)) => {
+                        ha.matches(y.as_bytes()) && !s.is_empty()
+                    }
+                    (HostPattern::Suffix(s), HostPattern::Suffix(t)) => t.ends_with(s.as_str()),
+                    (HostPattern::Exact(_), HostPattern::Suffix(_)) => false,
+                })
+            }));
+    let path = match (&a.path, &b.path) {
+        (PathMatch::Prefix(p), PathMatch::Prefix(q) | PathMatch::Exact(q)) => {
+            q.starts_with(p.as_str())
+        }
+        (PathMatch::Exact(p), PathMatch::Exact(q)) => p == q,
+        (PathMatch::Exact(_), PathMatch::Prefix(_)) => false,
+    };
+    let methods = a.methods.is_empty()
+        || (!b.methods.is_empty() && b.methods.iter().all(|m| a.methods.contains(m)));
+    let headers = a.headers.iter().all(|h| b.headers.contains(h));
+    hosts && path && methods && headers
+}
