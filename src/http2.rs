@@ -49,7 +49,7 @@ use crate::http1::common::{ERROR_PAGE_TYPE, Reply, RequestFraming, error_page, h
 use crate::http1::request::{ClientError, RequestHead, parse_request};
 use crate::idle;
 use crate::proxy::{self, ClientBody, ProxyBody};
-use crate::route::{ClientRules, Decision, Route, https_location};
+use crate::route::{ClientRules, Decision, Edits, Route, https_location};
 use crate::stats::Source;
 use crate::stream::{ClientStream, StreamIo};
 
@@ -307,10 +307,10 @@ impl Shared {
         if route.redirect_https.get() {
             return self.redirect_https(&head, open);
         }
-        let (upstream, rewritten) = match refused {
-            Some(_) => (route.upstream.borrow().clone(), None),
+        let (upstream, edits) = match refused {
+            Some(_) => (route.upstream.borrow().clone(), Edits::default()),
             None => match route.decide(&head, client.https, self.peer.ip()) {
-                Decision::Proxy(upstream, path) => (upstream, path),
+                Decision::Proxy(upstream, edits) => (upstream, edits),
                 Decision::Answer(reply) => {
                     let logged = Logged::new(pending.and_then(|p| p.responded(reply.status, None)));
                     return self.respond(reply, &head.method, logged, Duration::MAX, open);
@@ -324,17 +324,18 @@ impl Shared {
             done: ended,
             trailers: None,
         };
-        let answer = proxy::handle(
+        let mut answer = proxy::handle(
             upstream,
             client,
             limits,
             &head,
-            rewritten.as_deref(),
+            edits.overrides(),
             &mut body,
             refused,
             pending.is_some(),
         )
         .await;
+        edits.edit_response(&mut answer.response);
         let logged = Logged::new(
             pending.and_then(|p| p.responded(answer.response.status, answer.upstreamed)),
         );

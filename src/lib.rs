@@ -14,6 +14,7 @@
 //!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
 //! - [`tls_client`]: TLS to backends: an upstream's CA certificates (a file or the system's),
 //!   the name verified, a client certificate, a session cache per backend, the handshake.
+//! - [`hop`]: the hop-by-hop header table.
 //! - [`path`]: the normalised form of a request path that routes match (dot segments, escapes,
 //!   repeated slashes).
 //! - [`config`]: the TOML file, raw types and validation into a [`Config`]; errors carry
@@ -98,6 +99,7 @@ pub mod demo;
 mod exec;
 mod hash_key;
 mod health;
+mod hop;
 mod http1;
 mod http2;
 mod http2_backend;

@@ -134,6 +134,16 @@ pub fn forwarded_for<'a>(sent: Option<&'a [u8]>, client: &'a Client) -> std::bor
     }
 }
 
+/// What a route changes in the request it sends on: its path (a rewritten prefix) and its
+/// header lines (`request_headers`). `None` sends the request's own.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Overrides<'a> {
+    pub path: Option<&'a [u8]>,
+    /// The end-to-end lines to send, without the Upgrade lines (added when the request
+    /// upgrades).
+    pub lines: Option<&'a [u8]>,
+}
+
 /// The proxy's answer to one request.
 pub struct Answer {
     pub response: Reply<ProxyBody>,
@@ -158,7 +168,7 @@ pub async fn handle(
     client: Rc<Client>,
     limits: Limits,
     head: &RequestHead,
-    path: Option<&[u8]>,
+    overrides: Overrides<'_>,
     body: &mut impl ClientBody,
     refused: Option<ClientError>,
     log: bool,
@@ -166,7 +176,7 @@ pub async fn handle(
     let method = &head.method;
     let forwarded = match refused {
         Some(e) => Err(ProxyError::Client(e)),
-        None => forward(&upstream, &client, &limits, head, path, body, log).await,
+        None => forward(&upstream, &client, &limits, head, overrides, body, log).await,
     };
     match forwarded {
         Ok((response, upstreamed)) => Answer {
@@ -198,27 +208,34 @@ async fn forward(
     client: &Client,
     limits: &Limits,
     head: &RequestHead,
-    path: Option<&[u8]>,
+    overrides: Overrides<'_>,
     body: &mut impl ClientBody,
     log: bool,
 ) -> Result<(Reply<ProxyBody>, Option<Upstreamed>), ProxyError> {
     let framing = body.framing();
     let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), client);
     let shared = &*upstream.shared;
+    // A route's header lines with the request's Upgrade lines after them; built only then.
+    let joined: Vec<u8>;
     // An HTTP/2 backend gets no Upgrade (extended CONNECT is not spoken): the request goes as
     // an ordinary one, as with `upgrade = false`.
     let upgrade_on = shared.config.upgrade.enabled && !shared.config.protocol.is_http2();
     let base = Outgoing {
         method: &head.method,
         // A route that rewrote the prefix sends its path; otherwise the request's, as received.
-        path: path.unwrap_or(head.path()),
+        path: overrides.path.unwrap_or(head.path()),
         // The parser refused HTTP/1.1 without Host: only HTTP/1.0 may come without it. It goes
         // upstream as HTTP/1.1, which needs one: the backend's address then, as the health
         // probes send.
         host: head.host().unwrap_or_default(),
-        lines: match head.upgrade_lines() {
-            Some(lines) if upgrade_on => lines,
-            _ => head.lines(),
+        lines: match (overrides.lines, head.upgrade_lines()) {
+            (None, Some(lines)) if upgrade_on => lines,
+            (None, _) => head.lines(),
+            (Some(lines), Some(upgrading)) if upgrade_on => {
+                joined = [lines, &upgrading[head.lines().len()..]].concat();
+                &joined
+            }
+            (Some(lines), _) => lines,
         },
         trusted_lines: match (&head.proxied_lines, client.trusted) {
             (Some(lines), true) => lines,

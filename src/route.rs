@@ -67,11 +67,54 @@ impl Routes {
 
 /// Where one request goes.
 pub(crate) enum Decision {
-    /// To this upstream; with the path to send instead of the request's when a route rewrote
-    /// its prefix.
-    Proxy(Rc<WorkerUpstream>, Option<Vec<u8>>),
+    /// To this upstream, with what its route changes.
+    Proxy(Rc<WorkerUpstream>, Edits),
     /// A response of pinlb's own (a redirect, a fixed answer, or 404 when no route matches).
     Answer(Reply<ProxyBody>),
+}
+
+/// What a route changes in one exchange; nothing for most requests.
+#[derive(Default)]
+pub(crate) struct Edits {
+    /// The path sent instead of the request's, when the route rewrote its prefix.
+    pub path: Option<Vec<u8>>,
+    /// The header lines sent instead of the request's, after `request_headers`.
+    pub lines: Option<Vec<u8>>,
+    /// `response_headers`: the names dropped from the response, and the lines added.
+    pub response: Option<(Vec<String>, Vec<u8>)>,
+}
+
+impl Edits {
+    /// What the proxy sends differently.
+    pub fn overrides(&self) -> proxy::Overrides<'_> {
+        proxy::Overrides {
+            path: self.path.as_deref(),
+            lines: self.lines.as_deref(),
+        }
+    }
+
+    /// Applies `response_headers` to a response's header lines.
+    pub fn edit_response(&self, reply: &mut Reply<ProxyBody>) {
+        let Some((drop, add)) = &self.response else {
+            return;
+        };
+        let mut lines = Vec::with_capacity(reply.headers.len() + add.len());
+        for line in reply.headers.split_inclusive(|&b| b == b'\n') {
+            let name = &line[..line.iter().position(|&b| b == b':').unwrap_or(0)];
+            if !drop.iter().any(|d| name.eq_ignore_ascii_case(d.as_bytes())) {
+                lines.extend_from_slice(line);
+            }
+        }
+        lines.extend_from_slice(add);
+        reply.headers = lines;
+    }
+}
+
+/// A request's own values, for templates.
+struct Context<'a> {
+    head: &'a RequestHead,
+    https: bool,
+    client: IpAddr,
 }
 
 impl Route {
@@ -79,11 +122,16 @@ impl Route {
     pub fn decide(&self, head: &RequestHead, https: bool, client: IpAddr) -> Decision {
         let routes = self.routes.borrow();
         if routes.router.is_empty() {
-            return Decision::Proxy(self.upstream.borrow().clone(), None);
+            return Decision::Proxy(self.upstream.borrow().clone(), Edits::default());
         }
+        let cx = Context {
+            head,
+            https,
+            client,
+        };
         let Some((rule, path)) = routes.router.find(head) else {
             if routes.has_default {
-                return Decision::Proxy(self.upstream.borrow().clone(), None);
+                return Decision::Proxy(self.upstream.borrow().clone(), Edits::default());
             }
             return Decision::Answer(proxy::local_reply(
                 StatusCode::NOT_FOUND,
@@ -102,7 +150,7 @@ impl Route {
         match &rule.action {
             RouteAction::Proxy { rewrite_prefix, .. } => {
                 let Some(upstream) = routes.upstreams.get(index).cloned().flatten() else {
-                    return Decision::Proxy(self.upstream.borrow().clone(), None);
+                    return Decision::Proxy(self.upstream.borrow().clone(), Edits::default());
                 };
                 let rewritten = match (rewrite_prefix, &rule.path) {
                     (Some(to), PathMatch::Prefix(from)) => {
@@ -121,43 +169,109 @@ impl Route {
                     }
                     _ => None,
                 };
-                Decision::Proxy(upstream, rewritten)
+                let rules = &rule.request_headers;
+                let lines = (!rules.is_empty()).then(|| {
+                    let mut out = Vec::with_capacity(head.lines().len() + 64);
+                    edit_lines(rules, head.lines(), &cx, &mut out);
+                    out
+                });
+                let response = response_edit(rule, &cx);
+                Decision::Proxy(
+                    upstream,
+                    Edits {
+                        path: rewritten,
+                        lines,
+                        response,
+                    },
+                )
             }
             RouteAction::Redirect { status, location } => {
                 let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::FOUND);
                 let mut line = b"location: ".to_vec();
-                render(location, head, https, client, &mut line);
+                render(location, &cx, &mut line);
                 line.extend_from_slice(b"\r\n");
                 let page = format!(
                     "{} {}\n",
                     status.as_u16(),
                     status.canonical_reason().unwrap_or("")
                 );
-                Decision::Answer(proxy::local_reply(
+                let mut reply = proxy::local_reply(
                     status,
                     ERROR_PAGE_TYPE,
                     Bytes::from(page),
                     &line,
                     &head.method,
-                ))
+                );
+                response_edits(rule, &cx, &mut reply);
+                Decision::Answer(reply)
             }
             RouteAction::Respond { status, body } => {
                 let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::OK);
-                Decision::Answer(proxy::local_reply(
+                let mut reply = proxy::local_reply(
                     status,
                     ERROR_PAGE_TYPE,
                     Bytes::from(body.clone()),
                     b"",
                     &head.method,
-                ))
+                );
+                response_edits(rule, &cx, &mut reply);
+                Decision::Answer(reply)
             }
         }
     }
 }
 
+/// `response_headers` rendered for this request; `None` when the route has none.
+fn response_edit(rule: &crate::config::RouteRule, cx: &Context) -> Option<(Vec<String>, Vec<u8>)> {
+    let rules = &rule.response_headers;
+    if rules.is_empty() {
+        return None;
+    }
+    let drop = rules
+        .remove
+        .iter()
+        .chain(rules.set.iter().map(|(n, _)| n))
+        .cloned()
+        .collect();
+    let mut add = Vec::new();
+    edit_lines(rules, b"", cx, &mut add);
+    Some((drop, add))
+}
+
+/// `response_headers` applied to an answer of pinlb's own.
+fn response_edits(rule: &crate::config::RouteRule, cx: &Context, reply: &mut Reply<ProxyBody>) {
+    let edits = Edits {
+        response: response_edit(rule, cx),
+        ..Edits::default()
+    };
+    edits.edit_response(reply);
+}
+
+/// `lines` with `rules` applied: lines of a removed or set name dropped, then the `set` and
+/// `add` lines, rendered for this request.
+fn edit_lines(rules: &crate::config::HeaderRules, lines: &[u8], cx: &Context, out: &mut Vec<u8>) {
+    for line in lines.split_inclusive(|&b| b == b'\n') {
+        let name = &line[..line.iter().position(|&b| b == b':').unwrap_or(0)];
+        if !rules.drops(name) {
+            out.extend_from_slice(line);
+        }
+    }
+    for (name, value) in rules.set.iter().chain(&rules.add) {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        render(value, cx, out);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
 /// Writes `template` for this request: `{host}` without its port, `{uri}` the target as
 /// received (origin-form, query included), `{path}` and `{query}` its two parts.
-fn render(template: &Template, head: &RequestHead, https: bool, client: IpAddr, out: &mut Vec<u8>) {
+fn render(template: &Template, cx: &Context, out: &mut Vec<u8>) {
+    let Context {
+        head,
+        https,
+        client,
+    } = *cx;
     let target = head.path();
     let (path, query) = match target.iter().position(|&b| b == b'?') {
         Some(q) => (&target[..q], &target[q + 1..]),

@@ -172,3 +172,63 @@ async fn without_a_default_upstream_an_unmatched_request_gets_404() {
     assert_eq!(r.status, 404, "{}", r.head);
     assert!(String::from_utf8_lossy(&r.body).contains("no route matches"));
 }
+
+#[tokio::test]
+async fn a_route_sets_adds_and_removes_request_and_response_headers() {
+    let api = Backend::start("api").await;
+    let toml = format!(
+        r#"[runtime]
+cpus = [{core}]
+[[listener]]
+address = "127.0.0.1:0"
+[[listener.route]]
+path = "/"
+upstream = "api"
+request_headers = {{ set = {{ "X-Real-IP" = "{{client_ip}}", "X-Env" = "prod" }}, add = {{ "X-Route" = "{{scheme}}://{{host}}{{uri}}" }}, remove = ["X-Debug"] }}
+response_headers = {{ add = {{ "X-Served-By" = "pinlb" }}, remove = ["X-Backend"] }}
+[upstream.api]
+backends = [{{ address = "{api}" }}]
+"#,
+        core = first_core(),
+        api = api.addr
+    );
+    let proxy = Proxy::start_toml(&toml);
+    let r = raw_request(
+        proxy.addr,
+        b"GET /p?q=1 HTTP/1.1\r\nHost: h.test\r\nX-Debug: 1\r\nX-Env: dev\r\nX-Env: test\r\nX-Keep: k\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert_eq!(r.header("x-backend"), None, "removed: {}", r.head);
+    assert_eq!(r.header("x-served-by"), Some("pinlb"));
+    let seen = api.requests();
+    let h = &seen[0].headers;
+    let all = |name: &str| {
+        h.get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(all("x-real-ip"), ["127.0.0.1"]);
+    assert_eq!(
+        all("x-env"),
+        ["prod"],
+        "set replaces every line of its name"
+    );
+    assert_eq!(all("x-route"), ["http://h.test/p?q=1"]);
+    assert_eq!(all("x-debug"), Vec::<String>::new());
+    assert_eq!(all("x-keep"), ["k"]);
+}
+
+#[test]
+fn a_route_can_not_change_the_headers_pinlb_writes() {
+    let toml = "[[listener]]\naddress = \"127.0.0.1:0\"\n[[listener.route]]\nupstream = \"a\"\nrequest_headers = { set = { \"Content-Length\" = \"1\" } }\n[upstream.a]\nbackends = [{ address = \"127.0.0.1:9001\" }]\n";
+    let e = pinlb::Config::parse("t.toml", toml, &[0])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("t.toml:5:48: listener[0].route[0].request_headers.set: \"Content-Length\" is written by pinlb itself"),
+        "{e}"
+    );
+}

@@ -297,6 +297,34 @@ pub struct RouteRule {
     /// Headers that must be present with exactly this value (name lower-case); all of them.
     pub headers: Vec<(String, String)>,
     pub action: RouteAction,
+    /// `request_headers`: what changes in the request's header lines on the way to a backend.
+    pub request_headers: HeaderRules,
+    /// `response_headers`: what changes in a backend's response on the way to the client.
+    pub response_headers: HeaderRules,
+}
+
+/// A route's `request_headers` or `response_headers`: `remove` drops every line of a name,
+/// `set` replaces every line of its name with one (nginx's `proxy_set_header`), `add` appends
+/// one (nginx's `add_header`). Values are [`Template`]s. Names are lower-case; the headers
+/// pinlb writes itself (Host, the framing and hop-by-hop ones, X-Forwarded-For/-Proto) are
+/// refused at load.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderRules {
+    pub remove: Vec<String>,
+    pub set: Vec<(String, Template)>,
+    pub add: Vec<(String, Template)>,
+}
+
+impl HeaderRules {
+    pub fn is_empty(&self) -> bool {
+        self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
+    }
+
+    /// Whether a line named `name` is dropped: removed, or replaced by `set`.
+    pub fn drops(&self, name: &[u8]) -> bool {
+        let is = |n: &String| name.eq_ignore_ascii_case(n.as_bytes());
+        self.remove.iter().any(is) || self.set.iter().any(|(n, _)| is(n))
+    }
 }
 
 /// A route's `host` entry.

@@ -230,6 +230,20 @@ pub(super) struct RawRoute {
     pub rewrite_prefix: Option<Spanned<String>>,
     pub redirect: Option<Spanned<RawRedirect>>,
     pub respond: Option<Spanned<RawRespond>>,
+    pub request_headers: Option<Spanned<RawHeaderRules>>,
+    pub response_headers: Option<Spanned<RawHeaderRules>>,
+}
+
+/// `{ set = { NAME = "value" }, add = { ... }, remove = ["NAME"] }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHeaderRules {
+    #[serde(default)]
+    pub set: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    pub add: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    pub remove: Vec<Spanned<String>>,
 }
 
 /// A string or a list of strings.

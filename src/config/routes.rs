@@ -6,8 +6,8 @@ use std::ops::Range;
 use toml::Spanned;
 
 use super::error::Source;
-use super::raw::{OneOrMany, RawRoute};
-use super::{ConfigError, HostPattern, PathMatch, RouteAction, RouteRule, Template};
+use super::raw::{OneOrMany, RawHeaderRules, RawRoute};
+use super::{ConfigError, HeaderRules, HostPattern, PathMatch, RouteAction, RouteRule, Template};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -117,13 +117,28 @@ fn route(
             })
             .collect::<Result<Vec<_>>>()?,
     };
-    let action = action(src, rkey, r, span, &path, upstream_index)?;
+    let action = action(src, rkey, r, span.clone(), &path, upstream_index)?;
+    let rules = |raw: &Option<Spanned<RawHeaderRules>>, name: &str| match raw {
+        None => Ok(HeaderRules::default()),
+        Some(h) => header_rules(src, &format!("{rkey}.{name}"), h),
+    };
+    let request_headers = rules(&r.request_headers, "request_headers")?;
+    let response_headers = rules(&r.response_headers, "response_headers")?;
+    if !matches!(action, RouteAction::Proxy { .. }) && !request_headers.is_empty() {
+        return Err(src.at(
+            r.request_headers.as_ref().map_or(span, |h| h.span()),
+            &format!("{rkey}.request_headers"),
+            "only applies to a route with an upstream: no request goes anywhere from this one",
+        ));
+    }
     Ok(RouteRule {
         hosts,
         path,
         methods,
         headers,
         action,
+        request_headers,
+        response_headers,
     })
 }
 
@@ -191,6 +206,13 @@ fn action(
                 format!("{status} is not a redirect, expected 301, 302, 303, 307 or 308"),
             ));
         }
+        if rd.location.get_ref().contains(['\r', '\n']) {
+            return Err(src.at(
+                rd.location.span(),
+                &format!("{rkey}.redirect.location"),
+                "a location can't hold a line break",
+            ));
+        }
         let location = Template::parse(rd.location.get_ref())
             .map_err(|e| src.at(rd.location.span(), &format!("{rkey}.redirect.location"), e))?;
         return Ok(RouteAction::Redirect { status, location });
@@ -208,6 +230,59 @@ fn action(
     Ok(RouteAction::Respond {
         status,
         body: rs.body.clone().unwrap_or_default(),
+    })
+}
+
+/// `request_headers` or `response_headers`.
+fn header_rules(src: &Source, key: &str, raw: &Spanned<RawHeaderRules>) -> Result<HeaderRules> {
+    let name_ok = |name: &str, at: Range<usize>, what: &str| -> Result<String> {
+        let lower = name.to_ascii_lowercase();
+        if http::HeaderName::from_bytes(lower.as_bytes()).is_err() {
+            return Err(src.at(
+                at,
+                &format!("{key}.{what}"),
+                format!("\"{name}\" is not a header name"),
+            ));
+        }
+        let managed = crate::hop::Hop::of(lower.as_bytes()).is_some()
+            || [
+                "host",
+                "content-length",
+                "x-forwarded-for",
+                "x-forwarded-proto",
+            ]
+            .contains(&lower.as_str());
+        if managed {
+            return Err(src.at(
+                at,
+                &format!("{key}.{what}"),
+                format!("\"{name}\" is written by pinlb itself (Host as the client sent it, the framing and hop-by-hop headers, X-Forwarded-For and -Proto) and can't be changed by a route"),
+            ));
+        }
+        Ok(lower)
+    };
+    let r = raw.get_ref();
+    let templates = |map: &std::collections::BTreeMap<String, Spanned<String>>, what: &str| {
+        map.iter()
+            .map(|(name, value)| {
+                let name = name_ok(name, value.span(), what)?;
+                let at = |e: String| src.at(value.span(), &format!("{key}.{what}.{name}"), e);
+                if value.get_ref().contains(['\r', '\n']) {
+                    return Err(at("a header value can't hold a line break".into()));
+                }
+                let t = Template::parse(value.get_ref()).map_err(at)?;
+                Ok((name, t))
+            })
+            .collect::<Result<Vec<_>>>()
+    };
+    Ok(HeaderRules {
+        set: templates(&r.set, "set")?,
+        add: templates(&r.add, "add")?,
+        remove: r
+            .remove
+            .iter()
+            .map(|n| name_ok(n.get_ref(), n.span(), "remove"))
+            .collect::<Result<Vec<_>>>()?,
     })
 }
 
