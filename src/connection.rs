@@ -619,7 +619,7 @@ impl Connection {
                 ),
             },
         };
-        let timeouts = upstream.shared.config.timeouts;
+        let timeouts = edits.timeouts.unwrap_or(upstream.shared.config.timeouts);
         let (limits, client) = {
             let now = self.route.rules.borrow();
             let mut cached = self.client.borrow_mut();

@@ -317,7 +317,10 @@ impl Shared {
                 }
             },
         };
-        let timeout = upstream.shared.config.timeouts.response;
+        let timeout = edits
+            .timeouts
+            .unwrap_or(upstream.shared.config.timeouts)
+            .response;
         let mut body = RequestBody {
             body,
             framing: head.body,

@@ -19,7 +19,7 @@ use tracing::{debug, warn};
 
 use crate::accesslog::Upstreamed;
 use crate::config::Limits;
-use crate::config::{Algorithm, Protocol};
+use crate::config::{Algorithm, Protocol, Timeouts};
 use crate::http1::client::{
     self, BackendStream, Conn, Finished, Outgoing, UpstreamBody, UpstreamError, connect,
 };
@@ -142,6 +142,8 @@ pub struct Overrides<'a> {
     /// The end-to-end lines to send, without the Upgrade lines (added when the request
     /// upgrades).
     pub lines: Option<&'a [u8]>,
+    /// The upstream's timeouts with the route's own in their place.
+    pub timeouts: Option<Timeouts>,
 }
 
 /// The proxy's answer to one request.
@@ -215,6 +217,7 @@ async fn forward(
     let framing = body.framing();
     let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), client);
     let shared = &*upstream.shared;
+    let timeouts = overrides.timeouts.unwrap_or(shared.config.timeouts);
     // A route's header lines with the request's Upgrade lines after them; built only then.
     let joined: Vec<u8>;
     // An HTTP/2 backend gets no Upgrade (extended CONNECT is not spoken): the request goes as
@@ -324,6 +327,7 @@ async fn forward(
             Protocol::Http1 => match attempt(
                 upstream,
                 backend,
+                timeouts,
                 &out,
                 framing,
                 &mut body,
@@ -350,7 +354,11 @@ async fn forward(
             // Boxed: an HTTP/2 attempt's state stays out of the request's own, which every
             // HTTP/1.1 request copies.
             Protocol::H2c | Protocol::H2 => {
-                match Box::pin(attempt_h2(upstream, backend, &out, framing, &mut body)).await {
+                match Box::pin(attempt_h2(
+                    upstream, backend, timeouts, &out, framing, &mut body,
+                ))
+                .await
+                {
                     Ok((response, stream)) => {
                         let served = answered(response.status(), &guard);
                         let reply = h2_reply(response, &head.method, (guard, stream));
@@ -378,14 +386,14 @@ async fn forward(
             Failure::Exchange(UpstreamError::Timeout) => (
                 ProxyError::Timeout {
                     backend: addr,
-                    after: shared.config.timeouts.response,
+                    after: timeouts.response,
                 },
                 true,
             ),
             Failure::Exchange(UpstreamError::SendTimeout) => (
                 ProxyError::SendTimeout {
                     backend: addr,
-                    after: shared.config.timeouts.send,
+                    after: timeouts.send,
                 },
                 true,
             ),
@@ -449,9 +457,11 @@ impl Failure {
 /// a backend that read the request and then died looks the same, so this resend follows the
 /// retry rules too: only a `resendable` method, with a body that was kept whole, as nginx and
 /// Go's HTTP client do. A POST caught in that race gets a 502 rather than being sent twice.
+#[allow(clippy::too_many_arguments)]
 async fn attempt(
     upstream: &WorkerUpstream,
     backend: usize,
+    timeouts: Timeouts,
     req: &Outgoing<'_>,
     framing: RequestFraming,
     body: &mut RequestBody<'_, impl ClientBody>,
@@ -459,7 +469,6 @@ async fn attempt(
     upgrade: bool,
 ) -> Result<(client::Head, Conn), Failure> {
     let addr = upstream.shared.backends[backend].address;
-    let timeouts = upstream.shared.config.timeouts;
     let stats = upstream
         .shared
         .counting
@@ -532,13 +541,13 @@ async fn attempt(
 async fn attempt_h2(
     upstream: &WorkerUpstream,
     backend: usize,
+    timeouts: Timeouts,
     req: &Outgoing<'_>,
     framing: RequestFraming,
     body: &mut RequestBody<'_, impl ClientBody>,
 ) -> Result<(http::Response<hyper::body::Incoming>, http2_backend::Stream), Failure> {
     let shared = &upstream.shared;
     let addr = shared.backends[backend].address;
-    let timeouts = shared.config.timeouts;
     let stats = shared.counting.then(|| &shared.backends[backend].stats);
     let length = match framing {
         RequestFraming::Length(n) => Some(n),

@@ -82,6 +82,8 @@ pub(crate) struct Edits {
     pub lines: Option<Vec<u8>>,
     /// `response_headers`: the names dropped from the response, and the lines added.
     pub response: Option<(Vec<String>, Vec<u8>)>,
+    /// The upstream's timeouts with the route's own in their place.
+    pub timeouts: Option<crate::config::Timeouts>,
 }
 
 impl Edits {
@@ -90,6 +92,7 @@ impl Edits {
         proxy::Overrides {
             path: self.path.as_deref(),
             lines: self.lines.as_deref(),
+            timeouts: self.timeouts,
         }
     }
 
@@ -176,12 +179,14 @@ impl Route {
                     out
                 });
                 let response = response_edit(rule, &cx);
+                let timeouts = rule.timeouts.over(upstream.shared.config.timeouts);
                 Decision::Proxy(
                     upstream,
                     Edits {
                         path: rewritten,
                         lines,
                         response,
+                        timeouts,
                     },
                 )
             }

@@ -232,3 +232,36 @@ fn a_route_can_not_change_the_headers_pinlb_writes() {
         "{e}"
     );
 }
+
+#[tokio::test]
+async fn a_route_may_shorten_its_upstreams_response_timeout() {
+    let slow = Backend::start_with_delay("slow", std::time::Duration::from_millis(600)).await;
+    let toml = format!(
+        r#"[runtime]
+cpus = [{core}]
+[[listener]]
+address = "127.0.0.1:0"
+upstream = "app"
+[[listener.route]]
+path = "/quick/"
+upstream = "app"
+timeouts = {{ response = "150ms" }}
+[upstream.app]
+backends = [{{ address = "{slow}" }}]
+"#,
+        core = first_core(),
+        slow = slow.addr
+    );
+    let proxy = Proxy::start_toml(&toml);
+    let started = std::time::Instant::now();
+    let r = raw_request(proxy.addr, get("/quick/x", "h").as_bytes(), false).await;
+    assert_eq!(r.status, 504, "{}", r.head);
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(550),
+        "{:?}",
+        started.elapsed()
+    );
+    // Elsewhere the upstream's own timeout (60 s) lets the slow answer through.
+    let r = raw_request(proxy.addr, get("/other", "h").as_bytes(), false).await;
+    assert_eq!(r.status, 200, "{}", r.head);
+}

@@ -301,6 +301,28 @@ pub struct RouteRule {
     pub request_headers: HeaderRules,
     /// `response_headers`: what changes in a backend's response on the way to the client.
     pub response_headers: HeaderRules,
+    /// `timeouts`: the upstream's `connect`, `response` and `send` timeouts this route changes.
+    pub timeouts: RouteTimeouts,
+}
+
+/// A route's own timeouts; each `None` keeps the upstream's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteTimeouts {
+    pub connect: Option<Duration>,
+    pub response: Option<Duration>,
+    pub send: Option<Duration>,
+}
+
+impl RouteTimeouts {
+    /// The upstream's timeouts with this route's in their place; `None` when it changes none.
+    pub fn over(&self, upstream: Timeouts) -> Option<Timeouts> {
+        (*self != RouteTimeouts::default()).then(|| Timeouts {
+            connect: self.connect.unwrap_or(upstream.connect),
+            response: self.response.unwrap_or(upstream.response),
+            send: self.send.unwrap_or(upstream.send),
+            ..upstream
+        })
+    }
 }
 
 /// A route's `request_headers` or `response_headers`: `remove` drops every line of a name,

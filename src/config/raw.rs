@@ -232,6 +232,16 @@ pub(super) struct RawRoute {
     pub respond: Option<Spanned<RawRespond>>,
     pub request_headers: Option<Spanned<RawHeaderRules>>,
     pub response_headers: Option<Spanned<RawHeaderRules>>,
+    pub timeouts: Option<RawRouteTimeouts>,
+}
+
+/// A route's `timeouts = { connect, response, send }`, over its upstream's.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRouteTimeouts {
+    pub connect: Option<Spanned<Dur>>,
+    pub response: Option<Spanned<Dur>>,
+    pub send: Option<Spanned<Dur>>,
 }
 
 /// `{ set = { NAME = "value" }, add = { ... }, remove = ["NAME"] }`.

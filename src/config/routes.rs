@@ -7,7 +7,11 @@ use toml::Spanned;
 
 use super::error::Source;
 use super::raw::{OneOrMany, RawHeaderRules, RawRoute};
-use super::{ConfigError, HeaderRules, HostPattern, PathMatch, RouteAction, RouteRule, Template};
+use super::validate::positive;
+use super::{
+    ConfigError, HeaderRules, HostPattern, PathMatch, RouteAction, RouteRule, RouteTimeouts,
+    Template,
+};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -131,6 +135,28 @@ fn route(
             "only applies to a route with an upstream: no request goes anywhere from this one",
         ));
     }
+    let timeouts = match &r.timeouts {
+        None => RouteTimeouts::default(),
+        Some(t) if !matches!(action, RouteAction::Proxy { .. }) => {
+            let first = [&t.connect, &t.response, &t.send]
+                .into_iter()
+                .flatten()
+                .next();
+            return Err(src.at(
+                first.map_or(span, |v| v.span()),
+                &format!("{rkey}.timeouts"),
+                "only applies to a route with an upstream",
+            ));
+        }
+        Some(t) => {
+            let tkey = |f: &str| format!("{rkey}.timeouts.{f}");
+            RouteTimeouts {
+                connect: positive(src, &t.connect, &tkey("connect"))?,
+                response: positive(src, &t.response, &tkey("response"))?,
+                send: positive(src, &t.send, &tkey("send"))?,
+            }
+        }
+    };
     Ok(RouteRule {
         hosts,
         path,
@@ -139,6 +165,7 @@ fn route(
         action,
         request_headers,
         response_headers,
+        timeouts,
     })
 }
 

@@ -67,7 +67,11 @@ pub(super) fn runtime(src: &Source, raw: &RawRuntime, allowed: &[usize]) -> Resu
 
 /// A duration that must not be zero, when given: a zero timeout or interval would fail every
 /// request or close every connection at once.
-fn positive(src: &Source, v: &Option<Spanned<Dur>>, key: &str) -> Result<Option<Duration>> {
+pub(super) fn positive(
+    src: &Source,
+    v: &Option<Spanned<Dur>>,
+    key: &str,
+) -> Result<Option<Duration>> {
     match v {
         None => Ok(None),
         Some(x) if x.get_ref().0.is_zero() => Err(src.at(
