@@ -20,6 +20,8 @@
 //! - [`config`]: the TOML file, raw types and validation into a [`Config`]; errors carry
 //!   `file:line:col` and the key.
 //! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
+//! - [`import`]: `pinlb import`: an nginx configuration as a pinlb one, with notes on what has no
+//!   equivalent.
 //! - [`check`]: what `pinlb check` prints: the resolved plan, the core map, the verdict.
 //! - [`health`]: whether a backend may be picked: active-check rise/fall, passive failure
 //!   accounting (max_fails/fail_timeout) and slow start, as pure state machines.
@@ -104,6 +106,7 @@ mod http1;
 mod http2;
 mod http2_backend;
 mod idle;
+pub mod import;
 mod listen;
 mod metrics;
 mod path;
