@@ -7,6 +7,8 @@
 //! each other, directly or round a cycle).
 //!
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
+//! - [`notify`]: systemd's readiness protocol (`READY`, `RELOADING`, `STOPPING`, `MAINPID`) on
+//!   `$NOTIFY_SOCKET`, when it is set.
 //! - [`child`]: child processes pinned to their cores before they run, killed when pinlb dies.
 //! - [`tls`]: a TLS listener's certificates (PEM chains and keys, checked against each other),
 //!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
@@ -43,6 +45,8 @@
 //! - [`connection`]: one client connection's life: read a request, hand it to the proxy, write
 //!   the response; keep it, close it, linger or park it.
 //! - [`listen`]: binding `SO_REUSEPORT` sockets per listener per worker, and accepting.
+//! - [`upgrade`](mod@upgrade): binary upgrade: the running process passes every listening socket
+//!   over a unix socket (`SCM_RIGHTS`) to a new one, which serves on them while the old drains.
 //! - [`process`]: what the whole process shares: the running configuration generation, the
 //!   admission of connections under `max_connections`, and the errors that stop pinlb.
 //! - [`worker`]: one pinned single-threaded runtime per core: the accept loops, and following
@@ -97,6 +101,7 @@ mod http2_backend;
 mod idle;
 mod listen;
 mod metrics;
+mod notify;
 mod probe;
 mod process;
 mod proxy;
@@ -109,6 +114,7 @@ mod stream;
 mod tls;
 mod tls_client;
 mod tunnel;
+pub mod upgrade;
 mod upstream;
 mod worker;
 

@@ -97,6 +97,7 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
     let running = |k: &_| running_keys.contains(k);
     let (sockets, bound) = bind_listeners(&config.listeners, process.workers, running)
         .map_err(|e| refused(e.to_string()))?;
+    process.exposed.add_listeners(&sockets);
     let counting = config.admin.is_some();
     let upstreams: Vec<Arc<SharedUpstream>> = config
         .upstreams
@@ -120,6 +121,10 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
     ));
     drop(current);
     process.generations.send_replace(generation.clone());
+    // A removed listener's socket must close with the workers' copies, not live on here.
+    process
+        .exposed
+        .keep_listeners(&listener_keys(&generation.config.listeners));
     let workers = u32::try_from(process.workers).unwrap_or(u32::MAX);
     match tokio::time::timeout(SWITCH_TIMEOUT, generation.applied.acquire_many(workers)).await {
         Ok(Ok(permits)) => permits.forget(),

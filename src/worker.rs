@@ -121,7 +121,9 @@ pub(crate) fn worker_main(
             b.flush();
         }
         for (_, l) in listeners {
-            let _ = l.task.await;
+            for t in l.tasks {
+                let _ = t.await;
+            }
         }
         // The listening sockets are closed now: idle connections close, busy ones once their
         // response is out, as long as the running configuration allows.
@@ -177,8 +179,8 @@ struct Listening {
     route: Rc<Route>,
     /// Tells the accept loop to stop, when a reload removes the listener.
     removed: watch::Sender<bool>,
-    /// The accept loop; it owns the listening socket.
-    task: tokio::task::JoinHandle<()>,
+    /// The accept loops, one per socket (usually one); each owns its listening socket.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl WorkerState {
@@ -227,19 +229,31 @@ impl WorkerState {
                 kept.route.h2c.set(l.h2c);
                 continue;
             }
-            let Some(i) = sockets.iter().position(|(k, _)| k == key) else {
+            // Usually one socket per listener; after an upgrade from a process with more
+            // workers, several (see `upgrade`), each with its own accept loop.
+            let mut mine = Vec::new();
+            let mut i = 0;
+            while i < sockets.len() {
+                if sockets[i].0 == *key {
+                    let (_, sock) = sockets.swap_remove(i);
+                    let listener =
+                        TcpListener::from_std(sock).map_err(|source| ServerError::Worker {
+                            worker: self.worker,
+                            source,
+                        })?;
+                    mine.push(listener);
+                } else {
+                    i += 1;
+                }
+            }
+            let Some(first) = mine.first() else {
                 error!(
                     "worker {}: no socket for new listener {}",
                     self.worker, l.address
                 );
                 continue;
             };
-            let (_, sock) = sockets.swap_remove(i);
-            let listener = TcpListener::from_std(sock).map_err(|source| ServerError::Worker {
-                worker: self.worker,
-                source,
-            })?;
-            let bound = listener.local_addr().unwrap_or(l.address);
+            let bound = first.local_addr().unwrap_or(l.address);
             let stats = config.admin.is_some().then(|| {
                 self.process
                     .registered
@@ -254,21 +268,26 @@ impl WorkerState {
                 h2c: Cell::new(l.h2c),
             });
             let (removed, removed_rx) = watch::channel(false);
-            let task = tokio::task::spawn_local(accept_loop(
-                listener,
-                route.clone(),
-                self.process.clone(),
-                self.batch.clone(),
-                self.clients.clone(),
-                self.stop.clone(),
-                removed_rx,
-            ));
+            let tasks = mine
+                .into_iter()
+                .map(|listener| {
+                    tokio::task::spawn_local(accept_loop(
+                        listener,
+                        route.clone(),
+                        self.process.clone(),
+                        self.batch.clone(),
+                        self.clients.clone(),
+                        self.stop.clone(),
+                        removed_rx.clone(),
+                    ))
+                })
+                .collect();
             self.listeners.insert(
                 *key,
                 Listening {
                     route,
                     removed,
-                    task,
+                    tasks,
                 },
             );
         }
@@ -286,7 +305,7 @@ impl WorkerState {
                     "worker {}: stopped accepting on {}; its connections finish",
                     self.worker, key.0
                 );
-                stopped.push(l.task);
+                stopped.extend(l.tasks);
             }
         }
         self.upstreams = upstreams;
