@@ -505,24 +505,26 @@ impl Handover {
                 binary.display(),
                 config.display()
             );
-            let answer = match self.upgrade(&binary, &config, timeout) {
+            let outcome = self.upgrade(&binary, &config, timeout);
+            let answer = match &outcome {
+                Ok(pid) => Message::Done { pid: *pid },
+                Err(reason) => Message::Failed {
+                    reason: reason.clone(),
+                },
+            };
+            // Answered before the stop begins: once it does, this process may exit at any
+            // moment.
+            if let Err(e) = send(conn.as_fd(), &answer, None) {
+                warn!("upgrade: cannot answer pinlb upgrade: {e}");
+            }
+            match outcome {
                 Ok(pid) => {
                     info!("upgrade: pid {pid} serves now; this process drains and exits");
                     crate::notify::main_pid(pid, "handed over to a new process; draining");
                     self.upgraded.notify_one();
-                    Message::Done { pid }
+                    return;
                 }
-                Err(reason) => {
-                    error!("upgrade failed, this process keeps serving: {reason}");
-                    Message::Failed { reason }
-                }
-            };
-            let done = matches!(answer, Message::Done { .. });
-            if let Err(e) = send(conn.as_fd(), &answer, None) {
-                warn!("upgrade: cannot answer pinlb upgrade: {e}");
-            }
-            if done {
-                return;
+                Err(reason) => error!("upgrade failed, this process keeps serving: {reason}"),
             }
         }
     }
