@@ -59,6 +59,9 @@ pub(crate) struct Process {
     /// Duplicates of every listening socket, for handing over to a new binary (`pinlb
     /// upgrade`); a reload adds and removes listeners here too.
     pub exposed: Arc<crate::upgrade::Exposed>,
+    /// Set before the stop when a new process has taken over the listening sockets: workers
+    /// then let idle connections linger for one more request (`Clients::drain_lingering`).
+    pub handed_over: std::sync::atomic::AtomicBool,
 }
 
 /// One configuration generation: what a reload swaps as a whole.

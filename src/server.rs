@@ -236,6 +236,7 @@ impl Server {
             access: access.as_ref().map(AccessLog::handle),
             connections: Connections::new(config.limits.max_connections),
             exposed: exposed.clone(),
+            handed_over: std::sync::atomic::AtomicBool::new(false),
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());
@@ -304,6 +305,9 @@ impl Server {
         drop(upgrading);
         if handed_over {
             info!("handed over to the new process: draining");
+            process
+                .handed_over
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         } else {
             crate::notify::stopping();
             // The socket is this process's alone unless it handed it over.

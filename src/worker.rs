@@ -23,6 +23,12 @@ use crate::route::{ClientRules, Route};
 use crate::stream::ClientStream;
 use crate::upstream::WorkerUpstream;
 
+/// How long, after a binary upgrade, an idle keep-alive connection of the old process stays
+/// open for a request already on its way: a client that sends within it gets its response
+/// (with `Connection: close`) and reconnects to the new process, instead of a closed socket.
+/// Longer than a busy client's gap between requests, short enough not to hold the old process.
+const UPGRADE_LINGER: Duration = Duration::from_secs(1);
+
 pub(crate) fn worker_main(
     worker: usize,
     core: usize,
@@ -112,6 +118,7 @@ pub(crate) fn worker_main(
             listeners,
             upstreams,
             batch,
+            process,
             ..
         } = state;
         drop(upstreams);
@@ -126,8 +133,14 @@ pub(crate) fn worker_main(
             }
         }
         // The listening sockets are closed now: idle connections close, busy ones once their
-        // response is out, as long as the running configuration allows.
-        clients.drain();
+        // response is out, as long as the running configuration allows. After an upgrade the
+        // sockets live on in the new process, and idle connections get one more request.
+        if process.handed_over.load(Ordering::Relaxed) {
+            clients.drain_lingering(UPGRADE_LINGER);
+        } else {
+            clients.drain();
+        }
+        drop(process);
         let timeout = generations.borrow().config.runtime.shutdown_timeout;
         if tokio::time::timeout(timeout, clients.all_closed())
             .await
