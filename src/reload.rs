@@ -13,7 +13,8 @@
 //!   connections finish.
 //!
 //! What a running process cannot change is kept as it was, and the reply says so: the worker
-//! cores (`runtime.cpus`), the admin listener, the access log and `limits.max_connections`.
+//! cores (`runtime.cpus`), the admin listener, the access log, `limits.max_connections` and
+//! `runtime.upgrade_socket`.
 //! `limits.max_header_bytes`, `max_headers`, `header_timeout` and `timeouts.client_idle` are
 //! fixed per client connection when it is accepted, so they apply to connections accepted after
 //! the reload; everything else applies to the next request on every connection.
@@ -84,6 +85,12 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
     if config.access_log != before.access_log {
         kept.push("[log] changed, which needs a restart; the access log stays as it was".into());
         config.access_log = before.access_log.clone();
+    }
+    if config.runtime.upgrade_socket != before.runtime.upgrade_socket {
+        kept.push(
+            "runtime.upgrade_socket changed, which needs a restart or an upgrade; the running process listens where it did".into(),
+        );
+        config.runtime.upgrade_socket = before.runtime.upgrade_socket.clone();
     }
     if config.limits.max_connections != before.limits.max_connections {
         kept.push(format!(
