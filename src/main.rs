@@ -88,6 +88,14 @@ fn config_path(given: Option<PathBuf>) -> Result<PathBuf, String> {
     Ok(found)
 }
 
+/// [`config_path`], or the exit after saying why there is none.
+fn config_or_exit(given: Option<PathBuf>) -> Result<PathBuf, ExitCode> {
+    config_path(given).map_err(|e| {
+        eprintln!("{e}");
+        ExitCode::FAILURE
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo's output is its results: the proxy and backends it runs in this process would
@@ -112,12 +120,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => pinlb::bench::main(*args),
         Command::Demo(args) => pinlb::demo::main(args),
         Command::Check { config } => {
-            let config = match config_path(config) {
+            let config = match config_or_exit(config) {
                 Ok(p) => p,
-                Err(e) => {
-                    eprintln!("{e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
             check(&config)
         }
@@ -125,12 +130,9 @@ fn main() -> ExitCode {
             config,
             upgrade_from,
         } => {
-            let config = match config_path(config) {
+            let config = match config_or_exit(config) {
                 Ok(p) => p,
-                Err(e) => {
-                    eprintln!("{e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
             serve(config, upgrade_from)
         }
@@ -140,12 +142,9 @@ fn main() -> ExitCode {
             socket,
             timeout,
         } => {
-            let config = match config_path(config) {
+            let config = match config_or_exit(config) {
                 Ok(p) => p,
-                Err(e) => {
-                    eprintln!("{e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
             upgrade(&config, binary, socket, timeout)
         }

@@ -72,7 +72,22 @@ impl Server {
             None => None,
             Some(path) => Some(listen_at(path)?),
         };
-        Ok(Server {
+        Ok(Server::assemble(
+            config,
+            (sockets, local_addrs),
+            admin,
+            upgrade_socket,
+        ))
+    }
+
+    /// A server of the sockets bound (or inherited) for `config`, not yet running.
+    fn assemble(
+        config: Config,
+        (sockets, local_addrs): (Sockets, Vec<SocketAddr>),
+        admin: Option<std::net::TcpListener>,
+        upgrade_socket: Option<OwnedFd>,
+    ) -> Server {
+        Server {
             config: Arc::new(config),
             sockets,
             local_addrs,
@@ -82,7 +97,7 @@ impl Server {
             allowed: crate::cpus::allowed_cpus().unwrap_or_default(),
             upgrade_socket,
             upgrading: None,
-        })
+        }
     }
 
     /// Like [`Server::bind`], for a binary upgrade: takes the listening sockets `inherited`
@@ -122,17 +137,12 @@ impl Server {
                 None => Some(listen_at(path)?),
             },
         };
-        Ok(Server {
-            config: Arc::new(config),
-            sockets,
-            local_addrs,
+        Ok(Server::assemble(
+            config,
+            (sockets, local_addrs),
             admin,
-            config_path: None,
-            hangups: None,
-            allowed: crate::cpus::allowed_cpus().unwrap_or_default(),
             upgrade_socket,
-            upgrading: None,
-        })
+        ))
     }
 
     /// The bound address of each listener, in config order.
