@@ -228,7 +228,7 @@ impl Server {
             .iter()
             .map(|u| Arc::new(SharedUpstream::new(u.clone(), counting)))
             .collect();
-        let exposed = Arc::new(Exposed::default());
+        let exposed = Arc::new(Exposed::new(upgrade_socket.is_some()));
         exposed.add_listeners(&sockets);
         if let (Some(a), Some(sock)) = (&config.admin, &admin) {
             exposed.add(Tag::Admin { address: a.address }, sock.as_fd());
@@ -313,6 +313,9 @@ impl Server {
             }
         });
         drop(upgrading);
+        // The duplicates kept for an upgrade would keep the ports listening after the workers
+        // close them.
+        process.exposed.clear();
         if handed_over {
             info!("handed over to the new process: draining");
             process

@@ -123,14 +123,30 @@ enum Message {
 }
 
 /// Every socket the running process would hand over: duplicates of the descriptors its workers
-/// accept on, kept current by reloads (a listener a reload removes is forgotten here, so that
-/// its socket closes with the workers' copies instead of living on unread).
+/// accept on, kept current by reloads. A duplicate keeps its socket listening (the kernel
+/// completes handshakes into its queue) after the workers close theirs, so one a reload removes
+/// is forgotten here at once, and all of them when a stop begins: a stopped listener must
+/// refuse connections, not queue them unread.
 #[derive(Default)]
 pub(crate) struct Exposed {
+    /// Only with `runtime.upgrade_socket`: without it nothing is ever handed over.
+    enabled: bool,
     sockets: Mutex<Vec<(Tag, OwnedFd)>>,
 }
 
 impl Exposed {
+    pub(crate) fn new(enabled: bool) -> Exposed {
+        Exposed {
+            enabled,
+            sockets: Mutex::default(),
+        }
+    }
+
+    /// Forgets every socket: a stop has begun.
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
+    }
+
     /// Adds a duplicate of every socket in `sockets`.
     pub(crate) fn add_listeners(&self, sockets: &Sockets) {
         for (worker, per_worker) in sockets.iter().enumerate() {
@@ -148,6 +164,9 @@ impl Exposed {
     /// Adds a duplicate of `fd`. Without one (out of descriptors) an upgrade binds a fresh
     /// socket in its place, which is logged now.
     pub(crate) fn add(&self, tag: Tag, fd: BorrowedFd<'_>) {
+        if !self.enabled {
+            return;
+        }
         match fd.try_clone_to_owned() {
             Ok(dup) => self.lock().push((tag, dup)),
             Err(e) => error!("cannot keep {tag:?} for an upgrade: {e}"),
