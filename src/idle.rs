@@ -61,6 +61,10 @@ pub struct Clients<P> {
     period_changes: Cell<u32>,
     /// The worker is stopping: idle connections close now, busy ones after their response.
     draining: Cell<bool>,
+    /// During a stop for a binary upgrade: the tick until which idle HTTP/1.1 connections stay
+    /// open, so that a request already on its way is answered (with `Connection: close`)
+    /// instead of meeting a closed socket ([`Clients::drain_lingering`]).
+    lingering: Cell<Option<u32>>,
     /// Reloads applied so far: a connection that carries many requests at once (HTTP/2) ends
     /// with GOAWAY after one, as nginx's do.
     reloads: Cell<u64>,
@@ -138,6 +142,7 @@ impl<P> Default for Clients<P> {
             period: Cell::new(MAX_PERIOD),
             period_changes: Cell::new(0),
             draining: Cell::new(false),
+            lingering: Cell::new(None),
             reloads: Cell::new(0),
             date: RefCell::new(http_date()),
             buffers: RefCell::default(),
@@ -262,6 +267,24 @@ impl<P: AsFd> Clients<P> {
         self.wake_all();
     }
 
+    /// Starts a stop for a binary upgrade, where the listening sockets live on in the new
+    /// process: busy connections close once their response is out, and idle ones are given
+    /// `linger` to send one more request, answered with `Connection: close`, before they close.
+    ///
+    /// Closing an idle keep-alive connection at once, as [`Clients::drain`] does, races the
+    /// client's next request: one already sent meets the close (a reset, or an end of file
+    /// where the response should be) and fails unless the client retries it. A stop has no
+    /// choice (its port closes too), but after an upgrade the client may as well reconnect to
+    /// the new process, so a connection is only closed after a response that said so, or once
+    /// it has been idle for `linger` (HAProxy's soft stop does the same).
+    pub fn drain_lingering(&self, linger: Duration) {
+        let ticks = self.ticks(linger).max(1);
+        self.lingering
+            .set(Some(self.tick.get().wrapping_add(ticks)));
+        self.draining.set(true);
+        self.wake_all();
+    }
+
     /// A reload was applied: connections that multiplex requests (HTTP/2) begin their graceful
     /// close, so that their clients' next requests come on new connections.
     pub fn reloaded(&self) {
@@ -354,6 +377,14 @@ impl<P: AsFd> Clients<P> {
         }
         // Dropped with the slots released: each frees its own.
         drop(closing);
+        if let Some(until) = self.lingering.get() {
+            // Signed, for a tick count that wrapped.
+            if now.wrapping_sub(until) as i32 >= 0 {
+                self.lingering.set(None);
+                self.close_idle();
+                self.wake_all();
+            }
+        }
     }
 
     /// Parks a connection that [`Client::poll_wait`] said to park: its socket joins the
@@ -504,7 +535,8 @@ impl<P: AsFd> Client<P> {
         let Some(slot) = s.slots.get_mut(self.index) else {
             return Poll::Ready(Wait::Close);
         };
-        if slot.close || self.clients.draining.get() {
+        // While a stop lingers, an idle connection waits on (its next response says close).
+        if slot.close || (self.clients.draining.get() && self.clients.lingering.get().is_none()) {
             return Poll::Ready(Wait::Close);
         }
         match readable(cx) {
@@ -716,6 +748,35 @@ mod tests {
             Poll::Ready(Wait::Readable)
         );
         assert!(!clients.slots.borrow().slots[c.index].park);
+    }
+
+    #[test]
+    fn a_lingering_drain_keeps_idle_connections_for_one_more_request_then_closes_them() {
+        let (clients, woken) = setup();
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let idle = clients.open(Duration::from_secs(60), Duration::from_secs(60));
+        assert_eq!(idle.poll_wait(false, &mut cx, pending), Poll::Pending);
+        clients.drain_lingering(clients.period.get() * 3);
+        assert!(clients.is_draining(), "responses now say Connection: close");
+        assert_eq!(idle.poll_wait(false, &mut cx, pending), Poll::Pending);
+        // A request on its way when the stop began is read, not met by a close.
+        let ready = |_: &mut Context<'_>| Poll::Ready(Ok(()));
+        assert_eq!(
+            idle.poll_wait(false, &mut cx, ready),
+            Poll::Ready(Wait::Readable)
+        );
+        assert_eq!(idle.poll_wait(false, &mut cx, pending), Poll::Pending);
+        for _ in 0..2 {
+            clients.sweep();
+            assert_eq!(idle.poll_wait(false, &mut cx, pending), Poll::Pending);
+        }
+        // Three periods on, whatever is still idle closes.
+        clients.sweep();
+        assert_eq!(
+            idle.poll_wait(false, &mut cx, pending),
+            Poll::Ready(Wait::Close)
+        );
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //!
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`balance`]: backend selection as pure functions: smooth weighted round robin, least_conn,
-//!   two random choices, the consistent-hash ring.
+//!   two random choices, consistent (rendezvous) hashing.
+//! - [`notify`]: systemd's readiness protocol (`READY`, `RELOADING`, `STOPPING`, `MAINPID`) on
+//!   `$NOTIFY_SOCKET`, when it is set.
 //! - [`child`]: child processes pinned to their cores before they run, killed when pinlb dies.
 //! - [`tls`]: a TLS listener's certificates (PEM chains and keys, checked against each other),
 //!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
@@ -52,6 +54,8 @@
 //! - [`connection`]: one client connection's life: read a request, hand it to the proxy, write
 //!   the response; keep it, close it, linger or park it.
 //! - [`listen`]: binding `SO_REUSEPORT` sockets per listener per worker, and accepting.
+//! - [`upgrade`](mod@upgrade): binary upgrade: the running process passes every listening socket
+//!   over a unix socket (`SCM_RIGHTS`) to a new one, which serves on them while the old drains.
 //! - [`process`]: what the whole process shares: the running configuration generation, the
 //!   admission of connections under `max_connections`, and the errors that stop pinlb.
 //! - [`worker`]: one pinned single-threaded runtime per core: the accept loops, and following
@@ -109,6 +113,7 @@ mod idle;
 pub mod import;
 mod listen;
 mod metrics;
+mod notify;
 mod path;
 mod probe;
 mod process;
@@ -123,6 +128,7 @@ mod stream;
 mod tls;
 mod tls_client;
 mod tunnel;
+pub mod upgrade;
 mod upstream;
 mod worker;
 

@@ -64,7 +64,7 @@ pub(crate) fn bind_listeners(
     Ok((sockets, local_addrs))
 }
 
-fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+pub(crate) fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     // nginx's default backlog on Linux.
     listener(addr, true, 511)
 }

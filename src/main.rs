@@ -26,6 +26,29 @@ enum Command {
         /// The configuration file [default: /etc/pinlb/pinlb.toml, else ./pinlb.toml].
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Take over the listening sockets of the pinlb listening on this upgrade socket (what
+        /// `pinlb upgrade` starts the new binary with).
+        #[arg(long, value_name = "SOCKET", hide = true)]
+        upgrade_from: Option<PathBuf>,
+    },
+    /// Replace the running pinlb with a new binary without refusing a connection: the new
+    /// process takes over the listening sockets, the old one drains and exits.
+    Upgrade {
+        /// The configuration file the new process runs [default: /etc/pinlb/pinlb.toml, else
+        /// ./pinlb.toml]; its runtime.upgrade_socket names the running process's socket.
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// The new binary [default: this pinlb].
+        #[arg(long, value_name = "PATH")]
+        binary: Option<PathBuf>,
+        /// The running process's upgrade socket [default: runtime.upgrade_socket of the file,
+        /// which is then not read otherwise: the new binary validates it].
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// How long the new process has to start serving before it is killed and the old one
+        /// keeps serving.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
     },
     /// Validate a configuration file and print the resolved plan (exit 0 if valid, 1 if not).
     Check {
@@ -72,6 +95,14 @@ fn config_path(given: Option<PathBuf>) -> Result<PathBuf, String> {
     Ok(found)
 }
 
+/// [`config_path`], or the exit after saying why there is none.
+fn config_or_exit(given: Option<PathBuf>) -> Result<PathBuf, ExitCode> {
+    config_path(given).map_err(|e| {
+        eprintln!("{e}");
+        ExitCode::FAILURE
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo's output is its results: the proxy and backends it runs in this process would
@@ -109,24 +140,33 @@ fn main() -> ExitCode {
             }
         },
         Command::Check { config } => {
-            let config = match config_path(config) {
+            let config = match config_or_exit(config) {
                 Ok(p) => p,
-                Err(e) => {
-                    eprintln!("{e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
             check(&config)
         }
-        Command::Serve { config } => {
-            let config = match config_path(config) {
+        Command::Serve {
+            config,
+            upgrade_from,
+        } => {
+            let config = match config_or_exit(config) {
                 Ok(p) => p,
-                Err(e) => {
-                    eprintln!("{e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(code) => return code,
             };
-            serve(config)
+            serve(config, upgrade_from)
+        }
+        Command::Upgrade {
+            config,
+            binary,
+            socket,
+            timeout,
+        } => {
+            let config = match config_or_exit(config) {
+                Ok(p) => p,
+                Err(code) => return code,
+            };
+            upgrade(&config, binary, socket, timeout)
         }
     }
 }
@@ -146,10 +186,23 @@ fn check(config: &std::path::Path) -> ExitCode {
     }
 }
 
-fn serve(config: PathBuf) -> ExitCode {
+fn serve(config: PathBuf, upgrade_from: Option<PathBuf>) -> ExitCode {
+    // An upgrade connects first, so that the old process knows it started, and hears why if
+    // the file is bad.
+    let inherited = match upgrade_from.map(|p| pinlb::upgrade::inherit(&p)) {
+        None => None,
+        Some(Ok(i)) => Some(i),
+        Some(Err(e)) => {
+            eprintln!("pinlb: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let c = match Config::load(&config) {
         Ok(c) => c,
         Err(e) => {
+            if let Some(i) = &inherited {
+                i.failed(&e.to_string());
+            }
             eprintln!("{e}");
             return ExitCode::FAILURE;
         }
@@ -177,7 +230,11 @@ fn serve(config: PathBuf) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = Server::bind(c).and_then(|s| {
+    let bound = match inherited {
+        Some(i) => Server::bind_inherited(c, i),
+        None => Server::bind(c),
+    };
+    let result = bound.and_then(|s| {
         s.reload_from(config)
             .on_signals(hangups)
             .run_on(control, signals.wait())
@@ -186,6 +243,53 @@ fn serve(config: PathBuf) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pinlb: {e}{}", held_by(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `pinlb upgrade`: paths made absolute (the running process may run elsewhere), the socket
+/// from the file unless given.
+fn upgrade(
+    config: &std::path::Path,
+    binary: Option<PathBuf>,
+    socket: Option<PathBuf>,
+    timeout: std::time::Duration,
+) -> ExitCode {
+    let absolute = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let binary = match binary.map(Ok).unwrap_or_else(std::env::current_exe) {
+        Ok(b) => absolute(&b),
+        Err(e) => {
+            eprintln!("pinlb: cannot find this binary's path, give one with --binary: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let socket = match socket {
+        Some(s) => s,
+        None => match Config::load(config) {
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+            Ok(c) => match c.runtime.upgrade_socket {
+                Some(s) => s,
+                None => {
+                    eprintln!(
+                        "pinlb: {} has no runtime.upgrade_socket, so no running pinlb listens for an upgrade (set it, or give --socket)",
+                        config.display()
+                    );
+                    return ExitCode::FAILURE;
+                }
+            },
+        },
+    };
+    match pinlb::upgrade::request(&socket, &binary, &absolute(config), timeout) {
+        Ok(pid) => {
+            println!("upgraded: pid {pid} serves now; the old process drains and exits");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pinlb: {e}");
             ExitCode::FAILURE
         }
     }

@@ -35,6 +35,8 @@ pub enum ServerError {
     },
     #[error("worker {worker} panicked")]
     WorkerPanicked { worker: usize },
+    #[error(transparent)]
+    Upgrade(#[from] crate::upgrade::UpgradeError),
 }
 
 /// What the control thread, the admin listener and every worker share.
@@ -54,6 +56,12 @@ pub(crate) struct Process {
     /// Where finished requests go, when the access log is on.
     pub access: Option<AccessHandle>,
     pub connections: Connections,
+    /// Duplicates of every listening socket, for handing over to a new binary (`pinlb
+    /// upgrade`); a reload adds and removes listeners here too.
+    pub exposed: Arc<crate::upgrade::Exposed>,
+    /// Set before the stop when a new process has taken over the listening sockets: workers
+    /// then let idle connections linger for one more request (`Clients::drain_lingering`).
+    pub handed_over: std::sync::atomic::AtomicBool,
 }
 
 /// One configuration generation: what a reload swaps as a whole.

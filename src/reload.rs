@@ -13,7 +13,8 @@
 //!   connections finish.
 //!
 //! What a running process cannot change is kept as it was, and the reply says so: the worker
-//! cores (`runtime.cpus`), the admin listener, the access log and `limits.max_connections`.
+//! cores (`runtime.cpus`), the admin listener, the access log, `limits.max_connections` and
+//! `runtime.upgrade_socket`.
 //! `limits.max_header_bytes`, `max_headers`, `header_timeout` and `timeouts.client_idle` are
 //! fixed per client connection when it is accepted, so they apply to connections accepted after
 //! the reload; everything else applies to the next request on every connection.
@@ -85,6 +86,12 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
         kept.push("[log] changed, which needs a restart; the access log stays as it was".into());
         config.access_log = before.access_log.clone();
     }
+    if config.runtime.upgrade_socket != before.runtime.upgrade_socket {
+        kept.push(
+            "runtime.upgrade_socket changed, which needs a restart or an upgrade; the running process listens where it did".into(),
+        );
+        config.runtime.upgrade_socket = before.runtime.upgrade_socket.clone();
+    }
     if config.limits.max_connections != before.limits.max_connections {
         kept.push(format!(
             "limits.max_connections changed, which needs a restart; it stays {}",
@@ -97,6 +104,7 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
     let running = |k: &_| running_keys.contains(k);
     let (sockets, bound) = bind_listeners(&config.listeners, process.workers, running)
         .map_err(|e| refused(e.to_string()))?;
+    process.exposed.add_listeners(&sockets);
     let counting = config.admin.is_some();
     let upstreams: Vec<Arc<SharedUpstream>> = config
         .upstreams
@@ -120,6 +128,10 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
     ));
     drop(current);
     process.generations.send_replace(generation.clone());
+    // A removed listener's socket must close with the workers' copies, not live on here.
+    process
+        .exposed
+        .keep_listeners(&listener_keys(&generation.config.listeners));
     let workers = u32::try_from(process.workers).unwrap_or(u32::MAX);
     match tokio::time::timeout(SWITCH_TIMEOUT, generation.applied.acquire_many(workers)).await {
         Ok(Ok(permits)) => permits.forget(),

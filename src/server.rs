@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -25,6 +26,7 @@ pub use crate::process::ServerError;
 use crate::process::{Connections, Generation, Process};
 use crate::reload;
 use crate::stats::Registered;
+use crate::upgrade::{Exposed, Handover, Inherited, Tag, listen_at};
 use crate::upstream::SharedUpstream;
 use crate::worker::worker_main;
 
@@ -45,6 +47,12 @@ pub struct Server {
     /// The cores the process may use, read before any thread is pinned; a reload validates
     /// `runtime.cpus` against them.
     allowed: Vec<usize>,
+    /// The unix socket `pinlb upgrade` connects to (`runtime.upgrade_socket`), bound here or
+    /// inherited from the process this one upgrades.
+    upgrade_socket: Option<OwnedFd>,
+    /// When this process is an upgrade: the connection to the one it takes over from, told
+    /// `Ready` once every worker accepts.
+    upgrading: Option<Inherited>,
 }
 
 impl Server {
@@ -60,7 +68,26 @@ impl Server {
                 source,
             })?),
         };
-        Ok(Server {
+        let upgrade_socket = match &config.runtime.upgrade_socket {
+            None => None,
+            Some(path) => Some(listen_at(path)?),
+        };
+        Ok(Server::assemble(
+            config,
+            (sockets, local_addrs),
+            admin,
+            upgrade_socket,
+        ))
+    }
+
+    /// A server of the sockets bound (or inherited) for `config`, not yet running.
+    fn assemble(
+        config: Config,
+        (sockets, local_addrs): (Sockets, Vec<SocketAddr>),
+        admin: Option<std::net::TcpListener>,
+        upgrade_socket: Option<OwnedFd>,
+    ) -> Server {
+        Server {
             config: Arc::new(config),
             sockets,
             local_addrs,
@@ -68,7 +95,54 @@ impl Server {
             config_path: None,
             hangups: None,
             allowed: crate::cpus::allowed_cpus().unwrap_or_default(),
-        })
+            upgrade_socket,
+            upgrading: None,
+        }
+    }
+
+    /// Like [`Server::bind`], for a binary upgrade: takes the listening sockets `inherited`
+    /// holds for the listeners, the admin listener and the upgrade socket `config` keeps, and
+    /// binds the rest. On an error the old process is told why (it keeps serving).
+    pub fn bind_inherited(config: Config, mut inherited: Inherited) -> Result<Server, ServerError> {
+        let result = Self::bind_taking(config, &mut inherited);
+        match result {
+            Ok(mut server) => {
+                server.upgrading = Some(inherited);
+                Ok(server)
+            }
+            Err(e) => {
+                inherited.failed(&e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn bind_taking(config: Config, inherited: &mut Inherited) -> Result<Server, ServerError> {
+        let workers = config.runtime.cpus.len();
+        let (sockets, local_addrs) = inherited.take_listeners(&config.listeners, workers)?;
+        let admin = match &config.admin {
+            None => None,
+            Some(a) => match inherited.take_admin(a.address) {
+                Some(l) => Some(l),
+                None => Some(listener(a.address, false, 128).map_err(|source| BindError {
+                    address: a.address,
+                    source,
+                })?),
+            },
+        };
+        let upgrade_socket = match &config.runtime.upgrade_socket {
+            None => None,
+            Some(path) => match inherited.take_upgrade(path) {
+                Some(fd) => Some(fd),
+                None => Some(listen_at(path)?),
+            },
+        };
+        Ok(Server::assemble(
+            config,
+            (sockets, local_addrs),
+            admin,
+            upgrade_socket,
+        ))
     }
 
     /// The bound address of each listener, in config order.
@@ -121,6 +195,8 @@ impl Server {
             config_path,
             hangups,
             allowed,
+            upgrade_socket,
+            upgrading,
         } = self;
         let cpus = config.runtime.cpus.clone();
         pin_current_thread(&cpus).map_err(|source| ServerError::Pin {
@@ -152,6 +228,11 @@ impl Server {
             .iter()
             .map(|u| Arc::new(SharedUpstream::new(u.clone(), counting)))
             .collect();
+        let exposed = Arc::new(Exposed::new(upgrade_socket.is_some()));
+        exposed.add_listeners(&sockets);
+        if let (Some(a), Some(sock)) = (&config.admin, &admin) {
+            exposed.add(Tag::Admin { address: a.address }, sock.as_fd());
+        }
         let first = Arc::new(Generation::new(1, config.clone(), upstreams, sockets));
         let (generations, generation_rx) = watch::channel(first.clone());
         let process = Arc::new(Process {
@@ -164,6 +245,8 @@ impl Server {
             reloading: tokio::sync::Mutex::new(()),
             access: access.as_ref().map(AccessLog::handle),
             connections: Connections::new(config.limits.max_connections),
+            exposed: exposed.clone(),
+            handed_over: std::sync::atomic::AtomicBool::new(false),
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());
@@ -178,9 +261,27 @@ impl Server {
             threads.push(handle);
         }
 
+        let upgraded = Arc::new(tokio::sync::Notify::new());
+        let upgrade_path = config.runtime.upgrade_socket.clone();
+        if let (Some(sock), Some(path)) = (upgrade_socket, &upgrade_path) {
+            exposed.add(Tag::Upgrade { path: path.clone() }, sock.as_fd());
+            let handover = Handover {
+                listener: sock,
+                path: path.clone(),
+                exposed,
+                allowed: process.allowed.clone(),
+                upgraded: upgraded.clone(),
+            };
+            handover.start().map_err(|source| ServerError::Worker {
+                worker: usize::MAX,
+                source,
+            })?;
+        }
+        let all_accepting = first.clone();
+
         // Health checks and the admin listener run on this thread, pinned to `runtime.cpus`
         // like the workers, until shutdown.
-        control.block_on(async {
+        let handed_over = control.block_on(async {
             if let Some(sock) = admin {
                 match TcpListener::from_std(sock) {
                     Ok(listener) => {
@@ -189,11 +290,44 @@ impl Server {
                     Err(e) => error!("admin listener failed: {e}"),
                 }
             }
+            // Ready (for systemd, or the process this one upgrades) once every worker has
+            // started accepting on the first generation's sockets.
+            let workers = u32::try_from(cpus.len()).unwrap_or(u32::MAX);
+            let ready = async {
+                if let Ok(permits) = all_accepting.applied.acquire_many(workers).await {
+                    permits.forget();
+                }
+                drop(all_accepting);
+                let status = format!("serving on {local_addrs:?}");
+                match &upgrading {
+                    Some(old) => old.ready(),
+                    None => crate::notify::ready(&status),
+                }
+                std::future::pending::<()>().await
+            };
             tokio::select! {
-                () = shutdown => {}
-                () = control_loop(process.clone(), hangups, access.as_ref()) => {}
+                () = shutdown => false,
+                () = control_loop(process.clone(), hangups, access.as_ref()) => false,
+                () = upgraded.notified() => true,
+                () = ready => false,
             }
         });
+        drop(upgrading);
+        // The duplicates kept for an upgrade would keep the ports listening after the workers
+        // close them.
+        process.exposed.clear();
+        if handed_over {
+            info!("handed over to the new process: draining");
+            process
+                .handed_over
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            crate::notify::stopping();
+            // The socket is this process's alone unless it handed it over.
+            if let Some(path) = &upgrade_path {
+                let _ = std::fs::remove_file(path);
+            }
+        }
         info!(
             "shutting down: no new connections; in-flight requests get up to {:?}",
             process.generations.borrow().config.runtime.shutdown_timeout
@@ -241,9 +375,18 @@ async fn control_loop(process: Arc<Process>, hangups: Option<Hangups>, access: O
                 }
                 Some(()) = recv_signal(&mut hup) => {
                     info!("SIGHUP: reloading the configuration");
+                    crate::notify::reloading();
+                    // READY=1 either way: a refused reload leaves the running configuration
+                    // serving, which is what systemd should show.
                     match reload::reload(&process).await {
-                        Ok(summary) => info!("{summary}"),
-                        Err(e) => error!("{e}"),
+                        Ok(summary) => {
+                            crate::notify::ready("reloaded");
+                            info!("{summary}");
+                        }
+                        Err(e) => {
+                            crate::notify::ready(&format!("{e}"));
+                            error!("{e}");
+                        }
                     }
                 }
                 Some(()) = recv_signal(&mut usr1) => {

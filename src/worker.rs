@@ -23,6 +23,12 @@ use crate::route::{ClientRules, Route, Routes};
 use crate::stream::ClientStream;
 use crate::upstream::WorkerUpstream;
 
+/// How long, after a binary upgrade, an idle keep-alive connection of the old process stays
+/// open for a request already on its way: a client that sends within it gets its response
+/// (with `Connection: close`) and reconnects to the new process, instead of a closed socket.
+/// Longer than a busy client's gap between requests, short enough not to hold the old process.
+const UPGRADE_LINGER: Duration = Duration::from_secs(1);
+
 pub(crate) fn worker_main(
     worker: usize,
     core: usize,
@@ -112,6 +118,7 @@ pub(crate) fn worker_main(
             listeners,
             upstreams,
             batch,
+            process,
             ..
         } = state;
         drop(upstreams);
@@ -121,11 +128,19 @@ pub(crate) fn worker_main(
             b.flush();
         }
         for (_, l) in listeners {
-            let _ = l.task.await;
+            for t in l.tasks {
+                let _ = t.await;
+            }
         }
         // The listening sockets are closed now: idle connections close, busy ones once their
-        // response is out, as long as the running configuration allows.
-        clients.drain();
+        // response is out, as long as the running configuration allows. After an upgrade the
+        // sockets live on in the new process, and idle connections get one more request.
+        if process.handed_over.load(Ordering::Relaxed) {
+            clients.drain_lingering(UPGRADE_LINGER);
+        } else {
+            clients.drain();
+        }
+        drop(process);
         let timeout = generations.borrow().config.runtime.shutdown_timeout;
         if tokio::time::timeout(timeout, clients.all_closed())
             .await
@@ -177,8 +192,8 @@ struct Listening {
     route: Rc<Route>,
     /// Tells the accept loop to stop, when a reload removes the listener.
     removed: watch::Sender<bool>,
-    /// The accept loop; it owns the listening socket.
-    task: tokio::task::JoinHandle<()>,
+    /// The accept loops, one per socket (usually one); each owns its listening socket.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl WorkerState {
@@ -229,19 +244,31 @@ impl WorkerState {
                 kept.route.h2c.set(l.h2c);
                 continue;
             }
-            let Some(i) = sockets.iter().position(|(k, _)| k == key) else {
+            // Usually one socket per listener; after an upgrade from a process with more
+            // workers, several (see `upgrade`), each with its own accept loop.
+            let mut mine = Vec::new();
+            let mut i = 0;
+            while i < sockets.len() {
+                if sockets[i].0 == *key {
+                    let (_, sock) = sockets.swap_remove(i);
+                    let listener =
+                        TcpListener::from_std(sock).map_err(|source| ServerError::Worker {
+                            worker: self.worker,
+                            source,
+                        })?;
+                    mine.push(listener);
+                } else {
+                    i += 1;
+                }
+            }
+            let Some(first) = mine.first() else {
                 error!(
                     "worker {}: no socket for new listener {}",
                     self.worker, l.address
                 );
                 continue;
             };
-            let (_, sock) = sockets.swap_remove(i);
-            let listener = TcpListener::from_std(sock).map_err(|source| ServerError::Worker {
-                worker: self.worker,
-                source,
-            })?;
-            let bound = listener.local_addr().unwrap_or(l.address);
+            let bound = first.local_addr().unwrap_or(l.address);
             let stats = config.admin.is_some().then(|| {
                 self.process
                     .registered
@@ -257,21 +284,26 @@ impl WorkerState {
                 routes: RefCell::new(routes),
             });
             let (removed, removed_rx) = watch::channel(false);
-            let task = tokio::task::spawn_local(accept_loop(
-                listener,
-                route.clone(),
-                self.process.clone(),
-                self.batch.clone(),
-                self.clients.clone(),
-                self.stop.clone(),
-                removed_rx,
-            ));
+            let tasks = mine
+                .into_iter()
+                .map(|listener| {
+                    tokio::task::spawn_local(accept_loop(
+                        listener,
+                        route.clone(),
+                        self.process.clone(),
+                        self.batch.clone(),
+                        self.clients.clone(),
+                        self.stop.clone(),
+                        removed_rx.clone(),
+                    ))
+                })
+                .collect();
             self.listeners.insert(
                 *key,
                 Listening {
                     route,
                     removed,
-                    task,
+                    tasks,
                 },
             );
         }
@@ -289,7 +321,7 @@ impl WorkerState {
                     "worker {}: stopped accepting on {}; its connections finish",
                     self.worker, key.0
                 );
-                stopped.push(l.task);
+                stopped.extend(l.tasks);
             }
         }
         self.upstreams = upstreams;

@@ -205,6 +205,9 @@ pub struct Runtime {
     pub cpus: Vec<usize>,
     /// How long in-flight requests may run on after SIGTERM/SIGINT.
     pub shutdown_timeout: Duration,
+    /// Where the running process listens for `pinlb upgrade` (a unix socket, mode 0600); no
+    /// upgrades without one.
+    pub upgrade_socket: Option<std::path::PathBuf>,
 }
 
 /// The defaults but `cpus`, which is empty here: it defaults to the cores the process may run on,
@@ -214,6 +217,7 @@ impl Default for Runtime {
         Runtime {
             cpus: Vec::new(),
             shutdown_timeout: Duration::from_secs(30),
+            upgrade_socket: None,
         }
     }
 }

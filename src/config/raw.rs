@@ -64,6 +64,7 @@ impl RawConfig {
 pub(super) struct RawRuntime {
     pub cpus: Option<Spanned<CpuList>>,
     pub shutdown_timeout: Option<Dur>,
+    pub upgrade_socket: Option<Spanned<String>>,
 }
 
 /// `[limits]`.

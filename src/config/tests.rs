@@ -515,3 +515,29 @@ fn ewma_decay_defaults_to_ten_seconds_and_must_be_positive() {
             .starts_with("pinlb.toml:7:14: upstream.app.ewma_decay: a duration of 0")
     );
 }
+
+#[test]
+fn the_upgrade_socket_is_off_unless_given_and_must_be_an_absolute_short_path() {
+    assert_eq!(parse(MINIMAL).unwrap().runtime.upgrade_socket, None);
+    let on = parse(&format!(
+        "[runtime]\nupgrade_socket = \"/run/pinlb/upgrade.sock\"\n{MINIMAL}"
+    ))
+    .unwrap();
+    assert_eq!(
+        on.runtime.upgrade_socket,
+        Some(std::path::PathBuf::from("/run/pinlb/upgrade.sock"))
+    );
+    assert_eq!(
+        err(&format!(
+            "[runtime]\nupgrade_socket = \"upgrade.sock\"\n{MINIMAL}"
+        )),
+        "pinlb.toml:2:18: runtime.upgrade_socket: expected an absolute path (for example \"/run/pinlb/upgrade.sock\")"
+    );
+    let long = format!("/{}", "a".repeat(107));
+    assert_eq!(
+        err(&format!(
+            "[runtime]\nupgrade_socket = \"{long}\"\n{MINIMAL}"
+        )),
+        "pinlb.toml:2:18: runtime.upgrade_socket: expected at most 107 bytes (a unix socket's limit), not 108"
+    );
+}

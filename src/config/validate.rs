@@ -62,7 +62,37 @@ pub(super) fn runtime(src: &Source, raw: &RawRuntime, allowed: &[usize]) -> Resu
     Ok(Runtime {
         cpus,
         shutdown_timeout: raw.shutdown_timeout.map_or(d.shutdown_timeout, |d| d.0),
+        upgrade_socket: upgrade_socket(src, &raw.upgrade_socket)?,
     })
+}
+
+/// `runtime.upgrade_socket`: an absolute path, since `pinlb upgrade` and the process it starts
+/// may run in other directories than the one that bound it; short enough for a unix socket
+/// address (108 bytes with its terminating NUL on Linux).
+fn upgrade_socket(
+    src: &Source,
+    raw: &Option<Spanned<String>>,
+) -> Result<Option<std::path::PathBuf>> {
+    let Some(p) = raw else { return Ok(None) };
+    let path = std::path::PathBuf::from(p.get_ref());
+    if !path.is_absolute() {
+        return Err(src.at(
+            p.span(),
+            "runtime.upgrade_socket",
+            "expected an absolute path (for example \"/run/pinlb/upgrade.sock\")",
+        ));
+    }
+    if p.get_ref().len() > 107 {
+        return Err(src.at(
+            p.span(),
+            "runtime.upgrade_socket",
+            format!(
+                "expected at most 107 bytes (a unix socket's limit), not {}",
+                p.get_ref().len()
+            ),
+        ));
+    }
+    Ok(Some(path))
 }
 
 /// A duration that must not be zero, when given: a zero timeout or interval would fail every

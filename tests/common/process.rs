@@ -26,10 +26,17 @@ pub struct BinProxy {
 impl BinProxy {
     /// Starts the binary and waits until it logs its listening address.
     pub async fn spawn(setup: &Setup) -> BinProxy {
-        let config = temp_config(&setup.toml());
+        BinProxy::spawn_toml(&setup.toml(), &[]).await
+    }
+
+    /// Starts the binary on the configuration `toml`, with `env` added to its environment, and
+    /// waits until it logs its listening address.
+    pub async fn spawn_toml(toml: &str, env: &[(&str, &std::ffi::OsStr)]) -> BinProxy {
+        let config = temp_config(toml);
         let mut child = Command::new(bin())
             .args(["serve", "-c"])
             .arg(&config)
+            .envs(env.iter().copied())
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
