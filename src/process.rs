@@ -54,6 +54,9 @@ pub(crate) struct Process {
     /// Where finished requests go, when the access log is on.
     pub access: Option<AccessHandle>,
     pub connections: Connections,
+    /// Set when a stop begins: `/ready` then answers 503 while the workers drain, so a load
+    /// balancer in front (a Kubernetes Service) sends nothing new.
+    pub stopping: std::sync::atomic::AtomicBool,
 }
 
 /// One configuration generation: what a reload swaps as a whole.

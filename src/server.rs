@@ -164,6 +164,7 @@ impl Server {
             reloading: tokio::sync::Mutex::new(()),
             access: access.as_ref().map(AccessLog::handle),
             connections: Connections::new(config.limits.max_connections),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());
@@ -198,16 +199,16 @@ impl Server {
             "shutting down: no new connections; in-flight requests get up to {:?}",
             process.generations.borrow().config.runtime.shutdown_timeout
         );
+        process
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = stop_tx.send(true);
 
-        let mut result = Ok(());
-        for (worker, t) in threads.into_iter().enumerate() {
-            match t.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => result = Err(e),
-                Err(_) => result = Err(ServerError::WorkerPanicked { worker }),
-            }
-        }
+        // Joined on a blocking thread while the control runtime goes on running, so the admin
+        // listener answers through the drain (`/ready` 503, `/live` 200, `/metrics`).
+        let result = control
+            .block_on(async { tokio::task::spawn_blocking(move || join_workers(threads)).await })
+            .unwrap_or(Err(ServerError::WorkerPanicked { worker: usize::MAX }));
         // Workers are gone, and with them every sender: the log thread writes what is left.
         drop(process);
         if let Some(a) = access {
@@ -216,6 +217,21 @@ impl Server {
         info!("stopped");
         result
     }
+}
+
+/// Waits for every worker thread to end; the last error (or panic) among them.
+fn join_workers(
+    threads: Vec<std::thread::JoinHandle<Result<(), ServerError>>>,
+) -> Result<(), ServerError> {
+    let mut result = Ok(());
+    for (worker, t) in threads.into_iter().enumerate() {
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => result = Err(e),
+            Err(_) => result = Err(ServerError::WorkerPanicked { worker }),
+        }
+    }
+    result
 }
 
 /// Runs health checks for the running generation, starting them again after each reload, and
