@@ -205,6 +205,7 @@ async fn route(
                         (l.address, upstream.clone())
                     })
                     .collect::<Vec<_>>(),
+                &process.dns.names(),
             ),
         ),
         (&Method::GET, ["status"]) => json_reply(StatusCode::OK, &status(process, window)),

@@ -57,6 +57,8 @@ pub(crate) struct Process {
     /// Set when a stop begins: `/ready` then answers 503 while the workers drain, so a load
     /// balancer in front (a Kubernetes Service) sends nothing new.
     pub stopping: std::sync::atomic::AtomicBool,
+    /// Backends' DNS names: the file's configuration, the last good answers, the failures.
+    pub dns: crate::dns::State,
 }
 
 /// One configuration generation: what a reload swaps as a whole.

@@ -131,6 +131,25 @@ impl Server {
         for w in &config.warnings {
             warn!("{w}");
         }
+        // Names in `backends` are looked up before the workers start, so the first generation
+        // has their addresses; `dns_watch` follows them from then on.
+        let dns = crate::dns::State::default();
+        let has_names = config.upstreams.iter().any(|u| !u.names.is_empty());
+        let lookup = match crate::dns::Lookup::new(&config.resolver.nameservers) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                if has_names {
+                    error!("backends' names cannot be looked up: {e}");
+                }
+                None
+            }
+        };
+        let (expanded, due) = control.block_on(crate::dns_watch::initial(
+            lookup.as_ref(),
+            &dns,
+            (*config).clone(),
+        ));
+        let config = Arc::new(expanded);
         for (l, addr) in config.listeners.iter().zip(&local_addrs) {
             info!(
                 "listening on {addr} for upstream {}",
@@ -165,6 +184,7 @@ impl Server {
             access: access.as_ref().map(AccessLog::handle),
             connections: Connections::new(config.limits.max_connections),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            dns,
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());
@@ -189,6 +209,9 @@ impl Server {
                     }
                     Err(e) => error!("admin listener failed: {e}"),
                 }
+            }
+            if let Some(lookup) = lookup {
+                tokio::spawn(crate::dns_watch::run(process.clone(), lookup, due));
             }
             tokio::select! {
                 () = shutdown => {}
