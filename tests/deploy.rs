@@ -137,3 +137,44 @@ fn config_map_toml(docs: &[serde_json::Value]) -> String {
         .expect("pinlb.toml in the ConfigMap")
         .to_string()
 }
+
+/// The ConfigMap's TOML passes `pinlb check --strict`, with what only a cluster has replaced:
+/// the admin token file by one written here, the cluster's DNS by a server on loopback that
+/// answers the same SRV name (under `test.`) with a backend on 127.0.0.1.
+#[test]
+fn the_config_maps_toml_passes_pinlb_check_strict() {
+    let toml = config_map_toml(&documents());
+    let dir = std::env::temp_dir().join(format!("pinlb-deploy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("admin-token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let dns = common::dns::DnsServer::start();
+    dns.set_srv("_http._tcp.app-backends.test.", &[(8080, 1)]);
+    assert!(toml.contains("/run/secrets/pinlb/admin-token"), "{toml}");
+    assert!(toml.contains("default.svc.cluster.local"), "{toml}");
+    let local = toml
+        .replace(
+            "/run/secrets/pinlb/admin-token",
+            &token.display().to_string(),
+        )
+        .replace("default.svc.cluster.local", "test")
+        + &format!("\n[resolver]\nnameservers = [\"{}\"]\n", dns.addr);
+    let file = dir.join("pinlb.toml");
+    std::fs::write(&file, &local).unwrap();
+    let out = Command::new(bin())
+        .args(["check", "--strict", "-c"])
+        .arg(&file)
+        .output()
+        .expect("run pinlb check");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{stdout}{stderr}\n{local}");
+    assert!(stdout.contains("configuration is valid"), "{stdout}");
+    assert!(
+        stdout.contains("srv _http._tcp.app-backends.test resolves to 127.0.0.1:8080 (weight 1)"),
+        "{stdout}"
+    );
+}
