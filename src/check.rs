@@ -45,60 +45,44 @@ pub fn resolve_names(config: &Config) -> Names {
     if all.is_empty() {
         return names;
     }
-    let looked_up = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| crate::dns::DnsError::System(e.to_string()))
-        .and_then(|rt| {
-            rt.block_on(async {
-                let lookup = crate::dns::Lookup::new(&config.resolver.nameservers)?;
-                let mut answers = crate::dns::Answers::new();
-                let mut results = Vec::new();
-                for (u, n) in &all {
-                    let r = lookup.resolve(&n.name, n.weight).await;
-                    if let Ok(a) = &r {
-                        answers.insert((u.name.clone(), n.name.clone()), a.addresses.clone());
+    // A lookup that could not even start (no runtime, no resolv.conf) fails every name alike.
+    let results: Vec<Result<crate::dns::Answer, crate::dns::DnsError>> =
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| crate::dns::DnsError::System(e.to_string()))
+            .and_then(|rt| {
+                rt.block_on(async {
+                    let lookup = crate::dns::Lookup::new(&config.resolver.nameservers)?;
+                    let mut results = Vec::new();
+                    for (_, n) in &all {
+                        results.push(lookup.resolve(&n.name, n.weight).await);
                     }
-                    results.push(r);
-                }
-                Ok((answers, results))
+                    Ok(results)
+                })
             })
-        });
-    match looked_up {
-        Ok((answers, results)) => {
-            for ((u, n), r) in all.iter().zip(results) {
-                match r {
-                    Ok(a) => {
-                        let to: Vec<String> = a
-                            .addresses
-                            .iter()
-                            .map(|(addr, w)| format!("{addr} (weight {w})"))
-                            .collect();
-                        names.lines.push(format!(
-                            "dns: upstream {}: {} resolves to {} (TTL {:?})",
-                            u.name,
-                            n.name,
-                            to.join(", "),
-                            a.ttl
-                        ));
-                    }
-                    Err(e) => {
-                        names.lines.push(format!(
-                            "dns: upstream {}: {} does not resolve: {e}; serve would start with no backends from it",
-                            u.name, n.name
-                        ));
-                        names
-                            .unresolved
-                            .push(format!("upstream {}: {}", u.name, n.name));
-                    }
-                }
-            }
-            names.config = crate::dns::expand(config, &answers);
-        }
-        Err(e) => {
-            for (u, n) in &all {
+            .unwrap_or_else(|e| all.iter().map(|_| Err(e.clone())).collect());
+    let mut answers = crate::dns::Answers::new();
+    for ((u, n), r) in all.iter().zip(results) {
+        match r {
+            Ok(a) => {
+                let to: Vec<String> = a
+                    .addresses
+                    .iter()
+                    .map(|(addr, w)| format!("{addr} (weight {w})"))
+                    .collect();
                 names.lines.push(format!(
-                    "dns: upstream {}: {} not looked up: {e}",
+                    "dns: upstream {}: {} resolves to {} (TTL {:?})",
+                    u.name,
+                    n.name,
+                    to.join(", "),
+                    a.ttl
+                ));
+                answers.insert((u.name.clone(), n.name.clone()), a.addresses);
+            }
+            Err(e) => {
+                names.lines.push(format!(
+                    "dns: upstream {}: {} does not resolve: {e}; serve would start with no backends from it",
                     u.name, n.name
                 ));
                 names
@@ -107,6 +91,7 @@ pub fn resolve_names(config: &Config) -> Names {
             }
         }
     }
+    names.config = crate::dns::expand(config, &answers);
     names
 }
 

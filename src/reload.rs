@@ -10,7 +10,9 @@
 //! - open client connections stay open, and their next request follows the new config;
 //! - new listener addresses are bound here, before anything is swapped, so a port that is taken
 //!   fails the reload instead of half-applying it; removed ones stop accepting and their
-//!   connections finish.
+//!   connections finish;
+//! - backends' DNS names the file keeps keep the addresses they resolved to; new names are
+//!   looked up by `dns_watch`, which publishes its own changed answers through [`publish`] too.
 //!
 //! What a running process cannot change is kept as it was, and the reply says so: the worker
 //! cores (`runtime.cpus`), the admin listener, the access log and `limits.max_connections`.

@@ -228,6 +228,17 @@ async fn a_failed_lookup_keeps_the_last_good_set_counts_and_warns_once() {
     );
 }
 
+/// `pinlb check ARGS -c PATH`.
+fn check(args: &[&str], path: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(bin())
+        .arg("check")
+        .args(args)
+        .arg("-c")
+        .arg(path)
+        .output()
+        .expect("run pinlb check")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_that_never_resolved_starts_with_no_backends_and_check_strict_fails_on_it() {
     let dns = DnsServer::start();
@@ -244,22 +255,14 @@ async fn a_name_that_never_resolved_starts_with_no_backends_and_check_strict_fai
     );
 
     let path = temp_config(&text);
-    let out = std::process::Command::new(bin())
-        .args(["check", "-c"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = check(&[], &path);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(
         stdout.contains("dns: upstream app: missing.test:8080 does not resolve"),
         "{stdout}"
     );
-    let strict = std::process::Command::new(bin())
-        .args(["check", "--strict", "-c"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let strict = check(&["--strict"], &path);
     assert!(!strict.status.success());
     assert!(
         String::from_utf8_lossy(&strict.stderr).contains(
@@ -272,11 +275,7 @@ async fn a_name_that_never_resolved_starts_with_no_backends_and_check_strict_fai
     // And one that resolves is printed with its addresses.
     dns.set_a("there.test.", &[std::net::Ipv4Addr::LOCALHOST]);
     let path = temp_config(&config(dns.addr, "{ address = \"there.test:8080\" }"));
-    let out = std::process::Command::new(bin())
-        .args(["check", "--strict", "-c"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = check(&["--strict"], &path);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(

@@ -500,7 +500,7 @@ fn bad_names_and_bounds_are_refused_at_their_place() {
         err(&with_backends(
             "[{ address = \"a.b:80\", srv = \"_x._tcp.y\" }]"
         )),
-        "pinlb.toml:7:37: upstream.app.backends[0].srv: set together with address = \"a.b:80\", expected one of address (IP:PORT or NAME:PORT) or srv (an SRV name)"
+        "pinlb.toml:7:41: upstream.app.backends[0].srv: set together with address = \"a.b:80\", expected one of address (IP:PORT or NAME:PORT) or srv (an SRV name)"
     );
     assert!(
         err(&with_backends("[{ weight = 2 }]")).contains("upstream.app.backends[0]: no address")
