@@ -10,12 +10,17 @@
 //! | `POST /backends/{address}/enable` | back to taking requests |
 //! | `POST /upstreams/{name}/backends/{address}/{action}` | the same, in that upstream only |
 //! | `POST /reload` | read the config file again, as SIGHUP does |
+//! | `GET /live` | `200 live` while the control thread answers (a liveness probe) |
+//! | `GET /ready` | `200 ready` when every worker accepts on the running generation's listeners and every upstream has a backend up; else `503` and one line per reason, naming the upstream; `503` while draining for a stop |
 //!
 //! Every `GET` answers `HEAD` too, with the same headers and no body.
 //!
 //! Two upstreams may list one address, and each then has a backend of its own there. An address
 //! alone names the backend in every upstream that has it; `/upstreams/{name}/...` in that one only.
-//! With `admin.token` set, every request but the page itself needs `Authorization: Bearer
+//! `/live` and `/ready` never need the token: kubelet probes and load balancers' health checks
+//! cannot easily send one (HAProxy's `monitor-uri` and Envoy's `/ready` are unauthenticated too),
+//! and they tell no more than whether pinlb is up and which upstream has no backend.
+//! With `admin.token` set, every other request but the page itself needs `Authorization: Bearer
 //! <token>`; the page asks for the token once and keeps it in the tab's session storage. A POST
 //! that a browser says comes from a page of another origin is refused (403), so no web page can
 //! drive a tokenless admin listener. At most 64 admin connections are open at once, each bounded
@@ -42,7 +47,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
-use crate::process::Process;
+use crate::process::{Generation, Process};
 use crate::status::{Window, status};
 use crate::upstream::AdminState;
 
@@ -143,6 +148,16 @@ async fn route(
     if method == Method::GET && req.uri().path() == "/" {
         return reply(StatusCode::OK, "text/html; charset=utf-8", PAGE);
     }
+    // Probes carry no token (see the module's doc).
+    if method == Method::GET && req.uri().path() == "/live" {
+        return text(StatusCode::OK, "live");
+    }
+    if method == Method::GET && req.uri().path() == "/ready" {
+        return match unready(process, &generation) {
+            None => text(StatusCode::OK, "ready"),
+            Some(why) => text(StatusCode::SERVICE_UNAVAILABLE, why),
+        };
+    }
     // A web page in a browser on this host can send a POST to a loopback address without the
     // user knowing (CSRF). Browsers say where such a request comes from; refuse it.
     if req.method() == Method::POST && cross_site(&req) {
@@ -190,6 +205,7 @@ async fn route(
                         (l.address, upstream.clone())
                     })
                     .collect::<Vec<_>>(),
+                &process.dns.names(),
             ),
         ),
         (&Method::GET, ["status"]) => json_reply(StatusCode::OK, &status(process, window)),
@@ -211,17 +227,46 @@ async fn route(
                 text(status, e.to_string())
             }
         },
-        (_, [""] | ["metrics"] | ["status"]) => method_not_allowed("GET, HEAD"),
+        (_, [""] | ["metrics"] | ["status"] | ["live"] | ["ready"]) => {
+            method_not_allowed("GET, HEAD")
+        }
         (_, ["backends", _, _] | ["upstreams", _, "backends", _, _] | ["reload"]) => {
             method_not_allowed("POST")
         }
         _ => text(
             StatusCode::NOT_FOUND,
             format!(
-                "404 Not Found: {path}; see GET / , /status, /metrics, POST /backends/{{address}}/{{drain,disable,enable}}, /upstreams/{{name}}/backends/{{address}}/{{drain,disable,enable}}, /reload"
+                "404 Not Found: {path}; see GET / , /status, /metrics, /live, /ready, POST /backends/{{address}}/{{drain,disable,enable}}, /upstreams/{{name}}/backends/{{address}}/{{drain,disable,enable}}, /reload"
             ),
         ),
     }
+}
+
+/// Why pinlb should not be sent traffic now, one line per reason; `None` when it is ready. A
+/// worker that has not switched to the running generation may not yet accept on its new
+/// listeners; an upstream with no backend up would answer 503.
+fn unready(process: &Process, generation: &Generation) -> Option<String> {
+    use std::sync::atomic::Ordering;
+    if process.stopping.load(Ordering::Relaxed) {
+        return Some("not ready: draining for a stop".into());
+    }
+    let mut why = Vec::new();
+    let accepting = generation.acked.load(Ordering::Relaxed);
+    if accepting < process.workers {
+        why.push(format!(
+            "not ready: {accepting} of {} workers accept on generation {}'s listeners",
+            process.workers, generation.number
+        ));
+    }
+    for u in generation.upstreams.iter().filter(|u| !u.has_backend_up()) {
+        let reason = if u.backends.is_empty() {
+            "no backends (none of its names resolved)".to_string()
+        } else {
+            u.unavailable()
+        };
+        why.push(format!("not ready: upstream {}: {reason}", u.config.name));
+    }
+    (!why.is_empty()).then(|| why.join("\n"))
 }
 
 fn method_not_allowed(allow: &'static str) -> Reply {

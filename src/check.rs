@@ -20,6 +20,81 @@ pub fn report(config: &Config, file: &Path) -> String {
     out
 }
 
+/// What `check` found of the backends' DNS names, looked up once now as `serve` would at start.
+pub struct Names {
+    /// The configuration with each name expanded into the addresses it gave.
+    pub config: Config,
+    /// One line per name: what it resolved to, or why it did not.
+    pub lines: Vec<String>,
+    /// The names that did not resolve, as `upstream NAME: name`.
+    pub unresolved: Vec<String>,
+}
+
+/// Looks up every name of `config` once, with its `[resolver]`, on a runtime of its own.
+pub fn resolve_names(config: &Config) -> Names {
+    let mut names = Names {
+        config: config.clone(),
+        lines: Vec::new(),
+        unresolved: Vec::new(),
+    };
+    let all: Vec<_> = config
+        .upstreams
+        .iter()
+        .flat_map(|u| u.names.iter().map(move |n| (u, n)))
+        .collect();
+    if all.is_empty() {
+        return names;
+    }
+    // A lookup that could not even start (no runtime, no resolv.conf) fails every name alike.
+    let results: Vec<Result<crate::dns::Answer, crate::dns::DnsError>> =
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| crate::dns::DnsError::System(e.to_string()))
+            .and_then(|rt| {
+                rt.block_on(async {
+                    let lookup = crate::dns::Lookup::new(&config.resolver.nameservers)?;
+                    let mut results = Vec::new();
+                    for (_, n) in &all {
+                        results.push(lookup.resolve(&n.name, n.weight).await);
+                    }
+                    Ok(results)
+                })
+            })
+            .unwrap_or_else(|e| all.iter().map(|_| Err(e.clone())).collect());
+    let mut answers = crate::dns::Answers::new();
+    for ((u, n), r) in all.iter().zip(results) {
+        match r {
+            Ok(a) => {
+                let to: Vec<String> = a
+                    .addresses
+                    .iter()
+                    .map(|(addr, w)| format!("{addr} (weight {w})"))
+                    .collect();
+                names.lines.push(format!(
+                    "dns: upstream {}: {} resolves to {} (TTL {:?})",
+                    u.name,
+                    n.name,
+                    to.join(", "),
+                    a.ttl
+                ));
+                answers.insert((u.name.clone(), n.name.clone()), a.addresses);
+            }
+            Err(e) => {
+                names.lines.push(format!(
+                    "dns: upstream {}: {} does not resolve: {e}; serve would start with no backends from it",
+                    u.name, n.name
+                ));
+                names
+                    .unresolved
+                    .push(format!("upstream {}: {}", u.name, n.name));
+            }
+        }
+    }
+    names.config = crate::dns::expand(config, &answers);
+    names
+}
+
 /// A warning for each address pinlb would listen on that a process already listens on:
 /// `serve` would fail there, unless that process is a pinlb sharing it (SO_REUSEPORT).
 fn taken_addresses(config: &Config) -> Vec<String> {

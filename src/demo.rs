@@ -222,6 +222,7 @@ fn run(args: &DemoArgs) -> Result<(), String> {
         cpus: layout.load.clone(),
         timeout: Duration::from_secs(2),
         trust: crate::bench::Trust::default(),
+        start_at: None,
         progress: true,
     };
     let result = crate::bench::run(&opts);

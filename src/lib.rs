@@ -21,6 +21,8 @@
 //!   repeated slashes).
 //! - [`config`]: the TOML file, raw types and validation into a [`Config`]; errors carry
 //!   `file:line:col` and the key.
+//! - [`dns`]: backends' DNS names (A/AAAA, SRV) looked up with hickory-resolver, and a
+//!   configuration with each name expanded into the backends its answer gives.
 //! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
 //! - [`import`]: `pinlb import`: an nginx configuration as a pinlb one, with notes on what has no
 //!   equivalent.
@@ -62,6 +64,8 @@
 //!   each new configuration generation.
 //! - [`reload`]: hot reload (SIGHUP, `POST /reload`): validate, bind new listeners, hand every
 //!   worker a new generation that keeps the state of the backends that stay.
+//! - [`dns_watch`]: on the control thread, names looked up again as their TTLs run out, and a
+//!   changed answer published as a new generation (as a reload does).
 //! - [`metrics`]: the Prometheus rendering of every counter and backend state.
 //! - [`status`]: what `/status` and the status page show, and the last minute the counters
 //!   don't keep (latency percentiles, time in a state), sampled every second.
@@ -102,6 +106,8 @@ mod connection;
 pub mod coremap;
 pub mod cpus;
 pub mod demo;
+pub mod dns;
+mod dns_watch;
 mod exec;
 mod hash_key;
 mod health;

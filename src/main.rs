@@ -55,6 +55,10 @@ enum Command {
         /// The configuration file [default: /etc/pinlb/pinlb.toml, else ./pinlb.toml].
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Also fail (exit 1) when a backend's DNS name does not resolve now; without it that
+        /// is a line of the report, and `serve` would start with no backends from the name.
+        #[arg(long)]
+        strict: bool,
     },
     /// Read an nginx configuration (following its includes) and print it as a pinlb one; what
     /// has no equivalent is listed on stderr with its file:line.
@@ -139,12 +143,12 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Check { config } => {
+        Command::Check { config, strict } => {
             let config = match config_or_exit(config) {
                 Ok(p) => p,
                 Err(code) => return code,
             };
-            check(&config)
+            check(&config, strict)
         }
         Command::Serve {
             config,
@@ -171,12 +175,26 @@ fn main() -> ExitCode {
     }
 }
 
-fn check(config: &std::path::Path) -> ExitCode {
+fn check(config: &std::path::Path, strict: bool) -> ExitCode {
     match Config::load(config) {
         Ok(c) => {
-            let out = pinlb::check::report(&c, config);
+            let names = pinlb::check::resolve_names(&c);
+            let mut out = String::new();
+            for line in &names.lines {
+                out.push_str(line);
+                out.push('\n');
+            }
+            out += &pinlb::check::report(&names.config, config);
             // Written at once and without print!'s panic on a closed pipe (`check | head`).
             let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
+            if strict && !names.unresolved.is_empty() {
+                eprintln!(
+                    "{}: --strict: backend names that do not resolve: {}",
+                    config.display(),
+                    names.unresolved.join(", ")
+                );
+                return ExitCode::FAILURE;
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

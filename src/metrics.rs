@@ -25,6 +25,7 @@ pub fn render(
     registered: &Registered,
     generation: u64,
     routes: &[(SocketAddr, String)],
+    dns: &[crate::dns::NameStatus],
 ) -> String {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ProcessMetrics));
@@ -35,6 +36,7 @@ pub fn render(
             listeners: registered.all(),
             generation,
             routes: routes.to_vec(),
+            dns: dns.to_vec(),
         }));
     let mut out = String::new();
     // Writing to a String cannot fail.
@@ -50,6 +52,8 @@ struct Scrape {
     generation: u64,
     /// Each listener's upstream, for the request duration's labels.
     routes: Vec<(SocketAddr, String)>,
+    /// Backends' DNS names: what each resolved to, and its failed lookups.
+    dns: Vec<crate::dns::NameStatus>,
 }
 
 /// What 4xx pinlb answers itself says about the request, by code: the `cause` label of
@@ -217,6 +221,37 @@ impl Collector for Scrape {
             MetricType::Gauge,
             [(Labels::new(), gauge(self.generation as i64))],
         )?;
+        if !self.dns.is_empty() {
+            let name_labels = |n: &crate::dns::NameStatus| -> Labels {
+                vec![
+                    ("upstream", n.upstream.clone()),
+                    ("name", n.name.to_string()),
+                ]
+            };
+            family(
+                &mut e,
+                "dns_failures",
+                "Failed lookups of a backend's DNS name (its last good set stays).",
+                MetricType::Counter,
+                self.dns
+                    .iter()
+                    .map(|n| (name_labels(n), counter(n.failures))),
+            )?;
+            family(
+                &mut e,
+                "dns_backend",
+                "Always 1: an address a backend's DNS name resolved to, with its weight.",
+                MetricType::Gauge,
+                self.dns.iter().flat_map(|n| {
+                    n.addresses.iter().map(move |(a, w)| {
+                        let mut l = name_labels(n);
+                        l.push(("backend", a.to_string()));
+                        l.push(("weight", w.to_string()));
+                        (l, gauge(1))
+                    })
+                }),
+            )?;
+        }
 
         // Per listener, summed over workers.
         let mut addrs: Vec<SocketAddr> = self.listeners.iter().map(|l| l.listener).collect();

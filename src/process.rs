@@ -62,6 +62,11 @@ pub(crate) struct Process {
     /// Set before the stop when a new process has taken over the listening sockets: workers
     /// then let idle connections linger for one more request (`Clients::drain_lingering`).
     pub handed_over: std::sync::atomic::AtomicBool,
+    /// Set when a stop begins: `/ready` then answers 503 while the workers drain, so a load
+    /// balancer in front (a Kubernetes Service) sends nothing new.
+    pub stopping: std::sync::atomic::AtomicBool,
+    /// Backends' DNS names: the file's configuration, the last good answers, the failures.
+    pub dns: crate::dns::State,
 }
 
 /// One configuration generation: what a reload swaps as a whole.

@@ -10,7 +10,9 @@
 //! - open client connections stay open, and their next request follows the new config;
 //! - new listener addresses are bound here, before anything is swapped, so a port that is taken
 //!   fails the reload instead of half-applying it; removed ones stop accepting and their
-//!   connections finish.
+//!   connections finish;
+//! - backends' DNS names the file keeps keep the addresses they resolved to; new names are
+//!   looked up by `dns_watch`, which publishes its own changed answers through [`publish`] too.
 //!
 //! What a running process cannot change is kept as it was, and the reply says so: the worker
 //! cores (`runtime.cpus`), the admin listener, the access log, `limits.max_connections` and
@@ -92,6 +94,12 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
         );
         config.runtime.upgrade_socket = before.runtime.upgrade_socket.clone();
     }
+    if config.resolver != before.resolver {
+        kept.push(
+            "[resolver] changed, which needs a restart; names are looked up as before".into(),
+        );
+        config.resolver = before.resolver.clone();
+    }
     if config.limits.max_connections != before.limits.max_connections {
         kept.push(format!(
             "limits.max_connections changed, which needs a restart; it stays {}",
@@ -100,11 +108,34 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
         config.limits.max_connections = before.limits.max_connections;
     }
 
+    // Names the new file keeps keep what they resolved to; new ones are looked up by
+    // `dns_watch` once this generation runs.
+    let config = process.dns.expand_new(config);
+
     let running_keys = listener_keys(&before.listeners);
     let running = |k: &_| running_keys.contains(k);
     let (sockets, bound) = bind_listeners(&config.listeners, process.workers, running)
         .map_err(|e| refused(e.to_string()))?;
     process.exposed.add_listeners(&sockets);
+    let summary = describe(before, &config, &bound, &kept);
+    let number = publish(process, current, config, sockets).await?;
+    // Nothing changed but the generation: no empty line after it in the log or the reply.
+    Ok(if summary.is_empty() {
+        format!("reloaded: generation {number}")
+    } else {
+        format!("reloaded: generation {number}\n{summary}")
+    })
+}
+
+/// Hands every worker `config` as the generation after `current`, the backends that stay
+/// keeping their state, with `sockets` for the listeners it adds; waits for every worker to
+/// switch and returns the new generation's number. The caller holds `process.reloading`.
+pub(crate) async fn publish(
+    process: &Process,
+    current: Arc<Generation>,
+    config: Config,
+    sockets: crate::listen::Sockets,
+) -> Result<u64, ReloadError> {
     let counting = config.admin.is_some();
     let upstreams: Vec<Arc<SharedUpstream>> = config
         .upstreams
@@ -118,7 +149,6 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
         })
         .collect();
 
-    let summary = describe(before, &config, &bound, &kept);
     let number = current.number + 1;
     let generation = Arc::new(Generation::new(
         number,
@@ -142,16 +172,11 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
             )));
         }
     }
-    // Nothing changed but the generation: no empty line after it in the log or the reply.
-    Ok(if summary.is_empty() {
-        format!("reloaded: generation {number}")
-    } else {
-        format!("reloaded: generation {number}\n{summary}")
-    })
+    Ok(number)
 }
 
 /// What a reload changes, one line each, for the log and the reply.
-fn describe(
+pub(crate) fn describe(
     before: &Config,
     after: &Config,
     bound: &[std::net::SocketAddr],

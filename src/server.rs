@@ -207,6 +207,25 @@ impl Server {
         for w in &config.warnings {
             warn!("{w}");
         }
+        // Names in `backends` are looked up before the workers start, so the first generation
+        // has their addresses; `dns_watch` follows them from then on.
+        let dns = crate::dns::State::default();
+        let has_names = config.upstreams.iter().any(|u| !u.names.is_empty());
+        let lookup = match crate::dns::Lookup::new(&config.resolver.nameservers) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                if has_names {
+                    error!("backends' names cannot be looked up: {e}");
+                }
+                None
+            }
+        };
+        let (expanded, due) = control.block_on(crate::dns_watch::initial(
+            lookup.as_ref(),
+            &dns,
+            (*config).clone(),
+        ));
+        let config = Arc::new(expanded);
         for (l, addr) in config.listeners.iter().zip(&local_addrs) {
             info!(
                 "listening on {addr} for upstream {}",
@@ -247,6 +266,8 @@ impl Server {
             connections: Connections::new(config.limits.max_connections),
             exposed: exposed.clone(),
             handed_over: std::sync::atomic::AtomicBool::new(false),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            dns,
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());
@@ -305,6 +326,9 @@ impl Server {
                 }
                 std::future::pending::<()>().await
             };
+            if let Some(lookup) = lookup {
+                tokio::spawn(crate::dns_watch::run(process.clone(), lookup, due));
+            }
             tokio::select! {
                 () = shutdown => false,
                 () = control_loop(process.clone(), hangups, access.as_ref()) => false,
@@ -332,16 +356,16 @@ impl Server {
             "shutting down: no new connections; in-flight requests get up to {:?}",
             process.generations.borrow().config.runtime.shutdown_timeout
         );
+        process
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = stop_tx.send(true);
 
-        let mut result = Ok(());
-        for (worker, t) in threads.into_iter().enumerate() {
-            match t.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => result = Err(e),
-                Err(_) => result = Err(ServerError::WorkerPanicked { worker }),
-            }
-        }
+        // Joined on a blocking thread while the control runtime goes on running, so the admin
+        // listener answers through the drain (`/ready` 503, `/live` 200, `/metrics`).
+        let result = control
+            .block_on(async { tokio::task::spawn_blocking(move || join_workers(threads)).await })
+            .unwrap_or(Err(ServerError::WorkerPanicked { worker: usize::MAX }));
         // Workers are gone, and with them every sender: the log thread writes what is left.
         drop(process);
         if let Some(a) = access {
@@ -350,6 +374,21 @@ impl Server {
         info!("stopped");
         result
     }
+}
+
+/// Waits for every worker thread to end; the last error (or panic) among them.
+fn join_workers(
+    threads: Vec<std::thread::JoinHandle<Result<(), ServerError>>>,
+) -> Result<(), ServerError> {
+    let mut result = Ok(());
+    for (worker, t) in threads.into_iter().enumerate() {
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => result = Err(e),
+            Err(_) => result = Err(ServerError::WorkerPanicked { worker }),
+        }
+    }
+    result
 }
 
 /// Runs health checks for the running generation, starting them again after each reload, and

@@ -197,6 +197,7 @@ pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
             json!({ "worker": w, "core": core, "requests": requests })
         })
         .collect();
+    let names = process.dns.names();
     let upstreams: Vec<_> = generation
         .upstreams
         .iter()
@@ -207,12 +208,26 @@ pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
                 .zip(&u.config.backends)
                 .map(|(b, c)| backend_status(&u.config.name, b, c.backup, window))
                 .collect();
+            // Each DNS name with the addresses it resolved to (backends above, among the rest).
+            let names: Vec<_> = names
+                .iter()
+                .filter(|n| n.upstream == u.config.name)
+                .map(|n| {
+                    json!({
+                        "name": n.name.to_string(),
+                        "addresses": n.addresses.iter().map(|(a, w)| json!({ "address": a.to_string(), "weight": w })).collect::<Vec<_>>(),
+                        "failures": n.failures,
+                        "failing": n.failing,
+                    })
+                })
+                .collect();
             json!({
                 "name": u.config.name,
                 "algorithm": u.config.algorithm.as_str(),
                 "hash": u.config.hash.as_ref().map(ToString::to_string),
                 "health_checks": u.config.health.is_some(),
                 "backends": backends,
+                "names": names,
             })
         })
         .collect();

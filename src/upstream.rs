@@ -457,6 +457,16 @@ impl SharedUpstream {
         }
     }
 
+    /// Whether some backend would take a request now: active, not held down by health checks,
+    /// not skipped after failures (a lone backend never is). One at `max_conns` still counts:
+    /// being busy is not being unready. What `/ready` asks of every upstream.
+    pub fn has_backend_up(&self) -> bool {
+        let lone = self.lone();
+        self.backends.iter().any(|b| {
+            b.admin_state() == AdminState::Active && b.is_up() && (lone || !b.is_skipped())
+        })
+    }
+
     /// Why no backend could be picked, for the 503 body and log line.
     pub fn unavailable(&self) -> String {
         let out = self

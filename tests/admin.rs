@@ -1101,3 +1101,93 @@ async fn status_shows_the_version_listener_connections_and_each_backends_respons
         "{failed}"
     );
 }
+
+/// `GET path` on the admin listener without a token: what a kubelet probe sends.
+async fn probe(proxy: &Proxy, path: &str) -> Reply {
+    proxy.admin(Method::GET, path, None).await
+}
+
+#[tokio::test]
+async fn ready_and_live_need_no_token_and_ready_names_the_upstream_whose_backend_is_down() {
+    let mut a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.extra = admin_table(Some("s3cret"))
+        + "[upstream.app.health]\npath = \"/health\"\ninterval = \"100ms\"\ntimeout = \"50ms\"\nfall = 1\nrise = 1\n";
+    let proxy = Proxy::start(&setup);
+    let live = probe(&proxy, "/live").await;
+    assert_eq!(
+        (live.status, live.body.as_str()),
+        (StatusCode::OK, "live\n")
+    );
+    let ready = probe(&proxy, "/ready").await;
+    assert_eq!(
+        (ready.status, ready.body.as_str()),
+        (StatusCode::OK, "ready\n")
+    );
+    assert_eq!(
+        probe(&proxy, "/status").await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let r = proxy.admin(Method::POST, "/ready", Some("s3cret")).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+
+    // Checks fail: not ready, and the reason names the upstream; still live.
+    a.set_health(503);
+    let why = poll(100, Duration::from_millis(50), async || {
+        let r = probe(&proxy, "/ready").await;
+        (r.status == StatusCode::SERVICE_UNAVAILABLE).then_some(r.body)
+    })
+    .await
+    .expect("/ready never answered 503 with the backend down");
+    assert!(
+        why.contains(
+            "not ready: upstream app: no backend available among 1: 1 down by health checks"
+        ),
+        "{why}"
+    );
+    assert_eq!(probe(&proxy, "/live").await.status, StatusCode::OK);
+    a.set_health(200);
+    let back = poll(100, Duration::from_millis(50), async || {
+        (probe(&proxy, "/ready").await.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    assert!(
+        back.is_some(),
+        "/ready never came back once the checks passed"
+    );
+
+    // A crash: the port refuses, the checks fail, not ready again.
+    a.kill().await;
+    let down = poll(100, Duration::from_millis(50), async || {
+        let r = probe(&proxy, "/ready").await;
+        (r.status == StatusCode::SERVICE_UNAVAILABLE && r.body.contains("upstream app"))
+            .then_some(())
+    })
+    .await;
+    assert!(down.is_some(), "/ready stayed 200 with the backend killed");
+}
+
+#[tokio::test]
+async fn ready_answers_503_while_a_stop_drains_and_live_stays_200() {
+    let a = Backend::start("a").await;
+    let mut proxy = Proxy::start(&with_admin(&[a.addr]));
+    a.set_gate(false);
+    let held = tokio::spawn({
+        let addr = proxy.addr;
+        async move { get(addr, "/gated").await }
+    });
+    a.wait_for_hits(1).await;
+    proxy.trigger_shutdown();
+    let why = poll(100, Duration::from_millis(20), async || {
+        let r = probe(&proxy, "/ready").await;
+        (r.status == StatusCode::SERVICE_UNAVAILABLE).then_some(r.body)
+    })
+    .await
+    .expect("/ready never said 503 during the drain");
+    assert_eq!(why, "not ready: draining for a stop\n");
+    assert_eq!(probe(&proxy, "/live").await.status, StatusCode::OK);
+    a.set_gate(true);
+    let held = held.await.unwrap();
+    assert_eq!((held.status, held.backend()), (StatusCode::OK, "a"));
+    proxy.join(WAIT).await.expect("a clean stop");
+}

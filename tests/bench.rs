@@ -148,6 +148,7 @@ fn options(targets: Vec<Target>) -> BenchOptions {
         cpus: vec![first_core()],
         timeout: Duration::from_secs(2),
         trust: pinlb::bench::Trust::default(),
+        start_at: None,
         progress: false,
     }
 }
@@ -914,5 +915,180 @@ fn h2_against_an_http1_only_server_fails_and_says_so() {
             .contains("GET over HTTP/2, 4 concurrent stream(s) per connection"),
         "{}",
         ran.stdout
+    );
+}
+
+/// A report's histogram, decoded here with hdrhistogram's own deserialiser (not pinlb's), as
+/// any HdrHistogram tool would read it.
+fn histogram_in(v: &serde_json::Value) -> hdrhistogram::Histogram<u64> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(v.as_str().expect("a base64 histogram"))
+        .expect("base64");
+    hdrhistogram::serialization::Deserializer::new()
+        .deserialize(&mut bytes.as_slice())
+        .expect("an HdrHistogram V2 encoding")
+}
+
+fn json_file(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).expect("read the report")).expect("JSON")
+}
+
+#[test]
+fn two_benches_started_at_one_time_merge_into_exact_counts_and_percentiles() {
+    let backends = echo_backend();
+    let url = format!("backend=http://{}/", backends.addrs()[0]);
+    let dir = TempDir::new("bench-merge");
+    let core = first_core().to_string();
+    let start = std::time::SystemTime::now() + Duration::from_secs(2);
+    let start_at = humantime::format_rfc3339_millis(start).to_string();
+    let files = [dir.0.join("a.json"), dir.0.join("b.json")];
+    let children: Vec<_> = files
+        .iter()
+        .map(|json| {
+            Command::new(bin())
+                .args(["bench", &url, "-c", "2", "-d", "300ms", "--warmup", "100ms"])
+                .args(["--rounds", "2", "--cpus", &core, "--start-at", &start_at])
+                .arg("--json")
+                .arg(json)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("start pinlb bench")
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().expect("pinlb bench ends");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let runs: Vec<serde_json::Value> = files.iter().map(|f| json_file(f)).collect();
+    for run in &runs {
+        let began = humantime::parse_rfc3339(run["started_at"].as_str().unwrap()).unwrap();
+        // Not before the time (the clock's millisecond rounding aside), and soon after it.
+        assert!(
+            began + Duration::from_millis(1) >= start
+                && began <= start + Duration::from_millis(500),
+            "started at {} for --start-at {start_at}",
+            run["started_at"]
+        );
+        assert!(run["ended_at"].as_str().unwrap() > run["started_at"].as_str().unwrap());
+        assert!(
+            run["command"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a == "--start-at")
+        );
+    }
+
+    let merged_json = dir.0.join("merged.json");
+    let out = Command::new(bin())
+        .args(["bench", "merge"])
+        .args(&files)
+        .arg("--json")
+        .arg(&merged_json)
+        .output()
+        .expect("run pinlb bench merge");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("| backend | "), "{stdout}");
+    assert!(stdout.contains("over 2 machines merged"), "{stdout}");
+
+    let merged = json_file(&merged_json);
+    let (m, a, b) = (
+        &merged["targets"][0],
+        &runs[0]["targets"][0],
+        &runs[1]["targets"][0],
+    );
+    let count = |t: &serde_json::Value| t["requests"]["responses"].as_u64().unwrap();
+    assert!(count(a) > 0 && count(b) > 0);
+    assert_eq!(count(m), count(a) + count(b));
+    assert_eq!(
+        m["requests"]["sent"].as_u64().unwrap(),
+        a["requests"]["sent"].as_u64().unwrap() + b["requests"]["sent"].as_u64().unwrap()
+    );
+    // One histogram fed both runs' rounds, each decoded on its own.
+    let mut one = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).unwrap();
+    for run in [a, b] {
+        for round in run["rounds"].as_array().unwrap() {
+            one.add(histogram_in(&round["histogram"])).unwrap();
+        }
+    }
+    assert_eq!(one.len(), count(m));
+    let us = |ns: u64| ns as f64 / 1000.0;
+    assert_eq!(
+        m["latency"]["p50_us"].as_f64(),
+        Some(us(one.value_at_quantile(0.5)))
+    );
+    assert_eq!(
+        m["latency"]["p99_us"].as_f64(),
+        Some(us(one.value_at_quantile(0.99)))
+    );
+    assert_eq!(m["latency"]["max_us"].as_f64(), Some(us(one.max())));
+    assert_eq!(histogram_in(&m["histogram"]), one);
+    for r in 0..2 {
+        let rate = |t: &serde_json::Value| t["rounds"][r]["requests_per_sec"].as_f64().unwrap();
+        assert!((rate(m) - (rate(a) + rate(b))).abs() < 1e-6);
+    }
+    assert_eq!(merged["machines"], 2);
+}
+
+#[test]
+fn a_start_time_in_the_past_and_reports_that_do_not_line_up_are_refused() {
+    let ran = pinlb_bench(["http://127.0.0.1:1/", "--start-at", "2020-01-01T00:00:00Z"]);
+    assert!(!ran.status.success());
+    assert!(
+        ran.stderr.contains("--start-at 2020-01-01T00:00:00") && ran.stderr.contains("in the past"),
+        "{}",
+        ran.stderr
+    );
+    let ran = pinlb_bench(["http://127.0.0.1:1/", "--start-at", "noon"]);
+    assert!(!ran.status.success());
+    assert!(ran.stderr.contains("RFC 3339"), "{}", ran.stderr);
+
+    let backend = Backend::start(Reply::Ok);
+    let dir = TempDir::new("bench-merge-mismatch");
+    let core = first_core().to_string();
+    let files = [dir.0.join("one.json"), dir.0.join("two.json")];
+    for (json, name) in files.iter().zip(["one", "two"]) {
+        let ran = pinlb_bench([
+            format!("{name}=http://{}/", backend.addr),
+            "-c".into(),
+            "1".into(),
+            "-d".into(),
+            "100ms".into(),
+            "--warmup".into(),
+            "0s".into(),
+            "--rounds".into(),
+            "1".into(),
+            "--cpus".into(),
+            core.clone(),
+            "--json".into(),
+            json.display().to_string(),
+        ]);
+        assert!(ran.status.success(), "{}", ran.stderr);
+    }
+    let ran = pinlb_bench([
+        "merge".to_string(),
+        files[0].display().to_string(),
+        files[1].display().to_string(),
+    ]);
+    assert!(!ran.status.success());
+    assert!(
+        ran.stderr.contains(&format!(
+            "{} does not line up with {}",
+            files[1].display(),
+            files[0].display()
+        )) && ran.stderr.contains("targets [two="),
+        "{}",
+        ran.stderr
     );
 }

@@ -30,10 +30,15 @@
 //! - `closed.rs`: the closed loop, one event-loop task per thread.
 //! - `h2.rs`: `--h2`: HTTP/2 on hyper's client, `--streams` concurrent streams per connection.
 //! - [`report`]: the results, and the table, JSON and SVG made from them.
+//! - `hdr.rs`: the histograms in the JSON, in HdrHistogram's standard compressed encoding.
+//! - [`merge`]: `pinlb bench merge`, the reports of several machines that ran at once (each
+//!   started with the same `--start-at`) added up into one.
 
 mod closed;
 mod h2;
+mod hdr;
 mod load;
+pub mod merge;
 pub mod report;
 pub mod stats;
 mod thread;
@@ -47,7 +52,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::Uri;
 
@@ -168,6 +173,9 @@ pub struct BenchOptions {
     pub timeout: Duration,
     /// Which certificates `https://` targets are checked against.
     pub trust: Trust,
+    /// `--start-at`: wait for this wall-clock time before the first warm-up, so that several
+    /// machines begin together. One more than a second past is refused.
+    pub start_at: Option<SystemTime>,
     /// Show a live progress line on stderr. Only ever drawn when both stdout and stderr are a
     /// terminal (a person watching, output not captured by a script), so a caller can leave it
     /// on.
@@ -209,6 +217,10 @@ pub enum BenchError {
     Tls(String),
     #[error("--h2: target {target}: {reason}")]
     Http2 { target: String, reason: String },
+    #[error(
+        "--start-at {at} is {late} in the past: give a time ahead (the clocks of machines meant to start together must agree)"
+    )]
+    StartInThePast { at: String, late: String },
     #[error("cannot write chart {path}: {reason}")]
     Plot { path: PathBuf, reason: String },
 }
@@ -276,6 +288,10 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
         })?;
     }
 
+    if let Some(at) = opts.start_at {
+        wait_until(at)?;
+    }
+    let started_at = SystemTime::now();
     let show = opts.progress && std::io::stderr().is_terminal() && std::io::stdout().is_terminal();
     let mut runs: Vec<Vec<load::RunResult>> = plans.iter().map(|_| Vec::new()).collect();
     let mut result = Ok(());
@@ -309,7 +325,49 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
         let _ = write!(std::io::stderr(), "\r\x1b[K");
     }
     result?;
-    Report::build(opts, &cpus, runs)
+    let mut report = Report::build(opts, &cpus, runs)?;
+    report.started_at = Some(humantime::format_rfc3339_millis(started_at).to_string());
+    report.ended_at = Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string());
+    Ok(report)
+}
+
+/// How far past a `--start-at` time may be and still start: a launcher that starts its
+/// machines a little late should not fail them, one given a stale time should.
+const START_AT_SLACK: Duration = Duration::from_secs(1);
+
+/// Blocks until the wall clock reaches `at`; refuses an `at` more than [`START_AT_SLACK`] past.
+/// Sleeps in steps of at most a second, reading the wall clock anew, so a clock stepped by NTP
+/// meanwhile still starts on time.
+fn wait_until(at: SystemTime) -> Result<(), BenchError> {
+    if let Ok(late) = SystemTime::now().duration_since(at) {
+        if late > START_AT_SLACK {
+            return Err(BenchError::StartInThePast {
+                at: humantime::format_rfc3339_millis(at).to_string(),
+                late: humantime::format_duration(Duration::from_millis(late.as_millis() as u64))
+                    .to_string(),
+            });
+        }
+        return Ok(());
+    }
+    while let Ok(left) = at.duration_since(SystemTime::now()) {
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(Duration::from_secs(1)));
+    }
+    Ok(())
+}
+
+/// `--start-at`'s value: an RFC 3339 UTC time (`2026-12-01T12:00:00Z`, fractions allowed), or
+/// `+DURATION` from now (`+10s`).
+fn parse_start_at(s: &str) -> Result<SystemTime, String> {
+    if let Some(d) = s.strip_prefix('+') {
+        let d = humantime::parse_duration(d).map_err(|e| format!("{s:?}: {e}"))?;
+        return Ok(SystemTime::now() + d);
+    }
+    humantime::parse_rfc3339_weak(s).map_err(|e| {
+        format!("{s:?}: {e}: expected an RFC 3339 UTC time such as 2026-12-01T12:00:00Z, or +10s")
+    })
 }
 
 /// Validates `opts` and returns the cores to use.
@@ -416,9 +474,12 @@ fn progress_line(
     )
 }
 
-/// `pinlb bench`'s command line.
+/// `pinlb bench`'s command line: a run, or `merge` of runs' reports.
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    pub action: Option<BenchAction>,
     /// Targets, compared against the first: NAME=URL or URL (http:// or https://).
     #[arg(required = true, value_name = "TARGET")]
     pub targets: Vec<Target>,
@@ -496,12 +557,27 @@ pub struct BenchArgs {
     /// system's, /etc/ssl/certs/ca-certificates.crt].
     #[arg(long, value_name = "FILE")]
     pub cacert: Option<PathBuf>,
-    /// Also write the results as JSON to FILE.
+    /// Wait until this wall-clock time before the first warm-up: an RFC 3339 UTC time
+    /// (2026-12-01T12:00:00Z) or +DURATION from now (+10s). Give several machines the same
+    /// time, then `pinlb bench merge` their --json reports.
+    #[arg(long, value_name = "TIME", value_parser = parse_start_at)]
+    pub start_at: Option<SystemTime>,
+    /// Also write the results as JSON to FILE, with each round's full latency histogram
+    /// (HdrHistogram's compressed encoding, base64), the start and end times and the command.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Also write a latency-by-percentile chart (SVG) to FILE.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+}
+
+/// What `pinlb bench` does instead of a run.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchAction {
+    /// Add up the --json reports of runs that loaded the same targets at the same time
+    /// (several machines given the same --start-at) and print them as one run: rates summed per
+    /// round, percentiles from the added histograms.
+    Merge(merge::MergeArgs),
 }
 
 impl BenchArgs {
@@ -560,6 +636,7 @@ impl BenchArgs {
                 (None, true) => Trust::Insecure,
                 (None, false) => Trust::System,
             },
+            start_at: self.start_at,
             progress: true,
         })
     }
@@ -570,6 +647,9 @@ impl BenchArgs {
 /// (refused every connection, say): then no figure compares anything. Other errors during the
 /// run are results, and are in the table.
 pub fn main(args: BenchArgs) -> ExitCode {
+    if let Some(BenchAction::Merge(m)) = &args.action {
+        return merge::main(m);
+    }
     let report = match args.options().and_then(|o| run(&o)) {
         Ok(r) => r,
         Err(e) => {
@@ -656,6 +736,7 @@ mod tests {
             cpus: Vec::new(),
             timeout: Duration::from_secs(2),
             trust: Trust::default(),
+            start_at: None,
             progress: false,
         }
     }

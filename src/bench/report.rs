@@ -7,19 +7,33 @@ use std::path::Path;
 
 use hdrhistogram::Histogram;
 use plotters::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::load::RunResult;
 use super::stats::{
     self, AddedLatency, Counts, CurvePoint, Errors, Latency, Spread, new_histogram,
     percentile_to_x, x_label,
 };
-use super::{BenchError, BenchOptions};
+use super::{BenchError, BenchOptions, hdr};
 use crate::cpus::format_cpu_list;
 
-/// Everything a bench measured, with the settings it ran with.
-#[derive(Debug, Clone, Serialize)]
+/// Everything a bench measured, with the settings it ran with. `bench merge` reads it back from
+/// `--json` files, so every field deserialises too.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
+    /// The command line that ran it (for a merge, `pinlb bench merge FILE...`).
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// When the first warm-up began and the last recorded window ended, RFC 3339 UTC: with
+    /// `--start-at`, how close together several machines began. A merge spans its runs.
+    #[serde(default)]
+    pub started_at: Option<String>,
+    #[serde(default)]
+    pub ended_at: Option<String>,
+    /// Load generators whose runs this report adds up: 1 for a run, the sum for a merge.
+    #[serde(default = "one")]
+    pub machines: usize,
+    /// Summed over the machines in a merge, as are `threads`.
     pub connections: usize,
     pub threads: usize,
     /// The cores the load threads were pinned to.
@@ -50,7 +64,7 @@ pub struct Report {
 }
 
 /// One target's results over all rounds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TargetReport {
     pub name: String,
     pub url: String,
@@ -67,17 +81,79 @@ pub struct TargetReport {
     pub rounds: Vec<RoundReport>,
     /// Latency by percentile, for plotting (the chart's points).
     pub percentiles: Vec<CurvePoint>,
-    /// The merged latency histogram of the recorded windows, in ns.
-    #[serde(skip)]
+    /// The merged latency histogram of the recorded windows, in ns (see [`hdr`] for its
+    /// encoding in the JSON).
+    #[serde(with = "hdr")]
     pub histogram: Histogram<u64>,
     /// Why the first failed connect failed ("connection refused"), if one did.
     pub connect_failure: Option<String>,
 }
 
+impl TargetReport {
+    /// A target's figures from its rounds: the histograms and counts added up, the rates'
+    /// spread, and against `first` (the first target, already built) its overhead. A single
+    /// run and a merge both end here, so they print alike.
+    pub(crate) fn of_rounds(
+        name: String,
+        url: String,
+        rounds: Vec<RoundReport>,
+        connect_failure: Option<String>,
+        first: Option<&TargetReport>,
+    ) -> Result<TargetReport, BenchError> {
+        let mut histogram = new_histogram()?;
+        let mut requests = Counts::default();
+        let mut warmup = Counts::default();
+        for r in &rounds {
+            histogram.add(&r.histogram)?;
+            requests.add(&r.requests);
+            warmup.add(&r.warmup);
+        }
+        let rps: Vec<f64> = rounds.iter().map(|r| r.requests_per_sec).collect();
+        let latency = Latency::of(&histogram);
+        let vs_first = first.map(|first| {
+            let first_rps: Vec<f64> = first.rounds.iter().map(|r| r.requests_per_sec).collect();
+            let band = |pick: fn(&Latency) -> f64| {
+                half_range(first.rounds.iter().map(|r| pick(&r.latency)))
+                    + half_range(rounds.iter().map(|r| pick(&r.latency)))
+            };
+            Overhead {
+                against: first.name.clone(),
+                throughput_ratio: stats::paired_ratio(&rps, &first_rps),
+                added_latency: latency.minus(&first.latency),
+                noise: AddedLatency {
+                    p50_us: band(|l| l.p50_us),
+                    p90_us: band(|l| l.p90_us),
+                    p99_us: band(|l| l.p99_us),
+                    p999_us: band(|l| l.p999_us),
+                    max_us: band(|l| l.max_us),
+                },
+            }
+        });
+        Ok(TargetReport {
+            name,
+            url,
+            requests_per_sec: stats::spread(&rps).unwrap_or(Spread {
+                median: 0.0,
+                min: 0.0,
+                max: 0.0,
+            }),
+            latency,
+            requests,
+            warmup,
+            vs_first,
+            rounds,
+            percentiles: stats::percentile_curve(&histogram),
+            histogram,
+            connect_failure,
+        })
+    }
+}
+
 /// One round of one target.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RoundReport {
-    /// Responses in the recorded window divided by `elapsed_s`.
+    /// Responses in the recorded window divided by `elapsed_s`; in a merge, the machines'
+    /// rates summed (they ran at the same time).
     pub requests_per_sec: f64,
     /// From the start of the recorded window until every request sent in it was answered or
     /// timed out: the duration plus the last responses' latency.
@@ -85,11 +161,14 @@ pub struct RoundReport {
     pub latency: Latency,
     pub requests: Counts,
     pub warmup: Counts,
+    /// The recorded window's latency histogram in ns (see [`hdr`]): what a merge adds up.
+    #[serde(with = "hdr")]
+    pub histogram: Histogram<u64>,
 }
 
 /// What a target costs on top of the first: "the proxy's overhead" when the first is the backend
 /// alone and this one the proxy in front of it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Overhead {
     /// The first target's name.
     pub against: String,
@@ -117,64 +196,35 @@ impl Report {
                 .iter()
                 .find_map(|r| r.connect_failure)
                 .map(|k| k.to_string());
-            let mut histogram = new_histogram()?;
-            let mut requests = Counts::default();
-            let mut warmup = Counts::default();
-            let mut per_round = Vec::with_capacity(rounds.len());
-            for r in rounds {
-                histogram.add(&r.histogram)?;
-                requests.add(&r.recorded);
-                warmup.add(&r.warmup);
-                let elapsed = r.elapsed.as_secs_f64();
-                per_round.push(RoundReport {
-                    requests_per_sec: stats::ratio(r.recorded.responses as f64, elapsed)
-                        .unwrap_or(0.0),
-                    elapsed_s: elapsed,
-                    latency: Latency::of(&r.histogram),
-                    requests: r.recorded,
-                    warmup: r.warmup,
-                });
-            }
-            let rps: Vec<f64> = per_round.iter().map(|r| r.requests_per_sec).collect();
-            let latency = Latency::of(&histogram);
-            let vs_first = targets.first().map(|first| {
-                let first_rps: Vec<f64> = first.rounds.iter().map(|r| r.requests_per_sec).collect();
-                let band = |pick: fn(&Latency) -> f64| {
-                    half_range(first.rounds.iter().map(|r| pick(&r.latency)))
-                        + half_range(per_round.iter().map(|r| pick(&r.latency)))
-                };
-                Overhead {
-                    against: first.name.clone(),
-                    throughput_ratio: stats::paired_ratio(&rps, &first_rps),
-                    added_latency: latency.minus(&first.latency),
-                    noise: AddedLatency {
-                        p50_us: band(|l| l.p50_us),
-                        p90_us: band(|l| l.p90_us),
-                        p99_us: band(|l| l.p99_us),
-                        p999_us: band(|l| l.p999_us),
-                        max_us: band(|l| l.max_us),
-                    },
-                }
-            });
-            targets.push(TargetReport {
-                name: target.name.clone(),
-                url: target.url.to_string(),
-                requests_per_sec: stats::spread(&rps).unwrap_or(Spread {
-                    median: 0.0,
-                    min: 0.0,
-                    max: 0.0,
-                }),
-                latency,
-                requests,
-                warmup,
-                vs_first,
-                rounds: per_round,
-                percentiles: stats::percentile_curve(&histogram),
-                histogram,
+            let per_round = rounds
+                .into_iter()
+                .map(|r| {
+                    let elapsed = r.elapsed.as_secs_f64();
+                    RoundReport {
+                        requests_per_sec: stats::ratio(r.recorded.responses as f64, elapsed)
+                            .unwrap_or(0.0),
+                        elapsed_s: elapsed,
+                        latency: Latency::of(&r.histogram),
+                        requests: r.recorded,
+                        warmup: r.warmup,
+                        histogram: r.histogram,
+                    }
+                })
+                .collect();
+            let t = TargetReport::of_rounds(
+                target.name.clone(),
+                target.url.to_string(),
+                per_round,
                 connect_failure,
-            });
+                targets.first(),
+            )?;
+            targets.push(t);
         }
         Ok(Report {
+            command: std::env::args().collect(),
+            started_at: None,
+            ended_at: None,
+            machines: 1,
             connections: opts.connections,
             threads: opts.threads,
             cpus: cpus.to_vec(),
@@ -345,13 +395,28 @@ impl Report {
                 }
             )
         };
+        // A merge's connections and threads are every machine's together; its cores are the
+        // first machine's, each machine having its own.
+        let load = if self.machines > 1 {
+            format!(
+                "{} connection(s) on {} thread(s) over {} machines merged (rates summed per round, percentiles from the added histograms), cores {} each",
+                self.connections,
+                self.threads,
+                self.machines,
+                format_cpu_list(&self.cpus),
+            )
+        } else {
+            format!(
+                "{} connection(s) on {} thread(s), cores {}",
+                self.connections,
+                self.threads,
+                format_cpu_list(&self.cpus),
+            )
+        };
         format!(
-            "{} target(s), {} interleaved round(s) of {window}{warmup}; {mode}{request}; {} connection(s) on {} thread(s), cores {}; timeout {} s",
+            "{} target(s), {} interleaved round(s) of {window}{warmup}; {mode}{request}; {load}; timeout {} s",
             self.targets.len(),
             self.rounds,
-            self.connections,
-            self.threads,
-            format_cpu_list(&self.cpus),
             secs(self.timeout_s),
         )
     }
@@ -498,6 +563,11 @@ impl Report {
     }
 }
 
+/// The default of [`Report::machines`] in a file written before merges.
+fn one() -> usize {
+    1
+}
+
 /// A latency in µs for the table: whole µs from 100 µs up, one decimal below.
 fn us(v: f64) -> String {
     if v.abs() >= 100.0 {
@@ -584,12 +654,12 @@ fn errors(e: &Errors) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::bench::Target;
     use std::time::Duration;
 
-    fn run(rps: f64, latency_us: u64) -> RunResult {
+    pub(crate) fn run(rps: f64, latency_us: u64) -> RunResult {
         let mut histogram = new_histogram().unwrap();
         let n = rps as u64;
         for _ in 0..n {
@@ -615,7 +685,7 @@ mod tests {
         }
     }
 
-    fn opts() -> BenchOptions {
+    pub(crate) fn opts() -> BenchOptions {
         BenchOptions {
             targets: vec![
                 "direct=http://127.0.0.1:1/".parse::<Target>().unwrap(),
@@ -634,6 +704,7 @@ mod tests {
             cpus: vec![0],
             timeout: Duration::from_secs(2),
             trust: crate::bench::Trust::default(),
+            start_at: None,
             progress: false,
         }
     }
@@ -678,14 +749,21 @@ mod tests {
     }
 
     #[test]
-    fn json_has_the_figures_but_not_the_raw_histogram() {
-        let v = serde_json::to_value(report()).unwrap();
+    fn json_has_the_figures_and_each_round_s_histogram_encoded() {
+        let r = report();
+        let v = serde_json::to_value(&r).unwrap();
         let t = &v["targets"][1];
         assert_eq!(t["name"], "proxied");
         assert_eq!(t["vs_first"]["throughput_ratio"], 0.5);
         assert_eq!(t["requests"]["errors"]["non_2xx"], 0);
-        assert!(t.get("histogram").is_none());
         assert!(t["percentiles"].as_array().unwrap().len() > 10);
+        let round = hdr::decode(t["rounds"][1]["histogram"].as_str().unwrap()).unwrap();
+        assert_eq!(round.len(), 1000);
+        let all = hdr::decode(t["histogram"].as_str().unwrap()).unwrap();
+        assert_eq!(all, r.targets[1].histogram);
+        let back: Report = serde_json::from_value(v).unwrap();
+        assert_eq!(back.targets[1].requests, r.targets[1].requests);
+        assert_eq!(back.machines, 1);
     }
 
     #[test]

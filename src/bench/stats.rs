@@ -6,7 +6,7 @@
 //! `f64`, so a 30 µs loopback latency keeps its digits.
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Histograms track 3 significant digits: a value is off by at most 0.1%.
 const SIGFIG: u8 = 3;
@@ -26,7 +26,7 @@ pub fn new_histogram() -> Result<Histogram<u64>, hdrhistogram::CreationError> {
 }
 
 /// Median, min and max of per-round values.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Spread {
     pub median: f64,
     pub min: f64,
@@ -78,7 +78,7 @@ pub fn paired_ratio(target: &[f64], first: &[f64]) -> Option<f64> {
 }
 
 /// The latency percentiles of a report, in microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
     pub p50_us: f64,
     pub p90_us: f64,
@@ -118,7 +118,7 @@ impl Latency {
 }
 
 /// Latency one target adds over the first at each percentile, in microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct AddedLatency {
     pub p50_us: f64,
     pub p90_us: f64,
@@ -132,7 +132,7 @@ fn ns_to_us(ns: u64) -> f64 {
 }
 
 /// One point of a latency-by-percentile curve.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CurvePoint {
     /// 0 to 100.
     pub percentile: f64,
@@ -193,7 +193,7 @@ pub fn x_label(x: f64) -> String {
 /// and `responses == ok + errors.non_2xx`. Connect and handshake errors sent nothing.
 ///
 /// With `--ws` a request is a message and a response its echo; every echo counts as ok.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
     /// Requests written (or begun to be written) on a connection: what the server may have seen.
     pub sent: u64,
@@ -284,8 +284,40 @@ impl Serialize for Statuses {
     }
 }
 
+impl<'de> Deserialize<'de> for Statuses {
+    /// Reads back what [`Serialize`] wrote, so `bench merge` can add the codes of several runs.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Statuses, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Written {
+            #[serde(rename = "1xx")]
+            c1: u64,
+            #[serde(rename = "2xx")]
+            c2: u64,
+            #[serde(rename = "3xx")]
+            c3: u64,
+            #[serde(rename = "4xx")]
+            c4: u64,
+            #[serde(rename = "5xx")]
+            c5: u64,
+            codes: std::collections::BTreeMap<u16, u64>,
+            other_codes: u64,
+        }
+        let w = Written::deserialize(d)?;
+        let mut st = Statuses {
+            classes: [w.c1, w.c2, w.c3, w.c4, w.c5],
+            other_codes: w.other_codes,
+            ..Statuses::default()
+        };
+        for (code, n) in w.codes {
+            st.add_code(code, n);
+        }
+        Ok(st)
+    }
+}
+
 /// Failures by kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Errors {
     /// Connects that failed or took longer than the timeout.
     pub connect: u64,

@@ -162,6 +162,66 @@ pub struct Config {
     pub access_log: Option<AccessLog>,
     /// Non-fatal findings (a backend pinned to a proxy core), shown by `check` and logged at start.
     pub warnings: Vec<String>,
+    /// Where backends' DNS names are looked up.
+    pub resolver: Resolver,
+}
+
+/// `[resolver]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resolver {
+    /// `nameservers`: these (UDP, then TCP for a truncated answer) instead of
+    /// `/etc/resolv.conf`'s; empty = the system's.
+    pub nameservers: Vec<SocketAddr>,
+}
+
+/// A backend given by a DNS name, which the control thread looks up at start and again every
+/// [`Resolve`] interval: each address it gives becomes a backend with this entry's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedBackend {
+    pub name: DnsName,
+    /// Every address's weight for a host name; for SRV, the records' own weights are used.
+    pub weight: u32,
+    pub cpus: Option<Vec<usize>>,
+    pub max_conns: usize,
+    pub slow_start: Duration,
+    /// `backup`, for every address the name gives.
+    pub backup: bool,
+}
+
+/// What a [`NamedBackend`] looks up.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DnsName {
+    /// `address = "NAME:PORT"`: A and AAAA records, each address at `port`.
+    Host { host: String, port: u16 },
+    /// `srv = "_service._proto.NAME"`: SRV records, their targets' addresses at their ports.
+    Srv(String),
+}
+
+impl std::fmt::Display for DnsName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DnsName::Host { host, port } => write!(f, "{host}:{port}"),
+            DnsName::Srv(name) => write!(f, "srv {name}"),
+        }
+    }
+}
+
+/// `[upstream.NAME.resolve]`: when names are looked up again. The next lookup comes after the
+/// answer's TTL, but no later than `interval` and no sooner than `min_interval`; after a failed
+/// one, `min_interval`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resolve {
+    pub interval: Duration,
+    pub min_interval: Duration,
+}
+
+impl Default for Resolve {
+    fn default() -> Self {
+        Resolve {
+            interval: Duration::from_secs(5),
+            min_interval: Duration::from_secs(1),
+        }
+    }
 }
 
 /// `[admin]`.
@@ -579,6 +639,10 @@ pub struct Upstream {
     /// `ewma_decay`: how fast an `ewma` upstream forgets a response time (the time constant of
     /// the moving average; Finagle's and Linkerd's default is 10 s).
     pub ewma_decay: Duration,
+    /// Backends given by DNS names. `backends` holds the IP ones from the file and, once the
+    /// control thread has looked them up, the addresses these gave (see `dns`).
+    pub names: Vec<NamedBackend>,
+    pub resolve: Resolve,
 }
 
 impl Upstream {
@@ -808,6 +872,7 @@ impl Config {
             .map(|a| validate::admin(&src, a, &listeners))
             .transpose()?;
         let access_log = validate::log(&src, &raw.log)?;
+        let resolver = validate::resolver(&src, &raw.resolver)?;
         Ok(Config {
             runtime,
             limits,
@@ -818,6 +883,7 @@ impl Config {
             admin,
             access_log,
             warnings,
+            resolver,
         })
     }
 }

@@ -37,6 +37,23 @@ pub(super) struct RawConfig {
     pub log: RawLog,
     #[serde(default)]
     pub http2: RawHttp2,
+    #[serde(default)]
+    pub resolver: RawResolver,
+}
+
+/// `[resolver]`: where backends' DNS names are looked up.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawResolver {
+    pub nameservers: Option<Vec<Spanned<String>>>,
+}
+
+/// `[upstream.NAME.resolve]`: how often its backends' names are looked up again.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawResolve {
+    pub interval: Option<Spanned<Dur>>,
+    pub min_interval: Option<Spanned<Dur>>,
 }
 
 impl RawConfig {
@@ -120,6 +137,8 @@ pub(super) struct RawUpstream {
     pub max_streams: Option<Spanned<usize>>,
     /// TLS to the backends; plain TCP without the table.
     pub tls: Option<Spanned<RawUpstreamTls>>,
+    #[serde(default)]
+    pub resolve: RawResolve,
 }
 
 /// `[upstream.NAME.tls]`: its presence turns TLS to the backends on.
@@ -142,7 +161,10 @@ fn default_keepalive() -> usize {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawBackend {
-    pub address: Spanned<String>,
+    /// `IP:PORT`, or `NAME:PORT` looked up (A/AAAA); exactly one of it and `srv`.
+    pub address: Option<Spanned<String>>,
+    /// An SRV name, whose records give the addresses, ports and weights.
+    pub srv: Option<Spanned<String>>,
     #[serde(default = "default_weight")]
     pub weight: Spanned<u32>,
     pub cpus: Option<Spanned<CpuList>>,

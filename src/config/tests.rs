@@ -541,3 +541,83 @@ fn the_upgrade_socket_is_off_unless_given_and_must_be_an_absolute_short_path() {
         "pinlb.toml:2:18: runtime.upgrade_socket: expected at most 107 bytes (a unix socket's limit), not 108"
     );
 }
+
+fn with_backends(backends: &str) -> String {
+    MINIMAL.replace("[{ address = \"127.0.0.1:8881\" }]", backends)
+}
+
+#[test]
+fn a_backend_may_be_a_host_name_or_an_srv_name_with_resolve_bounds() {
+    let c = parse(&with_backends(
+        "[{ address = \"app.internal:8080\", weight = 2 }, { srv = \"_http._tcp.app.internal.\" }]",
+    ))
+    .unwrap();
+    let u = &c.upstreams[0];
+    assert!(u.backends.is_empty());
+    assert_eq!(
+        u.names[0].name,
+        DnsName::Host {
+            host: "app.internal".into(),
+            port: 8080
+        }
+    );
+    assert_eq!(u.names[0].weight, 2);
+    assert_eq!(
+        u.names[1].name,
+        DnsName::Srv("_http._tcp.app.internal".into())
+    );
+    assert_eq!(u.resolve, Resolve::default());
+    assert!(c.resolver.nameservers.is_empty());
+
+    let c = parse(&format!(
+        "{}[upstream.app.resolve]\ninterval = \"500ms\"\n[resolver]\nnameservers = [\"10.96.0.10\", \"127.0.0.1:5353\"]\n",
+        with_backends("[{ srv = \"_x._tcp.y\" }]")
+    ))
+    .unwrap();
+    assert_eq!(c.upstreams[0].resolve.interval, Duration::from_millis(500));
+    assert_eq!(
+        c.upstreams[0].resolve.min_interval,
+        Duration::from_millis(500)
+    );
+    assert_eq!(
+        c.resolver.nameservers,
+        vec![
+            "10.96.0.10:53".parse().unwrap(),
+            "127.0.0.1:5353".parse().unwrap()
+        ]
+    );
+}
+
+#[test]
+fn bad_names_and_bounds_are_refused_at_their_place() {
+    assert_eq!(
+        err(&with_backends(
+            "[{ address = \"a.b:80\", srv = \"_x._tcp.y\" }]"
+        )),
+        "pinlb.toml:7:41: upstream.app.backends[0].srv: set together with address = \"a.b:80\", expected one of address (IP:PORT or NAME:PORT) or srv (an SRV name)"
+    );
+    assert!(
+        err(&with_backends("[{ weight = 2 }]")).contains("upstream.app.backends[0]: no address")
+    );
+    assert!(err(&with_backends("[{ srv = \"a..b\" }]")).contains("invalid SRV name \"a..b\""));
+    assert!(
+        err(&with_backends(
+            "[{ address = \"a.b:80\" }, { address = \"a.b:80\" }]"
+        ))
+        .contains("duplicate backend a.b:80; each name may appear once")
+    );
+    assert!(err(&with_backends("[{ address = \"a b:80\" }]")).contains("invalid address"));
+    assert!(
+        err(&format!(
+            "{}[upstream.app.resolve]\ninterval = \"1s\"\nmin_interval = \"2s\"\n",
+            MINIMAL
+        ))
+        .contains("upstream.app.resolve.min_interval: 2s is longer than resolve.interval (1s)")
+    );
+    assert!(
+        err(&format!(
+            "{MINIMAL}[resolver]\nnameservers = [\"dns.google\"]\n"
+        ))
+        .contains("resolver.nameservers[0]: invalid nameserver \"dns.google\"")
+    );
+}

@@ -13,11 +13,13 @@ use toml::Spanned;
 use super::error::{ConfigError, Source};
 use super::raw::{
     Dur, RawAdmin, RawBackend, RawForwarded, RawHealth, RawHttp2, RawLimits, RawListener, RawLog,
-    RawPassive, RawRetry, RawRuntime, RawTimeouts, RawTls, RawUpstream, RawUpstreamTls, Size,
+    RawPassive, RawResolve, RawResolver, RawRetry, RawRuntime, RawTimeouts, RawTls, RawUpstream,
+    RawUpstreamTls, Size,
 };
 use super::{
-    AccessFormat, AccessLog, AccessTarget, Admin, Algorithm, Backend, HashKey, Health, Http2,
-    Limits, Listener, Passive, Protocol, Retry, Runtime, Timeouts, Upgrade, Upstream,
+    AccessFormat, AccessLog, AccessTarget, Admin, Algorithm, Backend, DnsName, HashKey, Health,
+    Http2, Limits, Listener, NamedBackend, Passive, Protocol, Resolve, Resolver, Retry, Runtime,
+    Timeouts, Upgrade, Upstream,
 };
 use crate::cpus::format_cpu_list;
 use crate::tls::{CertFiles, Terminator};
@@ -253,7 +255,14 @@ pub(super) fn upstream(
         .algorithm
         .as_ref()
         .map_or(Algorithm::default(), |a| *a.get_ref());
-    let backends = backends(src, name, &key, up, worker_cpus, warnings)?;
+    backup_rules(src, &key, up, algorithm)?;
+    let (mut backends, mut names) = (Vec::new(), Vec::new());
+    for entry in self::backends(src, name, &key, up, worker_cpus, warnings)? {
+        match entry {
+            Entry::Address(b) => backends.push(b),
+            Entry::Name(n) => names.push(n),
+        }
+    }
     Ok(Upstream {
         name: name.to_string(),
         algorithm,
@@ -261,7 +270,9 @@ pub(super) fn upstream(
         ewma_decay: positive(src, &up.ewma_decay, &format!("{key}.ewma_decay"))?
             .unwrap_or(Upstream::EWMA_DECAY),
         keepalive: up.keepalive,
-        backends: backup_rules(src, &key, up, algorithm, backends)?,
+        backends,
+        names,
+        resolve: resolve(src, &key, &up.resolve)?,
         timeouts: timeouts(src, &key, &up.timeouts)?,
         health: up
             .health
@@ -322,22 +333,14 @@ fn hash_key(
 
 /// `backup` backends need a primary to stand behind, and are not for `hash` upstreams: a key's
 /// backend must not depend on whether others are up (nginx refuses the same pairing).
-fn backup_rules(
-    src: &Source,
-    key: &str,
-    up: &RawUpstream,
-    algorithm: Algorithm,
-    backends: Vec<Backend>,
-) -> Result<Vec<Backend>> {
+fn backup_rules(src: &Source, key: &str, up: &RawUpstream, algorithm: Algorithm) -> Result<()> {
     let raw = up.backends.get_ref();
-    let Some(first_backup) = backends.iter().position(|b| b.backup) else {
-        return Ok(backends);
+    let is_backup = |b: &RawBackend| b.backup.as_ref().is_some_and(|v| *v.get_ref());
+    let Some(first) = raw.iter().position(is_backup) else {
+        return Ok(());
     };
-    let at = raw[first_backup]
-        .backup
-        .as_ref()
-        .map_or_else(|| raw[first_backup].address.span(), |v| v.span());
-    let bkey = format!("{key}.backends[{first_backup}].backup");
+    let at = raw[first].backup.as_ref().map_or(0..0, |v| v.span());
+    let bkey = format!("{key}.backends[{first}].backup");
     if algorithm == Algorithm::Hash {
         return Err(src.at(
             at,
@@ -345,14 +348,14 @@ fn backup_rules(
             "backup backends can't be used with algorithm \"hash\" (a key's backend would move whenever another went down); use round_robin, least_conn, random_two or ewma",
         ));
     }
-    if backends.iter().all(|b| b.backup) {
+    if raw.iter().all(is_backup) {
         return Err(src.at(
             at,
             &bkey,
             "every backend is a backup: an upstream needs at least one primary backend (backup = false)",
         ));
     }
-    Ok(backends)
+    Ok(())
 }
 
 /// `protocol`, which must agree with the `tls` table: `h2` is HTTP/2 over TLS, `h2c` cleartext.
@@ -449,9 +452,16 @@ fn upstream_tls(
     })
 }
 
+/// One entry of `backends`: an address, or a name looked up later.
+enum Entry {
+    Address(Backend),
+    Name(NamedBackend),
+}
+
 /// An upstream's `backends`. An address may appear once in an upstream: twice would only be a
 /// heavier weight, written confusingly. Another upstream may list it too, as nginx allows: it
 /// then has a backend of its own at that address, with its own health, counters and pool.
+/// A name may appear once too; what it resolves to is only known at run time (see `dns`).
 fn backends(
     src: &Source,
     name: &str,
@@ -459,7 +469,7 @@ fn backends(
     up: &RawUpstream,
     worker_cpus: &[usize],
     warnings: &mut Vec<String>,
-) -> Result<Vec<Backend>> {
+) -> Result<Vec<Entry>> {
     let raw = up.backends.get_ref();
     if raw.is_empty() {
         return Err(src.at(
@@ -469,11 +479,16 @@ fn backends(
         ));
     }
     let mut seen = HashSet::new();
-    let mut backends = Vec::with_capacity(raw.len());
+    let mut names = HashSet::new();
+    let mut entries = Vec::with_capacity(raw.len());
     for (i, b) in raw.iter().enumerate() {
         let bkey = format!("{key}.backends[{i}]");
-        let backend = backend(src, &bkey, up, b, &mut seen)?;
-        if let Some(bcpus) = &backend.cpus {
+        let entry = backend(src, &bkey, up, b, &mut seen, &mut names)?;
+        let (shown, cpus) = match &entry {
+            Entry::Address(b) => (b.address.to_string(), &b.cpus),
+            Entry::Name(n) => (n.name.to_string(), &n.cpus),
+        };
+        if let Some(bcpus) = cpus {
             let shared: Vec<usize> = bcpus
                 .iter()
                 .copied()
@@ -481,41 +496,27 @@ fn backends(
                 .collect();
             if !shared.is_empty() {
                 warnings.push(format!(
-                    "backend {} (upstream {name}) is pinned to cores {}, which overlap pinlb's cores {}",
-                    backend.address,
+                    "backend {shown} (upstream {name}) is pinned to cores {}, which overlap pinlb's cores {}",
                     format_cpu_list(&shared),
                     format_cpu_list(worker_cpus)
                 ));
             }
         }
-        backends.push(backend);
+        entries.push(entry);
     }
-    Ok(backends)
+    Ok(entries)
 }
 
 /// One entry of `backends`, whose address must not be in `seen` (the upstream's addresses so
-/// far); `max_conns` and `slow_start` default to the upstream's.
+/// far) nor its name in `names`; `max_conns` and `slow_start` default to the upstream's.
 fn backend(
     src: &Source,
     bkey: &str,
     up: &RawUpstream,
     b: &RawBackend,
     seen: &mut HashSet<SocketAddr>,
-) -> Result<Backend> {
-    let address: SocketAddr = b.address.get_ref().parse().map_err(|_| {
-        src.at(
-            b.address.span(),
-            &format!("{bkey}.address"),
-            bad_address(b.address.get_ref(), "127.0.0.1:8881"),
-        )
-    })?;
-    if !seen.insert(address) {
-        return Err(src.at(
-            b.address.span(),
-            &format!("{bkey}.address"),
-            format!("duplicate backend address {address}; each backend may appear once"),
-        ));
-    }
+    names: &mut HashSet<DnsName>,
+) -> Result<Entry> {
     let weight = *b.weight.get_ref();
     if weight == 0 {
         return Err(src.at(
@@ -530,17 +531,167 @@ fn backend(
         v.dedup();
         v
     });
-    Ok(Backend {
-        address,
+    let max_conns = b.max_conns.unwrap_or(up.max_conns);
+    let backup = b.backup.as_ref().is_some_and(|v| *v.get_ref());
+    let slow_start = b
+        .slow_start
+        .or(up.slow_start)
+        .map_or(Duration::ZERO, |d| d.0);
+    let (name, span, key) = match (&b.address, &b.srv) {
+        (Some(a), Some(s)) => {
+            return Err(src.at(
+                s.span(),
+                &format!("{bkey}.srv"),
+                format!(
+                    "set together with address = {:?}, expected one of address (IP:PORT or NAME:PORT) or srv (an SRV name)",
+                    a.get_ref()
+                ),
+            ));
+        }
+        (None, None) => {
+            return Err(src.at(
+                up.backends.span(),
+                bkey,
+                "no address, expected address = \"IP:PORT\" (or \"NAME:PORT\"), or srv = \"_service._tcp.NAME\"",
+            ));
+        }
+        (Some(a), None) => {
+            let text = a.get_ref();
+            if let Ok(address) = text.parse::<SocketAddr>() {
+                if !seen.insert(address) {
+                    return Err(src.at(
+                        a.span(),
+                        &format!("{bkey}.address"),
+                        format!(
+                            "duplicate backend address {address}; each backend may appear once"
+                        ),
+                    ));
+                }
+                return Ok(Entry::Address(Backend {
+                    address,
+                    weight,
+                    cpus,
+                    max_conns,
+                    slow_start,
+                    backup,
+                }));
+            }
+            let name = host_and_port(text).ok_or_else(|| {
+                src.at(
+                    a.span(),
+                    &format!("{bkey}.address"),
+                    bad_address(text, "127.0.0.1:8881"),
+                )
+            })?;
+            (name, a.span(), format!("{bkey}.address"))
+        }
+        (None, Some(s)) => {
+            let text = s.get_ref().trim_end_matches('.');
+            if !is_dns_name(text) {
+                return Err(src.at(
+                    s.span(),
+                    &format!("{bkey}.srv"),
+                    format!(
+                        "invalid SRV name {:?}, expected a DNS name such as \"_http._tcp.app.internal\"",
+                        s.get_ref()
+                    ),
+                ));
+            }
+            (
+                DnsName::Srv(text.to_string()),
+                s.span(),
+                format!("{bkey}.srv"),
+            )
+        }
+    };
+    if !names.insert(name.clone()) {
+        return Err(src.at(
+            span,
+            &key,
+            format!("duplicate backend {name}; each name may appear once"),
+        ));
+    }
+    Ok(Entry::Name(NamedBackend {
+        name,
         weight,
         cpus,
-        max_conns: b.max_conns.unwrap_or(up.max_conns),
-        slow_start: b
-            .slow_start
-            .or(up.slow_start)
-            .map_or(Duration::ZERO, |d| d.0),
-        backup: b.backup.as_ref().is_some_and(|v| *v.get_ref()),
+        max_conns,
+        slow_start,
+        backup,
+    }))
+}
+
+/// `NAME:PORT` with a DNS name (not an IP address), as [`DnsName::Host`].
+fn host_and_port(text: &str) -> Option<DnsName> {
+    let (host, port) = text.rsplit_once(':')?;
+    let port: u16 = port.parse().ok().filter(|&p| p != 0)?;
+    let host = host.trim_end_matches('.');
+    (host.parse::<std::net::IpAddr>().is_err() && is_dns_name(host)).then(|| DnsName::Host {
+        host: host.to_string(),
+        port,
     })
+}
+
+/// Letters, digits, `-` and `_` (SRV labels start with one) in dot-separated labels of 1 to
+/// 63 characters, 253 in all.
+fn is_dns_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+}
+
+/// `[upstream.NAME.resolve]`.
+fn resolve(src: &Source, key: &str, r: &RawResolve) -> Result<Resolve> {
+    let d = Resolve::default();
+    let interval = positive(src, &r.interval, &format!("{key}.resolve.interval"))?;
+    let min_interval = positive(src, &r.min_interval, &format!("{key}.resolve.min_interval"))?;
+    let interval = interval.unwrap_or(d.interval);
+    // A shorter interval than the default minimum lowers the minimum with it.
+    let min_interval = min_interval.unwrap_or(d.min_interval.min(interval));
+    if min_interval > interval {
+        let span = r.min_interval.as_ref().map_or(0..0, |v| v.span());
+        return Err(src.at(
+            span,
+            &format!("{key}.resolve.min_interval"),
+            format!(
+                "{min_interval:?} is longer than resolve.interval ({interval:?}), expected at most the interval"
+            ),
+        ));
+    }
+    Ok(Resolve {
+        interval,
+        min_interval,
+    })
+}
+
+/// `[resolver]`.
+pub(super) fn resolver(src: &Source, r: &RawResolver) -> Result<Resolver> {
+    let mut nameservers = Vec::new();
+    for (i, ns) in r.nameservers.iter().flatten().enumerate() {
+        let text = ns.get_ref();
+        let addr = text
+            .parse::<SocketAddr>()
+            .or_else(|_| {
+                text.parse::<std::net::IpAddr>()
+                    .map(|ip| SocketAddr::new(ip, 53))
+            })
+            .map_err(|_| {
+                src.at(
+                    ns.span(),
+                    &format!("resolver.nameservers[{i}]"),
+                    format!(
+                        "invalid nameserver {text:?}, expected an IP address, or IP:PORT such as \"10.96.0.10:53\""
+                    ),
+                )
+            })?;
+        nameservers.push(addr);
+    }
+    Ok(Resolver { nameservers })
 }
 
 /// `[upstream.NAME.timeouts]`.

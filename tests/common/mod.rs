@@ -19,6 +19,7 @@
 //! - [`wait`]: bounded waits ([`WAIT`], [`poll`], [`settle`]);
 //! - [`framing`]: the framing invariant, shared with the fuzz target;
 //! - [`pki`]: certificates made in the test ([`Pki`]);
+//! - [`dns`]: a DNS server on loopback whose records the test changes ([`dns::DnsServer`]);
 //! - [`h2frames`]: HTTP/2 frames by hand ([`h2frames::H2Conn`], [`h2frames::Hpack`]).
 
 // Each test crate (`proxy.rs`, `cli.rs`) uses a different part of this module.
@@ -28,6 +29,7 @@ pub mod backend;
 pub mod body;
 pub mod client;
 pub mod config;
+pub mod dns;
 pub mod framing;
 pub mod h2frames;
 pub mod pki;
