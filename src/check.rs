@@ -347,26 +347,6 @@ pub fn describe(config: &Config) -> String {
     s
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_plan_gives_the_body_limit_in_bytes() {
-        let c = Config::parse(
-            "pinlb.toml",
-            "[limits]\nmax_body = \"1MiB\"\n[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"app\"\n[upstream.app]\nbackends = [{ address = \"127.0.0.1:8881\" }]\n",
-            &[0],
-        )
-        .unwrap();
-        assert!(
-            describe(&c).contains("body 1048576 bytes"),
-            "{}",
-            describe(&c)
-        );
-    }
-}
-
 /// One route as `check` prints it: what it matches, then what it does.
 fn describe_route(r: &crate::config::RouteRule, upstreams: &[crate::config::Upstream]) -> String {
     use crate::config::RouteAction;
@@ -401,4 +381,24 @@ fn describe_route(r: &crate::config::RouteRule, upstreams: &[crate::config::Upst
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_gives_the_body_limit_in_bytes() {
+        let c = Config::parse(
+            "pinlb.toml",
+            "[limits]\nmax_body = \"1MiB\"\n[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"app\"\n[upstream.app]\nbackends = [{ address = \"127.0.0.1:8881\" }]\n",
+            &[0],
+        )
+        .unwrap();
+        assert!(
+            describe(&c).contains("body 1048576 bytes"),
+            "{}",
+            describe(&c)
+        );
+    }
 }

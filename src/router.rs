@@ -216,20 +216,20 @@ upstream = "b"
         assert_eq!(
             which(
                 &r,
-                &"POST /api/x HTTP/1.1\r\nHost: w.example.com\r\nContent-Length: 0\r\n\r\n"
+                "POST /api/x HTTP/1.1\r\nHost: w.example.com\r\nContent-Length: 0\r\n\r\n"
             ),
             None
         );
         assert_eq!(which(&r, &get("/admin/x", "other.test")), Some(3));
         assert_eq!(
-            which(&r, &"GET /x HTTP/1.1\r\nHost: o\r\nX-Canary: 1\r\n\r\n"),
+            which(&r, "GET /x HTTP/1.1\r\nHost: o\r\nX-Canary: 1\r\n\r\n"),
             Some(4)
         );
         assert_eq!(
-            which(&r, &"GET /x HTTP/1.1\r\nHost: o\r\nX-Canary: 2\r\n\r\n"),
+            which(&r, "GET /x HTTP/1.1\r\nHost: o\r\nX-Canary: 2\r\n\r\n"),
             None
         );
-        assert_eq!(which(&r, &"GET /x HTTP/1.0\r\n\r\n"), None);
+        assert_eq!(which(&r, "GET /x HTTP/1.0\r\n\r\n"), None);
     }
 
     #[test]

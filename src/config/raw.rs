@@ -532,3 +532,21 @@ impl<'de> Deserialize<'de> for Size {
         d.deserialize_any(V)
     }
 }
+
+/// A duration that must not be zero, when given: a zero timeout or interval would fail every
+/// request or close every connection at once.
+pub(super) fn positive(
+    src: &Source,
+    v: &Option<Spanned<Dur>>,
+    key: &str,
+) -> Result<Option<Duration>, ConfigError> {
+    match v {
+        None => Ok(None),
+        Some(x) if x.get_ref().0.is_zero() => Err(src.at(
+            x.span(),
+            key,
+            "a duration of 0 is not allowed, expected a positive duration such as \"1s\"",
+        )),
+        Some(x) => Ok(Some(x.get_ref().0)),
+    }
+}

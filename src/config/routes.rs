@@ -6,8 +6,8 @@ use std::ops::Range;
 use toml::Spanned;
 
 use super::error::Source;
+use super::raw::positive;
 use super::raw::{OneOrMany, RawHeaderRules, RawRoute};
-use super::validate::positive;
 use super::{
     ConfigError, HeaderRules, HostPattern, PathMatch, RouteAction, RouteRule, RouteTimeouts,
     Template,

@@ -12,9 +12,9 @@ use toml::Spanned;
 
 use super::error::{ConfigError, Source};
 use super::raw::{
-    Dur, RawAdmin, RawBackend, RawForwarded, RawHealth, RawHttp2, RawLimits, RawListener, RawLog,
+    RawAdmin, RawBackend, RawForwarded, RawHealth, RawHttp2, RawLimits, RawListener, RawLog,
     RawPassive, RawResolve, RawResolver, RawRetry, RawRuntime, RawTimeouts, RawTls, RawUpstream,
-    RawUpstreamTls, Size,
+    RawUpstreamTls, Size, positive,
 };
 use super::{
     AccessFormat, AccessLog, AccessTarget, Admin, Algorithm, Backend, DnsName, HashKey, Health,
@@ -95,24 +95,6 @@ fn upgrade_socket(
         ));
     }
     Ok(Some(path))
-}
-
-/// A duration that must not be zero, when given: a zero timeout or interval would fail every
-/// request or close every connection at once.
-pub(super) fn positive(
-    src: &Source,
-    v: &Option<Spanned<Dur>>,
-    key: &str,
-) -> Result<Option<Duration>> {
-    match v {
-        None => Ok(None),
-        Some(x) if x.get_ref().0.is_zero() => Err(src.at(
-            x.span(),
-            key,
-            "a duration of 0 is not allowed, expected a positive duration such as \"1s\"",
-        )),
-        Some(x) => Ok(Some(x.get_ref().0)),
-    }
 }
 
 /// `[limits]`.
