@@ -190,6 +190,7 @@ async fn route(
                         (l.address, upstream.clone())
                     })
                     .collect::<Vec<_>>(),
+                &process.spawned.all(),
             ),
         ),
         (&Method::GET, ["status"]) => json_reply(StatusCode::OK, &status(process, window)),

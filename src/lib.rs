@@ -8,6 +8,8 @@
 //!
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`child`]: child processes pinned to their cores before they run, killed when pinlb dies.
+//! - [`spawn`]: spawned backends as `/status` and `/metrics` see them (pid, port, core, state,
+//!   restarts), and the restart backoff.
 //! - [`tls`]: a TLS listener's certificates (PEM chains and keys, checked against each other),
 //!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
 //! - [`tls_client`]: TLS to backends: an upstream's CA certificates (a file or the system's),
@@ -49,6 +51,9 @@
 //!   each new configuration generation.
 //! - [`reload`]: hot reload (SIGHUP, `POST /reload`): validate, bind new listeners, hand every
 //!   worker a new generation that keeps the state of the backends that stay.
+//! - [`supervisor`]: `[upstream.NAME.spawn]`'s processes: started pinned from the control
+//!   thread, added to the pool once they answer, restarted with backoff, rolled one at a time
+//!   on a reload that changes their table, stopped after the drain.
 //! - [`metrics`]: the Prometheus rendering of every counter and backend state.
 //! - [`status`]: what `/status` and the status page show, and the last minute the counters
 //!   don't keep (latency percentiles, time in a state), sampled every second.
@@ -103,9 +108,11 @@ mod proxy;
 mod reload;
 mod route;
 pub mod server;
+pub mod spawn;
 mod stats;
 mod status;
 mod stream;
+mod supervisor;
 mod tls;
 mod tls_client;
 mod tunnel;

@@ -54,6 +54,8 @@ pub(crate) struct Process {
     /// Where finished requests go, when the access log is on.
     pub access: Option<AccessHandle>,
     pub connections: Connections,
+    /// The spawned backends' records, kept by the supervisor for `/status` and `/metrics`.
+    pub spawned: crate::spawn::Spawned,
 }
 
 /// One configuration generation: what a reload swaps as a whole.

@@ -25,6 +25,7 @@ pub use crate::process::ServerError;
 use crate::process::{Connections, Generation, Process};
 use crate::reload;
 use crate::stats::Registered;
+use crate::supervisor::Supervisor;
 use crate::upstream::SharedUpstream;
 use crate::worker::worker_main;
 
@@ -147,6 +148,14 @@ impl Server {
             })?),
         };
         let counting = config.admin.is_some();
+        // Spawned upstreams start with an empty pool: their processes join it as they answer.
+        let config = if config.upstreams.iter().any(|u| u.spawn.is_some()) {
+            let mut c = (*config).clone();
+            reload::spawned_pools(&mut c, None);
+            Arc::new(c)
+        } else {
+            config
+        };
         let upstreams: Vec<Arc<SharedUpstream>> = config
             .upstreams
             .iter()
@@ -164,6 +173,7 @@ impl Server {
             reloading: tokio::sync::Mutex::new(()),
             access: access.as_ref().map(AccessLog::handle),
             connections: Connections::new(config.limits.max_connections),
+            spawned: crate::spawn::Spawned::default(),
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());
@@ -178,6 +188,12 @@ impl Server {
             threads.push(handle);
         }
 
+        // Spawned backends are forked from this thread, which lives as long as the server: their
+        // parent-death signal follows it.
+        let supervisor = {
+            let _on_this_runtime = control.enter();
+            Supervisor::start(process.clone())
+        };
         // Health checks and the admin listener run on this thread, pinned to `runtime.cpus`
         // like the workers, until shutdown.
         control.block_on(async {
@@ -208,6 +224,8 @@ impl Server {
                 Err(_) => result = Err(ServerError::WorkerPanicked { worker }),
             }
         }
+        // The workers have drained: now the spawned backends can stop.
+        control.block_on(supervisor.stop());
         // Workers are gone, and with them every sender: the log thread writes what is left.
         drop(process);
         if let Some(a) = access {
