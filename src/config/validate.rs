@@ -227,8 +227,12 @@ pub(super) fn upstream(
             ));
         }
         (None, None) => {
+            // The table has no span of its own (it is a map entry); its header, when written
+            // plainly, is the place to point at.
+            let header = src.text.find(&format!("[upstream.{name}]"));
+            let at = header.map_or(0..0, |h| h..h);
             return Err(src.at(
-                0..0,
+                at,
                 &format!("{key}.backends"),
                 "missing, expected a list of backends or an [upstream.NAME.spawn] table",
             ));

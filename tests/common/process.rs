@@ -26,7 +26,12 @@ pub struct BinProxy {
 impl BinProxy {
     /// Starts the binary and waits until it logs its listening address.
     pub async fn spawn(setup: &Setup) -> BinProxy {
-        let config = temp_config(&setup.toml());
+        BinProxy::spawn_toml(&setup.toml()).await
+    }
+
+    /// [`BinProxy::spawn`] with a configuration of the test's own.
+    pub async fn spawn_toml(toml: &str) -> BinProxy {
+        let config = temp_config(toml);
         let mut child = Command::new(bin())
             .args(["serve", "-c"])
             .arg(&config)
