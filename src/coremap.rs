@@ -71,9 +71,7 @@ pub struct CoreMap {
 impl CoreMap {
     /// Reads this machine's cores, listening sockets and processes for `config`'s backends.
     pub fn discover(config: &Config) -> CoreMap {
-        let cores = std::fs::read_to_string("/sys/devices/system/cpu/online")
-            .ok()
-            .and_then(|s| parse_cpu_list(s.trim()).ok())
+        let cores = crate::cpus::online_cpus()
             .or_else(|| crate::cpus::allowed_cpus().ok())
             .unwrap_or_default();
         let listening = read_listening();

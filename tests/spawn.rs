@@ -355,7 +355,7 @@ fn spawn_table_errors_name_the_place_and_the_key() {
             format!(
                 "{listener}[upstream.app.spawn]\ncommand = [\"x\"]\ncpus = [4095]\nport_base = 9100\n"
             ),
-            "test.toml:6:8: upstream.app.spawn.cpus: core 4095 is not in this process's allowed set",
+            "test.toml:6:8: upstream.app.spawn.cpus: core 4095 is not a core of this machine",
         ),
         (
             format!(

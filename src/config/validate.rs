@@ -469,13 +469,19 @@ fn spawn(
             "expected at least one core",
         ));
     }
-    if let Some(bad) = cpus.iter().find(|c| !allowed.contains(c)) {
+    // A child may be pinned outside pinlb's own affinity (`taskset -c 0 pinlb` with its
+    // backends on 1-3), but not to a core the machine doesn't have.
+    let mut possible = crate::cpus::online_cpus().unwrap_or_default();
+    possible.extend_from_slice(allowed);
+    if let Some(bad) = cpus.iter().find(|c| !possible.contains(c)) {
+        possible.sort_unstable();
+        possible.dedup();
         return Err(src.at(
             s.cpus.span(),
             &format!("{skey}.cpus"),
             format!(
-                "core {bad} is not in this process's allowed set {}, so no process can be pinned to it",
-                format_cpu_list(allowed)
+                "core {bad} is not a core of this machine ({}), so no process can be pinned to it",
+                format_cpu_list(&possible)
             ),
         ));
     }
