@@ -405,3 +405,11 @@ fn check_shows_the_spawned_processes_on_their_cores() {
         "{text}"
     );
 }
+
+#[test]
+fn the_example_spawn_config_is_valid() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/spawn.toml");
+    let config = pinlb::Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let spawn = config.upstreams[0].spawn.as_ref().expect("a spawn table");
+    assert_eq!((spawn.count, spawn.port_base), (4, 9100));
+}
