@@ -114,6 +114,10 @@ impl Slot {
 struct Group {
     /// The upstream as the running generation has it (its pool aside): what readiness probes.
     upstream: Upstream,
+    /// The spawn table the processes were last started or rolled to. A roll that stopped
+    /// half-way is not tried again until a reload brings another table: generations that
+    /// change nothing in it (the supervisor's own among them) must not start it over and over.
+    target: Spawn,
     slots: Vec<Slot>,
 }
 
@@ -210,24 +214,27 @@ impl Supervision {
                 None => {
                     self.groups.push(Group {
                         upstream: u.clone(),
+                        target: spawn.clone(),
                         slots: Vec::new(),
                     });
                     let g = self.groups.len() - 1;
                     self.start_group(g, spawn).await;
                 }
                 Some(g) => {
-                    self.groups[g].upstream = u.clone();
-                    let same = self.groups[g].slots.len() == spawn.count
-                        && self.groups[g]
-                            .slots
-                            .iter()
-                            .all(|s| s.spawn.same_processes(spawn));
-                    if same {
-                        for slot in &mut self.groups[g].slots {
-                            slot.spawn = spawn.clone();
+                    let group = &mut self.groups[g];
+                    group.upstream = u.clone();
+                    if group.target.same_processes(spawn) {
+                        // What applies without a restart: grace, ready_timeout, max_conns,
+                        // slow_start.
+                        for slot in &mut group.slots {
+                            if slot.spawn.same_processes(spawn) {
+                                slot.spawn = spawn.clone();
+                            }
                         }
+                        group.target = spawn.clone();
                         self.publish(g).await;
                     } else {
+                        group.target = spawn.clone();
                         self.roll(g, spawn).await;
                     }
                 }
@@ -404,6 +411,14 @@ impl Supervision {
         for i in 0..spawn.count {
             if self.stopping() {
                 return;
+            }
+            // Already on this table (a roll that stopped half-way got this far).
+            if let Some(slot) = self.groups[g].slots.get_mut(i)
+                && slot.run.is_some()
+                && slot.spawn.same_processes(spawn)
+            {
+                slot.spawn = spawn.clone();
+                continue;
             }
             let held: Vec<u16> = self.groups[g]
                 .slots

@@ -413,3 +413,52 @@ fn the_example_spawn_config_is_valid() {
     let spawn = config.upstreams[0].spawn.as_ref().expect("a spawn table");
     assert_eq!((spawn.count, spawn.port_base), (4, 9100));
 }
+
+#[tokio::test]
+async fn a_rolling_restart_whose_new_process_never_answers_keeps_the_old_one_serving() {
+    let base = free_port_base(1);
+    let config = |command: &str| {
+        format!(
+            "[runtime]\ncpus = [{worker}]\n\
+             [admin]\naddress = \"127.0.0.1:0\"\n\
+             [[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\n\
+             [upstream.app.spawn]\ncommand = {command}\ncpus = [{core}]\nport_base = {base}\n\
+             ready_timeout = \"300ms\"\ngrace = \"1s\"\n",
+            worker = first_core(),
+            core = child_core(),
+        )
+    };
+    let good = format!(
+        "[\"{}\", \"backend\", \"--listen\", \"127.0.0.1:{{port}}\"]",
+        bin()
+    );
+    let proxy = Proxy::start_file(&config(&good));
+    let before = ready(&proxy, 1, |_| true).await;
+    let old = pid(&before[0]);
+
+    // A program that never listens: its start fails after ready_timeout.
+    proxy.rewrite(&config("[\"sleep\", \"30\"]"));
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    // The record shows the new process starting, then the old one again once the roll stops.
+    let started = poll(200, Duration::from_millis(20), async || {
+        let s = proxy.status().await;
+        let p = &s["spawned"][0];
+        (p["state"] == "starting").then(|| pid(p))
+    })
+    .await
+    .expect("the new process starts");
+    assert_ne!(started, old);
+    let back = ready(&proxy, 1, |s| pid(&s[0]) == old).await;
+    assert_eq!(back[0]["restarts"], 0);
+    let reaped = poll_blocking(100, Duration::from_millis(50), || {
+        gone(started).then_some(())
+    });
+    assert!(
+        reaped.is_some(),
+        "the process that never answered still runs"
+    );
+    for _ in 0..3 {
+        assert_eq!(get(proxy.addr, "/").await.status, StatusCode::OK);
+    }
+}
