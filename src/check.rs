@@ -87,11 +87,16 @@ pub fn describe(config: &Config) -> String {
         }
     );
     for l in &config.listeners {
+        let default = if l.has_default || l.routes.is_empty() {
+            format!("upstream {}", config.upstreams[l.upstream].name)
+        } else {
+            "404 (no default upstream)".to_string()
+        };
         let _ = match (&l.tls, l.redirect_https) {
             (_, true) => writeln!(s, "listener {} -> redirect to https", l.address),
             (Some(t), false) => writeln!(
                 s,
-                "listener {} (TLS: {} certificates{}{}) -> upstream {}",
+                "listener {} (TLS: {} certificates{}{}) -> {}",
                 l.address,
                 t.certificates.count(),
                 if t.certificates.has_default() {
@@ -104,16 +109,22 @@ pub fn describe(config: &Config) -> String {
                 } else {
                     ", ALPN http/1.1"
                 },
-                config.upstreams[l.upstream].name
+                default
             ),
             (None, false) => writeln!(
                 s,
-                "listener {}{} -> upstream {}",
+                "listener {}{} -> {}",
                 l.address,
                 if l.h2c { " (HTTP/1.1 and h2c)" } else { "" },
-                config.upstreams[l.upstream].name
+                default
             ),
         };
+        for (i, r) in l.routes.iter().enumerate() {
+            let _ = writeln!(s, "  route[{i}] {}", describe_route(r, &config.upstreams));
+        }
+        if !l.routes.is_empty() {
+            let _ = writeln!(s, "  no route matches -> {default}");
+        }
     }
     for u in &config.upstreams {
         let t = &u.timeouts;
@@ -128,6 +139,19 @@ pub fn describe(config: &Config) -> String {
             t.send,
             t.client_idle
         );
+        if let Some(key) = &u.hash {
+            let _ = writeln!(
+                s,
+                "  hash on {key}: rendezvous (consistent) hashing by weight; requests without the key go round robin"
+            );
+        }
+        if u.algorithm == crate::config::Algorithm::Ewma {
+            let _ = writeln!(
+                s,
+                "  ewma: two random choices on peak response time x (in flight + 1), decay {:?}",
+                u.ewma_decay
+            );
+        }
         match &u.health {
             None => {
                 let _ = writeln!(s, "  health checks: off");
@@ -217,6 +241,9 @@ pub fn describe(config: &Config) -> String {
             if !b.slow_start.is_zero() {
                 let _ = write!(extra, ", slow_start {:?}", b.slow_start);
             }
+            if b.backup {
+                extra.push_str(", backup (only while no primary is available)");
+            }
             let _ = writeln!(s, "  backend {} weight {}{extra}", b.address, b.weight);
         }
     }
@@ -280,4 +307,40 @@ mod tests {
             describe(&c)
         );
     }
+}
+
+/// One route as `check` prints it: what it matches, then what it does.
+fn describe_route(r: &crate::config::RouteRule, upstreams: &[crate::config::Upstream]) -> String {
+    use crate::config::RouteAction;
+    let mut out = String::new();
+    if !r.hosts.is_empty() {
+        let hosts: Vec<String> = r.hosts.iter().map(ToString::to_string).collect();
+        let _ = write!(out, "host {} ", hosts.join(","));
+    }
+    let _ = write!(out, "path {}", r.path);
+    if !r.methods.is_empty() {
+        let methods: Vec<&str> = r.methods.iter().map(http::Method::as_str).collect();
+        let _ = write!(out, " methods {}", methods.join(","));
+    }
+    for (name, value) in &r.headers {
+        let _ = write!(out, " header {name}: {value}");
+    }
+    match &r.action {
+        RouteAction::Proxy {
+            upstream,
+            rewrite_prefix,
+        } => {
+            let _ = write!(out, " -> upstream {}", upstreams[*upstream].name);
+            if let Some(p) = rewrite_prefix {
+                let _ = write!(out, ", prefix rewritten to {p}");
+            }
+        }
+        RouteAction::Redirect { status, location } => {
+            let _ = write!(out, " -> redirect {status} to {location}");
+        }
+        RouteAction::Respond { status, body } => {
+            let _ = write!(out, " -> respond {status} ({} bytes)", body.len());
+        }
+    }
+    out
 }

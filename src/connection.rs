@@ -43,7 +43,7 @@ use crate::http1::common::{
 use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::idle::{self, Wait};
 use crate::proxy::{self, Answer, ClientBody, ProxyBody};
-use crate::route::{ClientRules, Route, https_location};
+use crate::route::{ClientRules, Decision, Edits, Route, https_location};
 use crate::stats::{ListenerStats, Source, TlsFailure};
 use crate::stream::{ClientStream, Refused, Stir, StreamIo, TlsState, poll_read_tcp};
 use crate::tunnel::{self, Dir, End};
@@ -604,8 +604,22 @@ impl Connection {
             .batch
             .as_ref()
             .map(|batch| Pending::start(&head, self.peer, batch));
-        let upstream = self.route.upstream.borrow().clone();
-        let timeouts = upstream.shared.config.timeouts;
+        let (upstream, edits, local) = match refused {
+            // A refused head is answered as such, whatever the routes say.
+            Some(_) => (self.route.upstream.borrow().clone(), Edits::default(), None),
+            None => match self
+                .route
+                .decide(&head, self.stream.is_tls(), self.peer.ip())
+            {
+                Decision::Proxy(upstream, edits) => (upstream, edits, None),
+                Decision::Answer(reply) => (
+                    self.route.upstream.borrow().clone(),
+                    Edits::default(),
+                    Some(reply),
+                ),
+            },
+        };
+        let timeouts = edits.timeouts.unwrap_or(upstream.shared.config.timeouts);
         let (limits, client) = {
             let now = self.route.rules.borrow();
             let mut cached = self.client.borrow_mut();
@@ -620,12 +634,19 @@ impl Connection {
         let watch = Watch::default();
         let mut client_body =
             BodyReader::new(&self.stream, buf, head.body, head.expect_continue, &watch);
-        let answered = {
+        let answered = if let Some(response) = local {
+            Some(Answer {
+                response,
+                upstreamed: None,
+                close: false,
+            })
+        } else {
             let forwarded = proxy::handle(
                 upstream,
                 client,
                 limits,
                 &head,
+                edits.overrides(),
                 &mut client_body,
                 refused,
                 pending.is_some(),
@@ -644,10 +665,11 @@ impl Connection {
         };
         let body_read = client_body.is_done();
         let Answer {
-            response,
+            mut response,
             upstreamed,
             close,
         } = answer;
+        edits.edit_response(&mut response);
         if let Some(s) = &self.route.stats {
             let local = matches!(response.body, proxy::ProxyBody::Local(_));
             s.response(

@@ -49,7 +49,7 @@ use crate::http1::common::{ERROR_PAGE_TYPE, Reply, RequestFraming, error_page, h
 use crate::http1::request::{ClientError, RequestHead, parse_request};
 use crate::idle;
 use crate::proxy::{self, ClientBody, ProxyBody};
-use crate::route::{ClientRules, Route, https_location};
+use crate::route::{ClientRules, Decision, Edits, Route, https_location};
 use crate::stats::Source;
 use crate::stream::{ClientStream, StreamIo};
 
@@ -307,24 +307,38 @@ impl Shared {
         if route.redirect_https.get() {
             return self.redirect_https(&head, open);
         }
-        let upstream = route.upstream.borrow().clone();
-        let timeout = upstream.shared.config.timeouts.response;
+        let (upstream, edits) = match refused {
+            Some(_) => (route.upstream.borrow().clone(), Edits::default()),
+            None => match route.decide(&head, client.https, self.peer.ip()) {
+                Decision::Proxy(upstream, edits) => (upstream, edits),
+                Decision::Answer(reply) => {
+                    let logged = Logged::new(pending.and_then(|p| p.responded(reply.status, None)));
+                    return self.respond(reply, &head.method, logged, Duration::MAX, open);
+                }
+            },
+        };
+        let timeout = edits
+            .timeouts
+            .unwrap_or(upstream.shared.config.timeouts)
+            .response;
         let mut body = RequestBody {
             body,
             framing: head.body,
             done: ended,
             trailers: None,
         };
-        let answer = proxy::handle(
+        let mut answer = proxy::handle(
             upstream,
             client,
             limits,
             &head,
+            edits.overrides(),
             &mut body,
             refused,
             pending.is_some(),
         )
         .await;
+        edits.edit_response(&mut answer.response);
         let logged = Logged::new(
             pending.and_then(|p| p.responded(answer.response.status, answer.upstreamed)),
         );

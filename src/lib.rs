@@ -7,6 +7,8 @@
 //! each other, directly or round a cycle).
 //!
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
+//! - [`balance`]: backend selection as pure functions: smooth weighted round robin, least_conn,
+//!   two random choices, the consistent-hash ring.
 //! - [`child`]: child processes pinned to their cores before they run, killed when pinlb dies.
 //! - [`spawn`]: spawned backends as `/status` and `/metrics` see them (pid, port, core, state,
 //!   restarts), and the restart backoff.
@@ -14,16 +16,21 @@
 //!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
 //! - [`tls_client`]: TLS to backends: an upstream's CA certificates (a file or the system's),
 //!   the name verified, a client certificate, a session cache per backend, the handshake.
+//! - [`hop`]: the hop-by-hop header table.
+//! - [`path`]: the normalised form of a request path that routes match (dot segments, escapes,
+//!   repeated slashes).
 //! - [`config`]: the TOML file, raw types and validation into a [`Config`]; errors carry
 //!   `file:line:col` and the key.
 //! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
+//! - [`import`]: `pinlb import`: an nginx configuration as a pinlb one, with notes on what has no
+//!   equivalent.
 //! - [`check`]: what `pinlb check` prints: the resolved plan, the core map, the verdict.
-//! - [`balance`]: backend selection (smooth weighted round robin, least_conn) as pure functions.
 //! - [`health`]: whether a backend may be picked: active-check rise/fall, passive failure
 //!   accounting (max_fails/fail_timeout) and slow start, as pure state machines.
 //! - [`stats`]: the counters the request path bumps (atomics, no lock).
 //! - [`http1`]: pinlb's HTTP/1.1 codec: shared rules, body framing, request heads (pure,
 //!   fuzzed), and the backend side on pooled connections.
+//! - [`hash_key`]: what a `hash` upstream hashes for a request: client address, URI, header, cookie.
 //! - [`exec`]: the executor that runs hyper's HTTP/2 tasks on the worker's own thread.
 //! - [`http2_backend`]: HTTP/2 to backends (`protocol = "h2c"`): hyper's client on
 //!   connections each worker multiplexes, the request's fields and its body's feed.
@@ -38,6 +45,8 @@
 //!   at `max_connections` and drains them for a stop, and idle ones park; no timer per connection.
 //! - [`stream`]: a client connection's socket, plain or TLS (rustls driven by hand on it), and
 //!   the TLS handshake.
+//! - [`router`]: a listener's routes compiled for matching: by host, then in file order on the
+//!   normalised path, method and headers.
 //! - [`route`]: where a listener's requests go (its upstream, TLS, h2c) and the rules for its
 //!   clients, read anew per request so open connections follow a reload.
 //! - [`http2`]: HTTP/2 client connections on hyper's server (ALPN `h2`, or h2c), each stream
@@ -95,18 +104,23 @@ pub mod coremap;
 pub mod cpus;
 pub mod demo;
 mod exec;
+mod hash_key;
 mod health;
+mod hop;
 mod http1;
 mod http2;
 mod http2_backend;
 mod idle;
+pub mod import;
 mod listen;
 mod metrics;
+mod path;
 mod probe;
 mod process;
 mod proxy;
 mod reload;
 mod route;
+mod router;
 pub mod server;
 pub mod spawn;
 mod stats;

@@ -33,6 +33,13 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// Read an nginx configuration (following its includes) and print it as a pinlb one; what
+    /// has no equivalent is listed on stderr with its file:line.
+    Import {
+        /// The nginx configuration file.
+        #[arg(value_name = "NGINX_CONF")]
+        file: PathBuf,
+    },
     /// Run pinned test backends.
     Backend(pinlb::backend::BackendArgs),
     /// Compare targets side by side under load.
@@ -88,6 +95,19 @@ fn main() -> ExitCode {
         Command::Backend(args) => pinlb::backend::main(args),
         Command::Bench(args) => pinlb::bench::main(*args),
         Command::Demo(args) => pinlb::demo::main(args),
+        Command::Import { file } => match pinlb::import::import(&file) {
+            Ok((toml, notes)) => {
+                print!("{toml}");
+                for n in &notes {
+                    eprintln!("{n}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("pinlb import: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Check { config } => {
             let config = match config_path(config) {
                 Ok(p) => p,

@@ -19,7 +19,7 @@ use tracing::{debug, warn};
 
 use crate::accesslog::Upstreamed;
 use crate::config::Limits;
-use crate::config::Protocol;
+use crate::config::{Algorithm, Protocol, Timeouts};
 use crate::http1::client::{
     self, BackendStream, Conn, Finished, Outgoing, UpstreamBody, UpstreamError, connect,
 };
@@ -134,6 +134,18 @@ pub fn forwarded_for<'a>(sent: Option<&'a [u8]>, client: &'a Client) -> std::bor
     }
 }
 
+/// What a route changes in the request it sends on: its path (a rewritten prefix) and its
+/// header lines (`request_headers`). `None` sends the request's own.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Overrides<'a> {
+    pub path: Option<&'a [u8]>,
+    /// The end-to-end lines to send, without the Upgrade lines (added when the request
+    /// upgrades).
+    pub lines: Option<&'a [u8]>,
+    /// The upstream's timeouts with the route's own in their place.
+    pub timeouts: Option<Timeouts>,
+}
+
 /// The proxy's answer to one request.
 pub struct Answer {
     pub response: Reply<ProxyBody>,
@@ -152,11 +164,13 @@ pub struct Answer {
 /// X-Forwarded-Proto last. The parser already left out the hop-by-hop headers and Expect:
 /// `100 Continue` is pinlb's own answer, sent when the body is first read, once a backend
 /// connection is ready, as nginx does.
+#[allow(clippy::too_many_arguments)]
 pub async fn handle(
     upstream: Rc<WorkerUpstream>,
     client: Rc<Client>,
     limits: Limits,
     head: &RequestHead,
+    overrides: Overrides<'_>,
     body: &mut impl ClientBody,
     refused: Option<ClientError>,
     log: bool,
@@ -164,7 +178,7 @@ pub async fn handle(
     let method = &head.method;
     let forwarded = match refused {
         Some(e) => Err(ProxyError::Client(e)),
-        None => forward(&upstream, &client, &limits, head, body, log).await,
+        None => forward(&upstream, &client, &limits, head, overrides, body, log).await,
     };
     match forwarded {
         Ok((response, upstreamed)) => Answer {
@@ -196,25 +210,35 @@ async fn forward(
     client: &Client,
     limits: &Limits,
     head: &RequestHead,
+    overrides: Overrides<'_>,
     body: &mut impl ClientBody,
     log: bool,
 ) -> Result<(Reply<ProxyBody>, Option<Upstreamed>), ProxyError> {
     let framing = body.framing();
     let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), client);
     let shared = &*upstream.shared;
+    let timeouts = overrides.timeouts.unwrap_or(shared.config.timeouts);
+    // A route's header lines with the request's Upgrade lines after them; built only then.
+    let joined: Vec<u8>;
     // An HTTP/2 backend gets no Upgrade (extended CONNECT is not spoken): the request goes as
     // an ordinary one, as with `upgrade = false`.
     let upgrade_on = shared.config.upgrade.enabled && !shared.config.protocol.is_http2();
     let base = Outgoing {
         method: &head.method,
-        path: head.path(),
+        // A route that rewrote the prefix sends its path; otherwise the request's, as received.
+        path: overrides.path.unwrap_or(head.path()),
         // The parser refused HTTP/1.1 without Host: only HTTP/1.0 may come without it. It goes
         // upstream as HTTP/1.1, which needs one: the backend's address then, as the health
         // probes send.
         host: head.host().unwrap_or_default(),
-        lines: match head.upgrade_lines() {
-            Some(lines) if upgrade_on => lines,
-            _ => head.lines(),
+        lines: match (overrides.lines, head.upgrade_lines()) {
+            (None, Some(lines)) if upgrade_on => lines,
+            (None, _) => head.lines(),
+            (Some(lines), Some(upgrading)) if upgrade_on => {
+                joined = [lines, &upgrading[head.lines().len()..]].concat();
+                &joined
+            }
+            (Some(lines), _) => lines,
         },
         trusted_lines: match (&head.proxied_lines, client.trusted) {
             (Some(lines), true) => lines,
@@ -238,6 +262,13 @@ async fn forward(
         retry.tries.min(n)
     };
     let host_from_backend = head.host().is_none();
+    // Only a `hash` upstream reads the key; only `ewma` times each attempt.
+    let key = shared
+        .config
+        .hash
+        .as_ref()
+        .and_then(|spec| crate::hash_key::request_key(spec, head, client.ip));
+    let ewma = shared.config.algorithm == Algorithm::Ewma;
     let mut tried = Tried::new(n);
     let mut first_try: Option<Instant> = None;
     let mut last_error: Option<ProxyError> = None;
@@ -246,11 +277,12 @@ async fn forward(
         if tried.count >= max_tries || out_of_budget {
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         }
-        let Some((backend, guard)) = upstream.pick(|i| tried.contains(i)) else {
+        let Some((backend, guard)) = upstream.pick(key, |i| tried.contains(i)) else {
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
         let started = *first_try.get_or_insert_with(Instant::now);
+        let sent = ewma.then(Instant::now);
         let state = &shared.backends[backend];
         let addr = state.address;
         if shared.counting {
@@ -274,6 +306,9 @@ async fn forward(
             } else {
                 shared.record_success(guard);
             }
+            if let Some(sent) = sent {
+                state.observe_response_time(sent.elapsed(), shared.config.ewma_decay);
+            }
             // The clock is read only when something uses it.
             let elapsed = (shared.counting || log).then(|| started.elapsed());
             if let (true, Some(elapsed)) = (shared.counting, elapsed) {
@@ -292,6 +327,7 @@ async fn forward(
             Protocol::Http1 => match attempt(
                 upstream,
                 backend,
+                timeouts,
                 &out,
                 framing,
                 &mut body,
@@ -318,7 +354,11 @@ async fn forward(
             // Boxed: an HTTP/2 attempt's state stays out of the request's own, which every
             // HTTP/1.1 request copies.
             Protocol::H2c | Protocol::H2 => {
-                match Box::pin(attempt_h2(upstream, backend, &out, framing, &mut body)).await {
+                match Box::pin(attempt_h2(
+                    upstream, backend, timeouts, &out, framing, &mut body,
+                ))
+                .await
+                {
                     Ok((response, stream)) => {
                         let served = answered(response.status(), &guard);
                         let reply = h2_reply(response, &head.method, (guard, stream));
@@ -346,14 +386,14 @@ async fn forward(
             Failure::Exchange(UpstreamError::Timeout) => (
                 ProxyError::Timeout {
                     backend: addr,
-                    after: shared.config.timeouts.response,
+                    after: timeouts.response,
                 },
                 true,
             ),
             Failure::Exchange(UpstreamError::SendTimeout) => (
                 ProxyError::SendTimeout {
                     backend: addr,
-                    after: shared.config.timeouts.send,
+                    after: timeouts.send,
                 },
                 true,
             ),
@@ -417,9 +457,11 @@ impl Failure {
 /// a backend that read the request and then died looks the same, so this resend follows the
 /// retry rules too: only a `resendable` method, with a body that was kept whole, as nginx and
 /// Go's HTTP client do. A POST caught in that race gets a 502 rather than being sent twice.
+#[allow(clippy::too_many_arguments)]
 async fn attempt(
     upstream: &WorkerUpstream,
     backend: usize,
+    timeouts: Timeouts,
     req: &Outgoing<'_>,
     framing: RequestFraming,
     body: &mut RequestBody<'_, impl ClientBody>,
@@ -427,7 +469,6 @@ async fn attempt(
     upgrade: bool,
 ) -> Result<(client::Head, Conn), Failure> {
     let addr = upstream.shared.backends[backend].address;
-    let timeouts = upstream.shared.config.timeouts;
     let stats = upstream
         .shared
         .counting
@@ -500,13 +541,13 @@ async fn attempt(
 async fn attempt_h2(
     upstream: &WorkerUpstream,
     backend: usize,
+    timeouts: Timeouts,
     req: &Outgoing<'_>,
     framing: RequestFraming,
     body: &mut RequestBody<'_, impl ClientBody>,
 ) -> Result<(http::Response<hyper::body::Incoming>, http2_backend::Stream), Failure> {
     let shared = &upstream.shared;
     let addr = shared.backends[backend].address;
-    let timeouts = shared.config.timeouts;
     let stats = shared.counting.then(|| &shared.backends[backend].stats);
     let length = match framing {
         RequestFraming::Length(n) => Some(n),
@@ -852,14 +893,33 @@ impl Tried {
 /// A short text response for a request pinlb had to answer itself.
 fn error_response(e: &ProxyError, method: &Method) -> Reply<ProxyBody> {
     let status = e.status();
-    let text = error_page(status, e);
-    let len = text.len();
+    local_reply(
+        status,
+        ERROR_PAGE_TYPE,
+        Bytes::from(error_page(status, e)),
+        b"",
+        method,
+    )
+}
+
+/// A response pinlb makes itself: `status`, a `content-type` line, `lines` more header lines,
+/// and `page` as the body (none for HEAD, which still gets the page's length).
+pub fn local_reply(
+    status: StatusCode,
+    content_type: &[u8],
+    page: Bytes,
+    lines: &[u8],
+    method: &Method,
+) -> Reply<ProxyBody> {
+    let len = page.len();
     let body = if method == Method::HEAD {
         Bytes::new()
     } else {
-        Bytes::from(text)
+        page
     };
-    let mut headers = ERROR_PAGE_TYPE.to_vec();
+    let mut headers = Vec::with_capacity(content_type.len() + lines.len() + 24);
+    headers.extend_from_slice(content_type);
+    headers.extend_from_slice(lines);
     if method == Method::HEAD {
         // The length of the page a GET would have had; the client side writes the framing of
         // every other response from its body.

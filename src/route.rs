@@ -2,13 +2,19 @@
 //! or HTTP/2, reads anew for each request, so that open connections follow a reload.
 
 use std::cell::{Cell, RefCell};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::config::{Http2, Limits};
+use bytes::Bytes;
+use http::StatusCode;
+
+use crate::config::{Http2, Limits, PathMatch, RouteAction, Template, TemplatePart, Variable};
+use crate::http1::common::ERROR_PAGE_TYPE;
+use crate::http1::common::Reply;
 use crate::http1::request::RequestHead;
-use crate::proxy;
+use crate::proxy::{self, ProxyBody};
+use crate::router::{Router, host_without_port};
 use crate::stats::ListenerStats;
 use crate::tls::Terminator;
 use crate::upstream::WorkerUpstream;
@@ -27,6 +33,272 @@ pub(crate) struct Route {
     pub redirect_https: Cell<bool>,
     /// `h2c`: a connection that begins with the HTTP/2 preface speaks HTTP/2.
     pub h2c: Cell<bool>,
+    /// `[[listener.route]]`, compiled; empty for a listener whose requests all go to `upstream`.
+    pub routes: RefCell<Rc<Routes>>,
+}
+
+/// A listener's routes in one worker: the compiled table and each route's upstream.
+pub(crate) struct Routes {
+    pub router: Router,
+    /// The upstream of each route that proxies, by route index; `None` for the others.
+    pub upstreams: Vec<Option<Rc<WorkerUpstream>>>,
+    /// Whether requests no route matches go to the listener's `upstream`; 404 otherwise.
+    pub has_default: bool,
+}
+
+impl Routes {
+    /// A listener's routes, each proxying route's upstream taken from this worker's
+    /// `upstreams` (by config index).
+    pub fn new(listener: &crate::config::Listener, upstreams: &[Rc<WorkerUpstream>]) -> Routes {
+        Routes {
+            upstreams: listener
+                .routes
+                .iter()
+                .map(|r| match &r.action {
+                    RouteAction::Proxy { upstream, .. } => upstreams.get(*upstream).cloned(),
+                    _ => None,
+                })
+                .collect(),
+            router: Router::new(listener.routes.clone()),
+            has_default: listener.has_default,
+        }
+    }
+}
+
+/// Where one request goes.
+pub(crate) enum Decision {
+    /// To this upstream, with what its route changes.
+    Proxy(Rc<WorkerUpstream>, Edits),
+    /// A response of pinlb's own (a redirect, a fixed answer, or 404 when no route matches).
+    Answer(Reply<ProxyBody>),
+}
+
+/// What a route changes in one exchange; nothing for most requests.
+#[derive(Default)]
+pub(crate) struct Edits {
+    /// The path sent instead of the request's, when the route rewrote its prefix.
+    pub path: Option<Vec<u8>>,
+    /// The header lines sent instead of the request's, after `request_headers`.
+    pub lines: Option<Vec<u8>>,
+    /// `response_headers`: the names dropped from the response, and the lines added.
+    pub response: Option<(Vec<String>, Vec<u8>)>,
+    /// The upstream's timeouts with the route's own in their place.
+    pub timeouts: Option<crate::config::Timeouts>,
+}
+
+impl Edits {
+    /// What the proxy sends differently.
+    pub fn overrides(&self) -> proxy::Overrides<'_> {
+        proxy::Overrides {
+            path: self.path.as_deref(),
+            lines: self.lines.as_deref(),
+            timeouts: self.timeouts,
+        }
+    }
+
+    /// Applies `response_headers` to a response's header lines.
+    pub fn edit_response(&self, reply: &mut Reply<ProxyBody>) {
+        let Some((drop, add)) = &self.response else {
+            return;
+        };
+        let mut lines = Vec::with_capacity(reply.headers.len() + add.len());
+        for line in reply.headers.split_inclusive(|&b| b == b'\n') {
+            let name = &line[..line.iter().position(|&b| b == b':').unwrap_or(0)];
+            if !drop.iter().any(|d| name.eq_ignore_ascii_case(d.as_bytes())) {
+                lines.extend_from_slice(line);
+            }
+        }
+        lines.extend_from_slice(add);
+        reply.headers = lines;
+    }
+}
+
+/// A request's own values, for templates.
+struct Context<'a> {
+    head: &'a RequestHead,
+    https: bool,
+    client: IpAddr,
+}
+
+impl Route {
+    /// Where `head` goes: the first route that matches it, or the listener's upstream.
+    pub fn decide(&self, head: &RequestHead, https: bool, client: IpAddr) -> Decision {
+        let routes = self.routes.borrow();
+        if routes.router.is_empty() {
+            return Decision::Proxy(self.upstream.borrow().clone(), Edits::default());
+        }
+        let cx = Context {
+            head,
+            https,
+            client,
+        };
+        let Some((rule, path)) = routes.router.find(head) else {
+            if routes.has_default {
+                return Decision::Proxy(self.upstream.borrow().clone(), Edits::default());
+            }
+            return Decision::Answer(proxy::local_reply(
+                StatusCode::NOT_FOUND,
+                ERROR_PAGE_TYPE,
+                Bytes::from_static(b"404 Not Found: no route matches this request\n"),
+                b"",
+                &head.method,
+            ));
+        };
+        let index = routes
+            .router
+            .routes()
+            .iter()
+            .position(|r| std::ptr::eq(r, rule))
+            .unwrap_or(0);
+        match &rule.action {
+            RouteAction::Proxy { rewrite_prefix, .. } => {
+                let Some(upstream) = routes.upstreams.get(index).cloned().flatten() else {
+                    return Decision::Proxy(self.upstream.borrow().clone(), Edits::default());
+                };
+                let rewritten = match (rewrite_prefix, &rule.path) {
+                    (Some(to), PathMatch::Prefix(from)) => {
+                        let query = head
+                            .path()
+                            .iter()
+                            .position(|&b| b == b'?')
+                            .map(|q| &head.path()[q..]);
+                        let mut out = Vec::with_capacity(
+                            to.len() + path.len() + query.map_or(0, <[u8]>::len),
+                        );
+                        out.extend_from_slice(to.as_bytes());
+                        out.extend_from_slice(&path[from.len()..]);
+                        out.extend_from_slice(query.unwrap_or_default());
+                        Some(out)
+                    }
+                    _ => None,
+                };
+                let rules = &rule.request_headers;
+                let lines = (!rules.is_empty()).then(|| {
+                    let mut out = Vec::with_capacity(head.lines().len() + 64);
+                    edit_lines(rules, head.lines(), &cx, &mut out);
+                    out
+                });
+                let response = response_edit(rule, &cx);
+                let timeouts = rule.timeouts.over(upstream.shared.config.timeouts);
+                Decision::Proxy(
+                    upstream,
+                    Edits {
+                        path: rewritten,
+                        lines,
+                        response,
+                        timeouts,
+                    },
+                )
+            }
+            RouteAction::Redirect { status, location } => {
+                let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::FOUND);
+                let mut line = b"location: ".to_vec();
+                render(location, &cx, &mut line);
+                line.extend_from_slice(b"\r\n");
+                let page = format!(
+                    "{} {}\n",
+                    status.as_u16(),
+                    status.canonical_reason().unwrap_or("")
+                );
+                let mut reply = proxy::local_reply(
+                    status,
+                    ERROR_PAGE_TYPE,
+                    Bytes::from(page),
+                    &line,
+                    &head.method,
+                );
+                response_edits(rule, &cx, &mut reply);
+                Decision::Answer(reply)
+            }
+            RouteAction::Respond { status, body } => {
+                let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::OK);
+                let mut reply = proxy::local_reply(
+                    status,
+                    ERROR_PAGE_TYPE,
+                    Bytes::from(body.clone()),
+                    b"",
+                    &head.method,
+                );
+                response_edits(rule, &cx, &mut reply);
+                Decision::Answer(reply)
+            }
+        }
+    }
+}
+
+/// `response_headers` rendered for this request; `None` when the route has none.
+fn response_edit(rule: &crate::config::RouteRule, cx: &Context) -> Option<(Vec<String>, Vec<u8>)> {
+    let rules = &rule.response_headers;
+    if rules.is_empty() {
+        return None;
+    }
+    let drop = rules
+        .remove
+        .iter()
+        .chain(rules.set.iter().map(|(n, _)| n))
+        .cloned()
+        .collect();
+    let mut add = Vec::new();
+    edit_lines(rules, b"", cx, &mut add);
+    Some((drop, add))
+}
+
+/// `response_headers` applied to an answer of pinlb's own.
+fn response_edits(rule: &crate::config::RouteRule, cx: &Context, reply: &mut Reply<ProxyBody>) {
+    let edits = Edits {
+        response: response_edit(rule, cx),
+        ..Edits::default()
+    };
+    edits.edit_response(reply);
+}
+
+/// `lines` with `rules` applied: lines of a removed or set name dropped, then the `set` and
+/// `add` lines, rendered for this request.
+fn edit_lines(rules: &crate::config::HeaderRules, lines: &[u8], cx: &Context, out: &mut Vec<u8>) {
+    for line in lines.split_inclusive(|&b| b == b'\n') {
+        let name = &line[..line.iter().position(|&b| b == b':').unwrap_or(0)];
+        if !rules.drops(name) {
+            out.extend_from_slice(line);
+        }
+    }
+    for (name, value) in rules.set.iter().chain(&rules.add) {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        render(value, cx, out);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Writes `template` for this request: `{host}` without its port, `{uri}` the target as
+/// received (origin-form, query included), `{path}` and `{query}` its two parts.
+fn render(template: &Template, cx: &Context, out: &mut Vec<u8>) {
+    let Context {
+        head,
+        https,
+        client,
+    } = *cx;
+    let target = head.path();
+    let (path, query) = match target.iter().position(|&b| b == b'?') {
+        Some(q) => (&target[..q], &target[q + 1..]),
+        None => (target, &b""[..]),
+    };
+    for part in &template.0 {
+        match part {
+            TemplatePart::Text(t) => out.extend_from_slice(t.as_bytes()),
+            TemplatePart::Var(Variable::Scheme) => {
+                out.extend_from_slice(if https { b"https" } else { b"http" });
+            }
+            TemplatePart::Var(Variable::Host) => {
+                out.extend_from_slice(head.host().map(host_without_port).unwrap_or_default());
+            }
+            TemplatePart::Var(Variable::Uri) => out.extend_from_slice(target),
+            TemplatePart::Var(Variable::Path) => out.extend_from_slice(path),
+            TemplatePart::Var(Variable::Query) => out.extend_from_slice(query),
+            TemplatePart::Var(Variable::ClientIp) => {
+                out.extend_from_slice(client.to_string().as_bytes())
+            }
+        }
+    }
 }
 
 /// What applies to every client of a listener, whatever its upstream.
@@ -58,28 +330,4 @@ pub(crate) fn https_location(head: &RequestHead) -> Option<Vec<u8>> {
     location.extend_from_slice(head.path());
     location.extend_from_slice(b"\r\n");
     Some(location)
-}
-
-/// A Host value without its port: `example.com:8080` → `example.com`, `[::1]:8080` → `[::1]`.
-fn host_without_port(host: &[u8]) -> &[u8] {
-    let end = match host.iter().rposition(|&b| b == b':') {
-        // An IPv6 literal's colons are inside its brackets.
-        Some(i) if !host[i..].contains(&b']') => i,
-        _ => host.len(),
-    };
-    &host[..end]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::host_without_port;
-
-    #[test]
-    fn a_redirect_keeps_the_host_and_drops_its_port() {
-        assert_eq!(host_without_port(b"example.com:8080"), b"example.com");
-        assert_eq!(host_without_port(b"example.com"), b"example.com");
-        assert_eq!(host_without_port(b"[::1]:8443"), b"[::1]");
-        assert_eq!(host_without_port(b"[::1]"), b"[::1]");
-        assert_eq!(host_without_port(b"10.0.0.1:80"), b"10.0.0.1");
-    }
 }

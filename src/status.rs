@@ -204,11 +204,13 @@ pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
             let backends: Vec<_> = u
                 .backends
                 .iter()
-                .map(|b| backend_status(&u.config.name, b, window))
+                .zip(&u.config.backends)
+                .map(|(b, c)| backend_status(&u.config.name, b, c.backup, window))
                 .collect();
             json!({
                 "name": u.config.name,
                 "algorithm": u.config.algorithm.as_str(),
+                "hash": u.config.hash.as_ref().map(ToString::to_string),
                 "health_checks": u.config.health.is_some(),
                 "backends": backends,
             })
@@ -302,7 +304,12 @@ fn listener_status(
     })
 }
 
-fn backend_status(upstream: &str, b: &BackendState, window: &Window) -> serde_json::Value {
+fn backend_status(
+    upstream: &str,
+    b: &BackendState,
+    backup: bool,
+    window: &Window,
+) -> serde_json::Value {
     let admin = b.admin_state();
     let state = state_word(b);
     let key = (upstream.to_string(), b.address);
@@ -325,7 +332,10 @@ fn backend_status(upstream: &str, b: &BackendState, window: &Window) -> serde_js
         "health": if b.is_up() { "up" } else { "down" },
         "admin": admin.as_str(),
         "weight": b.weight(),
+        "backup": backup,
         "in_flight": b.in_flight(),
+        // `ewma` upstreams: the response-time average picks are made on.
+        "ewma_ms": b.ewma().map(|d| d.as_secs_f64() * 1000.0),
         "requests": s.requests.load(Ordering::Relaxed),
         "errors": s.errors_total(),
         "retries": s.retries.load(Ordering::Relaxed),

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use crate::balance::{SmoothWrr, least_conn};
+use crate::balance::{Rendezvous, SmoothWrr, least_conn, less_loaded, random, two_choices};
 use crate::config::{Algorithm, Backend, Upstream};
 use crate::health::{FailWindow, ramped_weight};
 use crate::http1::client::Conn;
@@ -29,13 +29,15 @@ use crate::tls_client::Connector;
 /// carry a small fraction of even weight 1. Scaling every weight alike changes no pick.
 pub const WEIGHT_SCALE: u64 = 1000;
 
+/// Time since the first call in this process.
+fn since_start() -> Duration {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed()
+}
+
 /// Milliseconds since the first call in this process; never zero, so zero can mean "never".
 fn clock_ms() -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    let base = *BASE.get_or_init(Instant::now);
-    u64::try_from(base.elapsed().as_millis())
-        .unwrap_or(u64::MAX)
-        .saturating_add(1)
+    millis(since_start()).saturating_add(1)
 }
 
 fn millis(d: Duration) -> u64 {
@@ -120,6 +122,11 @@ pub struct BackendState {
     skip_until_ms: AtomicU64,
     /// While non-zero the backend is in slow start, which began at this instant.
     ramp_from_ms: AtomicU64,
+    /// `ewma`: the peak-EWMA response time in nanoseconds (an f64's bits; 0 = nothing observed
+    /// yet) and when it was last updated (nanoseconds on the process clock). Plain loads and
+    /// stores: two workers observing at once may lose one sample, which an average shrugs off.
+    ewma_ns: AtomicU64,
+    ewma_at_ns: AtomicU64,
     /// What `/metrics` reports; counted only while the admin listener is on.
     pub stats: BackendStats,
 }
@@ -139,6 +146,8 @@ impl BackendState {
             fails_since_ms: AtomicU64::new(0),
             skip_until_ms: AtomicU64::new(0),
             ramp_from_ms: AtomicU64::new(0),
+            ewma_ns: AtomicU64::new(0),
+            ewma_at_ns: AtomicU64::new(0),
             stats: BackendStats::default(),
         };
         state.configure(b);
@@ -243,6 +252,44 @@ impl BackendState {
         ramped_weight(scaled, elapsed, slow_start)
     }
 
+    /// Takes one response time into the peak EWMA (Finagle's): a sample above the average
+    /// replaces it at once, so a backend that turns slow is avoided from its first slow answer;
+    /// below it, the average decays towards it with time constant `decay`, so recovery is
+    /// believed gradually.
+    pub fn observe_response_time(&self, rtt: Duration, decay: Duration) {
+        let now = u64::try_from(since_start().as_nanos()).unwrap_or(u64::MAX);
+        let rtt = rtt.as_nanos() as f64;
+        let average = f64::from_bits(self.ewma_ns.load(Ordering::Relaxed));
+        let at = self.ewma_at_ns.swap(now, Ordering::Relaxed);
+        let next = if rtt >= average {
+            rtt
+        } else {
+            let w = (-(now.saturating_sub(at) as f64) / decay.as_nanos() as f64).exp();
+            average * w + rtt * (1.0 - w)
+        };
+        self.ewma_ns.store(next.to_bits(), Ordering::Relaxed);
+    }
+
+    /// What `ewma` minimises: the response-time average × (requests in flight + 1). A backend
+    /// never observed costs nothing while idle, so it is tried, and the most while it has a
+    /// request in flight, so a new backend is not flooded before its first answer (Finagle's
+    /// penalty rule).
+    fn ewma_cost(&self) -> f64 {
+        let average = f64::from_bits(self.ewma_ns.load(Ordering::Relaxed));
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        match (average == 0.0, in_flight) {
+            (true, 0) => 0.0,
+            (true, _) => f64::MAX,
+            (false, n) => average * (n as f64 + 1.0),
+        }
+    }
+
+    /// The response-time average `ewma` keeps, for `/status`; `None` before the first sample.
+    pub fn ewma(&self) -> Option<Duration> {
+        let ns = f64::from_bits(self.ewma_ns.load(Ordering::Relaxed));
+        (ns > 0.0).then(|| Duration::from_nanos(ns as u64))
+    }
+
     fn start_ramp(&self) {
         if self.slow_start_ms.load(Ordering::Relaxed) != 0 {
             self.ramp_from_ms.store(clock_ms(), Ordering::Relaxed);
@@ -295,6 +342,10 @@ pub struct SharedUpstream {
     tls: Vec<Arc<Connector>>,
     /// Whether the request path counts [`BackendStats`] (the admin listener is on).
     pub counting: bool,
+    /// `algorithm = "hash"`: the backends' rendezvous seeds, built once per generation.
+    ring: Option<Rendezvous>,
+    /// Whether any backend is a `backup`, so upstreams without any never look.
+    has_backups: bool,
 }
 
 impl SharedUpstream {
@@ -342,7 +393,18 @@ impl SharedUpstream {
                 }
             })
             .collect();
+        let ring = (config.algorithm == Algorithm::Hash).then(|| {
+            let names: Vec<String> = config
+                .backends
+                .iter()
+                .map(|b| b.address.to_string())
+                .collect();
+            let weights: Vec<u32> = config.backends.iter().map(|b| b.weight).collect();
+            Rendezvous::new(&names, &weights)
+        });
         SharedUpstream {
+            has_backups: config.backends.iter().any(|b| b.backup),
+            ring,
             config,
             backends,
             tls,
@@ -550,8 +612,15 @@ impl WorkerUpstream {
     }
 
     /// Picks a backend by the upstream's algorithm among those not `excluded` that are up, not
-    /// skipped after failures and below `max_conns`, and counts the request against it.
-    pub fn pick(&self, excluded: impl Fn(usize) -> bool) -> Option<(usize, InFlight)> {
+    /// skipped after failures and below `max_conns`, and counts the request against it. Backups
+    /// are picked only when no primary backend can be. `key` is the request's hash for a `hash`
+    /// upstream (`None` there when the request has no such key: round robin then, as HAProxy
+    /// does for an absent header); other algorithms ignore it.
+    pub fn pick(
+        &self,
+        key: Option<u64>,
+        excluded: impl Fn(usize) -> bool,
+    ) -> Option<(usize, InFlight)> {
         let shared = &*self.shared;
         let lone = shared.lone();
         let mut now = Now::default();
@@ -564,22 +633,49 @@ impl WorkerUpstream {
         weights.clear();
         loads.clear();
         eligible.clear();
-        let least_conn_rule = shared.config.algorithm == Algorithm::LeastConn;
+        let rule = shared.config.algorithm;
+        let counts_loads = rule == Algorithm::LeastConn;
+        let is_backup = |i: usize| shared.has_backups && shared.config.backends[i].backup;
         for (i, b) in shared.backends.iter().enumerate() {
-            eligible.push(!excluded(i) && b.available(&mut now, lone));
+            eligible.push(!is_backup(i) && !excluded(i) && b.available(&mut now, lone));
             weights.push(b.weight_now(&mut now));
-            if least_conn_rule {
+            if counts_loads {
                 loads.push(b.in_flight.load(Ordering::Relaxed));
             }
         }
+        let mut backups = false;
         let mut wrr = self.wrr.borrow_mut();
-        // Each pass either returns or rules one backend out, so this ends within n passes.
+        // Each pass either returns, rules one backend out, or moves on to the backups once;
+        // so this ends within n + 1 passes.
         loop {
-            let b = if least_conn_rule {
-                least_conn(&mut wrr, weights, loads, eligible)
-            } else {
-                wrr.pick(weights, |i| eligible[i])
-            }?;
+            let picked = match rule {
+                Algorithm::RoundRobin => wrr.pick(weights, |i| eligible[i]),
+                Algorithm::LeastConn => least_conn(&mut wrr, weights, loads, eligible),
+                // Only the two drawn backends' loads are read, when they are compared.
+                Algorithm::RandomTwo => two_choices(weights, eligible, random, |a, b| {
+                    let load = |i: usize| (i, shared.backends[i].in_flight());
+                    less_loaded(weights, load(a), load(b))
+                }),
+                Algorithm::Ewma => two_choices(weights, eligible, random, |a, b| {
+                    // Cost per unit of weight, cross-multiplied.
+                    let cost = |i: usize| shared.backends[i].ewma_cost();
+                    cost(a) * (weights[b] as f64) < cost(b) * (weights[a] as f64)
+                }),
+                Algorithm::Hash => match (key, &shared.ring) {
+                    (Some(key), Some(ring)) => ring.pick(key, |i| eligible[i]),
+                    _ => wrr.pick(weights, |i| eligible[i]),
+                },
+            };
+            let Some(b) = picked else {
+                if backups || !shared.has_backups {
+                    return None;
+                }
+                backups = true;
+                for (i, state) in shared.backends.iter().enumerate() {
+                    eligible[i] = is_backup(i) && !excluded(i) && state.available(&mut now, lone);
+                }
+                continue;
+            };
             if let Some(mut guard) = InFlight::acquire(&shared.backends[b]) {
                 let fail_timeout = shared.config.passive.fail_timeout;
                 if let Some(trial) = shared.backends[b].claim(&mut now, fail_timeout, lone) {
@@ -625,6 +721,11 @@ mod tests {
         let list: String = (0..backends)
             .map(|i| format!("{{ address = \"127.0.0.1:{}\" }},", 9001 + i))
             .collect();
+        upstream_of(extra, &list)
+    }
+
+    /// An upstream whose `backends` list is `list` as written.
+    fn upstream_of(extra: &str, list: &str) -> Rc<WorkerUpstream> {
         let text = format!(
             "[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\n\
              [upstream.app]\n{extra}\nbackends = [{list}]\n"
@@ -637,7 +738,7 @@ mod tests {
     /// Picks `n` times, releasing each request at once; the backends picked, as letters.
     fn picks(u: &WorkerUpstream, n: usize) -> String {
         (0..n)
-            .map(|_| match u.pick(|_| false) {
+            .map(|_| match u.pick(None, |_| false) {
                 Some((b, _guard)) => (b'a' + b as u8) as char,
                 None => '-',
             })
@@ -669,11 +770,11 @@ mod tests {
         u.shared.backends[0]
             .skip_until_ms
             .store(1, Ordering::Relaxed);
-        let (first, trial) = u.pick(|_| false).unwrap();
+        let (first, trial) = u.pick(None, |_| false).unwrap();
         assert_eq!(first, 0);
         assert_eq!(picks(&u, 3), "bbb");
         // Only the trial's success ends the skip.
-        let (_, ordinary) = u.pick(|_| false).unwrap();
+        let (_, ordinary) = u.pick(None, |_| false).unwrap();
         u.shared.record_success(&ordinary);
         assert_eq!(picks(&u, 2), "bb");
         u.shared.record_success(&trial);
@@ -692,13 +793,13 @@ mod tests {
     #[test]
     fn max_conns_is_held_by_the_in_flight_guard() {
         let u = upstream("max_conns = 1", 2);
-        let (a, _ga) = u.pick(|_| false).unwrap();
-        let (b, gb) = u.pick(|_| false).unwrap();
+        let (a, _ga) = u.pick(None, |_| false).unwrap();
+        let (b, gb) = u.pick(None, |_| false).unwrap();
         assert_eq!((a, b), (0, 1));
-        assert!(u.pick(|_| false).is_none(), "both backends are full");
+        assert!(u.pick(None, |_| false).is_none(), "both backends are full");
         assert!(u.shared.unavailable().contains("2 at max_conns"));
         drop(gb);
-        assert_eq!(u.pick(|_| false).map(|p| p.0), Some(1));
+        assert_eq!(u.pick(None, |_| false).map(|p| p.0), Some(1));
     }
 
     #[test]
@@ -735,5 +836,77 @@ mod tests {
         );
         assert_eq!(b.claim(&mut now, Duration::from_secs(10), false), None);
         assert_eq!(b.skip_until_ms.load(Ordering::Relaxed), 15_000);
+    }
+
+    #[test]
+    fn backups_take_requests_only_while_no_primary_can() {
+        let u = upstream_of(
+            "",
+            r#"{ address = "127.0.0.1:9001" }, { address = "127.0.0.1:9002" },
+               { address = "127.0.0.1:9003", backup = true }"#,
+        );
+        assert_eq!(picks(&u, 4), "abab");
+        u.shared.backends[0].set_up(false);
+        assert_eq!(picks(&u, 3), "bbb");
+        u.shared.backends[1].set_admin_state(AdminState::Draining);
+        assert_eq!(picks(&u, 3), "ccc");
+        // A retry that has tried the primaries goes to the backup too.
+        u.shared.backends[0].set_up(true);
+        u.shared.backends[1].set_admin_state(AdminState::Active);
+        assert_eq!(u.pick(None, |i| i < 2).map(|p| p.0), Some(2));
+        assert_eq!(picks(&u, 2), "ab");
+    }
+
+    #[test]
+    fn random_two_avoids_the_backend_with_most_in_flight() {
+        let u = upstream("algorithm = \"random_two\"", 2);
+        // Backend 0 holds five requests: of the two drawn (here always both), 1 wins.
+        let _held: Vec<_> = (0..5)
+            .map(|_| InFlight::acquire(&u.shared.backends[0]).unwrap())
+            .collect();
+        assert_eq!(picks(&u, 20), "b".repeat(20));
+    }
+
+    #[test]
+    fn ewma_steers_away_from_a_slow_backend() {
+        let u = upstream("algorithm = \"ewma\"", 4);
+        let decay = Duration::from_secs(10);
+        for (i, b) in u.shared.backends.iter().enumerate() {
+            let rtt = if i == 3 { 5_000 } else { 200 };
+            b.observe_response_time(Duration::from_micros(rtt), decay);
+        }
+        let counts = (0..4000).fold([0usize; 4], |mut c, _| {
+            c[u.pick(None, |_| false).unwrap().0] += 1;
+            c
+        });
+        // The slow one wins only when drawn against... nothing faster: never, while idle.
+        assert_eq!(counts[3], 0, "{counts:?}");
+        assert!(counts[..3].iter().all(|&c| c > 1000), "{counts:?}");
+        // A peak replaces the average at once; a fast sample after it decays it only slowly.
+        let b = &u.shared.backends[0];
+        b.observe_response_time(Duration::from_millis(50), decay);
+        assert_eq!(b.ewma(), Some(Duration::from_millis(50)));
+        b.observe_response_time(Duration::from_micros(100), decay);
+        assert!(b.ewma().unwrap() > Duration::from_millis(49));
+    }
+
+    #[test]
+    fn hash_keeps_a_key_on_its_backend_and_falls_back_consistently() {
+        let u = upstream("algorithm = \"hash\"\nhash = \"uri\"", 5);
+        let key = crate::balance::hash(b"/cart?user=7");
+        let first = u.pick(Some(key), |_| false).unwrap().0;
+        assert!((0..20).all(|_| u.pick(Some(key), |_| false).unwrap().0 == first));
+        u.shared.backends[first].set_up(false);
+        let second = u.pick(Some(key), |_| false).unwrap().0;
+        assert_ne!(second, first);
+        assert!((0..20).all(|_| u.pick(Some(key), |_| false).unwrap().0 == second));
+        // Without a key: round robin over the four up.
+        assert_eq!(
+            picks(&u, 4)
+                .chars()
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            4
+        );
     }
 }

@@ -19,7 +19,7 @@ use crate::connection::{Clients, Held};
 use crate::cpus::pin_current_thread;
 use crate::listen::{ListenerKey, accept, listener_keys};
 use crate::process::{Generation, Process, ServerError};
-use crate::route::{ClientRules, Route};
+use crate::route::{ClientRules, Route, Routes};
 use crate::stream::ClientStream;
 use crate::upstream::WorkerUpstream;
 
@@ -218,8 +218,10 @@ impl WorkerState {
         let keys = listener_keys(&config.listeners);
         for (l, key) in config.listeners.iter().zip(&keys) {
             let upstream = upstreams[l.upstream].clone();
+            let routes = Rc::new(Routes::new(l, &upstreams));
             if let Some(kept) = self.listeners.get(key) {
                 *kept.route.upstream.borrow_mut() = upstream;
+                *kept.route.routes.borrow_mut() = routes;
                 *kept.route.rules.borrow_mut() = rules.clone();
                 // New handshakes get the new certificates; open connections keep theirs.
                 *kept.route.tls.borrow_mut() = l.tls.clone();
@@ -252,6 +254,7 @@ impl WorkerState {
                 tls: RefCell::new(l.tls.clone()),
                 redirect_https: Cell::new(l.redirect_https),
                 h2c: Cell::new(l.h2c),
+                routes: RefCell::new(routes),
             });
             let (removed, removed_rx) = watch::channel(false);
             let task = tokio::task::spawn_local(accept_loop(

@@ -44,7 +44,7 @@ fn assert_check_rejects(name: &str, expected: &str) {
 fn check_rejects_an_unknown_algorithm_naming_place_key_and_choices() {
     assert_check_rejects(
         "unknown_algorithm.toml",
-        r#"{file}:12:13: upstream.app.algorithm: unknown value "leastconn", expected one of round_robin, least_conn"#,
+        r#"{file}:12:13: upstream.app.algorithm: unknown value "leastconn", expected one of round_robin, least_conn, random_two, ewma, hash"#,
     );
 }
 
@@ -52,7 +52,7 @@ fn check_rejects_an_unknown_algorithm_naming_place_key_and_choices() {
 fn check_rejects_an_unknown_key() {
     assert_check_rejects(
         "unknown_key.toml",
-        "{file}:8:1: upstream.app.algoritm: unknown field `algoritm`, expected one of `algorithm`, `keepalive`, `backends`, `spawn`, `timeouts`, `max_conns`, `slow_start`, `health`, `passive`, `retry`, `upgrade`, `protocol`, `max_streams`, `tls`",
+        "{file}:8:1: upstream.app.algoritm: unknown field `algoritm`, expected one of `algorithm`, `hash`, `ewma_decay`, `keepalive`, `backends`, `spawn`, `timeouts`, `max_conns`, `slow_start`, `health`, `passive`, `retry`, `upgrade`, `protocol`, `max_streams`, `tls`",
     );
 }
 
@@ -190,7 +190,7 @@ fn serve_refuses_an_invalid_file_with_the_same_message_and_exit_1() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(
         stderr.trim_end(),
-        r#"tests/fixtures/unknown_algorithm.toml:12:13: upstream.app.algorithm: unknown value "leastconn", expected one of round_robin, least_conn"#
+        r#"tests/fixtures/unknown_algorithm.toml:12:13: upstream.app.algorithm: unknown value "leastconn", expected one of round_robin, least_conn, random_two, ewma, hash"#
     );
 }
 
@@ -517,4 +517,54 @@ fn a_host_name_as_a_backend_is_refused_saying_names_are_not_resolved() {
         ),
         "{stderr}"
     );
+}
+
+/// `pinlb import` on every nginx fixture: it exits 0, lists what it did not convert with
+/// file:line, and (for the fixtures that proxy) writes a configuration `pinlb check` accepts.
+#[test]
+fn import_converts_the_nginx_fixtures_into_configs_that_check() {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/nginx");
+    let Ok(dir) = std::fs::read_dir(&fixtures) else {
+        panic!("the nginx fixtures are at {}", fixtures.display());
+    };
+    let mut seen = 0;
+    for entry in dir {
+        let path = entry.unwrap().path();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pinlb"))
+            .arg("import")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let notes = String::from_utf8(out.stderr).unwrap();
+        for line in notes.lines() {
+            let place = line.split(": ").next().unwrap();
+            assert!(
+                place.rsplit(':').next().unwrap().parse::<usize>().is_ok(),
+                "no file:line in {line:?}"
+            );
+        }
+        let toml = String::from_utf8(out.stdout).unwrap();
+        let proxies = std::fs::read_to_string(&path)
+            .unwrap()
+            .contains("proxy_pass");
+        let checked = pinlb::Config::parse(
+            "imported.toml",
+            &toml,
+            &pinlb::cpus::allowed_cpus().unwrap(),
+        );
+        if proxies {
+            if let Err(e) = checked {
+                panic!("{}: the import does not check: {e}\n{toml}", path.display());
+            }
+        }
+        seen += 1;
+    }
+    assert!(seen >= 4, "only {seen} fixtures");
 }

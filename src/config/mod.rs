@@ -14,6 +14,7 @@
 
 mod error;
 mod raw;
+mod routes;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -39,15 +40,73 @@ pub enum Algorithm {
     RoundRobin,
     /// Fewest in-flight requests per unit of weight, across all workers.
     LeastConn,
+    /// Power of two choices: two backends drawn at random by weight, the one with fewer
+    /// in-flight requests per unit of weight wins (nginx's `random two least_conn`).
+    RandomTwo,
+    /// Power of two choices on peak-EWMA response time × (in-flight + 1), as Finagle and
+    /// Linkerd balance: a slow backend loses to a fast one until the fast one is that busy.
+    Ewma,
+    /// Consistent (rendezvous) hashing on [`Upstream::hash`]'s key: a key keeps its backend,
+    /// and removing one of N backends moves only that backend's keys.
+    Hash,
 }
 
 impl Algorithm {
-    const NAMES: &'static str = "round_robin, least_conn";
+    const NAMES: &'static str = "round_robin, least_conn, random_two, ewma, hash";
 
     pub fn as_str(self) -> &'static str {
         match self {
             Algorithm::RoundRobin => "round_robin",
             Algorithm::LeastConn => "least_conn",
+            Algorithm::RandomTwo => "random_two",
+            Algorithm::Ewma => "ewma",
+            Algorithm::Hash => "hash",
+        }
+    }
+}
+
+/// What a `hash` upstream hashes (`hash = "..."`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    /// The client's address (the TCP peer, as nginx's `$remote_addr`).
+    ClientIp,
+    /// The request target as received, query included (nginx's `$request_uri`).
+    Uri,
+    /// A request header's value (`header:X-User`); the name is kept lower-case.
+    Header(String),
+    /// A cookie's value (`cookie:session`).
+    Cookie(String),
+}
+
+impl HashKey {
+    const EXPECTED: &'static str =
+        "expected \"client_ip\", \"uri\", \"header:NAME\" or \"cookie:NAME\"";
+
+    /// Reads `hash`'s value; the error says what was expected.
+    pub fn parse(s: &str) -> Result<HashKey, String> {
+        let named = |rest: &str, what: &str| {
+            if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+                return Err(format!("\"{s}\" names no {what}, {}", HashKey::EXPECTED));
+            }
+            Ok(rest.to_ascii_lowercase())
+        };
+        match s.split_once(':') {
+            None if s == "client_ip" => Ok(HashKey::ClientIp),
+            None if s == "uri" => Ok(HashKey::Uri),
+            Some(("header", name)) => named(name, "header").map(HashKey::Header),
+            Some(("cookie", name)) => named(name, "cookie").map(HashKey::Cookie),
+            _ => Err(format!("unknown value \"{s}\", {}", HashKey::EXPECTED)),
+        }
+    }
+}
+
+impl std::fmt::Display for HashKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HashKey::ClientIp => f.write_str("client_ip"),
+            HashKey::Uri => f.write_str("uri"),
+            HashKey::Header(name) => write!(f, "header:{name}"),
+            HashKey::Cookie(name) => write!(f, "cookie:{name}"),
         }
     }
 }
@@ -219,6 +278,238 @@ pub struct Listener {
     /// `h2c`: a plain listener also takes cleartext HTTP/2 with prior knowledge (a connection
     /// that begins with the HTTP/2 preface); every other connection is HTTP/1.1.
     pub h2c: bool,
+    /// `[[listener.route]]`, in file order: the first that matches a request decides; a request
+    /// no route matches goes to `upstream`, or gets 404 when the listener has none.
+    pub routes: Vec<RouteRule>,
+    /// Whether the listener named an `upstream` for requests no route matches.
+    pub has_default: bool,
+}
+
+/// One `[[listener.route]]`: what it matches and what it does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteRule {
+    /// Host names it matches (the Host header without its port, case-insensitive); empty: any.
+    pub hosts: Vec<HostPattern>,
+    /// The normalised path it matches.
+    pub path: PathMatch,
+    /// Methods it matches; empty: any.
+    pub methods: Vec<http::Method>,
+    /// Headers that must be present with exactly this value (name lower-case); all of them.
+    pub headers: Vec<(String, String)>,
+    pub action: RouteAction,
+    /// `request_headers`: what changes in the request's header lines on the way to a backend.
+    pub request_headers: HeaderRules,
+    /// `response_headers`: what changes in a backend's response on the way to the client.
+    pub response_headers: HeaderRules,
+    /// `timeouts`: the upstream's `connect`, `response` and `send` timeouts this route changes.
+    pub timeouts: RouteTimeouts,
+}
+
+/// A route's own timeouts; each `None` keeps the upstream's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteTimeouts {
+    pub connect: Option<Duration>,
+    pub response: Option<Duration>,
+    pub send: Option<Duration>,
+}
+
+impl RouteTimeouts {
+    /// The upstream's timeouts with this route's in their place; `None` when it changes none.
+    pub fn over(&self, upstream: Timeouts) -> Option<Timeouts> {
+        (*self != RouteTimeouts::default()).then(|| Timeouts {
+            connect: self.connect.unwrap_or(upstream.connect),
+            response: self.response.unwrap_or(upstream.response),
+            send: self.send.unwrap_or(upstream.send),
+            ..upstream
+        })
+    }
+}
+
+/// A route's `request_headers` or `response_headers`: `remove` drops every line of a name,
+/// `set` replaces every line of its name with one (nginx's `proxy_set_header`), `add` appends
+/// one (nginx's `add_header`). Values are [`Template`]s. Names are lower-case; the headers
+/// pinlb writes itself (Host, the framing and hop-by-hop ones, X-Forwarded-For/-Proto) are
+/// refused at load.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderRules {
+    pub remove: Vec<String>,
+    pub set: Vec<(String, Template)>,
+    pub add: Vec<(String, Template)>,
+}
+
+impl HeaderRules {
+    pub fn is_empty(&self) -> bool {
+        self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
+    }
+
+    /// Whether a line named `name` is dropped: removed, or replaced by `set`.
+    pub fn drops(&self, name: &[u8]) -> bool {
+        let is = |n: &String| name.eq_ignore_ascii_case(n.as_bytes());
+        self.remove.iter().any(is) || self.set.iter().any(|(n, _)| is(n))
+    }
+}
+
+/// A route's `host` entry.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum HostPattern {
+    /// `example.com`, lower-case.
+    Exact(String),
+    /// `*.example.com`, kept as the suffix `.example.com`: one label or more before it.
+    Suffix(String),
+}
+
+impl HostPattern {
+    /// Whether a lower-case host name (no port) matches.
+    pub fn matches(&self, host: &[u8]) -> bool {
+        match self {
+            HostPattern::Exact(h) => h.as_bytes() == host,
+            HostPattern::Suffix(s) => host.len() > s.len() && host.ends_with(s.as_bytes()),
+        }
+    }
+}
+
+impl fmt::Display for HostPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostPattern::Exact(h) => f.write_str(h),
+            HostPattern::Suffix(s) => write!(f, "*{s}"),
+        }
+    }
+}
+
+/// A route's `path` (a prefix, as nginx's `location /api/`) or `path_exact` (nginx's
+/// `location = /old`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathMatch {
+    Prefix(String),
+    Exact(String),
+}
+
+impl PathMatch {
+    /// Whether a normalised path (no query) matches.
+    pub fn matches(&self, path: &[u8]) -> bool {
+        match self {
+            PathMatch::Prefix(p) => path.starts_with(p.as_bytes()),
+            PathMatch::Exact(p) => path == p.as_bytes(),
+        }
+    }
+}
+
+impl fmt::Display for PathMatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PathMatch::Prefix(p) => write!(f, "{p}*"),
+            PathMatch::Exact(p) => write!(f, "= {p}"),
+        }
+    }
+}
+
+/// What a matched route does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteAction {
+    /// Proxy to `upstream` (an index into [`Config::upstreams`]); with `rewrite_prefix`, the
+    /// matched `path` prefix is replaced by it (nginx's `proxy_pass http://app/v2/;`).
+    Proxy {
+        upstream: usize,
+        rewrite_prefix: Option<String>,
+    },
+    /// Answer `status` (301, 302, 303, 307 or 308) with a Location from a template.
+    Redirect { status: u16, location: Template },
+    /// Answer `status` with a fixed body (nginx's `return 403;`).
+    Respond { status: u16, body: String },
+}
+
+/// A text with `{variables}`: `{scheme}`, `{host}` (without port), `{uri}` (the target as
+/// received, query included), `{path}` (without the query), `{query}` (without its `?`),
+/// `{client_ip}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template(pub Vec<TemplatePart>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variable {
+    Scheme,
+    Host,
+    Uri,
+    Path,
+    Query,
+    ClientIp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplatePart {
+    Text(String),
+    Var(Variable),
+}
+
+impl Template {
+    pub const VARIABLES: &'static str = "{scheme}, {host}, {uri}, {path}, {query}, {client_ip}";
+
+    /// Reads `{name}` variables out of `s`; `{{` and `}}` are literal braces.
+    pub fn parse(s: &str) -> Result<Template, String> {
+        let mut parts = Vec::new();
+        let mut text = String::new();
+        let mut rest = s;
+        while let Some(i) = rest.find(['{', '}']) {
+            text.push_str(&rest[..i]);
+            let tail = &rest[i..];
+            if tail.starts_with("{{") || tail.starts_with("}}") {
+                text.push_str(&tail[..1]);
+                rest = &tail[2..];
+                continue;
+            }
+            if tail.starts_with('}') {
+                return Err(format!(
+                    "unmatched '}}' in \"{s}\" (write '}}}}' for a brace)"
+                ));
+            }
+            let Some(end) = tail.find('}') else {
+                return Err(format!("unclosed '{{' in \"{s}\""));
+            };
+            let var = match &tail[1..end] {
+                "scheme" => Variable::Scheme,
+                "host" => Variable::Host,
+                "uri" => Variable::Uri,
+                "path" => Variable::Path,
+                "query" => Variable::Query,
+                "client_ip" => Variable::ClientIp,
+                other => {
+                    return Err(format!(
+                        "unknown variable {{{other}}}, expected one of {}",
+                        Template::VARIABLES
+                    ));
+                }
+            };
+            if !text.is_empty() {
+                parts.push(TemplatePart::Text(std::mem::take(&mut text)));
+            }
+            parts.push(TemplatePart::Var(var));
+            rest = &tail[end + 1..];
+        }
+        text.push_str(rest);
+        if !text.is_empty() {
+            parts.push(TemplatePart::Text(text));
+        }
+        Ok(Template(parts))
+    }
+}
+
+impl fmt::Display for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for part in &self.0 {
+            match part {
+                TemplatePart::Text(t) => f.write_str(&t.replace('{', "{{").replace('}', "}}"))?,
+                TemplatePart::Var(v) => f.write_str(match v {
+                    Variable::Scheme => "{scheme}",
+                    Variable::Host => "{host}",
+                    Variable::Uri => "{uri}",
+                    Variable::Path => "{path}",
+                    Variable::Query => "{query}",
+                    Variable::ClientIp => "{client_ip}",
+                })?,
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `[http2]`: HTTP/2 client connections (ALPN `h2` on TLS listeners, `h2c` on plain ones).
@@ -279,6 +570,11 @@ pub struct Upstream {
     /// `max_streams`: for an HTTP/2 upstream, the streams one backend connection carries at
     /// once before the worker opens another to that backend.
     pub max_streams: usize,
+    /// `hash`: the key of a `hash` upstream; `None` for every other algorithm.
+    pub hash: Option<HashKey>,
+    /// `ewma_decay`: how fast an `ewma` upstream forgets a response time (the time constant of
+    /// the moving average; Finagle's and Linkerd's default is 10 s).
+    pub ewma_decay: Duration,
     /// `[upstream.NAME.spawn]`: pinlb runs the backends itself. `backends` then lists each
     /// process's first address (`port_base + i`) and core, which is what `check` shows; the
     /// running pool holds only the processes that answer (see `supervisor`).
@@ -362,6 +658,7 @@ impl Spawn {
             cpus: Some(vec![self.core(i)]),
             max_conns: self.max_conns,
             slow_start: self.slow_start,
+            backup: false,
         }
     }
 
@@ -376,6 +673,9 @@ impl Spawn {
 }
 
 impl Upstream {
+    /// `ewma_decay`'s default.
+    pub const EWMA_DECAY: Duration = Duration::from_secs(10);
+
     /// `max_streams`' default: the least an HTTP/2 server should allow (RFC 9113 §6.5.2
     /// recommends no fewer than 100), and what most advertise.
     pub const MAX_STREAMS: usize = 100;
@@ -419,6 +719,9 @@ pub struct Backend {
     /// After the backend comes back up, its weight ramps from ~0 to `weight` over this long;
     /// zero = at once.
     pub slow_start: Duration,
+    /// `backup`: picked only while no primary (non-backup) backend is available (nginx's
+    /// `backup`).
+    pub backup: bool,
 }
 
 /// Active health checks, with HAProxy's semantics: `fall` consecutive failed probes take a

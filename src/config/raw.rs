@@ -94,8 +94,10 @@ pub(super) struct RawHttp2 {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawUpstream {
-    #[serde(default)]
-    pub algorithm: Algorithm,
+    pub algorithm: Option<Spanned<Algorithm>>,
+    /// What `algorithm = "hash"` hashes.
+    pub hash: Option<Spanned<String>>,
+    pub ewma_decay: Option<Spanned<Dur>>,
     #[serde(default = "default_keepalive")]
     pub keepalive: usize,
     /// Required unless `spawn` gives the backends.
@@ -165,6 +167,7 @@ pub(super) struct RawBackend {
     pub cpus: Option<Spanned<CpuList>>,
     pub max_conns: Option<usize>,
     pub slow_start: Option<Dur>,
+    pub backup: Option<Spanned<bool>>,
 }
 
 /// Weight 1, at no place in the file (it is never wrong, so never pointed at).
@@ -228,6 +231,73 @@ pub(super) struct RawListener {
     pub h2c: Option<Spanned<bool>>,
     /// Whether a TLS listener offers `h2` by ALPN.
     pub http2: Option<Spanned<bool>>,
+    /// `[[listener.route]]`.
+    #[serde(default)]
+    pub route: Vec<Spanned<RawRoute>>,
+}
+
+/// One `[[listener.route]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    /// One name or a list.
+    pub host: Option<Spanned<OneOrMany>>,
+    pub path: Option<Spanned<String>>,
+    pub path_exact: Option<Spanned<String>>,
+    pub methods: Option<Spanned<Vec<Spanned<String>>>>,
+    pub headers: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    pub upstream: Option<Spanned<String>>,
+    pub rewrite_prefix: Option<Spanned<String>>,
+    pub redirect: Option<Spanned<RawRedirect>>,
+    pub respond: Option<Spanned<RawRespond>>,
+    pub request_headers: Option<Spanned<RawHeaderRules>>,
+    pub response_headers: Option<Spanned<RawHeaderRules>>,
+    pub timeouts: Option<RawRouteTimeouts>,
+}
+
+/// A route's `timeouts = { connect, response, send }`, over its upstream's.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRouteTimeouts {
+    pub connect: Option<Spanned<Dur>>,
+    pub response: Option<Spanned<Dur>>,
+    pub send: Option<Spanned<Dur>>,
+}
+
+/// `{ set = { NAME = "value" }, add = { ... }, remove = ["NAME"] }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHeaderRules {
+    #[serde(default)]
+    pub set: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    pub add: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    pub remove: Vec<Spanned<String>>,
+}
+
+/// A string or a list of strings.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A route's `redirect = { status = 301, location = "..." }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRedirect {
+    pub status: Option<Spanned<u16>>,
+    pub location: Spanned<String>,
+}
+
+/// A route's `respond = { status = 403, body = "..." }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRespond {
+    pub status: Spanned<u16>,
+    pub body: Option<String>,
 }
 
 /// `[listener.tls]`: a default certificate (`cert` and `key`), more chosen by SNI
@@ -280,6 +350,9 @@ impl<'de> Deserialize<'de> for Algorithm {
         match s.as_str() {
             "round_robin" => Ok(Algorithm::RoundRobin),
             "least_conn" => Ok(Algorithm::LeastConn),
+            "random_two" => Ok(Algorithm::RandomTwo),
+            "ewma" => Ok(Algorithm::Ewma),
+            "hash" => Ok(Algorithm::Hash),
             other => Err(de::Error::custom(format!(
                 "unknown value \"{other}\", expected one of {}",
                 Algorithm::NAMES

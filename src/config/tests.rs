@@ -228,7 +228,7 @@ fn unknown_algorithm_names_place_key_and_choices() {
     ));
     assert_eq!(
         e,
-        "pinlb.toml:7:13: upstream.app.algorithm: unknown value \"leastconn\", expected one of round_robin, least_conn"
+        "pinlb.toml:7:13: upstream.app.algorithm: unknown value \"leastconn\", expected one of round_robin, least_conn, random_two, ewma, hash"
     );
 }
 
@@ -446,4 +446,72 @@ fn an_upstream_may_turn_upgrades_off_and_tunnel_idle_must_be_positive() {
         "{MINIMAL}\n[upstream.app.timeouts]\ntunnel_idle = \"0s\"\n"
     ));
     assert!(e.contains("upstream.app.timeouts.tunnel_idle"), "{e}");
+}
+
+#[test]
+fn hash_needs_its_key_and_only_hash_takes_one() {
+    let with =
+        |lines: &str| MINIMAL.replace("[upstream.app]\n", &format!("[upstream.app]\n{lines}\n"));
+    let c = parse(&with("algorithm = \"hash\"\nhash = \"cookie:Session\"")).unwrap();
+    assert_eq!(c.upstreams[0].hash, Some(HashKey::Cookie("session".into())));
+    assert_eq!(
+        err(&with("algorithm = \"hash\"")),
+        "pinlb.toml:7:13: upstream.app.algorithm: algorithm \"hash\" needs a key: hash = \"client_ip\", \"uri\", \"header:NAME\" or \"cookie:NAME\""
+    );
+    assert_eq!(
+        err(&with("algorithm = \"hash\"\nhash = \"ip\"")),
+        "pinlb.toml:8:8: upstream.app.hash: unknown value \"ip\", expected \"client_ip\", \"uri\", \"header:NAME\" or \"cookie:NAME\""
+    );
+    assert_eq!(
+        err(&with("algorithm = \"hash\"\nhash = \"header:\"")),
+        "pinlb.toml:8:8: upstream.app.hash: \"header:\" names no header, expected \"client_ip\", \"uri\", \"header:NAME\" or \"cookie:NAME\""
+    );
+    assert_eq!(
+        err(&with("hash = \"uri\"")),
+        "pinlb.toml:7:8: upstream.app.hash: hash is the key of algorithm \"hash\", but this upstream balances by \"round_robin\""
+    );
+}
+
+#[test]
+fn backups_need_a_primary_and_no_hash() {
+    let two = |extra: &str, second: &str| {
+        format!(
+            "[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"app\"\n[upstream.app]\n{extra}\n\
+             backends = [{{ address = \"127.0.0.1:8881\"{second} }}, {{ address = \"127.0.0.1:8882\", backup = true }}]\n"
+        )
+    };
+    let c = parse(&two("", "")).unwrap();
+    assert_eq!(
+        c.upstreams[0]
+            .backends
+            .iter()
+            .map(|b| b.backup)
+            .collect::<Vec<_>>(),
+        [false, true]
+    );
+    assert_eq!(
+        err(&two("", ", backup = true")),
+        "pinlb.toml:6:52: upstream.app.backends[0].backup: every backend is a backup: an upstream needs at least one primary backend (backup = false)"
+    );
+    let e = err(&two("algorithm = \"hash\"\nhash = \"uri\"", ""));
+    assert!(
+        e.starts_with(
+            "pinlb.toml:7:84: upstream.app.backends[1].backup: backup backends can't be used with algorithm \"hash\""
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn ewma_decay_defaults_to_ten_seconds_and_must_be_positive() {
+    let with =
+        |lines: &str| MINIMAL.replace("[upstream.app]\n", &format!("[upstream.app]\n{lines}\n"));
+    let c = parse(&with("algorithm = \"ewma\"")).unwrap();
+    assert_eq!(c.upstreams[0].ewma_decay, Duration::from_secs(10));
+    let c = parse(&with("algorithm = \"ewma\"\newma_decay = \"2s\"")).unwrap();
+    assert_eq!(c.upstreams[0].ewma_decay, Duration::from_secs(2));
+    assert!(
+        err(&with("ewma_decay = \"0s\""))
+            .starts_with("pinlb.toml:7:14: upstream.app.ewma_decay: a duration of 0")
+    );
 }

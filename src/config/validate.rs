@@ -17,8 +17,8 @@ use super::raw::{
     Size,
 };
 use super::{
-    AccessFormat, AccessLog, AccessTarget, Admin, Backend, Health, Http2, Limits, Listener,
-    Passive, Protocol, Retry, Runtime, Spawn, Timeouts, Upgrade, Upstream,
+    AccessFormat, AccessLog, AccessTarget, Admin, Algorithm, Backend, HashKey, Health, Http2,
+    Limits, Listener, Passive, Protocol, Retry, Runtime, Spawn, Timeouts, Upgrade, Upstream,
 };
 use crate::cpus::format_cpu_list;
 use crate::tls::{CertFiles, Terminator};
@@ -68,7 +68,11 @@ pub(super) fn runtime(src: &Source, raw: &RawRuntime, allowed: &[usize]) -> Resu
 
 /// A duration that must not be zero, when given: a zero timeout or interval would fail every
 /// request or close every connection at once.
-fn positive(src: &Source, v: &Option<Spanned<Dur>>, key: &str) -> Result<Option<Duration>> {
+pub(super) fn positive(
+    src: &Source,
+    v: &Option<Spanned<Dur>>,
+    key: &str,
+) -> Result<Option<Duration>> {
     match v {
         None => Ok(None),
         Some(x) if x.get_ref().0.is_zero() => Err(src.at(
@@ -218,6 +222,10 @@ pub(super) fn upstream(
     warnings: &mut Vec<String>,
 ) -> Result<Upstream> {
     let key = format!("upstream.{name}");
+    let algorithm = up
+        .algorithm
+        .as_ref()
+        .map_or(Algorithm::default(), |a| *a.get_ref());
     let spawn = match (&up.spawn, &up.backends) {
         (Some(_), Some(b)) => {
             return Err(src.at(
@@ -246,9 +254,12 @@ pub(super) fn upstream(
     };
     Ok(Upstream {
         name: name.to_string(),
-        algorithm: up.algorithm,
+        algorithm,
+        hash: hash_key(src, &key, up, algorithm)?,
+        ewma_decay: positive(src, &up.ewma_decay, &format!("{key}.ewma_decay"))?
+            .unwrap_or(Upstream::EWMA_DECAY),
         keepalive: up.keepalive,
-        backends,
+        backends: backup_rules(src, &key, up, algorithm, backends)?,
         spawn,
         timeouts: timeouts(src, &key, &up.timeouts)?,
         health: up
@@ -278,6 +289,71 @@ pub(super) fn upstream(
             .transpose()?
             .map(Arc::new),
     })
+}
+
+/// `hash`, which `algorithm = "hash"` needs and no other algorithm takes.
+fn hash_key(
+    src: &Source,
+    key: &str,
+    up: &RawUpstream,
+    algorithm: Algorithm,
+) -> Result<Option<HashKey>> {
+    match (&up.hash, algorithm) {
+        (Some(h), Algorithm::Hash) => HashKey::parse(h.get_ref())
+            .map(Some)
+            .map_err(|e| src.at(h.span(), &format!("{key}.hash"), e)),
+        (None, Algorithm::Hash) => Err(src.at(
+            up.algorithm.as_ref().map_or(0..0, |a| a.span()),
+            &format!("{key}.algorithm"),
+            "algorithm \"hash\" needs a key: hash = \"client_ip\", \"uri\", \"header:NAME\" or \"cookie:NAME\"",
+        )),
+        (Some(h), other) => Err(src.at(
+            h.span(),
+            &format!("{key}.hash"),
+            format!(
+                "hash is the key of algorithm \"hash\", but this upstream balances by \"{}\"",
+                other.as_str()
+            ),
+        )),
+        (None, _) => Ok(None),
+    }
+}
+
+/// `backup` backends need a primary to stand behind, and are not for `hash` upstreams: a key's
+/// backend must not depend on whether others are up (nginx refuses the same pairing).
+fn backup_rules(
+    src: &Source,
+    key: &str,
+    up: &RawUpstream,
+    algorithm: Algorithm,
+    backends: Vec<Backend>,
+) -> Result<Vec<Backend>> {
+    // Spawned backends are never backups.
+    let (Some(list), Some(first_backup)) = (&up.backends, backends.iter().position(|b| b.backup))
+    else {
+        return Ok(backends);
+    };
+    let raw = list.get_ref();
+    let at = raw[first_backup]
+        .backup
+        .as_ref()
+        .map_or_else(|| raw[first_backup].address.span(), |v| v.span());
+    let bkey = format!("{key}.backends[{first_backup}].backup");
+    if algorithm == Algorithm::Hash {
+        return Err(src.at(
+            at,
+            &bkey,
+            "backup backends can't be used with algorithm \"hash\" (a key's backend would move whenever another went down); use round_robin, least_conn, random_two or ewma",
+        ));
+    }
+    if backends.iter().all(|b| b.backup) {
+        return Err(src.at(
+            at,
+            &bkey,
+            "every backend is a backup: an upstream needs at least one primary backend (backup = false)",
+        ));
+    }
+    Ok(backends)
 }
 
 /// `protocol`, which must agree with the `tls` table: `h2` is HTTP/2 over TLS, `h2c` cleartext.
@@ -655,6 +731,7 @@ fn backend(
             .slow_start
             .or(up.slow_start)
             .map_or(Duration::ZERO, |d| d.0),
+        backup: b.backup.as_ref().is_some_and(|v| *v.get_ref()),
     })
 }
 
@@ -840,15 +917,19 @@ pub(super) fn listeners(
                 "set together with redirect_https, expected one of them: a listener that redirects to https serves plain HTTP",
             ));
         }
+        let routes = super::routes::routes(src, &key, &l.route, |rkey, u| {
+            upstream_index(src, rkey, u, upstreams)
+        })?;
         let upstream = match &l.upstream {
             Some(u) => upstream_index(src, &key, u, upstreams)?,
-            // It proxies nothing; any index will do, and there is one once any listener proxies.
-            None if redirect_https => 0,
+            // It proxies nothing by default; any index will do, and there is one once any
+            // listener proxies.
+            None if redirect_https || !routes.is_empty() => 0,
             None => {
                 return Err(src.at(
                     l.address.span(),
                     &format!("{key}.upstream"),
-                    "missing, expected the name of an [upstream.NAME] (or redirect_https = true)",
+                    "missing, expected the name of an [upstream.NAME] (or [[listener.route]]s, or redirect_https = true)",
                 ));
             }
         };
@@ -880,6 +961,8 @@ pub(super) fn listeners(
             tls,
             redirect_https,
             h2c,
+            has_default: l.upstream.is_some(),
+            routes,
         });
     }
     if upstreams.is_empty() {

@@ -157,6 +157,16 @@ impl RequestHead {
         self.host.map(|h| self.at(h))
     }
 
+    /// The trimmed values of every end-to-end header line named `name` (lower-case), in order.
+    pub fn header_values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> {
+        self.lines().split(|&b| b == b'\n').filter_map(move |line| {
+            let colon = line.iter().position(|&b| b == b':')?;
+            let (n, v) = line.split_at(colon);
+            n.eq_ignore_ascii_case(name.as_bytes())
+                .then(|| v[1..].trim_ascii())
+        })
+    }
+
     pub fn user_agent(&self) -> Option<&[u8]> {
         self.user_agent.map(|h| self.at(h))
     }
@@ -694,6 +704,16 @@ mod tests {
         assert!(!h.has_line("content-length"));
         assert!(h.has_line("x-a"));
         assert_eq!(&buf[..], b"hiGET");
+    }
+
+    #[test]
+    fn header_values_are_found_by_name_in_every_line() {
+        let h = head("GET / HTTP/1.1\r\nHost: x\r\nX-A: 1 \r\nx-a:2\r\nX-B: 3\r\n\r\n");
+        assert_eq!(
+            h.header_values("x-a").collect::<Vec<_>>(),
+            [&b"1"[..], b"2"]
+        );
+        assert_eq!(h.header_values("x-c").count(), 0);
     }
 
     #[test]

@@ -1,0 +1,385 @@
+//! `[[listener.route]]`: each route's match and action checked, and routes that an earlier one
+//! makes unreachable refused.
+
+use std::ops::Range;
+
+use toml::Spanned;
+
+use super::error::Source;
+use super::raw::{OneOrMany, RawHeaderRules, RawRoute};
+use super::validate::positive;
+use super::{
+    ConfigError, HeaderRules, HostPattern, PathMatch, RouteAction, RouteRule, RouteTimeouts,
+    Template,
+};
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+/// A listener's routes, in order.
+pub(super) fn routes(
+    src: &Source,
+    key: &str,
+    raw: &[Spanned<RawRoute>],
+    upstream_index: impl Fn(&str, &Spanned<String>) -> Result<usize>,
+) -> Result<Vec<RouteRule>> {
+    let mut rules: Vec<RouteRule> = Vec::with_capacity(raw.len());
+    for (i, r) in raw.iter().enumerate() {
+        let rkey = format!("{key}.route[{i}]");
+        let rule = route(src, &rkey, r.get_ref(), r.span(), &upstream_index)?;
+        if let Some(j) = rules.iter().position(|earlier| covers(earlier, &rule)) {
+            let (line, _) = line_of(src, raw[j].span());
+            return Err(src.at(
+                r.span(),
+                &rkey,
+                format!(
+                    "never matches: {key}.route[{j}] (line {line}) comes first and matches every request this one would; put the narrower route first"
+                ),
+            ));
+        }
+        rules.push(rule);
+    }
+    Ok(rules)
+}
+
+fn line_of(src: &Source, span: Range<usize>) -> (usize, usize) {
+    let before = &src.text[..span.start.min(src.text.len())];
+    (before.matches('\n').count() + 1, 0)
+}
+
+fn route(
+    src: &Source,
+    rkey: &str,
+    r: &RawRoute,
+    span: Range<usize>,
+    upstream_index: &impl Fn(&str, &Spanned<String>) -> Result<usize>,
+) -> Result<RouteRule> {
+    let path = match (&r.path, &r.path_exact) {
+        (Some(_), Some(e)) => {
+            return Err(src.at(
+                e.span(),
+                &format!("{rkey}.path_exact"),
+                "set together with path, expected one of them: path matches a prefix, path_exact one path",
+            ));
+        }
+        (Some(p), None) => PathMatch::Prefix(path_pattern(src, &format!("{rkey}.path"), p)?),
+        (None, Some(e)) => PathMatch::Exact(path_pattern(src, &format!("{rkey}.path_exact"), e)?),
+        (None, None) => PathMatch::Prefix("/".into()),
+    };
+    let hosts = match &r.host {
+        None => Vec::new(),
+        Some(h) => {
+            let names: Vec<&str> = match h.get_ref() {
+                OneOrMany::One(n) => vec![n.as_str()],
+                OneOrMany::Many(v) => v.iter().map(String::as_str).collect(),
+            };
+            names
+                .into_iter()
+                .map(|n| host_pattern(n).map_err(|e| src.at(h.span(), &format!("{rkey}.host"), e)))
+                .collect::<Result<Vec<_>>>()?
+        }
+    };
+    let methods = match &r.methods {
+        None => Vec::new(),
+        Some(list) => list
+            .get_ref()
+            .iter()
+            .map(|m| {
+                let name = m.get_ref();
+                if name.is_empty() || !name.bytes().all(|b| b.is_ascii_uppercase()) {
+                    return Err(src.at(
+                        m.span(),
+                        &format!("{rkey}.methods"),
+                        format!(
+                            "\"{name}\" is not a method, expected upper-case names such as \"GET\""
+                        ),
+                    ));
+                }
+                http::Method::from_bytes(name.as_bytes()).map_err(|_| {
+                    src.at(
+                        m.span(),
+                        &format!("{rkey}.methods"),
+                        format!("\"{name}\" is not a method"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
+    };
+    let headers = match &r.headers {
+        None => Vec::new(),
+        Some(map) => map
+            .get_ref()
+            .iter()
+            .map(|(name, value)| {
+                if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    return Err(src.at(
+                        map.span(),
+                        &format!("{rkey}.headers"),
+                        format!("\"{name}\" is not a header name"),
+                    ));
+                }
+                Ok((name.to_ascii_lowercase(), value.get_ref().clone()))
+            })
+            .collect::<Result<Vec<_>>>()?,
+    };
+    let action = action(src, rkey, r, span.clone(), &path, upstream_index)?;
+    let rules = |raw: &Option<Spanned<RawHeaderRules>>, name: &str| match raw {
+        None => Ok(HeaderRules::default()),
+        Some(h) => header_rules(src, &format!("{rkey}.{name}"), h),
+    };
+    let request_headers = rules(&r.request_headers, "request_headers")?;
+    let response_headers = rules(&r.response_headers, "response_headers")?;
+    if !matches!(action, RouteAction::Proxy { .. }) && !request_headers.is_empty() {
+        return Err(src.at(
+            r.request_headers.as_ref().map_or(span, |h| h.span()),
+            &format!("{rkey}.request_headers"),
+            "only applies to a route with an upstream: no request goes anywhere from this one",
+        ));
+    }
+    let timeouts = match &r.timeouts {
+        None => RouteTimeouts::default(),
+        Some(t) if !matches!(action, RouteAction::Proxy { .. }) => {
+            let first = [&t.connect, &t.response, &t.send]
+                .into_iter()
+                .flatten()
+                .next();
+            return Err(src.at(
+                first.map_or(span, |v| v.span()),
+                &format!("{rkey}.timeouts"),
+                "only applies to a route with an upstream",
+            ));
+        }
+        Some(t) => {
+            let tkey = |f: &str| format!("{rkey}.timeouts.{f}");
+            RouteTimeouts {
+                connect: positive(src, &t.connect, &tkey("connect"))?,
+                response: positive(src, &t.response, &tkey("response"))?,
+                send: positive(src, &t.send, &tkey("send"))?,
+            }
+        }
+    };
+    Ok(RouteRule {
+        hosts,
+        path,
+        methods,
+        headers,
+        action,
+        request_headers,
+        response_headers,
+        timeouts,
+    })
+}
+
+fn action(
+    src: &Source,
+    rkey: &str,
+    r: &RawRoute,
+    span: Range<usize>,
+    path: &PathMatch,
+    upstream_index: &impl Fn(&str, &Spanned<String>) -> Result<usize>,
+) -> Result<RouteAction> {
+    let given = [
+        r.upstream.is_some(),
+        r.redirect.is_some(),
+        r.respond.is_some(),
+    ];
+    if given.iter().filter(|&&g| g).count() != 1 {
+        return Err(src.at(
+            span,
+            rkey,
+            "expected exactly one of upstream, redirect or respond: what the route does",
+        ));
+    }
+    if let (Some(p), None) = (&r.rewrite_prefix, &r.upstream) {
+        return Err(src.at(
+            p.span(),
+            &format!("{rkey}.rewrite_prefix"),
+            "only applies to a route with an upstream",
+        ));
+    }
+    if let Some(u) = &r.upstream {
+        let rewrite_prefix = match &r.rewrite_prefix {
+            None => None,
+            Some(p) if matches!(path, PathMatch::Exact(_)) => {
+                return Err(src.at(
+                    p.span(),
+                    &format!("{rkey}.rewrite_prefix"),
+                    "replaces a matched path prefix, so it needs path, not path_exact",
+                ));
+            }
+            Some(p) if !p.get_ref().starts_with('/') => {
+                return Err(src.at(
+                    p.span(),
+                    &format!("{rkey}.rewrite_prefix"),
+                    format!(
+                        "\"{}\" does not start with '/', expected a path such as \"/v2/\"",
+                        p.get_ref()
+                    ),
+                ));
+            }
+            Some(p) => Some(p.get_ref().clone()),
+        };
+        return Ok(RouteAction::Proxy {
+            upstream: upstream_index(rkey, u)?,
+            rewrite_prefix,
+        });
+    }
+    if let Some(redirect) = &r.redirect {
+        let rd = redirect.get_ref();
+        let status = rd.status.as_ref().map_or(302, |s| *s.get_ref());
+        if ![301, 302, 303, 307, 308].contains(&status) {
+            return Err(src.at(
+                rd.status.as_ref().map_or(redirect.span(), |s| s.span()),
+                &format!("{rkey}.redirect.status"),
+                format!("{status} is not a redirect, expected 301, 302, 303, 307 or 308"),
+            ));
+        }
+        if rd.location.get_ref().contains(['\r', '\n']) {
+            return Err(src.at(
+                rd.location.span(),
+                &format!("{rkey}.redirect.location"),
+                "a location can't hold a line break",
+            ));
+        }
+        let location = Template::parse(rd.location.get_ref())
+            .map_err(|e| src.at(rd.location.span(), &format!("{rkey}.redirect.location"), e))?;
+        return Ok(RouteAction::Redirect { status, location });
+    }
+    let respond = r.respond.as_ref().expect("one action is given");
+    let rs = respond.get_ref();
+    let status = *rs.status.get_ref();
+    if !(200..=599).contains(&status) {
+        return Err(src.at(
+            rs.status.span(),
+            &format!("{rkey}.respond.status"),
+            format!("{status} is out of range, expected 200-599"),
+        ));
+    }
+    Ok(RouteAction::Respond {
+        status,
+        body: rs.body.clone().unwrap_or_default(),
+    })
+}
+
+/// `request_headers` or `response_headers`.
+fn header_rules(src: &Source, key: &str, raw: &Spanned<RawHeaderRules>) -> Result<HeaderRules> {
+    let name_ok = |name: &str, at: Range<usize>, what: &str| -> Result<String> {
+        let lower = name.to_ascii_lowercase();
+        if http::HeaderName::from_bytes(lower.as_bytes()).is_err() {
+            return Err(src.at(
+                at,
+                &format!("{key}.{what}"),
+                format!("\"{name}\" is not a header name"),
+            ));
+        }
+        let managed = crate::hop::Hop::of(lower.as_bytes()).is_some()
+            || [
+                "host",
+                "content-length",
+                "x-forwarded-for",
+                "x-forwarded-proto",
+            ]
+            .contains(&lower.as_str());
+        if managed {
+            return Err(src.at(
+                at,
+                &format!("{key}.{what}"),
+                format!("\"{name}\" is written by pinlb itself (Host as the client sent it, the framing and hop-by-hop headers, X-Forwarded-For and -Proto) and can't be changed by a route"),
+            ));
+        }
+        Ok(lower)
+    };
+    let r = raw.get_ref();
+    let templates = |map: &std::collections::BTreeMap<String, Spanned<String>>, what: &str| {
+        map.iter()
+            .map(|(name, value)| {
+                let name = name_ok(name, value.span(), what)?;
+                let at = |e: String| src.at(value.span(), &format!("{key}.{what}.{name}"), e);
+                if value.get_ref().contains(['\r', '\n']) {
+                    return Err(at("a header value can't hold a line break".into()));
+                }
+                let t = Template::parse(value.get_ref()).map_err(at)?;
+                Ok((name, t))
+            })
+            .collect::<Result<Vec<_>>>()
+    };
+    Ok(HeaderRules {
+        set: templates(&r.set, "set")?,
+        add: templates(&r.add, "add")?,
+        remove: r
+            .remove
+            .iter()
+            .map(|n| name_ok(n.get_ref(), n.span(), "remove"))
+            .collect::<Result<Vec<_>>>()?,
+    })
+}
+
+/// A `path` or `path_exact`: it must start with `/` and be written normalised, since that is
+/// what it is compared with.
+fn path_pattern(src: &Source, key: &str, p: &Spanned<String>) -> Result<String> {
+    let text = p.get_ref();
+    if !text.starts_with('/') {
+        return Err(src.at(
+            p.span(),
+            key,
+            format!("\"{text}\" does not start with '/', expected a path such as \"/api/\""),
+        ));
+    }
+    let normal = crate::path::normalize(text.as_bytes());
+    if normal.as_ref() != text.as_bytes() || text.contains('?') {
+        return Err(src.at(
+            p.span(),
+            key,
+            format!(
+                "\"{text}\" is not a normalised path (requests are matched normalised, so it could never match as written), expected \"{}\"",
+                String::from_utf8_lossy(&normal)
+            ),
+        ));
+    }
+    Ok(text.clone())
+}
+
+/// One `host` entry: a name, or `*.` and a name.
+fn host_pattern(name: &str) -> std::result::Result<HostPattern, String> {
+    let lower = name.to_ascii_lowercase();
+    let (pattern, rest) = match lower.strip_prefix("*.") {
+        Some(rest) => (HostPattern::Suffix(format!(".{rest}")), rest.to_string()),
+        None => (HostPattern::Exact(lower.clone()), lower.clone()),
+    };
+    let valid = !rest.is_empty()
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
+    if !valid {
+        return Err(format!(
+            "\"{name}\" is not a host name, expected a name such as \"example.com\" or \"*.example.com\" (no port, no other '*')"
+        ));
+    }
+    Ok(pattern)
+}
+
+/// Whether `a`, coming first, matches every request `b` would, so `b` never decides.
+fn covers(a: &RouteRule, b: &RouteRule) -> bool {
+    let hosts = a.hosts.is_empty()
+        || (!b.hosts.is_empty()
+            && b.hosts.iter().all(|hb| {
+                a.hosts.iter().any(|ha| match (ha, hb) {
+                    (HostPattern::Exact(x), HostPattern::Exact(y)) => x == y,
+                    (HostPattern::Suffix(s), HostPattern::Exact(y)) => {
+                        ha.matches(y.as_bytes()) && !s.is_empty()
+                    }
+                    (HostPattern::Suffix(s), HostPattern::Suffix(t)) => t.ends_with(s.as_str()),
+                    (HostPattern::Exact(_), HostPattern::Suffix(_)) => false,
+                })
+            }));
+    let path = match (&a.path, &b.path) {
+        (PathMatch::Prefix(p), PathMatch::Prefix(q) | PathMatch::Exact(q)) => {
+            q.starts_with(p.as_str())
+        }
+        (PathMatch::Exact(p), PathMatch::Exact(q)) => p == q,
+        (PathMatch::Exact(_), PathMatch::Prefix(_)) => false,
+    };
+    let methods = a.methods.is_empty()
+        || (!b.methods.is_empty() && b.methods.iter().all(|m| a.methods.contains(m)));
+    let headers = a.headers.iter().all(|h| b.headers.contains(h));
+    hosts && path && methods && headers
+}
