@@ -206,6 +206,7 @@ async fn route(
                     })
                     .collect::<Vec<_>>(),
                 &process.dns.names(),
+                &process.spawned.all(),
             ),
         ),
         (&Method::GET, ["status"]) => json_reply(StatusCode::OK, &status(process, window)),

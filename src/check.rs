@@ -288,6 +288,23 @@ pub fn describe(config: &Config) -> String {
             r.non_idempotent,
             r.buffer
         );
+        if let Some(sp) = &u.spawn {
+            let last = |bank| sp.address(sp.count - 1, bank).port();
+            let _ = writeln!(
+                s,
+                "  spawn: {} process(es) of `{}` on cores {}, ports {}-{} ({}-{} while a rolling restart replaces them), on {}, grace {:?}, ready_timeout {:?}",
+                sp.count,
+                sp.command.join(" "),
+                format_cpu_list(&sp.cpus),
+                sp.port_base,
+                last(0),
+                sp.address(0, 1).port(),
+                last(1),
+                sp.host,
+                sp.grace,
+                sp.ready_timeout
+            );
+        }
         for b in &u.backends {
             let mut extra = String::new();
             if let Some(c) = b.cpus.as_deref() {

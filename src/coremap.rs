@@ -53,6 +53,8 @@ pub struct BackendProcess {
     pub address: SocketAddr,
     /// Cores the config says the backend is pinned to.
     pub declared: Option<Vec<usize>>,
+    /// A process pinlb spawns (`[upstream.NAME.spawn]`) rather than one started by others.
+    pub spawned: bool,
     pub found: Found,
 }
 
@@ -69,9 +71,7 @@ pub struct CoreMap {
 impl CoreMap {
     /// Reads this machine's cores, listening sockets and processes for `config`'s backends.
     pub fn discover(config: &Config) -> CoreMap {
-        let cores = std::fs::read_to_string("/sys/devices/system/cpu/online")
-            .ok()
-            .and_then(|s| parse_cpu_list(s.trim()).ok())
+        let cores = crate::cpus::online_cpus()
             .or_else(|| crate::cpus::allowed_cpus().ok())
             .unwrap_or_default();
         let listening = read_listening();
@@ -83,16 +83,26 @@ impl CoreMap {
             Err(_) => Vec::new(),
         };
         let mut backends = Vec::new();
+        let look = |address| match &listening {
+            Err(e) => Found::Unknown(e.clone()),
+            Ok(sockets) => find(address, sockets, &owners),
+        };
         for u in &config.upstreams {
-            for b in &u.backends {
-                let found = match &listening {
-                    Err(e) => Found::Unknown(e.clone()),
-                    Ok(sockets) => find(b.address, sockets, &owners),
-                };
+            for (i, b) in u.backends.iter().enumerate() {
+                let mut address = b.address;
+                let mut found = look(address);
+                // A running pinlb may have rolled a spawned process onto its second port.
+                if let (Some(s), Found::NotListening) = (&u.spawn, &found) {
+                    let second = s.address(i, 1);
+                    if let f @ Found::Processes(_) = look(second) {
+                        (address, found) = (second, f);
+                    }
+                }
                 backends.push(BackendProcess {
                     upstream: u.name.clone(),
-                    address: b.address,
+                    address,
                     declared: b.cpus.clone(),
+                    spawned: u.spawn.is_some(),
                     found,
                 });
             }
@@ -130,6 +140,11 @@ impl CoreMap {
                 let declared = same
                     .iter()
                     .any(|b| b.declared.as_ref().is_some_and(|d| d.contains(&core)));
+                let how = if same.iter().any(|b| b.spawned) {
+                    "(spawned)"
+                } else {
+                    "(declared)"
+                };
                 let mut pids: Vec<String> = Vec::new();
                 for b in &same {
                     if let Found::Processes(ps) = &b.found {
@@ -146,10 +161,10 @@ impl CoreMap {
                 }
                 match (declared, pids.is_empty()) {
                     (false, true) => {}
-                    (true, true) => on.push(format!("backend {addr} (declared)")),
+                    (true, true) => on.push(format!("backend {addr} {how}")),
                     (false, false) => on.push(format!("backend {addr} {}", pids.join(", "))),
                     (true, false) => {
-                        on.push(format!("backend {addr} (declared) {}", pids.join(", ")));
+                        on.push(format!("backend {addr} {how} {}", pids.join(", ")));
                     }
                 }
             }
@@ -187,6 +202,9 @@ impl CoreMap {
                     s,
                     "a socket listens there, but its process is not visible (another user's; run check as root to see it)"
                 ),
+                Found::NotListening if b.spawned => {
+                    writeln!(s, "not running; pinlb starts it when it runs")
+                }
                 Found::NotListening => writeln!(s, "nothing listens there yet"),
                 Found::Remote => writeln!(
                     s,
@@ -532,6 +550,7 @@ mod tests {
                 upstream: "app".into(),
                 address: "127.0.0.1:8881".parse().unwrap(),
                 declared: Some(vec![1]),
+                spawned: false,
                 found: Found::Processes(vec![Process {
                     pid: 4242,
                     command: "node".into(),
@@ -568,6 +587,7 @@ mod tests {
                 upstream: "app".into(),
                 address: "127.0.0.1:8881".parse().unwrap(),
                 declared: None,
+                spawned: false,
                 found: Found::Processes(vec![Process {
                     pid: 7,
                     command: "pinlb".into(),
@@ -589,6 +609,7 @@ mod tests {
             upstream: upstream.into(),
             address: "127.0.0.1:8881".parse().unwrap(),
             declared: Some(vec![0]),
+            spawned: false,
             found: Found::Processes(vec![Process {
                 pid: 4242,
                 command: "node".into(),

@@ -73,6 +73,12 @@ pub fn allowed_cpus() -> Result<Vec<usize>, nix::Error> {
 }
 
 /// Pins the calling thread to `cpus`. Threads it creates later inherit the mask.
+/// The machine's online cores, from sysfs; `None` where it can't be read.
+pub fn online_cpus() -> Option<Vec<usize>> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
+    parse_cpu_list(text.trim()).ok()
+}
+
 pub fn pin_current_thread(cpus: &[usize]) -> Result<(), nix::Error> {
     let mut set = CpuSet::new();
     for &c in cpus {

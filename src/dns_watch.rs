@@ -165,10 +165,12 @@ async fn apply(process: &Process) -> bool {
     let Ok(_one_at_a_time) = process.reloading.try_lock() else {
         return false;
     };
-    let Some(config) = process.dns.expanded() else {
+    let Some(mut config) = process.dns.expanded() else {
         return true;
     };
     let current = process.generations.borrow().clone();
+    // Spawned upstreams' pools are the supervisor's, as it last published them.
+    crate::reload::spawned_pools(&mut config, Some(&current));
     if *current.config == config {
         return true;
     }

@@ -12,6 +12,8 @@
 //! - [`notify`]: systemd's readiness protocol (`READY`, `RELOADING`, `STOPPING`, `MAINPID`) on
 //!   `$NOTIFY_SOCKET`, when it is set.
 //! - [`child`]: child processes pinned to their cores before they run, killed when pinlb dies.
+//! - [`spawn`]: spawned backends as `/status` and `/metrics` see them (pid, port, core, state,
+//!   restarts), and the restart backoff.
 //! - [`tls`]: a TLS listener's certificates (PEM chains and keys, checked against each other),
 //!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
 //! - [`tls_client`]: TLS to backends: an upstream's CA certificates (a file or the system's),
@@ -66,6 +68,9 @@
 //!   worker a new generation that keeps the state of the backends that stay.
 //! - [`dns_watch`]: on the control thread, names looked up again as their TTLs run out, and a
 //!   changed answer published as a new generation (as a reload does).
+//! - [`supervisor`]: `[upstream.NAME.spawn]`'s processes: started pinned from the control
+//!   thread, added to the pool once they answer, restarted with backoff, rolled one at a time
+//!   on a reload that changes their table, stopped after the drain.
 //! - [`metrics`]: the Prometheus rendering of every counter and backend state.
 //! - [`status`]: what `/status` and the status page show, and the last minute the counters
 //!   don't keep (latency percentiles, time in a state), sampled every second.
@@ -128,9 +133,11 @@ mod reload;
 mod route;
 mod router;
 pub mod server;
+pub mod spawn;
 mod stats;
 mod status;
 mod stream;
+mod supervisor;
 mod tls;
 mod tls_client;
 mod tunnel;

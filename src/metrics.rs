@@ -13,6 +13,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
+use crate::spawn::{Record, State};
 use crate::stats::{
     BackendStats, CODES, ErrorKind, Histogram, ListenerStats, Registered, Source, TlsFailure,
 };
@@ -26,9 +27,13 @@ pub fn render(
     generation: u64,
     routes: &[(SocketAddr, String)],
     dns: &[crate::dns::NameStatus],
+    spawned: &[Record],
 ) -> String {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ProcessMetrics));
+    registry
+        .sub_registry_with_prefix("pinlb")
+        .register_collector(Box::new(SpawnScrape(spawned.to_vec())));
     registry
         .sub_registry_with_prefix("pinlb")
         .register_collector(Box::new(Scrape {
@@ -147,6 +152,54 @@ impl Collector for ProcessMetrics {
 }
 
 type Labels = Vec<(&'static str, String)>;
+
+/// The spawned backends' records, by upstream and process index: an index is the same process
+/// across its restarts and rolling restarts, while its address and pid change.
+#[derive(Debug)]
+struct SpawnScrape(Vec<Record>);
+
+impl Collector for SpawnScrape {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        let labels = |r: &Record| -> Labels {
+            vec![
+                ("upstream", r.upstream.clone()),
+                ("process", r.index.to_string()),
+            ]
+        };
+        family(
+            &mut e,
+            "spawn_restarts",
+            "Times a spawned backend exited (or failed to start) and was started again; rolling restarts are not counted.",
+            MetricType::Counter,
+            self.0.iter().map(|r| (labels(r), counter(r.restarts))),
+        )?;
+        family(
+            &mut e,
+            "spawn_ready",
+            "1 while the spawned backend answers and is in the pool, else 0.",
+            MetricType::Gauge,
+            self.0
+                .iter()
+                .map(|r| (labels(r), gauge(i64::from(r.state == State::Ready)))),
+        )?;
+        family(
+            &mut e,
+            "spawn_pid",
+            "The spawned backend's process id, with its address and core; absent while it waits to be started again.",
+            MetricType::Gauge,
+            self.0.iter().filter_map(|r| {
+                let pid = r.pid?;
+                let mut l = labels(r);
+                l.push(("address", r.address.to_string()));
+                l.push(("core", r.core.to_string()));
+                Some((l, gauge(i64::from(pid))))
+            }),
+        )
+    }
+}
 
 /// One metric family: its samples, each a label set and a value.
 fn family<M: EncodeMetric>(

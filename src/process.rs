@@ -67,6 +67,8 @@ pub(crate) struct Process {
     pub stopping: std::sync::atomic::AtomicBool,
     /// Backends' DNS names: the file's configuration, the last good answers, the failures.
     pub dns: crate::dns::State,
+    /// The spawned backends' records, kept by the supervisor for `/status` and `/metrics`.
+    pub spawned: crate::spawn::Spawned,
 }
 
 /// One configuration generation: what a reload swaps as a whole.

@@ -25,7 +25,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::config::{Backend, Config};
 use crate::listen::{bind_listeners, listener_keys};
 use crate::process::{Generation, Process};
 use crate::upstream::SharedUpstream;
@@ -108,6 +108,8 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
         config.limits.max_connections = before.limits.max_connections;
     }
 
+    let spawn_changes = spawn_changes(before, &config);
+    spawned_pools(&mut config, Some(&current));
     // Names the new file keeps keep what they resolved to; new ones are looked up by
     // `dns_watch` once this generation runs.
     let config = process.dns.expand_new(config);
@@ -117,7 +119,11 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
     let (sockets, bound) = bind_listeners(&config.listeners, process.workers, running)
         .map_err(|e| refused(e.to_string()))?;
     process.exposed.add_listeners(&sockets);
-    let summary = describe(before, &config, &bound, &kept);
+    let mut summary = describe(before, &config, &bound, &kept);
+    for line in spawn_changes {
+        summary.push_str(if summary.is_empty() { "" } else { "\n" });
+        summary.push_str(&line);
+    }
     let number = publish(process, current, config, sockets).await?;
     // Nothing changed but the generation: no empty line after it in the log or the reply.
     Ok(if summary.is_empty() {
@@ -228,4 +234,80 @@ pub(crate) fn describe(
         let _ = writeln!(s, "{k}");
     }
     s.trim_end().to_string()
+}
+
+/// Gives each spawned upstream of `config` the pool that runs: the running generation's
+/// backends of the same spawned upstream, or none yet (at start, or for an upstream that is new
+/// or newly spawned). The file's `backends` for it are only the processes' first addresses; the
+/// supervisor adds each process to the pool once it answers, and rolls them when the spawn
+/// table changed.
+pub(crate) fn spawned_pools(config: &mut Config, running: Option<&Generation>) {
+    for u in config.upstreams.iter_mut().filter(|u| u.spawn.is_some()) {
+        let template = u.backends.first().cloned();
+        let live = running
+            .and_then(|g| g.upstreams.iter().find(|r| r.config.name == u.name))
+            .filter(|r| r.config.spawn.is_some())
+            .map(|r| r.config.backends.clone())
+            .unwrap_or_default();
+        // The reloaded file's per-backend settings (all spawned backends share them).
+        u.backends = live
+            .into_iter()
+            .map(|b| match &template {
+                Some(t) => Backend {
+                    address: b.address,
+                    cpus: b.cpus,
+                    ..t.clone()
+                },
+                None => b,
+            })
+            .collect();
+    }
+}
+
+/// One line per spawned upstream whose spawn table a reload changes.
+fn spawn_changes(before: &Config, after: &Config) -> Vec<String> {
+    after
+        .upstreams
+        .iter()
+        .filter_map(|u| {
+            let s = u.spawn.as_ref()?;
+            let old = before.upstreams.iter().find(|o| o.name == u.name);
+            match old.and_then(|o| o.spawn.as_ref()) {
+                Some(o) if o == s => None,
+                Some(_) => Some(format!(
+                    "upstream {}: spawn table changed; its processes are restarted one at a time",
+                    u.name
+                )),
+                None => Some(format!(
+                    "upstream {}: starting {} spawned process(es)",
+                    u.name, s.count
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Replaces the pool of spawned upstream `upstream` with `backends`, in a new generation that
+/// changes nothing else: the supervisor's step when a process answers, exits, or is rolled.
+/// Waits, as a reload does, until every worker runs it, so that once this returns no new
+/// request goes to a backend it left out.
+pub(crate) async fn set_backends(
+    process: &Process,
+    upstream: &str,
+    backends: Vec<Backend>,
+) -> Result<(), ReloadError> {
+    let _one_at_a_time = process.reloading.lock().await;
+    let current = process.generations.borrow().clone();
+    let mut config = (*current.config).clone();
+    let Some(u) = config.upstreams.iter_mut().find(|u| u.name == upstream) else {
+        return Err(ReloadError::Refused(format!(
+            "upstream {upstream} is not in the running configuration"
+        )));
+    };
+    if u.backends == backends {
+        return Ok(());
+    }
+    u.backends = backends;
+    let sockets = (0..process.workers).map(|_| Vec::new()).collect();
+    publish(process, current, config, sockets).await.map(|_| ())
 }

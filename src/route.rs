@@ -132,7 +132,7 @@ impl Route {
             https,
             client,
         };
-        let Some((rule, path)) = routes.router.find(head) else {
+        let Some((index, rule, path)) = routes.router.find(head) else {
             if routes.has_default {
                 return Decision::Proxy(self.upstream.borrow().clone(), Edits::default());
             }
@@ -144,12 +144,6 @@ impl Route {
                 &head.method,
             ));
         };
-        let index = routes
-            .router
-            .routes()
-            .iter()
-            .position(|r| std::ptr::eq(r, rule))
-            .unwrap_or(0);
         match &rule.action {
             RouteAction::Proxy { rewrite_prefix, .. } => {
                 let Some(upstream) = routes.upstreams.get(index).cloned().flatten() else {

@@ -26,6 +26,7 @@ pub use crate::process::ServerError;
 use crate::process::{Connections, Generation, Process};
 use crate::reload;
 use crate::stats::Registered;
+use crate::supervisor::Supervisor;
 use crate::upgrade::{Exposed, Handover, Inherited, Tag, listen_at};
 use crate::upstream::SharedUpstream;
 use crate::worker::worker_main;
@@ -242,6 +243,14 @@ impl Server {
             })?),
         };
         let counting = config.admin.is_some();
+        // Spawned upstreams start with an empty pool: their processes join it as they answer.
+        let config = if config.upstreams.iter().any(|u| u.spawn.is_some()) {
+            let mut c = (*config).clone();
+            reload::spawned_pools(&mut c, None);
+            Arc::new(c)
+        } else {
+            config
+        };
         let upstreams: Vec<Arc<SharedUpstream>> = config
             .upstreams
             .iter()
@@ -268,6 +277,7 @@ impl Server {
             handed_over: std::sync::atomic::AtomicBool::new(false),
             stopping: std::sync::atomic::AtomicBool::new(false),
             dns,
+            spawned: crate::spawn::Spawned::default(),
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());
@@ -300,6 +310,12 @@ impl Server {
         }
         let all_accepting = first.clone();
 
+        // Spawned backends are forked from this thread, which lives as long as the server: their
+        // parent-death signal follows it.
+        let supervisor = {
+            let _on_this_runtime = control.enter();
+            Supervisor::start(process.clone())
+        };
         // Health checks and the admin listener run on this thread, pinned to `runtime.cpus`
         // like the workers, until shutdown.
         let handed_over = control.block_on(async {
@@ -366,6 +382,8 @@ impl Server {
         let result = control
             .block_on(async { tokio::task::spawn_blocking(move || join_workers(threads)).await })
             .unwrap_or(Err(ServerError::WorkerPanicked { worker: usize::MAX }));
+        // The workers have drained: now the spawned backends can stop.
+        control.block_on(supervisor.stop());
         // Workers are gone, and with them every sender: the log thread writes what is left.
         drop(process);
         if let Some(a) = access {

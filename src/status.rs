@@ -267,7 +267,27 @@ pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
         "workers": workers,
         "listeners": listener_list,
         "upstreams": upstreams,
+        "spawned": spawned_status(&process.spawned.all()),
     })
+}
+
+/// The spawned backends, by upstream and index.
+fn spawned_status(records: &[crate::spawn::Record]) -> serde_json::Value {
+    records
+        .iter()
+        .map(|r| {
+            json!({
+                "upstream": r.upstream,
+                "index": r.index,
+                "pid": r.pid,
+                "address": r.address.to_string(),
+                "core": r.core,
+                "state": r.state.as_str(),
+                "restarts": r.restarts,
+                "last_exit": r.last_exit,
+            })
+        })
+        .collect()
 }
 
 fn listener_status(

@@ -469,6 +469,12 @@ impl SharedUpstream {
 
     /// Why no backend could be picked, for the 503 body and log line.
     pub fn unavailable(&self) -> String {
+        // Only a spawned upstream's pool can be empty: before its first process answers, or
+        // while all of them are being started again.
+        if self.backends.is_empty() {
+            return "no backend available: none of the upstream's spawned processes answers yet"
+                .to_string();
+        }
         let out = self
             .backends
             .iter()

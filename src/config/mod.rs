@@ -643,6 +643,101 @@ pub struct Upstream {
     /// control thread has looked them up, the addresses these gave (see `dns`).
     pub names: Vec<NamedBackend>,
     pub resolve: Resolve,
+    /// `[upstream.NAME.spawn]`: pinlb runs the backends itself. `backends` then lists each
+    /// process's first address (`port_base + i`) and core, which is what `check` shows; the
+    /// running pool holds only the processes that answer (see `supervisor`).
+    pub spawn: Option<Spawn>,
+}
+
+/// `[upstream.NAME.spawn]`: `count` processes of `command`, process `i` pinned to
+/// `cpus[i % cpus.len()]` and listening on `port_base + i` (or, after a rolling restart, on
+/// `port_base + count + i`: the new process must bind while the old one still listens).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spawn {
+    /// argv; every `{port}` in it is replaced by the process's port.
+    pub command: Vec<String>,
+    pub count: usize,
+    /// The cores the processes are spread over, round robin, in the order written.
+    pub cpus: Vec<usize>,
+    pub port_base: u16,
+    /// The address the processes listen on and pinlb connects to; 127.0.0.1 unless set.
+    pub host: std::net::IpAddr,
+    /// Added to pinlb's own environment, after `PORT`, so a user's `PORT` wins.
+    pub env: Vec<(String, String)>,
+    /// Working directory; pinlb's own when unset.
+    pub cwd: Option<std::path::PathBuf>,
+    /// After SIGTERM, how long a process may take to exit before it gets SIGKILL
+    /// (systemd's `TimeoutStopSec`, docker's `--time`).
+    pub grace: Duration,
+    /// How long a started process may take to answer before it counts as a failed start and
+    /// is killed and started again.
+    pub ready_timeout: Duration,
+    /// The upstream's `max_conns` and `slow_start`, for each process's backend.
+    pub max_conns: usize,
+    pub slow_start: Duration,
+}
+
+impl Spawn {
+    /// `grace`'s default: what systemd and docker give a service to stop.
+    pub const GRACE: Duration = Duration::from_secs(10);
+    /// `ready_timeout`'s default.
+    pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// The core of process `i`.
+    pub fn core(&self, i: usize) -> usize {
+        self.cpus[i % self.cpus.len()]
+    }
+
+    /// Process `i`'s address in port range `bank` (0 or 1). Validation keeps both ranges below
+    /// 65536.
+    pub fn address(&self, i: usize, bank: usize) -> SocketAddr {
+        let port = usize::from(self.port_base) + bank * self.count + i;
+        SocketAddr::new(self.host, u16::try_from(port).unwrap_or(u16::MAX))
+    }
+
+    /// Whether `other` runs the same processes: the same program, arguments, environment,
+    /// cores and ports. Only a change there restarts them; `grace`, `ready_timeout`,
+    /// `max_conns` and `slow_start` apply to the running ones.
+    pub fn same_processes(&self, other: &Spawn) -> bool {
+        (
+            &self.command,
+            self.count,
+            &self.cpus,
+            self.port_base,
+            self.host,
+            &self.env,
+            &self.cwd,
+        ) == (
+            &other.command,
+            other.count,
+            &other.cpus,
+            other.port_base,
+            other.host,
+            &other.env,
+            &other.cwd,
+        )
+    }
+
+    /// The backend process `i` is in the pool as, on port range `bank`.
+    pub fn backend(&self, i: usize, bank: usize) -> Backend {
+        Backend {
+            address: self.address(i, bank),
+            weight: 1,
+            cpus: Some(vec![self.core(i)]),
+            max_conns: self.max_conns,
+            slow_start: self.slow_start,
+            backup: false,
+        }
+    }
+
+    /// The argv for a process on `port`.
+    pub fn argv(&self, port: u16) -> Vec<String> {
+        let port = port.to_string();
+        self.command
+            .iter()
+            .map(|a| a.replace("{port}", &port))
+            .collect()
+    }
 }
 
 impl Upstream {
@@ -862,7 +957,9 @@ impl Config {
         let upstreams = raw
             .upstream
             .iter()
-            .map(|(name, up)| validate::upstream(&src, name, up, &runtime.cpus, &mut warnings))
+            .map(|(name, up)| {
+                validate::upstream(&src, name, up, &runtime.cpus, allowed, &mut warnings)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let listeners = validate::listeners(&src, &raw.listeners, &upstreams)?;
         let trusted = validate::forwarded(&src, &raw.forwarded)?;
@@ -873,6 +970,9 @@ impl Config {
             .transpose()?;
         let access_log = validate::log(&src, &raw.log)?;
         let resolver = validate::resolver(&src, &raw.resolver)?;
+        let mut taken: Vec<SocketAddr> = listeners.iter().map(|l| l.address).collect();
+        taken.extend(admin.as_ref().map(|a| a.address));
+        validate::spawn_ports(&src, &raw.upstream, &upstreams, &taken)?;
         Ok(Config {
             runtime,
             limits,

@@ -118,7 +118,10 @@ pub(super) struct RawUpstream {
     pub ewma_decay: Option<Spanned<Dur>>,
     #[serde(default = "default_keepalive")]
     pub keepalive: usize,
-    pub backends: Spanned<Vec<RawBackend>>,
+    /// Required unless `spawn` gives the backends.
+    pub backends: Option<Spanned<Vec<RawBackend>>>,
+    /// Backends pinlb starts and supervises itself, instead of `backends`.
+    pub spawn: Option<Spanned<RawSpawn>>,
     #[serde(default)]
     pub timeouts: RawTimeouts,
     /// Default for every backend's `max_conns`; 0 = unlimited.
@@ -139,6 +142,23 @@ pub(super) struct RawUpstream {
     pub tls: Option<Spanned<RawUpstreamTls>>,
     #[serde(default)]
     pub resolve: RawResolve,
+}
+
+/// `[upstream.NAME.spawn]`: processes pinlb starts, pinned, and whose addresses are the
+/// upstream's backends.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSpawn {
+    pub command: Spanned<Vec<String>>,
+    pub count: Option<Spanned<usize>>,
+    pub cpus: Spanned<CpuList>,
+    pub port_base: Spanned<u32>,
+    pub address: Option<Spanned<String>>,
+    #[serde(default)]
+    pub env: BTreeMap<String, Spanned<String>>,
+    pub cwd: Option<Spanned<String>>,
+    pub grace: Option<Spanned<Dur>>,
+    pub ready_timeout: Option<Spanned<Dur>>,
 }
 
 /// `[upstream.NAME.tls]`: its presence turns TLS to the backends on.

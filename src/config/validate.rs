@@ -13,13 +13,13 @@ use toml::Spanned;
 use super::error::{ConfigError, Source};
 use super::raw::{
     RawAdmin, RawBackend, RawForwarded, RawHealth, RawHttp2, RawLimits, RawListener, RawLog,
-    RawPassive, RawResolve, RawResolver, RawRetry, RawRuntime, RawTimeouts, RawTls, RawUpstream,
-    RawUpstreamTls, Size, positive,
+    RawPassive, RawResolve, RawResolver, RawRetry, RawRuntime, RawSpawn, RawTimeouts, RawTls,
+    RawUpstream, RawUpstreamTls, Size, positive,
 };
 use super::{
     AccessFormat, AccessLog, AccessTarget, Admin, Algorithm, Backend, DnsName, HashKey, Health,
     Http2, Limits, Listener, NamedBackend, Passive, Protocol, Resolve, Resolver, Retry, Runtime,
-    Timeouts, Upgrade, Upstream,
+    Spawn, Timeouts, Upgrade, Upstream,
 };
 use crate::cpus::format_cpu_list;
 use crate::tls::{CertFiles, Terminator};
@@ -224,12 +224,14 @@ pub(super) fn http2(src: &Source, h: &RawHttp2) -> Result<Http2> {
     })
 }
 
-/// `[upstream.NAME]` and its tables. A backend pinned to one of `worker_cpus` adds a warning.
+/// `[upstream.NAME]` and its tables. A backend pinned to one of `worker_cpus` adds a warning;
+/// spawned processes must be pinned to cores in `allowed`, the set pinlb may use.
 pub(super) fn upstream(
     src: &Source,
     name: &str,
     up: &RawUpstream,
     worker_cpus: &[usize],
+    allowed: &[usize],
     warnings: &mut Vec<String>,
 ) -> Result<Upstream> {
     let key = format!("upstream.{name}");
@@ -238,11 +240,38 @@ pub(super) fn upstream(
         .as_ref()
         .map_or(Algorithm::default(), |a| *a.get_ref());
     backup_rules(src, &key, up, algorithm)?;
+    let spawn = match (&up.spawn, &up.backends) {
+        (Some(_), Some(b)) => {
+            return Err(src.at(
+                b.span(),
+                &format!("{key}.backends"),
+                "set together with [upstream.NAME.spawn], expected one of them: the spawned processes are this upstream's backends",
+            ));
+        }
+        (None, None) => {
+            // The table has no span of its own (it is a map entry); its header, when written
+            // plainly, is the place to point at.
+            let header = src.text.find(&format!("[upstream.{name}]"));
+            let at = header.map_or(0..0, |h| h..h);
+            return Err(src.at(
+                at,
+                &format!("{key}.backends"),
+                "missing, expected a list of backends or an [upstream.NAME.spawn] table",
+            ));
+        }
+        (Some(s), None) => Some(spawn(src, &key, up, s, allowed)?),
+        (None, Some(_)) => None,
+    };
     let (mut backends, mut names) = (Vec::new(), Vec::new());
-    for entry in self::backends(src, name, &key, up, worker_cpus, warnings)? {
-        match entry {
-            Entry::Address(b) => backends.push(b),
-            Entry::Name(n) => names.push(n),
+    match &spawn {
+        Some(s) => backends = spawned_backends(name, s, worker_cpus, warnings),
+        None => {
+            for entry in self::backends(src, name, &key, up, worker_cpus, warnings)? {
+                match entry {
+                    Entry::Address(b) => backends.push(b),
+                    Entry::Name(n) => names.push(n),
+                }
+            }
         }
     }
     Ok(Upstream {
@@ -255,6 +284,7 @@ pub(super) fn upstream(
         backends,
         names,
         resolve: resolve(src, &key, &up.resolve)?,
+        spawn,
         timeouts: timeouts(src, &key, &up.timeouts)?,
         health: up
             .health
@@ -316,7 +346,11 @@ fn hash_key(
 /// `backup` backends need a primary to stand behind, and are not for `hash` upstreams: a key's
 /// backend must not depend on whether others are up (nginx refuses the same pairing).
 fn backup_rules(src: &Source, key: &str, up: &RawUpstream, algorithm: Algorithm) -> Result<()> {
-    let raw = up.backends.get_ref();
+    // Spawned backends are never backups.
+    let Some(list) = &up.backends else {
+        return Ok(());
+    };
+    let raw = list.get_ref();
     let is_backup = |b: &RawBackend| b.backup.as_ref().is_some_and(|v| *v.get_ref());
     let Some(first) = raw.iter().position(is_backup) else {
         return Ok(());
@@ -452,10 +486,13 @@ fn backends(
     worker_cpus: &[usize],
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Entry>> {
-    let raw = up.backends.get_ref();
+    let Some(list) = &up.backends else {
+        return Ok(Vec::new());
+    };
+    let raw = list.get_ref();
     if raw.is_empty() {
         return Err(src.at(
-            up.backends.span(),
+            list.span(),
             &format!("{key}.backends"),
             "an upstream needs at least one backend",
         ));
@@ -470,23 +507,223 @@ fn backends(
             Entry::Address(b) => (b.address.to_string(), &b.cpus),
             Entry::Name(n) => (n.name.to_string(), &n.cpus),
         };
-        if let Some(bcpus) = cpus {
-            let shared: Vec<usize> = bcpus
-                .iter()
-                .copied()
-                .filter(|c| worker_cpus.contains(c))
-                .collect();
-            if !shared.is_empty() {
-                warnings.push(format!(
-                    "backend {shown} (upstream {name}) is pinned to cores {}, which overlap pinlb's cores {}",
-                    format_cpu_list(&shared),
-                    format_cpu_list(worker_cpus)
-                ));
-            }
-        }
+        warn_overlap(name, &shown, cpus.as_deref(), worker_cpus, warnings);
         entries.push(entry);
     }
     Ok(entries)
+}
+
+/// A warning when `backend` is pinned to cores among `worker_cpus`: it and pinlb's workers would
+/// take turns on them.
+fn warn_overlap(
+    name: &str,
+    shown: &str,
+    cpus: Option<&[usize]>,
+    worker_cpus: &[usize],
+    warnings: &mut Vec<String>,
+) {
+    if let Some(bcpus) = cpus {
+        let shared: Vec<usize> = bcpus
+            .iter()
+            .copied()
+            .filter(|c| worker_cpus.contains(c))
+            .collect();
+        if !shared.is_empty() {
+            warnings.push(format!(
+                "backend {shown} (upstream {name}) is pinned to cores {}, which overlap pinlb's cores {}",
+                format_cpu_list(&shared),
+                format_cpu_list(worker_cpus)
+            ));
+        }
+    }
+}
+
+/// The backends a `spawn` table stands for: each process's first address, on its core.
+fn spawned_backends(
+    name: &str,
+    s: &Spawn,
+    worker_cpus: &[usize],
+    warnings: &mut Vec<String>,
+) -> Vec<Backend> {
+    (0..s.count)
+        .map(|i| {
+            let backend = s.backend(i, 0);
+            warn_overlap(
+                name,
+                &backend.address.to_string(),
+                backend.cpus.as_deref(),
+                worker_cpus,
+                warnings,
+            );
+            backend
+        })
+        .collect()
+}
+
+/// `[upstream.NAME.spawn]`.
+fn spawn(
+    src: &Source,
+    key: &str,
+    up: &RawUpstream,
+    raw: &Spanned<RawSpawn>,
+    allowed: &[usize],
+) -> Result<Spawn> {
+    let s = raw.get_ref();
+    let skey = format!("{key}.spawn");
+    let command = s.command.get_ref();
+    if command.first().is_none_or(|c| c.is_empty()) {
+        return Err(src.at(
+            s.command.span(),
+            &format!("{skey}.command"),
+            "expected the program and its arguments, such as [\"node\", \"app.js\"]",
+        ));
+    }
+    let cpus = s.cpus.get_ref().0.clone();
+    if cpus.is_empty() {
+        return Err(src.at(
+            s.cpus.span(),
+            &format!("{skey}.cpus"),
+            "expected at least one core",
+        ));
+    }
+    // A child may be pinned outside pinlb's own affinity (`taskset -c 0 pinlb` with its
+    // backends on 1-3), but not to a core the machine doesn't have.
+    let mut possible = crate::cpus::online_cpus().unwrap_or_default();
+    possible.extend_from_slice(allowed);
+    if let Some(bad) = cpus.iter().find(|c| !possible.contains(c)) {
+        possible.sort_unstable();
+        possible.dedup();
+        return Err(src.at(
+            s.cpus.span(),
+            &format!("{skey}.cpus"),
+            format!(
+                "core {bad} is not a core of this machine ({}), so no process can be pinned to it",
+                format_cpu_list(&possible)
+            ),
+        ));
+    }
+    // One process per listed core unless told otherwise.
+    let count = match &s.count {
+        None => cpus.len(),
+        Some(c) if *c.get_ref() >= 1 => *c.get_ref(),
+        Some(c) => {
+            return Err(src.at(
+                c.span(),
+                &format!("{skey}.count"),
+                "0 is not allowed, expected 1 or more processes",
+            ));
+        }
+    };
+    // Both port ranges (the running one and the one a rolling restart moves to) must fit.
+    let base = *s.port_base.get_ref();
+    let last = u64::from(base) + 2 * count as u64 - 1;
+    let port_base = match u16::try_from(base) {
+        Ok(p) if p >= 1 && last <= u64::from(u16::MAX) => p,
+        _ => {
+            return Err(src.at(
+                s.port_base.span(),
+                &format!("{skey}.port_base"),
+                format!(
+                    "{base} is out of range, expected a port from 1 such that port_base + 2 × count - 1 (here {last}) is at most 65535: a rolling restart starts each new process on port_base + count + i"
+                ),
+            ));
+        }
+    };
+    let host = match &s.address {
+        None => std::net::IpAddr::from([127, 0, 0, 1]),
+        Some(a) => a.get_ref().parse().map_err(|_| {
+            src.at(
+                a.span(),
+                &format!("{skey}.address"),
+                format!(
+                    "invalid address \"{}\", expected an IP address (no port) such as \"127.0.0.1\"",
+                    a.get_ref()
+                ),
+            )
+        })?,
+    };
+    let mut env = Vec::with_capacity(s.env.len());
+    for (k, v) in &s.env {
+        if k.is_empty() || k.contains(['=', '\0']) || v.get_ref().contains('\0') {
+            return Err(src.at(
+                v.span(),
+                &format!("{skey}.env.{k}"),
+                "expected a variable name without '=' and a value, neither with a NUL byte",
+            ));
+        }
+        env.push((k.clone(), v.get_ref().clone()));
+    }
+    let cwd = match &s.cwd {
+        None => None,
+        Some(c) if std::path::Path::new(c.get_ref()).is_dir() => Some(c.get_ref().into()),
+        Some(c) => {
+            return Err(src.at(
+                c.span(),
+                &format!("{skey}.cwd"),
+                format!(
+                    "{} is not a directory, expected the processes' working directory",
+                    c.get_ref()
+                ),
+            ));
+        }
+    };
+    Ok(Spawn {
+        command: command.clone(),
+        count,
+        cpus,
+        port_base,
+        host,
+        env,
+        cwd,
+        grace: s.grace.as_ref().map_or(Spawn::GRACE, |d| d.get_ref().0),
+        ready_timeout: positive(src, &s.ready_timeout, &format!("{skey}.ready_timeout"))?
+            .unwrap_or(Spawn::READY_TIMEOUT),
+        max_conns: up.max_conns,
+        slow_start: up.slow_start.map_or(Duration::ZERO, |d| d.0),
+    })
+}
+
+/// No two spawned upstreams, and no listener or admin address, may use the same port on the
+/// same address: a child that can't bind would be restarted for ever.
+pub(super) fn spawn_ports(
+    src: &Source,
+    raw: &std::collections::BTreeMap<String, RawUpstream>,
+    upstreams: &[Upstream],
+    taken: &[SocketAddr],
+) -> Result<()> {
+    let mut used: Vec<(SocketAddr, &str)> = Vec::new();
+    for (up, (name, r)) in upstreams.iter().zip(raw) {
+        let (Some(s), Some(rs)) = (&up.spawn, &r.spawn) else {
+            continue;
+        };
+        let span = rs.get_ref().port_base.span();
+        let key = format!("upstream.{name}.spawn.port_base");
+        for bank in 0..2 {
+            for i in 0..s.count {
+                let a = s.address(i, bank);
+                let clash = |o: &SocketAddr| {
+                    o.port() == a.port()
+                        && (o.ip() == a.ip() || o.ip().is_unspecified() || a.ip().is_unspecified())
+                };
+                if let Some((_, other)) = used.iter().find(|(o, _)| clash(o)) {
+                    return Err(src.at(
+                        span,
+                        &key,
+                        format!("port {} is also a port of upstream {other}'s spawned processes, expected ranges that don't overlap (each takes 2 × count ports from port_base)", a.port()),
+                    ));
+                }
+                if taken.iter().any(clash) {
+                    return Err(src.at(
+                        span,
+                        &key,
+                        format!("port {} (one of port_base to port_base + 2 × count - 1) is also a listener's or the admin port, expected a range of its own", a.port()),
+                    ));
+                }
+                used.push((a, name));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One entry of `backends`, whose address must not be in `seen` (the upstream's addresses so
@@ -532,7 +769,7 @@ fn backend(
         }
         (None, None) => {
             return Err(src.at(
-                up.backends.span(),
+                up.backends.as_ref().map_or(0..0, |b| b.span()),
                 bkey,
                 "no address, expected address = \"IP:PORT\" (or \"NAME:PORT\"), or srv = \"_service._tcp.NAME\"",
             ));
