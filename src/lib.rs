@@ -63,6 +63,8 @@
 //!   WebSocket echo.
 //! - [`demo`]: `pinlb demo`, the embedded default: backends, proxy and bench in one process,
 //!   laid out on the allowed cores.
+//! - [`sweep`]: `pinlb sweep`, every split of the cores between proxy and backends (pinned child
+//!   processes), loaded through the bench at every concurrency, and the best split with its margin.
 //!
 //! A test (or an embedding program) binds first, reads the ports, then runs:
 //!
@@ -105,6 +107,7 @@ mod route;
 pub mod server;
 mod stats;
 mod status;
+pub mod sweep;
 mod stream;
 mod tls;
 mod tls_client;
