@@ -42,10 +42,17 @@ pub struct SweepArgs {
     #[arg(long, value_name = "COMMAND")]
     pub cmd: Option<String>,
     /// The cores to split ("0-3", "0,2,4") [default: every core this process may run on].
+    // `std::vec::Vec`: clap reads a plain `Vec` as a list of values, not one value parsed
+    // into a list.
     #[arg(long, value_name = "LIST", value_parser = parse_cpus)]
-    pub cores: Option<Vec<usize>>,
+    pub cores: Option<std::vec::Vec<usize>>,
     /// Client connections open at once, one bench per value (ab's -c).
-    #[arg(long, value_name = "N,N,...", value_delimiter = ',', default_value = "10,100")]
+    #[arg(
+        long,
+        value_name = "N,N,...",
+        value_delimiter = ',',
+        default_value = "10,100"
+    )]
     pub concurrency: Vec<usize>,
     /// Recorded length of each run.
     #[arg(short, long, default_value = "2s", value_parser = humantime::parse_duration)]
@@ -266,7 +273,10 @@ pub fn recommend(layouts: &[Layout], cells: &[Cell]) -> Option<Recommendation> {
             .find(|l| l.id == id)
             .map_or_else(|| id.to_string(), |l| l.name.clone())
     };
-    let runner = pool.iter().filter(|c| c.layout != best.layout).max_by(by_rate);
+    let runner = pool
+        .iter()
+        .filter(|c| c.layout != best.layout)
+        .max_by(by_rate);
     Some(Recommendation {
         layout: best.layout.clone(),
         name: name_of(&best.layout),
@@ -274,13 +284,7 @@ pub fn recommend(layouts: &[Layout], cells: &[Cell]) -> Option<Recommendation> {
         requests_per_sec: best.requests_per_sec.median,
         vs_direct: best.vs_direct,
         rounds_within_pct: best.rounds_within_pct,
-        runner_up: runner.map(|r| {
-            (
-                name_of(&r.layout),
-                r.concurrency,
-                r.requests_per_sec.median,
-            )
-        }),
+        runner_up: runner.map(|r| (name_of(&r.layout), r.concurrency, r.requests_per_sec.median)),
         clear: runner.is_none_or(|r| best.requests_per_sec.min > r.requests_per_sec.max),
         with_failures,
     })
@@ -467,7 +471,10 @@ fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
     for layout in &plan.layouts {
         let addr = start_layout(args, layout, &logs, max_c, &mut children)?;
         let url = format!("{}=http://{addr}{}", layout.id, args.path);
-        targets.push(url.parse::<Target>().map_err(|e| SweepError::Options(e.to_string()))?);
+        targets.push(
+            url.parse::<Target>()
+                .map_err(|e| SweepError::Options(e.to_string()))?,
+        );
     }
 
     let mut cells = Vec::new();
@@ -698,7 +705,10 @@ fn start_layout(
         reason: e.to_string(),
     })?;
     let mut c = Command::new(exe);
-    c.arg("serve").arg("-c").arg(&config).env("RUST_LOG", "warn");
+    c.arg("serve")
+        .arg("-c")
+        .arg(&config)
+        .env("RUST_LOG", "warn");
     let what = format!(
         "{} proxy (cores {}, port {port})",
         layout.name,
@@ -767,7 +777,9 @@ fn get_status(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
     let limit = Duration::from_secs(1);
     let mut s = TcpStream::connect_timeout(&addr, limit)?;
     s.set_read_timeout(Some(limit))?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
     let mut head = [0u8; 12];
     s.read_exact(&mut head)?;
     std::str::from_utf8(&head[9..12])
@@ -831,7 +843,8 @@ impl Sweep {
                     ms(c.latency.p90_us),
                     ms(c.latency.p99_us),
                     bench::report::errors(&c.failures),
-                    c.vs_direct.map_or_else(|| "-".into(), |r| format!("{r:.2}×")),
+                    c.vs_direct
+                        .map_or_else(|| "-".into(), |r| format!("{r:.2}×")),
                 ]);
             }
         }
@@ -1050,7 +1063,10 @@ mod tests {
         let p = plan(&[0, 1]);
         assert_eq!(ids(&p), ["direct", "p1b1"]);
         assert_eq!(p.layouts[0].backends, [0]);
-        assert_eq!((&p.layouts[1].proxy[..], &p.layouts[1].backends[..]), (&[0][..], &[1][..]));
+        assert_eq!(
+            (&p.layouts[1].proxy[..], &p.layouts[1].backends[..]),
+            (&[0][..], &[1][..])
+        );
         assert_eq!(p.load, [1]);
         assert_eq!(p.notes.len(), 1);
         assert!(
@@ -1079,10 +1095,7 @@ mod tests {
     fn eight_cores_give_the_load_generator_two() {
         let p = plan(&[0, 1, 2, 3, 4, 5, 6, 7]);
         assert_eq!(p.load, [6, 7]);
-        assert_eq!(
-            ids(&p),
-            ["direct", "p1b5", "p2b4", "p3b3", "p4b2", "p5b1"]
-        );
+        assert_eq!(ids(&p), ["direct", "p1b5", "p2b4", "p3b3", "p4b2", "p5b1"]);
         for l in &p.layouts {
             assert!(l.cores().iter().all(|c| *c < 6), "{l:?}");
         }
@@ -1132,7 +1145,11 @@ mod tests {
         let r = recommend(&p.layouts, &cells).unwrap();
         assert_eq!((r.layout.as_str(), r.concurrency), ("p1b2", 100));
         assert_eq!(r.vs_direct, Some(1.9));
-        assert!((r.rounds_within_pct - 4.21).abs() < 0.01, "{}", r.rounds_within_pct);
+        assert!(
+            (r.rounds_within_pct - 4.21).abs() < 0.01,
+            "{}",
+            r.rounds_within_pct
+        );
         assert!(r.clear && !r.with_failures);
         assert_eq!(
             r.runner_up,
@@ -1154,7 +1171,11 @@ mod tests {
         let r = recommend(&p.layouts, &cells).unwrap();
         assert_eq!(r.layout, "p1b1");
         assert!(!r.clear);
-        assert!(r.sentence().contains("a tie within this run's noise"), "{}", r.sentence());
+        assert!(
+            r.sentence().contains("a tie within this run's noise"),
+            "{}",
+            r.sentence()
+        );
     }
 
     #[test]
@@ -1188,6 +1209,31 @@ mod tests {
     }
 
     #[test]
+    fn the_command_line_parses_lists_and_durations() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            sweep: SweepArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "sweep",
+            "--cores",
+            "0-2,5",
+            "--concurrency",
+            "100,1000,3000",
+            "--duration",
+            "30s",
+        ])
+        .unwrap();
+        assert_eq!(cli.sweep.cores, Some(vec![0, 1, 2, 5]));
+        assert_eq!(cli.sweep.concurrency, [100, 1000, 3000]);
+        assert_eq!(cli.sweep.duration, Duration::from_secs(30));
+        let cli = <Cli as clap::Parser>::try_parse_from(["sweep"]).unwrap();
+        assert_eq!(cli.sweep.concurrency, [10, 100]);
+        assert_eq!(cli.sweep.cores, None);
+    }
+
+    #[test]
     fn the_command_reproduces_the_options() {
         let args = SweepArgs {
             cmd: Some("node app.js --port {port}".into()),
@@ -1212,13 +1258,19 @@ mod tests {
         let toml = proxy_config(
             &[0, 1],
             8080,
-            &["127.0.0.1:1".parse().unwrap(), "127.0.0.1:2".parse().unwrap()],
+            &[
+                "127.0.0.1:1".parse().unwrap(),
+                "127.0.0.1:2".parse().unwrap(),
+            ],
             20_000,
         );
         let cores = crate::cpus::allowed_cpus().unwrap();
         // Parsed as `pinlb serve` would, when this machine has the cores.
         if cores.len() >= 2 {
-            let toml = toml.replace("cpus = [0, 1]", &format!("cpus = [{}, {}]", cores[0], cores[1]));
+            let toml = toml.replace(
+                "cpus = [0, 1]",
+                &format!("cpus = [{}, {}]", cores[0], cores[1]),
+            );
             let c = crate::Config::parse("sweep.toml", &toml, &cores).unwrap();
             assert_eq!(c.runtime.cpus, [cores[0], cores[1]]);
         }

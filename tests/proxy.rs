@@ -1295,14 +1295,20 @@ async fn an_http_1_0_keep_alive_client_gets_a_small_chunked_response_with_its_le
         assert_eq!(r.header("content-length"), Some("16"), "{}", r.head);
         assert!(!r.has("transfer-encoding"), "{}", r.head);
         assert_eq!(
-            r.header("connection").map(str::to_ascii_lowercase).as_deref(),
+            r.header("connection")
+                .map(str::to_ascii_lowercase)
+                .as_deref(),
             Some("keep-alive"),
             "{}",
             r.head
         );
         assert_eq!(r.body, b"hello from node\n");
     }
-    assert_eq!(b.requests(), 2, "both requests went over the one client connection");
+    assert_eq!(
+        b.requests(),
+        2,
+        "both requests went over the one client connection"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1361,7 +1367,10 @@ async fn an_http_1_0_keep_alive_client_gets_a_stream_that_does_not_end_as_it_com
         text.to_ascii_lowercase().contains("connection: close"),
         "{text}"
     );
-    assert!(!text.to_ascii_lowercase().contains("content-length"), "{text}");
+    assert!(
+        !text.to_ascii_lowercase().contains("content-length"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1376,7 +1385,11 @@ async fn an_http_1_1_client_still_gets_a_chunked_backend_response_chunked() {
             .await;
         assert_eq!(r.status, 200, "{}", r.head);
         assert_eq!(r.header("transfer-encoding"), Some("chunked"), "{}", r.head);
-        assert!(!r.has("content-length") && !r.has("connection"), "{}", r.head);
+        assert!(
+            !r.has("content-length") && !r.has("connection"),
+            "{}",
+            r.head
+        );
         assert_eq!(r.body, b"hello from node\n");
     }
 }

@@ -71,8 +71,8 @@ fn sweep_on_two_cores_completes_recommends_and_says_the_load_generator_shares_a_
         .map(|c| c.to_string())
         .collect::<Vec<_>>()
         .join(",");
-    let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("sweep-{}", std::process::id()));
+    let out_dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("sweep-{}", std::process::id()));
     let out = Command::new(bin())
         .args([
             "sweep",
