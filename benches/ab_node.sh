@@ -111,7 +111,7 @@ RAW="$WORK/raw.tsv" # round proxy rps keepalive failed complete proxy_us node_us
 for ((r = 1; r <= ROUNDS; r++)); do
     for p in pinlb nginx; do
         out="$WORK/$p-$r.out"
-        read -r -a tree < <(proc_tree "${PID_OF[$p]}" | tr '\n' ' ')
+        mapfile -t tree < <(proc_tree "${PID_OF[$p]}")
         t0=$(cpu_ticks "${tree[@]}")
         n0=$(cpu_ticks "${NODE_PIDS[@]}")
         j0=$(core_jiffies)
