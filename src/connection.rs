@@ -36,6 +36,7 @@ use tracing::{debug, warn};
 use crate::accesslog::{Batch, Logged, Pending};
 use crate::config::Limits;
 use crate::http1::body::{Decoder, Framing};
+use crate::http1::client::UpstreamError;
 use crate::http1::common::{
     ERROR_PAGE_TYPE, Reply, RequestFraming, chunk_size_line, content_length_line, error_page,
     status_line,
@@ -257,6 +258,62 @@ impl Deadline {
             }
         })
         .await
+    }
+}
+
+/// Most bytes of a body of unknown length (chunked, or delimited by the backend's close) read
+/// ahead for an HTTP/1.0 keep-alive client, so that it can go out with a Content-Length: the
+/// size of nginx's default `proxy_buffers` (8 × 8 KiB).
+const READ_AHEAD_BYTES: usize = 64 * 1024;
+/// Longest the read-ahead waits, in all, for the rest of such a body (or `timeouts.response`,
+/// if shorter). A backend that answers at once (Node's `res.end(body)`) is done well within
+/// it; a slow stream (server-sent events) holds its first bytes back for at most this long,
+/// then streams as it would have.
+const READ_AHEAD_TIME: Duration = Duration::from_millis(10);
+
+/// A response body's beginning, read ahead (see [`read_ahead`]).
+struct Ahead {
+    /// The body's bytes so far, at most `READ_AHEAD_BYTES`.
+    data: BytesMut,
+    /// What the body gave after `data`, if the read-ahead took it: its end (`None`), an error,
+    /// or the piece that would have gone over the bound. `None` when the time ran out.
+    then: Option<Option<Result<Bytes, UpstreamError>>>,
+}
+
+impl Ahead {
+    /// Whether `data` is the whole body.
+    fn complete(&self) -> bool {
+        matches!(self.then, Some(None))
+    }
+
+    /// The pieces read ahead, in order, before the body is read on; `None` once they are out.
+    fn next(&mut self) -> Option<Option<Result<Bytes, UpstreamError>>> {
+        if !self.data.is_empty() {
+            return Some(Some(Ok(self.data.split().freeze())));
+        }
+        self.then.take()
+    }
+}
+
+/// Reads a body of unknown length ahead until it ends, passes `READ_AHEAD_BYTES`, breaks, or
+/// `READ_AHEAD_TIME` (at most `limit`) is over. A body that is already there costs no timer.
+async fn read_ahead(body: &mut ProxyBody, limit: Duration) -> Ahead {
+    let mut data = BytesMut::new();
+    let mut deadline = Deadline::default();
+    let until = Instant::now() + READ_AHEAD_TIME.min(limit);
+    // Bounded by READ_AHEAD_BYTES and the time: every pass takes a piece of the body, or ends.
+    loop {
+        let next = std::future::poll_fn(|cx| body.poll_data(cx));
+        let left = until.saturating_duration_since(Instant::now());
+        let then = match deadline.within(left, next).await {
+            None => None,
+            Some(Some(Ok(d))) if data.len() + d.len() <= READ_AHEAD_BYTES => {
+                data.extend_from_slice(&d);
+                continue;
+            }
+            Some(piece) => Some(piece),
+        };
+        return Ahead { data, then };
     }
 }
 
@@ -892,9 +949,19 @@ impl Connection {
             || status.is_informational()
             || status == StatusCode::NO_CONTENT
             || status == StatusCode::NOT_MODIFIED;
-        let length = body.remaining();
+        let mut length = body.remaining();
         let chunked = !bodiless && length.is_none() && version == Version::HTTP_11;
-        // An HTTP/1.0 client gets a body of unknown length delimited by the close.
+        // An HTTP/1.0 keep-alive client can't take chunked: a body of unknown length that ends
+        // soon enough goes out with its Content-Length and the connection stays; any other is
+        // delimited by the close (see `read_ahead`). HTTP/1.1 clients never come here.
+        let mut ahead = None;
+        if keep_alive && !bodiless && length.is_none() && version == Version::HTTP_10 {
+            let a = read_ahead(&mut body, timeouts.response).await;
+            if a.complete() {
+                length = Some(a.data.len() as u64);
+            }
+            ahead = Some(a);
+        }
         let keep_alive = keep_alive && (bodiless || length.is_some() || chunked);
 
         let mut head = Vec::with_capacity(headers.len() + 128);
@@ -925,7 +992,9 @@ impl Connection {
         let mut head = Some(head);
         // Bounded by the body and the timeouts: every pass writes a piece of it, or ends.
         loop {
-            let piece = if bodiless {
+            let piece = if let Some(piece) = ahead.as_mut().and_then(Ahead::next) {
+                piece
+            } else if bodiless {
                 None
             } else if head.is_some() {
                 match std::future::poll_fn(|cx| Poll::Ready(body.poll_data(cx))).await {

@@ -85,6 +85,8 @@
 //!   WebSocket echo.
 //! - [`demo`]: `pinlb demo`, the embedded default: backends, proxy and bench in one process,
 //!   laid out on the allowed cores.
+//! - [`sweep`]: `pinlb sweep`, every split of the cores between proxy and backends (pinned child
+//!   processes), loaded through the bench at every concurrency, and the best split with its margin.
 //!
 //! A test (or an embedding program) binds first, reads the ports, then runs:
 //!
@@ -138,6 +140,7 @@ mod stats;
 mod status;
 mod stream;
 mod supervisor;
+pub mod sweep;
 mod tls;
 mod tls_client;
 mod tunnel;

@@ -73,6 +73,8 @@ enum Command {
     Bench(Box<pinlb::bench::BenchArgs>),
     /// Start backends and a proxy on this machine's cores and measure direct against proxied.
     Demo(pinlb::demo::DemoArgs),
+    /// Measure every split of the cores between proxy and backends, and recommend one.
+    Sweep(pinlb::sweep::SweepArgs),
 }
 
 /// Where `serve` and `check` look without `-c`, in this order: the system's file first, as
@@ -112,7 +114,7 @@ fn main() -> ExitCode {
     // The demo's output is its results: the proxy and backends it runs in this process would
     // otherwise interleave their start and stop lines with them.
     let level = match cli.command {
-        Command::Demo(_) => "warn",
+        Command::Demo(_) | Command::Sweep(_) => "warn",
         _ => "info",
     };
     // Colour only for a person at a terminal: escape codes are noise in files, pipes and
@@ -130,6 +132,7 @@ fn main() -> ExitCode {
         Command::Backend(args) => pinlb::backend::main(args),
         Command::Bench(args) => pinlb::bench::main(*args),
         Command::Demo(args) => pinlb::demo::main(args),
+        Command::Sweep(args) => pinlb::sweep::main(args),
         Command::Import { file } => match pinlb::import::import(&file) {
             Ok((toml, notes)) => {
                 print!("{toml}");

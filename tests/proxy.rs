@@ -1268,6 +1268,132 @@ async fn an_http_1_0_client_is_answered_without_chunking_and_the_backend_sees_ht
     assert_eq!(a.requests().pop().unwrap().version, http::Version::HTTP_11);
 }
 
+/// What Node's `res.writeHead(200, {...}); res.end(body)` sends: a chunked body, one write.
+fn node_like(body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_0_keep_alive_client_gets_a_small_chunked_response_with_its_length_and_keeps_its_connection()
+ {
+    let b = RawServer::start(|_| RawAction::Respond(node_like("hello from node\n"))).await;
+    let proxy = Proxy::start(&Setup::with(&[b.addr]));
+
+    let mut c = RawConn::open(proxy.addr).await;
+    for _ in 0..2 {
+        let r = c
+            .exchange(
+                b"GET / HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n",
+                false,
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.head);
+        assert_eq!(r.header("content-length"), Some("16"), "{}", r.head);
+        assert!(!r.has("transfer-encoding"), "{}", r.head);
+        assert_eq!(
+            r.header("connection")
+                .map(str::to_ascii_lowercase)
+                .as_deref(),
+            Some("keep-alive"),
+            "{}",
+            r.head
+        );
+        assert_eq!(r.body, b"hello from node\n");
+    }
+    assert_eq!(
+        b.requests(),
+        2,
+        "both requests went over the one client connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_0_keep_alive_client_gets_a_chunked_body_over_64_kib_exact_and_then_the_close() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start(&Setup::with(&[a.addr]));
+
+    let mut c = RawConn::open(proxy.addr).await;
+    let r = c
+        .exchange(
+            b"GET /download/100000?chunked HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n",
+            false,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert!(
+        !r.has("content-length") && !r.has("transfer-encoding"),
+        "over the read-ahead bound the body is delimited by the close:\n{}",
+        r.head
+    );
+    assert_eq!(r.header("connection"), Some("close"), "{}", r.head);
+    assert_eq!(r.body.len(), 100_000);
+    assert!(
+        r.body
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i % (64 * 1024) % 251) as u8),
+        "the body's bytes, in order"
+    );
+    c.wait_closed().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_0_keep_alive_client_gets_a_stream_that_does_not_end_as_it_comes() {
+    // A server-sent-events-like response: its head and first event, then nothing more.
+    let b = RawServer::start(|_| {
+        RawAction::RespondAndStall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n"
+                .to_vec(),
+        )
+    })
+    .await;
+    let proxy = Proxy::start(&Setup::with(&[b.addr]));
+
+    let mut c = RawConn::open(proxy.addr).await;
+    c.send(b"GET /events HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+        .await;
+    let seen = tokio::time::timeout(
+        WAIT,
+        c.read_until(|b| b.windows(9).any(|w| w == b"data: 1\n\n")),
+    )
+    .await
+    .expect("the first event arrives while the stream is still open");
+    let text = String::from_utf8_lossy(&seen);
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    assert!(
+        !text.to_ascii_lowercase().contains("content-length"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_1_client_still_gets_a_chunked_backend_response_chunked() {
+    let b = RawServer::start(|_| RawAction::Respond(node_like("hello from node\n"))).await;
+    let proxy = Proxy::start(&Setup::with(&[b.addr]));
+
+    let mut c = RawConn::open(proxy.addr).await;
+    for _ in 0..2 {
+        let r = c
+            .exchange(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false)
+            .await;
+        assert_eq!(r.status, 200, "{}", r.head);
+        assert_eq!(r.header("transfer-encoding"), Some("chunked"), "{}", r.head);
+        assert!(
+            !r.has("content-length") && !r.has("connection"),
+            "{}",
+            r.head
+        );
+        assert_eq!(r.body, b"hello from node\n");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn head_requests_get_status_and_headers_but_no_body() {
     let a = Backend::start("a").await;

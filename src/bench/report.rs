@@ -634,7 +634,7 @@ fn secs(s: f64) -> String {
 }
 
 /// "0", or the kinds that occurred: "connect 3, non-2xx 12".
-fn errors(e: &Errors) -> String {
+pub(crate) fn errors(e: &Errors) -> String {
     if e.total() == 0 {
         return "0".into();
     }
