@@ -50,7 +50,7 @@ done
 echo
 echo "| routes | instructions/request (2 runs) | ÷ 1 route |"
 echo "|---:|---|---:|"
-one=$(tr ' ' '\n' <<<"${results[1]}" | sort -n | head -1)
+one=$(tr ' ' '\n' <<<"${results[1]}" | grep . | sort -n | head -1)
 for n in 0 1 10 1000; do
     best=$(tr ' ' '\n' <<<"${results[$n]}" | grep . | sort -n | head -1)
     ratio=$(awk -v a="$best" -v b="$one" 'BEGIN{printf "%.3f", a/b}')
