@@ -44,7 +44,7 @@ use crate::http1::common::{
 use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::idle::{self, Wait};
 use crate::proxy::{self, Answer, ClientBody, ProxyBody};
-use crate::route::{ClientRules, Decision, Edits, Route, https_location};
+use crate::route::{ClientRules, Decision, Route, https_location};
 use crate::stats::{ListenerStats, Source, TlsFailure};
 use crate::stream::{ClientStream, Refused, Stir, StreamIo, TlsState, poll_read_tcp};
 use crate::tunnel::{self, Dir, End};
@@ -663,20 +663,21 @@ impl Connection {
             .map(|batch| Pending::start(&head, self.peer, batch));
         let (upstream, edits, local) = match refused {
             // A refused head is answered as such, whatever the routes say.
-            Some(_) => (self.route.upstream.borrow().clone(), Edits::default(), None),
+            Some(_) => (self.route.upstream.borrow().clone(), None, None),
             None => match self
                 .route
                 .decide(&head, self.stream.is_tls(), self.peer.ip())
             {
                 Decision::Proxy(upstream, edits) => (upstream, edits, None),
-                Decision::Answer(reply) => (
-                    self.route.upstream.borrow().clone(),
-                    Edits::default(),
-                    Some(reply),
-                ),
+                Decision::Answer(reply) => {
+                    (self.route.upstream.borrow().clone(), None, Some(reply))
+                }
             },
         };
-        let timeouts = edits.timeouts.unwrap_or(upstream.shared.config.timeouts);
+        let timeouts = edits
+            .as_ref()
+            .and_then(|e| e.request.timeouts)
+            .unwrap_or(upstream.shared.config.timeouts);
         let (limits, client) = {
             let now = self.route.rules.borrow();
             let mut cached = self.client.borrow_mut();
@@ -703,7 +704,7 @@ impl Connection {
                 client,
                 limits,
                 &head,
-                edits.overrides(),
+                edits.as_ref().map(|e| &e.request),
                 &mut client_body,
                 refused,
                 pending.is_some(),
@@ -726,7 +727,9 @@ impl Connection {
             upstreamed,
             close,
         } = answer;
-        edits.edit_response(&mut response);
+        if let Some(e) = &edits {
+            e.edit_response(&mut response);
+        }
         if let Some(s) = &self.route.stats {
             let local = matches!(response.body, proxy::ProxyBody::Local(_));
             s.response(

@@ -49,7 +49,7 @@ use crate::http1::common::{ERROR_PAGE_TYPE, Reply, RequestFraming, error_page, h
 use crate::http1::request::{ClientError, RequestHead, parse_request};
 use crate::idle;
 use crate::proxy::{self, ClientBody, ProxyBody};
-use crate::route::{ClientRules, Decision, Edits, Route, https_location};
+use crate::route::{ClientRules, Decision, Route, https_location};
 use crate::stats::Source;
 use crate::stream::{ClientStream, StreamIo};
 
@@ -308,7 +308,7 @@ impl Shared {
             return self.redirect_https(&head, open);
         }
         let (upstream, edits) = match refused {
-            Some(_) => (route.upstream.borrow().clone(), Edits::default()),
+            Some(_) => (route.upstream.borrow().clone(), None),
             None => match route.decide(&head, client.https, self.peer.ip()) {
                 Decision::Proxy(upstream, edits) => (upstream, edits),
                 Decision::Answer(reply) => {
@@ -318,7 +318,8 @@ impl Shared {
             },
         };
         let timeout = edits
-            .timeouts
+            .as_ref()
+            .and_then(|e| e.request.timeouts)
             .unwrap_or(upstream.shared.config.timeouts)
             .response;
         let mut body = RequestBody {
@@ -332,13 +333,15 @@ impl Shared {
             client,
             limits,
             &head,
-            edits.overrides(),
+            edits.as_ref().map(|e| &e.request),
             &mut body,
             refused,
             pending.is_some(),
         )
         .await;
-        edits.edit_response(&mut answer.response);
+        if let Some(e) = &edits {
+            e.edit_response(&mut answer.response);
+        }
         let logged = Logged::new(
             pending.and_then(|p| p.responded(answer.response.status, answer.upstreamed)),
         );

@@ -134,14 +134,15 @@ pub fn forwarded_for<'a>(sent: Option<&'a [u8]>, client: &'a Client) -> std::bor
     }
 }
 
-/// What a route changes in the request it sends on: its path (a rewritten prefix) and its
-/// header lines (`request_headers`). `None` sends the request's own.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Overrides<'a> {
-    pub path: Option<&'a [u8]>,
+/// What a route changes in the request it sends on: its path (a rewritten prefix), its header
+/// lines (`request_headers`) and its timeouts. `None` keeps the request's own (the upstream's).
+/// Requests without such a route pass no `Overrides` at all, so they carry none of its weight.
+#[derive(Debug, Default)]
+pub struct Overrides {
+    pub path: Option<Vec<u8>>,
     /// The end-to-end lines to send, without the Upgrade lines (added when the request
     /// upgrades).
-    pub lines: Option<&'a [u8]>,
+    pub lines: Option<Vec<u8>>,
     /// The upstream's timeouts with the route's own in their place.
     pub timeouts: Option<Timeouts>,
 }
@@ -170,7 +171,7 @@ pub async fn handle(
     client: Rc<Client>,
     limits: Limits,
     head: &RequestHead,
-    overrides: Overrides<'_>,
+    overrides: Option<&Overrides>,
     body: &mut impl ClientBody,
     refused: Option<ClientError>,
     log: bool,
@@ -210,14 +211,16 @@ async fn forward(
     client: &Client,
     limits: &Limits,
     head: &RequestHead,
-    overrides: Overrides<'_>,
+    overrides: Option<&Overrides>,
     body: &mut impl ClientBody,
     log: bool,
 ) -> Result<(Reply<ProxyBody>, Option<Upstreamed>), ProxyError> {
     let framing = body.framing();
     let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), client);
     let shared = &*upstream.shared;
-    let timeouts = overrides.timeouts.unwrap_or(shared.config.timeouts);
+    let timeouts = overrides
+        .and_then(|o| o.timeouts.as_ref())
+        .unwrap_or(&shared.config.timeouts);
     // A route's header lines with the request's Upgrade lines after them; built only then.
     let joined: Vec<u8>;
     // An HTTP/2 backend gets no Upgrade (extended CONNECT is not spoken): the request goes as
@@ -226,12 +229,17 @@ async fn forward(
     let base = Outgoing {
         method: &head.method,
         // A route that rewrote the prefix sends its path; otherwise the request's, as received.
-        path: overrides.path.unwrap_or(head.path()),
+        path: overrides
+            .and_then(|o| o.path.as_deref())
+            .unwrap_or(head.path()),
         // The parser refused HTTP/1.1 without Host: only HTTP/1.0 may come without it. It goes
         // upstream as HTTP/1.1, which needs one: the backend's address then, as the health
         // probes send.
         host: head.host().unwrap_or_default(),
-        lines: match (overrides.lines, head.upgrade_lines()) {
+        lines: match (
+            overrides.and_then(|o| o.lines.as_deref()),
+            head.upgrade_lines(),
+        ) {
             (None, Some(lines)) if upgrade_on => lines,
             (None, _) => head.lines(),
             (Some(lines), Some(upgrading)) if upgrade_on => {
@@ -461,7 +469,7 @@ impl Failure {
 async fn attempt(
     upstream: &WorkerUpstream,
     backend: usize,
-    timeouts: Timeouts,
+    timeouts: &Timeouts,
     req: &Outgoing<'_>,
     framing: RequestFraming,
     body: &mut RequestBody<'_, impl ClientBody>,
@@ -541,7 +549,7 @@ async fn attempt(
 async fn attempt_h2(
     upstream: &WorkerUpstream,
     backend: usize,
-    timeouts: Timeouts,
+    timeouts: &Timeouts,
     req: &Outgoing<'_>,
     framing: RequestFraming,
     body: &mut RequestBody<'_, impl ClientBody>,

@@ -67,8 +67,9 @@ impl Routes {
 
 /// Where one request goes.
 pub(crate) enum Decision {
-    /// To this upstream, with what its route changes.
-    Proxy(Rc<WorkerUpstream>, Edits),
+    /// To this upstream, with what its route changes (`None`: nothing, the common case, which
+    /// then carries only a null pointer).
+    Proxy(Rc<WorkerUpstream>, Option<Box<Edits>>),
     /// A response of pinlb's own (a redirect, a fixed answer, or 404 when no route matches).
     Answer(Reply<ProxyBody>),
 }
@@ -76,26 +77,13 @@ pub(crate) enum Decision {
 /// What a route changes in one exchange; nothing for most requests.
 #[derive(Default)]
 pub(crate) struct Edits {
-    /// The path sent instead of the request's, when the route rewrote its prefix.
-    pub path: Option<Vec<u8>>,
-    /// The header lines sent instead of the request's, after `request_headers`.
-    pub lines: Option<Vec<u8>>,
+    /// What the proxy sends differently: the path, the header lines, the timeouts.
+    pub request: proxy::Overrides,
     /// `response_headers`: the names dropped from the response, and the lines added.
     pub response: Option<(Vec<String>, Vec<u8>)>,
-    /// The upstream's timeouts with the route's own in their place.
-    pub timeouts: Option<crate::config::Timeouts>,
 }
 
 impl Edits {
-    /// What the proxy sends differently.
-    pub fn overrides(&self) -> proxy::Overrides<'_> {
-        proxy::Overrides {
-            path: self.path.as_deref(),
-            lines: self.lines.as_deref(),
-            timeouts: self.timeouts,
-        }
-    }
-
     /// Applies `response_headers` to a response's header lines.
     pub fn edit_response(&self, reply: &mut Reply<ProxyBody>) {
         let Some((drop, add)) = &self.response else {
@@ -125,7 +113,7 @@ impl Route {
     pub fn decide(&self, head: &RequestHead, https: bool, client: IpAddr) -> Decision {
         let routes = self.routes.borrow();
         if routes.router.is_empty() {
-            return Decision::Proxy(self.upstream.borrow().clone(), Edits::default());
+            return Decision::Proxy(self.upstream.borrow().clone(), None);
         }
         let cx = Context {
             head,
@@ -134,7 +122,7 @@ impl Route {
         };
         let Some((index, rule, path)) = routes.router.find(head) else {
             if routes.has_default {
-                return Decision::Proxy(self.upstream.borrow().clone(), Edits::default());
+                return Decision::Proxy(self.upstream.borrow().clone(), None);
             }
             return Decision::Answer(proxy::local_reply(
                 StatusCode::NOT_FOUND,
@@ -147,7 +135,7 @@ impl Route {
         match &rule.action {
             RouteAction::Proxy { rewrite_prefix, .. } => {
                 let Some(upstream) = routes.upstreams.get(index).cloned().flatten() else {
-                    return Decision::Proxy(self.upstream.borrow().clone(), Edits::default());
+                    return Decision::Proxy(self.upstream.borrow().clone(), None);
                 };
                 let rewritten = match (rewrite_prefix, &rule.path) {
                     (Some(to), PathMatch::Prefix(from)) => {
@@ -174,15 +162,19 @@ impl Route {
                 });
                 let response = response_edit(rule, &cx);
                 let timeouts = rule.timeouts.over(upstream.shared.config.timeouts);
-                Decision::Proxy(
-                    upstream,
-                    Edits {
+                let edits = Edits {
+                    request: proxy::Overrides {
                         path: rewritten,
                         lines,
-                        response,
                         timeouts,
                     },
-                )
+                    response,
+                };
+                let changes = edits.request.path.is_some()
+                    || edits.request.lines.is_some()
+                    || edits.request.timeouts.is_some()
+                    || edits.response.is_some();
+                Decision::Proxy(upstream, changes.then(|| Box::new(edits)))
             }
             RouteAction::Redirect { status, location } => {
                 let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::FOUND);
@@ -240,8 +232,8 @@ fn response_edit(rule: &crate::config::RouteRule, cx: &Context) -> Option<(Vec<S
 /// `response_headers` applied to an answer of pinlb's own.
 fn response_edits(rule: &crate::config::RouteRule, cx: &Context, reply: &mut Reply<ProxyBody>) {
     let edits = Edits {
+        request: proxy::Overrides::default(),
         response: response_edit(rule, cx),
-        ..Edits::default()
     };
     edits.edit_response(reply);
 }
