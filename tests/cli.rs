@@ -521,12 +521,13 @@ fn a_host_name_as_a_listener_is_refused_saying_names_are_not_resolved_there() {
     );
 }
 
-/// `pinlb import` on every nginx fixture: it exits 0, lists what it did not convert with
-/// file:line, and (for the fixtures that proxy) writes a configuration `pinlb check` accepts.
+/// `pinlb import` on every nginx fixture (tests/fixtures/nginx: copies of the project's shared
+/// real-world configs, so a clean clone has them): it exits 0, lists what it did not convert
+/// with file:line, and (for the fixtures that proxy) writes a configuration `pinlb check`
+/// accepts.
 #[test]
 fn import_converts_the_nginx_fixtures_into_configs_that_check() {
-    let fixtures =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/nginx");
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nginx");
     let Ok(dir) = std::fs::read_dir(&fixtures) else {
         panic!("the nginx fixtures are at {}", fixtures.display());
     };
