@@ -209,11 +209,6 @@ MD="$WORK/report.md"
     printf '| pinlb bench %s | %.0f | %.0f | %.0f | %s | %s |\n' "$PINLB_VERSION" "$pl_rps" "$pl_min" "$pl_max" "$pl_failed" "$pl_cpu"
     echo
     echo "pinlb bench / ab req/s: $ratio (ratio of medians), $paired (paired per round): $verdict"
-    echo
-    echo "Per round (round, tool, req/s, failed, requests, CPU µs/req, core0 %, core1 %):"
-    echo
-    echo '```'
-    cat "$RAW"
-    echo '```'
+    raw_section "Per round (round, tool, req/s, failed, requests, CPU µs/req, core0 %, core1 %):"
 } >"$MD"
 publish_report "$MD"

@@ -156,11 +156,6 @@ MD="$WORK/report.md"
     done
     echo
     echo "pinlb / nginx req/s, paired per round: $paired"
-    echo
-    echo "Per round (round, proxy, req/s, keep-alive, failed, complete, proxy µs/req, node µs/req, core0 %, core1 %):"
-    echo
-    echo '```'
-    cat "$RAW"
-    echo '```'
+    raw_section "Per round (round, proxy, req/s, keep-alive, failed, complete, proxy µs/req, node µs/req, core0 %, core1 %):"
 } >"$MD"
 publish_report "$MD"

@@ -212,6 +212,17 @@ stats() {
         }'
 }
 
+# raw_section CAPTION: the Markdown for the rounds' raw rows ($RAW) under CAPTION, as the end
+# of a report ("Per round (round, tool, req/s, ...):").
+raw_section() {
+    echo
+    echo "$1"
+    echo
+    echo '```'
+    cat "$RAW"
+    echo '```'
+}
+
 # publish_report MD: prints the Markdown report MD and copies it to $OUT_MD.
 publish_report() {
     echo

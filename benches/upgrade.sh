@@ -205,11 +205,6 @@ MD="$WORK/report.md"
                 END { printf "| %s | %s %s | %d | %d | %d | %.0f | %.2f |\n", m, p, v, n * u, f, ok, median(rps, n), median(cpu, n) }' "$RAW"
         done
     done
-    echo
-    echo "Per run (mode, proxy, round, failed, ok, req/s, µs/request):"
-    echo
-    echo '```'
-    cat "$RAW"
-    echo '```'
+    raw_section "Per run (mode, proxy, round, failed, ok, req/s, µs/request):"
 } >"$MD"
 publish_report "$MD"
