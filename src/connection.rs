@@ -699,7 +699,9 @@ impl Connection {
                 close: false,
             })
         } else {
-            let forwarded = proxy::handle(
+            // Pinned where it is made, so that `select!` holds a reference to the proxy's
+            // future (all of a request's states) instead of copying it.
+            let forwarded = std::pin::pin!(proxy::handle(
                 upstream,
                 client,
                 limits,
@@ -708,7 +710,7 @@ impl Connection {
                 &mut client_body,
                 refused,
                 pending.is_some(),
-            );
+            ));
             let gone = std::future::poll_fn(|cx| poll_client_gone(&self.stream, &watch, cx));
             tokio::select! {
                 biased;
@@ -959,11 +961,13 @@ impl Connection {
         // delimited by the close (see `read_ahead`). HTTP/1.1 clients never come here.
         let mut ahead = None;
         if keep_alive && !bodiless && length.is_none() && version == Version::HTTP_10 {
-            let a = read_ahead(&mut body, timeouts.response).await;
+            // Boxed, as the tunnel is: few exchanges need the read-ahead's state, and every
+            // one would carry it (and copy it) if it were part of this future.
+            let a = Box::pin(read_ahead(&mut body, timeouts.response)).await;
             if a.complete() {
                 length = Some(a.data.len() as u64);
             }
-            ahead = Some(a);
+            ahead = Some(Box::new(a));
         }
         let keep_alive = keep_alive && (bodiless || length.is_some() || chunked);
 
@@ -995,7 +999,7 @@ impl Connection {
         let mut head = Some(head);
         // Bounded by the body and the timeouts: every pass writes a piece of it, or ends.
         loop {
-            let piece = if let Some(piece) = ahead.as_mut().and_then(Ahead::next) {
+            let piece = if let Some(piece) = ahead.as_mut().and_then(|a| a.next()) {
                 piece
             } else if bodiless {
                 None
