@@ -3,9 +3,9 @@
 //!
 //! One server per listen address, each on a thread of its own with a single-threaded tokio
 //! runtime, pinned to one core, all in one process. A server answers every request with the same
-//! status and body; `work` burns CPU per request (a busy loop on the monotonic clock, like a
-//! business loop) and `delay` waits without CPU (like a database call). `/health` always answers
-//! 200 at once.
+//! status and body; `work` burns CPU per request (a busy loop until the thread has used that
+//! much CPU time, like a business loop) and `delay` waits without CPU (like a database call).
+//! `/health` always answers 200 at once.
 //!
 //! These servers must never be the bottleneck of a measurement: on one core they serve at least
 //! 0.9× the rate of an nginx `return 200` worker (`benches/backend.sh`). So a connection is a
@@ -827,12 +827,30 @@ async fn refuse(c: &mut Conn, bad: BadRequest) -> io::Result<()> {
     c.stream.shutdown().await
 }
 
-/// Keeps the core busy for `d`, on the monotonic clock. It blocks the server's thread on purpose:
-/// that is what a request that needs CPU does to a single-threaded server.
+/// Keeps the core busy until this thread has run for `d` more of CPU time, as a request's own
+/// computation would: on a core shared with other work it takes longer on the wall clock, not
+/// less CPU. It blocks the server's thread on purpose: that is what a request that needs CPU
+/// does to a single-threaded server. Without the thread's CPU clock (never on Linux), it spins
+/// for `d` on the monotonic clock.
 fn burn(d: Duration) {
-    let end = Instant::now() + d;
-    while Instant::now() < end {
-        std::hint::spin_loop();
+    let cpu = || {
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+            .ok()
+            .map(Duration::from)
+    };
+    match cpu() {
+        Some(start) => {
+            // Bounded: the thread's CPU time grows while it spins.
+            while cpu().is_some_and(|now| now.saturating_sub(start) < d) {
+                std::hint::spin_loop();
+            }
+        }
+        None => {
+            let end = Instant::now() + d;
+            while Instant::now() < end {
+                std::hint::spin_loop();
+            }
+        }
     }
 }
 

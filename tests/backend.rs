@@ -259,10 +259,10 @@ async fn work_burns_cpu_on_the_server_thread_for_at_least_that_long() {
         .filter_map(|(tid, ns)| Some(ns - before.get(tid)?))
         .max()
         .expect("a pinlb-be0 thread in both samples");
-    // The loop runs on the wall clock, so a core shared with other tests' threads gives it less
-    // than all of `work`; a wait without CPU would give it next to nothing.
+    // The loop counts the thread's own CPU time, so all of `work` is burnt however busy the
+    // core is (it then takes longer); a wait without CPU would give it next to nothing.
     assert!(
-        most >= work.as_nanos() as u64 / 2,
+        most >= work.as_nanos() as u64,
         "server thread ran {most} ns for {work:?} of work"
     );
 }
