@@ -503,11 +503,11 @@ fn backups_need_a_primary_and_no_hash() {
 }
 
 #[test]
-fn ewma_decay_defaults_to_ten_seconds_and_must_be_positive() {
+fn ewma_decay_defaults_to_one_second_and_must_be_positive() {
     let with =
         |lines: &str| MINIMAL.replace("[upstream.app]\n", &format!("[upstream.app]\n{lines}\n"));
     let c = parse(&with("algorithm = \"ewma\"")).unwrap();
-    assert_eq!(c.upstreams[0].ewma_decay, Duration::from_secs(10));
+    assert_eq!(c.upstreams[0].ewma_decay, Duration::from_secs(1));
     let c = parse(&with("algorithm = \"ewma\"\newma_decay = \"2s\"")).unwrap();
     assert_eq!(c.upstreams[0].ewma_decay, Duration::from_secs(2));
     assert!(
