@@ -220,6 +220,11 @@ impl Builder {
                         (Some(n), Some(s)) => {
                             self.limits
                                 .insert("max_header_bytes".into(), Value::Integer((n * s) as i64));
+                            self.notes.push(format!(
+                                "{}: large_client_header_buffers {n} {s} became limits.max_header_bytes = {}: pinlb bounds the whole head; nginx also bounds each line to {s} bytes",
+                                d.at(),
+                                n * s
+                            ));
                         }
                         _ => self.skip(d, "expected a count and a size"),
                     }
@@ -305,6 +310,12 @@ impl Builder {
                     Some(key) => {
                         up.insert("algorithm".into(), "hash".into());
                         up.insert("hash".into(), Value::String(key));
+                        self.notes.push(format!(
+                            "{}: hash {} became hash = \"{}\": each key keeps one backend, but pinlb hashes by rendezvous (always consistent; nginx's hash is a modulo unless `consistent`, then ketama), so which backend differs from nginx's",
+                            s.at(),
+                            s.args.join(" "),
+                            up.get("hash").and_then(Value::as_str).unwrap_or_default()
+                        ));
                     }
                     None => self.skip(
                         s,
@@ -441,6 +452,41 @@ impl Builder {
                 routes.push((rank, len, route));
             }
         }
+        // nginx answers a request for a proxying prefix location's path without its slash
+        // (`/api` for `location /api/`) with 301 to the path with it, unless an exact location
+        // takes that path.
+        let mut slash = Vec::new();
+        for (_, _, r) in &routes {
+            let Some(prefix) = r.get("path").and_then(Value::as_str) else {
+                continue;
+            };
+            let Some(bare) = prefix.strip_suffix('/').filter(|b| !b.is_empty()) else {
+                continue;
+            };
+            let taken = routes
+                .iter()
+                .any(|(_, _, o)| o.get("path_exact").and_then(Value::as_str) == Some(bare));
+            if !r.contains_key("upstream") || taken {
+                continue;
+            }
+            let mut t = Table::new();
+            t.insert("path_exact".into(), Value::String(bare.to_string()));
+            t.insert(
+                "redirect".into(),
+                redirect_value(
+                    301,
+                    format!("{}/", bare.replace('{', "{{").replace('}', "}}")),
+                ),
+            );
+            if !first.iter().any(|earlier| route_covers(earlier, &t)) {
+                self.notes.push(format!(
+                    "{}: location {prefix}: a request for {bare} gets 301 to {prefix} as from nginx; nginx appends the request's query to that location, pinlb's redirect does not",
+                    d.at()
+                ));
+                slash.push((0, 0, t));
+            }
+        }
+        routes.extend(slash);
         routes.sort_by_key(|(rank, len, _)| (*rank, *len));
         let routes: Vec<Table> = first
             .into_iter()
@@ -550,7 +596,10 @@ impl Builder {
                         d,
                         "inside a location only a rewrite of every path (^, ^(.*)$) converts",
                     ),
-                    Err(why) => self.skip(d, &why),
+                    Err(why) => self.skip(
+                        d,
+                        &format!("{why}; pinlb does what the rest of the location says for the requests nginx would redirect"),
+                    ),
                 },
                 "return" => action = self.return_action(d),
                 "proxy_pass" => {
