@@ -131,7 +131,12 @@ fn requests(fixture: &str) -> Vec<Req> {
             get(h, "/api/health/deep"),
             get(h, "/api/users"),
             get(h, "/api/admin/x"),
+            // A proxying prefix location's path without its slash: 301 to it.
             get(h, "/api/admin"),
+            get(h, "/api"),
+            get(h, "/assets"),
+            get(h, "/API/health"),
+            get(h, "/api/./health"),
             get(h, "/assets/logo.png"),
             get(h, "/nothing"),
             get(h, "/"),
@@ -143,6 +148,11 @@ fn requests(fixture: &str) -> Vec<Req> {
             get(h, "/strip/x/y"),
             get(h, "/direct"),
             get(h, "/directory/z"),
+            // Normalised before the prefix is replaced, the query kept as sent.
+            get(h, "/old-api/a/../b//c?q=a%20b"),
+            get(h, "/old-api/%7Euser"),
+            // Passed as sent without a URI part.
+            get(h, "/plain/a%20b?x=%2F"),
         ],
         "set-header.conf" => vec![
             get(h, "/inherits/a"),
@@ -154,6 +164,9 @@ fn requests(fixture: &str) -> Vec<Req> {
             get("old.example.test", "/a/b?c=1"),
             get(h, "/moved"),
             get(h, "/moved?x=1"),
+            get("old.example.test", "/"),
+            get("noport.example.test", "/go"),
+            get("relative.example.test", "/x?y=1"),
             get(h, "/away"),
             get(h, "/private/x"),
             get(h, "/ping"),
@@ -165,6 +178,9 @@ fn requests(fixture: &str) -> Vec<Req> {
             get("secure.example.test", "/"),
             get(h, "/old"),
             get(h, "/old?x=1"),
+            // nginx matches the decoded path, pinlb the normalised one: both are /old.
+            get(h, "/ol%64"),
+            get(h, "/old/"),
             get(h, "/docs/guide"),
             get(h, "/moved/page?q=1"),
             get(h, "/moved/"),
