@@ -554,7 +554,11 @@ fn import_converts_the_nginx_fixtures_into_configs_that_check() {
             String::from_utf8_lossy(&out.stderr)
         );
         let notes = String::from_utf8(out.stderr).unwrap();
-        for line in notes.lines() {
+        // Every line is a note with its file:line, but the refusal's last one.
+        for line in notes
+            .lines()
+            .filter(|l| !l.starts_with("pinlb import: nothing to proxy"))
+        {
             let place = line.split(": ").next().unwrap();
             assert!(
                 place.rsplit(':').next().unwrap().parse::<usize>().is_ok(),

@@ -7,6 +7,7 @@ use toml::{Table, Value};
 
 use super::parse::Directive;
 use super::rewrite;
+use super::template::template;
 
 /// The converted configuration and what could not be.
 pub struct Converted {
@@ -976,33 +977,6 @@ fn host_names(n: &str) -> Vec<String> {
         ],
         None => vec![n.to_ascii_lowercase()],
     }
-}
-
-/// nginx variables in a value as pinlb template variables; `None` for one with no equivalent.
-pub(super) fn template(value: &str) -> Option<String> {
-    let mut out = String::new();
-    let mut rest = value;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i].replace('{', "{{").replace('}', "}}"));
-        let tail = &rest[i + 1..];
-        let tail = tail.strip_prefix('{').unwrap_or(tail);
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(tail.len());
-        let var = match &tail[..end] {
-            "host" => "{host}",
-            "remote_addr" => "{client_ip}",
-            "scheme" => "{scheme}",
-            "request_uri" => "{uri}",
-            "uri" | "document_uri" => "{path}",
-            "args" | "query_string" => "{query}",
-            _ => return None,
-        };
-        out.push_str(var);
-        rest = tail[end..].strip_prefix('}').unwrap_or(&tail[end..]);
-    }
-    out.push_str(&rest.replace('{', "{{").replace('}', "}}"));
-    Some(out)
 }
 
 /// `http://NAME[/uri]` → the upstream (or address) and the URI part, if any.

@@ -2,12 +2,14 @@
 //! a pinlb one, with a note for every directive that has no pinlb equivalent.
 //!
 //! - [`parse`]: nginx's syntax, directives with their `file:line`.
+//! - [`template`]: nginx variables as pinlb template variables.
 //! - [`rewrite`]: `rewrite ... redirect|permanent` as a route redirect, where one is exact.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod convert;
 mod parse;
 mod rewrite;
+mod template;
 
 use std::path::Path;
 

@@ -75,7 +75,7 @@ pub fn convert(args: &[String]) -> Result<Redirect, String> {
     {
         return Err("its replacement uses a capture a route has no equivalent for".into());
     }
-    let mut location = super::convert::template(&replacement)
+    let mut location = super::template::template(&replacement)
         .ok_or("its replacement uses a variable pinlb has no equivalent for")?;
     if append_query {
         if location.ends_with("{uri}") {
