@@ -16,7 +16,8 @@
 //! three octets against pinlb's whole address, nginx's hash against pinlb's rendezvous), so a
 //! request is compared by the pool it reached (the `upstream` block, or the one address of a
 //! `proxy_pass http://ADDR`), and the backend must be one of that pool's primary servers (never
-//! a `backup` while the others are up, never a `down` one).
+//! a `backup` while the others are up, never a `down` one). A request to a hashing pool is sent
+//! twice more to each, and must reach the backend it reached first.
 
 mod common;
 
@@ -223,6 +224,8 @@ struct Outcome {
 struct Pools {
     /// Address as written → (pool, primary).
     of: BTreeMap<String, (String, bool)>,
+    /// The pools that hash (`ip_hash`, `hash KEY`): each key keeps one backend.
+    hashing: Vec<String>,
 }
 
 impl Pools {
@@ -233,6 +236,7 @@ impl Pools {
             .collect::<Vec<_>>()
             .join("\n");
         let mut of = BTreeMap::new();
+        let mut hashing = Vec::new();
         let mut rest = text.as_str();
         while let Some(i) = rest.find("upstream ") {
             let after = &rest[i + "upstream ".len()..];
@@ -246,6 +250,9 @@ impl Pools {
             let name = after[..open].trim().to_string();
             for stmt in after[open + 1..close].split(';') {
                 let words: Vec<&str> = stmt.split_whitespace().collect();
+                if matches!(words.first(), Some(&"ip_hash" | &"hash")) {
+                    hashing.push(name.clone());
+                }
                 if words.first() == Some(&"server") {
                     let primary = !words.iter().any(|w| *w == "backup" || *w == "down");
                     of.insert(words[1].to_string(), (name.clone(), primary));
@@ -261,7 +268,7 @@ impl Pools {
                 }
             }
         }
-        Pools { of }
+        Pools { of, hashing }
     }
 }
 
@@ -437,16 +444,7 @@ impl Run<'_> {
         for l in &self.listens {
             location = location.map(|s| s.replace(&format!(":{}", l.port()), ":LISTEN"));
         }
-        let seen = self.backends.iter().find_map(|(written, b)| {
-            b.requests()
-                .into_iter()
-                .rfind(|r| {
-                    r.headers
-                        .get("x-import-seq")
-                        .is_some_and(|v| v.as_bytes() == tag.as_bytes())
-                })
-                .map(|r| (written.clone(), r))
-        });
+        let seen = self.recorded(tag);
         let (pool, target, headers) = match &seen {
             None => (None, None, BTreeMap::new()),
             Some((written, r)) => {
@@ -587,6 +585,18 @@ async fn compare(fixture: &Path) -> usize {
                 req.method, req.target, req.host
             ));
         }
+        // A hashing pool must keep each key on one backend, in both.
+        for (run, tag) in [
+            (&on_nginx, format!("nginx-{i}")),
+            (&on_pinlb, format!("pinlb-{i}")),
+        ] {
+            if let Err(e) = run.sticks(req, &tag).await {
+                differences.push(format!(
+                    "{name}: {} {}: not sticky: {e}",
+                    req.method, req.target
+                ));
+            }
+        }
     }
     drop(nginx);
     drop(pinlb);
@@ -601,6 +611,46 @@ async fn compare(fixture: &Path) -> usize {
 }
 
 impl Run<'_> {
+    /// The backend (as the fixture wrote its address) that received the request tagged `tag`,
+    /// and what it received.
+    fn recorded(&self, tag: &str) -> Option<(String, Recorded)> {
+        self.backends.iter().find_map(|(written, b)| {
+            b.requests()
+                .into_iter()
+                .rfind(|r| {
+                    r.headers
+                        .get("x-import-seq")
+                        .is_some_and(|v| v.as_bytes() == tag.as_bytes())
+                })
+                .map(|r| (written.clone(), r))
+        })
+    }
+
+    /// Whether `req`, sent again, reaches the backend its first sending (`tag`) reached: what
+    /// a hashing pool promises, on nginx and on pinlb alike, though not the same backend.
+    async fn sticks(&self, req: &Req, tag: &str) -> Result<(), String> {
+        let Some((first, _)) = self.recorded(tag) else {
+            return Ok(());
+        };
+        let hashing = self
+            .pools
+            .of
+            .get(&first)
+            .is_some_and(|(pool, _)| self.pools.hashing.contains(pool));
+        if !hashing {
+            return Ok(());
+        }
+        for k in 0..2 {
+            let again = format!("{tag}-again-{k}");
+            self.send(req, &again).await;
+            let then = self.recorded(&again).map(|(w, _)| w);
+            if then.as_deref() != Some(first.as_str()) {
+                return Err(format!("{tag} went to {first}, then to {then:?}"));
+            }
+        }
+        Ok(())
+    }
+
     fn written_of(map: &BTreeMap<String, SocketAddr>) -> BTreeMap<String, String> {
         map.iter()
             .map(|(w, a)| (a.to_string(), w.clone()))
