@@ -142,6 +142,11 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
+                if let pinlb::import::ImportError::NothingToProxy { notes } = &e {
+                    for n in notes {
+                        eprintln!("{n}");
+                    }
+                }
                 eprintln!("pinlb import: {e}");
                 ExitCode::FAILURE
             }

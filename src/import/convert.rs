@@ -6,11 +6,15 @@ use std::collections::BTreeMap;
 use toml::{Table, Value};
 
 use super::parse::Directive;
+use super::rewrite;
+use super::template::template;
 
 /// The converted configuration and what could not be.
 pub struct Converted {
     pub toml: Table,
     pub notes: Vec<String>,
+    /// Whether any listener has a route: something proxies, redirects or answers.
+    pub anything: bool,
 }
 
 struct Builder {
@@ -30,7 +34,89 @@ struct Server {
     names: Vec<String>,
     default: bool,
     routes: Vec<Table>,
+    /// How its relative redirects are made absolute, once its address is known.
+    redirects: Redirects,
+    /// Where it was written, for notes.
+    at: String,
 }
+
+/// nginx's `absolute_redirect` and `port_in_redirect` (both on by default): a redirect to
+/// `/new` goes out as `http://HOST:PORT/new`, the port left out when it is 80.
+#[derive(Debug, Clone, Copy)]
+struct Redirects {
+    absolute: bool,
+    port: bool,
+}
+
+/// What nginx merges into a `location` from the `server` and `http` blocks around it: the
+/// `proxy_set_header` lines of the nearest level that has any (nginx inherits all of a level's
+/// or none), each `proxy_*_timeout` from the nearest level that sets it, and [`Redirects`].
+#[derive(Debug, Clone)]
+struct Inherited {
+    headers: Option<Vec<Directive>>,
+    timeouts: Vec<Directive>,
+    redirects: Redirects,
+}
+
+impl Default for Inherited {
+    fn default() -> Self {
+        Inherited {
+            headers: None,
+            timeouts: Vec::new(),
+            redirects: Redirects {
+                absolute: true,
+                port: true,
+            },
+        }
+    }
+}
+
+impl Inherited {
+    /// The directives merged this way (each level's loop leaves them to [`Inherited::level`]).
+    const NAMES: [&'static str; 6] = [
+        "proxy_set_header",
+        "proxy_connect_timeout",
+        "proxy_read_timeout",
+        "proxy_send_timeout",
+        "absolute_redirect",
+        "port_in_redirect",
+    ];
+
+    /// What a block's own directives make of what it inherits.
+    fn level(&self, block: &[Directive]) -> Inherited {
+        let mut out = self.clone();
+        let headers: Vec<Directive> = block
+            .iter()
+            .filter(|d| d.name == "proxy_set_header" && d.block.is_none())
+            .cloned()
+            .collect();
+        if !headers.is_empty() {
+            out.headers = Some(headers);
+        }
+        for d in block.iter().filter(|d| d.block.is_none()) {
+            let on = d.args.first().map(String::as_str) != Some("off");
+            match d.name.as_str() {
+                "proxy_connect_timeout" | "proxy_read_timeout" | "proxy_send_timeout" => {
+                    out.timeouts.retain(|t| t.name != d.name);
+                    out.timeouts.push(d.clone());
+                }
+                "absolute_redirect" => out.redirects.absolute = on,
+                "port_in_redirect" => out.redirects.port = on,
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// The request headers pinlb writes itself besides the hop-by-hop ones ([`crate::hop`]), which
+/// a route can't set (src/config/routes.rs).
+const MANAGED: [&str; 4] = [
+    "host",
+    "content-length",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+];
 
 pub fn convert(directives: &[Directive]) -> Converted {
     let mut b = Builder {
@@ -108,10 +194,18 @@ impl Builder {
     }
 
     fn http(&mut self, http: &[Directive]) {
+        // Upstreams first: a server may name one defined further down, as nginx allows.
+        for d in http {
+            if let ("upstream", Some(block)) = (d.name.as_str(), d.block.as_deref()) {
+                self.upstream(d, block);
+            }
+        }
+        let inherit = Inherited::default().level(http);
         for d in http {
             match (d.name.as_str(), d.block.as_deref()) {
-                ("upstream", Some(block)) => self.upstream(d, block),
-                ("server", Some(block)) => self.server(d, block),
+                ("upstream", Some(_)) => {}
+                ("server", Some(block)) => self.server(d, block, &inherit),
+                (n, None) if Inherited::NAMES.contains(&n) => {}
                 ("client_max_body_size", None) => match d.args.first().and_then(|s| size(s)) {
                     Some(n) => {
                         self.limits
@@ -127,6 +221,11 @@ impl Builder {
                         (Some(n), Some(s)) => {
                             self.limits
                                 .insert("max_header_bytes".into(), Value::Integer((n * s) as i64));
+                            self.notes.push(format!(
+                                "{}: large_client_header_buffers {n} {s} became limits.max_header_bytes = {}: pinlb bounds the whole head; nginx also bounds each line to {s} bytes",
+                                d.at(),
+                                n * s
+                            ));
                         }
                         _ => self.skip(d, "expected a count and a size"),
                     }
@@ -153,8 +252,12 @@ impl Builder {
                     let Some(address) = s.args.first() else {
                         continue;
                     };
+                    if address.starts_with("unix:") {
+                        self.skip(s, "pinlb's backends are TCP addresses, not unix sockets");
+                        continue;
+                    }
                     let mut backend = Table::new();
-                    backend.insert("address".into(), Value::String(address.clone()));
+                    backend.insert("address".into(), Value::String(with_port(address)));
                     let mut down = false;
                     for param in &s.args[1..] {
                         let (key, value) = param.split_once('=').unwrap_or((param, ""));
@@ -208,6 +311,12 @@ impl Builder {
                     Some(key) => {
                         up.insert("algorithm".into(), "hash".into());
                         up.insert("hash".into(), Value::String(key));
+                        self.notes.push(format!(
+                            "{}: hash {} became hash = \"{}\": each key keeps one backend, but pinlb hashes by rendezvous (always consistent; nginx's hash is a modulo unless `consistent`, then ketama), so which backend differs from nginx's",
+                            s.at(),
+                            s.args.join(" "),
+                            up.get("hash").and_then(Value::as_str).unwrap_or_default()
+                        ));
                     }
                     None => self.skip(
                         s,
@@ -235,11 +344,16 @@ impl Builder {
         self.upstreams.insert(name.clone(), up);
     }
 
-    fn server(&mut self, d: &Directive, block: &[Directive]) {
+    fn server(&mut self, d: &Directive, block: &[Directive], parent: &Inherited) {
         let mut addresses = Vec::new();
         let mut names = Vec::new();
         let mut default = false;
         let mut locations = Vec::new();
+        let inherit = parent.level(block);
+        // The server's own rewrite phase, before any location: its redirects, in order, and a
+        // `return`, which answers every request so that no location is ever reached.
+        let mut first: Vec<Table> = Vec::new();
+        let mut answers_all = false;
         for s in block {
             match s.name.as_str() {
                 "listen" => {
@@ -257,13 +371,57 @@ impl Builder {
                         }
                     }
                 }
-                "server_name" => names.extend(
-                    s.args
-                        .iter()
-                        .filter(|n| *n != "_" && !n.is_empty())
-                        .cloned(),
-                ),
+                "server_name" => {
+                    for n in &s.args {
+                        match n.as_str() {
+                            "_" | "" => {}
+                            n if n.starts_with('~') || n.contains('*') && !n.starts_with("*.") => {
+                                self.notes.push(format!(
+                                    "{}: server_name {n} not converted: routes match a name or *.suffix, not regexes or trailing wildcards",
+                                    s.at()
+                                ));
+                            }
+                            n => names.push(n.to_string()),
+                        }
+                    }
+                }
                 "location" => locations.push(s),
+                "return" | "rewrite" if answers_all => self.skip(
+                    s,
+                    "never reached: an earlier return or rewrite answers every request",
+                ),
+                "return" => {
+                    if let Some(action) = self.return_action(s) {
+                        let mut r = Table::new();
+                        r.insert("path".into(), Value::String("/".into()));
+                        r.insert(action.0.into(), action.1);
+                        first.push(r);
+                        answers_all = true;
+                    }
+                }
+                "rewrite" => match rewrite::convert(&s.args) {
+                    Ok(rd) => {
+                        let mut r = Table::new();
+                        match &rd.matches {
+                            rewrite::Match::All => {
+                                r.insert("path".into(), Value::String("/".into()));
+                                answers_all = true;
+                            }
+                            rewrite::Match::Prefix(p) => {
+                                r.insert("path".into(), Value::String(p.clone()));
+                            }
+                            rewrite::Match::Exact(p) => {
+                                r.insert("path_exact".into(), Value::String(p.clone()));
+                            }
+                        }
+                        r.insert("redirect".into(), redirect_value(rd.status, rd.location));
+                        if !first.iter().any(|earlier| route_covers(earlier, &r)) {
+                            first.push(r);
+                        }
+                    }
+                    Err(why) => self.skip(s, &why),
+                },
+                n if Inherited::NAMES.contains(&n) => {}
                 _ => self.skip(s, "no pinlb equivalent"),
             }
         }
@@ -272,43 +430,153 @@ impl Builder {
         }
         // nginx matches `location = ...` first, then the longest prefix.
         let mut routes: Vec<(u8, usize, Table)> = Vec::new();
+        // Where each proxying prefix location was written, for the note on its slash redirect.
+        let mut written: Vec<(String, String)> = Vec::new();
         for l in locations {
-            if let Some(route) = self.location(l) {
+            if answers_all {
+                self.skip(
+                    l,
+                    "never reached: the server's return or rewrite answers every request first",
+                );
+                continue;
+            }
+            if let Some(route) = self.location(l, &inherit) {
+                if first.iter().any(|earlier| route_covers(earlier, &route)) {
+                    self.skip(
+                        l,
+                        "never reached: a server-level rewrite answers every request it would get",
+                    );
+                    continue;
+                }
                 let (rank, len) = match l.args.first().map(String::as_str) {
                     Some("=") => (0, 0),
                     _ => (1, usize::MAX - l.args.last().map_or(0, String::len)),
                 };
+                if let Some(p) = route.get("path").and_then(Value::as_str) {
+                    written.push((p.to_string(), l.at()));
+                }
                 routes.push((rank, len, route));
             }
         }
+        // nginx answers a request for a proxying prefix location's path without its slash
+        // (`/api` for `location /api/`) with 301 to the path with it, unless an exact location
+        // takes that path.
+        let mut slash = Vec::new();
+        for (_, _, r) in &routes {
+            let Some(prefix) = r.get("path").and_then(Value::as_str) else {
+                continue;
+            };
+            let Some(bare) = prefix.strip_suffix('/').filter(|b| !b.is_empty()) else {
+                continue;
+            };
+            let taken = routes
+                .iter()
+                .any(|(_, _, o)| o.get("path_exact").and_then(Value::as_str) == Some(bare));
+            if !r.contains_key("upstream") || taken {
+                continue;
+            }
+            let mut t = Table::new();
+            t.insert("path_exact".into(), Value::String(bare.to_string()));
+            t.insert(
+                "redirect".into(),
+                redirect_value(
+                    301,
+                    format!("{}/", bare.replace('{', "{{").replace('}', "}}")),
+                ),
+            );
+            if !first.iter().any(|earlier| route_covers(earlier, &t)) {
+                let at = written
+                    .iter()
+                    .find(|(p, _)| p == prefix)
+                    .map_or_else(|| d.at(), |(_, at)| at.clone());
+                self.notes.push(format!(
+                    "{at}: location {prefix}: a request for {bare} gets 301 to {prefix} as from nginx; nginx appends the request's query to that location, pinlb's redirect does not"
+                ));
+                slash.push((0, 0, t));
+            }
+        }
+        routes.extend(slash);
         routes.sort_by_key(|(rank, len, _)| (*rank, *len));
+        let routes: Vec<Table> = first
+            .into_iter()
+            .chain(routes.into_iter().map(|(_, _, r)| r))
+            .collect();
         for address in addresses {
             let server = Server {
                 names: names.clone(),
                 default,
-                routes: routes.iter().map(|(_, _, r)| r.clone()).collect(),
+                routes: routes.clone(),
+                redirects: inherit.redirects,
+                at: d.at(),
             };
             match self.listeners.iter_mut().find(|(a, _)| *a == address) {
                 Some((_, servers)) => servers.push(server),
                 None => self.listeners.push((address, vec![server])),
             }
         }
-        let _ = d;
+    }
+
+    /// `return`'s action: `("redirect", ...)` or `("respond", ...)`; `None` (noted) for one
+    /// pinlb has no equivalent for.
+    fn return_action(&mut self, d: &Directive) -> Option<(&'static str, Value)> {
+        let code = d.args.first().and_then(|c| c.parse::<i64>().ok());
+        match (code, d.args.get(1), d.args.first()) {
+            (Some(444), _, _) => {
+                self.skip(
+                    d,
+                    "444 closes the connection without an answer, which a route can't do",
+                );
+                None
+            }
+            (Some(c @ (301 | 302 | 303 | 307 | 308)), Some(url), _) => match template(url) {
+                Some(t) => Some(("redirect", redirect_value(c, t))),
+                None => {
+                    self.skip(d, "its URL uses a variable pinlb has no equivalent for");
+                    None
+                }
+            },
+            (Some(c), body, _) => {
+                let mut t = Table::new();
+                t.insert("status".into(), Value::Integer(c));
+                if let Some(body) = body {
+                    if body.contains('$') {
+                        self.skip(d, "its text uses variables; a fixed answer's body is fixed");
+                        return None;
+                    }
+                    t.insert("body".into(), Value::String(body.clone()));
+                }
+                Some(("respond", Value::Table(t)))
+            }
+            (None, _, Some(url)) => match template(url) {
+                Some(t) => Some(("redirect", redirect_value(302, t))),
+                None => {
+                    self.skip(d, "its URL uses a variable pinlb has no equivalent for");
+                    None
+                }
+            },
+            _ => {
+                self.skip(d, "return without a code");
+                None
+            }
+        }
     }
 
     /// One `location` as a route without its host; `None` (with a note) when it can't be one.
-    fn location(&mut self, l: &Directive) -> Option<Table> {
+    fn location(&mut self, l: &Directive, parent: &Inherited) -> Option<Table> {
         let mut route = Table::new();
         let block = l.block.as_deref().unwrap_or_default();
-        match l.args.as_slice() {
+        let exact = match l.args.as_slice() {
             [modifier, path] if modifier == "=" => {
                 route.insert("path_exact".into(), Value::String(path.clone()));
+                true
             }
             [modifier, path] if modifier == "^~" => {
                 route.insert("path".into(), Value::String(path.clone()));
+                false
             }
             [path] if path.starts_with('/') => {
                 route.insert("path".into(), Value::String(path.clone()));
+                false
             }
             _ => {
                 self.skip(
@@ -317,22 +585,49 @@ impl Builder {
                 );
                 return None;
             }
-        }
-        let mut set = Table::new();
-        let mut timeouts = Table::new();
-        let mut handled = false;
+        };
+        let inherit = parent.level(block);
+        let mut proxy_at = None;
+        let mut action: Option<(&'static str, Value)> = None;
         for d in block {
             match d.name.as_str() {
+                // The rewrite phase runs before the content phase: a redirect or return decides
+                // before proxy_pass would.
+                "rewrite" | "return" if action.is_some() => self.skip(
+                    d,
+                    "never reached: an earlier return or rewrite answers first",
+                ),
+                "rewrite" => match rewrite::convert(&d.args) {
+                    Ok(rd) if rd.matches == rewrite::Match::All => {
+                        action = Some(("redirect", redirect_value(rd.status, rd.location)));
+                    }
+                    Ok(_) => self.skip(
+                        d,
+                        "inside a location only a rewrite of every path (^, ^(.*)$) converts; pinlb does what the rest of the location says for the requests nginx would redirect",
+                    ),
+                    Err(why) => self.skip(
+                        d,
+                        &format!("{why}; pinlb does what the rest of the location says for the requests nginx would redirect"),
+                    ),
+                },
+                "return" => action = self.return_action(d),
                 "proxy_pass" => {
                     let Some((upstream, uri)) = d.args.first().and_then(|u| proxy_target(u)) else {
-                        self.skip(d, "only http:// targets convert");
+                        self.skip(d, "only http:// targets without variables convert");
                         continue;
                     };
-                    if !self.upstreams.contains_key(&upstream) && upstream.contains(':') {
+                    if exact && uri.is_some() {
+                        self.skip(
+                            d,
+                            "a URI part replaces an exact location's path, which a route's rewrite_prefix (prefix routes only) can't",
+                        );
+                        continue;
+                    }
+                    if !self.upstreams.contains_key(&upstream) {
                         // A plain address: an upstream of one backend, named after it.
                         let mut up = Table::new();
                         let mut b = Table::new();
-                        b.insert("address".into(), Value::String(upstream.clone()));
+                        b.insert("address".into(), Value::String(with_port(&upstream)));
                         up.insert("backends".into(), Value::Array(vec![Value::Table(b)]));
                         self.upstreams.insert(upstream.clone(), up);
                     }
@@ -340,45 +635,7 @@ impl Builder {
                     if let Some(uri) = uri {
                         route.insert("rewrite_prefix".into(), Value::String(uri));
                     }
-                    handled = true;
-                }
-                "return" => {
-                    let code = d.args.first().and_then(|c| c.parse::<i64>().ok());
-                    match (code, d.args.get(1), d.args.first()) {
-                        (Some(c @ (301 | 302 | 303 | 307 | 308)), Some(url), _) => {
-                            route.insert("redirect".into(), redirect(c, url));
-                        }
-                        (Some(c), body, _) => {
-                            let mut t = Table::new();
-                            t.insert("status".into(), Value::Integer(c));
-                            if let Some(body) = body {
-                                t.insert("body".into(), Value::String(body.clone()));
-                            }
-                            route.insert("respond".into(), Value::Table(t));
-                        }
-                        (None, _, Some(url)) => {
-                            route.insert("redirect".into(), redirect(302, url));
-                        }
-                        _ => self.skip(d, "return without a code"),
-                    }
-                    handled = true;
-                }
-                "proxy_set_header" => match (d.args.first(), d.args.get(1)) {
-                    (Some(name), Some(value)) => self.set_header(d, name, value, &mut set),
-                    _ => self.skip(d, "expected a name and a value"),
-                },
-                "proxy_connect_timeout" | "proxy_read_timeout" | "proxy_send_timeout" => {
-                    let key = match d.name.as_str() {
-                        "proxy_connect_timeout" => "connect",
-                        "proxy_read_timeout" => "response",
-                        _ => "send",
-                    };
-                    match d.args.first().and_then(|t| duration(t)) {
-                        Some(t) => {
-                            timeouts.insert(key.into(), Value::String(t));
-                        }
-                        None => self.skip(d, "not a duration"),
-                    }
+                    proxy_at = Some(d);
                 }
                 "proxy_http_version" => {} // pinlb always speaks HTTP/1.1 to backends.
                 "proxy_next_upstream"
@@ -386,34 +643,95 @@ impl Builder {
                 | "proxy_next_upstream_timeout" => {
                     self.next_upstream(d, &route);
                 }
+                n if Inherited::NAMES.contains(&n) => {}
                 _ => self.skip(d, "no pinlb equivalent"),
             }
         }
-        if !handled {
+        if let Some((key, value)) = action {
+            for k in ["upstream", "rewrite_prefix"] {
+                route.remove(k);
+            }
+            route.insert(key.into(), value);
+            return Some(route);
+        }
+        let Some(proxy) = proxy_at else {
             self.skip(l, "it neither proxies nor returns (pinlb serves no files)");
             return None;
+        };
+        let mut set = Table::new();
+        let mut remove = Vec::new();
+        let mut host_set = false;
+        for h in inherit.headers.iter().flatten() {
+            match (h.args.first(), h.args.get(1)) {
+                (Some(name), Some(value)) => {
+                    host_set |= name.eq_ignore_ascii_case("host");
+                    self.set_header(h, name, value, &mut set, &mut remove);
+                }
+                _ => self.skip(h, "expected a name and a value"),
+            }
         }
-        if !set.is_empty() && route.contains_key("upstream") {
+        if !host_set {
+            self.notes.push(format!(
+                "{}: proxy_pass: nginx sends Host: $proxy_host (the upstream's name) unless proxy_set_header sets it; pinlb sends the client's Host",
+                proxy.at()
+            ));
+        }
+        if !set.is_empty() || !remove.is_empty() {
             let mut rh = Table::new();
-            rh.insert("set".into(), Value::Table(set));
+            if !set.is_empty() {
+                rh.insert("set".into(), Value::Table(set));
+            }
+            if !remove.is_empty() {
+                rh.insert("remove".into(), Value::Array(remove));
+            }
             route.insert("request_headers".into(), Value::Table(rh));
         }
-        if !timeouts.is_empty() && route.contains_key("upstream") {
+        let mut timeouts = Table::new();
+        for t in &inherit.timeouts {
+            let key = match t.name.as_str() {
+                "proxy_connect_timeout" => "connect",
+                "proxy_read_timeout" => "response",
+                _ => "send",
+            };
+            match t.args.first().and_then(|v| duration(v)) {
+                Some(v) => {
+                    timeouts.insert(key.into(), Value::String(v));
+                }
+                None => self.skip(t, "not a duration"),
+            }
+        }
+        if !timeouts.is_empty() {
             route.insert("timeouts".into(), Value::Table(timeouts));
         }
         Some(route)
     }
 
-    fn set_header(&mut self, d: &Directive, name: &str, value: &str, set: &mut Table) {
+    fn set_header(
+        &mut self,
+        d: &Directive,
+        name: &str,
+        value: &str,
+        set: &mut Table,
+        remove: &mut Vec<Value>,
+    ) {
         let lower = name.to_ascii_lowercase();
         let managed = match (lower.as_str(), value) {
-            ("host", "$host" | "$http_host") => Some("pinlb sends Host as the client sent it"),
-            ("x-forwarded-for", "$proxy_add_x_forwarded_for") => {
-                Some("pinlb appends the client's address itself")
-            }
-            ("x-forwarded-proto", "$scheme") => Some("pinlb sends X-Forwarded-Proto itself"),
+            ("host", "$http_host") => Some("pinlb sends Host as the client sent it".to_string()),
+            ("host", "$host") => Some(
+                "pinlb sends Host as the client sent it, with its port if it had one ($host drops the port)".into(),
+            ),
+            ("host", v) => Some(format!(
+                "pinlb always sends the client's Host, not {v}"
+            )),
+            ("x-forwarded-for", "$proxy_add_x_forwarded_for") => Some(
+                "pinlb sets it to the client's address (appended to the client's own only for [forwarded] trusted clients)".into(),
+            ),
+            ("x-forwarded-proto", "$scheme") => Some("pinlb sends X-Forwarded-Proto itself".into()),
             ("upgrade", "$http_upgrade") | ("connection", _) => {
-                Some("pinlb passes upgrades (WebSocket) on by default")
+                Some("pinlb passes upgrades (WebSocket) on by default and manages Connection".into())
+            }
+            (n, _) if MANAGED.contains(&n) || crate::hop::Hop::of(n.as_bytes()).is_some() => {
+                Some("pinlb writes this header itself".into())
             }
             _ => None,
         };
@@ -422,6 +740,11 @@ impl Builder {
                 "{}: proxy_set_header {name} {value}: nothing to convert, {why}",
                 d.at()
             ));
+            return;
+        }
+        if value.is_empty() {
+            // nginx sends no such header at all.
+            remove.push(Value::String(name.to_string()));
             return;
         }
         match template(value) {
@@ -483,30 +806,85 @@ impl Builder {
         }
     }
 
-    fn finish(self) -> Converted {
+    fn finish(mut self) -> Converted {
         let mut root = Table::new();
         if !self.runtime.is_empty() {
-            root.insert("runtime".into(), Value::Table(self.runtime));
+            root.insert(
+                "runtime".into(),
+                Value::Table(std::mem::take(&mut self.runtime)),
+            );
         }
         if !self.limits.is_empty() {
-            root.insert("limits".into(), Value::Table(self.limits));
+            root.insert(
+                "limits".into(),
+                Value::Table(std::mem::take(&mut self.limits)),
+            );
         }
         let mut listeners = Vec::new();
-        for (address, mut servers) in self.listeners {
+        let mut anything = false;
+        for (address, mut servers) in std::mem::take(&mut self.listeners) {
+            if servers.iter().all(|s| s.routes.is_empty()) {
+                for s in &servers {
+                    self.notes.push(format!(
+                        "{}: server on {address} not converted: it only serves files (pinlb serves no files), so pinlb does not listen there",
+                        s.at
+                    ));
+                }
+                continue;
+            }
+            anything = true;
+            let port = address
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+                .unwrap_or(80);
+            for s in &mut servers {
+                for r in &mut s.routes {
+                    absolute_redirect(r, s.redirects, port);
+                }
+            }
             // The default server: the one marked so, else the first, as nginx picks it.
             let default = servers.iter().position(|s| s.default).unwrap_or(0);
             let catch_all = servers.remove(default);
             let mut routes = Vec::new();
-            for s in servers.iter().filter(|s| !s.names.is_empty()) {
+            for s in &servers {
+                if s.names.is_empty() {
+                    self.notes.push(format!(
+                        "{}: server not converted: none of its names converts, and it is not the default server for {address}",
+                        s.at
+                    ));
+                    continue;
+                }
+                let hosts: Vec<Value> = s
+                    .names
+                    .iter()
+                    .flat_map(|n| host_names(n))
+                    .map(Value::String)
+                    .collect();
                 for r in &s.routes {
                     let mut r = r.clone();
-                    let hosts = s
-                        .names
-                        .iter()
-                        .map(|n| Value::String(host_name(n)))
-                        .collect();
-                    r.insert("host".into(), Value::Array(hosts));
+                    r.insert("host".into(), Value::Array(hosts.clone()));
                     routes.push(Value::Table(r));
+                }
+                // nginx answers a request for this server that no location matches from the
+                // server's files (404 without them); without this, the default server's routes
+                // would take it.
+                let whole = s
+                    .routes
+                    .iter()
+                    .any(|r| r.get("path").and_then(Value::as_str) == Some("/"));
+                if !whole {
+                    let mut r = Table::new();
+                    r.insert("host".into(), Value::Array(hosts));
+                    let mut respond = Table::new();
+                    respond.insert("status".into(), Value::Integer(404));
+                    r.insert("respond".into(), Value::Table(respond));
+                    routes.push(Value::Table(r));
+                    self.notes.push(format!(
+                        "{}: requests for {} that none of its locations takes get 404 from pinlb (nginx looks for a file)",
+                        s.at,
+                        s.names.join(" ")
+                    ));
                 }
             }
             routes.extend(catch_all.routes.into_iter().map(Value::Table));
@@ -519,7 +897,7 @@ impl Builder {
             root.insert("listener".into(), Value::Array(listeners));
         }
         let mut upstreams = Table::new();
-        for (name, mut up) in self.upstreams {
+        for (name, mut up) in std::mem::take(&mut self.upstreams) {
             if let Some(idle) = &self.client_idle {
                 let mut t = Table::new();
                 t.insert("client_idle".into(), Value::String(idle.clone()));
@@ -528,61 +906,85 @@ impl Builder {
             upstreams.insert(name, Value::Table(up));
         }
         root.insert("upstream".into(), Value::Table(upstreams));
+        // A directive inherited by several locations is noted once.
+        let mut seen = std::collections::HashSet::new();
+        self.notes.retain(|n| seen.insert(n.clone()));
         Converted {
             toml: root,
             notes: self.notes,
+            anything,
         }
     }
 }
 
-/// `.example.com` (nginx: the name and every subdomain) and `*.example.com` as pinlb writes them.
-fn host_name(n: &str) -> String {
-    match n.strip_prefix('.') {
-        Some(rest) => format!("*.{rest}"),
-        None => n.to_ascii_lowercase(),
+/// A relative redirect made absolute as nginx sends it (`absolute_redirect on`): the client's
+/// host, and the listener's port unless it is 80 (`port_in_redirect on`).
+fn absolute_redirect(route: &mut Table, redirects: Redirects, port: u16) {
+    if !redirects.absolute {
+        return;
+    }
+    let Some(Value::Table(rd)) = route.get_mut("redirect") else {
+        return;
+    };
+    let Some(Value::String(location)) = rd.get_mut("location") else {
+        return;
+    };
+    if location.starts_with('/') {
+        let port = match (redirects.port, port) {
+            (false, _) | (_, 80) => String::new(),
+            (true, p) => format!(":{p}"),
+        };
+        *location = format!("{{scheme}}://{{host}}{port}{location}");
     }
 }
 
-fn redirect(status: i64, url: &str) -> Value {
+/// Whether route `a`, first, takes every request route `b` (same hosts) would.
+fn route_covers(a: &Table, b: &Table) -> bool {
+    let get = |t: &Table, k: &str| t.get(k).and_then(Value::as_str).map(str::to_string);
+    match (get(a, "path"), get(a, "path_exact")) {
+        (Some(p), _) => get(b, "path")
+            .or_else(|| get(b, "path_exact"))
+            .is_some_and(|q| q.starts_with(&p)),
+        (None, Some(e)) => get(b, "path_exact").is_some_and(|q| q == e),
+        (None, None) => true,
+    }
+}
+
+fn redirect_value(status: i64, location: String) -> Value {
     let mut t = Table::new();
     t.insert("status".into(), Value::Integer(status));
-    t.insert(
-        "location".into(),
-        Value::String(template(url).unwrap_or_else(|| url.to_string())),
-    );
+    t.insert("location".into(), Value::String(location));
     Value::Table(t)
 }
 
-/// nginx variables in a value as pinlb template variables; `None` for one with no equivalent.
-fn template(value: &str) -> Option<String> {
-    let mut out = String::new();
-    let mut rest = value;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i].replace('{', "{{").replace('}', "}}"));
-        let tail = &rest[i + 1..];
-        let tail = tail.strip_prefix('{').unwrap_or(tail);
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(tail.len());
-        let var = match &tail[..end] {
-            "host" => "{host}",
-            "remote_addr" => "{client_ip}",
-            "scheme" => "{scheme}",
-            "request_uri" => "{uri}",
-            "uri" | "document_uri" => "{path}",
-            "args" | "query_string" => "{query}",
-            _ => return None,
-        };
-        out.push_str(var);
-        rest = tail[end..].strip_prefix('}').unwrap_or(&tail[end..]);
+/// An address as nginx reads it: without a port, port 80.
+fn with_port(address: &str) -> String {
+    let bracketed_v6 = address.starts_with('[') && address.ends_with(']');
+    if bracketed_v6 || !address.contains(':') {
+        format!("{address}:80")
+    } else {
+        address.to_string()
     }
-    out.push_str(&rest.replace('{', "{{").replace('}', "}}"));
-    Some(out)
+}
+
+/// A `server_name` as route hosts: `.example.com` (nginx: the name and every subdomain) is
+/// `example.com` and `*.example.com`.
+fn host_names(n: &str) -> Vec<String> {
+    match n.strip_prefix('.') {
+        Some(rest) => vec![
+            rest.to_ascii_lowercase(),
+            format!("*.{}", rest.to_ascii_lowercase()),
+        ],
+        None => vec![n.to_ascii_lowercase()],
+    }
 }
 
 /// `http://NAME[/uri]` → the upstream (or address) and the URI part, if any.
 fn proxy_target(url: &str) -> Option<(String, Option<String>)> {
     let rest = url.strip_prefix("http://")?;
+    if rest.contains('$') {
+        return None;
+    }
     match rest.find('/') {
         Some(i) => Some((rest[..i].to_string(), Some(rest[i..].to_string()))),
         None => Some((rest.to_string(), None)),

@@ -274,9 +274,8 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Vec<Directive> {
-        let dir = std::env::temp_dir().join(format!("pinlb-import-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join(format!("t{}.conf", fastrand::u64(..)));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.conf");
         std::fs::write(&file, text).unwrap();
         parse_file(&file, &mut Vec::new()).unwrap()
     }
@@ -296,8 +295,8 @@ mod tests {
 
     #[test]
     fn syntax_errors_name_the_line() {
-        let dir = std::env::temp_dir();
-        let file = dir.join(format!("pinlb-import-bad-{}.conf", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bad.conf");
         std::fs::write(&file, "http {\n  a 1\n}\n").unwrap();
         let e = parse_file(&file, &mut Vec::new()).unwrap_err().to_string();
         assert!(

@@ -1,0 +1,762 @@
+//! `pinlb import` proved by behaviour, not by its text: each nginx fixture that proxies
+//! (tests/fixtures/nginx) runs in nginx itself and, imported, in pinlb; the same requests go to
+//! both, and each must get the same answer: the same status, the same Location, the same pool
+//! of backends, the same path and query at the backend, and the same values for the headers the
+//! configuration sets, Host included.
+//!
+//! Each fixture is rewritten for the run, the same way for both: every `127.0.0.1:PORT` that a
+//! `listen` does not name becomes a recording backend ([`Backend`], its id the address the
+//! fixture wrote), except `127.0.0.1:79xx`, which become refusing ports (a dead server);
+//! `listen` addresses become free loopback ports (one set for nginx, another for pinlb, so both
+//! run at once); `user`, `pid`, `error_log` and `access_log` are dropped (nginx gets its own in
+//! a temporary directory). nginx runs as a child process (`master_process off`, one process, so
+//! killing it leaves nothing behind), pinlb as `pinlb serve` on `pinlb import`'s output.
+//!
+//! **Balancing within a pool differs legitimately** (round robin's starting point, ip_hash's
+//! three octets against pinlb's whole address, nginx's hash against pinlb's rendezvous), so a
+//! request is compared by the pool it reached (the `upstream` block, or the one address of a
+//! `proxy_pass http://ADDR`), and the backend must be one of that pool's primary servers (never
+//! a `backup` while the others are up, never a `down` one). A request to a hashing pool is sent
+//! twice more to each, and must reach the backend it reached first.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// Headers that differ by design, left out of the comparison, with why:
+/// - `connection`, `upgrade`: hop-by-hop. nginx sends `Connection: close` (HTTP/1.0 upstream)
+///   unless told otherwise, and the `Upgrade`/`Connection` pair a WebSocket location sets;
+///   pinlb speaks HTTP/1.1 with keep-alive to backends and passes upgrades on its own
+///   (docs/behaviour.md), so there is nothing for the import to reproduce.
+///
+/// Two more are compared, with a rule:
+/// - `host`: where no `proxy_set_header Host` applies, nginx sends `$proxy_host` (the upstream's
+///   name, or the address of a `proxy_pass http://ADDR`); pinlb always sends the client's Host
+///   and has no setting for another (the import notes it at the `proxy_pass`). A request whose
+///   nginx Host is its `$proxy_host` is not compared on Host; every other is. The requests send
+///   Host without a port, since `$host` drops it and pinlb passes it as sent.
+/// - `x-forwarded-for`, `x-forwarded-proto`: pinlb always sends them (docs/behaviour.md) and has
+///   no setting to send none, while nginx sends them only where `proxy_set_header` says so; a
+///   request nginx sent none of them is not compared on them, every other is. The requests send
+///   no X-Forwarded-For of their own, since nginx's `$proxy_add_x_forwarded_for` appends to a
+///   client's and pinlb keeps a client's only from a `[forwarded] trusted` one.
+const BY_DESIGN: [&str; 2] = ["connection", "upgrade"];
+/// Headers pinlb always sends: compared only where nginx sent one too.
+const ALWAYS_SENT: [&str; 2] = ["x-forwarded-for", "x-forwarded-proto"];
+
+/// One request, sent the same way to both.
+#[derive(Clone)]
+struct Req {
+    method: &'static str,
+    host: &'static str,
+    target: &'static str,
+    headers: Vec<(&'static str, &'static str)>,
+    body: usize,
+}
+
+fn get(host: &'static str, target: &'static str) -> Req {
+    Req {
+        method: "GET",
+        host,
+        target,
+        headers: Vec::new(),
+        body: 0,
+    }
+}
+
+impl Req {
+    fn header(mut self, name: &'static str, value: &'static str) -> Req {
+        self.headers.push((name, value));
+        self
+    }
+
+    fn post(mut self, body: usize) -> Req {
+        self.method = "POST";
+        self.body = body;
+        self
+    }
+}
+
+/// The requests each fixture gets. A fixture that proxies and is missing here fails the test.
+fn requests(fixture: &str) -> Vec<Req> {
+    let h = "www.example.test";
+    match fixture {
+        "app-routes.conf" => vec![
+            get(h, "/api/users?page=2"),
+            get("example.test", "/api/"),
+            get(h, "/ws/chat"),
+            get(h, "/"),
+            get(h, "/shop/item?id=7"),
+            get(h, "/old"),
+            get(h, "/old?x=1"),
+            get("admin.example.test", "/"),
+            get("admin.example.test", "/api/users"),
+            // Not a name of either server: the default one (the first on the address).
+            get("other.example.test", "/api/v"),
+        ],
+        "node-pool.conf" => vec![
+            get("127.0.0.1", "/"),
+            get("127.0.0.1", "/a/b?c=d"),
+            get("other.test", "/x"),
+        ],
+        "tuned-least-conn.conf" => vec![get(h, "/"), get(h, "/x/y?z=1"), get(h, "/x/y?z=2")],
+        "upstream-servers.conf" => vec![get(h, "/"), get(h, "/a"), get(h, "/b"), get(h, "/c")],
+        "least-conn.conf" => vec![get(h, "/"), get(h, "/a?b=c")],
+        "ip-hash.conf" => vec![get(h, "/"), get(h, "/again")],
+        "hash-key.conf" => vec![
+            get(h, "/static/app.css"),
+            get(h, "/static/app.js?v=3"),
+            get(h, "/").header("X-User", "alice"),
+            get(h, "/me").header("X-User", "bob"),
+        ],
+        "random-two.conf" => vec![get(h, "/"), get(h, "/x"), get(h, "/y")],
+        "server-names.conf" => vec![
+            get("unknown.test", "/"),
+            get("shop.example.test", "/"),
+            get("www.shop.example.test", "/cart?item=3"),
+            get("SHOP.Example.TEST", "/case"),
+            get("blog.example.test", "/"),
+            get("x.blog.example.test", "/post/1"),
+            get("a.api.example.test", "/v1/users"),
+            get("a.api.example.test", "/v2/users"),
+            get("api.example.test", "/v1/users"),
+        ],
+        "locations.conf" => vec![
+            get(h, "/api/health"),
+            get(h, "/api/health/deep"),
+            get(h, "/api/users"),
+            get(h, "/api/admin/x"),
+            // A proxying prefix location's path without its slash: 301 to it.
+            get(h, "/api/admin"),
+            get(h, "/api"),
+            get(h, "/assets"),
+            get(h, "/API/health"),
+            get(h, "/api/./health"),
+            get(h, "/assets/logo.png"),
+            get(h, "/nothing"),
+            get(h, "/"),
+        ],
+        "proxy-pass.conf" => vec![
+            get(h, "/plain/a?x=1"),
+            get(h, "/old-api/users?id=2"),
+            get(h, "/old-api/"),
+            get(h, "/strip/x/y"),
+            get(h, "/direct"),
+            get(h, "/directory/z"),
+            // Normalised before the prefix is replaced, the query kept as sent.
+            get(h, "/old-api/a/../b//c?q=a%20b"),
+            get(h, "/old-api/%7Euser"),
+            // Passed as sent without a URI part.
+            get(h, "/plain/a%20b?x=%2F"),
+        ],
+        "set-header.conf" => vec![
+            get(h, "/inherits/a"),
+            get(h, "/own/b?c=d").header("Accept-Encoding", "gzip"),
+            get(h, "/default-host/c"),
+        ],
+        "timeouts-retry.conf" => vec![get(h, "/"), get(h, "/a"), get(h, "/b"), get(h, "/c")],
+        "return.conf" => vec![
+            get("old.example.test", "/a/b?c=1"),
+            get(h, "/moved"),
+            get(h, "/moved?x=1"),
+            get("old.example.test", "/"),
+            get("noport.example.test", "/go"),
+            get("relative.example.test", "/x?y=1"),
+            get(h, "/away"),
+            get(h, "/private/x"),
+            get(h, "/ping"),
+            get(h, "/other?y=2"),
+        ],
+        // /legacy/ is left out: its rewrite (the suffix after a prefix) is noted, not converted.
+        "rewrite.conf" => vec![
+            get("secure.example.test", "/a?b=1"),
+            get("secure.example.test", "/"),
+            get(h, "/old"),
+            get(h, "/old?x=1"),
+            // nginx matches the decoded path, pinlb the normalised one: both are /old.
+            get(h, "/ol%64"),
+            get(h, "/old/"),
+            get(h, "/docs/guide"),
+            get(h, "/moved/page?q=1"),
+            get(h, "/moved/"),
+            get(h, "/other?z=1"),
+        ],
+        "workers-limits.conf" => vec![
+            get(h, "/"),
+            get(h, "/upload").post(100),
+            get(h, "/upload").post(4096),
+        ],
+        // The file-only server's requests: nginx finds no file (its root does not exist), 404.
+        "partly-files.conf" => vec![
+            get(h, "/"),
+            get(h, "/files/a"),
+            get("static.example.test", "/"),
+            get("static.example.test", "/index.html"),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// What one request got, as compared.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    status: u16,
+    /// With the proxy's own listening port written `:LISTEN`.
+    location: Option<String>,
+    /// The pool the request reached: an upstream's name, or a `proxy_pass` address.
+    pool: Option<String>,
+    /// Path and query as the backend received them.
+    target: Option<String>,
+    /// The headers the configuration sets, and Host, as the backend received them.
+    headers: BTreeMap<String, Option<String>>,
+    /// The body of an answer of the proxy's own (2xx, no backend); error pages differ in text.
+    body: Option<String>,
+}
+
+/// A fixture's pools as nginx reads them: each `upstream`'s servers (primary or not) and the
+/// plain addresses `proxy_pass` names.
+struct Pools {
+    /// Address as written → (pool, primary).
+    of: BTreeMap<String, (String, bool)>,
+    /// The pools that hash (`ip_hash`, `hash KEY`): each key keeps one backend.
+    hashing: Vec<String>,
+}
+
+impl Pools {
+    fn read(text: &str) -> Pools {
+        let text: String = text
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut of = BTreeMap::new();
+        let mut hashing = Vec::new();
+        let mut rest = text.as_str();
+        while let Some(i) = rest.find("upstream ") {
+            let after = &rest[i + "upstream ".len()..];
+            // The directive, not the end of proxy_next_upstream.
+            if i > 0 && !rest[..i].ends_with(char::is_whitespace) {
+                rest = after;
+                continue;
+            }
+            let open = after.find('{').expect("upstream block");
+            let close = after.find('}').expect("upstream block end");
+            let name = after[..open].trim().to_string();
+            for stmt in after[open + 1..close].split(';') {
+                let words: Vec<&str> = stmt.split_whitespace().collect();
+                if matches!(words.first(), Some(&"ip_hash" | &"hash")) {
+                    hashing.push(name.clone());
+                }
+                if words.first() == Some(&"server") {
+                    let primary = !words.iter().any(|w| *w == "backup" || *w == "down");
+                    of.insert(words[1].to_string(), (name.clone(), primary));
+                }
+            }
+            rest = &after[close..];
+        }
+        for line in text.lines() {
+            if let Some(target) = line.trim().strip_prefix("proxy_pass http://") {
+                let addr = target.trim_end_matches(';').split('/').next().unwrap();
+                if addr.starts_with("127.0.0.1:") {
+                    of.insert(addr.to_string(), (addr.to_string(), true));
+                }
+            }
+        }
+        Pools { of, hashing }
+    }
+}
+
+/// nginx as a child process, killed when dropped.
+struct Nginx {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Nginx {
+    fn binary() -> PathBuf {
+        for p in [
+            "/usr/sbin/nginx",
+            "/usr/local/sbin/nginx",
+            "/usr/local/nginx/sbin/nginx",
+        ] {
+            if Path::new(p).exists() {
+                return p.into();
+            }
+        }
+        let found = std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join("nginx"))
+                .find(|p| p.exists())
+        });
+        found.unwrap_or_else(|| panic!("nginx not found: install nginx (scripts/test does)"))
+    }
+
+    fn start(dir: &Path, config: &str) -> Nginx {
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        let file = dir.join("nginx.conf");
+        std::fs::write(&file, config).unwrap();
+        let globals = format!(
+            "daemon off; master_process off; pid {}; error_log {} info;",
+            dir.join("nginx.pid").display(),
+            dir.join("error.log").display()
+        );
+        let child = Command::new(Nginx::binary())
+            .arg("-p")
+            .arg(dir)
+            .arg("-c")
+            .arg(&file)
+            .arg("-g")
+            .arg(globals)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            // What nginx says before it has read error_log (a config error) goes here.
+            .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
+            .spawn()
+            .expect("start nginx");
+        Nginx {
+            child,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    fn log(&self) -> String {
+        ["stderr.log", "error.log"]
+            .iter()
+            .map(|f| std::fs::read_to_string(self.dir.join(f)).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fixture rewritten for one proxy: the text, and each `listen` address → the port it got.
+fn rewrite(text: &str, backends: &BTreeMap<String, SocketAddr>) -> (String, Vec<SocketAddr>) {
+    let mut listens: BTreeMap<String, SocketAddr> = BTreeMap::new();
+    let mut out = String::new();
+    for line in text.lines() {
+        let code = line.split('#').next().unwrap_or_default();
+        let first = code.split_whitespace().next().unwrap_or_default();
+        if ["user", "pid", "error_log", "access_log"].contains(&first) {
+            continue;
+        }
+        let mut line = line.to_string();
+        if first == "listen" {
+            let written = code
+                .split_whitespace()
+                .nth(1)
+                .unwrap()
+                .trim_end_matches(';');
+            let addr = *listens.entry(written.to_string()).or_insert_with(free_port);
+            line = line.replacen(written, &addr.to_string(), 1);
+        } else {
+            for (from, to) in backends {
+                line = line.replace(from.as_str(), &to.to_string());
+            }
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    (out, listens.into_values().collect())
+}
+
+fn free_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// Every `127.0.0.1:PORT` a fixture names outside `listen` lines.
+fn backend_addresses(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let code = line.split('#').next().unwrap_or_default();
+        if code.split_whitespace().next() == Some("listen") {
+            continue;
+        }
+        let mut rest = code;
+        while let Some(i) = rest.find("127.0.0.1:") {
+            let tail = &rest[i + "127.0.0.1:".len()..];
+            let end = tail
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(tail.len());
+            let addr = format!("127.0.0.1:{}", &tail[..end]);
+            if !found.contains(&addr) {
+                found.push(addr);
+            }
+            rest = &tail[end..];
+        }
+    }
+    found
+}
+
+/// Waits until every address accepts connections; panics with `why()` if one never does.
+async fn await_listening(addrs: &[SocketAddr], why: impl Fn() -> String) {
+    for &a in addrs {
+        let up = poll(400, Duration::from_millis(25), async || {
+            tokio::net::TcpStream::connect(a).await.ok().map(|_| ())
+        })
+        .await;
+        if up.is_none() {
+            panic!("nothing listens on {a}:\n{}", why());
+        }
+    }
+}
+
+struct Run<'a> {
+    listens: Vec<SocketAddr>,
+    backends: &'a [(String, Backend)],
+    pools: &'a Pools,
+    /// Rewritten backend address → the address the fixture wrote.
+    written: BTreeMap<String, String>,
+    compared: Vec<String>,
+}
+
+impl Run<'_> {
+    /// Sends `req` (tagged `tag`, so the backend's record of it can be found) to the listener
+    /// nginx or pinlb has for the fixture's first `listen`.
+    async fn send(&self, req: &Req, tag: &str) -> Outcome {
+        let mut head = format!(
+            "{} {} HTTP/1.1\r\nHost: {}\r\nX-Import-Seq: {tag}\r\nConnection: close\r\n",
+            req.method, req.target, req.host
+        );
+        for (k, v) in &req.headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if req.method == "POST" {
+            head.push_str(&format!("Content-Length: {}\r\n", req.body));
+        }
+        head.push_str("\r\n");
+        let mut bytes = head.into_bytes();
+        bytes.extend(std::iter::repeat_n(b'x', req.body));
+        let resp = raw_request(self.listens[0], &bytes, false).await;
+        let mut location = resp.header("location").map(str::to_string);
+        for l in &self.listens {
+            location = location.map(|s| s.replace(&format!(":{}", l.port()), ":LISTEN"));
+        }
+        let seen = self.recorded(tag);
+        let (pool, target, headers) = match &seen {
+            None => (None, None, BTreeMap::new()),
+            Some((written, r)) => {
+                let pool = match self.pools.of.get(written) {
+                    Some((name, true)) => name.clone(),
+                    Some((name, false)) => format!("{name} (its backup or down {written})"),
+                    None => format!("no pool has {written}"),
+                };
+                let headers = self
+                    .compared
+                    .iter()
+                    .map(|name| {
+                        let value = r.headers.get(name.as_str()).map(|v| {
+                            let v = String::from_utf8_lossy(v.as_bytes()).to_string();
+                            self.written.get(&v).cloned().unwrap_or(v)
+                        });
+                        (name.clone(), value)
+                    })
+                    .collect();
+                (Some(pool), Some(r.uri.clone()), headers)
+            }
+        };
+        let body = (seen.is_none() && (200..300).contains(&resp.status))
+            .then(|| String::from_utf8_lossy(&resp.body).to_string());
+        Outcome {
+            status: resp.status,
+            location,
+            pool,
+            target,
+            headers,
+            body,
+        }
+    }
+}
+
+/// The import of `fixture` and nginx on it answer `requests(fixture)` alike; returns the number
+/// of requests compared.
+async fn compare(fixture: &Path) -> usize {
+    let name = fixture.file_name().unwrap().to_string_lossy().to_string();
+    let text = std::fs::read_to_string(fixture).unwrap();
+    let reqs = requests(&name);
+    assert!(
+        !reqs.is_empty(),
+        "{name} proxies but has no requests in tests/import.rs's requests()"
+    );
+    let pools = Pools::read(&text);
+    let mut backends = Vec::new();
+    let mut refusing = Vec::new();
+    let mut map = BTreeMap::new();
+    for written in backend_addresses(&text) {
+        let addr = if written.starts_with("127.0.0.1:79") {
+            let r = Refusing::new();
+            let a = r.addr;
+            refusing.push(r);
+            a
+        } else {
+            let b = Backend::start(&written).await;
+            let a = b.addr;
+            backends.push((written.clone(), b));
+            a
+        };
+        map.insert(written, addr);
+    }
+    let mut compared: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("proxy_set_header "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_ascii_lowercase)
+        .chain(["host".to_string()])
+        .filter(|h| !BY_DESIGN.contains(&h.as_str()))
+        .collect();
+    compared.sort();
+    compared.dedup();
+
+    let dir = tempfile::Builder::new()
+        .prefix("pinlb-import-")
+        .tempdir()
+        .unwrap();
+
+    // nginx on the fixture.
+    let (nginx_text, nginx_listens) = rewrite(&text, &map);
+    let nginx = Nginx::start(&dir.path().join("nginx"), &nginx_text);
+    await_listening(&nginx_listens, || nginx.log()).await;
+
+    // pinlb on the import of the same fixture (its own ports).
+    let (pinlb_text, pinlb_listens) = rewrite(&text, &map);
+    let source = dir.path().join(&name);
+    std::fs::write(&source, &pinlb_text).unwrap();
+    let out = Command::new(bin())
+        .arg("import")
+        .arg(&source)
+        .output()
+        .unwrap();
+    let notes = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{name}: import failed: {notes}");
+    let toml = String::from_utf8(out.stdout).unwrap();
+    // Cores are not behaviour: pinlb runs on the cores this test may use, whatever the
+    // fixture's worker_processes asked for.
+    let toml = pin_to_test_cores(&toml);
+    let pinlb = BinProxy::spawn_toml(&toml, &[]).await;
+    // A listener whose servers only serve files is left out of the import (and noted).
+    let kept: Vec<SocketAddr> = pinlb_listens
+        .iter()
+        .copied()
+        .filter(|a| toml.contains(&format!("\"{a}\"")))
+        .collect();
+    await_listening(&kept, || pinlb.log().join("\n")).await;
+
+    let run = |listens: Vec<SocketAddr>| Run {
+        listens,
+        backends: &backends,
+        pools: &pools,
+        written: Run::written_of(&map),
+        compared: compared.clone(),
+    };
+    let (on_nginx, on_pinlb) = (run(nginx_listens), run(pinlb_listens));
+    let mut differences = Vec::new();
+    for (i, req) in reqs.iter().enumerate() {
+        let n = on_nginx.send(req, &format!("nginx-{i}")).await;
+        let mut p = on_pinlb.send(req, &format!("pinlb-{i}")).await;
+        let mut n = n;
+        // nginx's default Host ($proxy_host): by design, see BY_DESIGN.
+        if let (Some(pool), Some(Some(host))) = (&n.pool, n.headers.get("host")) {
+            if host == pool {
+                n.headers.remove("host");
+                p.headers.remove("host");
+            }
+        }
+        for h in ALWAYS_SENT {
+            if n.headers.get(h) == Some(&None) {
+                n.headers.remove(h);
+                p.headers.remove(h);
+            }
+        }
+        if n != p {
+            differences.push(format!(
+                "{name}: {} {} (Host {}):\n  nginx: {n:?}\n  pinlb: {p:?}",
+                req.method, req.target, req.host
+            ));
+        }
+        // A hashing pool must keep each key on one backend, in both.
+        for (run, tag) in [
+            (&on_nginx, format!("nginx-{i}")),
+            (&on_pinlb, format!("pinlb-{i}")),
+        ] {
+            if let Err(e) = run.sticks(req, &tag).await {
+                differences.push(format!(
+                    "{name}: {} {}: not sticky: {e}",
+                    req.method, req.target
+                ));
+            }
+        }
+    }
+    drop(nginx);
+    drop(pinlb);
+    assert!(
+        differences.is_empty(),
+        "{} of {} requests differ:\n{}\nimport notes:\n{notes}\nimported:\n{toml}",
+        differences.len(),
+        reqs.len(),
+        differences.join("\n")
+    );
+    reqs.len()
+}
+
+impl Run<'_> {
+    /// The backend (as the fixture wrote its address) that received the request tagged `tag`,
+    /// and what it received.
+    fn recorded(&self, tag: &str) -> Option<(String, Recorded)> {
+        self.backends.iter().find_map(|(written, b)| {
+            b.requests()
+                .into_iter()
+                .rfind(|r| {
+                    r.headers
+                        .get("x-import-seq")
+                        .is_some_and(|v| v.as_bytes() == tag.as_bytes())
+                })
+                .map(|r| (written.clone(), r))
+        })
+    }
+
+    /// Whether `req`, sent again, reaches the backend its first sending (`tag`) reached: what
+    /// a hashing pool promises, on nginx and on pinlb alike, though not the same backend.
+    async fn sticks(&self, req: &Req, tag: &str) -> Result<(), String> {
+        let Some((first, _)) = self.recorded(tag) else {
+            return Ok(());
+        };
+        let hashing = self
+            .pools
+            .of
+            .get(&first)
+            .is_some_and(|(pool, _)| self.pools.hashing.contains(pool));
+        if !hashing {
+            return Ok(());
+        }
+        for k in 0..2 {
+            let again = format!("{tag}-again-{k}");
+            self.send(req, &again).await;
+            let then = self.recorded(&again).map(|(w, _)| w);
+            if then.as_deref() != Some(first.as_str()) {
+                return Err(format!("{tag} went to {first}, then to {then:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn written_of(map: &BTreeMap<String, SocketAddr>) -> BTreeMap<String, String> {
+        map.iter()
+            .map(|(w, a)| (a.to_string(), w.clone()))
+            .collect()
+    }
+}
+
+fn pin_to_test_cores(toml: &str) -> String {
+    let core = first_core();
+    toml.lines()
+        .map(|l| match l.starts_with("cpus = ") {
+            true => format!("cpus = [{core}]"),
+            false => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn fixtures() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nginx");
+    let mut list: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("the nginx fixtures are at {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "conf"))
+        .collect();
+    list.sort();
+    list
+}
+
+/// Every fixture that proxies behaves in pinlb, imported, as in nginx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imported_fixtures_answer_as_nginx_does() {
+    Nginx::binary();
+    let mut table = Vec::new();
+    for f in fixtures() {
+        let text = std::fs::read_to_string(&f).unwrap();
+        if !text.contains("proxy_pass") {
+            continue;
+        }
+        let n = compare(&f).await;
+        table.push(format!(
+            "{}: {n} requests, all equal",
+            f.file_name().unwrap().to_string_lossy()
+        ));
+    }
+    assert!(table.len() >= 14, "only {} fixtures proxy", table.len());
+    println!("{}", table.join("\n"));
+}
+
+/// A configuration that only serves files (CentOS's and Debian's stock ones) is refused: the
+/// notes, then one line saying why, and exit status 1, since pinlb serves no files.
+#[test]
+fn file_only_configs_are_refused_with_one_line() {
+    for name in ["centos-default.conf", "debian-default.conf"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/nginx")
+            .join(name);
+        let out = Command::new(bin())
+            .arg("import")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert!(out.stdout.is_empty(), "{name}: printed a configuration");
+        let last = stderr.lines().last().unwrap_or_default();
+        assert_eq!(
+            last,
+            "pinlb import: nothing to proxy: its servers only serve files; pinlb serves no files",
+            "{name}"
+        );
+        assert!(
+            stderr.contains("location not converted: it neither proxies nor returns"),
+            "{name}: {stderr}"
+        );
+    }
+}
+
+/// What the comparison leaves out is noted by the import, at its file:line: the rewrite a route
+/// can't express (rewrite.conf's /legacy/), the query nginx appends to the slash redirect, and
+/// the Host nginx sends by default.
+#[test]
+fn what_pinlb_cannot_reproduce_is_noted_where_it_is_written() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nginx");
+    let notes = |name: &str| {
+        let out = Command::new(bin())
+            .arg("import")
+            .arg(dir.join(name))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let rewrite = notes("rewrite.conf");
+    assert!(
+        rewrite.contains("rewrite.conf:20: rewrite not converted: the regex ^/legacy/(.*)$ is not one a route can match"),
+        "{rewrite}"
+    );
+    let locations = notes("locations.conf");
+    assert!(
+        locations.contains("locations.conf:17: location /api/admin/: a request for /api/admin gets 301 to /api/admin/ as from nginx; nginx appends the request's query to that location, pinlb's redirect does not"),
+        "{locations}"
+    );
+    let pool = notes("node-pool.conf");
+    assert!(
+        pool.contains("node-pool.conf:22: proxy_pass: nginx sends Host: $proxy_host"),
+        "{pool}"
+    );
+}
