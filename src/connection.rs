@@ -664,10 +664,7 @@ impl Connection {
         let (upstream, edits, local) = match refused {
             // A refused head is answered as such, whatever the routes say.
             Some(_) => (self.route.upstream.borrow().clone(), None, None),
-            None => match self
-                .route
-                .decide(&head, self.stream.is_tls(), self.peer.ip())
-            {
+            None => match self.route.decide(&head, self.stream.is_tls(), &self.peer) {
                 Decision::Proxy(upstream, edits) => (upstream, edits, None),
                 Decision::Answer(reply) => {
                     (self.route.upstream.borrow().clone(), None, Some(reply))

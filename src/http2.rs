@@ -309,7 +309,7 @@ impl Shared {
         }
         let (upstream, edits) = match refused {
             Some(_) => (route.upstream.borrow().clone(), None),
-            None => match route.decide(&head, client.https, self.peer.ip()) {
+            None => match route.decide(&head, client.https, &self.peer) {
                 Decision::Proxy(upstream, edits) => (upstream, edits),
                 Decision::Answer(reply) => {
                     let logged = Logged::new(pending.and_then(|p| p.responded(reply.status, None)));

@@ -485,7 +485,8 @@ pub enum RouteAction {
 
 /// A text with `{variables}`: `{scheme}`, `{host}` (without port), `{uri}` (the target as
 /// received, query included), `{path}` (without the query), `{query}` (without its `?`),
-/// `{client_ip}`.
+/// `{is_args}` (`?` when the query is not empty, as nginx's `$is_args`: `{path}{is_args}{query}`
+/// keeps a query without leaving a bare `?`), `{client_ip}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Template(pub Vec<TemplatePart>);
 
@@ -496,6 +497,7 @@ pub enum Variable {
     Uri,
     Path,
     Query,
+    IsArgs,
     ClientIp,
 }
 
@@ -506,7 +508,8 @@ pub enum TemplatePart {
 }
 
 impl Template {
-    pub const VARIABLES: &'static str = "{scheme}, {host}, {uri}, {path}, {query}, {client_ip}";
+    pub const VARIABLES: &'static str =
+        "{scheme}, {host}, {uri}, {path}, {query}, {is_args}, {client_ip}";
 
     /// Reads `{name}` variables out of `s`; `{{` and `}}` are literal braces.
     pub fn parse(s: &str) -> Result<Template, String> {
@@ -535,6 +538,7 @@ impl Template {
                 "uri" => Variable::Uri,
                 "path" => Variable::Path,
                 "query" => Variable::Query,
+                "is_args" => Variable::IsArgs,
                 "client_ip" => Variable::ClientIp,
                 other => {
                     return Err(format!(
@@ -568,6 +572,7 @@ impl fmt::Display for Template {
                     Variable::Uri => "{uri}",
                     Variable::Path => "{path}",
                     Variable::Query => "{query}",
+                    Variable::IsArgs => "{is_args}",
                     Variable::ClientIp => "{client_ip}",
                 })?,
             }

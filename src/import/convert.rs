@@ -430,8 +430,6 @@ impl Builder {
         }
         // nginx matches `location = ...` first, then the longest prefix.
         let mut routes: Vec<(u8, usize, Table)> = Vec::new();
-        // Where each proxying prefix location was written, for the note on its slash redirect.
-        let mut written: Vec<(String, String)> = Vec::new();
         for l in locations {
             if answers_all {
                 self.skip(
@@ -452,9 +450,6 @@ impl Builder {
                     Some("=") => (0, 0),
                     _ => (1, usize::MAX - l.args.last().map_or(0, String::len)),
                 };
-                if let Some(p) = route.get("path").and_then(Value::as_str) {
-                    written.push((p.to_string(), l.at()));
-                }
                 routes.push((rank, len, route));
             }
         }
@@ -479,19 +474,16 @@ impl Builder {
             t.insert("path_exact".into(), Value::String(bare.to_string()));
             t.insert(
                 "redirect".into(),
+                // nginx appends the query, when there is one.
                 redirect_value(
                     301,
-                    format!("{}/", bare.replace('{', "{{").replace('}', "}}")),
+                    format!(
+                        "{}/{{is_args}}{{query}}",
+                        bare.replace('{', "{{").replace('}', "}}")
+                    ),
                 ),
             );
             if !first.iter().any(|earlier| route_covers(earlier, &t)) {
-                let at = written
-                    .iter()
-                    .find(|(p, _)| p == prefix)
-                    .map_or_else(|| d.at(), |(_, at)| at.clone());
-                self.notes.push(format!(
-                    "{at}: location {prefix}: a request for {bare} gets 301 to {prefix} as from nginx; nginx appends the request's query to that location, pinlb's redirect does not"
-                ));
                 slash.push((0, 0, t));
             }
         }

@@ -6,8 +6,8 @@
 //!
 //! nginx appends the request's query to a redirect's location unless the replacement ends with
 //! `?` (`?args`, or `&args` after a replacement that has a `?` of its own), and only when there
-//! is a query: a route's location template has no conditional, so that is exact only where the
-//! location ends with the path, which `{uri}` (path and query as received) then replaces.
+//! is a query: `{is_args}{query}` does the same (`?` only before a query that is not empty).
+//! The `&args` form has no equivalent: refused.
 
 /// What a `rewrite`'s regex matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,15 +84,16 @@ pub fn convert(args: &[String]) -> Result<Redirect, String> {
                     .into(),
             );
         }
-        match location.strip_suffix("{path}") {
-            Some(head) if !replacement.contains('?') => location = format!("{head}{{uri}}"),
-            _ => {
-                return Err(
-                    "nginx appends the request's query (if any) to this location, which a route's redirect can't do conditionally; end the replacement with '?' to drop the query, or with $uri to keep it"
-                        .into(),
-                );
-            }
+        if replacement.contains('?') {
+            return Err(
+                "nginx appends the request's query after the replacement's own with '&', which a route's redirect can't do conditionally; end the replacement with '?' to drop the request's query"
+                    .into(),
+            );
         }
+        location = match location.strip_suffix("{path}") {
+            Some(head) => format!("{head}{{uri}}"),
+            None => format!("{location}{{is_args}}{{query}}"),
+        };
     }
     Ok(Redirect {
         matches,
@@ -180,6 +181,11 @@ mod tests {
             rw(&["^/old$", "/new?", "permanent"]).map(|r| r.matches),
             Ok(Match::Exact("/old".into()))
         );
+        // Without the '?', nginx appends the query when there is one; so does {is_args}.
+        assert_eq!(
+            rw(&["^/old$", "/new", "permanent"]).map(|r| r.location),
+            Ok("/new{is_args}{query}".into())
+        );
         assert_eq!(
             rw(&["^/blog/", "https://blog.test/?", "redirect"]).map(|r| r.matches),
             Ok(Match::Prefix("/blog/".into()))
@@ -192,8 +198,8 @@ mod tests {
     fn what_a_route_cannot_express_is_refused() {
         // The suffix capture: no route variable holds the path after a prefix.
         assert!(rw(&["^/old/(.*)$", "/new/$1", "permanent"]).is_err());
-        // The query appended only when there is one.
-        assert!(rw(&["^/old$", "/new", "permanent"]).is_err());
+        // The query appended after the replacement's own, with '&'.
+        assert!(rw(&["^/old$", "/new?a=1", "permanent"]).is_err());
         // The query appended twice.
         assert!(rw(&["^", "https://$host$request_uri", "permanent"]).is_err());
         // An internal rewrite.
