@@ -45,24 +45,22 @@ die() { log "$*"; exit 1; }
 source benches/lib.sh
 
 [[ -x $PINLB ]] || die "no pinlb binary at $PINLB (cargo build --release)"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+WORK=$(mktemp -d)
+KEEP_TMP=${KEEP_TMP:-0}
+PIDS=()
+# lib.sh's cleanup stops these (and their children) and removes $WORK on any exit.
+running_pids() { echo "${PIDS[@]}"; }
+install_cleanup
 
 fast=()
 for _ in 1 2 3; do pick_port; fast+=("$PICKED"); done
 pick_port; slow=$PICKED
 listen=()
 for p in "${fast[@]}"; do listen+=(--listen "127.0.0.1:$p"); done
-"$PINLB" backend --cpus 1 "${listen[@]}" >"$tmp/fast.log" 2>&1 &
-pids+=($!)
-"$PINLB" backend --cpus 1 --delay "$DELAY" --listen "127.0.0.1:$slow" >"$tmp/slow.log" 2>&1 &
-pids+=($!)
+"$PINLB" backend --cpus 1 "${listen[@]}" >"$WORK/fast.log" 2>&1 &
+PIDS+=($!)
+"$PINLB" backend --cpus 1 --delay "$DELAY" --listen "127.0.0.1:$slow" >"$WORK/slow.log" 2>&1 &
+PIDS+=($!)
 
 # Upstreams by name: the four algorithms, then one more `ewma` per extra decay in $EWMA_DECAYS
 # (named ewma_DECAY), to show in the same run what the decay does.
@@ -75,7 +73,7 @@ pick_port; admin=$PICKED
   printf '[admin]\naddress = "127.0.0.1:%s"\n' "$admin"
   for a in "${algorithms[@]}"; do
     pick_port
-    echo "$a $PICKED" >>"$tmp/ports"
+    echo "$a $PICKED" >>"$WORK/ports"
     printf '[[listener]]\naddress = "127.0.0.1:%s"\nupstream = "%s"\n' "$PICKED" "$a"
   done
   for a in "${algorithms[@]}"; do
@@ -85,17 +83,17 @@ pick_port; admin=$PICKED
     for p in "${fast[@]}" "$slow"; do printf '  { address = "127.0.0.1:%s", cpus = [1] },\n' "$p"; done
     printf ']\n'
   done
-} >"$tmp/pinlb.toml"
-"$PINLB" check -c "$tmp/pinlb.toml" >/dev/null || die "the generated config does not check: $tmp/pinlb.toml"
-taskset -c 0 "$PINLB" serve -c "$tmp/pinlb.toml" >"$tmp/pinlb.log" 2>&1 &
-pids+=($!)
+} >"$WORK/pinlb.toml"
+"$PINLB" check -c "$WORK/pinlb.toml" >/dev/null || die "the generated config does not check: $WORK/pinlb.toml"
+taskset -c 0 "$PINLB" serve -c "$WORK/pinlb.toml" >"$WORK/pinlb.log" 2>&1 &
+PIDS+=($!)
 
 targets=()
 while read -r a p; do
   for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$p/" >/dev/null && break; sleep 0.1; done
   curl -fs "http://127.0.0.1:$p/" >/dev/null || die "pinlb does not answer on $p ($a)"
   targets+=("$a=http://127.0.0.1:$p/")
-done <"$tmp/ports"
+done <"$WORK/ports"
 
 load=(--rate "$RATE")
 [[ $RATE == 0 ]] && load=()
@@ -103,8 +101,8 @@ cmd=("$PINLB" bench --cpus 1 -t 1 -c "$CONNS" -d "$DURATION" --rounds "$ROUNDS" 
 log "${cmd[*]}"
 "${cmd[@]}"
 
-curl -fs "http://127.0.0.1:$admin/metrics" >"$tmp/metrics" || die "no metrics from pinlb's admin listener"
-python3 - "$OUT_JSON" "$DELAY" "$tmp/metrics" "127.0.0.1:$slow" <<'PY'
+curl -fs "http://127.0.0.1:$admin/metrics" >"$WORK/metrics" || die "no metrics from pinlb's admin listener"
+python3 - "$OUT_JSON" "$DELAY" "$WORK/metrics" "127.0.0.1:$slow" <<'PY'
 import json, re, statistics, sys
 report = json.load(open(sys.argv[1]))
 # Requests each upstream sent to the slow backend, warm-ups included, from pinlb's own counters.
