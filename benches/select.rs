@@ -5,7 +5,7 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use pinlb::balance::{SmoothWrr, least_conn};
+use pinlb::upstream::balance::{SmoothWrr, least_conn};
 
 fn weights(n: usize) -> Vec<u64> {
     (0..n).map(|i| 1 + (i % 5) as u64).collect()

@@ -68,13 +68,13 @@ enum Command {
         file: PathBuf,
     },
     /// Run pinned test backends.
-    Backend(pinlb::backend::BackendArgs),
+    Backend(pinlb::tools::backend::BackendArgs),
     /// Compare targets side by side under load.
-    Bench(Box<pinlb::bench::BenchArgs>),
+    Bench(Box<pinlb::tools::bench::BenchArgs>),
     /// Start backends and a proxy on this machine's cores and measure direct against proxied.
-    Demo(pinlb::demo::DemoArgs),
+    Demo(pinlb::tools::demo::DemoArgs),
     /// Measure every split of the cores between proxy and backends, and recommend one.
-    Sweep(pinlb::sweep::SweepArgs),
+    Sweep(pinlb::tools::sweep::SweepArgs),
 }
 
 /// Where `serve` and `check` look without `-c`, in this order: the system's file first, as
@@ -129,11 +129,11 @@ fn main() -> ExitCode {
         .with_ansi(colour)
         .init();
     match cli.command {
-        Command::Backend(args) => pinlb::backend::main(args),
-        Command::Bench(args) => pinlb::bench::main(*args),
-        Command::Demo(args) => pinlb::demo::main(args),
-        Command::Sweep(args) => pinlb::sweep::main(args),
-        Command::Import { file } => match pinlb::import::import(&file) {
+        Command::Backend(args) => pinlb::tools::backend::main(args),
+        Command::Bench(args) => pinlb::tools::bench::main(*args),
+        Command::Demo(args) => pinlb::tools::demo::main(args),
+        Command::Sweep(args) => pinlb::tools::sweep::main(args),
+        Command::Import { file } => match pinlb::tools::import::import(&file) {
             Ok((toml, notes)) => {
                 print!("{toml}");
                 for n in &notes {
@@ -142,7 +142,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                if let pinlb::import::ImportError::NothingToProxy { notes } = &e {
+                if let pinlb::tools::import::ImportError::NothingToProxy { notes } = &e {
                     for n in notes {
                         eprintln!("{n}");
                     }
@@ -186,13 +186,13 @@ fn main() -> ExitCode {
 fn check(config: &std::path::Path, strict: bool) -> ExitCode {
     match Config::load(config) {
         Ok(c) => {
-            let names = pinlb::check::resolve_names(&c);
+            let names = pinlb::tools::check::resolve_names(&c);
             let mut out = String::new();
             for line in &names.lines {
                 out.push_str(line);
                 out.push('\n');
             }
-            out += &pinlb::check::report(&names.config, config);
+            out += &pinlb::tools::check::report(&names.config, config);
             // Written at once and without print!'s panic on a closed pipe (`check | head`).
             let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
             if strict && !names.unresolved.is_empty() {
@@ -215,7 +215,7 @@ fn check(config: &std::path::Path, strict: bool) -> ExitCode {
 fn serve(config: PathBuf, upgrade_from: Option<PathBuf>) -> ExitCode {
     // An upgrade connects first, so that the old process knows it started, and hears why if
     // the file is bad.
-    let inherited = match upgrade_from.map(|p| pinlb::upgrade::inherit(&p)) {
+    let inherited = match upgrade_from.map(|p| pinlb::process::handover::inherit(&p)) {
         None => None,
         Some(Ok(i)) => Some(i),
         Some(Err(e)) => {
@@ -309,7 +309,7 @@ fn upgrade(
             },
         },
     };
-    match pinlb::upgrade::request(&socket, &binary, &absolute(config), timeout) {
+    match pinlb::process::handover::request(&socket, &binary, &absolute(config), timeout) {
         Ok(pid) => {
             println!("upgraded: pid {pid} serves now; the old process drains and exits");
             ExitCode::SUCCESS
@@ -325,7 +325,7 @@ fn upgrade(
 fn held_by(e: &pinlb::ServerError) -> String {
     match e {
         pinlb::ServerError::Bind(b) if b.source.kind() == std::io::ErrorKind::AddrInUse => {
-            pinlb::coremap::describe_holders(&pinlb::coremap::listening_on(b.address))
+            pinlb::tools::coremap::describe_holders(&pinlb::tools::coremap::listening_on(b.address))
                 .map(|who| format!("; held by {who}"))
                 .unwrap_or_default()
         }

@@ -18,18 +18,18 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use crate::accesslog::AccessLog;
 use crate::config::Config;
-use crate::cpus::{format_cpu_list, pin_current_thread};
-use crate::listen::{BindError, Sockets, bind_listeners, listener};
-pub use crate::process::ServerError;
-use crate::process::{Connections, Generation, Process};
-use crate::reload;
-use crate::stats::Registered;
-use crate::supervisor::Supervisor;
-use crate::upgrade::{Exposed, Handover, Inherited, Tag, listen_at};
-use crate::upstream::SharedUpstream;
-use crate::worker::worker_main;
+use crate::control::supervisor::Supervisor;
+use crate::process::handover::{Exposed, Handover, Inherited, Tag, listen_at};
+use crate::process::listen::{BindError, Sockets, bind_listeners, listener};
+use crate::process::reload;
+pub use crate::process::shared::ServerError;
+use crate::process::shared::{Connections, Generation, Process};
+use crate::process::worker::worker_main;
+use crate::proxy::accesslog::AccessLog;
+use crate::sys::cpus::{format_cpu_list, pin_current_thread};
+use crate::upstream::pool::SharedUpstream;
+use crate::upstream::stats::Registered;
 
 /// Listening sockets bound for every worker, ready to run.
 pub struct Server {
@@ -95,7 +95,7 @@ impl Server {
             admin,
             config_path: None,
             hangups: None,
-            allowed: crate::cpus::allowed_cpus().unwrap_or_default(),
+            allowed: crate::sys::cpus::allowed_cpus().unwrap_or_default(),
             upgrade_socket,
             upgrading: None,
         }
@@ -210,9 +210,9 @@ impl Server {
         }
         // Names in `backends` are looked up before the workers start, so the first generation
         // has their addresses; `dns_watch` follows them from then on.
-        let dns = crate::dns::State::default();
+        let dns = crate::upstream::discovery::State::default();
         let has_names = config.upstreams.iter().any(|u| !u.names.is_empty());
-        let lookup = match crate::dns::Lookup::new(&config.resolver.nameservers) {
+        let lookup = match crate::upstream::discovery::Lookup::new(&config.resolver.nameservers) {
             Ok(l) => Some(l),
             Err(e) => {
                 if has_names {
@@ -221,7 +221,7 @@ impl Server {
                 None
             }
         };
-        let (expanded, due) = control.block_on(crate::dns_watch::initial(
+        let (expanded, due) = control.block_on(crate::control::dns_refresh::initial(
             lookup.as_ref(),
             &dns,
             (*config).clone(),
@@ -277,7 +277,7 @@ impl Server {
             handed_over: std::sync::atomic::AtomicBool::new(false),
             stopping: std::sync::atomic::AtomicBool::new(false),
             dns,
-            spawned: crate::spawn::Spawned::default(),
+            spawned: crate::process::spawned::Spawned::default(),
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());
@@ -322,7 +322,7 @@ impl Server {
             if let Some(sock) = admin {
                 match TcpListener::from_std(sock) {
                     Ok(listener) => {
-                        tokio::spawn(crate::admin::serve(listener, process.clone()));
+                        tokio::spawn(crate::control::admin::serve(listener, process.clone()));
                     }
                     Err(e) => error!("admin listener failed: {e}"),
                 }
@@ -338,12 +338,16 @@ impl Server {
                 let status = format!("serving on {local_addrs:?}");
                 match &upgrading {
                     Some(old) => old.ready(),
-                    None => crate::notify::ready(&status),
+                    None => crate::sys::notify::ready(&status),
                 }
                 std::future::pending::<()>().await
             };
             if let Some(lookup) = lookup {
-                tokio::spawn(crate::dns_watch::run(process.clone(), lookup, due));
+                tokio::spawn(crate::control::dns_refresh::run(
+                    process.clone(),
+                    lookup,
+                    due,
+                ));
             }
             tokio::select! {
                 () = shutdown => false,
@@ -362,7 +366,7 @@ impl Server {
                 .handed_over
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         } else {
-            crate::notify::stopping();
+            crate::sys::notify::stopping();
             // The socket is this process's alone unless it handed it over.
             if let Some(path) = &upgrade_path {
                 let _ = std::fs::remove_file(path);
@@ -419,7 +423,7 @@ async fn control_loop(process: Arc<Process>, hangups: Option<Hangups>, access: O
     };
     loop {
         let upstreams = generations.borrow_and_update().upstreams.clone();
-        let checks = crate::probe::run(upstreams);
+        let checks = crate::upstream::probe::run(upstreams);
         tokio::pin!(checks);
         loop {
             tokio::select! {
@@ -432,16 +436,16 @@ async fn control_loop(process: Arc<Process>, hangups: Option<Hangups>, access: O
                 }
                 Some(()) = recv_signal(&mut hup) => {
                     info!("SIGHUP: reloading the configuration");
-                    crate::notify::reloading();
+                    crate::sys::notify::reloading();
                     // READY=1 either way: a refused reload leaves the running configuration
                     // serving, which is what systemd should show.
                     match reload::reload(&process).await {
                         Ok(summary) => {
-                            crate::notify::ready("reloaded");
+                            crate::sys::notify::ready("reloaded");
                             info!("{summary}");
                         }
                         Err(e) => {
-                            crate::notify::ready(&format!("{e}"));
+                            crate::sys::notify::ready(&format!("{e}"));
                             error!("{e}");
                         }
                     }

@@ -90,7 +90,7 @@ fn check_rejects_a_duplicate_backend_address_at_the_second_one() {
 
 #[test]
 fn check_rejects_a_core_outside_the_allowed_set_naming_the_set() {
-    let set = pinlb::cpus::format_cpu_list(&allowed());
+    let set = pinlb::sys::cpus::format_cpu_list(&allowed());
     assert_check_rejects(
         "core_not_allowed.toml",
         &format!(
@@ -249,7 +249,7 @@ fn check_rejects_two_listeners_on_the_same_address_at_the_second_one() {
 #[test]
 fn check_accepts_cores_written_as_a_range_string() {
     let cores = allowed();
-    let list = pinlb::cpus::format_cpu_list(&cores);
+    let list = pinlb::sys::cpus::format_cpu_list(&cores);
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/valid.toml"
@@ -569,7 +569,7 @@ fn import_converts_the_nginx_fixtures_into_configs_that_check() {
         let checked = pinlb::Config::parse(
             "imported.toml",
             &toml,
-            &pinlb::cpus::allowed_cpus().unwrap(),
+            &pinlb::sys::cpus::allowed_cpus().unwrap(),
         );
         if proxies {
             if let Err(e) = checked {

@@ -217,29 +217,206 @@ fn the_cycle_check_finds_a_cycle() {
     );
 }
 
+/// The file that lists a folder's modules: `lib.rs` for the top, `mod.rs` for a folder.
+fn listing(folder: &str) -> PathBuf {
+    if folder.is_empty() {
+        src().join("lib.rs")
+    } else {
+        src().join(folder.replace("::", "/")).join("mod.rs")
+    }
+}
+
 #[test]
-fn lib_rs_layout_lists_every_module_after_those_it_imports() {
-    let lib = std::fs::read_to_string(src().join("lib.rs")).expect("read lib.rs");
-    let top: BTreeSet<String> = modules(&src())
-        .into_keys()
-        .filter_map(|m| m.split("::").next().map(str::to_string))
-        .collect();
-    let missing: Vec<&String> = top
-        .iter()
-        .filter(|m| !lib.contains(&format!("[`{m}`]")))
-        .collect();
+fn each_listing_names_its_modules_after_those_they_import() {
+    let known = modules(&src());
+    let edges = imports(&known);
+    // Every folder with a `mod.rs` (and the top, with `lib.rs`), and the modules directly in it.
+    let mut folders: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for m in known.keys() {
+        let (folder, name) = m.rsplit_once("::").unwrap_or(("", m));
+        // A folder's `tests.rs` is its unit tests, listed by no one.
+        if name != "tests" {
+            folders
+                .entry(folder.to_string())
+                .or_default()
+                .insert(name.to_string());
+        }
+    }
+    let mut wrong = Vec::new();
+    folders.retain(|f, _| listing(f).exists());
     assert!(
-        missing.is_empty(),
-        "lib.rs's layout section does not name {missing:?}"
+        folders.len() > 8,
+        "the scan must see the folders: {folders:?}"
     );
-    let place = |m: &str| lib.find(&format!("[`{m}`]"));
-    let edges = imports(&modules(&src()));
-    for (from, targets) in edges.iter().filter(|(m, _)| !m.contains("::")) {
-        for to in targets {
+    for (folder, children) in &folders {
+        let text = std::fs::read_to_string(listing(folder)).expect("read a listing");
+        let place = |m: &str| text.find(&format!("[`{m}`]"));
+        let missing: Vec<&String> = children.iter().filter(|m| place(m).is_none()).collect();
+        if !missing.is_empty() {
+            wrong.push(format!("{} does not name {missing:?}", listing(folder).display()));
+        }
+        let full = |m: &str| {
+            if folder.is_empty() {
+                m.to_string()
+            } else {
+                format!("{folder}::{m}")
+            }
+        };
+        for from in children {
+            for to in edges.get(&full(from)).into_iter().flatten() {
+                let Some(to) = to
+                    .strip_prefix(&full(""))
+                    .filter(|_| !folder.is_empty())
+                    .or(folder.is_empty().then_some(to.as_str()))
+                else {
+                    continue;
+                };
+                if place(to) > place(from) {
+                    wrong.push(format!(
+                        "{} lists {from} before {to}, which it imports",
+                        listing(folder).display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Every module under `folder/` and what it imports, as whole module paths.
+fn imports_of(folder: &str, known: &BTreeMap<String, PathBuf>) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (module, path) in known
+        .iter()
+        .filter(|(m, _)| m.starts_with(&format!("{folder}::")))
+    {
+        for s in paths(&code(path), "crate::") {
+            if let Some(target) = resolve(&s, known) {
+                out.push((module.clone(), target));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_request_path_imports_no_tool_control_or_process_module() {
+    let known = modules(&src());
+    let request_path = ["http1", "upstream", "route", "downstream", "proxy"];
+    let above = ["tools", "control", "process", "server"];
+    let mut seen = 0;
+    for folder in request_path {
+        for (module, target) in imports_of(folder, &known) {
+            seen += 1;
+            let top = target.split("::").next().unwrap_or_default();
             assert!(
-                place(to) < place(from),
-                "lib.rs lists {from} before {to}, which it imports"
+                !above.contains(&top),
+                "{module} imports {target}: the request path must not reach up into {top}"
             );
         }
     }
+    assert!(
+        seen > 50,
+        "the scan must see the request path's imports ({seen})"
+    );
+}
+
+/// Each function's name and length in lines, from its `fn` line to the `}` at its indent.
+fn functions(text: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let body = line.trim_start();
+        let indent = &line[..line.len() - body.len()];
+        let after = [
+            "pub ",
+            "pub(crate) ",
+            "pub(super) ",
+            "async ",
+            "const ",
+            "unsafe ",
+        ]
+        .iter()
+        .fold(body, |b, p| b.strip_prefix(p).unwrap_or(b));
+        let after = ["async ", "unsafe "]
+            .iter()
+            .fold(after, |b, p| b.strip_prefix(p).unwrap_or(b));
+        let Some(sig) = after.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = sig
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let close = format!("{indent}}}");
+        let mut end = None;
+        let mut opened = false;
+        for (k, l) in lines[i..].iter().enumerate() {
+            if k == 0 && l.contains('{') && l.trim_end().ends_with('}') {
+                end = Some(0);
+                break;
+            }
+            opened |= l.contains('{');
+            // A declaration without a body (a trait's) ends at its `;` before any `{`.
+            if !opened && l.trim_end().ends_with(';') {
+                break;
+            }
+            if opened && *l == close {
+                end = Some(k);
+                break;
+            }
+        }
+        let Some(end) = end else {
+            continue;
+        };
+        out.push((name, i + 1, end + 1));
+    }
+    out
+}
+
+#[test]
+fn no_function_on_the_request_path_is_over_120_lines() {
+    let known = modules(&src());
+    let request_path = ["http1", "upstream", "route", "downstream", "proxy"];
+    let mut long = Vec::new();
+    let mut counted = 0;
+    for (module, path) in &known {
+        if !request_path.contains(&module.split("::").next().unwrap_or_default()) {
+            continue;
+        }
+        for (name, line, len) in functions(&code_with_tests_cut(path)) {
+            counted += 1;
+            if len > 120 {
+                long.push(format!("{}:{line} {name}: {len} lines", path.display()));
+            }
+        }
+    }
+    assert!(
+        counted > 200,
+        "the scan must see the request path's functions ({counted})"
+    );
+    assert!(
+        long.is_empty(),
+        "functions over 120 lines:\n{}",
+        long.join("\n")
+    );
+}
+
+/// The file without its unit tests, its lines kept as they are (comments too), so line numbers
+/// hold.
+fn code_with_tests_cut(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).expect("read module");
+    match text.find("#[cfg(test)]\nmod tests") {
+        Some(i) => text[..i].to_string(),
+        None => text,
+    }
+}
+
+#[test]
+fn the_length_scan_measures_a_function() {
+    let text = "fn a() {\n    x();\n}\n\n    pub async fn b(\n        y: u8,\n    ) {\n        z();\n    }\n";
+    assert_eq!(
+        functions(text),
+        vec![("a".to_string(), 1, 3), ("b".to_string(), 5, 5)]
+    );
 }

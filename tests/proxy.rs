@@ -1665,7 +1665,7 @@ fn threads_of(pid: i32) -> Vec<(String, String, Vec<usize>)> {
     threads(&pid.to_string())
         .into_iter()
         .map(|(tid, comm, list)| {
-            let cores = pinlb::cpus::parse_cpu_list(&list).unwrap();
+            let cores = pinlb::sys::cpus::parse_cpu_list(&list).unwrap();
             (tid, comm, cores)
         })
         .collect()

@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     };
     match pinlb::Config::parse("fuzz.toml", text, ALLOWED) {
         // A valid plan must also describe itself (`pinlb check`) without panicking.
-        Ok(config) => drop(pinlb::check::describe(&config)),
+        Ok(config) => drop(pinlb::tools::check::describe(&config)),
         Err(e) => {
             let shown = e.to_string();
             let prefix = format!("fuzz.toml:{}:{}: ", e.line, e.col);

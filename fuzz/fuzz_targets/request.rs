@@ -44,7 +44,7 @@ fn harness() -> &'static Harness {
             .build()
             .expect("backend runtime");
         let backend = rt.block_on(FramingBackend::start()).expect("start backend");
-        let cpus = pinlb::cpus::allowed_cpus().expect("allowed cores");
+        let cpus = pinlb::sys::cpus::allowed_cpus().expect("allowed cores");
         let toml = format!(
             r#"[runtime]
 cpus = [{core}]

@@ -11,6 +11,11 @@
 //! named serde default function in `raw.rs`.
 //!
 //! Every error is a [`ConfigError`] that reads `file:line:col: key: what was expected`.
+//!
+//! - [`error`]: the error and where in the file it points.
+//! - [`raw`]: the file's types as serde reads them, with the spans of their values.
+//! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
+//! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod error;
 mod raw;
@@ -29,8 +34,9 @@ pub use error::ConfigError;
 use error::Source;
 use raw::RawConfig;
 
-use crate::tls::Terminator;
-use crate::tls_client::BackendTls;
+use crate::http1::request::RequestLimits;
+use crate::tls::client::BackendTls;
+use crate::tls::server::Terminator;
 
 /// Balancing rule for an upstream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -311,17 +317,27 @@ impl Limits {
     /// Bounds on `max_header_bytes`: below 1 KiB ordinary browsers' heads fail; above 64 KiB a
     /// slow client could make each connection hold that much while its head trickles in.
     pub const HEADER_BYTES: (usize, usize) = (1024, 64 * 1024);
-    /// Most `max_headers`: the parser keeps room for that many on the stack per request.
-    pub const MAX_HEADERS: usize = 1000;
+
+    /// The bounds the HTTP/1.1 codec holds each request to.
+    #[inline]
+    pub fn request(&self) -> RequestLimits {
+        RequestLimits {
+            max_header_bytes: self.max_header_bytes,
+            max_headers: self.max_headers,
+            max_uri_bytes: self.max_uri_bytes,
+            max_body: self.max_body,
+        }
+    }
 }
 
 impl Default for Limits {
     fn default() -> Self {
+        let request = RequestLimits::default();
         Limits {
-            max_header_bytes: 32 * 1024,
-            max_headers: 100,
-            max_uri_bytes: 8 * 1024,
-            max_body: 0,
+            max_header_bytes: request.max_header_bytes,
+            max_headers: request.max_headers,
+            max_uri_bytes: request.max_uri_bytes,
+            max_body: request.max_body,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
             max_connections: 10_000,
@@ -941,7 +957,7 @@ impl Default for Timeouts {
 impl Config {
     /// Reads and validates `path` against the cores this process may run on.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let allowed = crate::cpus::allowed_cpus().unwrap_or_default();
+        let allowed = crate::sys::cpus::allowed_cpus().unwrap_or_default();
         Config::load_for(path, &allowed)
     }
 

@@ -16,7 +16,7 @@ use toml::Spanned;
 
 use super::error::{ConfigError, Source};
 use super::{Algorithm, Protocol, StatusSet};
-use crate::cpus::parse_cpu_list;
+use crate::sys::cpus::parse_cpu_list;
 
 /// The whole file.
 #[derive(Debug, Deserialize)]

@@ -271,7 +271,7 @@ fn header_rules(src: &Source, key: &str, raw: &Spanned<RawHeaderRules>) -> Resul
                 format!("\"{name}\" is not a header name"),
             ));
         }
-        let managed = crate::hop::Hop::of(lower.as_bytes()).is_some()
+        let managed = crate::http1::hop::Hop::of(lower.as_bytes()).is_some()
             || [
                 "host",
                 "content-length",
@@ -324,7 +324,7 @@ fn path_pattern(src: &Source, key: &str, p: &Spanned<String>) -> Result<String> 
             format!("\"{text}\" does not start with '/', expected a path such as \"/api/\""),
         ));
     }
-    let normal = crate::path::normalize(text.as_bytes());
+    let normal = crate::http1::path::normalize(text.as_bytes());
     if normal.as_ref() != text.as_bytes() || text.contains('?') {
         return Err(src.at(
             p.span(),

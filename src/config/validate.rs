@@ -21,9 +21,10 @@ use super::{
     Http2, Limits, Listener, NamedBackend, Passive, Protocol, Resolve, Resolver, Retry, Runtime,
     Spawn, Timeouts, Upgrade, Upstream,
 };
-use crate::cpus::format_cpu_list;
-use crate::tls::{CertFiles, Terminator};
-use crate::tls_client::{BackendTls, Trust, TrustError};
+use crate::http1::request::RequestLimits;
+use crate::sys::cpus::format_cpu_list;
+use crate::tls::client::{BackendTls, Trust, TrustError};
+use crate::tls::server::{CertFiles, Terminator};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -119,7 +120,7 @@ pub(super) fn limits(src: &Source, l: &RawLimits) -> Result<Limits> {
     };
     let max_headers = match &l.max_headers {
         None => d.max_headers,
-        Some(v) if (1..=Limits::MAX_HEADERS).contains(v.get_ref()) => *v.get_ref(),
+        Some(v) if (1..=RequestLimits::MAX_HEADERS).contains(v.get_ref()) => *v.get_ref(),
         Some(v) => {
             return Err(src.at(
                 v.span(),
@@ -127,7 +128,7 @@ pub(super) fn limits(src: &Source, l: &RawLimits) -> Result<Limits> {
                 format!(
                     "{} is out of range, expected 1 to {}",
                     v.get_ref(),
-                    Limits::MAX_HEADERS
+                    RequestLimits::MAX_HEADERS
                 ),
             ));
         }
@@ -588,7 +589,7 @@ fn spawn(
     }
     // A child may be pinned outside pinlb's own affinity (`taskset -c 0 pinlb` with its
     // backends on 1-3), but not to a core the machine doesn't have.
-    let mut possible = crate::cpus::online_cpus().unwrap_or_default();
+    let mut possible = crate::sys::cpus::online_cpus().unwrap_or_default();
     possible.extend_from_slice(allowed);
     if let Some(bad) = cpus.iter().find(|c| !possible.contains(c)) {
         possible.sort_unstable();

@@ -34,7 +34,7 @@ use super::common::{
     content_length_line, final_coding_chunked,
 };
 use super::request::ClientError;
-use crate::tls_client::Connector;
+use crate::tls::client::Connector;
 
 /// Largest response head accepted from a backend.
 const MAX_HEAD: usize = 64 * 1024;

@@ -5,7 +5,7 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-pub(crate) use crate::hop::Hop;
+pub(crate) use crate::http1::hop::Hop;
 
 /// What the Connection headers of one message say: `close`, `keep-alive`, and the other headers
 /// they name, which are hop-by-hop too and are not passed on.

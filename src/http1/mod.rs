@@ -1,15 +1,21 @@
 //! pinlb's own HTTP/1.1 codec, on `httparse`, for both sides of the proxy. Split by role, as
 //! Pingora's `protocols/http/v1`:
 //!
+//! - [`hop`]: the hop-by-hop header table.
+//! - [`path`]: the normalised form of a request path that routes match (dot segments, escapes,
+//!   repeated slashes).
 //! - [`common`]: what both sides share: the hop-by-hop table, Connection tokens,
 //!   Content-Length, status and chunk-size lines, error pages; one of each.
 //! - [`body`]: body framing and the decoder both sides read bodies with.
 //! - [`request`]: request heads from clients: parsing and validation, pure (fuzzed).
 //! - [`client`]: the backend side: writing requests and reading responses on pooled connections.
 //!
-//! The client-facing session (sockets, timeouts, the connection's life) is `connection`.
+//! In this folder *client* names the role pinlb plays: the backend side. The client-facing
+//! session (sockets, timeouts, the connection's life) is `downstream::h1`.
 
 pub mod body;
 pub mod client;
 pub mod common;
+pub mod hop;
+pub mod path;
 pub mod request;

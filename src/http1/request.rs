@@ -14,7 +14,6 @@ use http::{Method, StatusCode, Uri, Version};
 
 use super::body::BodyError;
 use super::common::{ConnectionTokens, ContentLength, Hop, RequestFraming, upgrade_protocols};
-use crate::config::Limits;
 
 /// Why pinlb refused a client's request: its head (malformed, too large, or breaking a rule a
 /// proxy must enforce) or its body. Each kind is answered with one status, in
@@ -237,6 +236,37 @@ impl Special {
     }
 }
 
+/// What one request may hold: the codec's own bounds, given by whoever reads requests (a
+/// listener's `[limits]`, through `config::Limits::request`). The defaults are the
+/// configuration's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Request line plus headers, in bytes; over it → 431.
+    pub max_header_bytes: usize,
+    /// Header lines; over it → 431.
+    pub max_headers: usize,
+    /// The request target as sent; over it → 414.
+    pub max_uri_bytes: usize,
+    /// Request body bytes; over it → 413. 0 = unlimited.
+    pub max_body: u64,
+}
+
+impl RequestLimits {
+    /// Most `max_headers`: the parser keeps room for that many on the stack per request.
+    pub const MAX_HEADERS: usize = 1000;
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        RequestLimits {
+            max_header_bytes: 32 * 1024,
+            max_headers: 100,
+            max_uri_bytes: 8 * 1024,
+            max_body: 0,
+        }
+    }
+}
+
 /// Parses a complete request head off the front of `buf`, leaving the rest (body, pipelined
 /// requests) in it; `Ok(None)` when more bytes are needed.
 ///
@@ -245,10 +275,11 @@ impl Special {
 #[inline(always)]
 pub fn parse_request(
     buf: &mut BytesMut,
-    limits: &Limits,
+    limits: &RequestLimits,
 ) -> Result<Option<RequestHead>, ClientError> {
-    let mut slots = [const { MaybeUninit::<httparse::Header>::uninit() }; Limits::MAX_HEADERS];
-    let slots = &mut slots[..limits.max_headers.min(Limits::MAX_HEADERS)];
+    let mut slots =
+        [const { MaybeUninit::<httparse::Header>::uninit() }; RequestLimits::MAX_HEADERS];
+    let slots = &mut slots[..limits.max_headers.min(RequestLimits::MAX_HEADERS)];
     let mut req = httparse::Request::new(&mut []);
     let len = match httparse::ParserConfig::default()
         .parse_request_with_uninit_headers(&mut req, buf, slots)
@@ -670,10 +701,10 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Option<RequestHead>, ClientError> {
-        parse_with(text, &Limits::default())
+        parse_with(text, &RequestLimits::default())
     }
 
-    fn parse_with(text: &str, limits: &Limits) -> Result<Option<RequestHead>, ClientError> {
+    fn parse_with(text: &str, limits: &RequestLimits) -> Result<Option<RequestHead>, ClientError> {
         parse_request(&mut BytesMut::from(text), limits)
     }
 
@@ -690,7 +721,7 @@ mod tests {
         let mut buf = BytesMut::from(
             "POST /a?b HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nX-A: 1\r\nx-a: 2\r\n\r\nhiGET",
         );
-        let h = parse_request(&mut buf, &Limits::default())
+        let h = parse_request(&mut buf, &RequestLimits::default())
             .unwrap()
             .unwrap();
         assert_eq!(h.method, Method::POST);
@@ -740,15 +771,15 @@ mod tests {
     #[test]
     fn a_partial_head_asks_for_more_until_it_is_over_the_limit() {
         assert!(parse("GET / HTTP/1.1\r\nHost: x\r\n").unwrap().is_none());
-        let limits = Limits {
+        let limits = RequestLimits {
             max_header_bytes: 1024,
-            ..Limits::default()
+            ..RequestLimits::default()
         };
         let long = format!("GET / HTTP/1.1\r\nX-A: {}", "a".repeat(1100));
         assert_eq!(parse_with(&long, &limits).unwrap_err().status(), 431);
         let many = format!(
             "GET / HTTP/1.1\r\n{}\r\n",
-            "X-A: 1\r\n".repeat(Limits::default().max_headers + 1)
+            "X-A: 1\r\n".repeat(RequestLimits::default().max_headers + 1)
         );
         assert_eq!(parse(&many).unwrap_err().status(), 431);
     }
@@ -908,10 +939,10 @@ mod tests {
 
     #[test]
     fn target_and_declared_body_are_held_to_the_limits() {
-        let limits = Limits {
+        let limits = RequestLimits {
             max_uri_bytes: 16,
             max_body: 10,
-            ..Limits::default()
+            ..RequestLimits::default()
         };
         let at = |t: &str| parse_with(t, &limits).unwrap().unwrap().refused;
         assert_eq!(at("GET /0123456789abcde HTTP/1.1\r\nHost: a\r\n\r\n"), None);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The cores this test process may run on.
 pub fn allowed() -> Vec<usize> {
-    pinlb::cpus::allowed_cpus().expect("read this process's allowed cores")
+    pinlb::sys::cpus::allowed_cpus().expect("read this process's allowed cores")
 }
 
 /// The first allowed core: a one-worker proxy runs there.

@@ -1,0 +1,397 @@
+//! What `GET /status` answers and the status page draws: the version, every listener with its
+//! connections and responses, every backend with its state, how long it has been in it, its
+//! latency over the last minute, its responses by class, retries and last health check.
+//!
+//! Most of it is read from `stats` at the moment of the request. Two things need a past, which
+//! the counters do not keep: the latency over the last minute (the difference between the
+//! response-time histogram now and a minute ago) and how long a backend has been in its state.
+//! A [`Window`] keeps both: [`Window::sample`], called every second on the control thread,
+//! stores each backend's histogram buckets and notes each change of state. It costs the request
+//! path nothing: it only reads the atomics the request path writes anyway.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::process::shared::Process;
+use crate::upstream::pool::{AdminState, BackendState};
+use crate::upstream::stats::{ListenerStats, Source};
+
+/// How far back the page's latency percentiles reach.
+pub(crate) const WINDOW: Duration = Duration::from_secs(60);
+/// How often [`Window::sample`] runs.
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// A backend, as the window tells backends apart: its upstream and address.
+type Key = (String, SocketAddr);
+
+/// The past the counters don't keep. The lock is taken once a second by the sampler and once
+/// per `/status`, both on the control thread, never while anything awaits.
+#[derive(Debug, Default)]
+pub(crate) struct Window {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Oldest first, at most one per [`SAMPLE_EVERY`] over [`WINDOW`] (plus one, the base).
+    samples: VecDeque<(Instant, HashMap<Key, Vec<u64>>)>,
+    /// Each backend's state word and since when.
+    states: HashMap<Key, (&'static str, Instant)>,
+}
+
+impl Window {
+    /// Records every backend's response-time buckets and state now, and forgets what is older
+    /// than the window needs.
+    pub(crate) fn sample(&self, process: &Process) {
+        let generation = process.generations.borrow().clone();
+        let now = Instant::now();
+        let mut inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut buckets = HashMap::new();
+        for u in &generation.upstreams {
+            for b in u.backends.iter() {
+                let key = (u.config.name.clone(), b.address);
+                let counts = b.stats.response_time.snapshot().2;
+                buckets.insert(key.clone(), counts.into_iter().map(|(_, n)| n).collect());
+                note_state(&mut inner.states, key, state_word(b), now);
+            }
+        }
+        inner.samples.push_back((now, buckets));
+        // Keep the newest sample at least WINDOW old, as the base the differences start from.
+        while inner.samples.len() > 2
+            && inner
+                .samples
+                .get(1)
+                .is_some_and(|(t, _)| now.duration_since(*t) >= WINDOW)
+        {
+            inner.samples.pop_front();
+        }
+    }
+
+    /// The backend's p50 and p99 in seconds over the window, from its histogram now and the
+    /// oldest sample kept; `None` without a request in it.
+    fn percentiles(&self, key: &Key, b: &BackendState) -> Option<(f64, f64)> {
+        let (_, _, now) = b.stats.response_time.snapshot();
+        let inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let base = inner.samples.front().and_then(|(_, m)| m.get(key));
+        let counts: Vec<(f64, u64)> = now
+            .iter()
+            .enumerate()
+            .map(|(i, &(le, n))| {
+                let before = base.and_then(|v| v.get(i)).copied().unwrap_or(0);
+                (le, n.saturating_sub(before))
+            })
+            .collect();
+        Some((quantile(&counts, 0.5)?, quantile(&counts, 0.99)?))
+    }
+
+    /// How long the backend has been in `state`, as far as the samples saw; noted now if new.
+    fn in_state(&self, key: &Key, state: &'static str) -> Duration {
+        let now = Instant::now();
+        let mut inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        note_state(&mut inner.states, key.clone(), state, now);
+        inner
+            .states
+            .get(key)
+            .map_or(Duration::ZERO, |(_, since)| now.duration_since(*since))
+    }
+}
+
+fn note_state(
+    states: &mut HashMap<Key, (&'static str, Instant)>,
+    key: Key,
+    state: &'static str,
+    now: Instant,
+) {
+    match states.get_mut(&key) {
+        Some(seen) if seen.0 == state => {}
+        Some(seen) => *seen = (state, now),
+        None => {
+            states.insert(key, (state, now));
+        }
+    }
+}
+
+/// The `q` quantile of a histogram given as per-bucket counts with upper bounds (the last one
+/// +Inf), interpolated linearly within its bucket as Prometheus's `histogram_quantile` does;
+/// one in the +Inf bucket is the highest finite bound. `None` when the histogram is empty.
+pub(crate) fn quantile(buckets: &[(f64, u64)], q: f64) -> Option<f64> {
+    let total: u64 = buckets.iter().map(|b| b.1).sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = q * total as f64;
+    let mut below = 0u64;
+    let mut lower = 0.0;
+    for &(le, n) in buckets {
+        if n > 0 && (below + n) as f64 >= rank {
+            if le.is_infinite() {
+                return Some(lower);
+            }
+            let into = (rank - below as f64) / n as f64;
+            return Some(lower + (le - lower) * into.clamp(0.0, 1.0));
+        }
+        below += n;
+        if le.is_finite() {
+            lower = le;
+        }
+    }
+    Some(lower)
+}
+
+/// One word for what keeps a backend from taking requests, if anything: the page's colour.
+fn state_word(b: &BackendState) -> &'static str {
+    let admin = b.admin_state();
+    if admin != AdminState::Active {
+        admin.as_str()
+    } else if !b.is_up() {
+        "down"
+    } else if b.is_skipped() {
+        "skipped"
+    } else if b.is_full() {
+        "full"
+    } else {
+        "up"
+    }
+}
+
+/// Responses by class as `{"1xx": n, ..., "5xx": n}`.
+fn classes(counts: [u64; 5]) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (i, n) in counts.iter().enumerate() {
+        m.insert(format!("{}xx", i + 1), json!(n));
+    }
+    serde_json::Value::Object(m)
+}
+
+/// What the status page and `GET /status` show: the same picture as `/metrics`, and the last
+/// minute.
+pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
+    let generation = process.generations.borrow().clone();
+    let config = &generation.config;
+    let listeners = process.registered.all();
+    let workers: Vec<_> = config
+        .runtime
+        .cpus
+        .iter()
+        .enumerate()
+        .map(|(w, core)| {
+            let requests: u64 = listeners
+                .iter()
+                .filter(|l| l.worker == w)
+                .map(|l| l.requests.load(Ordering::Relaxed))
+                .sum();
+            json!({ "worker": w, "core": core, "requests": requests })
+        })
+        .collect();
+    let names = process.dns.names();
+    let upstreams: Vec<_> = generation
+        .upstreams
+        .iter()
+        .map(|u| {
+            let backends: Vec<_> = u
+                .backends
+                .iter()
+                .zip(&u.config.backends)
+                .map(|(b, c)| backend_status(&u.config.name, b, c.backup, window))
+                .collect();
+            // Each DNS name with the addresses it resolved to (backends above, among the rest).
+            let names: Vec<_> = names
+                .iter()
+                .filter(|n| n.upstream == u.config.name)
+                .map(|n| {
+                    json!({
+                        "name": n.name.to_string(),
+                        "addresses": n.addresses.iter().map(|(a, w)| json!({ "address": a.to_string(), "weight": w })).collect::<Vec<_>>(),
+                        "failures": n.failures,
+                        "failing": n.failing,
+                    })
+                })
+                .collect();
+            json!({
+                "name": u.config.name,
+                "algorithm": u.config.algorithm.as_str(),
+                "hash": u.config.hash.as_ref().map(ToString::to_string),
+                "health_checks": u.config.health.is_some(),
+                "backends": backends,
+                "names": names,
+            })
+        })
+        .collect();
+    let listener_list: Vec<_> = config
+        .listeners
+        .iter()
+        .flat_map(|l| {
+            let upstream = &config.upstreams[l.upstream].name;
+            // Each worker has its own counters for a listener: one row per bound address.
+            let mut bound: Vec<SocketAddr> = listeners
+                .iter()
+                .filter(|s| s.configured == l.address)
+                .map(|s| s.listener)
+                .collect();
+            bound.sort_unstable();
+            bound.dedup();
+            if bound.is_empty() {
+                bound.push(l.address);
+            }
+            bound
+                .into_iter()
+                .map(|addr| {
+                    let mine: Vec<&std::sync::Arc<ListenerStats>> =
+                        listeners.iter().filter(|s| s.listener == addr).collect();
+                    listener_status(addr, upstream, l.tls.is_some(), &mine)
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "generation": generation.number,
+        "uptime_seconds": process.started.elapsed().as_secs_f64(),
+        "config_file": process.config_path.as_ref().map(|p| p.display().to_string()),
+        "metrics": config.admin.is_some(),
+        "workers": workers,
+        "listeners": listener_list,
+        "upstreams": upstreams,
+        "spawned": spawned_status(&process.spawned.all()),
+    })
+}
+
+/// The spawned backends, by upstream and index.
+fn spawned_status(records: &[crate::process::spawned::Record]) -> serde_json::Value {
+    records
+        .iter()
+        .map(|r| {
+            json!({
+                "upstream": r.upstream,
+                "index": r.index,
+                "pid": r.pid,
+                "address": r.address.to_string(),
+                "core": r.core,
+                "state": r.state.as_str(),
+                "restarts": r.restarts,
+                "last_exit": r.last_exit,
+            })
+        })
+        .collect()
+}
+
+fn listener_status(
+    addr: SocketAddr,
+    upstream: &str,
+    tls: bool,
+    stats: &[&std::sync::Arc<ListenerStats>],
+) -> serde_json::Value {
+    let sum = |f: &dyn Fn(&ListenerStats) -> u64| -> u64 { stats.iter().map(|s| f(s)).sum() };
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let accepted = sum(&|s| load(&s.accepted));
+    let closed = sum(&|s| load(&s.closed));
+    let mut by_class = [0u64; 5];
+    for (class, slot) in by_class.iter_mut().enumerate() {
+        let first = 100 * (class as u16 + 1);
+        for code in first..first + 100 {
+            *slot +=
+                sum(&|s| s.responses(Source::Backend, code) + s.responses(Source::Pinlb, code));
+        }
+    }
+    json!({
+        "address": addr.to_string(),
+        "upstream": upstream,
+        "tls": tls,
+        "connections": accepted.saturating_sub(closed),
+        "accepted": accepted,
+        "requests": sum(&|s| load(&s.requests)),
+        "responses": classes(by_class),
+    })
+}
+
+fn backend_status(
+    upstream: &str,
+    b: &BackendState,
+    backup: bool,
+    window: &Window,
+) -> serde_json::Value {
+    let admin = b.admin_state();
+    let state = state_word(b);
+    let key = (upstream.to_string(), b.address);
+    let s = &b.stats;
+    let responses: [u64; 5] = std::array::from_fn(|i| s.responses[i].load(Ordering::Relaxed));
+    let latency = window.percentiles(&key, b);
+    let last_check = s.last_check().map(|(ms, passed)| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        json!({
+            "passed": passed,
+            "seconds_ago": now.saturating_sub(ms) as f64 / 1000.0,
+        })
+    });
+    json!({
+        "address": b.address.to_string(),
+        "state": state,
+        "state_seconds": window.in_state(&key, state).as_secs_f64(),
+        "health": if b.is_up() { "up" } else { "down" },
+        "admin": admin.as_str(),
+        "weight": b.weight(),
+        "backup": backup,
+        "in_flight": b.in_flight(),
+        // `ewma` upstreams: the response-time average picks are made on.
+        "ewma_ms": b.ewma().map(|d| d.as_secs_f64() * 1000.0),
+        "requests": s.requests.load(Ordering::Relaxed),
+        "errors": s.errors_total(),
+        "retries": s.retries.load(Ordering::Relaxed),
+        "responses": classes(responses),
+        "p50_ms": latency.map(|l| l.0 * 1000.0),
+        "p99_ms": latency.map(|l| l.1 * 1000.0),
+        "last_check": last_check,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate_within_their_bucket() {
+        let b = [(0.001, 10), (0.01, 80), (0.1, 10), (f64::INFINITY, 0)];
+        assert_eq!(quantile(&b, 0.0), Some(0.0));
+        // The 50th of 100 is the 40th of the 80 in (1 ms, 10 ms].
+        let p50 = quantile(&b, 0.5).unwrap();
+        assert!((p50 - (0.001 + 0.009 * 40.0 / 80.0)).abs() < 1e-12, "{p50}");
+        let p99 = quantile(&b, 0.99).unwrap();
+        assert!((p99 - (0.01 + 0.09 * 0.9)).abs() < 1e-12, "{p99}");
+        assert_eq!(quantile(&[(0.1, 0), (f64::INFINITY, 0)], 0.5), None);
+        assert_eq!(
+            quantile(&[(0.1, 0), (f64::INFINITY, 3)], 0.5),
+            Some(0.1),
+            "beyond the last bound is the last bound"
+        );
+    }
+
+    #[test]
+    fn a_state_keeps_its_start_until_it_changes() {
+        let mut states = HashMap::new();
+        let key = ("app".to_string(), "127.0.0.1:1".parse().unwrap());
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(5);
+        note_state(&mut states, key.clone(), "up", t0);
+        note_state(&mut states, key.clone(), "up", t1);
+        assert_eq!(states[&key], ("up", t0));
+        note_state(&mut states, key.clone(), "draining", t1);
+        assert_eq!(states[&key], ("draining", t1));
+    }
+}

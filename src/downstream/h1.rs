@@ -1,0 +1,1195 @@
+//! One client connection's life: reading requests off it, handing each to the proxy, writing
+//! the responses back, and closing, lingering or parking it.
+//!
+//! pinlb serves clients with its own codec (`http1`) rather than hyper's server, for the same
+//! reasons it talks to backends without hyper's client: a proxy needs less than a general server, and
+//! the difference is what pinlb costs. hyper's server was about 7.7k of the 17.7k user-space
+//! instructions per proxied request (benches/callgrind.sh), and it keeps two 8 KiB buffers per
+//! connection for as long as the connection is open, idle or not. Here an idle keep-alive
+//! connection holds no buffer at all (its read buffer is freed between requests), and a request
+//! is parsed in place with `httparse`, the parser hyper uses.
+//!
+//! Per request: one read for the head (and whatever body came with it), the exchange with the
+//! backend, and one write for the response head together with the part of the body the backend
+//! sent with its own head. Request heads are parsed and checked by `http1::request`.
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{Method, StatusCode, Version};
+use socket2::SockRef;
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::config::Limits;
+use crate::downstream::idle::{self, Wait};
+use crate::downstream::stream::{ClientStream, Refused, Stir, StreamIo, TlsState, poll_read_tcp};
+use crate::downstream::tunnel::{self, Dir, End};
+use crate::http1::body::{Decoder, Framing};
+use crate::http1::client::UpstreamError;
+use crate::http1::common::{
+    ERROR_PAGE_TYPE, Reply, RequestFraming, chunk_size_line, content_length_line, error_page,
+    status_line,
+};
+use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
+use crate::proxy::accesslog::{Batch, Logged, Pending};
+use crate::proxy::forward::{self, Answer, ClientBody, ProxyBody};
+use crate::route::decision::{ClientRules, Decision, Route, https_location};
+use crate::upstream::stats::{ListenerStats, Source, TlsFailure};
+
+/// After a response that ends the connection with client bytes left unread, how long and how
+/// much pinlb goes on reading (and discarding) before it closes, so that the close does not
+/// turn into a reset that destroys the response before the client reads it (nginx's
+/// `lingering_close`).
+const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 256 * 1024;
+
+/// A worker's open client connections, which park here when idle.
+pub(crate) type Clients = idle::Clients<Parked>;
+/// A connection's slot among its worker's [`Clients`].
+pub(crate) type Slot = idle::Client<Parked>;
+
+/// What a client connection holds until it closes, however its task ends (dropped before its
+/// first poll included): its `limits.max_connections` permit, and its count as an open
+/// connection.
+pub(crate) struct Held {
+    _slot: OwnedSemaphorePermit,
+    _closed: Closed,
+}
+
+impl Held {
+    /// Counts the connection open on `stats` (when metrics are on) until it is dropped.
+    pub(crate) fn new(slot: OwnedSemaphorePermit, stats: Option<Arc<ListenerStats>>) -> Held {
+        if let Some(s) = &stats {
+            s.accepted.fetch_add(1, Ordering::Relaxed);
+        }
+        Held {
+            _slot: slot,
+            _closed: Closed(stats),
+        }
+    }
+}
+
+/// Counts a client connection closed when dropped.
+struct Closed(Option<Arc<ListenerStats>>);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        if let Some(s) = &self.0 {
+            s.closed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Reads what the client sent into the spare room of `buf`; `Ok(0)` is the end of the stream.
+#[inline]
+fn poll_read_buf(
+    stream: &ClientStream,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    stream.poll_read_buf(buf, cx)
+}
+
+/// Writes all of `bufs`, waiting for room in the socket as needed. Not an `async fn` of its
+/// own: a layer of future around the stream's would cost every response a copy of it.
+fn write_all<'a>(
+    stream: &'a ClientStream,
+    bufs: &'a mut [IoSlice<'_>],
+) -> impl Future<Output = io::Result<()>> + 'a {
+    stream.write_all(bufs)
+}
+
+/// A request's body, read from the client connection as the proxy sends it on.
+pub struct BodyReader<'a> {
+    stream: &'a ClientStream,
+    buf: &'a mut BytesMut,
+    framing: RequestFraming,
+    decoder: Decoder,
+    /// `Expect: 100-continue` not yet answered.
+    expect_continue: bool,
+    /// Told when the body is complete, for the connection to see while the proxy holds it.
+    watch: &'a Watch,
+}
+
+impl<'a> BodyReader<'a> {
+    fn new(
+        stream: &'a ClientStream,
+        buf: &'a mut BytesMut,
+        framing: RequestFraming,
+        expect_continue: bool,
+        watch: &'a Watch,
+    ) -> Self {
+        let decoder = Decoder::new(match framing {
+            RequestFraming::None => Framing::Empty,
+            RequestFraming::Length(n) => Framing::Length(n),
+            RequestFraming::Chunked => Framing::Chunked,
+        });
+        let body = BodyReader {
+            stream,
+            buf,
+            framing,
+            decoder,
+            expect_continue,
+            watch,
+        };
+        body.check_done();
+        body
+    }
+
+    /// Once the body is complete, whatever is left in the buffer belongs to a next request.
+    fn check_done(&self) {
+        if self.decoder.is_done() {
+            self.watch.body_done.set(true);
+            if !self.buf.is_empty() {
+                self.watch.pipelined.set(true);
+            }
+        }
+    }
+}
+
+impl forward::ClientBody for BodyReader<'_> {
+    fn framing(&self) -> RequestFraming {
+        self.framing
+    }
+
+    fn is_done(&self) -> bool {
+        self.decoder.is_done()
+    }
+
+    /// The next piece of the body; `None` once it is complete. Errors are the client's: a
+    /// malformed chunk, or the connection ending mid-body.
+    async fn next(&mut self) -> Result<Option<Bytes>, ClientError> {
+        let broke_off = |e: io::Error| ClientError::BodyBrokeOff(e.to_string().into());
+        // Bounded: every pass decodes, or reads at least one byte, or ends.
+        loop {
+            let decoded = self.decoder.decode(self.buf).map_err(ClientError::Body)?;
+            self.check_done();
+            if decoded.is_some() || self.decoder.is_done() {
+                return Ok(decoded);
+            }
+            if self.expect_continue {
+                // The client waits for this before it sends the body; a client that sent it
+                // anyway has it in the buffer, and the answer is skipped.
+                self.expect_continue = false;
+                write_all(
+                    self.stream,
+                    &mut [IoSlice::new(b"HTTP/1.1 100 Continue\r\n\r\n")],
+                )
+                .await
+                .map_err(broke_off)?;
+            }
+            let n = std::future::poll_fn(|cx| poll_read_buf(self.stream, self.buf, cx))
+                .await
+                .map_err(broke_off)?;
+            if n == 0 {
+                return Err(ClientError::BodyBrokeOff(
+                    "client closed the connection mid-body".into(),
+                ));
+            }
+        }
+    }
+}
+
+/// What the connection watches while the proxy holds the request body.
+#[derive(Default)]
+struct Watch {
+    /// The whole request body has been read.
+    body_done: Cell<bool>,
+    /// Bytes of a next request have arrived: in the buffer, or waiting in the socket.
+    pipelined: Cell<bool>,
+}
+
+/// Completes when the client closes its connection (or it breaks) while its request is with a
+/// backend, so that the request is abandoned, as hyper and nginx do. Watches only once the
+/// request body has been read, and not once a next request has begun to arrive: those bytes are
+/// not read until the response is out, and a client that pipelines and then closes its side
+/// still gets every answer.
+fn poll_client_gone(stream: &ClientStream, watch: &Watch, cx: &mut Context<'_>) -> Poll<()> {
+    if !watch.body_done.get() || watch.pipelined.get() {
+        return Poll::Pending;
+    }
+    match ready!(stream.poll_stir(cx)) {
+        Stir::Gone => Poll::Ready(()),
+        Stir::Sent => {
+            watch.pipelined.set(true);
+            Poll::Pending
+        }
+    }
+}
+
+/// A timer made on first need and reset for each later wait: waits that never block (most do
+/// not) cost no timer, and those that do share one.
+#[derive(Default)]
+struct Deadline(Option<Pin<Box<tokio::time::Sleep>>>);
+
+impl Deadline {
+    /// `fut`'s output, or `None` if it was pending for `limit`.
+    async fn within<T>(&mut self, limit: Duration, fut: impl Future<Output = T>) -> Option<T> {
+        let mut fut = std::pin::pin!(fut);
+        let mut armed = false;
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Some(v));
+            }
+            if !armed {
+                armed = true;
+                let at = Instant::now() + limit;
+                match self.0.as_mut() {
+                    Some(t) => t.as_mut().reset(at),
+                    None => self.0 = Some(Box::pin(tokio::time::sleep_until(at))),
+                }
+            }
+            match self.0.as_mut().map(|t| t.as_mut().poll(cx)) {
+                Some(Poll::Ready(())) => Poll::Ready(None),
+                _ => Poll::Pending,
+            }
+        })
+        .await
+    }
+}
+
+/// Most bytes of a body of unknown length (chunked, or delimited by the backend's close) read
+/// ahead for an HTTP/1.0 keep-alive client, so that it can go out with a Content-Length: the
+/// size of nginx's default `proxy_buffers` (8 × 8 KiB).
+const READ_AHEAD_BYTES: usize = 64 * 1024;
+/// Longest the read-ahead waits, in all, for the rest of such a body (or `timeouts.response`,
+/// if shorter). A backend that answers at once (Node's `res.end(body)`) is done well within
+/// it; a slow stream (server-sent events) holds its first bytes back for at most this long,
+/// then streams as it would have.
+const READ_AHEAD_TIME: Duration = Duration::from_millis(10);
+
+/// A response body's beginning, read ahead (see [`read_ahead`]).
+struct Ahead {
+    /// The body's bytes so far, at most `READ_AHEAD_BYTES`.
+    data: BytesMut,
+    /// What the body gave after `data`, if the read-ahead took it: its end (`None`), an error,
+    /// or the piece that would have gone over the bound. `None` when the time ran out.
+    then: Option<Option<Result<Bytes, UpstreamError>>>,
+}
+
+impl Ahead {
+    /// Whether `data` is the whole body.
+    fn complete(&self) -> bool {
+        matches!(self.then, Some(None))
+    }
+
+    /// The pieces read ahead, in order, before the body is read on; `None` once they are out.
+    fn next(&mut self) -> Option<Option<Result<Bytes, UpstreamError>>> {
+        if !self.data.is_empty() {
+            return Some(Some(Ok(self.data.split().freeze())));
+        }
+        self.then.take()
+    }
+}
+
+/// Reads a body of unknown length ahead until it ends, passes `READ_AHEAD_BYTES`, breaks, or
+/// `READ_AHEAD_TIME` (at most `limit`) is over. A body that is already there costs no timer.
+async fn read_ahead(body: &mut ProxyBody, limit: Duration) -> Ahead {
+    let mut data = BytesMut::new();
+    let mut deadline = Deadline::default();
+    let until = Instant::now() + READ_AHEAD_TIME.min(limit);
+    // Bounded by READ_AHEAD_BYTES and the time: every pass takes a piece of the body, or ends.
+    loop {
+        let next = std::future::poll_fn(|cx| body.poll_data(cx));
+        let left = until.saturating_duration_since(Instant::now());
+        let then = match deadline.within(left, next).await {
+            None => None,
+            Some(Some(Ok(d))) if data.len() + d.len() <= READ_AHEAD_BYTES => {
+                data.extend_from_slice(&d);
+                continue;
+            }
+            Some(piece) => Some(piece),
+        };
+        return Ahead { data, then };
+    }
+}
+
+/// What happens to a connection after an exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    KeepAlive,
+    Close,
+    /// Close, reading and discarding what the client still sends for a while first.
+    Linger,
+    /// Reset: a response broke off, and the client must not take what it got for the whole.
+    Abort,
+    /// The connection began with the HTTP/2 preface on an `h2c` listener: HTTP/2 serves it
+    /// from here, with the bytes read so far.
+    Http2,
+}
+
+/// How a response went out.
+enum Written {
+    /// Whole; with whether the connection may carry another request.
+    Whole { keep_alive: bool },
+    /// Cut short: the backend failed or stalled mid-body.
+    Aborted,
+}
+
+/// One client connection, for as long as it is open.
+struct Connection {
+    stream: ClientStream,
+    peer: SocketAddr,
+    slot: Slot,
+    route: Rc<Route>,
+    batch: Option<Rc<Batch>>,
+    /// The header timeout of the connection's first request runs from here.
+    accepted: Instant,
+    /// The rules the connection's client identity was worked out under, and that identity;
+    /// recomputed only after a reload changed the rules (`forwarded.trusted` above all).
+    client: RefCell<(Rc<ClientRules>, Rc<forward::Client>)>,
+}
+
+/// A connection parked while idle (see `idle`): what it needs to start again.
+pub struct Parked {
+    pub socket: std::net::TcpStream,
+    /// A TLS connection's rustls state.
+    tls: Option<TlsState>,
+    peer: SocketAddr,
+    slot: Slot,
+    route: Rc<Route>,
+    batch: Option<Rc<Batch>>,
+    held: Held,
+    /// No request has come on it yet: its first head is still timed from `accepted`.
+    first: bool,
+    accepted: Instant,
+}
+
+impl AsFd for Parked {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+}
+
+/// Starts parked connections again as their clients send something, until the worker ends.
+pub(crate) async fn unparker(clients: Rc<Clients>) {
+    loop {
+        for parked in clients.unparked().await {
+            let Parked {
+                socket,
+                tls,
+                peer,
+                slot,
+                route,
+                batch,
+                held,
+                first,
+                accepted,
+            } = *parked;
+            match TcpStream::from_std(socket) {
+                Ok(stream) => {
+                    let stream = ClientStream::from_parts(stream, tls);
+                    let start = Start { first, accepted };
+                    tokio::task::spawn_local(serve(stream, peer, slot, route, batch, held, start));
+                }
+                // Dropped: closed.
+                Err(e) => debug!(client = %peer, "cannot take a parked connection back: {e}"),
+            }
+        }
+    }
+}
+
+/// Where a connection's service starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Start {
+    /// No request has come on it yet.
+    pub first: bool,
+    /// When it was accepted: the header timeout of its first request runs from here.
+    pub accepted: Instant,
+}
+
+impl Start {
+    /// A connection just accepted.
+    pub fn accepted() -> Start {
+        Start {
+            first: true,
+            accepted: Instant::now(),
+        }
+    }
+}
+
+/// Serves one client connection until it closes or is parked. `held` is kept until then: the
+/// connection's `limits.max_connections` permit and its counters.
+pub(crate) async fn serve(
+    stream: ClientStream,
+    peer: SocketAddr,
+    slot: Slot,
+    route: Rc<Route>,
+    batch: Option<Rc<Batch>>,
+    held: Held,
+    start: Start,
+) {
+    let rules = route.rules.borrow().clone();
+    let client = Rc::new(rules.client(peer, stream.is_tls()));
+    let conn = Connection {
+        stream,
+        peer,
+        slot,
+        route,
+        batch,
+        accepted: start.accepted,
+        client: RefCell::new((rules, client)),
+    };
+    let mut buf = BytesMut::new();
+    let mut first = start.first;
+    // Bounded by the client: every pass serves one request, or ends.
+    let next = loop {
+        if buf.is_empty() {
+            // Idle until the first bytes of a request are in the buffer (or the client closed):
+            // a readiness without bytes behind it keeps the connection idle, with no buffer.
+            let wait = std::future::poll_fn(|cx| {
+                conn.slot.poll_wait(first, cx, |cx| {
+                    if buf.capacity() == 0 {
+                        buf = conn.slot.clients().take_buffer();
+                    }
+                    let read = poll_read_buf(&conn.stream, &mut buf, cx);
+                    if read.is_pending() && buf.is_empty() {
+                        conn.slot.clients().give_buffer(std::mem::take(&mut buf));
+                    }
+                    read.map(|r| r.map(drop))
+                })
+            })
+            .await;
+            match wait {
+                Wait::Readable => {}
+                Wait::Close => {
+                    debug!(client = %conn.peer, "closing client connection: idle, or making room, or stopping");
+                    break Next::Close;
+                }
+                Wait::Park => {
+                    park(conn, held, first);
+                    return;
+                }
+            }
+        }
+        // Boxed: the exchange's state (about 5 KB, most of it the proxy's) exists only while a
+        // request does, so that a connection waiting for its next request keeps a small task.
+        // Unboxed saved about 500 instructions per request (an allocation and a copy of the
+        // state), but the memory of 10,000 connections that had just gone idle (before they
+        // park) stayed with the allocator, and benches/idle.sh measured 571 bytes per parked
+        // connection instead of 391.
+        let next = Box::pin(conn.exchange(&mut buf, first)).await;
+        if next != Next::KeepAlive {
+            break next;
+        }
+        first = false;
+        if buf.is_empty() {
+            // Nothing pipelined: the buffer goes until the next request comes.
+            conn.slot.clients().give_buffer(std::mem::take(&mut buf));
+        }
+    };
+    if next == Next::Http2 {
+        let Connection {
+            stream,
+            peer,
+            slot,
+            route,
+            batch,
+            ..
+        } = conn;
+        Box::pin(crate::downstream::h2::serve(
+            stream,
+            buf.freeze(),
+            peer,
+            slot,
+            route,
+            batch,
+        ))
+        .await;
+        drop(held);
+        return;
+    }
+    // Boxed: rarely needed (a lingering close holds a buffer and a timer), and kept out of the
+    // task's own state, which every open connection pays for.
+    Box::pin(conn.close(next)).await;
+    drop(held);
+}
+
+/// What an h2c connection begins with: the first line of the HTTP/2 client preface (RFC 9113
+/// §3.4) and the empty line after it.
+const H2C_START: &[u8] = b"PRI * HTTP/2.0\r\n\r\n";
+
+/// Serves a connection accepted on a TLS listener: the handshake first, within
+/// `limits.header_timeout` of the accept (the time its first request head would have). Plain
+/// HTTP gets a 400 that says so, as nginx answers; a failed handshake is counted and closed.
+pub(crate) async fn serve_tls(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+    route: Rc<Route>,
+    batch: Option<Rc<Batch>>,
+    held: Held,
+    start: Start,
+) {
+    // The certificates of the generation running now: a reload that comes during the
+    // handshake applies to the next one.
+    let Some(tls) = route.tls.borrow().clone() else {
+        let stream = ClientStream::Plain(tcp);
+        return serve(stream, peer, slot, route, batch, held, start).await;
+    };
+    let limit = route.rules.borrow().limits.header_timeout;
+    let shaken = tokio::time::timeout_at(
+        start.accepted + limit,
+        crate::downstream::stream::handshake(tcp, &tls),
+    )
+    .await;
+    drop(tls);
+    let count = |failure: TlsFailure| {
+        if let Some(s) = &route.stats {
+            s.tls_failures[failure as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    match shaken {
+        Ok(Ok(stream)) => {
+            if let (Some(s), ClientStream::Tls(_)) = (&route.stats, &stream) {
+                s.tls_handshakes.fetch_add(1, Ordering::Relaxed);
+                if stream.is_resumed() {
+                    s.tls_resumed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if stream.is_h2() {
+                Box::pin(crate::downstream::h2::serve(
+                    stream,
+                    Bytes::new(),
+                    peer,
+                    slot,
+                    route,
+                    batch,
+                ))
+                .await;
+                drop(held);
+                return;
+            }
+            serve(stream, peer, slot, route, batch, held, start).await;
+        }
+        Ok(Err(Refused::PlainHttp(tcp))) => {
+            count(TlsFailure::PlainHttp);
+            debug!(client = %peer, "answered 400: plain HTTP on a TLS listener");
+            let rules = route.rules.borrow().clone();
+            let client = Rc::new(forward::Client::new(peer, &rules.trusted));
+            let conn = Connection {
+                stream: ClientStream::Plain(tcp),
+                peer,
+                slot,
+                route,
+                batch,
+                accepted: start.accepted,
+                client: RefCell::new((rules, client)),
+            };
+            conn.write_local(
+                StatusCode::BAD_REQUEST,
+                &"The plain HTTP request was sent to HTTPS port",
+            )
+            .await;
+            Box::pin(conn.close(Next::Linger)).await;
+            drop(held);
+        }
+        Ok(Err(Refused::Failed(failure, why))) => {
+            count(failure);
+            debug!(client = %peer, "TLS handshake failed: {why}");
+        }
+        Err(_) => {
+            count(TlsFailure::Timeout);
+            debug!(client = %peer, "TLS handshake not done within {limit:?} (limits.header_timeout)");
+        }
+    }
+}
+
+/// Parks an idle connection: its socket leaves the reactor for the worker's parking set.
+fn park(conn: Connection, held: Held, first: bool) {
+    let Connection {
+        stream,
+        peer,
+        slot,
+        route,
+        batch,
+        accepted,
+        ..
+    } = conn;
+    let clients = slot.clients_rc();
+    let (stream, tls) = stream.into_parts();
+    match stream.into_std() {
+        Ok(socket) => {
+            let parked = Box::new(Parked {
+                socket,
+                tls,
+                peer,
+                slot,
+                route,
+                batch,
+                held,
+                first,
+                accepted,
+            });
+            if let Err(parked) = clients.park(parked.slot.index(), parked) {
+                debug!(client = %peer, "closing idle client connection: it could not be parked");
+                drop(parked);
+            }
+        }
+        Err(e) => debug!(client = %peer, "closing idle client connection: {e}"),
+    }
+}
+
+impl Connection {
+    /// Reads one request, has the proxy answer it, and writes the response.
+    async fn exchange(&self, buf: &mut BytesMut, first: bool) -> Next {
+        let limits = self.route.rules.borrow().limits;
+        let mut head = match self.read_head(buf, first, &limits).await {
+            Ok(head) => head,
+            Err(next) => return next,
+        };
+        let refused = head.refused.take();
+        // The clock is read only when someone can scrape what it measures.
+        let started = self.route.stats.as_ref().map(|s| {
+            s.requests.fetch_add(1, Ordering::Relaxed);
+            Instant::now()
+        });
+        if self.route.redirect_https.get() {
+            return self.redirect_https(&head, buf).await;
+        }
+        let pending = self
+            .batch
+            .as_ref()
+            .map(|batch| Pending::start(&head, self.peer, batch));
+        let (upstream, edits, local) = match refused {
+            // A refused head is answered as such, whatever the routes say.
+            Some(_) => (self.route.upstream.borrow().clone(), None, None),
+            None => match self.route.decide(&head, self.stream.is_tls(), &self.peer) {
+                Decision::Proxy(upstream, edits) => (upstream, edits, None),
+                Decision::Answer(reply) => {
+                    (self.route.upstream.borrow().clone(), None, Some(reply))
+                }
+            },
+        };
+        let timeouts = edits
+            .as_ref()
+            .and_then(|e| e.request.timeouts)
+            .unwrap_or(upstream.shared.config.timeouts);
+        let (limits, client) = {
+            let now = self.route.rules.borrow();
+            let mut cached = self.client.borrow_mut();
+            if !Rc::ptr_eq(&cached.0, &now) {
+                *cached = (
+                    now.clone(),
+                    Rc::new(now.client(self.peer, self.stream.is_tls())),
+                );
+            }
+            (now.limits, cached.1.clone())
+        };
+        let watch = Watch::default();
+        let mut client_body =
+            BodyReader::new(&self.stream, buf, head.body, head.expect_continue, &watch);
+        let answered = if let Some(response) = local {
+            Some(Answer {
+                response,
+                upstreamed: None,
+                close: false,
+            })
+        } else {
+            // Pinned where it is made, so that `select!` holds a reference to the proxy's
+            // future (all of a request's states) instead of copying it.
+            let forwarded = std::pin::pin!(forward::handle(
+                upstream,
+                client,
+                limits,
+                &head,
+                edits.as_ref().map(|e| &e.request),
+                &mut client_body,
+                refused,
+                pending.is_some(),
+            ));
+            let gone = std::future::poll_fn(|cx| poll_client_gone(&self.stream, &watch, cx));
+            tokio::select! {
+                biased;
+                answer = forwarded => Some(answer),
+                () = gone => None,
+            }
+        };
+        let Some(answer) = answered else {
+            // Dropping the proxy's future abandons the request; the access log records 499.
+            debug!(client = %self.peer, "client closed the connection while its request was with a backend");
+            return Next::Close;
+        };
+        let body_read = client_body.is_done();
+        let Answer {
+            mut response,
+            upstreamed,
+            close,
+        } = answer;
+        if let Some(e) = &edits {
+            e.edit_response(&mut response);
+        }
+        if let Some(s) = &self.route.stats {
+            let local = matches!(response.body, forward::ProxyBody::Local(_));
+            s.response(
+                response.status,
+                if local {
+                    Source::Pinlb
+                } else {
+                    Source::Backend
+                },
+            );
+        }
+        let logged = Logged::new(pending.and_then(|p| p.responded(response.status, upstreamed)));
+        if response.status == StatusCode::SWITCHING_PROTOCOLS {
+            // Only a request that asked to upgrade gets a 101 this far (http1::client).
+            // Boxed: a tunnel's state is needed by few connections.
+            return Box::pin(self.tunnel(response, buf, logged, timeouts)).await;
+        }
+        let keep_alive = head.keep_alive
+            && !head.ambiguous
+            && !close
+            && body_read
+            && !self.slot.clients().is_draining();
+        let written = self
+            .write_response(
+                response,
+                &head.method,
+                head.version,
+                keep_alive,
+                logged,
+                timeouts,
+            )
+            .await;
+        if let (Some(s), Some(t)) = (&self.route.stats, started) {
+            s.request_time.observe(t.elapsed());
+        }
+        match written {
+            Ok(Written::Whole { keep_alive: true }) => Next::KeepAlive,
+            Ok(Written::Whole { .. }) if body_read && buf.is_empty() && !watch.pipelined.get() => {
+                Next::Close
+            }
+            // Bytes the client sent are left unread.
+            Ok(Written::Whole { .. }) => Next::Linger,
+            Ok(Written::Aborted) | Err(_) => Next::Abort,
+        }
+    }
+
+    /// Reads until `buf` holds a whole request head. A head that can't be served (malformed,
+    /// too large, too late) is answered here; `Err` says how the connection ends then, or after
+    /// the client closed.
+    async fn read_head(
+        &self,
+        buf: &mut BytesMut,
+        first: bool,
+        limits: &Limits,
+    ) -> Result<RequestHead, Next> {
+        let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        let mut end = HeadEnd::default();
+        // Bounded: each pass reads at least one byte (the head is at most
+        // `limits.max_header_bytes`), or ends.
+        loop {
+            if !buf.is_empty() {
+                let parsed = if end.arrived(buf) || buf.len() > limits.max_header_bytes {
+                    parse_request(buf, &limits.request())
+                } else {
+                    Ok(None)
+                };
+                match parsed {
+                    Ok(Some(head)) => return Ok(head),
+                    Ok(None) => {}
+                    // The preface's first line parses as a head of version HTTP/2.0, which
+                    // HTTP/1.1 refuses: looked at only then, so it costs no other head anything.
+                    Err(_) if first && self.route.h2c.get() && buf.starts_with(H2C_START) => {
+                        return Err(Next::Http2);
+                    }
+                    Err(e) => {
+                        warn!(client = %self.peer, "answered {}: {e}", e.status().as_u16());
+                        self.write_local(e.status(), &e).await;
+                        return Err(Next::Linger);
+                    }
+                }
+                if timer.is_none() {
+                    // Part of a head is here: it must be complete within the header timeout of
+                    // its first byte (of the accept, for the first request). The clock is read
+                    // only now, when a head needs more than one read.
+                    let since = if first { self.accepted } else { Instant::now() };
+                    timer = Some(Box::pin(tokio::time::sleep_until(
+                        since + limits.header_timeout,
+                    )));
+                }
+            }
+            // The timer is polled only when the read has to wait: a head that arrives a byte at
+            // a time wakes the task once per byte and polls this twice (the byte, then the wait
+            // for the next one), and the timer needs its waker only for the wait. A timer that
+            // ran out is seen at the next wait, after at most the bytes already there.
+            let read = std::future::poll_fn(|cx| match poll_read_buf(&self.stream, buf, cx) {
+                Poll::Ready(r) => Poll::Ready(Some(r)),
+                Poll::Pending => match timer.as_mut().map(|t| t.as_mut().poll(cx)) {
+                    Some(Poll::Ready(())) => Poll::Ready(None),
+                    _ => Poll::Pending,
+                },
+            })
+            .await;
+            match read {
+                Some(Ok(0)) => {
+                    if !buf.is_empty() {
+                        debug!(client = %self.peer, "client closed the connection inside a request head");
+                    }
+                    return Err(Next::Close);
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    debug!(client = %self.peer, "client connection failed: {e}");
+                    return Err(Next::Close);
+                }
+                None => {
+                    warn!(client = %self.peer, "answered 408: no complete request head within {:?} (limits.header_timeout)", limits.header_timeout);
+                    self.write_local(
+                        StatusCode::REQUEST_TIMEOUT,
+                        &"no complete request head within limits.header_timeout",
+                    )
+                    .await;
+                    // What arrived of the head is dropped, and what still comes is read and
+                    // dropped for a while, so that the client sees the 408 and not a reset.
+                    buf.clear();
+                    return Err(Next::Linger);
+                }
+            }
+        }
+    }
+
+    /// Writes a response pinlb makes itself before any request reached the proxy, and which
+    /// ends the connection. Best effort, for at most `LINGER_TIME`: the connection closes next
+    /// anyway.
+    async fn write_local(&self, status: StatusCode, cause: &dyn std::fmt::Display) {
+        self.write_page(status, cause, b"", false).await;
+    }
+
+    /// Writes a page pinlb makes itself, with `lines` among its headers; best effort, for at
+    /// most `LINGER_TIME`. Whether the connection is kept says `keep_alive`.
+    async fn write_page(
+        &self,
+        status: StatusCode,
+        cause: &dyn std::fmt::Display,
+        lines: &[u8],
+        keep_alive: bool,
+    ) -> bool {
+        if let Some(s) = &self.route.stats {
+            s.response(status, Source::Pinlb);
+        }
+        let text = error_page(status, cause);
+        let mut head = Vec::with_capacity(256 + lines.len());
+        status_line(&mut head, status);
+        head.extend_from_slice(ERROR_PAGE_TYPE);
+        self.slot.clients().write_date(&mut head);
+        content_length_line(&mut head, text.len() as u64);
+        head.extend_from_slice(lines);
+        if !keep_alive {
+            head.extend_from_slice(b"connection: close\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+        let mut out = [IoSlice::new(&head), IoSlice::new(text.as_bytes())];
+        matches!(
+            tokio::time::timeout(LINGER_TIME, write_all(&self.stream, &mut out)).await,
+            Ok(Ok(()))
+        )
+    }
+
+    /// Answers a request on a `redirect_https` listener: 301 to the same host (without its
+    /// port) and target over https, as nginx's `return 301 https://$host$request_uri;`. The
+    /// connection stays open for a next request unless this one came with a body, which is
+    /// not read.
+    async fn redirect_https(&self, head: &RequestHead, buf: &BytesMut) -> Next {
+        let Some(location) = https_location(head) else {
+            self.write_local(
+                StatusCode::BAD_REQUEST,
+                &"no Host header to redirect to https with",
+            )
+            .await;
+            return Next::Linger;
+        };
+        let keep_alive = head.keep_alive
+            && head.body == RequestFraming::None
+            && !self.slot.clients().is_draining();
+        let status = StatusCode::MOVED_PERMANENTLY;
+        let written = self
+            .write_page(
+                status,
+                &"this site is served over https",
+                &location,
+                keep_alive,
+            )
+            .await;
+        match (written, keep_alive) {
+            (true, true) => Next::KeepAlive,
+            (true, false) if head.body == RequestFraming::None && buf.is_empty() => Next::Close,
+            _ => Next::Linger,
+        }
+    }
+
+    /// Writes a response and streams its body.
+    ///
+    /// Each wait is bounded: for the next piece of the body by `timeouts.response` (nginx's
+    /// `proxy_read_timeout`), for room in the client's socket by `timeouts.client_idle` (its
+    /// `send_timeout`). Either running out cuts the response short.
+    async fn write_response(
+        &self,
+        response: Reply<ProxyBody>,
+        method: &Method,
+        version: Version,
+        keep_alive: bool,
+        mut logged: Logged,
+        timeouts: crate::config::Timeouts,
+    ) -> io::Result<Written> {
+        let Reply {
+            status,
+            headers,
+            mut body,
+        } = response;
+        let bodiless = method == Method::HEAD
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED;
+        let mut length = body.remaining();
+        let chunked = !bodiless && length.is_none() && version == Version::HTTP_11;
+        // An HTTP/1.0 keep-alive client can't take chunked: a body of unknown length that ends
+        // soon enough goes out with its Content-Length and the connection stays; any other is
+        // delimited by the close (see `read_ahead`). HTTP/1.1 clients never come here.
+        let mut ahead = None;
+        if keep_alive && !bodiless && length.is_none() && version == Version::HTTP_10 {
+            // Boxed, as the tunnel is: few exchanges need the read-ahead's state, and every
+            // one would carry it (and copy it) if it were part of this future.
+            let a = Box::pin(read_ahead(&mut body, timeouts.response)).await;
+            if a.complete() {
+                length = Some(a.data.len() as u64);
+            }
+            ahead = Some(Box::new(a));
+        }
+        let keep_alive = keep_alive && (bodiless || length.is_some() || chunked);
+
+        let mut head = Vec::with_capacity(headers.len() + 128);
+        status_line(&mut head, status);
+        head.extend_from_slice(&headers);
+        if !body.has_date() {
+            self.slot.clients().write_date(&mut head);
+        }
+        if !bodiless {
+            match length {
+                Some(n) => content_length_line(&mut head, n),
+                None if chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+                None => {}
+            }
+        }
+        if !keep_alive {
+            head.extend_from_slice(b"connection: close\r\n");
+        } else if version == Version::HTTP_10 {
+            head.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+
+        let mut reading = Deadline::default();
+        let mut sending = Deadline::default();
+        let stalled = || io::Error::new(io::ErrorKind::TimedOut, "client took no data");
+        // The head goes out with the first piece of the body when that is already here (the
+        // backend usually sends its head and a small body in one packet): one write, not two.
+        let mut head = Some(head);
+        // Bounded by the body and the timeouts: every pass writes a piece of it, or ends.
+        loop {
+            let piece = if let Some(piece) = ahead.as_mut().and_then(|a| a.next()) {
+                piece
+            } else if bodiless {
+                None
+            } else if head.is_some() {
+                match std::future::poll_fn(|cx| Poll::Ready(body.poll_data(cx))).await {
+                    Poll::Ready(piece) => piece,
+                    Poll::Pending => {
+                        if let Some(h) = head.take() {
+                            sending
+                                .within(
+                                    timeouts.client_idle,
+                                    write_all(&self.stream, &mut [IoSlice::new(&h)]),
+                                )
+                                .await
+                                .ok_or_else(stalled)??;
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                let next = std::future::poll_fn(|cx| body.poll_data(cx));
+                match reading.within(timeouts.response, next).await {
+                    Some(piece) => piece,
+                    None => {
+                        warn!(client = %self.peer, "response aborted: the backend sent no more of the body within {:?} (timeouts.response)", timeouts.response);
+                        return Ok(Written::Aborted);
+                    }
+                }
+            };
+            let h = head.take().unwrap_or_default();
+            let write = match piece {
+                Some(Ok(data)) => {
+                    logged.sent(data.len());
+                    if chunked {
+                        let mut size = [0u8; 18];
+                        let size = chunk_size_line(&mut size, data.len());
+                        let mut out = [
+                            IoSlice::new(&h),
+                            IoSlice::new(size),
+                            IoSlice::new(&data),
+                            IoSlice::new(b"\r\n"),
+                        ];
+                        sending
+                            .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                            .await
+                    } else {
+                        let mut out = [IoSlice::new(&h), IoSlice::new(&data)];
+                        sending
+                            .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                            .await
+                    }
+                }
+                None => {
+                    let end: &[u8] = if chunked { b"0\r\n\r\n" } else { b"" };
+                    let mut out = [IoSlice::new(&h), IoSlice::new(end)];
+                    sending
+                        .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                        .await
+                        .ok_or_else(stalled)??;
+                    return Ok(Written::Whole { keep_alive });
+                }
+                Some(Err(e)) => {
+                    if !h.is_empty() {
+                        let mut out = [IoSlice::new(&h)];
+                        sending
+                            .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                            .await
+                            .ok_or_else(stalled)??;
+                    }
+                    warn!(client = %self.peer, "response aborted: {e}");
+                    return Ok(Written::Aborted);
+                }
+            };
+            if write.is_none() {
+                warn!(client = %self.peer, "response aborted: the client took no data for {:?} (timeouts.client_idle)", timeouts.client_idle);
+            }
+            write.ok_or_else(stalled)??;
+        }
+    }
+
+    /// Writes a `101` and relays bytes between the client and the backend until the tunnel
+    /// closes; the connection ends with it. Bytes either side sent after its head go first.
+    async fn tunnel(
+        &self,
+        response: Reply<ProxyBody>,
+        buf: &mut BytesMut,
+        mut logged: Logged,
+        timeouts: crate::config::Timeouts,
+    ) -> Next {
+        let Reply {
+            status,
+            headers,
+            mut body,
+        } = response;
+        let Some(forward::Upgraded {
+            stream: mut backend,
+            early,
+            open,
+        }) = body.upgrade()
+        else {
+            return Next::Abort;
+        };
+        let mut head = Vec::with_capacity(headers.len() + 64);
+        status_line(&mut head, status);
+        head.extend_from_slice(&headers);
+        head.extend_from_slice(b"connection: upgrade\r\n\r\n");
+        let wrote = Deadline::default()
+            .within(
+                timeouts.client_idle,
+                write_all(&self.stream, &mut [IoSlice::new(&head)]),
+            )
+            .await;
+        if !matches!(wrote, Some(Ok(()))) {
+            debug!(client = %self.peer, "could not write a 101 to the client");
+            return Next::Abort;
+        }
+        // Not held for the tunnel's life.
+        drop((head, headers));
+        let stats = open.stats();
+        let idle = open.idle();
+        let relayed = tunnel::relay(
+            &mut StreamIo(&self.stream),
+            &mut backend,
+            std::mem::take(buf),
+            early,
+            idle,
+            |dir, n| {
+                if let Some(s) = stats {
+                    s.tunnel_bytes[dir as usize].fetch_add(n, Ordering::Relaxed);
+                }
+            },
+        )
+        .await;
+        buf.clear();
+        logged.tunnelled(relayed.up, relayed.down);
+        let (up, down) = (relayed.up, relayed.down);
+        match relayed.end {
+            End::Closed => {
+                debug!(client = %self.peer, up, down, "tunnel closed");
+                Next::Close
+            }
+            End::Idle => {
+                debug!(client = %self.peer, up, down, "tunnel closed: no data either way for {:?} (timeouts.tunnel_idle)", idle);
+                let _ = SockRef::from(&backend).shutdown(std::net::Shutdown::Both);
+                Next::Close
+            }
+            End::Failed(dir, e) => {
+                let side = if dir == Dir::Up {
+                    "client to backend"
+                } else {
+                    "backend to client"
+                };
+                debug!(client = %self.peer, up, down, "tunnel cut ({side}): {e}");
+                // Reset both: a cut tunnel must not look like a clean close to either peer.
+                let _ = SockRef::from(&backend).set_linger(Some(Duration::ZERO));
+                Next::Abort
+            }
+        }
+    }
+
+    /// Ends the connection. After a response the write side closes first, so the client sees
+    /// the end of the stream; with `Next::Linger`, what the client still sends is then read
+    /// and dropped for a while, so that closing with unread bytes does not reset the connection
+    /// before the client has read its answer (nginx's `lingering_close`). `Next::Abort` resets
+    /// it instead: a response cut short must not look complete, even one delimited by the close.
+    async fn close(&self, next: Next) {
+        let sock = SockRef::from(self.stream.tcp());
+        if next == Next::Abort {
+            let _ = sock.set_linger(Some(Duration::ZERO));
+            return;
+        }
+        self.stream.notify_close();
+        let _ = sock.shutdown(std::net::Shutdown::Write);
+        if next != Next::Linger {
+            return;
+        }
+        let mut scratch = BytesMut::with_capacity(16 * 1024);
+        let mut read = 0;
+        let _ = tokio::time::timeout(LINGER_TIME, async {
+            // Bounded by `LINGER_BYTES` and the timeout.
+            while read < LINGER_BYTES {
+                scratch.clear();
+                // Over TLS too, what comes now is dropped unread: raw bytes off the socket.
+                let tcp = self.stream.tcp();
+                match std::future::poll_fn(|cx| poll_read_tcp(tcp, &mut scratch, cx)).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => read += n,
+                }
+            }
+        })
+        .await;
+    }
+}

@@ -1,0 +1,18 @@
+//! The client side: one worker's client connections, from the accepted socket to the response
+//! written.
+//!
+//! - [`idle`]: a worker's open client connections: one sweeper closes the idle ones, makes room
+//!   at `max_connections` and drains them for a stop; no timer per connection.
+//! - [`stream`]: a client connection's socket, plain or TLS (rustls driven by hand), and the
+//!   handshake.
+//! - [`tunnel`]: after a `101 Switching Protocols`, bytes relayed both ways until both close.
+//! - [`h2`]: HTTP/2 client connections on hyper's server, each stream sent through the same
+//!   request path as an HTTP/1.1 request.
+//! - [`h1`]: one HTTP/1.1 client connection's life: read a request, route it, proxy it, write
+//!   the response; keep, close, linger or park the connection.
+
+pub(crate) mod h1;
+pub(crate) mod h2;
+pub(crate) mod idle;
+pub(crate) mod stream;
+pub(crate) mod tunnel;

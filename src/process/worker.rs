@@ -1,0 +1,386 @@
+//! A worker: one thread pinned to one core, with its own single-threaded runtime, its own
+//! listening sockets and upstream pools. It accepts connections, starts a task for each, and
+//! follows the running configuration generation.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::LocalSet;
+use tracing::{debug, error, info, warn};
+
+use crate::downstream::h1::{Clients, Held};
+use crate::downstream::stream::ClientStream;
+use crate::process::listen::{ListenerKey, accept, listener_keys};
+use crate::process::shared::{Generation, Process, ServerError};
+use crate::proxy::accesslog::Batch;
+use crate::route::decision::{ClientRules, Route, Routes};
+use crate::sys::cpus::pin_current_thread;
+use crate::upstream::pool::WorkerUpstream;
+
+/// How long, after a binary upgrade, an idle keep-alive connection of the old process stays
+/// open for a request already on its way: a client that sends within it gets its response
+/// (with `Connection: close`) and reconnects to the new process, instead of a closed socket.
+/// Longer than a busy client's gap between requests, short enough not to hold the old process.
+const UPGRADE_LINGER: Duration = Duration::from_secs(1);
+
+pub(crate) fn worker_main(
+    worker: usize,
+    core: usize,
+    process: Arc<Process>,
+    first: Arc<Generation>,
+    mut generations: watch::Receiver<Arc<Generation>>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), ServerError> {
+    pin_current_thread(&[core]).map_err(|source| ServerError::Pin {
+        what: format!("worker {worker}"),
+        cpus: core.to_string(),
+        source,
+    })?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| ServerError::Worker { worker, source })?;
+    info!("worker {worker} running on core {core}");
+
+    let work = async move {
+        let mut state = WorkerState {
+            worker,
+            core,
+            process,
+            clients: Rc::new(Clients::with_parking()),
+            stop: stop.clone(),
+            listeners: HashMap::new(),
+            upstreams: Vec::new(),
+            batch: None,
+        };
+        // Entries for the access log collect per worker and go to the log thread in batches.
+        if let Some(handle) = &state.process.access {
+            let batch = Batch::new(handle.clone());
+            let flushing = Rc::downgrade(&batch);
+            tokio::task::spawn_local(async move {
+                let mut every = tokio::time::interval(crate::proxy::accesslog::FLUSH);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                loop {
+                    every.tick().await;
+                    match flushing.upgrade() {
+                        Some(b) => b.flush(),
+                        None => return,
+                    }
+                }
+            });
+            state.batch = Some(batch);
+        }
+        tokio::task::spawn_local(crate::downstream::h1::unparker(state.clients.clone()));
+        let pressured = state.process.clone();
+        tokio::task::spawn_local(crate::downstream::idle::sweeper(
+            state.clients.clone(),
+            move || pressured.connections.pressure.load(Ordering::Relaxed),
+        ));
+        // The first generation is the one this worker's sockets were bound for. A reload that
+        // came before the thread got here is seen as a change right after, so its new
+        // listeners' sockets are taken too.
+        state.apply(&first)?;
+        first.acknowledge();
+        drop(first);
+        // A reload is acknowledged once the listeners it removed are closed, so that when it
+        // returns, connecting to them is refused.
+        let closed = |tasks: Vec<tokio::task::JoinHandle<()>>| async move {
+            for t in tasks {
+                let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                changed = generations.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let generation = generations.borrow_and_update().clone();
+                    match state.apply(&generation) {
+                        Ok(removed) => {
+                            state.clients.reloaded();
+                            closed(removed).await;
+                        }
+                        Err(e) => error!("worker {worker}: {e}"),
+                    }
+                    generation.acknowledge();
+                }
+            }
+        }
+        let WorkerState {
+            clients,
+            listeners,
+            upstreams,
+            batch,
+            process,
+            ..
+        } = state;
+        drop(upstreams);
+        // Connections still open hold the batch too; what it has now goes out, the rest when
+        // they end.
+        if let Some(b) = batch {
+            b.flush();
+        }
+        for (_, l) in listeners {
+            for t in l.tasks {
+                let _ = t.await;
+            }
+        }
+        // The listening sockets are closed now: idle connections close, busy ones once their
+        // response is out, as long as the running configuration allows. After an upgrade the
+        // sockets live on in the new process, and idle connections get one more request.
+        if process.handed_over.load(Ordering::Relaxed) {
+            clients.drain_lingering(UPGRADE_LINGER);
+        } else {
+            clients.drain();
+        }
+        drop(process);
+        let timeout = generations.borrow().config.runtime.shutdown_timeout;
+        if tokio::time::timeout(timeout, clients.all_closed())
+            .await
+            .is_err()
+        {
+            warn!("worker {worker}: connections still open after {timeout:?}, closing them");
+        }
+        Ok(())
+    };
+    // The worker's loop runs as a task of the set rather than as the future `block_on` drives:
+    // `LocalSet::run_until` polls that future again on every wakeup of any of the set's tasks,
+    // and polling the loop's `select!` (two watch receivers, their wakers registered again)
+    // cost about 400 instructions per wakeup, 13% of a wakeup for a read of one byte
+    // (benches/slowhead.sh). A join handle polled with nothing new is a load and a compare.
+    let local = LocalSet::new();
+    local.block_on(&rt, async move {
+        match tokio::task::spawn_local(work).await {
+            Ok(done) => done,
+            // A panic goes on up to the thread's join, as it did before the loop was a task.
+            Err(e) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(e) => Err(ServerError::Worker {
+                    worker,
+                    source: std::io::Error::other(e),
+                }),
+            },
+        }
+    })
+}
+
+/// One worker's listeners and upstreams in the running generation.
+struct WorkerState {
+    worker: usize,
+    core: usize,
+    process: Arc<Process>,
+    /// This worker's open client connections, which a stop lets finish.
+    clients: Rc<Clients>,
+    stop: watch::Receiver<bool>,
+    listeners: HashMap<ListenerKey, Listening>,
+    /// This worker's view of each upstream, in config order.
+    upstreams: Vec<Rc<WorkerUpstream>>,
+    /// This worker's access log entries, when the access log is on.
+    batch: Option<Rc<Batch>>,
+}
+
+/// One of a worker's listeners.
+struct Listening {
+    /// Where its requests go.
+    route: Rc<Route>,
+    /// Tells the accept loop to stop, when a reload removes the listener.
+    removed: watch::Sender<bool>,
+    /// The accept loops, one per socket (usually one); each owns its listening socket.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl WorkerState {
+    /// Switches to `generation`: new upstream views (keeping the pools of backends that stay),
+    /// every kept listener pointed at its (possibly new) upstream, accept loops started for new
+    /// listeners and stopped for removed ones. Open connections are untouched: their next
+    /// request reads the new route. Returns the accept loops it stopped.
+    fn apply(
+        &mut self,
+        generation: &Generation,
+    ) -> Result<Vec<tokio::task::JoinHandle<()>>, ServerError> {
+        let config = &generation.config;
+        let upstreams: Vec<Rc<WorkerUpstream>> = generation
+            .upstreams
+            .iter()
+            .map(|u| {
+                let previous = self
+                    .upstreams
+                    .iter()
+                    .find(|p| p.shared.config.name == u.config.name);
+                WorkerUpstream::reloaded(u.clone(), previous.map(|p| &**p))
+            })
+            .collect();
+        let rules = Rc::new(ClientRules {
+            trusted: config.trusted.clone(),
+            limits: config.limits,
+            http2: config.http2,
+        });
+        // The sweeper's tick follows the shortest timeout it keeps.
+        let shortest = config
+            .upstreams
+            .iter()
+            .map(|u| u.timeouts.client_idle)
+            .fold(config.limits.header_timeout, Duration::min);
+        self.clients.set_shortest_timeout(shortest);
+        let mut sockets = generation.take_sockets(self.worker);
+        let keys = listener_keys(&config.listeners);
+        for (l, key) in config.listeners.iter().zip(&keys) {
+            let upstream = upstreams[l.upstream].clone();
+            let routes = Rc::new(Routes::new(l, &upstreams));
+            if let Some(kept) = self.listeners.get(key) {
+                *kept.route.upstream.borrow_mut() = upstream;
+                *kept.route.routes.borrow_mut() = routes;
+                *kept.route.rules.borrow_mut() = rules.clone();
+                // New handshakes get the new certificates; open connections keep theirs.
+                *kept.route.tls.borrow_mut() = l.tls.clone();
+                kept.route.redirect_https.set(l.redirect_https);
+                kept.route.h2c.set(l.h2c);
+                continue;
+            }
+            // Usually one socket per listener; after an upgrade from a process with more
+            // workers, several (see `upgrade`), each with its own accept loop.
+            let mut mine = Vec::new();
+            let mut i = 0;
+            while i < sockets.len() {
+                if sockets[i].0 == *key {
+                    let (_, sock) = sockets.swap_remove(i);
+                    let listener =
+                        TcpListener::from_std(sock).map_err(|source| ServerError::Worker {
+                            worker: self.worker,
+                            source,
+                        })?;
+                    mine.push(listener);
+                } else {
+                    i += 1;
+                }
+            }
+            let Some(first) = mine.first() else {
+                error!(
+                    "worker {}: no socket for new listener {}",
+                    self.worker, l.address
+                );
+                continue;
+            };
+            let bound = first.local_addr().unwrap_or(l.address);
+            let stats = config.admin.is_some().then(|| {
+                self.process
+                    .registered
+                    .listener(bound, l.address, self.worker, self.core)
+            });
+            let route = Rc::new(Route {
+                upstream: RefCell::new(upstream),
+                rules: RefCell::new(rules.clone()),
+                stats,
+                tls: RefCell::new(l.tls.clone()),
+                redirect_https: Cell::new(l.redirect_https),
+                h2c: Cell::new(l.h2c),
+                routes: RefCell::new(routes),
+            });
+            let (removed, removed_rx) = watch::channel(false);
+            let tasks = mine
+                .into_iter()
+                .map(|listener| {
+                    tokio::task::spawn_local(accept_loop(
+                        listener,
+                        route.clone(),
+                        self.process.clone(),
+                        self.batch.clone(),
+                        self.clients.clone(),
+                        self.stop.clone(),
+                        removed_rx.clone(),
+                    ))
+                })
+                .collect();
+            self.listeners.insert(
+                *key,
+                Listening {
+                    route,
+                    removed,
+                    tasks,
+                },
+            );
+        }
+        let gone: Vec<ListenerKey> = self
+            .listeners
+            .keys()
+            .filter(|k| !keys.contains(k))
+            .copied()
+            .collect();
+        let mut stopped = Vec::with_capacity(gone.len());
+        for key in gone {
+            if let Some(l) = self.listeners.remove(&key) {
+                let _ = l.removed.send(true);
+                debug!(
+                    "worker {}: stopped accepting on {}; its connections finish",
+                    self.worker, key.0
+                );
+                stopped.extend(l.tasks);
+            }
+        }
+        self.upstreams = upstreams;
+        Ok(stopped)
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    route: Rc<Route>,
+    process: Arc<Process>,
+    batch: Option<Rc<Batch>>,
+    clients: Rc<Clients>,
+    mut stop: watch::Receiver<bool>,
+    mut removed: watch::Receiver<bool>,
+) {
+    let connections = &process.connections;
+    let stats = route.stats.clone();
+    loop {
+        let slot = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return,
+            _ = removed.wait_for(|s| *s) => return,
+            slot = connections.slot(&clients) => slot,
+        };
+        let (stream, peer) = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return,
+            _ = removed.wait_for(|s| *s) => return,
+            a = accept(&listener) => a,
+        };
+        // The timeouts that decide when the connection is idle are taken now; the rest of the
+        // rules and the route are read per request.
+        let header_timeout = route.rules.borrow().limits.header_timeout;
+        let client_idle = route.upstream.borrow().shared.config.timeouts.client_idle;
+        let registered = clients.open(client_idle, header_timeout);
+        let held = Held::new(slot, stats.clone());
+        let start = crate::downstream::h1::Start::accepted();
+        if route.tls.borrow().is_some() {
+            tokio::task::spawn_local(crate::downstream::h1::serve_tls(
+                stream,
+                peer,
+                registered,
+                route.clone(),
+                batch.clone(),
+                held,
+                start,
+            ));
+        } else {
+            tokio::task::spawn_local(crate::downstream::h1::serve(
+                ClientStream::Plain(stream),
+                peer,
+                registered,
+                route.clone(),
+                batch.clone(),
+                held,
+                start,
+            ));
+        }
+    }
+}

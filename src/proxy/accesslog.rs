@@ -1,0 +1,633 @@
+//! The access log (`[log] access`, `format`): one line per request, written off the request path.
+//!
+//! A worker fills an [`Entry`] from what it already has (the request head's method, target and
+//! two headers, the status, the backend, two clock readings) and, when the response body ends,
+//! adds it to its own [`Batch`]. A full batch (or, every [`FLUSH`], whatever is there) goes over a
+//! bounded channel to the log thread, which formats it and writes it in one buffered write. So
+//! the log thread wakes once per batch, not per request: on a machine where it shares a core
+//! with a worker, a wake-up per request would cost more than the logging itself. That thread is
+//! started from the control thread, so it is pinned to `runtime.cpus` like everything else.
+//!
+//! If the log thread falls behind so far that the queue is full, lines are dropped and counted
+//! rather than slowing requests; the count is logged as a warning. Lines reach the file within
+//! about [`FLUSH`] of their request's end, as with nginx's `access_log ... buffer= flush=`.
+//!
+//! SIGUSR1 reopens the file, for logrotate: the old file gets everything queued before the signal.
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::time::{Duration, Instant, SystemTime};
+
+use http::header::HeaderValue;
+use http::{Method, Version};
+use tracing::{error, warn};
+
+use crate::config::{AccessFormat, AccessTarget};
+use crate::http1::request::RequestHead;
+
+/// Entries a worker collects before handing them to the log thread.
+const BATCH: usize = 64;
+/// How often a worker hands over a batch that is not full.
+pub const FLUSH: Duration = Duration::from_millis(200);
+/// Batches the channel holds before lines are dropped: 64 Ki entries, a second or more at full
+/// speed.
+const QUEUE: usize = 1024;
+
+/// What the proxy tells the log about a response that came from a backend.
+#[derive(Debug, Clone, Copy)]
+pub struct Upstreamed {
+    pub backend: SocketAddr,
+    /// From the first attempt to the response head.
+    pub upstream_time: Duration,
+}
+
+/// One request's line, before formatting.
+#[derive(Debug)]
+pub struct Entry {
+    client: SocketAddr,
+    method: Method,
+    /// The request target as the client sent it.
+    target: String,
+    version: Version,
+    referer: Option<HeaderValue>,
+    user_agent: Option<HeaderValue>,
+    start: Instant,
+    status: u16,
+    upstream: Option<Upstreamed>,
+    /// Response body bytes sent to the client; for a tunnel, every byte relayed to it.
+    bytes: u64,
+    /// For a tunnel (after a 101) only: the bytes relayed from the client to the backend.
+    received: Option<u64>,
+    /// From the request head to the end of the response; for a tunnel, to its close.
+    total: Duration,
+}
+
+impl Entry {
+    /// Taken when the request head has arrived.
+    fn start(req: &RequestHead, client: SocketAddr) -> Box<Entry> {
+        let value = |v: Option<&[u8]>| v.and_then(|v| HeaderValue::from_bytes(v).ok());
+        Box::new(Entry {
+            client,
+            method: req.method.clone(),
+            target: String::from_utf8_lossy(req.target()).into_owned(),
+            version: req.version,
+            referer: value(req.referer()),
+            user_agent: value(req.user_agent()),
+            start: Instant::now(),
+            status: 0,
+            upstream: None,
+            bytes: 0,
+            received: None,
+            total: Duration::ZERO,
+        })
+    }
+
+    /// Records the response's status, and the backend that sent it.
+    fn responded(&mut self, status: http::StatusCode, upstream: Option<Upstreamed>) {
+        self.status = status.as_u16();
+        self.upstream = upstream;
+    }
+}
+
+/// An [`Entry`] whose response has not been produced yet. If the request is abandoned first
+/// (the client went away while pinlb waited on a backend), it is logged as nginx does, with
+/// status 499.
+pub struct Pending(Option<(Box<Entry>, Rc<Batch>)>);
+
+impl Pending {
+    pub fn start(req: &RequestHead, client: SocketAddr, batch: &Rc<Batch>) -> Pending {
+        Pending(Some((Entry::start(req, client), batch.clone())))
+    }
+
+    /// The response is here: the entry goes on with the response body.
+    pub fn responded(
+        mut self,
+        status: http::StatusCode,
+        upstream: Option<Upstreamed>,
+    ) -> Option<(Box<Entry>, Rc<Batch>)> {
+        let (mut e, batch) = self.0.take()?;
+        e.responded(status, upstream);
+        Some((e, batch))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some((mut e, batch)) = self.0.take() {
+            e.status = 499;
+            batch.push(e);
+        }
+    }
+}
+
+enum Msg {
+    Entries(Vec<Entry>),
+    Reopen,
+    Stop,
+}
+
+/// What a worker holds to hand entries to the log thread.
+#[derive(Clone)]
+pub struct AccessHandle {
+    tx: SyncSender<Msg>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl AccessHandle {
+    fn send(&self, entries: Vec<Entry>) {
+        let n = entries.len() as u64;
+        match self.tx.try_send(Msg::Entries(entries)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                self.dropped.fetch_add(n, Ordering::Relaxed);
+            }
+            // The log thread is gone (shutting down): nothing to do.
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+/// One worker's finished entries, not yet handed over. Worker-local: no lock, no atomic.
+pub struct Batch {
+    handle: AccessHandle,
+    entries: RefCell<Vec<Entry>>,
+}
+
+impl Batch {
+    pub fn new(handle: AccessHandle) -> Rc<Batch> {
+        Rc::new(Batch {
+            handle,
+            entries: RefCell::new(Vec::with_capacity(BATCH)),
+        })
+    }
+
+    fn push(&self, mut e: Box<Entry>) {
+        e.total = e.start.elapsed();
+        let mut entries = self.entries.borrow_mut();
+        entries.push(*e);
+        if entries.len() >= BATCH {
+            let full = std::mem::replace(&mut *entries, Vec::with_capacity(BATCH));
+            self.handle.send(full);
+        }
+    }
+
+    /// Hands over whatever is collected; the worker calls it every [`FLUSH`] and at the end.
+    pub fn flush(&self) {
+        let mut entries = self.entries.borrow_mut();
+        if !entries.is_empty() {
+            self.handle.send(std::mem::take(&mut *entries));
+        }
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+/// The running access log: its thread and the handle workers clone.
+pub struct AccessLog {
+    handle: AccessHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AccessLog {
+    /// Opens the target (so a bad path fails at start, not at the first request) and starts the
+    /// log thread, which inherits the calling thread's cores.
+    pub fn start(config: &crate::config::AccessLog) -> io::Result<AccessLog> {
+        let out = Output::open(&config.target)?;
+        let (tx, rx) = sync_channel(QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let format = config.format;
+        let counted = dropped.clone();
+        let thread = std::thread::Builder::new()
+            .name("pinlb-log".into())
+            .spawn(move || write_loop(rx, out, format, counted))?;
+        Ok(AccessLog {
+            handle: AccessHandle { tx, dropped },
+            thread: Some(thread),
+        })
+    }
+
+    pub fn handle(&self) -> AccessHandle {
+        self.handle.clone()
+    }
+
+    /// Closes and opens the file again (after logrotate moved it).
+    pub fn reopen(&self) {
+        let _ = self.handle.tx.send(Msg::Reopen);
+    }
+
+    /// Writes what is queued and ends the thread.
+    pub fn stop(mut self) {
+        let _ = self.handle.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+enum Output {
+    Stdout(io::Stdout),
+    File(PathBuf, BufWriter<File>),
+}
+
+impl Output {
+    fn open(target: &AccessTarget) -> io::Result<Output> {
+        Ok(match target {
+            AccessTarget::Stdout => Output::Stdout(io::stdout()),
+            AccessTarget::File(path) => {
+                let f = OpenOptions::new().create(true).append(true).open(path)?;
+                Output::File(path.clone(), BufWriter::with_capacity(64 * 1024, f))
+            }
+        })
+    }
+
+    fn write_all(&mut self, b: &[u8]) -> io::Result<()> {
+        match self {
+            Output::Stdout(s) => s.lock().write_all(b),
+            Output::File(_, w) => w.write_all(b),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Output::Stdout(s) => s.lock().flush(),
+            Output::File(_, w) => w.flush(),
+        }
+    }
+
+    fn reopen(&mut self) -> io::Result<()> {
+        if let Output::File(path, w) = self {
+            w.flush()?;
+            let f = OpenOptions::new().create(true).append(true).open(&*path)?;
+            *w = BufWriter::with_capacity(64 * 1024, f);
+        }
+        Ok(())
+    }
+}
+
+fn write_loop(rx: Receiver<Msg>, mut out: Output, format: AccessFormat, dropped: Arc<AtomicU64>) {
+    let mut line = String::with_capacity(512);
+    let mut clock = Clock::default();
+    let mut reported = 0;
+    // Blocks for the first message, then takes everything already queued before one flush.
+    while let Ok(first) = rx.recv() {
+        let mut next = Some(first);
+        let mut stop = false;
+        while let Some(msg) = next.take() {
+            match msg {
+                Msg::Entries(entries) => {
+                    let now = SystemTime::now();
+                    for e in entries {
+                        line.clear();
+                        format_entry(&mut line, &e, format, now, &mut clock);
+                        if let Err(err) = out.write_all(line.as_bytes()) {
+                            error!("access log: write failed: {err}");
+                        }
+                    }
+                }
+                Msg::Reopen => {
+                    if let Err(err) = out.reopen() {
+                        error!("access log: cannot reopen: {err}");
+                    }
+                }
+                Msg::Stop => stop = true,
+            }
+            next = rx.try_recv().ok();
+        }
+        if let Err(err) = out.flush() {
+            error!("access log: write failed: {err}");
+        }
+        let d = dropped.load(Ordering::Relaxed);
+        if d > reported {
+            warn!(
+                "access log: {} line(s) dropped, the log thread fell behind",
+                d - reported
+            );
+            reported = d;
+        }
+        if stop {
+            return;
+        }
+    }
+}
+
+/// What the log thread formats once and reuses: the time (once per second), and the addresses
+/// it has written (a busy log sees the same few clients and backends again and again).
+#[derive(Default)]
+struct Clock {
+    second: u64,
+    clf: String,
+    ips: std::collections::HashMap<std::net::IpAddr, String>,
+    addrs: std::collections::HashMap<SocketAddr, String>,
+}
+
+/// Most distinct addresses each cache keeps before starting over.
+const CACHED: usize = 4096;
+
+impl Clock {
+    fn ip(&mut self, ip: std::net::IpAddr) -> &str {
+        if self.ips.len() >= CACHED && !self.ips.contains_key(&ip) {
+            self.ips.clear();
+        }
+        self.ips.entry(ip).or_insert_with(|| ip.to_string())
+    }
+
+    fn addr(&mut self, addr: SocketAddr) -> &str {
+        if self.addrs.len() >= CACHED && !self.addrs.contains_key(&addr) {
+            self.addrs.clear();
+        }
+        self.addrs.entry(addr).or_insert_with(|| addr.to_string())
+    }
+
+    fn clf(&mut self, now: SystemTime) -> &str {
+        let second = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if second != self.second || self.clf.is_empty() {
+            self.second = second;
+            self.clf = clf_time(now);
+        }
+        &self.clf
+    }
+}
+
+/// One line, newline included. The time is when the log thread writes the line (within about
+/// [`FLUSH`] of the request's end).
+///
+/// The combined format is written by hand, integers through `itoa`, and addresses from a small
+/// cache: `core::fmt` for two addresses and two floats cost more than the rest of a request's
+/// logging together.
+fn format_entry(
+    out: &mut String,
+    e: &Entry,
+    format: AccessFormat,
+    now: SystemTime,
+    clock: &mut Clock,
+) {
+    let target = e.target.as_str();
+    let upstream_time = e.upstream.map(|u| u.upstream_time.as_secs_f64());
+    let total = e.total.as_secs_f64();
+    match format {
+        AccessFormat::Combined => {
+            // nginx's combined format, then the backend and the two times (seconds, ms
+            // resolution, as nginx's $upstream_response_time and $request_time).
+            out.push_str(clock.ip(e.client.ip()));
+            out.push_str(" - - [");
+            out.push_str(clock.clf(now));
+            out.push_str("] \"");
+            escape_into(out, e.method.as_str().as_bytes());
+            out.push(' ');
+            escape_into(out, target.as_bytes());
+            out.push(' ');
+            out.push_str(version(e.version));
+            out.push_str("\" ");
+            out.push_str(itoa::Buffer::new().format(e.status));
+            out.push(' ');
+            out.push_str(itoa::Buffer::new().format(e.bytes));
+            out.push_str(" \"");
+            header_into(out, e.referer.as_ref());
+            out.push_str("\" \"");
+            header_into(out, e.user_agent.as_ref());
+            out.push_str("\" ");
+            match e.upstream {
+                Some(u) => {
+                    out.push_str(clock.addr(u.backend));
+                    out.push(' ');
+                    seconds_into(out, u.upstream_time);
+                }
+                None => out.push_str("- -"),
+            }
+            out.push(' ');
+            seconds_into(out, e.total);
+            if let Some(n) = e.received {
+                // A tunnel's line: the bytes it carried from the client, after its duration.
+                out.push(' ');
+                out.push_str(itoa::Buffer::new().format(n));
+            }
+            out.push('\n');
+        }
+        AccessFormat::Json => {
+            let text = |v: Option<&HeaderValue>| {
+                v.map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            };
+            let v = serde_json::json!({
+                "time": humantime::format_rfc3339_millis(now).to_string(),
+                "client": e.client.ip().to_string(),
+                "method": e.method.as_str(),
+                "path": target,
+                "protocol": version(e.version),
+                "status": e.status,
+                "bytes": e.bytes,
+                "backend": e.upstream.map(|u| u.backend.to_string()),
+                "upstream_time": upstream_time,
+                "total_time": total,
+                "bytes_received": e.received,
+                "referer": text(e.referer.as_ref()),
+                "user_agent": text(e.user_agent.as_ref()),
+            });
+            let _ = writeln!(out, "{v}");
+        }
+    }
+}
+
+fn version(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_11 => "HTTP/1.1",
+        Version::HTTP_2 => "HTTP/2.0",
+        Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP/?",
+    }
+}
+
+/// Seconds with millisecond resolution, rounded to nearest: `0.002`, `12.345`.
+fn seconds_into(out: &mut String, d: Duration) {
+    let ms = (d.as_micros() + 500) / 1000;
+    out.push_str(itoa::Buffer::new().format(ms / 1000));
+    out.push('.');
+    let frac = ms % 1000;
+    if frac < 100 {
+        out.push('0');
+    }
+    if frac < 10 {
+        out.push('0');
+    }
+    out.push_str(itoa::Buffer::new().format(frac));
+}
+
+fn header_into(out: &mut String, v: Option<&HeaderValue>) {
+    match v {
+        Some(v) => escape_into(out, v.as_bytes()),
+        None => out.push('-'),
+    }
+}
+
+/// As nginx escapes log variables: `"`, `\`, control and non-ASCII bytes become `\xHH`, so a
+/// client cannot forge a line or break the quoting.
+fn escape_into(out: &mut String, bytes: &[u8]) {
+    let plain = |b: &u8| *b != b'"' && *b != b'\\' && (0x20..0x7f).contains(b);
+    if bytes.iter().all(plain) {
+        // All printable ASCII, so valid UTF-8.
+        out.push_str(std::str::from_utf8(bytes).unwrap_or_default());
+        return;
+    }
+    for &b in bytes {
+        if b == b'"' || b == b'\\' || !(0x20..0x7f).contains(&b) {
+            let _ = write!(out, "\\x{b:02X}");
+        } else {
+            out.push(char::from(b));
+        }
+    }
+}
+
+/// `29/Nov/2026:23:47:26 +0000`, the common log format's time, in UTC.
+fn clf_time(t: SystemTime) -> String {
+    // "2026-11-29T23:47:26Z"
+    let iso = humantime::format_rfc3339_seconds(t).to_string();
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let month = iso
+        .get(5..7)
+        .and_then(|m| m.parse::<usize>().ok())
+        .and_then(|m| MONTHS.get(m.wrapping_sub(1)))
+        .copied()
+        .unwrap_or("???");
+    format!(
+        "{}/{month}/{}:{} +0000",
+        iso.get(8..10).unwrap_or("??"),
+        iso.get(0..4).unwrap_or("????"),
+        iso.get(11..19).unwrap_or("??:??:??")
+    )
+}
+
+/// A response on its way to the client: it counts the body bytes sent and hands its [`Entry`]
+/// to the log when dropped, whether the body went out whole or the client went away.
+pub struct Logged(Option<(Box<Entry>, Rc<Batch>)>);
+
+impl Logged {
+    pub fn new(log: Option<(Box<Entry>, Rc<Batch>)>) -> Self {
+        Logged(log)
+    }
+
+    /// `n` more body bytes went out.
+    pub fn sent(&mut self, n: usize) {
+        if let Some((e, _)) = self.0.as_mut() {
+            e.bytes += n as u64;
+        }
+    }
+
+    /// A tunnel closed, having relayed `up` bytes from the client and `down` to it.
+    pub fn tunnelled(&mut self, up: u64, down: u64) {
+        if let Some((e, _)) = self.0.as_mut() {
+            e.bytes += down;
+            e.received = Some(up);
+        }
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        if let Some((e, batch)) = self.0.take() {
+            batch.push(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> Entry {
+        let mut buf = bytes::BytesMut::from(
+            &b"GET /a?b=c HTTP/1.1\r\nHost: a\r\nUser-Agent: curl \"8\"\r\n\r\n"[..],
+        );
+        let req = crate::http1::request::parse_request(&mut buf, &Default::default())
+            .unwrap()
+            .unwrap();
+        let mut e = *Entry::start(&req, "10.0.0.7:5555".parse().unwrap());
+        e.status = 200;
+        e.bytes = 12;
+        e.upstream = Some(Upstreamed {
+            backend: "127.0.0.1:8881".parse().unwrap(),
+            upstream_time: Duration::from_micros(1500),
+        });
+        e.total = Duration::from_micros(2400);
+        e
+    }
+
+    #[test]
+    fn combined_lines_read_like_nginx_with_backend_and_times_appended() {
+        let mut s = String::new();
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000);
+        format_entry(
+            &mut s,
+            &entry(),
+            AccessFormat::Combined,
+            t,
+            &mut Clock::default(),
+        );
+        assert_eq!(
+            s,
+            "10.0.0.7 - - [30/Nov/2026:00:53:20 +0000] \"GET /a?b=c HTTP/1.1\" 200 12 \"-\" \"curl \\x228\\x22\" 127.0.0.1:8881 0.002 0.002\n"
+        );
+    }
+
+    #[test]
+    fn seconds_have_millisecond_resolution_rounded_to_nearest() {
+        let s = |us| {
+            let mut out = String::new();
+            seconds_into(&mut out, Duration::from_micros(us));
+            out
+        };
+        assert_eq!(s(0), "0.000");
+        assert_eq!(s(499), "0.000");
+        assert_eq!(s(500), "0.001");
+        assert_eq!(s(42_000), "0.042");
+        assert_eq!(s(12_345_678), "12.346");
+        assert_eq!(s(59_999_999), "60.000");
+    }
+
+    #[test]
+    fn quotes_backslashes_and_control_bytes_are_escaped() {
+        let mut out = String::new();
+        escape_into(&mut out, b"a\"b\\c\n\xffd");
+        assert_eq!(out, "a\\x22b\\x5Cc\\x0A\\xFFd");
+    }
+
+    #[test]
+    fn json_lines_carry_every_field() {
+        let mut s = String::new();
+        format_entry(
+            &mut s,
+            &entry(),
+            AccessFormat::Json,
+            SystemTime::UNIX_EPOCH,
+            &mut Clock::default(),
+        );
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(v["client"], "10.0.0.7");
+        assert_eq!(v["method"], "GET");
+        assert_eq!(v["path"], "/a?b=c");
+        assert_eq!(v["user_agent"], "curl \"8\"");
+        assert_eq!(v["status"], 200);
+        assert_eq!(v["bytes"], 12);
+        assert_eq!(v["backend"], "127.0.0.1:8881");
+        assert_eq!(v["upstream_time"], 0.0015);
+        assert_eq!(v["total_time"], 0.0024);
+        assert_eq!(v["referer"], serde_json::Value::Null);
+        assert_eq!(v["time"], "1970-01-01T00:00:00.000Z");
+    }
+}

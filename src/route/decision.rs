@@ -1,0 +1,335 @@
+//! Where a listener's requests go, and the rules for its clients: what a connection, HTTP/1.1
+//! or HTTP/2, reads anew for each request, so that open connections follow a reload.
+
+use std::cell::{Cell, RefCell};
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::StatusCode;
+
+use crate::config::{Http2, Limits, PathMatch, RouteAction, Template, TemplatePart, Variable};
+use crate::http1::common::ERROR_PAGE_TYPE;
+use crate::http1::common::Reply;
+use crate::http1::request::RequestHead;
+use crate::proxy::forward::{self, ProxyBody};
+use crate::route::table::{Router, host_without_port};
+use crate::tls::server::Terminator;
+use crate::upstream::pool::WorkerUpstream;
+use crate::upstream::stats::ListenerStats;
+
+/// Where one listener's requests go in the running generation. A reload replaces the contents,
+/// and every request reads them anew, so keep-alive connections follow a reload too.
+pub(crate) struct Route {
+    pub upstream: RefCell<Rc<WorkerUpstream>>,
+    pub rules: RefCell<Rc<ClientRules>>,
+    /// This worker's counters for the listener, while metrics are on.
+    pub stats: Option<Arc<ListenerStats>>,
+    /// The listener's TLS certificates, for the handshakes of connections accepted from now
+    /// on; `None` for plain HTTP.
+    pub tls: RefCell<Option<Arc<Terminator>>>,
+    /// `redirect_https`: every request gets a 301 to https instead of a backend.
+    pub redirect_https: Cell<bool>,
+    /// `h2c`: a connection that begins with the HTTP/2 preface speaks HTTP/2.
+    pub h2c: Cell<bool>,
+    /// `[[listener.route]]`, compiled; empty for a listener whose requests all go to `upstream`.
+    pub routes: RefCell<Rc<Routes>>,
+}
+
+/// A listener's routes in one worker: the compiled table and each route's upstream.
+pub(crate) struct Routes {
+    pub router: Router,
+    /// The upstream of each route that proxies, by route index; `None` for the others.
+    pub upstreams: Vec<Option<Rc<WorkerUpstream>>>,
+    /// Whether requests no route matches go to the listener's `upstream`; 404 otherwise.
+    pub has_default: bool,
+}
+
+impl Routes {
+    /// A listener's routes, each proxying route's upstream taken from this worker's
+    /// `upstreams` (by config index).
+    pub fn new(listener: &crate::config::Listener, upstreams: &[Rc<WorkerUpstream>]) -> Routes {
+        Routes {
+            upstreams: listener
+                .routes
+                .iter()
+                .map(|r| match &r.action {
+                    RouteAction::Proxy { upstream, .. } => upstreams.get(*upstream).cloned(),
+                    _ => None,
+                })
+                .collect(),
+            router: Router::new(listener.routes.clone()),
+            has_default: listener.has_default,
+        }
+    }
+}
+
+/// Where one request goes.
+pub(crate) enum Decision {
+    /// To this upstream, with what its route changes (`None`: nothing, the common case, which
+    /// then carries only a null pointer).
+    Proxy(Rc<WorkerUpstream>, Option<Box<Edits>>),
+    /// A response of pinlb's own (a redirect, a fixed answer, or 404 when no route matches).
+    Answer(Reply<ProxyBody>),
+}
+
+/// What a route changes in one exchange; nothing for most requests.
+#[derive(Default)]
+pub(crate) struct Edits {
+    /// What the proxy sends differently: the path, the header lines, the timeouts.
+    pub request: forward::Overrides,
+    /// `response_headers`: the names dropped from the response, and the lines added.
+    pub response: Option<(Vec<String>, Vec<u8>)>,
+}
+
+impl Edits {
+    /// Applies `response_headers` to a response's header lines.
+    pub fn edit_response(&self, reply: &mut Reply<ProxyBody>) {
+        let Some((drop, add)) = &self.response else {
+            return;
+        };
+        let mut lines = Vec::with_capacity(reply.headers.len() + add.len());
+        for line in reply.headers.split_inclusive(|&b| b == b'\n') {
+            let name = &line[..line.iter().position(|&b| b == b':').unwrap_or(0)];
+            if !drop.iter().any(|d| name.eq_ignore_ascii_case(d.as_bytes())) {
+                lines.extend_from_slice(line);
+            }
+        }
+        lines.extend_from_slice(add);
+        reply.headers = lines;
+    }
+}
+
+/// A request's own values, for templates.
+struct Context<'a> {
+    head: &'a RequestHead,
+    https: bool,
+    client: IpAddr,
+}
+
+impl Route {
+    /// Where `head` goes: the first route that matches it, or the listener's upstream.
+    /// Inlined for a listener without routes, the common case, so that its requests pay for
+    /// one check and not for the route decision's moves; the routes are looked at out of line.
+    #[inline]
+    pub fn decide(&self, head: &RequestHead, https: bool, peer: &SocketAddr) -> Decision {
+        let routes = self.routes.borrow();
+        if routes.router.is_empty() {
+            return Decision::Proxy(self.upstream.borrow().clone(), None);
+        }
+        self.decide_by_routes(&routes, head, https, peer.ip())
+    }
+
+    #[inline(never)]
+    fn decide_by_routes(
+        &self,
+        routes: &Routes,
+        head: &RequestHead,
+        https: bool,
+        client: IpAddr,
+    ) -> Decision {
+        let cx = Context {
+            head,
+            https,
+            client,
+        };
+        let Some((index, rule, path)) = routes.router.find(head) else {
+            if routes.has_default {
+                return Decision::Proxy(self.upstream.borrow().clone(), None);
+            }
+            return Decision::Answer(forward::local_reply(
+                StatusCode::NOT_FOUND,
+                ERROR_PAGE_TYPE,
+                Bytes::from_static(b"404 Not Found: no route matches this request\n"),
+                b"",
+                &head.method,
+            ));
+        };
+        match &rule.action {
+            RouteAction::Proxy { rewrite_prefix, .. } => {
+                let Some(upstream) = routes.upstreams.get(index).cloned().flatten() else {
+                    return Decision::Proxy(self.upstream.borrow().clone(), None);
+                };
+                let rewritten = match (rewrite_prefix, &rule.path) {
+                    (Some(to), PathMatch::Prefix(from)) => {
+                        let query = head
+                            .path()
+                            .iter()
+                            .position(|&b| b == b'?')
+                            .map(|q| &head.path()[q..]);
+                        let mut out = Vec::with_capacity(
+                            to.len() + path.len() + query.map_or(0, <[u8]>::len),
+                        );
+                        out.extend_from_slice(to.as_bytes());
+                        out.extend_from_slice(&path[from.len()..]);
+                        out.extend_from_slice(query.unwrap_or_default());
+                        Some(out)
+                    }
+                    _ => None,
+                };
+                let rules = &rule.request_headers;
+                let lines = (!rules.is_empty()).then(|| {
+                    let mut out = Vec::with_capacity(head.lines().len() + 64);
+                    edit_lines(rules, head.lines(), &cx, &mut out);
+                    out
+                });
+                let response = response_edit(rule, &cx);
+                let timeouts = rule.timeouts.over(upstream.shared.config.timeouts);
+                let edits = Edits {
+                    request: forward::Overrides {
+                        path: rewritten,
+                        lines,
+                        timeouts,
+                    },
+                    response,
+                };
+                let changes = edits.request.path.is_some()
+                    || edits.request.lines.is_some()
+                    || edits.request.timeouts.is_some()
+                    || edits.response.is_some();
+                Decision::Proxy(upstream, changes.then(|| Box::new(edits)))
+            }
+            RouteAction::Redirect { status, location } => {
+                let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::FOUND);
+                let mut line = b"location: ".to_vec();
+                render(location, &cx, &mut line);
+                line.extend_from_slice(b"\r\n");
+                let page = format!(
+                    "{} {}\n",
+                    status.as_u16(),
+                    status.canonical_reason().unwrap_or("")
+                );
+                let mut reply = forward::local_reply(
+                    status,
+                    ERROR_PAGE_TYPE,
+                    Bytes::from(page),
+                    &line,
+                    &head.method,
+                );
+                response_edits(rule, &cx, &mut reply);
+                Decision::Answer(reply)
+            }
+            RouteAction::Respond { status, body } => {
+                let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::OK);
+                let mut reply = forward::local_reply(
+                    status,
+                    ERROR_PAGE_TYPE,
+                    Bytes::from(body.clone()),
+                    b"",
+                    &head.method,
+                );
+                response_edits(rule, &cx, &mut reply);
+                Decision::Answer(reply)
+            }
+        }
+    }
+}
+
+/// `response_headers` rendered for this request; `None` when the route has none.
+fn response_edit(rule: &crate::config::RouteRule, cx: &Context) -> Option<(Vec<String>, Vec<u8>)> {
+    let rules = &rule.response_headers;
+    if rules.is_empty() {
+        return None;
+    }
+    let drop = rules
+        .remove
+        .iter()
+        .chain(rules.set.iter().map(|(n, _)| n))
+        .cloned()
+        .collect();
+    let mut add = Vec::new();
+    edit_lines(rules, b"", cx, &mut add);
+    Some((drop, add))
+}
+
+/// `response_headers` applied to an answer of pinlb's own.
+fn response_edits(rule: &crate::config::RouteRule, cx: &Context, reply: &mut Reply<ProxyBody>) {
+    let edits = Edits {
+        request: forward::Overrides::default(),
+        response: response_edit(rule, cx),
+    };
+    edits.edit_response(reply);
+}
+
+/// `lines` with `rules` applied: lines of a removed or set name dropped, then the `set` and
+/// `add` lines, rendered for this request.
+fn edit_lines(rules: &crate::config::HeaderRules, lines: &[u8], cx: &Context, out: &mut Vec<u8>) {
+    for line in lines.split_inclusive(|&b| b == b'\n') {
+        let name = &line[..line.iter().position(|&b| b == b':').unwrap_or(0)];
+        if !rules.drops(name) {
+            out.extend_from_slice(line);
+        }
+    }
+    for (name, value) in rules.set.iter().chain(&rules.add) {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        render(value, cx, out);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Writes `template` for this request: `{host}` without its port, `{uri}` the target as
+/// received (origin-form, query included), `{path}` and `{query}` its two parts.
+fn render(template: &Template, cx: &Context, out: &mut Vec<u8>) {
+    let Context {
+        head,
+        https,
+        client,
+    } = *cx;
+    let target = head.path();
+    let (path, query) = match target.iter().position(|&b| b == b'?') {
+        Some(q) => (&target[..q], &target[q + 1..]),
+        None => (target, &b""[..]),
+    };
+    for part in &template.0 {
+        match part {
+            TemplatePart::Text(t) => out.extend_from_slice(t.as_bytes()),
+            TemplatePart::Var(Variable::Scheme) => {
+                out.extend_from_slice(if https { b"https" } else { b"http" });
+            }
+            TemplatePart::Var(Variable::Host) => {
+                out.extend_from_slice(head.host().map(host_without_port).unwrap_or_default());
+            }
+            TemplatePart::Var(Variable::Uri) => out.extend_from_slice(target),
+            TemplatePart::Var(Variable::Path) => out.extend_from_slice(path),
+            TemplatePart::Var(Variable::Query) => out.extend_from_slice(query),
+            TemplatePart::Var(Variable::IsArgs) if !query.is_empty() => out.push(b'?'),
+            TemplatePart::Var(Variable::IsArgs) => {}
+            TemplatePart::Var(Variable::ClientIp) => {
+                out.extend_from_slice(client.to_string().as_bytes())
+            }
+        }
+    }
+}
+
+/// What applies to every client of a listener, whatever its upstream.
+pub(crate) struct ClientRules {
+    /// `forwarded.trusted`.
+    pub trusted: Vec<ipnet::IpNet>,
+    pub limits: Limits,
+    pub http2: Http2,
+}
+
+impl ClientRules {
+    /// What the proxy needs to know of a client at `peer`, over TLS or not.
+    pub fn client(&self, peer: SocketAddr, tls: bool) -> forward::Client {
+        forward::Client {
+            https: tls,
+            ..forward::Client::new(peer, &self.trusted)
+        }
+    }
+}
+
+/// The `location` header line of a `redirect_https` answer: the same host (without its
+/// port) and target over https, as nginx's `return 301 https://$host$request_uri;`. `None`
+/// for a request without a Host to redirect to.
+pub(crate) fn https_location(head: &RequestHead) -> Option<Vec<u8>> {
+    let host = host_without_port(head.host()?);
+    let mut location = Vec::with_capacity(32 + host.len() + head.path().len());
+    location.extend_from_slice(b"location: https://");
+    location.extend_from_slice(host);
+    location.extend_from_slice(head.path());
+    location.extend_from_slice(b"\r\n");
+    Some(location)
+}

@@ -1,0 +1,1097 @@
+//! nginx directives to a pinlb configuration: what has an equivalent becomes TOML, everything
+//! else becomes a note naming its `file:line`.
+
+use std::collections::BTreeMap;
+
+use toml::{Table, Value};
+
+use super::parse::Directive;
+use super::rewrite;
+use super::template::template;
+
+/// The converted configuration and what could not be.
+pub struct Converted {
+    pub toml: Table,
+    pub notes: Vec<String>,
+    /// Whether any listener has a route: something proxies, redirects or answers.
+    pub anything: bool,
+}
+
+struct Builder {
+    runtime: Table,
+    limits: Table,
+    /// `[[listener]]`s by address, in first-seen order.
+    listeners: Vec<(String, Vec<Server>)>,
+    upstreams: BTreeMap<String, Table>,
+    /// http-level `keepalive_timeout`, for every upstream's `client_idle`.
+    client_idle: Option<String>,
+    notes: Vec<String>,
+}
+
+/// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
+/// its address, and its routes, in the order nginx would match them.
+struct Server {
+    names: Vec<String>,
+    default: bool,
+    routes: Vec<Table>,
+    /// How its relative redirects are made absolute, once its address is known.
+    redirects: Redirects,
+    /// Where it was written, for notes.
+    at: String,
+}
+
+/// nginx's `absolute_redirect` and `port_in_redirect` (both on by default): a redirect to
+/// `/new` goes out as `http://HOST:PORT/new`, the port left out when it is 80.
+#[derive(Debug, Clone, Copy)]
+struct Redirects {
+    absolute: bool,
+    port: bool,
+}
+
+/// What nginx merges into a `location` from the `server` and `http` blocks around it: the
+/// `proxy_set_header` lines of the nearest level that has any (nginx inherits all of a level's
+/// or none), each `proxy_*_timeout` from the nearest level that sets it, and [`Redirects`].
+#[derive(Debug, Clone)]
+struct Inherited {
+    headers: Option<Vec<Directive>>,
+    timeouts: Vec<Directive>,
+    redirects: Redirects,
+}
+
+impl Default for Inherited {
+    fn default() -> Self {
+        Inherited {
+            headers: None,
+            timeouts: Vec::new(),
+            redirects: Redirects {
+                absolute: true,
+                port: true,
+            },
+        }
+    }
+}
+
+impl Inherited {
+    /// The directives merged this way (each level's loop leaves them to [`Inherited::level`]).
+    const NAMES: [&'static str; 6] = [
+        "proxy_set_header",
+        "proxy_connect_timeout",
+        "proxy_read_timeout",
+        "proxy_send_timeout",
+        "absolute_redirect",
+        "port_in_redirect",
+    ];
+
+    /// What a block's own directives make of what it inherits.
+    fn level(&self, block: &[Directive]) -> Inherited {
+        let mut out = self.clone();
+        let headers: Vec<Directive> = block
+            .iter()
+            .filter(|d| d.name == "proxy_set_header" && d.block.is_none())
+            .cloned()
+            .collect();
+        if !headers.is_empty() {
+            out.headers = Some(headers);
+        }
+        for d in block.iter().filter(|d| d.block.is_none()) {
+            let on = d.args.first().map(String::as_str) != Some("off");
+            match d.name.as_str() {
+                "proxy_connect_timeout" | "proxy_read_timeout" | "proxy_send_timeout" => {
+                    out.timeouts.retain(|t| t.name != d.name);
+                    out.timeouts.push(d.clone());
+                }
+                "absolute_redirect" => out.redirects.absolute = on,
+                "port_in_redirect" => out.redirects.port = on,
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// The request headers pinlb writes itself besides the hop-by-hop ones ([`crate::http1::hop`]), which
+/// a route can't set (src/config/routes.rs).
+const MANAGED: [&str; 4] = [
+    "host",
+    "content-length",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+];
+
+pub fn convert(directives: &[Directive]) -> Converted {
+    let mut b = Builder {
+        runtime: Table::new(),
+        limits: Table::new(),
+        listeners: Vec::new(),
+        upstreams: BTreeMap::new(),
+        client_idle: None,
+        notes: Vec::new(),
+    };
+    let mut workers: Option<(usize, String)> = None;
+    let mut affinity: Option<Vec<usize>> = None;
+    let mut connections: Option<usize> = None;
+    for d in directives {
+        match (d.name.as_str(), d.block.as_deref()) {
+            ("worker_processes", None) => match d.args.first().map(String::as_str) {
+                Some("auto") | None => {}
+                Some(n) => workers = n.parse().ok().map(|n| (n, d.at())),
+            },
+            ("worker_cpu_affinity", None) => affinity = cpu_affinity(&d.args),
+            ("events", Some(events)) => {
+                for e in events {
+                    match e.name.as_str() {
+                        "worker_connections" => {
+                            connections = e.args.first().and_then(|n| n.parse().ok())
+                        }
+                        _ => b.skip(
+                            e,
+                            "event-loop tuning: pinlb's runtime is tokio's, one per core",
+                        ),
+                    }
+                }
+            }
+            ("http", Some(http)) => b.http(http),
+            _ => b.skip(d, "no pinlb equivalent"),
+        }
+    }
+    match (affinity, &workers) {
+        (Some(cores), _) => {
+            b.runtime.insert(
+                "cpus".into(),
+                Value::Array(
+                    cores
+                        .into_iter()
+                        .map(|c| Value::Integer(c as i64))
+                        .collect(),
+                ),
+            );
+        }
+        (None, Some((n, at))) => {
+            let n = *n;
+            b.runtime.insert(
+                "cpus".into(),
+                Value::String(format!("0-{}", n.saturating_sub(1))),
+            );
+            b.notes.push(format!(
+                "{at}: worker_processes {n} without worker_cpu_affinity: pinlb pins its {n} workers to cores 0-{} (nginx left them unpinned); change runtime.cpus to the cores pinlb should own",
+                n.saturating_sub(1)
+            ));
+        }
+        (None, None) => {}
+    }
+    if let Some(c) = connections {
+        let total = c * workers.as_ref().map_or(1, |w| w.0).max(1);
+        b.limits
+            .insert("max_connections".into(), Value::Integer(total as i64));
+    }
+    b.finish()
+}
+
+impl Builder {
+    fn skip(&mut self, d: &Directive, why: &str) {
+        self.notes
+            .push(format!("{}: {} not converted: {why}", d.at(), d.name));
+    }
+
+    fn http(&mut self, http: &[Directive]) {
+        // Upstreams first: a server may name one defined further down, as nginx allows.
+        for d in http {
+            if let ("upstream", Some(block)) = (d.name.as_str(), d.block.as_deref()) {
+                self.upstream(d, block);
+            }
+        }
+        let inherit = Inherited::default().level(http);
+        for d in http {
+            match (d.name.as_str(), d.block.as_deref()) {
+                ("upstream", Some(_)) => {}
+                ("server", Some(block)) => self.server(d, block, &inherit),
+                (n, None) if Inherited::NAMES.contains(&n) => {}
+                ("client_max_body_size", None) => match d.args.first().and_then(|s| size(s)) {
+                    Some(n) => {
+                        self.limits
+                            .insert("max_body".into(), Value::Integer(n as i64));
+                    }
+                    None => self.skip(d, "not a size"),
+                },
+                ("large_client_header_buffers", None) => {
+                    match (
+                        d.args.first().and_then(|n| n.parse::<u64>().ok()),
+                        d.args.get(1).and_then(|s| size(s)),
+                    ) {
+                        (Some(n), Some(s)) => {
+                            self.limits
+                                .insert("max_header_bytes".into(), Value::Integer((n * s) as i64));
+                            self.notes.push(format!(
+                                "{}: large_client_header_buffers {n} {s} became limits.max_header_bytes = {}: pinlb bounds the whole head; nginx also bounds each line to {s} bytes",
+                                d.at(),
+                                n * s
+                            ));
+                        }
+                        _ => self.skip(d, "expected a count and a size"),
+                    }
+                }
+                ("keepalive_timeout", None) => match d.args.first().and_then(|t| duration(t)) {
+                    Some(t) => self.client_idle = Some(t),
+                    None => self.skip(d, "not a duration"),
+                },
+                _ => self.skip(d, "no pinlb equivalent"),
+            }
+        }
+    }
+
+    fn upstream(&mut self, d: &Directive, block: &[Directive]) {
+        let Some(name) = d.args.first() else {
+            return self.skip(d, "an upstream needs a name");
+        };
+        let mut up = Table::new();
+        let mut backends = Vec::new();
+        let mut passive = Table::new();
+        for s in block {
+            match s.name.as_str() {
+                "server" => {
+                    let Some(address) = s.args.first() else {
+                        continue;
+                    };
+                    if address.starts_with("unix:") {
+                        self.skip(s, "pinlb's backends are TCP addresses, not unix sockets");
+                        continue;
+                    }
+                    let mut backend = Table::new();
+                    backend.insert("address".into(), Value::String(with_port(address)));
+                    let mut down = false;
+                    for param in &s.args[1..] {
+                        let (key, value) = param.split_once('=').unwrap_or((param, ""));
+                        match key {
+                            "weight" | "max_conns" => {
+                                if let Ok(n) = value.parse::<i64>() {
+                                    backend.insert(key.into(), Value::Integer(n));
+                                }
+                            }
+                            "max_fails" => {
+                                if let Ok(n) = value.parse::<i64>() {
+                                    passive.entry("max_fails").or_insert(Value::Integer(n));
+                                }
+                            }
+                            "fail_timeout" => {
+                                if let Some(t) = duration(value) {
+                                    passive.entry("fail_timeout").or_insert(Value::String(t));
+                                }
+                            }
+                            "backup" => {
+                                backend.insert("backup".into(), Value::Boolean(true));
+                            }
+                            "down" => down = true,
+                            _ => self.notes.push(format!(
+                                "{}: server parameter {param} not converted",
+                                s.at()
+                            )),
+                        }
+                    }
+                    if down {
+                        self.notes.push(format!(
+                            "{}: server {address} is marked down: left out (add it back, or drain it at run time with POST /backends/{address}/drain)",
+                            s.at()
+                        ));
+                    } else {
+                        backends.push(Value::Table(backend));
+                    }
+                }
+                "least_conn" => {
+                    up.insert("algorithm".into(), "least_conn".into());
+                }
+                "ip_hash" => {
+                    up.insert("algorithm".into(), "hash".into());
+                    up.insert("hash".into(), "client_ip".into());
+                    self.notes.push(format!(
+                        "{}: ip_hash became hash = \"client_ip\": each client keeps one backend, but pinlb hashes the whole address (nginx the first three octets), so which backend differs from nginx's",
+                        s.at()
+                    ));
+                }
+                "hash" => match s.args.first().and_then(|k| hash_key(k)) {
+                    Some(key) => {
+                        up.insert("algorithm".into(), "hash".into());
+                        up.insert("hash".into(), Value::String(key));
+                        self.notes.push(format!(
+                            "{}: hash {} became hash = \"{}\": each key keeps one backend, but pinlb hashes by rendezvous (always consistent; nginx's hash is a modulo unless `consistent`, then ketama), so which backend differs from nginx's",
+                            s.at(),
+                            s.args.join(" "),
+                            up.get("hash").and_then(Value::as_str).unwrap_or_default()
+                        ));
+                    }
+                    None => self.skip(
+                        s,
+                        "only $remote_addr, $request_uri, $http_NAME and $cookie_NAME keys convert",
+                    ),
+                },
+                "random" => {
+                    up.insert("algorithm".into(), "random_two".into());
+                    if s.args.first().map(String::as_str) != Some("two") {
+                        self.notes.push(format!("{}: random became random_two (two random choices, fewer in flight wins)", s.at()));
+                    }
+                }
+                "keepalive" => {
+                    if let Some(n) = s.args.first().and_then(|n| n.parse::<i64>().ok()) {
+                        up.insert("keepalive".into(), Value::Integer(n));
+                    }
+                }
+                _ => self.skip(s, "no pinlb equivalent"),
+            }
+        }
+        if !passive.is_empty() {
+            up.insert("passive".into(), Value::Table(passive));
+        }
+        up.insert("backends".into(), Value::Array(backends));
+        self.upstreams.insert(name.clone(), up);
+    }
+
+    fn server(&mut self, d: &Directive, block: &[Directive], parent: &Inherited) {
+        let mut addresses = Vec::new();
+        let mut names = Vec::new();
+        let mut default = false;
+        let mut locations = Vec::new();
+        let inherit = parent.level(block);
+        // The server's own rewrite phase, before any location: its redirects, in order, and a
+        // `return`, which answers every request so that no location is ever reached.
+        let mut first: Vec<Table> = Vec::new();
+        let mut answers_all = false;
+        for s in block {
+            match s.name.as_str() {
+                "listen" => {
+                    if let Some(a) = s.args.first() {
+                        addresses.push(listen_address(a));
+                    }
+                    default |= s
+                        .args
+                        .iter()
+                        .any(|a| a == "default_server" || a == "default");
+                    for flag in s.args.iter().skip(1) {
+                        if flag != "default_server" && flag != "default" {
+                            self.notes
+                                .push(format!("{}: listen parameter {flag} not converted", s.at()));
+                        }
+                    }
+                }
+                "server_name" => {
+                    for n in &s.args {
+                        match n.as_str() {
+                            "_" | "" => {}
+                            n if n.starts_with('~') || n.contains('*') && !n.starts_with("*.") => {
+                                self.notes.push(format!(
+                                    "{}: server_name {n} not converted: routes match a name or *.suffix, not regexes or trailing wildcards",
+                                    s.at()
+                                ));
+                            }
+                            n => names.push(n.to_string()),
+                        }
+                    }
+                }
+                "location" => locations.push(s),
+                "return" | "rewrite" if answers_all => self.skip(
+                    s,
+                    "never reached: an earlier return or rewrite answers every request",
+                ),
+                "return" => {
+                    if let Some(action) = self.return_action(s) {
+                        let mut r = Table::new();
+                        r.insert("path".into(), Value::String("/".into()));
+                        r.insert(action.0.into(), action.1);
+                        first.push(r);
+                        answers_all = true;
+                    }
+                }
+                "rewrite" => match rewrite::convert(&s.args) {
+                    Ok(rd) => {
+                        let mut r = Table::new();
+                        match &rd.matches {
+                            rewrite::Match::All => {
+                                r.insert("path".into(), Value::String("/".into()));
+                                answers_all = true;
+                            }
+                            rewrite::Match::Prefix(p) => {
+                                r.insert("path".into(), Value::String(p.clone()));
+                            }
+                            rewrite::Match::Exact(p) => {
+                                r.insert("path_exact".into(), Value::String(p.clone()));
+                            }
+                        }
+                        r.insert("redirect".into(), redirect_value(rd.status, rd.location));
+                        if !first.iter().any(|earlier| route_covers(earlier, &r)) {
+                            first.push(r);
+                        }
+                    }
+                    Err(why) => self.skip(s, &why),
+                },
+                n if Inherited::NAMES.contains(&n) => {}
+                _ => self.skip(s, "no pinlb equivalent"),
+            }
+        }
+        if addresses.is_empty() {
+            addresses.push("0.0.0.0:80".into());
+        }
+        // nginx matches `location = ...` first, then the longest prefix.
+        let mut routes: Vec<(u8, usize, Table)> = Vec::new();
+        for l in locations {
+            if answers_all {
+                self.skip(
+                    l,
+                    "never reached: the server's return or rewrite answers every request first",
+                );
+                continue;
+            }
+            if let Some(route) = self.location(l, &inherit) {
+                if first.iter().any(|earlier| route_covers(earlier, &route)) {
+                    self.skip(
+                        l,
+                        "never reached: a server-level rewrite answers every request it would get",
+                    );
+                    continue;
+                }
+                let (rank, len) = match l.args.first().map(String::as_str) {
+                    Some("=") => (0, 0),
+                    _ => (1, usize::MAX - l.args.last().map_or(0, String::len)),
+                };
+                routes.push((rank, len, route));
+            }
+        }
+        // nginx answers a request for a proxying prefix location's path without its slash
+        // (`/api` for `location /api/`) with 301 to the path with it, unless an exact location
+        // takes that path.
+        let mut slash = Vec::new();
+        for (_, _, r) in &routes {
+            let Some(prefix) = r.get("path").and_then(Value::as_str) else {
+                continue;
+            };
+            let Some(bare) = prefix.strip_suffix('/').filter(|b| !b.is_empty()) else {
+                continue;
+            };
+            let taken = routes
+                .iter()
+                .any(|(_, _, o)| o.get("path_exact").and_then(Value::as_str) == Some(bare));
+            if !r.contains_key("upstream") || taken {
+                continue;
+            }
+            let mut t = Table::new();
+            t.insert("path_exact".into(), Value::String(bare.to_string()));
+            t.insert(
+                "redirect".into(),
+                // nginx appends the query, when there is one.
+                redirect_value(
+                    301,
+                    format!(
+                        "{}/{{is_args}}{{query}}",
+                        bare.replace('{', "{{").replace('}', "}}")
+                    ),
+                ),
+            );
+            if !first.iter().any(|earlier| route_covers(earlier, &t)) {
+                slash.push((0, 0, t));
+            }
+        }
+        routes.extend(slash);
+        routes.sort_by_key(|(rank, len, _)| (*rank, *len));
+        let routes: Vec<Table> = first
+            .into_iter()
+            .chain(routes.into_iter().map(|(_, _, r)| r))
+            .collect();
+        for address in addresses {
+            let server = Server {
+                names: names.clone(),
+                default,
+                routes: routes.clone(),
+                redirects: inherit.redirects,
+                at: d.at(),
+            };
+            match self.listeners.iter_mut().find(|(a, _)| *a == address) {
+                Some((_, servers)) => servers.push(server),
+                None => self.listeners.push((address, vec![server])),
+            }
+        }
+    }
+
+    /// `return`'s action: `("redirect", ...)` or `("respond", ...)`; `None` (noted) for one
+    /// pinlb has no equivalent for.
+    fn return_action(&mut self, d: &Directive) -> Option<(&'static str, Value)> {
+        let code = d.args.first().and_then(|c| c.parse::<i64>().ok());
+        match (code, d.args.get(1), d.args.first()) {
+            (Some(444), _, _) => {
+                self.skip(
+                    d,
+                    "444 closes the connection without an answer, which a route can't do",
+                );
+                None
+            }
+            (Some(c @ (301 | 302 | 303 | 307 | 308)), Some(url), _) => match template(url) {
+                Some(t) => Some(("redirect", redirect_value(c, t))),
+                None => {
+                    self.skip(d, "its URL uses a variable pinlb has no equivalent for");
+                    None
+                }
+            },
+            (Some(c), body, _) => {
+                let mut t = Table::new();
+                t.insert("status".into(), Value::Integer(c));
+                if let Some(body) = body {
+                    if body.contains('$') {
+                        self.skip(d, "its text uses variables; a fixed answer's body is fixed");
+                        return None;
+                    }
+                    t.insert("body".into(), Value::String(body.clone()));
+                }
+                Some(("respond", Value::Table(t)))
+            }
+            (None, _, Some(url)) => match template(url) {
+                Some(t) => Some(("redirect", redirect_value(302, t))),
+                None => {
+                    self.skip(d, "its URL uses a variable pinlb has no equivalent for");
+                    None
+                }
+            },
+            _ => {
+                self.skip(d, "return without a code");
+                None
+            }
+        }
+    }
+
+    /// One `location` as a route without its host; `None` (with a note) when it can't be one.
+    fn location(&mut self, l: &Directive, parent: &Inherited) -> Option<Table> {
+        let mut route = Table::new();
+        let block = l.block.as_deref().unwrap_or_default();
+        let exact = match l.args.as_slice() {
+            [modifier, path] if modifier == "=" => {
+                route.insert("path_exact".into(), Value::String(path.clone()));
+                true
+            }
+            [modifier, path] if modifier == "^~" => {
+                route.insert("path".into(), Value::String(path.clone()));
+                false
+            }
+            [path] if path.starts_with('/') => {
+                route.insert("path".into(), Value::String(path.clone()));
+                false
+            }
+            _ => {
+                self.skip(
+                    l,
+                    "only exact (=) and prefix locations convert; regex locations don't",
+                );
+                return None;
+            }
+        };
+        let inherit = parent.level(block);
+        let mut proxy_at = None;
+        let mut action: Option<(&'static str, Value)> = None;
+        for d in block {
+            match d.name.as_str() {
+                // The rewrite phase runs before the content phase: a redirect or return decides
+                // before proxy_pass would.
+                "rewrite" | "return" if action.is_some() => self.skip(
+                    d,
+                    "never reached: an earlier return or rewrite answers first",
+                ),
+                "rewrite" => match rewrite::convert(&d.args) {
+                    Ok(rd) if rd.matches == rewrite::Match::All => {
+                        action = Some(("redirect", redirect_value(rd.status, rd.location)));
+                    }
+                    Ok(_) => self.skip(
+                        d,
+                        "inside a location only a rewrite of every path (^, ^(.*)$) converts; pinlb does what the rest of the location says for the requests nginx would redirect",
+                    ),
+                    Err(why) => self.skip(
+                        d,
+                        &format!("{why}; pinlb does what the rest of the location says for the requests nginx would redirect"),
+                    ),
+                },
+                "return" => action = self.return_action(d),
+                "proxy_pass" => {
+                    let Some((upstream, uri)) = d.args.first().and_then(|u| proxy_target(u)) else {
+                        self.skip(d, "only http:// targets without variables convert");
+                        continue;
+                    };
+                    if exact && uri.is_some() {
+                        self.skip(
+                            d,
+                            "a URI part replaces an exact location's path, which a route's rewrite_prefix (prefix routes only) can't",
+                        );
+                        continue;
+                    }
+                    if !self.upstreams.contains_key(&upstream) {
+                        // A plain address: an upstream of one backend, named after it.
+                        let mut up = Table::new();
+                        let mut b = Table::new();
+                        b.insert("address".into(), Value::String(with_port(&upstream)));
+                        up.insert("backends".into(), Value::Array(vec![Value::Table(b)]));
+                        self.upstreams.insert(upstream.clone(), up);
+                    }
+                    route.insert("upstream".into(), Value::String(upstream.clone()));
+                    if let Some(uri) = uri {
+                        route.insert("rewrite_prefix".into(), Value::String(uri));
+                    }
+                    proxy_at = Some(d);
+                }
+                "proxy_http_version" => {} // pinlb always speaks HTTP/1.1 to backends.
+                "proxy_next_upstream"
+                | "proxy_next_upstream_tries"
+                | "proxy_next_upstream_timeout" => {
+                    self.next_upstream(d, &route);
+                }
+                n if Inherited::NAMES.contains(&n) => {}
+                _ => self.skip(d, "no pinlb equivalent"),
+            }
+        }
+        if let Some((key, value)) = action {
+            for k in ["upstream", "rewrite_prefix"] {
+                route.remove(k);
+            }
+            route.insert(key.into(), value);
+            return Some(route);
+        }
+        let Some(proxy) = proxy_at else {
+            self.skip(l, "it neither proxies nor returns (pinlb serves no files)");
+            return None;
+        };
+        let mut set = Table::new();
+        let mut remove = Vec::new();
+        let mut host_set = false;
+        for h in inherit.headers.iter().flatten() {
+            match (h.args.first(), h.args.get(1)) {
+                (Some(name), Some(value)) => {
+                    host_set |= name.eq_ignore_ascii_case("host");
+                    self.set_header(h, name, value, &mut set, &mut remove);
+                }
+                _ => self.skip(h, "expected a name and a value"),
+            }
+        }
+        if !host_set {
+            self.notes.push(format!(
+                "{}: proxy_pass: nginx sends Host: $proxy_host (the upstream's name) unless proxy_set_header sets it; pinlb sends the client's Host",
+                proxy.at()
+            ));
+        }
+        if !set.is_empty() || !remove.is_empty() {
+            let mut rh = Table::new();
+            if !set.is_empty() {
+                rh.insert("set".into(), Value::Table(set));
+            }
+            if !remove.is_empty() {
+                rh.insert("remove".into(), Value::Array(remove));
+            }
+            route.insert("request_headers".into(), Value::Table(rh));
+        }
+        let mut timeouts = Table::new();
+        for t in &inherit.timeouts {
+            let key = match t.name.as_str() {
+                "proxy_connect_timeout" => "connect",
+                "proxy_read_timeout" => "response",
+                _ => "send",
+            };
+            match t.args.first().and_then(|v| duration(v)) {
+                Some(v) => {
+                    timeouts.insert(key.into(), Value::String(v));
+                }
+                None => self.skip(t, "not a duration"),
+            }
+        }
+        if !timeouts.is_empty() {
+            route.insert("timeouts".into(), Value::Table(timeouts));
+        }
+        Some(route)
+    }
+
+    fn set_header(
+        &mut self,
+        d: &Directive,
+        name: &str,
+        value: &str,
+        set: &mut Table,
+        remove: &mut Vec<Value>,
+    ) {
+        let lower = name.to_ascii_lowercase();
+        let managed = match (lower.as_str(), value) {
+            ("host", "$http_host") => Some("pinlb sends Host as the client sent it".to_string()),
+            ("host", "$host") => Some(
+                "pinlb sends Host as the client sent it, with its port if it had one ($host drops the port)".into(),
+            ),
+            ("host", v) => Some(format!(
+                "pinlb always sends the client's Host, not {v}"
+            )),
+            ("x-forwarded-for", "$proxy_add_x_forwarded_for") => Some(
+                "pinlb sets it to the client's address (appended to the client's own only for [forwarded] trusted clients)".into(),
+            ),
+            ("x-forwarded-proto", "$scheme") => Some("pinlb sends X-Forwarded-Proto itself".into()),
+            ("upgrade", "$http_upgrade") | ("connection", _) => {
+                Some("pinlb passes upgrades (WebSocket) on by default and manages Connection".into())
+            }
+            (n, _) if MANAGED.contains(&n) || crate::http1::hop::Hop::of(n.as_bytes()).is_some() => {
+                Some("pinlb writes this header itself".into())
+            }
+            _ => None,
+        };
+        if let Some(why) = managed {
+            self.notes.push(format!(
+                "{}: proxy_set_header {name} {value}: nothing to convert, {why}",
+                d.at()
+            ));
+            return;
+        }
+        if value.is_empty() {
+            // nginx sends no such header at all.
+            remove.push(Value::String(name.to_string()));
+            return;
+        }
+        match template(value) {
+            Some(t) => {
+                set.insert(name.to_string(), Value::String(t));
+            }
+            None => self.skip(d, "its value uses a variable pinlb has no equivalent for"),
+        }
+    }
+
+    /// `proxy_next_upstream*` apply to the upstream the location proxies to.
+    fn next_upstream(&mut self, d: &Directive, route: &Table) {
+        let Some(Value::String(name)) = route.get("upstream") else {
+            return self.skip(d, "put it after proxy_pass to convert it");
+        };
+        let Some(up) = self.upstreams.get_mut(name) else {
+            return;
+        };
+        let retry = up
+            .entry("retry")
+            .or_insert_with(|| Value::Table(Table::new()));
+        let Value::Table(retry) = retry else { return };
+        match d.name.as_str() {
+            "proxy_next_upstream_tries" => {
+                if let Some(n) = d.args.first().and_then(|n| n.parse::<i64>().ok()) {
+                    retry.insert("tries".into(), Value::Integer(n));
+                }
+            }
+            "proxy_next_upstream_timeout" => {
+                if let Some(t) = d
+                    .args
+                    .first()
+                    .and_then(|t| duration(t))
+                    .filter(|t| t != "0s")
+                {
+                    retry.insert("timeout".into(), Value::String(t));
+                }
+            }
+            _ => {
+                if d.args.iter().any(|a| a == "off") {
+                    retry.insert("tries".into(), Value::Integer(1));
+                }
+                if d.args.iter().any(|a| a == "non_idempotent") {
+                    retry.insert("non_idempotent".into(), Value::Boolean(true));
+                }
+                let statuses: Vec<&str> = d
+                    .args
+                    .iter()
+                    .filter_map(|a| a.strip_prefix("http_"))
+                    .collect();
+                if !statuses.is_empty() {
+                    self.notes.push(format!(
+                        "{}: proxy_next_upstream on http_{}: pinlb retries on connect errors and timeouts; to count these statuses as failures set [upstream.{name}.passive] fail_on_status",
+                        d.at(),
+                        statuses.join(", http_")
+                    ));
+                }
+            }
+        }
+    }
+
+    fn finish(mut self) -> Converted {
+        let mut root = Table::new();
+        if !self.runtime.is_empty() {
+            root.insert(
+                "runtime".into(),
+                Value::Table(std::mem::take(&mut self.runtime)),
+            );
+        }
+        if !self.limits.is_empty() {
+            root.insert(
+                "limits".into(),
+                Value::Table(std::mem::take(&mut self.limits)),
+            );
+        }
+        let mut listeners = Vec::new();
+        let mut anything = false;
+        for (address, mut servers) in std::mem::take(&mut self.listeners) {
+            if servers.iter().all(|s| s.routes.is_empty()) {
+                for s in &servers {
+                    self.notes.push(format!(
+                        "{}: server on {address} not converted: it only serves files (pinlb serves no files), so pinlb does not listen there",
+                        s.at
+                    ));
+                }
+                continue;
+            }
+            anything = true;
+            let port = address
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+                .unwrap_or(80);
+            for s in &mut servers {
+                for r in &mut s.routes {
+                    absolute_redirect(r, s.redirects, port);
+                }
+            }
+            // The default server: the one marked so, else the first, as nginx picks it.
+            let default = servers.iter().position(|s| s.default).unwrap_or(0);
+            let catch_all = servers.remove(default);
+            let mut routes = Vec::new();
+            for s in &servers {
+                if s.names.is_empty() {
+                    self.notes.push(format!(
+                        "{}: server not converted: none of its names converts, and it is not the default server for {address}",
+                        s.at
+                    ));
+                    continue;
+                }
+                let hosts: Vec<Value> = s
+                    .names
+                    .iter()
+                    .flat_map(|n| host_names(n))
+                    .map(Value::String)
+                    .collect();
+                for r in &s.routes {
+                    let mut r = r.clone();
+                    r.insert("host".into(), Value::Array(hosts.clone()));
+                    routes.push(Value::Table(r));
+                }
+                // nginx answers a request for this server that no location matches from the
+                // server's files (404 without them); without this, the default server's routes
+                // would take it.
+                let whole = s
+                    .routes
+                    .iter()
+                    .any(|r| r.get("path").and_then(Value::as_str) == Some("/"));
+                if !whole {
+                    let mut r = Table::new();
+                    r.insert("host".into(), Value::Array(hosts));
+                    let mut respond = Table::new();
+                    respond.insert("status".into(), Value::Integer(404));
+                    r.insert("respond".into(), Value::Table(respond));
+                    routes.push(Value::Table(r));
+                    self.notes.push(format!(
+                        "{}: requests for {} that none of its locations takes get 404 from pinlb (nginx looks for a file)",
+                        s.at,
+                        s.names.join(" ")
+                    ));
+                }
+            }
+            routes.extend(catch_all.routes.into_iter().map(Value::Table));
+            let mut l = Table::new();
+            l.insert("address".into(), Value::String(address));
+            l.insert("route".into(), Value::Array(routes));
+            listeners.push(Value::Table(l));
+        }
+        if !listeners.is_empty() {
+            root.insert("listener".into(), Value::Array(listeners));
+        }
+        let mut upstreams = Table::new();
+        for (name, mut up) in std::mem::take(&mut self.upstreams) {
+            if let Some(idle) = &self.client_idle {
+                let mut t = Table::new();
+                t.insert("client_idle".into(), Value::String(idle.clone()));
+                up.insert("timeouts".into(), Value::Table(t));
+            }
+            upstreams.insert(name, Value::Table(up));
+        }
+        root.insert("upstream".into(), Value::Table(upstreams));
+        // A directive inherited by several locations is noted once.
+        let mut seen = std::collections::HashSet::new();
+        self.notes.retain(|n| seen.insert(n.clone()));
+        Converted {
+            toml: root,
+            notes: self.notes,
+            anything,
+        }
+    }
+}
+
+/// A relative redirect made absolute as nginx sends it (`absolute_redirect on`): the client's
+/// host, and the listener's port unless it is 80 (`port_in_redirect on`).
+fn absolute_redirect(route: &mut Table, redirects: Redirects, port: u16) {
+    if !redirects.absolute {
+        return;
+    }
+    let Some(Value::Table(rd)) = route.get_mut("redirect") else {
+        return;
+    };
+    let Some(Value::String(location)) = rd.get_mut("location") else {
+        return;
+    };
+    if location.starts_with('/') {
+        let port = match (redirects.port, port) {
+            (false, _) | (_, 80) => String::new(),
+            (true, p) => format!(":{p}"),
+        };
+        *location = format!("{{scheme}}://{{host}}{port}{location}");
+    }
+}
+
+/// Whether route `a`, first, takes every request route `b` (same hosts) would.
+fn route_covers(a: &Table, b: &Table) -> bool {
+    let get = |t: &Table, k: &str| t.get(k).and_then(Value::as_str).map(str::to_string);
+    match (get(a, "path"), get(a, "path_exact")) {
+        (Some(p), _) => get(b, "path")
+            .or_else(|| get(b, "path_exact"))
+            .is_some_and(|q| q.starts_with(&p)),
+        (None, Some(e)) => get(b, "path_exact").is_some_and(|q| q == e),
+        (None, None) => true,
+    }
+}
+
+fn redirect_value(status: i64, location: String) -> Value {
+    let mut t = Table::new();
+    t.insert("status".into(), Value::Integer(status));
+    t.insert("location".into(), Value::String(location));
+    Value::Table(t)
+}
+
+/// An address as nginx reads it: without a port, port 80.
+fn with_port(address: &str) -> String {
+    let bracketed_v6 = address.starts_with('[') && address.ends_with(']');
+    if bracketed_v6 || !address.contains(':') {
+        format!("{address}:80")
+    } else {
+        address.to_string()
+    }
+}
+
+/// A `server_name` as route hosts: `.example.com` (nginx: the name and every subdomain) is
+/// `example.com` and `*.example.com`.
+fn host_names(n: &str) -> Vec<String> {
+    match n.strip_prefix('.') {
+        Some(rest) => vec![
+            rest.to_ascii_lowercase(),
+            format!("*.{}", rest.to_ascii_lowercase()),
+        ],
+        None => vec![n.to_ascii_lowercase()],
+    }
+}
+
+/// `http://NAME[/uri]` → the upstream (or address) and the URI part, if any.
+fn proxy_target(url: &str) -> Option<(String, Option<String>)> {
+    let rest = url.strip_prefix("http://")?;
+    if rest.contains('$') {
+        return None;
+    }
+    match rest.find('/') {
+        Some(i) => Some((rest[..i].to_string(), Some(rest[i..].to_string()))),
+        None => Some((rest.to_string(), None)),
+    }
+}
+
+/// `listen`'s address: `8080` → `0.0.0.0:8080`, `127.0.0.1:8080` and `[::]:80` as they are.
+fn listen_address(a: &str) -> String {
+    if a.chars().all(|c| c.is_ascii_digit()) {
+        format!("0.0.0.0:{a}")
+    } else if !a.contains(':') {
+        format!("{a}:80")
+    } else {
+        a.to_string()
+    }
+}
+
+/// `worker_cpu_affinity 0001 0010` → cores 0 and 1 (each mask one worker's cores).
+fn cpu_affinity(args: &[String]) -> Option<Vec<usize>> {
+    let mut cores = Vec::new();
+    for mask in args {
+        if mask == "auto" {
+            return None;
+        }
+        for (i, bit) in mask.chars().rev().enumerate() {
+            if bit == '1' && !cores.contains(&i) {
+                cores.push(i);
+            }
+        }
+    }
+    cores.sort_unstable();
+    Some(cores)
+}
+
+/// nginx sizes: `10m`, `8k`, `1g`, or bytes.
+fn size(s: &str) -> Option<u64> {
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = digits.parse().ok()?;
+    let scale = match unit {
+        "" => 1,
+        "k" | "K" => 1 << 10,
+        "m" | "M" => 1 << 20,
+        "g" | "G" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(scale)
+}
+
+/// nginx times (`30s`, `65`, `1m`, `500ms`, `1h30m`) as pinlb writes durations.
+fn duration(s: &str) -> Option<String> {
+    let mut ms: u64 = 0;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let end = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let n: u64 = rest[..end].parse().ok()?;
+        rest = &rest[end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_end] {
+            "" | "s" => 1000,
+            "ms" => 1,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return None,
+        };
+        ms = ms.checked_add(n.checked_mul(scale)?)?;
+        rest = &rest[unit_end..];
+    }
+    Some(if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    })
+}
+
+/// `hash`'s key as pinlb's.
+fn hash_key(k: &str) -> Option<String> {
+    match k {
+        "$remote_addr" | "$binary_remote_addr" => Some("client_ip".into()),
+        "$request_uri" => Some("uri".into()),
+        _ => {
+            if let Some(h) = k.strip_prefix("$http_") {
+                return Some(format!("header:{}", h.replace('_', "-")));
+            }
+            k.strip_prefix("$cookie_").map(|c| format!("cookie:{c}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nginx_units_convert() {
+        assert_eq!(size("10m"), Some(10 << 20));
+        assert_eq!(size("8k"), Some(8192));
+        assert_eq!(duration("65").as_deref(), Some("65s"));
+        assert_eq!(duration("1m30s").as_deref(), Some("90s"));
+        assert_eq!(duration("500ms").as_deref(), Some("500ms"));
+        assert_eq!(
+            cpu_affinity(&["0001".into(), "0010".into()]),
+            Some(vec![0, 1])
+        );
+        assert_eq!(listen_address("8081"), "0.0.0.0:8081");
+        assert_eq!(
+            template("$scheme://$host$request_uri").as_deref(),
+            Some("{scheme}://{host}{uri}")
+        );
+        assert_eq!(template("${host}x").as_deref(), Some("{host}x"));
+        assert_eq!(template("$server_port"), None);
+        assert_eq!(hash_key("$http_x_user").as_deref(), Some("header:x-user"));
+    }
+}

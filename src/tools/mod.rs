@@ -1,0 +1,20 @@
+//! pinlb's commands beside `serve`: they use the proxy's parts (the codec, `sys`, the
+//! configuration, a `Server`), and nothing of the proxy uses them.
+//!
+//! - [`import`]: `pinlb import`: an nginx configuration as a pinlb one, with notes on what has no
+//!   equivalent.
+//! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
+//! - [`check`]: what `pinlb check` prints: the resolved plan, the core map, the verdict.
+//! - [`bench`](mod@bench): `pinlb bench`, a pinned load generator comparing targets in
+//!   interleaved rounds.
+//! - [`sweep`]: `pinlb sweep`, every split of the cores between proxy and backends, benched.
+//! - [`backend`]: `pinlb backend`, pinned hello-world test servers with a WebSocket echo.
+//! - [`demo`]: `pinlb demo`, the embedded default: backends, proxy and bench in one process.
+
+pub mod backend;
+pub mod bench;
+pub mod check;
+pub mod coremap;
+pub mod demo;
+pub mod import;
+pub mod sweep;

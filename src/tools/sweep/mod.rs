@@ -1,0 +1,375 @@
+//! `pinlb sweep`: "how should I split my cores?" answered in one command.
+//!
+//! People who run an app as several pinned processes behind a balancer find the best split by
+//! hand: one process alone, then a balancer on one core in front of processes on the others,
+//! then two balancer cores, each at a few concurrencies, written into a table. `sweep` lays out
+//! every such split that fits the cores (`plan`), starts each layout's processes pinned
+//! (`child::pinned`), loads all of them through `pinlb bench`'s engine (warm-up, interleaved
+//! rounds, HDR percentiles, failures by kind) at every concurrency, and prints the table and a
+//! recommendation with its margin; it writes the same as Markdown, JSON and an SVG chart.
+//!
+//! Every process is a child, the proxy too (`pinlb serve` on a generated configuration), rather
+//! than a `Server` on a thread of this process: the load generator's threads and the proxy's
+//! workers are then separate processes, each pinned to its own cores by the kernel before it
+//! runs, so nothing of the bench runs on (or is accounted to) a proxy core, and a layout is the
+//! same processes a user would run by hand.
+//!
+//! - [`plan`]: which layouts fit the cores, and where the load generator runs.
+//! - [`processes`]: each layout's backends and proxy, started pinned and stopped at the end.
+//! - [`report`]: the cells, the recommendation and its margin, and the table, Markdown, JSON
+//!   and SVG made from them.
+
+mod plan;
+mod processes;
+mod report;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::sys::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list};
+use crate::tools::bench::{self, BenchError, BenchOptions, Target};
+
+pub use plan::{Layout, Plan, plan};
+use processes::{Children, start_layout};
+use report::within_pct;
+pub use report::{Cell, Recommendation, Sweep, recommend};
+
+/// `pinlb sweep`'s command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SweepArgs {
+    /// The backend to run, one process per backend core: `{port}` in it is replaced by the
+    /// port that process must listen on, which is also in its PORT environment variable
+    /// ("node app.js", "php -S 127.0.0.1:{port}") [default: pinlb backend --work WORK].
+    #[arg(long, value_name = "COMMAND")]
+    pub cmd: Option<String>,
+    /// The cores to split ("0-3", "0,2,4") [default: every core this process may run on].
+    // `std::vec::Vec`: clap reads a plain `Vec` as a list of values, not one value parsed
+    // into a list.
+    #[arg(long, value_name = "LIST", value_parser = parse_cpus)]
+    pub cores: Option<std::vec::Vec<usize>>,
+    /// Client connections open at once, one bench per value (ab's -c).
+    #[arg(
+        long,
+        value_name = "N,N,...",
+        value_delimiter = ',',
+        default_value = "10,100"
+    )]
+    pub concurrency: Vec<usize>,
+    /// Recorded length of each run.
+    #[arg(short, long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Unrecorded load before each recorded run, on the same connections.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub warmup: Duration,
+    /// Rounds; each runs every layout once, in turn.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// CPU each `pinlb backend` burns per request, standing in for the app's work (not with
+    /// --cmd).
+    #[arg(long, default_value = "100us", value_parser = humantime::parse_duration)]
+    pub work: Duration,
+    /// The path requested.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// Per request, like wrk's --timeout.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Where sweep.md, sweep.json, sweep.svg and the processes' logs go.
+    #[arg(long, value_name = "DIR", default_value = "pinlb-sweep")]
+    pub out: PathBuf,
+}
+
+fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
+    parse_cpu_list(s)
+}
+
+/// Why a sweep could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error("{0}")]
+    Options(String),
+    #[error("cannot read the cores this process may run on: {0}")]
+    AllowedCpus(nix::Error),
+    #[error("cannot start {what}: {reason}")]
+    Start { what: String, reason: String },
+    #[error("{what} did not answer within {limit:?}: {reason} (its log: {log})")]
+    NotReady {
+        what: String,
+        limit: Duration,
+        reason: String,
+        log: String,
+    },
+    #[error("bench at c={concurrency}: {source}")]
+    Bench {
+        concurrency: usize,
+        source: BenchError,
+    },
+    #[error("cannot write {path}: {reason}")]
+    Write { path: PathBuf, reason: String },
+}
+
+/// Runs `pinlb sweep`; see the module documentation.
+pub fn main(args: SweepArgs) -> ExitCode {
+    match run(&args) {
+        Ok(sweep) => {
+            if sweep.recommendation.is_some() {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("pinlb sweep: no layout completed a request: no recommendation");
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("pinlb sweep: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The command line that reproduces a sweep of `args` on `cores`.
+pub fn command(args: &SweepArgs, cores: &[usize]) -> String {
+    let list: Vec<String> = args.concurrency.iter().map(|c| c.to_string()).collect();
+    let mut s = format!(
+        "pinlb sweep --cores {} --concurrency {} --duration {} --warmup {} --rounds {}",
+        format_cpu_list(cores),
+        list.join(","),
+        humantime::format_duration(args.duration),
+        humantime::format_duration(args.warmup),
+        args.rounds
+    );
+    match &args.cmd {
+        Some(cmd) => {
+            let _ = write!(s, " --cmd {}", quote(cmd));
+        }
+        None => {
+            let _ = write!(s, " --work {}", humantime::format_duration(args.work));
+        }
+    }
+    if args.path != "/" {
+        let _ = write!(s, " --path {}", quote(&args.path));
+    }
+    let _ = write!(
+        s,
+        " --timeout {} --out {}",
+        humantime::format_duration(args.timeout),
+        quote(&args.out.display().to_string())
+    );
+    s
+}
+
+/// `s` quoted for a POSIX shell when it needs it.
+fn quote(s: &str) -> String {
+    shlex::try_quote(s).map_or_else(|_| s.to_string(), |q| q.into_owned())
+}
+
+fn check(args: &SweepArgs) -> Result<Vec<usize>, SweepError> {
+    let bad = |s: &str| Err(SweepError::Options(s.to_string()));
+    if args.concurrency.is_empty() || args.concurrency.contains(&0) {
+        return bad("--concurrency: every value must be at least 1");
+    }
+    if args.rounds == 0 {
+        return bad("--rounds must be at least 1");
+    }
+    if args.duration.is_zero() || args.timeout.is_zero() {
+        return bad("--duration and --timeout must be greater than 0");
+    }
+    if !args.path.starts_with('/') {
+        return bad("--path must start with /");
+    }
+    if let Some(cmd) = &args.cmd {
+        if shlex::split(cmd).is_none_or(|v| v.is_empty()) {
+            return bad("--cmd: not a command (empty, or an unclosed quote)");
+        }
+    }
+    let allowed = allowed_cpus().map_err(SweepError::AllowedCpus)?;
+    let cores = match &args.cores {
+        None => allowed,
+        Some(c) => {
+            if let Some(x) = c.iter().find(|x| !allowed.contains(x)) {
+                return Err(SweepError::Options(format!(
+                    "--cores: core {x} is not one this process may run on ({})",
+                    format_cpu_list(&allowed)
+                )));
+            }
+            c.clone()
+        }
+    };
+    if cores.is_empty() {
+        return bad("no core to run on");
+    }
+    Ok(cores)
+}
+
+fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
+    let cores = check(args)?;
+    let plan = plan(&cores);
+    let command = command(args, &cores);
+    let logs = args.out.join("logs");
+    std::fs::create_dir_all(&logs).map_err(|e| SweepError::Write {
+        path: logs.clone(),
+        reason: e.to_string(),
+    })?;
+    println!("pinlb sweep: {command}");
+    println!(
+        "cores {}; load generator on {}",
+        format_cpu_list(&cores),
+        format_cpu_list(&plan.load)
+    );
+    for l in &plan.layouts {
+        if l.proxy.is_empty() {
+            println!("  {}: backend on core {}", l.name, l.backends[0]);
+        } else {
+            println!(
+                "  {}: proxy on {}, backends on {}",
+                l.name,
+                format_cpu_list(&l.proxy),
+                format_cpu_list(&l.backends)
+            );
+        }
+    }
+    for n in &plan.notes {
+        println!("note: {n}");
+    }
+
+    let mut children = Children::default();
+    let mut targets = Vec::with_capacity(plan.layouts.len());
+    let max_c = args.concurrency.iter().copied().max().unwrap_or(1);
+    for layout in &plan.layouts {
+        let addr = start_layout(args, layout, &logs, max_c, &mut children)?;
+        let url = format!("{}=http://{addr}{}", layout.id, args.path);
+        targets.push(
+            url.parse::<Target>()
+                .map_err(|e| SweepError::Options(e.to_string()))?,
+        );
+    }
+
+    let mut cells = Vec::new();
+    for &c in &args.concurrency {
+        println!(
+            "\nc={c}: {} layout(s), {} round(s) of {} after {} of warm-up, interleaved",
+            targets.len(),
+            args.rounds,
+            humantime::format_duration(args.duration),
+            humantime::format_duration(args.warmup)
+        );
+        let opts = BenchOptions {
+            targets: targets.clone(),
+            connections: c,
+            threads: plan.load.len().min(c),
+            duration: args.duration,
+            requests: None,
+            request: bench::RequestSpec::default(),
+            warmup: args.warmup,
+            rounds: args.rounds,
+            rate: None,
+            websocket: None,
+            http2: None,
+            cpus: plan.load.clone(),
+            timeout: args.timeout,
+            trust: bench::Trust::default(),
+            progress: true,
+            // Each run starts as soon as the previous one ends.
+            start_at: None,
+        };
+        let report = bench::run(&opts).map_err(|source| SweepError::Bench {
+            concurrency: c,
+            source,
+        })?;
+        cells.extend(report.targets.iter().map(|t| Cell {
+            layout: t.name.clone(),
+            concurrency: c,
+            requests_per_sec: t.requests_per_sec,
+            rounds_within_pct: within_pct(&t.requests_per_sec),
+            latency: t.latency,
+            responses: t.requests.responses,
+            failures: t.requests.errors,
+            vs_direct: t.vs_first.as_ref().and_then(|o| o.throughput_ratio),
+        }));
+    }
+    drop(children);
+
+    let recommendation = recommend(&plan.layouts, &cells);
+    let sweep = Sweep {
+        command,
+        pinlb_version: env!("CARGO_PKG_VERSION").to_string(),
+        cores,
+        backend: match &args.cmd {
+            Some(c) => c.clone(),
+            None => format!(
+                "pinlb backend --work {}",
+                humantime::format_duration(args.work)
+            ),
+        },
+        concurrency: args.concurrency.clone(),
+        duration_s: args.duration.as_secs_f64(),
+        warmup_s: args.warmup.as_secs_f64(),
+        rounds: args.rounds,
+        plan,
+        cells,
+        recommendation,
+    };
+    println!("\n{}", sweep.table());
+    match &sweep.recommendation {
+        Some(r) => println!("{}", r.sentence()),
+        None => println!("no recommendation: no layout completed a request"),
+    }
+    sweep.write(&args.out)?;
+    println!(
+        "\nwrote {0}/sweep.md, {0}/sweep.json, {0}/sweep.svg",
+        args.out.display()
+    );
+    println!("reproduce: {}", sweep.command);
+    Ok(sweep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_parses_lists_and_durations() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            sweep: SweepArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "sweep",
+            "--cores",
+            "0-2,5",
+            "--concurrency",
+            "100,1000,3000",
+            "--duration",
+            "30s",
+        ])
+        .unwrap();
+        assert_eq!(cli.sweep.cores, Some(vec![0, 1, 2, 5]));
+        assert_eq!(cli.sweep.concurrency, [100, 1000, 3000]);
+        assert_eq!(cli.sweep.duration, Duration::from_secs(30));
+        let cli = <Cli as clap::Parser>::try_parse_from(["sweep"]).unwrap();
+        assert_eq!(cli.sweep.concurrency, [10, 100]);
+        assert_eq!(cli.sweep.cores, None);
+    }
+
+    #[test]
+    fn the_command_reproduces_the_options() {
+        let args = SweepArgs {
+            cmd: Some("node app.js --port {port}".into()),
+            cores: None,
+            concurrency: vec![100, 1000],
+            duration: Duration::from_secs(30),
+            warmup: Duration::from_secs(1),
+            rounds: 3,
+            work: Duration::from_micros(100),
+            path: "/".into(),
+            timeout: Duration::from_secs(5),
+            out: PathBuf::from("out dir"),
+        };
+        assert_eq!(
+            command(&args, &[0, 1, 2, 3]),
+            "pinlb sweep --cores 0-3 --concurrency 100,1000 --duration 30s --warmup 1s --rounds 3 --cmd 'node app.js --port {port}' --timeout 5s --out 'out dir'"
+        );
+    }
+}

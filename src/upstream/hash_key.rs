@@ -1,0 +1,54 @@
+//! What a `hash` upstream hashes for one request: the client's address, the request target, a
+//! header's value or a cookie's, read from the head without copying it.
+
+use std::net::IpAddr;
+
+use crate::config::HashKey;
+use crate::http1::request::RequestHead;
+use crate::upstream::balance::hash;
+
+/// The hash of `spec`'s key in this request, or `None` when the request has no such key (no
+/// such header or cookie, or an empty one); the pick falls back to round robin then.
+pub fn request_key(spec: &HashKey, head: &RequestHead, client: IpAddr) -> Option<u64> {
+    match spec {
+        HashKey::ClientIp => Some(match client {
+            IpAddr::V4(ip) => hash(&ip.octets()),
+            IpAddr::V6(ip) => hash(&ip.octets()),
+        }),
+        HashKey::Uri => Some(hash(head.target())),
+        HashKey::Header(name) => head.header_values(name).find(|v| !v.is_empty()).map(hash),
+        HashKey::Cookie(name) => head
+            .header_values("cookie")
+            .find_map(|v| cookie(v, name))
+            .map(hash),
+    }
+}
+
+/// Cookie `name`'s value in one `Cookie` header (`a=1; b=2`); `None` when absent or empty.
+fn cookie<'a>(value: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    value.split(|&b| b == b';').find_map(|pair| {
+        let pair = pair.trim_ascii();
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        let (n, v) = pair.split_at(eq);
+        (n == name.as_bytes() && v.len() > 1).then(|| &v[1..])
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cookie_is_found_among_its_pairs() {
+        assert_eq!(
+            cookie(b"theme=dark; session=s1", "session"),
+            Some(&b"s1"[..])
+        );
+        assert_eq!(
+            cookie(b"theme=dark;session=s1", "theme"),
+            Some(&b"dark"[..])
+        );
+        assert_eq!(cookie(b"sessionx=1", "session"), None);
+        assert_eq!(cookie(b"a=", "a"), None);
+    }
+}
