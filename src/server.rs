@@ -24,11 +24,11 @@ use crate::process::handover::{Exposed, Handover, Inherited, Tag, listen_at};
 use crate::process::listen::{BindError, Sockets, bind_listeners, listener};
 use crate::process::reload;
 pub use crate::process::shared::ServerError;
-use crate::process::shared::{Connections, Generation, Process};
+use crate::process::shared::{Admission, Generation, Process};
 use crate::process::worker::worker_main;
 use crate::proxy::accesslog::AccessLog;
 use crate::sys::cpus::{format_cpu_list, pin_current_thread};
-use crate::upstream::pool::SharedUpstream;
+use crate::upstream::shared::SharedUpstream;
 use crate::upstream::stats::Registered;
 
 /// Listening sockets bound for every worker, ready to run.
@@ -272,7 +272,7 @@ impl Server {
             workers: cpus.len(),
             reloading: tokio::sync::Mutex::new(()),
             access: access.as_ref().map(AccessLog::handle),
-            connections: Connections::new(config.limits.max_connections),
+            connections: Admission::new(config.limits.max_connections),
             exposed: exposed.clone(),
             handed_over: std::sync::atomic::AtomicBool::new(false),
             stopping: std::sync::atomic::AtomicBool::new(false),

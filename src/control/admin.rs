@@ -49,7 +49,7 @@ use tracing::{debug, info, warn};
 
 use crate::control::status::{Window, status};
 use crate::process::shared::{Generation, Process};
-use crate::upstream::pool::AdminState;
+use crate::upstream::backend::AdminState;
 
 /// Admin connections open at once; more wait in the kernel's backlog. The admin listener shares
 /// the process's file descriptors with the workers, so it must not be able to use them up.

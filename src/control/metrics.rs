@@ -14,10 +14,10 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 use crate::process::spawned::{Record, State};
-use crate::upstream::pool::{AdminState, SharedUpstream};
 use crate::upstream::stats::{
     BackendStats, CODES, ErrorKind, Histogram, ListenerStats, Registered, Source, TlsFailure,
 };
+use crate::{upstream::backend::AdminState, upstream::shared::SharedUpstream};
 
 /// Renders everything in Prometheus's text format (0.0.4). `routes` names each listener's
 /// upstream, by its configured address.
@@ -529,7 +529,7 @@ impl Collector for Scrape {
             }),
         )?;
 
-        let backends: Vec<(Labels, &crate::upstream::pool::BackendState)> = self
+        let backends: Vec<(Labels, &crate::upstream::backend::BackendState)> = self
             .upstreams
             .iter()
             .flat_map(|u| {
@@ -544,7 +544,7 @@ impl Collector for Scrape {
                 })
             })
             .collect();
-        let each = |f: &dyn Fn(&crate::upstream::pool::BackendState) -> u64| {
+        let each = |f: &dyn Fn(&crate::upstream::backend::BackendState) -> u64| {
             backends
                 .iter()
                 .map(move |(l, b)| (l.clone(), counter(f(b))))

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::process::shared::Process;
-use crate::upstream::pool::{AdminState, BackendState};
+use crate::upstream::backend::{AdminState, BackendState};
 use crate::upstream::stats::{ListenerStats, Source};
 
 /// How far back the page's latency percentiles reach.

@@ -25,7 +25,7 @@ use tracing::{error, info, warn};
 use crate::config::{Spawn, Upstream};
 use crate::process::shared::Process;
 use crate::process::spawned::{Backoff, Record, State};
-use crate::upstream::pool::BackendState;
+use crate::upstream::backend::BackendState;
 
 /// How often a started process is probed until it answers.
 const READY_POLL: Duration = Duration::from_millis(50);

@@ -35,7 +35,9 @@ use tracing::{debug, warn};
 
 use crate::config::Limits;
 use crate::downstream::idle::{self, Wait};
-use crate::downstream::stream::{ClientStream, Refused, Stir, StreamIo, TlsState, poll_read_tcp};
+use crate::downstream::stream::{
+    DownstreamStream, Refused, Stir, StreamIo, TlsState, poll_read_tcp,
+};
 use crate::downstream::tunnel::{self, Dir, End};
 use crate::http1::body::{Decoder, Framing};
 use crate::http1::client::UpstreamError;
@@ -45,8 +47,10 @@ use crate::http1::common::{
 };
 use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::proxy::accesslog::{Batch, Logged, Pending};
-use crate::proxy::forward::{self, Answer, ClientBody, ProxyBody};
-use crate::route::decision::{ClientRules, Decision, Route, https_location};
+use crate::proxy::body::{ProxyBody, Upgraded};
+use crate::proxy::downstream::{Downstream, DownstreamBody};
+use crate::proxy::forward::{self, Answer, DownstreamRequest};
+use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
 use crate::upstream::stats::{ListenerStats, Source, TlsFailure};
 
 /// After a response that ends the connection with client bytes left unread, how long and how
@@ -57,9 +61,9 @@ const LINGER_TIME: Duration = Duration::from_secs(2);
 const LINGER_BYTES: usize = 256 * 1024;
 
 /// A worker's open client connections, which park here when idle.
-pub(crate) type Clients = idle::Clients<Parked>;
-/// A connection's slot among its worker's [`Clients`].
-pub(crate) type Slot = idle::Client<Parked>;
+pub(crate) type Connections = idle::Connections<Parked>;
+/// A connection's slot among its worker's [`Connections`].
+pub(crate) type Slot = idle::Slot<Parked>;
 
 /// What a client connection holds until it closes, however its task ends (dropped before its
 /// first poll included): its `limits.max_connections` permit, and its count as an open
@@ -96,7 +100,7 @@ impl Drop for Closed {
 /// Reads what the client sent into the spare room of `buf`; `Ok(0)` is the end of the stream.
 #[inline]
 fn poll_read_buf(
-    stream: &ClientStream,
+    stream: &DownstreamStream,
     buf: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
@@ -106,7 +110,7 @@ fn poll_read_buf(
 /// Writes all of `bufs`, waiting for room in the socket as needed. Not an `async fn` of its
 /// own: a layer of future around the stream's would cost every response a copy of it.
 fn write_all<'a>(
-    stream: &'a ClientStream,
+    stream: &'a DownstreamStream,
     bufs: &'a mut [IoSlice<'_>],
 ) -> impl Future<Output = io::Result<()>> + 'a {
     stream.write_all(bufs)
@@ -114,7 +118,7 @@ fn write_all<'a>(
 
 /// A request's body, read from the client connection as the proxy sends it on.
 pub struct BodyReader<'a> {
-    stream: &'a ClientStream,
+    stream: &'a DownstreamStream,
     buf: &'a mut BytesMut,
     framing: RequestFraming,
     decoder: Decoder,
@@ -126,7 +130,7 @@ pub struct BodyReader<'a> {
 
 impl<'a> BodyReader<'a> {
     fn new(
-        stream: &'a ClientStream,
+        stream: &'a DownstreamStream,
         buf: &'a mut BytesMut,
         framing: RequestFraming,
         expect_continue: bool,
@@ -160,7 +164,7 @@ impl<'a> BodyReader<'a> {
     }
 }
 
-impl forward::ClientBody for BodyReader<'_> {
+impl DownstreamBody for BodyReader<'_> {
     fn framing(&self) -> RequestFraming {
         self.framing
     }
@@ -217,7 +221,7 @@ struct Watch {
 /// request body has been read, and not once a next request has begun to arrive: those bytes are
 /// not read until the response is out, and a client that pipelines and then closes its side
 /// still gets every answer.
-fn poll_client_gone(stream: &ClientStream, watch: &Watch, cx: &mut Context<'_>) -> Poll<()> {
+fn poll_client_gone(stream: &DownstreamStream, watch: &Watch, cx: &mut Context<'_>) -> Poll<()> {
     if !watch.body_done.get() || watch.pipelined.get() {
         return Poll::Pending;
     }
@@ -341,7 +345,7 @@ enum Written {
 
 /// One client connection, for as long as it is open.
 struct Connection {
-    stream: ClientStream,
+    stream: DownstreamStream,
     peer: SocketAddr,
     slot: Slot,
     route: Rc<Route>,
@@ -350,7 +354,7 @@ struct Connection {
     accepted: Instant,
     /// The rules the connection's client identity was worked out under, and that identity;
     /// recomputed only after a reload changed the rules (`forwarded.trusted` above all).
-    client: RefCell<(Rc<ClientRules>, Rc<forward::Client>)>,
+    client: RefCell<(Rc<DownstreamRules>, Rc<Downstream>)>,
 }
 
 /// A connection parked while idle (see `idle`): what it needs to start again.
@@ -375,7 +379,7 @@ impl AsFd for Parked {
 }
 
 /// Starts parked connections again as their clients send something, until the worker ends.
-pub(crate) async fn unparker(clients: Rc<Clients>) {
+pub(crate) async fn unparker(clients: Rc<Connections>) {
     loop {
         for parked in clients.unparked().await {
             let Parked {
@@ -391,7 +395,7 @@ pub(crate) async fn unparker(clients: Rc<Clients>) {
             } = *parked;
             match TcpStream::from_std(socket) {
                 Ok(stream) => {
-                    let stream = ClientStream::from_parts(stream, tls);
+                    let stream = DownstreamStream::from_parts(stream, tls);
                     let start = Start { first, accepted };
                     tokio::task::spawn_local(serve(stream, peer, slot, route, batch, held, start));
                 }
@@ -424,7 +428,7 @@ impl Start {
 /// Serves one client connection until it closes or is parked. `held` is kept until then: the
 /// connection's `limits.max_connections` permit and its counters.
 pub(crate) async fn serve(
-    stream: ClientStream,
+    stream: DownstreamStream,
     peer: SocketAddr,
     slot: Slot,
     route: Rc<Route>,
@@ -537,7 +541,7 @@ pub(crate) async fn serve_tls(
     // The certificates of the generation running now: a reload that comes during the
     // handshake applies to the next one.
     let Some(tls) = route.tls.borrow().clone() else {
-        let stream = ClientStream::Plain(tcp);
+        let stream = DownstreamStream::Plain(tcp);
         return serve(stream, peer, slot, route, batch, held, start).await;
     };
     let limit = route.rules.borrow().limits.header_timeout;
@@ -554,7 +558,7 @@ pub(crate) async fn serve_tls(
     };
     match shaken {
         Ok(Ok(stream)) => {
-            if let (Some(s), ClientStream::Tls(_)) = (&route.stats, &stream) {
+            if let (Some(s), DownstreamStream::Tls(_)) = (&route.stats, &stream) {
                 s.tls_handshakes.fetch_add(1, Ordering::Relaxed);
                 if stream.is_resumed() {
                     s.tls_resumed.fetch_add(1, Ordering::Relaxed);
@@ -579,9 +583,9 @@ pub(crate) async fn serve_tls(
             count(TlsFailure::PlainHttp);
             debug!(client = %peer, "answered 400: plain HTTP on a TLS listener");
             let rules = route.rules.borrow().clone();
-            let client = Rc::new(forward::Client::new(peer, &rules.trusted));
+            let client = Rc::new(Downstream::new(peer, &rules.trusted));
             let conn = Connection {
-                stream: ClientStream::Plain(tcp),
+                stream: DownstreamStream::Plain(tcp),
                 peer,
                 slot,
                 route,
@@ -705,11 +709,13 @@ impl Connection {
                 upstream,
                 client,
                 limits,
-                &head,
-                edits.as_ref().map(|e| &e.request),
-                &mut client_body,
-                refused,
                 pending.is_some(),
+                DownstreamRequest {
+                    head: &head,
+                    overrides: edits.as_ref().map(|e| &e.request),
+                    body: &mut client_body,
+                    refused,
+                },
             ));
             let gone = std::future::poll_fn(|cx| poll_client_gone(&self.stream, &watch, cx));
             tokio::select! {
@@ -733,7 +739,7 @@ impl Connection {
             e.edit_response(&mut response);
         }
         if let Some(s) = &self.route.stats {
-            let local = matches!(response.body, forward::ProxyBody::Local(_));
+            let local = matches!(response.body, ProxyBody::Local(_));
             s.response(
                 response.status,
                 if local {
@@ -1094,7 +1100,7 @@ impl Connection {
             headers,
             mut body,
         } = response;
-        let Some(forward::Upgraded {
+        let Some(Upgraded {
             stream: mut backend,
             early,
             open,

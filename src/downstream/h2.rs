@@ -43,13 +43,15 @@ use std::os::fd::AsFd;
 
 use crate::config::Limits;
 use crate::downstream::idle;
-use crate::downstream::stream::{ClientStream, StreamIo};
+use crate::downstream::stream::{DownstreamStream, StreamIo};
 use crate::http1::client::UpstreamError;
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply, RequestFraming, error_page, header_map};
 use crate::http1::request::{ClientError, RequestHead, parse_request};
 use crate::proxy::accesslog::{Batch, Logged, Pending};
-use crate::proxy::forward::{self, ClientBody, ProxyBody};
-use crate::route::decision::{ClientRules, Decision, Route, https_location};
+use crate::proxy::body::ProxyBody;
+use crate::proxy::downstream::{Downstream, DownstreamBody};
+use crate::proxy::forward::{self, DownstreamRequest};
+use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
 use crate::sys::exec::LocalExec;
 use crate::upstream::stats::Source;
 
@@ -67,7 +69,7 @@ struct Shared {
     tls: bool,
     /// The client's identity, worked out under the rules it was made for (as an HTTP/1.1
     /// connection keeps it, recomputed after a reload changed the rules).
-    client: RefCell<(Rc<ClientRules>, Rc<forward::Client>)>,
+    client: RefCell<(Rc<DownstreamRules>, Rc<Downstream>)>,
     /// The `Date` value of the worker's last tick.
     date: Rc<dyn Fn() -> HeaderValue>,
     /// Streams open: from the request's arrival to the end of its response.
@@ -147,10 +149,10 @@ impl Drop for Open {
 /// Serves an HTTP/2 connection until it closes. `early` is what was already read off it (the
 /// start of an h2c preface); `slot` is its place among the worker's connections.
 pub(crate) async fn serve<P: AsFd + 'static>(
-    stream: ClientStream,
+    stream: DownstreamStream,
     early: Bytes,
     peer: SocketAddr,
-    slot: idle::Client<P>,
+    slot: idle::Slot<P>,
     route: Rc<Route>,
     batch: Option<Rc<Batch>>,
 ) {
@@ -332,11 +334,13 @@ impl Shared {
             upstream,
             client,
             limits,
-            &head,
-            edits.as_ref().map(|e| &e.request),
-            &mut body,
-            refused,
             pending.is_some(),
+            DownstreamRequest {
+                head: &head,
+                overrides: edits.as_ref().map(|e| &e.request),
+                body: &mut body,
+                refused,
+            },
         )
         .await;
         if let Some(e) = &edits {
@@ -522,7 +526,7 @@ struct RequestBody {
     trailers: Option<http::HeaderMap>,
 }
 
-impl ClientBody for RequestBody {
+impl DownstreamBody for RequestBody {
     fn framing(&self) -> RequestFraming {
         self.framing
     }

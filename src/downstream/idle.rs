@@ -2,7 +2,7 @@
 //! `limits.header_timeout` for a connection that never sends its first byte), making room at
 //! `limits.max_connections`, and closing them for a stop.
 //!
-//! There is no timer per connection. Each connection has a slot in its worker's [`Clients`]; one
+//! There is no timer per connection. Each connection has a slot in its worker's [`Connections`]; one
 //! sweeper task per worker ticks at a fixed period and closes the connections that have waited
 //! for a request for more ticks than their timeout allows. Entering and leaving the idle state
 //! costs a connection two stores, no clock read and no timer-wheel insertion, and an idle
@@ -47,8 +47,8 @@ const UNPARK_BATCH: usize = 64;
 
 /// A worker's client connections, each of which may park here as a `P` (its socket, and what it
 /// needs to start again), so that this module knows nothing of what a connection is.
-pub struct Clients<P> {
-    slots: RefCell<Slots<P>>,
+pub struct Connections<P> {
+    slots: RefCell<Entries<P>>,
     /// Connections open on this worker.
     open: Cell<usize>,
     /// Notified when `open` drops to zero.
@@ -63,7 +63,7 @@ pub struct Clients<P> {
     draining: Cell<bool>,
     /// During a stop for a binary upgrade: the tick until which idle HTTP/1.1 connections stay
     /// open, so that a request already on its way is answered (with `Connection: close`)
-    /// instead of meeting a closed socket ([`Clients::drain_lingering`]).
+    /// instead of meeting a closed socket ([`Connections::drain_lingering`]).
     lingering: Cell<Option<u32>>,
     /// Reloads applied so far: a connection that carries many requests at once (HTTP/2) ends
     /// with GOAWAY after one, as nginx's do.
@@ -87,13 +87,13 @@ impl AsRawFd for ParkingLot {
     }
 }
 
-struct Slots<P> {
-    slots: Vec<Slot<P>>,
+struct Entries<P> {
+    slots: Vec<Entry<P>>,
     /// Indices of unused slots.
     free: Vec<usize>,
 }
 
-struct Slot<P> {
+struct Entry<P> {
     in_use: bool,
     /// The tick at which the connection began to wait for a request; `None` while it has one.
     idle_since: Option<u32>,
@@ -109,9 +109,9 @@ struct Slot<P> {
     waker: Option<Waker>,
 }
 
-impl<P> Default for Slot<P> {
+impl<P> Default for Entry<P> {
     fn default() -> Self {
-        Slot {
+        Entry {
             in_use: false,
             idle_since: None,
             limit: 0,
@@ -123,18 +123,18 @@ impl<P> Default for Slot<P> {
     }
 }
 
-impl<P> Default for Slots<P> {
+impl<P> Default for Entries<P> {
     fn default() -> Self {
-        Slots {
+        Entries {
             slots: Vec::new(),
             free: Vec::new(),
         }
     }
 }
 
-impl<P> Default for Clients<P> {
+impl<P> Default for Connections<P> {
     fn default() -> Self {
-        Clients {
+        Connections {
             slots: RefCell::default(),
             open: Cell::new(0),
             none_open: Notify::new(),
@@ -151,11 +151,11 @@ impl<P> Default for Clients<P> {
     }
 }
 
-impl<P: AsFd> Clients<P> {
+impl<P: AsFd> Connections<P> {
     /// A worker's connections, with an epoll set to park idle ones in. Must be called on the
     /// worker's runtime; without the epoll set (it could not be made), connections are never
     /// parked.
-    pub fn with_parking() -> Clients<P> {
+    pub fn with_parking() -> Connections<P> {
         let parking = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
             .map_err(std::io::Error::from)
             .and_then(|e| {
@@ -167,34 +167,34 @@ impl<P: AsFd> Clients<P> {
                 .map_err(|e| e.into())
             });
         match parking {
-            Ok(p) => Clients {
+            Ok(p) => Connections {
                 parking: Some(p),
-                ..Clients::default()
+                ..Connections::default()
             },
             Err(e) => {
                 tracing::warn!("cannot park idle connections, they stay as they are: {e}");
-                Clients::default()
+                Connections::default()
             }
         }
     }
 
     /// Registers a new connection. `idle` is its `timeouts.client_idle`, `head` the longest it
     /// may take to send its first byte (`limits.header_timeout`).
-    pub fn open(self: &Rc<Self>, idle: Duration, head: Duration) -> Client<P> {
+    pub fn open(self: &Rc<Self>, idle: Duration, head: Duration) -> Slot<P> {
         let mut s = self.slots.borrow_mut();
         let index = match s.free.pop() {
             Some(i) => i,
             None => {
-                s.slots.push(Slot::default());
+                s.slots.push(Entry::default());
                 s.slots.len() - 1
             }
         };
-        s.slots[index] = Slot {
+        s.slots[index] = Entry {
             in_use: true,
-            ..Slot::default()
+            ..Entry::default()
         };
         self.open.set(self.open.get() + 1);
-        Client {
+        Slot {
             clients: self.clone(),
             index,
             idle,
@@ -271,7 +271,7 @@ impl<P: AsFd> Clients<P> {
     /// process: busy connections close once their response is out, and idle ones are given
     /// `linger` to send one more request, answered with `Connection: close`, before they close.
     ///
-    /// Closing an idle keep-alive connection at once, as [`Clients::drain`] does, races the
+    /// Closing an idle keep-alive connection at once, as [`Connections::drain`] does, races the
     /// client's next request: one already sent meets the close (a reset, or an end of file
     /// where the response should be) and fails unless the client retries it. A stop has no
     /// choice (its port closes too), but after an upgrade the client may as well reconnect to
@@ -292,7 +292,7 @@ impl<P: AsFd> Clients<P> {
         self.wake_all();
     }
 
-    /// Reloads applied so far, for [`Client::poll_close`].
+    /// Reloads applied so far, for [`Slot::poll_close`].
     pub fn reloads(&self) -> u64 {
         self.reloads.get()
     }
@@ -387,7 +387,7 @@ impl<P: AsFd> Clients<P> {
         }
     }
 
-    /// Parks a connection that [`Client::poll_wait`] said to park: its socket joins the
+    /// Parks a connection that [`Slot::poll_wait`] said to park: its socket joins the
     /// parking epoll set, and the connection waits in its slot. Gives it back if it can't.
     pub fn park(&self, index: usize, parked: Box<P>) -> Result<(), Box<P>> {
         let Some(lot) = &self.parking else {
@@ -454,7 +454,7 @@ impl<P: AsFd> Clients<P> {
 /// Runs a worker's sweeper until the worker's runtime ends. `pressure` reads a count that
 /// another worker bumps while it waits for room under `limits.max_connections`; when it moved,
 /// this worker's idle connections close too.
-pub async fn sweeper<P: AsFd>(clients: Rc<Clients<P>>, pressure: impl Fn() -> u64) {
+pub async fn sweeper<P: AsFd>(clients: Rc<Connections<P>>, pressure: impl Fn() -> u64) {
     let mut seen = pressure();
     loop {
         tokio::time::sleep(clients.period.get()).await;
@@ -474,8 +474,8 @@ fn http_date() -> HeaderValue {
 }
 
 /// One connection's slot; freed when dropped.
-pub struct Client<P> {
-    clients: Rc<Clients<P>>,
+pub struct Slot<P> {
+    clients: Rc<Connections<P>>,
     index: usize,
     /// `timeouts.client_idle`.
     idle: Duration,
@@ -506,13 +506,13 @@ pub enum Wait {
     Park,
 }
 
-impl<P: AsFd> Client<P> {
-    pub fn clients(&self) -> &Clients<P> {
+impl<P: AsFd> Slot<P> {
+    pub fn clients(&self) -> &Connections<P> {
         &self.clients
     }
 
     /// The worker's connections, to park in.
-    pub fn clients_rc(&self) -> Rc<Clients<P>> {
+    pub fn clients_rc(&self) -> Rc<Connections<P>> {
         self.clients.clone()
     }
 
@@ -560,7 +560,7 @@ impl<P: AsFd> Client<P> {
     /// wait (`first`) or a later one's, in ticks of the current length. A connection that never
     /// sent a byte is idle too.
     #[inline]
-    fn start_idle(&self, slot: &mut Slot<P>, tick: u32, first: bool) {
+    fn start_idle(&self, slot: &mut Entry<P>, tick: u32, first: bool) {
         if slot.idle_since.is_some() {
             return;
         }
@@ -576,20 +576,20 @@ impl<P: AsFd> Client<P> {
 
 /// Remembers the connection's task in its slot, for the sweeper (or a stop) to wake.
 #[inline]
-fn remember<P>(slot: &mut Slot<P>, cx: &Context<'_>) {
+fn remember<P>(slot: &mut Entry<P>, cx: &Context<'_>) {
     match &slot.waker {
         Some(w) if w.will_wake(cx.waker()) => {}
         _ => slot.waker = Some(cx.waker().clone()),
     }
 }
 
-impl<P: AsFd> Client<P> {
+impl<P: AsFd> Slot<P> {
     /// For a connection that carries many requests at once and never parks (HTTP/2):
     /// completes when it is to close. `idle` says it has no request open; only then does its
     /// idle time count, as `poll_wait`'s connection's does between requests: `first` (no
     /// request yet) within `limits.header_timeout` of the accept, later ones within
     /// `timeouts.client_idle`. Room needed under `max_connections` closes it only while idle;
-    /// a stop, or a reload since `reloads` (what [`Clients::reloads`] said when it opened), at
+    /// a stop, or a reload since `reloads` (what [`Connections::reloads`] said when it opened), at
     /// once (the caller lets its open requests finish).
     pub fn poll_close(
         &self,
@@ -618,12 +618,12 @@ impl<P: AsFd> Client<P> {
     }
 }
 
-impl<P> Drop for Client<P> {
+impl<P> Drop for Slot<P> {
     fn drop(&mut self) {
         {
             let mut s = self.clients.slots.borrow_mut();
             if let Some(slot) = s.slots.get_mut(self.index) {
-                *slot = Slot::default();
+                *slot = Entry::default();
                 s.free.push(self.index);
             }
         }
@@ -654,8 +654,8 @@ mod tests {
         Poll::Pending
     }
 
-    fn setup() -> (Rc<Clients<std::net::TcpStream>>, Arc<Count>) {
-        let clients = Rc::new(Clients::default());
+    fn setup() -> (Rc<Connections<std::net::TcpStream>>, Arc<Count>) {
+        let clients = Rc::new(Connections::default());
         clients.set_shortest_timeout(Duration::from_millis(400));
         (clients, Arc::new(Count(AtomicUsize::new(0))))
     }

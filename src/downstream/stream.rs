@@ -27,7 +27,7 @@ use crate::tls::server::Terminator;
 use crate::upstream::stats::TlsFailure;
 
 /// A client connection's socket.
-pub(crate) enum ClientStream {
+pub(crate) enum DownstreamStream {
     Plain(TcpStream),
     /// Boxed: a plain connection's task need not carry the room for rustls's state.
     Tls(Box<TlsStream>),
@@ -61,24 +61,24 @@ fn busy() -> io::Error {
     io::Error::other("TLS state already in use")
 }
 
-impl ClientStream {
+impl DownstreamStream {
     /// The TCP socket under the connection.
     pub fn tcp(&self) -> &TcpStream {
         match self {
-            ClientStream::Plain(s) => s,
-            ClientStream::Tls(t) => &t.tcp,
+            DownstreamStream::Plain(s) => s,
+            DownstreamStream::Tls(t) => &t.tcp,
         }
     }
 
     pub fn is_tls(&self) -> bool {
-        matches!(self, ClientStream::Tls(_))
+        matches!(self, DownstreamStream::Tls(_))
     }
 
     /// A TLS connection on which ALPN chose HTTP/2.
     pub fn is_h2(&self) -> bool {
         match self {
-            ClientStream::Plain(_) => false,
-            ClientStream::Tls(t) => t
+            DownstreamStream::Plain(_) => false,
+            DownstreamStream::Tls(t) => t
                 .conn
                 .try_borrow()
                 .is_ok_and(|c| c.alpn_protocol() == Some(crate::tls::server::H2)),
@@ -88,8 +88,8 @@ impl ClientStream {
     /// A TLS connection whose handshake resumed a session.
     pub fn is_resumed(&self) -> bool {
         match self {
-            ClientStream::Plain(_) => false,
-            ClientStream::Tls(t) => t
+            DownstreamStream::Plain(_) => false,
+            DownstreamStream::Tls(t) => t
                 .conn
                 .try_borrow()
                 .is_ok_and(|c| c.handshake_kind() == Some(rustls::HandshakeKind::Resumed)),
@@ -99,8 +99,8 @@ impl ClientStream {
     /// The socket and the TLS state, for parking.
     pub fn into_parts(self) -> (TcpStream, Option<TlsState>) {
         match self {
-            ClientStream::Plain(s) => (s, None),
-            ClientStream::Tls(t) => {
+            DownstreamStream::Plain(s) => (s, None),
+            DownstreamStream::Tls(t) => {
                 let TlsStream { tcp, conn } = *t;
                 (tcp, Some(TlsState(Box::new(conn.into_inner()))))
             }
@@ -108,10 +108,10 @@ impl ClientStream {
     }
 
     /// A connection back from parking.
-    pub fn from_parts(tcp: TcpStream, tls: Option<TlsState>) -> ClientStream {
+    pub fn from_parts(tcp: TcpStream, tls: Option<TlsState>) -> DownstreamStream {
         match tls {
-            None => ClientStream::Plain(tcp),
-            Some(TlsState(conn)) => ClientStream::Tls(Box::new(TlsStream {
+            None => DownstreamStream::Plain(tcp),
+            Some(TlsState(conn)) => DownstreamStream::Tls(Box::new(TlsStream {
                 tcp,
                 conn: RefCell::new(*conn),
             })),
@@ -130,8 +130,8 @@ impl ClientStream {
             buf.reserve(READ_BUFFER);
         }
         match self {
-            ClientStream::Plain(s) => poll_read_tcp(s, buf, cx),
-            ClientStream::Tls(t) => t.poll_read_buf(buf, cx),
+            DownstreamStream::Plain(s) => poll_read_tcp(s, buf, cx),
+            DownstreamStream::Tls(t) => t.poll_read_buf(buf, cx),
         }
     }
 
@@ -141,8 +141,8 @@ impl ClientStream {
     /// write is the loop it was before TLS, with no future nested in it.
     pub async fn write_all(&self, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
         let stream = match self {
-            ClientStream::Plain(s) => s,
-            ClientStream::Tls(t) => {
+            DownstreamStream::Plain(s) => s,
+            DownstreamStream::Tls(t) => {
                 t.encrypt(bufs)?;
                 // Bounded: every pass writes something, or waits for room, or fails.
                 while !t.try_flush()? {
@@ -169,7 +169,7 @@ impl ClientStream {
 
     /// Whether the client, while it waits for a response, closed the connection or sent more.
     pub fn poll_stir(&self, cx: &mut Context<'_>) -> Poll<Stir> {
-        if let ClientStream::Tls(t) = self {
+        if let DownstreamStream::Tls(t) = self {
             // Bytes rustls already took off the socket and decrypted are a next request, and
             // a close_notify is the client's end.
             match t.conn.try_borrow_mut().map(|mut c| c.process_new_packets()) {
@@ -208,7 +208,7 @@ impl ClientStream {
     /// Tells a TLS client that nothing more comes (close_notify), if the socket has room for
     /// it now: the connection closes next anyway.
     pub fn notify_close(&self) {
-        if let ClientStream::Tls(t) = self {
+        if let DownstreamStream::Tls(t) = self {
             if let Ok(mut conn) = t.conn.try_borrow_mut() {
                 conn.send_close_notify();
                 let _ = try_flush(&t.tcp, &mut conn);
@@ -379,14 +379,14 @@ impl TlsStream {
 /// for an HTTP/2 connection, which hyper's server owns, with the stream itself.
 pub(crate) struct StreamIo<S>(pub S);
 
-impl<S: Borrow<ClientStream> + Unpin> AsyncRead for StreamIo<S> {
+impl<S: Borrow<DownstreamStream> + Unpin> AsyncRead for StreamIo<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let n = match self.0.borrow() {
-            ClientStream::Plain(tcp) => {
+            DownstreamStream::Plain(tcp) => {
                 // Bounded: a read that would block clears the readiness, and the next wait for
                 // it is Pending unless bytes came.
                 loop {
@@ -398,7 +398,7 @@ impl<S: Borrow<ClientStream> + Unpin> AsyncRead for StreamIo<S> {
                     }
                 }
             }
-            ClientStream::Tls(t) => {
+            DownstreamStream::Tls(t) => {
                 let dst = out.initialize_unfilled();
                 ready!(t.poll_plaintext(cx, |reader, ready| {
                     let n = ready.min(dst.len());
@@ -411,14 +411,14 @@ impl<S: Borrow<ClientStream> + Unpin> AsyncRead for StreamIo<S> {
     }
 }
 
-impl<S: Borrow<ClientStream> + Unpin> AsyncWrite for StreamIo<S> {
+impl<S: Borrow<DownstreamStream> + Unpin> AsyncWrite for StreamIo<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.0.borrow() {
-            ClientStream::Plain(tcp) => {
+            DownstreamStream::Plain(tcp) => {
                 // Bounded as `poll_read`.
                 loop {
                     ready!(tcp.poll_write_ready(cx))?;
@@ -428,7 +428,7 @@ impl<S: Borrow<ClientStream> + Unpin> AsyncWrite for StreamIo<S> {
                     }
                 }
             }
-            ClientStream::Tls(t) => {
+            DownstreamStream::Tls(t) => {
                 // Records still waiting for room go first, so rustls holds at most one
                 // buffer's worth of this direction.
                 ready!(t.poll_flush(cx))?;
@@ -442,13 +442,13 @@ impl<S: Borrow<ClientStream> + Unpin> AsyncWrite for StreamIo<S> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.0.borrow() {
-            ClientStream::Plain(_) => Poll::Ready(Ok(())),
-            ClientStream::Tls(t) => t.poll_flush(cx),
+            DownstreamStream::Plain(_) => Poll::Ready(Ok(())),
+            DownstreamStream::Tls(t) => t.poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let ClientStream::Tls(t) = self.0.borrow() {
+        if let DownstreamStream::Tls(t) = self.0.borrow() {
             if let Ok(mut conn) = t.conn.try_borrow_mut() {
                 conn.send_close_notify();
             }
@@ -481,7 +481,10 @@ pub(crate) enum Refused {
 
 /// The server side of a TLS handshake on a just-accepted connection. The caller bounds it in
 /// time (`limits.header_timeout`).
-pub(crate) async fn handshake(tcp: TcpStream, tls: &Terminator) -> Result<ClientStream, Refused> {
+pub(crate) async fn handshake(
+    tcp: TcpStream,
+    tls: &Terminator,
+) -> Result<DownstreamStream, Refused> {
     let closed = || {
         Refused::Failed(
             TlsFailure::Closed,
@@ -566,7 +569,7 @@ pub(crate) async fn handshake(tcp: TcpStream, tls: &Terminator) -> Result<Client
     }
     // Responses are encrypted as they are written and sent at once: no limit needed.
     conn.set_buffer_limit(None);
-    Ok(ClientStream::Tls(Box::new(TlsStream {
+    Ok(DownstreamStream::Tls(Box::new(TlsStream {
         tcp,
         conn: RefCell::new(conn),
     })))

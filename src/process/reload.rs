@@ -28,7 +28,7 @@ use std::time::Duration;
 use crate::config::{Backend, Config};
 use crate::process::listen::{bind_listeners, listener_keys};
 use crate::process::shared::{Generation, Process};
-use crate::upstream::pool::SharedUpstream;
+use crate::upstream::shared::SharedUpstream;
 
 /// How long a reload waits for every worker to switch. A worker switches between two polls of
 /// its runtime, so only a stuck worker takes longer.

@@ -11,10 +11,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tracing::warn;
 
 use crate::config::Config;
-use crate::downstream::h1::Clients;
+use crate::downstream::h1::Connections;
 use crate::process::listen::{BindError, ListenerKey, Sockets};
 use crate::proxy::accesslog::AccessHandle;
-use crate::upstream::pool::SharedUpstream;
+use crate::upstream::shared::SharedUpstream;
 use crate::upstream::stats::Registered;
 
 /// Errors that stop pinlb from starting or running.
@@ -55,12 +55,12 @@ pub(crate) struct Process {
     pub reloading: tokio::sync::Mutex<()>,
     /// Where finished requests go, when the access log is on.
     pub access: Option<AccessHandle>,
-    pub connections: Connections,
+    pub connections: Admission,
     /// Duplicates of every listening socket, for handing over to a new binary (`pinlb
     /// upgrade`); a reload adds and removes listeners here too.
     pub exposed: Arc<crate::process::handover::Exposed>,
     /// Set before the stop when a new process has taken over the listening sockets: workers
-    /// then let idle connections linger for one more request (`Clients::drain_lingering`).
+    /// then let idle connections linger for one more request (`Connections::drain_lingering`).
     pub handed_over: std::sync::atomic::AtomicBool,
     /// Set when a stop begins: `/ready` then answers 503 while the workers drain, so a load
     /// balancer in front (a Kubernetes Service) sends nothing new.
@@ -119,7 +119,7 @@ impl Generation {
 }
 
 /// The process's client connections, counted against `limits.max_connections` by every worker.
-pub(crate) struct Connections {
+pub(crate) struct Admission {
     /// One permit per open client connection.
     slots: Arc<Semaphore>,
     /// Bumped while an accept loop waits for a slot: every worker's sweeper then closes its idle
@@ -128,9 +128,9 @@ pub(crate) struct Connections {
     pub pressure: AtomicU64,
 }
 
-impl Connections {
-    pub(crate) fn new(max_connections: usize) -> Connections {
-        Connections {
+impl Admission {
+    pub(crate) fn new(max_connections: usize) -> Admission {
+        Admission {
             slots: Arc::new(Semaphore::new(max_connections)),
             pressure: AtomicU64::new(0),
         }
@@ -140,7 +140,7 @@ impl Connections {
     /// connections wait in the kernel's backlog) and idle connections are asked to close: this
     /// worker's at once, every worker's at its next tick, and again every 100 ms in case one
     /// became idle meanwhile.
-    pub(crate) async fn slot(&self, clients: &Clients) -> OwnedSemaphorePermit {
+    pub(crate) async fn slot(&self, clients: &Connections) -> OwnedSemaphorePermit {
         if let Ok(slot) = self.slots.clone().try_acquire_owned() {
             return slot;
         }

@@ -14,14 +14,14 @@ use tokio::sync::watch;
 use tokio::task::LocalSet;
 use tracing::{debug, error, info, warn};
 
-use crate::downstream::h1::{Clients, Held};
-use crate::downstream::stream::ClientStream;
+use crate::downstream::h1::{Connections, Held};
+use crate::downstream::stream::DownstreamStream;
 use crate::process::listen::{ListenerKey, accept, listener_keys};
 use crate::process::shared::{Generation, Process, ServerError};
 use crate::proxy::accesslog::Batch;
-use crate::route::decision::{ClientRules, Route, Routes};
+use crate::route::decision::{DownstreamRules, Route, Routes};
 use crate::sys::cpus::pin_current_thread;
-use crate::upstream::pool::WorkerUpstream;
+use crate::upstream::local::WorkerUpstream;
 
 /// How long, after a binary upgrade, an idle keep-alive connection of the old process stays
 /// open for a request already on its way: a client that sends within it gets its response
@@ -53,7 +53,7 @@ pub(crate) fn worker_main(
             worker,
             core,
             process,
-            clients: Rc::new(Clients::with_parking()),
+            clients: Rc::new(Connections::with_parking()),
             stop: stop.clone(),
             listeners: HashMap::new(),
             upstreams: Vec::new(),
@@ -178,7 +178,7 @@ struct WorkerState {
     core: usize,
     process: Arc<Process>,
     /// This worker's open client connections, which a stop lets finish.
-    clients: Rc<Clients>,
+    clients: Rc<Connections>,
     stop: watch::Receiver<bool>,
     listeners: HashMap<ListenerKey, Listening>,
     /// This worker's view of each upstream, in config order.
@@ -218,7 +218,7 @@ impl WorkerState {
                 WorkerUpstream::reloaded(u.clone(), previous.map(|p| &**p))
             })
             .collect();
-        let rules = Rc::new(ClientRules {
+        let rules = Rc::new(DownstreamRules {
             trusted: config.trusted.clone(),
             limits: config.limits,
             http2: config.http2,
@@ -335,7 +335,7 @@ async fn accept_loop(
     route: Rc<Route>,
     process: Arc<Process>,
     batch: Option<Rc<Batch>>,
-    clients: Rc<Clients>,
+    clients: Rc<Connections>,
     mut stop: watch::Receiver<bool>,
     mut removed: watch::Receiver<bool>,
 ) {
@@ -373,7 +373,7 @@ async fn accept_loop(
             ));
         } else {
             tokio::task::spawn_local(crate::downstream::h1::serve(
-                ClientStream::Plain(stream),
+                DownstreamStream::Plain(stream),
                 peer,
                 registered,
                 route.clone(),

@@ -1,8 +1,18 @@
 //! The request path between a decided route and a backend: pick, forward (retrying by nginx's
 //! `proxy_next_upstream` rules), stream back, map errors to 502/503/504; and the access log.
 //!
+//! - [`downstream`]: the client as the proxy sees it (address, trust, TLS) and its request body.
 //! - [`accesslog`]: the access log, formatted and written by its own thread.
-//! - [`forward`]: the retry loop and one attempt's exchange.
+//! - [`body`]: a response's body (a backend's, streamed, or pinlb's own) and local replies.
+//! - [`error`]: why a request got no backend's answer, and the status each cause maps to.
+//! - [`request_body`]: the client's body on its way to a backend, kept for a retry.
+//! - [`attempt`]: one attempt at one backend, HTTP/1.1 or HTTP/2, and how it fails.
+//! - [`forward`]: the retry loop: pick, attempt, decide whether to try the next backend.
 
 pub(crate) mod accesslog;
+pub(crate) mod attempt;
+pub(crate) mod body;
+pub(crate) mod downstream;
+pub(crate) mod error;
 pub(crate) mod forward;
+pub(crate) mod request_body;

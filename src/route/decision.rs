@@ -13,17 +13,19 @@ use crate::config::{Http2, Limits, PathMatch, RouteAction, Template, TemplatePar
 use crate::http1::common::ERROR_PAGE_TYPE;
 use crate::http1::common::Reply;
 use crate::http1::request::RequestHead;
-use crate::proxy::forward::{self, ProxyBody};
+use crate::proxy::body::{ProxyBody, local_reply};
+use crate::proxy::downstream::Downstream;
+use crate::proxy::forward::Overrides;
 use crate::route::table::{Router, host_without_port};
 use crate::tls::server::Terminator;
-use crate::upstream::pool::WorkerUpstream;
+use crate::upstream::local::WorkerUpstream;
 use crate::upstream::stats::ListenerStats;
 
 /// Where one listener's requests go in the running generation. A reload replaces the contents,
 /// and every request reads them anew, so keep-alive connections follow a reload too.
 pub(crate) struct Route {
     pub upstream: RefCell<Rc<WorkerUpstream>>,
-    pub rules: RefCell<Rc<ClientRules>>,
+    pub rules: RefCell<Rc<DownstreamRules>>,
     /// This worker's counters for the listener, while metrics are on.
     pub stats: Option<Arc<ListenerStats>>,
     /// The listener's TLS certificates, for the handshakes of connections accepted from now
@@ -78,7 +80,7 @@ pub(crate) enum Decision {
 #[derive(Default)]
 pub(crate) struct Edits {
     /// What the proxy sends differently: the path, the header lines, the timeouts.
-    pub request: forward::Overrides,
+    pub request: Overrides,
     /// `response_headers`: the names dropped from the response, and the lines added.
     pub response: Option<(Vec<String>, Vec<u8>)>,
 }
@@ -138,7 +140,7 @@ impl Route {
             if routes.has_default {
                 return Decision::Proxy(self.upstream.borrow().clone(), None);
             }
-            return Decision::Answer(forward::local_reply(
+            return Decision::Answer(local_reply(
                 StatusCode::NOT_FOUND,
                 ERROR_PAGE_TYPE,
                 Bytes::from_static(b"404 Not Found: no route matches this request\n"),
@@ -177,7 +179,7 @@ impl Route {
                 let response = response_edit(rule, &cx);
                 let timeouts = rule.timeouts.over(upstream.shared.config.timeouts);
                 let edits = Edits {
-                    request: forward::Overrides {
+                    request: Overrides {
                         path: rewritten,
                         lines,
                         timeouts,
@@ -200,7 +202,7 @@ impl Route {
                     status.as_u16(),
                     status.canonical_reason().unwrap_or("")
                 );
-                let mut reply = forward::local_reply(
+                let mut reply = local_reply(
                     status,
                     ERROR_PAGE_TYPE,
                     Bytes::from(page),
@@ -212,7 +214,7 @@ impl Route {
             }
             RouteAction::Respond { status, body } => {
                 let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::OK);
-                let mut reply = forward::local_reply(
+                let mut reply = local_reply(
                     status,
                     ERROR_PAGE_TYPE,
                     Bytes::from(body.clone()),
@@ -246,7 +248,7 @@ fn response_edit(rule: &crate::config::RouteRule, cx: &Context) -> Option<(Vec<S
 /// `response_headers` applied to an answer of pinlb's own.
 fn response_edits(rule: &crate::config::RouteRule, cx: &Context, reply: &mut Reply<ProxyBody>) {
     let edits = Edits {
-        request: forward::Overrides::default(),
+        request: Overrides::default(),
         response: response_edit(rule, cx),
     };
     edits.edit_response(reply);
@@ -304,19 +306,19 @@ fn render(template: &Template, cx: &Context, out: &mut Vec<u8>) {
 }
 
 /// What applies to every client of a listener, whatever its upstream.
-pub(crate) struct ClientRules {
+pub(crate) struct DownstreamRules {
     /// `forwarded.trusted`.
     pub trusted: Vec<ipnet::IpNet>,
     pub limits: Limits,
     pub http2: Http2,
 }
 
-impl ClientRules {
+impl DownstreamRules {
     /// What the proxy needs to know of a client at `peer`, over TLS or not.
-    pub fn client(&self, peer: SocketAddr, tls: bool) -> forward::Client {
-        forward::Client {
+    pub fn client(&self, peer: SocketAddr, tls: bool) -> Downstream {
+        Downstream {
             https: tls,
-            ..forward::Client::new(peer, &self.trusted)
+            ..Downstream::new(peer, &self.trusted)
         }
     }
 }

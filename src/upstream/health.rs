@@ -106,7 +106,7 @@ impl FailWindow {
 
 /// Slow start: the weight of a backend `elapsed` into a ramp of `slow_start`, growing linearly
 /// from 1 to `weight`. Weights are in the balancer's fixed-point units (see
-/// [`crate::upstream::pool::WEIGHT_SCALE`]), so even weight 1 ramps in fine steps.
+/// [`crate::upstream::backend::WEIGHT_SCALE`]), so even weight 1 ramps in fine steps.
 pub fn ramped_weight(weight: u64, elapsed: Duration, slow_start: Duration) -> u64 {
     if elapsed >= slow_start || slow_start.is_zero() {
         return weight;

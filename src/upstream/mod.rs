@@ -6,19 +6,31 @@
 //! - [`health`]: active-check rise/fall, passive failure accounting (max_fails/fail_timeout)
 //!   and slow start, as pure state machines.
 //! - [`stats`]: the counters the request path bumps (atomics, no lock).
+//! - [`backend`]: one backend's shared state: settings, health, failures, in-flight count,
+//!   slow start, response-time average, admin state.
+//! - [`shared`]: an upstream as every worker sees it in one generation, and its passive rules.
+//! - [`in_flight`]: the guard that counts a request against its backend and records the
+//!   request's outcome there.
+//! - [`pick`]: which backend a request goes to, by the upstream's algorithm.
 //! - [`hash_key`]: what a `hash` upstream hashes for a request: client address, URI, header,
 //!   cookie.
+//! - [`h1_pool`]: a worker's idle HTTP/1.1 keep-alive connections to one backend.
 //! - [`h2`]: HTTP/2 to backends (`protocol = "h2c"`): hyper's client on connections each worker
 //!   multiplexes.
-//! - [`pool`]: backend state shared by workers and each worker's view of an upstream.
+//! - [`local`]: one worker's view of an upstream: selection state and the two pools.
 //! - [`probe`]: active health checks, run on the control thread.
 //! - [`discovery`]: backends' DNS names (A/AAAA, SRV) looked up with hickory-resolver.
 
+pub(crate) mod backend;
 pub mod balance;
 pub mod discovery;
+pub(crate) mod h1_pool;
 pub(crate) mod h2;
 pub(crate) mod hash_key;
 pub(crate) mod health;
-pub(crate) mod pool;
+pub(crate) mod in_flight;
+pub(crate) mod local;
+pub(crate) mod pick;
 pub(crate) mod probe;
+pub(crate) mod shared;
 pub(crate) mod stats;

@@ -20,7 +20,7 @@ use crate::config::{Health, Protocol};
 use crate::http1::client::{UpstreamBody, connect, describe_io};
 use crate::tls::client::Connector;
 use crate::upstream::health::Checks;
-use crate::upstream::pool::SharedUpstream;
+use crate::upstream::shared::SharedUpstream;
 
 /// Sends one health probe: `GET path` with `Connection: close`, and checks the status against
 /// `expect`. The whole exchange, connect included, must fit in `timeout`. Returns why it failed.

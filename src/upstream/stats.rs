@@ -115,7 +115,7 @@ impl TlsFailure {
         ["plain_http", "timeout", "closed", "unknown_name", "invalid"];
 }
 
-/// One backend's counters. They live in its [`crate::upstream::pool::BackendState`], so they survive
+/// One backend's counters. They live in its [`crate::upstream::backend::BackendState`], so they survive
 /// a reload that keeps the backend.
 #[derive(Debug, Default)]
 pub struct BackendStats {

@@ -1,0 +1,309 @@
+//! The body of a response to a client, whoever made it: streamed from an HTTP/1.1 or HTTP/2
+//! backend (holding the request's in-flight count and its connection until it ends), or made by
+//! pinlb itself (`local_reply`, which routes use too); and a backend connection taken out of a
+//! `101` response to become a tunnel.
+
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{Method, StatusCode};
+
+use crate::http1::client::{BackendStream, Finished, UpstreamBody, UpstreamError};
+use crate::http1::common::{Reply, content_length_line, header_lines};
+use crate::upstream::in_flight::InFlight;
+use crate::upstream::local::WorkerUpstream;
+use crate::upstream::stats::BackendStats;
+
+/// A response pinlb makes itself: `status`, a `content-type` line, `lines` more header lines,
+/// and `page` as the body (none for HEAD, which still gets the page's length).
+pub fn local_reply(
+    status: StatusCode,
+    content_type: &[u8],
+    page: Bytes,
+    lines: &[u8],
+    method: &Method,
+) -> Reply<ProxyBody> {
+    let len = page.len();
+    let body = if method == Method::HEAD {
+        Bytes::new()
+    } else {
+        page
+    };
+    let mut headers = Vec::with_capacity(content_type.len() + lines.len() + 24);
+    headers.extend_from_slice(content_type);
+    headers.extend_from_slice(lines);
+    if method == Method::HEAD {
+        // The length of the page a GET would have had; the client side writes the framing of
+        // every other response from its body.
+        content_length_line(&mut headers, len as u64);
+    }
+    Reply {
+        status,
+        headers,
+        body: ProxyBody::Local(Some(body)),
+    }
+}
+
+/// An HTTP/2 backend's response as the client side takes it: its fields as header lines
+/// without the framing ones pinlb writes itself (Content-Length stays on a HEAD's or a 304's
+/// answer, which has no body to count), and its body with its trailers.
+pub fn h2_reply(
+    response: http::Response<hyper::body::Incoming>,
+    method: &Method,
+    held: (InFlight, crate::upstream::h2::Stream),
+) -> Reply<ProxyBody> {
+    let (parts, body) = response.into_parts();
+    let keep_length = method == Method::HEAD || parts.status == StatusCode::NOT_MODIFIED;
+    let mut headers = Vec::with_capacity(256);
+    header_lines(
+        &parts.headers,
+        |name| name == http::header::CONTENT_LENGTH && !keep_length,
+        &mut headers,
+    );
+    Reply {
+        status: parts.status,
+        headers,
+        body: ProxyBody::Http2(Box::new(Http2Body {
+            body,
+            has_date: parts.headers.contains_key(http::header::DATE),
+            trailers: None,
+            held: Some(held),
+        })),
+    }
+}
+
+/// What to do when an upstream response body is over.
+pub struct Release {
+    _guard: InFlight,
+    /// Whether the backend's response allows the connection to carry another exchange.
+    keep_alive: bool,
+    upstream: Rc<WorkerUpstream>,
+    backend: usize,
+}
+
+impl Release {
+    pub fn new(
+        guard: InFlight,
+        keep_alive: bool,
+        upstream: Rc<WorkerUpstream>,
+        backend: usize,
+    ) -> Self {
+        Release {
+            _guard: guard,
+            keep_alive,
+            upstream,
+            backend,
+        }
+    }
+}
+
+/// A backend connection that switched protocols (a `101`), for the client side to relay bytes
+/// to and from until the tunnel closes.
+pub struct Upgraded {
+    pub stream: BackendStream,
+    /// What the backend sent after its 101 head: the first bytes of the new protocol.
+    pub early: BytesMut,
+    pub open: OpenTunnel,
+}
+
+/// Held for a tunnel's life: it counts in flight on its backend (for least_conn and
+/// `max_conns`) and as an open tunnel in `/metrics` until dropped. The backend connection is
+/// never returned to the pool.
+pub struct OpenTunnel {
+    release: Release,
+}
+
+impl OpenTunnel {
+    fn new(release: Release) -> OpenTunnel {
+        let tunnel = OpenTunnel { release };
+        if let Some(s) = tunnel.stats() {
+            s.tunnels_open.fetch_add(1, Ordering::Relaxed);
+        }
+        tunnel
+    }
+
+    /// `timeouts.tunnel_idle` of the tunnel's upstream.
+    pub fn idle(&self) -> Duration {
+        self.release.upstream.shared.config.upgrade.tunnel_idle
+    }
+
+    /// The backend's counters, while metrics are on.
+    pub fn stats(&self) -> Option<&BackendStats> {
+        let shared = &self.release.upstream.shared;
+        shared
+            .counting
+            .then(|| &shared.backends[self.release.backend].stats)
+    }
+}
+
+impl Drop for OpenTunnel {
+    fn drop(&mut self) {
+        if let Some(s) = self.stats() {
+            s.tunnels_open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A response body from an HTTP/2 backend.
+pub struct Http2Body {
+    body: hyper::body::Incoming,
+    has_date: bool,
+    /// The trailers, once the body is over.
+    trailers: Option<http::HeaderMap>,
+    /// The in-flight count and the stream's place on its connection, until the body ends.
+    held: Option<(InFlight, crate::upstream::h2::Stream)>,
+}
+
+impl Http2Body {
+    /// The next piece of the body, keeping its trailers. Out of line: `ProxyBody::poll_data`
+    /// is inlined into every HTTP/1.1 response's write, and this would make it too large to be.
+    #[inline(never)]
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamError>>> {
+        let Http2Body {
+            body,
+            trailers,
+            held,
+            ..
+        } = self;
+        // Bounded by the body: every pass takes a frame of it, or returns.
+        loop {
+            let frame = match ready!(http_body::Body::poll_frame(Pin::new(&mut *body), cx)) {
+                Some(Ok(frame)) => frame,
+                Some(Err(e)) => {
+                    *held = None;
+                    let e = std::io::Error::other(format!("HTTP/2: {e}"));
+                    return Poll::Ready(Some(Err(UpstreamError::Io(e))));
+                }
+                None => {
+                    *held = None;
+                    return Poll::Ready(None);
+                }
+            };
+            match frame.into_data() {
+                Ok(data) => {
+                    // Released with the last piece, as an HTTP/1.1 body is.
+                    if http_body::Body::is_end_stream(body) {
+                        *held = None;
+                    }
+                    return Poll::Ready(Some(Ok(data)));
+                }
+                Err(frame) => {
+                    if let Ok(t) = frame.into_trailers() {
+                        *trailers = Some(t);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The body of a response to a client.
+pub enum ProxyBody {
+    /// Streamed from a backend.
+    Upstream {
+        body: UpstreamBody,
+        release: Option<Release>,
+    },
+    /// Streamed from an HTTP/2 backend, with the trailers that end it. Boxed: every HTTP/1.1
+    /// response moves a `ProxyBody` several times, and a larger one costs each move a copy
+    /// (benches/callgrind.sh: about 300 instructions per request unboxed).
+    Http2(Box<Http2Body>),
+    /// Made by pinlb (an error page).
+    Local(Option<Bytes>),
+}
+
+impl ProxyBody {
+    /// Drops the in-flight count and, after a complete exchange, returns the connection to the
+    /// pool; an unfinished one is closed with the body.
+    fn release(&mut self) {
+        if let ProxyBody::Upstream { body, release } = self {
+            if let Some(r) = release.take() {
+                if let Finished::Reusable(conn) = body.finish(r.keep_alive) {
+                    r.upstream.checkin(r.backend, conn);
+                }
+            }
+        }
+    }
+}
+
+impl ProxyBody {
+    /// The backend connection of a `101` response, taken out to become a tunnel.
+    pub fn upgrade(&mut self) -> Option<Upgraded> {
+        let ProxyBody::Upstream { body, release } = self else {
+            return None;
+        };
+        let release = release.take()?;
+        let (stream, early) = body.take_conn()?.into_parts();
+        Some(Upgraded {
+            stream,
+            early,
+            open: OpenTunnel::new(release),
+        })
+    }
+
+    /// The body's length still to come, when known.
+    pub fn remaining(&self) -> Option<u64> {
+        match self {
+            ProxyBody::Upstream { body, .. } => body.remaining(),
+            ProxyBody::Http2(h) => http_body::Body::size_hint(&h.body).exact(),
+            ProxyBody::Local(data) => Some(data.as_ref().map_or(0, |d| d.len() as u64)),
+        }
+    }
+
+    /// Whether the response carries a Date header of its own: a backend's may.
+    pub fn has_date(&self) -> bool {
+        match self {
+            ProxyBody::Upstream { body, .. } => body.has_date(),
+            ProxyBody::Http2(h) => h.has_date,
+            ProxyBody::Local(_) => false,
+        }
+    }
+
+    /// The next piece of the body; `None` once it is complete. An error means it broke off.
+    pub fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, UpstreamError>>> {
+        match self {
+            ProxyBody::Upstream { body, .. } => {
+                let polled = body.poll_data(cx);
+                // Released with the body's last piece, before it is written to the client: a
+                // client that has its whole response may send its next request at once, and it
+                // must find the backend's in-flight count and pooled connection back.
+                let ended = match &polled {
+                    Poll::Ready(Some(Ok(_))) => body.is_done(),
+                    Poll::Ready(_) => true,
+                    Poll::Pending => false,
+                };
+                if ended {
+                    self.release();
+                }
+                polled
+            }
+            ProxyBody::Http2(h) => h.poll_data(cx),
+            ProxyBody::Local(data) => Poll::Ready(data.take().map(Ok)),
+        }
+    }
+
+    /// The trailers an HTTP/2 backend sent after the body, once it is over. An HTTP/1.1 client
+    /// does not get them (as nginx's `grpc_pass` to an HTTP/1.1 client): its response is not
+    /// framed for trailers.
+    pub fn take_trailers(&mut self) -> Option<http::HeaderMap> {
+        match self {
+            ProxyBody::Http2(h) => h.trailers.take(),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for ProxyBody {
+    fn drop(&mut self) {
+        // A body that is empty (HEAD, 204, 304, Content-Length: 0) is dropped without being
+        // polled; that exchange is complete, and `finish` sees that.
+        self.release();
+    }
+}

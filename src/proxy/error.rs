@@ -1,0 +1,108 @@
+//! Why a request got no backend's answer, and the one status each cause maps to.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+
+use crate::http1::common::{ERROR_PAGE_TYPE, Reply, error_page};
+use crate::http1::request::ClientError;
+use crate::proxy::body::{ProxyBody, local_reply};
+
+/// Why a request could not be answered by a backend. Each kind maps to one status, in
+/// [`ProxyError::status`]; a client's fault keeps [`ClientError::status`].
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// No backend could be picked: each is down, skipped after failures, or at `max_conns`. The
+    /// text says which.
+    #[error("{0}")]
+    NoBackend(String),
+    /// Every backend was tried and failed to connect, or the chosen one failed mid-exchange.
+    #[error("backend {backend} failed: {cause}")]
+    BadGateway { backend: SocketAddr, cause: String },
+    /// The backend did not send response headers within `timeouts.response`.
+    #[error("backend {backend} sent no response headers within {after:?}")]
+    Timeout {
+        backend: SocketAddr,
+        after: Duration,
+    },
+    /// The backend took no more of the request for `timeouts.send`.
+    #[error("backend {backend} took no more of the request for {after:?}")]
+    SendTimeout {
+        backend: SocketAddr,
+        after: Duration,
+    },
+    /// The client's request was refused, or its body failed, before any backend answered.
+    #[error("{0}")]
+    Downstream(ClientError),
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NoBackend(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Timeout { .. } | ProxyError::SendTimeout { .. } => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
+            ProxyError::Downstream(e) => e.status(),
+        }
+    }
+}
+
+/// A short text response for a request pinlb had to answer itself.
+pub fn error_response(e: &ProxyError, method: &Method) -> Reply<ProxyBody> {
+    let status = e.status();
+    local_reply(
+        status,
+        ERROR_PAGE_TYPE,
+        Bytes::from(error_page(status, e)),
+        b"",
+        method,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_maps_to_one_status() {
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let client = |e| ProxyError::Downstream(e).status().as_u16();
+        assert_eq!(client(ClientError::MissingHost), 400);
+        assert_eq!(client(ClientError::DuplicateHost), 400);
+        assert_eq!(client(ClientError::InvalidHost), 400);
+        assert_eq!(client(ClientError::AsteriskForm), 400);
+        assert_eq!(client(ClientError::TransferEncoding), 400);
+        assert_eq!(client(ClientError::ContentLength("x")), 400);
+        assert_eq!(client(ClientError::UriTooLong { len: 2, limit: 1 }), 414);
+        assert_eq!(client(ClientError::BodyTooLarge { limit: 1 }), 413);
+        assert_eq!(ProxyError::NoBackend(String::new()).status(), 503);
+        assert_eq!(
+            ProxyError::BadGateway {
+                backend: a,
+                cause: "x".into()
+            }
+            .status(),
+            502
+        );
+        assert_eq!(
+            ProxyError::Timeout {
+                backend: a,
+                after: Duration::from_secs(1)
+            }
+            .status(),
+            504
+        );
+        assert_eq!(
+            ProxyError::SendTimeout {
+                backend: a,
+                after: Duration::from_secs(1)
+            }
+            .status(),
+            504
+        );
+    }
+}

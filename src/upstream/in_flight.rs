@@ -1,0 +1,98 @@
+//! The in-flight guard: one request counted against one backend for as long as it lives, and
+//! the place where that request's outcome is recorded (passive health, the EWMA, counters), as
+//! tower's load handle records its own latency; the proxy's retry loop only decides.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+
+use crate::upstream::backend::BackendState;
+use crate::upstream::shared::SharedUpstream;
+use crate::upstream::stats::ErrorKind;
+
+/// Counts one request against a backend's `in_flight` for as long as it lives.
+///
+/// It travels with the response body and is dropped when the body ends or the client goes away,
+/// so errors, timeouts and cancelled clients can never leak a count.
+#[derive(Debug)]
+pub struct InFlight {
+    pub(super) state: Arc<BackendState>,
+    /// This request is the one trial a skipped backend gets after `fail_timeout`.
+    pub(super) trial: bool,
+}
+
+impl InFlight {
+    /// Counts a request against `b`, unless that would exceed its `max_conns`. The increment
+    /// comes first, so two workers racing for the last slot cannot both get it.
+    pub(super) fn acquire(b: &Arc<BackendState>) -> Option<Self> {
+        let before = b.in_flight.fetch_add(1, Ordering::Relaxed);
+        let guard = InFlight {
+            state: b.clone(),
+            trial: false,
+        };
+        let max = b.max_conns.load(Ordering::Relaxed);
+        if max != 0 && before >= max {
+            return None;
+        }
+        Some(guard)
+    }
+
+    /// Records the backend's response to this request: a status in `fail_on_status` counts as
+    /// a passive failure, any other as a success (the trial's brings a skipped backend back);
+    /// `ewma` takes the time since `sent`; `/metrics` counts the status and the time since
+    /// `started`, the request's first attempt. Returns that time when `log` asks for it.
+    #[inline]
+    pub fn answered(
+        &self,
+        upstream: &SharedUpstream,
+        status: StatusCode,
+        sent: Option<Instant>,
+        started: Instant,
+        log: bool,
+    ) -> Option<Duration> {
+        let state = &*self.state;
+        if upstream
+            .config
+            .passive
+            .fail_on_status
+            .contains(status.as_u16())
+        {
+            upstream.record_failure(state);
+        } else {
+            upstream.record_success(state, self.trial);
+        }
+        if let Some(sent) = sent {
+            state.observe_response_time(sent.elapsed(), upstream.config.ewma_decay);
+        }
+        // The clock is read only when something uses it.
+        let elapsed = (upstream.counting || log).then(|| started.elapsed());
+        if let (true, Some(elapsed)) = (upstream.counting, elapsed) {
+            state.stats.response(status.as_u16());
+            state.stats.response_time.observe(elapsed);
+        }
+        elapsed.filter(|_| log)
+    }
+
+    /// Records a failed attempt: `/metrics` counts its kind, the passive checks a failure.
+    pub fn failed(&self, upstream: &SharedUpstream, kind: ErrorKind) {
+        if upstream.counting {
+            self.state.stats.error(kind);
+        }
+        upstream.record_failure(&self.state);
+    }
+
+    /// Records that the request moves on to another backend after failing on this one.
+    pub fn retried(&self, upstream: &SharedUpstream) {
+        if upstream.counting {
+            self.state.stats.retries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,350 @@
+//! One worker's view of an upstream: the generation's shared state, this worker's selection
+//! state, and its two pools (HTTP/1.1 idle connections, HTTP/2 multiplexed ones). It lives in
+//! the worker's single-threaded runtime (`Rc`, `RefCell`), so nothing here takes a lock.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::http1::client::{Conn, connect};
+use crate::upstream::backend::BackendState;
+use crate::upstream::h1_pool::Idle;
+use crate::upstream::h2;
+use crate::upstream::in_flight::InFlight;
+use crate::upstream::pick::Selection;
+use crate::upstream::shared::SharedUpstream;
+
+/// One worker's view of an upstream.
+pub struct WorkerUpstream {
+    pub shared: Arc<SharedUpstream>,
+    selection: Selection,
+    /// Idle keep-alive connections, one pool per backend, kept across generations for each
+    /// backend the next one keeps.
+    idle: Vec<Idle>,
+    /// For an HTTP/2 upstream, the multiplexed connections to each backend; kept across
+    /// generations as `idle` is.
+    multiplexed: Vec<Rc<h2::Pool>>,
+}
+
+impl WorkerUpstream {
+    #[cfg(test)]
+    pub fn new(shared: Arc<SharedUpstream>) -> Rc<Self> {
+        Self::reloaded(shared, None)
+    }
+
+    /// This worker's view of a new generation's upstream; backends that `previous` had keep
+    /// their idle connections, unless the upstream's TLS settings changed (a plain connection
+    /// must not serve an upstream that now asks for TLS, nor one verified against another CA).
+    pub fn reloaded(shared: Arc<SharedUpstream>, previous: Option<&WorkerUpstream>) -> Rc<Self> {
+        let n = shared.backends.len();
+        // A backend's connections are kept only while they still speak what the upstream asks.
+        let previous = previous.filter(|p| {
+            p.shared.config.tls == shared.config.tls
+                && p.shared.config.protocol == shared.config.protocol
+        });
+        // Where this generation's backend `b` was in the previous one, if it was.
+        let kept = |b: &Arc<BackendState>| {
+            let p = previous?;
+            let i = p.shared.backends.iter().position(|o| Arc::ptr_eq(o, b))?;
+            Some((p, i))
+        };
+        let idle = shared
+            .backends
+            .iter()
+            .map(|b| kept(b).map(|(p, i)| p.idle[i].clone()).unwrap_or_default())
+            .collect();
+        let multiplexed = shared
+            .backends
+            .iter()
+            .map(|b| {
+                kept(b)
+                    .map(|(p, i)| p.multiplexed[i].clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        Rc::new(WorkerUpstream {
+            selection: Selection::new(n),
+            idle,
+            multiplexed,
+            shared,
+        })
+    }
+
+    /// Picks a backend for one request (see [`Selection::pick`]) and counts the request
+    /// against it.
+    #[inline]
+    pub fn pick(
+        &self,
+        key: Option<u64>,
+        excluded: impl Fn(usize) -> bool,
+    ) -> Option<(usize, InFlight)> {
+        let picked = self.selection.pick(&self.shared, key, excluded);
+        if let (true, Some((b, _))) = (self.shared.counting, &picked) {
+            self.shared.backends[*b]
+                .stats
+                .requests
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        picked
+    }
+
+    /// A stream to an HTTP/2 `backend`, on the least busy of this worker's connections to it
+    /// with room, or on a new one; counted as a reused or an opened connection.
+    pub async fn open_stream(
+        &self,
+        backend: usize,
+        timeout: Duration,
+    ) -> Result<h2::Opened, String> {
+        let shared = &*self.shared;
+        let opened = self.multiplexed[backend]
+            .open(
+                shared.backends[backend].address,
+                timeout,
+                shared.config.max_streams,
+                shared.tls(backend),
+            )
+            .await?;
+        if shared.counting {
+            let stats = &shared.backends[backend].stats;
+            let counter = if opened.new {
+                &stats.connections_opened
+            } else {
+                &stats.connections_reused
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(opened)
+    }
+
+    /// An idle connection to `backend` that is still open, counted as reused.
+    pub async fn checkout(&self, backend: usize) -> Option<Conn> {
+        let conn = self.idle[backend].checkout().await?;
+        if self.shared.counting {
+            let stats = &self.shared.backends[backend].stats;
+            stats.connections_reused.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(conn)
+    }
+
+    /// A new connection to `backend` (TLS when the upstream asks for it), counted as opened.
+    pub async fn connect(&self, backend: usize, timeout: Duration) -> Result<Conn, String> {
+        let shared = &*self.shared;
+        let conn = connect(
+            shared.backends[backend].address,
+            timeout,
+            shared.tls(backend),
+        )
+        .await?;
+        if shared.counting {
+            let stats = &shared.backends[backend].stats;
+            stats.connections_opened.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(conn)
+    }
+
+    /// Returns a connection after a complete exchange; beyond `keepalive` it is closed instead.
+    pub fn checkin(&self, backend: usize, conn: Conn) {
+        self.idle[backend].checkin(conn, self.shared.config.keepalive);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::upstream::backend::{AdminState, Now, WEIGHT_SCALE};
+
+    fn upstream(extra: &str, backends: usize) -> Rc<WorkerUpstream> {
+        let list: String = (0..backends)
+            .map(|i| format!("{{ address = \"127.0.0.1:{}\" }},", 9001 + i))
+            .collect();
+        upstream_of(extra, &list)
+    }
+
+    /// An upstream whose `backends` list is `list` as written.
+    fn upstream_of(extra: &str, list: &str) -> Rc<WorkerUpstream> {
+        let text = format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\n\
+             [upstream.app]\n{extra}\nbackends = [{list}]\n"
+        );
+        let config = Config::parse("t.toml", &text, &[0]).unwrap();
+        let shared = Arc::new(SharedUpstream::new(config.upstreams[0].clone(), false));
+        WorkerUpstream::new(shared)
+    }
+
+    /// Picks `n` times, releasing each request at once; the backends picked, as letters.
+    fn picks(u: &WorkerUpstream, n: usize) -> String {
+        (0..n)
+            .map(|_| match u.pick(None, |_| false) {
+                Some((b, _guard)) => (b'a' + b as u8) as char,
+                None => '-',
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_backend_down_by_health_checks_is_not_picked_even_alone() {
+        let u = upstream("", 3);
+        u.shared.backends[1].set_up(false);
+        assert_eq!(picks(&u, 4), "acac");
+        let lone = upstream("", 1);
+        lone.shared.backends[0].set_up(false);
+        assert_eq!(picks(&lone, 2), "--");
+        assert!(
+            lone.shared
+                .unavailable()
+                .contains("1 down by health checks")
+        );
+    }
+
+    #[test]
+    fn a_failed_backend_is_skipped_then_gets_exactly_one_trial() {
+        let u = upstream("", 2);
+        u.shared.record_failure(&u.shared.backends[0]);
+        assert_eq!(picks(&u, 3), "bbb");
+        // Move the skip window into the past: the next pick is the trial, and claiming it
+        // keeps every other pick away from the backend.
+        u.shared.backends[0]
+            .skip_until_ms
+            .store(1, Ordering::Relaxed);
+        let (first, trial) = u.pick(None, |_| false).unwrap();
+        assert_eq!(first, 0);
+        assert_eq!(picks(&u, 3), "bbb");
+        // Only the trial's success ends the skip.
+        let (_, ordinary) = u.pick(None, |_| false).unwrap();
+        ordinary.answered(&u.shared, http::StatusCode::OK, None, std::time::Instant::now(), false);
+        assert_eq!(picks(&u, 2), "bb");
+        trial.answered(&u.shared, http::StatusCode::OK, None, std::time::Instant::now(), false);
+        drop((trial, ordinary));
+        let after = picks(&u, 4);
+        assert_eq!(after.matches('a').count(), 2, "{after}");
+    }
+
+    #[test]
+    fn a_lone_backend_is_never_skipped_for_failures() {
+        let u = upstream("", 1);
+        u.shared.record_failure(&u.shared.backends[0]);
+        assert_eq!(picks(&u, 2), "aa");
+    }
+
+    #[test]
+    fn max_conns_is_held_by_the_in_flight_guard() {
+        let u = upstream("max_conns = 1", 2);
+        let (a, _ga) = u.pick(None, |_| false).unwrap();
+        let (b, gb) = u.pick(None, |_| false).unwrap();
+        assert_eq!((a, b), (0, 1));
+        assert!(u.pick(None, |_| false).is_none(), "both backends are full");
+        assert!(u.shared.unavailable().contains("2 at max_conns"));
+        drop(gb);
+        assert_eq!(u.pick(None, |_| false).map(|p| p.0), Some(1));
+    }
+
+    #[test]
+    fn a_backend_coming_back_up_ramps_its_weight() {
+        let u = upstream("slow_start = \"1h\"", 2);
+        let b = &u.shared.backends[1];
+        b.set_up(false);
+        b.set_up(true);
+        let mut now = Now::default();
+        let w = b.weight_now(&mut now);
+        assert!((1..WEIGHT_SCALE / 100).contains(&w), "{w}");
+        // Started an hour ago: the ramp is over.
+        b.ramp_from_ms.store(1, Ordering::Relaxed);
+        let mut later = Now(Some(3_600_001));
+        assert_eq!(b.weight_now(&mut later), WEIGHT_SCALE);
+        assert_eq!(b.ramp_from_ms.load(Ordering::Relaxed), 0);
+        // The other backend takes nearly every pick right after the return.
+        let u = upstream("slow_start = \"1h\"", 2);
+        u.shared.backends[1].set_up(false);
+        u.shared.backends[1].set_up(true);
+        assert_eq!(picks(&u, 20), "a".repeat(20));
+    }
+
+    #[test]
+    fn a_trial_claimed_meanwhile_by_another_worker_is_not_claimed_again() {
+        let u = upstream("", 2);
+        let b = &u.shared.backends[0];
+        // The snapshot saw the window over; by the claim another worker has moved it forward.
+        let mut now = Now(Some(5_000));
+        b.skip_until_ms.store(4_000, Ordering::Relaxed);
+        assert_eq!(
+            b.claim(&mut now, Duration::from_secs(10), false),
+            Some(true)
+        );
+        assert_eq!(b.claim(&mut now, Duration::from_secs(10), false), None);
+        assert_eq!(b.skip_until_ms.load(Ordering::Relaxed), 15_000);
+    }
+
+    #[test]
+    fn backups_take_requests_only_while_no_primary_can() {
+        let u = upstream_of(
+            "",
+            r#"{ address = "127.0.0.1:9001" }, { address = "127.0.0.1:9002" },
+               { address = "127.0.0.1:9003", backup = true }"#,
+        );
+        assert_eq!(picks(&u, 4), "abab");
+        u.shared.backends[0].set_up(false);
+        assert_eq!(picks(&u, 3), "bbb");
+        u.shared.backends[1].set_admin_state(AdminState::Draining);
+        assert_eq!(picks(&u, 3), "ccc");
+        // A retry that has tried the primaries goes to the backup too.
+        u.shared.backends[0].set_up(true);
+        u.shared.backends[1].set_admin_state(AdminState::Active);
+        assert_eq!(u.pick(None, |i| i < 2).map(|p| p.0), Some(2));
+        assert_eq!(picks(&u, 2), "ab");
+    }
+
+    #[test]
+    fn random_two_avoids_the_backend_with_most_in_flight() {
+        let u = upstream("algorithm = \"random_two\"", 2);
+        // Backend 0 holds five requests: of the two drawn (here always both), 1 wins.
+        let _held: Vec<_> = (0..5)
+            .map(|_| InFlight::acquire(&u.shared.backends[0]).unwrap())
+            .collect();
+        assert_eq!(picks(&u, 20), "b".repeat(20));
+    }
+
+    #[test]
+    fn ewma_steers_away_from_a_slow_backend() {
+        let u = upstream("algorithm = \"ewma\"", 4);
+        let decay = Duration::from_secs(10);
+        for (i, b) in u.shared.backends.iter().enumerate() {
+            let rtt = if i == 3 { 5_000 } else { 200 };
+            b.observe_response_time(Duration::from_micros(rtt), decay);
+        }
+        let counts = (0..4000).fold([0usize; 4], |mut c, _| {
+            c[u.pick(None, |_| false).unwrap().0] += 1;
+            c
+        });
+        // The slow one wins only when drawn against... nothing faster: never, while idle.
+        assert_eq!(counts[3], 0, "{counts:?}");
+        assert!(counts[..3].iter().all(|&c| c > 1000), "{counts:?}");
+        // A peak replaces the average at once; a fast sample after it decays it only slowly.
+        let b = &u.shared.backends[0];
+        b.observe_response_time(Duration::from_millis(50), decay);
+        assert_eq!(b.ewma(), Some(Duration::from_millis(50)));
+        b.observe_response_time(Duration::from_micros(100), decay);
+        assert!(b.ewma().unwrap() > Duration::from_millis(49));
+    }
+
+    #[test]
+    fn hash_keeps_a_key_on_its_backend_and_falls_back_consistently() {
+        let u = upstream("algorithm = \"hash\"\nhash = \"uri\"", 5);
+        let key = crate::upstream::balance::hash(b"/cart?user=7");
+        let first = u.pick(Some(key), |_| false).unwrap().0;
+        assert!((0..20).all(|_| u.pick(Some(key), |_| false).unwrap().0 == first));
+        u.shared.backends[first].set_up(false);
+        let second = u.pick(Some(key), |_| false).unwrap().0;
+        assert_ne!(second, first);
+        assert!((0..20).all(|_| u.pick(Some(key), |_| false).unwrap().0 == second));
+        // Without a key: round robin over the four up.
+        assert_eq!(
+            picks(&u, 4)
+                .chars()
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            4
+        );
+    }
+}
