@@ -647,6 +647,29 @@ fn park(conn: Connection, held: Held, first: bool) {
     }
 }
 
+/// How a response to one client is framed.
+struct ResponseFraming {
+    /// The response has no body (HEAD, 1xx, 204, 304), whatever its lines say.
+    bodiless: bool,
+    /// Its Content-Length, when known.
+    length: Option<u64>,
+    chunked: bool,
+    keep_alive: bool,
+}
+
+/// The error of a client that took none of a response for `timeouts.client_idle`.
+fn stalled() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "client took no data")
+}
+
+/// Whether a response to `method` with `status` has no body (RFC 9112 §6.3).
+fn is_bodiless(method: &Method, status: StatusCode) -> bool {
+    method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+}
+
 impl Connection {
     /// Reads one request, has the proxy answer it, and writes the response.
     async fn exchange(&self, buf: &mut BytesMut, first: bool) -> Next {
@@ -682,17 +705,7 @@ impl Connection {
             .as_ref()
             .and_then(|e| e.request.timeouts)
             .unwrap_or(upstream.shared.config.timeouts);
-        let (limits, client) = {
-            let now = self.route.rules.borrow();
-            let mut cached = self.client.borrow_mut();
-            if !Rc::ptr_eq(&cached.0, &now) {
-                *cached = (
-                    now.clone(),
-                    Rc::new(now.client(self.peer, self.stream.is_tls())),
-                );
-            }
-            (now.limits, cached.1.clone())
-        };
+        let (limits, client) = self.downstream();
         let watch = Watch::default();
         let mut client_body =
             BodyReader::new(&self.stream, buf, head.body, head.expect_continue, &watch);
@@ -738,17 +751,7 @@ impl Connection {
         if let Some(e) = &edits {
             e.edit_response(&mut response);
         }
-        if let Some(s) = &self.route.stats {
-            let local = matches!(response.body, ProxyBody::Local(_));
-            s.response(
-                response.status,
-                if local {
-                    Source::Pinlb
-                } else {
-                    Source::Backend
-                },
-            );
-        }
+        self.count_response(&response);
         let logged = Logged::new(pending.and_then(|p| p.responded(response.status, upstreamed)));
         if response.status == StatusCode::SWITCHING_PROTOCOLS {
             // Only a request that asked to upgrade gets a 101 this far (http1::client).
@@ -781,6 +784,33 @@ impl Connection {
             // Bytes the client sent are left unread.
             Ok(Written::Whole { .. }) => Next::Linger,
             Ok(Written::Aborted) | Err(_) => Next::Abort,
+        }
+    }
+
+    /// The listener's limits now, and who the client is under its rules now: made again only
+    /// after a reload changed the rules, so an open connection follows them.
+    #[inline]
+    fn downstream(&self) -> (Limits, Rc<Downstream>) {
+        let now = self.route.rules.borrow();
+        let mut cached = self.client.borrow_mut();
+        if !Rc::ptr_eq(&cached.0, &now) {
+            *cached = (
+                now.clone(),
+                Rc::new(now.client(self.peer, self.stream.is_tls())),
+            );
+        }
+        (now.limits, cached.1.clone())
+    }
+
+    /// Counts a response for `/metrics`, by whether a backend or pinlb made it.
+    #[inline]
+    fn count_response(&self, response: &Reply<ProxyBody>) {
+        if let Some(s) = &self.route.stats {
+            let source = match response.body {
+                ProxyBody::Local(_) => Source::Pinlb,
+                _ => Source::Backend,
+            };
+            s.response(response.status, source);
         }
     }
 
@@ -956,10 +986,7 @@ impl Connection {
             headers,
             mut body,
         } = response;
-        let bodiless = method == Method::HEAD
-            || status.is_informational()
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED;
+        let bodiless = is_bodiless(method, status);
         let mut length = body.remaining();
         let chunked = !bodiless && length.is_none() && version == Version::HTTP_11;
         // An HTTP/1.0 keep-alive client can't take chunked: a body of unknown length that ends
@@ -977,29 +1004,16 @@ impl Connection {
         }
         let keep_alive = keep_alive && (bodiless || length.is_some() || chunked);
 
-        let mut head = Vec::with_capacity(headers.len() + 128);
-        status_line(&mut head, status);
-        head.extend_from_slice(&headers);
-        if !body.has_date() {
-            self.slot.clients().write_date(&mut head);
-        }
-        if !bodiless {
-            match length {
-                Some(n) => content_length_line(&mut head, n),
-                None if chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-                None => {}
-            }
-        }
-        if !keep_alive {
-            head.extend_from_slice(b"connection: close\r\n");
-        } else if version == Version::HTTP_10 {
-            head.extend_from_slice(b"connection: keep-alive\r\n");
-        }
-        head.extend_from_slice(b"\r\n");
+        let framing = ResponseFraming {
+            bodiless,
+            length,
+            chunked,
+            keep_alive,
+        };
+        let head = self.response_head(status, &headers, body.has_date(), version, &framing);
 
         let mut reading = Deadline::default();
         let mut sending = Deadline::default();
-        let stalled = || io::Error::new(io::ErrorKind::TimedOut, "client took no data");
         // The head goes out with the first piece of the body when that is already here (the
         // backend usually sends its head and a small body in one packet): one write, not two.
         let mut head = Some(head);
@@ -1014,13 +1028,8 @@ impl Connection {
                     Poll::Ready(piece) => piece,
                     Poll::Pending => {
                         if let Some(h) = head.take() {
-                            sending
-                                .within(
-                                    timeouts.client_idle,
-                                    write_all(&self.stream, &mut [IoSlice::new(&h)]),
-                                )
-                                .await
-                                .ok_or_else(stalled)??;
+                            let out = &mut [IoSlice::new(&h)];
+                            self.send(&mut sending, out, timeouts.client_idle).await?;
                         }
                         continue;
                     }
@@ -1060,20 +1069,14 @@ impl Connection {
                 }
                 None => {
                     let end: &[u8] = if chunked { b"0\r\n\r\n" } else { b"" };
-                    let mut out = [IoSlice::new(&h), IoSlice::new(end)];
-                    sending
-                        .within(timeouts.client_idle, write_all(&self.stream, &mut out))
-                        .await
-                        .ok_or_else(stalled)??;
+                    let out = &mut [IoSlice::new(&h), IoSlice::new(end)];
+                    self.send(&mut sending, out, timeouts.client_idle).await?;
                     return Ok(Written::Whole { keep_alive });
                 }
                 Some(Err(e)) => {
                     if !h.is_empty() {
-                        let mut out = [IoSlice::new(&h)];
-                        sending
-                            .within(timeouts.client_idle, write_all(&self.stream, &mut out))
-                            .await
-                            .ok_or_else(stalled)??;
+                        let out = &mut [IoSlice::new(&h)];
+                        self.send(&mut sending, out, timeouts.client_idle).await?;
                     }
                     warn!(client = %self.peer, "response aborted: {e}");
                     return Ok(Written::Aborted);
@@ -1084,6 +1087,59 @@ impl Connection {
             }
             write.ok_or_else(stalled)??;
         }
+    }
+
+    /// Writes `out` whole to the client, each wait for room bounded by `limit`.
+    async fn send(
+        &self,
+        sending: &mut Deadline,
+        out: &mut [IoSlice<'_>],
+        limit: Duration,
+    ) -> io::Result<()> {
+        sending
+            .within(limit, write_all(&self.stream, out))
+            .await
+            .ok_or_else(stalled)?
+    }
+
+    /// A response's head as it goes to this client: the status line, the backend's (or
+    /// pinlb's) lines, a Date unless it has one, and the framing and Connection lines.
+    #[inline]
+    fn response_head(
+        &self,
+        status: StatusCode,
+        headers: &[u8],
+        has_date: bool,
+        version: Version,
+        framing: &ResponseFraming,
+    ) -> Vec<u8> {
+        let &ResponseFraming {
+            bodiless,
+            length,
+            chunked,
+            keep_alive,
+        } = framing;
+        let mut head = Vec::with_capacity(headers.len() + 128);
+        status_line(&mut head, status);
+        head.extend_from_slice(headers);
+        if !has_date {
+            self.slot.clients().write_date(&mut head);
+        }
+        if !bodiless {
+            match length {
+                Some(n) => content_length_line(&mut head, n),
+                None if chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+                None => {}
+            }
+        }
+        if !keep_alive {
+            head.extend_from_slice(b"connection: close\r\n");
+        } else if version == Version::HTTP_10 {
+            head.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+
+        head
     }
 
     /// Writes a `101` and relays bytes between the client and the backend until the tunnel

@@ -41,7 +41,7 @@ use tracing::{debug, warn};
 
 use std::os::fd::AsFd;
 
-use crate::config::Limits;
+use crate::config::{Http2, Limits};
 use crate::downstream::idle;
 use crate::downstream::stream::{DownstreamStream, StreamIo};
 use crate::http1::client::UpstreamError;
@@ -53,7 +53,7 @@ use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, DownstreamRequest};
 use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
 use crate::sys::exec::LocalExec;
-use crate::upstream::stats::Source;
+use crate::upstream::stats::{ListenerStats, Source};
 
 /// Per stream, the most response bytes hyper buffers for a client that is not reading them:
 /// past this the stream waits (and so does the backend, by TCP), so a client that never reads
@@ -197,17 +197,7 @@ pub(crate) async fn serve<P: AsFd + 'static>(
             async move { Ok::<_, Infallible>(shared.stream(req, open).await) }
         })
     };
-    let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
-    builder
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(h2.max_concurrent_streams)
-        .initial_stream_window_size(h2.initial_stream_window)
-        .initial_connection_window_size(h2.initial_connection_window)
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        .max_send_buf_size(MAX_SEND_BUF)
-        .keep_alive_interval(h2.ping_interval)
-        .keep_alive_timeout(h2.ping_timeout);
-    let conn = builder.serve_connection(io, service);
+    let conn = builder(&h2, &limits).serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
     let mut closing = false;
     let mut stall_timer: Option<Pin<Box<Sleep>>> = None;
@@ -253,24 +243,42 @@ pub(crate) async fn serve<P: AsFd + 'static>(
         return;
     };
     if let Err(e) = ended {
-        // A protocol error of the client's, for which hyper sent GOAWAY, is counted; a
-        // connection that broke is the network's.
-        let protocol = std::error::Error::source(&e)
-            .and_then(|s| s.downcast_ref::<h2::Error>())
-            .is_some_and(|h| !h.is_io());
-        if flooded.get() {
-            warn!(client = %peer, "HTTP/2 connection closed (GOAWAY): over {FLOOD_FRAMES} SETTINGS or PING frames within {FLOOD_WINDOW:?}");
-            if let Some(s) = &stats {
-                s.http2_errors.fetch_add(1, Ordering::Relaxed);
-            }
-        } else if protocol {
-            warn!(client = %peer, "HTTP/2 connection closed (GOAWAY): {e}");
-            if let Some(s) = &stats {
-                s.http2_errors.fetch_add(1, Ordering::Relaxed);
-            }
-        } else {
-            debug!(client = %peer, "HTTP/2 connection ended: {e}");
-        }
+        ended_with(&e, flooded.get(), peer, stats.as_deref());
+    }
+}
+
+/// hyper's HTTP/2 server as the listener's `[listener.http2]` and `[limits]` set it.
+fn builder(h2: &Http2, limits: &Limits) -> hyper::server::conn::http2::Builder<LocalExec> {
+    let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(h2.max_concurrent_streams)
+        .initial_stream_window_size(h2.initial_stream_window)
+        .initial_connection_window_size(h2.initial_connection_window)
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_send_buf_size(MAX_SEND_BUF)
+        .keep_alive_interval(h2.ping_interval)
+        .keep_alive_timeout(h2.ping_timeout);
+    builder
+}
+
+/// Logs and counts how a connection ended with an error: a protocol error of the client's, for
+/// which hyper sent GOAWAY, is counted (a flood of SETTINGS or PING too); a connection that
+/// broke is the network's.
+fn ended_with(e: &hyper::Error, flooded: bool, peer: SocketAddr, stats: Option<&ListenerStats>) {
+    let protocol = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<h2::Error>())
+        .is_some_and(|h| !h.is_io());
+    if flooded {
+        warn!(client = %peer, "HTTP/2 connection closed (GOAWAY): over {FLOOD_FRAMES} SETTINGS or PING frames within {FLOOD_WINDOW:?}");
+    } else if protocol {
+        warn!(client = %peer, "HTTP/2 connection closed (GOAWAY): {e}");
+    } else {
+        debug!(client = %peer, "HTTP/2 connection ended: {e}");
+        return;
+    }
+    if let Some(s) = stats {
+        s.http2_errors.fetch_add(1, Ordering::Relaxed);
     }
 }
 

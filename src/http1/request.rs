@@ -326,19 +326,162 @@ pub fn parse_request(
     let (mut host, path) = split_target(target, &method)?;
     let absolute = host.is_some();
     let lines_start = text.len();
-    let mut codings = 0usize;
-    let mut chunked_only = true;
-    let mut content_length = ContentLength::Absent;
-    let mut hosts = 0usize;
-    let mut host_ok = false;
-    let mut expect_continue = false;
-    let mut forwarded_for: Option<Vec<u8>> = None;
-    let mut proxied_lines: Option<Vec<u8>> = None;
-    let mut host_value = None;
-    let mut user_agent = None;
-    let mut referer = None;
-    let mut upgrade_value: Option<Vec<u8>> = None;
-    for h in req.headers.iter() {
+    let seen = copy_lines(req.headers, &connection, &mut text);
+    let Seen {
+        codings,
+        chunked_only,
+        content_length,
+        hosts,
+        host_ok,
+        expect_continue,
+        forwarded_for,
+        proxied_lines,
+        host_value,
+        user_agent,
+        referer,
+        upgrade_value,
+    } = seen;
+    let lines = (lines_start, text.len());
+    let upgrade_end = upgrade_lines(upgrade_value, version, &connection, &mut text);
+    // Host is not a line: pinlb writes it first, itself. An absolute-form target's authority
+    // wins over it (RFC 9112 §3.2.2).
+    if let (false, 1, Some(value)) = (absolute, hosts, host_value) {
+        let at = text.len();
+        text.extend_from_slice(value);
+        host = Some(Span::Text(at, text.len()));
+    }
+
+    let framing = Framing {
+        codings,
+        chunked_only,
+        content_length,
+    };
+    let (body, refused) = refusal(target, &method, version, framing, (hosts, host_ok), limits);
+
+    let path = path_in(path, target, &mut text);
+    let keep_alive = connection.keep_alive(version == Version::HTTP_11);
+    // The head is copied out; what follows it (body, next requests) stays.
+    buf.advance(len);
+    // Spans of the target are offsets into it, and it sits at the start of `text`.
+    let resolve = |s: Span| match s {
+        Span::Target(a, b) | Span::Text(a, b) => (a, b),
+    };
+    Ok(Some(RequestHead {
+        method,
+        version,
+        target: target_at,
+        lines,
+        host: host.map(resolve),
+        path,
+        user_agent,
+        referer,
+        upgrade_end,
+        text,
+        forwarded_for,
+        proxied_lines,
+        body,
+        keep_alive,
+        ambiguous: body == RequestFraming::Chunked && content_length != ContentLength::Absent,
+        expect_continue: expect_continue && version == Version::HTTP_11,
+        refused,
+    }))
+}
+
+/// Writes the Upgrade lines after the end-to-end ones, and returns where they end (0 for
+/// none). Upgrade is HTTP/1.1's (an HTTP/1.0 one is ignored, RFC 9110 §7.8), and asks for a
+/// switch only when Connection names it too.
+#[inline(always)]
+fn upgrade_lines(
+    upgrade_value: Option<Vec<u8>>,
+    version: Version,
+    connection: &ConnectionTokens,
+    text: &mut Vec<u8>,
+) -> u32 {
+    let lines_end = text.len();
+    let mut upgrade_end = 0;
+    if let Some(value) = upgrade_value {
+        if version == Version::HTTP_11 && connection.names(b"upgrade") {
+            text.extend_from_slice(b"connection: upgrade\r\nupgrade: ");
+            let at = text.len();
+            upgrade_protocols(&value, text);
+            if text.len() > at {
+                text.extend_from_slice(b"\r\n");
+                upgrade_end = u32::try_from(text.len()).unwrap_or(0);
+            }
+            if upgrade_end == 0 {
+                text.truncate(lines_end);
+            }
+        }
+    }
+    upgrade_end
+}
+
+/// Where the path that goes upstream is: in the target as received, or written after the
+/// lines (`*`, or a `/` before an absolute-form target's path).
+#[inline(always)]
+fn path_in(path: Path, target: &[u8], text: &mut Vec<u8>) -> (usize, usize) {
+    match path {
+        Path::Within(a, b) => (a, b),
+        Path::Asterisk => {
+            let at = text.len();
+            text.push(b'*');
+            (at, text.len())
+        }
+        Path::SlashThen(a, b) => {
+            let at = text.len();
+            text.push(b'/');
+            text.extend_from_slice(&target[a..b]);
+            (at, text.len())
+        }
+    }
+}
+
+/// What the header loop found, besides the lines it copied.
+struct Seen<'h> {
+    /// Transfer-Encoding codings over all lines, and whether each was `chunked`.
+    codings: usize,
+    chunked_only: bool,
+    content_length: ContentLength,
+    /// Host lines, whether the last was valid, and its value.
+    hosts: usize,
+    host_ok: bool,
+    host_value: Option<&'h [u8]>,
+    expect_continue: bool,
+    /// X-Forwarded-For lines joined into one list.
+    forwarded_for: Option<Vec<u8>>,
+    /// Forwarded and X-Real-IP lines, sent on only from a trusted client.
+    proxied_lines: Option<Vec<u8>>,
+    /// Where User-Agent's and Referer's values are in the text.
+    user_agent: Option<(usize, usize)>,
+    referer: Option<(usize, usize)>,
+    /// Upgrade lines joined into one list.
+    upgrade_value: Option<Vec<u8>>,
+}
+
+/// Copies the end-to-end header lines into `text` (none that Connection names, none with an
+/// underscore), and takes out the ones pinlb reads or writes itself. Inlined into
+/// [`parse_request`], whose one step it is.
+#[inline(always)]
+fn copy_lines<'h>(
+    headers: &[httparse::Header<'h>],
+    connection: &ConnectionTokens,
+    text: &mut Vec<u8>,
+) -> Seen<'h> {
+    let mut seen = Seen {
+        codings: 0,
+        chunked_only: true,
+        content_length: ContentLength::Absent,
+        hosts: 0,
+        host_ok: false,
+        expect_continue: false,
+        forwarded_for: None,
+        proxied_lines: None,
+        host_value: None,
+        user_agent: None,
+        referer: None,
+        upgrade_value: None,
+    };
+    for h in headers.iter() {
         let (name, value) = (h.name.as_bytes(), h.value);
         let mut keep = None;
         match Special::of(name) {
@@ -348,21 +491,21 @@ pub fn parse_request(
                 // it would lose any other coding, and `chunked, chunked` is how TE.TE smuggling
                 // starts.
                 for coding in value.split(|&b| b == b',') {
-                    codings += 1;
-                    chunked_only &= coding.trim_ascii().eq_ignore_ascii_case(b"chunked");
+                    seen.codings += 1;
+                    seen.chunked_only &= coding.trim_ascii().eq_ignore_ascii_case(b"chunked");
                 }
                 continue;
             }
             Some(Special::ContentLength) => {
-                content_length = content_length.add(value, false);
+                seen.content_length = seen.content_length.add(value, false);
                 continue;
             }
             Some(Special::Expect) => {
-                expect_continue |= value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+                seen.expect_continue |= value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
                 continue;
             }
             Some(Special::ForwardedFor) => {
-                let list = forwarded_for.get_or_insert_with(Vec::new);
+                let list = seen.forwarded_for.get_or_insert_with(Vec::new);
                 if !list.is_empty() {
                     list.extend_from_slice(b", ");
                 }
@@ -370,13 +513,13 @@ pub fn parse_request(
                 continue;
             }
             Some(Special::Host) => {
-                hosts += 1;
-                host_ok = is_valid_host(value);
-                host_value = Some(value);
+                seen.hosts += 1;
+                seen.host_ok = is_valid_host(value);
+                seen.host_value = Some(value);
                 continue;
             }
             Some(Special::Proxied) => {
-                let lines = proxied_lines.get_or_insert_with(Vec::new);
+                let lines = seen.proxied_lines.get_or_insert_with(Vec::new);
                 lines.extend_from_slice(name);
                 lines.extend_from_slice(b": ");
                 lines.extend_from_slice(value);
@@ -385,15 +528,15 @@ pub fn parse_request(
             }
             Some(Special::Upgrade) => {
                 // Several lines are one list (RFC 9110 §5.3).
-                let list = upgrade_value.get_or_insert_with(Vec::new);
+                let list = seen.upgrade_value.get_or_insert_with(Vec::new);
                 if !list.is_empty() {
                     list.extend_from_slice(b", ");
                 }
                 list.extend_from_slice(value);
                 continue;
             }
-            Some(Special::UserAgent) => keep = Some(&mut user_agent),
-            Some(Special::Referer) => keep = Some(&mut referer),
+            Some(Special::UserAgent) => keep = Some(&mut seen.user_agent),
+            Some(Special::Referer) => keep = Some(&mut seen.referer),
             // Dropped, as nginx does by default (`underscores_in_headers off`): CGI-style
             // backends read `X_Forwarded_For` and `X-Forwarded-For` as one variable, so a client
             // could spoof its address under the underscored name.
@@ -415,33 +558,34 @@ pub fn parse_request(
         }
         text.extend_from_slice(b"\r\n");
     }
-    let lines = (lines_start, text.len());
-    // Upgrade is HTTP/1.1's (an HTTP/1.0 one is ignored, RFC 9110 §7.8), and asks for a switch
-    // only when Connection names it too.
-    let mut upgrade_end = 0;
-    if let Some(value) = upgrade_value {
-        if version == Version::HTTP_11 && connection.names(b"upgrade") {
-            text.extend_from_slice(b"connection: upgrade\r\nupgrade: ");
-            let at = text.len();
-            upgrade_protocols(&value, &mut text);
-            if text.len() > at {
-                text.extend_from_slice(b"\r\n");
-                upgrade_end = u32::try_from(text.len()).unwrap_or(0);
-            }
-            if upgrade_end == 0 {
-                text.truncate(lines.1);
-            }
-        }
-    }
-    // Host is not a line: pinlb writes it first, itself. An absolute-form target's authority
-    // wins over it (RFC 9112 §3.2.2).
-    if let (false, 1, Some(value)) = (absolute, hosts, host_value) {
-        let at = text.len();
-        text.extend_from_slice(value);
-        host = Some(Span::Text(at, text.len()));
-    }
+    seen
+}
 
+/// How the head framed its body.
+struct Framing {
+    codings: usize,
+    chunked_only: bool,
+    content_length: ContentLength,
+}
+
+/// The body's framing, and the first rule the head breaks, if it breaks one: a refused
+/// request is still parsed whole, so that it can be answered and its connection kept in step.
+#[inline(always)]
+fn refusal(
+    target: &[u8],
+    method: &Method,
+    version: Version,
+    framing: Framing,
+    host: (usize, bool),
+    limits: &RequestLimits,
+) -> (RequestFraming, Option<ClientError>) {
     let mut refused = None;
+    let Framing {
+        codings,
+        chunked_only,
+        content_length,
+    } = framing;
+    let (hosts, host_ok) = host;
     let mut refuse = |e: ClientError| {
         refused.get_or_insert(e);
     };
@@ -451,7 +595,7 @@ pub fn parse_request(
             limit: limits.max_uri_bytes,
         });
     }
-    if target == b"*" && method != Method::OPTIONS {
+    if target == b"*" && *method != Method::OPTIONS {
         refuse(ClientError::AsteriskForm);
     }
     let te = codings > 0;
@@ -485,46 +629,7 @@ pub fn parse_request(
         }
     }
 
-    let path = match path {
-        Path::Within(a, b) => (a, b),
-        Path::Asterisk => {
-            let at = text.len();
-            text.push(b'*');
-            (at, text.len())
-        }
-        Path::SlashThen(a, b) => {
-            let at = text.len();
-            text.push(b'/');
-            text.extend_from_slice(&target[a..b]);
-            (at, text.len())
-        }
-    };
-    let keep_alive = connection.keep_alive(version == Version::HTTP_11);
-    // The head is copied out; what follows it (body, next requests) stays.
-    buf.advance(len);
-    // Spans of the target are offsets into it, and it sits at the start of `text`.
-    let resolve = |s: Span| match s {
-        Span::Target(a, b) | Span::Text(a, b) => (a, b),
-    };
-    Ok(Some(RequestHead {
-        method,
-        version,
-        target: target_at,
-        lines,
-        host: host.map(resolve),
-        path,
-        user_agent,
-        referer,
-        upgrade_end,
-        text,
-        forwarded_for,
-        proxied_lines,
-        body,
-        keep_alive,
-        ambiguous: te && content_length != ContentLength::Absent,
-        expect_continue: expect_continue && version == Version::HTTP_11,
-        refused,
-    }))
+    (body, refused)
 }
 
 /// Tells when a request head that is still arriving is worth parsing again. Parsing the whole

@@ -12,6 +12,16 @@ use crate::proxy::request_body::RequestBody;
 use crate::upstream::local::WorkerUpstream;
 use crate::upstream::stats::ErrorKind;
 
+/// What every attempt at one request shares.
+pub(crate) struct Plan<'a> {
+    pub timeouts: &'a Timeouts,
+    pub framing: RequestFraming,
+    /// The method may be sent again once a backend may have acted on it.
+    pub resendable: bool,
+    /// The request asks to switch protocols, and the upstream lets it.
+    pub upgrade: bool,
+}
+
 /// How one attempt at one backend failed.
 pub(crate) enum Failure {
     /// No connection: nothing was sent, so another backend may always be tried.
@@ -47,17 +57,19 @@ impl Failure {
 /// a backend that read the request and then died looks the same, so this resend follows the
 /// retry rules too: only a `resendable` method, with a body that was kept whole, as nginx and
 /// Go's HTTP client do. A POST caught in that race gets a 502 rather than being sent twice.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn attempt(
     upstream: &WorkerUpstream,
     backend: usize,
-    timeouts: &Timeouts,
+    plan: &Plan<'_>,
     req: &Outgoing<'_>,
-    framing: RequestFraming,
     body: &mut RequestBody<'_, impl DownstreamBody>,
-    resendable: bool,
-    upgrade: bool,
 ) -> Result<(client::Head, Conn), Failure> {
+    let &Plan {
+        timeouts,
+        framing,
+        resendable,
+        upgrade,
+    } = plan;
     let addr = upstream.shared.backends[backend].address;
     let mut conn = match upstream.checkout(backend).await {
         Some(conn) => conn,
@@ -114,9 +126,8 @@ pub(crate) async fn attempt(
 pub(crate) async fn attempt_h2(
     upstream: &WorkerUpstream,
     backend: usize,
-    timeouts: &Timeouts,
+    plan: &Plan<'_>,
     req: &Outgoing<'_>,
-    framing: RequestFraming,
     body: &mut RequestBody<'_, impl DownstreamBody>,
 ) -> Result<
     (
@@ -126,6 +137,9 @@ pub(crate) async fn attempt_h2(
     Failure,
 > {
     let shared = &upstream.shared;
+    let &Plan {
+        timeouts, framing, ..
+    } = plan;
     let addr = shared.backends[backend].address;
     let length = match framing {
         RequestFraming::Length(n) => Some(n),

@@ -18,12 +18,14 @@ use crate::http1::client::{self, Outgoing, UpstreamBody, UpstreamError};
 use crate::http1::common::Reply;
 use crate::http1::request::{ClientError, RequestHead};
 use crate::proxy::accesslog::Upstreamed;
-use crate::proxy::attempt::{Failure, attempt, attempt_h2};
+use crate::proxy::attempt::{Failure, Plan, attempt, attempt_h2};
 use crate::proxy::body::{ProxyBody, Release, h2_reply};
 use crate::proxy::downstream::{Downstream, DownstreamBody, forwarded_for};
 use crate::proxy::error::{ProxyError, error_response};
 use crate::proxy::request_body::RequestBody;
+use crate::upstream::in_flight::InFlight;
 use crate::upstream::local::WorkerUpstream;
+use crate::upstream::shared::SharedUpstream;
 
 /// What a route changes in the request it sends on: its path (a rewritten prefix), its header
 /// lines (`request_headers`) and its timeouts. `None` keeps the request's own (the upstream's).
@@ -192,11 +194,16 @@ async fn forward(
         upgrade_on,
         &mut joined,
     );
-    let upgrade = upgrade_on && head.upgrade_lines().is_some();
     let retry = &shared.config.retry;
     let mut body = RequestBody::new(body, retry.buffer, limits);
-    // Once a backend may have acted on the request, sending it again needs both of these.
-    let method_resendable = retry.non_idempotent || is_idempotent(&head.method);
+    let plan = Plan {
+        timeouts,
+        framing,
+        // Once a backend may have acted on the request, sending it again needs this, and a body
+        // kept whole.
+        resendable: retry.non_idempotent || is_idempotent(&head.method),
+        upgrade: upgrade_on && head.upgrade_lines().is_some(),
+    };
 
     // nginx's proxy_next_upstream: a failed attempt moves on to the next backend, each backend
     // at most once per request, within `tries` attempts and `timeout` since the first.
@@ -215,10 +222,12 @@ async fn forward(
     let mut last_error: Option<ProxyError> = None;
     loop {
         let out_of_budget = first_try.is_some_and(|t| t.elapsed() >= retry.timeout);
-        if tried.count >= max_tries || out_of_budget {
-            return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
-        }
-        let Some((backend, guard)) = upstream.pick(key, |i| tried.contains(i)) else {
+        let picked = if tried.count >= max_tries || out_of_budget {
+            None
+        } else {
+            upstream.pick(key, |i| tried.contains(i))
+        };
+        let Some((backend, guard)) = picked else {
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
@@ -231,7 +240,7 @@ async fn forward(
             ..base
         };
         // What is recorded of every response, whichever protocol brought it.
-        let served = |status, guard: &crate::upstream::in_flight::InFlight| {
+        let served = |status, guard: &InFlight| {
             guard
                 .answered(shared, status, sent, started, log)
                 .map(|upstream_time| Upstreamed {
@@ -240,38 +249,22 @@ async fn forward(
                 })
         };
         let failure = match shared.config.protocol {
-            Protocol::Http1 => {
-                let attempted = attempt(
-                    upstream,
-                    backend,
-                    timeouts,
-                    &out,
-                    framing,
-                    &mut body,
-                    method_resendable,
-                    upgrade,
-                );
-                match attempted.await {
-                    Ok((answer, conn)) => {
-                        let served = served(answer.status, &guard);
-                        let release =
-                            Release::new(guard, answer.keep_alive, upstream.clone(), backend);
-                        let body = ProxyBody::Upstream {
-                            body: UpstreamBody::new(conn, &answer),
-                            release: Some(release),
-                        };
-                        return Ok((client::response(answer, body, &head.method), served));
-                    }
-                    Err(failure) => failure,
+            Protocol::Http1 => match attempt(upstream, backend, &plan, &out, &mut body).await {
+                Ok((answer, conn)) => {
+                    let served = served(answer.status, &guard);
+                    let release = Release::new(guard, answer.keep_alive, upstream.clone(), backend);
+                    let body = ProxyBody::Upstream {
+                        body: UpstreamBody::new(conn, &answer),
+                        release: Some(release),
+                    };
+                    return Ok((client::response(answer, body, &head.method), served));
                 }
-            }
+                Err(failure) => failure,
+            },
             // Boxed: an HTTP/2 attempt's state stays out of the request's own, which every
             // HTTP/1.1 request copies.
             Protocol::H2c | Protocol::H2 => {
-                let attempted = Box::pin(attempt_h2(
-                    upstream, backend, timeouts, &out, framing, &mut body,
-                ));
-                match attempted.await {
+                match Box::pin(attempt_h2(upstream, backend, &plan, &out, &mut body)).await {
                     Ok((response, stream)) => {
                         let served = served(response.status(), &guard);
                         let reply = h2_reply(response, &head.method, (guard, stream));
@@ -281,20 +274,42 @@ async fn forward(
                 }
             }
         };
-        let kind = failure.kind();
-        let (error, sent) = failed(failure, addr, timeouts)?;
-        if let Some(kind) = kind {
-            guard.failed(shared, kind);
-        }
-        let why = not_retried(sent, &head.method, method_resendable, &body, retry.buffer);
-        if let Some(why) = why {
-            warn!(backend = %addr, "{error}; not retried: {why}");
-            return Err(error);
-        }
-        guard.retried(shared);
-        warn!(backend = %addr, "{error}; trying the next backend");
+        let error = give_up_or_retry(failure, guard, shared, &plan, &head.method, &body, addr)?;
         last_error = Some(error);
     }
+}
+
+/// After a failed attempt: records it on the backend, and decides. `Ok` with the error to
+/// answer if no other backend does, when the next backend may be tried; `Err` when the request
+/// ends here.
+fn give_up_or_retry(
+    failure: Failure,
+    guard: InFlight,
+    shared: &SharedUpstream,
+    plan: &Plan<'_>,
+    method: &Method,
+    body: &RequestBody<'_, impl DownstreamBody>,
+    addr: SocketAddr,
+) -> Result<ProxyError, ProxyError> {
+    let kind = failure.kind();
+    let (error, sent) = failed(failure, addr, plan.timeouts)?;
+    if let Some(kind) = kind {
+        guard.failed(shared, kind);
+    }
+    let why = not_retried(
+        sent,
+        method,
+        plan.resendable,
+        body,
+        shared.config.retry.buffer,
+    );
+    if let Some(why) = why {
+        warn!(backend = %addr, "{error}; not retried: {why}");
+        return Err(error);
+    }
+    guard.retried(shared);
+    warn!(backend = %addr, "{error}; trying the next backend");
+    Ok(error)
 }
 
 /// What a failed attempt means for the request: the error it is answered with if no other

@@ -213,9 +213,21 @@ mod tests {
         assert_eq!(picks(&u, 3), "bbb");
         // Only the trial's success ends the skip.
         let (_, ordinary) = u.pick(None, |_| false).unwrap();
-        ordinary.answered(&u.shared, http::StatusCode::OK, None, std::time::Instant::now(), false);
+        ordinary.answered(
+            &u.shared,
+            http::StatusCode::OK,
+            None,
+            std::time::Instant::now(),
+            false,
+        );
         assert_eq!(picks(&u, 2), "bb");
-        trial.answered(&u.shared, http::StatusCode::OK, None, std::time::Instant::now(), false);
+        trial.answered(
+            &u.shared,
+            http::StatusCode::OK,
+            None,
+            std::time::Instant::now(),
+            false,
+        );
         drop((trial, ordinary));
         let after = picks(&u, 4);
         assert_eq!(after.matches('a').count(), 2, "{after}");
