@@ -28,8 +28,8 @@ use crate::process::shared::{Admission, Generation, Process};
 use crate::process::worker::worker_main;
 use crate::proxy::accesslog::AccessLog;
 use crate::sys::cpus::{format_cpu_list, pin_current_thread};
+use crate::upstream::counters::Registered;
 use crate::upstream::shared::SharedUpstream;
-use crate::upstream::stats::Registered;
 
 /// Listening sockets bound for every worker, ready to run.
 pub struct Server {

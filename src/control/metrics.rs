@@ -14,7 +14,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 use crate::process::spawned::{Record, State};
-use crate::upstream::stats::{
+use crate::upstream::counters::{
     BackendStats, CODES, ErrorKind, Histogram, ListenerStats, Registered, Source, TlsFailure,
 };
 use crate::{upstream::backend::AdminState, upstream::shared::SharedUpstream};

@@ -19,7 +19,7 @@ use serde_json::json;
 
 use crate::process::shared::Process;
 use crate::upstream::backend::{AdminState, BackendState};
-use crate::upstream::stats::{ListenerStats, Source};
+use crate::upstream::counters::{ListenerStats, Source};
 
 /// How far back the page's latency percentiles reach.
 pub(crate) const WINDOW: Duration = Duration::from_secs(60);

@@ -51,7 +51,7 @@ use crate::proxy::body::{ProxyBody, Upgraded};
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, Answer, DownstreamRequest};
 use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
-use crate::upstream::stats::{ListenerStats, Source, TlsFailure};
+use crate::upstream::counters::{ListenerStats, Source, TlsFailure};
 
 /// After a response that ends the connection with client bytes left unread, how long and how
 /// much pinlb goes on reading (and discarding) before it closes, so that the close does not

@@ -53,7 +53,7 @@ use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, DownstreamRequest};
 use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
 use crate::sys::exec::LocalExec;
-use crate::upstream::stats::{ListenerStats, Source};
+use crate::upstream::counters::{ListenerStats, Source};
 
 /// Per stream, the most response bytes hyper buffers for a client that is not reading them:
 /// past this the stream waits (and so does the backend, by TCP), so a client that never reads

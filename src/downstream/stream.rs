@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 
 use crate::downstream::idle::READ_BUFFER;
 use crate::tls::server::Terminator;
-use crate::upstream::stats::TlsFailure;
+use crate::upstream::counters::TlsFailure;
 
 /// A client connection's socket.
 pub(crate) enum DownstreamStream {

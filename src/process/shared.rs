@@ -14,8 +14,8 @@ use crate::config::Config;
 use crate::downstream::h1::Connections;
 use crate::process::listen::{BindError, ListenerKey, Sockets};
 use crate::proxy::accesslog::AccessHandle;
+use crate::upstream::counters::Registered;
 use crate::upstream::shared::SharedUpstream;
-use crate::upstream::stats::Registered;
 
 /// Errors that stop pinlb from starting or running.
 #[derive(Debug, thiserror::Error)]

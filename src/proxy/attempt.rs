@@ -9,8 +9,8 @@ use crate::http1::client::{self, Conn, Outgoing, UpstreamError};
 use crate::http1::common::RequestFraming;
 use crate::proxy::downstream::DownstreamBody;
 use crate::proxy::request_body::RequestBody;
+use crate::upstream::counters::ErrorKind;
 use crate::upstream::local::WorkerUpstream;
-use crate::upstream::stats::ErrorKind;
 
 /// What every attempt at one request shares.
 pub(crate) struct Plan<'a> {

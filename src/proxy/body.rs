@@ -14,9 +14,9 @@ use http::{Method, StatusCode};
 
 use crate::http1::client::{BackendStream, Finished, UpstreamBody, UpstreamError};
 use crate::http1::common::{Reply, content_length_line, header_lines};
+use crate::upstream::counters::BackendStats;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::local::WorkerUpstream;
-use crate::upstream::stats::BackendStats;
 
 /// A response pinlb makes itself: `status`, a `content-type` line, `lines` more header lines,
 /// and `page` as the body (none for HEAD, which still gets the page's length).

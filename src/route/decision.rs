@@ -18,8 +18,8 @@ use crate::proxy::downstream::Downstream;
 use crate::proxy::forward::Overrides;
 use crate::route::table::{Router, host_without_port};
 use crate::tls::server::Terminator;
+use crate::upstream::counters::ListenerStats;
 use crate::upstream::local::WorkerUpstream;
-use crate::upstream::stats::ListenerStats;
 
 /// Where one listener's requests go in the running generation. A reload replaces the contents,
 /// and every request reads them anew, so keep-alive connections follow a reload too.

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize,
 use std::time::{Duration, Instant};
 
 use crate::config::Backend;
+use crate::upstream::counters::BackendStats;
 use crate::upstream::health::{FailWindow, ramped_weight};
-use crate::upstream::stats::BackendStats;
 
 /// Configured weights are multiplied by this before selection, so a backend in slow start can
 /// carry a small fraction of even weight 1. Scaling every weight alike changes no pick.

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 
 use crate::upstream::backend::BackendState;
+use crate::upstream::counters::ErrorKind;
 use crate::upstream::shared::SharedUpstream;
-use crate::upstream::stats::ErrorKind;
 
 /// Counts one request against a backend's `in_flight` for as long as it lives.
 ///

@@ -5,7 +5,7 @@
 //!   random choices, consistent (rendezvous) hashing.
 //! - [`health`]: active-check rise/fall, passive failure accounting (max_fails/fail_timeout)
 //!   and slow start, as pure state machines.
-//! - [`stats`]: the counters the request path bumps (atomics, no lock).
+//! - [`counters`]: the counters the request path bumps, per backend and per listener (atomics).
 //! - [`backend`]: one backend's shared state: settings, health, failures, in-flight count,
 //!   slow start, response-time average, admin state.
 //! - [`shared`]: an upstream as every worker sees it in one generation, and its passive rules.
@@ -23,6 +23,7 @@
 
 pub(crate) mod backend;
 pub mod balance;
+pub(crate) mod counters;
 pub mod discovery;
 pub(crate) mod h1_pool;
 pub(crate) mod h2;
@@ -33,4 +34,3 @@ pub(crate) mod local;
 pub(crate) mod pick;
 pub(crate) mod probe;
 pub(crate) mod shared;
-pub(crate) mod stats;
