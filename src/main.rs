@@ -12,7 +12,7 @@ use tracing_subscriber::EnvFilter;
 #[command(
     name = "pinlb",
     version,
-    about = "A pinned, TOML-configured HTTP/1.1 load balancer"
+    about = "A pinned, TOML-configured reverse proxy and load balancer: HTTP/1.1 and HTTP/2, TLS, WebSocket"
 )]
 struct Cli {
     #[command(subcommand)]

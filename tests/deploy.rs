@@ -1,5 +1,6 @@
 //! `deploy/kubernetes/`: the manifests validate against Kubernetes' own schemas (PyPI's
-//! `kubernetes-validate`, which bundles them: `scripts/test` installs it), pinlb's pod gets
+//! `kubernetes-validate`, which bundles them: `scripts/test` installs it into a virtual
+//! environment, `target/pyenv`), pinlb's pod gets
 //! whole CPUs with Guaranteed QoS and probes on `/ready` and `/live`, and the ConfigMap's TOML
 //! passes `pinlb check`.
 
@@ -22,17 +23,40 @@ fn manifests() -> Vec<PathBuf> {
     files
 }
 
-/// `python3 ARGS`, failing the test with a hint when python3 or the module is missing.
+/// The Python that has kubernetes-validate: `$PINLB_TEST_PYTHON`, which `scripts/test` sets to
+/// the virtual environment it installs it into; else that environment if a run of
+/// `scripts/test` left it (`cargo test` alone after one); else `python3` from PATH.
+fn python_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("PINLB_TEST_PYTHON") {
+        return p.into();
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pyenv/bin/python");
+    if venv.exists() {
+        return venv;
+    }
+    "python3".into()
+}
+
+/// `python ARGS` ([`python_bin`]), failing the test with a hint when it or the module is
+/// missing.
 fn python(args: &[&str], files: &[PathBuf]) -> std::process::Output {
-    let out = Command::new("python3")
+    let bin = python_bin();
+    let out = Command::new(&bin)
         .args(args)
         .args(files)
         .output()
-        .expect("python3 runs (scripts/test installs what tests/deploy.rs needs)");
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (scripts/test installs what tests/deploy.rs needs)",
+                bin.display()
+            )
+        });
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !stderr.contains("No module named"),
-        "{stderr}\nrun scripts/test, or: python3 -m pip install kubernetes-validate"
+        "{stderr}\n{} lacks it: run scripts/test, or: python3 -m venv target/pyenv && \
+         target/pyenv/bin/python -m pip install kubernetes-validate",
+        bin.display()
     );
     out
 }

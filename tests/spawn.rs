@@ -324,12 +324,15 @@ fn which_node() -> Result<String, ()> {
 #[test]
 fn spawn_table_errors_name_the_place_and_the_key() {
     let core = first_core();
+    // A program that exists, so that each case fails on what it is about, whatever the order
+    // of the checks (a program that can't be run is an error of its own, below).
+    let x = bin();
     let listener = "[[listener]]\naddress = \"127.0.0.1:8080\"\nupstream = \"app\"\n";
     let cases = [
         (
             format!(
                 "{listener}[upstream.app]\nbackends = [{{ address = \"127.0.0.1:9000\" }}]\n\
-                 [upstream.app.spawn]\ncommand = [\"x\"]\ncpus = [{core}]\nport_base = 9100\n"
+                 [upstream.app.spawn]\ncommand = [\"{x}\"]\ncpus = [{core}]\nport_base = 9100\n"
             ),
             "test.toml:5:12: upstream.app.backends: set together with [upstream.NAME.spawn]",
         ),
@@ -341,37 +344,37 @@ fn spawn_table_errors_name_the_place_and_the_key() {
         ),
         (
             format!(
-                "{listener}[upstream.app.spawn]\ncommand = [\"x\"]\ncount = 0\ncpus = [{core}]\nport_base = 9100\n"
+                "{listener}[upstream.app.spawn]\ncommand = [\"{x}\"]\ncount = 0\ncpus = [{core}]\nport_base = 9100\n"
             ),
             "test.toml:6:9: upstream.app.spawn.count: 0 is not allowed",
         ),
         (
             format!(
-                "{listener}[upstream.app.spawn]\ncommand = [\"x\"]\ncount = 2\ncpus = [{core}]\nport_base = 65534\n"
+                "{listener}[upstream.app.spawn]\ncommand = [\"{x}\"]\ncount = 2\ncpus = [{core}]\nport_base = 65534\n"
             ),
             "test.toml:8:13: upstream.app.spawn.port_base: 65534 is out of range",
         ),
         (
             format!(
-                "{listener}[upstream.app.spawn]\ncommand = [\"x\"]\ncpus = [4095]\nport_base = 9100\n"
+                "{listener}[upstream.app.spawn]\ncommand = [\"{x}\"]\ncpus = [4095]\nport_base = 9100\n"
             ),
             "test.toml:6:8: upstream.app.spawn.cpus: core 4095 is not a core of this machine",
         ),
         (
             format!(
-                "{listener}[upstream.app.spawn]\ncommand = [\"x\"]\ncount = 4\ncpus = [{core}]\nport_base = 8077\n"
+                "{listener}[upstream.app.spawn]\ncommand = [\"{x}\"]\ncount = 4\ncpus = [{core}]\nport_base = 8077\n"
             ),
             "test.toml:8:13: upstream.app.spawn.port_base: port 8080 (one of port_base to port_base + 2 × count - 1) is also a listener's",
         ),
         (
             format!(
-                "{listener}[upstream.app.spawn]\ncommand = [\"x\"]\ncpus = [{core}]\nport_base = 9100\nenv = {{ \"A=B\" = \"1\" }}\n"
+                "{listener}[upstream.app.spawn]\ncommand = [\"{x}\"]\ncpus = [{core}]\nport_base = 9100\nenv = {{ \"A=B\" = \"1\" }}\n"
             ),
             "test.toml:8:17: upstream.app.spawn.env.A=B: expected a variable name without '='",
         ),
         (
             format!(
-                "{listener}[upstream.app.spawn]\ncommand = [\"x\"]\ncpus = [{core}]\nport_base = 9100\nrestart = \"always\"\n"
+                "{listener}[upstream.app.spawn]\ncommand = [\"{x}\"]\ncpus = [{core}]\nport_base = 9100\nrestart = \"always\"\n"
             ),
             "test.toml:8:1: upstream.app.spawn.restart: unknown field `restart`",
         ),
@@ -406,10 +409,164 @@ fn check_shows_the_spawned_processes_on_their_cores() {
     );
 }
 
+/// A config whose spawn table runs `command` (a TOML array), with `extra` keys in the table:
+/// the program, `command`'s first element, is on line 7 at column 12.
+fn command_config(command: &str, extra: &str) -> String {
+    format!(
+        "[runtime]\ncpus = [{worker}]\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\n\
+         [upstream.app.spawn]\ncommand = {command}\ncpus = [{core}]\nport_base = {base}\n{extra}",
+        worker = first_core(),
+        core = child_core(),
+        base = free_port_base(1),
+    )
+}
+
+/// `pinlb CMD -c path` run in `dir`, waited for (bounded: `WAIT`; it is killed past that, as a
+/// `serve` that accepted the file would run on).
+fn run_in(dir: &std::path::Path, cmd: &str, path: &std::path::Path) -> std::process::Output {
+    let mut child = std::process::Command::new(bin())
+        .args([cmd, "-c"])
+        .arg(path)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let status = child.wait();
+        let _ = tx.send(status);
+    });
+    let Ok(status) = rx.recv_timeout(WAIT) else {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+        panic!(
+            "pinlb {cmd} -c {} still runs after {WAIT:?}",
+            path.display()
+        );
+    };
+    let read = |mut r: Box<dyn std::io::Read>| {
+        let mut v = Vec::new();
+        r.read_to_end(&mut v).unwrap();
+        v
+    };
+    std::process::Output {
+        status: status.unwrap(),
+        stdout: read(Box::new(stdout)),
+        stderr: read(Box::new(stderr)),
+    }
+}
+
+/// A spawn command that `exec` could not run fails `pinlb check` (exit 1), and `pinlb serve`
+/// with the same error before it starts anything, as every config error does: the file, line
+/// and column of the program, the key and what was expected. The program is looked up as the
+/// spawn will: a name without `/` in `PATH` (the table's `env.PATH` when it sets one), a path
+/// with `/` from the processes' working directory (`cwd`, else pinlb's).
+#[test]
+fn check_and_serve_refuse_a_spawn_command_that_cannot_be_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let ok = dir.join("ok.sh");
+    std::fs::write(&ok, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&ok, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let plain = dir.join("app.sh");
+    std::fs::write(&plain, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let sub = dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let key = "upstream.app.spawn.command[0]";
+    let refused = [
+        (
+            command_config("[\"pinlb-no-such-program\", \"{port}\"]", ""),
+            format!("{key}: \"pinlb-no-such-program\" is not in PATH ("),
+        ),
+        (
+            // Relative to pinlb's working directory (`dir`), where there is no `./target`.
+            command_config("[\"./target/release/pinlb\", \"backend\"]", ""),
+            format!(
+                "{key}: \"./target/release/pinlb\": no such file in {}",
+                dir.display()
+            ),
+        ),
+        (
+            // Relative to `cwd` when it is set: `./ok.sh` is in `dir`, not in `sub`.
+            command_config("[\"./ok.sh\"]", &format!("cwd = \"{}\"\n", sub.display())),
+            format!("{key}: \"./ok.sh\": no such file in {}", sub.display()),
+        ),
+        (
+            command_config(&format!("[\"{}\"]", plain.display()), ""),
+            format!(
+                "{key}: \"{}\" is not executable (mode 644)",
+                plain.display()
+            ),
+        ),
+        (
+            // Found in the table's PATH, but not executable there.
+            command_config(
+                "[\"app.sh\"]",
+                &format!("env = {{ PATH = \"{}\" }}\n", dir.display()),
+            ),
+            format!(
+                "{key}: \"app.sh\" is not executable (mode 644) in {}",
+                dir.display()
+            ),
+        ),
+        (
+            command_config(&format!("[\"{}\"]", dir.display()), ""),
+            format!("{key}: \"{}\" is a directory", dir.display()),
+        ),
+    ];
+    for (toml, want) in &refused {
+        let path = dir.join("pinlb.toml");
+        std::fs::write(&path, toml).unwrap();
+        let want = format!("{}:7:12: {want}", path.display());
+        for cmd in ["check", "serve"] {
+            let out = run_in(dir, cmd, &path);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "pinlb {cmd}: {stderr}\n{toml}");
+            assert!(
+                stderr.starts_with(&want),
+                "pinlb {cmd}\ngot:  {stderr}\nwant: {want}…\n{toml}"
+            );
+            assert!(stderr.contains("expected "), "{stderr}");
+        }
+    }
+    // What the spawn would run is accepted: a path from `cwd`, a name in the table's PATH.
+    let accepted = [
+        command_config("[\"./ok.sh\"]", &format!("cwd = \"{}\"\n", dir.display())),
+        command_config(
+            "[\"ok.sh\"]",
+            &format!("env = {{ PATH = \"{}\" }}\n", dir.display()),
+        ),
+        command_config("[\"sh\", \"-c\", \"exit 0\"]", ""),
+    ];
+    for toml in &accepted {
+        let path = dir.join("pinlb.toml");
+        std::fs::write(&path, toml).unwrap();
+        let out = run_in(&sub, "check", &path);
+        assert!(
+            out.status.success(),
+            "{}\n{toml}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn the_example_spawn_config_is_valid() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/spawn.toml");
-    let config = pinlb::Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    // It runs the README's `cargo build --release` from the clone's root, where its comment
+    // says to start pinlb; this test build has its own binary, which stands in for that one.
+    let release = "\"./target/release/pinlb\", \"backend\"";
+    assert!(text.contains(release), "{text}");
+    let text = text.replace(release, &format!("\"{}\", \"backend\"", bin()));
+    let config = pinlb::Config::parse("config/spawn.toml", &text, &allowed())
+        .unwrap_or_else(|e| panic!("{e}"));
     let spawn = config.upstreams[0].spawn.as_ref().expect("a spawn table");
     assert_eq!((spawn.count, spawn.port_base), (4, 9100));
 }

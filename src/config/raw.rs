@@ -149,7 +149,8 @@ pub(super) struct RawUpstream {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawSpawn {
-    pub command: Spanned<Vec<String>>,
+    /// Each element spanned: an error about the program points at it.
+    pub command: Spanned<Vec<Spanned<String>>>,
     pub count: Option<Spanned<usize>>,
     pub cpus: Spanned<CpuList>,
     pub port_base: Spanned<u32>,

@@ -571,7 +571,12 @@ fn spawn(
 ) -> Result<Spawn> {
     let s = raw.get_ref();
     let skey = format!("{key}.spawn");
-    let command = s.command.get_ref();
+    let command: Vec<String> = s
+        .command
+        .get_ref()
+        .iter()
+        .map(|a| a.get_ref().clone())
+        .collect();
     if command.first().is_none_or(|c| c.is_empty()) {
         return Err(src.at(
             s.command.span(),
@@ -668,8 +673,15 @@ fn spawn(
             ));
         }
     };
+    // The program must be one `exec` can run, found as it will find it; else every start
+    // fails, the processes wait in their backoff for ever and clients get 503.
+    let program = &s.command.get_ref()[0];
+    let name = program.get_ref().replace("{port}", &port_base.to_string());
+    if let Err(e) = find_program(&name, cwd.as_deref(), &env) {
+        return Err(src.at(program.span(), &format!("{skey}.command[0]"), e));
+    }
     Ok(Spawn {
-        command: command.clone(),
+        command,
         count,
         cpus,
         port_base,
@@ -682,6 +694,110 @@ fn spawn(
         max_conns: up.max_conns,
         slow_start: up.slow_start.map_or(Duration::ZERO, |d| d.0),
     })
+}
+
+/// Where `exec` finds `program` for a spawned process, as `execvp` looks for it in the child,
+/// after its `chdir` to `cwd` and with `env` added to pinlb's environment: a name without `/`
+/// in each directory of `PATH` (`env`'s, else pinlb's, else execvp's default), a path with `/`
+/// from the working directory (`cwd`, else pinlb's). The error says what is wrong and what was
+/// expected.
+fn find_program(
+    program: &str,
+    cwd: Option<&std::path::Path>,
+    env: &[(String, String)],
+) -> std::result::Result<std::path::PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::{Path, PathBuf};
+    // A regular file this process may execute (as root: one with an execute bit), or why not.
+    let runnable = |path: &Path| -> std::result::Result<(), String> {
+        let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => "no such file".to_string(),
+            _ => e.to_string(),
+        })?;
+        if meta.is_dir() {
+            return Err("is a directory".to_string());
+        }
+        let exec = nix::unistd::access(path, nix::unistd::AccessFlags::X_OK).is_ok();
+        if !meta.is_file() || !exec {
+            return Err(format!(
+                "is not executable (mode {:o})",
+                meta.permissions().mode() & 0o7777
+            ));
+        }
+        Ok(())
+    };
+    let how = |what: &str| {
+        if what.starts_with("is not executable") {
+            format!(
+                "expected a program: `chmod +x` it, or run it by its interpreter, such as [\"sh\", \"{program}\"]"
+            )
+        } else {
+            "expected the path of a program".to_string()
+        }
+    };
+    let base: Option<PathBuf> = match cwd {
+        Some(c) => Some(c.to_path_buf()),
+        None => std::env::current_dir().ok(),
+    };
+    let from = if cwd.is_some() {
+        "the table's cwd"
+    } else {
+        "pinlb's working directory: start pinlb where the path leads to the program, or set cwd or give an absolute path"
+    };
+    if program.contains('/') {
+        let path = match &base {
+            Some(b) => b.join(program),
+            None => PathBuf::from(program),
+        };
+        return match runnable(&path) {
+            Ok(()) => Ok(path),
+            Err(what) if what == "no such file" && Path::new(program).is_relative() => {
+                let dir = base.as_deref().unwrap_or(Path::new("."));
+                Err(format!(
+                    "{program:?}: no such file in {} ({from}), {}",
+                    dir.display(),
+                    how(&what)
+                ))
+            }
+            Err(what) if what == "no such file" => {
+                Err(format!("{program:?}: no such file, {}", how(&what)))
+            }
+            Err(what) if what.starts_with("is ") => {
+                Err(format!("{program:?} {what}, {}", how(&what)))
+            }
+            Err(what) => Err(format!("{program:?}: {what}, {}", how(&what))),
+        };
+    }
+    let path_var = match env.iter().rev().find(|(k, _)| k == "PATH") {
+        Some((_, v)) => v.clone(),
+        // glibc's execvp without PATH.
+        None => std::env::var("PATH").unwrap_or_else(|_| "/bin:/usr/bin".to_string()),
+    };
+    // As execvp: the first executable candidate wins; one that exists but can't be run is the
+    // error if none can.
+    let mut refused: Option<(String, String)> = None;
+    for dir in path_var.split(':') {
+        // An empty entry is the working directory.
+        let dir = if dir.is_empty() { "." } else { dir };
+        let dir_path = match &base {
+            Some(b) => b.join(dir),
+            None => PathBuf::from(dir),
+        };
+        let candidate = dir_path.join(program);
+        match runnable(&candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(what) if what.starts_with("is not executable") && refused.is_none() => {
+                refused = Some((what, dir.to_string()));
+            }
+            Err(_) => {}
+        }
+    }
+    match refused {
+        Some((what, dir)) => Err(format!("{program:?} {what} in {dir}, {}", how(&what))),
+        None => Err(format!(
+            "{program:?} is not in PATH ({path_var}), expected a program in PATH or a path to one, such as \"./target/release/pinlb\" or \"/usr/bin/node\""
+        )),
+    }
 }
 
 /// No two spawned upstreams, and no listener or admin address, may use the same port on the
