@@ -1029,7 +1029,9 @@ impl Connection {
                     Poll::Pending => {
                         if let Some(h) = head.take() {
                             let out = &mut [IoSlice::new(&h)];
-                            self.send(&mut sending, out, timeouts.client_idle).await?;
+                            self.send(&mut sending, out, timeouts.client_idle)
+                                .await
+                                .ok_or_else(stalled)??;
                         }
                         continue;
                     }
@@ -1057,26 +1059,28 @@ impl Connection {
                             IoSlice::new(&data),
                             IoSlice::new(b"\r\n"),
                         ];
-                        sending
-                            .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                        self.send(&mut sending, &mut out, timeouts.client_idle)
                             .await
                     } else {
                         let mut out = [IoSlice::new(&h), IoSlice::new(&data)];
-                        sending
-                            .within(timeouts.client_idle, write_all(&self.stream, &mut out))
+                        self.send(&mut sending, &mut out, timeouts.client_idle)
                             .await
                     }
                 }
                 None => {
                     let end: &[u8] = if chunked { b"0\r\n\r\n" } else { b"" };
                     let out = &mut [IoSlice::new(&h), IoSlice::new(end)];
-                    self.send(&mut sending, out, timeouts.client_idle).await?;
+                    self.send(&mut sending, out, timeouts.client_idle)
+                        .await
+                        .ok_or_else(stalled)??;
                     return Ok(Written::Whole { keep_alive });
                 }
                 Some(Err(e)) => {
                     if !h.is_empty() {
                         let out = &mut [IoSlice::new(&h)];
-                        self.send(&mut sending, out, timeouts.client_idle).await?;
+                        self.send(&mut sending, out, timeouts.client_idle)
+                            .await
+                            .ok_or_else(stalled)??;
                     }
                     warn!(client = %self.peer, "response aborted: {e}");
                     return Ok(Written::Aborted);
@@ -1089,17 +1093,15 @@ impl Connection {
         }
     }
 
-    /// Writes `out` whole to the client, each wait for room bounded by `limit`.
-    async fn send(
-        &self,
-        sending: &mut Deadline,
-        out: &mut [IoSlice<'_>],
+    /// Writes `out` whole to the client, each wait for room bounded by `limit`; `None` when
+    /// it ran out.
+    fn send<'a>(
+        &'a self,
+        sending: &'a mut Deadline,
+        out: &'a mut [IoSlice<'_>],
         limit: Duration,
-    ) -> io::Result<()> {
-        sending
-            .within(limit, write_all(&self.stream, out))
-            .await
-            .ok_or_else(stalled)?
+    ) -> impl Future<Output = Option<io::Result<()>>> + 'a {
+        sending.within(limit, write_all(&self.stream, out))
     }
 
     /// A response's head as it goes to this client: the status line, the backend's (or

@@ -281,40 +281,10 @@ pub fn parse_request(
         [const { MaybeUninit::<httparse::Header>::uninit() }; RequestLimits::MAX_HEADERS];
     let slots = &mut slots[..limits.max_headers.min(RequestLimits::MAX_HEADERS)];
     let mut req = httparse::Request::new(&mut []);
-    let len = match httparse::ParserConfig::default()
-        .parse_request_with_uninit_headers(&mut req, buf, slots)
-    {
-        Ok(httparse::Status::Complete(len)) if len <= limits.max_header_bytes => len,
-        Ok(httparse::Status::Partial) if buf.len() <= limits.max_header_bytes => return Ok(None),
-        Ok(_) => {
-            return Err(ClientError::HeadTooLarge(
-                "request head over limits.max_header_bytes",
-            ));
-        }
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(ClientError::HeadTooLarge(
-                "more header lines than limits.max_headers",
-            ));
-        }
-        Err(e) => {
-            return Err(ClientError::Malformed(
-                format!("malformed request: {e}").into(),
-            ));
-        }
+    let Some(len) = parse_head(&mut req, buf, slots, limits)? else {
+        return Ok(None);
     };
-    let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
-        .map_err(|_| ClientError::Malformed("malformed request: invalid method".into()))?;
-    let version = match req.version {
-        Some(0) => Version::HTTP_10,
-        _ => Version::HTTP_11,
-    };
-    let target = req.path.unwrap_or_default().as_bytes();
-    // ASCII only, as `http::Uri` has it; httparse has already refused spaces and control bytes.
-    if !target.is_ascii() {
-        return Err(ClientError::Malformed(
-            "malformed request: invalid target".into(),
-        ));
-    }
+    let (method, version, target) = request_line(&req)?;
 
     // Host is never among the named: a proxy always sends it on, and it is read before the
     // named headers are left out.
@@ -324,54 +294,89 @@ pub fn parse_request(
     text.extend_from_slice(target);
     let target_at = (0, target.len());
     let (mut host, path) = split_target(target, &method)?;
-    let absolute = host.is_some();
     let lines_start = text.len();
-    let seen = copy_lines(req.headers, &connection, &mut text);
-    let Seen {
-        codings,
-        chunked_only,
-        content_length,
-        hosts,
-        host_ok,
-        expect_continue,
-        forwarded_for,
-        proxied_lines,
-        host_value,
-        user_agent,
-        referer,
-        upgrade_value,
-    } = seen;
+    let (mut codings, mut chunked_only) = (0usize, true);
+    let (mut content_length, mut expect_continue) = (ContentLength::Absent, false);
+    let (mut hosts, mut host_ok, mut host_value) = (0usize, false, None);
+    let (mut user_agent, mut referer) = (None, None);
+    let mut forwarded_for: Option<Vec<u8>> = None;
+    let mut proxied_lines: Option<Vec<u8>> = None;
+    let mut upgrade_value: Option<Vec<u8>> = None;
+    for h in req.headers.iter() {
+        let (name, value) = (h.name.as_bytes(), h.value);
+        let mut keep = None;
+        match Special::of(name) {
+            Some(Special::Connection | Special::Dropped) => continue,
+            Some(Special::TransferEncoding) => {
+                let (n, chunked) = te_codings(value);
+                (codings, chunked_only) = (codings + n, chunked_only && chunked);
+                continue;
+            }
+            Some(Special::ContentLength) => {
+                content_length = content_length.add(value, false);
+                continue;
+            }
+            Some(Special::Expect) => {
+                expect_continue |= value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+                continue;
+            }
+            Some(Special::ForwardedFor) => {
+                join_list(&mut forwarded_for, value);
+                continue;
+            }
+            Some(Special::Host) => {
+                hosts += 1;
+                host_ok = is_valid_host(value);
+                host_value = Some(value);
+                continue;
+            }
+            Some(Special::Proxied) => {
+                copy_line(proxied_lines.get_or_insert_with(Vec::new), name, value);
+                continue;
+            }
+            Some(Special::Upgrade) => {
+                join_list(&mut upgrade_value, value);
+                continue;
+            }
+            Some(Special::UserAgent) => keep = Some(&mut user_agent),
+            Some(Special::Referer) => keep = Some(&mut referer),
+            // Dropped, as nginx does by default (`underscores_in_headers off`): CGI-style
+            // backends read `X_Forwarded_For` and `X-Forwarded-For` as one variable, so a client
+            // could spoof its address under the underscored name.
+            None if name.contains(&b'_') => continue,
+            None => {}
+        }
+        if connection.names(name) {
+            continue;
+        }
+        let span = copy_line(&mut text, name, value);
+        if let Some(k) = keep {
+            *k = Some(span);
+        }
+    }
     let lines = (lines_start, text.len());
     let upgrade_end = upgrade_lines(upgrade_value, version, &connection, &mut text);
     // Host is not a line: pinlb writes it first, itself. An absolute-form target's authority
     // wins over it (RFC 9112 §3.2.2).
-    if let (false, 1, Some(value)) = (absolute, hosts, host_value) {
+    if let (false, 1, Some(value)) = (host.is_some(), hosts, host_value) {
         let at = text.len();
         text.extend_from_slice(value);
         host = Some(Span::Text(at, text.len()));
     }
 
-    let framing = Framing {
-        codings,
-        chunked_only,
-        content_length,
-    };
+    let framing = (codings, chunked_only, content_length);
     let (body, refused) = refusal(target, &method, version, framing, (hosts, host_ok), limits);
 
     let path = path_in(path, target, &mut text);
     let keep_alive = connection.keep_alive(version == Version::HTTP_11);
     // The head is copied out; what follows it (body, next requests) stays.
     buf.advance(len);
-    // Spans of the target are offsets into it, and it sits at the start of `text`.
-    let resolve = |s: Span| match s {
-        Span::Target(a, b) | Span::Text(a, b) => (a, b),
-    };
     Ok(Some(RequestHead {
         method,
         version,
         target: target_at,
         lines,
-        host: host.map(resolve),
+        host: host.map(Span::range),
         path,
         user_agent,
         referer,
@@ -436,136 +441,87 @@ fn path_in(path: Path, target: &[u8], text: &mut Vec<u8>) -> (usize, usize) {
     }
 }
 
-/// What the header loop found, besides the lines it copied.
-struct Seen<'h> {
-    /// Transfer-Encoding codings over all lines, and whether each was `chunked`.
-    codings: usize,
-    chunked_only: bool,
-    content_length: ContentLength,
-    /// Host lines, whether the last was valid, and its value.
-    hosts: usize,
-    host_ok: bool,
-    host_value: Option<&'h [u8]>,
-    expect_continue: bool,
-    /// X-Forwarded-For lines joined into one list.
-    forwarded_for: Option<Vec<u8>>,
-    /// Forwarded and X-Real-IP lines, sent on only from a trusted client.
-    proxied_lines: Option<Vec<u8>>,
-    /// Where User-Agent's and Referer's values are in the text.
-    user_agent: Option<(usize, usize)>,
-    referer: Option<(usize, usize)>,
-    /// Upgrade lines joined into one list.
-    upgrade_value: Option<Vec<u8>>,
-}
-
-/// Copies the end-to-end header lines into `text` (none that Connection names, none with an
-/// underscore), and takes out the ones pinlb reads or writes itself. Inlined into
-/// [`parse_request`], whose one step it is.
+/// The Transfer-Encoding codings in one line's `value`, and whether each is `chunked`. Exactly
+/// one `chunked` over all lines is accepted: pinlb decodes and re-frames the body, so it would
+/// lose any other coding, and `chunked, chunked` is how TE.TE smuggling starts.
 #[inline(always)]
-fn copy_lines<'h>(
-    headers: &[httparse::Header<'h>],
-    connection: &ConnectionTokens,
-    text: &mut Vec<u8>,
-) -> Seen<'h> {
-    let mut seen = Seen {
-        codings: 0,
-        chunked_only: true,
-        content_length: ContentLength::Absent,
-        hosts: 0,
-        host_ok: false,
-        expect_continue: false,
-        forwarded_for: None,
-        proxied_lines: None,
-        host_value: None,
-        user_agent: None,
-        referer: None,
-        upgrade_value: None,
-    };
-    for h in headers.iter() {
-        let (name, value) = (h.name.as_bytes(), h.value);
-        let mut keep = None;
-        match Special::of(name) {
-            Some(Special::Connection | Special::Dropped) => continue,
-            Some(Special::TransferEncoding) => {
-                // Exactly one `chunked` over all lines: pinlb decodes and re-frames the body, so
-                // it would lose any other coding, and `chunked, chunked` is how TE.TE smuggling
-                // starts.
-                for coding in value.split(|&b| b == b',') {
-                    seen.codings += 1;
-                    seen.chunked_only &= coding.trim_ascii().eq_ignore_ascii_case(b"chunked");
-                }
-                continue;
-            }
-            Some(Special::ContentLength) => {
-                seen.content_length = seen.content_length.add(value, false);
-                continue;
-            }
-            Some(Special::Expect) => {
-                seen.expect_continue |= value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
-                continue;
-            }
-            Some(Special::ForwardedFor) => {
-                let list = seen.forwarded_for.get_or_insert_with(Vec::new);
-                if !list.is_empty() {
-                    list.extend_from_slice(b", ");
-                }
-                list.extend_from_slice(value);
-                continue;
-            }
-            Some(Special::Host) => {
-                seen.hosts += 1;
-                seen.host_ok = is_valid_host(value);
-                seen.host_value = Some(value);
-                continue;
-            }
-            Some(Special::Proxied) => {
-                let lines = seen.proxied_lines.get_or_insert_with(Vec::new);
-                lines.extend_from_slice(name);
-                lines.extend_from_slice(b": ");
-                lines.extend_from_slice(value);
-                lines.extend_from_slice(b"\r\n");
-                continue;
-            }
-            Some(Special::Upgrade) => {
-                // Several lines are one list (RFC 9110 §5.3).
-                let list = seen.upgrade_value.get_or_insert_with(Vec::new);
-                if !list.is_empty() {
-                    list.extend_from_slice(b", ");
-                }
-                list.extend_from_slice(value);
-                continue;
-            }
-            Some(Special::UserAgent) => keep = Some(&mut seen.user_agent),
-            Some(Special::Referer) => keep = Some(&mut seen.referer),
-            // Dropped, as nginx does by default (`underscores_in_headers off`): CGI-style
-            // backends read `X_Forwarded_For` and `X-Forwarded-For` as one variable, so a client
-            // could spoof its address under the underscored name.
-            None if name.contains(&b'_') => continue,
-            None => {}
-        }
-        if connection.names(name) {
-            continue;
-        }
-        // httparse has checked the name's token characters and the value's bytes (HTAB,
-        // visible ASCII, space, obs-text: what a header value may hold), so the line can be
-        // copied as it is.
-        text.extend_from_slice(name);
-        text.extend_from_slice(b": ");
-        let at = text.len();
-        text.extend_from_slice(value);
-        if let Some(k) = keep {
-            *k = Some((at, text.len()));
-        }
-        text.extend_from_slice(b"\r\n");
+fn te_codings(value: &[u8]) -> (usize, bool) {
+    let mut n = 0;
+    let mut chunked = true;
+    for coding in value.split(|&b| b == b',') {
+        n += 1;
+        chunked &= coding.trim_ascii().eq_ignore_ascii_case(b"chunked");
     }
-    seen
+    (n, chunked)
 }
 
-/// How the head framed its body.
-struct Framing {
-    codings: usize,
-    chunked_only: bool,
-    content_length: ContentLength,
+/// Writes `name: value` and its CRLF to `text`; where the value is. httparse has checked the
+/// name's token characters and the value's bytes (HTAB, visible ASCII, space, obs-text: what a
+/// header value may hold), so the line can be copied as it is.
+#[inline(always)]
+fn copy_line(text: &mut Vec<u8>, name: &[u8], value: &[u8]) -> (usize, usize) {
+    text.extend_from_slice(name);
+    text.extend_from_slice(b": ");
+    let at = text.len();
+    text.extend_from_slice(value);
+    let span = (at, text.len());
+    text.extend_from_slice(b"\r\n");
+    span
+}
+
+/// Adds `value` to a comma-separated list: several lines of one header are one list (RFC 9110
+/// §5.3).
+fn join_list(list: &mut Option<Vec<u8>>, value: &[u8]) {
+    let list = list.get_or_insert_with(Vec::new);
+    if !list.is_empty() {
+        list.extend_from_slice(b", ");
+    }
+    list.extend_from_slice(value);
+}
+
+/// httparse's pass over the head: its length when it is whole and within the limits,
+/// `None` while more bytes are needed.
+#[inline(always)]
+fn parse_head<'b, 'h>(
+    req: &mut httparse::Request<'h, 'b>,
+    buf: &'b [u8],
+    slots: &'h mut [MaybeUninit<httparse::Header<'b>>],
+    limits: &RequestLimits,
+) -> Result<Option<usize>, ClientError> {
+    match httparse::ParserConfig::default().parse_request_with_uninit_headers(req, buf, slots) {
+        Ok(httparse::Status::Complete(len)) if len <= limits.max_header_bytes => Ok(Some(len)),
+        Ok(httparse::Status::Partial) if buf.len() <= limits.max_header_bytes => Ok(None),
+        Ok(_) => Err(ClientError::HeadTooLarge(
+            "request head over limits.max_header_bytes",
+        )),
+        Err(httparse::Error::TooManyHeaders) => Err(ClientError::HeadTooLarge(
+            "more header lines than limits.max_headers",
+        )),
+        Err(e) => Err(ClientError::Malformed(
+            format!("malformed request: {e}").into(),
+        )),
+    }
+}
+
+/// The request line's method, version and target; the target ASCII only, as `http::Uri` has
+/// it (httparse has already refused spaces and control bytes).
+#[inline(always)]
+fn request_line<'b>(
+    req: &httparse::Request<'_, 'b>,
+) -> Result<(Method, Version, &'b [u8]), ClientError> {
+    let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
+        .map_err(|_| ClientError::Malformed("malformed request: invalid method".into()))?;
+    let version = match req.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    let target = req.path.unwrap_or_default().as_bytes();
+    if !target.is_ascii() {
+        return Err(ClientError::Malformed(
+            "malformed request: invalid target".into(),
+        ));
+    }
+    Ok((method, version, target))
 }
 
 /// The body's framing, and the first rule the head breaks, if it breaks one: a refused
@@ -575,16 +531,12 @@ fn refusal(
     target: &[u8],
     method: &Method,
     version: Version,
-    framing: Framing,
+    framing: (usize, bool, ContentLength),
     host: (usize, bool),
     limits: &RequestLimits,
 ) -> (RequestFraming, Option<ClientError>) {
     let mut refused = None;
-    let Framing {
-        codings,
-        chunked_only,
-        content_length,
-    } = framing;
+    let (codings, chunked_only, content_length) = framing;
     let (hosts, host_ok) = host;
     let mut refuse = |e: ClientError| {
         refused.get_or_insert(e);
@@ -675,6 +627,17 @@ impl HeadEnd {
 enum Span {
     Target(usize, usize),
     Text(usize, usize),
+}
+
+impl Span {
+    /// Where it is in the head's text: spans of the target are offsets into it, and it sits at
+    /// the start of the text.
+    #[inline(always)]
+    fn range(self) -> (usize, usize) {
+        match self {
+            Span::Target(a, b) | Span::Text(a, b) => (a, b),
+        }
+    }
 }
 
 /// The origin-form path a target goes upstream with.

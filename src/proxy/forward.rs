@@ -116,6 +116,7 @@ pub async fn handle(
 /// The request as it goes upstream, but for its Host (a request without one gets its
 /// backend's address). A route's header lines go with the request's Upgrade lines after them,
 /// joined into `joined` only then.
+#[inline(always)]
 fn outgoing<'a>(
     head: &'a RequestHead,
     overrides: Option<&'a Overrides>,

@@ -194,6 +194,7 @@ impl BackendState {
         self.skipped(&mut Now::default())
     }
 
+    #[inline]
     pub(super) fn skipped(&self, now: &mut Now) -> bool {
         // Only `until` decides, and it is zero for every healthy backend: no clock read then.
         let until = self.skip_until_ms.load(Ordering::Relaxed);
@@ -206,6 +207,7 @@ impl BackendState {
     }
 
     /// Whether `max_conns` requests are in flight.
+    #[inline]
     pub fn is_full(&self) -> bool {
         let max = self.max_conns.load(Ordering::Relaxed);
         max != 0 && self.in_flight.load(Ordering::Relaxed) >= max
@@ -213,6 +215,7 @@ impl BackendState {
 
     /// Whether the backend may be picked now. A lone backend is never skipped for passive
     /// failures, as in nginx: skipping it cannot help.
+    #[inline]
     pub(super) fn available(&self, now: &mut Now, lone: bool) -> bool {
         self.admin.load(Ordering::Relaxed) == AdminState::Active as u8
             && self.is_up()
@@ -221,6 +224,7 @@ impl BackendState {
     }
 
     /// The weight selection uses now: the configured one, or less during slow start.
+    #[inline(always)]
     pub(super) fn weight_now(&self, now: &mut Now) -> u64 {
         let scaled = u64::from(self.weight()) * WEIGHT_SCALE;
         let from = self.ramp_from_ms.load(Ordering::Relaxed);
@@ -286,6 +290,7 @@ impl BackendState {
     /// moves its window forward so that every other request keeps skipping it meanwhile.
     /// `Some(true)` for the trial, `Some(false)` for an ordinary request, `None` when another
     /// worker claimed the trial first.
+    #[inline]
     pub(super) fn claim(&self, now: &mut Now, fail_timeout: Duration, lone: bool) -> Option<bool> {
         let until = self.skip_until_ms.load(Ordering::Relaxed);
         if until == 0 || lone {

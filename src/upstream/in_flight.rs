@@ -43,7 +43,7 @@ impl InFlight {
     /// a passive failure, any other as a success (the trial's brings a skipped backend back);
     /// `ewma` takes the time since `sent`; `/metrics` counts the status and the time since
     /// `started`, the request's first attempt. Returns that time when `log` asks for it.
-    #[inline]
+    #[inline(always)]
     pub fn answered(
         &self,
         upstream: &SharedUpstream,

@@ -1,15 +1,18 @@
 //! One worker's view of an upstream: the generation's shared state, this worker's selection
-//! state, and its two pools (HTTP/1.1 idle connections, HTTP/2 multiplexed ones). It lives in
-//! the worker's single-threaded runtime (`Rc`, `RefCell`), so nothing here takes a lock.
+//! state, and its two pools: the HTTP/1.1 pool of idle keep-alive connections (here) and the
+//! HTTP/2 connections it multiplexes (`h2`). It lives in the worker's single-threaded runtime
+//! (`Rc`, `RefCell`), so nothing here takes a lock.
 
+use std::cell::RefCell;
+use std::future::poll_fn;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::Duration;
 
 use crate::http1::client::{Conn, connect};
 use crate::upstream::backend::BackendState;
-use crate::upstream::h1_pool::Idle;
 use crate::upstream::h2;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::pick::Selection;
@@ -19,9 +22,10 @@ use crate::upstream::shared::SharedUpstream;
 pub struct WorkerUpstream {
     pub shared: Arc<SharedUpstream>,
     selection: Selection,
-    /// Idle keep-alive connections, one pool per backend, kept across generations for each
-    /// backend the next one keeps.
-    idle: Vec<Idle>,
+    /// Idle keep-alive connections, one stack per backend (most recently used on top, so the
+    /// warmest connection is reused and surplus ones age out). Shared with the next config
+    /// generation's `WorkerUpstream` for each backend it keeps.
+    idle: Vec<Rc<RefCell<Vec<Conn>>>>,
     /// For an HTTP/2 upstream, the multiplexed connections to each backend; kept across
     /// generations as `idle` is.
     multiplexed: Vec<Rc<h2::Pool>>,
@@ -117,14 +121,25 @@ impl WorkerUpstream {
         Ok(opened)
     }
 
-    /// An idle connection to `backend` that is still open, counted as reused.
+    /// Takes an idle connection to `backend` that is still open, dropping ones the backend
+    /// closed, and counts it as reused. Most recently used first: it is the least likely to
+    /// have been closed.
     pub async fn checkout(&self, backend: usize) -> Option<Conn> {
-        let conn = self.idle[backend].checkout().await?;
-        if self.shared.counting {
-            let stats = &self.shared.backends[backend].stats;
-            stats.connections_reused.fetch_add(1, Ordering::Relaxed);
-        }
-        Some(conn)
+        poll_fn(|cx| {
+            let mut idle = self.idle[backend].borrow_mut();
+            while let Some(mut conn) = idle.pop() {
+                if conn.is_usable_idle(cx) {
+                    conn.reused = true;
+                    if self.shared.counting {
+                        let stats = &self.shared.backends[backend].stats;
+                        stats.connections_reused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Poll::Ready(Some(conn));
+                }
+            }
+            Poll::Ready(None)
+        })
+        .await
     }
 
     /// A new connection to `backend` (TLS when the upstream asks for it), counted as opened.
@@ -145,7 +160,10 @@ impl WorkerUpstream {
 
     /// Returns a connection after a complete exchange; beyond `keepalive` it is closed instead.
     pub fn checkin(&self, backend: usize, conn: Conn) {
-        self.idle[backend].checkin(conn, self.shared.config.keepalive);
+        let mut idle = self.idle[backend].borrow_mut();
+        if idle.len() < self.shared.config.keepalive {
+            idle.push(conn);
+        }
     }
 }
 

@@ -14,10 +14,10 @@
 //! - [`pick`]: which backend a request goes to, by the upstream's algorithm.
 //! - [`hash_key`]: what a `hash` upstream hashes for a request: client address, URI, header,
 //!   cookie.
-//! - [`h1_pool`]: a worker's idle HTTP/1.1 keep-alive connections to one backend.
 //! - [`h2`]: HTTP/2 to backends (`protocol = "h2c"`): hyper's client on connections each worker
 //!   multiplexes.
-//! - [`local`]: one worker's view of an upstream: selection state and the two pools.
+//! - [`local`]: one worker's view of an upstream: its selection state, its pool of idle
+//!   HTTP/1.1 connections, and its HTTP/2 connections.
 //! - [`probe`]: active health checks, run on the control thread.
 //! - [`discovery`]: backends' DNS names (A/AAAA, SRV) looked up with hickory-resolver.
 
@@ -25,7 +25,6 @@ pub(crate) mod backend;
 pub mod balance;
 pub(crate) mod counters;
 pub mod discovery;
-pub(crate) mod h1_pool;
 pub(crate) mod h2;
 pub(crate) mod hash_key;
 pub(crate) mod health;
