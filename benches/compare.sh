@@ -52,7 +52,9 @@
 #                       pinlb-metrics ([admin] on, so the request path counts
 #                       metrics) and pinlb-log (access log to a file), which
 #                       are reported against plain pinlb
-#                       (benches/peers/pinlb-*.toml)
+#                       (benches/peers/pinlb-*.toml), and pinlb-base (plain pinlb's
+#                       configuration on the binary PINLB_BASE: a change against
+#                       the build before it, interleaved in the same run)
 #   PINLB=target/release/pinlb    pinlb binary (relative to the repo root)
 #   OUT_MD=/tmp/pinlb-compare.md  where the Markdown report is written
 #   PORT_BASE=18080     ports: the first free loopback ports >= PORT_BASE
@@ -98,7 +100,7 @@ die() { printf '[compare] ERROR: %s\n' "$*" >&2; exit 1; }
 read -r -a PEER_LIST <<<"$PEERS"
 ((${#PEER_LIST[@]} > 0)) || die "PEERS is empty"
 for p in "${PEER_LIST[@]}"; do
-    case $p in pinlb | pinlb-metrics | pinlb-log | nginx | haproxy) ;; *) die "unknown peer '$p' (known: pinlb pinlb-metrics pinlb-log nginx haproxy)" ;; esac
+    case $p in pinlb | pinlb-metrics | pinlb-log | pinlb-base | nginx | haproxy) ;; *) die "unknown peer '$p' (known: pinlb pinlb-metrics pinlb-log pinlb-base nginx haproxy)" ;; esac
 done
 
 # ---------------------------------------------------------------- tools
@@ -172,6 +174,7 @@ host_facts
 ENV_LINE="ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS WARMUP=$WARMUP PEERS=\"$PEERS\""
 if ((SYSCALLS)); then ENV_LINE+=" SYSCALLS=1"; fi
 [[ " ${PEER_LIST[*]} " == *" pinlb "* ]] && ENV_LINE+=" PINLB=$PINLB"
+[[ " ${PEER_LIST[*]} " == *" pinlb-base "* ]] && ENV_LINE+=" PINLB_BASE=$PINLB_BASE"
 
 echo "== pinlb comparison benchmark =="
 echo "command:   $ENV_LINE $CMDLINE"

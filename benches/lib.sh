@@ -289,14 +289,21 @@ start_peer() {
         VERSION[$p]=$(haproxy -v 2>&1 | awk 'NR == 1 {print $3}')
         ;;
     pinlb*)
+        # pinlb-base: plain pinlb's configuration on another binary ($PINLB_BASE), to
+        # compare a change against the build before it in the same run.
+        local bin=$PINLB
+        if [[ $p == pinlb-base ]]; then
+            bin=${PINLB_BASE:?pinlb-base needs PINLB_BASE=path/to/the/other/pinlb}
+            toml="$PEERS_DIR/pinlb.toml"
+        fi
         render "$toml" "$d/pinlb.toml" "${PORT[$p]}" "$d"
-        "$PINLB" check -c "$d/pinlb.toml" >"$d/check.log" 2>&1 || {
+        "$bin" check -c "$d/pinlb.toml" >"$d/check.log" 2>&1 || {
             cat "$d/check.log" >&2
             die "pinlb check rejected $toml (rendered: $d/pinlb.toml); this binary may predate its keys - or leave pinlb out of PEERS"
         }
-        RUST_LOG=warn taskset -c 0 "$PINLB" serve -c "$d/pinlb.toml" >"${LOGF[$p]}" 2>&1 &
+        RUST_LOG=warn taskset -c 0 "$bin" serve -c "$d/pinlb.toml" >"${LOGF[$p]}" 2>&1 &
         PID_OF[$p]=$!
-        VERSION[$p]=$("$PINLB" --version 2>&1 | awk 'NR == 1 {print $NF}')
+        VERSION[$p]=$("$bin" --version 2>&1 | awk 'NR == 1 {print $NF}')
         ;;
     esac
     PIDS+=("${PID_OF[$p]}")
