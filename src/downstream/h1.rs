@@ -354,7 +354,7 @@ struct Connection {
     accepted: Instant,
     /// The rules the connection's client identity was worked out under, and that identity;
     /// recomputed only after a reload changed the rules (`forwarded.trusted` above all).
-    client: RefCell<(Rc<DownstreamRules>, Rc<Downstream>)>,
+    downstream: RefCell<(Rc<DownstreamRules>, Rc<Downstream>)>,
 }
 
 /// A connection parked while idle (see `idle`): what it needs to start again.
@@ -437,7 +437,7 @@ pub(crate) async fn serve(
     start: Start,
 ) {
     let rules = route.rules.borrow().clone();
-    let client = Rc::new(rules.client(peer, stream.is_tls()));
+    let client = Rc::new(rules.downstream(peer, stream.is_tls()));
     let conn = Connection {
         stream,
         peer,
@@ -445,7 +445,7 @@ pub(crate) async fn serve(
         route,
         batch,
         accepted: start.accepted,
-        client: RefCell::new((rules, client)),
+        downstream: RefCell::new((rules, client)),
     };
     let mut buf = BytesMut::new();
     let mut first = start.first;
@@ -457,11 +457,13 @@ pub(crate) async fn serve(
             let wait = std::future::poll_fn(|cx| {
                 conn.slot.poll_wait(first, cx, |cx| {
                     if buf.capacity() == 0 {
-                        buf = conn.slot.clients().take_buffer();
+                        buf = conn.slot.connections().take_buffer();
                     }
                     let read = poll_read_buf(&conn.stream, &mut buf, cx);
                     if read.is_pending() && buf.is_empty() {
-                        conn.slot.clients().give_buffer(std::mem::take(&mut buf));
+                        conn.slot
+                            .connections()
+                            .give_buffer(std::mem::take(&mut buf));
                     }
                     read.map(|r| r.map(drop))
                 })
@@ -492,7 +494,9 @@ pub(crate) async fn serve(
         first = false;
         if buf.is_empty() {
             // Nothing pipelined: the buffer goes until the next request comes.
-            conn.slot.clients().give_buffer(std::mem::take(&mut buf));
+            conn.slot
+                .connections()
+                .give_buffer(std::mem::take(&mut buf));
         }
     };
     if next == Next::Http2 {
@@ -591,7 +595,7 @@ pub(crate) async fn serve_tls(
                 route,
                 batch,
                 accepted: start.accepted,
-                client: RefCell::new((rules, client)),
+                downstream: RefCell::new((rules, client)),
             };
             conn.write_local(
                 StatusCode::BAD_REQUEST,
@@ -623,7 +627,7 @@ fn park(conn: Connection, held: Held, first: bool) {
         accepted,
         ..
     } = conn;
-    let clients = slot.clients_rc();
+    let clients = slot.connections_rc();
     let (stream, tls) = stream.into_parts();
     match stream.into_std() {
         Ok(socket) => {
@@ -762,7 +766,7 @@ impl Connection {
             && !head.ambiguous
             && !close
             && body_read
-            && !self.slot.clients().is_draining();
+            && !self.slot.connections().is_draining();
         let written = self
             .write_response(
                 response,
@@ -792,11 +796,11 @@ impl Connection {
     #[inline]
     fn downstream(&self) -> (Limits, Rc<Downstream>) {
         let now = self.route.rules.borrow();
-        let mut cached = self.client.borrow_mut();
+        let mut cached = self.downstream.borrow_mut();
         if !Rc::ptr_eq(&cached.0, &now) {
             *cached = (
                 now.clone(),
-                Rc::new(now.client(self.peer, self.stream.is_tls())),
+                Rc::new(now.downstream(self.peer, self.stream.is_tls())),
             );
         }
         (now.limits, cached.1.clone())
@@ -921,7 +925,7 @@ impl Connection {
         let mut head = Vec::with_capacity(256 + lines.len());
         status_line(&mut head, status);
         head.extend_from_slice(ERROR_PAGE_TYPE);
-        self.slot.clients().write_date(&mut head);
+        self.slot.connections().write_date(&mut head);
         content_length_line(&mut head, text.len() as u64);
         head.extend_from_slice(lines);
         if !keep_alive {
@@ -950,7 +954,7 @@ impl Connection {
         };
         let keep_alive = head.keep_alive
             && head.body == RequestFraming::None
-            && !self.slot.clients().is_draining();
+            && !self.slot.connections().is_draining();
         let status = StatusCode::MOVED_PERMANENTLY;
         let written = self
             .write_page(
@@ -1125,7 +1129,7 @@ impl Connection {
         status_line(&mut head, status);
         head.extend_from_slice(headers);
         if !has_date {
-            self.slot.clients().write_date(&mut head);
+            self.slot.connections().write_date(&mut head);
         }
         if !bodiless {
             match length {

@@ -69,7 +69,7 @@ struct Shared {
     tls: bool,
     /// The client's identity, worked out under the rules it was made for (as an HTTP/1.1
     /// connection keeps it, recomputed after a reload changed the rules).
-    client: RefCell<(Rc<DownstreamRules>, Rc<Downstream>)>,
+    downstream: RefCell<(Rc<DownstreamRules>, Rc<Downstream>)>,
     /// The `Date` value of the worker's last tick.
     date: Rc<dyn Fn() -> HeaderValue>,
     /// Streams open: from the request's arrival to the end of its response.
@@ -160,8 +160,8 @@ pub(crate) async fn serve<P: AsFd + 'static>(
     let h2 = rules.http2;
     let limits = rules.limits;
     let tls = stream.is_tls();
-    let client = Rc::new(rules.client(peer, tls));
-    let clients = slot.clients_rc();
+    let client = Rc::new(rules.downstream(peer, tls));
+    let clients = slot.connections_rc();
     let reloads = clients.reloads();
     let stats = route.stats.clone();
     if let Some(s) = &stats {
@@ -172,7 +172,7 @@ pub(crate) async fn serve<P: AsFd + 'static>(
         peer,
         batch,
         tls,
-        client: RefCell::new((rules, client)),
+        downstream: RefCell::new((rules, client)),
         date: Rc::new(move || clients.date()),
         open: Cell::new(0),
         served: Cell::new(false),
@@ -292,9 +292,9 @@ impl Shared {
         let (parts, body) = req.into_parts();
         let (limits, client) = {
             let now = route.rules.borrow();
-            let mut cached = self.client.borrow_mut();
+            let mut cached = self.downstream.borrow_mut();
             if !Rc::ptr_eq(&cached.0, &now) {
-                *cached = (now.clone(), Rc::new(now.client(self.peer, self.tls)));
+                *cached = (now.clone(), Rc::new(now.downstream(self.peer, self.tls)));
             }
             (now.limits, cached.1.clone())
         };

@@ -507,12 +507,12 @@ pub enum Wait {
 }
 
 impl<P: AsFd> Slot<P> {
-    pub fn clients(&self) -> &Connections<P> {
+    pub fn connections(&self) -> &Connections<P> {
         &self.clients
     }
 
     /// The worker's connections, to park in.
-    pub fn clients_rc(&self) -> Rc<Connections<P>> {
+    pub fn connections_rc(&self) -> Rc<Connections<P>> {
         self.clients.clone()
     }
 

@@ -315,7 +315,7 @@ pub(crate) struct DownstreamRules {
 
 impl DownstreamRules {
     /// What the proxy needs to know of a client at `peer`, over TLS or not.
-    pub fn client(&self, peer: SocketAddr, tls: bool) -> Downstream {
+    pub fn downstream(&self, peer: SocketAddr, tls: bool) -> Downstream {
         Downstream {
             https: tls,
             ..Downstream::new(peer, &self.trusted)
