@@ -253,7 +253,10 @@ fn each_listing_names_its_modules_after_those_they_import() {
         let place = |m: &str| text.find(&format!("[`{m}`]"));
         let missing: Vec<&String> = children.iter().filter(|m| place(m).is_none()).collect();
         if !missing.is_empty() {
-            wrong.push(format!("{} does not name {missing:?}", listing(folder).display()));
+            wrong.push(format!(
+                "{} does not name {missing:?}",
+                listing(folder).display()
+            ));
         }
         let full = |m: &str| {
             if folder.is_empty() {
