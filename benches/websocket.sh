@@ -21,7 +21,7 @@
 #     recorded, on the same connections), so rounds interleave: pinlb, nginx, pinlb, ...
 #  2. Idle tunnels (IDLE > 0): the proxies are stopped; for each of $IDLE_ROUNDS rounds and each
 #     proxy, it is started afresh, warmed with 64 tunnels that open, echo once and close, and
-#     after $SETTLE s its RSS is read; then `examples/idle_tunnels` opens $IDLE tunnels
+#     after $SETTLE s its RSS is read; then `examples/idle_clients --ws` opens $IDLE tunnels
 #     (each upgraded, one 64-byte echo, then nothing) from a loopback address of the round's
 #     own, and after $SETTLE s the RSS is read again and the established client connections
 #     counted (`ss`). As benches/idle.sh does for idle keep-alive connections.
@@ -42,7 +42,7 @@
 # Markdown and written to $OUT_MD.
 #
 # Usage (from the repository root or anywhere; after `cargo build --release` and
-# `cargo build --example idle_tunnels`):
+# `cargo build --example idle_clients`):
 #   bash benches/websocket.sh
 #   PEERS=nginx ROUNDS=3 DURATION=5s IDLE=2000 bash benches/websocket.sh
 # Environment:
@@ -57,7 +57,7 @@
 #   SETTLE=2            seconds to wait before each RSS reading
 #   PINLB=target/release/pinlb    pinlb binary: the backend and the load generator, and the
 #                       proxy when PEERS has pinlb (relative to the repo root)
-#   CLIENTS=target/debug/examples/idle_tunnels   the idle-tunnel client
+#   CLIENTS=target/debug/examples/idle_clients   the idle client, run with --ws for tunnels
 #   OUT_MD=/tmp/pinlb-websocket.md  where the Markdown report is written
 #   PORT_BASE=19080     ports: the first free loopback ports >= PORT_BASE, below the
 #                       ephemeral range (a tunnel's outgoing connections never take one)
@@ -83,7 +83,7 @@ IDLE=${IDLE:-5000}
 IDLE_ROUNDS=${IDLE_ROUNDS:-3}
 SETTLE=${SETTLE:-2}
 PINLB=${PINLB:-target/release/pinlb}
-CLIENTS=${CLIENTS:-target/debug/examples/idle_tunnels}
+CLIENTS=${CLIENTS:-target/debug/examples/idle_clients}
 OUT_MD=${OUT_MD:-/tmp/pinlb-websocket.md}
 PORT_BASE=${PORT_BASE:-19080}
 KEEP_TMP=${KEEP_TMP:-0}
@@ -115,7 +115,7 @@ require nginx jq curl taskset ss awk getconf sort
 [[ -x $PINLB ]] || die "pinlb binary not found at $PINLB (cargo build --release, or set PINLB=...); it is the backend and the load generator even without pinlb in PEERS"
 "$PINLB" bench --help 2>/dev/null | grep -q -- '--ws' || die "$PINLB has no 'bench --ws'; build this branch"
 if ((IDLE > 0)); then
-    [[ -x $CLIENTS ]] || die "client not found at $CLIENTS (cargo build --example idle_tunnels, or set CLIENTS=..., or IDLE=0)"
+    [[ -x $CLIENTS ]] || die "client not found at $CLIENTS (cargo build --example idle_clients, or set CLIENTS=..., or IDLE=0)"
 fi
 
 NCPU=$(nproc)
@@ -244,7 +244,7 @@ PIDS=("$BACKEND_PID")
 # prints "ready OPEN FAILED"; sets CLIENT_PID and FAILED.
 hold_tunnels() {
     local i line
-    taskset -c 1 "$CLIENTS" "127.0.0.1:${PORT[$p]}" "$1" "$2" >"$3" 2>"$3.err" &
+    taskset -c 1 "$CLIENTS" --ws "127.0.0.1:${PORT[$p]}" "$1" "$2" >"$3" 2>"$3.err" &
     CLIENT_PID=$!
     for ((i = 0; i < 1200; i++)); do
         if line=$(grep -m1 '^ready ' "$3" 2>/dev/null); then
@@ -253,11 +253,11 @@ hold_tunnels() {
         fi
         kill -0 "$CLIENT_PID" 2>/dev/null || {
             cat "$3.err" >&2
-            die "idle_tunnels exited before it was ready"
+            die "idle_clients --ws exited before it was ready"
         }
         sleep 0.1
     done
-    die "idle_tunnels not ready after 120 s"
+    die "idle_clients --ws not ready after 120 s"
 }
 
 release_tunnels() {

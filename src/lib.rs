@@ -19,7 +19,8 @@
 //! `config` sits above the codecs because it validates into their types (TLS files, header
 //! tables, path forms); the codecs take their limits as arguments and import no configuration.
 //!
-//! - [`sys`]: cores and pinning, pinned child processes, the local executor, systemd notify.
+//! - [`sys`]: cores and pinning, pinned runtimes and child processes, the local executor, systemd
+//!   notify.
 //! - [`tls`]: rustls for listeners (the server role) and for backends (the client role).
 //! - [`http1`]: the HTTP/1.1 codec on httparse: framing, request heads, the backend side.
 //! - [`config`]: the TOML file validated into a [`Config`]; errors carry `file:line:col`.

@@ -473,9 +473,7 @@ async fn recv_signal(s: &mut Option<tokio::signal::unix::Signal>) -> Option<()> 
 
 /// The single-threaded runtime the control thread awaits shutdown on.
 pub fn control_runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+    crate::sys::runtime::current_thread()
 }
 
 /// SIGHUP (reload) and SIGUSR1 (reopen the access log), registered before binding like

@@ -43,6 +43,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
+use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
@@ -299,8 +300,8 @@ fn cross_site<B>(req: &Request<B>) -> bool {
     }
 }
 
-/// Compares the bearer token without stopping at the first differing byte. The scheme is
-/// case-insensitive (RFC 9110 §11.1).
+/// Compares the bearer token without stopping at the first differing byte (`subtle`). The
+/// scheme is case-insensitive (RFC 9110 §11.1).
 fn authorized<B>(req: &Request<B>, token: &str) -> bool {
     let Some(given) = req
         .headers()
@@ -311,8 +312,7 @@ fn authorized<B>(req: &Request<B>, token: &str) -> bool {
     else {
         return false;
     };
-    let (a, b) = (given, token.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    given.ct_eq(token.as_bytes()).into()
 }
 
 /// Sets the admin state of the backend at `address` in `upstream`, or in every upstream that
@@ -383,27 +383,9 @@ fn control(process: &Process, upstream: Option<&str>, address: &str, action: &st
 
 /// `%XX` escapes decoded; anything malformed is left as it is (and then fails to parse).
 fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (
-            b[i],
-            b.get(i + 1).copied().and_then(hex),
-            b.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// The status page: plain HTML and a script that fetches `/status` every second and redraws the
@@ -425,6 +407,7 @@ mod tests {
         assert!(authorized(&req("Bearer s3cret"), "s3cret"));
         assert!(!authorized(&req("Bearer s3cre"), "s3cret"));
         assert!(!authorized(&req("Bearer s3cretX"), "s3cret"));
+        assert!(!authorized(&req("Bearer s3creT"), "s3cret"));
         assert!(authorized(&req("bearer s3cret"), "s3cret"));
         assert!(!authorized(&req("s3cret"), "s3cret"));
         assert!(!authorized(&Request::new(()), "s3cret"));
@@ -436,6 +419,10 @@ mod tests {
         assert_eq!(percent_decode("%5b%3A%3a1%5d%3A80"), "[::1]:80");
         assert_eq!(percent_decode("127.0.0.1:80"), "127.0.0.1:80");
         assert_eq!(percent_decode("%zz%5"), "%zz%5");
+        assert_eq!(percent_decode("%"), "%");
+        // An upstream's name may hold any character; bytes that are not UTF-8 become U+FFFD.
+        assert_eq!(percent_decode("caf%C3%A9"), "café");
+        assert_eq!(percent_decode("a%FFb"), "a\u{FFFD}b");
     }
 
     #[test]

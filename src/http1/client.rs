@@ -16,7 +16,6 @@
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -34,7 +33,7 @@ use super::common::{
     content_length_line, final_coding_chunked,
 };
 use super::request::ClientError;
-use crate::tls::client::Connector;
+use crate::tls::client::{Connector, Stream, poll_flush_tls};
 
 /// Largest response head accepted from a backend.
 const MAX_HEAD: usize = 64 * 1024;
@@ -43,79 +42,9 @@ const MAX_HEADERS: usize = 128;
 /// Read buffer size; most responses a backend sends fit in one read.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// A backend connection's socket: plain TCP, or TLS on it.
-pub enum BackendStream {
-    Plain(TcpStream),
-    /// Boxed: a plain connection need not carry the room for rustls's state.
-    Tls(Box<TlsStream<TcpStream>>),
-}
-
-impl std::fmt::Debug for BackendStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BackendStream::Plain(s) => f.debug_tuple("Plain").field(s).finish(),
-            BackendStream::Tls(t) => f.debug_tuple("Tls").field(t.get_ref().0).finish(),
-        }
-    }
-}
-
-impl BackendStream {
-    /// Whether a TLS connection's handshake resumed a session.
-    pub fn is_resumed(&self) -> bool {
-        match self {
-            BackendStream::Plain(_) => false,
-            BackendStream::Tls(t) => {
-                t.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
-            }
-        }
-    }
-}
-
-/// The socket itself (for `SockRef`: a tunnel cut after its idle timeout is shut down both ways).
-impl AsFd for BackendStream {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        match self {
-            BackendStream::Plain(s) => s.as_fd(),
-            BackendStream::Tls(t) => t.get_ref().0.as_fd(),
-        }
-    }
-}
-
-impl AsyncRead for BackendStream {
-    #[inline]
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            BackendStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            BackendStream::Tls(t) => poll_read_tls(t, cx, buf),
-        }
-    }
-}
-
-/// Kept out of line, here and in the other TLS arms: inlined, rustls's code would change what
-/// gets inlined into the plain path's callers.
-#[inline(never)]
-fn poll_read_tls(
-    t: &mut TlsStream<TcpStream>,
-    cx: &mut Context<'_>,
-    buf: &mut ReadBuf<'_>,
-) -> Poll<io::Result<()>> {
-    match ready!(Pin::new(t).poll_read(cx, buf)) {
-        // A backend that closes without a close_notify alert ends the stream as a TCP close
-        // would, as nginx takes it (OpenSSL's SSL_OP_IGNORE_UNEXPECTED_EOF): a body framed by
-        // length or chunks that it cuts short is still an error, found by the framing.
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Poll::Ready(Ok(())),
-        done => Poll::Ready(done),
-    }
-}
-
-#[inline(never)]
-fn poll_flush_tls(t: &mut TlsStream<TcpStream>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-    Pin::new(t).poll_flush(cx)
-}
+/// A backend connection's socket: plain TCP, or TLS on it. A TLS backend that closes without a
+/// close_notify alert ends the stream as a TCP close would, as nginx takes it.
+pub type BackendStream = Stream<true>;
 
 /// Whether an idle TLS connection can take a request. Records that arrived while idle (a
 /// session ticket, a key update) are taken in here; data or a close means the connection is
@@ -125,63 +54,6 @@ fn is_usable_idle_tls(t: &mut TlsStream<TcpStream>, cx: &mut Context<'_>) -> boo
     let mut probe = [0u8; 1];
     let mut rb = ReadBuf::new(&mut probe);
     Pin::new(t).poll_read(cx, &mut rb).is_pending()
-}
-
-#[inline(never)]
-fn poll_write_tls(
-    t: &mut TlsStream<TcpStream>,
-    cx: &mut Context<'_>,
-    bufs: &[IoSlice<'_>],
-) -> Poll<io::Result<usize>> {
-    match bufs {
-        [one] => Pin::new(t).poll_write(cx, one),
-        _ => Pin::new(t).poll_write_vectored(cx, bufs),
-    }
-}
-
-impl AsyncWrite for BackendStream {
-    #[inline]
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            BackendStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            BackendStream::Tls(t) => poll_write_tls(t, cx, &[IoSlice::new(buf)]),
-        }
-    }
-
-    #[inline]
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            BackendStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            BackendStream::Tls(t) => poll_write_tls(t, cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    #[inline]
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            BackendStream::Plain(_) => Poll::Ready(Ok(())),
-            BackendStream::Tls(t) => poll_flush_tls(t, cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            BackendStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            BackendStream::Tls(t) => Pin::new(&mut **t).poll_shutdown(cx),
-        }
-    }
 }
 
 /// An open connection to a backend, with whatever it has sent that hasn't been consumed.

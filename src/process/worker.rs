@@ -20,7 +20,7 @@ use crate::process::listen::{ListenerKey, accept, listener_keys};
 use crate::process::shared::{Generation, Process, ServerError};
 use crate::proxy::accesslog::Batch;
 use crate::route::decision::{DownstreamRules, Route, Routes};
-use crate::sys::cpus::pin_current_thread;
+use crate::sys::runtime::{self, PinnedError};
 use crate::upstream::local::WorkerUpstream;
 
 /// How long, after a binary upgrade, an idle keep-alive connection of the old process stays
@@ -37,15 +37,14 @@ pub(crate) fn worker_main(
     mut generations: watch::Receiver<Arc<Generation>>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ServerError> {
-    pin_current_thread(&[core]).map_err(|source| ServerError::Pin {
-        what: format!("worker {worker}"),
-        cpus: core.to_string(),
-        source,
+    let rt = runtime::pinned(core).map_err(|e| match e {
+        PinnedError::Pin(source) => ServerError::Pin {
+            what: format!("worker {worker}"),
+            cpus: core.to_string(),
+            source,
+        },
+        PinnedError::Runtime(source) => ServerError::Worker { worker, source },
     })?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| ServerError::Worker { worker, source })?;
     info!("worker {worker} running on core {core}");
 
     let work = async move {

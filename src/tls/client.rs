@@ -12,12 +12,18 @@
 //! Each backend gets its own session cache (rustls's client cache, keyed by server name): with
 //! `sni` set, every backend of the upstream has the same name, and one shared cache would offer
 //! backend B the tickets of backend A, which B cannot resume.
+//!
+//! [`Stream`] is a connection to a server, plain TCP or TLS on it: backend connections
+//! (`http1::client::BackendStream`) and `pinlb bench`'s load connections are the one type.
 
 use std::fmt;
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{ResolvesClientCert, Resumption};
@@ -26,6 +32,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -231,6 +238,141 @@ impl Connector {
             .connect(self.name.clone(), tcp)
             .await
             .map_err(|e| describe(&e))
+    }
+}
+
+/// A connection to a server: plain TCP, or TLS on it.
+///
+/// `CLOSE_IS_EOF`: whether a TLS server that closes without a close_notify alert ends the
+/// stream as a TCP close would (`true`: backends, as nginx takes it, OpenSSL's
+/// SSL_OP_IGNORE_UNEXPECTED_EOF; a body framed by length or chunks that it cuts short is still
+/// an error, found by the framing), or fails the read with `UnexpectedEof` (`false`: `pinlb
+/// bench`, which counts such a connection as broken). The rest is the same for both.
+pub enum Stream<const CLOSE_IS_EOF: bool> {
+    Plain(TcpStream),
+    /// Boxed: a plain connection need not carry the room for rustls's state.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl<const CLOSE_IS_EOF: bool> fmt::Debug for Stream<CLOSE_IS_EOF> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stream::Plain(s) => f.debug_tuple("Plain").field(s).finish(),
+            Stream::Tls(t) => f.debug_tuple("Tls").field(t.get_ref().0).finish(),
+        }
+    }
+}
+
+impl<const CLOSE_IS_EOF: bool> Stream<CLOSE_IS_EOF> {
+    /// Whether a TLS connection's handshake resumed a session.
+    pub fn is_resumed(&self) -> bool {
+        match self {
+            Stream::Plain(_) => false,
+            Stream::Tls(t) => {
+                t.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
+            }
+        }
+    }
+}
+
+/// The socket itself (for `SockRef`: a tunnel cut after its idle timeout is shut down both ways).
+impl<const CLOSE_IS_EOF: bool> AsFd for Stream<CLOSE_IS_EOF> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Stream::Plain(s) => s.as_fd(),
+            Stream::Tls(t) => t.get_ref().0.as_fd(),
+        }
+    }
+}
+
+impl<const CLOSE_IS_EOF: bool> AsyncRead for Stream<CLOSE_IS_EOF> {
+    #[inline]
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(t) => poll_read_tls::<CLOSE_IS_EOF>(t, cx, buf),
+        }
+    }
+}
+
+/// Kept out of line, here and in the other TLS arms: inlined, rustls's code would change what
+/// gets inlined into the plain path's callers.
+#[inline(never)]
+fn poll_read_tls<const CLOSE_IS_EOF: bool>(
+    t: &mut TlsStream<TcpStream>,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    match ready!(Pin::new(t).poll_read(cx, buf)) {
+        Err(e) if CLOSE_IS_EOF && e.kind() == io::ErrorKind::UnexpectedEof => Poll::Ready(Ok(())),
+        done => Poll::Ready(done),
+    }
+}
+
+/// Flushes what TLS encrypted and the socket has not taken yet.
+#[inline(never)]
+pub fn poll_flush_tls(t: &mut TlsStream<TcpStream>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    Pin::new(t).poll_flush(cx)
+}
+
+#[inline(never)]
+fn poll_write_tls(
+    t: &mut TlsStream<TcpStream>,
+    cx: &mut Context<'_>,
+    bufs: &[IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    match bufs {
+        [one] => Pin::new(t).poll_write(cx, one),
+        _ => Pin::new(t).poll_write_vectored(cx, bufs),
+    }
+}
+
+impl<const CLOSE_IS_EOF: bool> AsyncWrite for Stream<CLOSE_IS_EOF> {
+    #[inline]
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(t) => poll_write_tls(t, cx, &[IoSlice::new(buf)]),
+        }
+    }
+
+    #[inline]
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(t) => poll_write_tls(t, cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    #[inline]
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(_) => Poll::Ready(Ok(())),
+            Stream::Tls(t) => poll_flush_tls(t, cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(t) => Pin::new(&mut **t).poll_shutdown(cx),
+        }
     }
 }
 

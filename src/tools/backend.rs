@@ -52,6 +52,7 @@ use tracing::{debug, error, info, warn};
 use crate::http1::common::{ConnectionTokens, ContentLength, Hop, final_coding_chunked};
 use crate::server::Signals;
 use crate::sys::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list, pin_current_thread};
+use crate::sys::runtime::{self, PinnedError};
 use crate::tools::bench::wire::{BodyDecoder, Chunked};
 
 /// What to run: the servers, where they run and how they answer.
@@ -339,20 +340,17 @@ fn server_main(
     mut stopped: watch::Receiver<bool>,
     ready: mpsc::Sender<Result<(), BackendError>>,
 ) {
-    if let Err(source) = pin_current_thread(&[core]) {
-        let _ = ready.send(Err(BackendError::Pin {
-            server,
-            core,
-            source,
-        }));
-        return;
-    }
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match runtime::pinned(core) {
         Ok(rt) => rt,
-        Err(source) => {
+        Err(PinnedError::Pin(source)) => {
+            let _ = ready.send(Err(BackendError::Pin {
+                server,
+                core,
+                source,
+            }));
+            return;
+        }
+        Err(PinnedError::Runtime(source)) => {
             let _ = ready.send(Err(BackendError::Thread { server, source }));
             return;
         }

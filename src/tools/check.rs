@@ -48,9 +48,7 @@ pub fn resolve_names(config: &Config) -> Names {
     // A lookup that could not even start (no runtime, no resolv.conf) fails every name alike.
     let results: Vec<
         Result<crate::upstream::discovery::Answer, crate::upstream::discovery::DnsError>,
-    > = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+    > = crate::sys::runtime::current_thread()
         .map_err(|e| crate::upstream::discovery::DnsError::System(e.to_string()))
         .and_then(|rt| {
             rt.block_on(async {

@@ -7,15 +7,18 @@
 //! holds, and `/proc/<pid>/status` gives the process's allowed cores. What cannot be seen (another
 //! user's processes without root, a backend on another machine) is said, not guessed.
 //!
-//! The parsing is pure and unit-tested; [`CoreMap::discover`] does the reading.
+//! The `procfs` crate reads and parses those files; the map built from them is pure and
+//! unit-tested, and [`CoreMap::discover`] does the reading.
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::Path;
+use std::net::{IpAddr, SocketAddr};
+
+use procfs::net::{TcpNetEntry, TcpState};
+use procfs::process::{FDTarget, Status};
 
 use crate::config::Config;
-use crate::sys::cpus::{format_cpu_list, parse_cpu_list};
+use crate::sys::cpus::format_cpu_list;
 
 /// A process found listening on a backend's address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,7 +81,7 @@ impl CoreMap {
         let owners = match &listening {
             Ok(sockets) => {
                 let wanted: BTreeSet<u64> = sockets.iter().map(|s| s.1).collect();
-                socket_owners(Path::new("/proc"), &wanted)
+                socket_owners(&wanted)
             }
             Err(_) => Vec::new(),
         };
@@ -259,59 +262,23 @@ impl CoreMap {
 
 /// Listening TCP sockets on this machine: address and socket inode.
 fn read_listening() -> Result<Vec<(SocketAddr, u64)>, String> {
-    let mut out = Vec::new();
-    let mut read_any = false;
-    for (path, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            read_any = true;
-            out.extend(parse_listening(&text, v6));
-        }
+    let tables: Vec<Vec<TcpNetEntry>> = [procfs::net::tcp(), procfs::net::tcp6()]
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect();
+    if tables.is_empty() {
+        return Err("/proc/net/tcp is not readable (not Linux?)".into());
     }
-    if read_any {
-        Ok(out)
-    } else {
-        Err("/proc/net/tcp is not readable (not Linux?)".into())
-    }
+    Ok(listening(tables.into_iter().flatten()))
 }
 
-/// Parses `/proc/net/tcp` (or `tcp6` when `v6`) into the listening sockets' addresses and inodes.
-pub fn parse_listening(text: &str, v6: bool) -> Vec<(SocketAddr, u64)> {
-    const LISTEN: &str = "0A";
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
-            if f.len() < 10 || f[3] != LISTEN {
-                return None;
-            }
-            let addr = parse_hex_addr(f[1], v6)?;
-            let inode = f[9].parse().ok()?;
-            Some((addr, inode))
-        })
+/// The listening sockets of a socket table (`/proc/net/tcp` or `tcp6`): address and inode.
+pub fn listening(table: impl IntoIterator<Item = TcpNetEntry>) -> Vec<(SocketAddr, u64)> {
+    table
+        .into_iter()
+        .filter(|e| e.state == TcpState::Listen)
+        .map(|e| (e.local_address, e.inode))
         .collect()
-}
-
-/// `0100007F:22B8` → 127.0.0.1:8888 (on a little-endian machine). The kernel prints each 32-bit
-/// word of the address as a number in host byte order, the port in plain hex.
-fn parse_hex_addr(s: &str, v6: bool) -> Option<SocketAddr> {
-    let (ip, port) = s.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let ip = if v6 {
-        if ip.len() != 32 {
-            return None;
-        }
-        let mut bytes = [0u8; 16];
-        for w in 0..4 {
-            let word = u32::from_str_radix(&ip[w * 8..w * 8 + 8], 16).ok()?;
-            bytes[w * 4..w * 4 + 4].copy_from_slice(&word.to_ne_bytes());
-        }
-        IpAddr::V6(Ipv6Addr::from(bytes))
-    } else {
-        let word = u32::from_str_radix(ip, 16).ok()?;
-        IpAddr::V4(Ipv4Addr::from(word.to_ne_bytes()))
-    };
-    Some(SocketAddr::new(ip, port))
 }
 
 /// Whether a socket listening on `on` accepts connections to `backend`: the same port, and the
@@ -349,7 +316,7 @@ pub fn listening_on(addr: SocketAddr) -> Found {
         return Found::NotListening;
     }
     let wanted: BTreeSet<u64> = taken.iter().map(|s| s.1).collect();
-    let owners = socket_owners(Path::new("/proc"), &wanted);
+    let owners = socket_owners(&wanted);
     let pids: BTreeSet<u32> = owners.iter().map(|o| o.1).collect();
     let ps: Vec<Process> = pids.into_iter().filter_map(process).collect();
     if ps.is_empty() {
@@ -405,34 +372,21 @@ fn find(backend: SocketAddr, listening: &[(SocketAddr, u64)], owners: &[(u64, u3
 }
 
 /// `(inode, pid)` for every wanted socket inode held by a process whose descriptors we may read.
-fn socket_owners(proc: &Path, wanted: &BTreeSet<u64>) -> Vec<(u64, u32)> {
+fn socket_owners(wanted: &BTreeSet<u64>) -> Vec<(u64, u32)> {
     let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(proc) else {
+    let Ok(processes) = procfs::process::all_processes() else {
         return out;
     };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for p in processes.flatten() {
         // Another user's process: not readable without root; `find` reports it as hidden.
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+        let Ok(fds) = p.fd() else {
             continue;
         };
         for fd in fds.flatten() {
-            let Ok(target) = std::fs::read_link(fd.path()) else {
-                continue;
-            };
-            let inode = target
-                .to_str()
-                .and_then(|t| t.strip_prefix("socket:["))
-                .and_then(|t| t.strip_suffix(']'))
-                .and_then(|t| t.parse::<u64>().ok());
-            if let Some(inode) = inode.filter(|i| wanted.contains(i)) {
-                out.push((inode, pid));
+            if let FDTarget::Socket(inode) = fd.target {
+                if wanted.contains(&inode) {
+                    out.push((inode, p.pid() as u32));
+                }
             }
         }
     }
@@ -440,17 +394,19 @@ fn socket_owners(proc: &Path, wanted: &BTreeSet<u64>) -> Vec<(u64, u32)> {
 }
 
 fn process(pid: u32) -> Option<Process> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let p = procfs::process::Process::new(pid as i32).ok()?;
+    let status = p.status().ok()?;
     // Every thread's mask, where the threads can be read; the process's own otherwise.
-    let threads: Vec<Vec<usize>> = std::fs::read_dir(format!("/proc/{pid}/task"))
+    let threads: Vec<Vec<usize>> = p
+        .tasks()
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
-        .filter_map(|s| allowed_from_status(&s))
+        .filter_map(|t| t.status().ok())
+        .filter_map(|s| allowed_cores(&s))
         .collect();
     let allowed = if threads.is_empty() {
-        allowed_from_status(&status)?
+        allowed_cores(&status)?
     } else {
         union(&threads)
     };
@@ -470,12 +426,17 @@ pub fn union(masks: &[Vec<usize>]) -> Vec<usize> {
     all.into_iter().collect()
 }
 
-/// The `Cpus_allowed_list` of a `/proc/<pid>/status` text.
-pub fn allowed_from_status(status: &str) -> Option<Vec<usize>> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .and_then(|v| parse_cpu_list(v.trim()).ok())
+/// The cores a `/proc/<pid>/status` allows: its `Cpus_allowed_list`.
+fn allowed_cores(status: &Status) -> Option<Vec<usize>> {
+    status.cpus_allowed_list.as_deref().map(cores)
+}
+
+/// The cores of a core list's ranges (`0-1,3` is `[(0, 1), (3, 3)]`), in its order.
+pub fn cores(ranges: &[(u32, u32)]) -> Vec<usize> {
+    ranges
+        .iter()
+        .flat_map(|&(first, last)| first as usize..=last as usize)
+        .collect()
 }
 
 #[cfg(test)]
@@ -492,17 +453,32 @@ mod tests {
    0: 00000000000000000000000001000000:1F91 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 555 1 0000000000000000 100 0 0 10 0
 ";
 
+    /// A socket table as `procfs` parses it, for a little-endian machine (the order the fixtures'
+    /// addresses are written in).
+    fn table(text: &str) -> Vec<TcpNetEntry> {
+        use procfs::FromBufReadSI as _;
+        let little_endian = procfs::ExplicitSystemInfo {
+            boot_time_secs: 0,
+            ticks_per_second: 100,
+            page_size: 4096,
+            is_little_endian: true,
+        };
+        procfs::net::TcpNetEntries::from_buf_read(text.as_bytes(), &little_endian)
+            .unwrap()
+            .0
+    }
+
     #[test]
     fn listening_sockets_are_parsed_and_connections_ignored() {
         assert_eq!(
-            parse_listening(TCP, false),
+            listening(table(TCP)),
             vec![
                 ("127.0.0.1:8888".parse().unwrap(), 4242),
                 ("0.0.0.0:8080".parse().unwrap(), 777),
             ]
         );
         assert_eq!(
-            parse_listening(TCP6, true),
+            listening(table(TCP6)),
             vec![("[::1]:8081".parse().unwrap(), 555)]
         );
     }
@@ -520,7 +496,7 @@ mod tests {
 
     #[test]
     fn a_backend_with_no_local_listener_is_remote_or_not_listening() {
-        let listening = parse_listening(TCP, false);
+        let listening = listening(table(TCP));
         assert_eq!(
             find("10.9.9.9:80".parse().unwrap(), &listening, &[]),
             Found::Remote
@@ -536,9 +512,29 @@ mod tests {
     }
 
     #[test]
-    fn allowed_cores_come_from_the_status_file() {
-        let status = "Name:\tnode\nCpus_allowed:\t3\nCpus_allowed_list:\t0-1,3\n";
-        assert_eq!(allowed_from_status(status), Some(vec![0, 1, 3]));
+    fn allowed_cores_come_from_the_ranges_of_the_status_file() {
+        // `Cpus_allowed_list:\t0-1,3`, as procfs parses it.
+        assert_eq!(cores(&[(0, 1), (3, 3)]), vec![0, 1, 3]);
+        assert_eq!(cores(&[(2, 2)]), vec![2]);
+    }
+
+    #[test]
+    fn a_socket_this_process_listens_on_is_found_with_its_command_and_cores() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let Found::Processes(ps) = listening_on(addr) else {
+            panic!("{addr}: {:?}", listening_on(addr));
+        };
+        let me = ps.iter().find(|p| p.pid == std::process::id());
+        let me = me.unwrap_or_else(|| panic!("{ps:?}"));
+        let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+        assert_eq!(me.command, comm.trim());
+        // Every thread's mask is in the union, this test's thread's too.
+        let mine = crate::sys::cpus::allowed_cpus().unwrap();
+        assert!(
+            mine.iter().all(|c| me.allowed.contains(c)),
+            "{me:?}, {mine:?}"
+        );
     }
 
     #[test]

@@ -30,7 +30,7 @@ use super::stats::Counts;
 use super::stats::new_histogram;
 use super::thread::{Failed, Progress, READ_BUF, Stats, Thread, connect};
 use super::ws::WsPlan;
-use crate::sys::cpus::pin_current_thread;
+use crate::sys::runtime::{self, PinnedError};
 
 /// How often the coordinating thread reports progress while the threads run.
 const TICK: Duration = Duration::from_millis(250);
@@ -75,10 +75,7 @@ pub(crate) fn probe_h2(plan: &Plan) -> Result<(), String> {
     let Some(h2) = &plan.h2 else {
         return Ok(());
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let rt = runtime::current_thread().map_err(|e| e.to_string())?;
     LocalSet::new().block_on(
         &rt,
         super::h2::probe(plan.addr, plan.timeout, plan.tls.as_ref(), h2),
@@ -241,15 +238,14 @@ fn thread_main(
     // waits for one message per thread before it starts any load.
     let guard = SetupGuard { tx, thread };
     let setup = (|| {
-        pin_current_thread(&[core]).map_err(|source| BenchError::Pin {
-            thread,
-            core,
-            source,
+        let rt = runtime::pinned(core).map_err(|e| match e {
+            PinnedError::Pin(source) => BenchError::Pin {
+                thread,
+                core,
+                source,
+            },
+            PinnedError::Runtime(source) => BenchError::Thread { thread, source },
         })?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|source| BenchError::Thread { thread, source })?;
         Ok((rt, new_histogram()?))
     })();
     std::mem::forget(guard);

@@ -252,7 +252,7 @@ pub(super) async fn connect(
     let opened = async {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        Stream::open(stream, tls).await
+        super::tls::open(stream, tls).await
     };
     tokio::time::timeout(timeout, opened)
         .await

@@ -10,17 +10,13 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use rustls::ClientConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
-use tokio_rustls::client::TlsStream;
 
 use super::BenchError;
 // `--insecure`: the same verifier as `insecure_skip_verify` to backends, which takes every
@@ -108,61 +104,17 @@ fn roots(path: &Path) -> Result<rustls::RootCertStore, BenchError> {
     Ok(store)
 }
 
-/// A load connection: plain TCP, or TLS over it.
-pub(crate) enum Stream {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-}
+/// A load connection: plain TCP, or TLS over it. A server that closes TLS without a close_notify
+/// alert fails the read, and the connection counts as broken.
+pub(crate) type Stream = crate::tls::client::Stream<false>;
 
-impl Stream {
-    /// Wraps a connected socket: as it is, or after a TLS handshake.
-    pub(crate) async fn open(tcp: TcpStream, tls: Option<&Tls>) -> io::Result<Stream> {
-        match tls {
-            None => Ok(Stream::Plain(tcp)),
-            Some(t) => {
-                let s = t.connector.connect(t.name.clone(), tcp).await?;
-                Ok(Stream::Tls(Box::new(s)))
-            }
-        }
-    }
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+/// Wraps a connected socket: as it is, or after a TLS handshake.
+pub(crate) async fn open(tcp: TcpStream, tls: Option<&Tls>) -> io::Result<Stream> {
+    match tls {
+        None => Ok(Stream::Plain(tcp)),
+        Some(t) => {
+            let s = t.connector.connect(t.name.clone(), tcp).await?;
+            Ok(Stream::Tls(Box::new(s)))
         }
     }
 }

@@ -13,7 +13,7 @@ use http::Uri;
 
 use crate::http1::common::{ConnectionTokens, ContentLength, Hop, final_coding_chunked};
 
-/// Most header lines accepted in a response head.
+/// Most header lines accepted in a response head (a WebSocket `101` included).
 const MAX_HEADERS: usize = 64;
 
 /// What each request looks like beyond its URL: `-m`, `-H`, `--body`, `--http1.0` and
@@ -140,13 +140,33 @@ impl Head {
 ///
 /// The response to a `HEAD` has no body whatever its head says: `head_request` says so.
 pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<Head>, Malformed> {
+    read_response_head(buf, |resp, len| framing(resp, len, head_request))
+        .map_err(|_| Malformed::Head)?
+        .transpose()
+}
+
+/// Parses the response head at the start of `buf` with `httparse` and hands it to `read`, with
+/// its length: `Ok(None)` until the head is complete, `Err` when it is not an HTTP response.
+/// The heads of `bench`'s responses and of its WebSocket handshakes are read with this.
+#[inline]
+pub(crate) fn read_response_head<T>(
+    buf: &[u8],
+    read: impl FnOnce(&httparse::Response<'_, '_>, usize) -> T,
+) -> Result<Option<T>, httparse::Error> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut headers);
-    let len = match resp.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(_) => return Err(Malformed::Head),
-    };
+    match resp.parse(buf)? {
+        httparse::Status::Complete(len) => Ok(Some(read(&resp, len))),
+        httparse::Status::Partial => Ok(None),
+    }
+}
+
+/// The status and framing of a complete head `len` bytes long, as [`parse_head`] says.
+fn framing(
+    resp: &httparse::Response<'_, '_>,
+    len: usize,
+    head_request: bool,
+) -> Result<Head, Malformed> {
     let status = resp.code.unwrap_or(0);
     let mut keep_alive = ConnectionTokens::scan(resp.headers).keep_alive(resp.version == Some(1));
     let mut length = ContentLength::Absent;
@@ -177,12 +197,12 @@ pub fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<Head>, Malfor
     if body == BodyDecoder::UntilClose {
         keep_alive = false;
     }
-    Ok(Some(Head {
+    Ok(Head {
         len,
         status,
         body,
         keep_alive,
-    }))
+    })
 }
 
 /// Finds the end of a response body in the bytes that arrive after its head, keeping none of

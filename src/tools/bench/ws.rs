@@ -10,10 +10,8 @@
 use http::Uri;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
-use super::wire::Fed;
+use super::wire::{Fed, read_response_head};
 
-/// Most header lines accepted in the `101` response.
-const MAX_HEADERS: usize = 64;
 /// The `Sec-WebSocket-Key` of every connection. RFC 6455 asks for a fresh nonce so that a
 /// caching intermediary cannot answer a handshake it saw before; a load generator that talks to
 /// the proxies it measures has no such intermediary, and a fixed key keeps the check of the
@@ -92,23 +90,20 @@ pub(crate) enum Refused {
 /// Checks the answer to the handshake at the start of `buf`: `Ok(None)` until its head is
 /// complete, `Ok(Some(()))` for a `101` with the expected accept key and nothing after it.
 pub(crate) fn check_upgrade(buf: &[u8], accept: &[u8]) -> Result<Option<()>, Refused> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut headers);
-    let len = match resp.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(_) => return Err(Refused::Malformed),
-    };
-    let accepted = resp.headers.iter().any(|h| {
-        h.name.eq_ignore_ascii_case("sec-websocket-accept") && h.value.trim_ascii() == accept
-    });
-    if resp.code != Some(101) || !accepted {
-        return Err(Refused::NotUpgraded);
-    }
-    if len < buf.len() {
-        return Err(Refused::Unasked);
-    }
-    Ok(Some(()))
+    read_response_head(buf, |resp, len| {
+        let accepted = resp.headers.iter().any(|h| {
+            h.name.eq_ignore_ascii_case("sec-websocket-accept") && h.value.trim_ascii() == accept
+        });
+        if resp.code != Some(101) || !accepted {
+            return Err(Refused::NotUpgraded);
+        }
+        if len < buf.len() {
+            return Err(Refused::Unasked);
+        }
+        Ok(())
+    })
+    .map_err(|_| Refused::Malformed)?
+    .transpose()
 }
 
 const OP_CONTINUATION: u8 = 0x0;
