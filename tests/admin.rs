@@ -1026,7 +1026,46 @@ async fn a_reload_that_changes_nothing_answers_one_line() {
     assert_eq!(get(proxy.addr, "/").await.backend(), "a");
     let r = proxy.admin(Method::POST, "/reload", None).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    assert_eq!(r.body, "reloaded: generation 2\n");
+    assert_eq!(r.body, "reloaded: generation 2\nno change\n");
+}
+
+#[tokio::test]
+async fn a_reload_lists_every_setting_it_changes() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let mut setup = with_admin(&[a.addr, b.addr]);
+    setup.extra += "\n[upstream.app.health]\npath = \"/\"\ninterval = \"2s\"\n";
+    let proxy = Proxy::start_file(&setup.toml());
+    assert_eq!(proxy.status().await["generation"], 1);
+    let weighted = format!("address = \"{}\", weight = 5", a.addr);
+    let next = setup
+        .toml()
+        .replace(&format!("address = \"{}\", weight = 1", a.addr), &weighted)
+        .replace("interval = \"2s\"", "interval = \"5s\"")
+        .replace("algorithm = \"round_robin\"", "algorithm = \"least_conn\"");
+    assert!(next.contains(&weighted), "{next}");
+    proxy.rewrite(&next);
+    let r = proxy.admin(Method::POST, "/reload", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let lines: Vec<&str> = r.body.lines().collect();
+    assert_eq!(lines[0], "reloaded: generation 2", "{}", r.body);
+    for want in [
+        "upstream app: algorithm round_robin -> least_conn".to_string(),
+        "upstream app: health.interval 2s -> 5s".to_string(),
+        format!("upstream app: backend {}: weight 1 -> 5", a.addr),
+    ] {
+        assert!(
+            lines.contains(&want.as_str()),
+            "no {want:?} in:\n{}",
+            r.body
+        );
+    }
+    assert_eq!(
+        lines.len(),
+        4,
+        "one line per change, nothing else:\n{}",
+        r.body
+    );
 }
 
 /// `promtool check metrics` (Debian package `prometheus`; scripts/test installs it) on a scrape

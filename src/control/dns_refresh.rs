@@ -15,8 +15,9 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::config::{Config, DnsName};
+use crate::process::changes::describe;
 use crate::process::listen::bind_listeners;
-use crate::process::reload::{describe, publish};
+use crate::process::reload::publish;
 use crate::process::shared::Process;
 use crate::upstream::discovery::{Addresses, Lookup, next_lookup};
 

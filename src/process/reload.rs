@@ -21,11 +21,11 @@
 //! fixed per client connection when it is accepted, so they apply to connections accepted after
 //! the reload; everything else applies to the next request on every connection.
 
-use std::fmt::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{Backend, Config};
+use crate::process::changes::describe;
 use crate::process::listen::{bind_listeners, listener_keys};
 use crate::process::shared::{Generation, Process};
 use crate::upstream::shared::SharedUpstream;
@@ -125,12 +125,10 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
         summary.push_str(&line);
     }
     let number = publish(process, current, config, sockets).await?;
-    // Nothing changed but the generation: no empty line after it in the log or the reply.
-    Ok(if summary.is_empty() {
-        format!("reloaded: generation {number}")
-    } else {
-        format!("reloaded: generation {number}\n{summary}")
-    })
+    if summary.is_empty() {
+        summary.push_str("no change");
+    }
+    Ok(format!("reloaded: generation {number}\n{summary}"))
 }
 
 /// Hands every worker `config` as the generation after `current`, the backends that stay
@@ -179,61 +177,6 @@ pub(crate) async fn publish(
         }
     }
     Ok(number)
-}
-
-/// What a reload changes, one line each, for the log and the reply.
-pub(crate) fn describe(
-    before: &Config,
-    after: &Config,
-    bound: &[std::net::SocketAddr],
-    kept: &[String],
-) -> String {
-    let mut s = String::new();
-    for u in &after.upstreams {
-        match before.upstreams.iter().find(|b| b.name == u.name) {
-            None => {
-                let _ = writeln!(s, "upstream {}: added", u.name);
-            }
-            Some(old) => {
-                for b in &u.backends {
-                    if !old.backends.iter().any(|o| o.address == b.address) {
-                        let _ = writeln!(s, "upstream {}: backend {} added", u.name, b.address);
-                    }
-                }
-                for o in &old.backends {
-                    if !u.backends.iter().any(|b| b.address == o.address) {
-                        let _ = writeln!(
-                            s,
-                            "upstream {}: backend {} removed; its requests in flight finish",
-                            u.name, o.address
-                        );
-                    }
-                }
-            }
-        }
-    }
-    for old in &before.upstreams {
-        if !after.upstreams.iter().any(|u| u.name == old.name) {
-            let _ = writeln!(s, "upstream {}: removed", old.name);
-        }
-    }
-    for a in bound {
-        let _ = writeln!(s, "listening on {a}");
-    }
-    let kept_keys = listener_keys(&after.listeners);
-    for (i, key) in listener_keys(&before.listeners).iter().enumerate() {
-        if !kept_keys.contains(key) {
-            let _ = writeln!(
-                s,
-                "stopped listening on {} (was listener[{i}]); its connections finish",
-                key.0
-            );
-        }
-    }
-    for k in kept {
-        let _ = writeln!(s, "{k}");
-    }
-    s.trim_end().to_string()
 }
 
 /// Gives each spawned upstream of `config` the pool that runs: the running generation's
