@@ -376,7 +376,7 @@ mod tests {
     #[test]
     fn times_are_shown_to_the_thousandth_without_float_noise() {
         let shown = json!({
-            "p99_ms": thousandths(0.0024699999999999998 * 1000.0),
+            "p99_ms": thousandths(0.00247 * 1000.0),
             "p50_ms": thousandths(0.1 * 3.0 * 1000.0),
             "ewma_ms": thousandths(1.23456789),
             "state_seconds": thousandths(12.0004999),
