@@ -666,7 +666,10 @@ fn the_command_rejects_a_target_it_cannot_load() {
         .expect("run pinlb bench");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("only http:// and https://"), "{stderr}");
+    assert!(
+        stderr.contains("only http://, https://, ws:// and wss:// URLs are supported, not ftp://"),
+        "{stderr}"
+    );
 }
 
 /// A `pinlb backend` on the first allowed core, whose WebSocket path echoes.
@@ -761,6 +764,119 @@ fn the_command_in_websocket_mode_writes_well_formed_json() {
     assert!(t["requests_per_sec"]["median"].as_f64().unwrap() > 0.0);
     assert!(t["latency"]["p99_us"].as_f64().unwrap() > 0.0);
     backends.stop();
+}
+
+#[test]
+fn ws_urls_are_websocket_targets_and_mix_with_http_ones_only_under_ws() {
+    let backends = echo_backend();
+    let addr = backends.addrs()[0];
+    let core = first_core().to_string();
+    let window = ["-c", "2", "-d", "200ms", "--warmup", "0s", "--rounds", "1"];
+    let ran = pinlb_bench(
+        [
+            format!("echo=ws://{addr}/"),
+            "--message-size".into(),
+            "100".into(),
+        ]
+        .into_iter()
+        .chain(window.map(String::from))
+        .chain(["--cpus".into(), core.clone()]),
+    )
+    .succeeded();
+    assert!(
+        ran.stdout.contains("WebSocket echo of 100-byte messages") && ran.stdout.contains("msg/s"),
+        "{}",
+        ran.stdout
+    );
+    assert!(ran.stdout.contains("| echo | "), "{}", ran.stdout);
+    // With --ws an http:// URL is upgraded as its ws:// twin is: both are echo targets.
+    let ran = pinlb_bench(
+        [
+            "--ws".to_string(),
+            format!("a=ws://{addr}/"),
+            format!("b=http://{addr}/"),
+        ]
+        .into_iter()
+        .chain(window.map(String::from))
+        .chain(["--cpus".into(), core]),
+    )
+    .succeeded();
+    assert!(
+        ran.stdout.contains("| a | ") && ran.stdout.contains("| b | "),
+        "{}",
+        ran.stdout
+    );
+    backends.stop();
+
+    // Without it, echoes and requests would be compared: refused before anything runs.
+    let ran = pinlb_bench([
+        "a=ws://127.0.0.1:1/",
+        "b=http://127.0.0.1:1/",
+        "-d",
+        "200ms",
+    ]);
+    assert_eq!(ran.status.code(), Some(1), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains(
+            "ws://127.0.0.1:1/ is a WebSocket target and http://127.0.0.1:1/ is not: give --ws"
+        ),
+        "{}",
+        ran.stderr
+    );
+    assert!(ran.stdout.is_empty(), "{}", ran.stdout);
+}
+
+/// A server that accepts connections and never answers on them (nor closes them), as long as
+/// the test runs.
+fn mute_server() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept() {
+            held.push(stream);
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_websocket_run_that_measured_nothing_says_why_and_fails() {
+    // No handshake is answered: no message goes out, and none of the 0 msg/s is an error.
+    let addr = mute_server();
+    let core = first_core().to_string();
+    let target = format!("mute=http://{addr}/");
+    let ran = pinlb_bench([
+        "--ws",
+        target.as_str(),
+        "-c",
+        "2",
+        "-d",
+        "200ms",
+        "--warmup",
+        "0s",
+        "--rounds",
+        "1",
+        "--timeout",
+        "1s",
+        "--cpus",
+        &core,
+    ]);
+    assert_eq!(
+        ran.status.code(),
+        Some(1),
+        "stdout:\n{}\nstderr:\n{}",
+        ran.stdout,
+        ran.stderr
+    );
+    assert!(
+        ran.stderr.contains("target mute")
+            && ran
+                .stderr
+                .contains("no message was sent within the 0.2 s window"),
+        "{}",
+        ran.stderr
+    );
 }
 
 #[test]

@@ -57,6 +57,18 @@ fn check_rejects_an_unknown_key() {
 }
 
 #[test]
+fn a_key_written_in_the_wrong_table_says_which_table_it_belongs_to() {
+    assert_check_rejects(
+        "backend_max_fails.toml",
+        "{file}:8:43: upstream.app.backends[0].max_fails: unknown field `max_fails`, expected one of `address`, `srv`, `weight`, `cpus`, `max_conns`, `slow_start`, `backup`; max_fails is a key of [upstream.app.passive], not of a backend",
+    );
+    assert_check_rejects(
+        "upstream_tries.toml",
+        "{file}:13:1: upstream.app.passive.tries: unknown field `tries`, expected one of `max_fails`, `fail_timeout`, `fail_on_status`; tries is a key of [upstream.app.retry], not of [upstream.app.passive]",
+    );
+}
+
+#[test]
 fn check_rejects_weight_0_at_the_weight() {
     assert_check_rejects(
         "weight_zero.toml",

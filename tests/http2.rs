@@ -275,6 +275,39 @@ async fn a_stream_reaches_an_http1_backend_as_the_request_it_stands_for() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authority_with_its_root_dot_matches_the_host_route_without_it() {
+    let a = Backend::start("a").await;
+    let mut setup = h2c(Setup::with(&[a.addr]));
+    setup.listener_keys +=
+        "[[listener.route]]\nhost = \"secret.example.test\"\nrespond = { status = 403 }\n";
+    let proxy = Proxy::start(&setup);
+    let mut send = h2_client(proxy.addr).await;
+    for authority in ["secret.example.test.", "Secret.Example.Test.:80"] {
+        let r = Request::builder()
+            .uri(format!("http://{authority}/x"))
+            .body(empty())
+            .unwrap();
+        let reply = fetch(&mut send, r).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::FORBIDDEN,
+            ":authority {authority}"
+        );
+    }
+    assert_eq!(a.hits(), 0, "no backend saw these");
+    // What is proxied carries the authority as received.
+    let r = Request::builder()
+        .uri("http://other.example.test.:80/y")
+        .body(empty())
+        .unwrap();
+    assert_eq!(fetch(&mut send, r).await.status, StatusCode::OK);
+    assert_eq!(
+        a.requests().pop().unwrap().headers["host"],
+        "other.example.test.:80"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_up_and_down_arrive_exact_with_a_length_or_streamed_over_h2c_and_tls() {
     let pki = Pki::new();
     let cert = pki.issue("a", &["a.test"], false);

@@ -133,6 +133,83 @@ async fn redirects_and_fixed_answers_come_from_pinlb() {
 }
 
 #[tokio::test]
+async fn a_host_with_its_root_dot_is_the_same_host_and_is_forwarded_as_received() {
+    let api = Backend::start("api").await;
+    let web = Backend::start("web").await;
+    let proxy = Proxy::start_toml(&config(api.addr, web.addr));
+    for host in [
+        "admin.example.test.",
+        "Admin.Example.Test.",
+        "admin.example.test.:80",
+        "admin.example.test.:8080",
+    ] {
+        let r = raw_request(proxy.addr, get("/anything", host).as_bytes(), false).await;
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (403, &b"admins only\n"[..]),
+            "Host: {host}: {}",
+            r.head
+        );
+    }
+    let r = raw_request(
+        proxy.addr,
+        get("/old", "example.test.:8080").as_bytes(),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 301, "{}", r.head);
+    // `{host}` is the Host as received, without its port.
+    assert_eq!(
+        r.header("location"),
+        Some("http://example.test./new?from=/old")
+    );
+    assert_eq!(api.hits() + web.hits(), 0, "no backend saw these");
+    // Only one root dot is stripped: two dots name no host, and go to the default upstream.
+    let r = raw_request(
+        proxy.addr,
+        get("/x", "admin.example.test..").as_bytes(),
+        false,
+    )
+    .await;
+    assert_eq!((r.status, r.header("x-backend")), (200, Some("web")));
+    // What is proxied carries the Host as the client sent it.
+    let r = raw_request(
+        proxy.addr,
+        get("/shop", "WWW.example.test.:80").as_bytes(),
+        false,
+    )
+    .await;
+    assert_eq!((r.status, r.header("x-backend")), (200, Some("web")));
+    let seen = web.requests();
+    let hosts: Vec<_> = seen
+        .iter()
+        .map(|r| r.headers["host"].to_str().unwrap())
+        .collect();
+    assert_eq!(hosts, ["admin.example.test..", "WWW.example.test.:80"]);
+}
+
+#[tokio::test]
+async fn a_route_host_written_with_its_root_dot_matches_the_name_without_it() {
+    let web = Backend::start("web").await;
+    let toml = format!(
+        "[runtime]\ncpus = [{}]\n[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"web\"\n[[listener.route]]\nhost = [\"secret.example.test.\", \"*.wild.example.test.\"]\nrespond = {{ status = 403 }}\n[upstream.web]\nbackends = [{{ address = \"{}\" }}]\n",
+        first_core(),
+        web.addr
+    );
+    let proxy = Proxy::start_toml(&toml);
+    for host in [
+        "secret.example.test",
+        "secret.example.test.",
+        "a.wild.example.test",
+        "a.wild.example.test.:80",
+    ] {
+        let r = raw_request(proxy.addr, get("/", host).as_bytes(), false).await;
+        assert_eq!(r.status, 403, "Host: {host}: {}", r.head);
+    }
+    assert_eq!(web.hits(), 0);
+}
+
+#[tokio::test]
 async fn dot_segments_escapes_and_double_slashes_cannot_reach_past_a_route() {
     let api = Backend::start("api").await;
     let web = Backend::start("web").await;

@@ -194,6 +194,58 @@ async fn sni_picks_the_certificate_and_an_unknown_name_gets_the_default() {
     assert_eq!(served(&conn), a_cert.der());
 }
 
+/// An SNI name with a fully qualified name's root dot (`b.test.`) picks the certificate for
+/// `b.test`. rustls's client strips the dot before sending (RFC 6066 wants none), so OpenSSL's
+/// `s_client`, which sends the name as given, speaks for the clients that keep it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sni_name_with_its_root_dot_picks_the_certificate_of_the_name() {
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no openssl");
+        return;
+    }
+    let pki = Pki::new();
+    let b_cert = pki.issue("b", &["b.test"], false);
+    let a = Backend::start("a").await;
+    // No default certificate: a name that matches none is refused, so a handshake proves a match.
+    let proxy = Proxy::start_toml(&with_tls(
+        &Setup::with(&[a.addr]),
+        &tls_table(None, &[&b_cert]),
+    ));
+    let handshake = |name: &'static str| {
+        let (addr, ca) = (proxy.addr.to_string(), pki.ca_file());
+        tokio::task::spawn_blocking(move || {
+            let out = std::process::Command::new("openssl")
+                .args(["s_client", "-connect", &addr, "-servername", name])
+                .arg("-CAfile")
+                .arg(&ca)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .expect("run openssl s_client");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+    };
+    for name in ["b.test", "b.test.", "B.Test."] {
+        let out = tokio::time::timeout(WAIT, handshake(name))
+            .await
+            .expect("openssl in time")
+            .unwrap();
+        assert!(
+            out.contains("-----BEGIN CERTIFICATE-----")
+                && out.contains("Verify return code: 0 (ok)"),
+            "{name}: {out}"
+        );
+    }
+    let out = tokio::time::timeout(WAIT, handshake("c.test."))
+        .await
+        .expect("openssl in time")
+        .unwrap();
+    assert!(out.contains("no peer certificate available"), "{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_name_without_a_default_certificate_is_refused_and_counted() {
     let pki = Pki::new();

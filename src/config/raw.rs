@@ -70,9 +70,154 @@ impl RawConfig {
                 .replace(".$__serde_spanned_private_value", "");
             let inner = e.into_inner();
             let key = if key == "." { String::new() } else { key };
-            src.at(inner.span().unwrap_or(0..0), &key, inner.message())
+            let mut message = inner.message().to_string();
+            if let Some(hint) = elsewhere(&key, &message) {
+                message.push_str("; ");
+                message.push_str(&hint);
+            }
+            src.at(inner.span().unwrap_or(0..0), &key, message)
         })
     }
+}
+
+/// Keys that a table does not have but another one does, with the tables that have them:
+/// `NAME` stands for the upstream's name, `[]` for a backend of its list. Written in the wrong
+/// table, such a key is refused as unknown, and the error says where it belongs.
+const KEYS_ELSEWHERE: &[(&str, &[&str])] = &[
+    ("max_fails", &["upstream.NAME.passive"]),
+    ("fail_timeout", &["upstream.NAME.passive"]),
+    ("fail_on_status", &["upstream.NAME.passive"]),
+    ("tries", &["upstream.NAME.retry"]),
+    ("non_idempotent", &["upstream.NAME.retry"]),
+    ("buffer", &["upstream.NAME.retry"]),
+    (
+        "connect",
+        &["upstream.NAME.timeouts", "listener.route.timeouts"],
+    ),
+    (
+        "response",
+        &["upstream.NAME.timeouts", "listener.route.timeouts"],
+    ),
+    (
+        "send",
+        &["upstream.NAME.timeouts", "listener.route.timeouts"],
+    ),
+    ("client_idle", &["upstream.NAME.timeouts"]),
+    ("tunnel_idle", &["upstream.NAME.timeouts"]),
+    ("rise", &["upstream.NAME.health"]),
+    ("fall", &["upstream.NAME.health"]),
+    ("expect", &["upstream.NAME.health"]),
+    ("weight", &["upstream.NAME.backends[]"]),
+    ("backup", &["upstream.NAME.backends[]"]),
+    ("srv", &["upstream.NAME.backends[]"]),
+    ("algorithm", &["upstream.NAME"]),
+    ("hash", &["upstream.NAME"]),
+    ("keepalive", &["upstream.NAME"]),
+    ("max_streams", &["upstream.NAME"]),
+    ("protocol", &["upstream.NAME"]),
+    ("sni", &["upstream.NAME.tls"]),
+    ("ca_file", &["upstream.NAME.tls"]),
+    ("insecure_skip_verify", &["upstream.NAME.tls"]),
+    ("shutdown_timeout", &["runtime"]),
+    ("upgrade_socket", &["runtime"]),
+    ("max_header_bytes", &["limits"]),
+    ("max_headers", &["limits"]),
+    ("max_uri_bytes", &["limits"]),
+    ("max_body", &["limits"]),
+    ("header_timeout", &["limits"]),
+    ("body_timeout", &["limits"]),
+    ("max_connections", &["limits"]),
+    ("trusted", &["forwarded"]),
+    ("nameservers", &["resolver"]),
+    ("max_concurrent_streams", &["http2"]),
+    ("initial_stream_window", &["http2"]),
+    ("initial_connection_window", &["http2"]),
+    ("ping_interval", &["http2"]),
+    ("ping_timeout", &["http2"]),
+    ("token", &["admin"]),
+    ("token_file", &["admin"]),
+    ("redirect_https", &["listener"]),
+    ("h2c", &["listener"]),
+    ("rewrite_prefix", &["listener.route"]),
+    ("path_exact", &["listener.route"]),
+];
+
+/// For serde's unknown-field `message` about the key at dotted path `key`
+/// (`upstream.app.backends[0].max_fails`): where that key belongs, when [`KEYS_ELSEWHERE`]
+/// knows (`max_fails is a key of [upstream.app.passive], not of a backend`).
+fn elsewhere(key: &str, message: &str) -> Option<String> {
+    if !message.starts_with("unknown field") {
+        return None;
+    }
+    let (table, name) = key.rsplit_once('.').unwrap_or(("", key));
+    let (_, homes) = KEYS_ELSEWHERE.iter().find(|(k, _)| *k == name)?;
+    // The upstream it was written under names the one it belongs to.
+    let upstream = table
+        .strip_prefix("upstream.")
+        .map(|rest| rest.split(['.', '[']).next().unwrap_or(rest));
+    let shape = table_shape(table);
+    let homes: Vec<String> = homes
+        .iter()
+        .filter(|home| **home != shape)
+        .map(|home| describe(&home.replace("NAME", upstream.unwrap_or("NAME"))))
+        .collect();
+    if homes.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{name} is a key of {}, not of {}",
+        homes.join(" or "),
+        describe(table)
+    ))
+}
+
+/// A table's path with the upstream's name as `NAME` and list indices as `[]`
+/// (`upstream.app.backends[0]` → `upstream.NAME.backends[]`), as [`KEYS_ELSEWHERE`] writes it.
+fn table_shape(table: &str) -> String {
+    let mut shape = String::with_capacity(table.len());
+    let mut rest = table;
+    if let Some(after) = table.strip_prefix("upstream.") {
+        shape.push_str("upstream.NAME");
+        rest = after.find(['.', '[']).map_or("", |i| &after[i..]);
+    }
+    let mut in_index = false;
+    for c in rest.chars() {
+        match c {
+            '[' => in_index = true,
+            ']' => {
+                in_index = false;
+                shape.push_str("[]");
+            }
+            _ if in_index => {}
+            _ => shape.push(c),
+        }
+    }
+    // `[[listener]]` and `[[listener.route]]` are lists of tables, written without an index.
+    shape
+        .replace("listener[]", "listener")
+        .replace("route[]", "route")
+}
+
+/// How an error names a table: `[upstream.app.passive]`, `a backend` for an entry of a
+/// `backends` list, `the top level` for the file itself.
+fn describe(table: &str) -> String {
+    if table.is_empty() {
+        return "the top level".to_string();
+    }
+    if table.ends_with(']') && table.contains(".backends[") {
+        return "a backend".to_string();
+    }
+    let mut name = String::with_capacity(table.len());
+    let mut in_index = false;
+    for c in table.chars() {
+        match c {
+            '[' => in_index = true,
+            ']' => in_index = false,
+            _ if !in_index => name.push(c),
+            _ => {}
+        }
+    }
+    format!("[{name}]")
 }
 
 /// `[runtime]`.

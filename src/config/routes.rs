@@ -340,10 +340,12 @@ fn path_pattern(src: &Source, key: &str, p: &Spanned<String>) -> Result<String> 
 
 /// One `host` entry: a name, or `*.` and a name.
 fn host_pattern(name: &str) -> std::result::Result<HostPattern, String> {
+    // A fully qualified name's root dot names the same host: requests are matched without it.
     let lower = name.to_ascii_lowercase();
+    let lower = lower.strip_suffix('.').unwrap_or(&lower);
     let (pattern, rest) = match lower.strip_prefix("*.") {
         Some(rest) => (HostPattern::Suffix(format!(".{rest}")), rest.to_string()),
-        None => (HostPattern::Exact(lower.clone()), lower.clone()),
+        None => (HostPattern::Exact(lower.to_string()), lower.to_string()),
     };
     let valid = !rest.is_empty()
         && rest

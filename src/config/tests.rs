@@ -621,3 +621,34 @@ fn bad_names_and_bounds_are_refused_at_their_place() {
         .contains("resolver.nameservers[0]: invalid nameserver \"dns.google\"")
     );
 }
+
+#[test]
+fn a_key_of_another_table_says_which_tables_have_it() {
+    let e = err(&format!("{MINIMAL}[upstream.app.health]\nmax_fails = 2\n"));
+    assert!(
+        e.ends_with("; max_fails is a key of [upstream.app.passive], not of [upstream.app.health]"),
+        "{e}"
+    );
+    let e = err(&format!(
+        "{MINIMAL}[[listener.route]]\npath = \"/a/\"\nupstream = \"app\"\nconnect = \"1s\"\n"
+    ));
+    assert!(
+        e.ends_with(
+            "; connect is a key of [upstream.NAME.timeouts] or [listener.route.timeouts], not of [listener.route]"
+        ),
+        "{e}"
+    );
+    let e = err(&format!("max_body = \"1MiB\"\n{MINIMAL}"));
+    assert!(
+        e.ends_with("; max_body is a key of [limits], not of the top level"),
+        "{e}"
+    );
+    let e = err(&format!("{MINIMAL}[upstream.app.passive]\nweight = 2\n"));
+    assert!(
+        e.ends_with("; weight is a key of a backend, not of [upstream.app.passive]"),
+        "{e}"
+    );
+    // A key no table has gets no hint.
+    let e = err(&format!("{MINIMAL}[upstream.app.passive]\nmax_failz = 2\n"));
+    assert!(e.ends_with("`fail_on_status`"), "{e}");
+}

@@ -261,7 +261,7 @@ pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
         "version": env!("CARGO_PKG_VERSION"),
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
         "generation": generation.number,
-        "uptime_seconds": process.started.elapsed().as_secs_f64(),
+        "uptime_seconds": thousandths(process.started.elapsed().as_secs_f64()),
         "config_file": process.config_path.as_ref().map(|p| p.display().to_string()),
         "metrics": config.admin.is_some(),
         "workers": workers,
@@ -319,6 +319,14 @@ fn listener_status(
     })
 }
 
+/// What `/status` shows of a time: rounded to the thousandth, so milliseconds (`*_ms`) to the
+/// microsecond and seconds (`*_seconds`, `seconds_ago`) to the millisecond. Finer digits are no
+/// measurement (latencies come from histogram buckets) and the arithmetic would show as noise
+/// (`2.4699999999999998`); the rounded value prints as its shortest decimal (`2.47`).
+fn thousandths(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
 fn backend_status(
     upstream: &str,
     b: &BackendState,
@@ -337,26 +345,26 @@ fn backend_status(
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         json!({
             "passed": passed,
-            "seconds_ago": now.saturating_sub(ms) as f64 / 1000.0,
+            "seconds_ago": thousandths(now.saturating_sub(ms) as f64 / 1000.0),
         })
     });
     json!({
         "address": b.address.to_string(),
         "state": state,
-        "state_seconds": window.in_state(&key, state).as_secs_f64(),
+        "state_seconds": thousandths(window.in_state(&key, state).as_secs_f64()),
         "health": if b.is_up() { "up" } else { "down" },
         "admin": admin.as_str(),
         "weight": b.weight(),
         "backup": backup,
         "in_flight": b.in_flight(),
         // `ewma` upstreams: the response-time average picks are made on.
-        "ewma_ms": b.ewma().map(|d| d.as_secs_f64() * 1000.0),
+        "ewma_ms": b.ewma().map(|d| thousandths(d.as_secs_f64() * 1000.0)),
         "requests": s.requests.load(Ordering::Relaxed),
         "errors": s.errors_total(),
         "retries": s.retries.load(Ordering::Relaxed),
         "responses": classes(responses),
-        "p50_ms": latency.map(|l| l.0 * 1000.0),
-        "p99_ms": latency.map(|l| l.1 * 1000.0),
+        "p50_ms": latency.map(|l| thousandths(l.0 * 1000.0)),
+        "p99_ms": latency.map(|l| thousandths(l.1 * 1000.0)),
         "last_check": last_check,
     })
 }
@@ -364,6 +372,21 @@ fn backend_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_are_shown_to_the_thousandth_without_float_noise() {
+        let shown = json!({
+            "p99_ms": thousandths(0.00247 * 1000.0),
+            "p50_ms": thousandths(0.1 * 3.0 * 1000.0),
+            "ewma_ms": thousandths(1.23456789),
+            "state_seconds": thousandths(12.0004999),
+            "seconds_ago": thousandths(0.0),
+        });
+        assert_eq!(
+            shown.to_string(),
+            r#"{"ewma_ms":1.235,"p50_ms":300.0,"p99_ms":2.47,"seconds_ago":0.0,"state_seconds":12.0}"#
+        );
+    }
 
     #[test]
     fn quantiles_interpolate_within_their_bucket() {

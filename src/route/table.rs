@@ -92,7 +92,7 @@ impl Router {
         head: &'h RequestHead,
     ) -> Option<(usize, &RouteRule, std::borrow::Cow<'h, [u8]>)> {
         let mut lower = [0u8; MAX_HOST];
-        let host = head.host().map(host_without_port).and_then(|h| {
+        let host = head.host().map(host_name).and_then(|h| {
             let out = lower.get_mut(..h.len())?;
             for (o, b) in out.iter_mut().zip(h) {
                 *o = b.to_ascii_lowercase();
@@ -126,6 +126,14 @@ impl Router {
         })?;
         Some((index, &self.routes[index], path))
     }
+}
+
+/// The name a Host value matches routes by: without its port, and without the root dot of a
+/// fully qualified name (`example.com.:80` → `example.com`), which names the same host (nginx
+/// strips it before matching `server_name` too). One dot only: `example.com..` is no name.
+fn host_name(host: &[u8]) -> &[u8] {
+    let name = host_without_port(host);
+    name.strip_suffix(b".").unwrap_or(name)
 }
 
 /// A Host value without its port: `example.com:8080` → `example.com`, `[::1]:8080` → `[::1]`.
@@ -289,5 +297,9 @@ upstream = "b"
         assert_eq!(host_without_port(b"[::1]:8443"), b"[::1]");
         assert_eq!(host_without_port(b"[::1]"), b"[::1]");
         assert_eq!(host_without_port(b"10.0.0.1:80"), b"10.0.0.1");
+        assert_eq!(host_name(b"example.com.:8080"), b"example.com");
+        assert_eq!(host_name(b"example.com."), b"example.com");
+        assert_eq!(host_name(b"example.com.."), b"example.com.");
+        assert_eq!(host_name(b"[::1]:8443"), b"[::1]");
     }
 }

@@ -94,13 +94,13 @@ impl FromStr for Target {
         }
         let url: Uri = url.parse().map_err(|e| bad(&format!("not a URL: {e}")))?;
         match url.scheme_str() {
-            Some("http" | "https") => {}
+            Some("http" | "https" | "ws" | "wss") => {}
             Some(other) => {
                 return Err(bad(&format!(
-                    "only http:// and https:// URLs are supported, not {other}://"
+                    "only http://, https://, ws:// and wss:// URLs are supported, not {other}://"
                 )));
             }
-            None => return Err(bad("expected an http:// or https:// URL")),
+            None => return Err(bad("expected an http://, https://, ws:// or wss:// URL")),
         }
         if url.host().is_none_or(str::is_empty) {
             return Err(bad("the URL has no host"));
@@ -113,9 +113,14 @@ impl FromStr for Target {
 }
 
 impl Target {
-    /// Whether the URL is `https://`.
+    /// Whether the URL is `https://` or `wss://`: over TLS.
     fn is_https(&self) -> bool {
-        self.url.scheme_str() == Some("https")
+        matches!(self.url.scheme_str(), Some("https" | "wss"))
+    }
+
+    /// Whether the URL is `ws://` or `wss://`: a WebSocket echo target.
+    pub fn is_websocket(&self) -> bool {
+        matches!(self.url.scheme_str(), Some("ws" | "wss"))
     }
 
     /// The socket address to connect to: the URL's host resolved (the first address), and its
@@ -399,6 +404,23 @@ fn check_options(opts: &BenchOptions) -> Result<Vec<usize>, BenchError> {
     if opts.rounds == 0 {
         return bad("rounds must be at least 1".into());
     }
+    if let Some(t) = opts.targets.iter().find(|t| t.is_websocket()) {
+        if opts.websocket.is_none() {
+            return bad(format!(
+                "{} is a WebSocket target: it needs WebSocket mode (--ws)",
+                t.url
+            ));
+        }
+    }
+    if opts.websocket.is_some()
+        && (opts.request.body.is_some() || opts.request.http10 || !opts.request.keep_alive)
+    {
+        return bad(
+            "a WebSocket run sends messages on upgraded connections: not with --body, \
+             --body-file, --http1.0 or --disable-keepalive"
+                .into(),
+        );
+    }
     if opts.websocket.is_some() && opts.rate.is_some() {
         return bad(
             "the open loop (--rate) is not supported with --ws: WebSocket mode is closed loop"
@@ -536,9 +558,9 @@ pub struct BenchArgs {
     /// rates are messages/s. Closed loop only.
     #[arg(long, conflicts_with_all = ["rate", "body", "body_file", "disable_keepalive", "http10"])]
     pub ws: bool,
-    /// With --ws: the size of each message ("64", "1KiB").
-    #[arg(long, value_name = "SIZE", default_value = "64", requires = "ws")]
-    pub message_size: bytesize::ByteSize,
+    /// With --ws or ws:// targets: the size of each message ("64", "1KiB"; default 64).
+    #[arg(long, value_name = "SIZE")]
+    pub message_size: Option<bytesize::ByteSize>,
     /// HTTP/2 (h2load's --h2): prior knowledge on http://, ALPN h2 on https://. Each
     /// connection carries --streams requests at once. Closed loop only.
     #[arg(long, conflicts_with_all = ["ws", "rate", "disable_keepalive", "http10"])]
@@ -583,6 +605,33 @@ pub enum BenchAction {
 }
 
 impl BenchArgs {
+    /// Whether the run is WebSocket echo: `--ws`, or `ws://` and `wss://` targets, which imply
+    /// it. Without `--ws`, `ws://` and `http://` targets in one run are refused: the ones would
+    /// be echoes and the others requests, and no figure compares the two. With it, an
+    /// `http://` URL is upgraded just as its `ws://` twin, so they mix.
+    fn websocket(&self) -> Result<bool, BenchError> {
+        let (ws, http): (Vec<&Target>, Vec<&Target>) =
+            self.targets.iter().partition(|t| t.is_websocket());
+        let websocket = self.ws || !ws.is_empty();
+        if !self.ws {
+            if let (Some(w), Some(h)) = (ws.first(), http.first()) {
+                return Err(BenchError::Options(format!(
+                    "{} is a WebSocket target and {} is not: give --ws to bench every target as \
+                     a WebSocket echo (an http:// URL is then upgraded as ws:// is), or bench \
+                     them in separate runs",
+                    w.url, h.url
+                )));
+            }
+        }
+        if !websocket && self.message_size.is_some() {
+            return Err(BenchError::Options(
+                "--message-size is the size of WebSocket messages: give --ws or ws:// targets"
+                    .into(),
+            ));
+        }
+        Ok(websocket)
+    }
+
     /// The options these arguments ask for; the progress line is on.
     pub fn options(&self) -> Result<BenchOptions, BenchError> {
         let cpus = match &self.cpus {
@@ -593,8 +642,8 @@ impl BenchArgs {
         let threads = self
             .threads
             .unwrap_or_else(|| cpus.len().clamp(1, self.connections.max(1)));
-        let websocket = if self.ws {
-            let size = self.message_size.as_u64();
+        let websocket = if self.websocket()? {
+            let size = self.message_size.map_or(64, |s| s.as_u64());
             Some(usize::try_from(size).map_err(|_| {
                 BenchError::Options(format!("--message-size {size} does not fit in memory here"))
             })?)
@@ -699,8 +748,14 @@ mod tests {
     }
 
     #[test]
-    fn only_http_urls_with_a_host_are_targets() {
+    fn only_http_and_ws_urls_with_a_host_are_targets() {
         assert!(target("https://example.com/").is_ok());
+        let ws = target("echo=ws://127.0.0.1:8881/chat").unwrap();
+        assert!(ws.is_websocket() && !ws.is_https());
+        assert_eq!(ws.resolve().unwrap(), "127.0.0.1:8881".parse().unwrap());
+        let wss = target("wss://127.0.0.1/").unwrap();
+        assert!(wss.is_websocket() && wss.is_https());
+        assert_eq!(wss.resolve().unwrap(), "127.0.0.1:443".parse().unwrap());
         for bad in [
             "ftp://example.com/",
             "127.0.0.1:8881",

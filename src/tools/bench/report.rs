@@ -343,13 +343,53 @@ impl Report {
             .filter(|t| t.requests.responses == 0)
             .map(|t| {
                 let e = &t.requests.errors;
+                let what = if self.message_size.is_some() {
+                    "message"
+                } else {
+                    "request"
+                };
                 let why = match (&t.connect_failure, e.connect) {
                     (Some(kind), n) if n > 0 => format!("{n} connect(s) failed: {kind}"),
-                    _ => format!("errors: {}", errors(e)),
+                    _ if e.total() > 0 => format!("errors: {}", errors(e)),
+                    // Nothing failed either: the window ended first, which no error counts.
+                    _ if t.requests.sent == 0 => format!(
+                        "no {what} was sent within the {} window and no error was counted: {}",
+                        self.window(),
+                        if self.message_size.is_some() {
+                            "the WebSocket handshakes were not answered (or the first messages not written) before it ended; a longer -d, or a --timeout shorter than it to count a handshake that hangs as an error"
+                        } else {
+                            "no connection was ready before it ended; a longer -d, or a --timeout shorter than it to count a connection that hangs as an error"
+                        }
+                    ),
+                    _ => format!(
+                        "{} {what}(s) sent, none answered within the {} window and no error was counted",
+                        t.requests.sent,
+                        self.window()
+                    ),
                 };
-                format!("target {} ({}) answered no request; {why}", t.name, t.url)
+                let answered = if self.message_size.is_some() {
+                    "echoed no message"
+                } else {
+                    "answered no request"
+                };
+                format!("target {} ({}) {answered}; {why}", t.name, t.url)
             })
             .collect()
+    }
+
+    /// Each round's recorded window, for a message: `0.2 s`, or `10-request`.
+    fn window(&self) -> String {
+        match self.requests_per_run {
+            Some(n) => format!(
+                "{n}-{}",
+                if self.message_size.is_some() {
+                    "message"
+                } else {
+                    "request"
+                }
+            ),
+            None => format!("{} s", secs(self.duration_s)),
+        }
     }
 
     /// What the rates count: `req/s`, or `msg/s` for WebSocket messages.
