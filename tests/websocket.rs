@@ -603,3 +603,72 @@ async fn bytes_sent_with_the_upgrade_request_and_the_101_are_relayed_first() {
     conn.half_close().await;
     conn.wait_closed().await;
 }
+
+/// A backend that switches protocols, then never closes its side: whatever the client sends it
+/// reads, and after the client's end it still holds the connection until `release` fires.
+/// Closing its sending half instead when `close_first`, while it keeps reading.
+async fn holding_backend(close_first: bool) -> (SocketAddr, watch::Sender<bool>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (release, mut released) = watch::channel(false);
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        // Bounded by the head's size: it ends with an empty line.
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0 && got.len() < 64 * 1024);
+            got.extend_from_slice(&buf[..n]);
+        }
+        s.write_all(SWITCH).await.unwrap();
+        if close_first {
+            s.shutdown().await.unwrap();
+        }
+        // Bounded by the client's bytes: reads until its end (or a reset), then holds.
+        while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+        let _ = released.wait_for(|r| *r).await;
+    });
+    (addr, release)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_side_left_open_after_the_other_closed_is_closed_after_tunnel_fin() {
+    for close_first in [false, true] {
+        let (backend, release) = holding_backend(close_first).await;
+        let mut setup = with_admin(&[backend]);
+        setup.tunnel_fin = Some("300ms");
+        let proxy = Proxy::start(&setup);
+        let mut conn = RawConn::open(proxy.addr).await;
+        conn.send(ASK).await;
+        let head = tokio::time::timeout(
+            WAIT,
+            conn.read_until(|b| b.windows(4).any(|w| w == b"\r\n\r\n")),
+        )
+        .await
+        .expect("the 101 in time");
+        assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+        // The client closes its side and the backend holds its own (or the backend closed
+        // first and the client holds): tunnel_idle is an hour, tunnel_fin ends it.
+        let after = if close_first {
+            conn.wait_closed().await
+        } else {
+            conn.half_close().await;
+            conn.wait_closed().await
+        };
+        assert!(
+            after < Duration::from_secs(3),
+            "closed {after:?} after the half-close; tunnel_fin is 300ms"
+        );
+        metric_reaches(
+            &proxy,
+            "pinlb_backend_tunnel_fin_timeouts_total",
+            backend,
+            1.0,
+        )
+        .await;
+        metric_reaches(&proxy, "pinlb_backend_tunnels_open", backend, 0.0).await;
+        release.send_replace(true);
+    }
+}

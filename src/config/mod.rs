@@ -789,6 +789,10 @@ pub struct Upgrade {
     /// `timeouts.tunnel_idle`: a tunnel that carries no byte either way for this long is
     /// closed, as HAProxy's `timeout tunnel`.
     pub tunnel_idle: Duration,
+    /// `timeouts.tunnel_fin`: once one side of a tunnel has closed its sending half (a FIN
+    /// passed on to the other), how long the other side has to close its own before the
+    /// tunnel is closed: HAProxy's `timeout client-fin` and `timeout server-fin` in one key.
+    pub tunnel_fin: Duration,
 }
 
 impl Default for Upgrade {
@@ -799,6 +803,10 @@ impl Default for Upgrade {
             // any application heartbeat (socket.io pings every 25 s), so that a quiet but live
             // WebSocket is not cut, while a peer that vanished is still let go in the end.
             tunnel_idle: Duration::from_secs(3600),
+            // nginx's `lingering_timeout`: a peer that is closing answers a FIN within a round
+            // trip or two; one that has not after 5 s is not closing, and without this bound it
+            // would hold its connection (and its backend's count in flight) for `tunnel_idle`.
+            tunnel_fin: Duration::from_secs(5),
         }
     }
 }

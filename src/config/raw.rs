@@ -104,6 +104,7 @@ const KEYS_ELSEWHERE: &[(&str, &[&str])] = &[
     ),
     ("client_idle", &["upstream.NAME.timeouts"]),
     ("tunnel_idle", &["upstream.NAME.timeouts"]),
+    ("tunnel_fin", &["upstream.NAME.timeouts"]),
     ("rise", &["upstream.NAME.health"]),
     ("fall", &["upstream.NAME.health"]),
     ("expect", &["upstream.NAME.health"]),
@@ -353,6 +354,7 @@ pub(super) struct RawTimeouts {
     pub send: Option<Spanned<Dur>>,
     pub client_idle: Option<Spanned<Dur>>,
     pub tunnel_idle: Option<Spanned<Dur>>,
+    pub tunnel_fin: Option<Spanned<Dur>>,
 }
 
 /// `[upstream.NAME.health]`.

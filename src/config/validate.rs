@@ -1042,14 +1042,16 @@ fn timeouts(src: &Source, key: &str, t: &RawTimeouts) -> Result<Timeouts> {
     })
 }
 
-/// `upgrade` and `timeouts.tunnel_idle` of `[upstream.NAME]`.
+/// `upgrade`, `timeouts.tunnel_idle` and `timeouts.tunnel_fin` of `[upstream.NAME]`.
 fn upgrade(src: &Source, key: &str, up: &RawUpstream) -> Result<Upgrade> {
     let d = Upgrade::default();
-    let tunnel_idle = &up.timeouts.tunnel_idle;
+    let (tunnel_idle, tunnel_fin) = (&up.timeouts.tunnel_idle, &up.timeouts.tunnel_fin);
     Ok(Upgrade {
         enabled: up.upgrade.unwrap_or(d.enabled),
         tunnel_idle: positive(src, tunnel_idle, &format!("{key}.timeouts.tunnel_idle"))?
             .unwrap_or(d.tunnel_idle),
+        tunnel_fin: positive(src, tunnel_fin, &format!("{key}.timeouts.tunnel_fin"))?
+            .unwrap_or(d.tunnel_fin),
     })
 }
 

@@ -648,6 +648,13 @@ impl Collector for Scrape {
         )?;
         family(
             &mut e,
+            "backend_tunnel_fin_timeouts",
+            "Tunnels closed because one side had closed and the other did not within timeouts.tunnel_fin.",
+            MetricType::Counter,
+            each(&|b| load(&b.stats.tunnel_fin_timeouts)),
+        )?;
+        family(
+            &mut e,
             "backend_tunnel_bytes",
             "Bytes relayed through tunnels, by direction.",
             MetricType::Counter,

@@ -1188,12 +1188,13 @@ impl Connection {
         drop((head, headers));
         let stats = open.stats();
         let idle = open.idle();
+        let fin = open.fin();
         let relayed = tunnel::relay(
             &mut StreamIo(&self.stream),
             &mut backend,
             std::mem::take(buf),
             early,
-            idle,
+            tunnel::Limits { idle, fin },
             |dir, n| {
                 if let Some(s) = stats {
                     s.tunnel_bytes[dir as usize].fetch_add(n, Ordering::Relaxed);
@@ -1211,6 +1212,19 @@ impl Connection {
             }
             End::Idle => {
                 debug!(client = %self.peer, up, down, "tunnel closed: no data either way for {:?} (timeouts.tunnel_idle)", idle);
+                let _ = SockRef::from(&backend).shutdown(std::net::Shutdown::Both);
+                Next::Close
+            }
+            End::HalfClosed(dir) => {
+                let (closed, open) = if dir == Dir::Up {
+                    ("client", "backend")
+                } else {
+                    ("backend", "client")
+                };
+                debug!(client = %self.peer, up, down, "tunnel closed: the {closed} closed its side and the {open} did not close its own within {fin:?} (timeouts.tunnel_fin)");
+                if let Some(s) = stats {
+                    s.tunnel_fin_timeouts.fetch_add(1, Ordering::Relaxed);
+                }
                 let _ = SockRef::from(&backend).shutdown(std::net::Shutdown::Both);
                 Next::Close
             }

@@ -40,6 +40,9 @@ pub enum End {
     Closed,
     /// No byte moved either way for the idle timeout.
     Idle,
+    /// This direction's sender closed its half, passed on, and the other side did not close
+    /// its own within the fin timeout.
+    HalfClosed(Dir),
     /// A read or write failed (a reset, most often): the tunnel is cut.
     Failed(Dir, io::Error),
 }
@@ -196,16 +199,25 @@ impl Half {
     }
 }
 
-/// Relays between `client` and `backend` until both directions are done, one fails, or no byte
-/// moves for `idle`. `client_early` and `backend_early`
-/// are bytes each side sent before the switch was complete, which go first. `count` hears of
-/// the bytes as they move, for counters that must not wait for the close.
+/// How long a tunnel may wait: for any byte (`idle`), and, once one side has closed its
+/// sending half, for the other to close its own (`fin`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub idle: Duration,
+    pub fin: Duration,
+}
+
+/// Relays between `client` and `backend` until both directions are done, one fails, no byte
+/// moves for `limits.idle`, or one side stays open `limits.fin` after the other closed.
+/// `client_early` and `backend_early` are bytes each side sent before the switch was complete,
+/// which go first. `count` hears of the bytes as they move, for counters that must not wait for
+/// the close.
 pub async fn relay<C, B>(
     client: &mut C,
     backend: &mut B,
     client_early: BytesMut,
     backend_early: BytesMut,
-    idle: Duration,
+    limits: Limits,
     mut count: impl FnMut(Dir, u64),
 ) -> Relayed
 where
@@ -218,10 +230,13 @@ where
     drop((client_early, backend_early));
     let now = Instant::now();
     // A timeout too large to add is as good as none.
-    let far = |from: Instant| {
-        from.checked_add(idle)
+    let after = |from: Instant, d: Duration| {
+        from.checked_add(d)
             .unwrap_or_else(|| from + Duration::from_secs(86_400 * 365 * 30))
     };
+    let far = |from: Instant| after(from, limits.idle);
+    // Set once, when the first direction is done: the other's fin deadline.
+    let mut half_closed: Option<(Dir, Instant)> = None;
     // One timer for the tunnel's life. Moving bytes only moves `deadline`; the timer catches up
     // when it fires, so a busy tunnel touches the timer wheel once per `idle`, not per read.
     let mut deadline = far(now);
@@ -239,19 +254,36 @@ where
         if went_up + went_down > 0 {
             deadline = far(Instant::now());
         }
-        match (polled_up, polled_down) {
+        let closed = match (polled_up, polled_down) {
             (Poll::Ready(Err(e)), _) => return Poll::Ready(End::Failed(Dir::Up, e)),
             (_, Poll::Ready(Err(e))) => return Poll::Ready(End::Failed(Dir::Down, e)),
             (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => return Poll::Ready(End::Closed),
-            _ => {}
+            (Poll::Ready(Ok(())), _) => Some(Dir::Up),
+            (_, Poll::Ready(Ok(()))) => Some(Dir::Down),
+            _ => None,
+        };
+        if let (None, Some(dir)) = (half_closed, closed) {
+            half_closed = Some((dir, after(Instant::now(), limits.fin)));
         }
-        // Bounded: a reset moves the deadline later, so the next poll of the timer is
-        // Pending, or the deadline has passed and the tunnel ends.
+        // The nearer of the two deadlines; which one it was, for the end.
+        let (due, end) = match half_closed {
+            Some((dir, fin)) if fin < deadline => (fin, End::HalfClosed(dir)),
+            _ => (deadline, End::Idle),
+        };
+        // Bounded: a reset moves the timer to `due`, so the next poll of the timer is Pending,
+        // or `due` has passed and the tunnel ends.
         while timer.as_mut().poll(cx).is_ready() {
-            if timer.deadline() >= deadline {
-                return Poll::Ready(End::Idle);
+            if timer.deadline() >= due {
+                return Poll::Ready(end);
             }
-            timer.as_mut().reset(deadline);
+            timer.as_mut().reset(due);
+        }
+        // An earlier deadline than the timer's (a fin deadline just set) needs it moved back.
+        if due < timer.deadline() {
+            timer.as_mut().reset(due);
+            if timer.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(end);
+            }
         }
         Poll::Pending
     })

@@ -131,6 +131,11 @@ impl OpenTunnel {
         self.release.upstream.shared.config.upgrade.tunnel_idle
     }
 
+    /// `timeouts.tunnel_fin` of the tunnel's upstream.
+    pub fn fin(&self) -> Duration {
+        self.release.upstream.shared.config.upgrade.tunnel_fin
+    }
+
     /// The backend's counters, while metrics are on.
     pub fn stats(&self) -> Option<&BackendStats> {
         let shared = &self.release.upstream.shared;

@@ -128,6 +128,9 @@ pub struct BackendStats {
     pub connections_reused: AtomicU64,
     /// Tunnels (connections that switched protocols after a 101) open now; a gauge.
     pub tunnels_open: AtomicU64,
+    /// Tunnels closed because one side had closed its sending half and the other did not
+    /// close its own within `timeouts.tunnel_fin`.
+    pub tunnel_fin_timeouts: AtomicU64,
     /// Bytes relayed through tunnels: `[to the backend, to the client]`.
     pub tunnel_bytes: [AtomicU64; 2],
     /// From the first attempt to the response head.

@@ -29,6 +29,8 @@ pub struct Setup {
     pub client_idle: &'static str,
     /// `timeouts.tunnel_idle`, when not the default.
     pub tunnel_idle: Option<&'static str>,
+    /// `timeouts.tunnel_fin`, when not the default.
+    pub tunnel_fin: Option<&'static str>,
     pub shutdown_timeout: &'static str,
     /// More TOML appended to the file, e.g. `[upstream.app.health]` and its keys.
     pub extra: String,
@@ -54,6 +56,7 @@ impl Setup {
             send_timeout: None,
             client_idle: "30s",
             tunnel_idle: None,
+            tunnel_fin: None,
             shutdown_timeout: "3s",
             extra: String::new(),
             listener_keys: String::new(),
@@ -105,7 +108,7 @@ backends = [
 connect = "{connect}"
 response = "{response}"
 {send}client_idle = "{client_idle}"
-{tunnel_idle}
+{tunnel_idle}{tunnel_fin}
 {extra}"#,
             shutdown = self.shutdown_timeout,
             algorithm = self.algorithm,
@@ -119,6 +122,9 @@ response = "{response}"
             tunnel_idle = self
                 .tunnel_idle
                 .map_or(String::new(), |t| format!("tunnel_idle = \"{t}\"\n")),
+            tunnel_fin = self
+                .tunnel_fin
+                .map_or(String::new(), |t| format!("tunnel_fin = \"{t}\"\n")),
             extra = self.extra,
             listener_keys = self.listener_keys,
             upstream_keys = self.upstream_keys,
