@@ -758,3 +758,132 @@ fn what_pinlb_cannot_reproduce_is_noted_where_it_is_written() {
         "{pool}"
     );
 }
+
+/// What `pinlb import` made of a configuration: exit status, stdout, stderr, and the file it
+/// read (in `_dir`, removed when dropped).
+struct Imported {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// `pinlb import ARGS FILE` on `text` written to a temporary directory.
+fn import_text(text: &str, args: &[&str]) -> Imported {
+    let dir = tempfile::Builder::new()
+        .prefix("pinlb-import-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join("nginx.conf");
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new(bin())
+        .arg("import")
+        .args(args)
+        .arg(&path)
+        .output()
+        .unwrap();
+    Imported {
+        code: out.status.code(),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+        path,
+        _dir: dir,
+    }
+}
+
+/// A directive left out that would make pinlb answer where nginx refuses (a regex location
+/// that returns 403, `deny`, `auth_basic`, `limit_req`) makes the import exit 1, each listed at
+/// its file:line, and no configuration printed; `--allow-less-strict` prints it, the refusals
+/// kept as notes. What only loses convenience (gzip) stays a note, exit 0.
+#[test]
+fn less_strict_directives_refuse_with_their_file_and_line() {
+    let refusing = "\
+http {
+    upstream app { server 127.0.0.1:8081; }
+    server {
+        listen 8080;
+        gzip on;
+        location / { proxy_pass http://app; }
+        location ~ \\.php$ { return 403; }
+        location /admin/ {
+            deny all;
+            proxy_pass http://app;
+        }
+        location /private/ {
+            auth_basic \"staff\";
+            auth_basic_user_file /etc/nginx/htpasswd;
+            limit_req zone=one;
+            proxy_pass http://app;
+        }
+    }
+}
+";
+    let Imported {
+        code,
+        stdout,
+        stderr,
+        path,
+        _dir,
+    } = import_text(refusing, &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stdout.is_empty(), "printed a configuration:\n{stdout}");
+    let at = |line: usize| format!("{}:{line}: ", path.display());
+    for (line, what) in [
+        (
+            7,
+            "location not converted: only exact (=) and prefix locations convert",
+        ),
+        (9, "deny not converted"),
+        (13, "auth_basic not converted"),
+        (14, "auth_basic_user_file not converted"),
+        (15, "limit_req not converted"),
+    ] {
+        assert!(
+            stderr.contains(&format!("{}{what}", at(line))),
+            "line {line} ({what}) not refused:\n{stderr}"
+        );
+    }
+    // A note, not a refusal: listed, but not counted.
+    assert!(
+        stderr.contains(&format!("{}gzip not converted", at(5))),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.lines().last().unwrap_or_default(),
+        "pinlb import: 5 directive(s) above not converted would make pinlb less strict than nginx; convert them by hand, or pass --allow-less-strict to print the configuration without them",
+        "{stderr}"
+    );
+
+    let accepted = import_text(refusing, &["--allow-less-strict"]);
+    let (code, stdout, stderr) = (accepted.code, accepted.stdout, accepted.stderr);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("[[listener]]"), "{stdout}");
+    assert!(
+        stderr.contains(&format!(
+            "{}:7: location not converted",
+            accepted.path.display()
+        )) && stderr.contains("(accepted: --allow-less-strict)"),
+        "{stderr}"
+    );
+
+    // Convenience only: exit 0, the notes on stderr.
+    let convenient = "\
+http {
+    gzip on;
+    server {
+        listen 8080;
+        location / { proxy_pass http://127.0.0.1:8081; }
+    }
+}
+";
+    let Imported {
+        code,
+        stdout,
+        stderr,
+        ..
+    } = import_text(convenient, &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("[[listener]]"), "{stdout}");
+    assert!(stderr.contains("gzip not converted"), "{stderr}");
+}

@@ -13,6 +13,9 @@ use super::template::template;
 pub struct Converted {
     pub toml: Table,
     pub notes: Vec<String>,
+    /// The directives not converted that make pinlb answer where nginx would refuse, limit or
+    /// ask for credentials (`file:line: ...`): see [`less_strict`].
+    pub refused: Vec<String>,
     /// Whether any listener has a route: something proxies, redirects or answers.
     pub anything: bool,
 }
@@ -26,6 +29,7 @@ struct Builder {
     /// http-level `keepalive_timeout`, for every upstream's `client_idle`.
     client_idle: Option<String>,
     notes: Vec<String>,
+    refused: Vec<String>,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -126,6 +130,7 @@ pub fn convert(directives: &[Directive]) -> Converted {
         upstreams: BTreeMap::new(),
         client_idle: None,
         notes: Vec::new(),
+        refused: Vec::new(),
     };
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
@@ -188,7 +193,23 @@ pub fn convert(directives: &[Directive]) -> Converted {
 }
 
 impl Builder {
+    /// `d` is not converted: a note, or a refusal where leaving it out makes pinlb less strict
+    /// than nginx ([`less_strict`]).
     fn skip(&mut self, d: &Directive, why: &str) {
+        match less_strict(d) {
+            Some(what) => self.refused.push(format!(
+                "{}: {} not converted: {why}; without it pinlb {what}",
+                d.at(),
+                d.name
+            )),
+            None => self
+                .notes
+                .push(format!("{}: {} not converted: {why}", d.at(), d.name)),
+        }
+    }
+
+    /// `d` is not converted because nginx never reaches it: a note whatever it does.
+    fn unreached(&mut self, d: &Directive, why: &str) {
         self.notes
             .push(format!("{}: {} not converted: {why}", d.at(), d.name));
     }
@@ -234,6 +255,12 @@ impl Builder {
                     Some(t) => self.client_idle = Some(t),
                     None => self.skip(d, "not a duration"),
                 },
+                (n, None) if is_ssl(n) && !http.iter().any(listens_tls) => {
+                    self.notes.push(format!(
+                        "{}: {n} not converted: no server listens with ssl, so it has no effect",
+                        d.at()
+                    ))
+                }
                 _ => self.skip(d, "no pinlb equivalent"),
             }
         }
@@ -365,7 +392,12 @@ impl Builder {
                         .iter()
                         .any(|a| a == "default_server" || a == "default");
                     for flag in s.args.iter().skip(1) {
-                        if flag != "default_server" && flag != "default" {
+                        if flag == "ssl" {
+                            self.refused.push(format!(
+                                "{}: listen parameter ssl not converted: without it pinlb serves plain HTTP where nginx serves TLS",
+                                s.at()
+                            ));
+                        } else if flag != "default_server" && flag != "default" {
                             self.notes
                                 .push(format!("{}: listen parameter {flag} not converted", s.at()));
                         }
@@ -386,7 +418,7 @@ impl Builder {
                     }
                 }
                 "location" => locations.push(s),
-                "return" | "rewrite" if answers_all => self.skip(
+                "return" | "rewrite" if answers_all => self.unreached(
                     s,
                     "never reached: an earlier return or rewrite answers every request",
                 ),
@@ -422,6 +454,10 @@ impl Builder {
                     Err(why) => self.skip(s, &why),
                 },
                 n if Inherited::NAMES.contains(&n) => {}
+                n if is_ssl(n) && n != "ssl" && !listens_tls(d) => self.notes.push(format!(
+                    "{}: {n} not converted: the server does not listen with ssl, so it has no effect",
+                    s.at()
+                )),
                 _ => self.skip(s, "no pinlb equivalent"),
             }
         }
@@ -432,7 +468,7 @@ impl Builder {
         let mut routes: Vec<(u8, usize, Table)> = Vec::new();
         for l in locations {
             if answers_all {
-                self.skip(
+                self.unreached(
                     l,
                     "never reached: the server's return or rewrite answers every request first",
                 );
@@ -440,7 +476,7 @@ impl Builder {
             }
             if let Some(route) = self.location(l, &inherit) {
                 if first.iter().any(|earlier| route_covers(earlier, &route)) {
-                    self.skip(
+                    self.unreached(
                         l,
                         "never reached: a server-level rewrite answers every request it would get",
                     );
@@ -585,7 +621,7 @@ impl Builder {
             match d.name.as_str() {
                 // The rewrite phase runs before the content phase: a redirect or return decides
                 // before proxy_pass would.
-                "rewrite" | "return" if action.is_some() => self.skip(
+                "rewrite" | "return" if action.is_some() => self.unreached(
                     d,
                     "never reached: an earlier return or rewrite answers first",
                 ),
@@ -901,12 +937,76 @@ impl Builder {
         // A directive inherited by several locations is noted once.
         let mut seen = std::collections::HashSet::new();
         self.notes.retain(|n| seen.insert(n.clone()));
+        self.refused.retain(|n| seen.insert(n.clone()));
         Converted {
             toml: root,
             notes: self.notes,
+            refused: self.refused,
             anything,
         }
     }
+}
+
+/// Directives that make nginx refuse, limit or ask for credentials: left out, pinlb would
+/// answer what nginx does not.
+const RESTRICTING: [&str; 16] = [
+    "deny",
+    "allow",
+    "auth_basic",
+    "auth_basic_user_file",
+    "auth_request",
+    "auth_jwt",
+    "limit_req",
+    "limit_conn",
+    "limit_rate",
+    "limit_except",
+    "satisfy",
+    "internal",
+    "valid_referers",
+    "secure_link",
+    "client_max_body_size",
+    "return",
+];
+
+/// `ssl` and the `ssl_*` directives.
+fn is_ssl(name: &str) -> bool {
+    name == "ssl" || name.starts_with("ssl_")
+}
+
+/// Whether `d` is a `server` block that serves TLS: a `listen ... ssl`, or `ssl on`.
+fn listens_tls(d: &Directive) -> bool {
+    d.name == "server"
+        && d.block.iter().flatten().any(|s| {
+            (s.name == "listen" && s.args.iter().skip(1).any(|a| a == "ssl"))
+                || (s.name == "ssl" && s.args.first().map(String::as_str) == Some("on"))
+        })
+}
+
+/// What pinlb does without `d` that nginx does not (for the refusal), or `None` when leaving it
+/// out only loses convenience: a [`RESTRICTING`] directive, an `ssl`/`ssl_*` one (TLS settings
+/// left out weaken or drop the encryption), or a block (a regex or named `location`, an `if`)
+/// holding either.
+fn less_strict(d: &Directive) -> Option<String> {
+    let name = d.name.as_str();
+    if is_ssl(name) {
+        return Some("serves TLS other than nginx's settings, or none".into());
+    }
+    if RESTRICTING.contains(&name) {
+        let what = match name {
+            "return" => "proxies what nginx answers itself",
+            "client_max_body_size" => "takes bodies nginx refuses (413)",
+            n if n.starts_with("limit_") => "lets through what nginx limits",
+            n if n.starts_with("auth_") || n == "satisfy" || n == "secure_link" => {
+                "answers without the credentials nginx asks for"
+            }
+            _ => "answers requests nginx refuses",
+        };
+        return Some(what.into());
+    }
+    let inner = d.block.as_deref()?.iter().find_map(|i| {
+        less_strict(i).map(|what| format!("{what} ({} at line {})", i.name, i.line))
+    })?;
+    Some(inner)
 }
 
 /// A relative redirect made absolute as nginx sends it (`absolute_redirect on`): the client's
