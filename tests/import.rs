@@ -887,3 +887,22 @@ http {
     assert!(stdout.contains("[[listener]]"), "{stdout}");
     assert!(stderr.contains("gzip not converted"), "{stderr}");
 }
+
+/// `worker_processes N` that `worker_cpu_affinity` does not pin (`auto`, or none) becomes the
+/// core list as docs/configuration.md writes it, `cpus = [0, ...]`, not a range string.
+#[test]
+fn worker_cores_are_printed_as_a_list() {
+    for (workers, cpus) in [(1, "cpus = [0]"), (3, "cpus = [0, 1, 2]")] {
+        let text = format!(
+            "worker_processes {workers};\nworker_cpu_affinity auto;\nhttp {{\n    server {{\n        listen 8080;\n        location / {{ proxy_pass http://127.0.0.1:8081; }}\n    }}\n}}\n"
+        );
+        let imported = import_text(&text, &[]);
+        assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+        let line = imported
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("cpus = "))
+            .unwrap_or_else(|| panic!("no runtime.cpus:\n{}", imported.stdout));
+        assert_eq!(line, cpus, "worker_processes {workers}");
+    }
+}

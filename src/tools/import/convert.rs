@@ -173,9 +173,10 @@ pub fn convert(directives: &[Directive]) -> Converted {
         }
         (None, Some((n, at))) => {
             let n = *n;
+            // The list form docs/configuration.md writes (`cpus = [0, 1]`), not a range string.
             b.runtime.insert(
                 "cpus".into(),
-                Value::String(format!("0-{}", n.saturating_sub(1))),
+                Value::Array((0..n.max(1)).map(|c| Value::Integer(c as i64)).collect()),
             );
             b.notes.push(format!(
                 "{at}: worker_processes {n} without worker_cpu_affinity: pinlb pins its {n} workers to cores 0-{} (nginx left them unpinned); change runtime.cpus to the cores pinlb should own",
