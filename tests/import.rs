@@ -906,3 +906,103 @@ fn worker_cores_are_printed_as_a_list() {
         assert_eq!(line, cpus, "worker_processes {workers}");
     }
 }
+
+/// A server that listens with `ssl` (and `http2`), its `ssl_certificate`/`ssl_certificate_key`
+/// and `ssl_protocols` inherited from `http`, imports as a TLS listener: `pinlb serve` on the
+/// import serves HTTPS with that certificate, and proxies to the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ssl_server_imports_as_a_tls_listener_serving_its_certificate() {
+    use rustls::pki_types::ServerName;
+    use tokio::io::{AsyncWriteExt, BufReader};
+
+    let pki = Pki::new();
+    let cert = pki.issue("site", &["www.example.test"], false);
+    let backend = Backend::start("app").await;
+    let listen = free_port();
+    let text = format!(
+        "http {{
+    ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_certificate {};
+    ssl_certificate_key {};
+    server {{
+        listen {listen} ssl http2;
+        server_name www.example.test;
+        location / {{ proxy_pass http://{}; }}
+    }}
+}}
+",
+        cert.cert.display(),
+        cert.key.display(),
+        backend.addr
+    );
+    let imported = import_text(&text, &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let toml = pin_to_test_cores(&imported.stdout);
+    let pinlb = BinProxy::spawn_toml(&toml, &[]).await;
+    await_listening(&[listen], || pinlb.log().join("\n")).await;
+
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        let tcp = tokio::net::TcpStream::connect(listen).await.unwrap();
+        let name = ServerName::try_from("www.example.test").unwrap();
+        let tls = tokio::time::timeout(
+            WAIT,
+            tokio_rustls::TlsConnector::from(pki.client(&[version])).connect(name, tcp),
+        )
+        .await
+        .expect("a handshake in time")
+        .unwrap_or_else(|e| panic!("{version:?}: no TLS handshake: {e}\nimported:\n{toml}"));
+        let served = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+        assert_eq!(served, cert.der(), "another certificate served");
+        let mut conn = BufReader::new(tls);
+        conn.get_mut()
+            .write_all(
+                b"GET /over-tls HTTP/1.1\r\nHost: www.example.test\r\nConnection: close\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let resp = tokio::time::timeout(WAIT, read_response(&mut conn, false))
+            .await
+            .expect("a response in time");
+        assert_eq!(resp.status, 200, "{version:?}");
+        let seen = backend
+            .requests()
+            .pop()
+            .expect("the backend got the request");
+        assert_eq!(seen.uri, "/over-tls");
+        assert_eq!(seen.headers["x-forwarded-proto"], "https");
+    }
+    drop(pinlb);
+
+    // What pinlb's TLS can't match is refused at its line: TLS 1.3 only (pinlb also takes 1.2),
+    // a cipher list, a server that listens with ssl without a certificate.
+    for (from, to, line, refused) in [
+        (
+            "ssl_protocols TLSv1.2 TLSv1.3;",
+            "ssl_protocols TLSv1.3;",
+            2,
+            "ssl_protocols TLSv1.3 not converted",
+        ),
+        (
+            "ssl_protocols TLSv1.2 TLSv1.3;",
+            "ssl_ciphers HIGH:!aNULL;",
+            2,
+            "ssl_ciphers not converted",
+        ),
+        (
+            "ssl_certificate ",
+            "# ssl_certificate ",
+            5,
+            "listen ... ssl not converted: the server has no ssl_certificate",
+        ),
+    ] {
+        let imported = import_text(&text.replacen(from, to, 1), &[]);
+        assert_eq!(imported.code, Some(1), "{to}: {}", imported.stderr);
+        assert!(
+            imported
+                .stderr
+                .contains(&format!("{}:{line}: {refused}", imported.path.display())),
+            "{to}: {}",
+            imported.stderr
+        );
+    }
+}

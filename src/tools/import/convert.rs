@@ -42,6 +42,65 @@ struct Server {
     redirects: Redirects,
     /// Where it was written, for notes.
     at: String,
+    /// Its certificates, for the addresses it listens on with `ssl`.
+    tls: Option<ServerTls>,
+}
+
+/// What a server that listens with `ssl` brings to its listener's `[listener.tls]`.
+#[derive(Debug, Clone)]
+struct ServerTls {
+    /// The addresses it listens on with `ssl`.
+    addresses: Vec<String>,
+    /// `(cert, key)` pairs, in the order written: nginx's first is the one it serves.
+    certificates: Vec<(String, String)>,
+    /// `listen ... http2` or `http2 on`.
+    http2: bool,
+}
+
+/// The TLS directives a server merges from `http`: `ssl_certificate` and `ssl_certificate_key`
+/// as a whole level's list (nginx's array directives), `ssl_protocols` and `http2` from the
+/// nearest level that sets them.
+#[derive(Debug, Clone, Default)]
+struct Ssl {
+    certs: Vec<Directive>,
+    keys: Vec<Directive>,
+    protocols: Option<Directive>,
+    http2: Option<bool>,
+}
+
+impl Ssl {
+    /// The directives converted this way.
+    const NAMES: [&'static str; 4] = [
+        "ssl_certificate",
+        "ssl_certificate_key",
+        "ssl_protocols",
+        "http2",
+    ];
+
+    fn level(&self, block: &[Directive]) -> Ssl {
+        let mut out = self.clone();
+        let of = |name: &str| -> Vec<Directive> {
+            block
+                .iter()
+                .filter(|d| d.name == name && d.block.is_none())
+                .cloned()
+                .collect()
+        };
+        let (certs, keys) = (of("ssl_certificate"), of("ssl_certificate_key"));
+        if !certs.is_empty() {
+            out.certs = certs;
+        }
+        if !keys.is_empty() {
+            out.keys = keys;
+        }
+        if let Some(p) = of("ssl_protocols").pop() {
+            out.protocols = Some(p);
+        }
+        if let Some(h) = of("http2").pop() {
+            out.http2 = Some(h.args.first().map(String::as_str) == Some("on"));
+        }
+        out
+    }
 }
 
 /// nginx's `absolute_redirect` and `port_in_redirect` (both on by default): a redirect to
@@ -223,10 +282,13 @@ impl Builder {
             }
         }
         let inherit = Inherited::default().level(http);
+        let ssl = Ssl::default().level(http);
+        let any_tls = http.iter().any(listens_tls);
         for d in http {
             match (d.name.as_str(), d.block.as_deref()) {
                 ("upstream", Some(_)) => {}
-                ("server", Some(block)) => self.server(d, block, &inherit),
+                ("server", Some(block)) => self.server(d, block, &inherit, &ssl),
+                (n, None) if Ssl::NAMES.contains(&n) && any_tls => {}
                 (n, None) if Inherited::NAMES.contains(&n) => {}
                 ("client_max_body_size", None) => match d.args.first().and_then(|s| size(s)) {
                     Some(n) => {
@@ -256,12 +318,10 @@ impl Builder {
                     Some(t) => self.client_idle = Some(t),
                     None => self.skip(d, "not a duration"),
                 },
-                (n, None) if is_ssl(n) && !http.iter().any(listens_tls) => {
-                    self.notes.push(format!(
-                        "{}: {n} not converted: no server listens with ssl, so it has no effect",
-                        d.at()
-                    ))
-                }
+                (n, None) if (is_ssl(n) || n == "http2") && !any_tls => self.notes.push(format!(
+                    "{}: {n} not converted: no server listens with ssl, so it has no effect",
+                    d.at()
+                )),
                 _ => self.skip(d, "no pinlb equivalent"),
             }
         }
@@ -372,7 +432,10 @@ impl Builder {
         self.upstreams.insert(name.clone(), up);
     }
 
-    fn server(&mut self, d: &Directive, block: &[Directive], parent: &Inherited) {
+    fn server(&mut self, d: &Directive, block: &[Directive], parent: &Inherited, ssl: &Ssl) {
+        let ssl = ssl.level(block);
+        let mut tls_addresses = Vec::new();
+        let mut listen_http2 = false;
         let mut addresses = Vec::new();
         let mut names = Vec::new();
         let mut default = false;
@@ -387,18 +450,18 @@ impl Builder {
                 "listen" => {
                     if let Some(a) = s.args.first() {
                         addresses.push(listen_address(a));
+                        if s.args.iter().skip(1).any(|f| f == "ssl") {
+                            tls_addresses.push(listen_address(a));
+                        }
                     }
                     default |= s
                         .args
                         .iter()
                         .any(|a| a == "default_server" || a == "default");
                     for flag in s.args.iter().skip(1) {
-                        if flag == "ssl" {
-                            self.refused.push(format!(
-                                "{}: listen parameter ssl not converted: without it pinlb serves plain HTTP where nginx serves TLS",
-                                s.at()
-                            ));
-                        } else if flag != "default_server" && flag != "default" {
+                        if flag == "http2" {
+                            listen_http2 = true;
+                        } else if !["ssl", "default_server", "default"].contains(&flag.as_str()) {
                             self.notes
                                 .push(format!("{}: listen parameter {flag} not converted", s.at()));
                         }
@@ -455,7 +518,8 @@ impl Builder {
                     Err(why) => self.skip(s, &why),
                 },
                 n if Inherited::NAMES.contains(&n) => {}
-                n if is_ssl(n) && n != "ssl" && !listens_tls(d) => self.notes.push(format!(
+                n if Ssl::NAMES.contains(&n) && !tls_addresses.is_empty() => {}
+                n if (is_ssl(n) || n == "http2") && n != "ssl" && !listens_tls(d) => self.notes.push(format!(
                     "{}: {n} not converted: the server does not listen with ssl, so it has no effect",
                     s.at()
                 )),
@@ -465,6 +529,10 @@ impl Builder {
         if addresses.is_empty() {
             addresses.push("0.0.0.0:80".into());
         }
+        let tls = match tls_addresses.is_empty() {
+            true => None,
+            false => self.server_tls(d, &ssl, tls_addresses, listen_http2),
+        };
         // nginx matches `location = ...` first, then the longest prefix.
         let mut routes: Vec<(u8, usize, Table)> = Vec::new();
         for l in locations {
@@ -537,12 +605,94 @@ impl Builder {
                 routes: routes.clone(),
                 redirects: inherit.redirects,
                 at: d.at(),
+                tls: tls.clone(),
             };
             match self.listeners.iter_mut().find(|(a, _)| *a == address) {
                 Some((_, servers)) => servers.push(server),
                 None => self.listeners.push((address, vec![server])),
             }
         }
+    }
+
+    /// A server's TLS as pinlb's: its certificate pairs, checked; `None` when they can't be
+    /// (refused: pinlb would serve plain HTTP, or another certificate, where nginx serves TLS).
+    fn server_tls(
+        &mut self,
+        d: &Directive,
+        ssl: &Ssl,
+        addresses: Vec<String>,
+        listen_http2: bool,
+    ) -> Option<ServerTls> {
+        let refuse = |b: &mut Builder, at: String, why: &str| {
+            b.refused.push(format!(
+                "{at}: listen ... ssl not converted: {why}; without it pinlb serves plain HTTP where nginx serves TLS"
+            ));
+        };
+        if let Some(p) = &ssl.protocols {
+            let has = |v: &str| p.args.iter().any(|a| a == v);
+            if !has("TLSv1.2") {
+                self.refused.push(format!(
+                    "{}: ssl_protocols {} not converted: pinlb always offers TLS 1.2 and 1.3, so it would take TLS 1.2 handshakes nginx refuses",
+                    p.at(),
+                    p.args.join(" ")
+                ));
+            } else {
+                let older: Vec<&str> = p
+                    .args
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|a| !["TLSv1.2", "TLSv1.3"].contains(a))
+                    .collect();
+                if !older.is_empty() || !has("TLSv1.3") {
+                    self.notes.push(format!(
+                        "{}: ssl_protocols {}: pinlb offers TLS 1.2 and 1.3, fixed{}",
+                        p.at(),
+                        p.args.join(" "),
+                        match older.is_empty() {
+                            true => String::new(),
+                            false => format!(" ({} clients fail the handshake)", older.join(", ")),
+                        }
+                    ));
+                }
+            }
+        }
+        if ssl.certs.is_empty() {
+            refuse(self, d.at(), "the server has no ssl_certificate");
+            return None;
+        }
+        if ssl.certs.len() != ssl.keys.len() {
+            refuse(
+                self,
+                d.at(),
+                "each ssl_certificate needs its ssl_certificate_key, in the same order",
+            );
+            return None;
+        }
+        let mut certificates = Vec::new();
+        for (c, k) in ssl.certs.iter().zip(&ssl.keys) {
+            let (Some(cert), Some(key)) = (c.args.first(), k.args.first()) else {
+                refuse(
+                    self,
+                    c.at(),
+                    "ssl_certificate and ssl_certificate_key need a file",
+                );
+                return None;
+            };
+            if cert.contains('$') || key.contains('$') || key.starts_with("data:") {
+                refuse(
+                    self,
+                    c.at(),
+                    "a certificate named by variables or given inline is not a file pinlb can read",
+                );
+                return None;
+            }
+            certificates.push((conf_path(c, cert), conf_path(k, key)));
+        }
+        Some(ServerTls {
+            addresses,
+            certificates,
+            http2: listen_http2 || ssl.http2 == Some(true),
+        })
     }
 
     /// `return`'s action: `("redirect", ...)` or `("respond", ...)`; `None` (noted) for one
@@ -916,9 +1066,28 @@ impl Builder {
                     ));
                 }
             }
+            let tls = listener_tls(&address, &catch_all, &servers);
+            let with_certificates = servers
+                .iter()
+                .chain([&catch_all])
+                .filter(|s| s.tls.is_some())
+                .count();
+            if with_certificates > 1 {
+                self.notes.push(format!(
+                    "{}: the certificates of the servers on {address} are chosen by the names each certificate carries (nginx: by server_name); the default server's first is the default",
+                    catch_all.at
+                ));
+            }
             routes.extend(catch_all.routes.into_iter().map(Value::Table));
             let mut l = Table::new();
             l.insert("address".into(), Value::String(address));
+            if let Some((tls, http2)) = tls {
+                l.insert("tls".into(), Value::Table(tls));
+                if !http2 {
+                    // nginx offers h2 only with `http2`; pinlb's TLS listeners do by default.
+                    l.insert("http2".into(), Value::Boolean(false));
+                }
+            }
             l.insert("route".into(), Value::Array(routes));
             listeners.push(Value::Table(l));
         }
@@ -969,6 +1138,80 @@ const RESTRICTING: [&str; 16] = [
     "return",
 ];
 
+/// A listener's `[listener.tls]`, when a server on `address` listens there with `ssl`: the
+/// default server's first certificate as the default, every other as a
+/// `[[listener.tls.certificate]]`; and whether it offers h2 (any server's `http2`).
+fn listener_tls(address: &str, default: &Server, others: &[Server]) -> Option<(Table, bool)> {
+    let on_it = |s: &Server| {
+        s.tls
+            .as_ref()
+            .filter(|t| t.addresses.iter().any(|a| a == address))
+            .cloned()
+    };
+    let all: Vec<ServerTls> = std::iter::once(default)
+        .chain(others)
+        .filter_map(on_it)
+        .collect();
+    if all.is_empty() {
+        return None;
+    }
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for p in all.iter().flat_map(|t| &t.certificates) {
+        if !pairs.contains(p) {
+            pairs.push(p.clone());
+        }
+    }
+    let mut tls = Table::new();
+    let mut rest = pairs.into_iter();
+    if on_it(default).is_some() {
+        if let Some((cert, key)) = rest.next() {
+            tls.insert("cert".into(), Value::String(cert));
+            tls.insert("key".into(), Value::String(key));
+        }
+    }
+    let more: Vec<Value> = rest
+        .map(|(cert, key)| {
+            let mut t = Table::new();
+            t.insert("cert".into(), Value::String(cert));
+            t.insert("key".into(), Value::String(key));
+            Value::Table(t)
+        })
+        .collect();
+    if !more.is_empty() {
+        tls.insert("certificate".into(), Value::Array(more));
+    }
+    Some((tls, all.iter().any(|t| t.http2)))
+}
+
+/// A file a directive names, as nginx finds it: relative to the directory of the file it was
+/// written in.
+fn conf_path(d: &Directive, file: &str) -> String {
+    let p = std::path::Path::new(file);
+    match p.is_absolute() {
+        true => file.to_string(),
+        false => {
+            let joined = d.file.parent().unwrap_or(std::path::Path::new("")).join(p);
+            std::path::absolute(&joined)
+                .unwrap_or(joined)
+                .display()
+                .to_string()
+        }
+    }
+}
+
+/// TLS directives that tune performance, not what a handshake accepts: notes, not refusals
+/// (pinlb's session tickets and cache are fixed, docs/configuration.md; it has no 0-RTT).
+const SSL_TUNING: [&str; 8] = [
+    "ssl_session_cache",
+    "ssl_session_timeout",
+    "ssl_session_tickets",
+    "ssl_prefer_server_ciphers",
+    "ssl_buffer_size",
+    "ssl_early_data",
+    "ssl_stapling",
+    "ssl_stapling_verify",
+];
+
 /// `ssl` and the `ssl_*` directives.
 fn is_ssl(name: &str) -> bool {
     name == "ssl" || name.starts_with("ssl_")
@@ -989,7 +1232,7 @@ fn listens_tls(d: &Directive) -> bool {
 /// holding either.
 fn less_strict(d: &Directive) -> Option<String> {
     let name = d.name.as_str();
-    if is_ssl(name) {
+    if is_ssl(name) && !SSL_TUNING.contains(&name) {
         return Some("serves TLS other than nginx's settings, or none".into());
     }
     if RESTRICTING.contains(&name) {
