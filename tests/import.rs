@@ -1006,3 +1006,137 @@ async fn an_ssl_server_imports_as_a_tls_listener_serving_its_certificate() {
         );
     }
 }
+
+/// `access_log PATH FORMAT` becomes `[log] access`, pinlb's combined format, and a note naming
+/// the fields of FORMAT that pinlb's lines don't carry; `pinlb serve` on the import writes the
+/// request there. `access_log off` writes no `[log]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_becomes_the_log_table_and_names_the_fields_lost() {
+    let backend = Backend::start("app").await;
+    let listen = free_port();
+    let logs = tempfile::tempdir().unwrap();
+    let file = logs.path().join("access.log");
+    let text = format!(
+        "http {{
+    log_format main '$remote_addr [$time_local] \"$request\" $status $request_time $http_x_request_id $ssl_protocol';
+    access_log {} main;
+    server {{
+        listen {listen};
+        location / {{ proxy_pass http://{}; }}
+    }}
+}}
+",
+        file.display(),
+        backend.addr
+    );
+    let imported = import_text(&text, &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    assert!(
+        imported.stdout.contains(&format!(
+            "[log]\naccess = \"{}\"\nformat = \"combined\"\n",
+            file.display()
+        )),
+        "{}",
+        imported.stdout
+    );
+    assert!(
+        imported.stderr.contains(&format!(
+            "{}:3: access_log {} main: pinlb's combined format, without $http_x_request_id, $ssl_protocol",
+            imported.path.display(),
+            file.display()
+        )),
+        "{}",
+        imported.stderr
+    );
+
+    let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(&imported.stdout), &[]).await;
+    await_listening(&[listen], || pinlb.log().join("\n")).await;
+    let resp = raw_request(
+        listen,
+        b"GET /logged HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!(resp.status, 200);
+    let line = poll(400, Duration::from_millis(25), async || {
+        std::fs::read_to_string(&file)
+            .ok()
+            .filter(|t| t.contains("\"GET /logged HTTP/1.1\" 200"))
+    })
+    .await;
+    assert!(line.is_some(), "nothing logged to {}", file.display());
+    drop(pinlb);
+
+    let off = import_text(
+        &text.replace(&format!("{} main", file.display()), "off"),
+        &[],
+    );
+    assert_eq!(off.code, Some(0), "{}", off.stderr);
+    assert!(!off.stdout.contains("[log]"), "{}", off.stdout);
+    assert!(!off.stderr.contains("access_log"), "{}", off.stderr);
+}
+
+/// `client_max_body_size` in `server` blocks becomes `[limits] max_body` when every server
+/// says the same (pinlb's limit is one for the process); where a server's is smaller than the
+/// one pinlb gets, pinlb would take bodies nginx refuses: refused at its line. nginx's default
+/// (1m) is written out when nothing sets it.
+#[test]
+fn server_body_limits_convert_where_pinlb_can_hold_them() {
+    let servers = |a: &str, b: &str| {
+        format!(
+            "http {{
+    server {{
+        listen 8080;
+        {a}
+        location / {{ proxy_pass http://127.0.0.1:8081; }}
+    }}
+    server {{
+        listen 8081;
+        {b}
+        location / {{ proxy_pass http://127.0.0.1:8082; }}
+    }}
+}}
+"
+        )
+    };
+    let same = import_text(
+        &servers("client_max_body_size 1k;", "client_max_body_size 1k;"),
+        &[],
+    );
+    assert_eq!(same.code, Some(0), "{}", same.stderr);
+    assert!(
+        same.stdout.contains("[limits]\nmax_body = 1024\n"),
+        "{}",
+        same.stdout
+    );
+
+    let none = import_text(&servers("", ""), &[]);
+    assert_eq!(none.code, Some(0), "{}", none.stderr);
+    assert!(
+        none.stdout.contains("[limits]\nmax_body = 1048576\n"),
+        "{}",
+        none.stdout
+    );
+
+    // 1k and 10m: pinlb keeps nginx's default 1m, so the 1k server would take more than nginx.
+    let apart = import_text(
+        &servers("client_max_body_size 1k;", "client_max_body_size 10m;"),
+        &[],
+    );
+    assert_eq!(apart.code, Some(1), "{}", apart.stderr);
+    assert!(
+        apart.stderr.contains(&format!(
+            "{}:4: client_max_body_size 1k not converted",
+            apart.path.display()
+        )),
+        "{}",
+        apart.stderr
+    );
+    assert!(
+        !apart
+            .stderr
+            .contains(":9: client_max_body_size 10m not converted"),
+        "{}",
+        apart.stderr
+    );
+}

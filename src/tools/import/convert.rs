@@ -23,6 +23,11 @@ pub struct Converted {
 struct Builder {
     runtime: Table,
     limits: Table,
+    /// `[log]`, from `access_log`.
+    log: Table,
+    /// The body limit pinlb gets (`limits.max_body`, 0 unlimited), which every
+    /// `client_max_body_size` is held against.
+    max_body: u64,
     /// `[[listener]]`s by address, in first-seen order.
     listeners: Vec<(String, Vec<Server>)>,
     upstreams: BTreeMap<String, Table>,
@@ -185,6 +190,8 @@ pub fn convert(directives: &[Directive]) -> Converted {
     let mut b = Builder {
         runtime: Table::new(),
         limits: Table::new(),
+        log: Table::new(),
+        max_body: 0,
         listeners: Vec::new(),
         upstreams: BTreeMap::new(),
         client_idle: None,
@@ -281,6 +288,7 @@ impl Builder {
                 self.upstream(d, block);
             }
         }
+        self.body_limits(http);
         let inherit = Inherited::default().level(http);
         let ssl = Ssl::default().level(http);
         let any_tls = http.iter().any(listens_tls);
@@ -290,13 +298,9 @@ impl Builder {
                 ("server", Some(block)) => self.server(d, block, &inherit, &ssl),
                 (n, None) if Ssl::NAMES.contains(&n) && any_tls => {}
                 (n, None) if Inherited::NAMES.contains(&n) => {}
-                ("client_max_body_size", None) => match d.args.first().and_then(|s| size(s)) {
-                    Some(n) => {
-                        self.limits
-                            .insert("max_body".into(), Value::Integer(n as i64));
-                    }
-                    None => self.skip(d, "not a size"),
-                },
+                ("client_max_body_size", None) => self.body_limit(d),
+                ("access_log", None) => self.access_log(d, http),
+                ("log_format", None) => {} // Read by access_log.
                 ("large_client_header_buffers", None) => {
                     match (
                         d.args.first().and_then(|n| n.parse::<u64>().ok()),
@@ -518,6 +522,7 @@ impl Builder {
                     Err(why) => self.skip(s, &why),
                 },
                 n if Inherited::NAMES.contains(&n) => {}
+                "client_max_body_size" => self.body_limit(s),
                 n if Ssl::NAMES.contains(&n) && !tls_addresses.is_empty() => {}
                 n if (is_ssl(n) || n == "http2") && n != "ssl" && !listens_tls(d) => self.notes.push(format!(
                     "{}: {n} not converted: the server does not listen with ssl, so it has no effect",
@@ -611,6 +616,138 @@ impl Builder {
                 Some((_, servers)) => servers.push(server),
                 None => self.listeners.push((address, vec![server])),
             }
+        }
+    }
+
+    /// `limits.max_body`: the one limit every server has (its own `client_max_body_size`, else
+    /// `http`'s, else nginx's default 1m), or `http`'s where they differ; pinlb's is one for the
+    /// process. Each directive is then held against it by [`Builder::body_limit`].
+    fn body_limits(&mut self, http: &[Directive]) {
+        let own = |block: &[Directive]| {
+            block
+                .iter()
+                .rfind(|d| d.name == "client_max_body_size" && d.block.is_none())
+                .and_then(|d| d.args.first())
+                .and_then(|s| size(s))
+        };
+        let in_http = own(http).unwrap_or(1 << 20);
+        let servers: Vec<u64> = http
+            .iter()
+            .filter(|d| d.name == "server")
+            .map(|d| own(d.block.as_deref().unwrap_or_default()).unwrap_or(in_http))
+            .collect();
+        self.max_body = match servers.split_first() {
+            Some((first, rest)) if rest.iter().all(|v| v == first) => *first,
+            _ => in_http,
+        };
+        self.limits
+            .insert("max_body".into(), Value::Integer(self.max_body as i64));
+    }
+
+    /// A `client_max_body_size` against pinlb's one limit: refused where it is smaller (pinlb
+    /// would take bodies nginx answers 413), noted where it is larger.
+    fn body_limit(&mut self, d: &Directive) {
+        let Some(v) = d.args.first().and_then(|s| size(s)) else {
+            return self.skip(d, "not a size");
+        };
+        let unlimited = |n: u64| if n == 0 { u64::MAX } else { n };
+        let (mine, pinlb) = (unlimited(v), unlimited(self.max_body));
+        let written = d.args.join(" ");
+        let limit = match self.max_body {
+            0 => "unlimited".to_string(),
+            n => format!("{n} bytes"),
+        };
+        if mine < pinlb {
+            self.refused.push(format!(
+                "{}: client_max_body_size {written} not converted: pinlb's limits.max_body is one for the process ({limit}); without it pinlb takes bodies nginx refuses (413)",
+                d.at()
+            ));
+        } else if mine > pinlb {
+            self.notes.push(format!(
+                "{}: client_max_body_size {written}: pinlb's limits.max_body is one for the process ({limit}), so pinlb answers 413 to bodies nginx takes here",
+                d.at()
+            ));
+        }
+    }
+
+    /// `access_log PATH [FORMAT] ...` at `http` level as `[log]`: its path, and pinlb's format
+    /// nearest FORMAT (`json` for a JSON one, else `combined`), with a note naming FORMAT's
+    /// fields pinlb's lines don't carry. `off` writes none.
+    fn access_log(&mut self, d: &Directive, http: &[Directive]) {
+        let Some(path) = d.args.first() else {
+            return self.skip(d, "it needs a path");
+        };
+        if path == "off" {
+            return;
+        }
+        if !self.log.is_empty() {
+            return self.skip(d, "pinlb writes one access log; the first access_log is it");
+        }
+        if path.starts_with("syslog:") || path.contains('$') {
+            return self.skip(
+                d,
+                "pinlb writes to a file or stdout, named without variables",
+            );
+        }
+        let name = d.args.get(1).filter(|a| !a.contains('='));
+        let params: Vec<&str> = d.args[1 + usize::from(name.is_some())..]
+            .iter()
+            .map(String::as_str)
+            .collect();
+        let format = name.and_then(|n| {
+            http.iter()
+                .find(|f| f.name == "log_format" && f.args.first() == Some(n))
+        });
+        let (pinlb_format, carried): (&str, &[&str]) = match format {
+            Some(f)
+                if f.args.iter().any(|a| a == "escape=json")
+                    || f.args
+                        .get(1)
+                        .is_some_and(|a| a.trim_start().starts_with('{')) =>
+            {
+                ("json", &JSON_FIELDS)
+            }
+            _ => ("combined", &COMBINED_FIELDS),
+        };
+        let target = match path.as_str() {
+            "/dev/stdout" => "stdout".to_string(),
+            p => conf_path(d, p),
+        };
+        self.log.insert("access".into(), Value::String(target));
+        self.log
+            .insert("format".into(), Value::String(pinlb_format.into()));
+        let mut lost = Vec::new();
+        match (name.map(String::as_str), format) {
+            (None | Some("combined"), _) => {}
+            (Some(n), None) => {
+                return self.notes.push(format!(
+                    "{}: access_log {}: no log_format {n} in http: pinlb's {pinlb_format} format",
+                    d.at(),
+                    d.args.join(" ")
+                ));
+            }
+            (Some(_), Some(f)) => {
+                for v in variables(&f.args[1..].join(" ")) {
+                    if !carried.contains(&v.as_str()) && !lost.contains(&format!("${v}")) {
+                        lost.push(format!("${v}"));
+                    }
+                }
+            }
+        }
+        let mut why = Vec::new();
+        if !lost.is_empty() {
+            why.push(format!("without {}", lost.join(", ")));
+        }
+        if !params.is_empty() {
+            why.push(format!("{} not converted", params.join(" ")));
+        }
+        if !why.is_empty() {
+            self.notes.push(format!(
+                "{}: access_log {}: pinlb's {pinlb_format} format, {}",
+                d.at(),
+                d.args.join(" "),
+                why.join("; ")
+            ));
         }
     }
 
@@ -817,6 +954,7 @@ impl Builder {
                     proxy_at = Some(d);
                 }
                 "proxy_http_version" => {} // pinlb always speaks HTTP/1.1 to backends.
+                "client_max_body_size" => self.body_limit(d),
                 "proxy_next_upstream"
                 | "proxy_next_upstream_tries"
                 | "proxy_next_upstream_timeout" => {
@@ -998,6 +1136,9 @@ impl Builder {
                 "limits".into(),
                 Value::Table(std::mem::take(&mut self.limits)),
             );
+        }
+        if !self.log.is_empty() {
+            root.insert("log".into(), Value::Table(std::mem::take(&mut self.log)));
         }
         let mut listeners = Vec::new();
         let mut anything = false;
@@ -1211,6 +1352,64 @@ const SSL_TUNING: [&str; 8] = [
     "ssl_stapling",
     "ssl_stapling_verify",
 ];
+
+/// The nginx variables pinlb's `combined` log line carries: nginx's combined, `$request`'s
+/// parts, then the backend and the two times it appends.
+const COMBINED_FIELDS: [&str; 14] = [
+    "remote_addr",
+    "remote_user",
+    "time_local",
+    "request",
+    "request_method",
+    "request_uri",
+    "server_protocol",
+    "status",
+    "body_bytes_sent",
+    "http_referer",
+    "http_user_agent",
+    "upstream_addr",
+    "upstream_response_time",
+    "request_time",
+];
+
+/// The nginx variables pinlb's `json` log line carries (`time`, `client`, `method`, `path`,
+/// `protocol`, `status`, `bytes`, `backend`, `upstream_time`, `total_time`, `referer`,
+/// `user_agent`).
+const JSON_FIELDS: [&str; 14] = [
+    "time_iso8601",
+    "time_local",
+    "remote_addr",
+    "request_method",
+    "request_uri",
+    "uri",
+    "server_protocol",
+    "status",
+    "body_bytes_sent",
+    "upstream_addr",
+    "upstream_response_time",
+    "request_time",
+    "http_referer",
+    "http_user_agent",
+];
+
+/// The variables a `log_format` string names: `$name` and `${name}`.
+fn variables(format: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = format;
+    while let Some(i) = rest.find('$') {
+        rest = &rest[i + 1..];
+        let braced = rest.starts_with('{');
+        let body = if braced { &rest[1..] } else { rest };
+        let end = body
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(body.len());
+        if end > 0 {
+            out.push(body[..end].to_string());
+        }
+        rest = &body[end..];
+    }
+    out
+}
 
 /// `ssl` and the `ssl_*` directives.
 fn is_ssl(name: &str) -> bool {
