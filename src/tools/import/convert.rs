@@ -1,5 +1,6 @@
 //! nginx directives to a pinlb configuration: what has an equivalent becomes TOML, everything
-//! else becomes a note naming its `file:line`.
+//! else becomes a note naming its `file:line`, or a refusal where leaving it out makes pinlb
+//! less strict than nginx ([`less_strict`]).
 
 use std::collections::BTreeMap;
 
@@ -1636,5 +1637,9 @@ mod tests {
         assert_eq!(template("${host}x").as_deref(), Some("{host}x"));
         assert_eq!(template("$server_port"), None);
         assert_eq!(hash_key("$http_x_user").as_deref(), Some("header:x-user"));
+        assert_eq!(
+            variables("$remote_addr [${time_local}] \"$request\" $ $http_x_id,"),
+            ["remote_addr", "time_local", "request", "http_x_id"]
+        );
     }
 }

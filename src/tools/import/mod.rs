@@ -1,5 +1,6 @@
 //! `pinlb import nginx.conf`: an nginx configuration read (its includes followed) and written as
-//! a pinlb one, with a note for every directive that has no pinlb equivalent.
+//! a pinlb one, with a note for every directive that has no pinlb equivalent, and a refusal
+//! ([`ImportError::LessStrict`]) where leaving one out would make pinlb less strict than nginx.
 //!
 //! - [`parse`]: nginx's syntax, directives with their `file:line`.
 //! - [`template`]: nginx variables as pinlb template variables.
