@@ -66,6 +66,11 @@ enum Command {
         /// The nginx configuration file.
         #[arg(value_name = "NGINX_CONF")]
         file: PathBuf,
+        /// Print the configuration even where a directive left out makes pinlb less strict
+        /// than nginx (deny/allow, auth_basic, limit_req, a regex location that returns 403,
+        /// TLS settings...); without it such an import exits 1 listing them.
+        #[arg(long)]
+        allow_less_strict: bool,
     },
     /// Run pinned test backends.
     Backend(pinlb::tools::backend::BackendArgs),
@@ -133,7 +138,10 @@ fn main() -> ExitCode {
         Command::Bench(args) => pinlb::tools::bench::main(*args),
         Command::Demo(args) => pinlb::tools::demo::main(args),
         Command::Sweep(args) => pinlb::tools::sweep::main(args),
-        Command::Import { file } => match pinlb::tools::import::import(&file) {
+        Command::Import {
+            file,
+            allow_less_strict,
+        } => match pinlb::tools::import::import(&file, allow_less_strict) {
             Ok((toml, notes)) => {
                 print!("{toml}");
                 for n in &notes {
@@ -142,10 +150,8 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                if let pinlb::tools::import::ImportError::NothingToProxy { notes } = &e {
-                    for n in notes {
-                        eprintln!("{n}");
-                    }
+                for n in e.lines() {
+                    eprintln!("{n}");
                 }
                 eprintln!("pinlb import: {e}");
                 ExitCode::FAILURE

@@ -758,3 +758,385 @@ fn what_pinlb_cannot_reproduce_is_noted_where_it_is_written() {
         "{pool}"
     );
 }
+
+/// What `pinlb import` made of a configuration: exit status, stdout, stderr, and the file it
+/// read (in `_dir`, removed when dropped).
+struct Imported {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// `pinlb import ARGS FILE` on `text` written to a temporary directory.
+fn import_text(text: &str, args: &[&str]) -> Imported {
+    let dir = tempfile::Builder::new()
+        .prefix("pinlb-import-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join("nginx.conf");
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new(bin())
+        .arg("import")
+        .args(args)
+        .arg(&path)
+        .output()
+        .unwrap();
+    Imported {
+        code: out.status.code(),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+        path,
+        _dir: dir,
+    }
+}
+
+/// A directive left out that would make pinlb answer where nginx refuses (a regex location
+/// that returns 403, `deny`, `auth_basic`, `limit_req`) makes the import exit 1, each listed at
+/// its file:line, and no configuration printed; `--allow-less-strict` prints it, the refusals
+/// kept as notes. What only loses convenience (gzip) stays a note, exit 0.
+#[test]
+fn less_strict_directives_refuse_with_their_file_and_line() {
+    let refusing = "\
+http {
+    upstream app { server 127.0.0.1:8081; }
+    server {
+        listen 8080;
+        gzip on;
+        location / { proxy_pass http://app; }
+        location ~ \\.php$ { return 403; }
+        location /admin/ {
+            deny all;
+            proxy_pass http://app;
+        }
+        location /private/ {
+            auth_basic \"staff\";
+            auth_basic_user_file /etc/nginx/htpasswd;
+            limit_req zone=one;
+            proxy_pass http://app;
+        }
+    }
+}
+";
+    let Imported {
+        code,
+        stdout,
+        stderr,
+        path,
+        _dir,
+    } = import_text(refusing, &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stdout.is_empty(), "printed a configuration:\n{stdout}");
+    let at = |line: usize| format!("{}:{line}: ", path.display());
+    for (line, what) in [
+        (
+            7,
+            "location not converted: only exact (=) and prefix locations convert",
+        ),
+        (9, "deny not converted"),
+        (13, "auth_basic not converted"),
+        (14, "auth_basic_user_file not converted"),
+        (15, "limit_req not converted"),
+    ] {
+        assert!(
+            stderr.contains(&format!("{}{what}", at(line))),
+            "line {line} ({what}) not refused:\n{stderr}"
+        );
+    }
+    // A note, not a refusal: listed, but not counted.
+    assert!(
+        stderr.contains(&format!("{}gzip not converted", at(5))),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.lines().last().unwrap_or_default(),
+        "pinlb import: 5 directive(s) above not converted would make pinlb less strict than nginx; convert them by hand, or pass --allow-less-strict to print the configuration without them",
+        "{stderr}"
+    );
+
+    let accepted = import_text(refusing, &["--allow-less-strict"]);
+    let (code, stdout, stderr) = (accepted.code, accepted.stdout, accepted.stderr);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("[[listener]]"), "{stdout}");
+    assert!(
+        stderr.contains(&format!(
+            "{}:7: location not converted",
+            accepted.path.display()
+        )) && stderr.contains("(accepted: --allow-less-strict)"),
+        "{stderr}"
+    );
+
+    // Convenience only: exit 0, the notes on stderr.
+    let convenient = "\
+http {
+    gzip on;
+    server {
+        listen 8080;
+        location / { proxy_pass http://127.0.0.1:8081; }
+    }
+}
+";
+    let Imported {
+        code,
+        stdout,
+        stderr,
+        ..
+    } = import_text(convenient, &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("[[listener]]"), "{stdout}");
+    assert!(stderr.contains("gzip not converted"), "{stderr}");
+}
+
+/// `worker_processes N` that `worker_cpu_affinity` does not pin (`auto`, or none) becomes the
+/// core list as docs/configuration.md writes it, `cpus = [0, ...]`, not a range string.
+#[test]
+fn worker_cores_are_printed_as_a_list() {
+    for (workers, cpus) in [(1, "cpus = [0]"), (3, "cpus = [0, 1, 2]")] {
+        let text = format!(
+            "worker_processes {workers};\nworker_cpu_affinity auto;\nhttp {{\n    server {{\n        listen 8080;\n        location / {{ proxy_pass http://127.0.0.1:8081; }}\n    }}\n}}\n"
+        );
+        let imported = import_text(&text, &[]);
+        assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+        let line = imported
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("cpus = "))
+            .unwrap_or_else(|| panic!("no runtime.cpus:\n{}", imported.stdout));
+        assert_eq!(line, cpus, "worker_processes {workers}");
+    }
+}
+
+/// A server that listens with `ssl` (and `http2`), its `ssl_certificate`/`ssl_certificate_key`
+/// and `ssl_protocols` inherited from `http`, imports as a TLS listener: `pinlb serve` on the
+/// import serves HTTPS with that certificate, and proxies to the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ssl_server_imports_as_a_tls_listener_serving_its_certificate() {
+    use rustls::pki_types::ServerName;
+    use tokio::io::{AsyncWriteExt, BufReader};
+
+    let pki = Pki::new();
+    let cert = pki.issue("site", &["www.example.test"], false);
+    let backend = Backend::start("app").await;
+    let listen = free_port();
+    let text = format!(
+        "http {{
+    ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_certificate {};
+    ssl_certificate_key {};
+    server {{
+        listen {listen} ssl http2;
+        server_name www.example.test;
+        location / {{ proxy_pass http://{}; }}
+    }}
+}}
+",
+        cert.cert.display(),
+        cert.key.display(),
+        backend.addr
+    );
+    let imported = import_text(&text, &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let toml = pin_to_test_cores(&imported.stdout);
+    let pinlb = BinProxy::spawn_toml(&toml, &[]).await;
+    await_listening(&[listen], || pinlb.log().join("\n")).await;
+
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        let tcp = tokio::net::TcpStream::connect(listen).await.unwrap();
+        let name = ServerName::try_from("www.example.test").unwrap();
+        let tls = tokio::time::timeout(
+            WAIT,
+            tokio_rustls::TlsConnector::from(pki.client(&[version])).connect(name, tcp),
+        )
+        .await
+        .expect("a handshake in time")
+        .unwrap_or_else(|e| panic!("{version:?}: no TLS handshake: {e}\nimported:\n{toml}"));
+        let served = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+        assert_eq!(served, cert.der(), "another certificate served");
+        let mut conn = BufReader::new(tls);
+        conn.get_mut()
+            .write_all(
+                b"GET /over-tls HTTP/1.1\r\nHost: www.example.test\r\nConnection: close\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let resp = tokio::time::timeout(WAIT, read_response(&mut conn, false))
+            .await
+            .expect("a response in time");
+        assert_eq!(resp.status, 200, "{version:?}");
+        let seen = backend
+            .requests()
+            .pop()
+            .expect("the backend got the request");
+        assert_eq!(seen.uri, "/over-tls");
+        assert_eq!(seen.headers["x-forwarded-proto"], "https");
+    }
+    drop(pinlb);
+
+    // What pinlb's TLS can't match is refused at its line: TLS 1.3 only (pinlb also takes 1.2),
+    // a cipher list, a server that listens with ssl without a certificate.
+    for (from, to, line, refused) in [
+        (
+            "ssl_protocols TLSv1.2 TLSv1.3;",
+            "ssl_protocols TLSv1.3;",
+            2,
+            "ssl_protocols TLSv1.3 not converted",
+        ),
+        (
+            "ssl_protocols TLSv1.2 TLSv1.3;",
+            "ssl_ciphers HIGH:!aNULL;",
+            2,
+            "ssl_ciphers not converted",
+        ),
+        (
+            "ssl_certificate ",
+            "# ssl_certificate ",
+            5,
+            "listen ... ssl not converted: the server has no ssl_certificate",
+        ),
+    ] {
+        let imported = import_text(&text.replacen(from, to, 1), &[]);
+        assert_eq!(imported.code, Some(1), "{to}: {}", imported.stderr);
+        assert!(
+            imported
+                .stderr
+                .contains(&format!("{}:{line}: {refused}", imported.path.display())),
+            "{to}: {}",
+            imported.stderr
+        );
+    }
+}
+
+/// `access_log PATH FORMAT` becomes `[log] access`, pinlb's combined format, and a note naming
+/// the fields of FORMAT that pinlb's lines don't carry; `pinlb serve` on the import writes the
+/// request there. `access_log off` writes no `[log]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_becomes_the_log_table_and_names_the_fields_lost() {
+    let backend = Backend::start("app").await;
+    let listen = free_port();
+    let logs = tempfile::tempdir().unwrap();
+    let file = logs.path().join("access.log");
+    let text = format!(
+        "http {{
+    log_format main '$remote_addr [$time_local] \"$request\" $status $request_time $http_x_request_id $ssl_protocol';
+    access_log {} main;
+    server {{
+        listen {listen};
+        location / {{ proxy_pass http://{}; }}
+    }}
+}}
+",
+        file.display(),
+        backend.addr
+    );
+    let imported = import_text(&text, &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    assert!(
+        imported.stdout.contains(&format!(
+            "[log]\naccess = \"{}\"\nformat = \"combined\"\n",
+            file.display()
+        )),
+        "{}",
+        imported.stdout
+    );
+    assert!(
+        imported.stderr.contains(&format!(
+            "{}:3: access_log {} main: pinlb's combined format, without $http_x_request_id, $ssl_protocol",
+            imported.path.display(),
+            file.display()
+        )),
+        "{}",
+        imported.stderr
+    );
+
+    let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(&imported.stdout), &[]).await;
+    await_listening(&[listen], || pinlb.log().join("\n")).await;
+    let resp = raw_request(
+        listen,
+        b"GET /logged HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!(resp.status, 200);
+    let line = poll(400, Duration::from_millis(25), async || {
+        std::fs::read_to_string(&file)
+            .ok()
+            .filter(|t| t.contains("\"GET /logged HTTP/1.1\" 200"))
+    })
+    .await;
+    assert!(line.is_some(), "nothing logged to {}", file.display());
+    drop(pinlb);
+
+    let off = import_text(
+        &text.replace(&format!("{} main", file.display()), "off"),
+        &[],
+    );
+    assert_eq!(off.code, Some(0), "{}", off.stderr);
+    assert!(!off.stdout.contains("[log]"), "{}", off.stdout);
+    assert!(!off.stderr.contains("access_log"), "{}", off.stderr);
+}
+
+/// `client_max_body_size` in `server` blocks becomes `[limits] max_body` when every server
+/// says the same (pinlb's limit is one for the process); where a server's is smaller than the
+/// one pinlb gets, pinlb would take bodies nginx refuses: refused at its line. nginx's default
+/// (1m) is written out when nothing sets it.
+#[test]
+fn server_body_limits_convert_where_pinlb_can_hold_them() {
+    let servers = |a: &str, b: &str| {
+        format!(
+            "http {{
+    server {{
+        listen 8080;
+        {a}
+        location / {{ proxy_pass http://127.0.0.1:8081; }}
+    }}
+    server {{
+        listen 8081;
+        {b}
+        location / {{ proxy_pass http://127.0.0.1:8082; }}
+    }}
+}}
+"
+        )
+    };
+    let same = import_text(
+        &servers("client_max_body_size 1k;", "client_max_body_size 1k;"),
+        &[],
+    );
+    assert_eq!(same.code, Some(0), "{}", same.stderr);
+    assert!(
+        same.stdout.contains("[limits]\nmax_body = 1024\n"),
+        "{}",
+        same.stdout
+    );
+
+    let none = import_text(&servers("", ""), &[]);
+    assert_eq!(none.code, Some(0), "{}", none.stderr);
+    assert!(
+        none.stdout.contains("[limits]\nmax_body = 1048576\n"),
+        "{}",
+        none.stdout
+    );
+
+    // 1k and 10m: pinlb keeps nginx's default 1m, so the 1k server would take more than nginx.
+    let apart = import_text(
+        &servers("client_max_body_size 1k;", "client_max_body_size 10m;"),
+        &[],
+    );
+    assert_eq!(apart.code, Some(1), "{}", apart.stderr);
+    assert!(
+        apart.stderr.contains(&format!(
+            "{}:4: client_max_body_size 1k not converted",
+            apart.path.display()
+        )),
+        "{}",
+        apart.stderr
+    );
+    assert!(
+        !apart
+            .stderr
+            .contains(":9: client_max_body_size 10m not converted"),
+        "{}",
+        apart.stderr
+    );
+}

@@ -1,5 +1,6 @@
 //! nginx directives to a pinlb configuration: what has an equivalent becomes TOML, everything
-//! else becomes a note naming its `file:line`.
+//! else becomes a note naming its `file:line`, or a refusal where leaving it out makes pinlb
+//! less strict than nginx ([`less_strict`]).
 
 use std::collections::BTreeMap;
 
@@ -13,6 +14,9 @@ use super::template::template;
 pub struct Converted {
     pub toml: Table,
     pub notes: Vec<String>,
+    /// The directives not converted that make pinlb answer where nginx would refuse, limit or
+    /// ask for credentials (`file:line: ...`): see [`less_strict`].
+    pub refused: Vec<String>,
     /// Whether any listener has a route: something proxies, redirects or answers.
     pub anything: bool,
 }
@@ -20,12 +24,18 @@ pub struct Converted {
 struct Builder {
     runtime: Table,
     limits: Table,
+    /// `[log]`, from `access_log`.
+    log: Table,
+    /// The body limit pinlb gets (`limits.max_body`, 0 unlimited), which every
+    /// `client_max_body_size` is held against.
+    max_body: u64,
     /// `[[listener]]`s by address, in first-seen order.
     listeners: Vec<(String, Vec<Server>)>,
     upstreams: BTreeMap<String, Table>,
     /// http-level `keepalive_timeout`, for every upstream's `client_idle`.
     client_idle: Option<String>,
     notes: Vec<String>,
+    refused: Vec<String>,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -38,6 +48,65 @@ struct Server {
     redirects: Redirects,
     /// Where it was written, for notes.
     at: String,
+    /// Its certificates, for the addresses it listens on with `ssl`.
+    tls: Option<ServerTls>,
+}
+
+/// What a server that listens with `ssl` brings to its listener's `[listener.tls]`.
+#[derive(Debug, Clone)]
+struct ServerTls {
+    /// The addresses it listens on with `ssl`.
+    addresses: Vec<String>,
+    /// `(cert, key)` pairs, in the order written: nginx's first is the one it serves.
+    certificates: Vec<(String, String)>,
+    /// `listen ... http2` or `http2 on`.
+    http2: bool,
+}
+
+/// The TLS directives a server merges from `http`: `ssl_certificate` and `ssl_certificate_key`
+/// as a whole level's list (nginx's array directives), `ssl_protocols` and `http2` from the
+/// nearest level that sets them.
+#[derive(Debug, Clone, Default)]
+struct Ssl {
+    certs: Vec<Directive>,
+    keys: Vec<Directive>,
+    protocols: Option<Directive>,
+    http2: Option<bool>,
+}
+
+impl Ssl {
+    /// The directives converted this way.
+    const NAMES: [&'static str; 4] = [
+        "ssl_certificate",
+        "ssl_certificate_key",
+        "ssl_protocols",
+        "http2",
+    ];
+
+    fn level(&self, block: &[Directive]) -> Ssl {
+        let mut out = self.clone();
+        let of = |name: &str| -> Vec<Directive> {
+            block
+                .iter()
+                .filter(|d| d.name == name && d.block.is_none())
+                .cloned()
+                .collect()
+        };
+        let (certs, keys) = (of("ssl_certificate"), of("ssl_certificate_key"));
+        if !certs.is_empty() {
+            out.certs = certs;
+        }
+        if !keys.is_empty() {
+            out.keys = keys;
+        }
+        if let Some(p) = of("ssl_protocols").pop() {
+            out.protocols = Some(p);
+        }
+        if let Some(h) = of("http2").pop() {
+            out.http2 = Some(h.args.first().map(String::as_str) == Some("on"));
+        }
+        out
+    }
 }
 
 /// nginx's `absolute_redirect` and `port_in_redirect` (both on by default): a redirect to
@@ -122,10 +191,13 @@ pub fn convert(directives: &[Directive]) -> Converted {
     let mut b = Builder {
         runtime: Table::new(),
         limits: Table::new(),
+        log: Table::new(),
+        max_body: 0,
         listeners: Vec::new(),
         upstreams: BTreeMap::new(),
         client_idle: None,
         notes: Vec::new(),
+        refused: Vec::new(),
     };
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
@@ -168,9 +240,10 @@ pub fn convert(directives: &[Directive]) -> Converted {
         }
         (None, Some((n, at))) => {
             let n = *n;
+            // The list form docs/configuration.md writes (`cpus = [0, 1]`), not a range string.
             b.runtime.insert(
                 "cpus".into(),
-                Value::String(format!("0-{}", n.saturating_sub(1))),
+                Value::Array((0..n.max(1)).map(|c| Value::Integer(c as i64)).collect()),
             );
             b.notes.push(format!(
                 "{at}: worker_processes {n} without worker_cpu_affinity: pinlb pins its {n} workers to cores 0-{} (nginx left them unpinned); change runtime.cpus to the cores pinlb should own",
@@ -188,7 +261,23 @@ pub fn convert(directives: &[Directive]) -> Converted {
 }
 
 impl Builder {
+    /// `d` is not converted: a note, or a refusal where leaving it out makes pinlb less strict
+    /// than nginx ([`less_strict`]).
     fn skip(&mut self, d: &Directive, why: &str) {
+        match less_strict(d) {
+            Some(what) => self.refused.push(format!(
+                "{}: {} not converted: {why}; without it pinlb {what}",
+                d.at(),
+                d.name
+            )),
+            None => self
+                .notes
+                .push(format!("{}: {} not converted: {why}", d.at(), d.name)),
+        }
+    }
+
+    /// `d` is not converted because nginx never reaches it: a note whatever it does.
+    fn unreached(&mut self, d: &Directive, why: &str) {
         self.notes
             .push(format!("{}: {} not converted: {why}", d.at(), d.name));
     }
@@ -200,19 +289,19 @@ impl Builder {
                 self.upstream(d, block);
             }
         }
+        self.body_limits(http);
         let inherit = Inherited::default().level(http);
+        let ssl = Ssl::default().level(http);
+        let any_tls = http.iter().any(listens_tls);
         for d in http {
             match (d.name.as_str(), d.block.as_deref()) {
                 ("upstream", Some(_)) => {}
-                ("server", Some(block)) => self.server(d, block, &inherit),
+                ("server", Some(block)) => self.server(d, block, &inherit, &ssl),
+                (n, None) if Ssl::NAMES.contains(&n) && any_tls => {}
                 (n, None) if Inherited::NAMES.contains(&n) => {}
-                ("client_max_body_size", None) => match d.args.first().and_then(|s| size(s)) {
-                    Some(n) => {
-                        self.limits
-                            .insert("max_body".into(), Value::Integer(n as i64));
-                    }
-                    None => self.skip(d, "not a size"),
-                },
+                ("client_max_body_size", None) => self.body_limit(d),
+                ("access_log", None) => self.access_log(d, http),
+                ("log_format", None) => {} // Read by access_log.
                 ("large_client_header_buffers", None) => {
                     match (
                         d.args.first().and_then(|n| n.parse::<u64>().ok()),
@@ -234,6 +323,10 @@ impl Builder {
                     Some(t) => self.client_idle = Some(t),
                     None => self.skip(d, "not a duration"),
                 },
+                (n, None) if (is_ssl(n) || n == "http2") && !any_tls => self.notes.push(format!(
+                    "{}: {n} not converted: no server listens with ssl, so it has no effect",
+                    d.at()
+                )),
                 _ => self.skip(d, "no pinlb equivalent"),
             }
         }
@@ -344,7 +437,10 @@ impl Builder {
         self.upstreams.insert(name.clone(), up);
     }
 
-    fn server(&mut self, d: &Directive, block: &[Directive], parent: &Inherited) {
+    fn server(&mut self, d: &Directive, block: &[Directive], parent: &Inherited, ssl: &Ssl) {
+        let ssl = ssl.level(block);
+        let mut tls_addresses = Vec::new();
+        let mut listen_http2 = false;
         let mut addresses = Vec::new();
         let mut names = Vec::new();
         let mut default = false;
@@ -359,13 +455,18 @@ impl Builder {
                 "listen" => {
                     if let Some(a) = s.args.first() {
                         addresses.push(listen_address(a));
+                        if s.args.iter().skip(1).any(|f| f == "ssl") {
+                            tls_addresses.push(listen_address(a));
+                        }
                     }
                     default |= s
                         .args
                         .iter()
                         .any(|a| a == "default_server" || a == "default");
                     for flag in s.args.iter().skip(1) {
-                        if flag != "default_server" && flag != "default" {
+                        if flag == "http2" {
+                            listen_http2 = true;
+                        } else if !["ssl", "default_server", "default"].contains(&flag.as_str()) {
                             self.notes
                                 .push(format!("{}: listen parameter {flag} not converted", s.at()));
                         }
@@ -386,7 +487,7 @@ impl Builder {
                     }
                 }
                 "location" => locations.push(s),
-                "return" | "rewrite" if answers_all => self.skip(
+                "return" | "rewrite" if answers_all => self.unreached(
                     s,
                     "never reached: an earlier return or rewrite answers every request",
                 ),
@@ -422,17 +523,27 @@ impl Builder {
                     Err(why) => self.skip(s, &why),
                 },
                 n if Inherited::NAMES.contains(&n) => {}
+                "client_max_body_size" => self.body_limit(s),
+                n if Ssl::NAMES.contains(&n) && !tls_addresses.is_empty() => {}
+                n if (is_ssl(n) || n == "http2") && n != "ssl" && !listens_tls(d) => self.notes.push(format!(
+                    "{}: {n} not converted: the server does not listen with ssl, so it has no effect",
+                    s.at()
+                )),
                 _ => self.skip(s, "no pinlb equivalent"),
             }
         }
         if addresses.is_empty() {
             addresses.push("0.0.0.0:80".into());
         }
+        let tls = match tls_addresses.is_empty() {
+            true => None,
+            false => self.server_tls(d, &ssl, tls_addresses, listen_http2),
+        };
         // nginx matches `location = ...` first, then the longest prefix.
         let mut routes: Vec<(u8, usize, Table)> = Vec::new();
         for l in locations {
             if answers_all {
-                self.skip(
+                self.unreached(
                     l,
                     "never reached: the server's return or rewrite answers every request first",
                 );
@@ -440,7 +551,7 @@ impl Builder {
             }
             if let Some(route) = self.location(l, &inherit) {
                 if first.iter().any(|earlier| route_covers(earlier, &route)) {
-                    self.skip(
+                    self.unreached(
                         l,
                         "never reached: a server-level rewrite answers every request it would get",
                     );
@@ -500,12 +611,226 @@ impl Builder {
                 routes: routes.clone(),
                 redirects: inherit.redirects,
                 at: d.at(),
+                tls: tls.clone(),
             };
             match self.listeners.iter_mut().find(|(a, _)| *a == address) {
                 Some((_, servers)) => servers.push(server),
                 None => self.listeners.push((address, vec![server])),
             }
         }
+    }
+
+    /// `limits.max_body`: the one limit every server has (its own `client_max_body_size`, else
+    /// `http`'s, else nginx's default 1m), or `http`'s where they differ; pinlb's is one for the
+    /// process. Each directive is then held against it by [`Builder::body_limit`].
+    fn body_limits(&mut self, http: &[Directive]) {
+        let own = |block: &[Directive]| {
+            block
+                .iter()
+                .rfind(|d| d.name == "client_max_body_size" && d.block.is_none())
+                .and_then(|d| d.args.first())
+                .and_then(|s| size(s))
+        };
+        let in_http = own(http).unwrap_or(1 << 20);
+        let servers: Vec<u64> = http
+            .iter()
+            .filter(|d| d.name == "server")
+            .map(|d| own(d.block.as_deref().unwrap_or_default()).unwrap_or(in_http))
+            .collect();
+        self.max_body = match servers.split_first() {
+            Some((first, rest)) if rest.iter().all(|v| v == first) => *first,
+            _ => in_http,
+        };
+        self.limits
+            .insert("max_body".into(), Value::Integer(self.max_body as i64));
+    }
+
+    /// A `client_max_body_size` against pinlb's one limit: refused where it is smaller (pinlb
+    /// would take bodies nginx answers 413), noted where it is larger.
+    fn body_limit(&mut self, d: &Directive) {
+        let Some(v) = d.args.first().and_then(|s| size(s)) else {
+            return self.skip(d, "not a size");
+        };
+        let unlimited = |n: u64| if n == 0 { u64::MAX } else { n };
+        let (mine, pinlb) = (unlimited(v), unlimited(self.max_body));
+        let written = d.args.join(" ");
+        let limit = match self.max_body {
+            0 => "unlimited".to_string(),
+            n => format!("{n} bytes"),
+        };
+        if mine < pinlb {
+            self.refused.push(format!(
+                "{}: client_max_body_size {written} not converted: pinlb's limits.max_body is one for the process ({limit}); without it pinlb takes bodies nginx refuses (413)",
+                d.at()
+            ));
+        } else if mine > pinlb {
+            self.notes.push(format!(
+                "{}: client_max_body_size {written}: pinlb's limits.max_body is one for the process ({limit}), so pinlb answers 413 to bodies nginx takes here",
+                d.at()
+            ));
+        }
+    }
+
+    /// `access_log PATH [FORMAT] ...` at `http` level as `[log]`: its path, and pinlb's format
+    /// nearest FORMAT (`json` for a JSON one, else `combined`), with a note naming FORMAT's
+    /// fields pinlb's lines don't carry. `off` writes none.
+    fn access_log(&mut self, d: &Directive, http: &[Directive]) {
+        let Some(path) = d.args.first() else {
+            return self.skip(d, "it needs a path");
+        };
+        if path == "off" {
+            return;
+        }
+        if !self.log.is_empty() {
+            return self.skip(d, "pinlb writes one access log; the first access_log is it");
+        }
+        if path.starts_with("syslog:") || path.contains('$') {
+            return self.skip(
+                d,
+                "pinlb writes to a file or stdout, named without variables",
+            );
+        }
+        let name = d.args.get(1).filter(|a| !a.contains('='));
+        let params: Vec<&str> = d.args[1 + usize::from(name.is_some())..]
+            .iter()
+            .map(String::as_str)
+            .collect();
+        let format = name.and_then(|n| {
+            http.iter()
+                .find(|f| f.name == "log_format" && f.args.first() == Some(n))
+        });
+        let (pinlb_format, carried): (&str, &[&str]) = match format {
+            Some(f)
+                if f.args.iter().any(|a| a == "escape=json")
+                    || f.args
+                        .get(1)
+                        .is_some_and(|a| a.trim_start().starts_with('{')) =>
+            {
+                ("json", &JSON_FIELDS)
+            }
+            _ => ("combined", &COMBINED_FIELDS),
+        };
+        let target = match path.as_str() {
+            "/dev/stdout" => "stdout".to_string(),
+            p => conf_path(d, p),
+        };
+        self.log.insert("access".into(), Value::String(target));
+        self.log
+            .insert("format".into(), Value::String(pinlb_format.into()));
+        let mut lost = Vec::new();
+        match (name.map(String::as_str), format) {
+            (None | Some("combined"), _) => {}
+            (Some(n), None) => {
+                return self.notes.push(format!(
+                    "{}: access_log {}: no log_format {n} in http: pinlb's {pinlb_format} format",
+                    d.at(),
+                    d.args.join(" ")
+                ));
+            }
+            (Some(_), Some(f)) => {
+                for v in variables(&f.args[1..].join(" ")) {
+                    if !carried.contains(&v.as_str()) && !lost.contains(&format!("${v}")) {
+                        lost.push(format!("${v}"));
+                    }
+                }
+            }
+        }
+        let mut why = Vec::new();
+        if !lost.is_empty() {
+            why.push(format!("without {}", lost.join(", ")));
+        }
+        if !params.is_empty() {
+            why.push(format!("{} not converted", params.join(" ")));
+        }
+        if !why.is_empty() {
+            self.notes.push(format!(
+                "{}: access_log {}: pinlb's {pinlb_format} format, {}",
+                d.at(),
+                d.args.join(" "),
+                why.join("; ")
+            ));
+        }
+    }
+
+    /// A server's TLS as pinlb's: its certificate pairs, checked; `None` when they can't be
+    /// (refused: pinlb would serve plain HTTP, or another certificate, where nginx serves TLS).
+    fn server_tls(
+        &mut self,
+        d: &Directive,
+        ssl: &Ssl,
+        addresses: Vec<String>,
+        listen_http2: bool,
+    ) -> Option<ServerTls> {
+        let refuse = |b: &mut Builder, at: String, why: &str| {
+            b.refused.push(format!(
+                "{at}: listen ... ssl not converted: {why}; without it pinlb serves plain HTTP where nginx serves TLS"
+            ));
+        };
+        if let Some(p) = &ssl.protocols {
+            let has = |v: &str| p.args.iter().any(|a| a == v);
+            if !has("TLSv1.2") {
+                self.refused.push(format!(
+                    "{}: ssl_protocols {} not converted: pinlb always offers TLS 1.2 and 1.3, so it would take TLS 1.2 handshakes nginx refuses",
+                    p.at(),
+                    p.args.join(" ")
+                ));
+            } else {
+                let older: Vec<&str> = p
+                    .args
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|a| !["TLSv1.2", "TLSv1.3"].contains(a))
+                    .collect();
+                if !older.is_empty() || !has("TLSv1.3") {
+                    self.notes.push(format!(
+                        "{}: ssl_protocols {}: pinlb offers TLS 1.2 and 1.3, fixed{}",
+                        p.at(),
+                        p.args.join(" "),
+                        match older.is_empty() {
+                            true => String::new(),
+                            false => format!(" ({} clients fail the handshake)", older.join(", ")),
+                        }
+                    ));
+                }
+            }
+        }
+        if ssl.certs.is_empty() {
+            refuse(self, d.at(), "the server has no ssl_certificate");
+            return None;
+        }
+        if ssl.certs.len() != ssl.keys.len() {
+            refuse(
+                self,
+                d.at(),
+                "each ssl_certificate needs its ssl_certificate_key, in the same order",
+            );
+            return None;
+        }
+        let mut certificates = Vec::new();
+        for (c, k) in ssl.certs.iter().zip(&ssl.keys) {
+            let (Some(cert), Some(key)) = (c.args.first(), k.args.first()) else {
+                refuse(
+                    self,
+                    c.at(),
+                    "ssl_certificate and ssl_certificate_key need a file",
+                );
+                return None;
+            };
+            if cert.contains('$') || key.contains('$') || key.starts_with("data:") {
+                refuse(
+                    self,
+                    c.at(),
+                    "a certificate named by variables or given inline is not a file pinlb can read",
+                );
+                return None;
+            }
+            certificates.push((conf_path(c, cert), conf_path(k, key)));
+        }
+        Some(ServerTls {
+            addresses,
+            certificates,
+            http2: listen_http2 || ssl.http2 == Some(true),
+        })
     }
 
     /// `return`'s action: `("redirect", ...)` or `("respond", ...)`; `None` (noted) for one
@@ -585,7 +910,7 @@ impl Builder {
             match d.name.as_str() {
                 // The rewrite phase runs before the content phase: a redirect or return decides
                 // before proxy_pass would.
-                "rewrite" | "return" if action.is_some() => self.skip(
+                "rewrite" | "return" if action.is_some() => self.unreached(
                     d,
                     "never reached: an earlier return or rewrite answers first",
                 ),
@@ -630,6 +955,7 @@ impl Builder {
                     proxy_at = Some(d);
                 }
                 "proxy_http_version" => {} // pinlb always speaks HTTP/1.1 to backends.
+                "client_max_body_size" => self.body_limit(d),
                 "proxy_next_upstream"
                 | "proxy_next_upstream_tries"
                 | "proxy_next_upstream_timeout" => {
@@ -812,6 +1138,9 @@ impl Builder {
                 Value::Table(std::mem::take(&mut self.limits)),
             );
         }
+        if !self.log.is_empty() {
+            root.insert("log".into(), Value::Table(std::mem::take(&mut self.log)));
+        }
         let mut listeners = Vec::new();
         let mut anything = false;
         for (address, mut servers) in std::mem::take(&mut self.listeners) {
@@ -879,9 +1208,28 @@ impl Builder {
                     ));
                 }
             }
+            let tls = listener_tls(&address, &catch_all, &servers);
+            let with_certificates = servers
+                .iter()
+                .chain([&catch_all])
+                .filter(|s| s.tls.is_some())
+                .count();
+            if with_certificates > 1 {
+                self.notes.push(format!(
+                    "{}: the certificates of the servers on {address} are chosen by the names each certificate carries (nginx: by server_name); the default server's first is the default",
+                    catch_all.at
+                ));
+            }
             routes.extend(catch_all.routes.into_iter().map(Value::Table));
             let mut l = Table::new();
             l.insert("address".into(), Value::String(address));
+            if let Some((tls, http2)) = tls {
+                l.insert("tls".into(), Value::Table(tls));
+                if !http2 {
+                    // nginx offers h2 only with `http2`; pinlb's TLS listeners do by default.
+                    l.insert("http2".into(), Value::Boolean(false));
+                }
+            }
             l.insert("route".into(), Value::Array(routes));
             listeners.push(Value::Table(l));
         }
@@ -901,12 +1249,208 @@ impl Builder {
         // A directive inherited by several locations is noted once.
         let mut seen = std::collections::HashSet::new();
         self.notes.retain(|n| seen.insert(n.clone()));
+        self.refused.retain(|n| seen.insert(n.clone()));
         Converted {
             toml: root,
             notes: self.notes,
+            refused: self.refused,
             anything,
         }
     }
+}
+
+/// Directives that make nginx refuse, limit or ask for credentials: left out, pinlb would
+/// answer what nginx does not.
+const RESTRICTING: [&str; 16] = [
+    "deny",
+    "allow",
+    "auth_basic",
+    "auth_basic_user_file",
+    "auth_request",
+    "auth_jwt",
+    "limit_req",
+    "limit_conn",
+    "limit_rate",
+    "limit_except",
+    "satisfy",
+    "internal",
+    "valid_referers",
+    "secure_link",
+    "client_max_body_size",
+    "return",
+];
+
+/// A listener's `[listener.tls]`, when a server on `address` listens there with `ssl`: the
+/// default server's first certificate as the default, every other as a
+/// `[[listener.tls.certificate]]`; and whether it offers h2 (any server's `http2`).
+fn listener_tls(address: &str, default: &Server, others: &[Server]) -> Option<(Table, bool)> {
+    let on_it = |s: &Server| {
+        s.tls
+            .as_ref()
+            .filter(|t| t.addresses.iter().any(|a| a == address))
+            .cloned()
+    };
+    let all: Vec<ServerTls> = std::iter::once(default)
+        .chain(others)
+        .filter_map(on_it)
+        .collect();
+    if all.is_empty() {
+        return None;
+    }
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for p in all.iter().flat_map(|t| &t.certificates) {
+        if !pairs.contains(p) {
+            pairs.push(p.clone());
+        }
+    }
+    let mut tls = Table::new();
+    let mut rest = pairs.into_iter();
+    if on_it(default).is_some() {
+        if let Some((cert, key)) = rest.next() {
+            tls.insert("cert".into(), Value::String(cert));
+            tls.insert("key".into(), Value::String(key));
+        }
+    }
+    let more: Vec<Value> = rest
+        .map(|(cert, key)| {
+            let mut t = Table::new();
+            t.insert("cert".into(), Value::String(cert));
+            t.insert("key".into(), Value::String(key));
+            Value::Table(t)
+        })
+        .collect();
+    if !more.is_empty() {
+        tls.insert("certificate".into(), Value::Array(more));
+    }
+    Some((tls, all.iter().any(|t| t.http2)))
+}
+
+/// A file a directive names, as nginx finds it: relative to the directory of the file it was
+/// written in.
+fn conf_path(d: &Directive, file: &str) -> String {
+    let p = std::path::Path::new(file);
+    match p.is_absolute() {
+        true => file.to_string(),
+        false => {
+            let joined = d.file.parent().unwrap_or(std::path::Path::new("")).join(p);
+            std::path::absolute(&joined)
+                .unwrap_or(joined)
+                .display()
+                .to_string()
+        }
+    }
+}
+
+/// TLS directives that tune performance, not what a handshake accepts: notes, not refusals
+/// (pinlb's session tickets and cache are fixed, docs/configuration.md; it has no 0-RTT).
+const SSL_TUNING: [&str; 8] = [
+    "ssl_session_cache",
+    "ssl_session_timeout",
+    "ssl_session_tickets",
+    "ssl_prefer_server_ciphers",
+    "ssl_buffer_size",
+    "ssl_early_data",
+    "ssl_stapling",
+    "ssl_stapling_verify",
+];
+
+/// The nginx variables pinlb's `combined` log line carries: nginx's combined, `$request`'s
+/// parts, then the backend and the two times it appends.
+const COMBINED_FIELDS: [&str; 14] = [
+    "remote_addr",
+    "remote_user",
+    "time_local",
+    "request",
+    "request_method",
+    "request_uri",
+    "server_protocol",
+    "status",
+    "body_bytes_sent",
+    "http_referer",
+    "http_user_agent",
+    "upstream_addr",
+    "upstream_response_time",
+    "request_time",
+];
+
+/// The nginx variables pinlb's `json` log line carries (`time`, `client`, `method`, `path`,
+/// `protocol`, `status`, `bytes`, `backend`, `upstream_time`, `total_time`, `referer`,
+/// `user_agent`).
+const JSON_FIELDS: [&str; 14] = [
+    "time_iso8601",
+    "time_local",
+    "remote_addr",
+    "request_method",
+    "request_uri",
+    "uri",
+    "server_protocol",
+    "status",
+    "body_bytes_sent",
+    "upstream_addr",
+    "upstream_response_time",
+    "request_time",
+    "http_referer",
+    "http_user_agent",
+];
+
+/// The variables a `log_format` string names: `$name` and `${name}`.
+fn variables(format: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = format;
+    while let Some(i) = rest.find('$') {
+        rest = &rest[i + 1..];
+        let braced = rest.starts_with('{');
+        let body = if braced { &rest[1..] } else { rest };
+        let end = body
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(body.len());
+        if end > 0 {
+            out.push(body[..end].to_string());
+        }
+        rest = &body[end..];
+    }
+    out
+}
+
+/// `ssl` and the `ssl_*` directives.
+fn is_ssl(name: &str) -> bool {
+    name == "ssl" || name.starts_with("ssl_")
+}
+
+/// Whether `d` is a `server` block that serves TLS: a `listen ... ssl`, or `ssl on`.
+fn listens_tls(d: &Directive) -> bool {
+    d.name == "server"
+        && d.block.iter().flatten().any(|s| {
+            (s.name == "listen" && s.args.iter().skip(1).any(|a| a == "ssl"))
+                || (s.name == "ssl" && s.args.first().map(String::as_str) == Some("on"))
+        })
+}
+
+/// What pinlb does without `d` that nginx does not (for the refusal), or `None` when leaving it
+/// out only loses convenience: a [`RESTRICTING`] directive, an `ssl`/`ssl_*` one (TLS settings
+/// left out weaken or drop the encryption), or a block (a regex or named `location`, an `if`)
+/// holding either.
+fn less_strict(d: &Directive) -> Option<String> {
+    let name = d.name.as_str();
+    if is_ssl(name) && !SSL_TUNING.contains(&name) {
+        return Some("serves TLS other than nginx's settings, or none".into());
+    }
+    if RESTRICTING.contains(&name) {
+        let what = match name {
+            "return" => "proxies what nginx answers itself",
+            "client_max_body_size" => "takes bodies nginx refuses (413)",
+            n if n.starts_with("limit_") => "lets through what nginx limits",
+            n if n.starts_with("auth_") || n == "satisfy" || n == "secure_link" => {
+                "answers without the credentials nginx asks for"
+            }
+            _ => "answers requests nginx refuses",
+        };
+        return Some(what.into());
+    }
+    let inner = d.block.as_deref()?.iter().find_map(|i| {
+        less_strict(i).map(|what| format!("{what} ({} at line {})", i.name, i.line))
+    })?;
+    Some(inner)
 }
 
 /// A relative redirect made absolute as nginx sends it (`absolute_redirect on`): the client's
@@ -1093,5 +1637,9 @@ mod tests {
         assert_eq!(template("${host}x").as_deref(), Some("{host}x"));
         assert_eq!(template("$server_port"), None);
         assert_eq!(hash_key("$http_x_user").as_deref(), Some("header:x-user"));
+        assert_eq!(
+            variables("$remote_addr [${time_local}] \"$request\" $ $http_x_id,"),
+            ["remote_addr", "time_local", "request", "http_x_id"]
+        );
     }
 }

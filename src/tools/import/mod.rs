@@ -1,5 +1,6 @@
 //! `pinlb import nginx.conf`: an nginx configuration read (its includes followed) and written as
-//! a pinlb one, with a note for every directive that has no pinlb equivalent.
+//! a pinlb one, with a note for every directive that has no pinlb equivalent, and a refusal
+//! ([`ImportError::LessStrict`]) where leaving one out would make pinlb less strict than nginx.
 //!
 //! - [`parse`]: nginx's syntax, directives with their `file:line`.
 //! - [`template`]: nginx variables as pinlb template variables.
@@ -24,18 +25,57 @@ pub enum ImportError {
     /// configuration would have no listener. The notes say what each directive was.
     #[error("nothing to proxy: its servers only serve files; pinlb serves no files")]
     NothingToProxy { notes: Vec<String> },
+    /// Directives that make nginx refuse, limit or ask for credentials (or serve TLS) were not
+    /// converted, so pinlb would answer requests nginx does not. Each is in `refused`, at its
+    /// `file:line`; `--allow-less-strict` prints the configuration anyway.
+    #[error(
+        "{} directive(s) above not converted would make pinlb less strict than nginx; convert them by hand, or pass --allow-less-strict to print the configuration without them",
+        refused.len()
+    )]
+    LessStrict {
+        notes: Vec<String>,
+        refused: Vec<String>,
+    },
+}
+
+impl ImportError {
+    /// The lines to print before the error's own: the notes, then what was refused.
+    pub fn lines(&self) -> Vec<String> {
+        match self {
+            ImportError::Parse(_) => Vec::new(),
+            ImportError::NothingToProxy { notes } => notes.clone(),
+            ImportError::LessStrict { notes, refused } => {
+                notes.iter().chain(refused).cloned().collect()
+            }
+        }
+    }
 }
 
 /// The pinlb configuration as TOML text, and the notes (`file:line: ...`) on what was not
-/// converted.
-pub fn import(path: &Path) -> Result<(String, Vec<String>), ImportError> {
+/// converted. A directive left out that makes pinlb less strict than nginx (a `deny`, an
+/// `auth_basic`, a regex location that returns 403, TLS settings) is an error unless
+/// `allow_less_strict`, and then a note.
+pub fn import(path: &Path, allow_less_strict: bool) -> Result<(String, Vec<String>), ImportError> {
     let mut notes = Vec::new();
     let directives = parse::parse_file(path, &mut notes)?;
     let converted = convert::convert(&directives);
     notes.extend(converted.notes);
     if !converted.anything {
+        notes.extend(converted.refused);
         return Err(ImportError::NothingToProxy { notes });
     }
+    if !converted.refused.is_empty() && !allow_less_strict {
+        return Err(ImportError::LessStrict {
+            notes,
+            refused: converted.refused,
+        });
+    }
+    notes.extend(
+        converted
+            .refused
+            .into_iter()
+            .map(|r| format!("{r} (accepted: --allow-less-strict)")),
+    );
     let text = toml::to_string(&converted.toml).unwrap_or_default();
     Ok((
         format!(
