@@ -336,6 +336,71 @@ async fn garbage_and_a_stalled_handshake_are_closed_and_counted() {
     assert_eq!(failures(&m, proxy.addr, "timeout"), 2.0);
 }
 
+/// What a TLS listener sends back on a raw connection given `bytes` as its first flight, read
+/// until the listener closes it (bounded by `WAIT`).
+async fn answer_to(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut conn = RawConn::open(addr).await;
+    conn.send(bytes).await;
+    tokio::time::timeout(WAIT, conn.read_until(|_| false))
+        .await
+        .expect("the connection was never closed")
+}
+
+/// A fatal `unexpected_message` alert as a TLS 1.2-framed record: content type alert (21),
+/// legacy version 0x0303, length 2, level fatal (2), description unexpected_message (10).
+const UNEXPECTED_MESSAGE: [u8; 7] = [21, 3, 3, 0, 2, 2, 10];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_handshake_message_other_than_a_client_hello_gets_an_unexpected_message_alert() {
+    let pki = Pki::new();
+    let a_cert = pki.issue("a", &["a.test"], false);
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    with_admin(&mut setup);
+    let proxy = Proxy::start_toml(&with_tls(&setup, &tls_table(Some(&a_cert), &[])));
+
+    // A Finished (handshake type 20, 32 bytes of verify data) where the ClientHello belongs.
+    let mut finished = vec![22, 3, 3, 0, 36, 20, 0, 0, 32];
+    finished.extend_from_slice(&[0xab; 32]);
+    // A well-formed ServerHello (type 2): version, random, empty session id, a suite, null
+    // compression, no extensions.
+    let mut hello = vec![3, 3];
+    hello.extend_from_slice(&[0x5a; 32]);
+    hello.extend_from_slice(&[0, 0x13, 0x01, 0]);
+    let mut server_hello = vec![
+        22,
+        3,
+        3,
+        0,
+        hello.len() as u8 + 4,
+        2,
+        0,
+        0,
+        hello.len() as u8,
+    ];
+    server_hello.extend_from_slice(&hello);
+    for (what, bytes) in [("Finished", &finished), ("ServerHello", &server_hello)] {
+        assert_eq!(
+            answer_to(proxy.addr, bytes).await,
+            UNEXPECTED_MESSAGE,
+            "the answer to a {what} first"
+        );
+    }
+
+    // Not a TLS record at all (content type 0): rustls's own fatal decode_error (50), as
+    // before.
+    let garbage = answer_to(proxy.addr, &[0u8, 1, 2, 3, 0xff, 0xfe, 0x16, 0x03]).await;
+    assert_eq!(garbage, [21, 3, 3, 0, 2, 2, 50]);
+
+    // The listener still serves, and each refusal counted as an invalid handshake.
+    let mut conn = connect(proxy.addr, "a.test", pki.client(BOTH))
+        .await
+        .expect("handshake");
+    assert_eq!(get_on(&mut conn, "/").await.status, 200);
+    let m = proxy.metrics().await;
+    assert_eq!(failures(&m, proxy.addr, "invalid"), 3.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_resume_with_tls_1_3_tickets_and_the_tls_1_2_cache() {
     let pki = Pki::new();

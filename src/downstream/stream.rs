@@ -471,6 +471,36 @@ impl TlsStream {
     }
 }
 
+/// A fatal `unexpected_message` alert (RFC 8446 §6: level 2, description 10) in a plaintext
+/// record: content type alert (21), legacy version 0x0303, length 2.
+const UNEXPECTED_MESSAGE: [u8; 7] = [21, 3, 3, 0, 2, 2, 10];
+
+/// Tells the client why its first flight was refused, before the caller closes the connection:
+/// the alert rustls queued (a decode_error for a record that is not TLS, for one), written once
+/// without waiting, as the connection closes next anyway.
+///
+/// A first message of the wrong type (a handshake message other than ClientHello, or a record
+/// that is not a handshake) is one RFC 8446 §6.2 answers with `unexpected_message`, as nginx and
+/// HAProxy do; rustls's `Acceptor` returns that error with no alert queued (its connection
+/// state machine, which would send it, never ran), so the record is written here.
+fn refuse_first_message(
+    tcp: &TcpStream,
+    e: &rustls::Error,
+    mut alert: rustls::server::AcceptedAlert,
+) {
+    let mut queued = Vec::new();
+    let _ = alert.write_all(&mut queued);
+    let wrong_type = matches!(
+        e,
+        rustls::Error::InappropriateHandshakeMessage { .. }
+            | rustls::Error::InappropriateMessage { .. }
+    );
+    if queued.is_empty() && wrong_type {
+        queued.extend_from_slice(&UNEXPECTED_MESSAGE);
+    }
+    let _ = (&*SockRef::from(tcp)).write(&queued);
+}
+
 /// Why a connection to a TLS listener was not served over TLS.
 pub(crate) enum Refused {
     /// It began with plain HTTP: the caller answers it, in plain HTTP, with a 400.
@@ -520,8 +550,8 @@ pub(crate) async fn handshake(
         match acceptor.accept() {
             Ok(Some(accepted)) => break accepted,
             Ok(None) => {}
-            Err((e, mut alert)) => {
-                let _ = alert.write(&mut &*SockRef::from(&tcp));
+            Err((e, alert)) => {
+                refuse_first_message(&tcp, &e, alert);
                 return Err(invalid(e));
             }
         }
