@@ -54,6 +54,12 @@ impl Window {
             .inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if inner.samples.is_empty() {
+            // The base until a sample is a window old: the process's start, when every count
+            // was zero. Without it the first sample would be the base, and requests served
+            // before the sampler first ran (a loaded machine starts it late) would never show.
+            inner.samples.push_back((process.started, HashMap::new()));
+        }
         let mut buckets = HashMap::new();
         for u in &generation.upstreams {
             for b in u.backends.iter() {
