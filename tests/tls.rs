@@ -135,6 +135,15 @@ fn failures(m: &Metrics, addr: SocketAddr, reason: &str) -> f64 {
     )
 }
 
+/// Whether `tool` is absent (`tool arg` cannot run); says the test is skipped then.
+fn missing(tool: &str, arg: &str) -> bool {
+    let absent = std::process::Command::new(tool).arg(arg).output().is_err();
+    if absent {
+        eprintln!("skipped: no {tool}");
+    }
+    absent
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_over_tls_1_2_and_1_3_reach_the_backend_with_x_forwarded_proto_https() {
     let pki = Pki::new();
@@ -199,12 +208,7 @@ async fn sni_picks_the_certificate_and_an_unknown_name_gets_the_default() {
 /// `s_client`, which sends the name as given, speaks for the clients that keep it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sni_name_with_its_root_dot_picks_the_certificate_of_the_name() {
-    if std::process::Command::new("openssl")
-        .arg("version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: no openssl");
+    if missing("openssl", "version") {
         return;
     }
     let pki = Pki::new();
@@ -605,12 +609,7 @@ fn config_errors_name_the_file_and_the_place() {
 /// `curl`, when there is one: a client that is not rustls, over TLS 1.2 and 1.3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_reaches_the_backend_over_tls_1_2_and_1_3() {
-    if std::process::Command::new("curl")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: no curl");
+    if missing("curl", "--version") {
         return;
     }
     let pki = Pki::new();

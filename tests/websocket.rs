@@ -549,22 +549,29 @@ async fn upgrade_h2c_is_never_forwarded() {
     }
 }
 
+/// A backend's read of the upgrade request: its head and whatever came with it.
+async fn read_head(s: &mut TcpStream) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    // Bounded by the head's size: it ends with an empty line.
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0 && got.len() < 64 * 1024);
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bytes_sent_with_the_upgrade_request_and_the_101_are_relayed_first() {
     // A backend that answers the upgrade with its first bytes in the same write, then echoes.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let backend = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let (mut s, _) = listener.accept().await.unwrap();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 1024];
-        // Bounded by the head's size: it ends with an empty line.
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = s.read(&mut buf).await.unwrap();
-            assert!(n > 0 && got.len() < 64 * 1024);
-            got.extend_from_slice(&buf[..n]);
-        }
+        let got = read_head(&mut s).await;
         let at = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
         let mut reply = SWITCH.to_vec();
         reply.extend_from_slice(b"server-first|");
@@ -614,14 +621,8 @@ async fn holding_backend(close_first: bool) -> (SocketAddr, watch::Sender<bool>)
     tokio::spawn(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (mut s, _) = listener.accept().await.unwrap();
-        let mut got = Vec::new();
+        read_head(&mut s).await;
         let mut buf = [0u8; 1024];
-        // Bounded by the head's size: it ends with an empty line.
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = s.read(&mut buf).await.unwrap();
-            assert!(n > 0 && got.len() < 64 * 1024);
-            got.extend_from_slice(&buf[..n]);
-        }
         s.write_all(SWITCH).await.unwrap();
         if close_first {
             s.shutdown().await.unwrap();
