@@ -660,6 +660,13 @@ pub struct Upstream {
     /// `ewma_decay`: how fast an `ewma` upstream forgets a response time (the time constant of
     /// the moving average; see [`Upstream::EWMA_DECAY`]).
     pub ewma_decay: Duration,
+    /// `queue`: most requests that wait, in arrival order, for a backend below its `max_conns`
+    /// when every one is at it (HAProxy's `maxqueue`); 0 = none: such a request gets a 503 at
+    /// once, as in nginx. How long one may wait is `timeouts.queue`.
+    pub queue: usize,
+    /// `max_connecting`: most connects in progress to one backend at once, across workers; the
+    /// rest wait for one to finish, within their own connect timeout. 0 = unbounded.
+    pub max_connecting: usize,
     /// Backends given by DNS names. `backends` holds the IP ones from the file and, once the
     /// control thread has looked them up, the addresses these gave (see `dns`).
     pub names: Vec<NamedBackend>,
@@ -762,6 +769,11 @@ impl Spawn {
 }
 
 impl Upstream {
+    /// `max_connecting`'s default: a quarter of the listen backlog Node.js and nginx ask for
+    /// (511). A backend whose accept queue is full drops SYNs, and each dropped one waits a
+    /// second for its retransmission; past this many connects in progress, more cannot get in
+    /// sooner, so the rest wait for one of them instead of adding to the pile.
+    pub const MAX_CONNECTING: usize = 128;
     /// `ewma_decay`'s default: 1 s, not Finagle's and Linkerd's 10 s. The peak EWMA holds a
     /// backend's worst recent response for about this long, and backends on the same machine
     /// answer thousands of requests a second each in well under a millisecond: with 10 s, one
@@ -949,15 +961,25 @@ pub struct Timeouts {
     pub send: Duration,
     /// An idle client keep-alive connection is closed after this.
     pub client_idle: Duration,
+    /// The longest a request waits in the upstream's `queue` before it gets a 503.
+    pub queue: Duration,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
-            connect: Duration::from_secs(1),
+            // Slightly above 3 s, as HAProxy's documentation advises: a SYN that a busy
+            // backend's full accept queue dropped is sent again after 1 s and 3 s, so 5 s lets
+            // two retransmissions through. At 1 s, one dropped SYN failed the connect, and a
+            // busy backend looked dead.
+            connect: Duration::from_secs(5),
             response: Duration::from_secs(60),
             send: Duration::from_secs(60),
             client_idle: Duration::from_secs(60),
+            // As long as common clients wait for an answer (ab's and many HTTP libraries'
+            // 30 s): a request still queued past that has most likely been given up on, and
+            // its 503 with Retry-After says when to come back.
+            queue: Duration::from_secs(30),
         }
     }
 }

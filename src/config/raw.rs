@@ -105,6 +105,7 @@ const KEYS_ELSEWHERE: &[(&str, &[&str])] = &[
     ("client_idle", &["upstream.NAME.timeouts"]),
     ("tunnel_idle", &["upstream.NAME.timeouts"]),
     ("tunnel_fin", &["upstream.NAME.timeouts"]),
+    ("max_connecting", &["upstream.NAME"]),
     ("rise", &["upstream.NAME.health"]),
     ("fall", &["upstream.NAME.health"]),
     ("expect", &["upstream.NAME.health"]),
@@ -273,6 +274,10 @@ pub(super) struct RawUpstream {
     /// Default for every backend's `max_conns`; 0 = unlimited.
     #[serde(default)]
     pub max_conns: usize,
+    /// Most requests waiting for a backend below `max_conns`; 0 = no queue.
+    pub queue: Option<Spanned<usize>>,
+    /// Most connects in progress to one backend at once; 0 = unbounded.
+    pub max_connecting: Option<Spanned<usize>>,
     /// Default for every backend's `slow_start`.
     pub slow_start: Option<Dur>,
     pub health: Option<RawHealth>,
@@ -355,6 +360,7 @@ pub(super) struct RawTimeouts {
     pub client_idle: Option<Spanned<Dur>>,
     pub tunnel_idle: Option<Spanned<Dur>>,
     pub tunnel_fin: Option<Spanned<Dur>>,
+    pub queue: Option<Spanned<Dur>>,
 }
 
 /// `[upstream.NAME.health]`.

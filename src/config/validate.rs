@@ -275,6 +275,8 @@ pub(super) fn upstream(
             }
         }
     }
+    let limited = backends.iter().any(|b| b.max_conns > 0) || names.iter().any(|n| n.max_conns > 0);
+    let queue = queue(&key, up, limited, warnings);
     Ok(Upstream {
         name: name.to_string(),
         algorithm,
@@ -285,6 +287,11 @@ pub(super) fn upstream(
         backends,
         names,
         resolve: resolve(src, &key, &up.resolve)?,
+        queue,
+        max_connecting: up
+            .max_connecting
+            .as_ref()
+            .map_or(Upstream::MAX_CONNECTING, |v| *v.get_ref()),
         spawn,
         timeouts: timeouts(src, &key, &up.timeouts)?,
         health: up
@@ -314,6 +321,17 @@ pub(super) fn upstream(
             .transpose()?
             .map(Arc::new),
     })
+}
+
+/// `queue`; a warning when no backend has a `max_conns` for it to wait on.
+fn queue(key: &str, up: &RawUpstream, limited: bool, warnings: &mut Vec<String>) -> usize {
+    let queue = up.queue.as_ref().map_or(0, |q| *q.get_ref());
+    if queue > 0 && !limited && up.max_conns == 0 {
+        warnings.push(format!(
+            "{key}.queue: no backend has max_conns, so no request ever waits in the queue"
+        ));
+    }
+    queue
 }
 
 /// `hash`, which `algorithm = "hash"` needs and no other algorithm takes.
@@ -1039,6 +1057,7 @@ fn timeouts(src: &Source, key: &str, t: &RawTimeouts) -> Result<Timeouts> {
         response: positive(src, &t.response, &tkey("response"))?.unwrap_or(d.response),
         send: positive(src, &t.send, &tkey("send"))?.unwrap_or(d.send),
         client_idle: positive(src, &t.client_idle, &tkey("client_idle"))?.unwrap_or(d.client_idle),
+        queue: positive(src, &t.queue, &tkey("queue"))?.unwrap_or(d.queue),
     })
 }
 

@@ -689,6 +689,62 @@ impl Collector for Scrape {
             MetricType::Histogram,
             histograms(|s| &s.check_time),
         )?;
-        Ok(())
+        self.encode_queues(&mut e)
+    }
+}
+
+impl Scrape {
+    /// The queues of the upstreams that have one (`queue`).
+    fn encode_queues(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let queues: Vec<(Labels, &crate::upstream::queue::Queue)> = self
+            .upstreams
+            .iter()
+            .filter_map(|u| {
+                let q = u.queue.as_deref()?;
+                Some((vec![("upstream", u.config.name.clone())], q))
+            })
+            .collect();
+        let each = |f: &dyn Fn(&crate::upstream::queue::Queue) -> u64| {
+            queues
+                .iter()
+                .map(move |(l, q)| (l.clone(), counter(f(q))))
+                .collect::<Vec<_>>()
+        };
+        family(
+            e,
+            "upstream_queue_waiting",
+            "Requests waiting in the upstream's queue for a backend below max_conns.",
+            MetricType::Gauge,
+            queues.iter().map(|(l, q)| {
+                (
+                    l.clone(),
+                    gauge(i64::try_from(q.waiting()).unwrap_or(i64::MAX)),
+                )
+            }),
+        )?;
+        family(
+            e,
+            "upstream_queue_timeouts",
+            "Requests that waited timeouts.queue in the queue and got a 503.",
+            MetricType::Counter,
+            each(&|q| q.stats.timeouts.load(Ordering::Relaxed)),
+        )?;
+        family(
+            e,
+            "upstream_queue_overflows",
+            "Requests that found the queue full and got a 503 at once.",
+            MetricType::Counter,
+            each(&|q| q.stats.overflows.load(Ordering::Relaxed)),
+        )?;
+        family(
+            e,
+            "upstream_queue_wait_seconds",
+            "Time spent in the queue by requests that then went to a backend.",
+            MetricType::Histogram,
+            queues.iter().map(|(l, q)| {
+                let (sum, count, buckets) = q.stats.wait_time.snapshot();
+                (l.clone(), HistogramValues(sum, count, buckets))
+            }),
+        )
     }
 }

@@ -232,6 +232,18 @@ pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
                 "algorithm": u.config.algorithm.as_str(),
                 "hash": u.config.hash.as_ref().map(ToString::to_string),
                 "health_checks": u.config.health.is_some(),
+                "queue": u.queue.as_deref().map(|q| {
+                    let (sum, count, _) = q.stats.wait_time.snapshot();
+                    json!({
+                        "max": u.config.queue,
+                        "waiting": q.waiting(),
+                        "dequeued": q.stats.dequeued.load(Ordering::Relaxed),
+                        "timeouts": q.stats.timeouts.load(Ordering::Relaxed),
+                        "overflows": q.stats.overflows.load(Ordering::Relaxed),
+                        // The mean wait of those that went to a backend, in seconds.
+                        "mean_wait_s": (count > 0).then(|| thousandths(sum / count as f64)),
+                    })
+                }),
                 "backends": backends,
                 "names": names,
             })

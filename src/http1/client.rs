@@ -762,6 +762,88 @@ pub fn response<B>(head: Head, body: B, method: &Method) -> Reply<B> {
     }
 }
 
+/// Why a connect to a backend failed: the cause as logs and error pages show it, and what it
+/// says about the backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectError {
+    pub cause: String,
+    pub kind: ConnectFailure,
+}
+
+/// What a failed connect says about the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectFailure {
+    /// Refused, reset, unreachable, a failed TLS handshake: the backend's fault.
+    Backend,
+    /// No answer within the timeout: a dead host, or a live one whose accept queue is full
+    /// and drops SYNs; which, only the backend's other connections can tell (the upstream
+    /// side tells, and makes it [`ConnectFailure::Busy`]).
+    TimedOut,
+    /// Timed out, but the backend took other connections meanwhile, or has requests in
+    /// flight on connections it took: it is busy, its accept queue full, not dead. Or the
+    /// connect never started: `max_connecting` others were in progress all along.
+    Busy,
+    /// pinlb's own side ran out (file descriptors, local ports, buffers): not the backend's
+    /// fault at all.
+    Local,
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.cause)
+    }
+}
+
+impl From<String> for ConnectError {
+    /// A cause that blames the backend.
+    fn from(cause: String) -> Self {
+        ConnectError {
+            cause,
+            kind: ConnectFailure::Backend,
+        }
+    }
+}
+
+impl ConnectError {
+    pub(crate) fn timed_out(cause: String) -> Self {
+        ConnectError {
+            cause,
+            kind: ConnectFailure::TimedOut,
+        }
+    }
+
+    pub(crate) fn busy(cause: String) -> Self {
+        ConnectError {
+            cause,
+            kind: ConnectFailure::Busy,
+        }
+    }
+
+    fn io(e: &std::io::Error) -> Self {
+        use nix::errno::Errno;
+        let local = e.raw_os_error().map(Errno::from_raw).is_some_and(|n| {
+            matches!(
+                n,
+                Errno::EMFILE
+                    | Errno::ENFILE
+                    | Errno::EADDRNOTAVAIL
+                    | Errno::ENOBUFS
+                    | Errno::ENOMEM
+            )
+        });
+        let kind = match (local, e.kind()) {
+            (true, _) => ConnectFailure::Local,
+            (false, std::io::ErrorKind::TimedOut) => ConnectFailure::TimedOut,
+            _ => ConnectFailure::Backend,
+        };
+        let mut cause = describe_io(e);
+        if local {
+            cause.push_str(" (on pinlb's side, not the backend's)");
+        }
+        ConnectError { cause, kind }
+    }
+}
+
 /// Opens a new connection to a backend, with a TLS handshake when `tls` is given. The connect
 /// and the handshake are each bounded by `timeout`, as nginx bounds both by
 /// `proxy_connect_timeout`.
@@ -769,11 +851,15 @@ pub async fn connect(
     addr: SocketAddr,
     timeout: Duration,
     tls: Option<&Connector>,
-) -> Result<Conn, String> {
+) -> Result<Conn, ConnectError> {
     let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(describe_io(&e)),
-        Err(_) => return Err(format!("connect timed out after {timeout:?}")),
+        Ok(Err(e)) => return Err(ConnectError::io(&e)),
+        Err(_) => {
+            return Err(ConnectError::timed_out(format!(
+                "connect timed out after {timeout:?}"
+            )));
+        }
     };
     // Small requests and responses must not wait for Nagle.
     let _ = stream.set_nodelay(true);
@@ -788,8 +874,8 @@ pub async fn connect(
             tracing::debug!(backend = %addr, resumed = stream.is_resumed(), "TLS handshake done");
             Ok(Conn::new(stream))
         }
-        Ok(Err(cause)) => Err(cause),
-        Err(_) => Err(format!("TLS handshake timed out after {timeout:?}")),
+        Ok(Err(cause)) => Err(cause.into()),
+        Err(_) => Err(format!("TLS handshake timed out after {timeout:?}").into()),
     }
 }
 

@@ -92,6 +92,14 @@ fn upstream_settings(s: &mut String, old: &Upstream, new: &Upstream) {
     }
     changed(s, p, "keepalive", &old.keepalive, &new.keepalive);
     changed(s, p, "max_streams", &old.max_streams, &new.max_streams);
+    changed(s, p, "queue", &old.queue, &new.queue);
+    changed(
+        s,
+        p,
+        "max_connecting",
+        &old.max_connecting,
+        &new.max_connecting,
+    );
     changed(s, p, "ewma_decay", &old.ewma_decay, &new.ewma_decay);
     if old.hash != new.hash {
         let show = |h: &Option<_>| h.as_ref().map_or("none".to_string(), |h| format!("{h}"));
@@ -102,6 +110,7 @@ fn upstream_settings(s: &mut String, old: &Upstream, new: &Upstream) {
     changed(s, p, "timeouts.response", &a.response, &b.response);
     changed(s, p, "timeouts.send", &a.send, &b.send);
     changed(s, p, "timeouts.client_idle", &a.client_idle, &b.client_idle);
+    changed(s, p, "timeouts.queue", &a.queue, &b.queue);
     match (&old.health, &new.health) {
         (Some(a), Some(b)) => {
             changed(s, p, "health.path", &a.path, &b.path);

@@ -47,6 +47,9 @@ pub struct Upstreamed {
     pub backend: SocketAddr,
     /// From the first attempt to the response head.
     pub upstream_time: Duration,
+    /// Time spent in the upstream's queue before the first attempt; zero when it did not
+    /// wait.
+    pub queue_time: Duration,
 }
 
 /// One request's line, before formatting.
@@ -415,6 +418,12 @@ fn format_entry(
                 out.push(' ');
                 out.push_str(itoa::Buffer::new().format(n));
             }
+            if let Some(u) = e.upstream.filter(|u| !u.queue_time.is_zero()) {
+                // A request that waited in the upstream's queue: named, since only those
+                // have it.
+                out.push_str(" queue=");
+                seconds_into(out, u.queue_time);
+            }
             out.push('\n');
         }
         AccessFormat::Json => {
@@ -431,6 +440,7 @@ fn format_entry(
                 "bytes": e.bytes,
                 "backend": e.upstream.map(|u| u.backend.to_string()),
                 "upstream_time": upstream_time,
+                "queue_time": e.upstream.map(|u| u.queue_time.as_secs_f64()),
                 "total_time": total,
                 "bytes_received": e.received,
                 "referer": text(e.referer.as_ref()),
@@ -557,6 +567,7 @@ mod tests {
         e.upstream = Some(Upstreamed {
             backend: "127.0.0.1:8881".parse().unwrap(),
             upstream_time: Duration::from_micros(1500),
+            queue_time: Duration::ZERO,
         });
         e.total = Duration::from_micros(2400);
         e

@@ -5,7 +5,7 @@ use http::StatusCode;
 use tracing::debug;
 
 use crate::config::Timeouts;
-use crate::http1::client::{self, Conn, Outgoing, UpstreamError};
+use crate::http1::client::{self, Conn, ConnectError, Outgoing, UpstreamError};
 use crate::http1::common::RequestFraming;
 use crate::proxy::downstream::DownstreamBody;
 use crate::proxy::request_body::RequestBody;
@@ -25,7 +25,7 @@ pub(crate) struct Plan<'a> {
 /// How one attempt at one backend failed.
 pub(crate) enum Failure {
     /// No connection: nothing was sent, so another backend may always be tried.
-    Connect(String),
+    Connect(ConnectError),
     /// The request, or part of it, may have reached the backend.
     Exchange(UpstreamError),
 }
@@ -150,7 +150,7 @@ pub(crate) async fn attempt_h2(
         let opened = upstream
             .open_stream(backend, timeouts.connect)
             .await
-            .map_err(Failure::Connect)?;
+            .map_err(|cause| Failure::Connect(cause.into()))?;
         let (feed, outbound) = crate::upstream::h2::channel(body.is_empty());
         let tls = shared.tls(backend).is_some();
         let request = crate::upstream::h2::request(req, length, tls, outbound).map_err(|e| {

@@ -9,6 +9,7 @@ use http::{Method, StatusCode};
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply, error_page};
 use crate::http1::request::ClientError;
 use crate::proxy::body::{ProxyBody, local_reply};
+use crate::upstream::queue::Refused;
 
 /// Why a request could not be answered by a backend. Each kind maps to one status, in
 /// [`ProxyError::status`]; a client's fault keeps [`ClientError::status`].
@@ -33,6 +34,10 @@ pub enum ProxyError {
         backend: SocketAddr,
         after: Duration,
     },
+    /// Every backend was at `max_conns` and the upstream's queue was full, or the request
+    /// waited `timeouts.queue` in it.
+    #[error("{}", queue_refusal(.0))]
+    Queue(Refused),
     /// The client's request was refused, or its body failed, before any backend answered.
     #[error("{0}")]
     Downstream(ClientError),
@@ -41,7 +46,7 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::NoBackend(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NoBackend(_) | ProxyError::Queue(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BadGateway { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } | ProxyError::SendTimeout { .. } => {
                 StatusCode::GATEWAY_TIMEOUT
@@ -51,14 +56,31 @@ impl ProxyError {
     }
 }
 
-/// A short text response for a request pinlb had to answer itself.
+fn queue_refusal(r: &Refused) -> String {
+    match r {
+        Refused::Full { max } => {
+            format!("every backend is at max_conns and the queue is full ({max} requests waiting)")
+        }
+        Refused::TimedOut { after } => format!(
+            "every backend stayed at max_conns while the request waited {after:?} in the queue"
+        ),
+    }
+}
+
+/// A short text response for a request pinlb had to answer itself. A refusal of the queue
+/// says when to try again (RFC 9110 §10.2.3): in a second, when slots have freed, as they do
+/// continuously under load.
 pub fn error_response(e: &ProxyError, method: &Method) -> Reply<ProxyBody> {
     let status = e.status();
+    let lines: &[u8] = match e {
+        ProxyError::Queue(_) => b"retry-after: 1\r\n",
+        _ => b"",
+    };
     local_reply(
         status,
         ERROR_PAGE_TYPE,
         Bytes::from(error_page(status, e)),
-        b"",
+        lines,
         method,
     )
 }

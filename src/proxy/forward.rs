@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::Method;
 use tracing::warn;
@@ -221,10 +221,21 @@ async fn forward(
     let mut tried = Tried::new(n);
     let mut first_try: Option<Instant> = None;
     let mut last_error: Option<ProxyError> = None;
+    let mut queue_time = Duration::ZERO;
     loop {
         let out_of_budget = first_try.is_some_and(|t| t.elapsed() >= retry.timeout);
         let picked = if tried.count >= max_tries || out_of_budget {
             None
+        } else if let (Some(queue), 0) = (&shared.queue, tried.count) {
+            // Boxed: the wait's state stays out of the request's own.
+            match Box::pin(upstream.pick_queued(queue, key)).await {
+                Ok(Some((backend, guard, waited))) => {
+                    queue_time = waited;
+                    Some((backend, guard))
+                }
+                Ok(None) => None,
+                Err(refused) => return Err(ProxyError::Queue(refused)),
+            }
         } else {
             upstream.pick(key, |i| tried.contains(i))
         };
@@ -247,6 +258,7 @@ async fn forward(
                 .map(|upstream_time| Upstreamed {
                     backend: addr,
                     upstream_time,
+                    queue_time,
                 })
         };
         let failure = match shared.config.protocol {
@@ -292,11 +304,22 @@ fn give_up_or_retry(
     body: &RequestBody<'_, impl DownstreamBody>,
     addr: SocketAddr,
 ) -> Result<ProxyError, ProxyError> {
-    let kind = failure.kind();
+    let excuse = match (&failure, failure.kind()) {
+        (Failure::Connect(e), _) => guard.connect_failed(shared, e.kind),
+        (_, Some(kind)) => {
+            guard.failed(shared, kind);
+            None
+        }
+        (_, None) => None,
+    };
     let (error, sent) = failed(failure, addr, plan.timeouts)?;
-    if let Some(kind) = kind {
-        guard.failed(shared, kind);
-    }
+    let error = match (error, excuse) {
+        (ProxyError::BadGateway { backend, cause }, Some(excuse)) => ProxyError::BadGateway {
+            backend,
+            cause: format!("{cause} ({excuse})"),
+        },
+        (error, _) => error,
+    };
     let why = not_retried(
         sent,
         method,
@@ -323,7 +346,13 @@ fn failed(
     timeouts: &Timeouts,
 ) -> Result<(ProxyError, bool), ProxyError> {
     Ok(match failure {
-        Failure::Connect(cause) => (ProxyError::BadGateway { backend, cause }, false),
+        Failure::Connect(e) => (
+            ProxyError::BadGateway {
+                backend,
+                cause: e.cause,
+            },
+            false,
+        ),
         Failure::Exchange(UpstreamError::Client(e)) => return Err(ProxyError::Downstream(e)),
         Failure::Exchange(UpstreamError::Timeout) => (
             ProxyError::Timeout {

@@ -3,13 +3,15 @@
 //! them without a lock; and the admin state the API sets.
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::config::Backend;
+use crate::upstream::connecting::Connecting;
 use crate::upstream::counters::BackendStats;
 use crate::upstream::health::{FailWindow, ramped_weight};
+use crate::upstream::queue::Queue;
 
 /// Configured weights are multiplied by this before selection, so a backend in slow start can
 /// carry a small fraction of even weight 1. Scaling every weight alike changes no pick.
@@ -115,6 +117,12 @@ pub struct BackendState {
     ewma_at_ns: AtomicU64,
     /// What `/metrics` reports; counted only while the admin listener is on.
     pub stats: BackendStats,
+    /// The connects in progress to this backend, and their bound (`max_connecting`).
+    pub connecting: Connecting,
+    /// The queue of the backend's upstream, once a config gave it one: a request that ends
+    /// here wakes the queue's first waiter. Unset, as for most upstreams, the end of a request
+    /// costs one load more.
+    pub(super) queue: OnceLock<Arc<Queue>>,
 }
 
 impl BackendState {
@@ -135,6 +143,8 @@ impl BackendState {
             ewma_ns: AtomicU64::new(0),
             ewma_at_ns: AtomicU64::new(0),
             stats: BackendStats::default(),
+            connecting: Connecting::default(),
+            queue: OnceLock::new(),
         };
         state.configure(b);
         state
@@ -220,6 +230,24 @@ impl BackendState {
         self.admin.load(Ordering::Relaxed) == AdminState::Active as u8
             && self.is_up()
             && (lone || !self.skipped(now))
+            && !self.is_full()
+    }
+
+    /// Whether the backend would be picked but for `max_conns`.
+    #[cold]
+    pub(super) fn available_but_full(&self, now: &mut Now) -> bool {
+        self.admin.load(Ordering::Relaxed) == AdminState::Active as u8
+            && self.is_up()
+            && !self.skipped(now)
+            && self.is_full()
+    }
+
+    /// Whether the backend could be picked in panic mode: it is only skipped after failures.
+    #[cold]
+    pub(super) fn only_skipped(&self, now: &mut Now) -> bool {
+        self.admin.load(Ordering::Relaxed) == AdminState::Active as u8
+            && self.is_up()
+            && self.skipped(now)
             && !self.is_full()
     }
 

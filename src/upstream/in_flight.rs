@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 
+use crate::http1::client::ConnectFailure;
 use crate::upstream::backend::BackendState;
 use crate::upstream::counters::ErrorKind;
 use crate::upstream::shared::SharedUpstream;
@@ -83,6 +84,31 @@ impl InFlight {
         upstream.record_failure(&self.state);
     }
 
+    /// Records a failed connect: `/metrics` counts it, and the passive checks count it
+    /// against the backend unless it says nothing about the backend: pinlb's own side ran out,
+    /// or the backend is busy ([`ConnectFailure::Busy`]: its accept queue was full while it
+    /// took other connections). Counting those would skip every busy backend of a pool at
+    /// once. A dead host takes no connections and a closed port refuses: both still count.
+    /// Returns why the failure was not counted, for the log line.
+    pub fn connect_failed(
+        &self,
+        upstream: &SharedUpstream,
+        kind: ConnectFailure,
+    ) -> Option<&'static str> {
+        if upstream.counting {
+            self.state.stats.error(ErrorKind::Connect);
+        }
+        let excuse = match kind {
+            ConnectFailure::Backend | ConnectFailure::TimedOut => None,
+            ConnectFailure::Local => Some("not counted against the backend"),
+            ConnectFailure::Busy => Some("the backend is busy, not down: not counted as a failure"),
+        };
+        if excuse.is_none() {
+            upstream.record_failure(&self.state);
+        }
+        excuse
+    }
+
     /// Records that the request moves on to another backend after failing on this one.
     pub fn retried(&self, upstream: &SharedUpstream) {
         if upstream.counting {
@@ -94,5 +120,9 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        // The slot this request held goes to the first request waiting, if any.
+        if let Some(queue) = self.state.queue.get() {
+            queue.slot_freed();
+        }
     }
 }

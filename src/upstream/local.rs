@@ -9,13 +9,14 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::http1::client::{Conn, connect};
-use crate::upstream::backend::BackendState;
+use crate::http1::client::{Conn, ConnectError, ConnectFailure, connect};
+use crate::upstream::backend::{BackendState, clock_ms, millis};
 use crate::upstream::h2;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::pick::Selection;
+use crate::upstream::queue::{Queue, Refused};
 use crate::upstream::shared::SharedUpstream;
 
 /// One worker's view of an upstream.
@@ -93,6 +94,65 @@ impl WorkerUpstream {
         picked
     }
 
+    /// Picks a backend as [`Self::pick`] does, for an upstream with a `queue`: when every
+    /// backend that could take the request is at `max_conns`, or others wait already, the
+    /// request waits in the queue, at most `timeouts.queue`, and then picks among those that
+    /// have room. Also returns how long it waited. `Ok(None)` when no backend could take it
+    /// even by waiting (each down or skipped).
+    ///
+    /// Only a request's first pick waits: one that failed on a backend and may not go back to
+    /// it could be woken for a slot there and would have to pass the wake on, and two such
+    /// requests could pass wakes between them for ever. A retry picks as without a queue.
+    pub async fn pick_queued(
+        &self,
+        queue: &Arc<Queue>,
+        key: Option<u64>,
+    ) -> Result<Option<(usize, InFlight, Duration)>, Refused> {
+        let excluded = |_: usize| false;
+        if !queue.is_busy() {
+            if let Some((b, guard)) = self.pick(key, &excluded) {
+                return Ok(Some((b, guard, Duration::ZERO)));
+            }
+        }
+        if !queue.is_busy() && !self.shared.full_but_up(&excluded) {
+            return Ok(None);
+        }
+        let after = self.shared.config.timeouts.queue;
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::from_std(started + after);
+        let taken = |(b, guard): (usize, InFlight)| {
+            let waited = started.elapsed();
+            queue.stats.wait_time.observe(waited);
+            queue.stats.dequeued.fetch_add(1, Ordering::Relaxed);
+            Some((b, guard, waited))
+        };
+        // Each turn ends in a pick, a refusal, or a place at the queue's front again; every
+        // turn waits for a freed slot, so the loop is bounded by the deadline.
+        let mut front = false;
+        loop {
+            let mut ticket = queue.enter(front)?;
+            // Alone in the queue: a slot freed between the pick above and now had no one to
+            // wake.
+            if !front && queue.waiting() == 1 {
+                if let Some(picked) = self.pick(key, &excluded) {
+                    ticket.used();
+                    return Ok(taken(picked));
+                }
+            }
+            if !ticket.woken(deadline).await {
+                queue.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                return Err(Refused::TimedOut { after });
+            }
+            ticket.used();
+            match self.pick(key, &excluded) {
+                Some(picked) => return Ok(taken(picked)),
+                None if !self.shared.full_but_up(&excluded) => return Ok(None),
+                // Another request took the slot first: this one keeps its turn.
+                None => front = true,
+            }
+        }
+    }
+
     /// A stream to an HTTP/2 `backend`, on the least busy of this worker's connections to it
     /// with room, or on a new one; counted as a reused or an opened connection.
     pub async fn open_stream(
@@ -143,14 +203,39 @@ impl WorkerUpstream {
     }
 
     /// A new connection to `backend` (TLS when the upstream asks for it), counted as opened.
-    pub async fn connect(&self, backend: usize, timeout: Duration) -> Result<Conn, String> {
+    /// Past `max_connecting` connects in progress to the backend, it first waits for one of
+    /// them to end; `timeout` bounds the wait and the connect together.
+    pub async fn connect(&self, backend: usize, timeout: Duration) -> Result<Conn, ConnectError> {
         let shared = &*self.shared;
-        let conn = connect(
-            shared.backends[backend].address,
-            timeout,
-            shared.tls(backend),
-        )
-        .await?;
+        let state = &shared.backends[backend];
+        let started = Instant::now();
+        let Some(_slot) = state.connecting.enter(timeout).await else {
+            return Err(ConnectError::busy(format!(
+                "{} connects to the backend in progress (max_connecting) for {timeout:?}",
+                state.connecting.in_progress()
+            )));
+        };
+        let started_ms = clock_ms();
+        let left = timeout.saturating_sub(started.elapsed());
+        let conn = match connect(state.address, left, shared.tls(backend)).await {
+            Ok(conn) => {
+                state.connecting.connected(clock_ms());
+                conn
+            }
+            // A SYN the backend's full accept queue dropped, while it took others (since one
+            // timeout before this connect began) or serves requests on connections it took
+            // (in flight beyond those connecting, this one among them): busy, not dead.
+            Err(mut e) if e.kind == ConnectFailure::TimedOut => {
+                let since = started_ms.saturating_sub(millis(timeout));
+                if state.connecting.connected_since(since)
+                    || state.in_flight() > state.connecting.in_progress()
+                {
+                    e.kind = ConnectFailure::Busy;
+                }
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         if shared.counting {
             let stats = &shared.backends[backend].stats;
             stats.connections_opened.fetch_add(1, Ordering::Relaxed);

@@ -6,6 +6,9 @@
 //! - [`health`]: active-check rise/fall, passive failure accounting (max_fails/fail_timeout)
 //!   and slow start, as pure state machines.
 //! - [`counters`]: the counters the request path bumps, per backend and per listener (atomics).
+//! - [`queue`]: the upstream's queue at `max_conns`, woken across workers (the one lock, and
+//!   only for upstreams that set `queue`).
+//! - [`connecting`]: connects in progress to one backend, and their bound.
 //! - [`backend`]: one backend's shared state: settings, health, failures, in-flight count,
 //!   slow start, response-time average, admin state.
 //! - [`shared`]: an upstream as every worker sees it in one generation, and its passive rules.
@@ -23,6 +26,7 @@
 
 pub(crate) mod backend;
 pub mod balance;
+pub(crate) mod connecting;
 pub(crate) mod counters;
 pub mod discovery;
 pub(crate) mod h2;
@@ -32,4 +36,5 @@ pub(crate) mod in_flight;
 pub(crate) mod local;
 pub(crate) mod pick;
 pub(crate) mod probe;
+pub(crate) mod queue;
 pub(crate) mod shared;

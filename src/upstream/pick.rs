@@ -72,9 +72,10 @@ impl Selection {
             }
         }
         let mut backups = false;
+        let mut panic = false;
         let mut wrr = self.wrr.borrow_mut();
-        // Each pass either returns, rules one backend out, or moves on to the backups once;
-        // so this ends within n + 1 passes.
+        // Each pass either returns, rules one backend out, or moves on once to the backups
+        // and once to panic mode; so this ends within 2n + 2 passes.
         loop {
             let picked = match rule {
                 Algorithm::RoundRobin => wrr.pick(weights, |i| eligible[i]),
@@ -95,15 +96,50 @@ impl Selection {
                 },
             };
             let Some(b) = picked else {
-                if backups || !shared.has_backups {
+                if !backups && shared.has_backups {
+                    backups = true;
+                    for (i, state) in shared.backends.iter().enumerate() {
+                        eligible[i] =
+                            is_backup(i) && !excluded(i) && state.available(&mut now, lone);
+                    }
+                    continue;
+                }
+                // Panic mode: nothing could be picked, but backends skipped after failures
+                // could take the request. Refusing everyone helps nobody (a busy pool looks
+                // failed), so they are all tried, primaries and backups alike, as one pass.
+                if panic {
                     return None;
                 }
-                backups = true;
-                for (i, state) in shared.backends.iter().enumerate() {
-                    eligible[i] = is_backup(i) && !excluded(i) && state.available(&mut now, lone);
+                panic = true;
+                // Only when every backend that could take requests is skipped: one that is
+                // merely at max_conns is busy, and the request waits for it or gets a 503.
+                if shared
+                    .backends
+                    .iter()
+                    .any(|b| b.available_but_full(&mut now))
+                {
+                    return None;
                 }
+                let mut any = false;
+                for (i, state) in shared.backends.iter().enumerate() {
+                    eligible[i] = !excluded(i) && state.only_skipped(&mut now);
+                    any |= eligible[i];
+                }
+                if !any {
+                    return None;
+                }
+                shared.panic();
                 continue;
             };
+            if panic {
+                // Each answer is a trial's: one success ends the backend's skip.
+                if let Some(mut guard) = InFlight::acquire(&shared.backends[b]) {
+                    guard.trial = true;
+                    return Some((b, guard));
+                }
+                eligible[b] = false;
+                continue;
+            }
             if let Some(mut guard) = InFlight::acquire(&shared.backends[b]) {
                 let fail_timeout = shared.config.passive.fail_timeout;
                 if let Some(trial) = shared.backends[b].claim(&mut now, fail_timeout, lone) {

@@ -56,7 +56,9 @@ async fn exchange(
     tls: Option<&Connector>,
 ) -> Result<u16, String> {
     // The probe's own timeout bounds the whole exchange, the connect included.
-    let mut conn = connect(addr, health.timeout, tls).await?;
+    let mut conn = connect(addr, health.timeout, tls)
+        .await
+        .map_err(|e| e.cause)?;
     let host = health.host.clone().unwrap_or_else(|| addr.to_string());
     let request = format!(
         "GET {} HTTP/1.1\r\nhost: {host}\r\nuser-agent: pinlb-health\r\nconnection: close\r\n\r\n",

@@ -2,6 +2,7 @@
 //! state, their TLS connectors, the hash ring, and the passive-health rules applied to them.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing::{info, warn};
 
@@ -9,6 +10,7 @@ use crate::config::{Algorithm, Upstream};
 use crate::tls::client::Connector;
 use crate::upstream::backend::{AdminState, BackendState, clock_ms, millis};
 use crate::upstream::balance::Rendezvous;
+use crate::upstream::queue::Queue;
 
 /// An upstream as every worker sees it, in one config generation.
 #[derive(Debug)]
@@ -24,6 +26,13 @@ pub struct SharedUpstream {
     pub(super) ring: Option<Rendezvous>,
     /// Whether any backend is a `backup`, so upstreams without any never look.
     pub(super) has_backups: bool,
+    /// With `queue`, where requests wait when every backend is at `max_conns`; `None`
+    /// without, and then no request ever waits or takes a lock.
+    pub queue: Option<Arc<Queue>>,
+    /// Panic mode: every backend was skipped after failures, so they are all tried anyway
+    /// (Envoy's panic threshold, at zero). On from the first request that finds them so
+    /// until one of them answers; each change is logged once.
+    pub(super) panicking: AtomicBool,
 }
 
 impl SharedUpstream {
@@ -53,7 +62,22 @@ impl SharedUpstream {
                 })
                 .collect(),
         };
-        let backends = config
+        // The queue stays across reloads, with the requests waiting in it; one that a reload
+        // turns off serves those still waiting.
+        let queue_before = before.and_then(|u| {
+            u.queue
+                .clone()
+                .or_else(|| u.backends.iter().find_map(|b| b.queue.get().cloned()))
+        });
+        if let (Some(q), 0) = (&queue_before, config.queue) {
+            q.set_max(0);
+        }
+        let queue = (config.queue > 0).then(|| {
+            let q = queue_before.unwrap_or_else(|| Arc::new(Queue::new(config.queue)));
+            q.set_max(config.queue);
+            q
+        });
+        let backends: Vec<Arc<BackendState>> = config
             .backends
             .iter()
             .map(|b| {
@@ -71,6 +95,13 @@ impl SharedUpstream {
                 }
             })
             .collect();
+        for b in &backends {
+            b.connecting.set_max(config.max_connecting);
+            if let Some(q) = &queue {
+                // Set once per backend, to its upstream's one queue.
+                let _ = b.queue.set(q.clone());
+            }
+        }
         let ring = (config.algorithm == Algorithm::Hash).then(|| {
             let names: Vec<String> = config
                 .backends
@@ -82,6 +113,8 @@ impl SharedUpstream {
         });
         SharedUpstream {
             has_backups: config.backends.iter().any(|b| b.backup),
+            queue,
+            panicking: AtomicBool::new(false),
             ring,
             config,
             backends,
@@ -130,7 +163,40 @@ impl SharedUpstream {
             b.store_window(w);
             b.start_ramp();
             info!(upstream = %self.config.name, "backend {} is back: a trial request passed", b.address);
+            if self.panicking.swap(false, Ordering::Relaxed) {
+                info!(
+                    upstream = %self.config.name,
+                    "panic mode off: backend {} answered, so skipped backends are skipped again",
+                    b.address
+                );
+            }
         }
+    }
+
+    /// Turns panic mode on, logging it once: no backend could be picked, and some are only
+    /// skipped after failures.
+    #[cold]
+    pub(super) fn panic(&self) {
+        if !self.panicking.swap(true, Ordering::Relaxed) {
+            warn!(
+                upstream = %self.config.name,
+                "panic mode on: every available backend is skipped after recent failures, so \
+                 requests go to them anyway until one answers (refusing everyone would not help)"
+            );
+        }
+    }
+
+    /// Whether some backend not `excluded` is up and active but at `max_conns`: a request
+    /// that found no backend may then wait for a slot.
+    pub(super) fn full_but_up(&self, excluded: impl Fn(usize) -> bool) -> bool {
+        let lone = self.lone();
+        self.backends.iter().enumerate().any(|(i, b)| {
+            !excluded(i)
+                && b.admin_state() == AdminState::Active
+                && b.is_up()
+                && (lone || !b.is_skipped())
+                && b.is_full()
+        })
     }
 
     /// Whether some backend would take a request now: active, not held down by health checks,

@@ -31,6 +31,8 @@ pub struct Setup {
     pub tunnel_idle: Option<&'static str>,
     /// `timeouts.tunnel_fin`, when not the default.
     pub tunnel_fin: Option<&'static str>,
+    /// `timeouts.queue`, when not the default.
+    pub queue_timeout: Option<&'static str>,
     pub shutdown_timeout: &'static str,
     /// More TOML appended to the file, e.g. `[upstream.app.health]` and its keys.
     pub extra: String,
@@ -57,6 +59,7 @@ impl Setup {
             client_idle: "30s",
             tunnel_idle: None,
             tunnel_fin: None,
+            queue_timeout: None,
             shutdown_timeout: "3s",
             extra: String::new(),
             listener_keys: String::new(),
@@ -108,7 +111,7 @@ backends = [
 connect = "{connect}"
 response = "{response}"
 {send}client_idle = "{client_idle}"
-{tunnel_idle}{tunnel_fin}
+{tunnel_idle}{tunnel_fin}{queue}
 {extra}"#,
             shutdown = self.shutdown_timeout,
             algorithm = self.algorithm,
@@ -125,6 +128,9 @@ response = "{response}"
             tunnel_fin = self
                 .tunnel_fin
                 .map_or(String::new(), |t| format!("tunnel_fin = \"{t}\"\n")),
+            queue = self
+                .queue_timeout
+                .map_or(String::new(), |t| format!("queue = \"{t}\"\n")),
             extra = self.extra,
             listener_keys = self.listener_keys,
             upstream_keys = self.upstream_keys,
