@@ -362,8 +362,11 @@ async fn all_backends_refusing_gives_502_naming_the_cause() {
     );
 }
 
+/// Panic mode: with every backend skipped after failures, refusing everyone helps nobody (a
+/// busy pool looks failed too), so the next request tries them anyway; refused connects
+/// answer at once, so the 502 does not wait either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn once_every_backend_has_failed_the_next_request_gets_503_at_once() {
+async fn once_every_backend_has_failed_the_next_request_still_tries_them() {
     let (d1, d2) = (Refusing::new(), Refusing::new());
     let proxy = Proxy::start(&Setup::with(&[d1.addr, d2.addr]));
     let mut conn = Conn::open(proxy.addr).await;
@@ -377,16 +380,11 @@ async fn once_every_backend_has_failed_the_next_request_gets_503_at_once() {
     let start = Instant::now();
     let r = conn.get("/").await;
     let took = start.elapsed();
-    assert_eq!(r.status, 503, "{r:?}");
-    assert!(
-        r.body.starts_with("503 Service Unavailable"),
-        "{:?}",
-        r.body
-    );
-    assert!(r.body.contains("no backend available"), "{:?}", r.body);
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(r.body.contains("connection refused"), "{:?}", r.body);
     assert!(
         took < Duration::from_millis(100),
-        "503 should not wait on anything, took {took:?}"
+        "refused connects should not wait on anything, took {took:?}"
     );
 }
 
