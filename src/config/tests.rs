@@ -652,3 +652,34 @@ fn a_key_of_another_table_says_which_tables_have_it() {
     let e = err(&format!("{MINIMAL}[upstream.app.passive]\nmax_failz = 2\n"));
     assert!(e.ends_with("`fail_on_status`"), "{e}");
 }
+
+#[test]
+fn the_queue_is_off_by_default_and_a_queue_without_max_conns_is_warned_about() {
+    let u = &parse(MINIMAL).unwrap().upstreams[0];
+    assert_eq!((u.queue, u.max_connecting), (0, Upstream::MAX_CONNECTING));
+    assert_eq!(u.timeouts.queue, Duration::from_secs(30));
+    assert_eq!(u.timeouts.connect, Duration::from_secs(5));
+
+    let c = parse(
+        "[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"app\"\n[upstream.app]\nqueue = 100\nmax_connecting = 0\n\
+         backends = [{ address = \"127.0.0.1:8881\" }]\n[upstream.app.timeouts]\nqueue = \"2s\"\n",
+    )
+    .unwrap();
+    let u = &c.upstreams[0];
+    assert_eq!((u.queue, u.max_connecting), (100, 0));
+    assert_eq!(u.timeouts.queue, Duration::from_secs(2));
+    assert_eq!(
+        c.warnings,
+        ["upstream.app.queue: no backend has max_conns, so no request ever waits in the queue"]
+    );
+    let limited = parse(
+        "[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"app\"\n[upstream.app]\nqueue = 100\n\
+         backends = [{ address = \"127.0.0.1:8881\", max_conns = 4 }]\n",
+    )
+    .unwrap();
+    assert!(limited.warnings.is_empty(), "{:?}", limited.warnings);
+    assert_eq!(
+        err(&format!("{MINIMAL}[upstream.app.timeouts]\nqueue = \"0s\"\n")),
+        "pinlb.toml:10:9: upstream.app.timeouts.queue: 0s is not allowed, expected a duration greater than 0"
+    );
+}

@@ -591,6 +591,22 @@ mod tests {
     }
 
     #[test]
+    fn a_request_that_waited_in_the_queue_has_its_queue_time_in_both_formats() {
+        let mut e = entry();
+        if let Some(u) = &mut e.upstream {
+            u.queue_time = Duration::from_millis(250);
+        }
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000);
+        let mut s = String::new();
+        format_entry(&mut s, &e, AccessFormat::Combined, t, &mut Clock::default());
+        assert!(s.ends_with(" 0.002 0.002 queue=0.250\n"), "{s}");
+        let mut j = String::new();
+        format_entry(&mut j, &e, AccessFormat::Json, t, &mut Clock::default());
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(v["queue_time"], 0.25);
+    }
+
+    #[test]
     fn the_common_log_time_is_utc_with_the_month_by_name() {
         let at = |secs| clf_time(SystemTime::UNIX_EPOCH + Duration::from_secs(secs));
         assert_eq!(at(0), "01/Jan/1970:00:00:00 +0000");

@@ -71,10 +71,11 @@ pub(crate) async fn attempt(
         upgrade,
     } = plan;
     let addr = upstream.shared.backends[backend].address;
+    // The connect is boxed: its state (the wait for a connect slot, the timers) stays out of
+    // the attempt's own, which a request on a pooled connection never needs.
     let mut conn = match upstream.checkout(backend).await {
         Some(conn) => conn,
-        None => upstream
-            .connect(backend, timeouts.connect)
+        None => Box::pin(upstream.connect(backend, timeouts.connect))
             .await
             .map_err(Failure::Connect)?,
     };
@@ -109,8 +110,7 @@ pub(crate) async fn attempt(
             Ok(head) => return Ok((head, conn)),
             Err(e) if conn.reused && e.is_stale() && resendable && body.replayable() => {
                 debug!(backend = %addr, "stale pooled connection ({e}), reconnecting");
-                conn = upstream
-                    .connect(backend, timeouts.connect)
+                conn = Box::pin(upstream.connect(backend, timeouts.connect))
                     .await
                     .map_err(Failure::Connect)?;
             }
