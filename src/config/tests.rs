@@ -652,3 +652,38 @@ fn a_key_of_another_table_says_which_tables_have_it() {
     let e = err(&format!("{MINIMAL}[upstream.app.passive]\nmax_failz = 2\n"));
     assert!(e.ends_with("`fail_on_status`"), "{e}");
 }
+
+#[test]
+fn listener_backlog_defaults_to_somaxconn_and_must_be_a_positive_int() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.listeners[0].backlog, crate::sys::limits::somaxconn());
+    let with = |v: &str| {
+        MINIMAL.replace(
+            "upstream = \"app\"\n",
+            &format!("upstream = \"app\"\nbacklog = {v}\n"),
+        )
+    };
+    assert_eq!(parse(&with("128")).unwrap().listeners[0].backlog, 128);
+    assert_eq!(
+        parse(&with("2147483647")).unwrap().listeners[0].backlog,
+        i32::MAX as u32
+    );
+    for bad in ["0", "-1", "2147483648"] {
+        assert_eq!(
+            err(&with(bad)),
+            format!(
+                "pinlb.toml:5:11: listener[0].backlog: {bad} is out of range, expected a number of connections from 1 to 2147483647"
+            )
+        );
+    }
+    let text = err(&with("\"lots\""));
+    assert!(
+        text.starts_with("pinlb.toml:5:11: listener[0].backlog: invalid type: string \"lots\""),
+        "{text}"
+    );
+    let text = err(&format!("[limits]\nbacklog = 10\n{MINIMAL}"));
+    assert!(
+        text.contains("backlog is a key of [listener], not of [limits]"),
+        "{text}"
+    );
+}

@@ -53,7 +53,7 @@ pub(crate) fn bind_listeners(
                 address: addr,
                 source,
             };
-            let sock = reuseport_listener(addr).map_err(bind_error)?;
+            let sock = reuseport_listener(addr, l.backlog).map_err(bind_error)?;
             if addr.port() == 0 {
                 addr = sock.local_addr().map_err(bind_error)?;
             }
@@ -64,9 +64,23 @@ pub(crate) fn bind_listeners(
     Ok((sockets, local_addrs))
 }
 
-pub(crate) fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    // nginx's default backlog on Linux.
-    listener(addr, true, 511)
+/// A worker's socket for a listener, with the listener's `backlog`.
+pub(crate) fn reuseport_listener(
+    addr: SocketAddr,
+    backlog: u32,
+) -> std::io::Result<std::net::TcpListener> {
+    listener(addr, true, backlog_arg(backlog))
+}
+
+/// `backlog` as `listen(2)` takes it; validation keeps it within an int.
+fn backlog_arg(backlog: u32) -> i32 {
+    i32::try_from(backlog).unwrap_or(i32::MAX)
+}
+
+/// Gives a socket that is listening already a new backlog: Linux takes `listen(2)` again on
+/// a listening socket and only changes its queue's length, keeping the connections queued.
+pub(crate) fn set_backlog(listener: &impl std::os::fd::AsFd, backlog: u32) -> std::io::Result<()> {
+    socket2::SockRef::from(listener).listen(backlog_arg(backlog))
 }
 
 /// A non-blocking listening socket with `SO_REUSEADDR` (a restarted process gets its port
