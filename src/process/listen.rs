@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
-use tracing::error;
 
 use crate::config::Listener;
+use crate::sys::summed::summed_error;
 
 /// A listening socket that could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -105,7 +105,7 @@ pub(crate) fn listener(
 }
 
 /// The next client connection, with TCP_NODELAY set. Accept errors (out of file descriptors
-/// and the like) are logged and retried after 50 ms instead of spinning.
+/// and the like) are logged, summed per second, and retried after 50 ms instead of spinning.
 pub(crate) async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, SocketAddr) {
     loop {
         match listener.accept().await {
@@ -115,7 +115,7 @@ pub(crate) async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, So
                 return (stream, peer);
             }
             Err(e) => {
-                error!("accept failed: {e}");
+                summed_error!("accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }

@@ -75,6 +75,15 @@ pub(crate) fn worker_main(
             });
             state.batch = Some(batch);
         }
+        // The summed warnings of this thread are written once a second (see sys::summed).
+        tokio::task::spawn_local(async {
+            let mut every = tokio::time::interval(crate::sys::summed::WINDOW);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                every.tick().await;
+                crate::sys::summed::flush();
+            }
+        });
         tokio::task::spawn_local(crate::downstream::h1::unparker(state.clients.clone()));
         let pressured = state.process.clone();
         tokio::task::spawn_local(crate::downstream::idle::sweeper(
@@ -148,6 +157,8 @@ pub(crate) fn worker_main(
         {
             warn!("worker {worker}: connections still open after {timeout:?}, closing them");
         }
+        // What the last second summed is written before the thread ends.
+        crate::sys::summed::flush();
         Ok(())
     };
     // The worker's loop runs as a task of the set rather than as the future `block_on` drives:

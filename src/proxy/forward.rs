@@ -11,7 +11,6 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use http::Method;
-use tracing::warn;
 
 use crate::config::{Algorithm, Limits, Protocol, Retry, Timeouts};
 use crate::http1::client::{self, Outgoing, UpstreamBody, UpstreamError};
@@ -23,6 +22,7 @@ use crate::proxy::body::{ProxyBody, Release, h2_reply};
 use crate::proxy::downstream::{Downstream, DownstreamBody, forwarded_for};
 use crate::proxy::error::{ProxyError, error_response};
 use crate::proxy::request_body::RequestBody;
+use crate::sys::summed::summed_warn;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::local::WorkerUpstream;
 use crate::upstream::shared::SharedUpstream;
@@ -100,9 +100,9 @@ pub async fn handle(
             // upstream's.
             let close = matches!(e, ProxyError::Downstream(_));
             if close {
-                warn!(client = %downstream.ip, "{method} answered {status}: {e}");
+                summed_warn!(client = %downstream.ip; "{method} answered {status}: {e}");
             } else {
-                warn!(upstream = %upstream.shared.config.name, "{method} answered {status}: {e}");
+                summed_warn!(upstream = %upstream.shared.config.name; "{method} answered {status}: {e}");
             }
             Answer {
                 response: error_response(&e, method),
@@ -305,11 +305,11 @@ fn give_up_or_retry(
         shared.config.retry.buffer,
     );
     if let Some(why) = why {
-        warn!(backend = %addr, "{error}; not retried: {why}");
+        summed_warn!(backend = %addr; "{error}; not retried: {why}");
         return Err(error);
     }
     guard.retried(shared);
-    warn!(backend = %addr, "{error}; trying the next backend");
+    summed_warn!(backend = %addr; "{error}; trying the next backend");
     Ok(error)
 }
 
