@@ -47,6 +47,10 @@ pub(crate) struct Sums {
     others: u64,
     /// The last flush, or the first occurrence.
     since: Instant,
+    /// Whether a timer flushes these sums every [`WINDOW`]. Then an occurrence flushes only
+    /// when the timer is a window late: one that flushed whenever a window had passed would
+    /// race the timer's own tick and write two summaries a moment apart.
+    timed: bool,
 }
 
 /// A line a flush writes: a site's summary, or (with `None`) the others' line.
@@ -61,6 +65,7 @@ impl Sums {
             kinds: Vec::new(),
             others: 0,
             since: now,
+            timed: false,
         }
     }
 
@@ -89,9 +94,11 @@ impl Sums {
         true
     }
 
-    /// Whether a window has passed since the last flush.
+    /// Whether an occurrence at `now` flushes first: a window has passed since the last
+    /// flush, or two when a timer flushes.
     pub(crate) fn due(&self, now: Instant) -> bool {
-        now.saturating_duration_since(self.since) >= WINDOW
+        let window = if self.timed { 2 * WINDOW } else { WINDOW };
+        now.saturating_duration_since(self.since) >= window
     }
 
     /// The summary lines of the window that ends at `now`; forgets the messages that were
@@ -179,12 +186,14 @@ pub fn first(site: &'static Site, message: &str) -> bool {
 }
 
 /// Writes this thread's sums of the window that ends now. Each worker's timer task calls it
-/// every second, and a worker once more as it stops.
+/// every second (from then on the thread counts as timed), and a worker once more as it stops.
 pub(crate) fn flush() {
     let now = Instant::now();
     let due = SUMS.try_with(|cell| {
         let mut sums = cell.try_borrow_mut().ok()?;
-        sums.as_mut().map(|s| s.flush(now))
+        let sums = sums.get_or_insert_with(|| Sums::new(now));
+        sums.timed = true;
+        Some(sums.flush(now))
     });
     if let Ok(Some(due)) = due {
         write(due);
@@ -336,6 +345,16 @@ mod tests {
             lines(sums.flush(t0 + Duration::from_millis(5300))),
             ["m: 1 more in the last 1 s"]
         );
+    }
+
+    #[test]
+    fn with_a_timer_an_occurrence_leaves_the_flush_to_it_unless_it_is_late() {
+        let t0 = Instant::now();
+        let mut sums = Sums::new(t0);
+        sums.timed = true;
+        // Just past the window, the timer's tick is due any moment: not flushed here.
+        assert!(!sums.due(t0 + WINDOW + Duration::from_millis(3)));
+        assert!(sums.due(t0 + 2 * WINDOW));
     }
 
     #[test]
