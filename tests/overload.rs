@@ -138,7 +138,8 @@ async fn out_of_descriptors_pinlb_serves_what_it_can_and_never_spins() {
     const CLIENTS: usize = 2_000;
     let own = pinlb::sys::limits::raise_nofile().unwrap();
     assert!(
-        own.soft.is_none_or(|s| s >= 4 * CLIENTS as u64),
+        // The clients, the backend's side of pinlb's at most 1,024, and some to spare.
+        own.soft.is_none_or(|s| s >= (CLIENTS + 1024 + 512) as u64),
         "this test holds {CLIENTS} connections and their backend side: raise the hard open file limit ({own:?})"
     );
     // Slow enough that two requests at once need two backend connections.
