@@ -208,6 +208,7 @@ impl Server {
         for w in &config.warnings {
             warn!("{w}");
         }
+        log_open_file_limit(&config);
         // Names in `backends` are looked up before the workers start, so the first generation
         // has their addresses; `dns_watch` follows them from then on.
         let dns = crate::upstream::discovery::State::default();
@@ -399,6 +400,31 @@ impl Server {
 }
 
 /// Waits for every worker thread to end; the last error (or panic) among them.
+/// Raises the soft open file limit to the hard one (see [`crate::sys::limits::raise_nofile`]),
+/// says how many connections that leaves room for, and warns when `limits.max_connections`
+/// asks for more. Before the workers start, so each of their threads has it.
+fn log_open_file_limit(config: &Config) {
+    let limit = match crate::sys::limits::raise_nofile() {
+        Ok(l) => l.soft,
+        Err(e) => {
+            warn!("cannot raise the open file limit to its hard limit: {e}");
+            match crate::sys::limits::nofile() {
+                Ok(l) => l.soft,
+                Err(_) => return,
+            }
+        }
+    };
+    let (line, warning) = crate::sys::limits::describe_nofile(
+        limit,
+        config.reserved_descriptors(),
+        config.limits.max_connections,
+    );
+    info!("{line}");
+    if let Some(w) = warning {
+        warn!("{w}");
+    }
+}
+
 fn join_workers(
     threads: Vec<std::thread::JoinHandle<Result<(), ServerError>>>,
 ) -> Result<(), ServerError> {

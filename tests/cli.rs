@@ -52,7 +52,7 @@ fn check_rejects_an_unknown_algorithm_naming_place_key_and_choices() {
 fn check_rejects_an_unknown_key() {
     assert_check_rejects(
         "unknown_key.toml",
-        "{file}:8:1: upstream.app.algoritm: unknown field `algoritm`, expected one of `algorithm`, `hash`, `ewma_decay`, `keepalive`, `backends`, `spawn`, `timeouts`, `max_conns`, `slow_start`, `health`, `passive`, `retry`, `upgrade`, `protocol`, `max_streams`, `tls`, `resolve`",
+        "{file}:8:1: upstream.app.algoritm: unknown field `algoritm`, expected one of `algorithm`, `hash`, `ewma_decay`, `keepalive`, `backends`, `spawn`, `timeouts`, `max_conns`, `queue`, `max_connecting`, `slow_start`, `health`, `passive`, `retry`, `upgrade`, `protocol`, `max_streams`, `tls`, `resolve`",
     );
 }
 
@@ -176,12 +176,29 @@ fn check_accepts_a_valid_file_and_prints_the_plan() {
         Some("tests/fixtures/valid.toml: configuration is valid")
     );
     let rest = &rest[..map_at];
+    // What the kernel and the limits of this machine make of the file.
+    let listener = format!(
+        "listener 127.0.0.1:8888 (backlog {}) -> upstream app",
+        pinlb::sys::limits::somaxconn()
+    );
+    let hard = pinlb::sys::limits::nofile().expect("getrlimit").hard;
+    let (fds, fds_warning) = pinlb::sys::limits::describe_nofile(
+        hard,
+        pinlb::sys::limits::reserved_descriptors(cores.len(), 1, 2, false),
+        10_000,
+    );
+    let fds = format!("{fds}; the hard limit, which serve raises its soft limit to");
+    assert_eq!(
+        fds_warning.is_some(),
+        stdout.contains("warning: limits.max_connections = 10000 does not fit"),
+        "{stdout}"
+    );
     assert_eq!(
         rest,
         [
             "limits: request head 32768 bytes and 100 headers, uri 8192 bytes, body unlimited, head within 10s, body reads 60s apart at most, 10000 connections",
             "forwarded: X-Forwarded-For kept and appended to for 10.0.0.0/8, 192.0.2.7/32, replaced for every other client",
-            "listener 127.0.0.1:8888 -> upstream app",
+            listener.as_str(),
             "upstream app: least_conn, keepalive 16 per backend per worker, timeouts connect 500ms response 30s send 60s client_idle 60s",
             "  health checks: GET /health every 2s, timeout 1s, rise 2 fall 3, expect 200,300-304, host app.local",
             "  passive checks: max_fails 2 within fail_timeout 5s, statuses 502,503,504 count as failures",
@@ -190,6 +207,7 @@ fn check_accepts_a_valid_file_and_prints_the_plan() {
             "  backend 127.0.0.1:8882 weight 1",
             "admin: http://127.0.0.1:9901/ (metrics, status, control, reload)",
             "access log: /var/log/pinlb/access.log (json)",
+            fds.as_str(),
         ],
         "{stdout}"
     );

@@ -363,6 +363,10 @@ pub struct Listener {
     pub routes: Vec<RouteRule>,
     /// Whether the listener named an `upstream` for requests no route matches.
     pub has_default: bool,
+    /// `backlog`: how many connections the kernel queues, handshake done, before pinlb accepts
+    /// them (`listen(2)`; nginx's `listen … backlog=`, HAProxy's `backlog`). By default the
+    /// kernel's own ceiling, `net.core.somaxconn`, read when the file is validated.
+    pub backlog: u32,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.
@@ -985,6 +989,17 @@ impl Default for Timeouts {
 }
 
 impl Config {
+    /// Descriptors this configuration keeps open beside its proxied connections (see
+    /// [`crate::sys::limits::reserved_descriptors`]).
+    pub fn reserved_descriptors(&self) -> u64 {
+        crate::sys::limits::reserved_descriptors(
+            self.runtime.cpus.len(),
+            self.listeners.len(),
+            self.upstreams.iter().map(|u| u.backends.len()).sum(),
+            self.runtime.upgrade_socket.is_some(),
+        )
+    }
+
     /// Reads and validates `path` against the cores this process may run on.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let allowed = crate::sys::cpus::allowed_cpus().unwrap_or_default();

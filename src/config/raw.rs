@@ -140,6 +140,7 @@ const KEYS_ELSEWHERE: &[(&str, &[&str])] = &[
     ("token_file", &["admin"]),
     ("redirect_https", &["listener"]),
     ("h2c", &["listener"]),
+    ("backlog", &["listener"]),
     ("rewrite_prefix", &["listener.route"]),
     ("path_exact", &["listener.route"]),
 ];
@@ -408,6 +409,8 @@ pub(super) struct RawListener {
     pub h2c: Option<Spanned<bool>>,
     /// Whether a TLS listener offers `h2` by ALPN.
     pub http2: Option<Spanned<bool>>,
+    /// The kernel's queue of connections not yet accepted (`listen(2)`'s backlog).
+    pub backlog: Option<Spanned<i64>>,
     /// `[[listener.route]]`.
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,

@@ -679,7 +679,44 @@ fn the_queue_is_off_by_default_and_a_queue_without_max_conns_is_warned_about() {
     .unwrap();
     assert!(limited.warnings.is_empty(), "{:?}", limited.warnings);
     assert_eq!(
-        err(&format!("{MINIMAL}[upstream.app.timeouts]\nqueue = \"0s\"\n")),
-        "pinlb.toml:10:9: upstream.app.timeouts.queue: 0s is not allowed, expected a duration greater than 0"
+        err(&format!(
+            "{MINIMAL}[upstream.app.timeouts]\nqueue = \"0s\"\n"
+        )),
+        "pinlb.toml:9:9: upstream.app.timeouts.queue: a duration of 0 is not allowed, expected a positive duration such as \"1s\""
+    );
+}
+
+#[test]
+fn listener_backlog_defaults_to_somaxconn_and_must_be_a_positive_int() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.listeners[0].backlog, crate::sys::limits::somaxconn());
+    let with = |v: &str| {
+        MINIMAL.replace(
+            "upstream = \"app\"\n",
+            &format!("upstream = \"app\"\nbacklog = {v}\n"),
+        )
+    };
+    assert_eq!(parse(&with("128")).unwrap().listeners[0].backlog, 128);
+    assert_eq!(
+        parse(&with("2147483647")).unwrap().listeners[0].backlog,
+        i32::MAX as u32
+    );
+    for bad in ["0", "-1", "2147483648"] {
+        assert_eq!(
+            err(&with(bad)),
+            format!(
+                "pinlb.toml:5:11: listener[0].backlog: {bad} is out of range, expected a number of connections from 1 to 2147483647"
+            )
+        );
+    }
+    let text = err(&with("\"lots\""));
+    assert!(
+        text.starts_with("pinlb.toml:5:11: listener[0].backlog: invalid type: string \"lots\""),
+        "{text}"
+    );
+    let text = err(&format!("[limits]\nbacklog = 10\n{MINIMAL}"));
+    assert!(
+        text.contains("backlog is a key of [listener], not of [limits]"),
+        "{text}"
     );
 }

@@ -1264,6 +1264,24 @@ pub(super) fn listeners(
                 "only applies to a TLS listener (ALPN), expected h2c = true for HTTP/2 on a plain listener",
             ));
         }
+        let backlog = match &l.backlog {
+            None => crate::sys::limits::somaxconn(),
+            // listen(2) takes an int; the kernel caps it at net.core.somaxconn.
+            Some(v) => match u32::try_from(*v.get_ref()) {
+                Ok(n) if (1..=i32::MAX as u32).contains(&n) => n,
+                _ => {
+                    return Err(src.at(
+                        v.span(),
+                        &format!("{key}.backlog"),
+                        format!(
+                            "{} is out of range, expected a number of connections from 1 to {}",
+                            v.get_ref(),
+                            i32::MAX
+                        ),
+                    ));
+                }
+            },
+        };
         let alpn_h2 = l.http2.as_ref().is_none_or(|v| *v.get_ref());
         let tls = l
             .tls
@@ -1279,6 +1297,7 @@ pub(super) fn listeners(
             h2c,
             has_default: l.upstream.is_some(),
             routes,
+            backlog,
         });
     }
     if upstreams.is_empty() {

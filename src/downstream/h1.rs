@@ -31,7 +31,7 @@ use socket2::SockRef;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::config::Limits;
 use crate::downstream::idle::{self, Wait};
@@ -51,6 +51,7 @@ use crate::proxy::body::{ProxyBody, Upgraded};
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, Answer, DownstreamRequest};
 use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
+use crate::sys::summed::summed_warn;
 use crate::upstream::counters::{ListenerStats, Source, TlsFailure};
 
 /// After a response that ends the connection with client bytes left unread, how long and how
@@ -847,7 +848,7 @@ impl Connection {
                         return Err(Next::Http2);
                     }
                     Err(e) => {
-                        warn!(client = %self.peer, "answered {}: {e}", e.status().as_u16());
+                        summed_warn!(client = %self.peer; "answered {}: {e}", e.status().as_u16());
                         self.write_local(e.status(), &e).await;
                         return Err(Next::Linger);
                     }
@@ -887,7 +888,7 @@ impl Connection {
                     return Err(Next::Close);
                 }
                 None => {
-                    warn!(client = %self.peer, "answered 408: no complete request head within {:?} (limits.header_timeout)", limits.header_timeout);
+                    summed_warn!(client = %self.peer; "answered 408: no complete request head within {:?} (limits.header_timeout)", limits.header_timeout);
                     self.write_local(
                         StatusCode::REQUEST_TIMEOUT,
                         &"no complete request head within limits.header_timeout",
@@ -1045,7 +1046,7 @@ impl Connection {
                 match reading.within(timeouts.response, next).await {
                     Some(piece) => piece,
                     None => {
-                        warn!(client = %self.peer, "response aborted: the backend sent no more of the body within {:?} (timeouts.response)", timeouts.response);
+                        summed_warn!(client = %self.peer; "response aborted: the backend sent no more of the body within {:?} (timeouts.response)", timeouts.response);
                         return Ok(Written::Aborted);
                     }
                 }
@@ -1086,12 +1087,12 @@ impl Connection {
                             .await
                             .ok_or_else(stalled)??;
                     }
-                    warn!(client = %self.peer, "response aborted: {e}");
+                    summed_warn!(client = %self.peer; "response aborted: {e}");
                     return Ok(Written::Aborted);
                 }
             };
             if write.is_none() {
-                warn!(client = %self.peer, "response aborted: the client took no data for {:?} (timeouts.client_idle)", timeouts.client_idle);
+                summed_warn!(client = %self.peer; "response aborted: the client took no data for {:?} (timeouts.client_idle)", timeouts.client_idle);
             }
             write.ok_or_else(stalled)??;
         }

@@ -37,7 +37,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use std::os::fd::AsFd;
 
@@ -53,6 +53,7 @@ use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, DownstreamRequest};
 use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
 use crate::sys::exec::LocalExec;
+use crate::sys::summed::summed_warn;
 use crate::upstream::counters::{ListenerStats, Source};
 
 /// Per stream, the most response bytes hyper buffers for a client that is not reading them:
@@ -239,7 +240,7 @@ pub(crate) async fn serve<P: AsFd + 'static>(
     })
     .await;
     let Some(ended) = ended else {
-        warn!(client = %peer, "HTTP/2 connection closed: a stream's response waited longer than timeouts.client_idle for the client to take it");
+        summed_warn!(client = %peer; "HTTP/2 connection closed: a stream's response waited longer than timeouts.client_idle for the client to take it");
         return;
     };
     if let Err(e) = ended {
@@ -270,9 +271,9 @@ fn ended_with(e: &hyper::Error, flooded: bool, peer: SocketAddr, stats: Option<&
         .and_then(|s| s.downcast_ref::<h2::Error>())
         .is_some_and(|h| !h.is_io());
     if flooded {
-        warn!(client = %peer, "HTTP/2 connection closed (GOAWAY): over {FLOOD_FRAMES} SETTINGS or PING frames within {FLOOD_WINDOW:?}");
+        summed_warn!(client = %peer; "HTTP/2 connection closed (GOAWAY): over {FLOOD_FRAMES} SETTINGS or PING frames within {FLOOD_WINDOW:?}");
     } else if protocol {
-        warn!(client = %peer, "HTTP/2 connection closed (GOAWAY): {e}");
+        summed_warn!(client = %peer; "HTTP/2 connection closed (GOAWAY): {e}");
     } else {
         debug!(client = %peer, "HTTP/2 connection ended: {e}");
         return;
@@ -364,7 +365,7 @@ impl Shared {
     /// other streams go on.
     fn refuse(&self, method: &Method, e: ClientError, open: Open) -> Response<ResponseBody> {
         let status = e.status();
-        warn!(client = %self.peer, "answered {}: {e}", status.as_u16());
+        summed_warn!(client = %self.peer; "answered {}: {e}", status.as_u16());
         let page = Bytes::from(error_page(status, &e));
         let mut headers = ERROR_PAGE_TYPE.to_vec();
         if method == Method::HEAD {
@@ -619,7 +620,7 @@ impl Body for ResponseBody {
                 Poll::Ready(Some(Ok(Frame::data(data))))
             }
             Poll::Ready(Some(Err(e))) => {
-                warn!(client = %this.peer, "response aborted: {e}");
+                summed_warn!(client = %this.peer; "response aborted: {e}");
                 this.body = None;
                 Poll::Ready(Some(Err(e)))
             }
@@ -642,7 +643,7 @@ impl Body for ResponseBody {
                 }
                 match this.timer.as_mut().map(|t| t.as_mut().poll(cx)) {
                     Some(Poll::Ready(())) => {
-                        warn!(client = %this.peer, "response aborted: the backend sent no more of the body within {:?} (timeouts.response)", this.timeout);
+                        summed_warn!(client = %this.peer; "response aborted: the backend sent no more of the body within {:?} (timeouts.response)", this.timeout);
                         this.body = None;
                         Poll::Ready(Some(Err(UpstreamError::Timeout)))
                     }

@@ -819,7 +819,7 @@ impl ConnectError {
         }
     }
 
-    fn io(e: &std::io::Error) -> Self {
+    pub(crate) fn io(e: &std::io::Error) -> Self {
         use nix::errno::Errno;
         let local = e.raw_os_error().map(Errno::from_raw).is_some_and(|n| {
             matches!(
@@ -837,7 +837,7 @@ impl ConnectError {
             _ => ConnectFailure::Backend,
         };
         let mut cause = describe_io(e);
-        if local {
+        if local && !cause.starts_with(OUT_OF_DESCRIPTORS) {
             cause.push_str(" (on pinlb's side, not the backend's)");
         }
         ConnectError { cause, kind }
@@ -879,9 +879,27 @@ pub async fn connect(
     }
 }
 
+/// How a connect that failed for want of a descriptor is described: pinlb's fault, not the
+/// backend's, so the retry loop does not count it against the backend.
+pub(crate) const OUT_OF_DESCRIPTORS: &str = "pinlb is out of file descriptors";
+
 /// A short cause for a failed connect or exchange, as the logs and error pages show it.
 pub(crate) fn describe_io(e: &std::io::Error) -> String {
     use std::io::ErrorKind::*;
+    // EMFILE: the process's open file limit; ENFILE: the system's.
+    match e.raw_os_error() {
+        Some(24) => {
+            return format!(
+                "{OUT_OF_DESCRIPTORS} (EMFILE: the open file limit, RLIMIT_NOFILE, is reached), no socket for the backend"
+            );
+        }
+        Some(23) => {
+            return format!(
+                "{OUT_OF_DESCRIPTORS} (ENFILE: the system's file table is full), no socket for the backend"
+            );
+        }
+        _ => {}
+    }
     match e.kind() {
         ConnectionRefused => "connection refused".into(),
         ConnectionReset => "connection reset".into(),
@@ -901,6 +919,17 @@ mod tests {
     fn framing(method: Method, text: &str) -> Result<Framing, UpstreamError> {
         let h = head(text)?.expect("complete head");
         framing_of(&method, &h)
+    }
+
+    #[test]
+    fn a_connect_without_a_descriptor_says_pinlb_ran_out() {
+        let emfile = describe_io(&io::Error::from_raw_os_error(24));
+        assert!(emfile.starts_with(OUT_OF_DESCRIPTORS), "{emfile}");
+        assert!(emfile.contains("RLIMIT_NOFILE"), "{emfile}");
+        let enfile = describe_io(&io::Error::from_raw_os_error(23));
+        assert!(enfile.starts_with(OUT_OF_DESCRIPTORS), "{enfile}");
+        let refused = describe_io(&io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert_eq!(refused, "connection refused");
     }
 
     #[test]

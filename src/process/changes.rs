@@ -194,6 +194,8 @@ fn listener_settings(s: &mut String, old: (&Config, &Listener), new: (&Config, &
     changed(s, p, "upstream", &name(before, a), &name(after, b));
     changed(s, p, "redirect_https", &a.redirect_https, &b.redirect_https);
     changed(s, p, "h2c", &a.h2c, &b.h2c);
+    // Applied to the running sockets: Linux takes listen(2) again on a listening socket.
+    changed(s, p, "backlog", &a.backlog, &b.backlog);
     if a.tls != b.tls {
         let _ = writeln!(s, "{p}: [listener.tls] changed (certificates or protocols)");
     }
@@ -246,5 +248,27 @@ fn global_settings(s: &mut String, before: &Config, after: &Config) {
     changed(s, p, "ping_timeout", &a.ping_timeout, &b.ping_timeout);
     if before.trusted != after.trusted {
         let _ = writeln!(s, "[forwarded]: trusted changed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(listener_keys: &str) -> Config {
+        let text = format!(
+            "[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"app\"\n{listener_keys}\n[upstream.app]\nbackends = [{{ address = \"127.0.0.1:8881\" }}]\n"
+        );
+        Config::parse("pinlb.toml", &text, &[0]).expect("valid")
+    }
+
+    #[test]
+    fn a_changed_backlog_is_listed() {
+        let before = config("backlog = 128");
+        assert_eq!(
+            describe(&before, &config("backlog = 64"), &[], &[]),
+            "listener 127.0.0.1:8888: backlog 128 -> 64"
+        );
+        assert_eq!(describe(&before, &config("backlog = 128"), &[], &[]), "");
     }
 }

@@ -429,15 +429,17 @@ impl Inherited {
             let addr = mine[0].1.local_addr().map_err(bind_error)?;
             let count = mine.len();
             for (i, (_, sock)) in mine.into_iter().enumerate() {
+                // The old process's backlog goes with its sockets; this file's is the one now.
+                crate::process::listen::set_backlog(&sock, l.backlog).map_err(bind_error)?;
                 sockets[i % workers].push((*key, sock));
             }
             for per_worker in sockets.iter_mut().skip(count) {
-                let sock = crate::process::listen::reuseport_listener(addr).map_err(|source| {
-                    BindError {
+                let sock = crate::process::listen::reuseport_listener(addr, l.backlog).map_err(
+                    |source| BindError {
                         address: addr,
                         source,
-                    }
-                })?;
+                    },
+                )?;
                 per_worker.push((*key, sock));
             }
             local_addrs.push(addr);

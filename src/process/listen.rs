@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
-use tracing::error;
 
 use crate::config::Listener;
+use crate::sys::summed::summed_error;
 
 /// A listening socket that could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +53,7 @@ pub(crate) fn bind_listeners(
                 address: addr,
                 source,
             };
-            let sock = reuseport_listener(addr).map_err(bind_error)?;
+            let sock = reuseport_listener(addr, l.backlog).map_err(bind_error)?;
             if addr.port() == 0 {
                 addr = sock.local_addr().map_err(bind_error)?;
             }
@@ -64,9 +64,23 @@ pub(crate) fn bind_listeners(
     Ok((sockets, local_addrs))
 }
 
-pub(crate) fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    // nginx's default backlog on Linux.
-    listener(addr, true, 511)
+/// A worker's socket for a listener, with the listener's `backlog`.
+pub(crate) fn reuseport_listener(
+    addr: SocketAddr,
+    backlog: u32,
+) -> std::io::Result<std::net::TcpListener> {
+    listener(addr, true, backlog_arg(backlog))
+}
+
+/// `backlog` as `listen(2)` takes it; validation keeps it within an int.
+fn backlog_arg(backlog: u32) -> i32 {
+    i32::try_from(backlog).unwrap_or(i32::MAX)
+}
+
+/// Gives a socket that is listening already a new backlog: Linux takes `listen(2)` again on
+/// a listening socket and only changes its queue's length, keeping the connections queued.
+pub(crate) fn set_backlog(listener: &impl std::os::fd::AsFd, backlog: u32) -> std::io::Result<()> {
+    socket2::SockRef::from(listener).listen(backlog_arg(backlog))
 }
 
 /// A non-blocking listening socket with `SO_REUSEADDR` (a restarted process gets its port
@@ -91,7 +105,7 @@ pub(crate) fn listener(
 }
 
 /// The next client connection, with TCP_NODELAY set. Accept errors (out of file descriptors
-/// and the like) are logged and retried after 50 ms instead of spinning.
+/// and the like) are logged, summed per second, and retried after 50 ms instead of spinning.
 pub(crate) async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, SocketAddr) {
     loop {
         match listener.accept().await {
@@ -101,7 +115,7 @@ pub(crate) async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, So
                 return (stream, peer);
             }
             Err(e) => {
-                error!("accept failed: {e}");
+                summed_error!("accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }

@@ -75,6 +75,15 @@ pub(crate) fn worker_main(
             });
             state.batch = Some(batch);
         }
+        // The summed warnings of this thread are written once a second (see sys::summed).
+        tokio::task::spawn_local(async {
+            let mut every = tokio::time::interval(crate::sys::summed::WINDOW);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                every.tick().await;
+                crate::sys::summed::flush();
+            }
+        });
         tokio::task::spawn_local(crate::downstream::h1::unparker(state.clients.clone()));
         let pressured = state.process.clone();
         tokio::task::spawn_local(crate::downstream::idle::sweeper(
@@ -148,6 +157,8 @@ pub(crate) fn worker_main(
         {
             warn!("worker {worker}: connections still open after {timeout:?}, closing them");
         }
+        // What the last second summed is written before the thread ends.
+        crate::sys::summed::flush();
         Ok(())
     };
     // The worker's loop runs as a task of the set rather than as the future `block_on` drives:
@@ -192,8 +203,12 @@ struct Listening {
     route: Rc<Route>,
     /// Tells the accept loop to stop, when a reload removes the listener.
     removed: watch::Sender<bool>,
-    /// The accept loops, one per socket (usually one); each owns its listening socket.
+    /// The accept loops, one per socket (usually one).
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The sockets those loops accept on, so that a reload can give them a new backlog.
+    sockets: Vec<Rc<TcpListener>>,
+    /// The backlog they listen with.
+    backlog: u32,
 }
 
 impl WorkerState {
@@ -234,7 +249,19 @@ impl WorkerState {
         for (l, key) in config.listeners.iter().zip(&keys) {
             let upstream = upstreams[l.upstream].clone();
             let routes = Rc::new(Routes::new(l, &upstreams));
-            if let Some(kept) = self.listeners.get(key) {
+            if let Some(kept) = self.listeners.get_mut(key) {
+                if kept.backlog != l.backlog {
+                    // On the worker's own sockets: each worker has one per listener.
+                    for sock in &kept.sockets {
+                        if let Err(e) = crate::process::listen::set_backlog(&**sock, l.backlog) {
+                            error!(
+                                "worker {}: listener {}: cannot change the backlog to {}: {e}",
+                                self.worker, l.address, l.backlog
+                            );
+                        }
+                    }
+                    kept.backlog = l.backlog;
+                }
                 *kept.route.upstream.borrow_mut() = upstream;
                 *kept.route.routes.borrow_mut() = routes;
                 *kept.route.rules.borrow_mut() = rules.clone();
@@ -256,7 +283,7 @@ impl WorkerState {
                             worker: self.worker,
                             source,
                         })?;
-                    mine.push(listener);
+                    mine.push(Rc::new(listener));
                 } else {
                     i += 1;
                 }
@@ -285,10 +312,10 @@ impl WorkerState {
             });
             let (removed, removed_rx) = watch::channel(false);
             let tasks = mine
-                .into_iter()
+                .iter()
                 .map(|listener| {
                     tokio::task::spawn_local(accept_loop(
-                        listener,
+                        listener.clone(),
                         route.clone(),
                         self.process.clone(),
                         self.batch.clone(),
@@ -304,6 +331,8 @@ impl WorkerState {
                     route,
                     removed,
                     tasks,
+                    sockets: mine,
+                    backlog: l.backlog,
                 },
             );
         }
@@ -330,7 +359,7 @@ impl WorkerState {
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    listener: Rc<TcpListener>,
     route: Rc<Route>,
     process: Arc<Process>,
     batch: Option<Rc<Batch>>,

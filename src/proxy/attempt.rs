@@ -5,7 +5,7 @@ use http::StatusCode;
 use tracing::debug;
 
 use crate::config::Timeouts;
-use crate::http1::client::{self, Conn, ConnectError, Outgoing, UpstreamError};
+use crate::http1::client::{self, Conn, ConnectError, ConnectFailure, Outgoing, UpstreamError};
 use crate::http1::common::RequestFraming;
 use crate::proxy::downstream::DownstreamBody;
 use crate::proxy::request_body::RequestBody;
@@ -31,9 +31,11 @@ pub(crate) enum Failure {
 }
 
 impl Failure {
-    /// The backend's fault, as `/metrics` counts it; `None` when the client's body failed.
+    /// The backend's fault, as `/metrics` counts it; `None` when the client's body failed, or
+    /// pinlb had no descriptor for a connection.
     pub(crate) fn kind(&self) -> Option<ErrorKind> {
         Some(match self {
+            Failure::Connect(e) if e.kind == ConnectFailure::Local => return None,
             Failure::Connect(_) => ErrorKind::Connect,
             Failure::Exchange(UpstreamError::Timeout | UpstreamError::SendTimeout) => {
                 ErrorKind::Timeout
@@ -199,4 +201,18 @@ fn unprocessed(e: &hyper::Error) -> bool {
             .and_then(|s| s.downcast_ref::<h2::Error>())
             .and_then(h2::Error::reason)
             == Some(h2::Reason::REFUSED_STREAM)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connect_without_a_descriptor_is_not_the_backends_fault() {
+        let emfile = ConnectError::io(&std::io::Error::from_raw_os_error(24));
+        assert_eq!(emfile.kind, ConnectFailure::Local);
+        assert!(Failure::Connect(emfile).kind().is_none());
+        let refused = Failure::Connect("connection refused".to_string().into());
+        assert!(matches!(refused.kind(), Some(ErrorKind::Connect)));
+    }
 }

@@ -8,10 +8,10 @@
 
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::Method;
-use tracing::warn;
 
 use crate::config::{Algorithm, Limits, Protocol, Retry, Timeouts};
 use crate::http1::client::{self, Outgoing, UpstreamBody, UpstreamError};
@@ -23,8 +23,10 @@ use crate::proxy::body::{ProxyBody, Release, h2_reply};
 use crate::proxy::downstream::{Downstream, DownstreamBody, forwarded_for};
 use crate::proxy::error::{ProxyError, error_response};
 use crate::proxy::request_body::RequestBody;
+use crate::sys::summed::summed_warn;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::local::WorkerUpstream;
+use crate::upstream::queue::Queue;
 use crate::upstream::shared::SharedUpstream;
 
 /// What a route changes in the request it sends on: its path (a rewritten prefix), its header
@@ -100,9 +102,9 @@ pub async fn handle(
             // upstream's.
             let close = matches!(e, ProxyError::Downstream(_));
             if close {
-                warn!(client = %downstream.ip, "{method} answered {status}: {e}");
+                summed_warn!(client = %downstream.ip; "{method} answered {status}: {e}");
             } else {
-                warn!(upstream = %upstream.shared.config.name, "{method} answered {status}: {e}");
+                summed_warn!(upstream = %upstream.shared.config.name; "{method} answered {status}: {e}");
             }
             Answer {
                 response: error_response(&e, method),
@@ -227,15 +229,7 @@ async fn forward(
         let picked = if tried.count >= max_tries || out_of_budget {
             None
         } else if let (Some(queue), 0) = (&shared.queue, tried.count) {
-            // Boxed: the wait's state stays out of the request's own.
-            match Box::pin(upstream.pick_queued(queue, key)).await {
-                Ok(Some((backend, guard, waited))) => {
-                    queue_time = waited;
-                    Some((backend, guard))
-                }
-                Ok(None) => None,
-                Err(refused) => return Err(ProxyError::Queue(refused)),
-            }
+            pick_queued(upstream, queue, key, &mut queue_time).await?
         } else {
             upstream.pick(key, |i| tried.contains(i))
         };
@@ -292,6 +286,24 @@ async fn forward(
     }
 }
 
+/// A request's first pick at an upstream with a `queue` (see [`WorkerUpstream::pick_queued`]),
+/// and how long it waited. Boxed: the wait's state stays out of the request's own.
+async fn pick_queued(
+    upstream: &WorkerUpstream,
+    queue: &Arc<Queue>,
+    key: Option<u64>,
+    queue_time: &mut Duration,
+) -> Result<Option<(usize, InFlight)>, ProxyError> {
+    match Box::pin(upstream.pick_queued(queue, key)).await {
+        Ok(Some((backend, guard, waited))) => {
+            *queue_time = waited;
+            Ok(Some((backend, guard)))
+        }
+        Ok(None) => Ok(None),
+        Err(refused) => Err(ProxyError::Queue(refused)),
+    }
+}
+
 /// After a failed attempt: records it on the backend, and decides. `Ok` with the error to
 /// answer if no other backend does, when the next backend may be tried; `Err` when the request
 /// ends here.
@@ -328,11 +340,11 @@ fn give_up_or_retry(
         shared.config.retry.buffer,
     );
     if let Some(why) = why {
-        warn!(backend = %addr, "{error}; not retried: {why}");
+        summed_warn!(backend = %addr; "{error}; not retried: {why}");
         return Err(error);
     }
     guard.retried(shared);
-    warn!(backend = %addr, "{error}; trying the next backend");
+    summed_warn!(backend = %addr; "{error}; trying the next backend");
     Ok(error)
 }
 

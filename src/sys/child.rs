@@ -6,10 +6,12 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use nix::sched::{CpuSet, sched_setaffinity};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::signal::Signal;
 use nix::unistd::{Pid, getppid};
 
-/// Makes `command` run pinned to `cpus` and die with its parent.
+/// Makes `command` run pinned to `cpus` and die with its parent, with the soft open file limit
+/// pinlb started with (see [`crate::sys::limits::raise_nofile`]).
 ///
 /// The affinity is set in the child between `fork` and `exec`, so the program's first instruction
 /// already runs on its cores (`taskset` does the same). `PR_SET_PDEATHSIG` follows the *thread*
@@ -25,11 +27,17 @@ pub fn pinned<'a>(command: &'a mut Command, cpus: &[usize]) -> Result<&'a mut Co
         set.set(c)?;
     }
     let parent = nix::unistd::getpid();
+    let nofile = crate::sys::limits::original_soft_nofile();
     // SAFETY: the closure runs in the forked child before exec and only makes system calls
-    // (sched_setaffinity, prctl, getppid), which are async-signal-safe; it allocates nothing.
+    // (sched_setaffinity, getrlimit, setrlimit, prctl, getppid), which are async-signal-safe;
+    // it allocates nothing.
     unsafe {
         command.pre_exec(move || {
             sched_setaffinity(Pid::from_raw(0), &set)?;
+            if let Some(soft) = nofile {
+                let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+                setrlimit(Resource::RLIMIT_NOFILE, soft.min(hard), hard)?;
+            }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             // The parent may have died between fork and prctl: then no signal will come.
             if getppid() != parent {
@@ -59,6 +67,25 @@ mod tests {
             text.split_whitespace().last(),
             Some(core.to_string().as_str())
         );
+    }
+
+    #[test]
+    fn the_child_gets_the_soft_open_file_limit_pinlb_started_with() {
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        assert!(
+            hard > 1024,
+            "needs a hard open file limit above 1024, have {hard}"
+        );
+        // As under systemd: a soft limit of 1024, raised at start.
+        setrlimit(Resource::RLIMIT_NOFILE, 1024, hard).unwrap();
+        let raised = crate::sys::limits::raise_nofile().unwrap();
+        assert_eq!(raised.soft, crate::sys::limits::nofile().unwrap().hard);
+        let core = crate::sys::cpus::allowed_cpus().unwrap()[0];
+        let mut command = Command::new("sh");
+        command.args(["-c", "ulimit -Sn"]);
+        let out = pinned(&mut command, &[core]).unwrap().output().unwrap();
+        assert!(out.status.success());
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1024");
     }
 
     #[test]

@@ -1,15 +1,21 @@
 //! What pinlb asks of the operating system, below everything else: cores and pinning, child
-//! processes, the threads' runtimes and the thread-local executor, systemd's readiness protocol.
+//! processes, the threads' runtimes and the thread-local executor, systemd's readiness protocol,
+//! the kernel's limits, and the per-thread log state beneath the request path.
 //!
+//! - [`limits`]: the kernel's listen backlog ceiling and the open file limit, raised at start.
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`runtime`]: the threads' single-threaded tokio runtimes, pinned to a core first.
 //! - [`child`]: child processes pinned to their cores before they run, killed when pinlb dies.
 //! - [`exec`]: the executor that runs hyper's HTTP/2 tasks on the worker's own thread.
+//! - [`summed`]: repeated warnings on the request path summed per second per thread, so an
+//!   overload writes a readable log.
 //! - [`notify`]: systemd's readiness protocol (`READY`, `RELOADING`, `STOPPING`, `MAINPID`) on
 //!   `$NOTIFY_SOCKET`, when it is set.
 
 pub mod child;
 pub mod cpus;
 pub(crate) mod exec;
+pub mod limits;
 pub(crate) mod notify;
 pub(crate) mod runtime;
+pub(crate) mod summed;

@@ -12,12 +12,40 @@ use crate::tools::coremap::CoreMap;
 /// processes on this machine.
 pub fn report(config: &Config, file: &Path) -> String {
     let map = CoreMap::discover(config);
-    let mut out = describe(config) + &map.render();
-    for w in map.warnings().into_iter().chain(taken_addresses(config)) {
+    let mut out = describe(config);
+    let fds = descriptors(config);
+    let _ = writeln!(out, "{}", fds.0);
+    out += &map.render();
+    for w in map
+        .warnings()
+        .into_iter()
+        .chain(fds.1)
+        .chain(taken_addresses(config))
+    {
         let _ = writeln!(out, "warning: {w}");
     }
     let _ = writeln!(out, "{}: configuration is valid", file.display());
     out
+}
+
+/// What the open file limit allows, and a warning when `limits.max_connections` does not fit.
+/// `check` runs in a process of its own, so it reports the hard limit: the one `serve` raises
+/// its soft limit to at start.
+fn descriptors(config: &Config) -> (String, Option<String>) {
+    match crate::sys::limits::nofile() {
+        Ok(limit) => {
+            let (line, warning) = crate::sys::limits::describe_nofile(
+                limit.hard,
+                config.reserved_descriptors(),
+                config.limits.max_connections,
+            );
+            (
+                format!("{line}; the hard limit, which serve raises its soft limit to"),
+                warning,
+            )
+        }
+        Err(e) => (format!("open file limit: cannot be read: {e}"), None),
+    }
 }
 
 /// What `check` found of the backends' DNS names, looked up once now as `serve` would at start.
@@ -166,11 +194,25 @@ pub fn describe(config: &Config) -> String {
         } else {
             "404 (no default upstream)".to_string()
         };
+        // listen(2) silently caps a longer queue at the kernel's ceiling.
+        let ceiling = crate::sys::limits::somaxconn();
+        let backlog = if l.backlog > ceiling {
+            format!(
+                "{}, capped by the kernel at net.core.somaxconn = {ceiling}",
+                l.backlog
+            )
+        } else {
+            l.backlog.to_string()
+        };
         let _ = match (&l.tls, l.redirect_https) {
-            (_, true) => writeln!(s, "listener {} -> redirect to https", l.address),
+            (_, true) => writeln!(
+                s,
+                "listener {} (backlog {backlog}) -> redirect to https",
+                l.address
+            ),
             (Some(t), false) => writeln!(
                 s,
-                "listener {} (TLS: {} certificates{}{}) -> {}",
+                "listener {} (backlog {backlog}; TLS: {} certificates{}{}) -> {}",
                 l.address,
                 t.certificates.count(),
                 if t.certificates.has_default() {
@@ -187,9 +229,9 @@ pub fn describe(config: &Config) -> String {
             ),
             (None, false) => writeln!(
                 s,
-                "listener {}{} -> {}",
+                "listener {} (backlog {backlog}{}) -> {}",
                 l.address,
-                if l.h2c { " (HTTP/1.1 and h2c)" } else { "" },
+                if l.h2c { "; HTTP/1.1 and h2c" } else { "" },
                 default
             ),
         };

@@ -95,7 +95,8 @@ impl InFlight {
         upstream: &SharedUpstream,
         kind: ConnectFailure,
     ) -> Option<&'static str> {
-        if upstream.counting {
+        // pinlb's own shortage is no error of the backend's, in `/metrics` either.
+        if upstream.counting && kind != ConnectFailure::Local {
             self.state.stats.error(ErrorKind::Connect);
         }
         let excuse = match kind {

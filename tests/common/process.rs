@@ -33,10 +33,32 @@ impl BinProxy {
     /// waits until it logs its listening address.
     pub async fn spawn_toml(toml: &str, env: &[(&str, &std::ffi::OsStr)]) -> BinProxy {
         let config = temp_config(toml);
-        let mut child = Command::new(bin())
+        let mut command = Command::new(bin());
+        command
             .args(["serve", "-c"])
             .arg(&config)
-            .envs(env.iter().copied())
+            .envs(env.iter().copied());
+        BinProxy::spawn_command(command, config).await
+    }
+
+    /// Starts the binary on `toml` with the open file limit `ulimit` sets (`"-n 1024"`: soft
+    /// and hard; `"-Sn 1024"`: the soft one), as `sh -c 'ulimit -n 1024 && exec pinlb serve …'`
+    /// does (the same process, by `exec`).
+    pub async fn spawn_with_ulimit(toml: &str, ulimit: &str) -> BinProxy {
+        let config = temp_config(toml);
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!("ulimit {ulimit} && exec \"$0\" serve -c \"$1\""))
+            .arg(bin())
+            .arg(&config);
+        BinProxy::spawn_command(command, config).await
+    }
+
+    /// Runs `command` (which starts `pinlb serve` on `config`) and waits until it logs its
+    /// listening address.
+    async fn spawn_command(mut command: Command, config: PathBuf) -> BinProxy {
+        let mut child = command
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())

@@ -1,0 +1,156 @@
+//! The kernel's limits that decide how much load pinlb's own sockets take: the listen backlog's
+//! ceiling (`net.core.somaxconn`) and the open file limit (`RLIMIT_NOFILE`), which bounds how
+//! many connections can be proxied at once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nix::sys::resource::{Resource, getrlimit, rlim_t, setrlimit};
+
+/// Where Linux says how long a listen queue may be; `listen(2)` silently caps any larger
+/// backlog at it.
+const SOMAXCONN: &str = "/proc/sys/net/core/somaxconn";
+
+/// The backlog when `/proc` cannot be read (no `/proc` in a sandbox, or a kernel without the
+/// file): 4096 is Linux's own default for `somaxconn` since 5.4, so asking for it asks for what
+/// an untuned kernel gives, and an older kernel caps it at its own value anyway.
+const SOMAXCONN_UNKNOWN: u32 = 4096;
+
+/// The kernel's ceiling on a listening socket's backlog, the default for `listener.backlog`.
+pub fn somaxconn() -> u32 {
+    std::fs::read_to_string(SOMAXCONN)
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(SOMAXCONN_UNKNOWN)
+}
+
+/// The process's open file limit, soft and hard (`None`: unlimited).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nofile {
+    pub soft: Option<u64>,
+    pub hard: Option<u64>,
+}
+
+fn finite(v: rlim_t) -> Option<u64> {
+    (v != nix::sys::resource::RLIM_INFINITY).then_some(v)
+}
+
+/// The limit as it is now.
+pub fn nofile() -> nix::Result<Nofile> {
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    Ok(Nofile {
+        soft: finite(soft),
+        hard: finite(hard),
+    })
+}
+
+/// The soft open file limit before [`raise_nofile`] raised it; 0 while it has not.
+static ORIGINAL_SOFT: AtomicU64 = AtomicU64::new(0);
+
+/// Raises the soft open file limit to the hard one, as Go's runtime does at start and as
+/// systemd expects of a service (its default soft limit stays 1024 for programs that still use
+/// `select(2)`, with the hard limit for those that ask): a proxy needs two descriptors per
+/// connection, and 1024 is a few hundred connections. Returns the limit as it is after. The
+/// processes pinlb starts get the limit it started with back ([`original_soft_nofile`]).
+pub fn raise_nofile() -> nix::Result<Nofile> {
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft != hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+        ORIGINAL_SOFT.store(soft, Ordering::Relaxed);
+    }
+    nofile()
+}
+
+/// The soft open file limit this process started with, when [`raise_nofile`] raised it: a
+/// child gets it back before it runs, as Go does for the programs it starts, since a program
+/// that still uses `select(2)` breaks on a descriptor above 1023.
+pub(crate) fn original_soft_nofile() -> Option<rlim_t> {
+    Some(ORIGINAL_SOFT.load(Ordering::Relaxed)).filter(|&s| s != 0)
+}
+
+/// Descriptors kept out of the count of proxied connections: the listening sockets (each
+/// worker has its own per listener, and with `runtime.upgrade_socket` a duplicate of each is
+/// kept for a handover), one health probe per backend at a time, and 64 for the rest: stdin,
+/// stdout, stderr and the access log, each thread's epoll and wake-up descriptors (three per
+/// runtime, the control thread's included), the admin listener and a few of its clients, the
+/// signal and DNS sockets, the upgrade socket. Generous on purpose: running out of these fails
+/// a reload or a probe, which is worse than a connection fewer.
+pub fn reserved_descriptors(
+    workers: usize,
+    listeners: usize,
+    backends: usize,
+    upgrade: bool,
+) -> u64 {
+    let sockets = workers * listeners * if upgrade { 2 } else { 1 };
+    (64 + 3 * workers + sockets + backends) as u64
+}
+
+/// How many client connections `limit` descriptors allow at once: each proxied one holds the
+/// client's descriptor and a backend's.
+pub fn connections_allowed(limit: u64, reserved: u64) -> u64 {
+    limit.saturating_sub(reserved) / 2
+}
+
+/// What the open file limit allows, as a log line, and a warning when `max_connections` does
+/// not fit. `limit` is `None` when unlimited.
+pub fn describe_nofile(
+    limit: Option<u64>,
+    reserved: u64,
+    max_connections: usize,
+) -> (String, Option<String>) {
+    let Some(limit) = limit else {
+        return (
+            "open file limit: unlimited, so limits.max_connections decides".to_string(),
+            None,
+        );
+    };
+    let allowed = connections_allowed(limit, reserved);
+    let line = format!(
+        "open file limit {limit}: room for {allowed} proxied connections (a client's descriptor and a backend's each, {reserved} kept for listeners, probes, logs and the admin listener)"
+    );
+    let warning = (max_connections as u64 > allowed).then(|| {
+        format!(
+            "limits.max_connections = {max_connections} does not fit in the open file limit {limit}, which has room for {allowed}: past that, accepts and backend connects fail with EMFILE (clients wait in the backlog, requests get 502); raise the hard limit (systemd's LimitNOFILE=, ulimit -Hn) or lower limits.max_connections"
+        )
+    });
+    (line, warning)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn somaxconn_is_read_from_proc() {
+        let from_proc: u32 = std::fs::read_to_string(SOMAXCONN)
+            .map(|s| s.trim().parse().unwrap())
+            .unwrap_or(SOMAXCONN_UNKNOWN);
+        assert_eq!(somaxconn(), from_proc);
+    }
+
+    #[test]
+    fn each_connection_takes_two_descriptors_beside_the_reserve() {
+        let reserved = reserved_descriptors(2, 1, 3, false);
+        assert_eq!(reserved, 64 + 6 + 2 + 3);
+        assert_eq!(reserved_descriptors(2, 1, 3, true), reserved + 2);
+        assert_eq!(connections_allowed(1024, reserved), (1024 - 75) / 2);
+        assert_eq!(connections_allowed(10, reserved), 0);
+    }
+
+    #[test]
+    fn max_connections_over_the_limit_is_warned_about() {
+        let (line, warning) = describe_nofile(Some(1024), 100, 462);
+        assert_eq!(
+            line,
+            "open file limit 1024: room for 462 proxied connections (a client's descriptor and a backend's each, 100 kept for listeners, probes, logs and the admin listener)"
+        );
+        assert_eq!(warning, None);
+        let (_, warning) = describe_nofile(Some(1024), 100, 463);
+        assert!(
+            warning
+                .unwrap()
+                .starts_with("limits.max_connections = 463 does not fit in the open file limit 1024, which has room for 462")
+        );
+        assert_eq!(describe_nofile(None, 100, 1 << 40).1, None);
+    }
+}
