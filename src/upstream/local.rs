@@ -110,11 +110,11 @@ impl WorkerUpstream {
     ) -> Result<Option<(usize, InFlight, Duration)>, Refused> {
         let excluded = |_: usize| false;
         if !queue.is_busy() {
-            if let Some((b, guard)) = self.pick(key, &excluded) {
+            if let Some((b, guard)) = self.pick(key, excluded) {
                 return Ok(Some((b, guard, Duration::ZERO)));
             }
         }
-        if !queue.is_busy() && !self.shared.full_but_up(&excluded) {
+        if !queue.is_busy() && !self.shared.full_but_up(excluded) {
             return Ok(None);
         }
         let after = self.shared.config.timeouts.queue;
@@ -134,7 +134,7 @@ impl WorkerUpstream {
             // Alone in the queue: a slot freed between the pick above and now had no one to
             // wake.
             if !front && queue.waiting() == 1 {
-                if let Some(picked) = self.pick(key, &excluded) {
+                if let Some(picked) = self.pick(key, excluded) {
                     ticket.used();
                     return Ok(taken(picked));
                 }
@@ -144,9 +144,9 @@ impl WorkerUpstream {
                 return Err(Refused::TimedOut { after });
             }
             ticket.used();
-            match self.pick(key, &excluded) {
+            match self.pick(key, excluded) {
                 Some(picked) => return Ok(taken(picked)),
-                None if !self.shared.full_but_up(&excluded) => return Ok(None),
+                None if !self.shared.full_but_up(excluded) => return Ok(None),
                 // Another request took the slot first: this one keeps its turn.
                 None => front = true,
             }
