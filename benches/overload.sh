@@ -25,7 +25,8 @@
 #   haproxy      balance leastconn, maxconn $MAXCONN per server, timeout queue 30s (maxqueue
 #                unlimited), http-reuse always, option http-keep-alive, timeouts connect 5s,
 #                client/server 60s
-#   Every proxy listens with backlog 511 (pinlb's fixed one, nginx's default; set for HAProxy).
+#   Every proxy listens with its own default backlog: pinlb's is net.core.somaxconn (issue 27),
+#   nginx's 511, HAProxy's its frontend's maxconn (capped by somaxconn).
 #
 # Procedure: the Node.js processes and every peer start once and are polled (curl, bounded)
 # until they answer "hello world"; pinlb-queue's configuration is first tried with
@@ -53,9 +54,9 @@
 #                jiffies (/proc/stat) less the utime+stime of the proxy, the backends, ab and
 #                ksoftirqd/0 and /1 (the loopback traffic's softirqs); over 10%
 #                and the run is flagged noisy (log and report)
-# pinlb's defaults lose requests in a burst about a second into a run: its first connects to
-# the backends overflow Node's 511 backlog, time out after timeouts.connect (1 s), and
-# max_fails = 1 then skips the backends (503). Whether the burst happens depends on how fast
+# Before issue 27, pinlb's defaults lost requests in a burst about a second into a run: its first
+# connects to the backends overflowed Node's 511 backlog, timed out after timeouts.connect (then
+# 1 s), and max_fails = 1 then skipped the backends (503). Whether the burst happens depends on how fast
 # ab's connections ramp up, so it varies from run to run (with the cores shared with a build,
 # a 10 s run at C=8000 lost none, a 3 s one 5029 of 16795): use ROUNDS=3 or more to see it.
 # With ROUNDS > 1 the table shows the medians over rounds. Markdown on stdout and in $OUT_MD,
