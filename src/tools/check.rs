@@ -316,6 +316,13 @@ pub fn describe(config: &Config) -> String {
                 }
             );
         }
+        if u.queue > 0 {
+            let _ = writeln!(
+                s,
+                "  queue: up to {} requests wait, at most {:?} each, for a backend below max_conns",
+                u.queue, u.timeouts.queue
+            );
+        }
         let r = &u.retry;
         let _ = writeln!(
             s,
