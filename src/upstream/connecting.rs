@@ -90,21 +90,29 @@ impl Connecting {
     }
 
     /// A slot for one connect, waiting at most `timeout` for one to free; `None` when none
-    /// did.
-    pub async fn enter(&self, timeout: Duration) -> Option<Slot<'_>> {
+    /// did. Also returns how long it waited (zero when a slot was free).
+    pub async fn enter(&self, timeout: Duration) -> Option<(Slot<'_>, Duration)> {
+        let mut waited = Duration::ZERO;
         let permit = match self.slots.try_acquire() {
             Ok(p) => p,
-            Err(_) => match tokio::time::timeout(timeout, self.slots.acquire()).await {
-                Ok(Ok(p)) => p,
-                // Timed out (the semaphore is never closed).
-                _ => return None,
-            },
+            Err(_) => {
+                let started = std::time::Instant::now();
+                match tokio::time::timeout(timeout, self.slots.acquire()).await {
+                    Ok(Ok(p)) => {
+                        waited = started.elapsed();
+                        p
+                    }
+                    // Timed out (the semaphore is never closed).
+                    _ => return None,
+                }
+            }
         };
         self.in_progress.fetch_add(1, Ordering::Relaxed);
-        Some(Slot {
+        let slot = Slot {
             of: self,
             permit: Some(permit),
-        })
+        };
+        Some((slot, waited))
     }
 }
 
@@ -165,7 +173,7 @@ mod tests {
     async fn enter_many(c: &Connecting, n: usize) -> Vec<Slot<'_>> {
         let mut v = Vec::new();
         for _ in 0..n {
-            v.push(c.enter(NOW).await.expect("unbounded"));
+            v.push(c.enter(NOW).await.expect("unbounded").0);
         }
         v
     }

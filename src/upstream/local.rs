@@ -208,15 +208,16 @@ impl WorkerUpstream {
     pub async fn connect(&self, backend: usize, timeout: Duration) -> Result<Conn, ConnectError> {
         let shared = &*self.shared;
         let state = &shared.backends[backend];
-        let started = Instant::now();
-        let Some(_slot) = state.connecting.enter(timeout).await else {
+        let Some((_slot, waited)) = state.connecting.enter(timeout).await else {
             return Err(ConnectError::busy(format!(
                 "{} connects to the backend in progress (max_connecting) for {timeout:?}",
                 state.connecting.in_progress()
             )));
         };
         let started_ms = clock_ms();
-        let left = timeout.saturating_sub(started.elapsed());
+        // The wait for a slot comes out of the connect's own budget (the TLS handshake after
+        // it keeps a whole one, as nginx gives it).
+        let left = timeout.saturating_sub(waited);
         let conn = match connect(state.address, left, shared.tls(backend)).await {
             Ok(conn) => {
                 state.connecting.connected(clock_ms());
