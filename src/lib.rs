@@ -59,5 +59,5 @@ pub(crate) mod tls;
 pub mod tools;
 pub mod upstream;
 
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, ConfigErrors};
 pub use server::{Server, ServerError};

@@ -224,6 +224,27 @@ fn serve_refuses_an_invalid_file_with_the_same_message_and_exit_1() {
     );
 }
 
+/// The fixture's four mistakes, in file order, then their count.
+const SEVERAL_MISTAKES: &str = r#"{file}:6:11: listener[0].address: invalid address "localhost:8888": host names are not resolved; write the IP address and port, such as "127.0.0.1:8888" or "[::1]:8888"
+{file}:16:42: upstream.app.backends[1].weight: weight 0 is not allowed, expected a positive integer
+{file}:20:13: upstream.api.algorithm: algorithm "hash" needs a key: hash = "client_ip", "uri", "header:NAME" or "cookie:NAME"
+{file}:24:11: admin.address: 0.0.0.0:9901 is not a loopback address, so admin.token or admin.token_file must be set: anyone who can reach it could take backends out and reload the config
+4 errors"#;
+
+#[test]
+fn check_reports_every_mistake_of_a_file_in_one_run() {
+    assert_check_rejects("several_mistakes.toml", SEVERAL_MISTAKES);
+}
+
+#[test]
+fn serve_refuses_a_file_with_several_mistakes_listing_every_one() {
+    let file = "tests/fixtures/several_mistakes.toml";
+    let out = pinlb(&["serve", "-c", file]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end(), SEVERAL_MISTAKES.replace("{file}", file));
+}
+
 #[test]
 fn help_lists_the_subcommands() {
     let out = pinlb(&["--help"]);

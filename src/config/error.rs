@@ -1,4 +1,5 @@
-//! [`ConfigError`], and [`Source`], which turns a byte span of the file into one.
+//! [`ConfigError`], [`ConfigErrors`] (every error a file has, in file order), and [`Source`],
+//! which turns a byte span of the file into one.
 
 use std::ops::Range;
 
@@ -61,6 +62,45 @@ impl ConfigError {
     }
 }
 
+/// Every error found in a file, in file order (line, then column), never empty: one line each,
+/// then a count line when there are several. One error reads exactly as its [`ConfigError`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", render_all(&self.0))]
+pub struct ConfigErrors(Vec<ConfigError>);
+
+fn render_all(errors: &[ConfigError]) -> String {
+    let mut lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    if errors.len() > 1 {
+        lines.push(format!("{} errors", errors.len()));
+    }
+    lines.join("\n")
+}
+
+impl ConfigErrors {
+    /// `errors` in file order (a stable sort: two at one place keep the order they were found
+    /// in); `None` when there are none.
+    pub fn new(mut errors: Vec<ConfigError>) -> Option<ConfigErrors> {
+        errors.sort_by_key(|e| (e.line, e.col));
+        (!errors.is_empty()).then_some(ConfigErrors(errors))
+    }
+
+    /// The errors, in file order.
+    pub fn errors(&self) -> &[ConfigError] {
+        &self.0
+    }
+
+    /// The errors, in file order.
+    pub fn into_errors(self) -> Vec<ConfigError> {
+        self.0
+    }
+}
+
+impl From<ConfigError> for ConfigErrors {
+    fn from(e: ConfigError) -> ConfigErrors {
+        ConfigErrors(vec![e])
+    }
+}
+
 /// The text being validated and the name it came under: every validation step holds one, so
 /// that an error can name its place without carrying the text around.
 #[derive(Debug, Clone, Copy)]
@@ -107,6 +147,23 @@ mod tests {
             msg.starts_with("nope.toml: no such configuration file (looked in /"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn several_errors_read_one_a_line_in_file_order_then_their_count() {
+        let src = Source {
+            file: "f.toml",
+            text: "a = 1\nb = 2\n",
+        };
+        let one = ConfigErrors::from(src.at(6..7, "b", "bad"));
+        assert_eq!(one.to_string(), "f.toml:2:1: b: bad");
+        let two =
+            ConfigErrors::new(vec![src.at(6..7, "b", "bad"), src.at(4..5, "a", "worse")]).unwrap();
+        assert_eq!(
+            two.to_string(),
+            "f.toml:1:5: a: worse\nf.toml:2:1: b: bad\n2 errors"
+        );
+        assert_eq!(ConfigErrors::new(Vec::new()), None);
     }
 
     #[test]

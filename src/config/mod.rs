@@ -10,7 +10,8 @@
 //! of a table that also has required keys (an upstream's `keepalive`, a backend's `weight`) in a
 //! named serde default function in `raw.rs`.
 //!
-//! Every error is a [`ConfigError`] that reads `file:line:col: key: what was expected`.
+//! Every error is a [`ConfigError`] that reads `file:line:col: key: what was expected`; a file's
+//! errors are reported all at once, in file order, as [`ConfigErrors`].
 //!
 //! - [`error`]: the error and where in the file it points.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
@@ -30,8 +31,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use error::ConfigError;
 use error::Source;
+pub use error::{ConfigError, ConfigErrors};
 use raw::RawConfig;
 
 use crate::http1::request::RequestLimits;
@@ -1001,14 +1002,14 @@ impl Config {
     }
 
     /// Reads and validates `path` against the cores this process may run on.
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         let allowed = crate::sys::cpus::allowed_cpus().unwrap_or_default();
         Config::load_for(path, &allowed)
     }
 
     /// Reads and validates `path` against `allowed` cores: a reload runs on a thread pinned to
     /// `runtime.cpus`, so it passes the set the process had at start.
-    pub fn load_for(path: &Path, allowed: &[usize]) -> Result<Config, ConfigError> {
+    pub fn load_for(path: &Path, allowed: &[usize]) -> Result<Config, ConfigErrors> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::unreadable(&name, &e))?;
         Config::parse(&name, &text, allowed)
@@ -1017,34 +1018,69 @@ impl Config {
     /// Parses and validates `text`; `file` is only used in messages. `allowed` is the set of cores
     /// the process may run on (the default for `runtime.cpus`).
     ///
-    /// Sections are validated in this order, so that a file with several mistakes always reports
-    /// the same one first.
-    pub fn parse(file: &str, text: &str, allowed: &[usize]) -> Result<Config, ConfigError> {
+    /// A syntax or type error stops at itself: nothing after it can be read reliably. Otherwise
+    /// every section, every upstream and every listener is validated, and every error is
+    /// reported, in file order. A check that depends on a section that failed is skipped rather
+    /// than reported as a second, confusing error: a listener may name an upstream that failed,
+    /// and the spawned ports are checked only once every upstream is valid.
+    pub fn parse(file: &str, text: &str, allowed: &[usize]) -> Result<Config, ConfigErrors> {
         let src = Source { file, text };
         let raw = RawConfig::parse(&src)?;
-        let runtime = validate::runtime(&src, &raw.runtime, allowed)?;
-        let limits = validate::limits(&src, &raw.limits)?;
-        let http2 = validate::http2(&src, &raw.http2)?;
+        let mut errors = Vec::new();
+        let e = &mut errors;
+        let runtime = kept(e, validate::runtime(&src, &raw.runtime, allowed));
+        let limits = kept(e, validate::limits(&src, &raw.limits));
+        let http2 = kept(e, validate::http2(&src, &raw.http2));
         let mut warnings = Vec::new();
-        let upstreams = raw
-            .upstream
+        // Without valid cores, no backend can be found to overlap the workers'.
+        let worker_cpus = runtime.as_ref().map_or(&[][..], |r| &r.cpus[..]);
+        let mut upstreams = Vec::with_capacity(raw.upstream.len());
+        for (name, up) in &raw.upstream {
+            let u = validate::upstream(&src, name, up, worker_cpus, allowed, &mut warnings);
+            upstreams.push(kept(e, u));
+        }
+        let names: Vec<&str> = raw.upstream.keys().map(String::as_str).collect();
+        let listeners = kept(e, validate::listeners(&src, &raw.listeners, &names));
+        let trusted = kept(e, validate::forwarded(&src, &raw.forwarded));
+        // The addresses of the listeners that give a valid one, whatever else they get wrong.
+        let mut taken: Vec<SocketAddr> = raw
+            .listeners
             .iter()
-            .map(|(name, up)| {
-                validate::upstream(&src, name, up, &runtime.cpus, allowed, &mut warnings)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let listeners = validate::listeners(&src, &raw.listeners, &upstreams)?;
-        let trusted = validate::forwarded(&src, &raw.forwarded)?;
+            .filter_map(|l| l.address.get_ref().parse().ok())
+            .collect();
         let admin = raw
             .admin
             .as_ref()
-            .map(|a| validate::admin(&src, a, &listeners))
-            .transpose()?;
-        let access_log = validate::log(&src, &raw.log)?;
-        let resolver = validate::resolver(&src, &raw.resolver)?;
-        let mut taken: Vec<SocketAddr> = listeners.iter().map(|l| l.address).collect();
-        taken.extend(admin.as_ref().map(|a| a.address));
-        validate::spawn_ports(&src, &raw.upstream, &upstreams, &taken)?;
+            .map(|a| kept(e, validate::admin(&src, a, &taken)));
+        let access_log = kept(e, validate::log(&src, &raw.log));
+        let resolver = kept(e, validate::resolver(&src, &raw.resolver));
+        taken.extend(admin.iter().flatten().map(|a| a.address));
+        let upstreams: Option<Vec<Upstream>> = upstreams.into_iter().collect();
+        if let Some(upstreams) = &upstreams {
+            kept(
+                e,
+                validate::spawn_ports(&src, &raw.upstream, upstreams, &taken),
+            );
+        }
+        if let Some(errors) = ConfigErrors::new(errors) {
+            return Err(errors);
+        }
+        let (
+            Some(runtime),
+            Some(limits),
+            Some(http2),
+            Some(upstreams),
+            Some(listeners),
+            Some(trusted),
+            Some(access_log),
+            Some(resolver),
+        ) = (
+            runtime, limits, http2, upstreams, listeners, trusted, access_log, resolver,
+        )
+        else {
+            unreachable!("a section that failed left an error");
+        };
+        let admin = admin.map(|a| a.expect("an [admin] that failed left an error"));
         Ok(Config {
             runtime,
             limits,
@@ -1058,4 +1094,12 @@ impl Config {
             resolver,
         })
     }
+}
+
+/// `r`'s value, or `None` with its errors added to `errors`.
+fn kept<T, E: Into<ConfigErrors>>(
+    errors: &mut Vec<ConfigError>,
+    r: std::result::Result<T, E>,
+) -> Option<T> {
+    r.map_err(|e| errors.extend(e.into().into_errors())).ok()
 }

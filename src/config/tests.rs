@@ -5,7 +5,7 @@ use super::*;
 
 const ALLOWED: &[usize] = &[0, 1, 2, 3];
 
-fn parse(text: &str) -> Result<Config, ConfigError> {
+fn parse(text: &str) -> Result<Config, ConfigErrors> {
     Config::parse("pinlb.toml", text, ALLOWED)
 }
 
@@ -395,6 +395,96 @@ fn bad_address_says_what_is_expected() {
 fn syntax_errors_have_a_position() {
     let e = err("[runtime\ncpus = [0]\n");
     assert!(e.starts_with("pinlb.toml:1:"), "{e}");
+}
+
+#[test]
+fn every_section_s_error_is_reported_in_file_order_then_their_count() {
+    // Validated limits first and log last; reported as the file has them.
+    let text = r#"[log]
+format = "json"
+
+[[listener]]
+address = "127.0.0.1:8888"
+upstream = "app"
+
+[upstream.app]
+backends = [{ address = "127.0.0.1:8881", weight = 0 }]
+
+[limits]
+max_headers = 0
+"#;
+    let e = parse(text).expect_err("three mistakes");
+    assert_eq!(e.errors().len(), 3);
+    assert_eq!(
+        e.to_string(),
+        [
+            "pinlb.toml:2:10: log.format: set without log.access, expected log.access too (\"stdout\" or a file path)",
+            "pinlb.toml:9:52: upstream.app.backends[0].weight: weight 0 is not allowed, expected a positive integer",
+            "pinlb.toml:12:15: limits.max_headers: 0 is out of range, expected 1 to 1000",
+            "3 errors",
+        ]
+        .join("\n")
+    );
+}
+
+#[test]
+fn a_listener_naming_an_upstream_that_failed_is_no_error_of_its_own() {
+    let text = r#"[[listener]]
+address = "127.0.0.1:8888"
+upstream = "app"
+
+[[listener]]
+address = "127.0.0.1:8889"
+upstream = "web"
+
+[upstream.app]
+backends = []
+"#;
+    assert_eq!(
+        err(text),
+        [
+            "pinlb.toml:7:12: listener[1].upstream: unknown upstream \"web\", expected one of: app",
+            "pinlb.toml:10:12: upstream.app.backends: an upstream needs at least one backend",
+            "2 errors",
+        ]
+        .join("\n")
+    );
+}
+
+#[test]
+fn each_listener_s_error_is_reported() {
+    let text = format!(
+        "{MINIMAL}[[listener]]\naddress = \"localhost\"\nupstream = \"app\"\n[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"app\"\n"
+    );
+    assert_eq!(
+        err(&text),
+        [
+            "pinlb.toml:9:11: listener[1].address: invalid address \"localhost\", expected IP:PORT such as \"127.0.0.1:8888\"",
+            "pinlb.toml:12:11: listener[2].address: duplicate listener address 127.0.0.1:8888; each address may be listened on once",
+            "2 errors",
+        ]
+        .join("\n")
+    );
+}
+
+#[test]
+fn a_syntax_or_type_error_stops_at_itself() {
+    // A mistake before it, and one after: neither is reported.
+    let e = parse("[limits]\nmax_headers = 0\n[runtime\ncpus = [0]\n[admin]\naddress = \"x\"\n")
+        .expect_err("a syntax error");
+    assert_eq!(e.errors().len(), 1, "{e}");
+    assert!(e.to_string().starts_with("pinlb.toml:3:"), "{e}");
+    let e = parse(&format!(
+        "[limits]\nmax_headers = 0\n{}",
+        MINIMAL.replace("8881\" }", "8881\", weight = \"heavy\" }")
+    ))
+    .expect_err("a type error");
+    assert_eq!(e.errors().len(), 1, "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("pinlb.toml:9:52: upstream.app.backends[0].weight: invalid type"),
+        "{e}"
+    );
 }
 
 #[test]

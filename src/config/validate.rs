@@ -10,7 +10,7 @@ use std::time::Duration;
 use rustls::pki_types::ServerName;
 use toml::Spanned;
 
-use super::error::{ConfigError, Source};
+use super::error::{ConfigError, ConfigErrors, Source};
 use super::raw::{
     RawAdmin, RawBackend, RawForwarded, RawHealth, RawHttp2, RawLimits, RawListener, RawLog,
     RawPassive, RawResolve, RawResolver, RawRetry, RawRuntime, RawSpawn, RawTimeouts, RawTls,
@@ -1195,119 +1195,142 @@ fn retry(src: &Source, key: &str, r: &RawRetry) -> Result<Retry> {
     })
 }
 
-/// `[[listener]]`: at least one, each to a known upstream.
+/// `[[listener]]`: at least one, each to a known upstream; every listener's error, not only the
+/// first one's. `upstreams` are the names of the file's upstreams, valid or not, in the order
+/// of the validated ones: a listener that names one that failed is not an error of its own.
 pub(super) fn listeners(
     src: &Source,
     raw: &[RawListener],
-    upstreams: &[Upstream],
-) -> Result<Vec<Listener>> {
+    upstreams: &[&str],
+) -> std::result::Result<Vec<Listener>, ConfigErrors> {
     if raw.is_empty() {
-        return Err(src.at(0..0, "listener", "expected at least one [[listener]]"));
+        return Err(src
+            .at(0..0, "listener", "expected at least one [[listener]]")
+            .into());
     }
     let mut listeners = Vec::with_capacity(raw.len());
+    let mut errors = Vec::new();
+    let mut seen = Vec::with_capacity(raw.len());
     for (i, l) in raw.iter().enumerate() {
-        let key = format!("listener[{i}]");
-        let address: SocketAddr = l.address.get_ref().parse().map_err(|_| {
-            src.at(
-                l.address.span(),
-                &format!("{key}.address"),
-                bad_address(l.address.get_ref(), "127.0.0.1:8888"),
-            )
-        })?;
-        // SO_REUSEPORT would let both bind and the kernel would split one port's connections
-        // between two upstreams. Port 0 asks the kernel for a fresh port each time.
-        if address.port() != 0 && listeners.iter().any(|o: &Listener| o.address == address) {
-            return Err(src.at(
-                l.address.span(),
-                &format!("{key}.address"),
-                format!(
-                    "duplicate listener address {address}; each address may be listened on once"
-                ),
-            ));
+        match listener(src, &format!("listener[{i}]"), l, upstreams, &mut seen) {
+            Ok(l) => listeners.push(l),
+            Err(e) => errors.push(e),
         }
-        let redirect_https = l.redirect_https.as_ref().is_some_and(|r| *r.get_ref());
-        if let (true, Some(t)) = (redirect_https, &l.tls) {
-            return Err(src.at(
-                t.span(),
-                &format!("{key}.tls"),
-                "set together with redirect_https, expected one of them: a listener that redirects to https serves plain HTTP",
-            ));
-        }
-        let routes = super::routes::routes(src, &key, &l.route, |rkey, u| {
-            upstream_index(src, rkey, u, upstreams)
-        })?;
-        let upstream = match &l.upstream {
-            Some(u) => upstream_index(src, &key, u, upstreams)?,
-            // It proxies nothing by default; any index will do, and there is one once any
-            // listener proxies.
-            None if redirect_https || !routes.is_empty() => 0,
-            None => {
-                return Err(src.at(
-                    l.address.span(),
-                    &format!("{key}.upstream"),
-                    "missing, expected the name of an [upstream.NAME] (or [[listener.route]]s, or redirect_https = true)",
-                ));
-            }
-        };
-        let h2c = l.h2c.as_ref().is_some_and(|v| *v.get_ref());
-        if let (true, Some(t)) = (h2c, &l.tls) {
-            return Err(src.at(
-                t.span(),
-                &format!("{key}.tls"),
-                "set together with h2c, expected one of them: h2c is HTTP/2 on a plain listener; a TLS listener offers h2 by ALPN (listener.http2)",
-            ));
-        }
-        if let (Some(v), None) = (&l.http2, &l.tls) {
-            return Err(src.at(
-                v.span(),
-                &format!("{key}.http2"),
-                "only applies to a TLS listener (ALPN), expected h2c = true for HTTP/2 on a plain listener",
-            ));
-        }
-        let backlog = match &l.backlog {
-            None => crate::sys::limits::somaxconn(),
-            // listen(2) takes an int; the kernel caps it at net.core.somaxconn.
-            Some(v) => match u32::try_from(*v.get_ref()) {
-                Ok(n) if (1..=i32::MAX as u32).contains(&n) => n,
-                _ => {
-                    return Err(src.at(
-                        v.span(),
-                        &format!("{key}.backlog"),
-                        format!(
-                            "{} is out of range, expected a number of connections from 1 to {}",
-                            v.get_ref(),
-                            i32::MAX
-                        ),
-                    ));
-                }
-            },
-        };
-        let alpn_h2 = l.http2.as_ref().is_none_or(|v| *v.get_ref());
-        let tls = l
-            .tls
-            .as_ref()
-            .map(|t| tls(src, &key, t, alpn_h2))
-            .transpose()?
-            .map(Arc::new);
-        listeners.push(Listener {
-            address,
-            upstream,
-            tls,
-            redirect_https,
-            h2c,
-            has_default: l.upstream.is_some(),
-            routes,
-            backlog,
-        });
     }
-    if upstreams.is_empty() {
-        return Err(src.at(
+    // With no upstreams, a listener that names one has said so already.
+    if upstreams.is_empty() && errors.is_empty() {
+        errors.push(src.at(
             0..0,
             "upstream",
             "expected at least one [upstream.NAME], for the listeners to proxy to",
         ));
     }
-    Ok(listeners)
+    match ConfigErrors::new(errors) {
+        Some(errors) => Err(errors),
+        None => Ok(listeners),
+    }
+}
+
+/// One `[[listener]]`, whose address must not be in `seen` (the earlier listeners' addresses),
+/// and goes there.
+fn listener(
+    src: &Source,
+    key: &str,
+    l: &RawListener,
+    upstreams: &[&str],
+    seen: &mut Vec<SocketAddr>,
+) -> Result<Listener> {
+    let address: SocketAddr = l.address.get_ref().parse().map_err(|_| {
+        src.at(
+            l.address.span(),
+            &format!("{key}.address"),
+            bad_address(l.address.get_ref(), "127.0.0.1:8888"),
+        )
+    })?;
+    // SO_REUSEPORT would let both bind and the kernel would split one port's connections
+    // between two upstreams. Port 0 asks the kernel for a fresh port each time.
+    if address.port() != 0 && seen.contains(&address) {
+        return Err(src.at(
+            l.address.span(),
+            &format!("{key}.address"),
+            format!("duplicate listener address {address}; each address may be listened on once"),
+        ));
+    }
+    seen.push(address);
+    let redirect_https = l.redirect_https.as_ref().is_some_and(|r| *r.get_ref());
+    if let (true, Some(t)) = (redirect_https, &l.tls) {
+        return Err(src.at(
+            t.span(),
+            &format!("{key}.tls"),
+            "set together with redirect_https, expected one of them: a listener that redirects to https serves plain HTTP",
+        ));
+    }
+    let routes = super::routes::routes(src, key, &l.route, |rkey, u| {
+        upstream_index(src, rkey, u, upstreams)
+    })?;
+    let upstream = match &l.upstream {
+        Some(u) => upstream_index(src, key, u, upstreams)?,
+        // It proxies nothing by default; any index will do, and there is one once any
+        // listener proxies.
+        None if redirect_https || !routes.is_empty() => 0,
+        None => {
+            return Err(src.at(
+                l.address.span(),
+                &format!("{key}.upstream"),
+                "missing, expected the name of an [upstream.NAME] (or [[listener.route]]s, or redirect_https = true)",
+            ));
+        }
+    };
+    let h2c = l.h2c.as_ref().is_some_and(|v| *v.get_ref());
+    if let (true, Some(t)) = (h2c, &l.tls) {
+        return Err(src.at(
+            t.span(),
+            &format!("{key}.tls"),
+            "set together with h2c, expected one of them: h2c is HTTP/2 on a plain listener; a TLS listener offers h2 by ALPN (listener.http2)",
+        ));
+    }
+    if let (Some(v), None) = (&l.http2, &l.tls) {
+        return Err(src.at(
+            v.span(),
+            &format!("{key}.http2"),
+            "only applies to a TLS listener (ALPN), expected h2c = true for HTTP/2 on a plain listener",
+        ));
+    }
+    let backlog = match &l.backlog {
+        None => crate::sys::limits::somaxconn(),
+        // listen(2) takes an int; the kernel caps it at net.core.somaxconn.
+        Some(v) => match u32::try_from(*v.get_ref()) {
+            Ok(n) if (1..=i32::MAX as u32).contains(&n) => n,
+            _ => {
+                return Err(src.at(
+                    v.span(),
+                    &format!("{key}.backlog"),
+                    format!(
+                        "{} is out of range, expected a number of connections from 1 to {}",
+                        v.get_ref(),
+                        i32::MAX
+                    ),
+                ));
+            }
+        },
+    };
+    let alpn_h2 = l.http2.as_ref().is_none_or(|v| *v.get_ref());
+    let tls = l
+        .tls
+        .as_ref()
+        .map(|t| tls(src, key, t, alpn_h2))
+        .transpose()?
+        .map(Arc::new);
+    Ok(Listener {
+        address,
+        upstream,
+        tls,
+        redirect_https,
+        h2c,
+        has_default: l.upstream.is_some(),
+        routes,
+        backlog,
+    })
 }
 
 /// A listener's `upstream`, as an index into `upstreams`.
@@ -1315,23 +1338,22 @@ fn upstream_index(
     src: &Source,
     key: &str,
     wanted: &Spanned<String>,
-    upstreams: &[Upstream],
+    upstreams: &[&str],
 ) -> Result<usize> {
     upstreams
         .iter()
-        .position(|u| &u.name == wanted.get_ref())
+        .position(|u| u == wanted.get_ref())
         .ok_or_else(|| {
-            let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
             src.at(
                 wanted.span(),
                 &format!("{key}.upstream"),
                 format!(
                     "unknown upstream \"{}\", expected one of: {}",
                     wanted.get_ref(),
-                    if known.is_empty() {
+                    if upstreams.is_empty() {
                         "(none defined)".to_string()
                     } else {
-                        known.join(", ")
+                        upstreams.join(", ")
                     }
                 ),
             )
@@ -1458,8 +1480,9 @@ fn bad_address(text: &str, example: &str) -> String {
     }
 }
 
-/// `[admin]`: off loopback it needs a token, and it may not share a listener's address.
-pub(super) fn admin(src: &Source, a: &RawAdmin, listeners: &[Listener]) -> Result<Admin> {
+/// `[admin]`: off loopback it needs a token, and it may not share a listener's address (one of
+/// `listeners`).
+pub(super) fn admin(src: &Source, a: &RawAdmin, listeners: &[SocketAddr]) -> Result<Admin> {
     let address = match &a.address {
         None => Admin::DEFAULT_ADDRESS.parse().ok(),
         Some(v) => v.get_ref().parse::<SocketAddr>().ok(),
@@ -1521,7 +1544,7 @@ pub(super) fn admin(src: &Source, a: &RawAdmin, listeners: &[Listener]) -> Resul
             ),
         ));
     }
-    if address.port() != 0 && listeners.iter().any(|l| l.address == address) {
+    if address.port() != 0 && listeners.contains(&address) {
         return Err(src.at(
             span,
             "admin.address",

@@ -17,7 +17,7 @@ use tracing::warn;
 
 /// Listeners bound, workers accepting.
 pub(crate) fn ready(status: &str) {
-    send(&[NotifyState::Ready, NotifyState::Status(status)]);
+    send(&[NotifyState::Ready, NotifyState::Status(&one_line(status))]);
 }
 
 /// A reload starts; [`ready`] ends it.
@@ -39,7 +39,16 @@ pub(crate) fn stopping() {
 
 /// Hands the service over to the process `pid` (a binary upgrade).
 pub(crate) fn main_pid(pid: u32, status: &str) {
-    send(&[NotifyState::MainPid(pid), NotifyState::Status(status)]);
+    send(&[
+        NotifyState::MainPid(pid),
+        NotifyState::Status(&one_line(status)),
+    ]);
+}
+
+/// `status` on one line: each line of the message is an assignment of its own, so a refused
+/// reload's list of errors would otherwise end STATUS= at its first error.
+fn one_line(status: &str) -> String {
+    status.replace('\n', "; ")
 }
 
 /// A failure to tell systemd is logged, never fatal: pinlb serves either way, and systemd
@@ -47,5 +56,16 @@ pub(crate) fn main_pid(pid: u32, status: &str) {
 fn send(states: &[NotifyState]) {
     if let Err(e) = sd_notify::notify(states) {
         warn!("systemd notify failed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_status_of_several_lines_is_sent_as_one() {
+        assert_eq!(
+            super::one_line("a: x\nb: y\n2 errors"),
+            "a: x; b: y; 2 errors"
+        );
     }
 }
