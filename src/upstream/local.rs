@@ -98,7 +98,7 @@ impl WorkerUpstream {
     /// backend that could take the request is at `max_conns`, or others wait already, the
     /// request waits in the queue, at most `timeouts.queue`, and then picks among those that
     /// have room. Also returns how long it waited. `Ok(None)` when no backend could take it
-    /// even by waiting (each down or skipped).
+    /// even by waiting (each down, drained or skipped).
     ///
     /// Only a request's first pick waits: one that failed on a backend and may not go back to
     /// it could be woken for a slot there and would have to pass the wake on, and two such
@@ -114,7 +114,9 @@ impl WorkerUpstream {
                 return Ok(Some((b, guard, Duration::ZERO)));
             }
         }
-        if !queue.is_busy() && !self.shared.full_but_up(excluded) {
+        // Waiting helps only while some backend could take the request once it has room (a
+        // slot may be free now, held for a request just woken).
+        if !self.shared.has_backend_up() {
             return Ok(None);
         }
         let after = self.shared.config.timeouts.queue;
@@ -146,7 +148,7 @@ impl WorkerUpstream {
             ticket.used();
             match self.pick(key, excluded) {
                 Some(picked) => return Ok(taken(picked)),
-                None if !self.shared.full_but_up(excluded) => return Ok(None),
+                None if !self.shared.has_backend_up() => return Ok(None),
                 // Another request took the slot first: this one keeps its turn.
                 None => front = true,
             }
@@ -462,5 +464,33 @@ mod tests {
                 .len(),
             4
         );
+    }
+
+    /// Polls `fut` once.
+    async fn pending<F: std::future::Future>(fut: &mut std::pin::Pin<Box<F>>) -> bool {
+        std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_arriving_while_the_freed_slot_is_held_for_a_woken_waiter_waits_its_turn() {
+        let u = upstream("max_conns = 1\nqueue = 4", 1);
+        let queue = u.shared.queue.clone().expect("a queue");
+        let (_, first) = u.pick(None, |_| false).expect("a free slot");
+        let mut a = Box::pin(u.pick_queued(&queue, None));
+        assert!(pending(&mut a).await, "the backend is full: a waits");
+        // The slot frees and is promised to a, which has not run yet: b must not take it, nor
+        // give up (the backend is up, only busy).
+        drop(first);
+        let mut b = Box::pin(u.pick_queued(&queue, None));
+        assert!(pending(&mut b).await, "b waits behind a");
+        let (_, a_guard, _) = a.await.expect("a is served").expect("a backend");
+        assert!(
+            pending(&mut b).await,
+            "b still waits while a holds the slot"
+        );
+        drop(a_guard);
+        let (_, _b_guard, waited) = b.await.expect("b is served").expect("a backend");
+        assert!(waited > Duration::ZERO);
+        assert_eq!(queue.waiting(), 0);
     }
 }

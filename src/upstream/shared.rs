@@ -186,19 +186,6 @@ impl SharedUpstream {
         }
     }
 
-    /// Whether some backend not `excluded` is up and active but at `max_conns`: a request
-    /// that found no backend may then wait for a slot.
-    pub(super) fn full_but_up(&self, excluded: impl Fn(usize) -> bool) -> bool {
-        let lone = self.lone();
-        self.backends.iter().enumerate().any(|(i, b)| {
-            !excluded(i)
-                && b.admin_state() == AdminState::Active
-                && b.is_up()
-                && (lone || !b.is_skipped())
-                && b.is_full()
-        })
-    }
-
     /// Whether some backend would take a request now: active, not held down by health checks,
     /// not skipped after failures (a lone backend never is). One at `max_conns` still counts:
     /// being busy is not being unready. What `/ready` asks of every upstream.
