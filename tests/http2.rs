@@ -20,6 +20,7 @@ use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::AsyncReadExt;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -908,6 +909,118 @@ async fn an_idle_connection_gets_goaway_but_one_with_an_open_stream_does_not() {
     assert!(before.iter().any(|f| f.kind == HEADERS && f.stream == 1));
     let (goaway, _) = raw.until_closed(20).await;
     assert_eq!(goaway, Some((1, NO_ERROR)));
+}
+
+/// How long pinlb waits, after a graceful close's GOAWAY, before it drops a connection with no
+/// stream open that has not ended (`GRACEFUL_CLOSE` in src/downstream/h2.rs).
+const GRACEFUL_CLOSE: Duration = Duration::from_secs(2);
+
+/// Opens an HTTP/2 connection that never opens a stream and never answers a PING: the preface,
+/// an empty SETTINGS, the ACK of the server's, then only reads. Returns every byte read after
+/// that until pinlb closed the connection, and when it did (`None` if not within `limit`).
+async fn streamless(addr: SocketAddr, limit: Duration) -> (Vec<u8>, Option<Instant>) {
+    let mut raw = H2Conn::open(addr, &[]).await;
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + limit;
+    // Bounded by the deadline: every pass reads more, or ends.
+    loop {
+        match tokio::time::timeout_at(deadline, raw.stream.read(&mut chunk)).await {
+            Err(_) => return (seen, None),
+            Ok(Ok(0)) | Ok(Err(_)) => return (seen, Some(Instant::now())),
+            Ok(Ok(n)) => seen.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// The frames in `bytes` (whole ones), as (type, flags, payload).
+fn raw_frames(mut bytes: &[u8]) -> Vec<(u8, u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    while bytes.len() >= 9 {
+        let len = (bytes[0] as usize) << 16 | (bytes[1] as usize) << 8 | bytes[2] as usize;
+        if bytes.len() < 9 + len {
+            break;
+        }
+        out.push((bytes[3], bytes[4], bytes[9..9 + len].to_vec()));
+        bytes = &bytes[9 + len..];
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamless_connection_that_never_acks_the_ping_is_closed_after_the_grace() {
+    let a = Backend::start("a").await;
+    let mut setup = h2c(Setup::with(&[a.addr]));
+    setup.client_idle = "1s";
+    let proxy = Proxy::start(&setup);
+    let opened = Instant::now();
+    let (seen, closed) = streamless(proxy.addr, WAIT).await;
+    let took = closed
+        .unwrap_or_else(|| panic!("still open after {WAIT:?}; read {:?}", raw_frames(&seen)))
+        - opened;
+    let frames = raw_frames(&seen);
+    let goaway = frames
+        .iter()
+        .find(|f| f.0 == GOAWAY)
+        .unwrap_or_else(|| panic!("no GOAWAY: {frames:?}"));
+    assert_eq!(
+        goaway.2[..8],
+        [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0],
+        "{goaway:?}"
+    );
+    assert!(
+        frames.iter().any(|f| f.0 == PING && f.1 & ACK == 0),
+        "{frames:?}"
+    );
+    let idle = Duration::from_secs(1);
+    assert!(
+        took >= idle + GRACEFUL_CLOSE - Duration::from_millis(300)
+            && took < idle + GRACEFUL_CLOSE + Duration::from_millis(1500),
+        "closed {took:?} after it opened, with client_idle 1s and a grace of {GRACEFUL_CLOSE:?}"
+    );
+    assert_still_serves(&proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamless_connections_over_max_connections_are_all_closed_and_a_new_client_is_served() {
+    let a = Backend::start("a").await;
+    let mut setup = h2c(Setup::with(&[a.addr]));
+    setup.client_idle = "1s";
+    setup.extra += "[limits]\nmax_connections = 50\n";
+    let proxy = Proxy::start(&setup);
+    let opened = Instant::now();
+    // Sixty at once: ten of them wait in the backlog until room is made.
+    let clients: Vec<_> = (0..60)
+        .map(|_| tokio::spawn(streamless(proxy.addr, WAIT)))
+        .collect();
+    let mut last = opened;
+    for (i, c) in clients.into_iter().enumerate() {
+        let (seen, closed) = c.await.expect("client task");
+        let closed = closed.unwrap_or_else(|| {
+            panic!(
+                "client {i} still open after {WAIT:?}; read {:?}",
+                raw_frames(&seen)
+            )
+        });
+        last = last.max(closed);
+    }
+    // The first fifty make room at once (pressure), the last ten wait client_idle, then the
+    // grace: both within one client_idle and one grace, with a tick's slack.
+    let bound = Duration::from_secs(1) + GRACEFUL_CLOSE + Duration::from_millis(1500);
+    assert!(
+        last - opened < bound,
+        "all closed {:?} after they opened",
+        last - opened
+    );
+    let asked = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(1),
+        raw_request(proxy.addr, b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", false),
+    )
+    .await
+    .expect("a new HTTP/1.1 client is answered within 1s");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(asked.elapsed() < Duration::from_secs(1));
 }
 
 /// Waits for a graceful GOAWAY (NO_ERROR) before any frame of stream 1, then for stream 1's

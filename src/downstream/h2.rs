@@ -17,7 +17,9 @@
 //! A connection never parks (hyper holds its state), but it has its slot among the worker's
 //! client connections like any other: it is closed after `timeouts.client_idle` with no stream
 //! open (`limits.header_timeout` before its first), to make room at `limits.max_connections`,
-//! and at a stop, which sends GOAWAY and lets open streams finish.
+//! and at a stop, which sends GOAWAY and lets open streams finish. A graceful close that hyper
+//! does not end (its client never answers the PING) is cut `GRACEFUL_CLOSE` after it began
+//! with no stream open, or at once when room is needed.
 
 use std::cell::{Cell, RefCell};
 use std::convert::Infallible;
@@ -200,19 +202,20 @@ pub(crate) async fn serve<P: AsFd + 'static>(
     };
     let conn = builder(&h2, &limits).serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
-    let mut closing = false;
+    let mut closing: Option<Closing> = None;
     let mut stall_timer: Option<Pin<Box<Sleep>>> = None;
     // Bounded by the connection: it ends when the client closes it, after the GOAWAY that an
-    // idle timeout or a stop sends once its open streams are done, or when a stream waited
-    // too long for the client to take its response (`None`).
+    // idle timeout or a stop sends once its open streams are done, when a stream waited too
+    // long for the client to take its response, or `GRACEFUL_CLOSE` after that GOAWAY with no
+    // stream open.
     let ended = std::future::poll_fn(|cx| {
         let polled = conn.as_mut().poll(cx);
         if let Poll::Ready(r) = polled {
-            return Poll::Ready(Some(r));
+            return Poll::Ready(Ended::Conn(r));
         }
         if let Some(at) = shared.stalled_until() {
             if at <= tokio::time::Instant::now() {
-                return Poll::Ready(None);
+                return Poll::Ready(Ended::Stalled);
             }
             let timer = stall_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
             if timer.deadline() != at {
@@ -223,28 +226,83 @@ pub(crate) async fn serve<P: AsFd + 'static>(
                 cx.waker().wake_by_ref();
             }
         }
-        if !closing {
-            *shared.task.borrow_mut() = Some(cx.waker().clone());
-            let idle = shared.open.get() == 0;
-            if slot
-                .poll_close(idle, !shared.served.get(), reloads, cx)
+        *shared.task.borrow_mut() = Some(cx.waker().clone());
+        if closing.is_none()
+            && slot
+                .poll_close(shared.open.get() == 0, !shared.served.get(), reloads, cx)
                 .is_ready()
-            {
-                closing = true;
-                debug!(client = %peer, "closing HTTP/2 connection (GOAWAY): idle, or making room, or a reload, or stopping");
-                conn.as_mut().graceful_shutdown();
-                return conn.as_mut().poll(cx).map(Some);
+        {
+            debug!(client = %peer, "closing HTTP/2 connection (GOAWAY): idle, or making room, or a reload, or stopping");
+            conn.as_mut().graceful_shutdown();
+            slot.closing_began();
+            if let Poll::Ready(r) = conn.as_mut().poll(cx) {
+                return Poll::Ready(Ended::Conn(r));
             }
+            closing = Some(Closing { grace: None });
+        }
+        let idle = shared.open.get() == 0;
+        if closing.as_mut().is_some_and(|c| c.poll_over(idle, &slot, cx)) {
+            return Poll::Ready(Ended::Dropped);
         }
         Poll::Pending
     })
     .await;
-    let Some(ended) = ended else {
-        summed_warn!(client = %peer; "HTTP/2 connection closed: a stream's response waited longer than timeouts.client_idle for the client to take it");
-        return;
-    };
-    if let Err(e) = ended {
-        ended_with(&e, flooded.get(), peer, stats.as_deref());
+    match ended {
+        Ended::Conn(Ok(())) => {}
+        Ended::Conn(Err(e)) => ended_with(&e, flooded.get(), peer, stats.as_deref()),
+        Ended::Stalled => {
+            summed_warn!(client = %peer; "HTTP/2 connection closed: a stream's response waited longer than timeouts.client_idle for the client to take it");
+        }
+        Ended::Dropped => {
+            debug!(client = %peer, "HTTP/2 connection closed: no stream open {GRACEFUL_CLOSE:?} after its GOAWAY (its client never answered the PING), or room needed, or a stop");
+        }
+    }
+}
+
+/// How long a connection in its graceful close may stay open with no stream, after the GOAWAY
+/// or after its last stream ended, before it is dropped. hyper's graceful close sends GOAWAY
+/// and a PING, and ends the connection once the PING's ACK came and the open streams are done;
+/// a client that never answers (or never reads) would hold the connection, and its place
+/// under `limits.max_connections`, for ever. The ACK takes one round trip: 2 s is many times
+/// any real one, and it leaves hyper room to flush the last responses.
+pub(crate) const GRACEFUL_CLOSE: Duration = Duration::from_secs(2);
+
+/// How [`serve`]'s connection ended.
+enum Ended {
+    /// hyper ended it (the client closed it, or after the graceful close, or an error).
+    Conn(Result<(), hyper::Error>),
+    /// A stream's response waited too long for the client to take it.
+    Stalled,
+    /// Its graceful close did not end in time with no stream open, or room was needed, or a
+    /// stop began.
+    Dropped,
+}
+
+/// A connection past its GOAWAY.
+struct Closing {
+    /// Armed while no stream is open: `GRACEFUL_CLOSE` from the GOAWAY or the last stream's end.
+    grace: Option<Pin<Box<Sleep>>>,
+}
+
+impl Closing {
+    /// Whether to drop the connection now: no stream open (`idle`), and the grace is over or
+    /// the slot says to close (room needed under `max_connections`, or a stop, as for any idle
+    /// connection).
+    fn poll_over<P: AsFd>(
+        &mut self,
+        idle: bool,
+        slot: &idle::Slot<P>,
+        cx: &mut Context<'_>,
+    ) -> bool {
+        let close = slot.poll_closing(idle, cx).is_ready();
+        if !idle {
+            self.grace = None;
+            return false;
+        }
+        let grace = self
+            .grace
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(GRACEFUL_CLOSE)));
+        close || grace.as_mut().poll(cx).is_ready()
     }
 }
 

@@ -618,6 +618,43 @@ impl<P: AsFd> Slot<P> {
     }
 }
 
+impl<P: AsFd> Slot<P> {
+    /// For a connection that [`Slot::poll_close`] said to close, whose graceful close (HTTP/2's
+    /// GOAWAY) has begun: what asked it to close is spent, and its idle time starts again, so
+    /// that [`Slot::poll_closing`] completes only for a new reason.
+    pub fn closing_began(&self) {
+        if let Some(slot) = self.clients.slots.borrow_mut().slots.get_mut(self.index) {
+            slot.close = false;
+            slot.idle_since = None;
+            slot.park = false;
+        }
+    }
+
+    /// For a connection in its graceful close: completes when, with no request open (`idle`),
+    /// room is needed under `max_connections` or a stop begins, which close it at once as they
+    /// do a waiting HTTP/1.1 connection. Its idle time is not limited here (the caller bounds
+    /// the graceful close itself), and a reload no longer concerns it: it is closing already.
+    pub fn poll_closing(&self, idle: bool, cx: &mut Context<'_>) -> Poll<()> {
+        let mut s = self.clients.slots.borrow_mut();
+        let tick = self.clients.tick.get();
+        let Some(slot) = s.slots.get_mut(self.index) else {
+            return Poll::Ready(());
+        };
+        if idle {
+            if slot.close {
+                return Poll::Ready(());
+            }
+            self.start_idle(slot, tick, false);
+            slot.limit = u32::MAX;
+        } else {
+            slot.idle_since = None;
+            slot.park = false;
+        }
+        remember(slot, cx);
+        Poll::Pending
+    }
+}
+
 impl<P> Drop for Slot<P> {
     fn drop(&mut self) {
         {
@@ -804,5 +841,40 @@ mod tests {
             busy.poll_wait(false, &mut cx, pending),
             Poll::Ready(Wait::Close)
         );
+    }
+
+    #[test]
+    fn a_closing_connection_closes_for_pressure_or_a_stop_while_idle_and_not_for_time() {
+        let (clients, woken) = setup();
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        // 300 ms to idle: 3 ticks of 100 ms.
+        let c = clients.open(Duration::from_millis(300), Duration::from_millis(300));
+        assert_eq!(c.poll_close(true, false, 0, &mut cx), Poll::Pending);
+        for _ in 0..4 {
+            clients.sweep();
+        }
+        assert_eq!(c.poll_close(true, false, 0, &mut cx), Poll::Ready(()));
+        // Its graceful close began: the idle timeout that asked for it is spent, and more idle
+        // time does not close it again (its caller bounds the graceful close).
+        c.closing_began();
+        assert_eq!(c.poll_closing(true, &mut cx), Poll::Pending);
+        for _ in 0..10 {
+            clients.sweep();
+        }
+        assert_eq!(c.poll_closing(true, &mut cx), Poll::Pending);
+        // With a stream open, room needed passes it by; once idle, room needed (or a stop)
+        // closes it.
+        assert_eq!(c.poll_closing(false, &mut cx), Poll::Pending);
+        clients.close_idle();
+        assert_eq!(c.poll_closing(false, &mut cx), Poll::Pending);
+        assert_eq!(c.poll_closing(true, &mut cx), Poll::Pending);
+        clients.close_idle();
+        assert_eq!(c.poll_closing(true, &mut cx), Poll::Ready(()));
+        let d = clients.open(Duration::from_millis(300), Duration::from_millis(300));
+        d.closing_began();
+        assert_eq!(d.poll_closing(true, &mut cx), Poll::Pending);
+        clients.drain();
+        assert_eq!(d.poll_closing(true, &mut cx), Poll::Ready(()));
     }
 }
