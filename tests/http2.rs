@@ -20,7 +20,6 @@ use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::AsyncReadExt;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -915,36 +914,39 @@ async fn an_idle_connection_gets_goaway_but_one_with_an_open_stream_does_not() {
 /// stream open that has not ended (`GRACEFUL_CLOSE` in src/downstream/h2.rs).
 const GRACEFUL_CLOSE: Duration = Duration::from_secs(2);
 
-/// Opens an HTTP/2 connection that never opens a stream and never answers a PING: the preface,
-/// an empty SETTINGS, the ACK of the server's, then only reads. Returns every byte read after
-/// that until pinlb closed the connection, and when it did (`None` if not within `limit`).
-async fn streamless(addr: SocketAddr, limit: Duration) -> (Vec<u8>, Option<Instant>) {
-    let mut raw = H2Conn::open(addr, &[]).await;
-    let mut seen = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let deadline = tokio::time::Instant::now() + limit;
-    // Bounded by the deadline: every pass reads more, or ends.
-    loop {
-        match tokio::time::timeout_at(deadline, raw.stream.read(&mut chunk)).await {
-            Err(_) => return (seen, None),
-            Ok(Ok(0)) | Ok(Err(_)) => return (seen, Some(Instant::now())),
-            Ok(Ok(n)) => seen.extend_from_slice(&chunk[..n]),
-        }
-    }
+/// The GOAWAYs of `frames`, as (last stream, error code).
+fn goaways(frames: &[Frame]) -> Vec<(u32, u32)> {
+    frames.iter().filter_map(Frame::goaway).collect()
 }
 
-/// The frames in `bytes` (whole ones), as (type, flags, payload).
-fn raw_frames(mut bytes: &[u8]) -> Vec<(u8, u8, Vec<u8>)> {
-    let mut out = Vec::new();
-    while bytes.len() >= 9 {
-        let len = (bytes[0] as usize) << 16 | (bytes[1] as usize) << 8 | bytes[2] as usize;
-        if bytes.len() < 9 + len {
-            break;
-        }
-        out.push((bytes[3], bytes[4], bytes[9..9 + len].to_vec()));
-        bytes = &bytes[9 + len..];
-    }
-    out
+/// Checks how a graceful close that the client never let end went: GOAWAY (last stream
+/// 2^31−1, NO_ERROR) and a PING first, and last the final GOAWAY with the real last stream.
+fn assert_graceful_then_final(frames: &[Frame], last: u32) {
+    let gone = goaways(frames);
+    assert_eq!(
+        gone.first(),
+        Some(&(0x7fff_ffff, NO_ERROR)),
+        "the graceful GOAWAY first: {frames:?}"
+    );
+    assert_eq!(
+        gone.last(),
+        Some(&(last, NO_ERROR)),
+        "the final GOAWAY last: {frames:?}"
+    );
+    assert!(
+        frames.iter().any(|f| f.kind == PING && f.flags & ACK == 0),
+        "{frames:?}"
+    );
+}
+
+/// Opens an HTTP/2 connection that never opens a stream and never answers a PING: the preface,
+/// an empty SETTINGS, the ACK of the server's (which `H2Conn::open` insists came first), then
+/// only reads. Returns the frames read after the server's SETTINGS and when pinlb closed the
+/// connection (`None` if not within `limit`).
+async fn streamless(addr: SocketAddr, limit: Duration) -> (Vec<Frame>, Option<Instant>) {
+    let mut raw = H2Conn::open(addr, &[]).await;
+    let (frames, closed) = raw.read_to_close(limit).await;
+    (frames, closed.then(Instant::now))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -954,24 +956,10 @@ async fn a_streamless_connection_that_never_acks_the_ping_is_closed_after_the_gr
     setup.client_idle = "1s";
     let proxy = Proxy::start(&setup);
     let opened = Instant::now();
-    let (seen, closed) = streamless(proxy.addr, WAIT).await;
-    let took = closed
-        .unwrap_or_else(|| panic!("still open after {WAIT:?}; read {:?}", raw_frames(&seen)))
-        - opened;
-    let frames = raw_frames(&seen);
-    let goaway = frames
-        .iter()
-        .find(|f| f.0 == GOAWAY)
-        .unwrap_or_else(|| panic!("no GOAWAY: {frames:?}"));
-    assert_eq!(
-        goaway.2[..8],
-        [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0],
-        "{goaway:?}"
-    );
-    assert!(
-        frames.iter().any(|f| f.0 == PING && f.1 & ACK == 0),
-        "{frames:?}"
-    );
+    let (frames, closed) = streamless(proxy.addr, WAIT).await;
+    let took =
+        closed.unwrap_or_else(|| panic!("still open after {WAIT:?}; read {frames:?}")) - opened;
+    assert_graceful_then_final(&frames, 0);
     let idle = Duration::from_secs(1);
     assert!(
         took >= idle + GRACEFUL_CLOSE - Duration::from_millis(300)
@@ -982,6 +970,32 @@ async fn a_streamless_connection_that_never_acks_the_ping_is_closed_after_the_gr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_close_never_acked_ends_in_a_goaway_with_the_last_stream_after_the_grace() {
+    let a = Backend::start("a").await;
+    let mut setup = h2c(Setup::with(&[a.addr]));
+    setup.client_idle = "500ms";
+    let proxy = Proxy::start(&setup);
+    let mut raw = H2Conn::open(proxy.addr, &[]).await;
+    raw.headers(3, &Hpack::request("GET", "/", "a.test"), true)
+        .await;
+    let (_, _) = raw
+        .until(20, |f| f.stream == 3 && f.flags & END_STREAM != 0)
+        .await;
+    let done = Instant::now();
+    // From here on the client reads and never answers the PING.
+    let (frames, closed) = raw.read_to_close(WAIT).await;
+    let took = done.elapsed();
+    assert!(closed, "still open after {WAIT:?}; read {frames:?}");
+    assert_graceful_then_final(&frames, 3);
+    let idle = Duration::from_millis(500);
+    assert!(
+        took >= idle + GRACEFUL_CLOSE - Duration::from_millis(300)
+            && took < idle + GRACEFUL_CLOSE + Duration::from_millis(1500),
+        "closed {took:?} after its stream, with client_idle 500ms and a grace of {GRACEFUL_CLOSE:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamless_connections_over_max_connections_are_all_closed_and_a_new_client_is_served() {
     let a = Backend::start("a").await;
     let mut setup = h2c(Setup::with(&[a.addr]));
@@ -989,23 +1003,23 @@ async fn streamless_connections_over_max_connections_are_all_closed_and_a_new_cl
     setup.extra += "[limits]\nmax_connections = 50\n";
     let proxy = Proxy::start(&setup);
     let opened = Instant::now();
-    // Sixty at once: ten of them wait in the backlog until room is made.
+    // Sixty at once: ten of them wait in the backlog until room is made. Each must get pinlb's
+    // SETTINGS before anything else (`H2Conn::open` insists): room is made from connections
+    // past their handshake, never from one just accepted.
     let clients: Vec<_> = (0..60)
         .map(|_| tokio::spawn(streamless(proxy.addr, WAIT)))
         .collect();
     let mut last = opened;
     for (i, c) in clients.into_iter().enumerate() {
-        let (seen, closed) = c.await.expect("client task");
-        let closed = closed.unwrap_or_else(|| {
-            panic!(
-                "client {i} still open after {WAIT:?}; read {:?}",
-                raw_frames(&seen)
-            )
-        });
+        let (frames, closed) = c.await.expect("client task");
+        let closed = closed
+            .unwrap_or_else(|| panic!("client {i} still open after {WAIT:?}; read {frames:?}"));
+        assert_graceful_then_final(&frames, 0);
         last = last.max(closed);
     }
-    // The first fifty make room at once (pressure), the last ten wait client_idle, then the
-    // grace: both within one client_idle and one grace, with a tick's slack.
+    // Those closed to make room go at once; the last in wait client_idle (their first
+    // stream's wait: header_timeout is longer), then the grace; a tick's slack and the
+    // accepts' on top.
     let bound = Duration::from_secs(1) + GRACEFUL_CLOSE + Duration::from_millis(1500);
     assert!(
         last - opened < bound,

@@ -44,6 +44,14 @@ const SPARE_BUFFERS: usize = 64;
 pub const READ_BUFFER: usize = 4 * 1024;
 /// Parked connections taken back per pass.
 const UNPARK_BATCH: usize = 64;
+/// How long a connection that has not had its chance yet must have waited before room needed
+/// under `limits.max_connections` closes it: one waiting for its first request (an h2c
+/// preface), or an HTTP/2 connection before its handshake is done. One that has had it (an
+/// HTTP/1.1 connection between requests, an HTTP/2 one past its handshake with no stream
+/// open) may close for room at once. Without this, the accept loop's pressure, which runs
+/// whenever the limit is reached, would close a connection it had just accepted before its
+/// client's first bytes were read: under load, before an HTTP/2 client got pinlb's SETTINGS.
+pub const ROOM_AFTER: Duration = Duration::from_secs(1);
 
 /// A worker's client connections, each of which may park here as a `P` (its socket, and what it
 /// needs to start again), so that this module knows nothing of what a connection is.
@@ -103,6 +111,9 @@ struct Entry<P> {
     close: bool,
     /// Set by the sweeper: the connection has waited long enough to be parked.
     park: bool,
+    /// While it waits: it has had its chance (see [`ROOM_AFTER`]), so room needed may close it
+    /// at once.
+    spare: bool,
     /// The connection, parked: its socket in the parking epoll set, its task gone.
     parked: Option<Box<P>>,
     /// The connection's task, remembered while it waits.
@@ -117,6 +128,7 @@ impl<P> Default for Entry<P> {
             limit: 0,
             close: false,
             park: false,
+            spare: false,
             parked: None,
             waker: None,
         }
@@ -241,13 +253,25 @@ impl<P: AsFd> Connections<P> {
         }
     }
 
-    /// Closes the connections waiting for a request, to make room for new ones.
+    /// Closes the connections waiting for a request, to make room for new ones: those that have
+    /// had their chance, and the others once they have waited [`ROOM_AFTER`]. A connection
+    /// just accepted is never closed for room.
     pub fn close_idle(&self) {
+        self.close_waiting(false);
+    }
+
+    /// Closes the connections waiting for a request: every one (`all`, a stop), or those
+    /// [`Connections::close_idle`] may close.
+    fn close_waiting(&self, all: bool) {
+        let now = self.tick.get();
+        let after = self.ticks(ROOM_AFTER);
         let mut closing = Vec::new();
         {
             let mut s = self.slots.borrow_mut();
             for slot in s.slots.iter_mut() {
-                if slot.in_use && slot.idle_since.is_some() {
+                // As in `sweep`: more than `after` ticks on, at least `after` periods passed.
+                let may = |since: u32| all || slot.spare || now.wrapping_sub(since) > after;
+                if slot.in_use && slot.idle_since.is_some_and(may) {
                     slot.close = true;
                     closing.extend(slot.parked.take());
                     if let Some(w) = slot.waker.take() {
@@ -263,7 +287,7 @@ impl<P: AsFd> Connections<P> {
     /// Starts a stop: idle connections close now, busy ones once their response is out.
     pub fn drain(&self) {
         self.draining.set(true);
-        self.close_idle();
+        self.close_waiting(true);
         self.wake_all();
     }
 
@@ -565,6 +589,7 @@ impl<P: AsFd> Slot<P> {
             return;
         }
         slot.idle_since = Some(tick);
+        slot.spare = !first;
         let mut limits = self.ticks.get();
         if limits.period != self.clients.period_changes.get() {
             limits = self.clients.limits(self.idle, self.head);
@@ -590,11 +615,15 @@ impl<P: AsFd> Slot<P> {
     /// request yet) within `limits.header_timeout` of the accept, later ones within
     /// `timeouts.client_idle`. Room needed under `max_connections` closes it only while idle;
     /// a stop, or a reload since `reloads` (what [`Connections::reloads`] said when it opened), at
-    /// once (the caller lets its open requests finish).
+    /// once (the caller lets its open requests finish). `shaken` says its handshake is done (the
+    /// client's preface and SETTINGS read, pinlb's SETTINGS sent): from then on it has had its
+    /// chance, and room needed may close it at once while idle; before, only once it has waited
+    /// [`ROOM_AFTER`].
     pub fn poll_close(
         &self,
         idle: bool,
         first: bool,
+        shaken: bool,
         reloads: u64,
         cx: &mut Context<'_>,
     ) -> Poll<()> {
@@ -608,6 +637,7 @@ impl<P: AsFd> Slot<P> {
         }
         if idle {
             self.start_idle(slot, tick, first);
+            slot.spare = shaken;
         } else {
             slot.idle_since = None;
             slot.park = false;
@@ -632,19 +662,22 @@ impl<P: AsFd> Slot<P> {
 
     /// For a connection in its graceful close: completes when, with no request open (`idle`),
     /// room is needed under `max_connections` or a stop begins, which close it at once as they
-    /// do a waiting HTTP/1.1 connection. Its idle time is not limited here (the caller bounds
-    /// the graceful close itself), and a reload no longer concerns it: it is closing already.
-    pub fn poll_closing(&self, idle: bool, cx: &mut Context<'_>) -> Poll<()> {
+    /// do a waiting HTTP/1.1 connection (room needed: once its handshake is done, `shaken`, or
+    /// it has waited [`ROOM_AFTER`], as in [`Slot::poll_close`]). Its idle time is not limited
+    /// here (the caller bounds the graceful close itself), and a reload no longer concerns it:
+    /// it is closing already.
+    pub fn poll_closing(&self, idle: bool, shaken: bool, cx: &mut Context<'_>) -> Poll<()> {
         let mut s = self.clients.slots.borrow_mut();
         let tick = self.clients.tick.get();
         let Some(slot) = s.slots.get_mut(self.index) else {
             return Poll::Ready(());
         };
         if idle {
-            if slot.close {
+            if slot.close || self.clients.draining.get() {
                 return Poll::Ready(());
             }
             self.start_idle(slot, tick, false);
+            slot.spare = shaken;
             slot.limit = u32::MAX;
         } else {
             slot.idle_since = None;
@@ -850,31 +883,110 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
         // 300 ms to idle: 3 ticks of 100 ms.
         let c = clients.open(Duration::from_millis(300), Duration::from_millis(300));
-        assert_eq!(c.poll_close(true, false, 0, &mut cx), Poll::Pending);
+        assert_eq!(c.poll_close(true, false, true, 0, &mut cx), Poll::Pending);
         for _ in 0..4 {
             clients.sweep();
         }
-        assert_eq!(c.poll_close(true, false, 0, &mut cx), Poll::Ready(()));
+        assert_eq!(c.poll_close(true, false, true, 0, &mut cx), Poll::Ready(()));
         // Its graceful close began: the idle timeout that asked for it is spent, and more idle
         // time does not close it again (its caller bounds the graceful close).
         c.closing_began();
-        assert_eq!(c.poll_closing(true, &mut cx), Poll::Pending);
+        assert_eq!(c.poll_closing(true, true, &mut cx), Poll::Pending);
         for _ in 0..10 {
             clients.sweep();
         }
-        assert_eq!(c.poll_closing(true, &mut cx), Poll::Pending);
+        assert_eq!(c.poll_closing(true, true, &mut cx), Poll::Pending);
         // With a stream open, room needed passes it by; once idle, room needed (or a stop)
         // closes it.
-        assert_eq!(c.poll_closing(false, &mut cx), Poll::Pending);
+        assert_eq!(c.poll_closing(false, true, &mut cx), Poll::Pending);
         clients.close_idle();
-        assert_eq!(c.poll_closing(false, &mut cx), Poll::Pending);
-        assert_eq!(c.poll_closing(true, &mut cx), Poll::Pending);
+        assert_eq!(c.poll_closing(false, true, &mut cx), Poll::Pending);
+        assert_eq!(c.poll_closing(true, true, &mut cx), Poll::Pending);
         clients.close_idle();
-        assert_eq!(c.poll_closing(true, &mut cx), Poll::Ready(()));
+        assert_eq!(c.poll_closing(true, true, &mut cx), Poll::Ready(()));
         let d = clients.open(Duration::from_millis(300), Duration::from_millis(300));
         d.closing_began();
-        assert_eq!(d.poll_closing(true, &mut cx), Poll::Pending);
+        assert_eq!(d.poll_closing(true, true, &mut cx), Poll::Pending);
         clients.drain();
-        assert_eq!(d.poll_closing(true, &mut cx), Poll::Ready(()));
+        assert_eq!(d.poll_closing(true, true, &mut cx), Poll::Ready(()));
+    }
+
+    #[test]
+    fn room_needed_spares_a_new_connection_until_it_had_its_chance() {
+        let (clients, woken) = setup();
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let long = Duration::from_secs(60);
+        // HTTP/1.1 waiting for its first request, HTTP/1.1 between requests, HTTP/2 before and
+        // after its handshake (no stream yet), HTTP/2 closing before its handshake.
+        let new = clients.open(long, long);
+        let kept = clients.open(long, long);
+        let h2_new = clients.open(long, long);
+        let h2_shaken = clients.open(long, long);
+        let h2_closing = clients.open(long, long);
+        assert_eq!(new.poll_wait(true, &mut cx, pending), Poll::Pending);
+        assert_eq!(kept.poll_wait(false, &mut cx, pending), Poll::Pending);
+        assert_eq!(
+            h2_new.poll_close(true, true, false, 0, &mut cx),
+            Poll::Pending
+        );
+        assert_eq!(
+            h2_shaken.poll_close(true, true, false, 0, &mut cx),
+            Poll::Pending
+        );
+        h2_closing.closing_began();
+        assert_eq!(h2_closing.poll_closing(true, false, &mut cx), Poll::Pending);
+        // Its handshake done, later: it has had its chance.
+        assert_eq!(
+            h2_shaken.poll_close(true, true, true, 0, &mut cx),
+            Poll::Pending
+        );
+        clients.close_idle();
+        assert_eq!(
+            kept.poll_wait(false, &mut cx, pending),
+            Poll::Ready(Wait::Close)
+        );
+        assert_eq!(
+            h2_shaken.poll_close(true, true, true, 0, &mut cx),
+            Poll::Ready(())
+        );
+        assert_eq!(new.poll_wait(true, &mut cx, pending), Poll::Pending);
+        assert_eq!(
+            h2_new.poll_close(true, true, false, 0, &mut cx),
+            Poll::Pending
+        );
+        assert_eq!(h2_closing.poll_closing(true, false, &mut cx), Poll::Pending);
+        // ROOM_AFTER (1 s) is 10 ticks of 100 ms: not yet at 10, at 11.
+        for _ in 0..10 {
+            clients.sweep();
+        }
+        clients.close_idle();
+        assert_eq!(new.poll_wait(true, &mut cx, pending), Poll::Pending);
+        assert_eq!(
+            h2_new.poll_close(true, true, false, 0, &mut cx),
+            Poll::Pending
+        );
+        clients.sweep();
+        clients.close_idle();
+        assert_eq!(
+            new.poll_wait(true, &mut cx, pending),
+            Poll::Ready(Wait::Close)
+        );
+        assert_eq!(
+            h2_new.poll_close(true, true, false, 0, &mut cx),
+            Poll::Ready(())
+        );
+        assert_eq!(
+            h2_closing.poll_closing(true, false, &mut cx),
+            Poll::Ready(())
+        );
+        // A stop closes a new connection at once.
+        let newer = clients.open(long, long);
+        assert_eq!(newer.poll_wait(true, &mut cx, pending), Poll::Pending);
+        clients.drain();
+        assert_eq!(
+            newer.poll_wait(true, &mut cx, pending),
+            Poll::Ready(Wait::Close)
+        );
     }
 }

@@ -293,6 +293,39 @@ impl H2Conn {
         );
     }
 
+    /// Reads until the server closes the connection, answering nothing (not even a PING), for
+    /// at most `limit`: the whole frames read since [`H2Conn::open`], and whether it closed (an
+    /// end of file or a reset) within `limit`.
+    pub async fn read_to_close(&mut self, limit: Duration) -> (Vec<Frame>, bool) {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut chunk = [0u8; 16 * 1024];
+        // Bounded by the deadline: every pass reads more, or ends.
+        let closed = loop {
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
+                Err(_) => break false,
+                Ok(Ok(0)) | Ok(Err(_)) => break true,
+                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let mut frames = Vec::new();
+        let mut bytes = &self.buf[..];
+        // Bounded by the buffer: every pass takes a whole frame off it, or ends.
+        while bytes.len() >= 9 {
+            let len = (bytes[0] as usize) << 16 | (bytes[1] as usize) << 8 | bytes[2] as usize;
+            if bytes.len() < 9 + len {
+                break;
+            }
+            frames.push(Frame {
+                kind: bytes[3],
+                flags: bytes[4],
+                stream: be32(&bytes[5..9]) & 0x7fff_ffff,
+                payload: bytes[9..9 + len].to_vec(),
+            });
+            bytes = &bytes[9 + len..];
+        }
+        (frames, closed)
+    }
+
     /// Reads until the connection ends (at most `max` frames), and returns the GOAWAY it sent,
     /// if any, with every frame read.
     pub async fn until_closed(&mut self, max: usize) -> (Option<(u32, u32)>, Vec<Frame>) {
