@@ -1037,6 +1037,52 @@ async fn streamless_connections_over_max_connections_are_all_closed_and_a_new_cl
     assert!(asked.elapsed() < Duration::from_secs(1));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_slow_to_send_its_preface_is_not_closed_to_make_room() {
+    let a = Backend::start("a").await;
+    let mut setup = h2c(Setup::with(&[a.addr]));
+    setup.client_idle = "5s";
+    setup.extra += "[limits]\nmax_connections = 1\n";
+    let proxy = Proxy::start(&setup);
+    // One connection past its handshake holds the only place; a second client connects and
+    // waits in the backlog, which makes pinlb close the first to make room.
+    let mut first = H2Conn::open(proxy.addr, &[]).await;
+    let slow = tokio::net::TcpStream::connect(proxy.addr)
+        .await
+        .expect("connect");
+    let (frames, closed) = first.read_to_close(WAIT).await;
+    assert!(closed, "the first is closed to make room; read {frames:?}");
+    assert_graceful_then_final(&frames, 0);
+    // The second is accepted in its place, and pinlb is at max_connections again, so it keeps
+    // asking for room; its client is slow to send the preface (300 ms, well within the 1 s a
+    // new connection is spared). It must get pinlb's SETTINGS all the same (`handshake`
+    // insists they come first).
+    let accepted = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut second = H2Conn::handshake(slow, &[]).await;
+    assert!(
+        accepted.elapsed() < Duration::from_secs(1),
+        "the preface went {:?} after the first closed: past the 1 s a new connection is spared, \
+         this run does not test what it means to",
+        accepted.elapsed()
+    );
+    // Past its handshake it has had its chance: room is still wanted (the accept loop waits at
+    // the limit), so it goes at once, with both GOAWAYs, well before client_idle (5 s).
+    let (frames, closed) = second.read_to_close(Duration::from_secs(3)).await;
+    assert!(
+        closed,
+        "still open 3 s after its handshake; read {frames:?}"
+    );
+    assert_graceful_then_final(&frames, 0);
+    let r = tokio::time::timeout(
+        Duration::from_secs(1),
+        raw_request(proxy.addr, b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", false),
+    )
+    .await
+    .expect("a new HTTP/1.1 client is answered within 1s");
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
 /// Waits for a graceful GOAWAY (NO_ERROR) before any frame of stream 1, then for stream 1's
 /// whole answer and the close; when the GOAWAY came.
 async fn goaway_then_stream_1_completes(raw: &mut H2Conn) -> Instant {

@@ -19,7 +19,9 @@
 //! open (`limits.header_timeout` before its first), to make room at `limits.max_connections`,
 //! and at a stop, which sends GOAWAY and lets open streams finish. A graceful close that hyper
 //! does not end (its client never answers the PING) is cut `GRACEFUL_CLOSE` after it began
-//! with no stream open, or at once when room is needed.
+//! with no stream open, or at once when room is needed, with the final GOAWAY that h2 would
+//! have sent (the last stream the client opened). Room is taken only from a connection past
+//! its handshake, or one that has waited `idle::ROOM_AFTER` for it: never one just accepted.
 
 use std::cell::{Cell, RefCell};
 use std::convert::Infallible;

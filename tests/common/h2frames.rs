@@ -190,6 +190,11 @@ impl H2Conn {
     /// ACKs). Frames that came with it stay to be read.
     pub async fn open(addr: SocketAddr, settings: &[(u16, u32)]) -> H2Conn {
         let stream = TcpStream::connect(addr).await.expect("connect");
+        H2Conn::handshake(stream, settings).await
+    }
+
+    /// Like [`H2Conn::open`], on a connection already made.
+    pub async fn handshake(stream: TcpStream, settings: &[(u16, u32)]) -> H2Conn {
         stream.set_nodelay(true).unwrap();
         let mut c = H2Conn {
             stream,
