@@ -268,12 +268,17 @@ pub(crate) async fn serve<P: AsFd + 'static>(
         Ended::Stalled => {
             summed_warn!(client = %peer; "HTTP/2 connection closed: a stream's response waited longer than timeouts.client_idle for the client to take it");
         }
-        Ended::Dropped => {
-            let last = wire.last_stream.get();
-            let sent = wire.whole.get() && final_goaway(&stream, last).await;
-            debug!(client = %peer, final_goaway = sent, last_stream = last, "HTTP/2 connection closed: no stream open {GRACEFUL_CLOSE:?} after its GOAWAY (its client never answered the PING), or room needed, or a stop");
-        }
+        Ended::Dropped => hard_close(&stream, &wire, peer).await,
     }
+}
+
+/// Ends a connection whose graceful close hyper did not end: the final GOAWAY, if no frame of
+/// hyper's is cut short on the wire (it would land inside it), and the close (the caller drops
+/// the connection).
+async fn hard_close(stream: &Rc<DownstreamStream>, wire: &Wire, peer: SocketAddr) {
+    let last = wire.last_stream.get();
+    let sent = wire.whole.get() && final_goaway(stream, last).await;
+    debug!(client = %peer, final_goaway = sent, last_stream = last, "HTTP/2 connection closed: no stream open {GRACEFUL_CLOSE:?} after its GOAWAY (its client never answered the PING), or room needed, or a stop");
 }
 
 /// The GOAWAY that ends a graceful close hyper did not end itself: with the real last stream
