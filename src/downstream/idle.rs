@@ -44,13 +44,14 @@ const SPARE_BUFFERS: usize = 64;
 pub const READ_BUFFER: usize = 4 * 1024;
 /// Parked connections taken back per pass.
 const UNPARK_BATCH: usize = 64;
-/// How long a connection that has not had its chance yet must have waited before room needed
-/// under `limits.max_connections` closes it: one waiting for its first request (an h2c
-/// preface), or an HTTP/2 connection before its handshake is done. One that has had it (an
-/// HTTP/1.1 connection between requests, an HTTP/2 one past its handshake with no stream
-/// open) may close for room at once. Without this, the accept loop's pressure, which runs
-/// whenever the limit is reached, would close a connection it had just accepted before its
-/// client's first bytes were read: under load, before an HTTP/2 client got pinlb's SETTINGS.
+/// How long after its accept an idle connection is spared when room is needed under
+/// `limits.max_connections`, unless it has had its chance already: an HTTP/2 connection past
+/// its handshake (pinlb's SETTINGS sent, the client's read) may close for room at once.
+/// Without this, the accept loop's pressure, which runs whenever the limit is reached, would
+/// close a connection it had just accepted before its client's first bytes were read: under
+/// load, before an HTTP/2 client got pinlb's SETTINGS. Counted from the accept, not from each
+/// wait, so that an HTTP/1.1 request costs no more for it: the tick is stored once, at the
+/// accept.
 pub const ROOM_AFTER: Duration = Duration::from_secs(1);
 
 /// A worker's client connections, each of which may park here as a `P` (its socket, and what it
@@ -112,8 +113,10 @@ struct Entry<P> {
     /// Set by the sweeper: the connection has waited long enough to be parked.
     park: bool,
     /// While it waits: it has had its chance (see [`ROOM_AFTER`]), so room needed may close it
-    /// at once.
+    /// at once. Set by HTTP/2 connections only.
     spare: bool,
+    /// The tick it was accepted at.
+    opened: u32,
     /// The connection, parked: its socket in the parking epoll set, its task gone.
     parked: Option<Box<P>>,
     /// The connection's task, remembered while it waits.
@@ -129,6 +132,7 @@ impl<P> Default for Entry<P> {
             close: false,
             park: false,
             spare: false,
+            opened: 0,
             parked: None,
             waker: None,
         }
@@ -203,6 +207,7 @@ impl<P: AsFd> Connections<P> {
         };
         s.slots[index] = Entry {
             in_use: true,
+            opened: self.tick.get(),
             ..Entry::default()
         };
         self.open.set(self.open.get() + 1);
@@ -253,9 +258,9 @@ impl<P: AsFd> Connections<P> {
         }
     }
 
-    /// Closes the connections waiting for a request, to make room for new ones: those that have
-    /// had their chance, and the others once they have waited [`ROOM_AFTER`]. A connection
-    /// just accepted is never closed for room.
+    /// Closes the connections waiting for a request, to make room for new ones: those accepted
+    /// [`ROOM_AFTER`] ago or more, and HTTP/2 ones past their handshake. A connection just
+    /// accepted is never closed for room.
     pub fn close_idle(&self) {
         self.close_waiting(false);
     }
@@ -270,8 +275,8 @@ impl<P: AsFd> Connections<P> {
             let mut s = self.slots.borrow_mut();
             for slot in s.slots.iter_mut() {
                 // As in `sweep`: more than `after` ticks on, at least `after` periods passed.
-                let may = |since: u32| all || slot.spare || now.wrapping_sub(since) > after;
-                if slot.in_use && slot.idle_since.is_some_and(may) {
+                let may = all || slot.spare || now.wrapping_sub(slot.opened) > after;
+                if slot.in_use && slot.idle_since.is_some() && may {
                     slot.close = true;
                     closing.extend(slot.parked.take());
                     if let Some(w) = slot.waker.take() {
@@ -589,7 +594,6 @@ impl<P: AsFd> Slot<P> {
             return;
         }
         slot.idle_since = Some(tick);
-        slot.spare = !first;
         let mut limits = self.ticks.get();
         if limits.period != self.clients.period_changes.get() {
             limits = self.clients.limits(self.idle, self.head);
@@ -617,8 +621,8 @@ impl<P: AsFd> Slot<P> {
     /// a stop, or a reload since `reloads` (what [`Connections::reloads`] said when it opened), at
     /// once (the caller lets its open requests finish). `shaken` says its handshake is done (the
     /// client's preface and SETTINGS read, pinlb's SETTINGS sent): from then on it has had its
-    /// chance, and room needed may close it at once while idle; before, only once it has waited
-    /// [`ROOM_AFTER`].
+    /// chance, and room needed may close it at once while idle; before, only [`ROOM_AFTER`]
+    /// after its accept.
     pub fn poll_close(
         &self,
         idle: bool,
@@ -663,7 +667,7 @@ impl<P: AsFd> Slot<P> {
     /// For a connection in its graceful close: completes when, with no request open (`idle`),
     /// room is needed under `max_connections` or a stop begins, which close it at once as they
     /// do a waiting HTTP/1.1 connection (room needed: once its handshake is done, `shaken`, or
-    /// it has waited [`ROOM_AFTER`], as in [`Slot::poll_close`]). Its idle time is not limited
+    /// it was accepted [`ROOM_AFTER`] ago, as in [`Slot::poll_close`]). Its idle time is not limited
     /// here (the caller bounds the graceful close itself), and a reload no longer concerns it:
     /// it is closing already.
     pub fn poll_closing(&self, idle: bool, shaken: bool, cx: &mut Context<'_>) -> Poll<()> {
@@ -857,6 +861,10 @@ mod tests {
         let idle = clients.open(Duration::from_secs(60), Duration::from_secs(60));
         let busy = clients.open(Duration::from_secs(60), Duration::from_secs(60));
         assert_eq!(idle.poll_wait(false, &mut cx, pending), Poll::Pending);
+        // Past the second after their accept that spares new connections (10 ticks).
+        for _ in 0..11 {
+            clients.sweep();
+        }
         clients.close_idle();
         assert_eq!(woken.0.load(Ordering::Relaxed), 1);
         assert_eq!(
@@ -917,76 +925,49 @@ mod tests {
         let waker = Waker::from(woken.clone());
         let mut cx = Context::from_waker(&waker);
         let long = Duration::from_secs(60);
-        // HTTP/1.1 waiting for its first request, HTTP/1.1 between requests, HTTP/2 before and
-        // after its handshake (no stream yet), HTTP/2 closing before its handshake.
+        // All just accepted: HTTP/1.1 waiting for its first request, HTTP/1.1 between requests,
+        // HTTP/2 before and after its handshake (no stream yet), HTTP/2 closing before its
+        // handshake.
         let new = clients.open(long, long);
         let kept = clients.open(long, long);
         let h2_new = clients.open(long, long);
         let h2_shaken = clients.open(long, long);
         let h2_closing = clients.open(long, long);
-        assert_eq!(new.poll_wait(true, &mut cx, pending), Poll::Pending);
-        assert_eq!(kept.poll_wait(false, &mut cx, pending), Poll::Pending);
-        assert_eq!(
-            h2_new.poll_close(true, true, false, 0, &mut cx),
-            Poll::Pending
-        );
-        assert_eq!(
-            h2_shaken.poll_close(true, true, false, 0, &mut cx),
-            Poll::Pending
-        );
+        let h1 = |c: &Slot<_>, first, cx: &mut Context<'_>| c.poll_wait(first, cx, pending);
+        let h2 =
+            |c: &Slot<_>, shaken, cx: &mut Context<'_>| c.poll_close(true, true, shaken, 0, cx);
+        assert_eq!(h1(&new, true, &mut cx), Poll::Pending);
+        assert_eq!(h1(&kept, false, &mut cx), Poll::Pending);
+        assert_eq!(h2(&h2_new, false, &mut cx), Poll::Pending);
+        assert_eq!(h2(&h2_shaken, false, &mut cx), Poll::Pending);
         h2_closing.closing_began();
         assert_eq!(h2_closing.poll_closing(true, false, &mut cx), Poll::Pending);
-        // Its handshake done, later: it has had its chance.
-        assert_eq!(
-            h2_shaken.poll_close(true, true, true, 0, &mut cx),
-            Poll::Pending
-        );
+        // Its handshake done, later: it has had its chance, and goes at once.
+        assert_eq!(h2(&h2_shaken, true, &mut cx), Poll::Pending);
         clients.close_idle();
-        assert_eq!(
-            kept.poll_wait(false, &mut cx, pending),
-            Poll::Ready(Wait::Close)
-        );
-        assert_eq!(
-            h2_shaken.poll_close(true, true, true, 0, &mut cx),
-            Poll::Ready(())
-        );
-        assert_eq!(new.poll_wait(true, &mut cx, pending), Poll::Pending);
-        assert_eq!(
-            h2_new.poll_close(true, true, false, 0, &mut cx),
-            Poll::Pending
-        );
-        assert_eq!(h2_closing.poll_closing(true, false, &mut cx), Poll::Pending);
-        // ROOM_AFTER (1 s) is 10 ticks of 100 ms: not yet at 10, at 11.
+        assert_eq!(h2(&h2_shaken, true, &mut cx), Poll::Ready(()));
+        // ROOM_AFTER (1 s) is 10 ticks of 100 ms: the others not yet at 10, at 11.
         for _ in 0..10 {
             clients.sweep();
         }
         clients.close_idle();
-        assert_eq!(new.poll_wait(true, &mut cx, pending), Poll::Pending);
-        assert_eq!(
-            h2_new.poll_close(true, true, false, 0, &mut cx),
-            Poll::Pending
-        );
+        assert_eq!(h1(&new, true, &mut cx), Poll::Pending);
+        assert_eq!(h1(&kept, false, &mut cx), Poll::Pending);
+        assert_eq!(h2(&h2_new, false, &mut cx), Poll::Pending);
+        assert_eq!(h2_closing.poll_closing(true, false, &mut cx), Poll::Pending);
         clients.sweep();
         clients.close_idle();
-        assert_eq!(
-            new.poll_wait(true, &mut cx, pending),
-            Poll::Ready(Wait::Close)
-        );
-        assert_eq!(
-            h2_new.poll_close(true, true, false, 0, &mut cx),
-            Poll::Ready(())
-        );
+        assert_eq!(h1(&new, true, &mut cx), Poll::Ready(Wait::Close));
+        assert_eq!(h1(&kept, false, &mut cx), Poll::Ready(Wait::Close));
+        assert_eq!(h2(&h2_new, false, &mut cx), Poll::Ready(()));
         assert_eq!(
             h2_closing.poll_closing(true, false, &mut cx),
             Poll::Ready(())
         );
         // A stop closes a new connection at once.
         let newer = clients.open(long, long);
-        assert_eq!(newer.poll_wait(true, &mut cx, pending), Poll::Pending);
+        assert_eq!(h1(&newer, true, &mut cx), Poll::Pending);
         clients.drain();
-        assert_eq!(
-            newer.poll_wait(true, &mut cx, pending),
-            Poll::Ready(Wait::Close)
-        );
+        assert_eq!(h1(&newer, true, &mut cx), Poll::Ready(Wait::Close));
     }
 }
