@@ -21,7 +21,7 @@
 //! does not end (its client never answers the PING) is cut `GRACEFUL_CLOSE` after it began
 //! with no stream open, or at once when room is needed, with the final GOAWAY that h2 would
 //! have sent (the last stream the client opened). Room is taken only from a connection past
-//! its handshake, or one that has waited `idle::ROOM_AFTER` for it: never one just accepted.
+//! its handshake, or one accepted `idle::ROOM_AFTER` ago or more: never one just accepted.
 
 use std::cell::{Cell, RefCell};
 use std::convert::Infallible;
