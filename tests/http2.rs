@@ -910,6 +910,184 @@ async fn an_idle_connection_gets_goaway_but_one_with_an_open_stream_does_not() {
     assert_eq!(goaway, Some((1, NO_ERROR)));
 }
 
+/// How long pinlb waits, after a graceful close's GOAWAY, before it drops a connection with no
+/// stream open that has not ended (`GRACEFUL_CLOSE` in src/downstream/h2.rs).
+const GRACEFUL_CLOSE: Duration = Duration::from_secs(2);
+
+/// The GOAWAYs of `frames`, as (last stream, error code).
+fn goaways(frames: &[Frame]) -> Vec<(u32, u32)> {
+    frames.iter().filter_map(Frame::goaway).collect()
+}
+
+/// Checks how a graceful close that the client never let end went: GOAWAY (last stream
+/// 2^31−1, NO_ERROR) and a PING first, and last the final GOAWAY with the real last stream.
+fn assert_graceful_then_final(frames: &[Frame], last: u32) {
+    let gone = goaways(frames);
+    assert_eq!(
+        gone.first(),
+        Some(&(0x7fff_ffff, NO_ERROR)),
+        "the graceful GOAWAY first: {frames:?}"
+    );
+    assert_eq!(
+        gone.last(),
+        Some(&(last, NO_ERROR)),
+        "the final GOAWAY last: {frames:?}"
+    );
+    assert!(
+        frames.iter().any(|f| f.kind == PING && f.flags & ACK == 0),
+        "{frames:?}"
+    );
+}
+
+/// Opens an HTTP/2 connection that never opens a stream and never answers a PING: the preface,
+/// an empty SETTINGS, the ACK of the server's (which `H2Conn::open` insists came first), then
+/// only reads. Returns the frames read after the server's SETTINGS and when pinlb closed the
+/// connection (`None` if not within `limit`).
+async fn streamless(addr: SocketAddr, limit: Duration) -> (Vec<Frame>, Option<Instant>) {
+    let mut raw = H2Conn::open(addr, &[]).await;
+    let (frames, closed) = raw.read_to_close(limit).await;
+    (frames, closed.then(Instant::now))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamless_connection_that_never_acks_the_ping_is_closed_after_the_grace() {
+    let a = Backend::start("a").await;
+    let mut setup = h2c(Setup::with(&[a.addr]));
+    setup.client_idle = "1s";
+    let proxy = Proxy::start(&setup);
+    let opened = Instant::now();
+    let (frames, closed) = streamless(proxy.addr, WAIT).await;
+    let took =
+        closed.unwrap_or_else(|| panic!("still open after {WAIT:?}; read {frames:?}")) - opened;
+    assert_graceful_then_final(&frames, 0);
+    let idle = Duration::from_secs(1);
+    assert!(
+        took >= idle + GRACEFUL_CLOSE - Duration::from_millis(300)
+            && took < idle + GRACEFUL_CLOSE + Duration::from_millis(1500),
+        "closed {took:?} after it opened, with client_idle 1s and a grace of {GRACEFUL_CLOSE:?}"
+    );
+    assert_still_serves(&proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_close_never_acked_ends_in_a_goaway_with_the_last_stream_after_the_grace() {
+    let a = Backend::start("a").await;
+    let mut setup = h2c(Setup::with(&[a.addr]));
+    setup.client_idle = "500ms";
+    let proxy = Proxy::start(&setup);
+    let mut raw = H2Conn::open(proxy.addr, &[]).await;
+    raw.headers(3, &Hpack::request("GET", "/", "a.test"), true)
+        .await;
+    let (_, _) = raw
+        .until(20, |f| f.stream == 3 && f.flags & END_STREAM != 0)
+        .await;
+    let done = Instant::now();
+    // From here on the client reads and never answers the PING.
+    let (frames, closed) = raw.read_to_close(WAIT).await;
+    let took = done.elapsed();
+    assert!(closed, "still open after {WAIT:?}; read {frames:?}");
+    assert_graceful_then_final(&frames, 3);
+    let idle = Duration::from_millis(500);
+    assert!(
+        took >= idle + GRACEFUL_CLOSE - Duration::from_millis(300)
+            && took < idle + GRACEFUL_CLOSE + Duration::from_millis(1500),
+        "closed {took:?} after its stream, with client_idle 500ms and a grace of {GRACEFUL_CLOSE:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamless_connections_over_max_connections_are_all_closed_and_a_new_client_is_served() {
+    let a = Backend::start("a").await;
+    let mut setup = h2c(Setup::with(&[a.addr]));
+    setup.client_idle = "1s";
+    setup.extra += "[limits]\nmax_connections = 50\n";
+    let proxy = Proxy::start(&setup);
+    let opened = Instant::now();
+    // Sixty at once: ten of them wait in the backlog until room is made. Each must get pinlb's
+    // SETTINGS before anything else (`H2Conn::open` insists): room is made from connections
+    // past their handshake, never from one just accepted.
+    let clients: Vec<_> = (0..60)
+        .map(|_| tokio::spawn(streamless(proxy.addr, WAIT)))
+        .collect();
+    let mut last = opened;
+    for (i, c) in clients.into_iter().enumerate() {
+        let (frames, closed) = c.await.expect("client task");
+        let closed = closed
+            .unwrap_or_else(|| panic!("client {i} still open after {WAIT:?}; read {frames:?}"));
+        assert_graceful_then_final(&frames, 0);
+        last = last.max(closed);
+    }
+    // Those closed to make room go at once; the last in wait client_idle (their first
+    // stream's wait: header_timeout is longer), then the grace; a tick's slack and the
+    // accepts' on top.
+    let bound = Duration::from_secs(1) + GRACEFUL_CLOSE + Duration::from_millis(1500);
+    assert!(
+        last - opened < bound,
+        "all closed {:?} after they opened",
+        last - opened
+    );
+    let asked = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(1),
+        raw_request(proxy.addr, b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", false),
+    )
+    .await
+    .expect("a new HTTP/1.1 client is answered within 1s");
+    assert_eq!(r.status, 200, "{r:?}");
+    let answered = asked.elapsed();
+    assert!(answered < Duration::from_secs(1));
+    eprintln!(
+        "60 streamless connections all closed {:?} after they opened; a new HTTP/1.1 client answered in {answered:?}",
+        last - opened
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_slow_to_send_its_preface_is_not_closed_to_make_room() {
+    let a = Backend::start("a").await;
+    let mut setup = h2c(Setup::with(&[a.addr]));
+    setup.client_idle = "5s";
+    setup.extra += "[limits]\nmax_connections = 1\n";
+    let proxy = Proxy::start(&setup);
+    // One connection past its handshake holds the only place; a second client connects and
+    // waits in the backlog, which makes pinlb close the first to make room.
+    let mut first = H2Conn::open(proxy.addr, &[]).await;
+    let slow = tokio::net::TcpStream::connect(proxy.addr)
+        .await
+        .expect("connect");
+    let (frames, closed) = first.read_to_close(WAIT).await;
+    assert!(closed, "the first is closed to make room; read {frames:?}");
+    assert_graceful_then_final(&frames, 0);
+    // The second is accepted in its place, and pinlb is at max_connections again, so it keeps
+    // asking for room; its client is slow to send the preface (300 ms, well within the 1 s a
+    // new connection is spared). It must get pinlb's SETTINGS all the same (`handshake`
+    // insists they come first).
+    let accepted = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut second = H2Conn::handshake(slow, &[]).await;
+    assert!(
+        accepted.elapsed() < Duration::from_secs(1),
+        "the preface went {:?} after the first closed: past the 1 s a new connection is spared, \
+         this run does not test what it means to",
+        accepted.elapsed()
+    );
+    // Past its handshake it has had its chance: room is still wanted (the accept loop waits at
+    // the limit), so it goes at once, with both GOAWAYs, well before client_idle (5 s).
+    let (frames, closed) = second.read_to_close(Duration::from_secs(3)).await;
+    assert!(
+        closed,
+        "still open 3 s after its handshake; read {frames:?}"
+    );
+    assert_graceful_then_final(&frames, 0);
+    let r = tokio::time::timeout(
+        Duration::from_secs(1),
+        raw_request(proxy.addr, b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", false),
+    )
+    .await
+    .expect("a new HTTP/1.1 client is answered within 1s");
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
 /// Waits for a graceful GOAWAY (NO_ERROR) before any frame of stream 1, then for stream 1's
 /// whole answer and the close; when the GOAWAY came.
 async fn goaway_then_stream_1_completes(raw: &mut H2Conn) -> Instant {

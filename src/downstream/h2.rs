@@ -17,7 +17,11 @@
 //! A connection never parks (hyper holds its state), but it has its slot among the worker's
 //! client connections like any other: it is closed after `timeouts.client_idle` with no stream
 //! open (`limits.header_timeout` before its first), to make room at `limits.max_connections`,
-//! and at a stop, which sends GOAWAY and lets open streams finish.
+//! and at a stop, which sends GOAWAY and lets open streams finish. A graceful close that hyper
+//! does not end (its client never answers the PING) is cut `GRACEFUL_CLOSE` after it began
+//! with no stream open, or at once when room is needed, with the final GOAWAY that h2 would
+//! have sent (the last stream the client opened). Room is taken only from a connection past
+//! its handshake, or one accepted `idle::ROOM_AFTER` ago or more: never one just accepted.
 
 use std::cell::{Cell, RefCell};
 use std::convert::Infallible;
@@ -180,11 +184,14 @@ pub(crate) async fn serve<P: AsFd + 'static>(
         task: RefCell::new(None),
         stalls: RefCell::new(Vec::new()),
     });
-    let flooded = Rc::new(Cell::new(false));
+    let wire = Rc::new(Wire::default());
+    // Shared with hyper's side, for the final GOAWAY of a hard close.
+    let stream = Rc::new(stream);
     let io = TokioIo::new(Replay {
         early,
-        io: StreamIo(stream),
-        flood: Flood::new(flooded.clone()),
+        io: StreamIo(stream.clone()),
+        flood: Flood::new(wire.clone()),
+        out: Outgoing::default(),
     });
     let service = {
         let shared = shared.clone();
@@ -200,19 +207,20 @@ pub(crate) async fn serve<P: AsFd + 'static>(
     };
     let conn = builder(&h2, &limits).serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
-    let mut closing = false;
+    let mut closing: Option<Closing> = None;
     let mut stall_timer: Option<Pin<Box<Sleep>>> = None;
     // Bounded by the connection: it ends when the client closes it, after the GOAWAY that an
-    // idle timeout or a stop sends once its open streams are done, or when a stream waited
-    // too long for the client to take its response (`None`).
+    // idle timeout or a stop sends once its open streams are done, when a stream waited too
+    // long for the client to take its response, or `GRACEFUL_CLOSE` after that GOAWAY with no
+    // stream open.
     let ended = std::future::poll_fn(|cx| {
         let polled = conn.as_mut().poll(cx);
         if let Poll::Ready(r) = polled {
-            return Poll::Ready(Some(r));
+            return Poll::Ready(Ended::Conn(r));
         }
         if let Some(at) = shared.stalled_until() {
             if at <= tokio::time::Instant::now() {
-                return Poll::Ready(None);
+                return Poll::Ready(Ended::Stalled);
             }
             let timer = stall_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
             if timer.deadline() != at {
@@ -223,28 +231,123 @@ pub(crate) async fn serve<P: AsFd + 'static>(
                 cx.waker().wake_by_ref();
             }
         }
-        if !closing {
-            *shared.task.borrow_mut() = Some(cx.waker().clone());
-            let idle = shared.open.get() == 0;
-            if slot
-                .poll_close(idle, !shared.served.get(), reloads, cx)
+        *shared.task.borrow_mut() = Some(cx.waker().clone());
+        if closing.is_none()
+            && slot
+                .poll_close(
+                    shared.open.get() == 0,
+                    !shared.served.get(),
+                    wire.greeted.get(),
+                    reloads,
+                    cx,
+                )
                 .is_ready()
-            {
-                closing = true;
-                debug!(client = %peer, "closing HTTP/2 connection (GOAWAY): idle, or making room, or a reload, or stopping");
-                conn.as_mut().graceful_shutdown();
-                return conn.as_mut().poll(cx).map(Some);
+        {
+            debug!(client = %peer, "closing HTTP/2 connection (GOAWAY): idle, or making room, or a reload, or stopping");
+            conn.as_mut().graceful_shutdown();
+            slot.closing_began();
+            if let Poll::Ready(r) = conn.as_mut().poll(cx) {
+                return Poll::Ready(Ended::Conn(r));
             }
+            closing = Some(Closing { grace: None });
+        }
+        let idle = shared.open.get() == 0;
+        let shaken = wire.greeted.get();
+        if closing
+            .as_mut()
+            .is_some_and(|c| c.poll_over(idle, shaken, &slot, cx))
+        {
+            return Poll::Ready(Ended::Dropped);
         }
         Poll::Pending
     })
     .await;
-    let Some(ended) = ended else {
-        summed_warn!(client = %peer; "HTTP/2 connection closed: a stream's response waited longer than timeouts.client_idle for the client to take it");
-        return;
-    };
-    if let Err(e) = ended {
-        ended_with(&e, flooded.get(), peer, stats.as_deref());
+    match ended {
+        Ended::Conn(Ok(())) => {}
+        Ended::Conn(Err(e)) => ended_with(&e, wire.flooded.get(), peer, stats.as_deref()),
+        Ended::Stalled => {
+            summed_warn!(client = %peer; "HTTP/2 connection closed: a stream's response waited longer than timeouts.client_idle for the client to take it");
+        }
+        Ended::Dropped => hard_close(&stream, &wire, peer).await,
+    }
+}
+
+/// Ends a connection whose graceful close hyper did not end: the final GOAWAY, if no frame of
+/// hyper's is cut short on the wire (it would land inside it), and the close (the caller drops
+/// the connection).
+async fn hard_close(stream: &Rc<DownstreamStream>, wire: &Wire, peer: SocketAddr) {
+    let last = wire.last_stream.get();
+    let sent = wire.whole.get() && final_goaway(stream, last).await;
+    debug!(client = %peer, final_goaway = sent, last_stream = last, "HTTP/2 connection closed: no stream open {GRACEFUL_CLOSE:?} after its GOAWAY (its client never answered the PING), or room needed, or a stop");
+}
+
+/// The GOAWAY that ends a graceful close hyper did not end itself: with the real last stream
+/// (the highest the client opened), `NO_ERROR`, as h2 sends once the PING's ACK came. Written
+/// without waiting (a client that does not read cannot hold the close up): whether it went.
+async fn final_goaway(stream: &Rc<DownstreamStream>, last: u32) -> bool {
+    let mut frame = [0u8; 17];
+    frame[2] = 8; // length
+    frame[3] = GOAWAY_FRAME;
+    frame[9..13].copy_from_slice(&(last & 0x7fff_ffff).to_be_bytes());
+    let mut io = StreamIo(stream.clone());
+    std::future::poll_fn(|cx| {
+        let wrote = Pin::new(&mut io).poll_write(cx, &frame);
+        let whole = matches!(wrote, Poll::Ready(Ok(n)) if n == frame.len());
+        // A TLS record waiting for room is dropped with the connection.
+        let _ = Pin::new(&mut io).poll_flush(cx);
+        Poll::Ready(whole)
+    })
+    .await
+}
+
+/// GOAWAY's frame type (RFC 9113 §6.8).
+const GOAWAY_FRAME: u8 = 0x7;
+
+/// How long a connection in its graceful close may stay open with no stream, after the GOAWAY
+/// or after its last stream ended, before it is dropped. hyper's graceful close sends GOAWAY
+/// and a PING, and ends the connection once the PING's ACK came and the open streams are done;
+/// a client that never answers (or never reads) would hold the connection, and its place
+/// under `limits.max_connections`, for ever. The ACK takes one round trip: 2 s is many times
+/// any real one, and it leaves hyper room to flush the last responses.
+pub(crate) const GRACEFUL_CLOSE: Duration = Duration::from_secs(2);
+
+/// How [`serve`]'s connection ended.
+enum Ended {
+    /// hyper ended it (the client closed it, or after the graceful close, or an error).
+    Conn(Result<(), hyper::Error>),
+    /// A stream's response waited too long for the client to take it.
+    Stalled,
+    /// Its graceful close did not end in time with no stream open, or room was needed, or a
+    /// stop began.
+    Dropped,
+}
+
+/// A connection past its GOAWAY.
+struct Closing {
+    /// Armed while no stream is open: `GRACEFUL_CLOSE` from the GOAWAY or the last stream's end.
+    grace: Option<Pin<Box<Sleep>>>,
+}
+
+impl Closing {
+    /// Whether to drop the connection now: no stream open (`idle`), and the grace is over or
+    /// the slot says to close (room needed under `max_connections`, or a stop, as for any idle
+    /// connection).
+    fn poll_over<P: AsFd>(
+        &mut self,
+        idle: bool,
+        shaken: bool,
+        slot: &idle::Slot<P>,
+        cx: &mut Context<'_>,
+    ) -> bool {
+        let close = slot.poll_closing(idle, shaken, cx).is_ready();
+        if !idle {
+            self.grace = None;
+            return false;
+        }
+        let grace = self
+            .grace
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(GRACEFUL_CLOSE)));
+        close || grace.as_mut().poll(cx).is_ready()
     }
 }
 
@@ -675,6 +778,68 @@ struct Replay<S> {
     early: Bytes,
     io: S,
     flood: Flood,
+    out: Outgoing,
+}
+
+/// What a connection's byte stream has shown of its frames, for [`serve`].
+struct Wire {
+    /// Over [`FLOOD_FRAMES`] SETTINGS or PING frames came within [`FLOOD_WINDOW`].
+    flooded: Cell<bool>,
+    /// A whole frame header came after the client's preface (its SETTINGS): the handshake is
+    /// done, and pinlb's SETTINGS went before (h2 sends them before it reads the preface).
+    greeted: Cell<bool>,
+    /// The highest stream the client opened (its HEADERS frames'), for the final GOAWAY.
+    last_stream: Cell<u32>,
+    /// pinlb's frames went out whole: a frame written now would not land inside another.
+    whole: Cell<bool>,
+}
+
+impl Default for Wire {
+    fn default() -> Wire {
+        Wire {
+            flooded: Cell::new(false),
+            greeted: Cell::new(false),
+            last_stream: Cell::new(0),
+            whole: Cell::new(true),
+        }
+    }
+}
+
+/// Follows the frames hyper writes (their headers' lengths) to know where one ends.
+#[derive(Default)]
+struct Outgoing {
+    /// Header bytes of the current frame seen so far, and its length's bytes.
+    have: usize,
+    len: [u8; 3],
+    /// Payload bytes of the current frame still to go.
+    skip: usize,
+}
+
+impl Outgoing {
+    /// Follows `bytes`, written: whether the last frame in them ended.
+    fn wrote(&mut self, mut bytes: &[u8]) -> bool {
+        // Bounded by `bytes`: every pass takes at least one byte of it.
+        while !bytes.is_empty() {
+            if self.skip > 0 {
+                let n = self.skip.min(bytes.len());
+                self.skip -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            if self.have < 3 {
+                self.len[self.have] = bytes[0];
+            }
+            self.have += 1;
+            bytes = &bytes[1..];
+            if self.have == 9 {
+                self.have = 0;
+                self.skip = usize::from(self.len[0]) << 16
+                    | usize::from(self.len[1]) << 8
+                    | usize::from(self.len[2]);
+            }
+        }
+        self.have == 0 && self.skip == 0
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
@@ -721,12 +886,12 @@ struct Flood {
     poison: bool,
     window: Option<tokio::time::Instant>,
     count: u32,
-    /// Set once a flood was seen.
-    seen: Rc<Cell<bool>>,
+    /// Where a flood, the end of the handshake and the streams opened are told.
+    wire: Rc<Wire>,
 }
 
 impl Flood {
-    fn new(seen: Rc<Cell<bool>>) -> Flood {
+    fn new(wire: Rc<Wire>) -> Flood {
         Flood {
             preface: PREFACE_LEN,
             head: [0; 9],
@@ -735,7 +900,7 @@ impl Flood {
             poison: false,
             window: None,
             count: 0,
-            seen,
+            wire,
         }
     }
 
@@ -775,6 +940,19 @@ impl Flood {
                 }
             }
             9 => {
+                const HEADERS: u8 = 0x1;
+                self.wire.greeted.set(true);
+                if self.head[3] == HEADERS {
+                    let id = u32::from_be_bytes([
+                        self.head[5],
+                        self.head[6],
+                        self.head[7],
+                        self.head[8],
+                    ]) & 0x7fff_ffff;
+                    if id > self.wire.last_stream.get() {
+                        self.wire.last_stream.set(id);
+                    }
+                }
                 self.skip = usize::from(self.head[0]) << 16
                     | usize::from(self.head[1]) << 8
                     | usize::from(self.head[2]);
@@ -794,7 +972,7 @@ impl Flood {
         }
         let over = self.count > FLOOD_FRAMES;
         if over {
-            self.seen.set(true);
+            self.wire.flooded.set(true);
         }
         over
     }
@@ -809,7 +987,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, data)
+        let wrote = std::task::ready!(Pin::new(&mut self.io).poll_write(cx, data));
+        if let Ok(n) = wrote {
+            let whole = self.out.wrote(data.get(..n).unwrap_or(data));
+            self.flood.wire.whole.set(whole);
+        }
+        Poll::Ready(wrote)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -908,7 +1091,7 @@ mod tests {
     #[test]
     fn the_frame_over_the_flood_limit_gets_a_stream_id_whatever_the_reads() {
         for piece in [1, 7, 4096] {
-            let seen = Rc::new(Cell::new(false));
+            let seen = Rc::new(Wire::default());
             let mut flood = Flood::new(seen.clone());
             let mut bytes = vec![b'P'; PREFACE_LEN];
             // ACKs do not count, and a DATA payload that looks like SETTINGS is not read as
@@ -924,17 +1107,44 @@ mod tests {
             for chunk in bytes.chunks_mut(piece) {
                 flood.watch(chunk);
             }
-            assert!(seen.get(), "pieces of {piece}");
+            assert!(seen.flooded.get(), "pieces of {piece}");
             assert_eq!(bytes[at(n - 1) + 8], 0, "the 100th is allowed");
             assert_eq!(bytes[at(n) + 8], 1, "the 101st goes to h2 as an error");
         }
-        let seen = Rc::new(Cell::new(false));
+        let seen = Rc::new(Wire::default());
         let mut flood = Flood::new(seen.clone());
         let mut bytes = vec![b'P'; PREFACE_LEN];
         for _ in 0..FLOOD_FRAMES {
             bytes.extend(settings(false));
         }
+        assert!(!seen.greeted.get(), "the preface alone is no handshake");
         flood.watch(&mut bytes);
-        assert!(!seen.get());
+        assert!(!seen.flooded.get());
+        assert!(seen.greeted.get(), "a frame after the preface");
+    }
+
+    #[test]
+    fn the_highest_stream_opened_and_where_written_frames_end_are_followed() {
+        let wire = Rc::new(Wire::default());
+        let mut flood = Flood::new(wire.clone());
+        let mut bytes = vec![b'P'; PREFACE_LEN];
+        bytes.extend(settings(false));
+        // HEADERS on 5, then on 3 (lower: not the last), then DATA on 7 (no stream opened).
+        bytes.extend([0, 0, 1, 1, 4, 0, 0, 0, 5, 0x82]);
+        bytes.extend([0, 0, 1, 1, 4, 0, 0, 0, 3, 0x82]);
+        bytes.extend([0, 0, 1, 0, 0, 0, 0, 0, 7, 0]);
+        for chunk in bytes.chunks_mut(5) {
+            flood.watch(chunk);
+        }
+        assert_eq!(wire.last_stream.get(), 5);
+        let mut out = Outgoing::default();
+        let goaway = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert!(!out.wrote(&goaway[..4]), "a header cut short");
+        assert!(!out.wrote(&goaway[4..12]), "a payload cut short");
+        assert!(out.wrote(&goaway[12..]));
+        let mut two = goaway.to_vec();
+        two.extend(settings(true));
+        assert!(out.wrote(&two));
+        assert!(!out.wrote(&two[..20]));
     }
 }

@@ -44,6 +44,15 @@ const SPARE_BUFFERS: usize = 64;
 pub const READ_BUFFER: usize = 4 * 1024;
 /// Parked connections taken back per pass.
 const UNPARK_BATCH: usize = 64;
+/// How long after its accept an idle connection is spared when room is needed under
+/// `limits.max_connections`, unless it has had its chance already: an HTTP/2 connection past
+/// its handshake (pinlb's SETTINGS sent, the client's read) may close for room at once.
+/// Without this, the accept loop's pressure, which runs whenever the limit is reached, would
+/// close a connection it had just accepted before its client's first bytes were read: under
+/// load, before an HTTP/2 client got pinlb's SETTINGS. Counted from the accept, not from each
+/// wait, so that an HTTP/1.1 request costs no more for it: the tick is stored once, at the
+/// accept.
+pub const ROOM_AFTER: Duration = Duration::from_secs(1);
 
 /// A worker's client connections, each of which may park here as a `P` (its socket, and what it
 /// needs to start again), so that this module knows nothing of what a connection is.
@@ -103,6 +112,11 @@ struct Entry<P> {
     close: bool,
     /// Set by the sweeper: the connection has waited long enough to be parked.
     park: bool,
+    /// While it waits: it has had its chance (see [`ROOM_AFTER`]), so room needed may close it
+    /// at once. Set by HTTP/2 connections only.
+    spare: bool,
+    /// The tick it was accepted at.
+    opened: u32,
     /// The connection, parked: its socket in the parking epoll set, its task gone.
     parked: Option<Box<P>>,
     /// The connection's task, remembered while it waits.
@@ -117,6 +131,8 @@ impl<P> Default for Entry<P> {
             limit: 0,
             close: false,
             park: false,
+            spare: false,
+            opened: 0,
             parked: None,
             waker: None,
         }
@@ -191,6 +207,7 @@ impl<P: AsFd> Connections<P> {
         };
         s.slots[index] = Entry {
             in_use: true,
+            opened: self.tick.get(),
             ..Entry::default()
         };
         self.open.set(self.open.get() + 1);
@@ -241,13 +258,25 @@ impl<P: AsFd> Connections<P> {
         }
     }
 
-    /// Closes the connections waiting for a request, to make room for new ones.
+    /// Closes the connections waiting for a request, to make room for new ones: those accepted
+    /// [`ROOM_AFTER`] ago or more, and HTTP/2 ones past their handshake. A connection just
+    /// accepted is never closed for room.
     pub fn close_idle(&self) {
+        self.close_waiting(false);
+    }
+
+    /// Closes the connections waiting for a request: every one (`all`, a stop), or those
+    /// [`Connections::close_idle`] may close.
+    fn close_waiting(&self, all: bool) {
+        let now = self.tick.get();
+        let after = self.ticks(ROOM_AFTER);
         let mut closing = Vec::new();
         {
             let mut s = self.slots.borrow_mut();
             for slot in s.slots.iter_mut() {
-                if slot.in_use && slot.idle_since.is_some() {
+                // As in `sweep`: more than `after` ticks on, at least `after` periods passed.
+                let may = all || slot.spare || now.wrapping_sub(slot.opened) > after;
+                if slot.in_use && slot.idle_since.is_some() && may {
                     slot.close = true;
                     closing.extend(slot.parked.take());
                     if let Some(w) = slot.waker.take() {
@@ -263,7 +292,7 @@ impl<P: AsFd> Connections<P> {
     /// Starts a stop: idle connections close now, busy ones once their response is out.
     pub fn drain(&self) {
         self.draining.set(true);
-        self.close_idle();
+        self.close_waiting(true);
         self.wake_all();
     }
 
@@ -590,11 +619,15 @@ impl<P: AsFd> Slot<P> {
     /// request yet) within `limits.header_timeout` of the accept, later ones within
     /// `timeouts.client_idle`. Room needed under `max_connections` closes it only while idle;
     /// a stop, or a reload since `reloads` (what [`Connections::reloads`] said when it opened), at
-    /// once (the caller lets its open requests finish).
+    /// once (the caller lets its open requests finish). `shaken` says its handshake is done (the
+    /// client's preface and SETTINGS read, pinlb's SETTINGS sent): from then on it has had its
+    /// chance, and room needed may close it at once while idle; before, only [`ROOM_AFTER`]
+    /// after its accept.
     pub fn poll_close(
         &self,
         idle: bool,
         first: bool,
+        shaken: bool,
         reloads: u64,
         cx: &mut Context<'_>,
     ) -> Poll<()> {
@@ -608,11 +641,52 @@ impl<P: AsFd> Slot<P> {
         }
         if idle {
             self.start_idle(slot, tick, first);
+            slot.spare = shaken;
         } else {
             slot.idle_since = None;
             slot.park = false;
         }
         // The sweeper's asking it to park (left set, so it asks once) only polls it once more.
+        remember(slot, cx);
+        Poll::Pending
+    }
+}
+
+impl<P: AsFd> Slot<P> {
+    /// For a connection that [`Slot::poll_close`] said to close, whose graceful close (HTTP/2's
+    /// GOAWAY) has begun: what asked it to close is spent, and its idle time starts again, so
+    /// that [`Slot::poll_closing`] completes only for a new reason.
+    pub fn closing_began(&self) {
+        if let Some(slot) = self.clients.slots.borrow_mut().slots.get_mut(self.index) {
+            slot.close = false;
+            slot.idle_since = None;
+            slot.park = false;
+        }
+    }
+
+    /// For a connection in its graceful close: completes when, with no request open (`idle`),
+    /// room is needed under `max_connections` or a stop begins, which close it at once as they
+    /// do a waiting HTTP/1.1 connection (room needed: once its handshake is done, `shaken`, or
+    /// it was accepted [`ROOM_AFTER`] ago, as in [`Slot::poll_close`]). Its idle time is not limited
+    /// here (the caller bounds the graceful close itself), and a reload no longer concerns it:
+    /// it is closing already.
+    pub fn poll_closing(&self, idle: bool, shaken: bool, cx: &mut Context<'_>) -> Poll<()> {
+        let mut s = self.clients.slots.borrow_mut();
+        let tick = self.clients.tick.get();
+        let Some(slot) = s.slots.get_mut(self.index) else {
+            return Poll::Ready(());
+        };
+        if idle {
+            if slot.close || self.clients.draining.get() {
+                return Poll::Ready(());
+            }
+            self.start_idle(slot, tick, false);
+            slot.spare = shaken;
+            slot.limit = u32::MAX;
+        } else {
+            slot.idle_since = None;
+            slot.park = false;
+        }
         remember(slot, cx);
         Poll::Pending
     }
@@ -787,6 +861,10 @@ mod tests {
         let idle = clients.open(Duration::from_secs(60), Duration::from_secs(60));
         let busy = clients.open(Duration::from_secs(60), Duration::from_secs(60));
         assert_eq!(idle.poll_wait(false, &mut cx, pending), Poll::Pending);
+        // Past the second after their accept that spares new connections (10 ticks).
+        for _ in 0..11 {
+            clients.sweep();
+        }
         clients.close_idle();
         assert_eq!(woken.0.load(Ordering::Relaxed), 1);
         assert_eq!(
@@ -804,5 +882,92 @@ mod tests {
             busy.poll_wait(false, &mut cx, pending),
             Poll::Ready(Wait::Close)
         );
+    }
+
+    #[test]
+    fn a_closing_connection_closes_for_pressure_or_a_stop_while_idle_and_not_for_time() {
+        let (clients, woken) = setup();
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        // 300 ms to idle: 3 ticks of 100 ms.
+        let c = clients.open(Duration::from_millis(300), Duration::from_millis(300));
+        assert_eq!(c.poll_close(true, false, true, 0, &mut cx), Poll::Pending);
+        for _ in 0..4 {
+            clients.sweep();
+        }
+        assert_eq!(c.poll_close(true, false, true, 0, &mut cx), Poll::Ready(()));
+        // Its graceful close began: the idle timeout that asked for it is spent, and more idle
+        // time does not close it again (its caller bounds the graceful close).
+        c.closing_began();
+        assert_eq!(c.poll_closing(true, true, &mut cx), Poll::Pending);
+        for _ in 0..10 {
+            clients.sweep();
+        }
+        assert_eq!(c.poll_closing(true, true, &mut cx), Poll::Pending);
+        // With a stream open, room needed passes it by; once idle, room needed (or a stop)
+        // closes it.
+        assert_eq!(c.poll_closing(false, true, &mut cx), Poll::Pending);
+        clients.close_idle();
+        assert_eq!(c.poll_closing(false, true, &mut cx), Poll::Pending);
+        assert_eq!(c.poll_closing(true, true, &mut cx), Poll::Pending);
+        clients.close_idle();
+        assert_eq!(c.poll_closing(true, true, &mut cx), Poll::Ready(()));
+        let d = clients.open(Duration::from_millis(300), Duration::from_millis(300));
+        d.closing_began();
+        assert_eq!(d.poll_closing(true, true, &mut cx), Poll::Pending);
+        clients.drain();
+        assert_eq!(d.poll_closing(true, true, &mut cx), Poll::Ready(()));
+    }
+
+    #[test]
+    fn room_needed_spares_a_new_connection_until_it_had_its_chance() {
+        let (clients, woken) = setup();
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let long = Duration::from_secs(60);
+        // All just accepted: HTTP/1.1 waiting for its first request, HTTP/1.1 between requests,
+        // HTTP/2 before and after its handshake (no stream yet), HTTP/2 closing before its
+        // handshake.
+        let new = clients.open(long, long);
+        let kept = clients.open(long, long);
+        let h2_new = clients.open(long, long);
+        let h2_shaken = clients.open(long, long);
+        let h2_closing = clients.open(long, long);
+        let h1 = |c: &Slot<_>, first, cx: &mut Context<'_>| c.poll_wait(first, cx, pending);
+        let h2 =
+            |c: &Slot<_>, shaken, cx: &mut Context<'_>| c.poll_close(true, true, shaken, 0, cx);
+        assert_eq!(h1(&new, true, &mut cx), Poll::Pending);
+        assert_eq!(h1(&kept, false, &mut cx), Poll::Pending);
+        assert_eq!(h2(&h2_new, false, &mut cx), Poll::Pending);
+        assert_eq!(h2(&h2_shaken, false, &mut cx), Poll::Pending);
+        h2_closing.closing_began();
+        assert_eq!(h2_closing.poll_closing(true, false, &mut cx), Poll::Pending);
+        // Its handshake done, later: it has had its chance, and goes at once.
+        assert_eq!(h2(&h2_shaken, true, &mut cx), Poll::Pending);
+        clients.close_idle();
+        assert_eq!(h2(&h2_shaken, true, &mut cx), Poll::Ready(()));
+        // ROOM_AFTER (1 s) is 10 ticks of 100 ms: the others not yet at 10, at 11.
+        for _ in 0..10 {
+            clients.sweep();
+        }
+        clients.close_idle();
+        assert_eq!(h1(&new, true, &mut cx), Poll::Pending);
+        assert_eq!(h1(&kept, false, &mut cx), Poll::Pending);
+        assert_eq!(h2(&h2_new, false, &mut cx), Poll::Pending);
+        assert_eq!(h2_closing.poll_closing(true, false, &mut cx), Poll::Pending);
+        clients.sweep();
+        clients.close_idle();
+        assert_eq!(h1(&new, true, &mut cx), Poll::Ready(Wait::Close));
+        assert_eq!(h1(&kept, false, &mut cx), Poll::Ready(Wait::Close));
+        assert_eq!(h2(&h2_new, false, &mut cx), Poll::Ready(()));
+        assert_eq!(
+            h2_closing.poll_closing(true, false, &mut cx),
+            Poll::Ready(())
+        );
+        // A stop closes a new connection at once.
+        let newer = clients.open(long, long);
+        assert_eq!(h1(&newer, true, &mut cx), Poll::Pending);
+        clients.drain();
+        assert_eq!(h1(&newer, true, &mut cx), Poll::Ready(Wait::Close));
     }
 }

@@ -190,6 +190,11 @@ impl H2Conn {
     /// ACKs). Frames that came with it stay to be read.
     pub async fn open(addr: SocketAddr, settings: &[(u16, u32)]) -> H2Conn {
         let stream = TcpStream::connect(addr).await.expect("connect");
+        H2Conn::handshake(stream, settings).await
+    }
+
+    /// Like [`H2Conn::open`], on a connection already made.
+    pub async fn handshake(stream: TcpStream, settings: &[(u16, u32)]) -> H2Conn {
         stream.set_nodelay(true).unwrap();
         let mut c = H2Conn {
             stream,
@@ -291,6 +296,39 @@ impl H2Conn {
             "{max} frames and not the one wanted; the last: {:?}",
             before.last()
         );
+    }
+
+    /// Reads until the server closes the connection, answering nothing (not even a PING), for
+    /// at most `limit`: the whole frames read since [`H2Conn::open`], and whether it closed (an
+    /// end of file or a reset) within `limit`.
+    pub async fn read_to_close(&mut self, limit: Duration) -> (Vec<Frame>, bool) {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut chunk = [0u8; 16 * 1024];
+        // Bounded by the deadline: every pass reads more, or ends.
+        let closed = loop {
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
+                Err(_) => break false,
+                Ok(Ok(0)) | Ok(Err(_)) => break true,
+                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let mut frames = Vec::new();
+        let mut bytes = &self.buf[..];
+        // Bounded by the buffer: every pass takes a whole frame off it, or ends.
+        while bytes.len() >= 9 {
+            let len = (bytes[0] as usize) << 16 | (bytes[1] as usize) << 8 | bytes[2] as usize;
+            if bytes.len() < 9 + len {
+                break;
+            }
+            frames.push(Frame {
+                kind: bytes[3],
+                flags: bytes[4],
+                stream: be32(&bytes[5..9]) & 0x7fff_ffff,
+                payload: bytes[9..9 + len].to_vec(),
+            });
+            bytes = &bytes[9 + len..];
+        }
+        (frames, closed)
     }
 
     /// Reads until the connection ends (at most `max` frames), and returns the GOAWAY it sent,
