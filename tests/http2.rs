@@ -879,11 +879,7 @@ async fn an_idle_connection_gets_goaway_but_one_with_an_open_stream_does_not() {
 
     // One stream, then nothing: GOAWAY (no error) about client_idle later, then the close.
     let mut raw = H2Conn::open(proxy.addr, &[]).await;
-    raw.headers(1, &Hpack::request("GET", "/", "a.test"), true)
-        .await;
-    let (_, _) = raw
-        .until(20, |f| f.stream == 1 && f.flags & END_STREAM != 0)
-        .await;
+    raw.get(1, "/").await;
     let done = Instant::now();
     let (goaway, seen) = raw.until_closed(20).await;
     let took = done.elapsed();
@@ -896,11 +892,7 @@ async fn an_idle_connection_gets_goaway_but_one_with_an_open_stream_does_not() {
 
     // A stream that takes longer than client_idle keeps its connection.
     let mut raw = H2Conn::open(proxy.addr, &[]).await;
-    raw.headers(1, &Hpack::request("GET", "/sleep/1500", "a.test"), true)
-        .await;
-    let (end, before) = raw
-        .until(20, |f| f.stream == 1 && f.flags & END_STREAM != 0)
-        .await;
+    let (end, before) = raw.get(1, "/sleep/1500").await;
     assert!(
         before.iter().chain([&end]).all(|f| f.kind != GOAWAY),
         "GOAWAY while a stream was open: {before:?}"
@@ -976,11 +968,7 @@ async fn a_graceful_close_never_acked_ends_in_a_goaway_with_the_last_stream_afte
     setup.client_idle = "500ms";
     let proxy = Proxy::start(&setup);
     let mut raw = H2Conn::open(proxy.addr, &[]).await;
-    raw.headers(3, &Hpack::request("GET", "/", "a.test"), true)
-        .await;
-    let (_, _) = raw
-        .until(20, |f| f.stream == 3 && f.flags & END_STREAM != 0)
-        .await;
+    raw.get(3, "/").await;
     let done = Instant::now();
     // From here on the client reads and never answers the PING.
     let (frames, closed) = raw.read_to_close(WAIT).await;

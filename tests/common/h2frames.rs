@@ -298,6 +298,15 @@ impl H2Conn {
         );
     }
 
+    /// Sends `GET path` (Host `a.test`) on `stream` with END_STREAM, and reads until that
+    /// stream's response ends: the last frame, and those before it.
+    pub async fn get(&mut self, stream: u32, path: &str) -> (Frame, Vec<Frame>) {
+        self.headers(stream, &Hpack::request("GET", path, "a.test"), true)
+            .await;
+        self.until(20, |f| f.stream == stream && f.flags & END_STREAM != 0)
+            .await
+    }
+
     /// Reads until the server closes the connection, answering nothing (not even a PING), for
     /// at most `limit`: the whole frames read since [`H2Conn::open`], and whether it closed (an
     /// end of file or a reset) within `limit`.
