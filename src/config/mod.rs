@@ -14,11 +14,13 @@
 //! errors are reported all at once, in file order, as [`ConfigErrors`].
 //!
 //! - [`error`]: the error and where in the file it points.
+//! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod error;
+pub(crate) mod log_format;
 mod raw;
 mod routes;
 #[cfg(test)]
@@ -33,6 +35,7 @@ use std::time::Duration;
 
 use error::Source;
 pub use error::{ConfigError, ConfigErrors};
+pub use log_format::AccessTemplate;
 use raw::RawConfig;
 
 use crate::http1::request::RequestLimits;
@@ -167,6 +170,9 @@ pub struct Config {
     pub admin: Option<Admin>,
     /// Where the access log goes; `None` keeps it off.
     pub access_log: Option<AccessLog>,
+    /// `[request_id]`: on (`Some`) by default while the access log is on, so that a line can be
+    /// found in the backend's log by its ID; `enabled` turns it on without the log or off.
+    pub request_ids: Option<RequestIds>,
     /// Non-fatal findings (a backend pinned to a proxy core), shown by `check` and logged at start.
     pub warnings: Vec<String>,
     /// Where backends' DNS names are looked up.
@@ -258,12 +264,40 @@ pub enum AccessTarget {
 }
 
 /// The access log's line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AccessFormat {
     /// nginx's and Apache's `combined`, with the backend and the two times appended.
     Combined,
-    /// One JSON object per line.
+    /// One JSON object per line, with every timing field.
     Json,
+    /// A template of named fields (`log_format`), see [`log_format`].
+    Template(Arc<AccessTemplate>),
+}
+
+/// `[request_id]`: an ID for every request, in the log and on both sides' headers, and the W3C
+/// trace context.
+///
+/// The ID a client sends is kept when it is valid (1 to 200 characters of letters, digits and
+/// `-_.:/+=@`: what UUIDs, ULIDs, nginx's hex and base64 IDs are made of, and nothing that could
+/// break a header or a log line); otherwise one is made: 32 lower-case hex digits of 128 random
+/// bits, nginx's `$request_id` form, so that tools that read nginx's IDs read pinlb's, and
+/// exactly a W3C trace id's size, so that a traceparent pinlb starts carries the same ID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestIds {
+    /// The header, lower-case (`header`, default `x-request-id`).
+    pub header: String,
+    /// `traceparent = true`: a request without a valid W3C `traceparent` gets one, started with
+    /// the request ID as its trace id; one the client sent is always passed on unchanged.
+    pub traceparent: bool,
+}
+
+impl Default for RequestIds {
+    fn default() -> Self {
+        RequestIds {
+            header: "x-request-id".into(),
+            traceparent: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -368,6 +402,9 @@ pub struct Listener {
     /// them (`listen(2)`; nginx's `listen … backlog=`, HAProxy's `backlog`). By default the
     /// kernel's own ceiling, `net.core.somaxconn`, read when the file is validated.
     pub backlog: u32,
+    /// `server_timing`: responses carry `Server-Timing: pinlb;dur=…, upstream;dur=…` (a
+    /// route's own `server_timing` decides for its requests).
+    pub server_timing: bool,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.
@@ -388,6 +425,8 @@ pub struct RouteRule {
     pub response_headers: HeaderRules,
     /// `timeouts`: the upstream's `connect`, `response` and `send` timeouts this route changes.
     pub timeouts: RouteTimeouts,
+    /// `server_timing`: this route's own choice; `None` takes the listener's.
+    pub server_timing: Option<bool>,
 }
 
 /// A route's own timeouts; each `None` keeps the upstream's.
@@ -1053,6 +1092,11 @@ impl Config {
             .as_ref()
             .map(|a| kept(e, validate::admin(&src, a, &taken)));
         let access_log = kept(e, validate::log(&src, &raw.log));
+        let logging = access_log.as_ref().is_some_and(Option::is_some);
+        let request_ids = kept(
+            e,
+            validate::request_ids(&src, raw.request_id.as_ref(), logging),
+        );
         let resolver = kept(e, validate::resolver(&src, &raw.resolver));
         taken.extend(admin.iter().flatten().map(|a| a.address));
         let upstreams: Option<Vec<Upstream>> = upstreams.into_iter().collect();
@@ -1073,9 +1117,18 @@ impl Config {
             Some(listeners),
             Some(trusted),
             Some(access_log),
+            Some(request_ids),
             Some(resolver),
         ) = (
-            runtime, limits, http2, upstreams, listeners, trusted, access_log, resolver,
+            runtime,
+            limits,
+            http2,
+            upstreams,
+            listeners,
+            trusted,
+            access_log,
+            request_ids,
+            resolver,
         )
         else {
             unreachable!("a section that failed left an error");
@@ -1090,6 +1143,7 @@ impl Config {
             upstreams,
             admin,
             access_log,
+            request_ids,
             warnings,
             resolver,
         })

@@ -39,6 +39,16 @@ pub(super) struct RawConfig {
     pub http2: RawHttp2,
     #[serde(default)]
     pub resolver: RawResolver,
+    pub request_id: Option<RawRequestId>,
+}
+
+/// `[request_id]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRequestId {
+    pub enabled: Option<Spanned<bool>>,
+    pub header: Option<Spanned<String>>,
+    pub traceparent: Option<Spanned<bool>>,
 }
 
 /// `[resolver]`: where backends' DNS names are looked up.
@@ -411,6 +421,8 @@ pub(super) struct RawListener {
     pub http2: Option<Spanned<bool>>,
     /// The kernel's queue of connections not yet accepted (`listen(2)`'s backlog).
     pub backlog: Option<Spanned<i64>>,
+    /// `Server-Timing` on its responses.
+    pub server_timing: Option<Spanned<bool>>,
     /// `[[listener.route]]`.
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,
@@ -433,6 +445,8 @@ pub(super) struct RawRoute {
     pub request_headers: Option<Spanned<RawHeaderRules>>,
     pub response_headers: Option<Spanned<RawHeaderRules>>,
     pub timeouts: Option<RawRouteTimeouts>,
+    /// `Server-Timing` on this route's responses, over the listener's choice.
+    pub server_timing: Option<Spanned<bool>>,
 }
 
 /// A route's `timeouts = { connect, response, send }`, over its upstream's.

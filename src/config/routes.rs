@@ -166,6 +166,7 @@ fn route(
         request_headers,
         response_headers,
         timeouts,
+        server_timing: r.server_timing.as_ref().map(|v| *v.get_ref()),
     })
 }
 

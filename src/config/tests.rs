@@ -96,7 +96,7 @@ fn the_access_log_is_off_by_default_and_its_format_is_checked() {
         err(&format!(
             "{MINIMAL}[log]\naccess = \"/tmp/a.log\"\nformat = \"jsonl\"\n"
         )),
-        "pinlb.toml:10:10: log.format: unknown value \"jsonl\", expected one of combined, json"
+        "pinlb.toml:10:10: log.format: unknown value \"jsonl\", expected combined, json, or a template with fields such as '{remote_addr} {status} {request_time}'"
     );
     assert_eq!(
         err(&format!("{MINIMAL}[log]\nformat = \"json\"\n")),

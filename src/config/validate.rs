@@ -13,12 +13,12 @@ use toml::Spanned;
 use super::error::{ConfigError, ConfigErrors, Source};
 use super::raw::{
     RawAdmin, RawBackend, RawForwarded, RawHealth, RawHttp2, RawLimits, RawListener, RawLog,
-    RawPassive, RawResolve, RawResolver, RawRetry, RawRuntime, RawSpawn, RawTimeouts, RawTls,
+    RawPassive, RawRequestId, RawResolve, RawResolver, RawRetry, RawRuntime, RawSpawn, RawTimeouts, RawTls,
     RawUpstream, RawUpstreamTls, Size, positive,
 };
 use super::{
-    AccessFormat, AccessLog, AccessTarget, Admin, Algorithm, Backend, DnsName, HashKey, Health,
-    Http2, Limits, Listener, NamedBackend, Passive, Protocol, Resolve, Resolver, Retry, Runtime,
+    AccessFormat, AccessLog, AccessTarget, AccessTemplate, Admin, Algorithm, Backend, DnsName, HashKey, Health,
+    Http2, Limits, Listener, NamedBackend, Passive, Protocol, RequestIds, Resolve, Resolver, Retry, Runtime,
     Spawn, Timeouts, Upgrade, Upstream,
 };
 use crate::http1::request::RequestLimits;
@@ -1330,6 +1330,7 @@ fn listener(
         has_default: l.upstream.is_some(),
         routes,
         backlog,
+        server_timing: l.server_timing.as_ref().is_some_and(|v| *v.get_ref()),
     })
 }
 
@@ -1554,6 +1555,50 @@ pub(super) fn admin(src: &Source, a: &RawAdmin, listeners: &[SocketAddr]) -> Res
     Ok(Admin { address, token })
 }
 
+/// Where byte `at` of a string value lies in the file: exact for a literal string (`'…'`,
+/// as templates are written) or a basic one without escapes; the value's start otherwise.
+fn within(src: &Source, span: std::ops::Range<usize>, at: usize) -> std::ops::Range<usize> {
+    let raw = src.text.get(span.clone()).unwrap_or_default();
+    let quote = raw.chars().next();
+    let plain = matches!(quote, Some('\''))
+        || (matches!(quote, Some('"')) && !raw.contains('\\') && !raw.starts_with("\"\"\""));
+    if plain && span.start + 1 + at < span.end {
+        let start = span.start + 1 + at;
+        start..span.end
+    } else {
+        span
+    }
+}
+
+/// `[request_id]`: on by default while the access log is, so that a line can be matched to
+/// the backend's by its ID.
+pub(super) fn request_ids(
+    src: &Source,
+    raw: Option<&RawRequestId>,
+    logging: bool,
+) -> Result<Option<RequestIds>> {
+    let Some(raw) = raw else {
+        return Ok(logging.then(RequestIds::default));
+    };
+    if !raw.enabled.as_ref().map_or(logging, |v| *v.get_ref()) {
+        return Ok(None);
+    }
+    let mut ids = RequestIds::default();
+    if let Some(h) = &raw.header {
+        let name = h.get_ref();
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(src.at(
+                h.span(),
+                "request_id.header",
+                format!("\"{name}\" is not a header name, expected one such as X-Request-ID"),
+            ));
+        }
+        ids.header = name.to_ascii_lowercase();
+    }
+    ids.traceparent = raw.traceparent.as_ref().is_some_and(|v| *v.get_ref());
+    Ok(Some(ids))
+}
+
 /// `[log]`: `format` only with `access`.
 pub(super) fn log(src: &Source, raw: &RawLog) -> Result<Option<AccessLog>> {
     let access_log = match &raw.access {
@@ -1581,11 +1626,19 @@ pub(super) fn log(src: &Source, raw: &RawLog) -> Result<Option<AccessLog>> {
             let format = match f.get_ref().as_str() {
                 "combined" => AccessFormat::Combined,
                 "json" => AccessFormat::Json,
+                t if t.contains('{') => match AccessTemplate::parse(t) {
+                    Ok(t) => AccessFormat::Template(Arc::new(t)),
+                    Err(e) => {
+                        return Err(src.at(within(src, f.span(), e.at), "log.format", e.message));
+                    }
+                },
                 other => {
                     return Err(src.at(
                         f.span(),
                         "log.format",
-                        format!("unknown value \"{other}\", expected one of combined, json"),
+                        format!(
+                            "unknown value \"{other}\", expected combined, json, or a template with fields such as '{{remote_addr}} {{status}} {{request_time}}'"
+                        ),
                     ));
                 }
             };

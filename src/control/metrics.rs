@@ -689,6 +689,32 @@ impl Collector for Scrape {
             MetricType::Histogram,
             histograms(|s| &s.check_time),
         )?;
+        family(
+            &mut e,
+            "backend_connect_seconds",
+            "New connections to the backend: the connect and any TLS handshake, with the wait for a max_connecting slot.",
+            MetricType::Histogram,
+            histograms(|s| &s.connect_time),
+        )?;
+        // Per upstream: the proxy's share does not depend on the backend, so its backends'
+        // histograms are summed.
+        family(
+            &mut e,
+            "proxy_added_seconds",
+            "The proxy's own share of each request a backend answered: from the request head to the response head, less the queue, the connects and the wait on backends.",
+            MetricType::Histogram,
+            self.upstreams.iter().map(|u| {
+                let merged = Histogram::default();
+                for b in &u.backends {
+                    merged.add(&b.stats.proxy_added);
+                }
+                let (sum, count, buckets) = merged.snapshot();
+                (
+                    vec![("upstream", u.config.name.clone())],
+                    HistogramValues(sum, count, buckets),
+                )
+            }),
+        )?;
         self.encode_queues(&mut e)
     }
 }

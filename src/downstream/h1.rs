@@ -47,6 +47,7 @@ use crate::http1::common::{
 };
 use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::proxy::accesslog::{Batch, Logged, Pending};
+use crate::proxy::request_id::RequestId;
 use crate::proxy::body::{ProxyBody, Upgraded};
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, Answer, DownstreamRequest};
@@ -684,18 +685,20 @@ impl Connection {
             Err(next) => return next,
         };
         let refused = head.refused.take();
-        // The clock is read only when someone can scrape what it measures.
-        let started = self.route.stats.as_ref().map(|s| {
+        if let Some(s) = &self.route.stats {
             s.requests.fetch_add(1, Ordering::Relaxed);
-            Instant::now()
-        });
+        }
+        // The clock is read only when something reads what it measures.
+        let at = self.route.timed.get().then(std::time::Instant::now);
         if self.route.redirect_https.get() {
             return self.redirect_https(&head, buf).await;
         }
+        let id = self.request_id(&mut head);
         let pending = self
             .batch
             .as_ref()
-            .map(|batch| Pending::start(&head, self.peer, batch));
+            .zip(at)
+            .map(|(batch, at)| Pending::start(&head, self.peer, batch, at, id.as_deref()));
         let (upstream, edits, local) = match refused {
             // A refused head is answered as such, whatever the routes say.
             Some(_) => (self.route.upstream.borrow().clone(), None, None),
@@ -727,12 +730,13 @@ impl Connection {
                 upstream,
                 client,
                 limits,
-                pending.is_some(),
+                at,
                 DownstreamRequest {
                     head: &head,
                     overrides: edits.as_ref().map(|e| &e.request),
                     body: &mut client_body,
                     refused,
+                    added: id.as_ref().map_or(&[][..], |i| &i.upstream_lines),
                 },
             ));
             let gone = std::future::poll_fn(|cx| poll_client_gone(&self.stream, &watch, cx));
@@ -756,6 +760,15 @@ impl Connection {
         if let Some(e) = &edits {
             e.edit_response(&mut response);
         }
+        if let Some(id) = &id {
+            id.respond(&mut response.headers);
+        }
+        if let Some(u) = &upstreamed {
+            let asked = edits.as_ref().and_then(|e| e.server_timing);
+            if asked.unwrap_or(self.route.server_timing.get()) {
+                u.timing.server_timing_line(&mut response.headers);
+            }
+        }
         self.count_response(&response);
         let logged = Logged::new(pending.and_then(|p| p.responded(response.status, upstreamed)));
         if response.status == StatusCode::SWITCHING_PROTOCOLS {
@@ -778,7 +791,7 @@ impl Connection {
                 timeouts,
             )
             .await;
-        if let (Some(s), Some(t)) = (&self.route.stats, started) {
+        if let (Some(s), Some(t)) = (&self.route.stats, at) {
             s.request_time.observe(t.elapsed());
         }
         match written {
@@ -790,6 +803,15 @@ impl Connection {
             Ok(Written::Whole { .. }) => Next::Linger,
             Ok(Written::Aborted) | Err(_) => Next::Abort,
         }
+    }
+
+    /// The request's ID, when `[request_id]` is on. Boxed: the exchange's state carries a
+    /// pointer, not the ID.
+    #[inline]
+    fn request_id(&self, head: &mut RequestHead) -> Option<Box<RequestId>> {
+        let rules = self.route.rules.borrow();
+        let config = rules.request_ids.as_ref()?;
+        Some(Box::new(RequestId::of(head, config)))
     }
 
     /// The listener's limits now, and who the client is under its rules now: made again only

@@ -52,6 +52,7 @@ use crate::http1::client::UpstreamError;
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply, RequestFraming, error_page, header_map};
 use crate::http1::request::{ClientError, RequestHead, parse_request};
 use crate::proxy::accesslog::{Batch, Logged, Pending};
+use crate::proxy::request_id::RequestId;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, DownstreamRequest};
@@ -125,12 +126,9 @@ impl Open {
         shared.served.set(true);
         Open {
             shared: shared.clone(),
-            // The clock is read only when someone can scrape what it measures.
-            started: shared
-                .route
-                .stats
-                .as_ref()
-                .map(|_| std::time::Instant::now()),
+            // The clock is read only when something reads what it measures (the stream's
+            // request times too: see `Route::timed`).
+            started: shared.route.timed.get().then(std::time::Instant::now),
         }
     }
 }
@@ -394,13 +392,15 @@ impl Shared {
             s.requests.fetch_add(1, Ordering::Relaxed);
         }
         let (parts, body) = req.into_parts();
-        let (limits, client) = {
+        let at = open.started;
+        let (limits, client, rules) = {
             let now = route.rules.borrow();
+            let rules = now.clone();
             let mut cached = self.downstream.borrow_mut();
             if !Rc::ptr_eq(&cached.0, &now) {
                 *cached = (now.clone(), Rc::new(now.downstream(self.peer, self.tls)));
             }
-            (now.limits, cached.1.clone())
+            (now.limits, cached.1.clone(), rules)
         };
         let ended = body.is_end_stream();
         let mut text = http1_head(&parts, ended, &limits);
@@ -414,10 +414,15 @@ impl Shared {
         };
         head.version = Version::HTTP_2;
         let refused = head.refused.take();
+        let id = rules
+            .request_ids
+            .as_ref()
+            .map(|config| RequestId::of(&mut head, config));
         let pending = self
             .batch
             .as_ref()
-            .map(|batch| Pending::start(&head, self.peer, batch));
+            .zip(at)
+            .map(|(batch, at)| Pending::start(&head, self.peer, batch, at, id.as_ref()));
         if route.redirect_https.get() {
             return self.redirect_https(&head, open);
         }
@@ -446,17 +451,27 @@ impl Shared {
             upstream,
             client,
             limits,
-            pending.is_some(),
+            at,
             DownstreamRequest {
                 head: &head,
                 overrides: edits.as_ref().map(|e| &e.request),
                 body: &mut body,
                 refused,
+                added: id.as_ref().map_or(&[][..], |i| &i.upstream_lines),
             },
         )
         .await;
         if let Some(e) = &edits {
             e.edit_response(&mut answer.response);
+        }
+        if let Some(id) = &id {
+            id.respond(&mut answer.response.headers);
+        }
+        if let Some(u) = &answer.upstreamed {
+            let asked = edits.as_ref().and_then(|e| e.server_timing);
+            if asked.unwrap_or(route.server_timing.get()) {
+                u.timing.server_timing_line(&mut answer.response.headers);
+            }
         }
         let logged = Logged::new(
             pending.and_then(|p| p.responded(answer.response.status, answer.upstreamed)),

@@ -65,6 +65,9 @@ pub struct Conn {
     out: Vec<u8>,
     /// Whether this connection already carried an exchange (taken from the pool).
     pub reused: bool,
+    /// How long its connect took (and its TLS handshake), as the pool that opened it measured:
+    /// an access log's `upstream_connect_time` for the connection's first exchange.
+    pub connected_in: Duration,
     /// The request on it asked to upgrade: a `101 Switching Protocols` is its answer, not an
     /// error.
     upgrading: bool,
@@ -87,6 +90,8 @@ pub struct Outgoing<'a> {
     pub trusted_lines: &'a [u8],
     /// The X-Forwarded-For value to send.
     pub forwarded_for: &'a [u8],
+    /// pinlb's own lines (a request ID, a traceparent it started); usually empty.
+    pub added: &'a [u8],
     /// The client came over TLS: `X-Forwarded-Proto: https`.
     pub https: bool,
 }
@@ -139,6 +144,7 @@ impl Conn {
             buf: BytesMut::new(),
             out: Vec::new(),
             reused: false,
+            connected_in: Duration::ZERO,
             upgrading: false,
             timer: None,
         }
@@ -199,6 +205,7 @@ impl Conn {
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(req.lines);
         out.extend_from_slice(req.trusted_lines);
+        out.extend_from_slice(req.added);
         out.extend_from_slice(b"x-forwarded-for: ");
         out.extend_from_slice(req.forwarded_for);
         out.extend_from_slice(if req.https {

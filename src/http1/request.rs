@@ -166,6 +166,61 @@ impl RequestHead {
         })
     }
 
+    /// Every end-to-end line's name and trimmed value, in order.
+    pub fn line_values(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.lines().split(|&b| b == b'\n').filter_map(|line| {
+            let colon = line.iter().position(|&b| b == b':')?;
+            let (n, v) = line.split_at(colon);
+            Some((n, v[1..].trim_ascii()))
+        })
+    }
+
+    /// Takes every end-to-end line named `name` (case-insensitive) out of the request, so it
+    /// does not go upstream; the head's other parts stay as they were.
+    pub fn remove_lines(&mut self, name: &[u8]) {
+        let mut at = self.lines.0;
+        while at < self.lines.1 {
+            let end = self.text[at..self.lines.1]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(self.lines.1, |i| at + i + 1);
+            let line = &self.text[at..end];
+            let named = line.len() > name.len()
+                && line[name.len()] == b':'
+                && line[..name.len()].eq_ignore_ascii_case(name);
+            if !named {
+                at = end;
+                continue;
+            }
+            let cut = end - at;
+            self.text.drain(at..end);
+            // Every part after the line moves back by its length; none straddles it.
+            let shift = |x: &mut usize| {
+                if *x >= end {
+                    *x -= cut;
+                }
+            };
+            let shift_span = |s: &mut (usize, usize)| {
+                shift(&mut s.0);
+                shift(&mut s.1);
+            };
+            shift(&mut self.lines.1);
+            shift_span(&mut self.target);
+            shift_span(&mut self.path);
+            for s in [&mut self.host, &mut self.user_agent, &mut self.referer]
+                .into_iter()
+                .flatten()
+            {
+                shift_span(s);
+            }
+            if self.upgrade_end != 0 {
+                let mut u = self.upgrade_end as usize;
+                shift(&mut u);
+                self.upgrade_end = u32::try_from(u).unwrap_or(0);
+            }
+        }
+    }
+
     pub fn user_agent(&self) -> Option<&[u8]> {
         self.user_agent.map(|h| self.at(h))
     }
@@ -189,6 +244,16 @@ impl RequestHead {
                 && l[..name.len()].eq_ignore_ascii_case(name.as_bytes())
         })
     }
+}
+
+/// A Host value without its port: `example.com:8080` → `example.com`, `[::1]:8080` → `[::1]`.
+pub fn host_without_port(host: &[u8]) -> &[u8] {
+    let end = match host.iter().rposition(|&b| b == b':') {
+        // An IPv6 literal's colons are inside its brackets.
+        Some(i) if !host[i..].contains(&b']') => i,
+        _ => host.len(),
+    };
+    &host[..end]
 }
 
 /// The headers a request head is parsed around, recognised on raw bytes.

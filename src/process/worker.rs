@@ -236,7 +236,16 @@ impl WorkerState {
             trusted: config.trusted.clone(),
             limits: config.limits,
             http2: config.http2,
+            request_ids: config.request_ids.clone(),
         });
+        // Whether a listener's requests are timed: read by the log, `Server-Timing` or
+        // `/metrics` (`counting`, whose counters exist only with an admin listener).
+        let timed = |l: &crate::config::Listener, counting: bool| {
+            config.access_log.is_some()
+                || counting
+                || l.server_timing
+                || l.routes.iter().any(|r| r.server_timing == Some(true))
+        };
         // The sweeper's tick follows the shortest timeout it keeps.
         let shortest = config
             .upstreams
@@ -269,6 +278,8 @@ impl WorkerState {
                 *kept.route.tls.borrow_mut() = l.tls.clone();
                 kept.route.redirect_https.set(l.redirect_https);
                 kept.route.h2c.set(l.h2c);
+                kept.route.timed.set(timed(l, kept.route.stats.is_some()));
+                kept.route.server_timing.set(l.server_timing);
                 continue;
             }
             // Usually one socket per listener; after an upgrade from a process with more
@@ -304,11 +315,13 @@ impl WorkerState {
             let route = Rc::new(Route {
                 upstream: RefCell::new(upstream),
                 rules: RefCell::new(rules.clone()),
-                stats,
                 tls: RefCell::new(l.tls.clone()),
                 redirect_https: Cell::new(l.redirect_https),
                 h2c: Cell::new(l.h2c),
+                timed: Cell::new(timed(l, stats.is_some())),
+                server_timing: Cell::new(l.server_timing),
                 routes: RefCell::new(routes),
+                stats,
             });
             let (removed, removed_rx) = watch::channel(false);
             let tasks = mine

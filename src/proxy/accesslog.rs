@@ -30,8 +30,11 @@ use http::header::HeaderValue;
 use http::{Method, Version};
 use tracing::{error, warn};
 
+use crate::config::log_format::{Field, Part, Span};
 use crate::config::{AccessFormat, AccessTarget};
 use crate::http1::request::RequestHead;
+use crate::proxy::request_id::RequestId;
+use crate::proxy::timing::Timing;
 
 /// Entries a worker collects before handing them to the log thread.
 const BATCH: usize = 64;
@@ -45,11 +48,30 @@ const QUEUE: usize = 1024;
 #[derive(Debug, Clone, Copy)]
 pub struct Upstreamed {
     pub backend: SocketAddr,
-    /// From the first attempt to the response head.
-    pub upstream_time: Duration,
-    /// Time spent in the upstream's queue before the first attempt; zero when it did not
-    /// wait.
-    pub queue_time: Duration,
+    /// Where the time went up to the response head.
+    pub timing: Timing,
+}
+
+/// What a format reads of a request beyond what every entry takes: decided once from the
+/// format, so a line that names no header costs no header lookup.
+#[derive(Debug, Default)]
+struct Capture {
+    /// `{host}`.
+    host: bool,
+    /// `{http_NAME}`, in the template's order.
+    headers: Vec<String>,
+}
+
+impl Capture {
+    fn of(format: &AccessFormat) -> Capture {
+        match format {
+            AccessFormat::Template(t) => Capture {
+                host: t.parts.contains(&Part::Field(Field::Host)),
+                headers: t.headers(),
+            },
+            _ => Capture::default(),
+        }
+    }
 }
 
 /// One request's line, before formatting.
@@ -71,12 +93,41 @@ pub struct Entry {
     received: Option<u64>,
     /// From the request head to the end of the response; for a tunnel, to its close.
     total: Duration,
+    /// From the response head to the end of the response, for a backend's.
+    response: Duration,
+    /// `[request_id]`: the request's ID, and the trace id.
+    id: Option<Box<str>>,
+    trace_id: Option<Box<str>>,
+    /// `{host}`, when the format has it: the Host without its port.
+    host: Option<HeaderValue>,
+    /// The format's `{http_NAME}` headers, in its order.
+    headers: Vec<Option<HeaderValue>>,
 }
 
 impl Entry {
-    /// Taken when the request head has arrived.
-    fn start(req: &RequestHead, client: SocketAddr) -> Box<Entry> {
+    /// Taken when the request head arrived, `at`.
+    fn start(
+        req: &RequestHead,
+        client: SocketAddr,
+        at: Instant,
+        id: Option<&RequestId>,
+        capture: &Capture,
+    ) -> Box<Entry> {
         let value = |v: Option<&[u8]>| v.and_then(|v| HeaderValue::from_bytes(v).ok());
+        let host = capture
+            .host
+            .then(|| value(req.host().map(crate::http1::request::host_without_port)))
+            .flatten();
+        let headers = capture
+            .headers
+            .iter()
+            .map(|name| match name.as_str() {
+                // Not among the lines: the parser keeps them apart.
+                "host" => value(req.host()),
+                "x-forwarded-for" => value(req.forwarded_for.as_deref()),
+                name => value(req.header_values(name).next()),
+            })
+            .collect();
         Box::new(Entry {
             client,
             method: req.method.clone(),
@@ -84,12 +135,17 @@ impl Entry {
             version: req.version,
             referer: value(req.referer()),
             user_agent: value(req.user_agent()),
-            start: Instant::now(),
+            start: at,
             status: 0,
             upstream: None,
             bytes: 0,
             received: None,
             total: Duration::ZERO,
+            response: Duration::ZERO,
+            id: id.map(|i| i.id.clone()),
+            trace_id: id.and_then(|i| i.trace_id.clone()),
+            host,
+            headers,
         })
     }
 
@@ -106,8 +162,16 @@ impl Entry {
 pub struct Pending(Option<(Box<Entry>, Rc<Batch>)>);
 
 impl Pending {
-    pub fn start(req: &RequestHead, client: SocketAddr, batch: &Rc<Batch>) -> Pending {
-        Pending(Some((Entry::start(req, client), batch.clone())))
+    /// The entry of a request whose head arrived `at`.
+    pub fn start(
+        req: &RequestHead,
+        client: SocketAddr,
+        batch: &Rc<Batch>,
+        at: Instant,
+        id: Option<&RequestId>,
+    ) -> Pending {
+        let entry = Entry::start(req, client, at, id, &batch.handle.capture);
+        Pending(Some((entry, batch.clone())))
     }
 
     /// The response is here: the entry goes on with the response body.
@@ -142,6 +206,8 @@ enum Msg {
 pub struct AccessHandle {
     tx: SyncSender<Msg>,
     dropped: Arc<AtomicU64>,
+    /// What the format reads of each request.
+    capture: Arc<Capture>,
 }
 
 impl AccessHandle {
@@ -173,7 +239,11 @@ impl Batch {
     }
 
     fn push(&self, mut e: Box<Entry>) {
-        e.total = e.start.elapsed();
+        let now = Instant::now();
+        e.total = now.saturating_duration_since(e.start);
+        if let Some(u) = &e.upstream {
+            e.response = now.saturating_duration_since(u.timing.responded);
+        }
         let mut entries = self.entries.borrow_mut();
         entries.push(*e);
         if entries.len() >= BATCH {
@@ -210,13 +280,18 @@ impl AccessLog {
         let out = Output::open(&config.target)?;
         let (tx, rx) = sync_channel(QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
-        let format = config.format;
+        let format = config.format.clone();
+        let capture = Arc::new(Capture::of(&format));
         let counted = dropped.clone();
         let thread = std::thread::Builder::new()
             .name("pinlb-log".into())
             .spawn(move || write_loop(rx, out, format, counted))?;
         Ok(AccessLog {
-            handle: AccessHandle { tx, dropped },
+            handle: AccessHandle {
+                tx,
+                dropped,
+                capture,
+            },
             thread: Some(thread),
         })
     }
@@ -293,7 +368,7 @@ fn write_loop(rx: Receiver<Msg>, mut out: Output, format: AccessFormat, dropped:
                     let now = SystemTime::now();
                     for e in entries {
                         line.clear();
-                        format_entry(&mut line, &e, format, now, &mut clock);
+                        format_entry(&mut line, &e, &format, now, &mut clock);
                         if let Err(err) = out.write_all(line.as_bytes()) {
                             error!("access log: write failed: {err}");
                         }
@@ -374,13 +449,11 @@ impl Clock {
 fn format_entry(
     out: &mut String,
     e: &Entry,
-    format: AccessFormat,
+    format: &AccessFormat,
     now: SystemTime,
     clock: &mut Clock,
 ) {
     let target = e.target.as_str();
-    let upstream_time = e.upstream.map(|u| u.upstream_time.as_secs_f64());
-    let total = e.total.as_secs_f64();
     match format {
         AccessFormat::Combined => {
             // nginx's combined format, then the backend and the two times (seconds, ms
@@ -407,7 +480,7 @@ fn format_entry(
                 Some(u) => {
                     out.push_str(clock.addr(u.backend));
                     out.push(' ');
-                    seconds_into(out, u.upstream_time);
+                    seconds_into(out, u.timing.upstream());
                 }
                 None => out.push_str("- -"),
             }
@@ -418,11 +491,15 @@ fn format_entry(
                 out.push(' ');
                 out.push_str(itoa::Buffer::new().format(n));
             }
-            if let Some(u) = e.upstream.filter(|u| !u.queue_time.is_zero()) {
+            if let Some(u) = e.upstream.filter(|u| !u.timing.queue.is_zero()) {
                 // A request that waited in the upstream's queue: named, since only those
                 // have it.
                 out.push_str(" queue=");
-                seconds_into(out, u.queue_time);
+                seconds_into(out, u.timing.queue);
+            }
+            if let Some(id) = &e.id {
+                out.push_str(" id=");
+                out.push_str(id);
             }
             out.push('\n');
         }
@@ -430,6 +507,9 @@ fn format_entry(
             let text = |v: Option<&HeaderValue>| {
                 v.map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             };
+            let t = e.upstream.map(|u| u.timing);
+            let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+            let us = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
             let v = serde_json::json!({
                 "time": humantime::format_rfc3339_millis(now).to_string(),
                 "client": e.client.ip().to_string(),
@@ -439,15 +519,117 @@ fn format_entry(
                 "status": e.status,
                 "bytes": e.bytes,
                 "backend": e.upstream.map(|u| u.backend.to_string()),
-                "upstream_time": upstream_time,
-                "queue_time": e.upstream.map(|u| u.queue_time.as_secs_f64()),
-                "total_time": total,
+                "upstream_time": secs(t.map(|t| t.upstream())),
+                "queue_time": secs(t.map(|t| t.queue)),
+                "total_time": e.total.as_secs_f64(),
                 "bytes_received": e.received,
                 "referer": text(e.referer.as_ref()),
                 "user_agent": text(e.user_agent.as_ref()),
+                "request_id": e.id.as_deref(),
+                "trace_id": e.trace_id.as_deref(),
+                "upstream_connect_time": secs(t.map(|t| t.connect.unwrap_or_default())),
+                "upstream_header_time": secs(t.map(|t| t.attempt())),
+                "upstream_response_time": secs(t.map(|t| t.upstream() + e.response)),
+                "upstream_reused": t.map(|t| t.connect.is_none()),
+                "proxy_time": secs(t.map(|t| t.proxy())),
+                "queue_us": us(t.map(|t| t.queue)),
+                "connect_us": us(t.map(|t| t.connect.unwrap_or_default())),
+                "header_us": us(t.map(|t| t.header)),
+                "response_us": us(t.map(|_| e.response)),
+                "total_us": us(Some(e.total)),
+                "proxy_us": us(t.map(|t| t.proxy())),
             });
             let _ = writeln!(out, "{v}");
         }
+        AccessFormat::Template(t) => {
+            let mut headers = e.headers.iter();
+            for part in &t.parts {
+                match part {
+                    Part::Text(s) => out.push_str(s),
+                    Part::Field(f) => field_into(out, e, f, &mut headers, now, clock),
+                }
+            }
+            out.push('\n');
+        }
+    }
+}
+
+/// One `{field}` of a template line; `-` where the request has no such value.
+fn field_into<'a>(
+    out: &mut String,
+    e: &'a Entry,
+    field: &Field,
+    headers: &mut impl Iterator<Item = &'a Option<HeaderValue>>,
+    now: SystemTime,
+    clock: &mut Clock,
+) {
+    let t = e.upstream.map(|u| u.timing);
+    let opt_secs = |out: &mut String, d: Option<Duration>| match d {
+        Some(d) => seconds_into(out, d),
+        None => out.push('-'),
+    };
+    let opt_us = |out: &mut String, d: Option<Duration>| match d {
+        Some(d) => out.push_str(itoa::Buffer::new().format(d.as_micros())),
+        None => out.push('-'),
+    };
+    match field {
+        Field::ClientIp => out.push_str(clock.ip(e.client.ip())),
+        Field::ClientPort => out.push_str(itoa::Buffer::new().format(e.client.port())),
+        Field::TimeLocal => out.push_str(clock.clf(now)),
+        Field::TimeIso8601 => {
+            let _ = write!(out, "{}", humantime::format_rfc3339_millis(now));
+        }
+        Field::Msec => {
+            let d = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default();
+            let _ = write!(out, "{}.{:03}", d.as_secs(), d.subsec_millis());
+        }
+        Field::Request => {
+            escape_into(out, e.method.as_str().as_bytes());
+            out.push(' ');
+            escape_into(out, e.target.as_bytes());
+            out.push(' ');
+            out.push_str(version(e.version));
+        }
+        Field::Method => escape_into(out, e.method.as_str().as_bytes()),
+        Field::Uri => escape_into(out, e.target.as_bytes()),
+        Field::Protocol => out.push_str(version(e.version)),
+        Field::Host => header_into(out, e.host.as_ref()),
+        Field::Status => out.push_str(itoa::Buffer::new().format(e.status)),
+        Field::Bytes => out.push_str(itoa::Buffer::new().format(e.bytes)),
+        Field::Header(_) => header_into(out, headers.next().and_then(Option::as_ref)),
+        Field::RequestId => out.push_str(e.id.as_deref().unwrap_or("-")),
+        Field::TraceId => out.push_str(e.trace_id.as_deref().unwrap_or("-")),
+        Field::RequestTime => seconds_into(out, e.total),
+        Field::UpstreamAddr => match e.upstream {
+            Some(u) => out.push_str(clock.addr(u.backend)),
+            None => out.push('-'),
+        },
+        Field::UpstreamStatus => match e.upstream {
+            Some(_) => out.push_str(itoa::Buffer::new().format(e.status)),
+            None => out.push('-'),
+        },
+        Field::UpstreamConnectTime => opt_secs(out, t.map(|t| t.connect.unwrap_or_default())),
+        Field::UpstreamHeaderTime => opt_secs(out, t.map(|t| t.attempt())),
+        Field::UpstreamResponseTime => opt_secs(out, t.map(|t| t.upstream() + e.response)),
+        Field::UpstreamReused => match t {
+            Some(t) => out.push(if t.connect.is_none() { '1' } else { '0' }),
+            None => out.push('-'),
+        },
+        Field::QueueTime => opt_secs(out, t.map(|t| t.queue)),
+        Field::ProxyTime => opt_secs(out, t.map(|t| t.proxy())),
+        Field::Micros(span) => opt_us(
+            out,
+            match span {
+                Span::Queue => t.map(|t| t.queue),
+                Span::Connect => t.map(|t| t.connect.unwrap_or_default()),
+                Span::Header => t.map(|t| t.header),
+                Span::Response => t.map(|_| e.response),
+                Span::Total => Some(e.total),
+                Span::Proxy => t.map(|t| t.proxy()),
+            },
+        ),
     }
 }
 
@@ -561,15 +743,24 @@ mod tests {
         let req = crate::http1::request::parse_request(&mut buf, &Default::default())
             .unwrap()
             .unwrap();
-        let mut e = *Entry::start(&req, "10.0.0.7:5555".parse().unwrap());
+        let client = "10.0.0.7:5555".parse().unwrap();
+        let mut e = *Entry::start(&req, client, Instant::now(), None, &Capture::default());
         e.status = 200;
         e.bytes = 12;
         e.upstream = Some(Upstreamed {
             backend: "127.0.0.1:8881".parse().unwrap(),
-            upstream_time: Duration::from_micros(1500),
-            queue_time: Duration::ZERO,
+            timing: Timing {
+                queue: Duration::ZERO,
+                before: Duration::from_micros(20),
+                retried: Duration::ZERO,
+                connect: Some(Duration::from_micros(180)),
+                write: Duration::from_micros(10),
+                header: Duration::from_micros(1310),
+                responded: Instant::now(),
+            },
         });
         e.total = Duration::from_micros(2400);
+        e.response = Duration::from_micros(900);
         e
     }
 
@@ -580,7 +771,7 @@ mod tests {
         format_entry(
             &mut s,
             &entry(),
-            AccessFormat::Combined,
+            &AccessFormat::Combined,
             t,
             &mut Clock::default(),
         );
@@ -594,14 +785,14 @@ mod tests {
     fn a_request_that_waited_in_the_queue_has_its_queue_time_in_both_formats() {
         let mut e = entry();
         if let Some(u) = &mut e.upstream {
-            u.queue_time = Duration::from_millis(250);
+            u.timing.queue = Duration::from_millis(250);
         }
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000);
         let mut s = String::new();
-        format_entry(&mut s, &e, AccessFormat::Combined, t, &mut Clock::default());
+        format_entry(&mut s, &e, &AccessFormat::Combined, t, &mut Clock::default());
         assert!(s.ends_with(" 0.002 0.002 queue=0.250\n"), "{s}");
         let mut j = String::new();
-        format_entry(&mut j, &e, AccessFormat::Json, t, &mut Clock::default());
+        format_entry(&mut j, &e, &AccessFormat::Json, t, &mut Clock::default());
         let v: serde_json::Value = serde_json::from_str(&j).unwrap();
         assert_eq!(v["queue_time"], 0.25);
     }
@@ -648,7 +839,7 @@ mod tests {
         format_entry(
             &mut s,
             &entry(),
-            AccessFormat::Json,
+            &AccessFormat::Json,
             SystemTime::UNIX_EPOCH,
             &mut Clock::default(),
         );
@@ -664,5 +855,37 @@ mod tests {
         assert_eq!(v["total_time"], 0.0024);
         assert_eq!(v["referer"], serde_json::Value::Null);
         assert_eq!(v["time"], "1970-01-01T00:00:00.000Z");
+        assert_eq!(v["queue_us"], 0);
+        assert_eq!(v["connect_us"], 180);
+        assert_eq!(v["upstream_reused"], false);
+        assert_eq!(v["header_us"], 1310);
+        assert_eq!(v["response_us"], 900);
+        assert_eq!(v["total_us"], 2400);
+        assert_eq!(v["proxy_us"], 30);
+        assert_eq!(v["upstream_header_time"], 0.0015);
+        assert_eq!(v["request_id"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn a_template_writes_its_fields_in_nginx_units_and_dashes_for_what_is_missing() {
+        let t = crate::config::AccessTemplate::parse(
+            "{remote_addr} \"{request}\" {status} {request_time} {upstream_connect_time} \
+             {upstream_header_time} {upstream_response_time} {proxy_us} {upstream_reused} \
+             {request_id} {http_user_agent} {http_x_nope} {{}}",
+        )
+        .unwrap();
+        let mut s = String::new();
+        let mut e = entry();
+        e.headers = vec![None, None];
+        let t = AccessFormat::Template(Arc::new(t));
+        format_entry(&mut s, &e, &t, SystemTime::UNIX_EPOCH, &mut Clock::default());
+        assert_eq!(
+            s,
+            "10.0.0.7 \"GET /a?b=c HTTP/1.1\" 200 0.002 0.000 0.002 0.002 30 0 - - - {}\n"
+        );
+        e.upstream = None;
+        s.clear();
+        format_entry(&mut s, &e, &t, SystemTime::UNIX_EPOCH, &mut Clock::default());
+        assert_eq!(s, "10.0.0.7 \"GET /a?b=c HTTP/1.1\" 200 0.002 - - - - - - - - {}\n");
     }
 }

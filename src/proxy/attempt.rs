@@ -1,6 +1,8 @@
 //! One attempt at one backend, in the upstream's protocol: a connection (pooled or new) or an
 //! HTTP/2 stream, the request head and body, the response head; and how an attempt fails.
 
+use std::time::{Duration, Instant};
+
 use http::StatusCode;
 use tracing::debug;
 
@@ -20,6 +22,18 @@ pub(crate) struct Plan<'a> {
     pub resendable: bool,
     /// The request asks to switch protocols, and the upstream lets it.
     pub upgrade: bool,
+    /// The request's spans are measured (see `proxy::timing`).
+    pub timed: bool,
+}
+
+/// What an attempt that got its response head measured of itself, for `proxy::timing`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spans {
+    /// Its connect; `None` on a pooled connection.
+    pub connect: Option<Duration>,
+    /// When its request head was written (handed to hyper, for HTTP/2); read only when the
+    /// spans are measured.
+    pub sent: Option<Instant>,
 }
 
 /// How one attempt at one backend failed.
@@ -65,12 +79,13 @@ pub(crate) async fn attempt(
     plan: &Plan<'_>,
     req: &Outgoing<'_>,
     body: &mut RequestBody<'_, impl DownstreamBody>,
-) -> Result<(client::Head, Conn), Failure> {
+) -> Result<(client::Head, Conn, Spans), Failure> {
     let &Plan {
         timeouts,
         framing,
         resendable,
         upgrade,
+        timed,
     } = plan;
     let addr = upstream.shared.backends[backend].address;
     // The connect is boxed: its state (the wait for a connect slot, the timers) stays out of
@@ -85,6 +100,7 @@ pub(crate) async fn attempt(
         conn.expect_upgrade(upgrade);
         let exchange = async {
             conn.write_head(req, framing, timeouts.send).await?;
+            let sent = timed.then(Instant::now);
             if !body.is_empty() {
                 let chunked = framing == RequestFraming::Chunked;
                 let early = body
@@ -100,16 +116,21 @@ pub(crate) async fn attempt(
                     }
                     // The backend answered before it had the whole request. The rest is not
                     // sent, and the connection, its request left incomplete, carries no other.
-                    return Ok(client::Head {
+                    let head = client::Head {
                         keep_alive: false,
                         ..head
-                    });
+                    };
+                    return Ok((head, sent));
                 }
             }
-            conn.read_head_within(req.method, timeouts.response).await
+            let head = conn.read_head_within(req.method, timeouts.response).await?;
+            Ok((head, sent))
         };
         match exchange.await {
-            Ok(head) => return Ok((head, conn)),
+            Ok((head, sent)) => {
+                let connect = (!conn.reused).then_some(conn.connected_in);
+                return Ok((head, conn, Spans { connect, sent }));
+            }
             Err(e) if conn.reused && e.is_stale() && resendable && body.replayable() => {
                 debug!(backend = %addr, "stale pooled connection ({e}), reconnecting");
                 conn = Box::pin(upstream.connect(backend, timeouts.connect))
@@ -135,12 +156,16 @@ pub(crate) async fn attempt_h2(
     (
         http::Response<hyper::body::Incoming>,
         crate::upstream::h2::Stream,
+        Spans,
     ),
     Failure,
 > {
     let shared = &upstream.shared;
     let &Plan {
-        timeouts, framing, ..
+        timeouts,
+        framing,
+        timed,
+        ..
     } = plan;
     let addr = shared.backends[backend].address;
     let length = match framing {
@@ -149,10 +174,12 @@ pub(crate) async fn attempt_h2(
     };
     let mut again = true;
     loop {
+        let begun = timed.then(Instant::now);
         let opened = upstream
             .open_stream(backend, timeouts.connect)
             .await
             .map_err(|cause| Failure::Connect(cause.into()))?;
+        let connect = begun.filter(|_| opened.new).map(|b| b.elapsed());
         let (feed, outbound) = crate::upstream::h2::channel(body.is_empty());
         let tls = shared.tls(backend).is_some();
         let request = crate::upstream::h2::request(req, length, tls, outbound).map_err(|e| {
@@ -162,6 +189,7 @@ pub(crate) async fn attempt_h2(
             )))
         })?;
         let mut send = opened.send;
+        let sent = timed.then(Instant::now);
         let response = send.send_request(request);
         let mut response = std::pin::pin!(response);
         let early = if body.is_empty() {
@@ -180,7 +208,10 @@ pub(crate) async fn attempt_h2(
         match response {
             // The feed goes with the response: a body the backend answered before it had
             // whole stays open (unended) until the response is over, then resets.
-            Ok(response) => return Ok((response, opened.stream.with_feed(feed))),
+            Ok(response) => {
+                let spans = Spans { connect, sent };
+                return Ok((response, opened.stream.with_feed(feed), spans));
+            }
             Err(e) if again && unprocessed(&e) && body.replayable() => {
                 debug!(backend = %addr, "HTTP/2 stream not processed ({e}), sending it again");
                 again = false;

@@ -18,11 +18,12 @@ use crate::http1::client::{self, Outgoing, UpstreamBody, UpstreamError};
 use crate::http1::common::Reply;
 use crate::http1::request::{ClientError, RequestHead};
 use crate::proxy::accesslog::Upstreamed;
-use crate::proxy::attempt::{Failure, Plan, attempt, attempt_h2};
+use crate::proxy::attempt::{Failure, Plan, Spans, attempt, attempt_h2};
 use crate::proxy::body::{ProxyBody, Release, h2_reply};
 use crate::proxy::downstream::{Downstream, DownstreamBody, forwarded_for};
 use crate::proxy::error::{ProxyError, error_response};
 use crate::proxy::request_body::RequestBody;
+use crate::proxy::timing::Timing;
 use crate::sys::summed::summed_warn;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::local::WorkerUpstream;
@@ -62,11 +63,14 @@ pub struct DownstreamRequest<'a, B> {
     pub body: &'a mut B,
     /// Set when the parser refused the request: it is answered at once, never forwarded.
     pub refused: Option<ClientError>,
+    /// Lines pinlb adds to the request (its ID, a started traceparent); empty for most.
+    pub added: &'a [u8],
 }
 
 /// Forwards one request, or answers its `refused` at once. Never fails: every failure becomes
-/// an error response. With `log`, a response from a backend comes with its [`Upstreamed`] for
-/// the access log.
+/// an error response. With `at` (when the head arrived; given when the access log,
+/// `Server-Timing` or `/metrics` reads the request's times), a response from a backend comes
+/// with its [`Upstreamed`]: which backend, and where the time went.
 ///
 /// The request goes upstream as HTTP/1.1, origin-form, with Host first and X-Forwarded-For and
 /// X-Forwarded-Proto last. The parser already left out the hop-by-hop headers and Expect:
@@ -76,7 +80,7 @@ pub async fn handle(
     upstream: Rc<WorkerUpstream>,
     downstream: Rc<Downstream>,
     limits: Limits,
-    log: bool,
+    at: Option<Instant>,
     request: DownstreamRequest<'_, impl DownstreamBody>,
 ) -> Answer {
     let DownstreamRequest {
@@ -84,11 +88,21 @@ pub async fn handle(
         overrides,
         body,
         refused,
+        added,
     } = request;
     let method = &head.method;
     let forwarded = match refused {
         Some(e) => Err(ProxyError::Downstream(e)),
-        None => forward(&upstream, &downstream, &limits, head, overrides, body, log).await,
+        None => {
+            let request = DownstreamRequest {
+                head,
+                overrides,
+                body,
+                refused: None,
+                added,
+            };
+            forward(&upstream, &downstream, &limits, request, at).await
+        }
     };
     match forwarded {
         Ok((response, upstreamed)) => Answer {
@@ -126,6 +140,7 @@ fn outgoing<'a>(
     forwarded_for: &'a [u8],
     upgrade_on: bool,
     joined: &'a mut Vec<u8>,
+    added: &'a [u8],
 ) -> Outgoing<'a> {
     Outgoing {
         method: &head.method,
@@ -154,6 +169,7 @@ fn outgoing<'a>(
             _ => b"",
         },
         forwarded_for,
+        added,
         https: downstream.https,
     }
 }
@@ -174,11 +190,16 @@ async fn forward(
     upstream: &Rc<WorkerUpstream>,
     downstream: &Downstream,
     limits: &Limits,
-    head: &RequestHead,
-    overrides: Option<&Overrides>,
-    body: &mut impl DownstreamBody,
-    log: bool,
+    request: DownstreamRequest<'_, impl DownstreamBody>,
+    at: Option<Instant>,
 ) -> Result<Responded, ProxyError> {
+    let DownstreamRequest {
+        head,
+        overrides,
+        body,
+        added,
+        ..
+    } = request;
     let framing = body.framing();
     let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), downstream);
     let shared = &*upstream.shared;
@@ -196,6 +217,7 @@ async fn forward(
         &forwarded_for,
         upgrade_on,
         &mut joined,
+        added,
     );
     let retry = &shared.config.retry;
     let mut body = RequestBody::new(body, retry.buffer, limits);
@@ -206,6 +228,7 @@ async fn forward(
         // kept whole.
         resendable: retry.non_idempotent || is_idempotent(&head.method),
         upgrade: upgrade_on && head.upgrade_lines().is_some(),
+        timed: at.is_some(),
     };
 
     // nginx's proxy_next_upstream: a failed attempt moves on to the next backend, each backend
@@ -237,7 +260,14 @@ async fn forward(
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
+        let first = first_try.is_none();
         let started = *first_try.get_or_insert_with(Instant::now);
+        // The answering attempt's start, for its spans; a later attempt reads the clock only
+        // when they are wanted.
+        let begun = match (first, at) {
+            (false, Some(_)) => Instant::now(),
+            _ => started,
+        };
         let sent = ewma.then(Instant::now);
         let addr = shared.backends[backend].address;
         let backend_host = host_from_backend.then(|| addr.to_string());
@@ -246,19 +276,31 @@ async fn forward(
             ..base
         };
         // What is recorded of every response, whichever protocol brought it.
-        let served = |status, guard: &InFlight| {
-            guard
-                .answered(shared, status, sent, started, log)
-                .map(|upstream_time| Upstreamed {
-                    backend: addr,
-                    upstream_time,
-                    queue_time,
-                })
+        let served = |status, guard: &InFlight, spans: Spans| {
+            let now = guard.answered(shared, status, sent, started, at.is_some())?;
+            let timing = at.map(|at| Timing {
+                queue: queue_time,
+                before: started.saturating_duration_since(at).saturating_sub(queue_time),
+                retried: begun.saturating_duration_since(started),
+                connect: spans.connect,
+                write: spans
+                    .sent
+                    .unwrap_or(begun)
+                    .saturating_duration_since(begun)
+                    .saturating_sub(spans.connect.unwrap_or_default()),
+                header: now.saturating_duration_since(spans.sent.unwrap_or(begun)),
+                responded: now,
+            })?;
+            guard.proxied(shared, timing.proxy());
+            Some(Upstreamed {
+                backend: addr,
+                timing,
+            })
         };
         let failure = match shared.config.protocol {
             Protocol::Http1 => match attempt(upstream, backend, &plan, &out, &mut body).await {
-                Ok((answer, conn)) => {
-                    let served = served(answer.status, &guard);
+                Ok((answer, conn, spans)) => {
+                    let served = served(answer.status, &guard, spans);
                     let release = Release::new(guard, answer.keep_alive, upstream.clone(), backend);
                     let body = ProxyBody::Upstream {
                         body: UpstreamBody::new(conn, &answer),
@@ -272,8 +314,8 @@ async fn forward(
             // HTTP/1.1 request copies.
             Protocol::H2c | Protocol::H2 => {
                 match Box::pin(attempt_h2(upstream, backend, &plan, &out, &mut body)).await {
-                    Ok((response, stream)) => {
-                        let served = served(response.status(), &guard);
+                    Ok((response, stream, spans)) => {
+                        let served = served(response.status(), &guard, spans);
                         let reply = h2_reply(response, &head.method, (guard, stream));
                         return Ok((reply, served));
                     }

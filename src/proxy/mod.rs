@@ -2,6 +2,8 @@
 //! `proxy_next_upstream` rules), stream back, map errors to 502/503/504; and the access log.
 //!
 //! - [`downstream`]: the client as the proxy sees it (address, trust, TLS) and its request body.
+//! - [`timing`]: where a request's time went, and its `Server-Timing` header.
+//! - [`request_id`]: the request's ID and W3C trace id, on both sides and in the log.
 //! - [`accesslog`]: the access log, formatted and written by its own thread.
 //! - [`body`]: a response's body (a backend's, streamed, or pinlb's own) and local replies.
 //! - [`error`]: why a request got no backend's answer, and the status each cause maps to.
@@ -16,3 +18,5 @@ pub(crate) mod downstream;
 pub(crate) mod error;
 pub(crate) mod forward;
 pub(crate) mod request_body;
+pub(crate) mod request_id;
+pub(crate) mod timing;

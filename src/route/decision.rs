@@ -9,7 +9,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::StatusCode;
 
-use crate::config::{Http2, Limits, PathMatch, RouteAction, Template, TemplatePart, Variable};
+use crate::config::{
+    Http2, Limits, PathMatch, RequestIds, RouteAction, Template, TemplatePart, Variable,
+};
 use crate::http1::common::ERROR_PAGE_TYPE;
 use crate::http1::common::Reply;
 use crate::http1::request::RequestHead;
@@ -35,6 +37,12 @@ pub(crate) struct Route {
     pub redirect_https: Cell<bool>,
     /// `h2c`: a connection that begins with the HTTP/2 preface speaks HTTP/2.
     pub h2c: Cell<bool>,
+    /// Its requests' times are measured (`proxy::timing`): the access log, `/metrics` or
+    /// `Server-Timing` reads them. Decided once per generation, so a request of a listener
+    /// that needs none reads the clock for none.
+    pub timed: Cell<bool>,
+    /// `server_timing`: its responses say where the time went (a route may decide otherwise).
+    pub server_timing: Cell<bool>,
     /// `[[listener.route]]`, compiled; empty for a listener whose requests all go to `upstream`.
     pub routes: RefCell<Rc<Routes>>,
 }
@@ -83,6 +91,8 @@ pub(crate) struct Edits {
     pub request: Overrides,
     /// `response_headers`: the names dropped from the response, and the lines added.
     pub response: Option<(Vec<String>, Vec<u8>)>,
+    /// The route's own `server_timing`, over the listener's.
+    pub server_timing: Option<bool>,
 }
 
 impl Edits {
@@ -185,11 +195,13 @@ impl Route {
                         timeouts,
                     },
                     response,
+                    server_timing: rule.server_timing,
                 };
                 let changes = edits.request.path.is_some()
                     || edits.request.lines.is_some()
                     || edits.request.timeouts.is_some()
-                    || edits.response.is_some();
+                    || edits.response.is_some()
+                    || edits.server_timing.is_some();
                 Decision::Proxy(upstream, changes.then(|| Box::new(edits)))
             }
             RouteAction::Redirect { status, location } => {
@@ -250,6 +262,7 @@ fn response_edits(rule: &crate::config::RouteRule, cx: &Context, reply: &mut Rep
     let edits = Edits {
         request: Overrides::default(),
         response: response_edit(rule, cx),
+        server_timing: None,
     };
     edits.edit_response(reply);
 }
@@ -311,6 +324,8 @@ pub(crate) struct DownstreamRules {
     pub trusted: Vec<ipnet::IpNet>,
     pub limits: Limits,
     pub http2: Http2,
+    /// `[request_id]`, when request IDs are on.
+    pub request_ids: Option<RequestIds>,
 }
 
 impl DownstreamRules {

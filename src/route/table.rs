@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use crate::config::{HostPattern, RouteRule};
 use crate::http1::path::normalize;
+pub use crate::http1::request::host_without_port;
 use crate::http1::request::RequestHead;
 
 /// The longest Host name matched by table lookup; a longer one (no DNS name is) matches only
@@ -136,15 +137,6 @@ fn host_name(host: &[u8]) -> &[u8] {
     name.strip_suffix(b".").unwrap_or(name)
 }
 
-/// A Host value without its port: `example.com:8080` → `example.com`, `[::1]:8080` → `[::1]`.
-pub fn host_without_port(host: &[u8]) -> &[u8] {
-    let end = match host.iter().rposition(|&b| b == b':') {
-        // An IPv6 literal's colons are inside its brackets.
-        Some(i) if !host[i..].contains(&b']') => i,
-        _ => host.len(),
-    };
-    &host[..end]
-}
 
 #[cfg(test)]
 mod tests {

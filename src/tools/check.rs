@@ -402,6 +402,7 @@ pub fn describe(config: &Config) -> String {
                 match a.format {
                     AccessFormat::Combined => "combined",
                     AccessFormat::Json => "json",
+                    AccessFormat::Template(_) => "template",
                 }
             );
         }

@@ -137,6 +137,12 @@ pub struct BackendStats {
     pub response_time: Histogram,
     /// Each active health probe, from connect to the end of the body.
     pub check_time: Histogram,
+    /// The proxy's own share of each request this backend answered, while the request's spans
+    /// are measured (see `proxy::timing`): `pinlb_proxy_added_seconds`, summed per upstream.
+    pub proxy_added: Histogram,
+    /// Each new connection's connect (and TLS handshake), the wait for a `max_connecting`
+    /// slot included.
+    pub connect_time: Histogram,
     /// Attempts that failed here and went on to another backend (nginx's
     /// `proxy_next_upstream`).
     pub retries: AtomicU64,

@@ -192,8 +192,10 @@ pub fn request(
         .map_err(|e| format!("cannot send {authority:?}{path:?} over HTTP/2: {e}"))?;
     let mut headers: HeaderMap = header_map(req.lines);
     headers.remove(HOST);
-    for (name, value) in &header_map(req.trusted_lines) {
-        headers.append(name.clone(), value.clone());
+    for lines in [req.trusted_lines, req.added] {
+        for (name, value) in &header_map(lines) {
+            headers.append(name.clone(), value.clone());
+        }
     }
     if let Ok(v) = HeaderValue::from_bytes(req.forwarded_for) {
         headers.insert("x-forwarded-for", v);

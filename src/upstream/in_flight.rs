@@ -43,7 +43,8 @@ impl InFlight {
     /// Records the backend's response to this request: a status in `fail_on_status` counts as
     /// a passive failure, any other as a success (the trial's brings a skipped backend back);
     /// `ewma` takes the time since `sent`; `/metrics` counts the status and the time since
-    /// `started`, the request's first attempt. Returns that time when `log` asks for it.
+    /// `started`, the request's first attempt. Returns the instant the clock was read at, when
+    /// `/metrics` or `timed` (the request's spans are wanted) read it.
     #[inline(always)]
     pub fn answered(
         &self,
@@ -51,8 +52,8 @@ impl InFlight {
         status: StatusCode,
         sent: Option<Instant>,
         started: Instant,
-        log: bool,
-    ) -> Option<Duration> {
+        timed: bool,
+    ) -> Option<Instant> {
         let state = &*self.state;
         if upstream
             .config
@@ -68,12 +69,24 @@ impl InFlight {
             state.observe_response_time(sent.elapsed(), upstream.config.ewma_decay);
         }
         // The clock is read only when something uses it.
-        let elapsed = (upstream.counting || log).then(|| started.elapsed());
-        if let (true, Some(elapsed)) = (upstream.counting, elapsed) {
+        let now = (upstream.counting || timed).then(Instant::now);
+        if let (true, Some(now)) = (upstream.counting, now) {
             state.stats.response(status.as_u16());
-            state.stats.response_time.observe(elapsed);
+            state
+                .stats
+                .response_time
+                .observe(now.saturating_duration_since(started));
         }
-        elapsed.filter(|_| log)
+        now
+    }
+
+    /// Records, for `/metrics`, the proxy's own share of a request this backend answered
+    /// (`pinlb_proxy_added_seconds`).
+    #[inline]
+    pub fn proxied(&self, upstream: &SharedUpstream, proxy: Duration) {
+        if upstream.counting {
+            self.state.stats.proxy_added.observe(proxy);
+        }
     }
 
     /// Records a failed attempt: `/metrics` counts its kind, the passive checks a failure.

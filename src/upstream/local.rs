@@ -163,6 +163,7 @@ impl WorkerUpstream {
         timeout: Duration,
     ) -> Result<h2::Opened, String> {
         let shared = &*self.shared;
+        let begun = shared.counting.then(Instant::now);
         let opened = self.multiplexed[backend]
             .open(
                 shared.backends[backend].address,
@@ -174,6 +175,9 @@ impl WorkerUpstream {
         if shared.counting {
             let stats = &shared.backends[backend].stats;
             let counter = if opened.new {
+                if let Some(begun) = begun {
+                    stats.connect_time.observe(begun.elapsed());
+                }
                 &stats.connections_opened
             } else {
                 &stats.connections_reused
@@ -217,10 +221,11 @@ impl WorkerUpstream {
             )));
         };
         let started_ms = clock_ms();
+        let begun = Instant::now();
         // The wait for a slot comes out of the connect's own budget (the TLS handshake after
         // it keeps a whole one, as nginx gives it).
         let left = timeout.saturating_sub(waited);
-        let conn = match connect(state.address, left, shared.tls(backend)).await {
+        let mut conn = match connect(state.address, left, shared.tls(backend)).await {
             Ok(conn) => {
                 state.connecting.connected(clock_ms());
                 conn
@@ -239,9 +244,12 @@ impl WorkerUpstream {
             }
             Err(e) => return Err(e),
         };
+        // The wait for a slot is part of what it took to connect.
+        conn.connected_in = begun.elapsed() + waited;
         if shared.counting {
             let stats = &shared.backends[backend].stats;
             stats.connections_opened.fetch_add(1, Ordering::Relaxed);
+            stats.connect_time.observe(conn.connected_in);
         }
         Ok(conn)
     }

@@ -715,9 +715,19 @@ impl Builder {
             p => conf_path(d, p),
         };
         self.log.insert("access".into(), Value::String(target));
-        self.log
-            .insert("format".into(), Value::String(pinlb_format.into()));
         let mut lost = Vec::new();
+        // A line format of nginx's own (not JSON) becomes a template of the same fields.
+        let template = format
+            .filter(|_| pinlb_format == "combined")
+            .map(|f| log_template(&f.args[1..], &mut lost));
+        let pinlb_format = match &template {
+            Some(_) => "template",
+            None => pinlb_format,
+        };
+        self.log.insert(
+            "format".into(),
+            Value::String(template.unwrap_or_else(|| pinlb_format.into())),
+        );
         match (name.map(String::as_str), format) {
             (None | Some("combined"), _) => {}
             (Some(n), None) => {
@@ -727,6 +737,7 @@ impl Builder {
                     d.args.join(" ")
                 ));
             }
+            (Some(_), Some(_)) if pinlb_format == "template" => {}
             (Some(_), Some(f)) => {
                 for v in variables(&f.args[1..].join(" ")) {
                     if !carried.contains(&v.as_str()) && !lost.contains(&format!("${v}")) {
@@ -1392,6 +1403,59 @@ const JSON_FIELDS: [&str; 14] = [
     "http_referer",
     "http_user_agent",
 ];
+
+/// A `log_format`'s strings (after its name; nginx joins them as they are) as a pinlb
+/// template: `$name` and `${name}` become `{name}` where pinlb has that field
+/// (`config::log_format`), and `-` where it does not, so the line keeps its columns; those are
+/// added to `lost`. Literal braces are doubled.
+fn log_template(args: &[String], lost: &mut Vec<String>) -> String {
+    let text: String = args
+        .iter()
+        .filter(|a| !a.starts_with("escape="))
+        .map(String::as_str)
+        .collect();
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(c) = rest.chars().next() {
+        let body = rest.strip_prefix('$').map(|b| {
+            let braced = b.starts_with('{');
+            let inner = if braced { &b[1..] } else { b };
+            let end = inner
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(inner.len());
+            let closed = !braced || inner[end..].starts_with('}');
+            (
+                &inner[..end],
+                &inner[end + usize::from(braced && closed)..],
+            )
+        });
+        match body {
+            Some((name, after)) if !name.is_empty() => {
+                if crate::config::log_format::Field::named(name).is_some() {
+                    out.push('{');
+                    out.push_str(name);
+                    out.push('}');
+                } else {
+                    out.push('-');
+                    let v = format!("${name}");
+                    if !lost.contains(&v) {
+                        lost.push(v);
+                    }
+                }
+                rest = after;
+            }
+            _ => {
+                match c {
+                    '{' => out.push_str("{{"),
+                    '}' => out.push_str("}}"),
+                    c => out.push(c),
+                }
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+    }
+    out
+}
 
 /// The variables a `log_format` string names: `$name` and `${name}`.
 fn variables(format: &str) -> Vec<String> {

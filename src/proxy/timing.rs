@@ -1,0 +1,152 @@
+//! Where one proxied request's time went, measured once on the monotonic clock, and the
+//! `Server-Timing` header made of it.
+//!
+//! The request meets these instants: its head arrives (`t0`); it may wait in the upstream's
+//! queue; the first attempt begins; failed attempts, if any, end and the answering attempt `a`
+//! begins; its connection is ready (pooled, or connected in `connect`); the request head is
+//! written (`s`); the response head is read (`h`); the response's last byte is written to the
+//! client (`e`). Of those spans:
+//!
+//! | field      | span                         | nginx / HAProxy                                  |
+//! |------------|------------------------------|--------------------------------------------------|
+//! | `queue`    | the wait in the queue        | HAProxy's Tw                                     |
+//! | `connect`  | the answering attempt's      | nginx's `$upstream_connect_time` (0 when reused),|
+//! |            | connect; none when pooled    | HAProxy's Tc                                     |
+//! | `header`   | `s` to `h`                   | HAProxy's Tr; nginx's `$upstream_header_time` is |
+//! |            |                              | `a` to `h`, the connect and the write included   |
+//! | `response` | `h` to `e`                   | HAProxy's Td                                     |
+//! | `total`    | `t0` to `e`                  | nginx's `$request_time`, HAProxy's Ta            |
+//!
+//! The proxy's own share is what is left of `total` once the waits on others are taken out:
+//! the queue, failed attempts (`retried`), the connect, the backend's `header` time, and the
+//! `response`'s relay, which streams and so waits on the backend's next bytes and on the client
+//! taking them. What is left is pinlb's work before the request reaches the backend: the route,
+//! the pick, the pool, the head written (`before` + `write`). The same number is the log's
+//! `proxy_time`, `Server-Timing`'s `pinlb`, and `pinlb_proxy_added_seconds`.
+//!
+//! All of this is measured only when something reads it (the access log, `Server-Timing`, or
+//! `/metrics`): a request on a listener with none of them reads the clock no more than before.
+
+use std::time::{Duration, Instant};
+
+/// One proxied request's spans up to its response head; the response's relay is measured
+/// when it ends (see the module documentation).
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// In the upstream's queue, before the first attempt.
+    pub queue: Duration,
+    /// From the head's arrival to the first attempt, less the queue: the route and the pick.
+    pub before: Duration,
+    /// From the first attempt to the one that answered: attempts that failed.
+    pub retried: Duration,
+    /// The answering attempt's connect (for TLS, the handshake too); `None` when it went on a
+    /// pooled connection (HTTP/2: an open connection's new stream).
+    pub connect: Option<Duration>,
+    /// From the answering attempt's connection being ready to its request head written.
+    pub write: Duration,
+    /// From the request head written to the response head read: the backend's time, with the
+    /// request body's upload when there is one.
+    pub header: Duration,
+    /// When the response head was read.
+    pub responded: Instant,
+}
+
+impl Timing {
+    /// The proxy's own share up to the response head: everything but the waits on others.
+    pub fn proxy(&self) -> Duration {
+        self.before + self.write
+    }
+
+    /// From the first attempt to the response head (the access log's `upstream_time`).
+    pub fn upstream(&self) -> Duration {
+        self.retried + self.connect.unwrap_or_default() + self.write + self.header
+    }
+
+    /// The answering attempt, from its start to the response head: nginx's
+    /// `$upstream_header_time`.
+    pub fn attempt(&self) -> Duration {
+        self.connect.unwrap_or_default() + self.write + self.header
+    }
+
+    /// The time waited on backends up to the response head: the connects and the backend's
+    /// answer, with failed attempts (`Server-Timing`'s `upstream`).
+    pub fn waited(&self) -> Duration {
+        self.retried + self.connect.unwrap_or_default() + self.header
+    }
+
+    /// `server-timing: pinlb;dur=0.052, upstream;dur=20.113\r\n` (milliseconds, as the header
+    /// wants them), with `queue;dur=…` first when the request waited in the queue. The same
+    /// figures as the access log's `proxy_time` and the backend's waits, so that a browser's
+    /// devtools or `curl -w` and the log agree.
+    pub fn server_timing_line(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"server-timing: ");
+        if !self.queue.is_zero() {
+            out.extend_from_slice(b"queue;dur=");
+            millis_into(out, self.queue);
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(b"pinlb;dur=");
+        millis_into(out, self.proxy());
+        out.extend_from_slice(b", upstream;dur=");
+        millis_into(out, self.waited());
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Milliseconds with microsecond resolution: `0.052`, `20.113`.
+fn millis_into(out: &mut Vec<u8>, d: Duration) {
+    let us = d.as_micros();
+    out.extend_from_slice(itoa::Buffer::new().format(us / 1000).as_bytes());
+    out.push(b'.');
+    let frac = us % 1000;
+    if frac < 100 {
+        out.push(b'0');
+    }
+    if frac < 10 {
+        out.push(b'0');
+    }
+    out.extend_from_slice(itoa::Buffer::new().format(frac).as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing() -> Timing {
+        Timing {
+            queue: Duration::ZERO,
+            before: Duration::from_micros(30),
+            retried: Duration::ZERO,
+            connect: None,
+            write: Duration::from_micros(22),
+            header: Duration::from_micros(20_113),
+            responded: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn the_proxys_share_is_what_is_not_waiting_on_others() {
+        let mut t = timing();
+        t.connect = Some(Duration::from_micros(140));
+        t.retried = Duration::from_millis(3);
+        assert_eq!(t.proxy(), Duration::from_micros(52));
+        assert_eq!(t.waited(), Duration::from_micros(3_000 + 140 + 20_113));
+        assert_eq!(t.upstream(), Duration::from_micros(3_000 + 140 + 22 + 20_113));
+        assert_eq!(t.attempt(), Duration::from_micros(140 + 22 + 20_113));
+    }
+
+    #[test]
+    fn server_timing_has_milliseconds_with_microsecond_resolution() {
+        let mut out = Vec::new();
+        timing().server_timing_line(&mut out);
+        assert_eq!(out, b"server-timing: pinlb;dur=0.052, upstream;dur=20.113\r\n");
+        let mut queued = timing();
+        queued.queue = Duration::from_micros(1_500_007);
+        out.clear();
+        queued.server_timing_line(&mut out);
+        assert_eq!(
+            out,
+            b"server-timing: queue;dur=1500.007, pinlb;dur=0.052, upstream;dur=20.113\r\n"
+        );
+    }
+}
