@@ -1347,3 +1347,27 @@ async fn with_pings_on_a_client_that_never_reads_is_closed_and_its_backend_let_g
         "no PING: {seen:?}"
     );
 }
+
+/// The request path's timing and IDs reach HTTP/2 clients as they reach HTTP/1.1 ones
+/// (tests/timing.rs has the rest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_get_server_timing_and_request_ids_too() {
+    let a = Backend::start_with_delay("a", Duration::from_millis(5)).await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.listener_keys = "h2c = true\nserver_timing = true\n".into();
+    setup.extra = "[request_id]\nenabled = true\n".into();
+    let proxy = Proxy::start(&setup);
+    let mut send = h2_client(proxy.addr).await;
+    let r = fetch(&mut send, req(Method::GET, "/h2", empty())).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let id = r.headers["x-request-id"].to_str().unwrap();
+    assert_eq!(a.requests()[0].headers["x-request-id"], id);
+    let st = r.headers["server-timing"].to_str().unwrap();
+    let upstream: f64 = st
+        .split(',')
+        .find_map(|m| m.trim().strip_prefix("upstream;dur="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(upstream >= 5.0, "{st}");
+}

@@ -105,6 +105,42 @@ fn the_access_log_is_off_by_default_and_its_format_is_checked() {
 }
 
 #[test]
+fn a_log_template_is_parsed_and_an_unknown_field_is_pointed_at() {
+    let log = parse(&format!(
+        "{MINIMAL}[log]\naccess = \"stdout\"\nformat = '{{remote_addr}} {{status}}'\n"
+    ))
+    .unwrap()
+    .access_log
+    .unwrap();
+    assert!(matches!(log.format, AccessFormat::Template(_)));
+    let e = err(&format!(
+        "{MINIMAL}[log]\naccess = \"stdout\"\nformat = '{{status}} {{upstream_tim}}'\n"
+    ));
+    // The column of the unknown field itself.
+    assert!(
+        e.starts_with("pinlb.toml:10:20: log.format: unknown field {upstream_tim}, expected one of remote_addr"),
+        "{e}"
+    );
+}
+
+#[test]
+fn request_ids_follow_the_access_log_unless_told() {
+    assert_eq!(parse(MINIMAL).unwrap().request_ids, None);
+    let logged = format!("{MINIMAL}[log]\naccess = \"stdout\"\n");
+    let ids = parse(&logged).unwrap().request_ids.unwrap();
+    assert_eq!((ids.header.as_str(), ids.traceparent), ("x-request-id", false));
+    let off = format!("{logged}[request_id]\nenabled = false\n");
+    assert_eq!(parse(&off).unwrap().request_ids, None);
+    let on = format!("{MINIMAL}[request_id]\nenabled = true\nheader = \"X-Req\"\ntraceparent = true\n");
+    let ids = parse(&on).unwrap().request_ids.unwrap();
+    assert_eq!((ids.header.as_str(), ids.traceparent), ("x-req", true));
+    assert_eq!(
+        err(&format!("{MINIMAL}[request_id]\nheader = \"bad name\"\n")),
+        "pinlb.toml:9:10: request_id.header: \"bad name\" is not a header name, expected one such as X-Request-ID"
+    );
+}
+
+#[test]
 fn minimal_config_takes_defaults() {
     let c = parse(MINIMAL).unwrap();
     assert_eq!(c.runtime.cpus, ALLOWED);

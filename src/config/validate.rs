@@ -1580,9 +1580,6 @@ pub(super) fn request_ids(
     let Some(raw) = raw else {
         return Ok(logging.then(RequestIds::default));
     };
-    if !raw.enabled.as_ref().map_or(logging, |v| *v.get_ref()) {
-        return Ok(None);
-    }
     let mut ids = RequestIds::default();
     if let Some(h) = &raw.header {
         let name = h.get_ref();
@@ -1596,7 +1593,8 @@ pub(super) fn request_ids(
         ids.header = name.to_ascii_lowercase();
     }
     ids.traceparent = raw.traceparent.as_ref().is_some_and(|v| *v.get_ref());
-    Ok(Some(ids))
+    let enabled = raw.enabled.as_ref().map_or(logging, |v| *v.get_ref());
+    Ok(enabled.then_some(ids))
 }
 
 /// `[log]`: `format` only with `access`.
