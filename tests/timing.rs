@@ -67,12 +67,20 @@ async fn a_slow_backends_time_is_its_own_and_server_timing_agrees_with_the_log()
         // bar's 20-22 ms is measured in benches/timing.sh, not here).
         assert!(header >= 0.020, "{line}");
         let proxy_us = v["proxy_us"].as_u64().unwrap();
-        assert!(proxy_us < 1_000, "the proxy's own time is under 1 ms: {line}");
+        assert!(
+            proxy_us < 1_000,
+            "the proxy's own time is under 1 ms: {line}"
+        );
         assert!(v["header_us"].as_u64().unwrap() >= 20_000, "{line}");
         // Server-Timing has the log's own figures, to the microsecond.
         assert_eq!((pinlb * 1000.0).round() as u64, proxy_us, "{line}");
         let waited = v["connect_us"].as_u64().unwrap() + v["header_us"].as_u64().unwrap();
-        assert_eq!((upstream * 1000.0).round() as u64, waited, "{line}");
+        // A sum of two figures each cut to whole microseconds: within 1 µs of the one.
+        let upstream_us = (upstream * 1000.0).round() as u64;
+        assert!(
+            upstream_us.abs_diff(waited) <= 1,
+            "{upstream_us} µs in {line}"
+        );
         // The first request connected; the others went on the pooled connection.
         assert_eq!(v["upstream_reused"], i > 0, "{line}");
         assert_eq!(v["connect_us"].as_u64().unwrap() > 0, i == 0, "{line}");
@@ -95,8 +103,10 @@ async fn a_template_writes_nginx_named_fields() {
     let proxy = Proxy::start(&setup);
     let mut conn = Conn::open(proxy.addr).await;
     let mut req = request(Method::GET, "/t?x=1", body::empty());
-    req.headers_mut().insert("x-custom", "hello".parse().unwrap());
-    req.headers_mut().insert("host", "shop.test:8080".parse().unwrap());
+    req.headers_mut()
+        .insert("x-custom", "hello".parse().unwrap());
+    req.headers_mut()
+        .insert("host", "shop.test:8080".parse().unwrap());
     let r = conn.fetch(req).await;
     assert_eq!(r.status, StatusCode::OK);
     let id = r.headers["x-request-id"].to_str().unwrap().to_string();
@@ -111,7 +121,11 @@ async fn a_template_writes_nginx_named_fields() {
     assert_eq!(f[6], a.addr.to_string());
     for time in &f[7..11] {
         let (s, ms) = time.split_once('.').unwrap();
-        assert!(s.parse::<u64>().is_ok() && ms.len() == 3, "{time} in {}", lines[0]);
+        assert!(
+            s.parse::<u64>().is_ok() && ms.len() == 3,
+            "{time} in {}",
+            lines[0]
+        );
     }
     assert!(f[11].parse::<u64>().is_ok());
     assert_eq!(f[12], id);
@@ -143,7 +157,10 @@ async fn a_request_id_reaches_the_backend_comes_back_and_is_in_the_log() {
     bad.headers_mut()
         .insert("x-request-id", "has space".parse().unwrap());
     let replaced = conn.fetch(bad).await;
-    let replaced_id = replaced.headers["x-request-id"].to_str().unwrap().to_string();
+    let replaced_id = replaced.headers["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
     assert_eq!(replaced_id.len(), 32);
     drop(conn);
     let seen: Vec<Vec<String>> = a
@@ -214,7 +231,10 @@ async fn a_traceparent_passes_through_and_is_started_when_asked() {
         .insert("traceparent", tp.parse().unwrap());
     assert_eq!(conn.fetch(traced).await.status, StatusCode::OK);
     let started = conn.get("/").await;
-    let id = started.headers["x-request-id"].to_str().unwrap().to_string();
+    let id = started.headers["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
     drop(conn);
     let reqs = a.requests();
     assert_eq!(reqs[0].headers["traceparent"], tp);
@@ -224,7 +244,11 @@ async fn a_traceparent_passes_through_and_is_started_when_asked() {
     assert_eq!((fields[0], fields[1], fields[3]), ("00", id.as_str(), "01"));
     assert_eq!(fields[2].len(), 16);
     let lines = lines_after(proxy, &path).await;
-    assert!(lines[0].starts_with("4bf92f3577b34da6a3ce929d0e0e4736 "), "{}", lines[0]);
+    assert!(
+        lines[0].starts_with("4bf92f3577b34da6a3ce929d0e0e4736 "),
+        "{}",
+        lines[0]
+    );
     assert_eq!(lines[1], format!("{id} {id}"));
 }
 
@@ -232,14 +256,17 @@ async fn a_traceparent_passes_through_and_is_started_when_asked() {
 async fn a_routes_server_timing_overrides_the_listeners() {
     let a = Backend::start("a").await;
     let mut setup = Setup::with(&[a.addr]);
-    setup.extra = "[[listener.route]]\npath = \"/timed\"\nupstream = \"app\"\nserver_timing = true\n"
-        .into();
+    setup.extra =
+        "[[listener.route]]\npath = \"/timed\"\nupstream = \"app\"\nserver_timing = true\n".into();
     let proxy = Proxy::start(&setup);
     let timed = get(proxy.addr, "/timed/x").await;
     assert!(server_timing(&timed, "pinlb") < 1000.0);
     let plain = get(proxy.addr, "/other").await;
     assert!(plain.headers.get("server-timing").is_none());
-    assert!(plain.headers.get("x-request-id").is_none(), "off without a log");
+    assert!(
+        plain.headers.get("x-request-id").is_none(),
+        "off without a log"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,5 +288,8 @@ async fn metrics_have_the_proxys_added_time_per_upstream_and_connect_times_per_b
     assert!(sum > 0.0 && sum < 0.004, "under 1 ms each: {sum}");
     let backend = format!("upstream=\"app\",backend=\"{}\"", a.addr);
     // One connection, reused for the rest.
-    assert_eq!(m.value("pinlb_backend_connect_seconds_count", &backend), 1.0);
+    assert_eq!(
+        m.value("pinlb_backend_connect_seconds_count", &backend),
+        1.0
+    );
 }

@@ -187,9 +187,7 @@ impl AccessTemplate {
                     let Some(field) = Field::named(name.trim()) else {
                         return Err(TemplateError {
                             at: i,
-                            message: format!(
-                                "unknown field {{{name}}}, expected one of {FIELDS}"
-                            ),
+                            message: format!("unknown field {{{name}}}, expected one of {FIELDS}"),
                         });
                     };
                     if !text.is_empty() {
@@ -249,7 +247,8 @@ mod tests {
 
     #[test]
     fn fields_and_text_alternate_and_braces_double() {
-        let t = AccessTemplate::parse("{remote_addr} {{x}} \"{request}\" {http_x_real_ip}").unwrap();
+        let t =
+            AccessTemplate::parse("{remote_addr} {{x}} \"{request}\" {http_x_real_ip}").unwrap();
         assert_eq!(
             t.parts,
             [
@@ -267,7 +266,10 @@ mod tests {
     fn an_unknown_field_is_named_with_where_it_is_and_what_exists() {
         let e = AccessTemplate::parse("{status} {nope}").unwrap_err();
         assert_eq!(e.at, 9);
-        assert!(e.message.starts_with("unknown field {nope}, expected one of remote_addr"));
+        assert!(
+            e.message
+                .starts_with("unknown field {nope}, expected one of remote_addr")
+        );
         assert_eq!(AccessTemplate::parse("{status").unwrap_err().at, 0);
         assert_eq!(AccessTemplate::parse("a } b {status}").unwrap_err().at, 2);
         assert!(AccessTemplate::parse("no fields").is_err());

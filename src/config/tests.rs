@@ -128,10 +128,14 @@ fn request_ids_follow_the_access_log_unless_told() {
     assert_eq!(parse(MINIMAL).unwrap().request_ids, None);
     let logged = format!("{MINIMAL}[log]\naccess = \"stdout\"\n");
     let ids = parse(&logged).unwrap().request_ids.unwrap();
-    assert_eq!((ids.header.as_str(), ids.traceparent), ("x-request-id", false));
+    assert_eq!(
+        (ids.header.as_str(), ids.traceparent),
+        ("x-request-id", false)
+    );
     let off = format!("{logged}[request_id]\nenabled = false\n");
     assert_eq!(parse(&off).unwrap().request_ids, None);
-    let on = format!("{MINIMAL}[request_id]\nenabled = true\nheader = \"X-Req\"\ntraceparent = true\n");
+    let on =
+        format!("{MINIMAL}[request_id]\nenabled = true\nheader = \"X-Req\"\ntraceparent = true\n");
     let ids = parse(&on).unwrap().request_ids.unwrap();
     assert_eq!((ids.header.as_str(), ids.traceparent), ("x-req", true));
     assert_eq!(

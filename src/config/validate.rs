@@ -13,13 +13,13 @@ use toml::Spanned;
 use super::error::{ConfigError, ConfigErrors, Source};
 use super::raw::{
     RawAdmin, RawBackend, RawForwarded, RawHealth, RawHttp2, RawLimits, RawListener, RawLog,
-    RawPassive, RawRequestId, RawResolve, RawResolver, RawRetry, RawRuntime, RawSpawn, RawTimeouts, RawTls,
-    RawUpstream, RawUpstreamTls, Size, positive,
+    RawPassive, RawRequestId, RawResolve, RawResolver, RawRetry, RawRuntime, RawSpawn, RawTimeouts,
+    RawTls, RawUpstream, RawUpstreamTls, Size, positive,
 };
 use super::{
-    AccessFormat, AccessLog, AccessTarget, AccessTemplate, Admin, Algorithm, Backend, DnsName, HashKey, Health,
-    Http2, Limits, Listener, NamedBackend, Passive, Protocol, RequestIds, Resolve, Resolver, Retry, Runtime,
-    Spawn, Timeouts, Upgrade, Upstream,
+    AccessFormat, AccessLog, AccessTarget, AccessTemplate, Admin, Algorithm, Backend, DnsName,
+    HashKey, Health, Http2, Limits, Listener, NamedBackend, Passive, Protocol, RequestIds, Resolve,
+    Resolver, Retry, Runtime, Spawn, Timeouts, Upgrade, Upstream,
 };
 use crate::http1::request::RequestLimits;
 use crate::sys::cpus::format_cpu_list;

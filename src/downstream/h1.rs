@@ -47,10 +47,10 @@ use crate::http1::common::{
 };
 use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::proxy::accesslog::{Batch, Logged, Pending};
-use crate::proxy::request_id::RequestId;
 use crate::proxy::body::{ProxyBody, Upgraded};
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, Answer, DownstreamRequest};
+use crate::proxy::request_id::RequestId;
 use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
 use crate::sys::summed::summed_warn;
 use crate::upstream::counters::{ListenerStats, Source, TlsFailure};
@@ -698,7 +698,7 @@ impl Connection {
             .batch
             .as_ref()
             .zip(at)
-            .map(|(batch, at)| Pending::start(&head, self.peer, batch, at, id.as_deref()));
+            .map(|(batch, at)| Pending::start(&head, self.peer, batch, at, id.as_ref()));
         let (upstream, edits, local) = match refused {
             // A refused head is answered as such, whatever the routes say.
             Some(_) => (self.route.upstream.borrow().clone(), None, None),
@@ -736,7 +736,7 @@ impl Connection {
                     overrides: edits.as_ref().map(|e| &e.request),
                     body: &mut client_body,
                     refused,
-                    added: id.as_ref().map_or(&[][..], |i| &i.upstream_lines),
+                    added: id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
                 },
             ));
             let gone = std::future::poll_fn(|cx| poll_client_gone(&self.stream, &watch, cx));
@@ -805,13 +805,13 @@ impl Connection {
         }
     }
 
-    /// The request's ID, when `[request_id]` is on. Boxed: the exchange's state carries a
-    /// pointer, not the ID.
+    /// The request's ID, when `[request_id]` is on. Behind a pointer: the exchange's state
+    /// carries that, not the ID, and the access log's entry shares it.
     #[inline]
-    fn request_id(&self, head: &mut RequestHead) -> Option<Box<RequestId>> {
+    fn request_id(&self, head: &mut RequestHead) -> Option<Arc<RequestId>> {
         let rules = self.route.rules.borrow();
         let config = rules.request_ids.as_ref()?;
-        Some(Box::new(RequestId::of(head, config)))
+        Some(Arc::new(RequestId::of(head, config)))
     }
 
     /// The listener's limits now, and who the client is under its rules now: made again only

@@ -29,6 +29,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -52,10 +53,10 @@ use crate::http1::client::UpstreamError;
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply, RequestFraming, error_page, header_map};
 use crate::http1::request::{ClientError, RequestHead, parse_request};
 use crate::proxy::accesslog::{Batch, Logged, Pending};
-use crate::proxy::request_id::RequestId;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, DownstreamRequest};
+use crate::proxy::request_id::RequestId;
 use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
 use crate::sys::exec::LocalExec;
 use crate::sys::summed::summed_warn;
@@ -417,7 +418,7 @@ impl Shared {
         let id = rules
             .request_ids
             .as_ref()
-            .map(|config| RequestId::of(&mut head, config));
+            .map(|config| Arc::new(RequestId::of(&mut head, config)));
         let pending = self
             .batch
             .as_ref()
@@ -457,7 +458,7 @@ impl Shared {
                 overrides: edits.as_ref().map(|e| &e.request),
                 body: &mut body,
                 refused,
-                added: id.as_ref().map_or(&[][..], |i| &i.upstream_lines),
+                added: id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
             },
         )
         .await;

@@ -62,6 +62,27 @@ struct Capture {
     headers: Vec<String>,
 }
 
+impl Captured {
+    fn of(req: &RequestHead, capture: &Capture) -> Captured {
+        let value = |v: Option<&[u8]>| v.and_then(|v| HeaderValue::from_bytes(v).ok());
+        let host = capture
+            .host
+            .then(|| value(req.host().map(crate::http1::request::host_without_port)))
+            .flatten();
+        let headers = capture
+            .headers
+            .iter()
+            .map(|name| match name.as_str() {
+                // Not among the lines: the parser keeps them apart.
+                "host" => value(req.host()),
+                "x-forwarded-for" => value(req.forwarded_for.as_deref()),
+                name => value(req.header_values(name).next()),
+            })
+            .collect();
+        Captured { host, headers }
+    }
+}
+
 impl Capture {
     fn of(format: &AccessFormat) -> Capture {
         match format {
@@ -86,6 +107,8 @@ pub struct Entry {
     user_agent: Option<HeaderValue>,
     start: Instant,
     status: u16,
+    /// Out of the proxy's box, which is freed here on the worker: memory freed by another
+    /// thread than the one that took it costs more.
     upstream: Option<Upstreamed>,
     /// Response body bytes sent to the client; for a tunnel, every byte relayed to it.
     bytes: u64,
@@ -95,10 +118,16 @@ pub struct Entry {
     total: Duration,
     /// From the response head to the end of the response, for a backend's.
     response: Duration,
-    /// `[request_id]`: the request's ID, and the trace id.
-    id: Option<Box<str>>,
-    trace_id: Option<Box<str>>,
-    /// `{host}`, when the format has it: the Host without its port.
+    /// `[request_id]`: the request's ID and trace id, shared with the request.
+    id: Option<Arc<RequestId>>,
+    /// What only some formats read; `None` for the others.
+    captured: Option<Box<Captured>>,
+}
+
+/// What a template reads of a request beyond every entry's fields.
+#[derive(Debug, Default)]
+struct Captured {
+    /// `{host}`: the Host without its port.
     host: Option<HeaderValue>,
     /// The format's `{http_NAME}` headers, in its order.
     headers: Vec<Option<HeaderValue>>,
@@ -110,24 +139,12 @@ impl Entry {
         req: &RequestHead,
         client: SocketAddr,
         at: Instant,
-        id: Option<&RequestId>,
+        id: Option<&Arc<RequestId>>,
         capture: &Capture,
     ) -> Box<Entry> {
         let value = |v: Option<&[u8]>| v.and_then(|v| HeaderValue::from_bytes(v).ok());
-        let host = capture
-            .host
-            .then(|| value(req.host().map(crate::http1::request::host_without_port)))
-            .flatten();
-        let headers = capture
-            .headers
-            .iter()
-            .map(|name| match name.as_str() {
-                // Not among the lines: the parser keeps them apart.
-                "host" => value(req.host()),
-                "x-forwarded-for" => value(req.forwarded_for.as_deref()),
-                name => value(req.header_values(name).next()),
-            })
-            .collect();
+        let captured = (capture.host || !capture.headers.is_empty())
+            .then(|| Box::new(Captured::of(req, capture)));
         Box::new(Entry {
             client,
             method: req.method.clone(),
@@ -142,10 +159,8 @@ impl Entry {
             received: None,
             total: Duration::ZERO,
             response: Duration::ZERO,
-            id: id.map(|i| i.id.clone()),
-            trace_id: id.and_then(|i| i.trace_id.clone()),
-            host,
-            headers,
+            id: id.cloned(),
+            captured,
         })
     }
 
@@ -168,7 +183,7 @@ impl Pending {
         client: SocketAddr,
         batch: &Rc<Batch>,
         at: Instant,
-        id: Option<&RequestId>,
+        id: Option<&Arc<RequestId>>,
     ) -> Pending {
         let entry = Entry::start(req, client, at, id, &batch.handle.capture);
         Pending(Some((entry, batch.clone())))
@@ -178,10 +193,10 @@ impl Pending {
     pub fn responded(
         mut self,
         status: http::StatusCode,
-        upstream: Option<Upstreamed>,
+        upstream: Option<Box<Upstreamed>>,
     ) -> Option<(Box<Entry>, Rc<Batch>)> {
         let (mut e, batch) = self.0.take()?;
-        e.responded(status, upstream);
+        e.responded(status, upstream.map(|u| *u));
         Some((e, batch))
     }
 }
@@ -406,26 +421,53 @@ fn write_loop(rx: Receiver<Msg>, mut out: Output, format: AccessFormat, dropped:
 struct Clock {
     second: u64,
     clf: String,
-    ips: std::collections::HashMap<std::net::IpAddr, String>,
-    addrs: std::collections::HashMap<SocketAddr, String>,
+    ips: Formatted<std::net::IpAddr>,
+    addrs: Formatted<SocketAddr>,
 }
 
 /// Most distinct addresses each cache keeps before starting over.
 const CACHED: usize = 4096;
 
+/// Addresses as text, formatted once each: the last one asked for is kept apart, since lines
+/// in a row mostly name the same client and backend, and looking it up again would cost a hash.
+struct Formatted<K> {
+    map: std::collections::HashMap<K, String>,
+    last: Option<K>,
+    text: String,
+}
+
+impl<K> Default for Formatted<K> {
+    fn default() -> Self {
+        Formatted {
+            map: std::collections::HashMap::new(),
+            last: None,
+            text: String::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Copy + std::fmt::Display> Formatted<K> {
+    fn get(&mut self, k: K) -> &str {
+        if self.last != Some(k) {
+            if self.map.len() >= CACHED && !self.map.contains_key(&k) {
+                self.map.clear();
+            }
+            let text = self.map.entry(k).or_insert_with(|| k.to_string());
+            self.text.clear();
+            self.text.push_str(text);
+            self.last = Some(k);
+        }
+        &self.text
+    }
+}
+
 impl Clock {
     fn ip(&mut self, ip: std::net::IpAddr) -> &str {
-        if self.ips.len() >= CACHED && !self.ips.contains_key(&ip) {
-            self.ips.clear();
-        }
-        self.ips.entry(ip).or_insert_with(|| ip.to_string())
+        self.ips.get(ip)
     }
 
     fn addr(&mut self, addr: SocketAddr) -> &str {
-        if self.addrs.len() >= CACHED && !self.addrs.contains_key(&addr) {
-            self.addrs.clear();
-        }
-        self.addrs.entry(addr).or_insert_with(|| addr.to_string())
+        self.addrs.get(addr)
     }
 
     fn clf(&mut self, now: SystemTime) -> &str {
@@ -476,7 +518,7 @@ fn format_entry(
             out.push_str("\" \"");
             header_into(out, e.user_agent.as_ref());
             out.push_str("\" ");
-            match e.upstream {
+            match &e.upstream {
                 Some(u) => {
                     out.push_str(clock.addr(u.backend));
                     out.push(' ');
@@ -491,7 +533,7 @@ fn format_entry(
                 out.push(' ');
                 out.push_str(itoa::Buffer::new().format(n));
             }
-            if let Some(u) = e.upstream.filter(|u| !u.timing.queue.is_zero()) {
+            if let Some(u) = e.upstream.as_ref().filter(|u| !u.timing.queue.is_zero()) {
                 // A request that waited in the upstream's queue: named, since only those
                 // have it.
                 out.push_str(" queue=");
@@ -499,59 +541,74 @@ fn format_entry(
             }
             if let Some(id) = &e.id {
                 out.push_str(" id=");
-                out.push_str(id);
+                out.push_str(id.id());
             }
             out.push('\n');
         }
-        AccessFormat::Json => {
-            let text = |v: Option<&HeaderValue>| {
-                v.map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            };
-            let t = e.upstream.map(|u| u.timing);
-            let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
-            let us = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-            let v = serde_json::json!({
-                "time": humantime::format_rfc3339_millis(now).to_string(),
-                "client": e.client.ip().to_string(),
-                "method": e.method.as_str(),
-                "path": target,
-                "protocol": version(e.version),
-                "status": e.status,
-                "bytes": e.bytes,
-                "backend": e.upstream.map(|u| u.backend.to_string()),
-                "upstream_time": secs(t.map(|t| t.upstream())),
-                "queue_time": secs(t.map(|t| t.queue)),
-                "total_time": e.total.as_secs_f64(),
-                "bytes_received": e.received,
-                "referer": text(e.referer.as_ref()),
-                "user_agent": text(e.user_agent.as_ref()),
-                "request_id": e.id.as_deref(),
-                "trace_id": e.trace_id.as_deref(),
-                "upstream_connect_time": secs(t.map(|t| t.connect.unwrap_or_default())),
-                "upstream_header_time": secs(t.map(|t| t.attempt())),
-                "upstream_response_time": secs(t.map(|t| t.upstream() + e.response)),
-                "upstream_reused": t.map(|t| t.connect.is_none()),
-                "proxy_time": secs(t.map(|t| t.proxy())),
-                "queue_us": us(t.map(|t| t.queue)),
-                "connect_us": us(t.map(|t| t.connect.unwrap_or_default())),
-                "header_us": us(t.map(|t| t.header)),
-                "response_us": us(t.map(|_| e.response)),
-                "total_us": us(Some(e.total)),
-                "proxy_us": us(t.map(|t| t.proxy())),
-            });
-            let _ = writeln!(out, "{v}");
-        }
-        AccessFormat::Template(t) => {
-            let mut headers = e.headers.iter();
-            for part in &t.parts {
-                match part {
-                    Part::Text(s) => out.push_str(s),
-                    Part::Field(f) => field_into(out, e, f, &mut headers, now, clock),
-                }
-            }
-            out.push('\n');
+        AccessFormat::Json => json_into(out, e, now),
+        AccessFormat::Template(t) => template_into(out, e, t, now, clock),
+    }
+}
+
+/// A JSON line: every field, the timings in seconds and in microseconds. Out of line: the
+/// combined format's lines do not carry its code.
+#[inline(never)]
+fn json_into(out: &mut String, e: &Entry, now: SystemTime) {
+    let target = e.target.as_str();
+    let text =
+        |v: Option<&HeaderValue>| v.map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let t = e.upstream.as_ref().map(|u| u.timing);
+    let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+    let us = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let v = serde_json::json!({
+        "time": humantime::format_rfc3339_millis(now).to_string(),
+        "client": e.client.ip().to_string(),
+        "method": e.method.as_str(),
+        "path": target,
+        "protocol": version(e.version),
+        "status": e.status,
+        "bytes": e.bytes,
+        "backend": e.upstream.as_ref().map(|u| u.backend.to_string()),
+        "upstream_time": secs(t.map(|t| t.upstream())),
+        "queue_time": secs(t.map(|t| t.queue)),
+        "total_time": e.total.as_secs_f64(),
+        "bytes_received": e.received,
+        "referer": text(e.referer.as_ref()),
+        "user_agent": text(e.user_agent.as_ref()),
+        "request_id": e.id.as_ref().map(|i| i.id()),
+        "trace_id": e.id.as_ref().and_then(|i| i.trace_id()),
+        "upstream_connect_time": secs(t.map(|t| t.connect.unwrap_or_default())),
+        "upstream_header_time": secs(t.map(|t| t.attempt())),
+        "upstream_response_time": secs(t.map(|t| t.upstream() + e.response)),
+        "upstream_reused": t.map(|t| t.connect.is_none()),
+        "proxy_time": secs(t.map(|t| t.proxy())),
+        "queue_us": us(t.map(|t| t.queue)),
+        "connect_us": us(t.map(|t| t.connect.unwrap_or_default())),
+        "header_us": us(t.map(|t| t.header)),
+        "response_us": us(t.map(|_| e.response)),
+        "total_us": us(Some(e.total)),
+        "proxy_us": us(t.map(|t| t.proxy())),
+    });
+    let _ = writeln!(out, "{v}");
+}
+
+/// A template's line. Out of line, as [`json_into`].
+#[inline(never)]
+fn template_into(
+    out: &mut String,
+    e: &Entry,
+    t: &crate::config::AccessTemplate,
+    now: SystemTime,
+    clock: &mut Clock,
+) {
+    let mut headers = e.captured.iter().flat_map(|c| &c.headers);
+    for part in &t.parts {
+        match part {
+            Part::Text(s) => out.push_str(s),
+            Part::Field(f) => field_into(out, e, f, &mut headers, now, clock),
         }
     }
+    out.push('\n');
 }
 
 /// One `{field}` of a template line; `-` where the request has no such value.
@@ -563,7 +620,7 @@ fn field_into<'a>(
     now: SystemTime,
     clock: &mut Clock,
 ) {
-    let t = e.upstream.map(|u| u.timing);
+    let t = e.upstream.as_ref().map(|u| u.timing);
     let opt_secs = |out: &mut String, d: Option<Duration>| match d {
         Some(d) => seconds_into(out, d),
         None => out.push('-'),
@@ -595,18 +652,18 @@ fn field_into<'a>(
         Field::Method => escape_into(out, e.method.as_str().as_bytes()),
         Field::Uri => escape_into(out, e.target.as_bytes()),
         Field::Protocol => out.push_str(version(e.version)),
-        Field::Host => header_into(out, e.host.as_ref()),
+        Field::Host => header_into(out, e.captured.as_ref().and_then(|c| c.host.as_ref())),
         Field::Status => out.push_str(itoa::Buffer::new().format(e.status)),
         Field::Bytes => out.push_str(itoa::Buffer::new().format(e.bytes)),
         Field::Header(_) => header_into(out, headers.next().and_then(Option::as_ref)),
-        Field::RequestId => out.push_str(e.id.as_deref().unwrap_or("-")),
-        Field::TraceId => out.push_str(e.trace_id.as_deref().unwrap_or("-")),
+        Field::RequestId => out.push_str(e.id.as_ref().map_or("-", |i| i.id())),
+        Field::TraceId => out.push_str(e.id.as_ref().and_then(|i| i.trace_id()).unwrap_or("-")),
         Field::RequestTime => seconds_into(out, e.total),
-        Field::UpstreamAddr => match e.upstream {
+        Field::UpstreamAddr => match &e.upstream {
             Some(u) => out.push_str(clock.addr(u.backend)),
             None => out.push('-'),
         },
-        Field::UpstreamStatus => match e.upstream {
+        Field::UpstreamStatus => match &e.upstream {
             Some(_) => out.push_str(itoa::Buffer::new().format(e.status)),
             None => out.push('-'),
         },
@@ -646,7 +703,8 @@ fn version(v: Version) -> &'static str {
 
 /// Seconds with millisecond resolution, rounded to nearest: `0.002`, `12.345`.
 fn seconds_into(out: &mut String, d: Duration) {
-    let ms = (d.as_micros() + 500) / 1000;
+    // In u64: `as_micros`'s u128 would divide through a library call, twice per line.
+    let ms = d.as_secs() * 1000 + u64::from(d.subsec_micros() + 500) / 1000;
     out.push_str(itoa::Buffer::new().format(ms / 1000));
     out.push('.');
     let frac = ms % 1000;
@@ -789,7 +847,13 @@ mod tests {
         }
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000);
         let mut s = String::new();
-        format_entry(&mut s, &e, &AccessFormat::Combined, t, &mut Clock::default());
+        format_entry(
+            &mut s,
+            &e,
+            &AccessFormat::Combined,
+            t,
+            &mut Clock::default(),
+        );
         assert!(s.ends_with(" 0.002 0.002 queue=0.250\n"), "{s}");
         let mut j = String::new();
         format_entry(&mut j, &e, &AccessFormat::Json, t, &mut Clock::default());
@@ -876,16 +940,34 @@ mod tests {
         .unwrap();
         let mut s = String::new();
         let mut e = entry();
-        e.headers = vec![None, None];
+        e.captured = Some(Box::new(Captured {
+            host: None,
+            headers: vec![None, None],
+        }));
         let t = AccessFormat::Template(Arc::new(t));
-        format_entry(&mut s, &e, &t, SystemTime::UNIX_EPOCH, &mut Clock::default());
+        format_entry(
+            &mut s,
+            &e,
+            &t,
+            SystemTime::UNIX_EPOCH,
+            &mut Clock::default(),
+        );
         assert_eq!(
             s,
             "10.0.0.7 \"GET /a?b=c HTTP/1.1\" 200 0.002 0.000 0.002 0.002 30 0 - - - {}\n"
         );
         e.upstream = None;
         s.clear();
-        format_entry(&mut s, &e, &t, SystemTime::UNIX_EPOCH, &mut Clock::default());
-        assert_eq!(s, "10.0.0.7 \"GET /a?b=c HTTP/1.1\" 200 0.002 - - - - - - - - {}\n");
+        format_entry(
+            &mut s,
+            &e,
+            &t,
+            SystemTime::UNIX_EPOCH,
+            &mut Clock::default(),
+        );
+        assert_eq!(
+            s,
+            "10.0.0.7 \"GET /a?b=c HTTP/1.1\" 200 0.002 - - - - - - - - {}\n"
+        );
     }
 }

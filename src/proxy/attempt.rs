@@ -1,6 +1,7 @@
 //! One attempt at one backend, in the upstream's protocol: a connection (pooled or new) or an
 //! HTTP/2 stream, the request head and body, the response head; and how an attempt fails.
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -24,10 +25,13 @@ pub(crate) struct Plan<'a> {
     pub upgrade: bool,
     /// The request's spans are measured (see `proxy::timing`).
     pub timed: bool,
+    /// What the last attempt measured of itself, when `timed`: set here rather than returned,
+    /// so an attempt's result (which the plain path moves) is no larger for it.
+    pub spans: Cell<Spans>,
 }
 
 /// What an attempt that got its response head measured of itself, for `proxy::timing`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Spans {
     /// Its connect; `None` on a pooled connection.
     pub connect: Option<Duration>,
@@ -79,13 +83,14 @@ pub(crate) async fn attempt(
     plan: &Plan<'_>,
     req: &Outgoing<'_>,
     body: &mut RequestBody<'_, impl DownstreamBody>,
-) -> Result<(client::Head, Conn, Spans), Failure> {
+) -> Result<(client::Head, Conn), Failure> {
     let &Plan {
         timeouts,
         framing,
         resendable,
         upgrade,
         timed,
+        ..
     } = plan;
     let addr = upstream.shared.backends[backend].address;
     // The connect is boxed: its state (the wait for a connect slot, the timers) stays out of
@@ -128,8 +133,11 @@ pub(crate) async fn attempt(
         };
         match exchange.await {
             Ok((head, sent)) => {
-                let connect = (!conn.reused).then_some(conn.connected_in);
-                return Ok((head, conn, Spans { connect, sent }));
+                if timed {
+                    let connect = (!conn.reused).then_some(conn.connected_in);
+                    plan.spans.set(Spans { connect, sent });
+                }
+                return Ok((head, conn));
             }
             Err(e) if conn.reused && e.is_stale() && resendable && body.replayable() => {
                 debug!(backend = %addr, "stale pooled connection ({e}), reconnecting");
@@ -156,7 +164,6 @@ pub(crate) async fn attempt_h2(
     (
         http::Response<hyper::body::Incoming>,
         crate::upstream::h2::Stream,
-        Spans,
     ),
     Failure,
 > {
@@ -209,8 +216,8 @@ pub(crate) async fn attempt_h2(
             // The feed goes with the response: a body the backend answered before it had
             // whole stays open (unended) until the response is over, then resets.
             Ok(response) => {
-                let spans = Spans { connect, sent };
-                return Ok((response, opened.stream.with_feed(feed), spans));
+                plan.spans.set(Spans { connect, sent });
+                return Ok((response, opened.stream.with_feed(feed)));
             }
             Err(e) if again && unprocessed(&e) && body.replayable() => {
                 debug!(backend = %addr, "HTTP/2 stream not processed ({e}), sending it again");

@@ -6,6 +6,7 @@
 //! backend's body streams back, and the upstream connection returns to the worker's pool when the
 //! response body ends.
 
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -46,8 +47,9 @@ pub struct Overrides {
 /// The proxy's answer to one request.
 pub struct Answer {
     pub response: Reply<ProxyBody>,
-    /// For the access log, when asked for: which backend answered, and how fast.
-    pub upstreamed: Option<Upstreamed>,
+    /// When the request is timed: which backend answered, and where the time went. Boxed:
+    /// an answer that carries none (the plain path's) stays small to move.
+    pub upstreamed: Option<Box<Upstreamed>>,
     /// The client is at fault: its connection closes after the answer, since what follows on it
     /// (an unread body, a confused framing) can't be trusted.
     pub close: bool,
@@ -94,14 +96,8 @@ pub async fn handle(
     let forwarded = match refused {
         Some(e) => Err(ProxyError::Downstream(e)),
         None => {
-            let request = DownstreamRequest {
-                head,
-                overrides,
-                body,
-                refused: None,
-                added,
-            };
-            forward(&upstream, &downstream, &limits, request, at).await
+            let request = (head, overrides, added);
+            forward(&upstream, &downstream, &limits, request, body, at).await
         }
     };
     match forwarded {
@@ -184,22 +180,16 @@ fn max_tries(retry: &Retry, backends: usize) -> usize {
 }
 
 /// A response head from a backend, with the body that streams the rest.
-type Responded = (Reply<ProxyBody>, Option<Upstreamed>);
+type Responded = (Reply<ProxyBody>, Option<Box<Upstreamed>>);
 
 async fn forward(
     upstream: &Rc<WorkerUpstream>,
     downstream: &Downstream,
     limits: &Limits,
-    request: DownstreamRequest<'_, impl DownstreamBody>,
+    (head, overrides, added): (&RequestHead, Option<&Overrides>, &[u8]),
+    body: &mut impl DownstreamBody,
     at: Option<Instant>,
 ) -> Result<Responded, ProxyError> {
-    let DownstreamRequest {
-        head,
-        overrides,
-        body,
-        added,
-        ..
-    } = request;
     let framing = body.framing();
     let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), downstream);
     let shared = &*upstream.shared;
@@ -229,6 +219,7 @@ async fn forward(
         resendable: retry.non_idempotent || is_idempotent(&head.method),
         upgrade: upgrade_on && head.upgrade_lines().is_some(),
         timed: at.is_some(),
+        spans: Cell::new(Spans::default()),
     };
 
     // nginx's proxy_next_upstream: a failed attempt moves on to the next backend, each backend
@@ -276,11 +267,14 @@ async fn forward(
             ..base
         };
         // What is recorded of every response, whichever protocol brought it.
-        let served = |status, guard: &InFlight, spans: Spans| {
+        let served = |status, guard: &InFlight| {
             let now = guard.answered(shared, status, sent, started, at.is_some())?;
+            let spans = plan.spans.get();
             let timing = at.map(|at| Timing {
                 queue: queue_time,
-                before: started.saturating_duration_since(at).saturating_sub(queue_time),
+                before: started
+                    .saturating_duration_since(at)
+                    .saturating_sub(queue_time),
                 retried: begun.saturating_duration_since(started),
                 connect: spans.connect,
                 write: spans
@@ -292,15 +286,15 @@ async fn forward(
                 responded: now,
             })?;
             guard.proxied(shared, timing.proxy());
-            Some(Upstreamed {
+            Some(Box::new(Upstreamed {
                 backend: addr,
                 timing,
-            })
+            }))
         };
         let failure = match shared.config.protocol {
             Protocol::Http1 => match attempt(upstream, backend, &plan, &out, &mut body).await {
-                Ok((answer, conn, spans)) => {
-                    let served = served(answer.status, &guard, spans);
+                Ok((answer, conn)) => {
+                    let served = served(answer.status, &guard);
                     let release = Release::new(guard, answer.keep_alive, upstream.clone(), backend);
                     let body = ProxyBody::Upstream {
                         body: UpstreamBody::new(conn, &answer),
@@ -314,8 +308,8 @@ async fn forward(
             // HTTP/1.1 request copies.
             Protocol::H2c | Protocol::H2 => {
                 match Box::pin(attempt_h2(upstream, backend, &plan, &out, &mut body)).await {
-                    Ok((response, stream, spans)) => {
-                        let served = served(response.status(), &guard, spans);
+                    Ok((response, stream)) => {
+                        let served = served(response.status(), &guard);
                         let reply = h2_reply(response, &head.method, (guard, stream));
                         return Ok((reply, served));
                     }

@@ -17,18 +17,21 @@ use crate::http1::request::RequestHead;
 /// Longest ID kept from a client.
 const MAX_ID: usize = 200;
 
-/// One request's ID and trace id, and the lines pinlb adds for them on the way upstream.
+/// One request's ID and trace id, and the lines pinlb writes for them. One allocation: the
+/// lines hold the ID, which the log reads from there.
 #[derive(Debug)]
 pub struct RequestId {
-    /// The client's valid ID, or a made one.
-    pub id: Box<str>,
+    /// `NAME: ID\r\n` (the configured name, lower-case), then `traceparent: …\r\n` when one
+    /// was started.
+    lines: Vec<u8>,
+    /// The header name's length, and where the ID line ends in `lines`.
+    name_len: usize,
+    id_end: usize,
+    /// The ID was made, so its line goes upstream; a client's valid one is among the request's
+    /// own lines already.
+    made: bool,
     /// The W3C trace id, from the client's traceparent or the one started; 32 hex digits.
-    pub trace_id: Option<Box<str>>,
-    /// `x-request-id: …\r\n` when the ID was made (a client's valid one is already among the
-    /// request's lines), and `traceparent: …\r\n` when one was started.
-    pub upstream_lines: Vec<u8>,
-    /// The header's name, for the response's line.
-    header: Box<str>,
+    trace_id: Option<[u8; 32]>,
 }
 
 impl RequestId {
@@ -36,77 +39,120 @@ impl RequestId {
     /// second one, is taken out of the head's lines (as is an invalid traceparent when one
     /// is started in its place).
     pub fn of(head: &mut RequestHead, config: &RequestIds) -> RequestId {
-        let mut kept: Option<Box<str>> = None;
+        let name = config.header.as_bytes();
+        let mut kept: Option<(usize, usize)> = None;
         let mut invalid = false;
-        let mut traceparent: Option<Option<Box<str>>> = None;
-        for (name, value) in head.line_values() {
-            if name.eq_ignore_ascii_case(config.header.as_bytes()) {
+        let mut traceparent: Option<Option<[u8; 32]>> = None;
+        let lines = head.lines();
+        for (n, value) in head.line_values() {
+            if n.len() == name.len() && n.eq_ignore_ascii_case(name) {
                 match (&kept, is_valid_id(value)) {
                     (None, true) => {
-                        kept = std::str::from_utf8(value).ok().map(Into::into);
+                        let at = value.as_ptr() as usize - lines.as_ptr() as usize;
+                        kept = Some((at, at + value.len()));
                     }
                     _ => invalid = true,
                 }
-            } else if name.eq_ignore_ascii_case(b"traceparent") && traceparent.is_none() {
-                traceparent = Some(trace_id(value).map(Into::into));
+            } else if n.len() == 11 && n.eq_ignore_ascii_case(b"traceparent") {
+                traceparent.get_or_insert_with(|| trace_id(value));
             }
         }
-        // Two IDs, or a bad one: neither is trusted, and a new one replaces them.
-        if invalid {
-            kept = None;
-            head.remove_lines(config.header.as_bytes());
-        }
-        let mut upstream_lines = Vec::new();
-        let id: Box<str> = match kept {
-            Some(id) => id,
-            None => {
-                let id: Box<str> = hex(fastrand::u128(..)).into();
-                line_into(&mut upstream_lines, config.header.as_bytes(), id.as_bytes());
-                id
+        let mut out = Vec::with_capacity(name.len() + 4 + MAX_ID.min(64) + 70);
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        let made = match kept {
+            // Two IDs, or a bad one: neither is trusted, and a new one replaces them.
+            Some((from, to)) if !invalid => {
+                out.extend_from_slice(&lines[from..to]);
+                false
+            }
+            _ => {
+                if invalid {
+                    head.remove_lines(name);
+                }
+                out.extend_from_slice(&hex(fastrand::u128(..)));
+                true
             }
         };
-        let mut trace = traceparent.clone().flatten();
-        if trace.is_none() && config.traceparent {
+        out.extend_from_slice(b"\r\n");
+        let id_end = out.len();
+        let mut id = RequestId {
+            lines: out,
+            name_len: name.len(),
+            id_end,
+            made,
+            trace_id: traceparent.flatten(),
+        };
+        if id.trace_id.is_none() && config.traceparent {
             if traceparent.is_some() {
                 head.remove_lines(b"traceparent");
             }
-            let trace_id: Box<str> = if id.len() == 32 && is_trace_id(id.as_bytes()) {
-                id.to_ascii_lowercase().into()
-            } else {
-                hex(fastrand::u128(1..)).into()
-            };
-            let parent = &hex(u128::from(fastrand::u64(1..)))[16..];
-            let value = format!("00-{trace_id}-{parent}-01");
-            line_into(&mut upstream_lines, b"traceparent", value.as_bytes());
-            trace = Some(trace_id);
+            id.start_trace();
         }
-        RequestId {
-            id,
-            trace_id: trace,
-            upstream_lines,
-            header: config.header.as_str().into(),
+        id
+    }
+
+    /// Starts a W3C trace: its trace id is the request ID when that is one (32 hex digits, not
+    /// all zero), a random one otherwise.
+    #[cold]
+    fn start_trace(&mut self) {
+        let trace = match <[u8; 32]>::try_from(self.id().as_bytes()) {
+            Ok(id) if is_trace_id(&id) => id.map(|b| b.to_ascii_lowercase()),
+            _ => hex(fastrand::u128(1..)),
+        };
+        let parent = hex(u128::from(fastrand::u64(1..)));
+        self.lines.extend_from_slice(b"traceparent: 00-");
+        self.lines.extend_from_slice(&trace);
+        self.lines.push(b'-');
+        self.lines.extend_from_slice(&parent[16..]);
+        self.lines.extend_from_slice(b"-01\r\n");
+        self.trace_id = Some(trace);
+    }
+
+    /// The ID.
+    pub fn id(&self) -> &str {
+        let id = &self.lines[self.name_len + 2..self.id_end - 2];
+        // Made of hex digits, or checked by `is_valid_id`: ASCII.
+        std::str::from_utf8(id).unwrap_or_default()
+    }
+
+    /// The trace id, when the request has a trace.
+    pub fn trace_id(&self) -> Option<&str> {
+        self.trace_id
+            .as_ref()
+            .and_then(|t| std::str::from_utf8(t).ok())
+    }
+
+    /// The lines pinlb adds upstream: the ID's when it made it, and a started traceparent.
+    pub fn upstream_lines(&self) -> &[u8] {
+        if self.made {
+            &self.lines
+        } else {
+            &self.lines[self.id_end..]
         }
     }
 
     /// Adds the ID to a response's header lines, unless the backend's response has it already
     /// (a backend that echoes the ID it got sends the same one).
     pub fn respond(&self, headers: &mut Vec<u8>) {
-        let has = headers.split(|&b| b == b'\n').any(|line| {
-            line.split(|&b| b == b':')
-                .next()
-                .is_some_and(|n| n.eq_ignore_ascii_case(self.header.as_bytes()))
-        });
-        if !has {
-            line_into(headers, self.header.as_bytes(), self.id.as_bytes());
+        if !has_header(headers, &self.lines[..self.name_len]) {
+            headers.extend_from_slice(&self.lines[..self.id_end]);
         }
     }
 }
 
-fn line_into(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
+/// Whether `lines` (`name: value\r\n` each) has a line named `name` (lower-case). Looks only
+/// where the name's first letter is, in either case, as memchr finds it: most responses have
+/// none of them at the start of a line.
+fn has_header(lines: &[u8], name: &[u8]) -> bool {
+    let Some(&first) = name.first() else {
+        return false;
+    };
+    memchr::memchr2_iter(first, first.to_ascii_uppercase(), lines).any(|at| {
+        (at == 0 || lines[at - 1] == b'\n')
+            && lines.get(at + name.len()) == Some(&b':')
+            && lines[at..at + name.len()].eq_ignore_ascii_case(name)
+    })
 }
 
 /// 1 to [`MAX_ID`] bytes of letters, digits and `-_.:/+=@`: UUIDs, ULIDs, hex and base64 IDs,
@@ -120,7 +166,7 @@ pub fn is_valid_id(v: &[u8]) -> bool {
 /// The trace id of a valid W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`; a later version
 /// may add fields after those, which are ignored); `None` for an invalid one, as the
 /// specification's all-zero ids and version `ff` are.
-fn trace_id(v: &[u8]) -> Option<&str> {
+fn trace_id(v: &[u8]) -> Option<[u8; 32]> {
     let v = v.trim_ascii();
     let lower_hex = |s: &[u8]| s.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     let (version, rest) = (v.get(..2)?, v.get(2..)?);
@@ -143,7 +189,7 @@ fn trace_id(v: &[u8]) -> Option<&str> {
         _ => v.len() == 55 || v.get(55) == Some(&b'-'),
     };
     if well_formed && ends {
-        std::str::from_utf8(trace).ok()
+        trace.try_into().ok()
     } else {
         None
     }
@@ -155,8 +201,14 @@ fn is_trace_id(v: &[u8]) -> bool {
 }
 
 /// `n` as 32 lower-case hex digits.
-fn hex(n: u128) -> String {
-    format!("{n:032x}")
+fn hex(n: u128) -> [u8; 32] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (pair, b) in out.chunks_exact_mut(2).zip(n.to_be_bytes()) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
+    }
+    out
 }
 
 #[cfg(test)]
@@ -164,7 +216,8 @@ mod tests {
     use super::*;
 
     fn head(lines: &str) -> RequestHead {
-        let mut buf = bytes::BytesMut::from(format!("GET / HTTP/1.1\r\nHost: a\r\n{lines}\r\n").as_str());
+        let mut buf =
+            bytes::BytesMut::from(format!("GET / HTTP/1.1\r\nHost: a\r\n{lines}\r\n").as_str());
         crate::http1::request::parse_request(&mut buf, &Default::default())
             .unwrap()
             .unwrap()
@@ -181,8 +234,8 @@ mod tests {
     fn a_clients_valid_id_is_kept_and_not_sent_twice() {
         let mut h = head("X-Request-ID: abc-123\r\n");
         let r = RequestId::of(&mut h, &ids(false));
-        assert_eq!(&*r.id, "abc-123");
-        assert!(r.upstream_lines.is_empty());
+        assert_eq!(r.id(), "abc-123");
+        assert!(r.upstream_lines().is_empty());
         assert_eq!(h.lines(), b"X-Request-ID: abc-123\r\n");
     }
 
@@ -190,16 +243,19 @@ mod tests {
     fn a_missing_or_invalid_id_is_made_as_32_hex_digits_and_the_clients_dropped() {
         let mut h = head("x-request-id: a b\"c\r\nAccept: */*\r\n");
         let r = RequestId::of(&mut h, &ids(false));
-        assert_eq!(r.id.len(), 32);
-        assert!(r.id.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(r.id().len(), 32);
+        assert!(r.id().bytes().all(|b| b.is_ascii_hexdigit()));
         assert_eq!(h.lines(), b"Accept: */*\r\n");
-        assert_eq!(r.upstream_lines, format!("x-request-id: {}\r\n", r.id).as_bytes());
+        assert_eq!(
+            r.upstream_lines(),
+            format!("x-request-id: {}\r\n", r.id()).as_bytes()
+        );
         let mut two = head("X-Request-ID: a\r\nX-Request-ID: b\r\n");
         let r = RequestId::of(&mut two, &ids(false));
-        assert_eq!(r.id.len(), 32);
+        assert_eq!(r.id().len(), 32);
         assert_eq!(two.lines(), b"");
         let other = RequestId::of(&mut head(""), &ids(false));
-        assert_ne!(other.id, r.id);
+        assert_ne!(other.id(), r.id());
     }
 
     #[test]
@@ -207,26 +263,33 @@ mod tests {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let mut h = head(&format!("traceparent: {tp}\r\n"));
         let r = RequestId::of(&mut h, &ids(true));
-        assert_eq!(r.trace_id.as_deref(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
-        assert!(!String::from_utf8_lossy(&r.upstream_lines).contains("traceparent"));
+        assert_eq!(r.trace_id(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        assert!(!String::from_utf8_lossy(r.upstream_lines()).contains("traceparent"));
         assert_eq!(h.lines(), format!("traceparent: {tp}\r\n").as_bytes());
     }
 
     #[test]
     fn a_trace_is_started_only_when_asked_with_the_request_id_as_its_trace_id() {
         let r = RequestId::of(&mut head(""), &ids(false));
-        assert_eq!(r.trace_id, None);
+        assert_eq!(r.trace_id(), None);
         let r = RequestId::of(&mut head(""), &ids(true));
-        let lines = String::from_utf8(r.upstream_lines.clone()).unwrap();
-        let tp = lines.lines().find_map(|l| l.strip_prefix("traceparent: ")).unwrap();
-        assert_eq!(trace_id(tp.as_bytes()), Some(&*r.id));
-        assert_eq!(r.trace_id.as_deref(), Some(&*r.id));
+        let lines = String::from_utf8(r.upstream_lines().to_vec()).unwrap();
+        let tp = lines
+            .lines()
+            .find_map(|l| l.strip_prefix("traceparent: "))
+            .unwrap();
+        assert_eq!(
+            trace_id(tp.as_bytes()).as_ref().map(|t| &t[..]),
+            Some(r.id().as_bytes())
+        );
+        assert_eq!(r.trace_id(), Some(r.id()));
         assert!(tp.ends_with("-01"));
         // An invalid one is replaced.
-        let mut h = head("traceparent: 00-00000000000000000000000000000000-00f067aa0ba902b7-01\r\n");
+        let mut h =
+            head("traceparent: 00-00000000000000000000000000000000-00f067aa0ba902b7-01\r\n");
         let r = RequestId::of(&mut h, &ids(true));
         assert_eq!(h.lines(), b"");
-        assert!(r.trace_id.is_some());
+        assert!(r.trace_id().is_some());
     }
 
     #[test]
@@ -256,5 +319,17 @@ mod tests {
         let mut echoed = b"X-Request-Id: abc\r\n".to_vec();
         r.respond(&mut echoed);
         assert_eq!(echoed, b"X-Request-Id: abc\r\n");
+        let mut later = b"a: b\r\nx-request-idx: 1\r\nx-request-id: 2\r\n".to_vec();
+        r.respond(&mut later);
+        assert_eq!(later, b"a: b\r\nx-request-idx: 1\r\nx-request-id: 2\r\n");
+        assert!(!has_header(b"a: x-request-id\r\n", b"x-request-id"));
+    }
+
+    #[test]
+    fn hex_digits_are_the_number_in_order() {
+        assert_eq!(
+            &hex(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210),
+            b"0123456789abcdeffedcba9876543210"
+        );
     }
 }

@@ -131,7 +131,10 @@ mod tests {
         t.retried = Duration::from_millis(3);
         assert_eq!(t.proxy(), Duration::from_micros(52));
         assert_eq!(t.waited(), Duration::from_micros(3_000 + 140 + 20_113));
-        assert_eq!(t.upstream(), Duration::from_micros(3_000 + 140 + 22 + 20_113));
+        assert_eq!(
+            t.upstream(),
+            Duration::from_micros(3_000 + 140 + 22 + 20_113)
+        );
         assert_eq!(t.attempt(), Duration::from_micros(140 + 22 + 20_113));
     }
 
@@ -139,7 +142,10 @@ mod tests {
     fn server_timing_has_milliseconds_with_microsecond_resolution() {
         let mut out = Vec::new();
         timing().server_timing_line(&mut out);
-        assert_eq!(out, b"server-timing: pinlb;dur=0.052, upstream;dur=20.113\r\n");
+        assert_eq!(
+            out,
+            b"server-timing: pinlb;dur=0.052, upstream;dur=20.113\r\n"
+        );
         let mut queued = timing();
         queued.queue = Duration::from_micros(1_500_007);
         out.clear();

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use crate::config::{HostPattern, RouteRule};
 use crate::http1::path::normalize;
-pub use crate::http1::request::host_without_port;
 use crate::http1::request::RequestHead;
+pub use crate::http1::request::host_without_port;
 
 /// The longest Host name matched by table lookup; a longer one (no DNS name is) matches only
 /// routes for any host.
@@ -136,7 +136,6 @@ fn host_name(host: &[u8]) -> &[u8] {
     let name = host_without_port(host);
     name.strip_suffix(b".").unwrap_or(name)
 }
-
 
 #[cfg(test)]
 mod tests {

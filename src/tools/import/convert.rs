@@ -1424,10 +1424,7 @@ fn log_template(args: &[String], lost: &mut Vec<String>) -> String {
                 .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                 .unwrap_or(inner.len());
             let closed = !braced || inner[end..].starts_with('}');
-            (
-                &inner[..end],
-                &inner[end + usize::from(braced && closed)..],
-            )
+            (&inner[..end], &inner[end + usize::from(braced && closed)..])
         });
         match body {
             Some((name, after)) if !name.is_empty() => {

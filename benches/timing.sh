@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# benches/timing.sh - does pinlb's timing breakdown tell the truth? (issue 29's first bar)
+#
+# A `pinlb backend --delay 20ms` (it waits 20 ms, without CPU, before each response head) on
+# core 1, pinlb on core 0 with the JSON access log and `server_timing = true`, and REQUESTS
+# sequential requests from curl on one keep-alive connection. Prints, over the requests, the
+# median and the maximum of the log's `upstream_header_time` (must be 20-22 ms), of its
+# `proxy_us` (pinlb's own share, must be under 1 ms), and how many responses' Server-Timing
+# differs from their log line (must be 0).
+#
+# Usage: bash benches/timing.sh [PINLB_BINARY]   (default target/release/pinlb)
+#   REQUESTS=200 (default)
+# Needs: curl, taskset, python3.
+set -euo pipefail
+
+ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+PINLB=${1:-$ROOT/target/release/pinlb}
+REQUESTS=${REQUESTS:-200}
+BACKEND_PORT=${BACKEND_PORT:-18190}
+PORT=${PORT:-18191}
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+wait_port() {
+    for _ in $(seq 100); do
+        curl -s -o /dev/null "http://127.0.0.1:$1/" && return 0
+        sleep 0.1
+    done
+    echo "nothing answers on port $1" >&2
+    exit 1
+}
+
+taskset -c 1 "$PINLB" backend --listen "127.0.0.1:$BACKEND_PORT" --cpus 1 --delay 20ms \
+    >"$WORK/backend.log" 2>&1 &
+PIDS+=($!)
+wait_port "$BACKEND_PORT"
+
+cat >"$WORK/pinlb.toml" <<EOF
+[runtime]
+cpus = [0]
+[[listener]]
+address = "127.0.0.1:$PORT"
+upstream = "app"
+server_timing = true
+[upstream.app]
+backends = [{ address = "127.0.0.1:$BACKEND_PORT" }]
+[log]
+access = "$WORK/access.log"
+format = "json"
+EOF
+"$PINLB" serve -c "$WORK/pinlb.toml" 2>"$WORK/pinlb.log" &
+PINLB_PID=$!
+PIDS+=("$PINLB_PID")
+wait_port "$PORT"
+# The probe above is a line of its own; the measured ones follow it.
+sleep 0.3
+: >"$WORK/access.log"
+
+# One curl, one connection, REQUESTS requests: each response's Server-Timing header, in order.
+urls=()
+for _ in $(seq "$REQUESTS"); do urls+=("http://127.0.0.1:$PORT/"); done
+taskset -c 1 curl -s -o /dev/null -D - "${urls[@]}" | tr -d '\r' |
+    awk -F': ' 'tolower($1) == "server-timing" {print $2}' >"$WORK/server-timing.txt"
+kill -TERM "$PINLB_PID"
+wait "$PINLB_PID" 2>/dev/null || true
+
+python3 - "$WORK/access.log" "$WORK/server-timing.txt" <<'PY'
+import json, statistics, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+timings = [l.strip() for l in open(sys.argv[2]) if l.strip()]
+assert len(lines) == len(timings), (len(lines), len(timings))
+def st(v, name):
+    for m in v.split(","):
+        m = m.strip()
+        if m.startswith(name + ";dur="):
+            return float(m.split("=", 1)[1])
+header = [l["upstream_header_time"] * 1000 for l in lines]
+proxy = [l["proxy_us"] for l in lines]
+differ = sum(
+    1 for l, t in zip(lines, timings)
+    if round(st(t, "pinlb") * 1000) != l["proxy_us"]
+    # connect_us + header_us: two figures each cut to whole microseconds.
+    or abs(round(st(t, "upstream") * 1000) - (l["connect_us"] + l["header_us"])) > 1
+)
+print(f"requests:                   {len(lines)}")
+print(f"upstream_header_time (ms):  median {statistics.median(header):.3f}  max {max(header):.3f}")
+print(f"proxy_us:                   median {statistics.median(proxy):.0f}  max {max(proxy)}")
+print(f"Server-Timing != log:       {differ}")
+PY
