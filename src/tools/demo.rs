@@ -346,6 +346,26 @@ mod tests {
     }
 
     #[test]
+    fn the_fairness_placement_is_the_layout_and_two_cores_keep_the_load_generator_apart() {
+        let p = Layout::plan(&[0, 1], None).placement();
+        assert_eq!(p.load, [1]);
+        let roles: Vec<(&str, &[usize])> = p
+            .roles
+            .iter()
+            .map(|r| (r.name.as_str(), &r.cores[..]))
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                ("the proxy", &[0][..]),
+                ("backend 0", &[0][..]),
+                ("backend 1", &[0][..])
+            ]
+        );
+        assert!(fairness::load_shares_a_core(&p).is_empty());
+    }
+
+    #[test]
     fn the_map_lists_every_role_on_its_core() {
         let l = Layout::plan(&[0, 1], None);
         let addrs: Vec<SocketAddr> = vec![

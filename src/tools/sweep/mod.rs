@@ -410,6 +410,33 @@ mod tests {
     }
 
     #[test]
+    fn each_layouts_processes_are_checked_for_fairness_as_a_group_of_their_own() {
+        let p = placement(&plan(&[0, 1, 2, 3]));
+        assert_eq!(p.load, [3]);
+        let group = |g: &str| -> Vec<(String, Vec<usize>)> {
+            p.roles
+                .iter()
+                .filter(|r| r.group == g)
+                .map(|r| (r.name.clone(), r.cores.clone()))
+                .collect()
+        };
+        assert_eq!(
+            group("direct"),
+            [("backend 0 of direct (1 backend)".to_string(), vec![0])]
+        );
+        let p1b2 = group("p1b2");
+        assert_eq!(
+            p1b2[0],
+            ("the proxy of 1 proxy core + 2 backends".into(), vec![0])
+        );
+        assert_eq!(
+            p1b2[2],
+            ("backend 1 of 1 proxy core + 2 backends".into(), vec![2])
+        );
+        assert!(fairness::load_shares_a_core(&p).is_empty());
+    }
+
+    #[test]
     fn the_command_reproduces_the_options() {
         let args = SweepArgs {
             cmd: Some("node app.js --port {port}".into()),
