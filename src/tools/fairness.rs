@@ -236,10 +236,12 @@ pub fn debug_logging(
     let verbose = |level: &str| matches!(level, "debug" | "trace");
     match command {
         "nginx" => {
-            let file = args
+            // nginx rewrites its arguments into one title: "nginx: master process nginx -c F".
+            let words: Vec<&str> = args.iter().flat_map(|a| a.split_whitespace()).collect();
+            let file = words
                 .iter()
-                .position(|a| a == "-c")
-                .and_then(|i| args.get(i + 1))
+                .position(|a| *a == "-c")
+                .and_then(|i| words.get(i + 1))
                 .map_or_else(|| PathBuf::from("/etc/nginx/nginx.conf"), PathBuf::from);
             let text = read(&file)?;
             text.lines()
@@ -733,23 +735,46 @@ fn build_of(pid: u32) -> Option<Build> {
     build_of_version(&out)
 }
 
-/// A process as a peer of the run: its build if it is pinlb, its debug logging.
-fn peer(name: String, p: &coremap::Process, args: &[String]) -> Peer {
-    let pinlb = p.command == "pinlb";
-    let cwd = std::fs::read_link(format!("/proc/{}/cwd", p.pid)).ok();
-    let read = |f: &Path| match &cwd {
-        Some(dir) if f.is_relative() => std::fs::read_to_string(dir.join(f)).ok(),
-        _ => std::fs::read_to_string(f).ok(),
-    };
+/// The processes serving one address (several: nginx's master and workers, `SO_REUSEPORT`)
+/// as one peer: the first's build if it is pinlb (one binary for all), and the debug logging
+/// the first that says so says.
+fn peer(name: String, ps: &[&coremap::Process]) -> Peer {
+    let logging = ps.iter().find_map(|p| {
+        let cwd = std::fs::read_link(format!("/proc/{}/cwd", p.pid)).ok();
+        let read = |f: &Path| match &cwd {
+            Some(dir) if f.is_relative() => std::fs::read_to_string(dir.join(f)).ok(),
+            _ => std::fs::read_to_string(f).ok(),
+        };
+        debug_logging(&p.command, &cmdline(p.pid), &environ(p.pid), &read)
+    });
+    let build = ps
+        .first()
+        .filter(|p| p.command == "pinlb")
+        .and_then(|p| build_of(p.pid));
     Peer {
         name,
-        build: if pinlb { build_of(p.pid) } else { None },
-        debug_logging: debug_logging(&p.command, args, &environ(p.pid), &read),
+        build,
+        debug_logging: logging,
     }
 }
 
+/// "pid 42, pinlb", "pids 42, 43, 44, nginx": the processes serving one address.
+fn who(ps: &[&coremap::Process]) -> String {
+    let pids: Vec<String> = ps.iter().map(|p| p.pid.to_string()).collect();
+    let s = if ps.len() == 1 { "" } else { "s" };
+    let command = ps.first().map_or("?", |p| p.command.as_str());
+    format!("pid{s} {}, {command}", pids.join(", "))
+}
+
+/// Every core any of `ps` may run on.
+fn cores_of(ps: &[&coremap::Process]) -> Vec<usize> {
+    let masks: Vec<Vec<usize>> = ps.iter().map(|p| p.allowed.clone()).collect();
+    coremap::union(&masks)
+}
+
 /// The processes behind `targets`: each target's, and the backends of a pinlb target with an
-/// admin listener. A process seen twice (two targets on one pinlb) is one peer and one role.
+/// admin listener, each address's processes one peer and one role. A process seen before (two
+/// targets on one pinlb) is not counted again.
 fn discover(targets: &[Target], load_cores: &[usize]) -> Seen {
     let mut seen = Seen {
         placement: Placement {
@@ -762,28 +787,27 @@ fn discover(targets: &[Target], load_cores: &[usize]) -> Seen {
     for t in targets {
         let mut admin = None;
         if let Found::Processes(ps) = coremap::listening_on(t.addr) {
-            for p in &ps {
-                let args = cmdline(p.pid);
-                let serve = p.command == "pinlb" && args.get(1).is_some_and(|a| a == "serve");
-                let backend = p.command == "pinlb" && args.get(1).is_some_and(|a| a == "backend");
-                let proxy = serve || PROXIES.contains(&p.command.as_str());
-                seen.proxies.insert(t.addr, proxy);
-                if serve {
-                    admin = admin.or_else(|| find_admin(p.pid, t.addr));
-                }
-                if !pids.insert(p.pid) {
-                    continue;
-                }
-                let name = format!("target {} (pid {}, {})", t.name, p.pid, p.command);
-                seen.peers.push(peer(name.clone(), p, &args));
-                let kind = match (t.proxied, proxy && !backend) {
-                    (Some(true), _) | (None, true) => Kind::Proxy,
-                    _ => Kind::Backend,
-                };
+            let first = ps.first();
+            let serve = first.is_some_and(|p| {
+                p.command == "pinlb" && cmdline(p.pid).get(1).is_some_and(|a| a == "serve")
+            });
+            let proxy = serve || first.is_some_and(|p| PROXIES.contains(&p.command.as_str()));
+            seen.proxies.insert(t.addr, proxy);
+            if serve {
+                admin = ps.iter().find_map(|p| find_admin(p.pid, t.addr));
+            }
+            let fresh: Vec<&coremap::Process> = ps.iter().filter(|p| pids.insert(p.pid)).collect();
+            if !fresh.is_empty() {
+                let name = format!("target {} ({})", t.name, who(&fresh));
+                seen.peers.push(peer(name.clone(), &fresh));
                 seen.placement.roles.push(Role {
                     name,
-                    kind,
-                    cores: p.allowed.clone(),
+                    kind: if t.proxied.unwrap_or(proxy) {
+                        Kind::Proxy
+                    } else {
+                        Kind::Backend
+                    },
+                    cores: cores_of(&fresh),
                     group: String::new(),
                 });
             }
@@ -793,19 +817,19 @@ fn discover(targets: &[Target], load_cores: &[usize]) -> Seen {
                 let Found::Processes(ps) = coremap::listening_on(addr) else {
                     continue;
                 };
-                for p in ps.iter().filter(|p| pids.insert(p.pid)) {
-                    let name = format!(
-                        "backend {addr} of target {} (pid {}, {})",
-                        t.name, p.pid, p.command
-                    );
-                    seen.peers.push(peer(name.clone(), p, &cmdline(p.pid)));
-                    seen.placement.roles.push(Role {
-                        name,
-                        kind: Kind::Backend,
-                        cores: p.allowed.clone(),
-                        group: String::new(),
-                    });
+                let fresh: Vec<&coremap::Process> =
+                    ps.iter().filter(|p| pids.insert(p.pid)).collect();
+                if fresh.is_empty() {
+                    continue;
                 }
+                let name = format!("backend {addr} of target {} ({})", t.name, who(&fresh));
+                seen.peers.push(peer(name.clone(), &fresh));
+                seen.placement.roles.push(Role {
+                    name,
+                    kind: Kind::Backend,
+                    cores: cores_of(&fresh),
+                    group: String::new(),
+                });
             }
         }
         seen.admins.push(admin);
@@ -1205,6 +1229,11 @@ mod tests {
                 &debug_conf
             ),
             Some("error_log ... debug in /t/n.conf".into())
+        );
+        let title = args(&["nginx: master process /usr/sbin/nginx -c /t/m.conf"]);
+        assert_eq!(
+            debug_logging("nginx", &title, &[], &debug_conf),
+            Some("error_log ... debug in /t/m.conf".into())
         );
         let quiet = conf("# error_log x debug;\nerror_log /dev/stderr warn;\n");
         assert_eq!(debug_logging("nginx", &args(&["nginx"]), &[], &quiet), None);
