@@ -200,7 +200,7 @@ fn the_load_generator_on_a_pinned_backends_core_is_warned_about() {
     assert_eq!(shared.len(), 1, "{w:#?}");
     assert!(
         shared[0].problem.contains(&format!(
-            "runs on core {core}, which target direct (pid {}, pinlb) also uses",
+            "runs on core {core}, which target direct (pid {}, pinlb) may also run on",
             backend.child.id()
         )),
         "{shared:#?}"

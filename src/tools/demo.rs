@@ -6,7 +6,9 @@
 //! map, starts the backends and the proxy in this process on loopback ports the kernel picks,
 //! and benches like with like: backend 0 direct, then pinlb in front of that same backend 0
 //! alone. With more than one backend a third target, pinlb balancing over all of them, is
-//! measured too and labelled as what it is: not the same backends as direct.
+//! measured too and labelled as what it is: not the same backends as direct. Before the bench
+//! it prints the fairness checks' warnings (`tools::fairness`; `--no-checks`), after the
+//! layout's own notes.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -155,7 +155,7 @@ pub fn load_shares_a_core(p: &Placement) -> Vec<Warning> {
         }
         let w = Warning {
             problem: format!(
-                "the load generator runs on {}, which {} also uses",
+                "the load generator runs on {}, which {} may also run on",
                 cores_word(&shared),
                 r.name
             ),
@@ -839,6 +839,8 @@ fn discover(targets: &[Target], load_cores: &[usize]) -> Seen {
 
 /// The admin listener of pinlb process `pid`: the one of its other listening addresses whose
 /// `GET /status` answers pinlb's JSON. One with `admin.token` set answers 401 and is not found.
+/// A proxy listener asked the same passes the GET to a backend: one request each, before the
+/// run, for a pinlb with several listeners.
 fn find_admin(pid: u32, target: SocketAddr) -> Option<SocketAddr> {
     coremap::listening_sockets_of(pid)
         .into_iter()
@@ -1180,7 +1182,7 @@ mod tests {
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!(
             w[0].to_string(),
-            "the load generator runs on core 1, which backend 0 also uses: give it a core of its \
+            "the load generator runs on core 1, which backend 0 may also run on: give it a core of its \
              own with --cpus (and pin the target off it), or its CPU is taken from what it measures"
         );
         let apart = Placement { load: vec![2], ..p };

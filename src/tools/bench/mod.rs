@@ -10,6 +10,10 @@
 //! first target, the throughput ratio and the latency added at each percentile: the proxy's
 //! overhead when the first target is the backend alone.
 //!
+//! Before the run, the fairness checks (`tools::fairness`) warn on stderr of what would make it
+//! unfair: the load threads on a target's core, a debug build, a proxy without keep-alive, SMT
+//! siblings, the frequency governor, local ports, a busy core. `--no-checks` turns them off.
+//!
 //! With `--ws` the same holds for WebSocket tunnels: each connection upgrades once when it
 //! opens, then every exchange is a binary message of `--message-size` bytes and its echo
 //! (`pinlb backend` echoes on any path), so the rates are messages/s.

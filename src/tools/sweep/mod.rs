@@ -7,6 +7,7 @@
 //! (`child::pinned`), loads all of them through `pinlb bench`'s engine (warm-up, interleaved
 //! rounds, HDR percentiles, failures by kind) at every concurrency, and prints the table and a
 //! recommendation with its margin; it writes the same as Markdown, JSON and an SVG chart.
+//! Before the runs it prints the fairness checks' warnings (`tools::fairness`; `--no-checks`).
 //!
 //! Every process is a child, the proxy too (`pinlb serve` on a generated configuration), rather
 //! than a `Server` on a thread of this process: the load generator's threads and the proxy's
@@ -404,6 +405,9 @@ mod tests {
         assert_eq!(cli.sweep.cores, Some(vec![0, 1, 2, 5]));
         assert_eq!(cli.sweep.concurrency, [100, 1000, 3000]);
         assert_eq!(cli.sweep.duration, Duration::from_secs(30));
+        assert!(!cli.sweep.no_checks);
+        let cli = <Cli as clap::Parser>::try_parse_from(["sweep", "--no-checks"]).unwrap();
+        assert!(cli.sweep.no_checks, "the fairness checks turned off");
         let cli = <Cli as clap::Parser>::try_parse_from(["sweep"]).unwrap();
         assert_eq!(cli.sweep.concurrency, [10, 100]);
         assert_eq!(cli.sweep.cores, None);
