@@ -5,7 +5,7 @@
 //! | check | reads | warns when |
 //! |---|---|---|
 //! | the load generator shares a core | the load cores, each process's allowed cores (`coremap`) | a load core is one a proxy or backend may run on (bench only: sweep's and demo's plans say so in their notes) |
-//! | debug build | a pinlb's `/proc/PID/exe --version`, or this process's own build | a target or its backend is a debug build of pinlb |
+//! | debug build | a pinlb's `/proc/PID/exe --version` (or its `/status`'s `build`), or this process's own build | a target or its backend is a debug build of pinlb |
 //! | debug logging | nginx's `-c` file, HAProxy's and Envoy's flags, pinlb's `RUST_LOG` | a peer logs at debug level |
 //! | keep-alive | a pinlb target's `/status` (per backend `connections_opened`, `connections_reused`), or `pinlb backend`'s `x-pinlb-accepted` | over [`PROBE_REQUESTS`] requests on one client connection, a backend took a new connection for half of them or more |
 //! | SMT siblings | `/sys/devices/system/cpu/cpuN/topology/thread_siblings_list` | a proxy and a backend of one layout are pinned to two threads of one physical core |
@@ -786,6 +786,7 @@ fn discover(targets: &[Target], load_cores: &[usize]) -> Seen {
     let mut pids = BTreeSet::new();
     for t in targets {
         let mut admin = None;
+        let mut own_peer = None;
         if let Found::Processes(ps) = coremap::listening_on(t.addr) {
             let first = ps.first();
             let serve = first.is_some_and(|p| {
@@ -799,6 +800,7 @@ fn discover(targets: &[Target], load_cores: &[usize]) -> Seen {
             let fresh: Vec<&coremap::Process> = ps.iter().filter(|p| pids.insert(p.pid)).collect();
             if !fresh.is_empty() {
                 let name = format!("target {} ({})", t.name, who(&fresh));
+                own_peer = Some(seen.peers.len());
                 seen.peers.push(peer(name.clone(), &fresh));
                 seen.placement.roles.push(Role {
                     name,
@@ -813,6 +815,14 @@ fn discover(targets: &[Target], load_cores: &[usize]) -> Seen {
             }
         }
         if let Some(status) = admin.and_then(admin_status) {
+            // The binary could not be asked (another user's): `/status` says how it was built.
+            if let Some(p) = own_peer.and_then(|i| seen.peers.get_mut(i)) {
+                p.build = p.build.or(match status["build"].as_str() {
+                    Some("debug") => Some(Build::Debug),
+                    Some("release") => Some(Build::Release),
+                    _ => None,
+                });
+            }
             for addr in status_backends(&status) {
                 let Found::Processes(ps) = coremap::listening_on(addr) else {
                     continue;
