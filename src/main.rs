@@ -8,10 +8,18 @@ use pinlb::server::{Hangups, Signals};
 use pinlb::{Config, Server};
 use tracing_subscriber::EnvFilter;
 
+/// What `--version` prints after the name: a debug build says so, because `pinlb bench`'s
+/// fairness checks ask a target's binary (`/proc/PID/exe --version`) whether it is one.
+const VERSION: &str = if cfg!(debug_assertions) {
+    concat!(env!("CARGO_PKG_VERSION"), " (debug build)")
+} else {
+    env!("CARGO_PKG_VERSION")
+};
+
 #[derive(Parser)]
 #[command(
     name = "pinlb",
-    version,
+    version = VERSION,
     about = "A pinned, TOML-configured reverse proxy and load balancer: HTTP/1.1 and HTTP/2, TLS, WebSocket"
 )]
 struct Cli {

@@ -261,12 +261,18 @@ fn help_lists_the_subcommands() {
 }
 
 #[test]
-fn version_prints_the_package_version() {
+fn version_prints_the_package_version_and_a_debug_build_says_so() {
     let out = pinlb(&["--version"]);
     assert_eq!(out.status.code(), Some(0));
+    // The test's profile is the binary's: both debug, or both release.
+    let build = if cfg!(debug_assertions) {
+        " (debug build)"
+    } else {
+        ""
+    };
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        format!("pinlb {}", env!("CARGO_PKG_VERSION"))
+        format!("pinlb {}{build}", env!("CARGO_PKG_VERSION"))
     );
 }
 

@@ -380,6 +380,10 @@ fn backend_status(
         "requests": s.requests.load(Ordering::Relaxed),
         "errors": s.errors_total(),
         "retries": s.retries.load(Ordering::Relaxed),
+        // New connections against reused ones: `pinlb bench`'s fairness checks read these to
+        // see whether the proxy keeps its backend connections alive.
+        "connections_opened": s.connections_opened.load(Ordering::Relaxed),
+        "connections_reused": s.connections_reused.load(Ordering::Relaxed),
         "responses": classes(responses),
         "p50_ms": latency.map(|l| thousandths(l.0 * 1000.0)),
         "p99_ms": latency.map(|l| thousandths(l.1 * 1000.0)),

@@ -22,6 +22,12 @@
 //! pongs and a close with a close. The handshake is parsed here like any request; the frames are
 //! `tokio-tungstenite`'s (see [`echo`]). The upgrade counts as one request; the messages don't.
 //!
+//! A request with an `x-pinlb-accepted` header (any value) gets one back saying how many
+//! connections its server has accepted so far, after the server's address:
+//! `x-pinlb-accepted: 127.0.0.1:8881 17`. A proxy passes both on, so `pinlb bench`'s fairness
+//! checks read through any proxy whether it opens a backend connection per request (no
+//! keep-alive). Requests without the header pay one more header-name comparison, no more.
+//!
 //! Stopping is nginx's fast shutdown (its SIGTERM): the listening sockets close and open
 //! connections are dropped, in-flight requests included. A test backend has nothing to finish.
 
@@ -54,6 +60,7 @@ use crate::server::Signals;
 use crate::sys::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list, pin_current_thread};
 use crate::sys::runtime::{self, PinnedError};
 use crate::tools::bench::wire::{BodyDecoder, Chunked};
+use crate::tools::fairness::ACCEPTED;
 
 /// What to run: the servers, where they run and how they answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -355,6 +362,7 @@ fn server_main(
             return;
         }
     };
+    let address = listener.local_addr().ok();
     let listener = {
         let _entered = rt.enter();
         match TcpListener::from_std(listener) {
@@ -371,7 +379,7 @@ fn server_main(
     // Connections are spawned onto this LocalSet; the accept loop ends at stop, and dropping the
     // LocalSet and the runtime then drops (closes) every connection.
     let local = LocalSet::new();
-    let replies = Rc::new(Replies::new(answer));
+    let replies = Rc::new(Replies::new(answer, address));
     local.block_on(&rt, async move {
         tokio::select! {
             biased;
@@ -387,6 +395,7 @@ fn server_main(
 async fn accept_loop(listener: TcpListener, replies: Rc<Replies>) {
     loop {
         let (stream, peer) = crate::process::listen::accept(&listener).await;
+        replies.accepted.set(replies.accepted.get() + 1);
         let replies = replies.clone();
         tokio::task::spawn_local(async move {
             if let Err(e) = serve(stream, &replies).await {
@@ -427,10 +436,14 @@ struct Replies {
     work: Duration,
     delay: Duration,
     counter: Arc<Counter>,
+    /// Connections accepted so far, for `x-pinlb-accepted` (see the module's doc).
+    accepted: Cell<u64>,
+    /// The server's bound address, as `x-pinlb-accepted` names the server.
+    address: String,
 }
 
 impl Replies {
-    fn new(answer: Answer) -> Replies {
+    fn new(answer: Answer, address: Option<SocketAddr>) -> Replies {
         let no_body = matches!(answer.status.as_u16(), 204 | 304);
         let head = status_head(answer.status, (!no_body).then_some(answer.body.len()));
         Replies {
@@ -442,6 +455,8 @@ impl Replies {
             work: answer.work,
             delay: answer.delay,
             counter: answer.counter,
+            accepted: Cell::new(0),
+            address: address.map_or_else(|| "?".into(), |a| a.to_string()),
         }
     }
 
@@ -457,6 +472,10 @@ impl Replies {
         out.extend_from_slice(b"date: ");
         out.extend_from_slice(&self.date.get());
         out.extend_from_slice(b"\r\n");
+        if req.report_accepted {
+            let line = format!("{ACCEPTED}: {} {}\r\n", self.address, self.accepted.get());
+            out.extend_from_slice(line.as_bytes());
+        }
         match req.persist {
             Persist::KeepAlive => {}
             Persist::KeepAlive10 => out.extend_from_slice(b"connection: keep-alive\r\n"),
@@ -536,6 +555,8 @@ struct Request {
     expect_continue: bool,
     /// A WebSocket handshake: the `Sec-WebSocket-Accept` its `101` carries.
     websocket: Option<[u8; ACCEPT_LEN]>,
+    /// `x-pinlb-accepted`: the response says how many connections the server accepted.
+    report_accepted: bool,
 }
 
 /// A `Sec-WebSocket-Accept` value: a SHA-1 digest in base64.
@@ -586,6 +607,7 @@ fn parse_request(buf: &[u8]) -> Result<Option<Request>, BadRequest> {
     let mut upgrade_websocket = false;
     let mut ws_key = None;
     let mut ws_version_13 = false;
+    let mut report_accepted = false;
     for h in req.headers.iter() {
         let name = h.name;
         match Hop::of(name.as_bytes()) {
@@ -608,6 +630,7 @@ fn parse_request(buf: &[u8]) -> Result<Option<Request>, BadRequest> {
             None if name.eq_ignore_ascii_case("sec-websocket-version") => {
                 ws_version_13 = h.value.trim_ascii() == b"13";
             }
+            None if name.eq_ignore_ascii_case(ACCEPTED) => report_accepted = true,
             _ => {}
         }
     }
@@ -661,6 +684,7 @@ fn parse_request(buf: &[u8]) -> Result<Option<Request>, BadRequest> {
         body,
         expect_continue,
         websocket,
+        report_accepted,
     }))
 }
 
@@ -1159,13 +1183,16 @@ mod tests {
 
     #[test]
     fn replies_are_the_status_length_date_and_body() {
-        let replies = Replies::new(Answer {
-            status: StatusCode::ACCEPTED,
-            body: body_of(12),
-            work: Duration::ZERO,
-            delay: Duration::ZERO,
-            counter: Arc::default(),
-        });
+        let replies = Replies::new(
+            Answer {
+                status: StatusCode::ACCEPTED,
+                body: body_of(12),
+                work: Duration::ZERO,
+                delay: Duration::ZERO,
+                counter: Arc::default(),
+            },
+            None,
+        );
         replies.date.set(*b"Sun, 06 Nov 1994 08:49:37 GMT");
         let req = parse("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
             .unwrap()
@@ -1177,18 +1204,50 @@ mod tests {
             "HTTP/1.1 202 Accepted\r\ncontent-length: 12\r\ndate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
              connection: keep-alive\r\n\r\nhello world\n"
         );
-        let no_content = Replies::new(Answer {
-            status: StatusCode::NO_CONTENT,
-            body: body_of(12),
-            work: Duration::ZERO,
-            delay: Duration::ZERO,
-            counter: Arc::default(),
-        });
+        let no_content = Replies::new(
+            Answer {
+                status: StatusCode::NO_CONTENT,
+                body: body_of(12),
+                work: Duration::ZERO,
+                delay: Duration::ZERO,
+                counter: Arc::default(),
+            },
+            None,
+        );
         let mut out = Vec::new();
         let get = parse("GET / HTTP/1.1\r\n\r\n").unwrap().unwrap();
         assert!(no_content.append(&get, &mut out).is_none());
         assert!(out.starts_with(b"HTTP/1.1 204 No Content\r\ndate: "));
         assert!(out.ends_with(b" GMT\r\n\r\n"));
+    }
+
+    #[test]
+    fn a_request_that_asks_is_told_the_connections_accepted_and_others_are_not() {
+        let replies = Replies::new(
+            Answer {
+                status: StatusCode::OK,
+                body: body_of(12),
+                work: Duration::ZERO,
+                delay: Duration::ZERO,
+                counter: Arc::default(),
+            },
+            Some("127.0.0.1:8881".parse().unwrap()),
+        );
+        replies.accepted.set(17);
+        let asks = parse("GET / HTTP/1.1\r\nX-Pinlb-Accepted: ?\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        let mut out = Vec::new();
+        replies.append(&asks, &mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("\r\nx-pinlb-accepted: 127.0.0.1:8881 17\r\n"),
+            "{text}"
+        );
+        let plain = parse("GET / HTTP/1.1\r\n\r\n").unwrap().unwrap();
+        let mut out = Vec::new();
+        replies.append(&plain, &mut out);
+        assert!(!String::from_utf8(out).unwrap().contains(ACCEPTED));
     }
 
     #[test]

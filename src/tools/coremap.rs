@@ -371,6 +371,33 @@ fn find(backend: SocketAddr, listening: &[(SocketAddr, u64)], owners: &[(u64, u3
     Found::Processes(pids.into_iter().filter_map(process).collect())
 }
 
+/// Every address process `pid` listens on (its descriptors among the listening sockets), for
+/// `pinlb bench`'s fairness checks to find a pinlb's admin listener; empty when its
+/// descriptors or the socket tables cannot be read.
+pub fn listening_sockets_of(pid: u32) -> Vec<SocketAddr> {
+    let Ok(listening) = read_listening() else {
+        return Vec::new();
+    };
+    let Ok(fds) = procfs::process::Process::new(pid as i32).and_then(|p| p.fd()) else {
+        return Vec::new();
+    };
+    let held: BTreeSet<u64> = fds
+        .flatten()
+        .filter_map(|fd| match fd.target {
+            FDTarget::Socket(inode) => Some(inode),
+            _ => None,
+        })
+        .collect();
+    let mut out: Vec<SocketAddr> = listening
+        .into_iter()
+        .filter(|(_, inode)| held.contains(inode))
+        .map(|(addr, _)| addr)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// `(inode, pid)` for every wanted socket inode held by a process whose descriptors we may read.
 fn socket_owners(wanted: &BTreeSet<u64>) -> Vec<(u64, u32)> {
     let mut out = Vec::new();
@@ -393,7 +420,8 @@ fn socket_owners(wanted: &BTreeSet<u64>) -> Vec<(u64, u32)> {
     out
 }
 
-fn process(pid: u32) -> Option<Process> {
+/// Process `pid`'s command and allowed cores, if it can be read.
+pub fn process(pid: u32) -> Option<Process> {
     let p = procfs::process::Process::new(pid as i32).ok()?;
     let status = p.status().ok()?;
     // Every thread's mask, where the threads can be read; the process's own otherwise.
@@ -535,6 +563,15 @@ mod tests {
             mine.iter().all(|c| me.allowed.contains(c)),
             "{me:?}, {mine:?}"
         );
+    }
+
+    #[test]
+    fn the_sockets_this_process_listens_on_are_found_by_its_pid() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        assert!(listening_sockets_of(std::process::id()).contains(&addr));
+        drop(listener);
+        assert!(!listening_sockets_of(std::process::id()).contains(&addr));
     }
 
     #[test]

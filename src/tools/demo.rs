@@ -6,7 +6,9 @@
 //! map, starts the backends and the proxy in this process on loopback ports the kernel picks,
 //! and benches like with like: backend 0 direct, then pinlb in front of that same backend 0
 //! alone. With more than one backend a third target, pinlb balancing over all of them, is
-//! measured too and labelled as what it is: not the same backends as direct.
+//! measured too and labelled as what it is: not the same backends as direct. Before the bench
+//! it prints the fairness checks' warnings (`tools::fairness`; `--no-checks`), after the
+//! layout's own notes.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,6 +20,7 @@ use crate::server::Server;
 use crate::sys::cpus::{allowed_cpus, format_cpu_list};
 use crate::tools::backend::{BackendSpec, Backends};
 use crate::tools::bench::{BenchOptions, Target};
+use crate::tools::fairness;
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -39,6 +42,11 @@ pub struct DemoArgs {
     /// Write a latency-percentile chart of both targets to this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// Skip the fairness checks warned about before the bench (docs/performance.md): a debug
+    /// build, a proxy without keep-alive, SMT siblings, the frequency governor, local ports, a
+    /// core already busy.
+    #[arg(long)]
+    pub no_checks: bool,
 }
 
 /// Which cores do what.
@@ -98,6 +106,29 @@ impl Layout {
         }
     }
 
+    /// Where the proxy and the backends run, for the fairness checks: one group, since they
+    /// all run at once.
+    pub fn placement(&self) -> fairness::Placement {
+        let mut roles = vec![fairness::Role {
+            name: "the proxy".into(),
+            kind: fairness::Kind::Proxy,
+            cores: vec![self.proxy],
+            group: String::new(),
+        }];
+        for (i, &core) in self.backends.iter().enumerate() {
+            roles.push(fairness::Role {
+                name: format!("backend {i}"),
+                kind: fairness::Kind::Backend,
+                cores: vec![core],
+                group: String::new(),
+            });
+        }
+        fairness::Placement {
+            load: self.load.clone(),
+            roles,
+        }
+    }
+
     /// The layout as a per-core map.
     pub fn render(&self, addrs: &[SocketAddr], proxy: SocketAddr) -> String {
         let mut cores: Vec<usize> = self.backends.clone();
@@ -133,6 +164,18 @@ pub fn main(args: DemoArgs) -> ExitCode {
             eprintln!("pinlb demo: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// One of the demo's targets, as the fairness checks probe it.
+fn checked(name: &str, addr: SocketAddr, proxied: bool) -> fairness::Target {
+    fairness::Target {
+        name: name.into(),
+        addr,
+        host: addr.to_string(),
+        path: "/".into(),
+        plain_http: true,
+        proxied: Some(proxied),
     }
 }
 
@@ -187,6 +230,26 @@ fn run(args: &DemoArgs) -> Result<(), String> {
     }
     let direct = backends.addrs()[0];
     let n = layout.backends.len();
+    let warmup = (args.duration / 4).min(Duration::from_secs(1));
+    if !args.no_checks {
+        let load = fairness::Load {
+            connections: args.connections,
+            keep_alive: true,
+            rate: None,
+            run: warmup + args.duration,
+        };
+        let mut probed = vec![
+            checked("direct", direct, false),
+            checked("proxied", proxy, true),
+        ];
+        if n > 1 {
+            probed.push(checked("balanced", balanced, true));
+        }
+        let placement = layout.placement();
+        for w in fairness::check(&probed, &load, &layout.load, Some(&placement), true) {
+            println!("warning: {w}");
+        }
+    }
     let mut plan =
         "direct = backend 0 alone, proxied = pinlb in front of that same backend 0".to_string();
     if n > 1 {
@@ -214,7 +277,7 @@ fn run(args: &DemoArgs) -> Result<(), String> {
         duration: args.duration,
         requests: None,
         request: crate::tools::bench::RequestSpec::default(),
-        warmup: (args.duration / 4).min(Duration::from_secs(1)),
+        warmup,
         rounds: args.rounds.max(1),
         rate: None,
         websocket: None,
@@ -282,6 +345,26 @@ mod tests {
             (3, vec![3, 3], vec![3])
         );
         assert!(l.notes[0].contains("share it"), "{:?}", l.notes);
+    }
+
+    #[test]
+    fn the_fairness_placement_is_the_layout_and_two_cores_keep_the_load_generator_apart() {
+        let p = Layout::plan(&[0, 1], None).placement();
+        assert_eq!(p.load, [1]);
+        let roles: Vec<(&str, &[usize])> = p
+            .roles
+            .iter()
+            .map(|r| (r.name.as_str(), &r.cores[..]))
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                ("the proxy", &[0][..]),
+                ("backend 0", &[0][..]),
+                ("backend 1", &[0][..])
+            ]
+        );
+        assert!(fairness::load_shares_a_core(&p).is_empty());
     }
 
     #[test]

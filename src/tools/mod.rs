@@ -4,6 +4,9 @@
 //! - [`import`]: `pinlb import`: an nginx configuration as a pinlb one, with notes on what has no
 //!   equivalent.
 //! - [`coremap`]: `check`'s per-core map, and the processes serving each backend found in `/proc`.
+//! - [`fairness`]: what would make a bench unfair (shared or busy cores, a debug build, no
+//!   keep-alive, SMT siblings, the governor, local ports), warned about before `bench`, `sweep`
+//!   and `demo` run.
 //! - [`check`]: what `pinlb check` prints: the resolved plan, the core map, the verdict.
 //! - [`bench`](mod@bench): `pinlb bench`, a pinned load generator comparing targets in
 //!   interleaved rounds.
@@ -16,5 +19,6 @@ pub mod bench;
 pub mod check;
 pub mod coremap;
 pub mod demo;
+pub mod fairness;
 pub mod import;
 pub mod sweep;

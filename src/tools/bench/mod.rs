@@ -10,6 +10,10 @@
 //! first target, the throughput ratio and the latency added at each percentile: the proxy's
 //! overhead when the first target is the backend alone.
 //!
+//! Before the run, the fairness checks (`tools::fairness`) warn on stderr of what would make it
+//! unfair: the load threads on a target's core, a debug build, a proxy without keep-alive, SMT
+//! siblings, the frequency governor, local ports, a busy core. `--no-checks` turns them off.
+//!
 //! With `--ws` the same holds for WebSocket tunnels: each connection upgrades once when it
 //! opens, then every exchange is a binary message of `--message-size` bytes and its echo
 //! (`pinlb backend` echoes on any path), so the rates are messages/s.
@@ -64,6 +68,7 @@ pub use tls::Trust;
 pub use wire::RequestSpec;
 
 use crate::sys::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list};
+use crate::tools::fairness;
 use load::{Done, Plan};
 
 /// What to load: `NAME=URL`, or just `URL` (then the name is the URL).
@@ -462,6 +467,38 @@ fn check_options(opts: &BenchOptions) -> Result<Vec<usize>, BenchError> {
     Ok(opts.cpus.clone())
 }
 
+/// The fairness checks for `opts`' targets and load threads (none when the options are wrong:
+/// `run` then says why). With `--start-at` the one-second busy-core sample is left out, so the
+/// checks do not eat into the wait for a time shared by several machines.
+fn fairness_warnings(opts: &BenchOptions) -> Vec<fairness::Warning> {
+    let Ok(cpus) = check_options(opts) else {
+        return Vec::new();
+    };
+    let targets: Vec<fairness::Target> = opts
+        .targets
+        .iter()
+        .filter_map(|t| {
+            Some(fairness::Target {
+                name: t.name.clone(),
+                addr: t.resolve().ok()?,
+                host: t.url.authority().map(|a| a.to_string())?,
+                path: t.url.path_and_query().map_or("/".into(), |p| p.to_string()),
+                plain_http: t.url.scheme_str() == Some("http")
+                    && opts.websocket.is_none()
+                    && opts.http2.is_none(),
+                proxied: None,
+            })
+        })
+        .collect();
+    let load = fairness::Load {
+        connections: opts.connections,
+        keep_alive: opts.request.keep_alive,
+        rate: opts.rate,
+        run: opts.warmup + opts.duration,
+    };
+    fairness::check(&targets, &load, &cpus, None, opts.start_at.is_none())
+}
+
 /// The live progress line: `round 2/5  proxied  3.2/10 s  48211 req/s  0 errors`, the
 /// warm-up's progress before the recorded window starts, and with `-n` the responses so far.
 fn progress_line(
@@ -593,6 +630,11 @@ pub struct BenchArgs {
     /// Also write a latency-by-percentile chart (SVG) to FILE.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// Skip the fairness checks warned about before the run (docs/performance.md): the load
+    /// generator sharing a target's core, a debug build of pinlb, a proxy without keep-alive to
+    /// its backends, SMT siblings, the frequency governor, local ports, a core already busy.
+    #[arg(long)]
+    pub no_checks: bool,
 }
 
 /// What `pinlb bench` does instead of a run.
@@ -701,7 +743,14 @@ pub fn main(args: BenchArgs) -> ExitCode {
     if let Some(BenchAction::Merge(m)) = &args.action {
         return merge::main(m);
     }
-    let report = match args.options().and_then(|o| run(&o)) {
+    let checked = args.options().inspect(|o| {
+        if !args.no_checks {
+            for w in fairness_warnings(o) {
+                eprintln!("pinlb bench: warning: {w}");
+            }
+        }
+    });
+    let report = match checked.and_then(|o| run(&o)) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("pinlb bench: {e}");

@@ -7,6 +7,7 @@
 //! (`child::pinned`), loads all of them through `pinlb bench`'s engine (warm-up, interleaved
 //! rounds, HDR percentiles, failures by kind) at every concurrency, and prints the table and a
 //! recommendation with its margin; it writes the same as Markdown, JSON and an SVG chart.
+//! Before the runs it prints the fairness checks' warnings (`tools::fairness`; `--no-checks`).
 //!
 //! Every process is a child, the proxy too (`pinlb serve` on a generated configuration), rather
 //! than a `Server` on a thread of this process: the load generator's threads and the proxy's
@@ -30,6 +31,7 @@ use std::time::Duration;
 
 use crate::sys::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list};
 use crate::tools::bench::{self, BenchError, BenchOptions, Target};
+use crate::tools::fairness;
 
 pub use plan::{Layout, Plan, plan};
 use processes::{Children, start_layout};
@@ -79,6 +81,11 @@ pub struct SweepArgs {
     /// Where sweep.md, sweep.json, sweep.svg and the processes' logs go.
     #[arg(long, value_name = "DIR", default_value = "pinlb-sweep")]
     pub out: PathBuf,
+    /// Skip the fairness checks warned about before the runs (docs/performance.md): a debug
+    /// build of pinlb, a proxy without keep-alive, SMT siblings, the frequency governor, local
+    /// ports, a core already busy.
+    #[arg(long)]
+    pub no_checks: bool,
 }
 
 fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
@@ -202,6 +209,34 @@ fn check(args: &SweepArgs) -> Result<Vec<usize>, SweepError> {
     Ok(cores)
 }
 
+/// Where a plan's processes run, for the fairness checks: each layout's proxy and backends, a
+/// group of their own (layouts run one at a time).
+fn placement(plan: &Plan) -> fairness::Placement {
+    let mut roles = Vec::new();
+    for l in &plan.layouts {
+        if !l.proxy.is_empty() {
+            roles.push(fairness::Role {
+                name: format!("the proxy of {}", l.name),
+                kind: fairness::Kind::Proxy,
+                cores: l.proxy.clone(),
+                group: l.id.clone(),
+            });
+        }
+        for (i, &core) in l.backends.iter().enumerate() {
+            roles.push(fairness::Role {
+                name: format!("backend {i} of {}", l.name),
+                kind: fairness::Kind::Backend,
+                cores: vec![core],
+                group: l.id.clone(),
+            });
+        }
+    }
+    fairness::Placement {
+        load: plan.load.clone(),
+        roles,
+    }
+}
+
 fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
     let cores = check(args)?;
     let plan = plan(&cores);
@@ -235,14 +270,36 @@ fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
 
     let mut children = Children::default();
     let mut targets = Vec::with_capacity(plan.layouts.len());
+    let mut checked = Vec::with_capacity(plan.layouts.len());
     let max_c = args.concurrency.iter().copied().max().unwrap_or(1);
     for layout in &plan.layouts {
         let addr = start_layout(args, layout, &logs, max_c, &mut children)?;
+        checked.push(fairness::Target {
+            name: layout.id.clone(),
+            addr,
+            host: addr.to_string(),
+            path: args.path.clone(),
+            plain_http: true,
+            proxied: Some(!layout.proxy.is_empty()),
+        });
         let url = format!("{}=http://{addr}{}", layout.id, args.path);
         targets.push(
             url.parse::<Target>()
                 .map_err(|e| SweepError::Options(e.to_string()))?,
         );
+    }
+
+    if !args.no_checks {
+        let load = fairness::Load {
+            connections: max_c,
+            keep_alive: true,
+            rate: None,
+            run: args.warmup + args.duration,
+        };
+        let placement = placement(&plan);
+        for w in fairness::check(&checked, &load, &plan.load, Some(&placement), true) {
+            println!("warning: {w}");
+        }
     }
 
     let mut cells = Vec::new();
@@ -348,9 +405,39 @@ mod tests {
         assert_eq!(cli.sweep.cores, Some(vec![0, 1, 2, 5]));
         assert_eq!(cli.sweep.concurrency, [100, 1000, 3000]);
         assert_eq!(cli.sweep.duration, Duration::from_secs(30));
+        assert!(!cli.sweep.no_checks);
+        let cli = <Cli as clap::Parser>::try_parse_from(["sweep", "--no-checks"]).unwrap();
+        assert!(cli.sweep.no_checks, "the fairness checks turned off");
         let cli = <Cli as clap::Parser>::try_parse_from(["sweep"]).unwrap();
         assert_eq!(cli.sweep.concurrency, [10, 100]);
         assert_eq!(cli.sweep.cores, None);
+    }
+
+    #[test]
+    fn each_layouts_processes_are_checked_for_fairness_as_a_group_of_their_own() {
+        let p = placement(&plan(&[0, 1, 2, 3]));
+        assert_eq!(p.load, [3]);
+        let group = |g: &str| -> Vec<(String, Vec<usize>)> {
+            p.roles
+                .iter()
+                .filter(|r| r.group == g)
+                .map(|r| (r.name.clone(), r.cores.clone()))
+                .collect()
+        };
+        assert_eq!(
+            group("direct"),
+            [("backend 0 of direct (1 backend)".to_string(), vec![0])]
+        );
+        let p1b2 = group("p1b2");
+        assert_eq!(
+            p1b2[0],
+            ("the proxy of 1 proxy core + 2 backends".into(), vec![0])
+        );
+        assert_eq!(
+            p1b2[2],
+            ("backend 1 of 1 proxy core + 2 backends".into(), vec![2])
+        );
+        assert!(fairness::load_shares_a_core(&p).is_empty());
     }
 
     #[test]
@@ -366,6 +453,7 @@ mod tests {
             path: "/".into(),
             timeout: Duration::from_secs(5),
             out: PathBuf::from("out dir"),
+            no_checks: false,
         };
         assert_eq!(
             command(&args, &[0, 1, 2, 3]),
