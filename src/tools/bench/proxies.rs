@@ -44,7 +44,11 @@ pub(super) fn start(args: &BenchArgs) -> Result<Started, BenchError> {
         Some(list) => {
             parse_cpu_list(list).map_err(|e| fail(format!("--proxy-cpus {list:?}: {e}")))?
         }
-        None => vec![allowed[0]],
+        None => vec![
+            *allowed
+                .first()
+                .ok_or_else(|| fail("no core to run the proxies on".into()))?,
+        ],
     };
     if let Some(c) = cores.iter().find(|c| !allowed.contains(c)) {
         return Err(fail(format!(
