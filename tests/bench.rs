@@ -1211,3 +1211,173 @@ fn a_start_time_in_the_past_and_reports_that_do_not_line_up_are_refused() {
         ran.stderr
     );
 }
+
+/// PATH with the system's sbin directories, where Debian installs nginx and HAProxy.
+fn path_with_sbin() -> String {
+    format!(
+        "{}:/usr/sbin:/sbin",
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// Runs `pinlb bench ARGS` with PATH set to `path`.
+fn pinlb_bench_with_path(args: &[&str], path: &str) -> Ran {
+    let out = Command::new(bin())
+        .arg("bench")
+        .args(args)
+        .env("PATH", path)
+        .output()
+        .expect("run pinlb bench");
+    Ran {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn bench_with_proxies_starts_them_in_front_of_the_backend_and_reads_their_cpu() {
+    let backend = Backend::start(Reply::Ok);
+    let cores = common::allowed();
+    let proxy_core = cores[0];
+    let load_core = *cores.last().unwrap();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("bench-proxies-{}", std::process::id()));
+    let json = dir.join("bench.json");
+    let (addr, pc, lc) = (
+        backend.addr.to_string(),
+        proxy_core.to_string(),
+        load_core.to_string(),
+    );
+    let ran = pinlb_bench_with_path(
+        &[
+            "--proxy",
+            "pinlb,nginx,haproxy",
+            "--backend",
+            &addr,
+            "--proxy-cpus",
+            &pc,
+            "--proxy-dir",
+            dir.to_str().unwrap(),
+            "--cpus",
+            &lc,
+            "-c",
+            "4",
+            "-d",
+            "300ms",
+            "--warmup",
+            "100ms",
+            "--rounds",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &path_with_sbin(),
+    )
+    .succeeded();
+    for name in ["direct", "pinlb", "nginx", "haproxy"] {
+        assert!(
+            ran.stdout.contains(&format!("\n| {name} | ")),
+            "{}",
+            ran.stdout
+        );
+    }
+    assert!(ran.stdout.contains("\nCPU per request ("), "{}", ran.stdout);
+    let report: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let names: Vec<&str> = report.targets.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["direct", "pinlb", "nginx", "haproxy"]);
+    for t in &report.targets {
+        assert_eq!(t.requests.errors.total(), 0, "{}", t.name);
+        assert!(t.requests.responses > 0, "{}", t.name);
+        let cpu = t
+            .cpu
+            .as_ref()
+            .unwrap_or_else(|| panic!("{}: no CPU", t.name));
+        // The backend is this test process (its children, other tests' included, count with
+        // it); the proxies are bench's children.
+        if t.name == "direct" {
+            assert!(cpu.server_pids.contains(&std::process::id()), "{cpu:?}");
+            assert!(cpu.backends_us_per_request.is_empty());
+        } else {
+            assert!(!cpu.server_pids.contains(&std::process::id()), "{cpu:?}");
+            assert!(
+                cpu.server_us_per_request.unwrap() > 0.0,
+                "{}: {cpu:?}",
+                t.name
+            );
+            assert_eq!(cpu.backends_us_per_request.len(), 1, "{cpu:?}");
+            assert!(cpu.backends_us_per_request[0].is_some(), "{cpu:?}");
+        }
+    }
+    // What reached the backend went through the proxies too.
+    assert!(
+        backend.seen() >= report.targets.iter().map(|t| t.requests.responses).sum(),
+        "{}",
+        backend.seen()
+    );
+    // The generated configurations pin the proxy core and keep the backend alive.
+    let text = |p: &str| std::fs::read_to_string(dir.join(p)).unwrap();
+    let nginx = text("nginx/nginx.conf");
+    assert!(
+        nginx.contains(&format!("worker_cpu_affinity 1{};", "0".repeat(proxy_core)))
+            && nginx.contains(&format!("server {addr};"))
+            && nginx.contains("keepalive 64;"),
+        "{nginx}"
+    );
+    let haproxy = text("haproxy/haproxy.cfg");
+    assert!(
+        haproxy.contains(&format!("cpu-map 1/1 {proxy_core}\n"))
+            && haproxy.contains(&format!("server b0 {addr}\n"))
+            && haproxy.contains("http-reuse always"),
+        "{haproxy}"
+    );
+    assert!(text("pinlb/pinlb.toml").contains(&format!("cpus = [{proxy_core}]")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_skips_a_proxy_missing_from_path_and_says_how_to_install_it() {
+    let backend = Backend::start(Reply::Ok);
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("bench-missing-{}", std::process::id()));
+    let empty = dir.join("empty-path");
+    std::fs::create_dir_all(&empty).unwrap();
+    let (addr, core) = (backend.addr.to_string(), first_core().to_string());
+    let ran = pinlb_bench_with_path(
+        &[
+            "--proxy",
+            "pinlb,haproxy",
+            "--backend",
+            &addr,
+            "--proxy-cpus",
+            &core,
+            "--proxy-dir",
+            dir.to_str().unwrap(),
+            "--cpus",
+            &core,
+            "-c",
+            "2",
+            "-d",
+            "200ms",
+            "--warmup",
+            "0s",
+            "--rounds",
+            "1",
+        ],
+        empty.to_str().unwrap(),
+    )
+    .succeeded();
+    assert!(
+        ran.stderr.contains(
+            "pinlb bench: haproxy not found on PATH: skipped (Debian: apt-get install haproxy)"
+        ),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        ran.stdout.contains("\n| pinlb | ") && !ran.stdout.contains("\n| haproxy | "),
+        "{}",
+        ran.stdout
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -159,21 +159,16 @@ fn sweep_on_two_cores_completes_recommends_and_says_the_load_generator_shares_a_
     assert!(md.contains("**best: "), "{md}");
 
     // The processes it started are gone: their ports answer no more.
-    for log in std::fs::read_dir(out_dir.join("logs")).unwrap() {
-        let path = log.unwrap().path();
-        if path.extension().is_some_and(|e| e == "toml") {
-            let toml = std::fs::read_to_string(&path).unwrap();
-            let addr = toml
-                .lines()
-                .find_map(|l| l.strip_prefix("address = \""))
-                .and_then(|a| a.strip_suffix('"'))
-                .expect("the proxy's listener");
-            assert!(
-                std::net::TcpStream::connect(addr).is_err(),
-                "the proxy on {addr} was stopped"
-            );
-        }
-    }
+    let toml = std::fs::read_to_string(out_dir.join("logs/p1b1-pinlb/pinlb.toml")).unwrap();
+    let addr = toml
+        .lines()
+        .find_map(|l| l.strip_prefix("address = \""))
+        .and_then(|a| a.strip_suffix('"'))
+        .expect("the proxy's listener");
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "the proxy on {addr} was stopped"
+    );
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 
@@ -186,4 +181,234 @@ fn the_xml_check_refuses_what_is_not_well_formed() {
             "{bad}"
         );
     }
+}
+
+/// PATH with the system's sbin directories, where Debian installs nginx and HAProxy (a user's
+/// PATH may lack them).
+fn path_with_sbin() -> String {
+    format!(
+        "{}:/usr/sbin:/sbin",
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// A sweep of `--proxy LIST` on at most two cores at one concurrency, one short round; its
+/// output, and the directory of its files.
+fn sweep_with_proxies(list: &str, path: &str, name: &str) -> (String, PathBuf) {
+    let cores = allowed();
+    let cores = &cores[..cores.len().min(2)];
+    let list_of_cores = cores
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("sweep-{name}-{}", std::process::id()));
+    let out = Command::new(bin())
+        .args([
+            "sweep",
+            "--cores",
+            &list_of_cores,
+            "--proxy",
+            list,
+            "--concurrency",
+            "4",
+            "--duration",
+            "300ms",
+            "--warmup",
+            "100ms",
+            "--rounds",
+            "1",
+            "--work",
+            "20us",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .env("PATH", path)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run pinlb sweep");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    (stdout, out_dir)
+}
+
+#[test]
+fn sweep_with_nginx_and_haproxy_reports_every_layout_per_proxy_with_cpu_per_request() {
+    let (stdout, out_dir) = sweep_with_proxies("pinlb,nginx,haproxy", &path_with_sbin(), "peers");
+    let proxied = "1 proxy core + 1 backend";
+    let row = |layout: &str, proxy: &str| {
+        stdout
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!("| {layout} "))
+                    && l.split('|').nth(2).is_some_and(|p| p.trim() == proxy)
+            })
+            .unwrap_or_else(|| panic!("no row for {layout} with {proxy}: {stdout}"))
+            .to_string()
+    };
+    let direct = row("direct (1 backend)", "–");
+    assert!(direct.contains("| 0 "), "no failures: {direct}");
+    for proxy in ["pinlb", "nginx", "haproxy"] {
+        let r = row(proxied, proxy);
+        assert!(r.contains("| 0 "), "no failures: {r}");
+        // The last two columns: the proxy's CPU per request and the backend's, both read.
+        let cols: Vec<&str> = r.split('|').map(str::trim).collect();
+        let n = cols.len();
+        for v in [cols[n - 3], cols[n - 2]] {
+            assert!(v.parse::<f64>().is_ok_and(|v| v > 0.0), "CPU in {r}");
+        }
+    }
+    for line in [
+        "\nbest layout with pinlb: ",
+        "\nbest layout with nginx: ",
+        "\nbest layout with HAProxy: ",
+        "\npinlb vs nginx here: by req/s ",
+        "\npinlb vs HAProxy here: by req/s ",
+    ] {
+        assert!(stdout.contains(line), "{line:?} in {stdout}");
+    }
+    assert!(
+        stdout.contains("by the proxy's CPU per request at "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("--proxy pinlb,nginx,haproxy"),
+        "the command that reproduces it: {stdout}"
+    );
+
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("sweep.json")).unwrap())
+            .expect("sweep.json parses");
+    let cells = json["cells"].as_array().expect("cells");
+    assert_eq!(cells.len(), 4, "direct and p1b1 × 3 proxies: {json}");
+    for cell in cells {
+        let backends = cell["backend_cpu_us_per_request"].as_array().unwrap();
+        assert_eq!(backends.len(), 1, "{cell}");
+        assert!(backends[0].as_f64().unwrap() > 0.0, "{cell}");
+        if cell["layout"] == "direct" {
+            assert!(cell["proxy"].is_null(), "{cell}");
+            assert!(cell["proxy_cpu_us_per_request"].is_null(), "{cell}");
+        } else {
+            assert!(cell["proxy"].is_string(), "{cell}");
+            assert!(
+                cell["proxy_cpu_us_per_request"].as_f64().unwrap() > 0.0,
+                "{cell}"
+            );
+        }
+    }
+    let best: Vec<&str> = json["best_per_proxy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["proxy"].as_str().unwrap())
+        .collect();
+    assert_eq!(best, ["pinlb", "nginx", "haproxy"]);
+    assert_eq!(json["versus"].as_array().unwrap().len(), 2, "{json}");
+    let proxies: Vec<&str> = json["proxies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["proxy"].as_str().unwrap())
+        .collect();
+    assert_eq!(proxies, ["pinlb", "nginx", "haproxy"]);
+    let md = std::fs::read_to_string(out_dir.join("sweep.md")).unwrap();
+    assert!(md.contains("**pinlb vs nginx here"), "{md}");
+    let svg = std::fs::read_to_string(out_dir.join("sweep.svg")).unwrap();
+    assert_well_formed_xml(&svg);
+    for name in [
+        "1 proxy core + 1 backend, nginx",
+        "1 proxy core + 1 backend, HAProxy",
+    ] {
+        assert!(svg.contains(name), "a legend entry for {name}");
+    }
+
+    // The generated configurations: the same core, one worker, keep-alive to the backend.
+    let core = json["plan"]["layouts"][1]["proxy"][0].as_u64().unwrap() as usize;
+    let logs = out_dir.join("logs");
+    let text = |name: &str| std::fs::read_to_string(logs.join(name)).unwrap();
+    let nginx = text("p1b1-nginx/nginx.conf");
+    let mask = format!("1{}", "0".repeat(core));
+    for want in [
+        "worker_processes 1;".to_string(),
+        format!("worker_cpu_affinity {mask};"),
+        "keepalive 64;".into(),
+        "proxy_http_version 1.1;".into(),
+        "access_log off;".into(),
+    ] {
+        assert!(nginx.contains(&want), "{want} in {nginx}");
+    }
+    let haproxy = text("p1b1-haproxy/haproxy.cfg");
+    for want in [
+        "nbthread 1\n".to_string(),
+        format!("cpu-map 1/1 {core}\n"),
+        "http-reuse always\n".into(),
+        "option http-keep-alive\n".into(),
+    ] {
+        assert!(haproxy.contains(&want), "{want:?} in {haproxy}");
+    }
+    let pinlb = text("p1b1-pinlb/pinlb.toml");
+    assert!(
+        pinlb.contains(&format!("cpus = [{core}]")) && pinlb.contains("keepalive = 64"),
+        "{pinlb}"
+    );
+    // Every proxy it started is stopped: their ports answer no more.
+    for (file, key) in [
+        ("p1b1-nginx/nginx.conf", "listen "),
+        ("p1b1-haproxy/haproxy.cfg", "bind "),
+        ("p1b1-pinlb/pinlb.toml", "address = \""),
+    ] {
+        let body = text(file);
+        let addr = body
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(key))
+            .map(|a| a.split([' ', '"', ';']).next().unwrap().to_string())
+            .expect("the proxy's listener");
+        assert!(
+            std::net::TcpStream::connect(&addr).is_err(),
+            "the proxy of {file} on {addr} was stopped"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+#[test]
+fn a_peer_missing_from_path_is_skipped_with_how_to_install_it() {
+    // A PATH with nginx on it and no HAProxy.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("path-without-haproxy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx", "/sbin/nginx"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("nginx is installed (scripts/test installs it)");
+    let link = dir.join("nginx");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(nginx, &link).unwrap();
+    let (stdout, out_dir) =
+        sweep_with_proxies("pinlb,nginx,haproxy", &dir.display().to_string(), "missing");
+    assert!(
+        stdout
+            .contains("note: haproxy not found on PATH: skipped (Debian: apt-get install haproxy)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("| nginx ")
+            && stdout.contains("| pinlb ")
+            && !stdout.contains("| haproxy "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("pinlb vs nginx here"), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("sweep.json")).unwrap()).unwrap();
+    assert!(
+        json["skipped"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("haproxy not found on PATH"),
+        "{json}"
+    );
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -341,7 +341,7 @@ pub fn describe_holders(found: &Found) -> Option<String> {
 }
 
 /// Whether `ip` is an address of this machine: binding to it works only then.
-fn is_local(ip: IpAddr) -> bool {
+pub fn is_local(ip: IpAddr) -> bool {
     ip.is_loopback()
         || ip.is_unspecified()
         || std::net::TcpListener::bind(SocketAddr::new(ip, 0)).is_ok()

@@ -11,6 +11,9 @@
 //! - [`bench`](mod@bench): `pinlb bench`, a pinned load generator comparing targets in
 //!   interleaved rounds.
 //! - [`sweep`]: `pinlb sweep`, every split of the cores between proxy and backends, benched.
+//! - [`peers`]: the proxies `sweep --proxy` and `bench --proxy` run (pinlb, nginx, HAProxy) and
+//!   their equivalent configurations.
+//! - [`launch`]: the pinned children `sweep` and `bench --proxy` start, awaited and stopped.
 //! - [`backend`]: `pinlb backend`, pinned hello-world test servers with a WebSocket echo.
 //! - [`demo`]: `pinlb demo`, the embedded default: backends, proxy and bench in one process.
 
@@ -21,4 +24,6 @@ pub mod coremap;
 pub mod demo;
 pub mod fairness;
 pub mod import;
+pub mod launch;
+pub mod peers;
 pub mod sweep;

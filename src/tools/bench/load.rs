@@ -113,12 +113,14 @@ enum Msg {
 
 /// Runs `plan` on its pinned threads and blocks until they are done. While they run, `tick` is
 /// called every 250 ms on this thread with the time since the start and the responses and
-/// errors so far (warm-up included).
+/// errors so far (warm-up included), and `window` once, when the recorded window starts (after
+/// the warm-up; at the start without one): what reads the servers' CPU at the window's edges.
 ///
 /// The calling thread is not pinned: it only waits, and it belongs to the caller.
 pub(crate) fn run(
     plan: &Arc<Plan>,
     tick: &mut dyn FnMut(Duration, Done),
+    window: &mut dyn FnMut(),
 ) -> Result<RunResult, BenchError> {
     let (tx, rx) = mpsc::channel();
     let progress: Arc<Vec<Progress>> =
@@ -169,13 +171,29 @@ pub(crate) fn run(
         return Err(e);
     }
     let begin = Instant::now();
+    let window_at = begin + plan.warmup;
+    let mut in_window = plan.warmup.is_zero();
+    if in_window {
+        window();
+    }
     for g in &go {
         let _ = g.send(());
     }
 
     let mut results = Vec::with_capacity(plan.threads);
     while results.len() < plan.threads {
-        match rx.recv_timeout(TICK) {
+        // Woken at the window's start too, to call `window` then.
+        let wait = if in_window {
+            TICK
+        } else {
+            TICK.min(window_at.saturating_duration_since(Instant::now()))
+        };
+        let msg = rx.recv_timeout(wait);
+        if !in_window && Instant::now() >= window_at {
+            in_window = true;
+            window();
+        }
+        match msg {
             Ok(Msg::Done(r)) => results.push(r),
             Ok(Msg::Ready(_)) => {}
             Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -196,6 +214,9 @@ pub(crate) fn run(
         }
     }
     join(handles)?;
+    if !in_window {
+        window();
+    }
 
     let mut merged = RunResult {
         histogram: new_histogram()?,

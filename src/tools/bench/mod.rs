@@ -10,6 +10,14 @@
 //! first target, the throughput ratio and the latency added at each percentile: the proxy's
 //! overhead when the first target is the backend alone.
 //!
+//! Each target's CPU per request is read from `/proc` over its recorded windows ([`cpu`]): of
+//! the process listening on its port when that is on this machine, shown as "–" where it
+//! cannot be known (another machine, another user's process). With `--proxy pinlb,nginx,haproxy
+//! --backend ADDR[,...] --proxy-cpus LIST` it starts those proxies pinned in front of backends
+//! that already run, on `pinlb sweep`'s configurations ([`crate::tools::peers`]), and benches
+//! `direct` (the first backend alone) and each proxy in the same rounds, with each proxy's CPU
+//! per request and each backend's beside its req/s.
+//!
 //! Before the run, the fairness checks (`tools::fairness`) warn on stderr of what would make it
 //! unfair: the load threads on a target's core, a debug build, a proxy without keep-alive, SMT
 //! siblings, the frequency governor, local ports, a busy core. `--no-checks` turns them off.
@@ -36,15 +44,19 @@
 //! - [`h2`]: `--h2`: HTTP/2 on hyper's client, `--streams` concurrent streams per connection.
 //! - [`closed`]: the closed loop, one event-loop task per thread.
 //! - [`load`]: the pinned threads, the open loop, and the accounting both loops share.
+//! - [`cpu`]: the CPU of each target's processes, read at the edges of its recorded windows.
+//! - [`proxies`]: `--proxy`: the proxies started in front of `--backend`, and their targets.
 //! - [`report`]: the results, and the table, JSON and SVG made from them.
 //! - [`merge`]: `pinlb bench merge`, the reports of several machines that ran at once (each
 //!   started with the same `--start-at`) added up into one.
 
 mod closed;
+pub mod cpu;
 mod h2;
 mod hdr;
 mod load;
 pub mod merge;
+mod proxies;
 pub mod report;
 pub mod stats;
 mod thread;
@@ -62,6 +74,7 @@ use std::time::{Duration, SystemTime};
 
 use http::Uri;
 
+pub use cpu::{CpuUse, Processes};
 pub use report::{Overhead, Report, RoundReport, TargetReport};
 pub use stats::{AddedLatency, Counts, CurvePoint, Errors, Latency, Spread, Statuses};
 pub use tls::Trust;
@@ -241,7 +254,18 @@ pub enum BenchError {
 /// draws the progress line; the load runs on threads it starts and joins, pinned to
 /// `opts.cpus`.
 pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
+    run_metered(opts, &[])
+}
+
+/// [`run`], also reading the CPU of each target's processes (`processes[i]` for target `i`;
+/// missing or empty entries are not read) over its recorded windows: each
+/// [`TargetReport::cpu`].
+pub fn run_metered(opts: &BenchOptions, processes: &[Processes]) -> Result<Report, BenchError> {
     let cpus = check_options(opts)?;
+    let none = Processes::default();
+    let mut meters: Vec<cpu::Meter> = (0..opts.targets.len())
+        .map(|i| cpu::Meter::new(processes.get(i).unwrap_or(&none)))
+        .collect();
     let plans = opts
         .targets
         .iter()
@@ -308,7 +332,12 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
     let mut runs: Vec<Vec<load::RunResult>> = plans.iter().map(|_| Vec::new()).collect();
     let mut result = Ok(());
     'rounds: for round in 0..opts.rounds {
-        for ((plan, target), results) in plans.iter().zip(&opts.targets).zip(&mut runs) {
+        for (((plan, target), results), meter) in plans
+            .iter()
+            .zip(&opts.targets)
+            .zip(&mut runs)
+            .zip(&mut meters)
+        {
             let mut last = (Duration::ZERO, 0u64);
             let mut tick = |elapsed: Duration, done: Done| {
                 if !show {
@@ -324,8 +353,11 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
                 let line = progress_line(round, opts, &target.name, elapsed, rate, done);
                 let _ = write!(std::io::stderr(), "\r\x1b[K{line}");
             };
-            match load::run(plan, &mut tick) {
-                Ok(r) => results.push(r),
+            match load::run(plan, &mut tick, &mut || meter.window_started()) {
+                Ok(r) => {
+                    meter.window_ended();
+                    results.push(r);
+                }
                 Err(e) => {
                     result = Err(e);
                     break 'rounds;
@@ -338,6 +370,9 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
     }
     result?;
     let mut report = Report::build(opts, &cpus, runs)?;
+    for (t, meter) in report.targets.iter_mut().zip(&meters) {
+        t.cpu = meter.per_request(t.requests.responses);
+    }
     report.started_at = Some(humantime::format_rfc3339_millis(started_at).to_string());
     report.ended_at = Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string());
     Ok(report)
@@ -541,9 +576,38 @@ fn progress_line(
 pub struct BenchArgs {
     #[command(subcommand)]
     pub action: Option<BenchAction>,
-    /// Targets, compared against the first: NAME=URL or URL (http:// or https://).
-    #[arg(required = true, value_name = "TARGET")]
+    /// Targets, compared against the first: NAME=URL or URL (http:// or https://). With
+    /// --proxy they come after the targets it starts. Each one's CPU per request (user +
+    /// system µs per response, from /proc over the recorded windows) is printed for the
+    /// process listening on its port when that is on this machine, "–" where unknown.
+    #[arg(required_unless_present = "proxy", value_name = "TARGET")]
     pub targets: Vec<Target>,
+    /// Start these proxies (pinlb, nginx, haproxy; nginx and HAProxy found on PATH, skipped
+    /// with a line saying how to install them when not) in front of --backend, pinned to
+    /// --proxy-cpus with a worker per core, on configurations equivalent to pinlb's (the ones
+    /// `pinlb sweep --proxy` writes), and bench `direct` (the first backend alone) and then
+    /// each proxy in the same interleaved rounds. Give --cpus to keep the load off their cores.
+    #[arg(long, value_name = "LIST", value_parser = parse_proxies, requires = "backend")]
+    pub proxy: Option<std::vec::Vec<crate::tools::peers::Proxy>>,
+    /// With --proxy: the backends, already running (`pinlb backend`, your app).
+    #[arg(
+        long,
+        value_name = "ADDR,...",
+        value_delimiter = ',',
+        requires = "proxy"
+    )]
+    pub backend: Vec<SocketAddr>,
+    /// With --proxy: the proxies' cores, one worker each [default: the first core this
+    /// process may run on].
+    #[arg(long, value_name = "LIST", requires = "proxy")]
+    pub proxy_cpus: Option<String>,
+    /// With --proxy: where each proxy's configuration and logs go [default: a pinlb-bench-PID
+    /// directory in the temporary directory].
+    #[arg(long, value_name = "DIR", requires = "proxy")]
+    pub proxy_dir: Option<PathBuf>,
+    /// With --proxy: the path requested from direct and the proxies.
+    #[arg(long, default_value = "/", requires = "proxy")]
+    pub path: String,
     /// Connections open at once per target (ab's concurrency); kept alive unless
     /// --disable-keepalive.
     #[arg(short, long, default_value_t = 64)]
@@ -735,6 +799,38 @@ impl BenchArgs {
     }
 }
 
+fn parse_proxies(s: &str) -> Result<Vec<crate::tools::peers::Proxy>, String> {
+    crate::tools::peers::Proxy::parse_list(s)
+}
+
+/// The options, with `--proxy`'s proxies started (stopped when the returned `Children` is
+/// dropped) and their targets first, and the processes of every target whose CPU can be read:
+/// those started, and for URLs the process listening on each one's port on this machine.
+fn prepare(
+    args: &BenchArgs,
+) -> Result<
+    (
+        BenchOptions,
+        Vec<Processes>,
+        Option<crate::tools::launch::Children>,
+    ),
+    BenchError,
+> {
+    let mut opts = args.options()?;
+    let given = proxies::discover(&opts.targets);
+    if args.proxy.is_none() {
+        return Ok((opts, given, None));
+    }
+    let started = proxies::start(args)?;
+    for line in &started.skipped {
+        eprintln!("pinlb bench: {line}");
+    }
+    opts.targets.splice(0..0, started.targets);
+    let mut processes = started.processes;
+    processes.extend(given);
+    Ok((opts, processes, Some(started.children)))
+}
+
 /// `pinlb bench`: runs, prints the table to stdout, writes `--json` and `--plot`. Exits 1 when
 /// the bench cannot run, a file cannot be written, or a target answered no request at all
 /// (refused every connection, say): then no figure compares anything. Other errors during the
@@ -743,14 +839,16 @@ pub fn main(args: BenchArgs) -> ExitCode {
     if let Some(BenchAction::Merge(m)) = &args.action {
         return merge::main(m);
     }
-    let checked = args.options().inspect(|o| {
+    let report = match prepare(&args).and_then(|(o, p, children)| {
         if !args.no_checks {
-            for w in fairness_warnings(o) {
+            for w in fairness_warnings(&o) {
                 eprintln!("pinlb bench: warning: {w}");
             }
         }
-    });
-    let report = match checked.and_then(|o| run(&o)) {
+        let r = run_metered(&o, &p);
+        drop(children);
+        r
+    }) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("pinlb bench: {e}");

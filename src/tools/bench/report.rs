@@ -87,6 +87,10 @@ pub struct TargetReport {
     pub histogram: Histogram<u64>,
     /// Why the first failed connect failed ("connection refused"), if one did.
     pub connect_failure: Option<String>,
+    /// CPU per response of the processes behind the target, read from `/proc` over the
+    /// recorded windows (see [`super::cpu`]); `None` when they are not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<super::cpu::CpuUse>,
 }
 
 impl TargetReport {
@@ -145,6 +149,7 @@ impl TargetReport {
             percentiles: stats::percentile_curve(&histogram),
             histogram,
             connect_failure,
+            cpu: None,
         })
     }
 }
@@ -331,6 +336,38 @@ impl Report {
                     added(a.max_us, n.max_us),
                 );
             }
+        }
+        if self.targets.iter().any(|t| t.cpu.is_some()) {
+            out.push_str(&self.cpu_table());
+        }
+        out
+    }
+
+    /// CPU per request of each target's processes, where they are known.
+    fn cpu_table(&self) -> String {
+        let mut out = String::from(
+            "
+CPU per request (user + system µs per response of the recorded windows, from /proc; server: what answers at the target's address, with its child processes):
+
+| target | server µs/req | backends µs/req | server pids |
+|---|---:|---:|---|
+",
+        );
+        for t in &self.targets {
+            let (server, backends, pids) = match &t.cpu {
+                Some(c) => (
+                    cpu_us(c.server_us_per_request),
+                    cpu_list(&c.backends_us_per_request),
+                    c.server_pids
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ),
+                None => ("–".into(), "–".into(), "–".into()),
+            };
+            let pids = if pids.is_empty() { "–".into() } else { pids };
+            let _ = writeln!(out, "| {} | {server} | {backends} | {pids} |", t.name);
         }
         out
     }
@@ -691,6 +728,20 @@ pub(crate) fn errors(e: &Errors) -> String {
         .map(|(k, n)| format!("{k} {n}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// µs of CPU per request, "–" when unknown.
+pub fn cpu_us(v: Option<f64>) -> String {
+    v.map_or_else(|| "–".into(), |v| format!("{v:.1}"))
+}
+
+/// Each backend's µs per request joined with " + " (they add up to the backends' CPU per
+/// request); "–" when none is known.
+pub fn cpu_list(v: &[Option<f64>]) -> String {
+    if v.iter().all(Option::is_none) {
+        return "–".into();
+    }
+    v.iter().map(|b| cpu_us(*b)).collect::<Vec<_>>().join(" + ")
 }
 
 #[cfg(test)]

@@ -9,6 +9,15 @@
 //! recommendation with its margin; it writes the same as Markdown, JSON and an SVG chart.
 //! Before the runs it prints the fairness checks' warnings (`tools::fairness`; `--no-checks`).
 //!
+//! `--proxy pinlb,nginx,haproxy` puts each of those proxies in front of the same backends in
+//! every proxied layout, on configurations equivalent to pinlb's ([`crate::tools::peers`]: the
+//! same worker count pinned to the same cores, upstream keep-alive, the same timeouts, no
+//! access log), and runs them in the same interleaved rounds; nginx and HAProxy come from
+//! PATH, and one that is not there is skipped with a line that says how to install it. Every
+//! cell has the CPU per request of the proxy's processes and of each backend process, read
+//! from `/proc` over the recorded windows (`bench::cpu`), and the report gives the best layout
+//! per proxy and whether pinlb beats each peer here, by requests/s and by CPU per request.
+//!
 //! Every process is a child, the proxy too (`pinlb serve` on a generated configuration), rather
 //! than a `Server` on a thread of this process: the load generator's threads and the proxy's
 //! workers are then separate processes, each pinned to its own cores by the kernel before it
@@ -16,9 +25,9 @@
 //! same processes a user would run by hand.
 //!
 //! - [`plan`]: which layouts fit the cores, and where the load generator runs.
-//! - [`processes`]: each layout's backends and proxy, started pinned and stopped at the end.
-//! - [`report`]: the cells, the recommendation and its margin, and the table, Markdown, JSON
-//!   and SVG made from them.
+//! - [`processes`]: each layout's backends and proxies, started pinned and stopped at the end.
+//! - [`report`]: the cells, the recommendation and its margin, the best layout per proxy and
+//!   pinlb against each peer, and the table, Markdown, JSON and SVG made from them.
 
 mod plan;
 mod processes;
@@ -30,13 +39,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::sys::cpus::{allowed_cpus, format_cpu_list, parse_cpu_list};
-use crate::tools::bench::{self, BenchError, BenchOptions, Target};
+use crate::tools::bench::{self, BenchError, BenchOptions, Processes, Target};
 use crate::tools::fairness;
+use crate::tools::launch::{Children, LaunchError};
+use crate::tools::peers::{self, Proxy};
 
 pub use plan::{Layout, Plan, plan};
-use processes::{Children, start_layout};
+use processes::{start_backends, start_proxy};
 use report::within_pct;
-pub use report::{Cell, Recommendation, Sweep, recommend};
+pub use report::{Cell, Recommendation, Sweep, Versus, recommend, versus};
 
 /// `pinlb sweep`'s command line.
 #[derive(Debug, Clone, clap::Args)]
@@ -78,7 +89,8 @@ pub struct SweepArgs {
     /// Per request, like wrk's --timeout.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-    /// Where sweep.md, sweep.json, sweep.svg and the processes' logs go.
+    /// Where sweep.md, sweep.json, sweep.svg and the processes' logs (and the proxies'
+    /// configurations) go.
     #[arg(long, value_name = "DIR", default_value = "pinlb-sweep")]
     pub out: PathBuf,
     /// Skip the fairness checks warned about before the runs (docs/performance.md): a debug
@@ -86,10 +98,24 @@ pub struct SweepArgs {
     /// ports, a core already busy.
     #[arg(long)]
     pub no_checks: bool,
+    /// The proxies to compare: pinlb, nginx, haproxy, comma-separated. Every proxied layout
+    /// runs once per proxy, in front of the same backends and in the same interleaved rounds
+    /// (direct once), each proxy on a configuration equivalent to pinlb's: a worker per proxy
+    /// core pinned to it, upstream keep-alive, pinlb's timeouts, no access log. nginx and
+    /// HAProxy are found on PATH; one that is not is skipped with a line saying how to install
+    /// it. The run takes about (1 + proxied layouts × proxies) × concurrencies × rounds ×
+    /// (duration + warm-up): with the defaults on 2 cores and all three proxies, 4 × 2 × 3 ×
+    /// 2.5 s = 60 s, plus starting the processes.
+    #[arg(long, value_name = "LIST", value_parser = parse_proxies, default_value = "pinlb")]
+    pub proxy: std::vec::Vec<Proxy>,
 }
 
 fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
     parse_cpu_list(s)
+}
+
+fn parse_proxies(s: &str) -> Result<Vec<Proxy>, String> {
+    Proxy::parse_list(s)
 }
 
 /// Why a sweep could not run.
@@ -101,13 +127,8 @@ pub enum SweepError {
     AllowedCpus(nix::Error),
     #[error("cannot start {what}: {reason}")]
     Start { what: String, reason: String },
-    #[error("{what} did not answer within {limit:?}: {reason} (its log: {log})")]
-    NotReady {
-        what: String,
-        limit: Duration,
-        reason: String,
-        log: String,
-    },
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
     #[error("bench at c={concurrency}: {source}")]
     Bench {
         concurrency: usize,
@@ -157,6 +178,10 @@ pub fn command(args: &SweepArgs, cores: &[usize]) -> String {
     if args.path != "/" {
         let _ = write!(s, " --path {}", quote(&args.path));
     }
+    if args.proxy != [Proxy::Pinlb] {
+        let names: Vec<&str> = args.proxy.iter().map(|p| p.as_str()).collect();
+        let _ = write!(s, " --proxy {}", names.join(","));
+    }
     let _ = write!(
         s,
         " --timeout {} --out {}",
@@ -164,6 +189,30 @@ pub fn command(args: &SweepArgs, cores: &[usize]) -> String {
         quote(&args.out.display().to_string())
     );
     s
+}
+
+/// A bench target named `name` for `addr`.
+fn target(name: &str, addr: std::net::SocketAddr, path: &str) -> Result<Target, SweepError> {
+    format!("{name}=http://{addr}{path}")
+        .parse::<Target>()
+        .map_err(|e| SweepError::Options(e.to_string()))
+}
+
+/// What the fairness checks are told of one target: direct or proxied.
+fn checked_target(
+    name: &str,
+    addr: std::net::SocketAddr,
+    path: &str,
+    proxied: bool,
+) -> fairness::Target {
+    fairness::Target {
+        name: name.to_string(),
+        addr,
+        host: addr.to_string(),
+        path: path.to_string(),
+        plain_http: true,
+        proxied: Some(proxied),
+    }
 }
 
 /// `s` quoted for a POSIX shell when it needs it.
@@ -205,6 +254,9 @@ fn check(args: &SweepArgs) -> Result<Vec<usize>, SweepError> {
     };
     if cores.is_empty() {
         return bad("no core to run on");
+    }
+    if args.proxy.is_empty() {
+        return bad("--proxy: give at least one of pinlb, nginx, haproxy");
     }
     Ok(cores)
 }
@@ -268,25 +320,56 @@ fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
         println!("note: {n}");
     }
 
+    let (found, skipped) = peers::available(&args.proxy);
+    for line in &skipped {
+        println!("note: {line}");
+    }
+    if found.is_empty() {
+        return Err(SweepError::Options(
+            "--proxy: none of the proxies given can run here (see the notes above)".into(),
+        ));
+    }
+    for f in &found {
+        println!(
+            "proxy {} {} ({})",
+            f.proxy.display_name(),
+            f.version,
+            f.program.display()
+        );
+    }
+
     let mut children = Children::default();
-    let mut targets = Vec::with_capacity(plan.layouts.len());
-    let mut checked = Vec::with_capacity(plan.layouts.len());
+    // A target per direct layout and per proxied layout and proxy, in the order of the rounds.
+    let mut targets = Vec::new();
+    let mut keys: Vec<(String, Option<Proxy>)> = Vec::new();
+    let mut metered = Vec::new();
+    let mut checked = Vec::new();
     let max_c = args.concurrency.iter().copied().max().unwrap_or(1);
     for layout in &plan.layouts {
-        let addr = start_layout(args, layout, &logs, max_c, &mut children)?;
-        checked.push(fairness::Target {
-            name: layout.id.clone(),
-            addr,
-            host: addr.to_string(),
-            path: args.path.clone(),
-            plain_http: true,
-            proxied: Some(!layout.proxy.is_empty()),
-        });
-        let url = format!("{}=http://{addr}{}", layout.id, args.path);
-        targets.push(
-            url.parse::<Target>()
-                .map_err(|e| SweepError::Options(e.to_string()))?,
-        );
+        let backends = start_backends(args, layout, &logs, &mut children)?;
+        let addrs: Vec<_> = backends.iter().map(|b| b.0).collect();
+        let pids: Vec<Vec<u32>> = backends.iter().map(|b| vec![b.1]).collect();
+        if layout.proxy.is_empty() {
+            targets.push(target(&layout.id, addrs[0], &args.path)?);
+            checked.push(checked_target(&layout.id, addrs[0], &args.path, false));
+            keys.push((layout.id.clone(), None));
+            metered.push(Processes {
+                server: pids[0].clone(),
+                backends: Vec::new(),
+            });
+            continue;
+        }
+        for f in &found {
+            let (addr, pid) = start_proxy(args, layout, f, &addrs, &logs, max_c, &mut children)?;
+            let name = format!("{}-{}", layout.id, f.proxy);
+            targets.push(target(&name, addr, &args.path)?);
+            checked.push(checked_target(&name, addr, &args.path, true));
+            keys.push((layout.id.clone(), Some(f.proxy)));
+            metered.push(Processes {
+                server: vec![pid],
+                backends: pids.clone(),
+            });
+        }
     }
 
     if !args.no_checks {
@@ -305,7 +388,7 @@ fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
     let mut cells = Vec::new();
     for &c in &args.concurrency {
         println!(
-            "\nc={c}: {} layout(s), {} round(s) of {} after {} of warm-up, interleaved",
+            "\nc={c}: {} target(s), {} round(s) of {} after {} of warm-up, interleaved",
             targets.len(),
             args.rounds,
             humantime::format_duration(args.duration),
@@ -330,24 +413,57 @@ fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
             // Each run starts as soon as the previous one ends.
             start_at: None,
         };
-        let report = bench::run(&opts).map_err(|source| SweepError::Bench {
+        let report = bench::run_metered(&opts, &metered).map_err(|source| SweepError::Bench {
             concurrency: c,
             source,
         })?;
-        cells.extend(report.targets.iter().map(|t| Cell {
-            layout: t.name.clone(),
-            concurrency: c,
-            requests_per_sec: t.requests_per_sec,
-            rounds_within_pct: within_pct(&t.requests_per_sec),
-            latency: t.latency,
-            responses: t.requests.responses,
-            failures: t.requests.errors,
-            vs_direct: t.vs_first.as_ref().and_then(|o| o.throughput_ratio),
-        }));
+        cells.extend(
+            report
+                .targets
+                .iter()
+                .zip(&keys)
+                .map(|(t, (layout, proxy))| {
+                    let (server, backends) = match &t.cpu {
+                        Some(u) => (u.server_us_per_request, u.backends_us_per_request.clone()),
+                        None => (None, Vec::new()),
+                    };
+                    // Direct's server is its backend.
+                    let (proxy_cpu, backend_cpu) = match proxy {
+                        None => (None, vec![server]),
+                        Some(_) => (server, backends),
+                    };
+                    Cell {
+                        layout: layout.clone(),
+                        proxy: *proxy,
+                        concurrency: c,
+                        requests_per_sec: t.requests_per_sec,
+                        rounds_within_pct: within_pct(&t.requests_per_sec),
+                        latency: t.latency,
+                        responses: t.requests.responses,
+                        failures: t.requests.errors,
+                        vs_direct: t.vs_first.as_ref().and_then(|o| o.throughput_ratio),
+                        proxy_cpu_us_per_request: proxy_cpu,
+                        backend_cpu_us_per_request: backend_cpu,
+                    }
+                }),
+        );
     }
     drop(children);
 
-    let recommendation = recommend(&plan.layouts, &cells);
+    let several = found.len() > 1;
+    let recommendation = recommend(&plan.layouts, &cells, several);
+    let best_per_proxy: Vec<Recommendation> = found
+        .iter()
+        .filter_map(|f| {
+            let own: Vec<Cell> = cells
+                .iter()
+                .filter(|c| c.proxy == Some(f.proxy))
+                .cloned()
+                .collect();
+            recommend(&plan.layouts, &own, false)
+        })
+        .collect();
+    let versus = versus(&plan.layouts, &cells, &best_per_proxy);
     let sweep = Sweep {
         command,
         pinlb_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -364,13 +480,16 @@ fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
         warmup_s: args.warmup.as_secs_f64(),
         rounds: args.rounds,
         plan,
+        proxies: found,
+        skipped,
         cells,
         recommendation,
+        best_per_proxy,
+        versus,
     };
     println!("\n{}", sweep.table());
-    match &sweep.recommendation {
-        Some(r) => println!("{}", r.sentence()),
-        None => println!("no recommendation: no layout completed a request"),
+    for line in sweep.conclusions() {
+        println!("{line}");
     }
     sweep.write(&args.out)?;
     println!(
@@ -411,6 +530,15 @@ mod tests {
         let cli = <Cli as clap::Parser>::try_parse_from(["sweep"]).unwrap();
         assert_eq!(cli.sweep.concurrency, [10, 100]);
         assert_eq!(cli.sweep.cores, None);
+        assert_eq!(cli.sweep.proxy, [Proxy::Pinlb]);
+        let cli =
+            <Cli as clap::Parser>::try_parse_from(["sweep", "--proxy", "pinlb,nginx,haproxy"])
+                .unwrap();
+        assert_eq!(
+            cli.sweep.proxy,
+            [Proxy::Pinlb, Proxy::Nginx, Proxy::Haproxy]
+        );
+        assert!(<Cli as clap::Parser>::try_parse_from(["sweep", "--proxy", "envoy"]).is_err());
     }
 
     #[test]
@@ -454,10 +582,22 @@ mod tests {
             timeout: Duration::from_secs(5),
             out: PathBuf::from("out dir"),
             no_checks: false,
+            proxy: vec![Proxy::Pinlb],
         };
         assert_eq!(
             command(&args, &[0, 1, 2, 3]),
             "pinlb sweep --cores 0-3 --concurrency 100,1000 --duration 30s --warmup 1s --rounds 3 --cmd 'node app.js --port {port}' --timeout 5s --out 'out dir'"
+        );
+        let args = SweepArgs {
+            proxy: vec![Proxy::Pinlb, Proxy::Nginx, Proxy::Haproxy],
+            path: "/a b".into(),
+            ..args
+        };
+        assert!(
+            command(&args, &[0, 1])
+                .contains(" --path '/a b' --proxy pinlb,nginx,haproxy --timeout"),
+            "{}",
+            command(&args, &[0, 1])
         );
     }
 }

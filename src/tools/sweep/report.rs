@@ -1,5 +1,6 @@
-//! A sweep's results: a cell per layout and concurrency, the recommendation with its margin,
-//! and the table, Markdown, JSON and SVG made from them.
+//! A sweep's results: a cell per layout, proxy and concurrency, the recommendation with its
+//! margin, the best layout per proxy, pinlb against each peer, and the table, Markdown, JSON and
+//! SVG made from them.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -9,13 +10,17 @@ use serde::Serialize;
 
 use super::{Layout, Plan, SweepError};
 use crate::sys::cpus::format_cpu_list;
+use crate::tools::bench::report::{cpu_list, cpu_us};
 use crate::tools::bench::{self, Errors, Latency, Spread};
+use crate::tools::peers::{Found, Proxy};
 
-/// One layout at one concurrency.
+/// One layout and proxy at one concurrency.
 #[derive(Debug, Clone, Serialize)]
 pub struct Cell {
     /// The layout's id.
     pub layout: String,
+    /// The proxy in front of the backends; `None` for direct.
+    pub proxy: Option<Proxy>,
     pub concurrency: usize,
     /// Responses per second of each round: median, min and max.
     pub requests_per_sec: Spread,
@@ -28,20 +33,34 @@ pub struct Cell {
     pub failures: Errors,
     /// requests/s ÷ direct's at the same concurrency, paired per round; `None` for direct.
     pub vs_direct: Option<f64>,
+    /// µs of CPU (user + system, from `/proc`) of the proxy's processes per response over the
+    /// recorded windows of every round; `None` for direct, or when it could not be read.
+    pub proxy_cpu_us_per_request: Option<f64>,
+    /// The same for each backend process, in order, per response of the cell (so they add up
+    /// to the backends' CPU per request).
+    pub backend_cpu_us_per_request: Vec<Option<f64>>,
+}
+
+impl Cell {
+    fn key(&self) -> (&str, Option<Proxy>) {
+        (&self.layout, self.proxy)
+    }
 }
 
 /// The best layout, and by how much.
 #[derive(Debug, Clone, Serialize)]
 pub struct Recommendation {
-    /// The layout's id and name.
+    /// The layout's id and name (with its proxy's when several proxies ran).
     pub layout: String,
     pub name: String,
+    /// The proxy of the best cell; `None` when it is direct.
+    pub proxy: Option<Proxy>,
     pub concurrency: usize,
     pub requests_per_sec: f64,
     /// Against direct at the same concurrency; `None` when the best is direct.
     pub vs_direct: Option<f64>,
     pub rounds_within_pct: f64,
-    /// The best cell of any other layout: its name, concurrency and requests/s.
+    /// The best cell of any other layout (or proxy): its name, concurrency and requests/s.
     pub runner_up: Option<(String, usize, f64)>,
     /// Whether the best's slowest round beat the runner-up's fastest: a clear win, not noise.
     pub clear: bool,
@@ -50,8 +69,9 @@ pub struct Recommendation {
 }
 
 /// The best cell (highest median requests/s among cells without failures, or among all when
-/// every cell has some), with its ratio to direct and the runner-up from another layout.
-pub fn recommend(layouts: &[Layout], cells: &[Cell]) -> Option<Recommendation> {
+/// every cell has some), with its ratio to direct and the runner-up from another layout or
+/// proxy. `with_proxy`: names say the proxy ("1 proxy core + 1 backend, nginx").
+pub fn recommend(layouts: &[Layout], cells: &[Cell], with_proxy: bool) -> Option<Recommendation> {
     let clean: Vec<&Cell> = cells
         .iter()
         .filter(|c| c.failures.total() == 0 && c.requests_per_sec.median > 0.0)
@@ -71,35 +91,48 @@ pub fn recommend(layouts: &[Layout], cells: &[Cell]) -> Option<Recommendation> {
             .total_cmp(&b.requests_per_sec.median)
     };
     let best = *pool.iter().max_by(by_rate)?;
-    let name_of = |id: &str| {
-        layouts
-            .iter()
-            .find(|l| l.id == id)
-            .map_or_else(|| id.to_string(), |l| l.name.clone())
-    };
+    let name_of = |c: &Cell| label(layouts, &c.layout, c.proxy, with_proxy);
     let runner = pool
         .iter()
-        .filter(|c| c.layout != best.layout)
+        .filter(|c| c.key() != best.key())
         .max_by(by_rate);
     Some(Recommendation {
         layout: best.layout.clone(),
-        name: name_of(&best.layout),
+        name: name_of(best),
+        proxy: best.proxy,
         concurrency: best.concurrency,
         requests_per_sec: best.requests_per_sec.median,
         vs_direct: best.vs_direct,
         rounds_within_pct: best.rounds_within_pct,
-        runner_up: runner.map(|r| (name_of(&r.layout), r.concurrency, r.requests_per_sec.median)),
+        runner_up: runner.map(|r| (name_of(r), r.concurrency, r.requests_per_sec.median)),
         clear: runner.is_none_or(|r| best.requests_per_sec.min > r.requests_per_sec.max),
         with_failures,
     })
+}
+
+/// A layout's name, and its proxy's after a comma when `with_proxy` and it has one.
+fn label(layouts: &[Layout], id: &str, proxy: Option<Proxy>, with_proxy: bool) -> String {
+    let name = layouts
+        .iter()
+        .find(|l| l.id == id)
+        .map_or_else(|| id.to_string(), |l| l.name.clone());
+    match proxy {
+        Some(p) if with_proxy => format!("{name}, {}", p.display_name()),
+        _ => name,
+    }
 }
 
 impl Recommendation {
     /// "best: 1 proxy core + 3 backends, 2,471 req/s at c=1000, 1.9× direct (rounds within
     /// ±4%); runner-up: ...".
     pub fn sentence(&self) -> String {
+        self.sentence_as("best")
+    }
+
+    /// [`Self::sentence`] beginning with `what` ("best with nginx") instead of "best".
+    pub fn sentence_as(&self, what: &str) -> String {
         let mut s = format!(
-            "best: {}, {} req/s at c={}",
+            "{what}: {}, {} req/s at c={}",
             self.name,
             grouped(self.requests_per_sec),
             self.concurrency
@@ -128,6 +161,125 @@ impl Recommendation {
     }
 }
 
+/// pinlb against one peer: each at its best layout by requests/s, and their proxies' CPU per
+/// request at pinlb's best layout and concurrency.
+#[derive(Debug, Clone, Serialize)]
+pub struct Versus {
+    pub peer: Proxy,
+    /// Each one's best cell: layout id, concurrency, median requests/s.
+    pub pinlb_best: (String, usize, f64),
+    pub peer_best: (String, usize, f64),
+    /// pinlb's best requests/s ÷ the peer's.
+    pub throughput_ratio: f64,
+    /// Whether the rounds separate them: the faster one's slowest round beat the other's
+    /// fastest. Otherwise a tie within this run's noise.
+    pub clear: bool,
+    /// Where the CPU is compared: pinlb's best layout id and concurrency.
+    pub cpu_at: (String, usize),
+    /// µs of CPU per request of each one's proxy processes there.
+    pub pinlb_cpu_us: Option<f64>,
+    pub peer_cpu_us: Option<f64>,
+    /// pinlb's ÷ the peer's: below 1 is leaner.
+    pub cpu_ratio: Option<f64>,
+    /// Layout names, for the sentence.
+    #[serde(skip)]
+    names: (String, String),
+}
+
+/// pinlb against each other proxy that ran, from each one's best (`best`, one per proxy as
+/// [`recommend`] found them among its own cells); empty without pinlb or without a peer.
+pub fn versus(layouts: &[Layout], cells: &[Cell], best: &[Recommendation]) -> Vec<Versus> {
+    let Some(ours) = best.iter().find(|b| b.proxy == Some(Proxy::Pinlb)) else {
+        return Vec::new();
+    };
+    let cell = |layout: &str, proxy: Proxy, c: usize| {
+        cells
+            .iter()
+            .find(|x| x.layout == layout && x.proxy == Some(proxy) && x.concurrency == c)
+    };
+    let Some(our_cell) = cell(&ours.layout, Proxy::Pinlb, ours.concurrency) else {
+        return Vec::new();
+    };
+    let name = |id: &str| label(layouts, id, None, false);
+    best.iter()
+        .filter_map(|b| {
+            let peer = b.proxy.filter(|p| *p != Proxy::Pinlb)?;
+            let their_cell = cell(&b.layout, peer, b.concurrency)?;
+            let (a, t) = (&our_cell.requests_per_sec, &their_cell.requests_per_sec);
+            let peer_cpu =
+                cell(&ours.layout, peer, ours.concurrency).and_then(|c| c.proxy_cpu_us_per_request);
+            let pinlb_cpu = our_cell.proxy_cpu_us_per_request;
+            Some(Versus {
+                peer,
+                pinlb_best: (ours.layout.clone(), ours.concurrency, a.median),
+                peer_best: (b.layout.clone(), b.concurrency, t.median),
+                throughput_ratio: bench::stats::ratio(a.median, t.median).unwrap_or(f64::NAN),
+                clear: a.min > t.max || t.min > a.max,
+                cpu_at: (ours.layout.clone(), ours.concurrency),
+                pinlb_cpu_us: pinlb_cpu,
+                peer_cpu_us: peer_cpu,
+                cpu_ratio: pinlb_cpu
+                    .zip(peer_cpu)
+                    .and_then(|(p, q)| bench::stats::ratio(p, q)),
+                names: (name(&ours.layout), name(&b.layout)),
+            })
+        })
+        .collect()
+}
+
+impl Versus {
+    /// "pinlb vs nginx here: by req/s pinlb is ahead, 10,234 (1 proxy core + 1 backend, c=100)
+    /// against 9,100 (...), 1.12×, its slowest round above nginx's fastest; by CPU per request
+    /// at 1 proxy core + 1 backend, c=100, pinlb is leaner: 23.1 µs against 30.2 µs (0.76×)."
+    pub fn sentence(&self) -> String {
+        let peer = self.peer.display_name();
+        let (ours, theirs) = (&self.pinlb_best, &self.peer_best);
+        let r = self.throughput_ratio;
+        let verdict = if !self.clear {
+            format!("a tie within this run's noise (their rounds overlap), {r:.2}×")
+        } else if r > 1.0 {
+            format!("pinlb is ahead, {r:.2}× (its slowest round beat {peer}'s fastest)")
+        } else {
+            format!(
+                "pinlb is behind: {peer} is {:.2}× faster (its slowest round beat pinlb's fastest)",
+                1.0 / r
+            )
+        };
+        let mut s = format!(
+            "pinlb vs {peer} here: by req/s {verdict}: {} at {}, c={} against {} at {}, c={}, each at its best",
+            grouped(ours.2),
+            self.names.0,
+            ours.1,
+            grouped(theirs.2),
+            self.names.1,
+            theirs.1
+        );
+        let at = format!("{}, c={}", self.names.0, self.cpu_at.1);
+        match (self.pinlb_cpu_us, self.peer_cpu_us, self.cpu_ratio) {
+            (Some(p), Some(q), Some(c)) => {
+                let verdict = if (0.95..=1.05).contains(&c) {
+                    "about the same".to_string()
+                } else if c < 1.0 {
+                    format!("pinlb is leaner, {c:.2}×")
+                } else {
+                    format!("pinlb uses more, {c:.2}×")
+                };
+                let _ = write!(
+                    s,
+                    "; by the proxy's CPU per request at {at}: {verdict}, {p:.1} µs against {q:.1} µs"
+                );
+            }
+            _ => {
+                let _ = write!(
+                    s,
+                    "; the proxies' CPU per request at {at} could not be read for both"
+                );
+            }
+        }
+        s
+    }
+}
+
 /// Everything a sweep measured, with what it ran.
 #[derive(Debug, Clone, Serialize)]
 pub struct Sweep {
@@ -142,8 +294,17 @@ pub struct Sweep {
     pub warmup_s: f64,
     pub rounds: usize,
     pub plan: Plan,
+    /// The proxies that ran, in order, with their programs and versions.
+    pub proxies: Vec<Found>,
+    /// A line for each proxy asked for that is not installed.
+    pub skipped: Vec<String>,
     pub cells: Vec<Cell>,
+    /// The best cell of all, direct included.
     pub recommendation: Option<Recommendation>,
+    /// Each proxy's best layout among its own cells.
+    pub best_per_proxy: Vec<Recommendation>,
+    /// pinlb against each peer that ran.
+    pub versus: Vec<Versus>,
 }
 
 /// Half the range of the rounds in percent of their median.
@@ -173,12 +334,43 @@ fn ms(us: f64) -> String {
 }
 
 impl Sweep {
-    fn name(&self, id: &str) -> String {
-        self.plan
-            .layouts
-            .iter()
-            .find(|l| l.id == id)
-            .map_or_else(|| id.to_string(), |l| l.name.clone())
+    /// The cells in the table's order: by layout, then proxy (in `--proxy`'s order), then
+    /// concurrency as run.
+    fn ordered(&self) -> Vec<(&Layout, Option<Proxy>, Vec<&Cell>)> {
+        let mut out = Vec::new();
+        for l in &self.plan.layouts {
+            let proxies: Vec<Option<Proxy>> = if l.proxy.is_empty() {
+                vec![None]
+            } else {
+                self.proxies.iter().map(|f| Some(f.proxy)).collect()
+            };
+            for p in proxies {
+                let cells = self
+                    .cells
+                    .iter()
+                    .filter(|c| c.layout == l.id && c.proxy == p)
+                    .collect();
+                out.push((l, p, cells));
+            }
+        }
+        out
+    }
+
+    /// What the sweep concludes, a line each: the best cell of all, and with several proxies
+    /// each one's best layout and pinlb against each peer.
+    pub fn conclusions(&self) -> Vec<String> {
+        let mut out = vec![match &self.recommendation {
+            Some(r) => r.sentence(),
+            None => "no recommendation: no layout completed a request".into(),
+        }];
+        if self.proxies.len() > 1 {
+            for r in &self.best_per_proxy {
+                let p = r.proxy.map_or("direct", Proxy::display_name);
+                out.push(r.sentence_as(&format!("best layout with {p}")));
+            }
+            out.extend(self.versus.iter().map(Versus::sentence));
+        }
+        out
     }
 
     /// The table of every layout at every concurrency, as Markdown whose columns line up in a
@@ -186,6 +378,7 @@ impl Sweep {
     pub fn table(&self) -> String {
         let header = [
             "layout",
+            "proxy",
             "c",
             "req/s",
             "rounds",
@@ -195,12 +388,15 @@ impl Sweep {
             "p99 ms",
             "failures",
             "vs direct",
+            "proxy CPU µs/req",
+            "backend CPU µs/req",
         ];
         let mut rows: Vec<Vec<String>> = Vec::with_capacity(self.cells.len());
-        for l in &self.plan.layouts {
-            for c in self.cells.iter().filter(|c| c.layout == l.id) {
+        for (l, p, cells) in self.ordered() {
+            for c in cells {
                 rows.push(vec![
                     l.name.clone(),
+                    p.map_or("–", Proxy::as_str).to_string(),
                     c.concurrency.to_string(),
                     grouped(c.requests_per_sec.median),
                     format!("±{:.1}%", c.rounds_within_pct),
@@ -211,6 +407,8 @@ impl Sweep {
                     bench::report::errors(&c.failures),
                     c.vs_direct
                         .map_or_else(|| "-".into(), |r| format!("{r:.2}×")),
+                    cpu_us(c.proxy_cpu_us_per_request),
+                    cpu_list(&c.backend_cpu_us_per_request),
                 ]);
             }
         }
@@ -267,15 +465,25 @@ impl Sweep {
                 );
             }
         }
-        for n in &self.plan.notes {
+        for f in &self.proxies {
+            let _ = writeln!(
+                s,
+                "- proxy {} {} (`{}`)",
+                f.proxy.display_name(),
+                f.version,
+                f.program.display()
+            );
+        }
+        for n in self.plan.notes.iter().chain(&self.skipped) {
             let _ = writeln!(s, "\n**Note:** {n}");
         }
-        let _ = writeln!(s, "\n{}", self.table());
-        match &self.recommendation {
-            Some(r) => {
-                let _ = writeln!(s, "**{}**", r.sentence());
-            }
-            None => s.push_str("No recommendation: no layout completed a request.\n"),
+        let _ = writeln!(
+            s,
+            "\n{}\nCPU: user + system time of the proxy's processes and of each backend process, from /proc, per response of the recorded windows of every round.\n",
+            self.table()
+        );
+        for line in self.conclusions() {
+            let _ = writeln!(s, "**{line}**\n");
         }
         s
     }
@@ -305,19 +513,17 @@ impl Sweep {
     /// Requests/s against concurrency, a line per layout; the x axis is logarithmic when the
     /// concurrencies span a decade or more, as sweeps usually do.
     pub fn svg(&self) -> Result<String, String> {
+        let several = self.proxies.len() > 1;
         let lines: Vec<(String, Vec<(f64, f64)>)> = self
-            .plan
-            .layouts
-            .iter()
-            .map(|l| {
-                let mut pts: Vec<(f64, f64)> = self
-                    .cells
+            .ordered()
+            .into_iter()
+            .map(|(l, p, cells)| {
+                let mut pts: Vec<(f64, f64)> = cells
                     .iter()
-                    .filter(|c| c.layout == l.id)
                     .map(|c| (c.concurrency as f64, c.requests_per_sec.median))
                     .collect();
                 pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                (self.name(&l.id), pts)
+                (label(&self.plan.layouts, &l.id, p, several), pts)
             })
             .collect();
         let xs = || lines.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
@@ -412,6 +618,18 @@ mod tests {
     use crate::tools::sweep::plan;
 
     fn cell(layout: &str, c: usize, rps: [f64; 3], failures: u64, vs: Option<f64>) -> Cell {
+        let proxy = (layout != "direct").then_some(Proxy::Pinlb);
+        proxied(layout, proxy, c, rps, failures, vs)
+    }
+
+    fn proxied(
+        layout: &str,
+        proxy: Option<Proxy>,
+        c: usize,
+        rps: [f64; 3],
+        failures: u64,
+        vs: Option<f64>,
+    ) -> Cell {
         let mut sorted = rps;
         sorted.sort_by(f64::total_cmp);
         let spread = Spread {
@@ -421,6 +639,7 @@ mod tests {
         };
         Cell {
             layout: layout.into(),
+            proxy,
             concurrency: c,
             requests_per_sec: spread,
             rounds_within_pct: within_pct(&spread),
@@ -438,6 +657,8 @@ mod tests {
                 ..Errors::default()
             },
             vs_direct: vs,
+            proxy_cpu_us_per_request: proxy.map(|_| 20.0),
+            backend_cpu_us_per_request: vec![Some(40.0)],
         }
     }
 
@@ -451,7 +672,7 @@ mod tests {
             cell("p2b1", 100, [3000.0, 3000.0, 3000.0], 5, Some(3.0)),
             cell("p2b1", 10, [1200.0, 1250.0, 1150.0], 0, Some(1.2)),
         ];
-        let r = recommend(&p.layouts, &cells).unwrap();
+        let r = recommend(&p.layouts, &cells, false).unwrap();
         assert_eq!((r.layout.as_str(), r.concurrency), ("p1b2", 100));
         assert_eq!(r.vs_direct, Some(1.9));
         assert!(
@@ -477,7 +698,7 @@ mod tests {
             cell("direct", 10, [1000.0, 1100.0, 900.0], 0, None),
             cell("p1b1", 10, [1050.0, 1150.0, 950.0], 0, Some(1.05)),
         ];
-        let r = recommend(&p.layouts, &cells).unwrap();
+        let r = recommend(&p.layouts, &cells, false).unwrap();
         assert_eq!(r.layout, "p1b1");
         assert!(!r.clear);
         assert!(
@@ -494,7 +715,7 @@ mod tests {
             cell("direct", 10, [2000.0, 2000.0, 2000.0], 0, None),
             cell("p1b1", 10, [1000.0, 1000.0, 1000.0], 0, Some(0.5)),
         ];
-        let r = recommend(&p.layouts, &cells).unwrap();
+        let r = recommend(&p.layouts, &cells, false).unwrap();
         assert_eq!(r.name, "direct (1 backend)");
         assert_eq!(r.vs_direct, None);
         assert!(!r.sentence().contains("× direct"));
@@ -503,10 +724,101 @@ mod tests {
             cell("direct", 10, [2000.0, 2000.0, 2000.0], 3, None),
             cell("p1b1", 10, [1000.0, 1000.0, 1000.0], 1, Some(0.5)),
         ];
-        let r = recommend(&p.layouts, &cells).unwrap();
+        let r = recommend(&p.layouts, &cells, false).unwrap();
         assert!(r.with_failures);
         assert_eq!(r.layout, "direct");
-        assert!(recommend(&p.layouts, &[]).is_none());
+        assert!(recommend(&p.layouts, &[], false).is_none());
+    }
+
+    fn bests(p: &Plan, cells: &[Cell]) -> Vec<Recommendation> {
+        Proxy::ALL
+            .iter()
+            .filter_map(|x| {
+                let own: Vec<Cell> = cells
+                    .iter()
+                    .filter(|c| c.proxy == Some(*x))
+                    .cloned()
+                    .collect();
+                recommend(&p.layouts, &own, false)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pinlb_against_a_peer_says_who_wins_by_how_much_and_by_cpu() {
+        let p = plan(&[0, 1]);
+        let mut ours = proxied(
+            "p1b1",
+            Some(Proxy::Pinlb),
+            100,
+            [1100.0, 1150.0, 1120.0],
+            0,
+            None,
+        );
+        ours.proxy_cpu_us_per_request = Some(20.0);
+        let mut theirs = proxied(
+            "p1b1",
+            Some(Proxy::Nginx),
+            100,
+            [1000.0, 1010.0, 990.0],
+            0,
+            None,
+        );
+        theirs.proxy_cpu_us_per_request = Some(25.0);
+        let cells = vec![
+            cell("direct", 100, [900.0, 900.0, 900.0], 0, None),
+            ours.clone(),
+            theirs.clone(),
+        ];
+        let r = recommend(&p.layouts, &cells, true).unwrap();
+        assert_eq!(r.name, "1 proxy core + 1 backend, pinlb");
+        assert_eq!(r.proxy, Some(Proxy::Pinlb));
+        assert_eq!(
+            r.runner_up.as_ref().map(|x| x.0.as_str()),
+            Some("1 proxy core + 1 backend, nginx")
+        );
+        let v = versus(&p.layouts, &cells, &bests(&p, &cells));
+        assert_eq!(v.len(), 1);
+        assert!(v[0].clear);
+        let line = v[0].sentence();
+        assert!(
+            line.starts_with("pinlb vs nginx here: by req/s pinlb is ahead, 1.12×")
+                && line.contains("pinlb is leaner, 0.80×, 20.0 µs against 25.0 µs"),
+            "{line}"
+        );
+
+        // The other way round, it says so.
+        ours.requests_per_sec = theirs.requests_per_sec;
+        theirs.requests_per_sec = Spread {
+            median: 1120.0,
+            min: 1100.0,
+            max: 1150.0,
+        };
+        ours.proxy_cpu_us_per_request = Some(30.0);
+        let cells = vec![ours.clone(), theirs.clone()];
+        let line = versus(&p.layouts, &cells, &bests(&p, &cells))[0].sentence();
+        assert!(
+            line.contains("pinlb is behind: nginx is 1.12× faster")
+                && line.contains("pinlb uses more, 1.20×"),
+            "{line}"
+        );
+
+        // Overlapping rounds are a tie.
+        theirs.requests_per_sec = Spread {
+            median: 1005.0,
+            min: 950.0,
+            max: 1050.0,
+        };
+        let cells = vec![ours, theirs];
+        let line = versus(&p.layouts, &cells, &bests(&p, &cells))[0].sentence();
+        assert!(line.contains("a tie within this run's noise"), "{line}");
+        // Without pinlb there is nothing to compare.
+        let nginx_only: Vec<Cell> = cells
+            .iter()
+            .filter(|c| c.proxy == Some(Proxy::Nginx))
+            .cloned()
+            .collect();
+        assert!(versus(&p.layouts, &nginx_only, &bests(&p, &nginx_only)).is_empty());
     }
 
     #[test]
