@@ -220,9 +220,7 @@ impl AccessTemplate {
         if !parts.iter().any(|p| matches!(p, Part::Field(_))) {
             return Err(TemplateError {
                 at: 0,
-                message: format!(
-                    "no field, expected combined, json, or a template with fields such as {{remote_addr}} {{status}} {{request_time}}"
-                ),
+                message: "no field, expected combined, json, or a template with fields such as {remote_addr} {status} {request_time}".into(),
             });
         }
         Ok(AccessTemplate { parts })

@@ -757,18 +757,8 @@ impl Connection {
             upstreamed,
             close,
         } = answer;
-        if let Some(e) = &edits {
-            e.edit_response(&mut response);
-        }
-        if let Some(id) = &id {
-            id.respond(&mut response.headers);
-        }
-        if let Some(u) = &upstreamed {
-            let asked = edits.as_ref().and_then(|e| e.server_timing);
-            if asked.unwrap_or(self.route.server_timing.get()) {
-                u.timing.server_timing_line(&mut response.headers);
-            }
-        }
+        let (ids, timing) = (id.as_deref(), upstreamed.as_deref());
+        (self.route).finish_response(&mut response, edits.as_deref(), ids, timing);
         self.count_response(&response);
         let logged = Logged::new(pending.and_then(|p| p.responded(response.status, upstreamed)));
         if response.status == StatusCode::SWITCHING_PROTOCOLS {

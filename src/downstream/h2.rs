@@ -462,18 +462,8 @@ impl Shared {
             },
         )
         .await;
-        if let Some(e) = &edits {
-            e.edit_response(&mut answer.response);
-        }
-        if let Some(id) = &id {
-            id.respond(&mut answer.response.headers);
-        }
-        if let Some(u) = &answer.upstreamed {
-            let asked = edits.as_ref().and_then(|e| e.server_timing);
-            if asked.unwrap_or(route.server_timing.get()) {
-                u.timing.server_timing_line(&mut answer.response.headers);
-            }
-        }
+        let (ids, timing) = (id.as_deref(), answer.upstreamed.as_deref());
+        route.finish_response(&mut answer.response, edits.as_deref(), ids, timing);
         let logged = Logged::new(
             pending.and_then(|p| p.responded(answer.response.status, answer.upstreamed)),
         );

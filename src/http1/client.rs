@@ -65,9 +65,6 @@ pub struct Conn {
     out: Vec<u8>,
     /// Whether this connection already carried an exchange (taken from the pool).
     pub reused: bool,
-    /// How long its connect took (and its TLS handshake), as the pool that opened it measured:
-    /// an access log's `upstream_connect_time` for the connection's first exchange.
-    pub connected_in: Duration,
     /// The request on it asked to upgrade: a `101 Switching Protocols` is its answer, not an
     /// error.
     upgrading: bool,
@@ -144,7 +141,6 @@ impl Conn {
             buf: BytesMut::new(),
             out: Vec::new(),
             reused: false,
-            connected_in: Duration::ZERO,
             upgrading: false,
             timer: None,
         }

@@ -93,19 +93,22 @@ pub(crate) async fn attempt(
         ..
     } = plan;
     let addr = upstream.shared.backends[backend].address;
-    // The connect is boxed: its state (the wait for a connect slot, the timers) stays out of
-    // the attempt's own, which a request on a pooled connection never needs.
+    if timed {
+        plan.spans.set(Spans::default());
+    }
     let mut conn = match upstream.checkout(backend).await {
         Some(conn) => conn,
-        None => Box::pin(upstream.connect(backend, timeouts.connect))
-            .await
-            .map_err(Failure::Connect)?,
+        None => connect(upstream, backend, plan).await?,
     };
     loop {
         conn.expect_upgrade(upgrade);
         let exchange = async {
             conn.write_head(req, framing, timeouts.send).await?;
-            let sent = timed.then(Instant::now);
+            if timed {
+                let connect = plan.spans.get().connect;
+                let sent = Some(Instant::now());
+                plan.spans.set(Spans { connect, sent });
+            }
             if !body.is_empty() {
                 let chunked = framing == RequestFraming::Chunked;
                 let early = body
@@ -121,33 +124,45 @@ pub(crate) async fn attempt(
                     }
                     // The backend answered before it had the whole request. The rest is not
                     // sent, and the connection, its request left incomplete, carries no other.
-                    let head = client::Head {
+                    return Ok(client::Head {
                         keep_alive: false,
                         ..head
-                    };
-                    return Ok((head, sent));
+                    });
                 }
             }
-            let head = conn.read_head_within(req.method, timeouts.response).await?;
-            Ok((head, sent))
+            conn.read_head_within(req.method, timeouts.response).await
         };
         match exchange.await {
-            Ok((head, sent)) => {
-                if timed {
-                    let connect = (!conn.reused).then_some(conn.connected_in);
-                    plan.spans.set(Spans { connect, sent });
-                }
-                return Ok((head, conn));
-            }
+            Ok(head) => return Ok((head, conn)),
             Err(e) if conn.reused && e.is_stale() && resendable && body.replayable() => {
                 debug!(backend = %addr, "stale pooled connection ({e}), reconnecting");
-                conn = Box::pin(upstream.connect(backend, timeouts.connect))
-                    .await
-                    .map_err(Failure::Connect)?;
+                conn = connect(upstream, backend, plan).await?;
             }
             Err(e) => return Err(Failure::Exchange(e)),
         }
     }
+}
+
+/// A new connection to `backend`, its connect time in the plan's spans when they are measured.
+/// The connect is boxed: its state (the wait for a connect slot, the timers) stays out of the
+/// attempt's own, which a request on a pooled connection never needs.
+async fn connect(
+    upstream: &WorkerUpstream,
+    backend: usize,
+    plan: &Plan<'_>,
+) -> Result<Conn, Failure> {
+    let begun = plan.timed.then(Instant::now);
+    let conn = Box::pin(upstream.connect(backend, plan.timeouts.connect))
+        .await
+        .map_err(Failure::Connect)?;
+    if let Some(begun) = begun {
+        let connect = Some(begun.elapsed());
+        plan.spans.set(Spans {
+            connect,
+            sent: None,
+        });
+    }
+    Ok(conn)
 }
 
 /// One attempt at one HTTP/2 backend: a stream on a multiplexed connection, the request, the

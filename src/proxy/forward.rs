@@ -24,8 +24,10 @@ use crate::proxy::body::{ProxyBody, Release, h2_reply};
 use crate::proxy::downstream::{Downstream, DownstreamBody, forwarded_for};
 use crate::proxy::error::{ProxyError, error_response};
 use crate::proxy::request_body::RequestBody;
+use crate::proxy::request_id::RequestId;
 use crate::proxy::timing::Timing;
 use crate::sys::summed::summed_warn;
+use crate::upstream::hash_key;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::local::WorkerUpstream;
 use crate::upstream::queue::Queue;
@@ -170,6 +172,22 @@ fn outgoing<'a>(
     }
 }
 
+/// What pinlb adds to a response on its way to the client: the request's ID (`[request_id]`),
+/// and, for a backend's answer when `server_timing` asks, where its time went.
+pub fn add_response_lines(
+    headers: &mut Vec<u8>,
+    id: Option<&RequestId>,
+    upstreamed: Option<&Upstreamed>,
+    server_timing: bool,
+) {
+    if let Some(id) = id {
+        id.respond(headers);
+    }
+    if let (Some(u), true) = (upstreamed, server_timing) {
+        u.timing.server_timing_line(headers);
+    }
+}
+
 /// How many backends one request may try: `retry.tries`, at most every backend once.
 fn max_tries(retry: &Retry, backends: usize) -> usize {
     if retry.tries == 0 {
@@ -228,11 +246,8 @@ async fn forward(
     let max_tries = max_tries(retry, n);
     let host_from_backend = head.host().is_none();
     // Only a `hash` upstream reads the key; only `ewma` times each attempt.
-    let key = shared
-        .config
-        .hash
-        .as_ref()
-        .and_then(|spec| crate::upstream::hash_key::request_key(spec, head, downstream.ip));
+    let key = shared.config.hash.as_ref();
+    let key = key.and_then(|spec| hash_key::request_key(spec, head, downstream.ip));
     let ewma = shared.config.algorithm == Algorithm::Ewma;
     let mut tried = Tried::new(n);
     let mut first_try: Option<Instant> = None;
@@ -251,14 +266,10 @@ async fn forward(
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
-        let first = first_try.is_none();
+        // The answering attempt's start; a later one reads the clock only when it is timed.
+        let begun = first_try.and(at).map(|_| Instant::now());
         let started = *first_try.get_or_insert_with(Instant::now);
-        // The answering attempt's start, for its spans; a later attempt reads the clock only
-        // when they are wanted.
-        let begun = match (first, at) {
-            (false, Some(_)) => Instant::now(),
-            _ => started,
-        };
+        let begun = begun.unwrap_or(started);
         let sent = ewma.then(Instant::now);
         let addr = shared.backends[backend].address;
         let backend_host = host_from_backend.then(|| addr.to_string());
@@ -270,26 +281,11 @@ async fn forward(
         let served = |status, guard: &InFlight| {
             let now = guard.answered(shared, status, sent, started, at.is_some())?;
             let spans = plan.spans.get();
-            let timing = at.map(|at| Timing {
-                queue: queue_time,
-                before: started
-                    .saturating_duration_since(at)
-                    .saturating_sub(queue_time),
-                retried: begun.saturating_duration_since(started),
-                connect: spans.connect,
-                write: spans
-                    .sent
-                    .unwrap_or(begun)
-                    .saturating_duration_since(begun)
-                    .saturating_sub(spans.connect.unwrap_or_default()),
-                header: now.saturating_duration_since(spans.sent.unwrap_or(begun)),
-                responded: now,
-            })?;
+            let attempt = (started, begun, spans.connect, spans.sent);
+            let timing = Timing::measured(at?, queue_time, attempt, now);
             guard.proxied(shared, timing.proxy());
-            Some(Box::new(Upstreamed {
-                backend: addr,
-                timing,
-            }))
+            let backend = addr;
+            Some(Box::new(Upstreamed { backend, timing }))
         };
         let failure = match shared.config.protocol {
             Protocol::Http1 => match attempt(upstream, backend, &plan, &out, &mut body).await {

@@ -52,6 +52,30 @@ pub struct Timing {
 }
 
 impl Timing {
+    /// The spans of a request whose head arrived `at` and waited `queue`, answered `now` by
+    /// the attempt begun at `begun` (the first began at `started`), which connected in
+    /// `connect` (`None`: pooled) and wrote its request head at `sent` (`None`: not read,
+    /// taken as `begun`).
+    pub fn measured(
+        at: Instant,
+        queue: Duration,
+        (started, begun, connect, sent): (Instant, Instant, Option<Duration>, Option<Instant>),
+        now: Instant,
+    ) -> Timing {
+        let sent = sent.unwrap_or(begun);
+        Timing {
+            queue,
+            before: started.saturating_duration_since(at).saturating_sub(queue),
+            retried: begun.saturating_duration_since(started),
+            connect,
+            write: sent
+                .saturating_duration_since(begun)
+                .saturating_sub(connect.unwrap_or_default()),
+            header: now.saturating_duration_since(sent),
+            responded: now,
+        }
+    }
+
     /// The proxy's own share up to the response head: everything but the waits on others.
     pub fn proxy(&self) -> Duration {
         self.before + self.write
@@ -136,6 +160,21 @@ mod tests {
             Duration::from_micros(3_000 + 140 + 22 + 20_113)
         );
         assert_eq!(t.attempt(), Duration::from_micros(140 + 22 + 20_113));
+    }
+
+    #[test]
+    fn spans_are_cut_at_the_attempts_instants() {
+        let at = Instant::now();
+        let ms = Duration::from_millis;
+        let started = at + ms(5);
+        let begun = started + ms(3);
+        let sent = begun + ms(2);
+        let now = sent + ms(20);
+        let t = Timing::measured(at, ms(4), (started, begun, Some(ms(1)), Some(sent)), now);
+        assert_eq!((t.queue, t.before, t.retried), (ms(4), ms(1), ms(3)));
+        assert_eq!((t.connect, t.write, t.header), (Some(ms(1)), ms(1), ms(20)));
+        assert_eq!(t.responded, now);
+        assert_eq!(t.proxy(), ms(2));
     }
 
     #[test]

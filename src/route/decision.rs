@@ -15,9 +15,11 @@ use crate::config::{
 use crate::http1::common::ERROR_PAGE_TYPE;
 use crate::http1::common::Reply;
 use crate::http1::request::RequestHead;
+use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::{ProxyBody, local_reply};
 use crate::proxy::downstream::Downstream;
-use crate::proxy::forward::Overrides;
+use crate::proxy::forward::{Overrides, add_response_lines};
+use crate::proxy::request_id::RequestId;
 use crate::route::table::{Router, host_without_port};
 use crate::tls::server::Terminator;
 use crate::upstream::counters::ListenerStats;
@@ -121,6 +123,23 @@ struct Context<'a> {
 }
 
 impl Route {
+    /// A response on its way to the client: its route's `response_headers`, then pinlb's own
+    /// lines (the request's ID, `Server-Timing` when the route or the listener asks).
+    pub fn finish_response(
+        &self,
+        reply: &mut Reply<ProxyBody>,
+        edits: Option<&Edits>,
+        id: Option<&RequestId>,
+        upstreamed: Option<&Upstreamed>,
+    ) {
+        if let Some(e) = edits {
+            e.edit_response(reply);
+        }
+        let timed = edits.and_then(|e| e.server_timing);
+        let timed = timed.unwrap_or(self.server_timing.get());
+        add_response_lines(&mut reply.headers, id, upstreamed, timed);
+    }
+
     /// Where `head` goes: the first route that matches it, or the listener's upstream.
     /// Inlined for a listener without routes, the common case, so that its requests pay for
     /// one check and not for the route decision's moves; the routes are looked at out of line.

@@ -7,13 +7,13 @@
 //! - [`fairness`]: what would make a bench unfair (shared or busy cores, a debug build, no
 //!   keep-alive, SMT siblings, the governor, local ports), warned about before `bench`, `sweep`
 //!   and `demo` run.
+//! - [`launch`]: the pinned children `sweep` and `bench --proxy` start, awaited and stopped.
+//! - [`peers`]: the proxies `sweep --proxy` and `bench --proxy` run (pinlb, nginx, HAProxy) and
+//!   their equivalent configurations.
 //! - [`check`]: what `pinlb check` prints: the resolved plan, the core map, the verdict.
 //! - [`bench`](mod@bench): `pinlb bench`, a pinned load generator comparing targets in
 //!   interleaved rounds.
 //! - [`sweep`]: `pinlb sweep`, every split of the cores between proxy and backends, benched.
-//! - [`peers`]: the proxies `sweep --proxy` and `bench --proxy` run (pinlb, nginx, HAProxy) and
-//!   their equivalent configurations.
-//! - [`launch`]: the pinned children `sweep` and `bench --proxy` start, awaited and stopped.
 //! - [`backend`]: `pinlb backend`, pinned hello-world test servers with a WebSocket echo.
 //! - [`demo`]: `pinlb demo`, the embedded default: backends, proxy and bench in one process.
 

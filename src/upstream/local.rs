@@ -221,11 +221,11 @@ impl WorkerUpstream {
             )));
         };
         let started_ms = clock_ms();
-        let begun = Instant::now();
+        let begun = shared.counting.then(Instant::now);
         // The wait for a slot comes out of the connect's own budget (the TLS handshake after
         // it keeps a whole one, as nginx gives it).
         let left = timeout.saturating_sub(waited);
-        let mut conn = match connect(state.address, left, shared.tls(backend)).await {
+        let conn = match connect(state.address, left, shared.tls(backend)).await {
             Ok(conn) => {
                 state.connecting.connected(clock_ms());
                 conn
@@ -244,12 +244,11 @@ impl WorkerUpstream {
             }
             Err(e) => return Err(e),
         };
-        // The wait for a slot is part of what it took to connect.
-        conn.connected_in = begun.elapsed() + waited;
-        if shared.counting {
+        if let Some(begun) = begun {
             let stats = &shared.backends[backend].stats;
             stats.connections_opened.fetch_add(1, Ordering::Relaxed);
-            stats.connect_time.observe(conn.connected_in);
+            // The wait for a slot is part of what it took to connect.
+            stats.connect_time.observe(begun.elapsed() + waited);
         }
         Ok(conn)
     }
