@@ -737,6 +737,7 @@ impl Connection {
                     body: &mut client_body,
                     refused,
                     added: id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
+                    spans: self.route.spans.get(),
                 },
             ));
             let gone = std::future::poll_fn(|cx| poll_client_gone(&self.stream, &watch, cx));

@@ -459,6 +459,7 @@ impl Shared {
                 body: &mut body,
                 refused,
                 added: id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
+                spans: route.spans.get(),
             },
         )
         .await;

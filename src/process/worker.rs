@@ -240,12 +240,12 @@ impl WorkerState {
         });
         // Whether a listener's requests are timed: read by the log, `Server-Timing` or
         // `/metrics` (`counting`, whose counters exist only with an admin listener).
-        let timed = |l: &crate::config::Listener, counting: bool| {
+        let spans = |l: &crate::config::Listener| {
             config.access_log.is_some()
-                || counting
                 || l.server_timing
                 || l.routes.iter().any(|r| r.server_timing == Some(true))
         };
+        let timed = |l: &crate::config::Listener, counting: bool| counting || spans(l);
         // The sweeper's tick follows the shortest timeout it keeps.
         let shortest = config
             .upstreams
@@ -279,6 +279,7 @@ impl WorkerState {
                 kept.route.redirect_https.set(l.redirect_https);
                 kept.route.h2c.set(l.h2c);
                 kept.route.timed.set(timed(l, kept.route.stats.is_some()));
+                kept.route.spans.set(spans(l));
                 kept.route.server_timing.set(l.server_timing);
                 continue;
             }
@@ -319,6 +320,7 @@ impl WorkerState {
                 redirect_https: Cell::new(l.redirect_https),
                 h2c: Cell::new(l.h2c),
                 timed: Cell::new(timed(l, stats.is_some())),
+                spans: Cell::new(spans(l)),
                 server_timing: Cell::new(l.server_timing),
                 routes: RefCell::new(routes),
                 stats,

@@ -69,6 +69,9 @@ pub struct DownstreamRequest<'a, B> {
     pub refused: Option<ClientError>,
     /// Lines pinlb adds to the request (its ID, a started traceparent); empty for most.
     pub added: &'a [u8],
+    /// The answer carries the request's spans ([`Answer::upstreamed`]), when it is timed: the
+    /// access log or `Server-Timing` reads them.
+    pub spans: bool,
 }
 
 /// Forwards one request, or answers its `refused` at once. Never fails: every failure becomes
@@ -93,13 +96,15 @@ pub async fn handle(
         body,
         refused,
         added,
+        spans,
     } = request;
     let method = &head.method;
     let forwarded = match refused {
         Some(e) => Err(ProxyError::Downstream(e)),
         None => {
             let request = (head, overrides, added);
-            forward(&upstream, &downstream, &limits, request, body, at).await
+            let timed = at.map(|at| (at, spans));
+            forward(&upstream, &downstream, &limits, request, body, timed).await
         }
     };
     match forwarded {
@@ -206,8 +211,10 @@ async fn forward(
     limits: &Limits,
     (head, overrides, added): (&RequestHead, Option<&Overrides>, &[u8]),
     body: &mut impl DownstreamBody,
-    at: Option<Instant>,
+    timed: Option<(Instant, bool)>,
 ) -> Result<Responded, ProxyError> {
+    let at = timed.map(|(at, _)| at);
+    let keep = timed.is_some_and(|(_, spans)| spans);
     let framing = body.framing();
     let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), downstream);
     let shared = &*upstream.shared;
@@ -285,7 +292,7 @@ async fn forward(
             let timing = Timing::measured(at?, queue_time, attempt, now);
             guard.proxied(shared, timing.proxy());
             let backend = addr;
-            Some(Box::new(Upstreamed { backend, timing }))
+            keep.then(|| Box::new(Upstreamed { backend, timing }))
         };
         let failure = match shared.config.protocol {
             Protocol::Http1 => match attempt(upstream, backend, &plan, &out, &mut body).await {

@@ -29,30 +29,30 @@
 
 use std::time::{Duration, Instant};
 
-/// One proxied request's spans up to its response head; the response's relay is measured
-/// when it ends (see the module documentation).
+/// One proxied request's instants up to its response head, from which its spans are cut
+/// when they are read (the response's relay is measured when it ends; see the module
+/// documentation). Taking them costs clock reads only; the subtractions are made by whoever
+/// reads a span, most of them on the log thread.
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
     /// In the upstream's queue, before the first attempt.
     pub queue: Duration,
-    /// From the head's arrival to the first attempt, less the queue: the route and the pick.
-    pub before: Duration,
-    /// From the first attempt to the one that answered: attempts that failed.
-    pub retried: Duration,
+    /// When the request head arrived.
+    pub at: Instant,
+    /// When the first attempt began, and the answering one.
+    pub started: Instant,
+    pub begun: Instant,
     /// The answering attempt's connect (for TLS, the handshake too); `None` when it went on a
     /// pooled connection (HTTP/2: an open connection's new stream).
     pub connect: Option<Duration>,
-    /// From the answering attempt's connection being ready to its request head written.
-    pub write: Duration,
-    /// From the request head written to the response head read: the backend's time, with the
-    /// request body's upload when there is one.
-    pub header: Duration,
+    /// When its request head was written (handed to hyper, for HTTP/2).
+    pub sent: Instant,
     /// When the response head was read.
     pub responded: Instant,
 }
 
 impl Timing {
-    /// The spans of a request whose head arrived `at` and waited `queue`, answered `now` by
+    /// The instants of a request whose head arrived `at` and waited `queue`, answered `now` by
     /// the attempt begun at `begun` (the first began at `started`), which connected in
     /// `connect` (`None`: pooled) and wrote its request head at `sent` (`None`: not read,
     /// taken as `begun`).
@@ -62,40 +62,59 @@ impl Timing {
         (started, begun, connect, sent): (Instant, Instant, Option<Duration>, Option<Instant>),
         now: Instant,
     ) -> Timing {
-        let sent = sent.unwrap_or(begun);
         Timing {
             queue,
-            before: started.saturating_duration_since(at).saturating_sub(queue),
-            retried: begun.saturating_duration_since(started),
+            at,
+            started,
+            begun,
             connect,
-            write: sent
-                .saturating_duration_since(begun)
-                .saturating_sub(connect.unwrap_or_default()),
-            header: now.saturating_duration_since(sent),
+            sent: sent.unwrap_or(begun),
             responded: now,
         }
     }
 
+    /// From the head's arrival to the first attempt, less the queue: the route and the pick.
+    pub fn before(&self) -> Duration {
+        (self.started.saturating_duration_since(self.at)).saturating_sub(self.queue)
+    }
+
+    /// From the first attempt to the one that answered: attempts that failed.
+    pub fn retried(&self) -> Duration {
+        self.begun.saturating_duration_since(self.started)
+    }
+
+    /// From the answering attempt's connection being ready to its request head written.
+    pub fn write(&self) -> Duration {
+        (self.sent.saturating_duration_since(self.begun))
+            .saturating_sub(self.connect.unwrap_or_default())
+    }
+
+    /// From the request head written to the response head read: the backend's time, with the
+    /// request body's upload when there is one.
+    pub fn header(&self) -> Duration {
+        self.responded.saturating_duration_since(self.sent)
+    }
+
     /// The proxy's own share up to the response head: everything but the waits on others.
     pub fn proxy(&self) -> Duration {
-        self.before + self.write
+        self.before() + self.write()
     }
 
     /// From the first attempt to the response head (the access log's `upstream_time`).
     pub fn upstream(&self) -> Duration {
-        self.retried + self.connect.unwrap_or_default() + self.write + self.header
+        self.responded.saturating_duration_since(self.started)
     }
 
     /// The answering attempt, from its start to the response head: nginx's
     /// `$upstream_header_time`.
     pub fn attempt(&self) -> Duration {
-        self.connect.unwrap_or_default() + self.write + self.header
+        self.responded.saturating_duration_since(self.begun)
     }
 
     /// The time waited on backends up to the response head: the connects and the backend's
     /// answer, with failed attempts (`Server-Timing`'s `upstream`).
     pub fn waited(&self) -> Duration {
-        self.retried + self.connect.unwrap_or_default() + self.header
+        self.retried() + self.connect.unwrap_or_default() + self.header()
     }
 
     /// `server-timing: pinlb;dur=0.052, upstream;dur=20.113\r\n` (milliseconds, as the header
@@ -136,30 +155,21 @@ fn millis_into(out: &mut Vec<u8>, d: Duration) {
 mod tests {
     use super::*;
 
-    fn timing() -> Timing {
-        Timing {
-            queue: Duration::ZERO,
-            before: Duration::from_micros(30),
-            retried: Duration::ZERO,
-            connect: None,
-            write: Duration::from_micros(22),
-            header: Duration::from_micros(20_113),
-            responded: Instant::now(),
-        }
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
     }
 
-    #[test]
-    fn the_proxys_share_is_what_is_not_waiting_on_others() {
-        let mut t = timing();
-        t.connect = Some(Duration::from_micros(140));
-        t.retried = Duration::from_millis(3);
-        assert_eq!(t.proxy(), Duration::from_micros(52));
-        assert_eq!(t.waited(), Duration::from_micros(3_000 + 140 + 20_113));
-        assert_eq!(
-            t.upstream(),
-            Duration::from_micros(3_000 + 140 + 22 + 20_113)
-        );
-        assert_eq!(t.attempt(), Duration::from_micros(140 + 22 + 20_113));
+    /// 30 µs before the attempt, 22 µs writing, 20,113 µs waiting on the backend.
+    fn timing() -> Timing {
+        let at = Instant::now();
+        let started = at + us(30);
+        let sent = started + us(22);
+        Timing::measured(
+            at,
+            Duration::ZERO,
+            (started, started, None, Some(sent)),
+            sent + us(20_113),
+        )
     }
 
     #[test]
@@ -171,10 +181,20 @@ mod tests {
         let sent = begun + ms(2);
         let now = sent + ms(20);
         let t = Timing::measured(at, ms(4), (started, begun, Some(ms(1)), Some(sent)), now);
-        assert_eq!((t.queue, t.before, t.retried), (ms(4), ms(1), ms(3)));
-        assert_eq!((t.connect, t.write, t.header), (Some(ms(1)), ms(1), ms(20)));
+        assert_eq!((t.queue, t.before(), t.retried()), (ms(4), ms(1), ms(3)));
+        assert_eq!(
+            (t.connect, t.write(), t.header()),
+            (Some(ms(1)), ms(1), ms(20))
+        );
         assert_eq!(t.responded, now);
+        // The proxy's share is what is not waiting on others.
         assert_eq!(t.proxy(), ms(2));
+        assert_eq!(t.waited(), ms(3 + 1 + 20));
+        assert_eq!(t.upstream(), ms(3 + 1 + 1 + 20));
+        assert_eq!(t.attempt(), ms(1 + 1 + 20));
+        // Unread: the write is taken as instant.
+        let unread = Timing::measured(at, ms(4), (started, begun, None, None), now);
+        assert_eq!((unread.write(), unread.header()), (Duration::ZERO, ms(22)));
     }
 
     #[test]
@@ -186,7 +206,8 @@ mod tests {
             b"server-timing: pinlb;dur=0.052, upstream;dur=20.113\r\n"
         );
         let mut queued = timing();
-        queued.queue = Duration::from_micros(1_500_007);
+        queued.queue = us(1_500_007);
+        queued.at -= us(1_500_007);
         out.clear();
         queued.server_timing_line(&mut out);
         assert_eq!(

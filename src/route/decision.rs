@@ -43,6 +43,9 @@ pub(crate) struct Route {
     /// `Server-Timing` reads them. Decided once per generation, so a request of a listener
     /// that needs none reads the clock for none.
     pub timed: Cell<bool>,
+    /// Its answers carry their spans out of the proxy: the access log or `Server-Timing`
+    /// reads them (`/metrics` alone takes what it counts inside).
+    pub spans: Cell<bool>,
     /// `server_timing`: its responses say where the time went (a route may decide otherwise).
     pub server_timing: Cell<bool>,
     /// `[[listener.route]]`, compiled; empty for a listener whose requests all go to `upstream`.
