@@ -9,60 +9,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{BinProxy, WAIT, allowed, bin, first_core};
+use common::{BinBackend, BinProxy, allowed, bin, first_core};
 use pinlb::tools::fairness::{self, Load, Placement, Ports, Target, Warning};
-
-/// A `pinlb backend` child, killed when dropped.
-struct PinlbBackend {
-    child: std::process::Child,
-    addr: SocketAddr,
-}
-
-impl PinlbBackend {
-    /// Starts `pinlb backend` on a port of the kernel's choosing, pinned to `core`, and waits
-    /// (bounded) for its "listening on" line.
-    fn start(core: usize) -> PinlbBackend {
-        let mut child = Command::new(bin())
-            .args(["backend", "--listen", "127.0.0.1:0", "--cpus"])
-            .arg(core.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start pinlb backend");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(WAIT)
-            .expect("pinlb backend says where it listens");
-        // "backend 0 listening on 127.0.0.1:PORT (core C)"
-        let addr = line
-            .split_whitespace()
-            .nth(4)
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("no address in {line:?}"));
-        PinlbBackend { child, addr }
-    }
-}
-
-impl Drop for PinlbBackend {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A pinlb proxy's configuration: one worker on `core`, one listener, `backend` behind it with
 /// `keepalive` idle connections kept, and an admin listener when `admin`.
@@ -118,7 +72,7 @@ fn other_core(core: usize) -> Option<usize> {
 #[tokio::test]
 async fn a_debug_build_of_pinlb_serve_is_warned_about_and_a_server_of_no_pinlb_is_not() {
     let core = first_core();
-    let backend = PinlbBackend::start(core);
+    let backend = BinBackend::start(core);
     // With an admin listener, whose `/status` names the backend.
     let proxy = BinProxy::spawn_toml(&proxy_toml(core, backend.addr, 64, true), &[]).await;
     let w = bench_checks(&[target("proxied", proxy.addr)], &[]);
@@ -150,7 +104,7 @@ async fn a_debug_build_of_pinlb_serve_is_warned_about_and_a_server_of_no_pinlb_i
 #[tokio::test]
 async fn a_pinlb_started_with_debug_logging_is_warned_about() {
     let core = first_core();
-    let backend = PinlbBackend::start(core);
+    let backend = BinBackend::start(core);
     let toml = proxy_toml(core, backend.addr, 64, false);
     let debug = std::ffi::OsStr::new("debug");
     let proxy = BinProxy::spawn_toml(&toml, &[("RUST_LOG", debug)]).await;
@@ -166,7 +120,7 @@ async fn a_pinlb_started_with_debug_logging_is_warned_about() {
 #[tokio::test]
 async fn a_proxy_without_keep_alive_is_seen_through_its_admin_api_and_through_pinlb_backend() {
     let core = first_core();
-    let backend = PinlbBackend::start(core);
+    let backend = BinBackend::start(core);
     let no_keepalive = "does not keep its backend connections alive";
     for admin in [true, false] {
         let toml = proxy_toml(core, backend.addr, 0, admin);
@@ -194,7 +148,7 @@ async fn a_proxy_without_keep_alive_is_seen_through_its_admin_api_and_through_pi
 #[test]
 fn the_load_generator_on_a_pinned_backends_core_is_warned_about() {
     let core = first_core();
-    let backend = PinlbBackend::start(core);
+    let backend = BinBackend::start(core);
     let w = bench_checks(&[target("direct", backend.addr)], &[core]);
     let shared = with(&w, "the load generator runs on");
     assert_eq!(shared.len(), 1, "{w:#?}");
@@ -332,7 +286,7 @@ fn pinlb_demo_warns_of_nothing_but_its_debug_build_and_no_checks_silences_it() {
 #[test]
 fn pinlb_bench_warns_before_the_run_unless_told_not_to() {
     let core = first_core();
-    let backend = PinlbBackend::start(core);
+    let backend = BinBackend::start(core);
     let bench = |extra: &[&str]| {
         let out = Command::new(bin())
             .args([

@@ -4,59 +4,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// `pinlb backend` on one port, killed with the test.
-struct BinBackend {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl BinBackend {
-    fn start(core: usize) -> BinBackend {
-        let mut child = Command::new(bin())
-            .args(["backend", "--listen", "127.0.0.1:0", "--cpus"])
-            .arg(core.to_string())
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run pinlb backend");
-        let stdout = child.stdout.take().expect("its stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(WAIT)
-            .expect("pinlb backend printed its address");
-        let addr = line
-            .strip_prefix("backend 0 listening on ")
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("an address in {line:?}"));
-        BinBackend { child, addr }
-    }
-}
-
-impl Drop for BinBackend {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A process the test did not start itself (the upgraded pinlb, a child of the old one):
 /// stopped with SIGTERM when the test ends, SIGKILL if it must.

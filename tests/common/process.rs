@@ -260,3 +260,49 @@ impl Drop for BinProxy {
         let _ = std::fs::remove_file(&self.config);
     }
 }
+
+/// A `pinlb backend` child on a port of the kernel's choosing, pinned to one core; killed when
+/// dropped.
+pub struct BinBackend {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl BinBackend {
+    /// Starts it pinned to `core` and waits (bounded) for its "listening on" line.
+    pub fn start(core: usize) -> BinBackend {
+        let mut child = Command::new(bin())
+            .args(["backend", "--listen", "127.0.0.1:0", "--cpus"])
+            .arg(core.to_string())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run pinlb backend");
+        let stdout = child.stdout.take().expect("its stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = StdBufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(WAIT)
+            .expect("pinlb backend printed its address");
+        // "backend 0 listening on 127.0.0.1:PORT (core C)"
+        let addr = line
+            .strip_prefix("backend 0 listening on ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("an address in {line:?}"));
+        BinBackend { child, addr }
+    }
+}
+
+impl Drop for BinBackend {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
