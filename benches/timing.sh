@@ -11,37 +11,34 @@
 # millisecond timer, so it answers in 20-21 ms itself).
 #
 # Usage: bash benches/timing.sh [PINLB_BINARY]   (default target/release/pinlb)
-#   REQUESTS=200 (default)
+#   REQUESTS=200 (default), KEEP_TMP=1 keeps the temp dir, PORT_BASE=18190 (the first free
+#   loopback ports from here on)
 # Needs: curl, taskset, python3.
 set -euo pipefail
 
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 PINLB=${1:-$ROOT/target/release/pinlb}
 REQUESTS=${REQUESTS:-200}
-BACKEND_PORT=${BACKEND_PORT:-18190}
-PORT=${PORT:-18191}
+KEEP_TMP=${KEEP_TMP:-0}
 WORK=$(mktemp -d)
 PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+log() { printf '[timing] %s\n' "$*" >&2; }
+die() { printf '[timing] ERROR: %s\n' "$*" >&2; exit 1; }
+PORT_BASE=${PORT_BASE:-18190}
+# shellcheck source=benches/lib.sh
+source "$ROOT/benches/lib.sh"
+running_pids() { echo "${PIDS[@]}"; }
+install_cleanup
 
-wait_port() {
-    for _ in $(seq 100); do
-        curl -s -o /dev/null "http://127.0.0.1:$1/" && return 0
-        sleep 0.1
-    done
-    echo "nothing answers on port $1" >&2
-    exit 1
-}
+pick_port
+BACKEND_PORT=$PICKED
+pick_port
+PORT=$PICKED
 
 taskset -c 1 "$PINLB" backend --listen "127.0.0.1:$BACKEND_PORT" --cpus 1 --delay 20ms \
     >"$WORK/backend.log" 2>&1 &
 PIDS+=($!)
-wait_port "$BACKEND_PORT"
+wait_ready backend "$BACKEND_PORT" "$!" "$WORK/backend.log"
 
 cat >"$WORK/pinlb.toml" <<EOF
 [runtime]
@@ -59,7 +56,7 @@ EOF
 "$PINLB" serve -c "$WORK/pinlb.toml" 2>"$WORK/pinlb.log" &
 PINLB_PID=$!
 PIDS+=("$PINLB_PID")
-wait_port "$PORT"
+wait_ready pinlb "$PORT" "$PINLB_PID" "$WORK/pinlb.log"
 # The probe above is a line of its own; the measured ones follow it.
 sleep 0.3
 : >"$WORK/access.log"

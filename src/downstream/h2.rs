@@ -396,7 +396,8 @@ impl Shared {
         let at = open.started;
         let (limits, client, rules) = {
             let now = route.rules.borrow();
-            let rules = now.clone();
+            // Kept past the borrow only when request IDs are on.
+            let rules = now.request_ids.is_some().then(|| now.clone());
             let mut cached = self.downstream.borrow_mut();
             if !Rc::ptr_eq(&cached.0, &now) {
                 *cached = (now.clone(), Rc::new(now.downstream(self.peer, self.tls)));
@@ -415,9 +416,8 @@ impl Shared {
         };
         head.version = Version::HTTP_2;
         let refused = head.refused.take();
-        let id = rules
-            .request_ids
-            .as_ref()
+        let id = (rules.as_ref())
+            .and_then(|r| r.request_ids.as_ref())
             .map(|config| Arc::new(RequestId::of(&mut head, config)));
         let pending = self
             .batch

@@ -158,12 +158,9 @@ impl RequestHead {
 
     /// The trimmed values of every end-to-end header line named `name` (lower-case), in order.
     pub fn header_values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> {
-        self.lines().split(|&b| b == b'\n').filter_map(move |line| {
-            let colon = line.iter().position(|&b| b == b':')?;
-            let (n, v) = line.split_at(colon);
-            n.eq_ignore_ascii_case(name.as_bytes())
-                .then(|| v[1..].trim_ascii())
-        })
+        self.line_values()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
     }
 
     /// Every end-to-end line's name and trimmed value, in order.
