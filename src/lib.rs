@@ -26,6 +26,8 @@
 //! - [`config`]: the TOML file validated into a [`Config`]; errors carry `file:line:col`.
 //! - [`upstream`]: backend state, selection, health, probes, counters, discovery, pools.
 //! - [`proxy`]: the retry loop, forwarding, both bodies, local replies, the access log.
+//! - [`edge`]: the edge controls checked before a request is proxied: who may send it, and how
+//!   many.
 //! - [`route`]: the compiled route table and each request's decision.
 //! - [`downstream`]: client connections: HTTP/1.1 and HTTP/2 sessions, streams, tunnels.
 //! - [`process`]: shared state and admission, listeners, pinned workers, reload, handover.
@@ -49,6 +51,7 @@
 pub mod config;
 pub(crate) mod control;
 pub(crate) mod downstream;
+pub(crate) mod edge;
 pub(crate) mod http1;
 pub mod process;
 pub(crate) mod proxy;

@@ -15,7 +15,8 @@ use prometheus_client::registry::Registry;
 
 use crate::process::spawned::{Record, State};
 use crate::upstream::counters::{
-    BackendStats, CODES, ErrorKind, Histogram, ListenerStats, Registered, Source, TlsFailure,
+    BackendStats, CODES, ErrorKind, Histogram, ListenerStats, Refusal, Registered, Source,
+    TlsFailure,
 };
 use crate::{upstream::backend::AdminState, upstream::shared::SharedUpstream};
 
@@ -404,6 +405,21 @@ impl Collector for Scrape {
                         },
                     )
                 }),
+        )?;
+
+        family(
+            &mut e,
+            "refused",
+            "Connections and requests refused by the edge controls, by cause: proxy_protocol_invalid, proxy_protocol_timeout, proxy_protocol_untrusted, rate_limit, conn_limit, denied, unauthorized, client_cert.",
+            MetricType::Counter,
+            Refusal::NAMES.iter().enumerate().flat_map(|(i, cause)| {
+                per_listener(&|l| load(&l.refused[i]))
+                    .into_iter()
+                    .map(move |(mut l, v)| {
+                        l.push(("cause", cause.to_string()));
+                        (l, counter(v))
+                    })
+            }),
         )?;
 
         // Every response written to a client, by listener, source and code: only the codes seen,

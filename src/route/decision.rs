@@ -12,6 +12,7 @@ use http::StatusCode;
 use crate::config::{
     Http2, Limits, PathMatch, RequestIds, RouteAction, Template, TemplatePart, Variable,
 };
+use crate::edge::controls::Controls;
 use crate::http1::common::ERROR_PAGE_TYPE;
 use crate::http1::common::Reply;
 use crate::http1::request::RequestHead;
@@ -59,6 +60,11 @@ pub(crate) struct Routes {
     pub upstreams: Vec<Option<Rc<WorkerUpstream>>>,
     /// Whether requests no route matches go to the listener's `upstream`; 404 otherwise.
     pub has_default: bool,
+    /// The edge controls of each route (its own, or the listener's it inherits), by route
+    /// index; `None` where none apply.
+    pub controls: Vec<Option<Controls>>,
+    /// The listener's own edge controls, for the requests no route matches.
+    pub default_controls: Option<Controls>,
 }
 
 impl Routes {
@@ -76,6 +82,10 @@ impl Routes {
                 .collect(),
             router: Router::new(listener.routes.clone()),
             has_default: listener.has_default,
+            controls: (listener.routes.iter())
+                .map(|r| Controls::new(listener, Some(r)))
+                .collect(),
+            default_controls: Controls::new(listener, None),
         }
     }
 }
@@ -149,7 +159,7 @@ impl Route {
     #[inline]
     pub fn decide(&self, head: &RequestHead, https: bool, peer: &SocketAddr) -> Decision {
         let routes = self.routes.borrow();
-        if routes.router.is_empty() {
+        if routes.router.is_empty() && routes.default_controls.is_none() {
             return Decision::Proxy(self.upstream.borrow().clone(), None);
         }
         self.decide_by_routes(&routes, head, https, peer.ip())
@@ -169,6 +179,11 @@ impl Route {
             client,
         };
         let Some((index, rule, path)) = routes.router.find(head) else {
+            if let Some(refused) = (routes.default_controls.as_ref())
+                .and_then(|c| c.check(head, client, self.stats.as_deref()))
+            {
+                return Decision::Answer(refused);
+            }
             if routes.has_default {
                 return Decision::Proxy(self.upstream.borrow().clone(), None);
             }
@@ -180,6 +195,11 @@ impl Route {
                 &head.method,
             ));
         };
+        if let Some(refused) = (routes.controls.get(index).and_then(Option::as_ref))
+            .and_then(|c| c.check(head, client, self.stats.as_deref()))
+        {
+            return Decision::Answer(refused);
+        }
         match &rule.action {
             RouteAction::Proxy { rewrite_prefix, .. } => {
                 let Some(upstream) = routes.upstreams.get(index).cloned().flatten() else {

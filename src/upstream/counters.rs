@@ -115,6 +115,47 @@ impl TlsFailure {
         ["plain_http", "timeout", "closed", "unknown_name", "invalid"];
 }
 
+/// Why pinlb's edge controls refused a connection or a request, as `/metrics` counts it
+/// (`pinlb_refused_total{listener, cause}`). Each refusal is counted once, where it is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[expect(
+    dead_code,
+    reason = "counted by the edge controls as they land; remove then"
+)]
+pub enum Refusal {
+    /// A PROXY protocol header that is malformed, truncated or oversized (connection closed).
+    ProxyInvalid = 0,
+    /// No whole PROXY protocol header within `limits.header_timeout` (connection closed).
+    ProxyTimeout = 1,
+    /// A PROXY protocol header from an address not allowed to send one, or none from one that
+    /// must (connection closed before any byte reaches a backend).
+    ProxyUntrusted = 2,
+    /// Over a route's request rate (`429`, or the status configured).
+    RateLimit = 3,
+    /// Over the connections allowed per client address (connection refused).
+    ConnLimit = 4,
+    /// Refused by `allow`/`deny` (`403`).
+    Denied = 5,
+    /// No or wrong basic-auth credentials (`401`).
+    Unauthorized = 6,
+    /// A client certificate missing, unverifiable or revoked where one is required.
+    ClientCert = 7,
+}
+
+impl Refusal {
+    pub(crate) const COUNT: usize = 8;
+    pub(crate) const NAMES: [&str; Refusal::COUNT] = [
+        "proxy_protocol_invalid",
+        "proxy_protocol_timeout",
+        "proxy_protocol_untrusted",
+        "rate_limit",
+        "conn_limit",
+        "denied",
+        "unauthorized",
+        "client_cert",
+    ];
+}
+
 /// One backend's counters. They live in its [`crate::upstream::backend::BackendState`], so they survive
 /// a reload that keeps the backend.
 #[derive(Debug, Default)]
@@ -210,6 +251,8 @@ pub struct ListenerStats {
     pub(crate) responses: [[AtomicU64; CODES]; 2],
     /// From a request's head read to its response's last byte written.
     pub request_time: Histogram,
+    /// Connections and requests the edge controls refused, by [`Refusal`].
+    pub refused: [AtomicU64; Refusal::COUNT],
 }
 
 impl ListenerStats {
@@ -234,7 +277,17 @@ impl ListenerStats {
             http2_errors: AtomicU64::new(0),
             responses: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             request_time: Histogram::default(),
+            refused: Default::default(),
         }
+    }
+
+    /// Counts a connection or request refused by an edge control.
+    #[expect(
+        dead_code,
+        reason = "called by the edge controls as they land; remove then"
+    )]
+    pub fn refuse(&self, cause: Refusal) {
+        self.refused[cause as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a response written (or about to be) to a client.

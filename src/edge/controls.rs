@@ -1,0 +1,40 @@
+//! A listener's or a route's edge controls, compiled once per generation and checked for each
+//! of its requests before the proxy sees it.
+//!
+//! A route's own control replaces the listener's of the same kind, as an nginx `location`
+//! with its own directive inherits none of that directive from its `server`. The controls run
+//! before any route action (a redirect or a fixed answer too), so nothing a control refuses
+//! is answered otherwise.
+
+use std::net::IpAddr;
+
+use crate::config::{Listener, RouteRule};
+use crate::http1::common::Reply;
+use crate::http1::request::RequestHead;
+use crate::proxy::body::ProxyBody;
+use crate::upstream::counters::ListenerStats;
+
+/// The controls that apply to one route's requests (or to the listener's requests no route
+/// matches).
+pub(crate) struct Controls {}
+
+impl Controls {
+    /// The controls for `route`'s requests (the listener's own for `None`); `None` when none
+    /// apply, so that such requests are not checked at all.
+    pub fn new(listener: &Listener, route: Option<&RouteRule>) -> Option<Controls> {
+        let _ = (listener, route);
+        None
+    }
+
+    /// Checks one request from `client`: `None` lets it go on; `Some` is pinlb's answer in its
+    /// place (counted in `stats` and logged where it is decided).
+    pub fn check(
+        &self,
+        head: &RequestHead,
+        client: IpAddr,
+        stats: Option<&ListenerStats>,
+    ) -> Option<Reply<ProxyBody>> {
+        let _ = (head, client, stats);
+        None
+    }
+}
