@@ -15,13 +15,20 @@
 #   EXTRA_TOML=$'[admin]\naddress = "127.0.0.1:0"' (metrics on), or
 #   EXTRA_TOML=$'[log]\naccess = "/tmp/access.log"' (access log; its thread is counted too:
 #   callgrind's totals cover every thread of the process).
-# Needs: valgrind, nginx, wrk, curl, taskset (apt-get install -y valgrind nginx-light wrk).
+#   LISTENER_TOML='...'  added to pinlb's [[listener]] table.
+#   FRONT=haproxy  puts HAProxy (one thread, core 1) between wrk and pinlb, each of wrk's
+#   keep-alive connections kept to pinlb by HAProxy; FRONT_SERVER='send-proxy-v2' adds that to
+#   HAProxy's server line, so with LISTENER_TOML='proxy_protocol = true ...' this counts what
+#   accepting PROXY protocol v2 costs per request against the same run without both.
+# Needs: valgrind, nginx, wrk, curl, taskset (apt-get install -y valgrind nginx-light wrk), and
+# haproxy for FRONT=haproxy.
 set -euo pipefail
 
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 PINLB=${1:-$ROOT/target/release/pinlb}
 BACKEND_PORT=${BACKEND_PORT:-18180}
 PORT=${PORT:-18181}
+FRONT_PORT=${FRONT_PORT:-18182}
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -58,6 +65,7 @@ cpus = [0]
 [[listener]]
 address = "127.0.0.1:$PORT"
 upstream = "app"
+${LISTENER_TOML:-}
 [upstream.app]
 keepalive = 64
 backends = [{ address = "127.0.0.1:$BACKEND_PORT" }]
@@ -67,11 +75,35 @@ RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" \
     "$PINLB" serve -c "$WORK/pinlb.toml" 2>"$WORK/valgrind.log" &
 VG=$!
 PIDS+=("$VG")
-wait_port "$PORT"
+TARGET=$PORT
+if [[ ${FRONT:-} == haproxy ]]; then
+    cat >"$WORK/haproxy.cfg" <<EOF
+global
+    nbthread 1
+    maxconn 4096
+defaults
+    mode http
+    option http-keep-alive
+    http-reuse always
+    timeout connect 5s
+    timeout client 300s
+    timeout server 300s
+    timeout http-keep-alive 300s
+frontend fe
+    bind 127.0.0.1:$FRONT_PORT
+    default_backend app
+backend app
+    server pinlb 127.0.0.1:$PORT ${FRONT_SERVER:-}
+EOF
+    taskset -c 1 haproxy -f "$WORK/haproxy.cfg" &
+    PIDS+=($!)
+    TARGET=$FRONT_PORT
+fi
+wait_port "$TARGET"
 
-taskset -c 1 wrk -t1 -c16 -d2s "http://127.0.0.1:$PORT/" >/dev/null
+taskset -c 1 wrk -t1 -c16 -d2s "http://127.0.0.1:$TARGET/" >/dev/null
 callgrind_control -z "$VG" >/dev/null 2>&1
-out=$(taskset -c 1 wrk -t1 -c16 -d4s "http://127.0.0.1:$PORT/")
+out=$(taskset -c 1 wrk -t1 -c16 -d4s "http://127.0.0.1:$TARGET/")
 callgrind_control -d "$VG" >/dev/null 2>&1
 requests=$(awk '/requests in/{print $1}' <<<"$out")
 ir=$(cp "$WORK/cg.out.1" "${KEEP_PROFILE:-/dev/null}" 2>/dev/null || true; callgrind_annotate "$WORK/cg.out.1" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
