@@ -209,6 +209,27 @@ impl Route {
         self.decide_by_routes(&routes, head, https, peer.ip())
     }
 
+    /// A request no route matches: the listener's controls, then its upstream, or 404.
+    fn no_route(&self, routes: &Routes, head: &RequestHead, client: IpAddr) -> Decision {
+        let pages = routes.default_pages.as_deref();
+        if let Some(refused) = (routes.default_controls.as_ref())
+            .and_then(|c| c.check(head, client, self.stats.as_deref()))
+        {
+            return Decision::Answer(paged(refused, pages, &head.method));
+        }
+        if routes.has_default {
+            return Decision::Proxy(self.upstream.borrow().clone(), None);
+        }
+        let reply = local_reply(
+            StatusCode::NOT_FOUND,
+            ERROR_PAGE_TYPE,
+            Bytes::from_static(b"404 Not Found: no route matches this request\n"),
+            b"",
+            &head.method,
+        );
+        Decision::Answer(paged(reply, pages, &head.method))
+    }
+
     #[inline(never)]
     fn decide_by_routes(
         &self,
@@ -223,23 +244,7 @@ impl Route {
             client,
         };
         let Some((index, rule, path)) = routes.router.find(head) else {
-            let pages = routes.default_pages.as_deref();
-            if let Some(refused) = (routes.default_controls.as_ref())
-                .and_then(|c| c.check(head, client, self.stats.as_deref()))
-            {
-                return Decision::Answer(paged(refused, pages, &head.method));
-            }
-            if routes.has_default {
-                return Decision::Proxy(self.upstream.borrow().clone(), None);
-            }
-            let reply = local_reply(
-                StatusCode::NOT_FOUND,
-                ERROR_PAGE_TYPE,
-                Bytes::from_static(b"404 Not Found: no route matches this request\n"),
-                b"",
-                &head.method,
-            );
-            return Decision::Answer(paged(reply, pages, &head.method));
+            return self.no_route(routes, head, client);
         };
         if let Some(refused) = (routes.controls.get(index).and_then(Option::as_ref))
             .and_then(|c| c.check(head, client, self.stats.as_deref()))
