@@ -259,6 +259,14 @@ error_page = []
 path = "/inherits/"
 upstream = "gone"
 
+[[listener.route]]
+path = "/plain/"
+respond = {{ status = 404 }}
+
+[[listener.route]]
+path = "/texted/"
+respond = {{ status = 404, body = "its own\n" }}
+
 [upstream.gone]
 backends = [{{ address = "{gone}" }}]
 "#,
@@ -295,6 +303,16 @@ backends = [{{ address = "{gone}" }}]
         (404, "listener's page\n"),
         "{c:?}"
     );
+    // A `respond` without a body gets its status's page, as nginx's `return 404;`; with one,
+    // its own, as `return 404 "text";`.
+    let c = curl(&[&url("/plain/")]).await;
+    assert_eq!(
+        (c.status, c.body.as_str()),
+        (404, "listener's page\n"),
+        "{c:?}"
+    );
+    let c = curl(&[&url("/texted/")]).await;
+    assert_eq!((c.status, c.body.as_str()), (404, "its own\n"), "{c:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -373,6 +391,9 @@ backends = [{{ address = "{app}" }}]
         "{c:?}"
     );
     assert_eq!(c.header("x-backend"), Some("app"));
+    // The intercepted 500's body was dropped unread, and its connection with it; the others
+    // went over one kept-alive connection.
+    assert_eq!(app.accepts(), 2);
     let _ = std::fs::remove_dir_all(dir);
 }
 

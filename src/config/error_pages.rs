@@ -193,7 +193,7 @@ fn page(src: &Source, ekey: &str, e: &RawErrorPage) -> Result<Page> {
             }
             v.clone()
         }
-        None => match type_of(file) {
+        None => match content_type_for(file) {
             Some(t) => t.to_string(),
             None => {
                 let known: Vec<&str> = TYPES.iter().map(|(e, _)| *e).collect();
@@ -218,8 +218,8 @@ fn page(src: &Source, ekey: &str, e: &RawErrorPage) -> Result<Page> {
     })
 }
 
-/// The content type for `file`'s extension, from [`TYPES`].
-fn type_of(file: &str) -> Option<&'static str> {
+/// The content type a page file gets by its extension, from [`TYPES`] (for `pinlb import` too).
+pub fn content_type_for(file: &str) -> Option<&'static str> {
     let ext = std::path::Path::new(file).extension()?.to_str()?;
     TYPES
         .iter()
@@ -270,12 +270,18 @@ mod tests {
 
     #[test]
     fn the_content_type_follows_the_extension_in_any_case() {
-        assert_eq!(type_of("50x.html"), Some("text/html; charset=utf-8"));
-        assert_eq!(type_of("/srv/E.HTM"), Some("text/html; charset=utf-8"));
-        assert_eq!(type_of("a.json"), Some("application/json"));
-        assert_eq!(type_of("a.txt"), Some("text/plain; charset=utf-8"));
-        assert_eq!(type_of("page"), None);
-        assert_eq!(type_of("page.gif"), None);
+        assert_eq!(
+            content_type_for("50x.html"),
+            Some("text/html; charset=utf-8")
+        );
+        assert_eq!(
+            content_type_for("/srv/E.HTM"),
+            Some("text/html; charset=utf-8")
+        );
+        assert_eq!(content_type_for("a.json"), Some("application/json"));
+        assert_eq!(content_type_for("a.txt"), Some("text/plain; charset=utf-8"));
+        assert_eq!(content_type_for("page"), None);
+        assert_eq!(content_type_for("page.gif"), None);
     }
 
     #[test]

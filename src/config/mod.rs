@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use error::Source;
 pub use error::{ConfigError, ConfigErrors};
-pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page};
+pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
 pub use log_format::AccessTemplate;
 use raw::RawConfig;
 

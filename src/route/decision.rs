@@ -332,6 +332,14 @@ impl Route {
                     b"",
                     &head.method,
                 );
+                if body.is_empty() {
+                    // As nginx's `return 404;`: without a text of its own, the status's page.
+                    let pages = rule
+                        .error_pages
+                        .as_deref()
+                        .or(routes.default_pages.as_deref());
+                    reply = paged(reply, pages, &head.method);
+                }
                 response_edits(rule, &cx, &mut reply);
                 Decision::Answer(reply)
             }
