@@ -68,6 +68,13 @@ pub struct ErrorPages {
 }
 
 impl ErrorPages {
+    /// `pages` by status (each once; the order does not matter).
+    pub fn new(mut pages: Vec<(u16, Arc<Page>)>, intercept: bool) -> ErrorPages {
+        pages.sort_by_key(|(s, _)| *s);
+        pages.dedup_by_key(|(s, _)| *s);
+        ErrorPages { pages, intercept }
+    }
+
     /// The page for `status`, if there is one.
     pub fn get(&self, status: u16) -> Option<&Arc<Page>> {
         let i = self.pages.binary_search_by_key(&status, |(s, _)| *s).ok()?;

@@ -61,7 +61,78 @@ fn lines_where(headers: &[u8], keep: impl Fn(&[u8]) -> bool) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use http::StatusCode;
+
     use super::*;
+    use crate::config::Page;
+
+    fn pages() -> ErrorPages {
+        let page = Page {
+            content_type: b"content-type: text/html\r\n".to_vec(),
+            body: Bytes::from_static(b"<p>sign in</p>"),
+        };
+        ErrorPages::new(vec![(401, Arc::new(page))], false)
+    }
+
+    fn refusal(method: &Method) -> Reply<ProxyBody> {
+        local_reply(
+            StatusCode::UNAUTHORIZED,
+            b"content-type: text/plain; charset=utf-8\r\n",
+            Bytes::from_static(b"401 Unauthorized\n"),
+            b"www-authenticate: Basic realm=\"x\"\r\n",
+            method,
+        )
+    }
+
+    fn body(reply: &Reply<ProxyBody>) -> &[u8] {
+        match &reply.body {
+            ProxyBody::Local(Some(b)) => b,
+            _ => panic!("not a local body"),
+        }
+    }
+
+    #[test]
+    fn a_refusal_gets_the_page_and_keeps_its_challenge() {
+        let mut reply = refusal(&Method::GET);
+        apply(&pages(), &mut reply, &Method::GET);
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            reply.headers,
+            b"content-type: text/html\r\nwww-authenticate: Basic realm=\"x\"\r\n"
+        );
+        assert_eq!(body(&reply), b"<p>sign in</p>");
+    }
+
+    #[test]
+    fn a_head_gets_the_pages_length_without_its_body() {
+        let mut reply = refusal(&Method::HEAD);
+        apply(&pages(), &mut reply, &Method::HEAD);
+        let headers = String::from_utf8(reply.headers.clone()).unwrap();
+        assert!(headers.contains("content-length: 14\r\n"), "{headers}");
+        assert_eq!(headers.matches("content-length").count(), 1, "{headers}");
+        assert!(
+            headers.starts_with("content-type: text/html\r\n"),
+            "{headers}"
+        );
+        assert_eq!(body(&reply), b"");
+    }
+
+    #[test]
+    fn a_status_without_a_page_is_left_alone() {
+        let mut reply = local_reply(
+            StatusCode::NOT_FOUND,
+            b"content-type: text/plain\r\n",
+            Bytes::from_static(b"404\n"),
+            b"",
+            &Method::GET,
+        );
+        apply(&pages(), &mut reply, &Method::GET);
+        assert_eq!(reply.headers, b"content-type: text/plain\r\n");
+        assert_eq!(body(&reply), b"404\n");
+    }
 
     #[test]
     fn only_the_named_lines_are_kept() {
