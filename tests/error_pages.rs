@@ -1,7 +1,7 @@
 //! `error_page` and `intercept_errors` end to end, with curl: pinlb's own 4xx and 5xx answered
 //! with the pages read from their files (502 refused, 503 queue, 504 slow, 404 no route, 400
-//! malformed, 413 body), a route's pages over the listener's, a backend's own errors
-//! intercepted, HEAD, HTTP/2, a reload that changes a file, and the config errors.
+//! malformed, 408 slow head, 413 body), a route's pages over the listener's, a backend's own
+//! errors intercepted, HEAD, HTTP/2, a reload that changes a file, and the config errors.
 
 mod common;
 
@@ -77,14 +77,19 @@ const HTML: &str = "text/html; charset=utf-8";
 
 /// A listener with pages for 502/503/504 (HTML), 404 (plain text) and 400/413 (JSON), no
 /// default upstream (404 when no route matches), and a route for each way pinlb fails.
-fn own_errors_config(dir: &std::path::Path, ok: SocketAddr, slow: SocketAddr) -> String {
-    let gone = Refusing::new();
+fn own_errors_config(
+    dir: &std::path::Path,
+    gone: SocketAddr,
+    ok: SocketAddr,
+    slow: SocketAddr,
+) -> String {
     format!(
         r#"[runtime]
 cpus = [{core}]
 
 [limits]
 max_body = "10"
+header_timeout = "300ms"
 
 [[listener]]
 address = "127.0.0.1:0"
@@ -98,7 +103,7 @@ status = 404
 file = "{notfound}"
 
 [[listener.error_page]]
-status = [400, 413]
+status = [400, 408, 413]
 file = "{bad}"
 
 [[listener.route]]
@@ -138,7 +143,6 @@ backends = [{{ address = "{ok}" }}]
         x50 = page(dir, "50x.html", "<h1>we are sorry</h1>\n"),
         notfound = page(dir, "404.txt", "nothing here\n"),
         bad = page(dir, "bad.json", "{\"error\": \"bad request\"}\n"),
-        gone = gone.addr,
     )
 }
 
@@ -147,7 +151,9 @@ async fn pinlbs_own_errors_are_answered_with_the_listeners_pages() {
     let dir = pages_dir("own");
     let ok = Backend::start("ok").await;
     let slow = Backend::start_with_delay("slow", Duration::from_secs(5)).await;
-    let proxy = Proxy::start_toml(&own_errors_config(&dir, ok.addr, slow.addr));
+    // Held for the test: the port stays reserved and refusing.
+    let gone = Refusing::new();
+    let proxy = Proxy::start_toml(&own_errors_config(&dir, gone.addr, ok.addr, slow.addr));
     let url = |p: &str| format!("http://{}{p}", proxy.addr);
 
     // 502: the backend's port refuses.
@@ -217,6 +223,15 @@ async fn pinlbs_own_errors_are_answered_with_the_listeners_pages() {
     )
     .await;
     assert_eq!(r.status, 400, "{}", r.head);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.body, b"{\"error\": \"bad request\"}\n");
+
+    // 408: a head that stops coming, past limits.header_timeout.
+    let mut conn = RawConn::open(proxy.addr).await;
+    let r = conn
+        .exchange(b"GET /ok/ HTTP/1.1\r\nHost: a\r\n", false)
+        .await;
+    assert_eq!(r.status, 408, "{}", r.head);
     assert_eq!(r.header("content-type"), Some("application/json"));
     assert_eq!(r.body, b"{\"error\": \"bad request\"}\n");
     let _ = std::fs::remove_dir_all(dir);
