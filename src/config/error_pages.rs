@@ -48,12 +48,20 @@ pub(super) enum Statuses {
 }
 
 /// One page: its `content-type` header line and its body.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Page {
     /// `content-type: …\r\n`, as pinlb keeps header lines.
     pub content_type: Vec<u8>,
     /// The file's bytes, as read at load.
     pub body: Bytes,
+}
+
+/// The content type and the body's length: a page may be a megabyte.
+impl std::fmt::Debug for Page {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let line = String::from_utf8_lossy(&self.content_type);
+        write!(f, "Page({}, {} bytes)", line.trim_end(), self.body.len())
+    }
 }
 
 /// A listener's or a route's error pages, by status, and whether a backend's own errors that
