@@ -1141,3 +1141,188 @@ fn server_body_limits_convert_where_pinlb_can_hold_them() {
         apart.stderr
     );
 }
+
+/// `curl URL`'s status, `Content-Type` and body (curl runs on a blocking thread).
+async fn curl_page(url: String) -> (u16, String, String) {
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("curl")
+            .args(["-sS", "--max-time", "10", "-D", "-", "-w", "\n%{http_code}"])
+            .arg(&url)
+            .output()
+            .expect("run curl")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (rest, status) = stdout.rsplit_once('\n').expect("curl's -w output");
+    let (head, body) = rest.split_once("\r\n\r\n").unwrap_or((rest, ""));
+    let content_type = (head.lines())
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-type:")
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    (
+        status.trim().parse().unwrap(),
+        content_type,
+        body.to_string(),
+    )
+}
+
+/// nginx's usual error pages (`error_page 500 502 503 504 /50x.html;` with
+/// `location = /50x.html { root …; }`), a location's own `error_page`, and
+/// `proxy_intercept_errors on`, run in nginx and, imported, in pinlb: each answer has the same
+/// status, content type and body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_pages_import_and_answer_as_nginx_does() {
+    Nginx::binary();
+    let dir = tempfile::Builder::new()
+        .prefix("pinlb-import-pages-")
+        .tempdir()
+        .unwrap();
+    let html = dir.path().join("html");
+    std::fs::create_dir_all(&html).unwrap();
+    std::fs::write(html.join("50x.html"), "<h1>Something went wrong</h1>\n").unwrap();
+    std::fs::write(html.join("own.html"), "<p>own page</p>\n").unwrap();
+    let gone = Refusing::new();
+    let app = RawServer::start(|seen| {
+        let path = seen.head.split(' ').nth(1).unwrap_or("/");
+        let status = path
+            .rsplit('/')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(200);
+        RawAction::Respond(raw_status("app", status))
+    })
+    .await;
+    let config = |listen: SocketAddr| {
+        format!(
+            "events {{}}
+http {{
+    types {{ text/html html; }}
+    charset utf-8;
+    server {{
+        listen {listen};
+        proxy_intercept_errors on;
+        error_page 500 502 503 504 /50x.html;
+        location = /50x.html {{ root {html}; }}
+        location = /own.html {{ root {html}; }}
+        location /gone/ {{ proxy_pass http://{gone}; }}
+        location /app/ {{ proxy_pass http://{app}; }}
+        location /own/ {{
+            error_page 502 /own.html;
+            proxy_pass http://{gone};
+        }}
+    }}
+}}
+",
+            html = html.display(),
+            gone = gone.addr,
+            app = app.addr,
+        )
+    };
+    let (nginx_at, pinlb_at) = (free_port(), free_port());
+    let nginx = Nginx::start(&dir.path().join("nginx"), &config(nginx_at));
+    await_listening(&[nginx_at], || nginx.log()).await;
+
+    let imported = import_text(&config(pinlb_at), &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let toml = &imported.stdout;
+    assert!(toml.contains("intercept_errors = true"), "{toml}");
+    assert!(
+        toml.contains(&format!("file = \"{}/50x.html\"", html.display())),
+        "{toml}"
+    );
+    assert!(
+        imported.stderr.contains(&format!(
+            "{}:9: location = /50x.html not converted: it serves error_page's file",
+            imported.path.display()
+        )),
+        "{}",
+        imported.stderr
+    );
+    let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(toml), &[]).await;
+    await_listening(&[pinlb_at], || pinlb.log().join("\n")).await;
+
+    for (path, status) in [
+        ("/gone/x", 502),
+        ("/app/500", 500),
+        ("/app/503", 503),
+        ("/app/404", 404),
+        ("/app/200", 200),
+        ("/own/x", 502),
+    ] {
+        let from_nginx = curl_page(format!("http://{nginx_at}{path}")).await;
+        let from_pinlb = curl_page(format!("http://{pinlb_at}{path}")).await;
+        assert_eq!(
+            from_nginx.0,
+            status,
+            "{path}: {from_nginx:?}\n{}",
+            nginx.log()
+        );
+        assert_eq!(from_pinlb, from_nginx, "{path}\n{toml}");
+    }
+}
+
+/// The forms of `error_page` that are no local file are noted with their reason, and the rest
+/// of the configuration converts.
+#[test]
+fn error_page_forms_without_a_file_are_noted_with_why() {
+    let imported = import_text(
+        "http {
+    server {
+        listen 8080;
+        error_page 404 =200 /empty.gif;
+        error_page 500 @fallback;
+        error_page 403 http://example.com/forbidden.html;
+        error_page 502 /proxied/e.html;
+        error_page 504 /nowhere.html;
+        location /proxied/ { proxy_pass http://127.0.0.1:8081; }
+        location @fallback { proxy_pass http://127.0.0.1:8082; }
+    }
+}
+",
+        &["--allow-less-strict"],
+    );
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let at = |line: usize, text: &str| format!("{}:{line}: {text}", imported.path.display());
+    for (line, note) in [
+        (
+            4,
+            "error_page 404 =200 /empty.gif not converted: the `=code` form",
+        ),
+        (
+            5,
+            "error_page 500 @fallback not converted: a named location",
+        ),
+        (
+            6,
+            "error_page 403 http://example.com/forbidden.html not converted: a URL",
+        ),
+        (
+            7,
+            "error_page 502 /proxied/e.html not converted: /proxied/e.html is answered by proxy_pass (line 9)",
+        ),
+        (
+            8,
+            "error_page 504 /nowhere.html not converted: no root for /nowhere.html",
+        ),
+    ] {
+        assert!(
+            imported.stderr.contains(&at(line, note)),
+            "{}",
+            imported.stderr
+        );
+    }
+    assert!(
+        !imported.stdout.contains("error_page"),
+        "{}",
+        imported.stdout
+    );
+}

@@ -14,12 +14,15 @@
 //! errors are reported all at once, in file order, as [`ConfigErrors`].
 //!
 //! - [`error`]: the error and where in the file it points.
+//! - [`error_pages`]: `error_page` and `intercept_errors`: pinlb's own error answers' pages,
+//!   read from their files.
 //! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod error;
+mod error_pages;
 pub(crate) mod log_format;
 mod raw;
 mod routes;
@@ -35,6 +38,7 @@ use std::time::Duration;
 
 use error::Source;
 pub use error::{ConfigError, ConfigErrors};
+pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
 pub use log_format::AccessTemplate;
 use raw::RawConfig;
 
@@ -405,6 +409,8 @@ pub struct Listener {
     /// `server_timing`: responses carry `Server-Timing: pinlb;dur=…, upstream;dur=…` (a
     /// route's own `server_timing` decides for its requests).
     pub server_timing: bool,
+    /// `error_page` and `intercept_errors`, the files read; `None` when it sets neither.
+    pub error_pages: Option<Arc<ErrorPages>>,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.
@@ -427,6 +433,9 @@ pub struct RouteRule {
     pub timeouts: RouteTimeouts,
     /// `server_timing`: this route's own choice; `None` takes the listener's.
     pub server_timing: Option<bool>,
+    /// The route's own `error_page` and `intercept_errors` (what it does not set taken from
+    /// its listener's); `None` takes the listener's whole.
+    pub error_pages: Option<Arc<ErrorPages>>,
 }
 
 /// A route's own timeouts; each `None` keeps the upstream's.

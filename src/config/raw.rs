@@ -15,6 +15,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use toml::Spanned;
 
 use super::error::{ConfigError, Source};
+use super::error_pages::RawErrorPage;
 use super::{Algorithm, Protocol, StatusSet};
 use crate::sys::cpus::parse_cpu_list;
 
@@ -426,6 +427,10 @@ pub(super) struct RawListener {
     /// `[[listener.route]]`.
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,
+    /// `[[listener.error_page]]`: the pages of pinlb's own 4xx and 5xx.
+    pub error_page: Option<Vec<Spanned<RawErrorPage>>>,
+    /// A backend's errors that have a page answered with it (nginx's `proxy_intercept_errors`).
+    pub intercept_errors: Option<Spanned<bool>>,
 }
 
 /// One `[[listener.route]]`.
@@ -447,6 +452,10 @@ pub(super) struct RawRoute {
     pub timeouts: Option<RawRouteTimeouts>,
     /// `Server-Timing` on this route's responses, over the listener's choice.
     pub server_timing: Option<Spanned<bool>>,
+    /// `[[listener.route.error_page]]`: this route's own pages, replacing the listener's.
+    pub error_page: Option<Vec<Spanned<RawErrorPage>>>,
+    /// This route's own `intercept_errors`, over the listener's.
+    pub intercept_errors: Option<Spanned<bool>>,
 }
 
 /// A route's `timeouts = { connect, response, send }`, over its upstream's.

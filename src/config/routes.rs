@@ -167,6 +167,8 @@ fn route(
         response_headers,
         timeouts,
         server_timing: r.server_timing.as_ref().map(|v| *v.get_ref()),
+        // Resolved against the listener's by `validate::listener`.
+        error_pages: None,
     })
 }
 

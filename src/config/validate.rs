@@ -1265,9 +1265,21 @@ fn listener(
             "set together with redirect_https, expected one of them: a listener that redirects to https serves plain HTTP",
         ));
     }
-    let routes = super::routes::routes(src, key, &l.route, |rkey, u| {
+    let mut routes = super::routes::routes(src, key, &l.route, |rkey, u| {
         upstream_index(src, rkey, u, upstreams)
     })?;
+    let error_pages = super::error_pages::listener(
+        src,
+        key,
+        l.error_page.as_deref(),
+        l.intercept_errors.as_ref(),
+    )?;
+    for (i, (rule, r)) in routes.iter_mut().zip(&l.route).enumerate() {
+        let (r, rkey) = (r.get_ref(), format!("{key}.route[{i}]"));
+        let (pages, intercept) = (r.error_page.as_deref(), r.intercept_errors.as_ref());
+        rule.error_pages =
+            super::error_pages::route(src, &rkey, pages, intercept, error_pages.as_deref())?;
+    }
     let upstream = match &l.upstream {
         Some(u) => upstream_index(src, key, u, upstreams)?,
         // It proxies nothing by default; any index will do, and there is one once any
@@ -1331,6 +1343,7 @@ fn listener(
         routes,
         backlog,
         server_timing: l.server_timing.as_ref().is_some_and(|v| *v.get_ref()),
+        error_pages,
     })
 }
 

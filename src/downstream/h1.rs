@@ -743,7 +743,10 @@ impl Connection {
             let gone = std::future::poll_fn(|cx| poll_client_gone(&self.stream, &watch, cx));
             tokio::select! {
                 biased;
-                answer = forwarded => Some(answer),
+                mut answer = forwarded => {
+                    (self.route).error_page(&mut answer.response, edits.as_deref(), &head.method);
+                    Some(answer)
+                }
                 () = gone => None,
             }
         };
@@ -935,10 +938,14 @@ impl Connection {
         if let Some(s) = &self.route.stats {
             s.response(status, Source::Pinlb);
         }
-        let text = error_page(status, cause);
+        let page = self.route.listener_page(status);
+        let (content_type, text) = match &page {
+            Some(p) => (&p.content_type[..], p.body.clone()),
+            None => (ERROR_PAGE_TYPE, Bytes::from(error_page(status, cause))),
+        };
         let mut head = Vec::with_capacity(256 + lines.len());
         status_line(&mut head, status);
-        head.extend_from_slice(ERROR_PAGE_TYPE);
+        head.extend_from_slice(content_type);
         self.slot.connections().write_date(&mut head);
         content_length_line(&mut head, text.len() as u64);
         head.extend_from_slice(lines);
@@ -946,7 +953,7 @@ impl Connection {
             head.extend_from_slice(b"connection: close\r\n");
         }
         head.extend_from_slice(b"\r\n");
-        let mut out = [IoSlice::new(&head), IoSlice::new(text.as_bytes())];
+        let mut out = [IoSlice::new(&head), IoSlice::new(&text)];
         matches!(
             tokio::time::timeout(LINGER_TIME, write_all(&self.stream, &mut out)).await,
             Ok(Ok(()))

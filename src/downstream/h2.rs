@@ -463,6 +463,7 @@ impl Shared {
             },
         )
         .await;
+        route.error_page(&mut answer.response, edits.as_deref(), &head.method);
         let (ids, timing) = (id.as_deref(), answer.upstreamed.as_deref());
         route.finish_response(&mut answer.response, edits.as_deref(), ids, timing);
         let logged = Logged::new(
@@ -481,7 +482,7 @@ impl Shared {
         if method == Method::HEAD {
             crate::http1::common::content_length_line(&mut headers, page.len() as u64);
         }
-        let reply = Reply {
+        let mut reply = Reply {
             status,
             headers,
             body: ProxyBody::Local(Some(if method == Method::HEAD {
@@ -490,6 +491,8 @@ impl Shared {
                 page
             })),
         };
+        // The listener's page: no route has seen the request.
+        self.route.error_page(&mut reply, None, method);
         self.respond(reply, method, Logged::new(None), Duration::MAX, open)
     }
 

@@ -246,6 +246,9 @@ impl WorkerState {
                 || l.routes.iter().any(|r| r.server_timing == Some(true))
         };
         let timed = |l: &crate::config::Listener, counting: bool| counting || spans(l);
+        let paged = |l: &crate::config::Listener| {
+            l.error_pages.is_some() || l.routes.iter().any(|r| r.error_pages.is_some())
+        };
         // The sweeper's tick follows the shortest timeout it keeps.
         let shortest = config
             .upstreams
@@ -281,6 +284,7 @@ impl WorkerState {
                 kept.route.timed.set(timed(l, kept.route.stats.is_some()));
                 kept.route.spans.set(spans(l));
                 kept.route.server_timing.set(l.server_timing);
+                kept.route.paged.set(paged(l));
                 continue;
             }
             // Usually one socket per listener; after an upgrade from a process with more
@@ -324,6 +328,7 @@ impl WorkerState {
                 server_timing: Cell::new(l.server_timing),
                 routes: RefCell::new(routes),
                 stats,
+                paged: Cell::new(paged(l)),
             });
             let (removed, removed_rx) = watch::channel(false);
             let tasks = mine

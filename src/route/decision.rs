@@ -7,10 +7,11 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::StatusCode;
+use http::{Method, StatusCode};
 
 use crate::config::{
-    Http2, Limits, PathMatch, RequestIds, RouteAction, Template, TemplatePart, Variable,
+    ErrorPages, Http2, Limits, Page, PathMatch, RequestIds, RouteAction, Template, TemplatePart,
+    Variable,
 };
 use crate::edge::controls::Controls;
 use crate::http1::common::ERROR_PAGE_TYPE;
@@ -21,6 +22,7 @@ use crate::proxy::body::{ProxyBody, local_reply};
 use crate::proxy::downstream::Downstream;
 use crate::proxy::forward::{Overrides, add_response_lines};
 use crate::proxy::request_id::RequestId;
+use crate::route::error_pages;
 use crate::route::table::{Router, host_without_port};
 use crate::tls::server::Terminator;
 use crate::upstream::counters::ListenerStats;
@@ -51,6 +53,9 @@ pub(crate) struct Route {
     pub server_timing: Cell<bool>,
     /// `[[listener.route]]`, compiled; empty for a listener whose requests all go to `upstream`.
     pub routes: RefCell<Rc<Routes>>,
+    /// The listener or one of its routes has error pages (or `intercept_errors`): decided once
+    /// per generation, so that the answers of a listener without are not looked at.
+    pub paged: Cell<bool>,
 }
 
 /// A listener's routes in one worker: the compiled table and each route's upstream.
@@ -65,6 +70,8 @@ pub(crate) struct Routes {
     pub controls: Vec<Option<Controls>>,
     /// The listener's own edge controls, for the requests no route matches.
     pub default_controls: Option<Controls>,
+    /// The listener's error pages, for its requests that no route with pages of its own takes.
+    pub default_pages: Option<Arc<ErrorPages>>,
 }
 
 impl Routes {
@@ -86,6 +93,7 @@ impl Routes {
                 .map(|r| Controls::new(listener, Some(r)))
                 .collect(),
             default_controls: Controls::new(listener, None),
+            default_pages: listener.error_pages.clone(),
         }
     }
 }
@@ -108,6 +116,8 @@ pub(crate) struct Edits {
     pub response: Option<(Vec<String>, Vec<u8>)>,
     /// The route's own `server_timing`, over the listener's.
     pub server_timing: Option<bool>,
+    /// The route's own error pages, over the listener's.
+    pub pages: Option<Arc<ErrorPages>>,
 }
 
 impl Edits {
@@ -153,6 +163,40 @@ impl Route {
         add_response_lines(&mut reply.headers, id, upstreamed, timed);
     }
 
+    /// The proxy's answer replaced by its error page, where the request's route (or the
+    /// listener) has one for its status: pinlb's own 502, 503, 504 or 413, and with
+    /// `intercept_errors` a backend's error. A listener without pages pays for one flag.
+    #[inline]
+    pub fn error_page(&self, reply: &mut Reply<ProxyBody>, edits: Option<&Edits>, method: &Method) {
+        if self.paged.get() {
+            self.replace_by_page(reply, edits.and_then(|e| e.pages.as_deref()), method);
+        }
+    }
+
+    #[inline(never)]
+    fn replace_by_page(
+        &self,
+        reply: &mut Reply<ProxyBody>,
+        own: Option<&ErrorPages>,
+        method: &Method,
+    ) {
+        let routes = self.routes.borrow();
+        if let Some(pages) = own.or(routes.default_pages.as_deref()) {
+            error_pages::apply(pages, reply, method);
+        }
+    }
+
+    /// The listener's page for `status`, for an answer to a request head no route has seen
+    /// (malformed, too large, too late).
+    #[inline]
+    pub fn listener_page(&self, status: StatusCode) -> Option<Arc<Page>> {
+        if !self.paged.get() {
+            return None;
+        }
+        let routes = self.routes.borrow();
+        routes.default_pages.as_ref()?.get(status.as_u16()).cloned()
+    }
+
     /// Where `head` goes: the first route that matches it, or the listener's upstream.
     /// Inlined for a listener without routes, the common case, so that its requests pay for
     /// one check and not for the route decision's moves; the routes are looked at out of line.
@@ -163,6 +207,27 @@ impl Route {
             return Decision::Proxy(self.upstream.borrow().clone(), None);
         }
         self.decide_by_routes(&routes, head, https, peer.ip())
+    }
+
+    /// A request no route matches: the listener's controls, then its upstream, or 404.
+    fn no_route(&self, routes: &Routes, head: &RequestHead, client: IpAddr) -> Decision {
+        let pages = routes.default_pages.as_deref();
+        if let Some(refused) = (routes.default_controls.as_ref())
+            .and_then(|c| c.check(head, client, self.stats.as_deref()))
+        {
+            return Decision::Answer(paged(refused, pages, &head.method));
+        }
+        if routes.has_default {
+            return Decision::Proxy(self.upstream.borrow().clone(), None);
+        }
+        let reply = local_reply(
+            StatusCode::NOT_FOUND,
+            ERROR_PAGE_TYPE,
+            Bytes::from_static(b"404 Not Found: no route matches this request\n"),
+            b"",
+            &head.method,
+        );
+        Decision::Answer(paged(reply, pages, &head.method))
     }
 
     #[inline(never)]
@@ -179,26 +244,16 @@ impl Route {
             client,
         };
         let Some((index, rule, path)) = routes.router.find(head) else {
-            if let Some(refused) = (routes.default_controls.as_ref())
-                .and_then(|c| c.check(head, client, self.stats.as_deref()))
-            {
-                return Decision::Answer(refused);
-            }
-            if routes.has_default {
-                return Decision::Proxy(self.upstream.borrow().clone(), None);
-            }
-            return Decision::Answer(local_reply(
-                StatusCode::NOT_FOUND,
-                ERROR_PAGE_TYPE,
-                Bytes::from_static(b"404 Not Found: no route matches this request\n"),
-                b"",
-                &head.method,
-            ));
+            return self.no_route(routes, head, client);
         };
         if let Some(refused) = (routes.controls.get(index).and_then(Option::as_ref))
             .and_then(|c| c.check(head, client, self.stats.as_deref()))
         {
-            return Decision::Answer(refused);
+            let pages = rule
+                .error_pages
+                .as_deref()
+                .or(routes.default_pages.as_deref());
+            return Decision::Answer(paged(refused, pages, &head.method));
         }
         match &rule.action {
             RouteAction::Proxy { rewrite_prefix, .. } => {
@@ -238,8 +293,10 @@ impl Route {
                     },
                     response,
                     server_timing: rule.server_timing,
+                    pages: rule.error_pages.clone(),
                 };
                 let changes = edits.request.path.is_some()
+                    || edits.pages.is_some()
                     || edits.request.lines.is_some()
                     || edits.request.timeouts.is_some()
                     || edits.response.is_some()
@@ -275,11 +332,31 @@ impl Route {
                     b"",
                     &head.method,
                 );
+                if body.is_empty() {
+                    // As nginx's `return 404;`: without a text of its own, the status's page.
+                    let pages = rule
+                        .error_pages
+                        .as_deref()
+                        .or(routes.default_pages.as_deref());
+                    reply = paged(reply, pages, &head.method);
+                }
                 response_edits(rule, &cx, &mut reply);
                 Decision::Answer(reply)
             }
         }
     }
+}
+
+/// An answer of pinlb's own (a refusal, or 404) with its page from `pages`, if it has one.
+fn paged(
+    mut reply: Reply<ProxyBody>,
+    pages: Option<&ErrorPages>,
+    method: &Method,
+) -> Reply<ProxyBody> {
+    if let Some(pages) = pages {
+        error_pages::apply(pages, &mut reply, method);
+    }
+    reply
 }
 
 /// `response_headers` rendered for this request; `None` when the route has none.
@@ -305,6 +382,7 @@ fn response_edits(rule: &crate::config::RouteRule, cx: &Context, reply: &mut Rep
         request: Overrides::default(),
         response: response_edit(rule, cx),
         server_timing: None,
+        pages: None,
     };
     edits.edit_response(reply);
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use toml::{Table, Value};
 
+use super::error_page::{self, Pages};
 use super::parse::Directive;
 use super::rewrite;
 use super::template::template;
@@ -50,6 +51,8 @@ struct Server {
     at: String,
     /// Its certificates, for the addresses it listens on with `ssl`.
     tls: Option<ServerTls>,
+    /// Its `error_page`s and `proxy_intercept_errors`.
+    pages: Pages,
 }
 
 /// What a server that listens with `ssl` brings to its listener's `[listener.tls]`.
@@ -125,6 +128,8 @@ struct Inherited {
     headers: Option<Vec<Directive>>,
     timeouts: Vec<Directive>,
     redirects: Redirects,
+    /// `error_page`, `proxy_intercept_errors` and `root`.
+    pages: error_page::Inherit,
 }
 
 impl Default for Inherited {
@@ -136,24 +141,28 @@ impl Default for Inherited {
                 absolute: true,
                 port: true,
             },
+            pages: error_page::Inherit::default(),
         }
     }
 }
 
 impl Inherited {
     /// The directives merged this way (each level's loop leaves them to [`Inherited::level`]).
-    const NAMES: [&'static str; 6] = [
+    const NAMES: [&'static str; 8] = [
         "proxy_set_header",
         "proxy_connect_timeout",
         "proxy_read_timeout",
         "proxy_send_timeout",
         "absolute_redirect",
         "port_in_redirect",
+        error_page::Inherit::NAMES[0],
+        error_page::Inherit::NAMES[1],
     ];
 
     /// What a block's own directives make of what it inherits.
     fn level(&self, block: &[Directive]) -> Inherited {
         let mut out = self.clone();
+        out.pages = self.pages.level(block);
         let headers: Vec<Directive> = block
             .iter()
             .filter(|d| d.name == "proxy_set_header" && d.block.is_none())
@@ -446,6 +455,7 @@ impl Builder {
         let mut default = false;
         let mut locations = Vec::new();
         let inherit = parent.level(block);
+        let (pages, served) = error_page::convert(&inherit.pages, block, &mut self.notes);
         // The server's own rewrite phase, before any location: its redirects, in order, and a
         // `return`, which answers every request so that no location is ever reached.
         let mut first: Vec<Table> = Vec::new();
@@ -549,7 +559,22 @@ impl Builder {
                 );
                 continue;
             }
-            if let Some(route) = self.location(l, &inherit) {
+            if served.contains(&l.line) {
+                self.notes.push(format!(
+                    "{}: location {} not converted: it serves error_page's file, which pinlb reads as the page (pinlb serves no files to requests for its path)",
+                    l.at(),
+                    l.args.join(" ")
+                ));
+                continue;
+            }
+            if let Some(mut route) = self.location(l, &inherit) {
+                let own = l.block.as_deref().unwrap_or_default();
+                if error_page::Inherit::own(own) {
+                    let level = inherit.level(own).pages;
+                    error_page::convert(&level, block, &mut self.notes)
+                        .0
+                        .write(&mut route, true);
+                }
                 if first.iter().any(|earlier| route_covers(earlier, &route)) {
                     self.unreached(
                         l,
@@ -612,6 +637,7 @@ impl Builder {
                 redirects: inherit.redirects,
                 at: d.at(),
                 tls: tls.clone(),
+                pages: pages.clone(),
             };
             match self.listeners.iter_mut().find(|(a, _)| *a == address) {
                 Some((_, servers)) => servers.push(server),
@@ -1195,6 +1221,7 @@ impl Builder {
                     .collect();
                 for r in &s.routes {
                     let mut r = r.clone();
+                    Pages::settle(&mut r, &s.pages, &catch_all.pages);
                     r.insert("host".into(), Value::Array(hosts.clone()));
                     routes.push(Value::Table(r));
                 }
@@ -1211,6 +1238,7 @@ impl Builder {
                     let mut respond = Table::new();
                     respond.insert("status".into(), Value::Integer(404));
                     r.insert("respond".into(), Value::Table(respond));
+                    Pages::settle(&mut r, &s.pages, &catch_all.pages);
                     routes.push(Value::Table(r));
                     self.notes.push(format!(
                         "{}: requests for {} that none of its locations takes get 404 from pinlb (nginx looks for a file)",
@@ -1231,9 +1259,14 @@ impl Builder {
                     catch_all.at
                 ));
             }
-            routes.extend(catch_all.routes.into_iter().map(Value::Table));
+            let pages = catch_all.pages.clone();
+            routes.extend(catch_all.routes.into_iter().map(|mut r| {
+                Pages::settle(&mut r, &pages, &pages);
+                Value::Table(r)
+            }));
             let mut l = Table::new();
             l.insert("address".into(), Value::String(address));
+            pages.write(&mut l, false);
             if let Some((tls, http2)) = tls {
                 l.insert("tls".into(), Value::Table(tls));
                 if !http2 {

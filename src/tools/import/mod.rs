@@ -3,11 +3,13 @@
 //! ([`ImportError::LessStrict`]) where leaving one out would make pinlb less strict than nginx.
 //!
 //! - [`parse`]: nginx's syntax, directives with their `file:line`.
+//! - [`error_page`]: `error_page` to a local file and `proxy_intercept_errors`.
 //! - [`template`]: nginx variables as pinlb template variables.
 //! - [`rewrite`]: `rewrite ... redirect|permanent` as a route redirect, where one is exact.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod convert;
+mod error_page;
 mod parse;
 mod rewrite;
 mod template;
