@@ -14,12 +14,16 @@
 //! errors are reported all at once, in file order, as [`ConfigErrors`].
 //!
 //! - [`error`]: the error and where in the file it points.
+//! - [`htpasswd`]: an htpasswd file's users and their password hashes.
+//! - [`access`]: `access`, `auth_basic` and `satisfy`, a listener's or a route's.
 //! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
+mod access;
 mod error;
+pub(crate) mod htpasswd;
 pub(crate) mod log_format;
 mod raw;
 mod routes;
@@ -34,7 +38,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use error::Source;
+pub use access::{Access, AccessRule, AuthBasic, BasicAuth, Satisfy, access_rule};
 pub use error::{ConfigError, ConfigErrors};
+pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;
 use raw::RawConfig;
 
@@ -405,6 +411,9 @@ pub struct Listener {
     /// `server_timing`: responses carry `Server-Timing: pinlb;dur=…, upstream;dur=…` (a
     /// route's own `server_timing` decides for its requests).
     pub server_timing: bool,
+    /// `access`, `auth_basic`, `satisfy`: who may send its requests (a route's own replace
+    /// them for its requests).
+    pub access: Access,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.
@@ -427,6 +436,8 @@ pub struct RouteRule {
     pub timeouts: RouteTimeouts,
     /// `server_timing`: this route's own choice; `None` takes the listener's.
     pub server_timing: Option<bool>,
+    /// `access`, `auth_basic`, `satisfy`: this route's own, each replacing the listener's.
+    pub access: Access,
 }
 
 /// A route's own timeouts; each `None` keeps the upstream's.

@@ -426,6 +426,12 @@ pub(super) struct RawListener {
     /// `[[listener.route]]`.
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,
+    /// `access`: allow/deny rules for its requests, in order.
+    pub access: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `auth_basic`: HTTP basic auth for its requests, or `"off"`.
+    pub auth_basic: Option<Spanned<super::access::RawAuthBasic>>,
+    /// `satisfy`: `"all"` or `"any"` of `access` and `auth_basic`.
+    pub satisfy: Option<Spanned<String>>,
 }
 
 /// One `[[listener.route]]`.
@@ -447,6 +453,12 @@ pub(super) struct RawRoute {
     pub timeouts: Option<RawRouteTimeouts>,
     /// `Server-Timing` on this route's responses, over the listener's choice.
     pub server_timing: Option<Spanned<bool>>,
+    /// `access`: allow/deny rules for this route's requests, in order.
+    pub access: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `auth_basic`: HTTP basic auth for this route's requests, or `"off"`.
+    pub auth_basic: Option<Spanned<super::access::RawAuthBasic>>,
+    /// `satisfy`: `"all"` or `"any"` of `access` and `auth_basic`.
+    pub satisfy: Option<Spanned<String>>,
 }
 
 /// A route's `timeouts = { connect, response, send }`, over its upstream's.

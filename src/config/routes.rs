@@ -167,6 +167,7 @@ fn route(
         response_headers,
         timeouts,
         server_timing: r.server_timing.as_ref().map(|v| *v.get_ref()),
+        access: super::access::access(src, rkey, &r.access, &r.auth_basic, &r.satisfy)?,
     })
 }
 

@@ -1331,6 +1331,7 @@ fn listener(
         routes,
         backlog,
         server_timing: l.server_timing.as_ref().is_some_and(|v| *v.get_ref()),
+        access: super::access::access(src, key, &l.access, &l.auth_basic, &l.satisfy)?,
     })
 }
 
