@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use toml::{Table, Value};
 
+use super::access;
 use super::parse::Directive;
 use super::rewrite;
 use super::template::template;
@@ -36,6 +37,8 @@ struct Builder {
     client_idle: Option<String>,
     notes: Vec<String>,
     refused: Vec<String>,
+    /// nginx's configuration prefix (the main file's directory), for relative file names.
+    conf_dir: std::path::PathBuf,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -125,6 +128,8 @@ struct Inherited {
     headers: Option<Vec<Directive>>,
     timeouts: Vec<Directive>,
     redirects: Redirects,
+    /// `allow`/`deny`, `auth_basic`, `auth_basic_user_file`, `satisfy` ([`access`]).
+    access: access::Access,
 }
 
 impl Default for Inherited {
@@ -136,24 +141,31 @@ impl Default for Inherited {
                 absolute: true,
                 port: true,
             },
+            access: access::Access::default(),
         }
     }
 }
 
 impl Inherited {
     /// The directives merged this way (each level's loop leaves them to [`Inherited::level`]).
-    const NAMES: [&'static str; 6] = [
+    const NAMES: [&'static str; 11] = [
         "proxy_set_header",
         "proxy_connect_timeout",
         "proxy_read_timeout",
         "proxy_send_timeout",
         "absolute_redirect",
         "port_in_redirect",
+        "allow",
+        "deny",
+        "auth_basic",
+        "auth_basic_user_file",
+        "satisfy",
     ];
 
     /// What a block's own directives make of what it inherits.
     fn level(&self, block: &[Directive]) -> Inherited {
         let mut out = self.clone();
+        out.access = self.access.level(block);
         let headers: Vec<Directive> = block
             .iter()
             .filter(|d| d.name == "proxy_set_header" && d.block.is_none())
@@ -187,8 +199,11 @@ const MANAGED: [&str; 4] = [
     "x-forwarded-proto",
 ];
 
-pub fn convert(directives: &[Directive]) -> Converted {
+/// `directives` converted; `conf_dir` is nginx's configuration prefix (the main file's
+/// directory), which its relative file names are relative to.
+pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converted {
     let mut b = Builder {
+        conf_dir: conf_dir.to_path_buf(),
         runtime: Table::new(),
         limits: Table::new(),
         log: Table::new(),
@@ -273,6 +288,21 @@ impl Builder {
             None => self
                 .notes
                 .push(format!("{}: {} not converted: {why}", d.at(), d.name)),
+        }
+    }
+
+    /// A route's `access`, `auth_basic` and `satisfy`, from what its location merges; each
+    /// note or refusal once, however many routes share the directive.
+    fn access(&mut self, inherit: &Inherited, route: &mut Table) {
+        for said in inherit.access.apply(route, &self.conf_dir) {
+            let (access::Said::Note(s) | access::Said::Refused(s)) = &said;
+            let list = match said {
+                access::Said::Note(_) => &mut self.notes,
+                access::Said::Refused(_) => &mut self.refused,
+            };
+            if !list.contains(s) {
+                list.push(s.clone());
+            }
         }
     }
 
@@ -531,6 +561,9 @@ impl Builder {
                 )),
                 _ => self.skip(s, "no pinlb equivalent"),
             }
+        }
+        for r in &mut first {
+            self.access(&inherit, r);
         }
         if addresses.is_empty() {
             addresses.push("0.0.0.0:80".into());
@@ -981,6 +1014,7 @@ impl Builder {
                 route.remove(k);
             }
             route.insert(key.into(), value);
+            self.access(&inherit, &mut route);
             return Some(route);
         }
         let Some(proxy) = proxy_at else {
@@ -1032,6 +1066,7 @@ impl Builder {
         if !timeouts.is_empty() {
             route.insert("timeouts".into(), Value::Table(timeouts));
         }
+        self.access(&inherit, &mut route);
         Some(route)
     }
 

@@ -5,8 +5,10 @@
 //! - [`parse`]: nginx's syntax, directives with their `file:line`.
 //! - [`template`]: nginx variables as pinlb template variables.
 //! - [`rewrite`]: `rewrite ... redirect|permanent` as a route redirect, where one is exact.
+//! - [`access`]: `allow`/`deny`, `auth_basic` and `satisfy` as a route's access keys.
 //! - [`convert`]: directives to pinlb's TOML.
 
+mod access;
 mod convert;
 mod parse;
 mod rewrite;
@@ -58,7 +60,9 @@ impl ImportError {
 pub fn import(path: &Path, allow_less_strict: bool) -> Result<(String, Vec<String>), ImportError> {
     let mut notes = Vec::new();
     let directives = parse::parse_file(path, &mut notes)?;
-    let converted = convert::convert(&directives);
+    // nginx resolves relative file names against its prefix, the main file's directory.
+    let conf_dir = path.parent().unwrap_or(Path::new(""));
+    let converted = convert::convert(&directives, conf_dir);
     notes.extend(converted.notes);
     if !converted.anything {
         notes.extend(converted.refused);
