@@ -247,9 +247,9 @@ async fn missing_malformed_and_wrong_credentials_get_401_with_the_challenge() {
         let c = curl(&url, args).await;
         assert_eq!(c.status, 401, "{args:?}");
         assert!(
-            c.headers.to_ascii_lowercase().contains(
-                "www-authenticate: basic realm=\"restricted\", charset=\"utf-8\"\r\n"
-            ),
+            c.headers
+                .to_ascii_lowercase()
+                .contains("www-authenticate: basic realm=\"restricted\", charset=\"utf-8\"\r\n"),
             "{args:?}: {}",
             c.headers
         );
@@ -273,7 +273,10 @@ async fn a_route_with_auth_basic_off_lifts_the_listeners() {
     let at = |p: &str| format!("http://{}{p}", proxy.addr);
     assert_eq!(curl(&at("/public/a"), &[]).await.status, 200);
     assert_eq!(curl(&at("/private"), &[]).await.status, 401);
-    assert_eq!(curl(&at("/private"), &["-u", "ann:secret"]).await.status, 200);
+    assert_eq!(
+        curl(&at("/private"), &["-u", "ann:secret"]).await.status,
+        200
+    );
 }
 
 #[tokio::test]
@@ -373,10 +376,7 @@ async fn refusals_are_logged_once_per_client_per_second_naming_client_and_user()
     for _ in 0..5 {
         assert_eq!(curl(&url, &["-u", "ann:hunter2"]).await.status, 401);
     }
-    assert_eq!(
-        curl(&url, &["--interface", "127.0.0.2"]).await.status,
-        403
-    );
+    assert_eq!(curl(&url, &["--interface", "127.0.0.2"]).await.status, 403);
     let line = proxy
         .wait_for_log("answered 403 to 127.0.0.2: denied by access rules")
         .await;

@@ -861,7 +861,10 @@ http {
             "location not converted: only exact (=) and prefix locations convert",
         ),
         (9, "allow unix: not converted: pinlb listens on TCP only"),
-        (14, "auth_basic_user_file $document_root/htpasswd not converted"),
+        (
+            14,
+            "auth_basic_user_file $document_root/htpasswd not converted",
+        ),
         (15, "limit_req not converted"),
     ] {
         assert!(
@@ -950,7 +953,11 @@ http {
             .unwrap_or_else(|| panic!("no route {p}: {}", i.stdout))
             .clone()
     };
-    let file = i.path.with_file_name("conf.d/htpasswd").display().to_string();
+    let file = i
+        .path
+        .with_file_name("conf.d/htpasswd")
+        .display()
+        .to_string();
     let root = by_path("path", "/");
     assert_eq!(
         root["access"],
@@ -965,12 +972,14 @@ http {
     assert_eq!(ping["satisfy"].as_str(), Some("any"));
     assert!(ping.get("respond").is_some());
     assert!(
-        i.stderr.contains("nginx answers a return or rewrite before its access phase"),
+        i.stderr
+            .contains("nginx answers a return or rewrite before its access phase"),
         "{}",
         i.stderr
     );
     assert!(
-        i.stderr.contains("allow 10.1.1.0/16 became allow 10.1.0.0/16"),
+        i.stderr
+            .contains("allow 10.1.1.0/16 became allow 10.1.0.0/16"),
         "{}",
         i.stderr
     );

@@ -164,8 +164,7 @@ pub(super) fn access(
 
 /// One rule as written: `allow` or `deny`, then an address, a CIDR range or `all`.
 pub fn access_rule(rule: &str) -> std::result::Result<AccessRule, String> {
-    const FORM: &str =
-        "expected \"allow ADDRESS\", \"deny ADDRESS\" (an IPv4 or IPv6 address or CIDR range) or \"allow all\"/\"deny all\"";
+    const FORM: &str = "expected \"allow ADDRESS\", \"deny ADDRESS\" (an IPv4 or IPv6 address or CIDR range) or \"allow all\"/\"deny all\"";
     let mut words = rule.split_whitespace();
     let allow = match words.next() {
         Some("allow") => true,
@@ -182,7 +181,11 @@ pub fn access_rule(rule: &str) -> std::result::Result<AccessRule, String> {
         Ok(net) => net,
         Err(_) => match what.parse::<IpAddr>() {
             Ok(ip) => IpNet::from(ip),
-            Err(_) => return Err(format!("{what:?} is not an address or a CIDR range: {FORM}")),
+            Err(_) => {
+                return Err(format!(
+                    "{what:?} is not an address or a CIDR range: {FORM}"
+                ));
+            }
         },
     };
     if net.trunc() != net {
@@ -265,9 +268,15 @@ mod tests {
     #[test]
     fn rules_read_as_nginx_writes_them() {
         let r = access_rule("deny 192.168.1.1").unwrap();
-        assert_eq!((r.allow, r.net), (false, Some("192.168.1.1/32".parse().unwrap())));
+        assert_eq!(
+            (r.allow, r.net),
+            (false, Some("192.168.1.1/32".parse().unwrap()))
+        );
         let r = access_rule("allow  10.1.0.0/16").unwrap();
-        assert_eq!((r.allow, r.net), (true, Some("10.1.0.0/16".parse().unwrap())));
+        assert_eq!(
+            (r.allow, r.net),
+            (true, Some("10.1.0.0/16".parse().unwrap()))
+        );
         let r = access_rule("allow 2001:db8::/32").unwrap();
         assert_eq!(r.net, Some("2001:db8::/32".parse().unwrap()));
         assert_eq!(access_rule("deny all").unwrap().net, None);

@@ -119,11 +119,17 @@ fn password_hash(hash: &[u8]) -> Result<PasswordHash, String> {
         return Ok(PasswordHash::Plain(plain.to_vec()));
     }
     let Ok(hash) = std::str::from_utf8(hash) else {
-        return Err(format!("the hash is not text, expected one nginx takes; {REHASH}"));
+        return Err(format!(
+            "the hash is not text, expected one nginx takes; {REHASH}"
+        ));
     };
     let b64 = base64::engine::general_purpose::STANDARD;
     if let Some(v) = hash.strip_prefix("{SHA}") {
-        return match b64.decode(v).ok().and_then(|d| <[u8; 20]>::try_from(d).ok()) {
+        return match b64
+            .decode(v)
+            .ok()
+            .and_then(|d| <[u8; 20]>::try_from(d).ok())
+        {
             Some(d) => Ok(PasswordHash::Sha1(d)),
             None => Err("{SHA}: expected the base64 of a 20-byte SHA-1 digest".into()),
         };
@@ -177,8 +183,8 @@ fn password_hash(hash: &[u8]) -> Result<PasswordHash, String> {
             };
         }
     }
-    if hash.starts_with('$') {
-        let id = hash[1..].split('$').next().unwrap_or("");
+    if let Some(rest) = hash.strip_prefix('$') {
+        let id = rest.split('$').next().unwrap_or("");
         return Err(format!(
             "the crypt format ${id}$ is not one pinlb takes (bcrypt $2y$/$2a$/$2b$, $apr1$, $1$, $5$, $6$, {{SHA}}, {{SSHA}}, {{PLAIN}}); {REHASH}"
         ));
@@ -278,7 +284,10 @@ mod tests {
             (b"a:{SHA}notbase64!\n", "{SHA}"),
             (b"a:$apr1$toolongsalt$Xxd1irWT9ycqoYxGFn4cb.\n", "$apr1$"),
             (b"a:$6$salt$short\n", "$6$"),
-            (b"a:$5$rounds=10$salt$Gcm6FsVtF/Qa77ZKD.iwsJlCVPY0XSMgLJL0Hnww/c1\n", "rounds"),
+            (
+                b"a:$5$rounds=10$salt$Gcm6FsVtF/Qa77ZKD.iwsJlCVPY0XSMgLJL0Hnww/c1\n",
+                "rounds",
+            ),
             (b"a:$y$j9T$salt$hash\n", "$y$"),
             (b"a:{PLAIN}x\na:{PLAIN}y\n", "first at line 1"),
             (b"# nobody\n", "no users"),

@@ -37,8 +37,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use error::Source;
 pub use access::{Access, AccessRule, AuthBasic, BasicAuth, Satisfy, access_rule};
+use error::Source;
 pub use error::{ConfigError, ConfigErrors};
 pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;

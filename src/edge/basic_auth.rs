@@ -128,7 +128,12 @@ pub fn credentials(value: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     }
     let token = token.trim_ascii();
     let decoded = base64::engine::general_purpose::STANDARD_NO_PAD
-        .decode(token.strip_suffix(b"==").or(token.strip_suffix(b"=")).unwrap_or(token))
+        .decode(
+            token
+                .strip_suffix(b"==")
+                .or(token.strip_suffix(b"="))
+                .unwrap_or(token),
+        )
         .ok()?;
     let colon = decoded.iter().position(|&b| b == b':')?;
     Some((decoded[..colon].to_vec(), decoded[colon + 1..].to_vec()))
@@ -267,7 +272,11 @@ mod tests {
     fn md5_crypt_matches_openssl_for_long_passwords_too() {
         // openssl passwd -apr1 -salt abcdefgh 'a password longer than sixteen bytes'
         assert_eq!(
-            &md5_crypt(b"a password longer than sixteen bytes", b"$apr1$", b"abcdefgh"),
+            &md5_crypt(
+                b"a password longer than sixteen bytes",
+                b"$apr1$",
+                b"abcdefgh"
+            ),
             b"KxnTlry9zkkkUhSc6GrVg/"
         );
     }

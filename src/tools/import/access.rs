@@ -116,7 +116,9 @@ impl Access {
                 _ => said.push(refuse(d, "expected all or any")),
             }
         }
-        let answers = ["redirect", "respond"].iter().any(|k| route.contains_key(*k));
+        let answers = ["redirect", "respond"]
+            .iter()
+            .any(|k| route.contains_key(*k));
         if restricts && answers {
             let at = (self.rules.iter().flatten().chain(&self.auth_basic))
                 .next()
@@ -196,7 +198,10 @@ mod tests {
             d("auth_basic", &["Staff"], 3),
             d("auth_basic_user_file", &["htpasswd"], 4),
         ]);
-        let loc = http.level(&[d("allow", &["192.168.0.0/16"], 5), d("satisfy", &["any"], 6)]);
+        let loc = http.level(&[
+            d("allow", &["192.168.0.0/16"], 5),
+            d("satisfy", &["any"], 6),
+        ]);
         let mut route = Table::new();
         let said = loc.apply(&mut route, Path::new("/etc/nginx"));
         assert!(refused(&said).is_empty());
@@ -205,7 +210,10 @@ mod tests {
             Value::Array(vec!["allow 192.168.0.0/16".into()])
         );
         assert_eq!(route["auth_basic"]["realm"], "Staff".into());
-        assert_eq!(route["auth_basic"]["user_file"], "/etc/nginx/htpasswd".into());
+        assert_eq!(
+            route["auth_basic"]["user_file"],
+            "/etc/nginx/htpasswd".into()
+        );
         assert_eq!(route["satisfy"], "any".into());
         let off = http.level(&[d("auth_basic", &["off"], 7)]);
         let mut route = Table::new();
@@ -249,6 +257,8 @@ mod tests {
         let mut route = Table::new();
         route.insert("respond".into(), Value::Table(Table::new()));
         let said = level.apply(&mut route, Path::new("/"));
-        assert!(said.iter().any(|s| matches!(s, Said::Note(n) if n.starts_with("n.conf:9: nginx answers a return"))));
+        assert!(said.iter().any(
+            |s| matches!(s, Said::Note(n) if n.starts_with("n.conf:9: nginx answers a return"))
+        ));
     }
 }
