@@ -1306,7 +1306,8 @@ impl Builder {
 }
 
 /// Directives that make nginx refuse, limit or ask for credentials: left out, pinlb would
-/// answer what nginx does not.
+/// answer what nginx does not. `allow`, `deny`, `auth_basic*` and `satisfy` reach this only in
+/// the forms [`access`] can't convert, or inside a block that does not convert.
 const RESTRICTING: [&str; 16] = [
     "deny",
     "allow",

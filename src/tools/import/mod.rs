@@ -54,8 +54,8 @@ impl ImportError {
 }
 
 /// The pinlb configuration as TOML text, and the notes (`file:line: ...`) on what was not
-/// converted. A directive left out that makes pinlb less strict than nginx (a `deny`, an
-/// `auth_basic`, a regex location that returns 403, TLS settings) is an error unless
+/// converted. A directive left out that makes pinlb less strict than nginx (an `allow unix:`,
+/// a `limit_req`, a regex location that returns 403, TLS settings) is an error unless
 /// `allow_less_strict`, and then a note.
 pub fn import(path: &Path, allow_less_strict: bool) -> Result<(String, Vec<String>), ImportError> {
     let mut notes = Vec::new();
