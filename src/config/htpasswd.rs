@@ -296,4 +296,22 @@ mod tests {
             assert!(e.contains(wanted), "{}: {e}", String::from_utf8_lossy(text));
         }
     }
+
+    proptest::proptest! {
+        /// Any file: no panic; a line number it blames is one of the file's.
+        #[test]
+        fn any_file_is_read_without_panic(
+            text in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::num::u8::ANY,
+                    proptest::sample::select(b":$\n{}#".to_vec()),
+                ],
+                0..200,
+            ),
+        ) {
+            if let Err((line, _)) = parse(&text) {
+                proptest::prop_assert!(line <= text.split(|&b| b == b'\n').count());
+            }
+        }
+    }
 }

@@ -338,4 +338,22 @@ mod tests {
             assert_eq!(check.cache.borrow().len(), (i + 1).min(CACHE_SIZE));
         }
     }
+
+    proptest::proptest! {
+        /// Any header value: no panic, and what a browser would send reads back.
+        #[test]
+        fn any_header_value_is_read_without_panic(
+            value in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+            user in "[^:]{0,12}",
+            password in ".{0,12}",
+        ) {
+            let _ = credentials(&value);
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let sent = format!("Basic {}", b64.encode(format!("{user}:{password}")));
+            proptest::prop_assert_eq!(
+                credentials(sent.as_bytes()),
+                Some((user.into_bytes(), password.into_bytes()))
+            );
+        }
+    }
 }
