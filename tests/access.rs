@@ -397,7 +397,7 @@ async fn refusals_are_logged_once_per_client_per_second_naming_client_and_user()
 }
 
 #[test]
-fn check_names_a_bad_htpasswd_line_and_a_missing_file() {
+fn check_names_bad_rules_and_htpasswd_lines_and_describes_a_valid_file() {
     let file = htpasswd(&["ann:{PLAIN}x".into(), "bob:abJnggxhB/yWI".into()]);
     let toml = format!(
         "[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\nauth_basic = {{ realm = \"R\", user_file = \"{}\" }}\n[upstream.app]\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
@@ -422,6 +422,35 @@ fn check_names_a_bad_htpasswd_line_and_a_missing_file() {
             config.display(),
             file.display()
         )
+    );
+    // Valid, `pinlb check` says what applies.
+    let good = htpasswd(&["ann:{PLAIN}x".into()]);
+    let valid = temp_config(
+        &toml
+            .replace(file.to_str().unwrap(), good.to_str().unwrap())
+            .replace(
+                "auth_basic =",
+                "access = [\"deny 10.0.0.1\", \"allow all\"]\nsatisfy = \"any\"\nauth_basic =",
+            ),
+    );
+    let out = Command::new(bin())
+        .args(["check", "-c"])
+        .arg(&valid)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains(&format!(
+            "  access: 2 rule(s), first deny 10.0.0.1/32; auth_basic \"R\": 1 user(s) from {}; satisfy any\n",
+            good.display()
+        )),
+        "{said}"
     );
     let missing = temp_config(&toml.replace(file.to_str().unwrap(), "/nonexistent/htpasswd"));
     let e = check(&missing);

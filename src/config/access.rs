@@ -80,6 +80,41 @@ impl Access {
     }
 }
 
+/// What `pinlb check` prints: `access: 3 rules (first: deny 10.0.0.1/32); auth_basic "R":
+/// 2 users from /etc/pinlb/htpasswd; satisfy any`, each part only where it is set.
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(rules) = &self.rules {
+            parts.push(match rules.first() {
+                None => "access: none (everyone)".to_string(),
+                Some(r) => format!(
+                    "access: {} rule(s), first {} {}",
+                    rules.len(),
+                    if r.allow { "allow" } else { "deny" },
+                    r.net.map_or("all".to_string(), |n| n.to_string())
+                ),
+            });
+        }
+        match &self.auth_basic {
+            Some(AuthBasic::On(b)) => parts.push(format!(
+                "auth_basic {:?}: {} user(s) from {}",
+                b.realm,
+                b.users.len(),
+                b.user_file.display()
+            )),
+            Some(AuthBasic::Off) => parts.push("auth_basic off".into()),
+            None => {}
+        }
+        match self.satisfy {
+            Some(Satisfy::Any) => parts.push("satisfy any".into()),
+            Some(Satisfy::All) => parts.push("satisfy all".into()),
+            None => {}
+        }
+        f.write_str(&parts.join("; "))
+    }
+}
+
 /// One `access` rule: `"allow 10.0.0.0/8"`, `"deny 192.168.1.1"`, `"deny all"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AccessRule {
