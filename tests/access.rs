@@ -351,6 +351,11 @@ async fn a_reload_reads_the_htpasswd_file_again() {
     );
     let r = proxy.admin(Method::POST, "/reload", None).await;
     assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.body.contains("access, auth_basic or satisfy changed"),
+        "the reload says so: {}",
+        r.body
+    );
     assert_eq!(curl(&url, &["-u", "ann:old"]).await.status, 401);
     assert_eq!(curl(&url, &["-u", "ann:new"]).await.status, 200);
     // A bad file keeps the running generation.
