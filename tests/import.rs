@@ -108,6 +108,20 @@ fn requests(fixture: &str) -> Vec<Req> {
         "tuned-least-conn.conf" => vec![get(h, "/"), get(h, "/x/y?z=1"), get(h, "/x/y?z=2")],
         "upstream-servers.conf" => vec![get(h, "/"), get(h, "/a"), get(h, "/b"), get(h, "/c")],
         "least-conn.conf" => vec![get(h, "/"), get(h, "/a?b=c")],
+        "access.conf" => {
+            let (ann, cat) = ("Basic YW5uOnNlY3JldA==", "Basic Y2F0OnNlY3JldA==");
+            let wrong = "Basic YW5uOndyb25n";
+            vec![
+                get(h, "/"),
+                get(h, "/").header("Authorization", ann),
+                get(h, "/x").header("Authorization", cat),
+                get(h, "/").header("Authorization", wrong),
+                get(h, "/public/x"),
+                get(h, "/blocked/x").header("Authorization", ann),
+                get(h, "/either/x"),
+                get(h, "/either/x").header("Authorization", cat),
+            ]
+        }
         "ip-hash.conf" => vec![get(h, "/"), get(h, "/again")],
         "hash-key.conf" => vec![
             get(h, "/static/app.css"),
@@ -527,6 +541,18 @@ async fn compare(fixture: &Path) -> usize {
         .prefix("pinlb-import-")
         .tempdir()
         .unwrap();
+    // A user file named relative: beside each one's main file (nginx's prefix, and the
+    // import's source, which the import resolves it against).
+    for line in text.lines() {
+        if let Some(f) = line.trim().strip_prefix("auth_basic_user_file ") {
+            let f = f.trim_end_matches(';');
+            let from = fixture.with_file_name(f);
+            for to in [dir.path().join("nginx"), dir.path().to_path_buf()] {
+                std::fs::create_dir_all(&to).unwrap();
+                std::fs::copy(&from, to.join(f)).unwrap();
+            }
+        }
+    }
 
     // nginx on the fixture.
     let (nginx_text, nginx_listens) = rewrite(&text, &map);
@@ -793,7 +819,7 @@ fn import_text(text: &str, args: &[&str]) -> Imported {
 }
 
 /// A directive left out that would make pinlb answer where nginx refuses (a regex location
-/// that returns 403, `deny`, `auth_basic`, `limit_req`) makes the import exit 1, each listed at
+/// that returns 403, an `allow unix:`, a user file named by a variable, `limit_req`) makes the import exit 1, each listed at
 /// its file:line, and no configuration printed; `--allow-less-strict` prints it, the refusals
 /// kept as notes. What only loses convenience (gzip) stays a note, exit 0.
 #[test]
@@ -807,12 +833,12 @@ http {
         location / { proxy_pass http://app; }
         location ~ \\.php$ { return 403; }
         location /admin/ {
-            deny all;
+            allow unix:;
             proxy_pass http://app;
         }
         location /private/ {
             auth_basic \"staff\";
-            auth_basic_user_file /etc/nginx/htpasswd;
+            auth_basic_user_file $document_root/htpasswd;
             limit_req zone=one;
             proxy_pass http://app;
         }
@@ -834,9 +860,11 @@ http {
             7,
             "location not converted: only exact (=) and prefix locations convert",
         ),
-        (9, "deny not converted"),
-        (13, "auth_basic not converted"),
-        (14, "auth_basic_user_file not converted"),
+        (9, "allow unix: not converted: pinlb listens on TCP only"),
+        (
+            14,
+            "auth_basic_user_file $document_root/htpasswd not converted",
+        ),
         (15, "limit_req not converted"),
     ] {
         assert!(
@@ -851,7 +879,7 @@ http {
     );
     assert_eq!(
         stderr.lines().last().unwrap_or_default(),
-        "pinlb import: 5 directive(s) above not converted would make pinlb less strict than nginx; convert them by hand, or pass --allow-less-strict to print the configuration without them",
+        "pinlb import: 4 directive(s) above not converted would make pinlb less strict than nginx; convert them by hand, or pass --allow-less-strict to print the configuration without them",
         "{stderr}"
     );
 
@@ -886,6 +914,75 @@ http {
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("[[listener]]"), "{stdout}");
     assert!(stderr.contains("gzip not converted"), "{stderr}");
+}
+
+/// allow/deny, auth_basic and satisfy convert onto every route as nginx merges them into its
+/// location, the user file resolved against nginx's prefix; a `return` behind them is noted,
+/// since pinlb checks them first.
+#[test]
+fn access_directives_convert_onto_each_route_as_nginx_merges_them() {
+    let text = "\
+http {
+    allow 10.1.1.0/16;
+    deny all;
+    auth_basic \"Staff\";
+    auth_basic_user_file conf.d/htpasswd;
+    server {
+        listen 8080;
+        location / { proxy_pass http://127.0.0.1:8081; }
+        location /open/ {
+            auth_basic off;
+            allow all;
+            proxy_pass http://127.0.0.1:8081;
+        }
+        location = /ping {
+            satisfy any;
+            return 200 pong;
+        }
+    }
+}
+";
+    let i = import_text(text, &[]);
+    assert_eq!(i.code, Some(0), "{}", i.stderr);
+    let toml: toml::Table = toml::from_str(&i.stdout).unwrap();
+    let routes = toml["listener"][0]["route"].as_array().unwrap();
+    let by_path = |key: &str, p: &str| {
+        routes
+            .iter()
+            .find(|r| r.get(key).and_then(|v| v.as_str()) == Some(p))
+            .unwrap_or_else(|| panic!("no route {p}: {}", i.stdout))
+            .clone()
+    };
+    let file = i
+        .path
+        .with_file_name("conf.d/htpasswd")
+        .display()
+        .to_string();
+    let root = by_path("path", "/");
+    assert_eq!(
+        root["access"],
+        toml::Value::Array(vec!["allow 10.1.0.0/16".into(), "deny all".into()])
+    );
+    assert_eq!(root["auth_basic"]["realm"].as_str(), Some("Staff"));
+    assert_eq!(root["auth_basic"]["user_file"].as_str(), Some(&file[..]));
+    let open = by_path("path", "/open/");
+    assert_eq!(open["access"], toml::Value::Array(vec!["allow all".into()]));
+    assert!(open.get("auth_basic").is_none(), "{open:?}");
+    let ping = by_path("path_exact", "/ping");
+    assert_eq!(ping["satisfy"].as_str(), Some("any"));
+    assert!(ping.get("respond").is_some());
+    assert!(
+        i.stderr
+            .contains("nginx answers a return or rewrite before its access phase"),
+        "{}",
+        i.stderr
+    );
+    assert!(
+        i.stderr
+            .contains("allow 10.1.1.0/16 became allow 10.1.0.0/16"),
+        "{}",
+        i.stderr
+    );
 }
 
 /// `worker_processes N` that `worker_cpu_affinity` does not pin (`auto`, or none) becomes the

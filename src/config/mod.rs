@@ -16,13 +16,17 @@
 //! - [`error`]: the error and where in the file it points.
 //! - [`error_pages`]: `error_page` and `intercept_errors`: pinlb's own error answers' pages,
 //!   read from their files.
+//! - [`htpasswd`]: an htpasswd file's users and their password hashes.
+//! - [`access`]: `access`, `auth_basic` and `satisfy`, a listener's or a route's.
 //! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
+mod access;
 mod error;
 mod error_pages;
+pub(crate) mod htpasswd;
 pub(crate) mod log_format;
 mod raw;
 mod routes;
@@ -36,9 +40,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use access::{Access, AccessRule, AuthBasic, BasicAuth, Satisfy, access_rule};
 use error::Source;
 pub use error::{ConfigError, ConfigErrors};
 pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
+pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;
 use raw::RawConfig;
 
@@ -411,6 +417,9 @@ pub struct Listener {
     pub server_timing: bool,
     /// `error_page` and `intercept_errors`, the files read; `None` when it sets neither.
     pub error_pages: Option<Arc<ErrorPages>>,
+    /// `access`, `auth_basic`, `satisfy`: who may send its requests (a route's own replace
+    /// them for its requests).
+    pub access: Access,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.
@@ -436,6 +445,8 @@ pub struct RouteRule {
     /// The route's own `error_page` and `intercept_errors` (what it does not set taken from
     /// its listener's); `None` takes the listener's whole.
     pub error_pages: Option<Arc<ErrorPages>>,
+    /// `access`, `auth_basic`, `satisfy`: this route's own, each replacing the listener's.
+    pub access: Access,
 }
 
 /// A route's own timeouts; each `None` keeps the upstream's.

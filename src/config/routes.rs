@@ -169,6 +169,7 @@ fn route(
         server_timing: r.server_timing.as_ref().map(|v| *v.get_ref()),
         // Resolved against the listener's by `validate::listener`.
         error_pages: None,
+        access: super::access::access(src, rkey, &r.access, &r.auth_basic, &r.satisfy)?,
     })
 }
 

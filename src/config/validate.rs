@@ -1344,6 +1344,7 @@ fn listener(
         backlog,
         server_timing: l.server_timing.as_ref().is_some_and(|v| *v.get_ref()),
         error_pages,
+        access: super::access::access(src, key, &l.access, &l.auth_basic, &l.satisfy)?,
     })
 }
 

@@ -9,6 +9,7 @@
 use std::net::IpAddr;
 
 use crate::config::{Listener, RouteRule};
+use crate::edge::access::AccessControl;
 use crate::http1::common::Reply;
 use crate::http1::request::RequestHead;
 use crate::proxy::body::ProxyBody;
@@ -16,14 +17,17 @@ use crate::upstream::counters::ListenerStats;
 
 /// The controls that apply to one route's requests (or to the listener's requests no route
 /// matches).
-pub(crate) struct Controls {}
+pub(crate) struct Controls {
+    /// `access`, `auth_basic`, `satisfy`.
+    access: Option<AccessControl>,
+}
 
 impl Controls {
     /// The controls for `route`'s requests (the listener's own for `None`); `None` when none
     /// apply, so that such requests are not checked at all.
     pub fn new(listener: &Listener, route: Option<&RouteRule>) -> Option<Controls> {
-        let _ = (listener, route);
-        None
+        let access = AccessControl::new(&listener.access, route.map(|r| &r.access));
+        access.is_some().then_some(Controls { access })
     }
 
     /// Checks one request from `client`: `None` lets it go on; `Some` is pinlb's answer in its
@@ -34,7 +38,9 @@ impl Controls {
         client: IpAddr,
         stats: Option<&ListenerStats>,
     ) -> Option<Reply<ProxyBody>> {
-        let _ = (head, client, stats);
+        if let Some(refused) = (self.access.as_ref()).and_then(|a| a.check(head, client, stats)) {
+            return Some(refused);
+        }
         None
     }
 }

@@ -203,6 +203,12 @@ fn listener_settings(s: &mut String, old: (&Config, &Listener), new: (&Config, &
         let (x, y) = (a.routes.len(), b.routes.len());
         let _ = writeln!(s, "{p}: routes changed ({x} -> {y} routes)");
     }
+    if a.access != b.access {
+        let _ = writeln!(
+            s,
+            "{p}: access, auth_basic or satisfy changed (its users included)"
+        );
+    }
 }
 
 /// The sections every listener shares: `[limits]`, `[http2]`, `forwarded.trusted`.

@@ -235,8 +235,14 @@ pub fn describe(config: &Config) -> String {
                 default
             ),
         };
+        if !l.access.is_empty() {
+            let _ = writeln!(s, "  {}", l.access);
+        }
         for (i, r) in l.routes.iter().enumerate() {
             let _ = writeln!(s, "  route[{i}] {}", describe_route(r, &config.upstreams));
+            if !r.access.is_empty() {
+                let _ = writeln!(s, "    its own {}", r.access);
+            }
         }
         if !l.routes.is_empty() {
             let _ = writeln!(s, "  no route matches -> {default}");

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use toml::{Table, Value};
 
+use super::access;
 use super::error_page::{self, Pages};
 use super::parse::Directive;
 use super::rewrite;
@@ -37,6 +38,8 @@ struct Builder {
     client_idle: Option<String>,
     notes: Vec<String>,
     refused: Vec<String>,
+    /// nginx's configuration prefix (the main file's directory), for relative file names.
+    conf_dir: std::path::PathBuf,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -130,6 +133,8 @@ struct Inherited {
     redirects: Redirects,
     /// `error_page`, `proxy_intercept_errors` and `root`.
     pages: error_page::Inherit,
+    /// `allow`/`deny`, `auth_basic`, `auth_basic_user_file`, `satisfy` ([`access`]).
+    access: access::Access,
 }
 
 impl Default for Inherited {
@@ -142,13 +147,14 @@ impl Default for Inherited {
                 port: true,
             },
             pages: error_page::Inherit::default(),
+            access: access::Access::default(),
         }
     }
 }
 
 impl Inherited {
     /// The directives merged this way (each level's loop leaves them to [`Inherited::level`]).
-    const NAMES: [&'static str; 8] = [
+    const NAMES: [&'static str; 13] = [
         "proxy_set_header",
         "proxy_connect_timeout",
         "proxy_read_timeout",
@@ -157,12 +163,18 @@ impl Inherited {
         "port_in_redirect",
         error_page::Inherit::NAMES[0],
         error_page::Inherit::NAMES[1],
+        "allow",
+        "deny",
+        "auth_basic",
+        "auth_basic_user_file",
+        "satisfy",
     ];
 
     /// What a block's own directives make of what it inherits.
     fn level(&self, block: &[Directive]) -> Inherited {
         let mut out = self.clone();
         out.pages = self.pages.level(block);
+        out.access = self.access.level(block);
         let headers: Vec<Directive> = block
             .iter()
             .filter(|d| d.name == "proxy_set_header" && d.block.is_none())
@@ -196,8 +208,11 @@ const MANAGED: [&str; 4] = [
     "x-forwarded-proto",
 ];
 
-pub fn convert(directives: &[Directive]) -> Converted {
+/// `directives` converted; `conf_dir` is nginx's configuration prefix (the main file's
+/// directory), which its relative file names are relative to.
+pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converted {
     let mut b = Builder {
+        conf_dir: conf_dir.to_path_buf(),
         runtime: Table::new(),
         limits: Table::new(),
         log: Table::new(),
@@ -282,6 +297,21 @@ impl Builder {
             None => self
                 .notes
                 .push(format!("{}: {} not converted: {why}", d.at(), d.name)),
+        }
+    }
+
+    /// A route's `access`, `auth_basic` and `satisfy`, from what its location merges; each
+    /// note or refusal once, however many routes share the directive.
+    fn access(&mut self, inherit: &Inherited, route: &mut Table) {
+        for said in inherit.access.apply(route, &self.conf_dir) {
+            let (access::Said::Note(s) | access::Said::Refused(s)) = &said;
+            let list = match said {
+                access::Said::Note(_) => &mut self.notes,
+                access::Said::Refused(_) => &mut self.refused,
+            };
+            if !list.contains(s) {
+                list.push(s.clone());
+            }
         }
     }
 
@@ -541,6 +571,9 @@ impl Builder {
                 )),
                 _ => self.skip(s, "no pinlb equivalent"),
             }
+        }
+        for r in &mut first {
+            self.access(&inherit, r);
         }
         if addresses.is_empty() {
             addresses.push("0.0.0.0:80".into());
@@ -1007,6 +1040,7 @@ impl Builder {
                 route.remove(k);
             }
             route.insert(key.into(), value);
+            self.access(&inherit, &mut route);
             return Some(route);
         }
         let Some(proxy) = proxy_at else {
@@ -1058,6 +1092,7 @@ impl Builder {
         if !timeouts.is_empty() {
             route.insert("timeouts".into(), Value::Table(timeouts));
         }
+        self.access(&inherit, &mut route);
         Some(route)
     }
 
@@ -1304,7 +1339,8 @@ impl Builder {
 }
 
 /// Directives that make nginx refuse, limit or ask for credentials: left out, pinlb would
-/// answer what nginx does not.
+/// answer what nginx does not. `allow`, `deny`, `auth_basic*` and `satisfy` reach this only in
+/// the forms [`access`] can't convert, or inside a block that does not convert.
 const RESTRICTING: [&str; 16] = [
     "deny",
     "allow",

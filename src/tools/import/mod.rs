@@ -6,8 +6,10 @@
 //! - [`error_page`]: `error_page` to a local file and `proxy_intercept_errors`.
 //! - [`template`]: nginx variables as pinlb template variables.
 //! - [`rewrite`]: `rewrite ... redirect|permanent` as a route redirect, where one is exact.
+//! - [`access`]: `allow`/`deny`, `auth_basic` and `satisfy` as a route's access keys.
 //! - [`convert`]: directives to pinlb's TOML.
 
+mod access;
 mod convert;
 mod error_page;
 mod parse;
@@ -54,13 +56,15 @@ impl ImportError {
 }
 
 /// The pinlb configuration as TOML text, and the notes (`file:line: ...`) on what was not
-/// converted. A directive left out that makes pinlb less strict than nginx (a `deny`, an
-/// `auth_basic`, a regex location that returns 403, TLS settings) is an error unless
+/// converted. A directive left out that makes pinlb less strict than nginx (an `allow unix:`,
+/// a `limit_req`, a regex location that returns 403, TLS settings) is an error unless
 /// `allow_less_strict`, and then a note.
 pub fn import(path: &Path, allow_less_strict: bool) -> Result<(String, Vec<String>), ImportError> {
     let mut notes = Vec::new();
     let directives = parse::parse_file(path, &mut notes)?;
-    let converted = convert::convert(&directives);
+    // nginx resolves relative file names against its prefix, the main file's directory.
+    let conf_dir = path.parent().unwrap_or(Path::new(""));
+    let converted = convert::convert(&directives, conf_dir);
     notes.extend(converted.notes);
     if !converted.anything {
         notes.extend(converted.refused);
