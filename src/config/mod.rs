@@ -16,9 +16,11 @@
 //! - [`error`]: the error and where in the file it points.
 //! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
+//! - [`edge_limits`]: `[limit.NAME]` rate zones, `rate_limit` and `conn_limit`.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
+mod edge_limits;
 mod error;
 pub(crate) mod log_format;
 mod raw;
@@ -33,6 +35,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 use error::Source;
 pub use error::{ConfigError, ConfigErrors};
 pub use log_format::AccessTemplate;
@@ -177,6 +180,8 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// Where backends' DNS names are looked up.
     pub resolver: Resolver,
+    /// `[limit.NAME]`, in name order.
+    pub rate_zones: Vec<RateZone>,
 }
 
 /// `[resolver]`.
@@ -405,6 +410,10 @@ pub struct Listener {
     /// `server_timing`: responses carry `Server-Timing: pinlb;dur=…, upstream;dur=…` (a
     /// route's own `server_timing` decides for its requests).
     pub server_timing: bool,
+    /// `rate_limit`: the zones its requests must pass (a route's own list replaces it).
+    pub rate_limits: Vec<RateLimit>,
+    /// `conn_limit`: open connections per client address; `None`: no limit but the process's.
+    pub conn_limit: Option<ConnLimit>,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.
@@ -427,6 +436,8 @@ pub struct RouteRule {
     pub timeouts: RouteTimeouts,
     /// `server_timing`: this route's own choice; `None` takes the listener's.
     pub server_timing: Option<bool>,
+    /// `rate_limit`: this route's own zones; `None` takes the listener's.
+    pub rate_limits: Option<Vec<RateLimit>>,
 }
 
 /// A route's own timeouts; each `None` keeps the upstream's.
@@ -1098,6 +1109,11 @@ impl Config {
             validate::request_ids(&src, raw.request_id.as_ref(), logging),
         );
         let resolver = kept(e, validate::resolver(&src, &raw.resolver));
+        let mut listeners = listeners;
+        let rate_zones = kept(e, edge_limits::zones(&src, &raw.limit));
+        if let (Some(ls), Some(zones)) = (&mut listeners, &rate_zones) {
+            kept(e, edge_limits::attach(&src, &raw.listeners, ls, zones));
+        }
         taken.extend(admin.iter().flatten().map(|a| a.address));
         let upstreams: Option<Vec<Upstream>> = upstreams.into_iter().collect();
         if let Some(upstreams) = &upstreams {
@@ -1119,6 +1135,7 @@ impl Config {
             Some(access_log),
             Some(request_ids),
             Some(resolver),
+            Some(rate_zones),
         ) = (
             runtime,
             limits,
@@ -1129,6 +1146,7 @@ impl Config {
             access_log,
             request_ids,
             resolver,
+            rate_zones,
         )
         else {
             unreachable!("a section that failed left an error");
@@ -1146,6 +1164,7 @@ impl Config {
             request_ids,
             warnings,
             resolver,
+            rate_zones,
         })
     }
 }

@@ -167,6 +167,7 @@ fn route(
         response_headers,
         timeouts,
         server_timing: r.server_timing.as_ref().map(|v| *v.get_ref()),
+        rate_limits: None,
     })
 }
 

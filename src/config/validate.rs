@@ -1331,6 +1331,8 @@ fn listener(
         routes,
         backlog,
         server_timing: l.server_timing.as_ref().is_some_and(|v| *v.get_ref()),
+        rate_limits: Vec::new(),
+        conn_limit: None,
     })
 }
 

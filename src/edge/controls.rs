@@ -8,7 +8,9 @@
 
 use std::net::IpAddr;
 
-use crate::config::{Listener, RouteRule};
+use crate::config::{Listener, RateZone, RouteRule};
+use crate::edge::rate_limit::RateLimits;
+use crate::edge::tables::Tables;
 use crate::http1::common::Reply;
 use crate::http1::request::RequestHead;
 use crate::proxy::body::ProxyBody;
@@ -16,14 +18,22 @@ use crate::upstream::counters::ListenerStats;
 
 /// The controls that apply to one route's requests (or to the listener's requests no route
 /// matches).
-pub(crate) struct Controls {}
+pub(crate) struct Controls {
+    /// `rate_limit`: the zones its requests are counted in.
+    rate: Option<RateLimits>,
+}
 
 impl Controls {
     /// The controls for `route`'s requests (the listener's own for `None`); `None` when none
     /// apply, so that such requests are not checked at all.
-    pub fn new(listener: &Listener, route: Option<&RouteRule>) -> Option<Controls> {
-        let _ = (listener, route);
-        None
+    pub fn new(
+        listener: &Listener,
+        route: Option<&RouteRule>,
+        zones: &[RateZone],
+        tables: &Tables,
+    ) -> Option<Controls> {
+        let rate = RateLimits::new(listener, route, zones, tables);
+        rate.is_some().then_some(Controls { rate })
     }
 
     /// Checks one request from `client`: `None` lets it go on; `Some` is pinlb's answer in its
@@ -34,7 +44,9 @@ impl Controls {
         client: IpAddr,
         stats: Option<&ListenerStats>,
     ) -> Option<Reply<ProxyBody>> {
-        let _ = (head, client, stats);
+        if let Some(r) = &self.rate {
+            return r.check(head, client, stats);
+        }
         None
     }
 }

@@ -51,6 +51,9 @@ pub(crate) struct Route {
     pub server_timing: Cell<bool>,
     /// `[[listener.route]]`, compiled; empty for a listener whose requests all go to `upstream`.
     pub routes: RefCell<Rc<Routes>>,
+    /// `conn_limit`: the open connections allowed per client address, checked once per
+    /// connection; `None` (the common case) checks nothing.
+    pub conn_limit: RefCell<Option<Rc<crate::edge::conn_limit::ConnGate>>>,
 }
 
 /// A listener's routes in one worker: the compiled table and each route's upstream.
@@ -70,7 +73,12 @@ pub(crate) struct Routes {
 impl Routes {
     /// A listener's routes, each proxying route's upstream taken from this worker's
     /// `upstreams` (by config index).
-    pub fn new(listener: &crate::config::Listener, upstreams: &[Rc<WorkerUpstream>]) -> Routes {
+    pub fn new(
+        listener: &crate::config::Listener,
+        upstreams: &[Rc<WorkerUpstream>],
+        zones: &[crate::config::RateZone],
+        tables: &crate::edge::tables::Tables,
+    ) -> Routes {
         Routes {
             upstreams: listener
                 .routes
@@ -83,9 +91,9 @@ impl Routes {
             router: Router::new(listener.routes.clone()),
             has_default: listener.has_default,
             controls: (listener.routes.iter())
-                .map(|r| Controls::new(listener, Some(r)))
+                .map(|r| Controls::new(listener, Some(r), zones, tables))
                 .collect(),
-            default_controls: Controls::new(listener, None),
+            default_controls: Controls::new(listener, None, zones, tables),
         }
     }
 }
