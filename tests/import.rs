@@ -1141,3 +1141,110 @@ fn server_body_limits_convert_where_pinlb_can_hold_them() {
         apart.stderr
     );
 }
+
+/// `limit_req_zone` and `limit_req ... nodelay` (with `limit_req_status`) import as a rate
+/// zone and the route's `rate_limit`; nginx and the imported pinlb, each on its own port,
+/// answer the same requests alike: the burst passes, then the configured status. A `limit_req`
+/// nginx delays, and a zone keyed by another variable, keep refusing with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_req_imports_as_a_rate_zone_that_answers_as_nginx_does() {
+    let backend = Backend::start("app").await;
+    let text = |listen: SocketAddr| {
+        format!(
+            "events {{}}
+http {{
+    limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;
+    limit_req_zone $http_x_api_key zone=api:1m rate=1r/m;
+    limit_req_status 429;
+    server {{
+        listen {listen};
+        limit_req zone=one burst=2 nodelay;
+        location / {{ proxy_pass http://{}; }}
+        location /api/ {{
+            limit_req zone=api;
+            proxy_pass http://{};
+        }}
+    }}
+}}
+",
+            backend.addr, backend.addr
+        )
+    };
+    let (nginx_at, pinlb_at) = (free_port(), free_port());
+    let imported = import_text(&text(pinlb_at), &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let out = &imported.stdout;
+    assert!(
+        out.contains("[limit.one]\nkey = \"client_ip\"\nkeys = 16384\nrate = \"1r/m\"\n"),
+        "{out}"
+    );
+    assert!(out.contains("key = \"header:x-api-key\""), "{out}");
+    assert!(
+        out.contains(
+            "[[listener.route.rate_limit]]\nburst = 2\nnodelay = true\nstatus = 429\nzone = \"one\"\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("[[listener.route.rate_limit]]\nstatus = 429\nzone = \"api\"\n"),
+        "{out}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let nginx = Nginx::start(dir.path(), &text(nginx_at));
+    let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(out), &[]).await;
+    await_listening(&[nginx_at, pinlb_at], || {
+        format!("{}\n{}", nginx.log(), pinlb.log().join("\n"))
+    })
+    .await;
+    for (at, who) in [(nginx_at, "nginx"), (pinlb_at, "pinlb")] {
+        let mut got = Vec::new();
+        for target in ["/", "/", "/", "/", "/api/a", "/api/a"] {
+            let req = format!(
+                "GET {target} HTTP/1.1\r\nHost: a.test\r\nX-Api-Key: k\r\nConnection: close\r\n\r\n"
+            );
+            got.push(raw_request(at, req.as_bytes(), false).await.status);
+        }
+        assert_eq!(got, [200, 200, 200, 429, 200, 429], "{who}");
+    }
+    drop(pinlb);
+    drop(nginx);
+
+    let refusing = "\
+http {
+    limit_req_zone $binary_remote_addr zone=one:10m rate=10r/s;
+    limit_req_zone $server_name zone=host:10m rate=10r/s;
+    server {
+        listen 8080;
+        location / {
+            limit_req zone=one burst=5;
+            proxy_pass http://127.0.0.1:8081;
+        }
+        location /h/ {
+            limit_req zone=host;
+            proxy_pass http://127.0.0.1:8081;
+        }
+    }
+}
+";
+    let r = import_text(refusing, &[]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    let at = |line: usize| format!("{}:{line}: ", r.path.display());
+    for (line, what) in [
+        (3, "limit_req_zone not converted: only $binary_remote_addr"),
+        (
+            7,
+            "limit_req not converted: nginx delays the requests over the rate",
+        ),
+        (
+            11,
+            "limit_req not converted: its zone host has no limit_req_zone that converted",
+        ),
+    ] {
+        assert!(
+            r.stderr.contains(&format!("{}{what}", at(line))),
+            "line {line} ({what}) not refused:\n{}",
+            r.stderr
+        );
+    }
+}

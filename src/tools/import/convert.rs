@@ -36,6 +36,8 @@ struct Builder {
     client_idle: Option<String>,
     notes: Vec<String>,
     refused: Vec<String>,
+    /// `[limit.NAME]`, from `limit_req_zone` (see [`super::limits`]).
+    limit_zones: Table,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -125,6 +127,8 @@ struct Inherited {
     headers: Option<Vec<Directive>>,
     timeouts: Vec<Directive>,
     redirects: Redirects,
+    /// The `limit_req`s in force.
+    limits: super::limits::Inherited,
 }
 
 impl Default for Inherited {
@@ -136,6 +140,7 @@ impl Default for Inherited {
                 absolute: true,
                 port: true,
             },
+            limits: Default::default(),
         }
     }
 }
@@ -154,6 +159,7 @@ impl Inherited {
     /// What a block's own directives make of what it inherits.
     fn level(&self, block: &[Directive]) -> Inherited {
         let mut out = self.clone();
+        out.limits = self.limits.level(block);
         let headers: Vec<Directive> = block
             .iter()
             .filter(|d| d.name == "proxy_set_header" && d.block.is_none())
@@ -198,6 +204,7 @@ pub fn convert(directives: &[Directive]) -> Converted {
         client_idle: None,
         notes: Vec::new(),
         refused: Vec::new(),
+        limit_zones: Table::new(),
     };
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
@@ -290,6 +297,7 @@ impl Builder {
             }
         }
         self.body_limits(http);
+        super::limits::zones(http, &mut self.limit_zones, &mut self.refused);
         let inherit = Inherited::default().level(http);
         let ssl = Ssl::default().level(http);
         let any_tls = http.iter().any(listens_tls);
@@ -299,6 +307,7 @@ impl Builder {
                 ("server", Some(block)) => self.server(d, block, &inherit, &ssl),
                 (n, None) if Ssl::NAMES.contains(&n) && any_tls => {}
                 (n, None) if Inherited::NAMES.contains(&n) => {}
+                (n, None) if super::limits::NAMES.contains(&n) => {}
                 ("client_max_body_size", None) => self.body_limit(d),
                 ("access_log", None) => self.access_log(d, http),
                 ("log_format", None) => {} // Read by access_log.
@@ -523,6 +532,7 @@ impl Builder {
                     Err(why) => self.skip(s, &why),
                 },
                 n if Inherited::NAMES.contains(&n) => {}
+                n if super::limits::NAMES.contains(&n) && s.block.is_none() => {}
                 "client_max_body_size" => self.body_limit(s),
                 n if Ssl::NAMES.contains(&n) && !tls_addresses.is_empty() => {}
                 n if (is_ssl(n) || n == "http2") && n != "ssl" && !listens_tls(d) => self.notes.push(format!(
@@ -973,6 +983,7 @@ impl Builder {
                     self.next_upstream(d, &route);
                 }
                 n if Inherited::NAMES.contains(&n) => {}
+                n if super::limits::NAMES.contains(&n) && d.block.is_none() => {}
                 _ => self.skip(d, "no pinlb equivalent"),
             }
         }
@@ -1032,6 +1043,12 @@ impl Builder {
         if !timeouts.is_empty() {
             route.insert("timeouts".into(), Value::Table(timeouts));
         }
+        super::limits::route(
+            &inherit.limits,
+            &self.limit_zones,
+            &mut route,
+            &mut self.refused,
+        );
         Some(route)
     }
 
@@ -1147,6 +1164,12 @@ impl Builder {
             root.insert(
                 "limits".into(),
                 Value::Table(std::mem::take(&mut self.limits)),
+            );
+        }
+        if !self.limit_zones.is_empty() {
+            root.insert(
+                "limit".into(),
+                Value::Table(std::mem::take(&mut self.limit_zones)),
             );
         }
         if !self.log.is_empty() {

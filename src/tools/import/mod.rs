@@ -5,9 +5,11 @@
 //! - [`parse`]: nginx's syntax, directives with their `file:line`.
 //! - [`template`]: nginx variables as pinlb template variables.
 //! - [`rewrite`]: `rewrite ... redirect|permanent` as a route redirect, where one is exact.
+//! - [`limits`]: `limit_req_zone`, `limit_req` and `limit_req_status` as rate zones.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod convert;
+mod limits;
 mod parse;
 mod rewrite;
 mod template;
