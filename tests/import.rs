@@ -1248,3 +1248,86 @@ http {
         );
     }
 }
+
+/// A server's `limit_conn` on a zone keyed by the address becomes its listener's `conn_limit`,
+/// which the imported pinlb holds; a location's own `limit_conn`, and a zone keyed by another
+/// variable, keep refusing with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_conn_imports_as_the_listener_s_conn_limit() {
+    let backend = Backend::start("app").await;
+    let listen = free_port();
+    let text = format!(
+        "http {{
+    limit_conn_zone $binary_remote_addr zone=addr:1m;
+    server {{
+        listen {listen};
+        limit_conn addr 1;
+        location / {{ proxy_pass http://{}; }}
+    }}
+}}
+",
+        backend.addr
+    );
+    let imported = import_text(&text, &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    assert!(
+        imported
+            .stdout
+            .contains("[listener.conn_limit]\nkeys = 16384\nmax = 1\n"),
+        "{}",
+        imported.stdout
+    );
+    let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(&imported.stdout), &[]).await;
+    await_listening(&[listen], || pinlb.log().join("\n")).await;
+    let mut held = RawConn::open(listen).await;
+    let r = held
+        .exchange(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", false)
+        .await;
+    assert_eq!(r.status, 200);
+    // A second connection from the same address while the first is open: closed unanswered.
+    let mut second = RawConn::open(listen).await;
+    second.send(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n").await;
+    let seen = tokio::time::timeout(WAIT, second.read_until(|_| false))
+        .await
+        .expect("closed");
+    assert!(seen.is_empty(), "{}", String::from_utf8_lossy(&seen));
+    drop(pinlb);
+
+    let refusing = "\
+http {
+    limit_conn_zone $binary_remote_addr zone=addr:10m;
+    limit_conn_zone $server_name zone=perhost:10m;
+    server {
+        listen 8080;
+        limit_conn perhost 10;
+        location / {
+            limit_conn addr 5;
+            proxy_pass http://127.0.0.1:8081;
+        }
+    }
+}
+";
+    let r = import_text(refusing, &[]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    let at = |line: usize| format!("{}:{line}: ", r.path.display());
+    for (line, what) in [
+        (
+            3,
+            "limit_conn_zone not converted: pinlb limits connections per client address only",
+        ),
+        (
+            6,
+            "limit_conn not converted: its zone perhost has no limit_conn_zone that converted",
+        ),
+        (
+            8,
+            "limit_conn not converted: pinlb limits a listener's connections",
+        ),
+    ] {
+        assert!(
+            r.stderr.contains(&format!("{}{what}", at(line))),
+            "line {line} ({what}) not refused:\n{}",
+            r.stderr
+        );
+    }
+}

@@ -38,6 +38,8 @@ struct Builder {
     refused: Vec<String>,
     /// `[limit.NAME]`, from `limit_req_zone` (see [`super::limits`]).
     limit_zones: Table,
+    /// `limit_conn_zone`s keyed by the client's address: name → keys.
+    conn_zones: BTreeMap<String, i64>,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -52,6 +54,8 @@ struct Server {
     at: String,
     /// Its certificates, for the addresses it listens on with `ssl`.
     tls: Option<ServerTls>,
+    /// Its `limit_conn` as `(max, keys)`, for its listener's `conn_limit`.
+    conn_limit: Option<(i64, i64)>,
 }
 
 /// What a server that listens with `ssl` brings to its listener's `[listener.tls]`.
@@ -205,6 +209,7 @@ pub fn convert(directives: &[Directive]) -> Converted {
         notes: Vec::new(),
         refused: Vec::new(),
         limit_zones: Table::new(),
+        conn_zones: BTreeMap::new(),
     };
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
@@ -298,6 +303,7 @@ impl Builder {
         }
         self.body_limits(http);
         super::limits::zones(http, &mut self.limit_zones, &mut self.refused);
+        super::limits::conn_zones(http, &mut self.conn_zones, &mut self.refused);
         let inherit = Inherited::default().level(http);
         let ssl = Ssl::default().level(http);
         let any_tls = http.iter().any(listens_tls);
@@ -614,6 +620,8 @@ impl Builder {
             .into_iter()
             .chain(routes.into_iter().map(|(_, _, r)| r))
             .collect();
+        let conn_limit =
+            super::limits::conn_limit(&inherit.limits, &self.conn_zones, &mut self.refused);
         for address in addresses {
             let server = Server {
                 names: names.clone(),
@@ -622,6 +630,7 @@ impl Builder {
                 redirects: inherit.redirects,
                 at: d.at(),
                 tls: tls.clone(),
+                conn_limit,
             };
             match self.listeners.iter_mut().find(|(a, _)| *a == address) {
                 Some((_, servers)) => servers.push(server),
@@ -925,6 +934,7 @@ impl Builder {
             }
         };
         let inherit = parent.level(block);
+        super::limits::location_conns(block, &mut self.refused);
         let mut proxy_at = None;
         let mut action: Option<(&'static str, Value)> = None;
         for d in block {
@@ -1198,6 +1208,13 @@ impl Builder {
                     absolute_redirect(r, s.redirects, port);
                 }
             }
+            let conn_limit = servers[0].conn_limit;
+            if let Some(other) = servers.iter().find(|s| s.conn_limit != conn_limit) {
+                self.refused.push(format!(
+                    "{}: limit_conn not converted: the servers on {address} limit connections differently, and pinlb's conn_limit is one per listener; without it pinlb lets through what nginx limits",
+                    other.at
+                ));
+            }
             // The default server: the one marked so, else the first, as nginx picks it.
             let default = servers.iter().position(|s| s.default).unwrap_or(0);
             let catch_all = servers.remove(default);
@@ -1263,6 +1280,12 @@ impl Builder {
                     // nginx offers h2 only with `http2`; pinlb's TLS listeners do by default.
                     l.insert("http2".into(), Value::Boolean(false));
                 }
+            }
+            if let Some((max, keys)) = conn_limit {
+                let mut c = Table::new();
+                c.insert("max".into(), Value::Integer(max));
+                c.insert("keys".into(), Value::Integer(keys));
+                l.insert("conn_limit".into(), Value::Table(c));
             }
             l.insert("route".into(), Value::Array(routes));
             listeners.push(Value::Table(l));

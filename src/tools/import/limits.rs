@@ -1,13 +1,16 @@
-//! nginx's request rate limits as pinlb's: `limit_req_zone` becomes a `[limit.NAME]` zone,
-//! and the `limit_req`s in force in a `location` (its own, or the nearest enclosing level's:
-//! nginx inherits a level's list whole or not at all) its route's `rate_limit`, with
-//! `limit_req_status` as each entry's `status`.
+//! nginx's request rate and connection limits as pinlb's: `limit_req_zone` becomes a
+//! `[limit.NAME]` zone, and the `limit_req`s in force in a `location` (its own, or the nearest
+//! enclosing level's: nginx inherits a level's list whole or not at all) its route's
+//! `rate_limit`, with `limit_req_status` as each entry's `status`. A server's `limit_conn` on a
+//! zone keyed by the client's address becomes its listener's `conn_limit`.
 //!
 //! What converts: keys `$binary_remote_addr`/`$remote_addr` (`client_ip`), `$http_NAME`
 //! (`header:NAME`) and `$cookie_NAME` (`cookie:NAME`); `rate=Nr/s` and `Nr/m`; `burst`,
 //! `nodelay`, and `delay=N` where it delays nothing (`N >= burst`). Refused, with the reason:
 //! another key, a `limit_req` whose excess nginx delays (pinlb answers at once), and a
-//! `limit_req` naming a zone that did not convert. `limit_conn` is not converted here.
+//! `limit_req` naming a zone that did not convert; a `limit_conn_zone` keyed by anything but
+//! the address, a location's own `limit_conn` (pinlb limits a listener's connections), and
+//! servers on one address with different `limit_conn`s (pinlb's is one per listener).
 
 use std::collections::BTreeMap;
 
@@ -16,13 +19,21 @@ use toml::{Table, Value};
 use super::parse::Directive;
 
 /// The directives read here, which the level loops leave alone.
-pub(super) const NAMES: [&str; 3] = ["limit_req_zone", "limit_req", "limit_req_status"];
+pub(super) const NAMES: [&str; 6] = [
+    "limit_req_zone",
+    "limit_req",
+    "limit_req_status",
+    "limit_conn_zone",
+    "limit_conn",
+    "limit_conn_status",
+];
 
 /// The `limit_req`s and the `limit_req_status` in force at one level.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Inherited {
     reqs: Option<Vec<Directive>>,
     status: Option<i64>,
+    conns: Option<Vec<Directive>>,
 }
 
 impl Inherited {
@@ -36,6 +47,13 @@ impl Inherited {
         if !own.is_empty() {
             out.reqs = Some(own);
         }
+        let own: Vec<Directive> = (block.iter())
+            .filter(|d| d.name == "limit_conn" && d.block.is_none())
+            .cloned()
+            .collect();
+        if !own.is_empty() {
+            out.conns = Some(own);
+        }
         if let Some(s) = (block.iter())
             .rfind(|d| d.name == "limit_req_status" && d.block.is_none())
             .and_then(|d| d.args.first()?.parse().ok())
@@ -46,7 +64,7 @@ impl Inherited {
     }
 }
 
-fn refuse(refused: &mut Vec<String>, d: &Directive, why: &str) {
+pub(super) fn refuse(refused: &mut Vec<String>, d: &Directive, why: &str) {
     let line = format!(
         "{}: {} not converted: {why}; without it pinlb lets through what nginx limits",
         d.at(),
@@ -184,5 +202,74 @@ pub(super) fn route(
     }
     if !list.is_empty() {
         route.insert("rate_limit".into(), Value::Array(list));
+    }
+}
+
+/// The http block's `limit_conn_zone`s keyed by the client's address, as zone name → the keys
+/// its size holds, into `zones`.
+pub(super) fn conn_zones(
+    http: &[Directive],
+    zones: &mut BTreeMap<String, i64>,
+    refused: &mut Vec<String>,
+) {
+    for d in http.iter().filter(|d| d.name == "limit_conn_zone") {
+        let is_addr = matches!(
+            d.args.first().map(String::as_str),
+            Some("$binary_remote_addr" | "$remote_addr")
+        );
+        let zone = d.args.iter().find_map(|a| a.strip_prefix("zone="));
+        match (is_addr, zone) {
+            (true, Some(zone)) => {
+                let (name, size) = zone.split_once(':').unwrap_or((zone, ""));
+                let keys = zone_bytes(size).map_or(100_000, |b| (b / 64).max(1) as i64);
+                zones.insert(name.to_string(), keys);
+            }
+            (false, _) => refuse(
+                refused,
+                d,
+                "pinlb limits connections per client address only ($binary_remote_addr, $remote_addr)",
+            ),
+            (true, None) => refuse(refused, d, "expected zone=NAME:SIZE"),
+        }
+    }
+}
+
+/// A server's `limit_conn`s (its own, or the http block's) as its listener's `conn_limit`: the
+/// smallest limit of those on address zones. `None` when none is in force.
+pub(super) fn conn_limit(
+    server: &Inherited,
+    zones: &BTreeMap<String, i64>,
+    refused: &mut Vec<String>,
+) -> Option<(i64, i64)> {
+    let mut best: Option<(i64, i64)> = None;
+    for d in server.conns.iter().flatten() {
+        let (Some(zone), Some(Ok(max))) = (d.args.first(), d.args.get(1).map(|n| n.parse::<i64>()))
+        else {
+            refuse(refused, d, "expected a zone and a number of connections");
+            continue;
+        };
+        let Some(&keys) = zones.get(zone) else {
+            refuse(
+                refused,
+                d,
+                &format!("its zone {zone} has no limit_conn_zone that converted"),
+            );
+            continue;
+        };
+        if best.is_none_or(|(m, _)| max < m) {
+            best = Some((max, keys));
+        }
+    }
+    best
+}
+
+/// A location's own `limit_conn`, which pinlb cannot hold: its limit is per listener.
+pub(super) fn location_conns(block: &[Directive], refused: &mut Vec<String>) {
+    for d in block.iter().filter(|d| d.name == "limit_conn") {
+        refuse(
+            refused,
+            d,
+            "pinlb limits a listener's connections per client address, not a location's requests; put it in the server",
+        );
     }
 }
