@@ -317,3 +317,44 @@ fn bad_limits_are_config_errors_at_their_key() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_connection_stays_counted_and_gives_its_place_back_when_it_times_out() {
+    let a = Backend::start("a").await;
+    // Idle connections park after 1 s, and close at client_idle.
+    let toml = format!(
+        "{}\n[upstream.app.timeouts]\nclient_idle = \"2s\"\n",
+        config(a.addr, "conn_limit = { max = 1 }", "")
+    );
+    let proxy = Proxy::start_toml(&toml);
+    let mut held = RawConn::open(proxy.addr).await;
+    let r = held
+        .exchange(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false)
+        .await;
+    assert_eq!(r.status, 200);
+    let mut second = RawConn::open(proxy.addr).await;
+    second.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let seen = tokio::time::timeout(WAIT, second.read_until(|_| false))
+        .await
+        .expect("closed");
+    assert!(
+        seen.is_empty(),
+        "the address has its one connection open already"
+    );
+
+    // Parked at 1 s, then closed by pinlb at client_idle: its place is free again.
+    let took = held.wait_closed().await;
+    assert!(
+        took >= std::time::Duration::from_millis(1900),
+        "closed after {took:?}"
+    );
+    let admitted = poll(100, std::time::Duration::from_millis(20), async || {
+        let r = get_on_new_connection(proxy.addr, "/", "").await;
+        (r.status == 200).then_some(())
+    })
+    .await;
+    assert!(
+        admitted.is_some(),
+        "the timed-out connection's place is given back"
+    );
+}
