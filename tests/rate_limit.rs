@@ -92,6 +92,15 @@ async fn a_client_over_the_rate_gets_exactly_the_burst_across_both_workers_with_
         ),
         16.0
     );
+    // The requests were spread over both workers, and the limit held across them.
+    if allowed().len() >= 2 {
+        let per_worker: Vec<f64> = (m.0.lines())
+            .filter(|l| l.starts_with("pinlb_worker_requests_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        assert_eq!(per_worker.len(), 2, "{}", m.0);
+        assert!(per_worker.iter().all(|&n| n > 0.0), "{per_worker:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

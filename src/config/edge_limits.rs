@@ -94,16 +94,20 @@ fn rate(s: &str) -> std::result::Result<u64, String> {
     Ok(per / n)
 }
 
+/// The most keys a zone or a `conn_limit` may track: 1 GiB of rate slots. The table is
+/// allocated whole when a worker first uses it.
+pub const MAX_KEYS: usize = 1 << 26;
+
 fn keys(src: &Source, key: &str, v: &Option<Spanned<i64>>) -> Result<usize> {
     match v {
         None => Ok(DEFAULT_KEYS),
         Some(k) => match usize::try_from(*k.get_ref()) {
-            Ok(n) if (1..=1 << 30).contains(&n) => Ok(n),
+            Ok(n) if (1..=MAX_KEYS).contains(&n) => Ok(n),
             _ => Err(src.at(
                 k.span(),
                 key,
                 format!(
-                    "{} is out of range, expected a number of keys from 1 to 1073741824",
+                    "{} is out of range, expected a number of keys from 1 to {MAX_KEYS} (16 bytes each)",
                     k.get_ref()
                 ),
             )),
