@@ -44,8 +44,10 @@ impl Controls {
         client: IpAddr,
         stats: Option<&ListenerStats>,
     ) -> Option<Reply<ProxyBody>> {
-        if let Some(r) = &self.rate {
-            return r.check(head, client, stats);
+        // After who may send it (allow/deny, auth): a refused client's requests are not
+        // counted against its rate.
+        if let Some(refused) = (self.rate.as_ref()).and_then(|r| r.check(head, client, stats)) {
+            return Some(refused);
         }
         None
     }
