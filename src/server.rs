@@ -279,6 +279,7 @@ impl Server {
             stopping: std::sync::atomic::AtomicBool::new(false),
             dns,
             spawned: crate::process::spawned::Spawned::default(),
+            edge: crate::edge::tables::Tables::default(),
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());

@@ -1423,3 +1423,193 @@ fn error_page_forms_without_a_file_are_noted_with_why() {
         imported.stdout
     );
 }
+
+/// `limit_req_zone` and `limit_req ... nodelay` (with `limit_req_status`) import as a rate
+/// zone and the route's `rate_limit`; nginx and the imported pinlb, each on its own port,
+/// answer the same requests alike: the burst passes, then the configured status. A `limit_req`
+/// nginx delays, and a zone keyed by another variable, keep refusing with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_req_imports_as_a_rate_zone_that_answers_as_nginx_does() {
+    let backend = Backend::start("app").await;
+    let text = |listen: SocketAddr| {
+        format!(
+            "events {{}}
+http {{
+    limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;
+    limit_req_zone $http_x_api_key zone=api:1m rate=1r/m;
+    limit_req_status 429;
+    server {{
+        listen {listen};
+        limit_req zone=one burst=2 nodelay;
+        location / {{ proxy_pass http://{}; }}
+        location /api/ {{
+            limit_req zone=api;
+            proxy_pass http://{};
+        }}
+    }}
+}}
+",
+            backend.addr, backend.addr
+        )
+    };
+    let (nginx_at, pinlb_at) = (free_port(), free_port());
+    let imported = import_text(&text(pinlb_at), &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let out = &imported.stdout;
+    assert!(
+        out.contains("[limit.one]\nkey = \"client_ip\"\nkeys = 16384\nrate = \"1r/m\"\n"),
+        "{out}"
+    );
+    assert!(out.contains("key = \"header:x-api-key\""), "{out}");
+    assert!(
+        out.contains(
+            "[[listener.route.rate_limit]]\nburst = 2\nnodelay = true\nstatus = 429\nzone = \"one\"\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("[[listener.route.rate_limit]]\nstatus = 429\nzone = \"api\"\n"),
+        "{out}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let nginx = Nginx::start(dir.path(), &text(nginx_at));
+    let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(out), &[]).await;
+    await_listening(&[nginx_at, pinlb_at], || {
+        format!("{}\n{}", nginx.log(), pinlb.log().join("\n"))
+    })
+    .await;
+    for (at, who) in [(nginx_at, "nginx"), (pinlb_at, "pinlb")] {
+        let mut got = Vec::new();
+        for target in ["/", "/", "/", "/", "/api/a", "/api/a"] {
+            let req = format!(
+                "GET {target} HTTP/1.1\r\nHost: a.test\r\nX-Api-Key: k\r\nConnection: close\r\n\r\n"
+            );
+            got.push(raw_request(at, req.as_bytes(), false).await.status);
+        }
+        assert_eq!(got, [200, 200, 200, 429, 200, 429], "{who}");
+    }
+    drop(pinlb);
+    drop(nginx);
+
+    let refusing = "\
+http {
+    limit_req_zone $binary_remote_addr zone=one:10m rate=10r/s;
+    limit_req_zone $server_name zone=host:10m rate=10r/s;
+    server {
+        listen 8080;
+        location / {
+            limit_req zone=one burst=5;
+            proxy_pass http://127.0.0.1:8081;
+        }
+        location /h/ {
+            limit_req zone=host;
+            proxy_pass http://127.0.0.1:8081;
+        }
+    }
+}
+";
+    let r = import_text(refusing, &[]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    let at = |line: usize| format!("{}:{line}: ", r.path.display());
+    for (line, what) in [
+        (3, "limit_req_zone not converted: only $binary_remote_addr"),
+        (
+            7,
+            "limit_req not converted: nginx delays the requests over the rate",
+        ),
+        (
+            11,
+            "limit_req not converted: its zone host has no limit_req_zone that converted",
+        ),
+    ] {
+        assert!(
+            r.stderr.contains(&format!("{}{what}", at(line))),
+            "line {line} ({what}) not refused:\n{}",
+            r.stderr
+        );
+    }
+}
+
+/// A server's `limit_conn` on a zone keyed by the address becomes its listener's `conn_limit`,
+/// which the imported pinlb holds; a location's own `limit_conn`, and a zone keyed by another
+/// variable, keep refusing with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_conn_imports_as_the_listener_s_conn_limit() {
+    let backend = Backend::start("app").await;
+    let listen = free_port();
+    let text = format!(
+        "http {{
+    limit_conn_zone $binary_remote_addr zone=addr:1m;
+    server {{
+        listen {listen};
+        limit_conn addr 1;
+        location / {{ proxy_pass http://{}; }}
+    }}
+}}
+",
+        backend.addr
+    );
+    let imported = import_text(&text, &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    assert!(
+        imported
+            .stdout
+            .contains("[listener.conn_limit]\nkeys = 16384\nmax = 1\n"),
+        "{}",
+        imported.stdout
+    );
+    let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(&imported.stdout), &[]).await;
+    await_listening(&[listen], || pinlb.log().join("\n")).await;
+    let mut held = RawConn::open(listen).await;
+    let r = held
+        .exchange(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", false)
+        .await;
+    assert_eq!(r.status, 200);
+    // A second connection from the same address while the first is open: closed unanswered.
+    let mut second = RawConn::open(listen).await;
+    second.send(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n").await;
+    let seen = tokio::time::timeout(WAIT, second.read_until(|_| false))
+        .await
+        .expect("closed");
+    assert!(seen.is_empty(), "{}", String::from_utf8_lossy(&seen));
+    drop(pinlb);
+
+    let refusing = "\
+http {
+    limit_conn_zone $binary_remote_addr zone=addr:10m;
+    limit_conn_zone $server_name zone=perhost:10m;
+    server {
+        listen 8080;
+        limit_conn perhost 10;
+        location / {
+            limit_conn addr 5;
+            proxy_pass http://127.0.0.1:8081;
+        }
+    }
+}
+";
+    let r = import_text(refusing, &[]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    let at = |line: usize| format!("{}:{line}: ", r.path.display());
+    for (line, what) in [
+        (
+            3,
+            "limit_conn_zone not converted: pinlb limits connections per client address only",
+        ),
+        (
+            6,
+            "limit_conn not converted: its zone perhost has no limit_conn_zone that converted",
+        ),
+        (
+            8,
+            "limit_conn not converted: pinlb limits a listener's connections",
+        ),
+    ] {
+        assert!(
+            r.stderr.contains(&format!("{}{what}", at(line))),
+            "line {line} ({what}) not refused:\n{}",
+            r.stderr
+        );
+    }
+}

@@ -20,10 +20,12 @@
 //! - [`access`]: `access`, `auth_basic` and `satisfy`, a listener's or a route's.
 //! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
+//! - [`edge_limits`]: `[limit.NAME]` rate zones, `rate_limit` and `conn_limit`.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod access;
+mod edge_limits;
 mod error;
 mod error_pages;
 pub(crate) mod htpasswd;
@@ -41,6 +43,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use access::{Access, AccessRule, AuthBasic, BasicAuth, Satisfy, access_rule};
+pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 use error::Source;
 pub use error::{ConfigError, ConfigErrors};
 pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
@@ -187,6 +190,8 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// Where backends' DNS names are looked up.
     pub resolver: Resolver,
+    /// `[limit.NAME]`, in name order.
+    pub rate_zones: Vec<RateZone>,
 }
 
 /// `[resolver]`.
@@ -420,6 +425,10 @@ pub struct Listener {
     /// `access`, `auth_basic`, `satisfy`: who may send its requests (a route's own replace
     /// them for its requests).
     pub access: Access,
+    /// `rate_limit`: the zones its requests must pass (a route's own list replaces it).
+    pub rate_limits: Vec<RateLimit>,
+    /// `conn_limit`: open connections per client address; `None`: no limit but the process's.
+    pub conn_limit: Option<ConnLimit>,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.
@@ -447,6 +456,8 @@ pub struct RouteRule {
     pub error_pages: Option<Arc<ErrorPages>>,
     /// `access`, `auth_basic`, `satisfy`: this route's own, each replacing the listener's.
     pub access: Access,
+    /// `rate_limit`: this route's own zones; `None` takes the listener's.
+    pub rate_limits: Option<Vec<RateLimit>>,
 }
 
 /// A route's own timeouts; each `None` keeps the upstream's.
@@ -1118,6 +1129,11 @@ impl Config {
             validate::request_ids(&src, raw.request_id.as_ref(), logging),
         );
         let resolver = kept(e, validate::resolver(&src, &raw.resolver));
+        let mut listeners = listeners;
+        let rate_zones = kept(e, edge_limits::zones(&src, &raw.limit));
+        if let (Some(ls), Some(zones)) = (&mut listeners, &rate_zones) {
+            kept(e, edge_limits::attach(&src, &raw.listeners, ls, zones));
+        }
         taken.extend(admin.iter().flatten().map(|a| a.address));
         let upstreams: Option<Vec<Upstream>> = upstreams.into_iter().collect();
         if let Some(upstreams) = &upstreams {
@@ -1139,6 +1155,7 @@ impl Config {
             Some(access_log),
             Some(request_ids),
             Some(resolver),
+            Some(rate_zones),
         ) = (
             runtime,
             limits,
@@ -1149,6 +1166,7 @@ impl Config {
             access_log,
             request_ids,
             resolver,
+            rate_zones,
         )
         else {
             unreachable!("a section that failed left an error");
@@ -1166,6 +1184,7 @@ impl Config {
             request_ids,
             warnings,
             resolver,
+            rate_zones,
         })
     }
 }

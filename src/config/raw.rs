@@ -41,6 +41,9 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub resolver: RawResolver,
     pub request_id: Option<RawRequestId>,
+    /// `[limit.NAME]`: the rate zones.
+    #[serde(default)]
+    pub limit: BTreeMap<String, RawRateZone>,
 }
 
 /// `[request_id]`.
@@ -437,6 +440,8 @@ pub(super) struct RawListener {
     pub auth_basic: Option<Spanned<super::access::RawAuthBasic>>,
     /// `satisfy`: `"all"` or `"any"` of `access` and `auth_basic`.
     pub satisfy: Option<Spanned<String>>,
+    pub rate_limit: RawRateLimits,
+    pub conn_limit: Option<Spanned<RawConnLimit>>,
 }
 
 /// One `[[listener.route]]`.
@@ -468,6 +473,8 @@ pub(super) struct RawRoute {
     pub auth_basic: Option<Spanned<super::access::RawAuthBasic>>,
     /// `satisfy`: `"all"` or `"any"` of `access` and `auth_basic`.
     pub satisfy: Option<Spanned<String>>,
+    /// Its own list replaces the listener's.
+    pub rate_limit: RawRateLimits,
 }
 
 /// A route's `timeouts = { connect, response, send }`, over its upstream's.
@@ -762,3 +769,33 @@ pub(super) fn positive(
         Some(x) => Ok(Some(x.get_ref().0)),
     }
 }
+
+/// `[limit.NAME]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRateZone {
+    pub key: Option<Spanned<String>>,
+    pub rate: Spanned<String>,
+    pub keys: Option<Spanned<i64>>,
+}
+
+/// One entry of `rate_limit = [...]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRateLimit {
+    pub zone: Spanned<String>,
+    pub burst: Option<Spanned<i64>>,
+    pub nodelay: Option<Spanned<bool>>,
+    pub status: Option<Spanned<u16>>,
+}
+
+/// `conn_limit = { max, keys }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConnLimit {
+    pub max: Spanned<i64>,
+    pub keys: Option<Spanned<i64>>,
+}
+
+/// A listener's or a route's `rate_limit` as read.
+pub(super) type RawRateLimits = Option<Spanned<Vec<Spanned<RawRateLimit>>>>;

@@ -170,6 +170,7 @@ fn route(
         // Resolved against the listener's by `validate::listener`.
         error_pages: None,
         access: super::access::access(src, rkey, &r.access, &r.auth_basic, &r.satisfy)?,
+        rate_limits: None,
     })
 }
 

@@ -1345,6 +1345,8 @@ fn listener(
         server_timing: l.server_timing.as_ref().is_some_and(|v| *v.get_ref()),
         error_pages,
         access: super::access::access(src, key, &l.access, &l.auth_basic, &l.satisfy)?,
+        rate_limits: Vec::new(),
+        conn_limit: None,
     })
 }
 

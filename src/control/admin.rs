@@ -208,6 +208,7 @@ async fn route(
                     .collect::<Vec<_>>(),
                 &process.dns.names(),
                 &process.spawned.all(),
+                &process.edge.limited_counts(),
             ),
         ),
         (&Method::GET, ["status"]) => json_reply(StatusCode::OK, &status(process, window)),

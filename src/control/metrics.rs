@@ -29,6 +29,7 @@ pub fn render(
     routes: &[(SocketAddr, String)],
     dns: &[crate::upstream::discovery::NameStatus],
     spawned: &[Record],
+    rate_limited: &[(SocketAddr, String, String, u64)],
 ) -> String {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ProcessMetrics));
@@ -43,6 +44,7 @@ pub fn render(
             generation,
             routes: routes.to_vec(),
             dns: dns.to_vec(),
+            rate_limited: rate_limited.to_vec(),
         }));
     let mut out = String::new();
     // Writing to a String cannot fail.
@@ -60,6 +62,8 @@ struct Scrape {
     routes: Vec<(SocketAddr, String)>,
     /// Backends' DNS names: what each resolved to, and its failed lookups.
     dns: Vec<crate::upstream::discovery::NameStatus>,
+    /// Requests each rate zone refused, by (configured listener, route, zone).
+    rate_limited: Vec<(SocketAddr, String, String, u64)>,
 }
 
 /// What 4xx pinlb answers itself says about the request, by code: the `cause` label of
@@ -419,6 +423,29 @@ impl Collector for Scrape {
                         l.push(("cause", cause.to_string()));
                         (l, counter(v))
                     })
+            }),
+        )?;
+
+        // By the listener's bound address, as the others: the configured one may be port 0.
+        let bound = |configured: SocketAddr| {
+            (self.listeners.iter())
+                .find(|l| l.configured == configured)
+                .map_or(configured, |l| l.listener)
+        };
+        family(
+            &mut e,
+            "rate_limited",
+            "Requests a rate_limit zone refused, by listener, route (its index and path, or default for the requests no route matches) and zone.",
+            MetricType::Counter,
+            self.rate_limited.iter().map(|(l, route, zone, n)| {
+                (
+                    vec![
+                        ("listener", bound(*l).to_string()),
+                        ("route", route.clone()),
+                        ("zone", zone.clone()),
+                    ],
+                    counter(*n),
+                )
             }),
         )?;
 

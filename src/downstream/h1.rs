@@ -73,6 +73,10 @@ pub(crate) type Slot = idle::Slot<Parked>;
 pub(crate) struct Held {
     _slot: OwnedSemaphorePermit,
     _closed: Closed,
+    /// Its place in its client address's count under the listener's `conn_limit`, once
+    /// admitted; given back when the connection ends, however it ends.
+    /// Boxed: most listeners have no limit, and this rides in every connection's future.
+    client: Option<Box<crate::edge::conn_limit::ClientSlot>>,
 }
 
 impl Held {
@@ -84,8 +88,51 @@ impl Held {
         Held {
             _slot: slot,
             _closed: Closed(stats),
+            client: None,
         }
     }
+}
+
+/// The listener's `conn_limit` for a connection from `peer` (the real client's address, after
+/// any PROXY protocol header): `false` when the address has its connections open already, and
+/// the connection is to be closed before a byte is read from it (HAProxy's `tcp-request
+/// connection reject`). One `Option` test for a listener without a limit.
+#[inline]
+fn admitted(route: &Route, peer: SocketAddr, held: &mut Held) -> bool {
+    let gate = route.conn_limit.borrow();
+    match &*gate {
+        None => true,
+        Some(_) if held.client.is_some() => true,
+        Some(gate) => admit(route, gate, peer, held),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn admit(
+    route: &Route,
+    gate: &crate::edge::conn_limit::ConnGate,
+    peer: SocketAddr,
+    held: &mut Held,
+) -> bool {
+    use crate::edge::conn_limit::Refused;
+    let client = peer.ip();
+    match gate.admit(client) {
+        Ok(slot) => {
+            held.client = Some(Box::new(slot));
+            return true;
+        }
+        Err(Refused::Over) => {
+            summed_warn!(client = %peer; "conn_limit: {client} has {} connections open already, closed a new one", gate.max);
+        }
+        Err(Refused::Full) => {
+            summed_warn!(client = %peer; "conn_limit: no room to count {client}'s connections (every slot it may use counts other addresses'; raise conn_limit.keys), closed a new one");
+        }
+    }
+    if let Some(s) = &route.stats {
+        s.refuse(crate::upstream::counters::Refusal::ConnLimit);
+    }
+    false
 }
 
 /// Counts a client connection closed when dropped.
@@ -435,9 +482,12 @@ pub(crate) async fn serve(
     slot: Slot,
     route: Rc<Route>,
     batch: Option<Rc<Batch>>,
-    held: Held,
+    mut held: Held,
     start: Start,
 ) {
+    if !admitted(&route, peer, &mut held) {
+        return;
+    }
     let rules = route.rules.borrow().clone();
     let client = Rc::new(rules.downstream(peer, stream.is_tls()));
     let conn = Connection {
@@ -541,9 +591,12 @@ pub(crate) async fn serve_tls(
     slot: Slot,
     route: Rc<Route>,
     batch: Option<Rc<Batch>>,
-    held: Held,
+    mut held: Held,
     start: Start,
 ) {
+    if !admitted(&route, peer, &mut held) {
+        return;
+    }
     // The certificates of the generation running now: a reload that comes during the
     // handshake applies to the next one.
     let Some(tls) = route.tls.borrow().clone() else {

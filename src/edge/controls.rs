@@ -8,8 +8,10 @@
 
 use std::net::IpAddr;
 
-use crate::config::{Listener, RouteRule};
+use crate::config::{Listener, RateZone, RouteRule};
 use crate::edge::access::AccessControl;
+use crate::edge::rate_limit::RateLimits;
+use crate::edge::tables::Tables;
 use crate::http1::common::Reply;
 use crate::http1::request::RequestHead;
 use crate::proxy::body::ProxyBody;
@@ -20,14 +22,22 @@ use crate::upstream::counters::ListenerStats;
 pub(crate) struct Controls {
     /// `access`, `auth_basic`, `satisfy`.
     access: Option<AccessControl>,
+    /// `rate_limit`: the zones its requests are counted in.
+    rate: Option<RateLimits>,
 }
 
 impl Controls {
     /// The controls for `route`'s requests (the listener's own for `None`); `None` when none
     /// apply, so that such requests are not checked at all.
-    pub fn new(listener: &Listener, route: Option<&RouteRule>) -> Option<Controls> {
+    pub fn new(
+        listener: &Listener,
+        route: Option<&RouteRule>,
+        zones: &[RateZone],
+        tables: &Tables,
+    ) -> Option<Controls> {
         let access = AccessControl::new(&listener.access, route.map(|r| &r.access));
-        access.is_some().then_some(Controls { access })
+        let rate = RateLimits::new(listener, route, zones, tables);
+        (access.is_some() || rate.is_some()).then_some(Controls { access, rate })
     }
 
     /// Checks one request from `client`: `None` lets it go on; `Some` is pinlb's answer in its
@@ -39,6 +49,11 @@ impl Controls {
         stats: Option<&ListenerStats>,
     ) -> Option<Reply<ProxyBody>> {
         if let Some(refused) = (self.access.as_ref()).and_then(|a| a.check(head, client, stats)) {
+            return Some(refused);
+        }
+        // After who may send it (allow/deny, auth): a refused client's requests are not
+        // counted against its rate.
+        if let Some(refused) = (self.rate.as_ref()).and_then(|r| r.check(head, client, stats)) {
             return Some(refused);
         }
         None

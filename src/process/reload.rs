@@ -168,7 +168,11 @@ pub(crate) async fn publish(
         .keep_listeners(&listener_keys(&generation.config.listeners));
     let workers = u32::try_from(process.workers).unwrap_or(u32::MAX);
     match tokio::time::timeout(SWITCH_TIMEOUT, generation.applied.acquire_many(workers)).await {
-        Ok(Ok(permits)) => permits.forget(),
+        Ok(Ok(permits)) => {
+            permits.forget();
+            // Every worker runs on the new tables now; the ones it no longer names can go.
+            process.edge.keep(&generation.config);
+        }
         _ => {
             return Err(ReloadError::Unconfirmed(format!(
                 "generation {number} was sent, but not every worker confirmed it within {SWITCH_TIMEOUT:?}; some may still run generation {}",

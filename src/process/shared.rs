@@ -69,6 +69,9 @@ pub(crate) struct Process {
     pub dns: crate::upstream::discovery::State,
     /// The spawned backends' records, kept by the supervisor for `/status` and `/metrics`.
     pub spawned: crate::process::spawned::Spawned,
+    /// The rate zones' and connection limits' tables, shared by every worker and kept across
+    /// reloads that keep them.
+    pub edge: crate::edge::tables::Tables,
 }
 
 /// One configuration generation: what a reload swaps as a whole.

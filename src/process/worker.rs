@@ -260,7 +260,14 @@ impl WorkerState {
         let keys = listener_keys(&config.listeners);
         for (l, key) in config.listeners.iter().zip(&keys) {
             let upstream = upstreams[l.upstream].clone();
-            let routes = Rc::new(Routes::new(l, &upstreams));
+            let tables = &self.process.edge;
+            let routes = Rc::new(Routes::new(l, &upstreams, &config.rate_zones, tables));
+            let conn_limit = l.conn_limit.map(|c| {
+                Rc::new(crate::edge::conn_limit::ConnGate {
+                    table: tables.conn(l.address, &c),
+                    max: c.max,
+                })
+            });
             if let Some(kept) = self.listeners.get_mut(key) {
                 if kept.backlog != l.backlog {
                     // On the worker's own sockets: each worker has one per listener.
@@ -276,6 +283,7 @@ impl WorkerState {
                 }
                 *kept.route.upstream.borrow_mut() = upstream;
                 *kept.route.routes.borrow_mut() = routes;
+                *kept.route.conn_limit.borrow_mut() = conn_limit;
                 *kept.route.rules.borrow_mut() = rules.clone();
                 // New handshakes get the new certificates; open connections keep theirs.
                 *kept.route.tls.borrow_mut() = l.tls.clone();
@@ -329,6 +337,7 @@ impl WorkerState {
                 routes: RefCell::new(routes),
                 stats,
                 paged: Cell::new(paged(l)),
+                conn_limit: RefCell::new(conn_limit),
             });
             let (removed, removed_rx) = watch::channel(false);
             let tasks = mine

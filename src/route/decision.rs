@@ -56,6 +56,9 @@ pub(crate) struct Route {
     /// The listener or one of its routes has error pages (or `intercept_errors`): decided once
     /// per generation, so that the answers of a listener without are not looked at.
     pub paged: Cell<bool>,
+    /// `conn_limit`: the open connections allowed per client address, checked once per
+    /// connection; `None` (the common case) checks nothing.
+    pub conn_limit: RefCell<Option<Rc<crate::edge::conn_limit::ConnGate>>>,
 }
 
 /// A listener's routes in one worker: the compiled table and each route's upstream.
@@ -77,7 +80,12 @@ pub(crate) struct Routes {
 impl Routes {
     /// A listener's routes, each proxying route's upstream taken from this worker's
     /// `upstreams` (by config index).
-    pub fn new(listener: &crate::config::Listener, upstreams: &[Rc<WorkerUpstream>]) -> Routes {
+    pub fn new(
+        listener: &crate::config::Listener,
+        upstreams: &[Rc<WorkerUpstream>],
+        zones: &[crate::config::RateZone],
+        tables: &crate::edge::tables::Tables,
+    ) -> Routes {
         Routes {
             upstreams: listener
                 .routes
@@ -90,9 +98,9 @@ impl Routes {
             router: Router::new(listener.routes.clone()),
             has_default: listener.has_default,
             controls: (listener.routes.iter())
-                .map(|r| Controls::new(listener, Some(r)))
+                .map(|r| Controls::new(listener, Some(r), zones, tables))
                 .collect(),
-            default_controls: Controls::new(listener, None),
+            default_controls: Controls::new(listener, None, zones, tables),
             default_pages: listener.error_pages.clone(),
         }
     }

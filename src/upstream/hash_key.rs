@@ -25,7 +25,7 @@ pub fn request_key(spec: &HashKey, head: &RequestHead, client: IpAddr) -> Option
 }
 
 /// Cookie `name`'s value in one `Cookie` header (`a=1; b=2`); `None` when absent or empty.
-fn cookie<'a>(value: &'a [u8], name: &str) -> Option<&'a [u8]> {
+pub(crate) fn cookie<'a>(value: &'a [u8], name: &str) -> Option<&'a [u8]> {
     value.split(|&b| b == b';').find_map(|pair| {
         let pair = pair.trim_ascii();
         let eq = pair.iter().position(|&b| b == b'=')?;

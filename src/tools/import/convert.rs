@@ -40,6 +40,10 @@ struct Builder {
     refused: Vec<String>,
     /// nginx's configuration prefix (the main file's directory), for relative file names.
     conf_dir: std::path::PathBuf,
+    /// `[limit.NAME]`, from `limit_req_zone` (see [`super::limits`]).
+    limit_zones: Table,
+    /// `limit_conn_zone`s keyed by the client's address: name → keys.
+    conn_zones: BTreeMap<String, i64>,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -56,6 +60,8 @@ struct Server {
     tls: Option<ServerTls>,
     /// Its `error_page`s and `proxy_intercept_errors`.
     pages: Pages,
+    /// Its `limit_conn` as `(max, keys)`, for its listener's `conn_limit`.
+    conn_limit: Option<(i64, i64)>,
 }
 
 /// What a server that listens with `ssl` brings to its listener's `[listener.tls]`.
@@ -135,6 +141,8 @@ struct Inherited {
     pages: error_page::Inherit,
     /// `allow`/`deny`, `auth_basic`, `auth_basic_user_file`, `satisfy` ([`access`]).
     access: access::Access,
+    /// The `limit_req`s in force.
+    limits: super::limits::Inherited,
 }
 
 impl Default for Inherited {
@@ -148,6 +156,7 @@ impl Default for Inherited {
             },
             pages: error_page::Inherit::default(),
             access: access::Access::default(),
+            limits: Default::default(),
         }
     }
 }
@@ -175,6 +184,7 @@ impl Inherited {
         let mut out = self.clone();
         out.pages = self.pages.level(block);
         out.access = self.access.level(block);
+        out.limits = self.limits.level(block);
         let headers: Vec<Directive> = block
             .iter()
             .filter(|d| d.name == "proxy_set_header" && d.block.is_none())
@@ -222,6 +232,8 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
         client_idle: None,
         notes: Vec::new(),
         refused: Vec::new(),
+        limit_zones: Table::new(),
+        conn_zones: BTreeMap::new(),
     };
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
@@ -329,6 +341,8 @@ impl Builder {
             }
         }
         self.body_limits(http);
+        super::limits::zones(http, &mut self.limit_zones, &mut self.refused);
+        super::limits::conn_zones(http, &mut self.conn_zones, &mut self.refused);
         let inherit = Inherited::default().level(http);
         let ssl = Ssl::default().level(http);
         let any_tls = http.iter().any(listens_tls);
@@ -338,6 +352,7 @@ impl Builder {
                 ("server", Some(block)) => self.server(d, block, &inherit, &ssl),
                 (n, None) if Ssl::NAMES.contains(&n) && any_tls => {}
                 (n, None) if Inherited::NAMES.contains(&n) => {}
+                (n, None) if super::limits::NAMES.contains(&n) => {}
                 ("client_max_body_size", None) => self.body_limit(d),
                 ("access_log", None) => self.access_log(d, http),
                 ("log_format", None) => {} // Read by access_log.
@@ -563,6 +578,7 @@ impl Builder {
                     Err(why) => self.skip(s, &why),
                 },
                 n if Inherited::NAMES.contains(&n) => {}
+                n if super::limits::NAMES.contains(&n) && s.block.is_none() => {}
                 "client_max_body_size" => self.body_limit(s),
                 n if Ssl::NAMES.contains(&n) && !tls_addresses.is_empty() => {}
                 n if (is_ssl(n) || n == "http2") && n != "ssl" && !listens_tls(d) => self.notes.push(format!(
@@ -662,6 +678,8 @@ impl Builder {
             .into_iter()
             .chain(routes.into_iter().map(|(_, _, r)| r))
             .collect();
+        let conn_limit =
+            super::limits::conn_limit(&inherit.limits, &self.conn_zones, &mut self.refused);
         for address in addresses {
             let server = Server {
                 names: names.clone(),
@@ -671,6 +689,7 @@ impl Builder {
                 at: d.at(),
                 tls: tls.clone(),
                 pages: pages.clone(),
+                conn_limit,
             };
             match self.listeners.iter_mut().find(|(a, _)| *a == address) {
                 Some((_, servers)) => servers.push(server),
@@ -974,6 +993,7 @@ impl Builder {
             }
         };
         let inherit = parent.level(block);
+        super::limits::location_conns(block, &mut self.refused);
         let mut proxy_at = None;
         let mut action: Option<(&'static str, Value)> = None;
         for d in block {
@@ -1032,6 +1052,7 @@ impl Builder {
                     self.next_upstream(d, &route);
                 }
                 n if Inherited::NAMES.contains(&n) => {}
+                n if super::limits::NAMES.contains(&n) && d.block.is_none() => {}
                 _ => self.skip(d, "no pinlb equivalent"),
             }
         }
@@ -1093,6 +1114,12 @@ impl Builder {
             route.insert("timeouts".into(), Value::Table(timeouts));
         }
         self.access(&inherit, &mut route);
+        super::limits::route(
+            &inherit.limits,
+            &self.limit_zones,
+            &mut route,
+            &mut self.refused,
+        );
         Some(route)
     }
 
@@ -1210,6 +1237,12 @@ impl Builder {
                 Value::Table(std::mem::take(&mut self.limits)),
             );
         }
+        if !self.limit_zones.is_empty() {
+            root.insert(
+                "limit".into(),
+                Value::Table(std::mem::take(&mut self.limit_zones)),
+            );
+        }
         if !self.log.is_empty() {
             root.insert("log".into(), Value::Table(std::mem::take(&mut self.log)));
         }
@@ -1235,6 +1268,13 @@ impl Builder {
                 for r in &mut s.routes {
                     absolute_redirect(r, s.redirects, port);
                 }
+            }
+            let conn_limit = servers[0].conn_limit;
+            if let Some(other) = servers.iter().find(|s| s.conn_limit != conn_limit) {
+                self.refused.push(format!(
+                    "{}: limit_conn not converted: the servers on {address} limit connections differently, and pinlb's conn_limit is one per listener; without it pinlb lets through what nginx limits",
+                    other.at
+                ));
             }
             // The default server: the one marked so, else the first, as nginx picks it.
             let default = servers.iter().position(|s| s.default).unwrap_or(0);
@@ -1308,6 +1348,12 @@ impl Builder {
                     // nginx offers h2 only with `http2`; pinlb's TLS listeners do by default.
                     l.insert("http2".into(), Value::Boolean(false));
                 }
+            }
+            if let Some((max, keys)) = conn_limit {
+                let mut c = Table::new();
+                c.insert("max".into(), Value::Integer(max));
+                c.insert("keys".into(), Value::Integer(keys));
+                l.insert("conn_limit".into(), Value::Table(c));
             }
             l.insert("route".into(), Value::Array(routes));
             listeners.push(Value::Table(l));

@@ -7,11 +7,13 @@
 //! - [`template`]: nginx variables as pinlb template variables.
 //! - [`rewrite`]: `rewrite ... redirect|permanent` as a route redirect, where one is exact.
 //! - [`access`]: `allow`/`deny`, `auth_basic` and `satisfy` as a route's access keys.
+//! - [`limits`]: `limit_req_zone`, `limit_req` and `limit_req_status` as rate zones.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
 mod convert;
 mod error_page;
+mod limits;
 mod parse;
 mod rewrite;
 mod template;
