@@ -16,11 +16,13 @@
 //! - [`error`]: the error and where in the file it points.
 //! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
+//! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod error;
 pub(crate) mod log_format;
+mod proxy_protocol;
 mod raw;
 mod routes;
 #[cfg(test)]
@@ -405,6 +407,10 @@ pub struct Listener {
     /// `server_timing`: responses carry `Server-Timing: pinlb;dur=…, upstream;dur=…` (a
     /// route's own `server_timing` decides for its requests).
     pub server_timing: bool,
+    /// `proxy_protocol = true`: the networks (`proxy_protocol_from`) whose connections must
+    /// begin with a PROXY protocol header naming the real client; a connection from anywhere
+    /// else is refused. `None`: the listener reads no header.
+    pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.
@@ -719,6 +725,18 @@ pub struct Upstream {
     /// process's first address (`port_base + i`) and core, which is what `check` shows; the
     /// running pool holds only the processes that answer (see `supervisor`).
     pub spawn: Option<Spawn>,
+    /// `proxy_protocol`: the PROXY protocol header written first on every new backend
+    /// connection; `None` for none.
+    pub proxy_protocol: Option<ProxyVersion>,
+}
+
+/// A PROXY protocol version, as an upstream's `proxy_protocol` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyVersion {
+    /// The text header (`PROXY TCP4 …`).
+    V1,
+    /// The binary header.
+    V2,
 }
 
 /// `[upstream.NAME.spawn]`: `count` processes of `command`, process `i` pinned to

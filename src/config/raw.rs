@@ -151,6 +151,7 @@ const KEYS_ELSEWHERE: &[(&str, &[&str])] = &[
     ("redirect_https", &["listener"]),
     ("h2c", &["listener"]),
     ("backlog", &["listener"]),
+    ("proxy_protocol_from", &["listener"]),
     ("rewrite_prefix", &["listener.route"]),
     ("path_exact", &["listener.route"]),
 ];
@@ -304,6 +305,8 @@ pub(super) struct RawUpstream {
     pub tls: Option<Spanned<RawUpstreamTls>>,
     #[serde(default)]
     pub resolve: RawResolve,
+    /// The PROXY protocol header written first on each backend connection: "v1" or "v2".
+    pub proxy_protocol: Option<Spanned<String>>,
 }
 
 /// `[upstream.NAME.spawn]`: processes pinlb starts, pinned, and whose addresses are the
@@ -426,6 +429,10 @@ pub(super) struct RawListener {
     /// `[[listener.route]]`.
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,
+    /// Connections from `proxy_protocol_from` begin with a PROXY protocol header.
+    pub proxy_protocol: Option<Spanned<bool>>,
+    /// The networks allowed to send that header.
+    pub proxy_protocol_from: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// One `[[listener.route]]`.

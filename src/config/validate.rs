@@ -320,6 +320,7 @@ pub(super) fn upstream(
             .map(|t| upstream_tls(src, &key, t, protocol(src, &key, up)?))
             .transpose()?
             .map(Arc::new),
+        proxy_protocol: super::proxy_protocol::send(src, &key, up, protocol(src, &key, up)?)?,
     })
 }
 
@@ -1331,6 +1332,7 @@ fn listener(
         routes,
         backlog,
         server_timing: l.server_timing.as_ref().is_some_and(|v| *v.get_ref()),
+        proxy_protocol: super::proxy_protocol::accept(src, key, l)?.map(Arc::new),
     })
 }
 

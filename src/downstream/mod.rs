@@ -14,5 +14,6 @@
 pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod idle;
+pub(crate) mod proxied;
 pub(crate) mod stream;
 pub(crate) mod tunnel;

@@ -51,6 +51,13 @@ pub(crate) struct Route {
     pub server_timing: Cell<bool>,
     /// `[[listener.route]]`, compiled; empty for a listener whose requests all go to `upstream`.
     pub routes: RefCell<Rc<Routes>>,
+    /// `proxy_protocol`: the networks allowed to send a PROXY protocol header, which each
+    /// connection accepted from now on must begin with; `None` (the common case, one test per
+    /// connection) for a listener that reads none.
+    pub proxy_protocol: RefCell<Option<Arc<Vec<ipnet::IpNet>>>>,
+    /// The address the listener is bound to: the destination a PROXY protocol header sent to
+    /// a backend names.
+    pub local: SocketAddr,
 }
 
 /// A listener's routes in one worker: the compiled table and each route's upstream.
@@ -372,9 +379,10 @@ pub(crate) struct DownstreamRules {
 
 impl DownstreamRules {
     /// What the proxy needs to know of a client at `peer`, over TLS or not.
-    pub fn downstream(&self, peer: SocketAddr, tls: bool) -> Downstream {
+    pub fn downstream(&self, peer: SocketAddr, tls: bool, local: SocketAddr) -> Downstream {
         Downstream {
             https: tls,
+            origin: (peer, local),
             ..Downstream::new(peer, &self.trusted)
         }
     }

@@ -282,10 +282,6 @@ impl ListenerStats {
     }
 
     /// Counts a connection or request refused by an edge control.
-    #[expect(
-        dead_code,
-        reason = "called by the edge controls as they land; remove then"
-    )]
     pub fn refuse(&self, cause: Refusal) {
         self.refused[cause as usize].fetch_add(1, Ordering::Relaxed);
     }
