@@ -240,3 +240,233 @@ async fn bad_slow_missing_and_untrusted_headers_are_closed_counted_and_reach_no_
     );
     assert_eq!(a.hits(), 0, "nothing reached the backend");
 }
+
+/// A child process killed when dropped, its directory holding its config and output.
+struct Child {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+}
+
+impl Child {
+    fn start(name: &str, program: &str, args: &[&str], config: &str) -> Child {
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("pinlb-pp-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        std::fs::write(dir.join("conf"), config).unwrap();
+        let conf = dir.join("conf").display().to_string();
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| {
+                a.replace("{conf}", &conf)
+                    .replace("{dir}", &dir.display().to_string())
+            })
+            .collect();
+        let child = std::process::Command::new(program)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {program}: {e}"));
+        Child { child, dir }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// Waits (bounded) until something listens on `addr`.
+async fn listening(addr: SocketAddr, what: &Child) {
+    let up = wait::poll(200, Duration::from_millis(25), async || {
+        TcpStream::connect(addr).await.ok()
+    })
+    .await;
+    assert!(up.is_some(), "nothing listens on {addr}: {}", what.log());
+}
+
+/// nginx with `listen … proxy_protocol`, answering each request with the address its
+/// connection's header named.
+fn nginx(addr: SocketAddr) -> Child {
+    let conf = format!(
+        "events {{}}\nhttp {{\n access_log off;\n server {{\n  listen {addr} proxy_protocol;\n  location / {{ return 200 \"$proxy_protocol_addr\"; }}\n }}\n}}\n"
+    );
+    Child::start(
+        "nginx",
+        "/usr/sbin/nginx",
+        &[
+            "-p",
+            "{dir}",
+            "-c",
+            "{conf}",
+            "-g",
+            "daemon off; master_process off; pid {dir}/nginx.pid; error_log {dir}/stderr.log info;",
+        ],
+        &conf,
+    )
+}
+
+/// GETs `path` on an open keep-alive connection (after `first`, on the first request) and
+/// returns the body.
+async fn keep_alive_get(s: &mut TcpStream, first: &[u8], path: &str) -> String {
+    let req = format!("GET {path} HTTP/1.1\r\nhost: t\r\n\r\n");
+    s.write_all(&[first, req.as_bytes()].concat())
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    // Bounded: each pass reads some of one small response, or fails the test.
+    for _ in 0..64 {
+        let n = tokio::time::timeout(WAIT, s.read(&mut chunk))
+            .await
+            .expect("answer")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&buf));
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .expect("content-length");
+            if body.len() >= len {
+                assert!(head.starts_with("HTTP/1.1 200"), "{text}");
+                return body[..len].to_string();
+            }
+        }
+    }
+    panic!("no whole response: {}", String::from_utf8_lossy(&buf));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_behind_pinlb_sees_each_client_and_clients_never_share_a_backend_connection() {
+    for version in ["v1", "v2"] {
+        let at = free_port();
+        let n = nginx(at);
+        listening(at, &n).await;
+        let mut setup = accepting(at, "");
+        setup.upstream_keys = format!("proxy_protocol = \"{version}\"\n");
+        let proxy = Proxy::start(&setup);
+        let header = |ip: &str| {
+            format!("PROXY TCP4 {ip} 127.0.0.1 5000 {}\r\n", proxy.addr.port()).into_bytes()
+        };
+        let mut a = TcpStream::connect(proxy.addr).await.unwrap();
+        let mut b = TcpStream::connect(proxy.addr).await.unwrap();
+        // Interleaved: each request finds the other client's connection idle in the pool.
+        assert_eq!(
+            keep_alive_get(&mut a, &header("203.0.113.7"), "/a1").await,
+            "203.0.113.7",
+            "{version}"
+        );
+        assert_eq!(
+            keep_alive_get(&mut b, &header("198.51.100.9"), "/b1").await,
+            "198.51.100.9",
+            "{version}"
+        );
+        assert_eq!(
+            keep_alive_get(&mut a, b"", "/a2").await,
+            "203.0.113.7",
+            "{version}"
+        );
+        assert_eq!(
+            keep_alive_get(&mut b, b"", "/b2").await,
+            "198.51.100.9",
+            "{version}"
+        );
+        drop(n);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_in_front_with_send_proxy_v2_shows_pinlb_the_real_client() {
+    let a = Backend::start("a").await;
+    // Only HAProxy (on 127.0.0.1) may send headers; the client comes from 127.0.0.2.
+    let mut setup = Setup::with(&[a.addr]);
+    setup.listener_keys = "proxy_protocol = true\nproxy_protocol_from = [\"127.0.0.1\"]\n".into();
+    let proxy = Proxy::start(&setup);
+    let front = free_port();
+    let conf = format!(
+        "defaults\n mode http\n timeout connect 2s\n timeout client 5s\n timeout server 5s\nfrontend f\n bind {front}\n default_backend b\nbackend b\n server pinlb {} send-proxy-v2\n",
+        proxy.addr
+    );
+    let h = Child::start(
+        "haproxy",
+        "/usr/sbin/haproxy",
+        &["-db", "-f", "{conf}"],
+        &conf,
+    );
+    listening(front, &h).await;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut s = sock.connect(front).await.unwrap();
+    keep_alive_get(&mut s, b"", "/via-haproxy").await;
+    let seen = a.requests();
+    assert_eq!(seen.len(), 1, "{}", h.log());
+    assert_eq!(seen[0].uri, "/via-haproxy");
+    assert_eq!(seen[0].headers["x-forwarded-for"], "127.0.0.2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_listener_reads_the_header_before_the_handshake() {
+    let pki = Pki::new();
+    let cert = pki.issue("a", &["a.test"], false);
+    let a = Backend::start("a").await;
+    let mut setup = accepting(a.addr, "");
+    // The keys first, then the table.
+    setup.listener_keys += &format!(
+        "[listener.tls]\ncert = {:?}\nkey = {:?}\n",
+        cert.cert, cert.key
+    );
+    let proxy = Proxy::start(&setup);
+    let port = proxy.addr.port();
+    let ca = pki.ca_file();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "5",
+                "--haproxy-protocol",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .arg("--cacert")
+            .arg(&ca)
+            .args([
+                "--resolve",
+                &format!("a.test:{port}:127.0.0.1"),
+                &format!("https://a.test:{port}/tls"),
+            ])
+            .output()
+            .expect("curl")
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "200",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = a.requests();
+    assert_eq!(seen[0].uri, "/tls");
+    assert_eq!(seen[0].headers["x-forwarded-proto"], "https");
+}
