@@ -93,3 +93,76 @@ pub(super) fn send(
     }
     Ok(Some(version))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, ProxyVersion};
+
+    fn parse(listener: &str, upstream: &str) -> Result<Config, String> {
+        let text = format!(
+            "[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"app\"\n{listener}\n[upstream.app]\nbackends = [{{ address = \"127.0.0.1:8881\" }}]\n{upstream}\n"
+        );
+        Config::parse("pinlb.toml", &text, &[0, 1]).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_listener_takes_headers_only_from_the_networks_it_names() {
+        let c = parse(
+            "proxy_protocol = true\nproxy_protocol_from = [\"10.1.2.3/8\", \"192.0.2.7\", \"::1\"]",
+            "",
+        )
+        .unwrap();
+        let nets: Vec<String> = (c.listeners[0].proxy_protocol.as_ref().unwrap().iter())
+            .map(|n| n.to_string())
+            .collect();
+        assert_eq!(nets, ["10.0.0.0/8", "192.0.2.7/32", "::1/128"]);
+        assert_eq!(parse("", "").unwrap().listeners[0].proxy_protocol, None);
+        assert_eq!(
+            parse("proxy_protocol = false", "").unwrap().listeners[0].proxy_protocol,
+            None
+        );
+    }
+
+    #[test]
+    fn a_listener_open_to_headers_from_anyone_is_refused() {
+        let e = parse("proxy_protocol = true", "").unwrap_err();
+        assert!(
+            e.starts_with(
+                "pinlb.toml:4:18: listener[0].proxy_protocol_from: missing, expected the addresses"
+            ),
+            "{e}"
+        );
+        let e = parse("proxy_protocol = true\nproxy_protocol_from = []", "").unwrap_err();
+        assert!(e.contains("listener[0].proxy_protocol_from: empty"), "{e}");
+        let e = parse("proxy_protocol_from = [\"10.0.0.0/8\"]", "").unwrap_err();
+        assert!(e.contains("set without proxy_protocol = true"), "{e}");
+        let e = parse(
+            "proxy_protocol = true\nproxy_protocol_from = [\"10.0.0.0/33\"]",
+            "",
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("pinlb.toml:5:24: listener[0].proxy_protocol_from[0]: invalid network \"10.0.0.0/33\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_upstream_sends_v1_or_v2_over_http1_only() {
+        let c = parse("", "proxy_protocol = \"v2\"").unwrap();
+        assert_eq!(c.upstreams[0].proxy_protocol, Some(ProxyVersion::V2));
+        let c = parse("", "proxy_protocol = \"v1\"").unwrap();
+        assert_eq!(c.upstreams[0].proxy_protocol, Some(ProxyVersion::V1));
+        assert_eq!(parse("", "").unwrap().upstreams[0].proxy_protocol, None);
+        let e = parse("", "proxy_protocol = \"v3\"").unwrap_err();
+        assert!(
+            e.starts_with("pinlb.toml:7:18: upstream.app.proxy_protocol: \"v3\" is not a PROXY protocol version, expected \"v1\" or \"v2\""),
+            "{e}"
+        );
+        let e = parse("", "protocol = \"h2c\"\nproxy_protocol = \"v2\"").unwrap_err();
+        assert!(
+            e.contains("upstream.app.proxy_protocol: set with an HTTP/2 protocol"),
+            "{e}"
+        );
+    }
+}

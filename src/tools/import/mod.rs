@@ -5,10 +5,12 @@
 //! - [`parse`]: nginx's syntax, directives with their `file:line`.
 //! - [`template`]: nginx variables as pinlb template variables.
 //! - [`rewrite`]: `rewrite ... redirect|permanent` as a route redirect, where one is exact.
+//! - [`proxy_protocol`]: `listen … proxy_protocol` and the realip module's directives.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod convert;
 mod parse;
+mod proxy_protocol;
 mod rewrite;
 mod template;
 
