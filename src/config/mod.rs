@@ -16,8 +16,8 @@
 //! - [`error`]: the error and where in the file it points.
 //! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
-//! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
+//! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod error;
