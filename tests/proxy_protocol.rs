@@ -155,6 +155,43 @@ async fn curl_haproxy_protocol_reaches_the_backend() {
     assert_eq!(seen[0].headers["x-forwarded-for"], "127.0.0.1");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_listener_reads_the_header_before_the_http2_preface() {
+    let a = Backend::start("a").await;
+    let mut setup = accepting(a.addr, "");
+    setup.listener_keys += "h2c = true\n";
+    let proxy = Proxy::start(&setup);
+    let url = format!("http://{}/h2c", proxy.addr);
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "5",
+                "--http2-prior-knowledge",
+                "--haproxy-protocol",
+            ])
+            .args([
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code} %{http_version}",
+                &url,
+            ])
+            .output()
+            .expect("curl")
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "200 2",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(a.requests()[0].uri, "/h2c");
+}
+
 #[tokio::test]
 async fn bad_slow_missing_and_untrusted_headers_are_closed_counted_and_reach_no_backend() {
     let a = Backend::start("a").await;
@@ -300,8 +337,9 @@ async fn listening(addr: SocketAddr, what: &Child) {
 /// nginx with `listen … proxy_protocol`, answering each request with the address its
 /// connection's header named.
 fn nginx(addr: SocketAddr) -> Child {
+    // Its log shows who each request came from, pinlb's health checks among them.
     let conf = format!(
-        "events {{}}\nhttp {{\n access_log off;\n server {{\n  listen {addr} proxy_protocol;\n  location / {{ return 200 \"$proxy_protocol_addr\"; }}\n }}\n}}\n"
+        "events {{}}\nhttp {{\n log_format pp '$status $request_uri $http_user_agent [$proxy_protocol_addr]';\n access_log logs/access.log pp;\n server {{\n  listen {addr} proxy_protocol;\n  location / {{ return 200 \"$proxy_protocol_addr\"; }}\n }}\n}}\n"
     );
     Child::start(
         "nginx",
@@ -360,7 +398,10 @@ async fn nginx_behind_pinlb_sees_each_client_and_clients_never_share_a_backend_c
         let at = free_port();
         let n = nginx(at);
         listening(at, &n).await;
-        let mut setup = accepting(at, "");
+        let mut setup = accepting(
+            at,
+            "[upstream.app.health]\npath = \"/health\"\ninterval = \"100ms\"\ntimeout = \"50ms\"\n",
+        );
         setup.upstream_keys = format!("proxy_protocol = \"{version}\"\n");
         let proxy = Proxy::start(&setup);
         let header = |ip: &str| {
@@ -388,6 +429,21 @@ async fn nginx_behind_pinlb_sees_each_client_and_clients_never_share_a_backend_c
             keep_alive_get(&mut b, b"", "/b2").await,
             "198.51.100.9",
             "{version}"
+        );
+        // Health checks send LOCAL (v2) or UNKNOWN (v1): nginx takes them, with no address.
+        let log = n.dir.join("logs/access.log");
+        let probed = wait::poll(100, Duration::from_millis(50), async || {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.lines()
+                .any(|l| l == "200 /health pinlb-health [-]")
+                .then_some(())
+        })
+        .await;
+        assert!(
+            probed.is_some(),
+            "{version}: no passing health check in nginx's log:\n{}{}",
+            std::fs::read_to_string(&log).unwrap_or_default(),
+            n.log()
         );
         drop(n);
     }
