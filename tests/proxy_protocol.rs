@@ -298,6 +298,13 @@ impl Child {
                     .replace("{dir}", &dir.display().to_string())
             })
             .collect();
+        // Debian's place, else the PATH's (as scripts/test checks for them).
+        let sbin = format!("/usr/sbin/{program}");
+        let program = if std::path::Path::new(&sbin).exists() {
+            sbin.as_str()
+        } else {
+            program
+        };
         let child = std::process::Command::new(program)
             .args(&args)
             .stdin(std::process::Stdio::null())
@@ -343,7 +350,7 @@ fn nginx(addr: SocketAddr) -> Child {
     );
     Child::start(
         "nginx",
-        "/usr/sbin/nginx",
+        "nginx",
         &[
             "-p",
             "{dir}",
@@ -461,12 +468,7 @@ async fn haproxy_in_front_with_send_proxy_v2_shows_pinlb_the_real_client() {
         "defaults\n mode http\n timeout connect 2s\n timeout client 5s\n timeout server 5s\nfrontend f\n bind {front}\n default_backend b\nbackend b\n server pinlb {} send-proxy-v2\n",
         proxy.addr
     );
-    let h = Child::start(
-        "haproxy",
-        "/usr/sbin/haproxy",
-        &["-db", "-f", "{conf}"],
-        &conf,
-    );
+    let h = Child::start("haproxy", "haproxy", &["-db", "-f", "{conf}"], &conf);
     listening(front, &h).await;
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
