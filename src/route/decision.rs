@@ -56,7 +56,8 @@ pub(crate) struct Route {
     /// connection) for a listener that reads none.
     pub proxy_protocol: RefCell<Option<Arc<Vec<ipnet::IpNet>>>>,
     /// The address the listener is bound to: the destination a PROXY protocol header sent to
-    /// a backend names.
+    /// a backend names (the wildcard address for a wildcard listener: no `getsockname` per
+    /// connection).
     pub local: SocketAddr,
 }
 
