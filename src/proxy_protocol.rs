@@ -274,6 +274,46 @@ mod tests {
     }
 
     #[test]
+    fn a_prefix_frames_as_more_or_as_the_whole_does() {
+        // What the reader relies on: it peeks a prefix, and must stop neither sooner nor later
+        // than the whole would say.
+        let mut v2_tlv = v2(addr("203.0.113.7:1"), addr("10.0.0.1:80"));
+        v2_tlv[15] += 4;
+        v2_tlv.extend_from_slice(&[0x04, 0x00, 0x01, 0x2a]);
+        let inputs: Vec<Vec<u8>> = vec![
+            b"PROXY TCP4 203.0.113.7 192.0.2.1 40000 80\r\nGET / HTTP/1.1\r\n".to_vec(),
+            b"PROXY UNKNOWN\r\n".to_vec(),
+            b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\n".to_vec(),
+            [b"PROXY ".as_slice(), &[b'x'; 200]].concat(),
+            v2_tlv.clone(),
+            [v2_tlv.as_slice(), b"GET / HTTP/1.1\r\n"].concat(),
+            local(2),
+            b"GET / HTTP/1.1\r\n".to_vec(),
+            b"\r\n\r\n\0\r\nQUIT\n\x11\x11\x00\x00".to_vec(),
+        ];
+        for input in &inputs {
+            let whole = header_len(input);
+            for cut in 0..input.len() {
+                match (header_len(&input[..cut]), &whole) {
+                    (Ok(None), _) | (Err(_), Err(_)) => {}
+                    (Ok(Some(n)), Ok(Some(m))) => assert_eq!(n, *m),
+                    (a, b) => panic!("{input:?} cut at {cut}: {a:?}, the whole {b:?}"),
+                }
+            }
+        }
+        // The TLV is read past: the addresses are what count.
+        let (h, n) = read(&v2_tlv).unwrap();
+        assert_eq!(n, v2_tlv.len());
+        assert_eq!(
+            h,
+            Header::Proxied {
+                source: addr("203.0.113.7:1"),
+                destination: addr("10.0.0.1:80")
+            }
+        );
+    }
+
+    #[test]
     fn bad_headers_are_refused_with_their_cause() {
         assert_eq!(header_len(b"GET / HTTP/1.1\r\n"), Err(Invalid::NotAHeader));
         assert_eq!(header_len(b"PROXZ"), Err(Invalid::NotAHeader));
