@@ -23,6 +23,7 @@
 //!   notify.
 //! - [`tls`]: rustls for listeners (the server role) and for backends (the client role).
 //! - [`http1`]: the HTTP/1.1 codec on httparse: framing, request heads, the backend side.
+//! - [`proxy_protocol`]: the PROXY protocol's header (v1, v2): framed, parsed and built.
 //! - [`config`]: the TOML file validated into a [`Config`]; errors carry `file:line:col`.
 //! - [`upstream`]: backend state, selection, health, probes, counters, discovery, pools.
 //! - [`proxy`]: the retry loop, forwarding, both bodies, local replies, the access log.
@@ -55,6 +56,7 @@ pub(crate) mod edge;
 pub(crate) mod http1;
 pub mod process;
 pub(crate) mod proxy;
+pub mod proxy_protocol;
 pub(crate) mod route;
 pub mod server;
 pub mod sys;

@@ -1613,3 +1613,115 @@ http {
         );
     }
 }
+
+/// Writes a v1 PROXY header naming `source`, then a GET that closes; the response's text.
+async fn get_as(addr: SocketAddr, source: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "PROXY TCP4 {source} {} 5000 {}\r\nGET {path} HTTP/1.1\r\nHost: pp.test\r\nConnection: close\r\n\r\n",
+        addr.ip(),
+        addr.port()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut out))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `listen … proxy_protocol` with `set_real_ip_from` and `real_ip_header proxy_protocol`
+/// becomes `proxy_protocol = true` from those addresses: nginx and pinlb, each on the same
+/// configuration, pass the header's client to the backend. Without `set_real_ip_from` the
+/// import refuses at the listen line; a `stream` block is noted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_proxy_protocol_imports_with_set_real_ip_from_as_the_allowed_sources() {
+    let backend = Backend::start("app").await;
+    let conf = |listen: SocketAddr| {
+        format!(
+            "http {{
+    set_real_ip_from 10.0.0.0/8;
+    server {{
+        listen {listen} proxy_protocol;
+        set_real_ip_from 127.0.0.1;
+        real_ip_header proxy_protocol;
+        location / {{
+            proxy_set_header X-Forwarded-For $remote_addr;
+            proxy_pass http://{};
+        }}
+    }}
+}}
+",
+            backend.addr
+        )
+    };
+    let (for_nginx, for_pinlb) = (free_port(), free_port());
+    let dir = tempfile::Builder::new()
+        .prefix("pinlb-pp-nginx-")
+        .tempdir()
+        .unwrap();
+    let nginx = Nginx::start(dir.path(), &format!("events {{}}\n{}", conf(for_nginx)));
+    let imported = import_text(&conf(for_pinlb), &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    assert!(
+        imported.stdout.contains("proxy_protocol = true"),
+        "{}",
+        imported.stdout
+    );
+    // The server's own set_real_ip_from, not http's.
+    assert!(
+        imported
+            .stdout
+            .contains("proxy_protocol_from = [\"127.0.0.1\"]"),
+        "{}",
+        imported.stdout
+    );
+    let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(&imported.stdout), &[]).await;
+    await_listening(&[for_nginx], || nginx.log()).await;
+    await_listening(&[for_pinlb], || pinlb.log().join("\n")).await;
+    for (name, addr) in [("nginx", for_nginx), ("pinlb", for_pinlb)] {
+        let answer = get_as(addr, "203.0.113.7", &format!("/{name}")).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{name}: {answer}");
+        let seen = backend.requests().pop().expect("the backend got it");
+        assert_eq!(seen.uri, format!("/{name}"));
+        assert_eq!(seen.headers["x-forwarded-for"], "203.0.113.7", "{name}");
+    }
+    drop(pinlb);
+
+    let open = "http {
+    server {
+        listen 8080 proxy_protocol;
+        location / { proxy_pass http://127.0.0.1:8081; }
+    }
+}
+stream {
+    server { listen 9000; proxy_pass 127.0.0.1:9001; proxy_protocol on; }
+}
+";
+    let refused = import_text(open, &[]);
+    assert_eq!(refused.code, Some(1), "{}", refused.stderr);
+    let at = format!(
+        "{}:3: listen 0.0.0.0:8080 proxy_protocol not converted",
+        refused.path.display()
+    );
+    assert!(refused.stderr.contains(&at), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains(&format!(
+            "{}:7: stream not converted: pinlb proxies HTTP, not TCP streams; for HTTP backends, its proxy_protocol on is [upstream.NAME] proxy_protocol = \"v1\"",
+            refused.path.display()
+        )),
+        "{}",
+        refused.stderr
+    );
+    let allowed = import_text(open, &["--allow-less-strict"]);
+    assert_eq!(allowed.code, Some(0), "{}", allowed.stderr);
+    assert!(
+        allowed
+            .stdout
+            .contains("proxy_protocol_from = [\"0.0.0.0/0\", \"::/0\"]"),
+        "{}",
+        allowed.stdout
+    );
+}

@@ -22,6 +22,7 @@
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
 //! - [`edge_limits`]: `[limit.NAME]` rate zones, `rate_limit` and `conn_limit`.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
+//! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod access;
@@ -30,6 +31,7 @@ mod error;
 mod error_pages;
 pub(crate) mod htpasswd;
 pub(crate) mod log_format;
+mod proxy_protocol;
 mod raw;
 mod routes;
 #[cfg(test)]
@@ -429,6 +431,10 @@ pub struct Listener {
     pub rate_limits: Vec<RateLimit>,
     /// `conn_limit`: open connections per client address; `None`: no limit but the process's.
     pub conn_limit: Option<ConnLimit>,
+    /// `proxy_protocol = true`: the networks (`proxy_protocol_from`) whose connections must
+    /// begin with a PROXY protocol header naming the real client; a connection from anywhere
+    /// else is refused. `None`: the listener reads no header.
+    pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.
@@ -750,6 +756,18 @@ pub struct Upstream {
     /// process's first address (`port_base + i`) and core, which is what `check` shows; the
     /// running pool holds only the processes that answer (see `supervisor`).
     pub spawn: Option<Spawn>,
+    /// `proxy_protocol`: the PROXY protocol header written first on every new backend
+    /// connection; `None` for none.
+    pub proxy_protocol: Option<ProxyVersion>,
+}
+
+/// A PROXY protocol version, as an upstream's `proxy_protocol` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyVersion {
+    /// The text header (`PROXY TCP4 …`).
+    V1,
+    /// The binary header.
+    V2,
 }
 
 /// `[upstream.NAME.spawn]`: `count` processes of `command`, process `i` pinned to

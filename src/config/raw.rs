@@ -155,6 +155,7 @@ const KEYS_ELSEWHERE: &[(&str, &[&str])] = &[
     ("redirect_https", &["listener"]),
     ("h2c", &["listener"]),
     ("backlog", &["listener"]),
+    ("proxy_protocol_from", &["listener"]),
     ("rewrite_prefix", &["listener.route"]),
     ("path_exact", &["listener.route"]),
 ];
@@ -308,6 +309,8 @@ pub(super) struct RawUpstream {
     pub tls: Option<Spanned<RawUpstreamTls>>,
     #[serde(default)]
     pub resolve: RawResolve,
+    /// The PROXY protocol header written first on each backend connection: "v1" or "v2".
+    pub proxy_protocol: Option<Spanned<String>>,
 }
 
 /// `[upstream.NAME.spawn]`: processes pinlb starts, pinned, and whose addresses are the
@@ -442,6 +445,10 @@ pub(super) struct RawListener {
     pub satisfy: Option<Spanned<String>>,
     pub rate_limit: RawRateLimits,
     pub conn_limit: Option<Spanned<RawConnLimit>>,
+    /// Connections from `proxy_protocol_from` begin with a PROXY protocol header.
+    pub proxy_protocol: Option<Spanned<bool>>,
+    /// The networks allowed to send that header.
+    pub proxy_protocol_from: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// One `[[listener.route]]`.

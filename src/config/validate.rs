@@ -320,6 +320,7 @@ pub(super) fn upstream(
             .map(|t| upstream_tls(src, &key, t, protocol(src, &key, up)?))
             .transpose()?
             .map(Arc::new),
+        proxy_protocol: super::proxy_protocol::send(src, &key, up, protocol(src, &key, up)?)?,
     })
 }
 
@@ -1347,6 +1348,7 @@ fn listener(
         access: super::access::access(src, key, &l.access, &l.auth_basic, &l.satisfy)?,
         rate_limits: Vec::new(),
         conn_limit: None,
+        proxy_protocol: super::proxy_protocol::accept(src, key, l)?.map(Arc::new),
     })
 }
 

@@ -740,8 +740,14 @@ async fn answers(
         }
         let result = match &upstream.health {
             Some(h) => {
-                crate::upstream::probe::probe(address, h, upstream.protocol, connector.as_ref())
-                    .await
+                crate::upstream::probe::probe(
+                    address,
+                    h,
+                    upstream.protocol,
+                    connector.as_ref(),
+                    &crate::upstream::proxy_header::for_probe(upstream.proxy_protocol),
+                )
+                .await
             }
             None => {
                 match tokio::time::timeout(READY_POLL * 10, tokio::net::TcpStream::connect(address))

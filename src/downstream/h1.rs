@@ -489,7 +489,7 @@ pub(crate) async fn serve(
         return;
     }
     let rules = route.rules.borrow().clone();
-    let client = Rc::new(rules.downstream(peer, stream.is_tls()));
+    let client = Rc::new(rules.downstream(peer, stream.is_tls(), route.local));
     let conn = Connection {
         stream,
         peer,
@@ -870,7 +870,7 @@ impl Connection {
         if !Rc::ptr_eq(&cached.0, &now) {
             *cached = (
                 now.clone(),
-                Rc::new(now.downstream(self.peer, self.stream.is_tls())),
+                Rc::new(now.downstream(self.peer, self.stream.is_tls(), self.route.local)),
             );
         }
         (now.limits, cached.1.clone())

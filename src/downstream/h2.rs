@@ -164,7 +164,7 @@ pub(crate) async fn serve<P: AsFd + 'static>(
     let h2 = rules.http2;
     let limits = rules.limits;
     let tls = stream.is_tls();
-    let client = Rc::new(rules.downstream(peer, tls));
+    let client = Rc::new(rules.downstream(peer, tls, route.local));
     let clients = slot.connections_rc();
     let reloads = clients.reloads();
     let stats = route.stats.clone();
@@ -400,7 +400,10 @@ impl Shared {
             let rules = now.request_ids.is_some().then(|| now.clone());
             let mut cached = self.downstream.borrow_mut();
             if !Rc::ptr_eq(&cached.0, &now) {
-                *cached = (now.clone(), Rc::new(now.downstream(self.peer, self.tls)));
+                *cached = (
+                    now.clone(),
+                    Rc::new(now.downstream(self.peer, self.tls, route.local)),
+                );
             }
             (now.limits, cached.1.clone(), rules)
         };

@@ -10,9 +10,12 @@
 //!   request path as an HTTP/1.1 request.
 //! - [`h1`]: one HTTP/1.1 client connection's life: read a request, route it, proxy it, write
 //!   the response; keep, close, linger or park the connection.
+//! - [`proxied`]: a `proxy_protocol` listener's connection: its PROXY protocol header read and
+//!   checked, then served as from the client it names.
 
 pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod idle;
+pub(crate) mod proxied;
 pub(crate) mod stream;
 pub(crate) mod tunnel;

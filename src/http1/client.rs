@@ -71,6 +71,10 @@ pub struct Conn {
     /// The timer of the response timeout and of the send timeout, created by the first wait
     /// that needs it and reset for every later one on this connection.
     timer: Option<Pin<Box<Sleep>>>,
+    /// The client and listener addresses its PROXY protocol header named, on a connection
+    /// that began with one: it may carry only that client's requests. `None` (a null pointer)
+    /// on every other.
+    pub origin: Option<Box<(SocketAddr, SocketAddr)>>,
 }
 
 /// A request as it goes to a backend.
@@ -143,6 +147,7 @@ impl Conn {
             reused: false,
             upgrading: false,
             timer: None,
+            origin: None,
         }
     }
 
@@ -850,12 +855,16 @@ impl ConnectError {
 /// Opens a new connection to a backend, with a TLS handshake when `tls` is given. The connect
 /// and the handshake are each bounded by `timeout`, as nginx bounds both by
 /// `proxy_connect_timeout`.
+///
+/// `first` (a PROXY protocol header, or empty) is written before anything else, the TLS
+/// handshake included.
 pub async fn connect(
     addr: SocketAddr,
     timeout: Duration,
     tls: Option<&Connector>,
+    first: &[u8],
 ) -> Result<Conn, ConnectError> {
-    let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+    let mut stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(ConnectError::io(&e)),
         Err(_) => {
@@ -866,6 +875,9 @@ pub async fn connect(
     };
     // Small requests and responses must not wait for Nagle.
     let _ = stream.set_nodelay(true);
+    if !first.is_empty() {
+        write_first(&mut stream, first, timeout).await?;
+    }
     let Some(tls) = tls else {
         return Ok(Conn::new(BackendStream::Plain(stream)));
     };
@@ -879,6 +891,25 @@ pub async fn connect(
         }
         Ok(Err(cause)) => Err(cause.into()),
         Err(_) => Err(format!("TLS handshake timed out after {timeout:?}").into()),
+    }
+}
+
+/// Writes a connection's first bytes (its PROXY protocol header) within `timeout`. Out of
+/// line: a connection without them never runs it.
+#[cold]
+#[inline(never)]
+async fn write_first(
+    stream: &mut TcpStream,
+    first: &[u8],
+    timeout: Duration,
+) -> Result<(), ConnectError> {
+    use tokio::io::AsyncWriteExt;
+    match tokio::time::timeout(timeout, stream.write_all(first)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(ConnectError::io(&e)),
+        Err(_) => Err(ConnectError::timed_out(format!(
+            "writing the PROXY protocol header timed out after {timeout:?}"
+        ))),
     }
 }
 

@@ -293,6 +293,7 @@ impl WorkerState {
                 kept.route.spans.set(spans(l));
                 kept.route.server_timing.set(l.server_timing);
                 kept.route.paged.set(paged(l));
+                *kept.route.proxy_protocol.borrow_mut() = l.proxy_protocol.clone();
                 continue;
             }
             // Usually one socket per listener; after an upgrade from a process with more
@@ -338,6 +339,8 @@ impl WorkerState {
                 stats,
                 paged: Cell::new(paged(l)),
                 conn_limit: RefCell::new(conn_limit),
+                proxy_protocol: RefCell::new(l.proxy_protocol.clone()),
+                local: bound,
             });
             let (removed, removed_rx) = watch::channel(false);
             let tasks = mine
@@ -418,7 +421,19 @@ async fn accept_loop(
         let registered = clients.open(client_idle, header_timeout);
         let held = Held::new(slot, stats.clone());
         let start = crate::downstream::h1::Start::accepted();
-        if route.tls.borrow().is_some() {
+        let proxied = route.proxy_protocol.borrow().clone();
+        if let Some(from) = proxied {
+            tokio::task::spawn_local(crate::downstream::proxied::serve_proxied(
+                stream,
+                peer,
+                from,
+                registered,
+                route.clone(),
+                batch.clone(),
+                held,
+                start,
+            ));
+        } else if route.tls.borrow().is_some() {
             tokio::task::spawn_local(crate::downstream::h1::serve_tls(
                 stream,
                 peer,

@@ -14,6 +14,7 @@ use crate::proxy::downstream::DownstreamBody;
 use crate::proxy::request_body::RequestBody;
 use crate::upstream::counters::ErrorKind;
 use crate::upstream::local::WorkerUpstream;
+use crate::upstream::proxy_header::Origin;
 
 /// What every attempt at one request shares.
 pub(crate) struct Plan<'a> {
@@ -28,6 +29,9 @@ pub(crate) struct Plan<'a> {
     /// What the last attempt measured of itself, when `timed`: set here rather than returned,
     /// so an attempt's result (which the plain path moves) is no larger for it.
     pub spans: Cell<Spans>,
+    /// The client and listener addresses, for an upstream with `proxy_protocol`: its
+    /// connections are private to the client they name.
+    pub origin: Option<&'a Origin>,
 }
 
 /// What an attempt that got its response head measured of itself, for `proxy::timing`.
@@ -96,7 +100,11 @@ pub(crate) async fn attempt(
     if timed {
         plan.spans.set(Spans::default());
     }
-    let mut conn = match upstream.checkout(backend).await {
+    let pooled = match plan.origin {
+        None => upstream.checkout(backend).await,
+        Some(origin) => upstream.checkout_for(backend, origin).await,
+    };
+    let mut conn = match pooled {
         Some(conn) => conn,
         None => connect(upstream, backend, plan).await?,
     };
@@ -152,7 +160,7 @@ async fn connect(
     plan: &Plan<'_>,
 ) -> Result<Conn, Failure> {
     let begun = plan.timed.then(Instant::now);
-    let conn = Box::pin(upstream.connect(backend, plan.timeouts.connect))
+    let conn = Box::pin(upstream.connect(backend, plan.timeouts.connect, plan.origin))
         .await
         .map_err(Failure::Connect)?;
     if let Some(begun) = begun {

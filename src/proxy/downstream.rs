@@ -10,6 +10,7 @@ use http::header::HeaderValue;
 
 use crate::http1::common::RequestFraming;
 use crate::http1::request::ClientError;
+use crate::upstream::proxy_header::Origin;
 
 /// A request's body as the proxy reads it off the client connection, which implements it.
 pub(crate) trait DownstreamBody {
@@ -38,6 +39,9 @@ pub struct Downstream {
     pub trusted: bool,
     /// The client came over TLS: `X-Forwarded-Proto: https`.
     pub https: bool,
+    /// The client's address (its port too) and the listener address it connected to: what a
+    /// PROXY protocol header to a backend names (`proxy_header`).
+    pub origin: Origin,
 }
 
 impl Downstream {
@@ -51,6 +55,7 @@ impl Downstream {
             xff,
             trusted: trusted.iter().any(|n| n.contains(&peer.ip())),
             https: false,
+            origin: (peer, SocketAddr::from(([0, 0, 0, 0], 0))),
         }
     }
 }

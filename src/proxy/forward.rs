@@ -245,6 +245,7 @@ async fn forward(
         upgrade: upgrade_on && head.upgrade_lines().is_some(),
         timed: at.is_some(),
         spans: Cell::new(Spans::default()),
+        origin: shared.config.proxy_protocol.map(|_| &downstream.origin),
     };
 
     // nginx's proxy_next_upstream: a failed attempt moves on to the next backend, each backend

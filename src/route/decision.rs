@@ -59,6 +59,14 @@ pub(crate) struct Route {
     /// `conn_limit`: the open connections allowed per client address, checked once per
     /// connection; `None` (the common case) checks nothing.
     pub conn_limit: RefCell<Option<Rc<crate::edge::conn_limit::ConnGate>>>,
+    /// `proxy_protocol`: the networks allowed to send a PROXY protocol header, which each
+    /// connection accepted from now on must begin with; `None` (the common case, one test per
+    /// connection) for a listener that reads none.
+    pub proxy_protocol: RefCell<Option<Arc<Vec<ipnet::IpNet>>>>,
+    /// The address the listener is bound to: the destination a PROXY protocol header sent to
+    /// a backend names (the wildcard address for a wildcard listener: no `getsockname` per
+    /// connection).
+    pub local: SocketAddr,
 }
 
 /// A listener's routes in one worker: the compiled table and each route's upstream.
@@ -458,9 +466,10 @@ pub(crate) struct DownstreamRules {
 
 impl DownstreamRules {
     /// What the proxy needs to know of a client at `peer`, over TLS or not.
-    pub fn downstream(&self, peer: SocketAddr, tls: bool) -> Downstream {
+    pub fn downstream(&self, peer: SocketAddr, tls: bool, local: SocketAddr) -> Downstream {
         Downstream {
             https: tls,
+            origin: (peer, local),
             ..Downstream::new(peer, &self.trusted)
         }
     }

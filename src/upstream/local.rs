@@ -16,6 +16,7 @@ use crate::upstream::backend::{BackendState, clock_ms, millis};
 use crate::upstream::h2;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::pick::Selection;
+use crate::upstream::proxy_header::{Origin, header};
 use crate::upstream::queue::{Queue, Refused};
 use crate::upstream::shared::SharedUpstream;
 
@@ -47,6 +48,7 @@ impl WorkerUpstream {
         let previous = previous.filter(|p| {
             p.shared.config.tls == shared.config.tls
                 && p.shared.config.protocol == shared.config.protocol
+                && p.shared.config.proxy_protocol == shared.config.proxy_protocol
         });
         // Where this generation's backend `b` was in the previous one, if it was.
         let kept = |b: &Arc<BackendState>| {
@@ -210,8 +212,14 @@ impl WorkerUpstream {
 
     /// A new connection to `backend` (TLS when the upstream asks for it), counted as opened.
     /// Past `max_connecting` connects in progress to the backend, it first waits for one of
-    /// them to end; `timeout` bounds the wait and the connect together.
-    pub async fn connect(&self, backend: usize, timeout: Duration) -> Result<Conn, ConnectError> {
+    /// them to end; `timeout` bounds the wait and the connect together. With `proxy_protocol`,
+    /// it begins with a header naming `origin`, and carries only `origin`'s requests.
+    pub async fn connect(
+        &self,
+        backend: usize,
+        timeout: Duration,
+        origin: Option<&Origin>,
+    ) -> Result<Conn, ConnectError> {
         let shared = &*self.shared;
         let state = &shared.backends[backend];
         let Some((_slot, waited)) = state.connecting.enter(timeout).await else {
@@ -225,9 +233,16 @@ impl WorkerUpstream {
         // The wait for a slot comes out of the connect's own budget (the TLS handshake after
         // it keeps a whole one, as nginx gives it).
         let left = timeout.saturating_sub(waited);
-        let conn = match connect(state.address, left, shared.tls(backend)).await {
-            Ok(conn) => {
+        let first = match (shared.config.proxy_protocol, origin) {
+            (Some(version), Some(origin)) => header(version, *origin),
+            _ => Vec::new(),
+        };
+        let conn = match connect(state.address, left, shared.tls(backend), &first).await {
+            Ok(mut conn) => {
                 state.connecting.connected(clock_ms());
+                if !first.is_empty() {
+                    conn.origin = origin.map(|o| Box::new(*o));
+                }
                 conn
             }
             // A SYN the backend's full accept queue dropped, while it took others (since one
@@ -253,12 +268,45 @@ impl WorkerUpstream {
         Ok(conn)
     }
 
-    /// Returns a connection after a complete exchange; beyond `keepalive` it is closed instead.
+    /// Returns a connection after a complete exchange; beyond `keepalive` it is closed instead
+    /// (but a client's private one takes the place of the oldest: see `proxy_header`).
     pub fn checkin(&self, backend: usize, conn: Conn) {
         let mut idle = self.idle[backend].borrow_mut();
         if idle.len() < self.shared.config.keepalive {
             idle.push(conn);
+        } else if conn.origin.is_some() && !idle.is_empty() {
+            idle.remove(0);
+            idle.push(conn);
         }
+    }
+
+    /// With `proxy_protocol`: an idle connection to `backend` whose header named `origin`, the
+    /// most recently used first, counted as reused; every other client's stays in the pool.
+    #[cold]
+    #[inline(never)]
+    pub async fn checkout_for(&self, backend: usize, origin: &Origin) -> Option<Conn> {
+        poll_fn(|cx| {
+            let mut idle = self.idle[backend].borrow_mut();
+            let mut i = idle.len();
+            // Bounded by the pool (`keepalive`): every pass looks at one connection.
+            while i > 0 {
+                i -= 1;
+                if idle[i].origin.as_deref() != Some(origin) {
+                    continue;
+                }
+                let mut conn = idle.remove(i);
+                if conn.is_usable_idle(cx) {
+                    conn.reused = true;
+                    if self.shared.counting {
+                        let stats = &self.shared.backends[backend].stats;
+                        stats.connections_reused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Poll::Ready(Some(conn));
+                }
+            }
+            Poll::Ready(None)
+        })
+        .await
     }
 }
 

@@ -17,6 +17,8 @@
 //! - [`pick`]: which backend a request goes to, by the upstream's algorithm.
 //! - [`hash_key`]: what a `hash` upstream hashes for a request: client address, URI, header,
 //!   cookie.
+//! - [`proxy_header`]: the PROXY protocol header an upstream with `proxy_protocol` writes first
+//!   on each backend connection, and which pooled connections a request may take.
 //! - [`h2`]: HTTP/2 to backends (`protocol = "h2c"`): hyper's client on connections each worker
 //!   multiplexes.
 //! - [`local`]: one worker's view of an upstream: its selection state, its pool of idle
@@ -36,5 +38,6 @@ pub(crate) mod in_flight;
 pub(crate) mod local;
 pub(crate) mod pick;
 pub(crate) mod probe;
+pub(crate) mod proxy_header;
 pub(crate) mod queue;
 pub(crate) mod shared;

@@ -31,10 +31,11 @@ pub async fn probe(
     health: &Health,
     protocol: Protocol,
     tls: Option<&Connector>,
+    first: &[u8],
 ) -> Result<(), String> {
     let exchange = async {
         let status = match protocol {
-            Protocol::Http1 => exchange(addr, health, tls).await?,
+            Protocol::Http1 => exchange(addr, health, tls, first).await?,
             Protocol::H2c | Protocol::H2 => exchange_h2(addr, health, tls).await?,
         };
         if health.expect.contains(status) {
@@ -54,9 +55,10 @@ async fn exchange(
     addr: SocketAddr,
     health: &Health,
     tls: Option<&Connector>,
+    first: &[u8],
 ) -> Result<u16, String> {
     // The probe's own timeout bounds the whole exchange, the connect included.
-    let mut conn = connect(addr, health.timeout, tls)
+    let mut conn = connect(addr, health.timeout, tls, first)
         .await
         .map_err(|e| e.cause)?;
     let host = health.host.clone().unwrap_or_else(|| addr.to_string());
@@ -183,7 +185,15 @@ async fn check_loop(up: Arc<SharedUpstream>, backend: usize, health: Health, off
         // skipped rather than fired back to back.
         next = next.max(tokio::time::Instant::now()) + jittered(health.interval);
         let started = std::time::Instant::now();
-        let result = probe(state.address, &health, up.config.protocol, up.tls(backend)).await;
+        let first = crate::upstream::proxy_header::for_probe(up.config.proxy_protocol);
+        let result = probe(
+            state.address,
+            &health,
+            up.config.protocol,
+            up.tls(backend),
+            &first,
+        )
+        .await;
         if up.counting {
             state.stats.check_time.observe(started.elapsed());
             state.stats.checked(result.is_ok());

@@ -9,6 +9,7 @@ use toml::{Table, Value};
 use super::access;
 use super::error_page::{self, Pages};
 use super::parse::Directive;
+use super::proxy_protocol::{self, Accepting};
 use super::rewrite;
 use super::template::template;
 
@@ -44,6 +45,8 @@ struct Builder {
     limit_zones: Table,
     /// `limit_conn_zone`s keyed by the client's address: name → keys.
     conn_zones: BTreeMap<String, i64>,
+    /// `http`'s `set_real_ip_from` values, for the servers that have none of their own.
+    real_ip_from: Vec<(String, String)>,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -62,6 +65,8 @@ struct Server {
     pages: Pages,
     /// Its `limit_conn` as `(max, keys)`, for its listener's `conn_limit`.
     conn_limit: Option<(i64, i64)>,
+    /// The addresses it takes the PROXY protocol on, and from whom.
+    accepting: Accepting,
 }
 
 /// What a server that listens with `ssl` brings to its listener's `[listener.tls]`.
@@ -234,6 +239,7 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
         refused: Vec::new(),
         limit_zones: Table::new(),
         conn_zones: BTreeMap::new(),
+        real_ip_from: Vec::new(),
     };
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
@@ -259,6 +265,7 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
                 }
             }
             ("http", Some(http)) => b.http(http),
+            ("stream", Some(_)) => proxy_protocol::stream(d, &mut b.notes),
             _ => b.skip(d, "no pinlb equivalent"),
         }
     }
@@ -346,7 +353,12 @@ impl Builder {
         let inherit = Inherited::default().level(http);
         let ssl = Ssl::default().level(http);
         let any_tls = http.iter().any(listens_tls);
+        let proxied = proxy_protocol::any_server_accepts(http);
+        self.real_ip_from = proxy_protocol::from(http, &[]);
         for d in http {
+            if proxy_protocol::real_ip(d, proxied, &mut self.notes) {
+                continue;
+            }
             match (d.name.as_str(), d.block.as_deref()) {
                 ("upstream", Some(_)) => {}
                 ("server", Some(block)) => self.server(d, block, &inherit, &ssl),
@@ -505,7 +517,17 @@ impl Builder {
         // `return`, which answers every request so that no location is ever reached.
         let mut first: Vec<Table> = Vec::new();
         let mut answers_all = false;
+        let mut accepting = Accepting {
+            from: proxy_protocol::from(block, &self.real_ip_from),
+            ..Accepting::default()
+        };
+        let proxied = block
+            .iter()
+            .any(|s| s.name == "listen" && s.args.iter().skip(1).any(|a| a == "proxy_protocol"));
         for s in block {
+            if proxy_protocol::real_ip(s, proxied, &mut self.notes) {
+                continue;
+            }
             match s.name.as_str() {
                 "listen" => {
                     if let Some(a) = s.args.first() {
@@ -519,6 +541,11 @@ impl Builder {
                         .iter()
                         .any(|a| a == "default_server" || a == "default");
                     for flag in s.args.iter().skip(1) {
+                        let address = s.args.first().map(|a| listen_address(a));
+                        let address = address.unwrap_or_default();
+                        if proxy_protocol::listen_flag(&mut accepting, s, &address, flag) {
+                            continue;
+                        }
                         if flag == "http2" {
                             listen_http2 = true;
                         } else if !["ssl", "default_server", "default"].contains(&flag.as_str()) {
@@ -690,6 +717,7 @@ impl Builder {
                 tls: tls.clone(),
                 pages: pages.clone(),
                 conn_limit,
+                accepting: accepting.clone(),
             };
             match self.listeners.iter_mut().find(|(a, _)| *a == address) {
                 Some((_, servers)) => servers.push(server),
@@ -1335,11 +1363,22 @@ impl Builder {
                 ));
             }
             let pages = catch_all.pages.clone();
+            let catch_accepting = catch_all.accepting;
             routes.extend(catch_all.routes.into_iter().map(|mut r| {
                 Pages::settle(&mut r, &pages, &pages);
                 Value::Table(r)
             }));
             let mut l = Table::new();
+            let accepting: Vec<&Accepting> = (servers.iter().map(|s| &s.accepting))
+                .chain([&catch_accepting])
+                .collect();
+            proxy_protocol::listener(
+                &mut l,
+                &address,
+                &accepting,
+                &mut self.notes,
+                &mut self.refused,
+            );
             l.insert("address".into(), Value::String(address));
             pages.write(&mut l, false);
             if let Some((tls, http2)) = tls {

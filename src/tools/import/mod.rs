@@ -8,6 +8,7 @@
 //! - [`rewrite`]: `rewrite ... redirect|permanent` as a route redirect, where one is exact.
 //! - [`access`]: `allow`/`deny`, `auth_basic` and `satisfy` as a route's access keys.
 //! - [`limits`]: `limit_req_zone`, `limit_req` and `limit_req_status` as rate zones.
+//! - [`proxy_protocol`]: `listen … proxy_protocol` and the realip module's directives.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
@@ -15,6 +16,7 @@ mod convert;
 mod error_page;
 mod limits;
 mod parse;
+mod proxy_protocol;
 mod rewrite;
 mod template;
 
