@@ -16,9 +16,11 @@
 //! - [`error`]: the error and where in the file it points.
 //! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
+//! - [`client_certs`]: `[listener.tls]`'s client certificate keys, their CA and CRL files read.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
+mod client_certs;
 mod error;
 pub(crate) mod log_format;
 mod raw;

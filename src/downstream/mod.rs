@@ -5,12 +5,15 @@
 //!   at `max_connections` and drains them for a stop; no timer per connection.
 //! - [`stream`]: a client connection's socket, plain or TLS (rustls driven by hand), and the
 //!   handshake.
+//! - [`client_cert`]: the verified client certificate's lines on a request, the client's own
+//!   of those names taken out.
 //! - [`tunnel`]: after a `101 Switching Protocols`, bytes relayed both ways until both close.
 //! - [`h2`]: HTTP/2 client connections on hyper's server, each stream sent through the same
 //!   request path as an HTTP/1.1 request.
 //! - [`h1`]: one HTTP/1.1 client connection's life: read a request, route it, proxy it, write
 //!   the response; keep, close, linger or park the connection.
 
+pub(crate) mod client_cert;
 pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod idle;

@@ -218,6 +218,40 @@ impl RequestHead {
         }
     }
 
+    /// Adds `lines` (`name: value\r\n` each) after the end-to-end lines, so they go upstream
+    /// with them; the head's other parts stay as they were.
+    pub fn append_lines(&mut self, lines: &[u8]) {
+        let at = self.lines.1;
+        let n = lines.len();
+        self.text.splice(at..at, lines.iter().copied());
+        // Every part at or after the insertion moves on by its length; the lines grow.
+        let shift = |x: &mut usize| {
+            if *x >= at {
+                *x += n;
+            }
+        };
+        let shift_span = |s: &mut (usize, usize)| {
+            if s.0 >= at {
+                shift(&mut s.0);
+                shift(&mut s.1);
+            }
+        };
+        self.lines.1 += n;
+        shift_span(&mut self.target);
+        shift_span(&mut self.path);
+        for s in [&mut self.host, &mut self.user_agent, &mut self.referer]
+            .into_iter()
+            .flatten()
+        {
+            shift_span(s);
+        }
+        if self.upgrade_end != 0 {
+            let mut u = self.upgrade_end as usize;
+            shift(&mut u);
+            self.upgrade_end = u32::try_from(u).unwrap_or(0);
+        }
+    }
+
     pub fn user_agent(&self) -> Option<&[u8]> {
         self.user_agent.map(|h| self.at(h))
     }

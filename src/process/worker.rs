@@ -281,6 +281,7 @@ impl WorkerState {
                 kept.route.timed.set(timed(l, kept.route.stats.is_some()));
                 kept.route.spans.set(spans(l));
                 kept.route.server_timing.set(l.server_timing);
+                kept.route.client_cert.set(client_cert(l));
                 continue;
             }
             // Usually one socket per listener; after an upgrade from a process with more
@@ -324,6 +325,7 @@ impl WorkerState {
                 server_timing: Cell::new(l.server_timing),
                 routes: RefCell::new(routes),
                 stats,
+                client_cert: Cell::new(client_cert(l)),
             });
             let (removed, removed_rx) = watch::channel(false);
             let tasks = mine
@@ -426,4 +428,10 @@ async fn accept_loop(
             ));
         }
     }
+}
+
+/// Whether a listener asks for client certificates (`client_ca`): its requests then carry
+/// the certificate's lines (`client_cert_headers`) and log fields.
+fn client_cert(l: &crate::config::Listener) -> bool {
+    l.tls.as_ref().is_some_and(|t| t.client_auth.is_some())
 }

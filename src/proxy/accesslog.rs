@@ -34,6 +34,7 @@ use crate::config::log_format::{Field, Part, Span};
 use crate::config::{AccessFormat, AccessTarget};
 use crate::http1::request::RequestHead;
 use crate::proxy::request_id::RequestId;
+use crate::tls::client_identity::ClientIdentity;
 use crate::proxy::timing::Timing;
 
 /// Entries a worker collects before handing them to the log thread.
@@ -79,7 +80,11 @@ impl Captured {
                 name => value(req.header_values(name).next()),
             })
             .collect();
-        Captured { host, headers }
+        Captured {
+            host,
+            headers,
+            client: None,
+        }
     }
 }
 
@@ -131,6 +136,9 @@ struct Captured {
     host: Option<HeaderValue>,
     /// The format's `{http_NAME}` headers, in its order.
     headers: Vec<Option<HeaderValue>>,
+    /// On a listener with `client_ca`: the client's certificate, for `{ssl_client_*}` and
+    /// the JSON's `ssl_client_*` keys.
+    client: Option<Arc<ClientIdentity>>,
 }
 
 impl Entry {
@@ -187,6 +195,14 @@ impl Pending {
     ) -> Pending {
         let entry = Entry::start(req, client, at, id, &batch.handle.capture);
         Pending(Some((entry, batch.clone())))
+    }
+
+    /// The client certificate of the connection, on a listener with `client_ca`.
+    #[cold]
+    pub fn client_cert(&mut self, client: Option<&Arc<ClientIdentity>>) {
+        if let (Some((e, _)), Some(c)) = (&mut self.0, client) {
+            e.captured.get_or_insert_with(Box::default).client = Some(c.clone());
+        }
     }
 
     /// The response is here: the entry goes on with the response body.
@@ -589,7 +605,32 @@ fn json_into(out: &mut String, e: &Entry, now: SystemTime) {
         "total_us": us(Some(e.total)),
         "proxy_us": us(t.map(|t| t.proxy())),
     });
+    let mut v = v;
+    if let Some(c) = e.captured.as_ref().and_then(|c| c.client.as_ref()) {
+        let or_null = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        v["ssl_client_verify"] = c.verify.into();
+        v["ssl_client_s_dn"] = or_null(&c.subject).into();
+        v["ssl_client_i_dn"] = or_null(&c.issuer).into();
+        v["ssl_client_serial"] = or_null(&c.serial).into();
+    }
     let _ = writeln!(out, "{v}");
+}
+
+/// A `{ssl_client_*}` field: `-` without a certificate.
+fn client_cert_into(out: &mut String, e: &Entry, f: crate::config::log_format::ClientCertField) {
+    use crate::config::log_format::ClientCertField as F;
+    let Some(c) = e.captured.as_ref().and_then(|c| c.client.as_ref()) else {
+        out.push('-');
+        return;
+    };
+    let v = match f {
+        F::Subject => c.subject.as_str(),
+        F::Issuer => c.issuer.as_str(),
+        F::Verify => c.verify,
+        F::Serial => c.serial.as_str(),
+    };
+    // Printable ASCII already (`tls::client_identity`); a `"` or `\\` escaped as every field.
+    escape_into(out, if v.is_empty() { b"-" } else { v.as_bytes() });
 }
 
 /// A template's line. Out of line, as [`json_into`].
@@ -676,6 +717,7 @@ fn field_into<'a>(
         },
         Field::QueueTime => opt_secs(out, t.map(|t| t.queue)),
         Field::ProxyTime => opt_secs(out, t.map(|t| t.proxy())),
+        Field::ClientCert(f) => client_cert_into(out, e, *f),
         Field::Micros(span) => opt_us(
             out,
             match span {

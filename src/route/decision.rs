@@ -51,6 +51,10 @@ pub(crate) struct Route {
     pub server_timing: Cell<bool>,
     /// `[[listener.route]]`, compiled; empty for a listener whose requests all go to `upstream`.
     pub routes: RefCell<Rc<Routes>>,
+    /// `[listener.tls] client_ca`: requests lose the client's own lines of the
+    /// `client_cert_headers` names and get the verified certificate's, and their log entry
+    /// the certificate (`downstream::client_cert`).
+    pub client_cert: Cell<bool>,
 }
 
 /// A listener's routes in one worker: the compiled table and each route's upstream.

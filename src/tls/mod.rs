@@ -3,8 +3,14 @@
 //!
 //! - [`server`]: a listener's certificates (PEM chains and keys, checked against each other),
 //!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
+//! - [`client_auth`]: client certificates on a listener: the CAs, the CRLs, the depth, the
+//!   rustls verifier.
+//! - [`client_identity`]: what a connection learned of its client's certificate (subject,
+//!   SANs, serial), in nginx's variables' forms.
 //! - [`client`]: TLS to backends: an upstream's CA certificates (a file or the system's), the
 //!   name verified, a client certificate, a session cache per backend, the handshake.
 
-pub(crate) mod client;
+pub(crate) mod client_auth;
+pub(crate) mod client_identity;
 pub(crate) mod server;
+pub(crate) mod client;

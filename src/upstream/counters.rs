@@ -108,11 +108,19 @@ pub enum TlsFailure {
     /// Not TLS, or TLS the server refuses (no common version, cipher or ALPN protocol, a bad
     /// record).
     Invalid = 4,
+    /// The client's certificate was missing or did not verify (`[listener.tls] client_ca`).
+    ClientCert = 5,
 }
 
 impl TlsFailure {
-    pub(crate) const NAMES: [&str; 5] =
-        ["plain_http", "timeout", "closed", "unknown_name", "invalid"];
+    pub(crate) const NAMES: [&str; 6] = [
+        "plain_http",
+        "timeout",
+        "closed",
+        "unknown_name",
+        "invalid",
+        "client_cert",
+    ];
 }
 
 /// Why pinlb's edge controls refused a connection or a request, as `/metrics` counts it
@@ -240,7 +248,7 @@ pub struct ListenerStats {
     pub tls_handshakes: AtomicU64,
     pub tls_resumed: AtomicU64,
     /// TLS handshakes failed, by [`TlsFailure`].
-    pub tls_failures: [AtomicU64; 5],
+    pub tls_failures: [AtomicU64; 6],
     /// Connections that spoke HTTP/2 (each of their streams counts in `requests`).
     pub http2_connections: AtomicU64,
     /// HTTP/2 connections closed for a protocol error of the client's (GOAWAY sent): a flood
@@ -282,10 +290,6 @@ impl ListenerStats {
     }
 
     /// Counts a connection or request refused by an edge control.
-    #[expect(
-        dead_code,
-        reason = "called by the edge controls as they land; remove then"
-    )]
     pub fn refuse(&self, cause: Refusal) {
         self.refused[cause as usize].fetch_add(1, Ordering::Relaxed);
     }

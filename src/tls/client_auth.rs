@@ -1,0 +1,274 @@
+//! Client certificates on a TLS listener (`[listener.tls] client_ca`, `client_auth`, `crl`,
+//! `verify_depth`): the CA certificates and CRLs read and checked when the configuration is
+//! validated, and the rustls verifier built on them.
+//!
+//! Verification is rustls's own (`WebPkiClientVerifier`): the chain to one of the CAs, the
+//! validity dates, the key usage, and with CRLs the revocation of every certificate of the
+//! verified chain but the CA's own, as nginx (`ssl_crl`: OpenSSL's `CRL_CHECK_ALL`). As with
+//! nginx, a certificate whose issuer has no CRL among the files is refused (its status is
+//! unknown), and so is one checked against a CRL past its `nextUpdate`. pinlb adds only the
+//! depth: how many intermediate certificates a client may send (nginx's `ssl_verify_depth`,
+//! whose default of 1 lets a client certificate be signed by a CA of `client_ca` only).
+//!
+//! With `client_auth = "optional"` a client that sends no certificate is served without one;
+//! one that sends a certificate that does not verify is refused at the handshake all the same,
+//! as rustls does (nginx's `optional` finishes that handshake and answers 400): the client
+//! gets the alert that names the fault (`unknown_ca`, `certificate_expired`,
+//! `certificate_revoked`…) instead of a page, and no request is read from it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+
+
+/// Why a CA or CRL file could not be used. Each names the file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("cannot read {}: {source}", .file.display())]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {what}", .file.display())]
+    Invalid { file: PathBuf, what: String },
+}
+
+impl CertError {
+    pub fn file(&self) -> &Path {
+        match self {
+            CertError::Read { file, .. } | CertError::Invalid { file, .. } => file,
+        }
+    }
+}
+
+/// nginx's `ssl_verify_depth` default: the client's certificate, signed by one of the CAs.
+pub const DEFAULT_VERIFY_DEPTH: usize = 1;
+
+/// The header lines a backend gets about a connection's client certificate
+/// (`client_cert_headers`), their names lower-case; `None`: not sent. Whatever the client
+/// sent under these names is always taken out of its requests, so no client can forge them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CertHeaders {
+    /// The subject's distinguished name, RFC 4514 (nginx's `$ssl_client_s_dn`).
+    pub subject: Option<String>,
+    /// The subject alternative names, as OpenSSL prints them (`DNS:a, IP Address:…`).
+    pub san: Option<String>,
+    /// `SUCCESS` or `NONE` (nginx's `$ssl_client_verify`).
+    pub verify: Option<String>,
+    /// The serial number in upper-case hex (nginx's `$ssl_client_serial`).
+    pub serial: Option<String>,
+}
+
+impl CertHeaders {
+    /// Every name configured, for taking the client's own lines out.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        [&self.subject, &self.san, &self.verify, &self.serial]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names().next().is_none()
+    }
+}
+
+/// A listener's client certificate settings, as the configuration names them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAuthFiles {
+    /// `client_ca`: PEM, one or more CA certificates.
+    pub ca: PathBuf,
+    /// `crl`: PEM files of one or more CRLs each; empty: no revocation check.
+    pub crls: Vec<PathBuf>,
+    /// `client_auth = "required"` (the default) or `"optional"`.
+    pub required: bool,
+    /// `verify_depth`: the intermediate certificates allowed between a client's certificate and
+    /// a CA of `ca` is one less than this.
+    pub depth: usize,
+}
+
+/// A listener's client certificate verification, read and built once per generation.
+pub struct ClientAuth {
+    pub files: ClientAuthFiles,
+    pub headers: CertHeaders,
+    /// What was read, so that a reload that changed a file is seen as a change.
+    read: Vec<Vec<u8>>,
+    pub verifier: Arc<dyn ClientCertVerifier>,
+}
+
+impl ClientAuth {
+    /// Reads the CA and CRL files and builds the verifier. Each error names its file.
+    pub fn load(
+        files: ClientAuthFiles,
+        headers: CertHeaders,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<ClientAuth, CertError> {
+        let read_file = |file: &Path| {
+            std::fs::read(file).map_err(|source| CertError::Read {
+                file: file.to_path_buf(),
+                source,
+            })
+        };
+        let invalid = |file: &Path, what: String| CertError::Invalid {
+            file: file.to_path_buf(),
+            what,
+        };
+        let mut read = Vec::with_capacity(1 + files.crls.len());
+        let pem = read_file(&files.ca)?;
+        let cas = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid(&files.ca, format!("invalid PEM: {e}")))?;
+        if cas.is_empty() {
+            return Err(invalid(
+                &files.ca,
+                "no certificate in it, expected PEM \"BEGIN CERTIFICATE\" blocks of the CAs that sign client certificates".into(),
+            ));
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        for (i, ca) in cas.into_iter().enumerate() {
+            roots
+                .add(ca)
+                .map_err(|e| invalid(&files.ca, format!("certificate {}: {e}", i + 1)))?;
+        }
+        read.push(pem);
+        let mut crls = Vec::new();
+        for file in &files.crls {
+            let pem = read_file(file)?;
+            let these = CertificateRevocationListDer::pem_slice_iter(&pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid(file, format!("invalid PEM: {e}")))?;
+            if these.is_empty() {
+                return Err(invalid(
+                    file,
+                    "no CRL in it, expected PEM \"BEGIN X509 CRL\" blocks".into(),
+                ));
+            }
+            // Parsed here, one by one, so that a bad one is blamed on its file.
+            for (i, crl) in these.iter().enumerate() {
+                webpki::OwnedCertRevocationList::from_der(crl)
+                    .map_err(|e| invalid(file, format!("CRL {}: invalid: {e:?}", i + 1)))?;
+            }
+            crls.extend(these);
+            read.push(pem);
+        }
+        let mut builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+        if !crls.is_empty() {
+            builder = builder.with_crls(crls).enforce_revocation_expiration();
+        }
+        if !files.required {
+            builder = builder.allow_unauthenticated();
+        }
+        let inner = builder
+            .build()
+            .map_err(|e| invalid(&files.ca, format!("cannot verify with it: {e}")))?;
+        let verifier = Arc::new(DepthLimited {
+            inner,
+            intermediates: files.depth.saturating_sub(1),
+        });
+        Ok(ClientAuth {
+            files,
+            headers,
+            read,
+            verifier,
+        })
+    }
+}
+
+impl PartialEq for ClientAuth {
+    fn eq(&self, other: &Self) -> bool {
+        self.files == other.files && self.headers == other.headers && self.read == other.read
+    }
+}
+
+impl Eq for ClientAuth {}
+
+impl fmt::Debug for ClientAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientAuth")
+            .field("files", &self.files)
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// rustls's verifier, with nginx's `ssl_verify_depth` on top: a client that sends more
+/// intermediate certificates than the depth allows is refused before its chain is built (a
+/// client sending certificates it does not need is refused too: stricter, never looser).
+#[derive(Debug)]
+struct DepthLimited {
+    inner: Arc<dyn ClientCertVerifier>,
+    intermediates: usize,
+}
+
+impl ClientCertVerifier for DepthLimited {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        if intermediates.len() > self.intermediates {
+            // OpenSSL's X509_V_ERR_CERT_CHAIN_TOO_LONG, which nginx's clients see as
+            // `unknown_ca`, as rustls's own for a chain it cannot build.
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer,
+            ));
+        }
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Why a client's certificate was refused at the handshake, for the log: `None` when the
+/// handshake failed for another reason.
+pub fn refusal(e: &rustls::Error) -> Option<String> {
+    match e {
+        rustls::Error::NoCertificatesPresented => {
+            Some("no client certificate, and client_auth = \"required\"".into())
+        }
+        rustls::Error::InvalidCertificate(c) => Some(format!("client certificate refused: {c}")),
+        _ => None,
+    }
+}
