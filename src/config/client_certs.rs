@@ -1,5 +1,5 @@
-//! `[listener.tls]`'s client certificate keys: `client_ca`, `client_auth`, `crl`,
-//! `verify_depth` and `client_cert_headers`, checked together and their files read now, so a
+//! `[listener.tls]`'s client certificate keys: `client_ca`, `client_auth`, `crl` and
+//! `client_cert_headers`, checked together and their files read now, so a
 //! missing or bad CA or CRL fails the start or the reload at the key that names it.
 
 use std::sync::Arc;
@@ -8,12 +8,9 @@ use toml::Spanned;
 
 use super::error::{ConfigError, Source};
 use super::raw::{RawCertHeaders, RawTls};
-use crate::tls::client_auth::{CertHeaders, ClientAuth, ClientAuthFiles, DEFAULT_VERIFY_DEPTH};
+use crate::tls::client_auth::{CertHeaders, ClientAuth, ClientAuthFiles};
 
 type Result<T> = std::result::Result<T, ConfigError>;
-
-/// The deepest `verify_depth` taken: far beyond any real PKI (webpki builds no longer path).
-const MAX_VERIFY_DEPTH: i64 = 16;
 
 /// Header names pinlb writes itself, which a certificate line must not replace.
 const RESERVED: &[&str] = &[
@@ -37,7 +34,6 @@ pub(super) fn client_auth(
         let stray = [
             ("client_auth", t.client_auth.as_ref().map(Spanned::span)),
             ("crl", t.crl.as_ref().map(Spanned::span)),
-            ("verify_depth", t.verify_depth.as_ref().map(Spanned::span)),
             (
                 "client_cert_headers",
                 t.client_cert_headers.as_ref().map(Spanned::span),
@@ -66,26 +62,17 @@ pub(super) fn client_auth(
             }
         },
     };
-    let depth = match &t.verify_depth {
-        None => DEFAULT_VERIFY_DEPTH,
-        Some(v) => match *v.get_ref() {
-            n @ 1..=MAX_VERIFY_DEPTH => n as usize,
-            n => {
-                return Err(src.at(
-                    v.span(),
-                    &format!("{tkey}.verify_depth"),
-                    format!("{n} is out of range, expected 1 (a client certificate signed by a CA of client_ca) to {MAX_VERIFY_DEPTH}"),
-                ));
-            }
-        },
-    };
     let headers = match &t.client_cert_headers {
         None => CertHeaders::default(),
         Some(h) => headers(src, &format!("{tkey}.client_cert_headers"), h)?,
     };
     let empty = |v: &Spanned<String>, k: &str| {
         if v.get_ref().is_empty() {
-            Err(src.at(v.span(), &format!("{tkey}.{k}"), "empty, expected a PEM file"))
+            Err(src.at(
+                v.span(),
+                &format!("{tkey}.{k}"),
+                "empty, expected a PEM file",
+            ))
         } else {
             Ok(())
         }
@@ -98,7 +85,6 @@ pub(super) fn client_auth(
         ca: ca.get_ref().into(),
         crls: t.crl.iter().map(|c| c.get_ref().into()).collect(),
         required,
-        depth,
     };
     ClientAuth::load(files, headers, provider)
         .map(Some)
@@ -138,7 +124,9 @@ fn headers(src: &Source, hkey: &str, raw: &Spanned<RawCertHeaders>) -> Result<Ce
             return Err(src.at(
                 v.span(),
                 &key,
-                format!("\"{n}\" is named twice in client_cert_headers, expected one name per field"),
+                format!(
+                    "\"{n}\" is named twice in client_cert_headers, expected one name per field"
+                ),
             ));
         }
         seen.push(lower.clone());

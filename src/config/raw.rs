@@ -506,12 +506,11 @@ pub(super) struct RawTls {
     #[serde(default, rename = "certificate")]
     pub certificates: Vec<RawCertificate>,
     /// Client certificates: the CAs that sign them (`client_ca`), whether one is required
-    /// (`client_auth`), the CRLs (`crl`), the chain's depth (`verify_depth`) and the lines
-    /// that tell the backend (`client_cert_headers`).
+    /// (`client_auth`), the CRLs (`crl`) and the lines that tell the backend
+    /// (`client_cert_headers`).
     pub client_ca: Option<Spanned<String>>,
     pub client_auth: Option<Spanned<String>>,
     pub crl: Option<Spanned<String>>,
-    pub verify_depth: Option<Spanned<i64>>,
     pub client_cert_headers: Option<Spanned<RawCertHeaders>>,
 }
 

@@ -59,8 +59,8 @@ use crate::proxy::forward::{self, DownstreamRequest};
 use crate::proxy::request_id::RequestId;
 use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
 use crate::sys::exec::LocalExec;
-use crate::tls::client_identity::ClientIdentity;
 use crate::sys::summed::summed_warn;
+use crate::tls::client_identity::ClientIdentity;
 use crate::upstream::counters::{ListenerStats, Source};
 
 /// Per stream, the most response bytes hyper buffers for a client that is not reading them:

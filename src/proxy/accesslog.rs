@@ -34,8 +34,8 @@ use crate::config::log_format::{Field, Part, Span};
 use crate::config::{AccessFormat, AccessTarget};
 use crate::http1::request::RequestHead;
 use crate::proxy::request_id::RequestId;
-use crate::tls::client_identity::ClientIdentity;
 use crate::proxy::timing::Timing;
+use crate::tls::client_identity::ClientIdentity;
 
 /// Entries a worker collects before handing them to the log thread.
 const BATCH: usize = 64;

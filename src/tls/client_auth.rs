@@ -1,14 +1,17 @@
-//! Client certificates on a TLS listener (`[listener.tls] client_ca`, `client_auth`, `crl`,
-//! `verify_depth`): the CA certificates and CRLs read and checked when the configuration is
+//! Client certificates on a TLS listener (`[listener.tls] client_ca`, `client_auth`, `crl`): the CA certificates and CRLs read and checked when the configuration is
 //! validated, and the rustls verifier built on them.
 //!
 //! Verification is rustls's own (`WebPkiClientVerifier`): the chain to one of the CAs, the
 //! validity dates, the key usage, and with CRLs the revocation of every certificate of the
 //! verified chain but the CA's own, as nginx (`ssl_crl`: OpenSSL's `CRL_CHECK_ALL`). As with
 //! nginx, a certificate whose issuer has no CRL among the files is refused (its status is
-//! unknown), and so is one checked against a CRL past its `nextUpdate`. pinlb adds only the
-//! depth: how many intermediate certificates a client may send (nginx's `ssl_verify_depth`,
-//! whose default of 1 lets a client certificate be signed by a CA of `client_ca` only).
+//! unknown), and so is one checked against a CRL past its `nextUpdate`.
+//!
+//! There is no depth limit (nginx's `ssl_verify_depth`, 1 by default): rustls builds the path
+//! through the intermediates the client sends, up to webpki's own bound, and tells no one how
+//! long it was; measuring it would mean building the path a second time. A `client_ca` that
+//! holds only the CAs meant to sign client certificates (not a root above intermediates the
+//! clients could show) gives nginx's depth 1.
 //!
 //! With `client_auth = "optional"` a client that sends no certificate is served without one;
 //! one that sends a certificate that does not verify is refused at the handshake all the same,
@@ -20,14 +23,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, UnixTime};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer};
 use rustls::server::WebPkiClientVerifier;
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
-
+use rustls::server::danger::ClientCertVerifier;
 
 /// Why a CA or CRL file could not be used. Each names the file at fault.
 #[derive(Debug, thiserror::Error)]
@@ -48,9 +48,6 @@ impl CertError {
         }
     }
 }
-
-/// nginx's `ssl_verify_depth` default: the client's certificate, signed by one of the CAs.
-pub const DEFAULT_VERIFY_DEPTH: usize = 1;
 
 /// The header lines a backend gets about a connection's client certificate
 /// (`client_cert_headers`), their names lower-case; `None`: not sent. Whatever the client
@@ -90,9 +87,6 @@ pub struct ClientAuthFiles {
     pub crls: Vec<PathBuf>,
     /// `client_auth = "required"` (the default) or `"optional"`.
     pub required: bool,
-    /// `verify_depth`: the intermediate certificates allowed between a client's certificate and
-    /// a CA of `ca` is one less than this.
-    pub depth: usize,
 }
 
 /// A listener's client certificate verification, read and built once per generation.
@@ -166,13 +160,9 @@ impl ClientAuth {
         if !files.required {
             builder = builder.allow_unauthenticated();
         }
-        let inner = builder
+        let verifier = builder
             .build()
             .map_err(|e| invalid(&files.ca, format!("cannot verify with it: {e}")))?;
-        let verifier = Arc::new(DepthLimited {
-            inner,
-            intermediates: files.depth.saturating_sub(1),
-        });
         Ok(ClientAuth {
             files,
             headers,
@@ -196,68 +186,6 @@ impl fmt::Debug for ClientAuth {
             .field("files", &self.files)
             .field("headers", &self.headers)
             .finish_non_exhaustive()
-    }
-}
-
-/// rustls's verifier, with nginx's `ssl_verify_depth` on top: a client that sends more
-/// intermediate certificates than the depth allows is refused before its chain is built (a
-/// client sending certificates it does not need is refused too: stricter, never looser).
-#[derive(Debug)]
-struct DepthLimited {
-    inner: Arc<dyn ClientCertVerifier>,
-    intermediates: usize,
-}
-
-impl ClientCertVerifier for DepthLimited {
-    fn offer_client_auth(&self) -> bool {
-        self.inner.offer_client_auth()
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        self.inner.client_auth_mandatory()
-    }
-
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        if intermediates.len() > self.intermediates {
-            // OpenSSL's X509_V_ERR_CERT_CHAIN_TOO_LONG, which nginx's clients see as
-            // `unknown_ca`, as rustls's own for a chain it cannot build.
-            return Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::UnknownIssuer,
-            ));
-        }
-        self.inner
-            .verify_client_cert(end_entity, intermediates, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
     }
 }
 

@@ -153,8 +153,14 @@ fn text(value: &Any<'_>) -> Option<String> {
         // Latin-1 in practice.
         Tag::T61String => Some(data.iter().map(|&b| char::from(b)).collect()),
         Tag::BmpString => {
-            let units = data.chunks_exact(2).map(|c| u16::from_be_bytes([c[0], c[1]]));
-            Some(char::decode_utf16(units).map(|c| c.unwrap_or('\u{fffd}')).collect())
+            let units = data
+                .chunks_exact(2)
+                .map(|c| u16::from_be_bytes([c[0], c[1]]));
+            Some(
+                char::decode_utf16(units)
+                    .map(|c| c.unwrap_or('\u{fffd}'))
+                    .collect(),
+            )
         }
         _ => None,
     }

@@ -10,7 +10,7 @@
 //! - [`client`]: TLS to backends: an upstream's CA certificates (a file or the system's), the
 //!   name verified, a client certificate, a session cache per backend, the handshake.
 
+pub(crate) mod client;
 pub(crate) mod client_auth;
 pub(crate) mod client_identity;
 pub(crate) mod server;
-pub(crate) mod client;
