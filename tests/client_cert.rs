@@ -8,82 +8,6 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use http::Method;
-use rcgen::{
-    CertificateParams, CertificateRevocationListParams, DnType, ExtendedKeyUsagePurpose,
-    KeyIdMethod, KeyPair, RevokedCertParams, SanType, SerialNumber,
-};
-
-/// A client certificate's files.
-struct ClientCert {
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-/// Issues a client certificate for `cn` signed by `ca`'s CA, with serial `serial`, valid now
-/// or (`expired`) only in 2020.
-fn client_cert(ca: &Pki, file: &str, cn: &str, serial: u64, expired: bool) -> ClientCert {
-    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(DnType::OrganizationName, "Example, Inc");
-    params.distinguished_name.push(DnType::CommonName, cn);
-    params.subject_alt_names = vec![
-        SanType::DnsName(format!("{cn}.clients.test").try_into().unwrap()),
-        SanType::Rfc822Name(format!("{cn}@example.test").try_into().unwrap()),
-    ];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    params.serial_number = Some(SerialNumber::from(serial));
-    if expired {
-        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-        params.not_after = rcgen::date_time_ymd(2020, 12, 31);
-    }
-    let cert = params.signed_by(&key, &ca.ca).unwrap();
-    let out = ClientCert {
-        cert: ca.dir.join(format!("{file}.pem")),
-        key: ca.dir.join(format!("{file}.key")),
-    };
-    std::fs::write(&out.cert, cert.pem()).unwrap();
-    std::fs::write(&out.key, key.serialize_pem()).unwrap();
-    out
-}
-
-/// A CA of its own name (the server's is `pinlb test CA`), in a directory of its own: one
-/// named as another CA would be found as the issuer and fail on its signature instead.
-fn other_ca(name: &str) -> Pki {
-    let pki = Pki::new();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = rcgen::CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-    std::fs::write(pki.ca_file(), ca.pem()).unwrap();
-    Pki { dir: pki.dir, ca }
-}
-
-/// Writes `ca`'s CRL revoking `serials` to `file`.
-fn write_crl(ca: &Pki, file: &Path, serials: &[u64]) {
-    let now = time::OffsetDateTime::now_utc();
-    let crl = CertificateRevocationListParams {
-        this_update: now - time::Duration::days(1),
-        next_update: now + time::Duration::days(1),
-        crl_number: SerialNumber::from(1u64),
-        issuing_distribution_point: None,
-        revoked_certs: serials
-            .iter()
-            .map(|&s| RevokedCertParams {
-                serial_number: SerialNumber::from(s),
-                revocation_time: now - time::Duration::hours(1),
-                reason_code: None,
-                invalidity_date: None,
-            })
-            .collect(),
-        key_identifier_method: KeyIdMethod::Sha256,
-    }
-    .signed_by(&ca.ca)
-    .unwrap();
-    std::fs::write(file, crl.pem().unwrap()).unwrap();
-}
 
 /// The server's PKI (its certificate for `a.test`) and the clients' CA apart.
 struct Pkis {
@@ -99,7 +23,7 @@ impl Pkis {
         Pkis {
             server,
             server_cert,
-            clients: other_ca("pinlb test client CA"),
+            clients: Pki::named("pinlb test client CA"),
         }
     }
 
@@ -164,7 +88,7 @@ async fn curl(s: &Pkis, port: u16, path: &str, args: Vec<String>) -> (String, St
     )
 }
 
-fn cert_args(c: &ClientCert) -> Vec<String> {
+fn cert_args(c: &Cert) -> Vec<String> {
     vec![
         "--cert".into(),
         c.cert.display().to_string(),
@@ -176,7 +100,7 @@ fn cert_args(c: &ClientCert) -> Vec<String> {
 /// `openssl s_client` with `cert` (or none) over `version` (`-tls1_2`, `-tls1_3`), sending one
 /// request so that a TLS 1.3 client, whose handshake ends before the server has read its
 /// certificate, reads the server's answer or alert: what it printed, stdout and stderr.
-async fn s_client(s: &Pkis, port: u16, cert: Option<&ClientCert>, version: &str) -> String {
+async fn s_client(s: &Pkis, port: u16, cert: Option<&Cert>, version: &str) -> String {
     let mut args: Vec<String> = vec![
         "s_client".into(),
         "-connect".into(),
@@ -246,7 +170,7 @@ async fn a_verified_certificate_reaches_the_backend_as_headers_over_http1_and_ht
         return;
     }
     let s = Pkis::new();
-    let alice = client_cert(&s.clients, "alice", "alice", 0x9a10, false);
+    let alice = s.clients.issue_client("alice", "alice", 0x9a10, false);
     let a = Backend::start("a").await;
     let log = temp_config("");
     let mut setup = Setup::with(&[a.addr]);
@@ -300,13 +224,13 @@ async fn required_refuses_a_missing_expired_foreign_or_revoked_certificate_with_
         return;
     }
     let s = Pkis::new();
-    let good = client_cert(&s.clients, "good", "good", 1, false);
-    let expired = client_cert(&s.clients, "expired", "old", 2, true);
-    let revoked = client_cert(&s.clients, "revoked", "gone", 3, false);
-    let other = other_ca("another CA");
-    let foreign = client_cert(&other, "foreign", "eve", 4, false);
+    let good = s.clients.issue_client("good", "good", 1, false);
+    let expired = s.clients.issue_client("expired", "old", 2, true);
+    let revoked = s.clients.issue_client("revoked", "gone", 3, false);
+    let other = Pki::named("another CA");
+    let foreign = other.issue_client("foreign", "eve", 4, false);
     let crl = s.clients.dir.join("crl.pem");
-    write_crl(&s.clients, &crl, &[3]);
+    s.clients.write_crl(&crl, &[3]);
     let a = Backend::start("a").await;
     let mut setup = Setup::with(&[a.addr]);
     with_admin(&mut setup);
@@ -352,9 +276,9 @@ async fn optional_serves_a_client_without_a_certificate_as_verify_none_and_still
         return;
     }
     let s = Pkis::new();
-    let bob = client_cert(&s.clients, "bob", "bob", 7, false);
-    let other = other_ca("another CA");
-    let foreign = client_cert(&other, "foreign", "eve", 8, false);
+    let bob = s.clients.issue_client("bob", "bob", 7, false);
+    let other = Pki::named("another CA");
+    let foreign = other.issue_client("foreign", "eve", 8, false);
     let a = Backend::start("a").await;
     let proxy = Proxy::start_toml(&s.toml(
         &Setup::with(&[a.addr]),
@@ -397,9 +321,9 @@ async fn a_reload_with_a_new_crl_refuses_the_revoked_certificate_on_its_next_han
         return;
     }
     let s = Pkis::new();
-    let carol = client_cert(&s.clients, "carol", "carol", 21, false);
+    let carol = s.clients.issue_client("carol", "carol", 21, false);
     let crl = s.clients.dir.join("crl.pem");
-    write_crl(&s.clients, &crl, &[]);
+    s.clients.write_crl(&crl, &[]);
     let a = Backend::start("a").await;
     let mut setup = Setup::with(&[a.addr]);
     with_admin(&mut setup);
@@ -408,7 +332,7 @@ async fn a_reload_with_a_new_crl_refuses_the_revoked_certificate_on_its_next_han
     let (status, err) = curl(&s, port, "/", cert_args(&carol)).await;
     assert_eq!(status, "200", "{err}");
 
-    write_crl(&s.clients, &crl, &[21]);
+    s.clients.write_crl(&crl, &[21]);
     let r = proxy.admin(Method::POST, "/reload", None).await;
     assert_eq!(r.status, 200, "{}", r.body);
     // Over TLS 1.2, where the alert comes within the handshake curl waits for (over TLS 1.3

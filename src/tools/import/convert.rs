@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use toml::{Table, Value};
 
+use super::client_cert;
 use super::parse::Directive;
 use super::rewrite;
 use super::template::template;
@@ -36,6 +37,9 @@ struct Builder {
     client_idle: Option<String>,
     notes: Vec<String>,
     refused: Vec<String>,
+    /// `proxy_set_header NAME $ssl_client_s_dn` and the like: `client_cert_headers`' field
+    /// to the header's name, for the TLS listeners that ask for client certificates.
+    client_cert_headers: Table,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -61,6 +65,8 @@ struct ServerTls {
     certificates: Vec<(String, String)>,
     /// `listen ... http2` or `http2 on`.
     http2: bool,
+    /// Its client certificate keys (`client_ca` and the others), when it asks for one.
+    client: Option<Table>,
 }
 
 /// The TLS directives a server merges from `http`: `ssl_certificate` and `ssl_certificate_key`
@@ -72,6 +78,8 @@ struct Ssl {
     keys: Vec<Directive>,
     protocols: Option<Directive>,
     http2: Option<bool>,
+    /// `ssl_client_certificate`, `ssl_verify_client`, `ssl_crl`, `ssl_verify_depth`.
+    client: client_cert::Levels,
 }
 
 impl Ssl {
@@ -105,6 +113,7 @@ impl Ssl {
         if let Some(h) = of("http2").pop() {
             out.http2 = Some(h.args.first().map(String::as_str) == Some("on"));
         }
+        out.client = self.client.level(block);
         out
     }
 }
@@ -198,6 +207,7 @@ pub fn convert(directives: &[Directive]) -> Converted {
         client_idle: None,
         notes: Vec::new(),
         refused: Vec::new(),
+        client_cert_headers: Table::new(),
     };
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
@@ -297,7 +307,8 @@ impl Builder {
             match (d.name.as_str(), d.block.as_deref()) {
                 ("upstream", Some(_)) => {}
                 ("server", Some(block)) => self.server(d, block, &inherit, &ssl),
-                (n, None) if Ssl::NAMES.contains(&n) && any_tls => {}
+                (n, None)
+                    if (Ssl::NAMES.contains(&n) || client_cert::NAMES.contains(&n)) && any_tls => {}
                 (n, None) if Inherited::NAMES.contains(&n) => {}
                 ("client_max_body_size", None) => self.body_limit(d),
                 ("access_log", None) => self.access_log(d, http),
@@ -524,7 +535,8 @@ impl Builder {
                 },
                 n if Inherited::NAMES.contains(&n) => {}
                 "client_max_body_size" => self.body_limit(s),
-                n if Ssl::NAMES.contains(&n) && !tls_addresses.is_empty() => {}
+                n if (Ssl::NAMES.contains(&n) || client_cert::NAMES.contains(&n))
+                    && !tls_addresses.is_empty() => {}
                 n if (is_ssl(n) || n == "http2") && n != "ssl" && !listens_tls(d) => self.notes.push(format!(
                     "{}: {n} not converted: the server does not listen with ssl, so it has no effect",
                     s.at()
@@ -837,10 +849,12 @@ impl Builder {
             }
             certificates.push((conf_path(c, cert), conf_path(k, key)));
         }
+        let client = (ssl.client).convert(conf_path, &mut self.notes, &mut self.refused);
         Some(ServerTls {
             addresses,
             certificates,
             http2: listen_http2 || ssl.http2 == Some(true),
+            client,
         })
     }
 
@@ -1076,6 +1090,12 @@ impl Builder {
             remove.push(Value::String(name.to_string()));
             return;
         }
+        if let Some(field) = client_cert::header_field(value) {
+            (self.client_cert_headers)
+                .entry(field)
+                .or_insert_with(|| Value::String(name.to_string()));
+            return;
+        }
         match template(value) {
             Some(t) => {
                 set.insert(name.to_string(), Value::String(t));
@@ -1219,7 +1239,17 @@ impl Builder {
                     ));
                 }
             }
-            let tls = listener_tls(&address, &catch_all, &servers);
+            let tls = listener_tls(&address, &catch_all, &servers).map(|(mut tls, h2)| {
+                let on_it = (servers.iter().chain([&catch_all]))
+                    .filter_map(|s| s.tls.as_ref())
+                    .filter(|t| t.addresses.contains(&address))
+                    .map(|t| t.client.as_ref());
+                tls.extend(
+                    client_cert::merge(on_it, &catch_all.at, &mut self.notes).unwrap_or_default(),
+                );
+                client_cert::add_headers(&mut tls, &self.client_cert_headers);
+                (tls, h2)
+            });
             let with_certificates = servers
                 .iter()
                 .chain([&catch_all])

@@ -5,8 +5,10 @@
 //! - [`parse`]: nginx's syntax, directives with their `file:line`.
 //! - [`template`]: nginx variables as pinlb template variables.
 //! - [`rewrite`]: `rewrite ... redirect|permanent` as a route redirect, where one is exact.
+//! - [`client_cert`]: the client certificate directives as `[listener.tls]` keys.
 //! - [`convert`]: directives to pinlb's TOML.
 
+mod client_cert;
 mod convert;
 mod parse;
 mod rewrite;
