@@ -965,6 +965,33 @@ mod tests {
     }
 
     #[test]
+    fn appended_lines_go_after_the_others_and_before_an_upgrades_and_every_part_stays_whole() {
+        let mut h = head(
+            "GET /ws?q HTTP/1.1\r\nHost: x\r\nUser-Agent: ua\r\nConnection: Upgrade\r\n\
+             Upgrade: websocket\r\nX-Client-Subject: CN=forged\r\nReferer: r\r\n\r\n",
+        );
+        h.remove_lines(b"x-client-subject");
+        h.append_lines(b"x-client-subject: CN=alice\r\nx-client-verify: SUCCESS\r\n");
+        assert_eq!(
+            h.lines(),
+            b"User-Agent: ua\r\nReferer: r\r\nx-client-subject: CN=alice\r\nx-client-verify: SUCCESS\r\n"
+        );
+        assert_eq!(
+            h.upgrade_lines().unwrap(),
+            [h.lines(), b"connection: upgrade\r\nupgrade: websocket\r\n"].concat()
+        );
+        assert_eq!(h.target(), b"/ws?q");
+        assert_eq!(h.path(), b"/ws?q");
+        assert_eq!(h.host(), Some(&b"x"[..]));
+        assert_eq!(h.user_agent(), Some(&b"ua"[..]));
+        assert_eq!(h.referer(), Some(&b"r"[..]));
+        assert_eq!(
+            h.header_values("x-client-subject").collect::<Vec<_>>(),
+            [b"CN=alice"]
+        );
+    }
+
+    #[test]
     fn an_upgrade_is_asked_for_only_with_connection_upgrade_on_http_1_1_and_never_h2c() {
         let up = |t: &str| {
             let h = head(t);

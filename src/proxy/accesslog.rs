@@ -984,6 +984,7 @@ mod tests {
         e.captured = Some(Box::new(Captured {
             host: None,
             headers: vec![None, None],
+            client: None,
         }));
         let t = AccessFormat::Template(Arc::new(t));
         let mut line = |e: &Entry| {
@@ -1000,5 +1001,53 @@ mod tests {
             line(&e),
             "10.0.0.7 \"GET /a?b=c HTTP/1.1\" 200 0.002 - - - - - - - - {}\n"
         );
+    }
+
+    #[test]
+    fn a_client_certificate_is_in_the_template_fields_and_the_json_keys() {
+        let t = crate::config::AccessTemplate::parse(
+            "{ssl_client_verify} {ssl_client_serial} {ssl_client_s_dn} {ssl_client_i_dn}",
+        )
+        .unwrap();
+        let t = AccessFormat::Template(Arc::new(t));
+        let line = |e: &Entry, f: &AccessFormat| {
+            let mut s = String::new();
+            format_entry(&mut s, e, f, SystemTime::UNIX_EPOCH, &mut Clock::default());
+            s
+        };
+        let mut e = entry();
+        // A listener without client_ca: dashes, and no keys.
+        assert_eq!(line(&e, &t), "- - - -\n");
+        let v: serde_json::Value = serde_json::from_str(&line(&e, &AccessFormat::Json)).unwrap();
+        assert!(v.get("ssl_client_verify").is_none(), "{v}");
+
+        let (tx, _rx) = std::sync::mpsc::sync_channel(1);
+        let batch = Batch::new(AccessHandle {
+            tx,
+            dropped: Arc::default(),
+            capture: Arc::default(),
+        });
+        let mut pending = Pending(Some((Box::new(entry()), batch)));
+        let none = Arc::new(ClientIdentity::none());
+        pending.client_cert(Some(&none));
+        let (got, _) = pending.0.take().unwrap();
+        assert_eq!(line(&got, &t), "NONE - - -\n");
+
+        e.captured = Some(Box::new(Captured {
+            client: Some(Arc::new(ClientIdentity {
+                verify: "SUCCESS",
+                subject: "CN=alice,O=Ex".into(),
+                issuer: "CN=CA".into(),
+                san: String::new(),
+                serial: "1F".into(),
+            })),
+            ..Captured::default()
+        }));
+        assert_eq!(line(&e, &t), "SUCCESS 1F CN=alice,O=Ex CN=CA\n");
+        let v: serde_json::Value = serde_json::from_str(&line(&e, &AccessFormat::Json)).unwrap();
+        assert_eq!(v["ssl_client_verify"], "SUCCESS");
+        assert_eq!(v["ssl_client_s_dn"], "CN=alice,O=Ex");
+        assert_eq!(v["ssl_client_i_dn"], "CN=CA");
+        assert_eq!(v["ssl_client_serial"], "1F");
     }
 }
