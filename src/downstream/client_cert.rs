@@ -14,16 +14,16 @@ use crate::route::decision::Route;
 use crate::tls::client_identity::ClientIdentity;
 
 /// On a listener with `client_ca`: edits `head` as its `client_cert_headers` say, and gives
-/// the access log's entry the certificate.
+/// the access log's entry the certificate (`client` is asked only then).
 #[inline]
-pub(crate) fn edit(
+pub(crate) fn edit<'a>(
     route: &Route,
-    client: Option<&Arc<ClientIdentity>>,
+    client: impl FnOnce() -> Option<&'a Arc<ClientIdentity>>,
     head: &mut RequestHead,
     pending: Option<&mut Pending>,
 ) {
     if route.client_cert.get() {
-        edit_lines(route, client, head, pending);
+        edit_lines(route, client(), head, pending);
     }
 }
 

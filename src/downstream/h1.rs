@@ -706,7 +706,7 @@ impl Connection {
             .as_ref()
             .zip(at)
             .map(|(batch, at)| Pending::start(&head, self.peer, batch, at, id.as_ref()));
-        let client = self.stream.client_identity();
+        let client = || self.stream.client_identity();
         crate::downstream::client_cert::edit(&self.route, client, &mut head, pending.as_mut());
         let (upstream, edits, local) = match refused {
             // A refused head is answered as such, whatever the routes say.

@@ -428,7 +428,7 @@ impl Shared {
             .as_ref()
             .zip(at)
             .map(|(batch, at)| Pending::start(&head, self.peer, batch, at, id.as_ref()));
-        let cert = self.client.as_ref();
+        let cert = || self.client.as_ref();
         crate::downstream::client_cert::edit(route, cert, &mut head, pending.as_mut());
         if route.redirect_https.get() {
             return self.redirect_https(&head, open);

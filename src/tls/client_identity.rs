@@ -143,7 +143,7 @@ fn rfc4514(name: &X509Name<'_>) -> String {
 
 /// A string attribute's text.
 fn text(value: &Any<'_>) -> Option<String> {
-    let data = value.data.as_ref();
+    let data = value.data;
     match value.tag() {
         Tag::Utf8String
         | Tag::PrintableString
