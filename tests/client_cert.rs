@@ -421,3 +421,69 @@ fn client_certificate_config_errors_name_the_key_and_the_place() {
         "{e}"
     );
 }
+
+/// A resumed session carries the certificate verified when it began: the backend gets the same
+/// subject on a resumed connection (TLS 1.3 tickets and the TLS 1.2 cache), across two workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_session_keeps_its_verified_certificate() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use tokio::io::{AsyncWriteExt, BufReader};
+
+    let s = Pkis::new();
+    let dave = s.clients.issue_client("dave", "dave", 44, false);
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.cpus = allowed().into_iter().take(2).collect();
+    let proxy = Proxy::start_toml(&s.toml(&setup, HEADERS));
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from(s.server.ca.der().to_vec()))
+            .unwrap();
+        let chain = vec![CertificateDer::from_pem_file(&dave.cert).unwrap()];
+        let key = PrivateKeyDer::from_pem_file(&dave.key).unwrap();
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[version])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .unwrap();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let config = std::sync::Arc::new(config);
+        let mut kinds = Vec::new();
+        for i in 0..4 {
+            let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+            let name = ServerName::try_from("a.test").unwrap();
+            let tls = tokio::time::timeout(
+                WAIT,
+                tokio_rustls::TlsConnector::from(config.clone()).connect(name, tcp),
+            )
+            .await
+            .expect("a handshake in time")
+            .unwrap();
+            kinds.push(tls.get_ref().1.handshake_kind());
+            let mut conn = BufReader::new(tls);
+            let req = format!("GET /{i} HTTP/1.1\r\nHost: a.test\r\n\r\n");
+            conn.get_mut().write_all(req.as_bytes()).await.unwrap();
+            let r = tokio::time::timeout(WAIT, read_response(&mut conn, false))
+                .await
+                .expect("a response in time");
+            assert_eq!(r.status, 200, "{version:?} {i}");
+            let seen = a.requests().pop().unwrap();
+            assert_eq!(
+                one(&seen, "x-client-subject").as_deref(),
+                Some("CN=dave,O=Example\\, Inc"),
+                "{version:?} {i} ({:?})",
+                kinds.last()
+            );
+            assert_eq!(one(&seen, "x-client-verify").as_deref(), Some("SUCCESS"));
+        }
+        assert!(
+            kinds[1..]
+                .iter()
+                .all(|k| *k == Some(rustls::HandshakeKind::Resumed)),
+            "{version:?}: {kinds:?}"
+        );
+    }
+}
