@@ -487,3 +487,39 @@ async fn a_resumed_session_keeps_its_verified_certificate() {
         );
     }
 }
+
+/// A refused handshake is logged as a warning naming the client and the cause, once per client
+/// per second: a second refusal within the second is summed into the next line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_certificate_is_logged_with_the_client_and_the_cause_once_a_second() {
+    if missing("openssl", "version") {
+        return;
+    }
+    let s = Pkis::new();
+    let expired = s.clients.issue_client("expired", "old", 9, true);
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.cpus = allowed().into_iter().take(1).collect();
+    let mut pinlb = BinProxy::spawn_toml(&s.toml(&setup, ""), &[]).await;
+    let port = pinlb.addr.port();
+    for _ in 0..2 {
+        let out = s_client(&s, port, Some(&expired), "-tls1_2").await;
+        assert!(out.contains("alert certificate expired"), "{out}");
+    }
+    let line = pinlb
+        .wait_for_log("refused the TLS handshake of 127.0.0.1: client certificate refused")
+        .await;
+    assert!(line.contains("WARN"), "{line}");
+    assert!(
+        line.contains("client certificate refused: certificate expired client=127.0.0.1:"),
+        "{line}"
+    );
+    let summed = pinlb.wait_for_log("1 more in the last").await;
+    assert!(summed.contains("127.0.0.1"), "{summed}");
+    let written = pinlb
+        .log()
+        .iter()
+        .filter(|l| l.contains("refused the TLS handshake of 127.0.0.1"))
+        .count();
+    assert_eq!(written, 2, "the first, then the sum: {:?}", pinlb.log());
+}

@@ -612,7 +612,10 @@ pub(crate) async fn serve_tls(
                 s.refuse(Refusal::ClientCert);
             }
             count(TlsFailure::ClientCert);
-            summed_warn!(client = %peer; "refused the TLS handshake of {peer}: {why}");
+            // The address without its port: each connection has another, and the cause is
+            // written once per client per second.
+            let ip = peer.ip();
+            summed_warn!(client = %peer; "refused the TLS handshake of {ip}: {why}");
         }
         Ok(Err(Refused::Failed(failure, why))) => {
             count(failure);

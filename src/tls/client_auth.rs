@@ -196,7 +196,33 @@ pub fn refusal(e: &rustls::Error) -> Option<String> {
         rustls::Error::NoCertificatesPresented => {
             Some("no client certificate, and client_auth = \"required\"".into())
         }
-        rustls::Error::InvalidCertificate(c) => Some(format!("client certificate refused: {c}")),
+        rustls::Error::InvalidCertificate(c) => {
+            Some(format!("client certificate refused: {}", cause(c)))
+        }
         _ => None,
+    }
+}
+
+/// A certificate's fault in words that do not change from one handshake to the next (rustls's
+/// own carry the time of the check), so that the log sums a client's refusals.
+fn cause(c: &rustls::CertificateError) -> std::borrow::Cow<'static, str> {
+    use rustls::CertificateError as E;
+    match c {
+        E::Expired | E::ExpiredContext { .. } => "certificate expired".into(),
+        E::NotValidYet | E::NotValidYetContext { .. } => "certificate not valid yet".into(),
+        E::Revoked => "certificate revoked (crl)".into(),
+        E::UnknownIssuer => "unknown CA: the chain leads to no CA of client_ca".into(),
+        E::UnknownRevocationStatus => {
+            "revocation status unknown: the crl has no CRL of its issuer".into()
+        }
+        E::ExpiredRevocationList | E::ExpiredRevocationListContext { .. } => {
+            "the crl's CRL is past its nextUpdate".into()
+        }
+        E::BadSignature => "bad signature".into(),
+        E::InvalidPurpose | E::InvalidPurposeContext { .. } => {
+            "not for client authentication (its extended key usage)".into()
+        }
+        E::BadEncoding => "malformed certificate".into(),
+        other => format!("{other:?}").into(),
     }
 }
