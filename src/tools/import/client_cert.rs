@@ -161,3 +161,140 @@ pub(super) fn add_headers(tls: &mut Table, headers: &Table) -> bool {
     tls.insert("client_cert_headers".into(), Value::Table(headers.clone()));
     true
 }
+
+/// A note when `proxy_set_header NAME $ssl_client_*` lines were read but no listener asks for
+/// client certificates: nginx sends those headers empty there, pinlb sends none.
+pub(super) fn unsent_headers(listeners: &[Value], headers: &Table, notes: &mut Vec<String>) {
+    let taken = listeners.iter().any(|l| {
+        l.get("tls")
+            .and_then(|t| t.get("client_cert_headers"))
+            .is_some()
+    });
+    if !headers.is_empty() && !taken {
+        let names: Vec<&str> = headers.values().filter_map(Value::as_str).collect();
+        notes.push(format!(
+            "proxy_set_header {} $ssl_client_*: not converted: no server asks for client certificates (ssl_verify_client), so nginx sends them empty; pinlb sends none",
+            names.join(", ")
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(line: usize, name: &str, args: &[&str]) -> Directive {
+        Directive {
+            name: name.into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            block: None,
+            file: "nginx.conf".into(),
+            line,
+        }
+    }
+
+    fn convert(
+        http: &[Directive],
+        server: &[Directive],
+    ) -> (Option<Table>, Vec<String>, Vec<String>) {
+        let levels = Levels::default().level(http).level(server);
+        let (mut notes, mut refused) = (Vec::new(), Vec::new());
+        let t = levels.convert(|_, f| format!("/etc/nginx/{f}"), &mut notes, &mut refused);
+        (t, notes, refused)
+    }
+
+    #[test]
+    fn a_server_inherits_the_ca_and_crl_and_sets_its_own_mode() {
+        let http = [
+            d(1, "ssl_client_certificate", &["ca.pem"]),
+            d(2, "ssl_crl", &["crl.pem"]),
+        ];
+        let (t, notes, refused) = convert(&http, &[d(5, "ssl_verify_client", &["optional"])]);
+        let t = t.expect("converted");
+        assert_eq!(t["client_ca"].as_str(), Some("/etc/nginx/ca.pem"));
+        assert_eq!(t["crl"].as_str(), Some("/etc/nginx/crl.pem"));
+        assert_eq!(t["client_auth"].as_str(), Some("optional"));
+        assert!(refused.is_empty(), "{refused:?}");
+        assert!(
+            notes[0].starts_with("nginx.conf:5: ssl_verify_client optional became client_ca"),
+            "{notes:?}"
+        );
+        // `on` is pinlb's default, so it is not written.
+        let (t, _, _) = convert(&http, &[d(5, "ssl_verify_client", &["on"])]);
+        assert!(!t.unwrap().contains_key("client_auth"));
+    }
+
+    #[test]
+    fn what_does_not_convert_is_refused_or_noted_at_its_line() {
+        let ca = d(1, "ssl_client_certificate", &["ca.pem"]);
+        let (t, _, refused) = convert(
+            std::slice::from_ref(&ca),
+            &[d(4, "ssl_verify_client", &["optional_no_ca"])],
+        );
+        assert!(t.is_none());
+        assert!(refused[0].starts_with("nginx.conf:4: ssl_verify_client optional_no_ca not converted: nginx takes a certificate it cannot verify"), "{refused:?}");
+        let (t, _, refused) = convert(&[], &[d(4, "ssl_verify_client", &["on"])]);
+        assert!(t.is_none());
+        assert!(
+            refused[0].contains("no ssl_client_certificate names the CAs"),
+            "{refused:?}"
+        );
+        let (t, _, refused) = convert(
+            std::slice::from_ref(&ca),
+            &[
+                d(4, "ssl_verify_client", &["on"]),
+                d(5, "ssl_verify_depth", &["3"]),
+            ],
+        );
+        assert!(t.is_some(), "the rest still converts");
+        assert!(
+            refused[0].starts_with(
+                "nginx.conf:5: ssl_verify_depth 3 not converted: pinlb has no depth limit"
+            ),
+            "{refused:?}"
+        );
+        // Without ssl_verify_client nginx asks for nothing: notes.
+        let (t, notes, refused) = convert(&[ca], &[d(6, "ssl_verify_client", &["off"])]);
+        assert!(t.is_none() && refused.is_empty());
+        assert!(
+            notes[0].starts_with(
+                "nginx.conf:1: ssl_client_certificate not converted: no ssl_verify_client"
+            ),
+            "{notes:?}"
+        );
+    }
+
+    #[test]
+    fn servers_that_differ_on_one_address_get_the_strictest_and_a_note() {
+        let mut required = Table::new();
+        required.insert("client_ca".into(), Value::String("ca.pem".into()));
+        let mut optional = required.clone();
+        optional.insert("client_auth".into(), Value::String("optional".into()));
+        let mut notes = Vec::new();
+        let got = merge(
+            [Some(&optional), None, Some(&required)].into_iter(),
+            "nginx.conf:3",
+            &mut notes,
+        );
+        assert_eq!(got.as_ref(), Some(&required));
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        let mut notes = Vec::new();
+        let got = merge(
+            [Some(&optional), Some(&optional)].into_iter(),
+            "nginx.conf:3",
+            &mut notes,
+        );
+        assert_eq!(got.as_ref(), Some(&optional));
+        assert!(notes.is_empty());
+        assert_eq!(merge([None, None].into_iter(), "x", &mut notes), None);
+    }
+
+    #[test]
+    fn only_nginxs_variables_pinlb_writes_become_headers() {
+        assert_eq!(header_field("$ssl_client_s_dn"), Some("subject"));
+        assert_eq!(header_field("$ssl_client_verify"), Some("verify"));
+        assert_eq!(header_field("$ssl_client_serial"), Some("serial"));
+        assert_eq!(header_field("$ssl_client_escaped_cert"), None);
+        assert_eq!(header_field("dn=$ssl_client_s_dn"), None);
+    }
+}

@@ -1274,6 +1274,7 @@ impl Builder {
             l.insert("route".into(), Value::Array(routes));
             listeners.push(Value::Table(l));
         }
+        client_cert::unsent_headers(&listeners, &self.client_cert_headers, &mut self.notes);
         if !listeners.is_empty() {
             root.insert("listener".into(), Value::Array(listeners));
         }
