@@ -1725,3 +1725,192 @@ stream {
         allowed.stdout
     );
 }
+
+/// curl to `https://a.test:PORT/` trusting `ca`, with `args`: the status (`000` when the
+/// handshake failed).
+fn curl_status(port: u16, ca: &Path, args: &[&str]) -> String {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .args(["--tls-max", "1.2"])
+        .args(args)
+        .arg("--cacert")
+        .arg(ca)
+        .args(["--resolve", &format!("a.test:{port}:127.0.0.1")])
+        .arg(format!("https://a.test:{port}/cert"))
+        .output()
+        .expect("run curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `ssl_client_certificate`, `ssl_verify_client on`, `ssl_crl` and `proxy_set_header NAME
+/// $ssl_client_s_dn` (`$ssl_client_verify`, `$ssl_client_serial`) import as the listener's
+/// client certificate keys: nginx on the configuration and pinlb on its import send the backend
+/// the same values for one certificate, refuse the revoked one and the one without any, and a
+/// client's own header of those names does not get through either. `optional_no_ca` and
+/// `ssl_verify_depth` are refused with their reasons.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificate_directives_import_and_pass_the_backend_what_nginx_does() {
+    let server = Pki::new();
+    let cert = server.issue("site", &["a.test"], false);
+    let clients = Pki::named("pinlb test client CA");
+    let good = clients.issue_client("good", "alice", 0x1234, false);
+    let revoked = clients.issue_client("revoked", "mallory", 0x66, false);
+    let crl = clients.dir.join("crl.pem");
+    clients.write_crl(&crl, &[0x66]);
+    let backend = Backend::start("app").await;
+    let config = |listen: SocketAddr, verify: &str| {
+        format!(
+            "events {{}}
+http {{
+    ssl_certificate {};
+    ssl_certificate_key {};
+    ssl_client_certificate {};
+    ssl_crl {};
+    server {{
+        listen {listen} ssl;
+        server_name a.test;
+        {verify}
+        location / {{
+            proxy_pass http://{};
+            proxy_set_header X-SSL-Client-S-DN $ssl_client_s_dn;
+            proxy_set_header X-SSL-Client-Verify $ssl_client_verify;
+            proxy_set_header X-SSL-Client-Serial $ssl_client_serial;
+        }}
+    }}
+}}
+",
+            cert.cert.display(),
+            cert.key.display(),
+            clients.ca_file().display(),
+            crl.display(),
+            backend.addr
+        )
+    };
+    let (nginx_at, pinlb_at) = (free_port(), free_port());
+    let dir = tempfile::Builder::new()
+        .prefix("pinlb-import-")
+        .tempdir()
+        .unwrap();
+    let nginx = Nginx::start(
+        &dir.path().join("nginx"),
+        &config(nginx_at, "ssl_verify_client on;"),
+    );
+    await_listening(&[nginx_at], || nginx.log()).await;
+    let imported = import_text(&config(pinlb_at, "ssl_verify_client on;"), &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    for key in [
+        format!("client_ca = \"{}\"", clients.ca_file().display()),
+        format!("crl = \"{}\"", crl.display()),
+        "X-SSL-Client-S-DN".into(),
+    ] {
+        assert!(
+            imported.stdout.contains(&key),
+            "{key}:\n{}",
+            imported.stdout
+        );
+    }
+    assert!(
+        imported.stderr.contains("pinlb has no ssl_verify_depth"),
+        "{}",
+        imported.stderr
+    );
+    let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(&imported.stdout), &[]).await;
+    await_listening(&[pinlb_at], || pinlb.log().join("\n")).await;
+
+    let ca = server.ca_file();
+    let with_cert = |c: &Cert| {
+        vec![
+            "--cert".to_string(),
+            c.cert.display().to_string(),
+            "--key".to_string(),
+            c.key.display().to_string(),
+            "-H".to_string(),
+            "X-SSL-Client-Verify: forged".to_string(),
+        ]
+    };
+    let mut seen = Vec::new();
+    for at in [nginx_at, pinlb_at] {
+        let (ca, args) = (ca.clone(), with_cert(&good));
+        let status = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            curl_status(at.port(), &ca, &args)
+        })
+        .await
+        .unwrap();
+        assert_eq!(status, "200", "{at}");
+        let r = backend.requests().pop().expect("the backend got it");
+        let one = |name: &str| {
+            let all: Vec<String> = (r.headers.get_all(name).iter())
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect();
+            all
+        };
+        seen.push((
+            one("x-ssl-client-s-dn"),
+            one("x-ssl-client-verify"),
+            one("x-ssl-client-serial"),
+        ));
+    }
+    assert_eq!(seen[0], seen[1], "nginx's, then pinlb's");
+    assert_eq!(seen[1].0, ["CN=alice,O=Example\\, Inc"]);
+    assert_eq!(seen[1].1, ["SUCCESS"]);
+    assert_eq!(seen[1].2, ["1234"]);
+    let hits = backend.hits();
+    for at in [nginx_at, pinlb_at] {
+        for args in [with_cert(&revoked), Vec::new()] {
+            let (ca, shown) = (ca.clone(), args.clone());
+            let status = tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                curl_status(at.port(), &ca, &args)
+            })
+            .await
+            .unwrap();
+            // nginx completes the handshake and answers 400; pinlb refuses the handshake.
+            let want = if at == nginx_at { "400" } else { "000" };
+            assert_eq!(status, want, "{at} {shown:?}");
+        }
+    }
+    assert_eq!(
+        backend.hits(),
+        hits,
+        "no refused client reached the backend"
+    );
+    drop((nginx, pinlb));
+
+    for (verify, refused) in [
+        (
+            "ssl_verify_client optional_no_ca;",
+            "ssl_verify_client optional_no_ca not converted: nginx takes a certificate it cannot verify",
+        ),
+        (
+            "ssl_verify_client on; ssl_verify_depth 2;",
+            "ssl_verify_depth 2 not converted: pinlb has no depth limit",
+        ),
+    ] {
+        let imported = import_text(&config(pinlb_at, verify), &[]);
+        assert_eq!(imported.code, Some(1), "{verify}: {}", imported.stderr);
+        assert!(
+            imported
+                .stderr
+                .contains(&format!("{}:10: {refused}", imported.path.display())),
+            "{verify}: {}",
+            imported.stderr
+        );
+    }
+    // optional: the import says so.
+    let imported = import_text(&config(pinlb_at, "ssl_verify_client optional;"), &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    assert!(
+        imported.stdout.contains("client_auth = \"optional\""),
+        "{}",
+        imported.stdout
+    );
+}

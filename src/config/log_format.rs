@@ -78,6 +78,19 @@ pub enum Field {
     ProxyTime,
     /// `queue_us`, `connect_us`, `header_us`, `response_us`, `total_us`, `proxy_us`.
     Micros(Span),
+    /// `ssl_client_s_dn`, `ssl_client_i_dn`, `ssl_client_verify`, `ssl_client_serial`: the
+    /// client certificate's subject and issuer (RFC 4514), `SUCCESS`/`NONE`, and serial, on a
+    /// listener with `client_ca` (`-` elsewhere, or without a certificate).
+    ClientCert(ClientCertField),
+}
+
+/// What a `{ssl_client_*}` field reads of the client's certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCertField {
+    Subject,
+    Issuer,
+    Verify,
+    Serial,
 }
 
 /// The microsecond spans (see `proxy::timing`).
@@ -97,7 +110,8 @@ pub const FIELDS: &str = "remote_addr (client_ip), remote_port, time_local, time
      status, body_bytes_sent (bytes), http_NAME, request_id, trace_id, request_time, \
      upstream_addr, upstream_status, upstream_connect_time, upstream_header_time, \
      upstream_response_time, upstream_reused, queue_time, proxy_time, queue_us, connect_us, \
-     header_us, response_us, total_us, proxy_us";
+     header_us, response_us, total_us, proxy_us, ssl_client_s_dn, ssl_client_i_dn, \
+     ssl_client_verify, ssl_client_serial";
 
 impl Field {
     /// The field a name stands for.
@@ -132,6 +146,10 @@ impl Field {
             "response_us" => Field::Micros(Span::Response),
             "total_us" => Field::Micros(Span::Total),
             "proxy_us" => Field::Micros(Span::Proxy),
+            "ssl_client_s_dn" => Field::ClientCert(ClientCertField::Subject),
+            "ssl_client_i_dn" => Field::ClientCert(ClientCertField::Issuer),
+            "ssl_client_verify" => Field::ClientCert(ClientCertField::Verify),
+            "ssl_client_serial" => Field::ClientCert(ClientCertField::Serial),
             _ => {
                 let header = name.strip_prefix("http_")?;
                 let valid = !header.is_empty()

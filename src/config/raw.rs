@@ -158,6 +158,8 @@ const KEYS_ELSEWHERE: &[(&str, &[&str])] = &[
     ("proxy_protocol_from", &["listener"]),
     ("rewrite_prefix", &["listener.route"]),
     ("path_exact", &["listener.route"]),
+    ("client_ca", &["listener.tls"]),
+    ("client_auth", &["listener.tls"]),
 ];
 
 /// For serde's unknown-field `message` about the key at dotted path `key`
@@ -538,6 +540,23 @@ pub(super) struct RawTls {
     pub key: Option<Spanned<String>>,
     #[serde(default, rename = "certificate")]
     pub certificates: Vec<RawCertificate>,
+    /// Client certificates: the CAs that sign them (`client_ca`), whether one is required
+    /// (`client_auth`), the CRLs (`crl`) and the lines that tell the backend
+    /// (`client_cert_headers`).
+    pub client_ca: Option<Spanned<String>>,
+    pub client_auth: Option<Spanned<String>>,
+    pub crl: Option<Spanned<String>>,
+    pub client_cert_headers: Option<Spanned<RawCertHeaders>>,
+}
+
+/// `[listener.tls] client_cert_headers = { subject = "X-Client-Subject", … }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCertHeaders {
+    pub subject: Option<Spanned<String>>,
+    pub san: Option<Spanned<String>>,
+    pub verify: Option<Spanned<String>>,
+    pub serial: Option<Spanned<String>>,
 }
 
 /// One `[[listener.tls.certificate]]`.

@@ -1408,7 +1408,9 @@ fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>, alpn_h2: bool) -> Result<
             "no certificate, expected cert and key (the default certificate), [[listener.tls.certificate]] tables, or both",
         ));
     }
-    Terminator::load(default.as_ref(), &by_name, alpn_h2).map_err(|e| {
+    let client_auth =
+        super::client_certs::client_auth(src, &tkey, t, crate::tls::server::provider())?;
+    Terminator::load(default.as_ref(), &by_name, alpn_h2, client_auth).map_err(|e| {
         let place = e.file().and_then(|file| {
             entries.iter().find_map(|(k, files, cert, key)| {
                 if files.key == file {

@@ -396,7 +396,7 @@ impl Collector for Scrape {
         family(
             &mut e,
             "tls_handshake_failures",
-            "TLS handshakes that failed, by reason: plain_http (answered 400), timeout (limits.header_timeout), closed, unknown_name (no certificate for the SNI name and no default), invalid.",
+            "TLS handshakes that failed, by reason: plain_http (answered 400), timeout (limits.header_timeout), closed, unknown_name (no certificate for the SNI name and no default), invalid, client_cert (a client certificate missing or refused: listener.tls.client_ca).",
             MetricType::Counter,
             TlsFailure::NAMES
                 .iter()

@@ -53,7 +53,7 @@ use crate::proxy::forward::{self, Answer, DownstreamRequest};
 use crate::proxy::request_id::RequestId;
 use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
 use crate::sys::summed::summed_warn;
-use crate::upstream::counters::{ListenerStats, Source, TlsFailure};
+use crate::upstream::counters::{ListenerStats, Refusal, Source, TlsFailure};
 
 /// After a response that ends the connection with client bytes left unread, how long and how
 /// much pinlb goes on reading (and discarding) before it closes, so that the close does not
@@ -660,6 +660,16 @@ pub(crate) async fn serve_tls(
             Box::pin(conn.close(Next::Linger)).await;
             drop(held);
         }
+        Ok(Err(Refused::ClientCert(why))) => {
+            if let Some(s) = &route.stats {
+                s.refuse(Refusal::ClientCert);
+            }
+            count(TlsFailure::ClientCert);
+            // The address without its port: each connection has another, and the cause is
+            // written once per client per second.
+            let ip = peer.ip();
+            summed_warn!(client = %peer; "refused the TLS handshake of {ip}: {why}");
+        }
         Ok(Err(Refused::Failed(failure, why))) => {
             count(failure);
             debug!(client = %peer, "TLS handshake failed: {why}");
@@ -747,11 +757,13 @@ impl Connection {
             return self.redirect_https(&head, buf).await;
         }
         let id = self.request_id(&mut head);
-        let pending = self
+        let mut pending = self
             .batch
             .as_ref()
             .zip(at)
             .map(|(batch, at)| Pending::start(&head, self.peer, batch, at, id.as_ref()));
+        let client = || self.stream.client_identity();
+        crate::downstream::client_cert::edit(&self.route, client, &mut head, pending.as_mut());
         let (upstream, edits, local) = match refused {
             // A refused head is answered as such, whatever the routes say.
             Some(_) => (self.route.upstream.borrow().clone(), None, None),

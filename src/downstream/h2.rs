@@ -60,6 +60,7 @@ use crate::proxy::request_id::RequestId;
 use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
 use crate::sys::exec::LocalExec;
 use crate::sys::summed::summed_warn;
+use crate::tls::client_identity::ClientIdentity;
 use crate::upstream::counters::{ListenerStats, Source};
 
 /// Per stream, the most response bytes hyper buffers for a client that is not reading them:
@@ -77,6 +78,8 @@ struct Shared {
     /// The client's identity, worked out under the rules it was made for (as an HTTP/1.1
     /// connection keeps it, recomputed after a reload changed the rules).
     downstream: RefCell<(Rc<DownstreamRules>, Rc<Downstream>)>,
+    /// What the client's certificate says, on a listener with `client_ca`.
+    client: Option<Arc<ClientIdentity>>,
     /// The `Date` value of the worker's last tick.
     date: Rc<dyn Fn() -> HeaderValue>,
     /// Streams open: from the request's arrival to the end of its response.
@@ -176,6 +179,7 @@ pub(crate) async fn serve<P: AsFd + 'static>(
         peer,
         batch,
         tls,
+        client: stream.client_identity().cloned(),
         downstream: RefCell::new((rules, client)),
         date: Rc::new(move || clients.date()),
         open: Cell::new(0),
@@ -422,11 +426,13 @@ impl Shared {
         let id = (rules.as_ref())
             .and_then(|r| r.request_ids.as_ref())
             .map(|config| Arc::new(RequestId::of(&mut head, config)));
-        let pending = self
+        let mut pending = self
             .batch
             .as_ref()
             .zip(at)
             .map(|(batch, at)| Pending::start(&head, self.peer, batch, at, id.as_ref()));
+        let cert = || self.client.as_ref();
+        crate::downstream::client_cert::edit(route, cert, &mut head, pending.as_mut());
         if route.redirect_https.get() {
             return self.redirect_https(&head, open);
         }

@@ -5,6 +5,8 @@
 //!   at `max_connections` and drains them for a stop; no timer per connection.
 //! - [`stream`]: a client connection's socket, plain or TLS (rustls driven by hand), and the
 //!   handshake.
+//! - [`client_cert`]: the verified client certificate's lines on a request, the client's own
+//!   of those names taken out.
 //! - [`tunnel`]: after a `101 Switching Protocols`, bytes relayed both ways until both close.
 //! - [`h2`]: HTTP/2 client connections on hyper's server, each stream sent through the same
 //!   request path as an HTTP/1.1 request.
@@ -13,6 +15,7 @@
 //! - [`proxied`]: a `proxy_protocol` listener's connection: its PROXY protocol header read and
 //!   checked, then served as from the client it names.
 
+pub(crate) mod client_cert;
 pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod idle;

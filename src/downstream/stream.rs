@@ -13,6 +13,7 @@ use std::cell::RefCell;
 use std::io::{self, IoSlice, Write};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::BytesMut;
@@ -23,6 +24,7 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::downstream::idle::READ_BUFFER;
+use crate::tls::client_identity::ClientIdentity;
 use crate::tls::server::Terminator;
 use crate::upstream::counters::TlsFailure;
 
@@ -39,10 +41,13 @@ pub(crate) struct TlsStream {
     /// Borrowed only inside one synchronous call, never across an await: the connection's
     /// reads, writes and watch never run at once, but they are separate futures.
     conn: RefCell<ServerConnection>,
+    /// On a listener with `client_ca`: what the client's certificate says (or that it sent
+    /// none), read once after the handshake.
+    client: Option<Arc<ClientIdentity>>,
 }
 
 /// A parked TLS connection's rustls state, kept while its socket waits in the parking set.
-pub(crate) struct TlsState(Box<ServerConnection>);
+pub(crate) struct TlsState(Box<ServerConnection>, Option<Arc<ClientIdentity>>);
 
 /// What a client that is not waiting for its response did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,9 +106,17 @@ impl DownstreamStream {
         match self {
             DownstreamStream::Plain(s) => (s, None),
             DownstreamStream::Tls(t) => {
-                let TlsStream { tcp, conn } = *t;
-                (tcp, Some(TlsState(Box::new(conn.into_inner()))))
+                let TlsStream { tcp, conn, client } = *t;
+                (tcp, Some(TlsState(Box::new(conn.into_inner()), client)))
             }
+        }
+    }
+
+    /// What the client's certificate says, on a listener with `client_ca`.
+    pub fn client_identity(&self) -> Option<&Arc<ClientIdentity>> {
+        match self {
+            DownstreamStream::Plain(_) => None,
+            DownstreamStream::Tls(t) => t.client.as_ref(),
         }
     }
 
@@ -111,9 +124,10 @@ impl DownstreamStream {
     pub fn from_parts(tcp: TcpStream, tls: Option<TlsState>) -> DownstreamStream {
         match tls {
             None => DownstreamStream::Plain(tcp),
-            Some(TlsState(conn)) => DownstreamStream::Tls(Box::new(TlsStream {
+            Some(TlsState(conn, client)) => DownstreamStream::Tls(Box::new(TlsStream {
                 tcp,
                 conn: RefCell::new(*conn),
+                client,
             })),
         }
     }
@@ -507,6 +521,8 @@ pub(crate) enum Refused {
     PlainHttp(TcpStream),
     /// The handshake failed; why, for the metrics and the log.
     Failed(TlsFailure, String),
+    /// The client's certificate was missing or did not verify (`client_ca`); why, for the log.
+    ClientCert(String),
 }
 
 /// The server side of a TLS handshake on a just-accepted connection. The caller bounds it in
@@ -590,6 +606,11 @@ pub(crate) async fn handshake(
         }
         if let Err(e) = conn.process_new_packets() {
             let _ = try_flush(&tcp, &mut conn);
+            if tls.client_auth.is_some()
+                && let Some(why) = crate::tls::client_auth::refusal(&e)
+            {
+                return Err(Refused::ClientCert(why));
+            }
             return Err(invalid(e));
         }
     }
@@ -599,8 +620,15 @@ pub(crate) async fn handshake(
     }
     // Responses are encrypted as they are written and sent at once: no limit needed.
     conn.set_buffer_limit(None);
+    let client = tls.client_auth.as_ref().map(|_| {
+        Arc::new(match conn.peer_certificates().and_then(|c| c.first()) {
+            Some(der) => ClientIdentity::of(der),
+            None => ClientIdentity::none(),
+        })
+    });
     Ok(DownstreamStream::Tls(Box::new(TlsStream {
         tcp,
         conn: RefCell::new(conn),
+        client,
     })))
 }

@@ -218,6 +218,40 @@ impl RequestHead {
         }
     }
 
+    /// Adds `lines` (`name: value\r\n` each) after the end-to-end lines, so they go upstream
+    /// with them; the head's other parts stay as they were.
+    pub fn append_lines(&mut self, lines: &[u8]) {
+        let at = self.lines.1;
+        let n = lines.len();
+        self.text.splice(at..at, lines.iter().copied());
+        // Every part at or after the insertion moves on by its length; the lines grow.
+        let shift = |x: &mut usize| {
+            if *x >= at {
+                *x += n;
+            }
+        };
+        let shift_span = |s: &mut (usize, usize)| {
+            if s.0 >= at {
+                shift(&mut s.0);
+                shift(&mut s.1);
+            }
+        };
+        self.lines.1 += n;
+        shift_span(&mut self.target);
+        shift_span(&mut self.path);
+        for s in [&mut self.host, &mut self.user_agent, &mut self.referer]
+            .into_iter()
+            .flatten()
+        {
+            shift_span(s);
+        }
+        if self.upgrade_end != 0 {
+            let mut u = self.upgrade_end as usize;
+            shift(&mut u);
+            self.upgrade_end = u32::try_from(u).unwrap_or(0);
+        }
+    }
+
     pub fn user_agent(&self) -> Option<&[u8]> {
         self.user_agent.map(|h| self.at(h))
     }
@@ -928,6 +962,33 @@ mod tests {
         assert_eq!(h.body, RequestFraming::Chunked);
         assert!(h.expect_continue);
         assert!(h.keep_alive);
+    }
+
+    #[test]
+    fn appended_lines_go_after_the_others_and_before_an_upgrades_and_every_part_stays_whole() {
+        let mut h = head(
+            "GET /ws?q HTTP/1.1\r\nHost: x\r\nUser-Agent: ua\r\nConnection: Upgrade\r\n\
+             Upgrade: websocket\r\nX-Client-Subject: CN=forged\r\nReferer: r\r\n\r\n",
+        );
+        h.remove_lines(b"x-client-subject");
+        h.append_lines(b"x-client-subject: CN=alice\r\nx-client-verify: SUCCESS\r\n");
+        assert_eq!(
+            h.lines(),
+            b"User-Agent: ua\r\nReferer: r\r\nx-client-subject: CN=alice\r\nx-client-verify: SUCCESS\r\n"
+        );
+        assert_eq!(
+            h.upgrade_lines().unwrap(),
+            [h.lines(), b"connection: upgrade\r\nupgrade: websocket\r\n"].concat()
+        );
+        assert_eq!(h.target(), b"/ws?q");
+        assert_eq!(h.path(), b"/ws?q");
+        assert_eq!(h.host(), Some(&b"x"[..]));
+        assert_eq!(h.user_agent(), Some(&b"ua"[..]));
+        assert_eq!(h.referer(), Some(&b"r"[..]));
+        assert_eq!(
+            h.header_values("x-client-subject").collect::<Vec<_>>(),
+            [b"CN=alice"]
+        );
     }
 
     #[test]

@@ -294,6 +294,7 @@ impl WorkerState {
                 kept.route.server_timing.set(l.server_timing);
                 kept.route.paged.set(paged(l));
                 *kept.route.proxy_protocol.borrow_mut() = l.proxy_protocol.clone();
+                kept.route.client_cert.set(client_cert(l));
                 continue;
             }
             // Usually one socket per listener; after an upgrade from a process with more
@@ -341,6 +342,7 @@ impl WorkerState {
                 conn_limit: RefCell::new(conn_limit),
                 proxy_protocol: RefCell::new(l.proxy_protocol.clone()),
                 local: bound,
+                client_cert: Cell::new(client_cert(l)),
             });
             let (removed, removed_rx) = watch::channel(false);
             let tasks = mine
@@ -455,4 +457,10 @@ async fn accept_loop(
             ));
         }
     }
+}
+
+/// Whether a listener asks for client certificates (`client_ca`): its requests then carry
+/// the certificate's lines (`client_cert_headers`) and log fields.
+fn client_cert(l: &crate::config::Listener) -> bool {
+    l.tls.as_ref().is_some_and(|t| t.client_auth.is_some())
 }

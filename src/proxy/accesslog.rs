@@ -35,6 +35,7 @@ use crate::config::{AccessFormat, AccessTarget};
 use crate::http1::request::RequestHead;
 use crate::proxy::request_id::RequestId;
 use crate::proxy::timing::Timing;
+use crate::tls::client_identity::ClientIdentity;
 
 /// Entries a worker collects before handing them to the log thread.
 const BATCH: usize = 64;
@@ -79,7 +80,11 @@ impl Captured {
                 name => value(req.header_values(name).next()),
             })
             .collect();
-        Captured { host, headers }
+        Captured {
+            host,
+            headers,
+            client: None,
+        }
     }
 }
 
@@ -131,6 +136,9 @@ struct Captured {
     host: Option<HeaderValue>,
     /// The format's `{http_NAME}` headers, in its order.
     headers: Vec<Option<HeaderValue>>,
+    /// On a listener with `client_ca`: the client's certificate, for `{ssl_client_*}` and
+    /// the JSON's `ssl_client_*` keys.
+    client: Option<Arc<ClientIdentity>>,
 }
 
 impl Entry {
@@ -187,6 +195,14 @@ impl Pending {
     ) -> Pending {
         let entry = Entry::start(req, client, at, id, &batch.handle.capture);
         Pending(Some((entry, batch.clone())))
+    }
+
+    /// The client certificate of the connection, on a listener with `client_ca`.
+    #[cold]
+    pub fn client_cert(&mut self, client: Option<&Arc<ClientIdentity>>) {
+        if let (Some((e, _)), Some(c)) = (&mut self.0, client) {
+            e.captured.get_or_insert_with(Box::default).client = Some(c.clone());
+        }
     }
 
     /// The response is here: the entry goes on with the response body.
@@ -589,7 +605,32 @@ fn json_into(out: &mut String, e: &Entry, now: SystemTime) {
         "total_us": us(Some(e.total)),
         "proxy_us": us(t.map(|t| t.proxy())),
     });
+    let mut v = v;
+    if let Some(c) = e.captured.as_ref().and_then(|c| c.client.as_ref()) {
+        let or_null = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        v["ssl_client_verify"] = c.verify.into();
+        v["ssl_client_s_dn"] = or_null(&c.subject).into();
+        v["ssl_client_i_dn"] = or_null(&c.issuer).into();
+        v["ssl_client_serial"] = or_null(&c.serial).into();
+    }
     let _ = writeln!(out, "{v}");
+}
+
+/// A `{ssl_client_*}` field: `-` without a certificate.
+fn client_cert_into(out: &mut String, e: &Entry, f: crate::config::log_format::ClientCertField) {
+    use crate::config::log_format::ClientCertField as F;
+    let Some(c) = e.captured.as_ref().and_then(|c| c.client.as_ref()) else {
+        out.push('-');
+        return;
+    };
+    let v = match f {
+        F::Subject => c.subject.as_str(),
+        F::Issuer => c.issuer.as_str(),
+        F::Verify => c.verify,
+        F::Serial => c.serial.as_str(),
+    };
+    // Printable ASCII already (`tls::client_identity`); a `"` or `\\` escaped as every field.
+    escape_into(out, if v.is_empty() { b"-" } else { v.as_bytes() });
 }
 
 /// A template's line. Out of line, as [`json_into`].
@@ -676,6 +717,7 @@ fn field_into<'a>(
         },
         Field::QueueTime => opt_secs(out, t.map(|t| t.queue)),
         Field::ProxyTime => opt_secs(out, t.map(|t| t.proxy())),
+        Field::ClientCert(f) => client_cert_into(out, e, *f),
         Field::Micros(span) => opt_us(
             out,
             match span {
@@ -942,6 +984,7 @@ mod tests {
         e.captured = Some(Box::new(Captured {
             host: None,
             headers: vec![None, None],
+            client: None,
         }));
         let t = AccessFormat::Template(Arc::new(t));
         let mut line = |e: &Entry| {
@@ -958,5 +1001,53 @@ mod tests {
             line(&e),
             "10.0.0.7 \"GET /a?b=c HTTP/1.1\" 200 0.002 - - - - - - - - {}\n"
         );
+    }
+
+    #[test]
+    fn a_client_certificate_is_in_the_template_fields_and_the_json_keys() {
+        let t = crate::config::AccessTemplate::parse(
+            "{ssl_client_verify} {ssl_client_serial} {ssl_client_s_dn} {ssl_client_i_dn}",
+        )
+        .unwrap();
+        let t = AccessFormat::Template(Arc::new(t));
+        let line = |e: &Entry, f: &AccessFormat| {
+            let mut s = String::new();
+            format_entry(&mut s, e, f, SystemTime::UNIX_EPOCH, &mut Clock::default());
+            s
+        };
+        let mut e = entry();
+        // A listener without client_ca: dashes, and no keys.
+        assert_eq!(line(&e, &t), "- - - -\n");
+        let v: serde_json::Value = serde_json::from_str(&line(&e, &AccessFormat::Json)).unwrap();
+        assert!(v.get("ssl_client_verify").is_none(), "{v}");
+
+        let (tx, _rx) = std::sync::mpsc::sync_channel(1);
+        let batch = Batch::new(AccessHandle {
+            tx,
+            dropped: Arc::default(),
+            capture: Arc::default(),
+        });
+        let mut pending = Pending(Some((Box::new(entry()), batch)));
+        let none = Arc::new(ClientIdentity::none());
+        pending.client_cert(Some(&none));
+        let (got, _) = pending.0.take().unwrap();
+        assert_eq!(line(&got, &t), "NONE - - -\n");
+
+        e.captured = Some(Box::new(Captured {
+            client: Some(Arc::new(ClientIdentity {
+                verify: "SUCCESS",
+                subject: "CN=alice,O=Ex".into(),
+                issuer: "CN=CA".into(),
+                san: String::new(),
+                serial: "1F".into(),
+            })),
+            ..Captured::default()
+        }));
+        assert_eq!(line(&e, &t), "SUCCESS 1F CN=alice,O=Ex CN=CA\n");
+        let v: serde_json::Value = serde_json::from_str(&line(&e, &AccessFormat::Json)).unwrap();
+        assert_eq!(v["ssl_client_verify"], "SUCCESS");
+        assert_eq!(v["ssl_client_s_dn"], "CN=alice,O=Ex");
+        assert_eq!(v["ssl_client_i_dn"], "CN=CA");
+        assert_eq!(v["ssl_client_serial"], "1F");
     }
 }

@@ -67,6 +67,10 @@ pub(crate) struct Route {
     /// a backend names (the wildcard address for a wildcard listener: no `getsockname` per
     /// connection).
     pub local: SocketAddr,
+    /// `[listener.tls] client_ca`: requests lose the client's own lines of the
+    /// `client_cert_headers` names and get the verified certificate's, and their log entry
+    /// the certificate (`downstream::client_cert`).
+    pub client_cert: Cell<bool>,
 }
 
 /// A listener's routes in one worker: the compiled table and each route's upstream.

@@ -23,6 +23,8 @@ use rustls::server::{ClientHello, ProducesTickets, ResolvesServerCert, StoresSer
 use rustls::sign::CertifiedKey;
 use rustls::{ServerConfig, SignatureScheme};
 
+use super::client_auth::ClientAuth;
+
 #[cfg(not(any(feature = "aws-lc-rs", feature = "ring")))]
 compile_error!("pinlb needs a TLS crypto provider: build with the `aws-lc-rs` or `ring` feature");
 
@@ -50,14 +52,15 @@ pub fn provider() -> Arc<CryptoProvider> {
 /// another, and before a reload on after it.
 fn ticketer() -> Result<Arc<dyn ProducesTickets>, rustls::Error> {
     static TICKETER: OnceLock<Result<Arc<dyn ProducesTickets>, rustls::Error>> = OnceLock::new();
-    TICKETER
-        .get_or_init(|| {
-            #[cfg(feature = "aws-lc-rs")]
-            return rustls::crypto::aws_lc_rs::Ticketer::new();
-            #[cfg(all(feature = "ring", not(feature = "aws-lc-rs")))]
-            return rustls::crypto::ring::Ticketer::new();
-        })
-        .clone()
+    TICKETER.get_or_init(new_ticketer).clone()
+}
+
+/// Ticket keys of their own (rotated as the process's are).
+fn new_ticketer() -> Result<Arc<dyn ProducesTickets>, rustls::Error> {
+    #[cfg(feature = "aws-lc-rs")]
+    return rustls::crypto::aws_lc_rs::Ticketer::new();
+    #[cfg(all(feature = "ring", not(feature = "aws-lc-rs")))]
+    return rustls::crypto::ring::Ticketer::new();
 }
 
 /// The session cache for the whole process, for the same reason.
@@ -264,16 +267,20 @@ impl ResolvesServerCert for Certificates {
 pub struct Terminator {
     pub certificates: Arc<Certificates>,
     pub config: Arc<ServerConfig>,
+    /// `client_ca`: the client certificates asked for and verified; `None`: none asked for.
+    pub client_auth: Option<Arc<ClientAuth>>,
 }
 
 impl Terminator {
     /// Reads every certificate and key and builds the configuration. `default` is served to
     /// clients whose name no certificate of `by_name` has; without one, they are refused.
-    /// `h2` says whether HTTP/2 is offered by ALPN.
+    /// `h2` says whether HTTP/2 is offered by ALPN; `client_auth`, whether clients are asked
+    /// for a certificate.
     pub fn load(
         default: Option<&CertFiles>,
         by_name: &[CertFiles],
         h2: bool,
+        client_auth: Option<ClientAuth>,
     ) -> Result<Self, CertError> {
         let provider = provider();
         let default = default
@@ -284,15 +291,27 @@ impl Terminator {
             .map(|f| Certificate::load(f, &provider))
             .collect::<Result<Vec<_>, _>>()?;
         let certificates = Arc::new(Certificates { by_name, default });
-        let mut config = ServerConfig::builder_with_provider(provider)
+        let builder = ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(CertError::Config)?
-            .with_no_client_auth()
-            .with_cert_resolver(certificates.clone());
+            .map_err(CertError::Config)?;
+        let builder = match &client_auth {
+            Some(auth) => builder.with_client_cert_verifier(auth.verifier.clone()),
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_cert_resolver(certificates.clone());
         let alpn = if h2 { ALPN_H2 } else { ALPN_H1 };
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        config.ticketer = ticketer().map_err(CertError::Config)?;
-        config.session_storage = session_cache();
+        if client_auth.is_some() {
+            // Sessions of their own, per generation: a session resumes with the certificate
+            // verified when it began, so one from another listener (which asked for none) or
+            // from before a reload (another CA, a CRL that revokes it since) must not resume
+            // here. A reload costs this listener's clients a full handshake.
+            config.ticketer = new_ticketer().map_err(CertError::Config)?;
+            config.session_storage = rustls::server::ServerSessionMemoryCache::new(SESSION_CACHE);
+        } else {
+            config.ticketer = ticketer().map_err(CertError::Config)?;
+            config.session_storage = session_cache();
+        }
         // The server's order of cipher suites (rustls's: AES-GCM before ChaCha20 where AES is
         // fast, all with forward secrecy), not the client's, as nginx's
         // `ssl_prefer_server_ciphers on` and testssl.sh expect.
@@ -305,6 +324,7 @@ impl Terminator {
         Ok(Terminator {
             certificates,
             config: Arc::new(config),
+            client_auth: client_auth.map(Arc::new),
         })
     }
 
@@ -338,6 +358,7 @@ impl PartialEq for Terminator {
         files(self) == files(other)
             && self.chains().eq(other.chains())
             && self.config.alpn_protocols == other.config.alpn_protocols
+            && self.client_auth == other.client_auth
     }
 }
 
@@ -347,6 +368,7 @@ impl fmt::Debug for Terminator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Terminator")
             .field("certificates", &self.certificates)
+            .field("client_auth", &self.client_auth)
             .finish_non_exhaustive()
     }
 }

@@ -108,20 +108,24 @@ pub enum TlsFailure {
     /// Not TLS, or TLS the server refuses (no common version, cipher or ALPN protocol, a bad
     /// record).
     Invalid = 4,
+    /// The client's certificate was missing or did not verify (`[listener.tls] client_ca`).
+    ClientCert = 5,
 }
 
 impl TlsFailure {
-    pub(crate) const NAMES: [&str; 5] =
-        ["plain_http", "timeout", "closed", "unknown_name", "invalid"];
+    pub(crate) const NAMES: [&str; 6] = [
+        "plain_http",
+        "timeout",
+        "closed",
+        "unknown_name",
+        "invalid",
+        "client_cert",
+    ];
 }
 
 /// Why pinlb's edge controls refused a connection or a request, as `/metrics` counts it
 /// (`pinlb_refused_total{listener, cause}`). Each refusal is counted once, where it is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[expect(
-    dead_code,
-    reason = "counted by the edge controls as they land; remove then"
-)]
 pub enum Refusal {
     /// A PROXY protocol header that is malformed, truncated or oversized (connection closed).
     ProxyInvalid = 0,
@@ -240,7 +244,7 @@ pub struct ListenerStats {
     pub tls_handshakes: AtomicU64,
     pub tls_resumed: AtomicU64,
     /// TLS handshakes failed, by [`TlsFailure`].
-    pub tls_failures: [AtomicU64; 5],
+    pub tls_failures: [AtomicU64; 6],
     /// Connections that spoke HTTP/2 (each of their streams counts in `requests`).
     pub http2_connections: AtomicU64,
     /// HTTP/2 connections closed for a protocol error of the client's (GOAWAY sent): a flood

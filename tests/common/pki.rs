@@ -81,6 +81,77 @@ impl Pki {
         out
     }
 
+    /// A CA named `name` (not `pinlb test CA`: a CA named as another is found as the issuer of
+    /// that one's certificates, and fails on their signature instead of as unknown).
+    pub fn named(name: &str) -> Pki {
+        let pki = Pki::new();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        std::fs::write(pki.ca_file(), ca.pem()).unwrap();
+        Pki { dir: pki.dir, ca }
+    }
+
+    /// A client certificate under `file`.pem and `file`.key: subject `CN=cn,O=Example, Inc`,
+    /// SANs `DNS:cn.clients.test` and `email:cn@example.test`, serial `serial`, valid now or
+    /// (`expired`) only in 2020.
+    pub fn issue_client(&self, file: &str, cn: &str, serial: u64, expired: bool) -> Cert {
+        use rcgen::{DnType, SanType};
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "Example, Inc");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.subject_alt_names = vec![
+            SanType::DnsName(format!("{cn}.clients.test").try_into().unwrap()),
+            SanType::Rfc822Name(format!("{cn}@example.test").try_into().unwrap()),
+        ];
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        params.serial_number = Some(rcgen::SerialNumber::from(serial));
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2020, 12, 31);
+        }
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        let out = Cert {
+            cert: self.dir.join(format!("{file}.pem")),
+            key: self.dir.join(format!("{file}.key")),
+        };
+        std::fs::write(&out.cert, cert.pem()).unwrap();
+        std::fs::write(&out.key, key.serialize_pem()).unwrap();
+        out
+    }
+
+    /// Writes this CA's CRL revoking `serials` to `file`, valid from a day ago to a day on.
+    pub fn write_crl(&self, file: &std::path::Path, serials: &[u64]) {
+        use rcgen::{CertificateRevocationListParams, RevokedCertParams, SerialNumber};
+        let now = time::OffsetDateTime::now_utc();
+        let crl = CertificateRevocationListParams {
+            this_update: now - time::Duration::days(1),
+            next_update: now + time::Duration::days(1),
+            crl_number: SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|&s| RevokedCertParams {
+                    serial_number: SerialNumber::from(s),
+                    revocation_time: now - time::Duration::hours(1),
+                    reason_code: None,
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(&self.ca)
+        .unwrap();
+        std::fs::write(file, crl.pem().unwrap()).unwrap();
+    }
+
     pub fn ca_file(&self) -> PathBuf {
         self.dir.join("ca.pem")
     }

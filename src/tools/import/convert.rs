@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use toml::{Table, Value};
 
 use super::access;
+use super::client_cert;
 use super::error_page::{self, Pages};
 use super::parse::Directive;
 use super::proxy_protocol::{self, Accepting};
@@ -47,6 +48,9 @@ struct Builder {
     conn_zones: BTreeMap<String, i64>,
     /// `http`'s `set_real_ip_from` values, for the servers that have none of their own.
     real_ip_from: Vec<(String, String)>,
+    /// `proxy_set_header NAME $ssl_client_s_dn` and the like: `client_cert_headers`' field
+    /// to the header's name, for the TLS listeners that ask for client certificates.
+    client_cert_headers: Table,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -78,6 +82,8 @@ struct ServerTls {
     certificates: Vec<(String, String)>,
     /// `listen ... http2` or `http2 on`.
     http2: bool,
+    /// Its client certificate keys (`client_ca` and the others), when it asks for one.
+    client: Option<Table>,
 }
 
 /// The TLS directives a server merges from `http`: `ssl_certificate` and `ssl_certificate_key`
@@ -89,6 +95,8 @@ struct Ssl {
     keys: Vec<Directive>,
     protocols: Option<Directive>,
     http2: Option<bool>,
+    /// `ssl_client_certificate`, `ssl_verify_client`, `ssl_crl`, `ssl_verify_depth`.
+    client: client_cert::Levels,
 }
 
 impl Ssl {
@@ -122,6 +130,7 @@ impl Ssl {
         if let Some(h) = of("http2").pop() {
             out.http2 = Some(h.args.first().map(String::as_str) == Some("on"));
         }
+        out.client = self.client.level(block);
         out
     }
 }
@@ -240,6 +249,7 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
         limit_zones: Table::new(),
         conn_zones: BTreeMap::new(),
         real_ip_from: Vec::new(),
+        client_cert_headers: Table::new(),
     };
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
@@ -362,7 +372,8 @@ impl Builder {
             match (d.name.as_str(), d.block.as_deref()) {
                 ("upstream", Some(_)) => {}
                 ("server", Some(block)) => self.server(d, block, &inherit, &ssl),
-                (n, None) if Ssl::NAMES.contains(&n) && any_tls => {}
+                (n, None)
+                    if (Ssl::NAMES.contains(&n) || client_cert::NAMES.contains(&n)) && any_tls => {}
                 (n, None) if Inherited::NAMES.contains(&n) => {}
                 (n, None) if super::limits::NAMES.contains(&n) => {}
                 ("client_max_body_size", None) => self.body_limit(d),
@@ -607,7 +618,8 @@ impl Builder {
                 n if Inherited::NAMES.contains(&n) => {}
                 n if super::limits::NAMES.contains(&n) && s.block.is_none() => {}
                 "client_max_body_size" => self.body_limit(s),
-                n if Ssl::NAMES.contains(&n) && !tls_addresses.is_empty() => {}
+                n if (Ssl::NAMES.contains(&n) || client_cert::NAMES.contains(&n))
+                    && !tls_addresses.is_empty() => {}
                 n if (is_ssl(n) || n == "http2") && n != "ssl" && !listens_tls(d) => self.notes.push(format!(
                     "{}: {n} not converted: the server does not listen with ssl, so it has no effect",
                     s.at()
@@ -943,10 +955,12 @@ impl Builder {
             }
             certificates.push((conf_path(c, cert), conf_path(k, key)));
         }
+        let client = (ssl.client).convert(conf_path, &mut self.notes, &mut self.refused);
         Some(ServerTls {
             addresses,
             certificates,
             http2: listen_http2 || ssl.http2 == Some(true),
+            client,
         })
     }
 
@@ -1192,6 +1206,12 @@ impl Builder {
             remove.push(Value::String(name.to_string()));
             return;
         }
+        if let Some(field) = client_cert::header_field(value) {
+            (self.client_cert_headers)
+                .entry(field)
+                .or_insert_with(|| Value::String(name.to_string()));
+            return;
+        }
         match template(value) {
             Some(t) => {
                 set.insert(name.to_string(), Value::String(t));
@@ -1350,7 +1370,17 @@ impl Builder {
                     ));
                 }
             }
-            let tls = listener_tls(&address, &catch_all, &servers);
+            let tls = listener_tls(&address, &catch_all, &servers).map(|(mut tls, h2)| {
+                let on_it = (servers.iter().chain([&catch_all]))
+                    .filter_map(|s| s.tls.as_ref())
+                    .filter(|t| t.addresses.contains(&address))
+                    .map(|t| t.client.as_ref());
+                tls.extend(
+                    client_cert::merge(on_it, &catch_all.at, &mut self.notes).unwrap_or_default(),
+                );
+                client_cert::add_headers(&mut tls, &self.client_cert_headers);
+                (tls, h2)
+            });
             let with_certificates = servers
                 .iter()
                 .chain([&catch_all])
@@ -1397,6 +1427,7 @@ impl Builder {
             l.insert("route".into(), Value::Array(routes));
             listeners.push(Value::Table(l));
         }
+        client_cert::unsent_headers(&listeners, &self.client_cert_headers, &mut self.notes);
         if !listeners.is_empty() {
             root.insert("listener".into(), Value::Array(listeners));
         }

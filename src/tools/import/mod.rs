@@ -9,9 +9,11 @@
 //! - [`access`]: `allow`/`deny`, `auth_basic` and `satisfy` as a route's access keys.
 //! - [`limits`]: `limit_req_zone`, `limit_req` and `limit_req_status` as rate zones.
 //! - [`proxy_protocol`]: `listen … proxy_protocol` and the realip module's directives.
+//! - [`client_cert`]: the client certificate directives as `[listener.tls]` keys.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
+mod client_cert;
 mod convert;
 mod error_page;
 mod limits;
