@@ -20,6 +20,11 @@
 #   keep-alive connections kept to pinlb by HAProxy; FRONT_SERVER='send-proxy-v2' adds that to
 #   HAProxy's server line, so with LISTENER_TOML='proxy_protocol = true ...' this counts what
 #   accepting PROXY protocol v2 costs per request against the same run without both.
+#   (HAProxy decides for itself when to close its private send-proxy connections; under
+#   valgrind's slowness it closed most of them after one request, so for that cost use:)
+#   CLIENT=py | CLIENT=proxy-v2  drives pinlb with benches/keepalive_client.py instead of wrk:
+#   16 keep-alive connections, with proxy-v2 each beginning with a PROXY v2 header; compare
+#   LISTENER_TOML='proxy_protocol = true …' CLIENT=proxy-v2 against CLIENT=py.
 # Needs: valgrind, nginx, wrk, curl, taskset (apt-get install -y valgrind nginx-light wrk), and
 # haproxy for FRONT=haproxy.
 set -euo pipefail
@@ -39,9 +44,13 @@ cleanup() {
 trap cleanup EXIT
 
 wait_port() {
-
     for _ in $(seq 100); do
-        curl -s -o /dev/null "http://127.0.0.1:$1/" && return 0
+        if [[ ${2:-} == proxy-v2 ]]; then
+            python3 "$ROOT/benches/keepalive_client.py" "$1" --conns 1 --seconds 0.05 --proxy-v2 \
+                >/dev/null 2>&1 && return 0
+        else
+            curl -s -o /dev/null "http://127.0.0.1:$1/" && return 0
+        fi
         sleep 0.2
     done
     echo "nothing answers on port $1" >&2
@@ -99,11 +108,19 @@ EOF
     PIDS+=($!)
     TARGET=$FRONT_PORT
 fi
-wait_port "$TARGET"
+wait_port "$TARGET" "${CLIENT:-}"
 
-taskset -c 1 wrk -t1 -c16 -d2s "http://127.0.0.1:$TARGET/" >/dev/null
+load() {
+    case ${CLIENT:-wrk} in
+        wrk) taskset -c 1 wrk -t1 -c16 -d"$1"s "http://127.0.0.1:$TARGET/" ;;
+        py) taskset -c 1 python3 "$ROOT/benches/keepalive_client.py" "$TARGET" --seconds "$1" ;;
+        proxy-v2) taskset -c 1 python3 "$ROOT/benches/keepalive_client.py" "$TARGET" --seconds "$1" --proxy-v2 ;;
+        *) echo "CLIENT is wrk, py or proxy-v2" >&2; exit 2 ;;
+    esac
+}
+load 2 >/dev/null
 callgrind_control -z "$VG" >/dev/null 2>&1
-out=$(taskset -c 1 wrk -t1 -c16 -d4s "http://127.0.0.1:$TARGET/")
+out=$(load 4)
 callgrind_control -d "$VG" >/dev/null 2>&1
 requests=$(awk '/requests in/{print $1}' <<<"$out")
 ir=$(cp "$WORK/cg.out.1" "${KEEP_PROFILE:-/dev/null}" 2>/dev/null || true; callgrind_annotate "$WORK/cg.out.1" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')

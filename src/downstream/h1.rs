@@ -46,12 +46,12 @@ use crate::http1::common::{
     status_line,
 };
 use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
-use crate::proxy::accesslog::{Batch, Logged, Pending};
+use crate::proxy::accesslog::{Batch, Logged, Pending, Upstreamed};
 use crate::proxy::body::{ProxyBody, Upgraded};
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, Answer, DownstreamRequest};
 use crate::proxy::request_id::RequestId;
-use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
+use crate::route::decision::{Decision, DownstreamRules, Edits, Route, https_location};
 use crate::sys::summed::summed_warn;
 use crate::upstream::counters::{ListenerStats, Refusal, Source, TlsFailure};
 
@@ -782,6 +782,7 @@ impl Connection {
         let watch = Watch::default();
         let mut client_body =
             BodyReader::new(&self.stream, buf, head.body, head.expect_continue, &watch);
+        let proxied = local.is_none();
         let answered = if let Some(response) = local {
             Some(Answer {
                 response,
@@ -808,10 +809,7 @@ impl Connection {
             let gone = std::future::poll_fn(|cx| poll_client_gone(&self.stream, &watch, cx));
             tokio::select! {
                 biased;
-                mut answer = forwarded => {
-                    (self.route).error_page(&mut answer.response, edits.as_deref(), &head.method);
-                    Some(answer)
-                }
+                answer = forwarded => Some(answer),
                 () = gone => None,
             }
         };
@@ -827,7 +825,14 @@ impl Connection {
             close,
         } = answer;
         let (ids, timing) = (id.as_deref(), upstreamed.as_deref());
-        (self.route).finish_response(&mut response, edits.as_deref(), ids, timing);
+        self.finish(
+            &mut response,
+            proxied,
+            edits.as_deref(),
+            &head.method,
+            ids,
+            timing,
+        );
         self.count_response(&response);
         let logged = Logged::new(pending.and_then(|p| p.responded(response.status, upstreamed)));
         if response.status == StatusCode::SWITCHING_PROTOCOLS {
@@ -862,6 +867,25 @@ impl Connection {
             Ok(Written::Whole { .. }) => Next::Linger,
             Ok(Written::Aborted) | Err(_) => Next::Abort,
         }
+    }
+
+    /// A response on its way out: the proxy's answer (a backend's, or pinlb's 502/503/504)
+    /// gets its page if it has one (an answer of the route's own got its page in the route
+    /// decision), then every response pinlb's own lines (`Route::finish_response`).
+    #[inline]
+    fn finish(
+        &self,
+        response: &mut Reply<ProxyBody>,
+        proxied: bool,
+        edits: Option<&Edits>,
+        method: &Method,
+        id: Option<&RequestId>,
+        upstreamed: Option<&Upstreamed>,
+    ) {
+        if proxied {
+            self.route.error_page(response, edits, method);
+        }
+        self.route.finish_response(response, edits, id, upstreamed);
     }
 
     /// The request's ID, when `[request_id]` is on. Behind a pointer: the exchange's state

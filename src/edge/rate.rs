@@ -19,8 +19,6 @@
 //! it: the request is refused as over the limit ([`Verdict::Full`]), as nginx refuses what it
 //! cannot store, so that a flood of new keys cannot buy a way past the limit.
 
-use std::time::Instant;
-
 use portable_atomic::{AtomicU128, Ordering};
 
 /// Slots a key may sit in, from its hash's own: one or two cache lines, so that a table
@@ -43,8 +41,8 @@ pub(crate) enum Verdict {
 pub(crate) struct RateTable {
     /// `(hash << 64) | tat`; 0 is an empty slot (no key hashes to 0, see [`RateTable::tag`]).
     slots: Box<[AtomicU128]>,
-    /// What the TATs count from.
-    epoch: Instant,
+    /// What the TATs count from: `CLOCK_MONOTONIC` in nanoseconds when the table was made.
+    epoch: u64,
     /// The process's seed for the keys' hashes.
     seed: u64,
     /// One request's share of the rate, in nanoseconds (100 ms for `10r/s`).
@@ -56,7 +54,7 @@ impl RateTable {
     pub(crate) fn new(keys: usize, interval_ns: u64, seed: u64) -> RateTable {
         RateTable {
             slots: (0..keys.max(WINDOW)).map(|_| AtomicU128::new(0)).collect(),
-            epoch: Instant::now(),
+            epoch: monotonic_ns(),
             seed,
             interval: interval_ns.max(1),
         }
@@ -64,7 +62,7 @@ impl RateTable {
 
     /// Nanoseconds since the table was made: the clock its TATs are on.
     pub(crate) fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        monotonic_ns().saturating_sub(self.epoch)
     }
 
     /// The nonzero tag that stands for `key` in this table.
@@ -80,6 +78,20 @@ impl RateTable {
         let n = self.slots.len();
         // Lemire's reduction: the hash's place among `n` slots without a division.
         let home = ((u128::from(tag) * n as u128) >> 64) as usize;
+        // The common case first: the key in its home slot with room in its bucket. Anything
+        // else (another slot, a refusal, a lost race) is decided by the loop below.
+        let v = self.slots[home].load(Ordering::Acquire);
+        if (v >> 64) as u64 == tag {
+            let start = (v as u64).max(now);
+            if start - now <= tolerance {
+                let new = u128::from(tag) << 64 | u128::from(start + self.interval);
+                let swapped =
+                    self.slots[home].compare_exchange(v, new, Ordering::AcqRel, Ordering::Acquire);
+                if swapped.is_ok() {
+                    return Verdict::Pass;
+                }
+            }
+        }
         // Bounded: each pass either decides or loses a race to another worker, which has then
         // decided for its own request; a few such losses in a row and the key is refused as
         // if the table were full, rather than spin.
@@ -87,7 +99,13 @@ impl RateTable {
             let mut free = None;
             let mut found = None;
             for i in 0..WINDOW {
-                let at = (home + i) % n;
+                // `home < n` and `WINDOW <= n` (the table has at least WINDOW slots): one
+                // subtraction wraps it, where `%` would divide.
+                let at = if home + i >= n {
+                    home + i - n
+                } else {
+                    home + i
+                };
                 let v = self.slots[at].load(Ordering::Acquire);
                 let (t, tat) = ((v >> 64) as u64, v as u64);
                 if t == tag {
@@ -121,6 +139,17 @@ impl RateTable {
         }
         Verdict::Full
     }
+}
+
+/// `CLOCK_MONOTONIC` (what `Instant` reads) in nanoseconds, without `Instant`'s
+/// seconds-and-nanoseconds subtraction: a rate check reads it once per request.
+fn monotonic_ns() -> u64 {
+    use nix::time::{ClockId, clock_gettime};
+    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
+        let nanos = u64::try_from(t.tv_nsec()).unwrap_or(0);
+        secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+    })
 }
 
 /// `Retry-After`'s whole seconds for a wait of `ns`: rounded up, so a client that waits that

@@ -223,13 +223,19 @@ impl Route {
     #[inline]
     pub fn decide(&self, head: &RequestHead, https: bool, peer: &SocketAddr) -> Decision {
         let routes = self.routes.borrow();
-        if routes.router.is_empty() && routes.default_controls.is_none() {
-            return Decision::Proxy(self.upstream.borrow().clone(), None);
+        if routes.router.is_empty() {
+            if routes.default_controls.is_none() {
+                return Decision::Proxy(self.upstream.borrow().clone(), None);
+            }
+            // A listener without routes but with controls: no route to look for (that would
+            // normalise the path for nothing).
+            return self.no_route(&routes, head, peer.ip());
         }
         self.decide_by_routes(&routes, head, https, peer.ip())
     }
 
     /// A request no route matches: the listener's controls, then its upstream, or 404.
+    #[inline(never)]
     fn no_route(&self, routes: &Routes, head: &RequestHead, client: IpAddr) -> Decision {
         let pages = routes.default_pages.as_deref();
         if let Some(refused) = (routes.default_controls.as_ref())
