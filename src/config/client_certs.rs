@@ -90,7 +90,7 @@ pub(super) fn client_auth(
         .map(Some)
         .map_err(|e| {
             let (k, span) = match &t.crl {
-                Some(c) if e.file() == std::path::Path::new(c.get_ref()) => ("crl", c.span()),
+                Some(c) if e.file() == Some(std::path::Path::new(c.get_ref())) => ("crl", c.span()),
                 _ => ("client_ca", ca.span()),
             };
             src.at(span, &format!("{tkey}.{k}"), e.to_string())

@@ -192,29 +192,11 @@ impl RequestHead {
             let cut = end - at;
             self.text.drain(at..end);
             // Every part after the line moves back by its length; none straddles it.
-            let shift = |x: &mut usize| {
+            self.move_parts(|x| {
                 if *x >= end {
                     *x -= cut;
                 }
-            };
-            let shift_span = |s: &mut (usize, usize)| {
-                shift(&mut s.0);
-                shift(&mut s.1);
-            };
-            shift(&mut self.lines.1);
-            shift_span(&mut self.target);
-            shift_span(&mut self.path);
-            for s in [&mut self.host, &mut self.user_agent, &mut self.referer]
-                .into_iter()
-                .flatten()
-            {
-                shift_span(s);
-            }
-            if self.upgrade_end != 0 {
-                let mut u = self.upgrade_end as usize;
-                shift(&mut u);
-                self.upgrade_end = u32::try_from(u).unwrap_or(0);
-            }
+            });
         }
     }
 
@@ -225,25 +207,28 @@ impl RequestHead {
         let n = lines.len();
         self.text.splice(at..at, lines.iter().copied());
         // Every part at or after the insertion moves on by its length; the lines grow.
-        let shift = |x: &mut usize| {
+        self.move_parts(|x| {
             if *x >= at {
                 *x += n;
             }
+        });
+    }
+
+    /// Moves every offset the head keeps into `text` (the lines' end, the target, the path,
+    /// the headers it found, the upgrade lines' end) as `shift` says, after a change to `text`.
+    fn move_parts(&mut self, shift: impl Fn(&mut usize)) {
+        let span = |s: &mut (usize, usize)| {
+            shift(&mut s.0);
+            shift(&mut s.1);
         };
-        let shift_span = |s: &mut (usize, usize)| {
-            if s.0 >= at {
-                shift(&mut s.0);
-                shift(&mut s.1);
-            }
-        };
-        self.lines.1 += n;
-        shift_span(&mut self.target);
-        shift_span(&mut self.path);
+        shift(&mut self.lines.1);
+        span(&mut self.target);
+        span(&mut self.path);
         for s in [&mut self.host, &mut self.user_agent, &mut self.referer]
             .into_iter()
             .flatten()
         {
-            shift_span(s);
+            span(s);
         }
         if self.upgrade_end != 0 {
             let mut u = self.upgrade_end as usize;

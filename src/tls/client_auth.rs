@@ -29,25 +29,7 @@ use rustls::pki_types::{CertificateDer, CertificateRevocationListDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 
-/// Why a CA or CRL file could not be used. Each names the file at fault.
-#[derive(Debug, thiserror::Error)]
-pub enum CertError {
-    #[error("cannot read {}: {source}", .file.display())]
-    Read {
-        file: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{}: {what}", .file.display())]
-    Invalid { file: PathBuf, what: String },
-}
-
-impl CertError {
-    pub fn file(&self) -> &Path {
-        match self {
-            CertError::Read { file, .. } | CertError::Invalid { file, .. } => file,
-        }
-    }
-}
+pub use super::cert_error::CertError;
 
 /// The header lines a backend gets about a connection's client certificate
 /// (`client_cert_headers`), their names lower-case; `None`: not sent. Whatever the client

@@ -23,6 +23,7 @@ use rustls::server::{ClientHello, ProducesTickets, ResolvesServerCert, StoresSer
 use rustls::sign::CertifiedKey;
 use rustls::{ServerConfig, SignatureScheme};
 
+pub use super::cert_error::CertError;
 use super::client_auth::ClientAuth;
 
 #[cfg(not(any(feature = "aws-lc-rs", feature = "ring")))]
@@ -76,33 +77,6 @@ fn session_cache() -> Arc<dyn StoresServerSessions> {
 pub struct CertFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
-}
-
-/// Why a certificate or key could not be used. Each names the file at fault.
-#[derive(Debug, thiserror::Error)]
-pub enum CertError {
-    #[error("cannot read {}: {source}", .file.display())]
-    Read {
-        file: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{}: {what}", .file.display())]
-    Invalid { file: PathBuf, what: String },
-    #[error("the key in {} does not match the certificate in {}", .key.display(), .cert.display())]
-    Mismatch { cert: PathBuf, key: PathBuf },
-    #[error("cannot build the TLS configuration: {0}")]
-    Config(rustls::Error),
-}
-
-impl CertError {
-    /// The file at fault: for a key that does not match, the key's.
-    pub fn file(&self) -> Option<&Path> {
-        match self {
-            CertError::Read { file, .. } | CertError::Invalid { file, .. } => Some(file),
-            CertError::Mismatch { key, .. } => Some(key),
-            CertError::Config(_) => None,
-        }
-    }
 }
 
 /// A certificate chain with its key, ready to sign handshakes.
