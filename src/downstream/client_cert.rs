@@ -44,8 +44,23 @@ fn edit_lines(
     if auth.headers.is_empty() {
         return;
     }
+    // `X_Client_Verify` too: CGI, FastCGI, WSGI and Rack read `_` and `-` as one
+    // (`HTTP_X_CLIENT_VERIFY`), so a client must not forge the header under that spelling.
     for name in auth.headers.names() {
-        head.remove_lines(name.as_bytes());
+        let same = |n: &[u8]| {
+            n.len() == name.len()
+                && (n.iter().zip(name.as_bytes())).all(|(&a, &b)| {
+                    let fold = |c: u8| {
+                        if c == b'_' {
+                            b'-'
+                        } else {
+                            c.to_ascii_lowercase()
+                        }
+                    };
+                    fold(a) == fold(b)
+                })
+        };
+        head.remove_lines_named(same);
     }
     // A connection accepted before a reload turned `client_ca` on verified no certificate.
     let none = ClientIdentity::none();

@@ -52,7 +52,9 @@ impl ConnTable {
 
     /// The nonzero tag that stands for `client`, in the high bits.
     fn tag(&self, client: IpAddr) -> u64 {
-        let h = match client {
+        // An IPv4 client counts as itself however it came (`::ffff:a.b.c.d` on an IPv6
+        // socket, or a PROXY header naming either form), as the access rules match it.
+        let h = match client.to_canonical() {
             IpAddr::V4(ip) => xxhash_rust::xxh3::xxh3_64_with_seed(&ip.octets(), self.seed),
             IpAddr::V6(ip) => xxhash_rust::xxh3::xxh3_64_with_seed(&ip.octets(), self.seed),
         };

@@ -48,14 +48,12 @@ impl Controls {
         client: IpAddr,
         stats: Option<&ListenerStats>,
     ) -> Option<Reply<ProxyBody>> {
-        if let Some(refused) = (self.access.as_ref()).and_then(|a| a.check(head, client, stats)) {
-            return Some(refused);
-        }
-        // After who may send it (allow/deny, auth): a refused client's requests are not
-        // counted against its rate.
+        // The rate first, as nginx's `limit_req` runs in the phase before `allow`/`deny` and
+        // `auth_basic`: every request is counted, so a flood of wrong passwords (each a bcrypt
+        // on this worker's core) is limited like any other.
         if let Some(refused) = (self.rate.as_ref()).and_then(|r| r.check(head, client, stats)) {
             return Some(refused);
         }
-        None
+        (self.access.as_ref()).and_then(|a| a.check(head, client, stats))
     }
 }

@@ -175,6 +175,11 @@ impl RequestHead {
     /// Takes every end-to-end line named `name` (case-insensitive) out of the request, so it
     /// does not go upstream; the head's other parts stay as they were.
     pub fn remove_lines(&mut self, name: &[u8]) {
+        self.remove_lines_named(|n| n.eq_ignore_ascii_case(name));
+    }
+
+    /// Takes every end-to-end line whose name `named` says yes to out of the request.
+    pub fn remove_lines_named(&mut self, named: impl Fn(&[u8]) -> bool) {
         let mut at = self.lines.0;
         while at < self.lines.1 {
             let end = self.text[at..self.lines.1]
@@ -182,21 +187,37 @@ impl RequestHead {
                 .position(|&b| b == b'\n')
                 .map_or(self.lines.1, |i| at + i + 1);
             let line = &self.text[at..end];
-            let named = line.len() > name.len()
-                && line[name.len()] == b':'
-                && line[..name.len()].eq_ignore_ascii_case(name);
-            if !named {
+            let colon = line.iter().position(|&b| b == b':');
+            if !colon.is_some_and(|c| named(&line[..c])) {
                 at = end;
                 continue;
             }
             let cut = end - at;
             self.text.drain(at..end);
             // Every part after the line moves back by its length; none straddles it.
-            self.move_parts(|x| {
+            let shift = |x: &mut usize| {
                 if *x >= end {
                     *x -= cut;
                 }
-            });
+            };
+            let shift_span = |s: &mut (usize, usize)| {
+                shift(&mut s.0);
+                shift(&mut s.1);
+            };
+            shift(&mut self.lines.1);
+            shift_span(&mut self.target);
+            shift_span(&mut self.path);
+            for s in [&mut self.host, &mut self.user_agent, &mut self.referer]
+                .into_iter()
+                .flatten()
+            {
+                shift_span(s);
+            }
+            if self.upgrade_end != 0 {
+                let mut u = self.upgrade_end as usize;
+                shift(&mut u);
+                self.upgrade_end = u32::try_from(u).unwrap_or(0);
+            }
         }
     }
 
@@ -207,28 +228,25 @@ impl RequestHead {
         let n = lines.len();
         self.text.splice(at..at, lines.iter().copied());
         // Every part at or after the insertion moves on by its length; the lines grow.
-        self.move_parts(|x| {
+        let shift = |x: &mut usize| {
             if *x >= at {
                 *x += n;
             }
-        });
-    }
-
-    /// Moves every offset the head keeps into `text` (the lines' end, the target, the path,
-    /// the headers it found, the upgrade lines' end) as `shift` says, after a change to `text`.
-    fn move_parts(&mut self, shift: impl Fn(&mut usize)) {
-        let span = |s: &mut (usize, usize)| {
-            shift(&mut s.0);
-            shift(&mut s.1);
         };
-        shift(&mut self.lines.1);
-        span(&mut self.target);
-        span(&mut self.path);
+        let shift_span = |s: &mut (usize, usize)| {
+            if s.0 >= at {
+                shift(&mut s.0);
+                shift(&mut s.1);
+            }
+        };
+        self.lines.1 += n;
+        shift_span(&mut self.target);
+        shift_span(&mut self.path);
         for s in [&mut self.host, &mut self.user_agent, &mut self.referer]
             .into_iter()
             .flatten()
         {
-            span(s);
+            shift_span(s);
         }
         if self.upgrade_end != 0 {
             let mut u = self.upgrade_end as usize;
@@ -863,6 +881,19 @@ mod tests {
 
     fn refused(text: &str) -> Option<ClientError> {
         head(text).refused
+    }
+
+    #[test]
+    fn remove_lines_named_takes_the_lines_its_test_names_and_keeps_the_rest() {
+        let text = "GET / HTTP/1.1\r\nHost: a\r\nX_Client_Verify: SUCCESS\r\nX-Client-Verify: x\r\nAccept: */*\r\n\r\n";
+        let mut head = parse(text).unwrap().unwrap();
+        head.remove_lines_named(|n| {
+            n.eq_ignore_ascii_case(b"x_client_verify") || n.eq_ignore_ascii_case(b"x-client-verify")
+        });
+        let lines = String::from_utf8_lossy(head.lines()).to_ascii_lowercase();
+        assert!(!lines.contains("client"), "{lines}");
+        assert!(lines.contains("accept: */*\r\n"), "{lines}");
+        assert_eq!(head.host(), Some(&b"a"[..]));
     }
 
     #[test]
