@@ -26,7 +26,7 @@ use crate::http1::request::RequestHead;
 use crate::proxy::body::{ProxyBody, local_reply};
 use crate::sys::summed::summed_warn;
 use crate::upstream::counters::{ListenerStats, Refusal};
-use crate::upstream::hash_key::cookie;
+use crate::upstream::hash_key::with_key;
 
 /// One zone a request must pass.
 struct ZoneCheck {
@@ -97,30 +97,15 @@ impl RateLimits {
         client: IpAddr,
         stats: Option<&ListenerStats>,
     ) -> Option<Reply<ProxyBody>> {
+        // An IPv4 client is one key however it came (`::ffff:a.b.c.d` on an IPv6 socket).
+        let client = client.to_canonical();
         for z in &self.zones {
-            let octets;
-            let key: &[u8] = match &z.key {
-                HashKey::ClientIp => {
-                    octets = match client {
-                        IpAddr::V4(ip) => ip.to_ipv6_mapped().octets(),
-                        IpAddr::V6(ip) => ip.octets(),
-                    };
-                    &octets
-                }
-                HashKey::Header(name) => match head.header_values(name).find(|v| !v.is_empty()) {
-                    Some(v) => v,
-                    None => continue,
-                },
-                HashKey::Cookie(name) => {
-                    match head.header_values("cookie").find_map(|v| cookie(v, name)) {
-                        Some(v) => v,
-                        None => continue,
-                    }
-                }
-                // Refused at load.
-                HashKey::Uri => continue,
+            let check = |key: &[u8]| z.table.check(key, z.burst, z.table.now());
+            // A request without the zone's key (no such header or cookie) is not counted.
+            let Some(verdict) = with_key(&z.key, head, client, check) else {
+                continue;
             };
-            let retry = match z.table.check(key, z.burst, z.table.now()) {
+            let retry = match verdict {
                 Verdict::Pass => continue,
                 Verdict::Refused { retry_after_ns } => {
                     summed_warn!(client = %client; "rate limit: {client} over zone {} ({}), answered {}", z.zone, z.rate, z.status.as_u16());

@@ -90,6 +90,13 @@ pub(crate) struct Routes {
 }
 
 impl Routes {
+    /// The error pages of `rule`'s answers: its own, or the listener's.
+    fn pages<'a>(&'a self, rule: &'a crate::config::RouteRule) -> Option<&'a ErrorPages> {
+        rule.error_pages
+            .as_deref()
+            .or(self.default_pages.as_deref())
+    }
+
     /// A listener's routes, each proxying route's upstream taken from this worker's
     /// `upstreams` (by config index).
     pub fn new(
@@ -275,10 +282,7 @@ impl Route {
         if let Some(refused) = (routes.controls.get(index).and_then(Option::as_ref))
             .and_then(|c| c.check(head, client, self.stats.as_deref()))
         {
-            let pages = rule
-                .error_pages
-                .as_deref()
-                .or(routes.default_pages.as_deref());
+            let pages = routes.pages(rule);
             return Decision::Answer(paged(refused, pages, &head.method));
         }
         match &rule.action {
@@ -360,10 +364,7 @@ impl Route {
                 );
                 if body.is_empty() {
                     // As nginx's `return 404;`: without a text of its own, the status's page.
-                    let pages = rule
-                        .error_pages
-                        .as_deref()
-                        .or(routes.default_pages.as_deref());
+                    let pages = routes.pages(rule);
                     reply = paged(reply, pages, &head.method);
                 }
                 response_edits(rule, &cx, &mut reply);

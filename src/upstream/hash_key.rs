@@ -10,17 +10,29 @@ use crate::upstream::balance::hash;
 /// The hash of `spec`'s key in this request, or `None` when the request has no such key (no
 /// such header or cookie, or an empty one); the pick falls back to round robin then.
 pub fn request_key(spec: &HashKey, head: &RequestHead, client: IpAddr) -> Option<u64> {
+    with_key(spec, head, client, hash)
+}
+
+/// `f` of `spec`'s key in this request (the address's octets, the target, a header's or a
+/// cookie's value, uncopied), or `None` when the request has no such key: what a `hash`
+/// upstream hashes and a rate zone counts.
+pub(crate) fn with_key<R>(
+    spec: &HashKey,
+    head: &RequestHead,
+    client: IpAddr,
+    f: impl FnOnce(&[u8]) -> R,
+) -> Option<R> {
     match spec {
         HashKey::ClientIp => Some(match client {
-            IpAddr::V4(ip) => hash(&ip.octets()),
-            IpAddr::V6(ip) => hash(&ip.octets()),
+            IpAddr::V4(ip) => f(&ip.octets()),
+            IpAddr::V6(ip) => f(&ip.octets()),
         }),
-        HashKey::Uri => Some(hash(head.target())),
-        HashKey::Header(name) => head.header_values(name).find(|v| !v.is_empty()).map(hash),
+        HashKey::Uri => Some(f(head.target())),
+        HashKey::Header(name) => head.header_values(name).find(|v| !v.is_empty()).map(f),
         HashKey::Cookie(name) => head
             .header_values("cookie")
             .find_map(|v| cookie(v, name))
-            .map(hash),
+            .map(f),
     }
 }
 
