@@ -824,15 +824,8 @@ impl Connection {
             upstreamed,
             close,
         } = answer;
-        let (ids, timing) = (id.as_deref(), upstreamed.as_deref());
-        self.finish(
-            &mut response,
-            proxied,
-            edits.as_deref(),
-            &head.method,
-            ids,
-            timing,
-        );
+        let ends = (id.as_deref(), upstreamed.as_deref());
+        self.finish(&mut response, proxied, edits.as_deref(), &head, ends);
         self.count_response(&response);
         let logged = Logged::new(pending.and_then(|p| p.responded(response.status, upstreamed)));
         if response.status == StatusCode::SWITCHING_PROTOCOLS {
@@ -878,12 +871,11 @@ impl Connection {
         response: &mut Reply<ProxyBody>,
         proxied: bool,
         edits: Option<&Edits>,
-        method: &Method,
-        id: Option<&RequestId>,
-        upstreamed: Option<&Upstreamed>,
+        head: &RequestHead,
+        (id, upstreamed): (Option<&RequestId>, Option<&Upstreamed>),
     ) {
         if proxied {
-            self.route.error_page(response, edits, method);
+            self.route.error_page(response, edits, &head.method);
         }
         self.route.finish_response(response, edits, id, upstreamed);
     }
