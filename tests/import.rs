@@ -1560,7 +1560,18 @@ async fn limit_conn_imports_as_the_listener_s_conn_limit() {
         imported.stdout
     );
     let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(&imported.stdout), &[]).await;
-    await_listening(&[listen], || pinlb.log().join("\n")).await;
+    // Not `await_listening`: its probe connection would count against the limit of 1 until
+    // pinlb saw it close. A worker's start line says the socket is taken instead (a connection
+    // made before its accept loop runs waits in the backlog).
+    let running = poll(400, Duration::from_millis(25), async || {
+        pinlb
+            .log()
+            .iter()
+            .any(|l| l.contains("running on core"))
+            .then_some(())
+    })
+    .await;
+    assert!(running.is_some(), "{}", pinlb.log().join("\n"));
     let mut held = RawConn::open(listen).await;
     let r = held
         .exchange(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", false)
