@@ -29,3 +29,19 @@ impl CertError {
         }
     }
 }
+
+/// `file`'s bytes, or the error that names it.
+pub fn read_file(file: &Path) -> Result<Vec<u8>, CertError> {
+    std::fs::read(file).map_err(|source| CertError::Read {
+        file: file.to_path_buf(),
+        source,
+    })
+}
+
+/// `file` is not what it should be: `what`.
+pub fn invalid(file: &Path, what: String) -> CertError {
+    CertError::Invalid {
+        file: file.to_path_buf(),
+        what,
+    }
+}

@@ -20,7 +20,7 @@
 //! `certificate_revoked`…) instead of a page, and no request is read from it.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
@@ -30,6 +30,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 
 pub use super::cert_error::CertError;
+use super::cert_error::{invalid, read_file};
 
 /// The header lines a backend gets about a connection's client certificate
 /// (`client_cert_headers`), their names lower-case; `None`: not sent. Whatever the client
@@ -87,16 +88,6 @@ impl ClientAuth {
         headers: CertHeaders,
         provider: Arc<CryptoProvider>,
     ) -> Result<ClientAuth, CertError> {
-        let read_file = |file: &Path| {
-            std::fs::read(file).map_err(|source| CertError::Read {
-                file: file.to_path_buf(),
-                source,
-            })
-        };
-        let invalid = |file: &Path, what: String| CertError::Invalid {
-            file: file.to_path_buf(),
-            what,
-        };
         let mut read = Vec::with_capacity(1 + files.crls.len());
         let pem = read_file(&files.ca)?;
         let cas = CertificateDer::pem_slice_iter(&pem)

@@ -13,7 +13,7 @@
 //! a handshake costs far more than that lock, and no request takes it.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use rustls::crypto::CryptoProvider;
@@ -24,6 +24,7 @@ use rustls::sign::CertifiedKey;
 use rustls::{ServerConfig, SignatureScheme};
 
 pub use super::cert_error::CertError;
+use super::cert_error::{invalid, read_file as read};
 use super::client_auth::ClientAuth;
 
 #[cfg(not(any(feature = "aws-lc-rs", feature = "ring")))]
@@ -89,16 +90,6 @@ impl Certificate {
     /// Reads and checks `files`: a chain of one or more PEM certificates, the server's first,
     /// and its private key (PKCS#8, PKCS#1 RSA or SEC1 EC) matching the first certificate.
     fn load(files: &CertFiles, provider: &CryptoProvider) -> Result<Certificate, CertError> {
-        let read = |file: &Path| {
-            std::fs::read(file).map_err(|source| CertError::Read {
-                file: file.to_path_buf(),
-                source,
-            })
-        };
-        let invalid = |file: &Path, what: String| CertError::Invalid {
-            file: file.to_path_buf(),
-            what,
-        };
         let pem = read(&files.cert)?;
         let chain = CertificateDer::pem_slice_iter(&pem)
             .collect::<Result<Vec<_>, _>>()
