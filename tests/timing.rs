@@ -75,7 +75,14 @@ async fn a_slow_backends_time_is_its_own_and_server_timing_agrees_with_the_log()
             proxy_us < 10_000,
             "the backend's wait is not the proxy's own time: {line}"
         );
-        assert!(v["header_us"].as_u64().unwrap() >= 20_000, "{line}");
+        // The 20 ms are counted as the backend's wait; where a loaded machine delays pinlb
+        // between writing the request and reading its clock, a little of them counts as
+        // pinlb's own instead (19.5 ms and 1.9 ms once in CI), so not to the microsecond.
+        let header_us = v["header_us"].as_u64().unwrap();
+        assert!(
+            header_us + proxy_us >= 20_000 && header_us >= 15_000,
+            "{line}"
+        );
         // Server-Timing has the log's own figures, to the microsecond.
         assert_eq!((pinlb * 1000.0).round() as u64, proxy_us, "{line}");
         let waited = v["connect_us"].as_u64().unwrap() + v["header_us"].as_u64().unwrap();
