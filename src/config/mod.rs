@@ -16,6 +16,7 @@
 //! - [`error`]: the error and where in the file it points.
 //! - [`error_pages`]: `error_page` and `intercept_errors`: pinlb's own error answers' pages,
 //!   read from their files.
+//! - [`compress`]: `compress`, a listener's or a route's response compression.
 //! - [`htpasswd`]: an htpasswd file's users and their password hashes.
 //! - [`access`]: `access`, `auth_basic` and `satisfy`, a listener's or a route's.
 //! - [`log_format`]: `[log] format`'s template of named fields.
@@ -28,6 +29,7 @@
 
 mod access;
 mod client_certs;
+mod compress;
 mod edge_limits;
 mod error;
 mod error_pages;
@@ -47,6 +49,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use access::{Access, AccessRule, AuthBasic, BasicAuth, Satisfy, access_rule};
+pub use compress::{Coding, Compress};
 pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 use error::Source;
 pub use error::{ConfigError, ConfigErrors};
@@ -437,6 +440,8 @@ pub struct Listener {
     /// begin with a PROXY protocol header naming the real client; a connection from anywhere
     /// else is refused. `None`: the listener reads no header.
     pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
+    /// `compress`: how its responses are compressed; `None`: they are not.
+    pub compress: Option<Arc<Compress>>,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.
@@ -466,6 +471,8 @@ pub struct RouteRule {
     pub access: Access,
     /// `rate_limit`: this route's own zones; `None` takes the listener's.
     pub rate_limits: Option<Vec<RateLimit>>,
+    /// `compress`: this route's own (`Some(None)`: off); `None` takes the listener's.
+    pub compress: Option<Option<Arc<Compress>>>,
 }
 
 /// A route's own timeouts; each `None` keeps the upstream's.

@@ -451,6 +451,8 @@ pub(super) struct RawListener {
     pub proxy_protocol: Option<Spanned<bool>>,
     /// The networks allowed to send that header.
     pub proxy_protocol_from: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `compress`: its responses compressed (`config::compress`).
+    pub compress: Option<Spanned<super::compress::RawCompress>>,
 }
 
 /// One `[[listener.route]]`.
@@ -484,6 +486,8 @@ pub(super) struct RawRoute {
     pub satisfy: Option<Spanned<String>>,
     /// Its own list replaces the listener's.
     pub rate_limit: RawRateLimits,
+    /// `compress`: its own, over the listener's.
+    pub compress: Option<Spanned<super::compress::RawCompress>>,
 }
 
 /// A route's `timeouts = { connect, response, send }`, over its upstream's.

@@ -171,6 +171,8 @@ fn route(
         error_pages: None,
         access: super::access::access(src, rkey, &r.access, &r.auth_basic, &r.satisfy)?,
         rate_limits: None,
+        // Resolved against the listener's by `validate::listener`.
+        compress: None,
     })
 }
 

@@ -1275,11 +1275,14 @@ fn listener(
         l.error_page.as_deref(),
         l.intercept_errors.as_ref(),
     )?;
+    let compress = super::compress::listener(src, key, l.compress.as_ref())?;
     for (i, (rule, r)) in routes.iter_mut().zip(&l.route).enumerate() {
         let (r, rkey) = (r.get_ref(), format!("{key}.route[{i}]"));
         let (pages, intercept) = (r.error_page.as_deref(), r.intercept_errors.as_ref());
         rule.error_pages =
             super::error_pages::route(src, &rkey, pages, intercept, error_pages.as_deref())?;
+        rule.compress =
+            super::compress::route(src, &rkey, r.compress.as_ref(), compress.as_ref())?;
     }
     let upstream = match &l.upstream {
         Some(u) => upstream_index(src, key, u, upstreams)?,
@@ -1349,6 +1352,7 @@ fn listener(
         rate_limits: Vec::new(),
         conn_limit: None,
         proxy_protocol: super::proxy_protocol::accept(src, key, l)?.map(Arc::new),
+        compress,
     })
 }
 

@@ -878,6 +878,9 @@ impl Connection {
             self.route.error_page(response, edits, &head.method);
         }
         self.route.finish_response(response, edits, id, upstreamed);
+        if proxied {
+            self.route.compress(response, edits, head);
+        }
     }
 
     /// The request's ID, when `[request_id]` is on. Behind a pointer: the exchange's state

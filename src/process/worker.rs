@@ -249,6 +249,9 @@ impl WorkerState {
         let paged = |l: &crate::config::Listener| {
             l.error_pages.is_some() || l.routes.iter().any(|r| r.error_pages.is_some())
         };
+        let compressing = |l: &crate::config::Listener| {
+            l.compress.is_some() || l.routes.iter().any(|r| matches!(r.compress, Some(Some(_))))
+        };
         // The sweeper's tick follows the shortest timeout it keeps.
         let shortest = config
             .upstreams
@@ -295,6 +298,7 @@ impl WorkerState {
                 kept.route.paged.set(paged(l));
                 *kept.route.proxy_protocol.borrow_mut() = l.proxy_protocol.clone();
                 kept.route.client_cert.set(client_cert(l));
+                kept.route.compress.set(compressing(l));
                 continue;
             }
             // Usually one socket per listener; after an upgrade from a process with more
@@ -343,6 +347,7 @@ impl WorkerState {
                 proxy_protocol: RefCell::new(l.proxy_protocol.clone()),
                 local: bound,
                 client_cert: Cell::new(client_cert(l)),
+                compress: Cell::new(compressing(l)),
             });
             let (removed, removed_rx) = watch::channel(false);
             let tasks = mine

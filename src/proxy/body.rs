@@ -14,6 +14,7 @@ use http::{Method, StatusCode};
 
 use crate::http1::client::{BackendStream, Finished, UpstreamBody, UpstreamError};
 use crate::http1::common::{Reply, content_length_line, header_lines};
+use crate::proxy::compress::{self, Encoder};
 use crate::upstream::counters::BackendStats;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::local::WorkerUpstream;
@@ -219,6 +220,8 @@ pub enum ProxyBody {
     Http2(Box<Http2Body>),
     /// Made by pinlb (an error page).
     Local(Option<Bytes>),
+    /// Another body, compressed on its way (`compress`). Boxed, as `Http2` is.
+    Compressed(Box<Compressed>),
 }
 
 impl ProxyBody {
@@ -256,6 +259,7 @@ impl ProxyBody {
             ProxyBody::Upstream { body, .. } => body.remaining(),
             ProxyBody::Http2(h) => http_body::Body::size_hint(&h.body).exact(),
             ProxyBody::Local(data) => Some(data.as_ref().map_or(0, |d| d.len() as u64)),
+            ProxyBody::Compressed(_) => None,
         }
     }
 
@@ -265,6 +269,7 @@ impl ProxyBody {
             ProxyBody::Upstream { body, .. } => body.has_date(),
             ProxyBody::Http2(h) => h.has_date,
             ProxyBody::Local(_) => false,
+            ProxyBody::Compressed(c) => c.inner.has_date(),
         }
     }
 
@@ -291,6 +296,7 @@ impl ProxyBody {
             }
             ProxyBody::Http2(h) => h.poll_data(cx),
             ProxyBody::Local(data) => Poll::Ready(data.take().map(Ok)),
+            ProxyBody::Compressed(c) => c.poll_data(cx),
         }
     }
 
@@ -300,6 +306,7 @@ impl ProxyBody {
     pub fn take_trailers(&mut self) -> Option<http::HeaderMap> {
         match self {
             ProxyBody::Http2(h) => h.trailers.take(),
+            ProxyBody::Compressed(c) => c.inner.take_trailers(),
             _ => None,
         }
     }
@@ -310,5 +317,94 @@ impl Drop for ProxyBody {
         // A body that is empty (HEAD, 204, 304, Content-Length: 0) is dropped without being
         // polled; that exchange is complete, and `finish` sees that.
         self.release();
+    }
+}
+
+/// A body compressed as it streams (`proxy::compress`): the inner body's pieces go into the
+/// encoder as they come; its output goes out at [`compress::OUT_CHUNK`], and is flushed
+/// whenever the inner body has nothing more for now. The inner body keeps its own release
+/// (the in-flight count, the pooled connection), done when its last piece is read.
+pub struct Compressed {
+    inner: ProxyBody,
+    encoder: Encoder,
+    /// Input taken in since the last flush.
+    unflushed: bool,
+    /// The inner body ended (or broke off) and the encoder's end went out.
+    done: bool,
+}
+
+impl ProxyBody {
+    /// This body, compressed by `encoder`.
+    pub fn compressed(self, encoder: Encoder) -> ProxyBody {
+        ProxyBody::Compressed(Box::new(Compressed {
+            inner: self,
+            encoder,
+            unflushed: false,
+            done: false,
+        }))
+    }
+}
+
+impl Compressed {
+    /// The next piece of compressed output. Out of line: only compressed responses come here.
+    #[inline(never)]
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let broke = |e: std::io::Error| {
+            let e = std::io::Error::other(format!("compressing the response: {e}"));
+            Poll::Ready(Some(Err(UpstreamError::Io(e))))
+        };
+        // At most 64 pieces of the inner body a call, then the task yields.
+        for _ in 0..64 {
+            match self.inner.poll_data(cx) {
+                Poll::Ready(Some(Ok(data))) => {
+                    if let Err(e) = self.encoder.write(&data) {
+                        self.done = true;
+                        return broke(e);
+                    }
+                    self.unflushed = true;
+                    if self.encoder.buffered() >= compress::OUT_CHUNK {
+                        return Poll::Ready(Some(Ok(self.encoder.take())));
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(None) => {
+                    self.done = true;
+                    return match self.encoder.finish() {
+                        Ok(end) if end.is_empty() => Poll::Ready(None),
+                        Ok(end) => Poll::Ready(Some(Ok(end))),
+                        Err(e) => broke(e),
+                    };
+                }
+                Poll::Pending => {
+                    if !self.unflushed {
+                        return Poll::Pending;
+                    }
+                    // The backend has nothing more for now: what it sent goes out whole.
+                    self.unflushed = false;
+                    if let Err(e) = self.encoder.flush() {
+                        self.done = true;
+                        return broke(e);
+                    }
+                    let out = self.encoder.take();
+                    return if out.is_empty() {
+                        Poll::Pending
+                    } else {
+                        Poll::Ready(Some(Ok(out)))
+                    };
+                }
+            }
+        }
+        let out = self.encoder.take();
+        if out.is_empty() {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(Some(Ok(out)))
     }
 }

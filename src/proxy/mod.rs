@@ -5,6 +5,7 @@
 //! - [`timing`]: where a request's time went, and its `Server-Timing` header.
 //! - [`request_id`]: the request's ID and W3C trace id, on both sides and in the log.
 //! - [`accesslog`]: the access log, formatted and written by its own thread.
+//! - [`compress`]: response compression: the client's coding, which responses, the encoders.
 //! - [`body`]: a response's body (a backend's, streamed, or pinlb's own) and local replies.
 //! - [`error`]: why a request got no backend's answer, and the status each cause maps to.
 //! - [`request_body`]: the client's body on its way to a backend, kept for a retry.
@@ -14,6 +15,7 @@
 pub(crate) mod accesslog;
 pub(crate) mod attempt;
 pub(crate) mod body;
+pub(crate) mod compress;
 pub(crate) mod downstream;
 pub(crate) mod error;
 pub(crate) mod forward;

@@ -19,6 +19,7 @@ use crate::http1::common::Reply;
 use crate::http1::request::RequestHead;
 use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::{ProxyBody, local_reply};
+use crate::proxy::compress;
 use crate::proxy::downstream::Downstream;
 use crate::proxy::forward::{Overrides, add_response_lines};
 use crate::proxy::request_id::RequestId;
@@ -71,6 +72,9 @@ pub(crate) struct Route {
     /// `client_cert_headers` names and get the verified certificate's, and their log entry
     /// the certificate (`downstream::client_cert`).
     pub client_cert: Cell<bool>,
+    /// The listener or one of its routes compresses responses (`compress`): decided once per
+    /// generation, so that the answers of a listener without are not looked at.
+    pub compress: Cell<bool>,
 }
 
 /// A listener's routes in one worker: the compiled table and each route's upstream.
@@ -87,6 +91,8 @@ pub(crate) struct Routes {
     pub default_controls: Option<Controls>,
     /// The listener's error pages, for its requests that no route with pages of its own takes.
     pub default_pages: Option<Arc<ErrorPages>>,
+    /// The listener's `compress`, for its requests that no route with its own takes.
+    pub default_compress: Option<Arc<crate::config::Compress>>,
 }
 
 impl Routes {
@@ -121,6 +127,7 @@ impl Routes {
                 .collect(),
             default_controls: Controls::new(listener, None, zones, tables),
             default_pages: listener.error_pages.clone(),
+            default_compress: listener.compress.clone(),
         }
     }
 }
@@ -145,6 +152,8 @@ pub(crate) struct Edits {
     pub server_timing: Option<bool>,
     /// The route's own error pages, over the listener's.
     pub pages: Option<Arc<ErrorPages>>,
+    /// The route's own `compress` (`Some(None)`: off), over the listener's.
+    pub compress: Option<Option<Arc<crate::config::Compress>>>,
 }
 
 impl Edits {
@@ -211,6 +220,54 @@ impl Route {
         if let Some(pages) = own.or(routes.default_pages.as_deref()) {
             error_pages::apply(pages, reply, method);
         }
+    }
+
+    /// The proxy's answer compressed, when its route (or the listener) has `compress` and the
+    /// client takes one of its codings (`proxy::compress`). A listener without pays for one
+    /// flag.
+    #[inline]
+    pub fn compress(&self, reply: &mut Reply<ProxyBody>, edits: Option<&Edits>, head: &RequestHead) {
+        if self.compress.get() {
+            self.compress_reply(reply, edits.and_then(|e| e.compress.as_ref()), head);
+        }
+    }
+
+    #[inline(never)]
+    fn compress_reply(
+        &self,
+        reply: &mut Reply<ProxyBody>,
+        own: Option<&Option<Arc<crate::config::Compress>>>,
+        head: &RequestHead,
+    ) {
+        let routes = self.routes.borrow();
+        let Some(c) = own.unwrap_or(&routes.default_compress) else {
+            return;
+        };
+        if head.method == Method::HEAD
+            || !compress::eligible(c, reply.status, &reply.headers, reply.body.remaining())
+        {
+            return;
+        }
+        compress::add_vary(&mut reply.headers);
+        // nginx's `gzip_http_version 1.1`: an HTTP/1.0 client (or a cache in front of one)
+        // gets the response as it is.
+        if head.version == http::Version::HTTP_10 {
+            return;
+        }
+        let accept = head.header_values("accept-encoding");
+        let Some(coding) = compress::negotiate(accept, &c.algorithms) else {
+            return;
+        };
+        let encoder = match compress::Encoder::new(coding, c) {
+            Ok(e) => e,
+            Err(e) => {
+                crate::sys::summed::summed_warn!("response sent uncompressed: {} encoder: {e}", coding.token());
+                return;
+            }
+        };
+        compress::edit_headers(&mut reply.headers, coding);
+        let body = std::mem::replace(&mut reply.body, ProxyBody::Local(None));
+        reply.body = body.compressed(encoder);
     }
 
     /// The listener's page for `status`, for an answer to a request head no route has seen
@@ -324,13 +381,15 @@ impl Route {
                     response,
                     server_timing: rule.server_timing,
                     pages: rule.error_pages.clone(),
+                    compress: rule.compress.clone(),
                 };
                 let changes = edits.request.path.is_some()
                     || edits.pages.is_some()
                     || edits.request.lines.is_some()
                     || edits.request.timeouts.is_some()
                     || edits.response.is_some()
-                    || edits.server_timing.is_some();
+                    || edits.server_timing.is_some()
+                    || edits.compress.is_some();
                 Decision::Proxy(upstream, changes.then(|| Box::new(edits)))
             }
             RouteAction::Redirect { status, location } => {
@@ -410,6 +469,7 @@ fn response_edits(rule: &crate::config::RouteRule, cx: &Context, reply: &mut Rep
         response: response_edit(rule, cx),
         server_timing: None,
         pages: None,
+        compress: None,
     };
     edits.edit_response(reply);
 }

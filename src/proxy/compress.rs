@@ -1,0 +1,432 @@
+//! Response compression (`compress`): which coding a client takes (`Accept-Encoding` with its
+//! q-values), which responses are compressed, their header edits, and the streaming encoders.
+//!
+//! A response is compressed when it has a body to a GET or POST (not HEAD; not 1xx, 204, 206
+//! or 304), no `Content-Encoding` of its own, no `Cache-Control: no-transform`, a listed type,
+//! and a Content-Length of at least `min_length` (or none), and the client is HTTP/1.1 or
+//! HTTP/2 (nginx's `gzip_http_version 1.1`: an HTTP/1.0 client gets it as it is). nginx
+//! compresses only 200, 403 and 404; pinlb compresses every other status with a body too,
+//! since a 500's page compresses as well as a 200's, and `min_length` leaves the short ones.
+//!
+//! Each piece of the backend's body goes into the encoder as it comes; the encoder's output
+//! goes out when it has 16 KiB, and is flushed (gzip's sync flush, brotli's and zstd's
+//! flush) whenever the backend has nothing more for now, so a streamed response (server-sent
+//! events, a slow page) reaches the client as the backend sends it. Memory per stream is the
+//! encoder's state (docs/behaviour.md "Compression" gives the figures).
+
+use std::io::{self, Write};
+
+use bytes::Bytes;
+use http::StatusCode;
+
+use crate::config::{Coding, Compress};
+
+/// Output held before it goes out without waiting for the backend to pause.
+pub const OUT_CHUNK: usize = 16 * 1024;
+
+/// The window of brotli and zstd streams: 512 KiB (ngx_brotli's `brotli_window` default),
+/// which bounds their memory per stream; gzip's is deflate's 32 KiB.
+pub const WINDOW_LOG: u32 = 19;
+
+/// The coding a client's `Accept-Encoding` values take among `offered` (in the server's order
+/// of preference): the highest q-value over 0, ties going to the earlier in `offered`. A coding
+/// the client does not name takes `*`'s q-value, or is refused; `x-gzip` is `gzip` (RFC 9110
+/// §8.4.1.3). Without the header, or with none acceptable, `None`: the response goes as it is.
+pub fn negotiate<'a>(
+    accept: impl Iterator<Item = &'a [u8]>,
+    offered: &[Coding],
+) -> Option<Coding> {
+    // The q-value (in thousandths) of each offered coding named, and of `*`.
+    let mut named: [Option<u16>; 3] = [None; 3];
+    let mut star = None;
+    for value in accept {
+        for element in value.split(|&b| b == b',') {
+            let mut parts = element.split(|&b| b == b';');
+            let token = parts.next().unwrap_or_default().trim_ascii();
+            if token.is_empty() {
+                continue;
+            }
+            let mut q = Some(1000);
+            for param in parts {
+                let param = param.trim_ascii();
+                if let Some(v) = param
+                    .strip_prefix(b"q=")
+                    .or_else(|| param.strip_prefix(b"Q="))
+                {
+                    q = qvalue(v);
+                }
+            }
+            // A malformed q-value leaves the element out, as if it were not there.
+            let Some(q) = q else { continue };
+            if token == b"*" {
+                star = Some(q);
+                continue;
+            }
+            let token = if token.eq_ignore_ascii_case(b"x-gzip") {
+                &b"gzip"[..]
+            } else {
+                token
+            };
+            if let Some(i) = offered
+                .iter()
+                .position(|c| token.eq_ignore_ascii_case(c.token().as_bytes()))
+            {
+                named[i] = Some(q);
+            }
+        }
+    }
+    let mut best: Option<(Coding, u16)> = None;
+    for (i, coding) in offered.iter().enumerate() {
+        let q = named[i].or(star).unwrap_or(0);
+        if q > 0 && best.is_none_or(|(_, b)| q > b) {
+            best = Some((*coding, q));
+        }
+    }
+    best.map(|(c, _)| c)
+}
+
+/// A q-value (RFC 9110 §12.4.2: `0`, `1`, up to three decimals) in thousandths.
+fn qvalue(v: &[u8]) -> Option<u16> {
+    let (int, frac) = match v.iter().position(|&b| b == b'.') {
+        Some(dot) => (&v[..dot], &v[dot + 1..]),
+        None => (v, &b""[..]),
+    };
+    if int.len() != 1 || frac.len() > 3 || !frac.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut thousandths = 0u16;
+    for i in 0..3 {
+        thousandths = thousandths * 10 + frac.get(i).map_or(0, |d| u16::from(d - b'0'));
+    }
+    match int[0] {
+        b'0' => Some(thousandths),
+        b'1' if thousandths == 0 => Some(1000),
+        _ => None,
+    }
+}
+
+/// The value of the first line named `name` in `lines` (`name: value\r\n` each), trimmed.
+pub fn line_value<'a>(lines: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    lines_named(lines, name).next()
+}
+
+fn lines_named<'a, 'b>(lines: &'a [u8], name: &'b [u8]) -> impl Iterator<Item = &'a [u8]> {
+    lines.split(|&b| b == b'\n').filter_map(move |line| {
+        let colon = line.iter().position(|&b| b == b':')?;
+        line[..colon]
+            .trim_ascii()
+            .eq_ignore_ascii_case(name)
+            .then(|| line[colon + 1..].trim_ascii())
+    })
+}
+
+/// Whether a comma-separated header value lists `token` (case-insensitive).
+fn lists(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// Whether a response (its status, header lines and body length, when known) may be
+/// compressed under `c`, whatever the client takes: such a response varies by
+/// `Accept-Encoding`, and gets `Vary` even when this client takes none.
+pub fn eligible(c: &Compress, status: StatusCode, lines: &[u8], length: Option<u64>) -> bool {
+    let bodiless = status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::PARTIAL_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    if bodiless || length.is_some_and(|n| n == 0 || n < c.min_length) {
+        return false;
+    }
+    if line_value(lines, b"content-encoding").is_some_and(|v| !v.is_empty()) {
+        return false;
+    }
+    if lines_named(lines, b"cache-control").any(|v| lists(v, b"no-transform")) {
+        return false;
+    }
+    c.takes_type(line_value(lines, b"content-type"))
+}
+
+/// Adds `Accept-Encoding` to the response's `Vary`: to its first Vary line's list, unless a
+/// line lists it or `*` already; a new line when it has none.
+pub fn add_vary(lines: &mut Vec<u8>) {
+    if lines_named(lines, b"vary").any(|v| lists(v, b"accept-encoding") || lists(v, b"*")) {
+        return;
+    }
+    let mut at = 0;
+    for line in lines.split_inclusive(|&b| b == b'\n') {
+        let colon = line.iter().position(|&b| b == b':');
+        if colon.is_some_and(|c| line[..c].trim_ascii().eq_ignore_ascii_case(b"vary")) {
+            let end = at + line.len() - line.iter().rev().take_while(|b| b.is_ascii_whitespace()).count();
+            let empty = line[colon.map_or(0, |c| c + 1)..].trim_ascii().is_empty();
+            let add: &[u8] = if empty {
+                b" Accept-Encoding"
+            } else {
+                b", Accept-Encoding"
+            };
+            lines.splice(end..end, add.iter().copied());
+            return;
+        }
+        at += line.len();
+    }
+    lines.extend_from_slice(b"vary: Accept-Encoding\r\n");
+}
+
+/// The header edits of a response compressed with `coding`: `Content-Encoding` set,
+/// Content-Length and Accept-Ranges dropped (the length is the client side's framing to
+/// write; ranges of the original no longer apply, as nginx's gzip clears them), a strong
+/// ETag made weak (`W/`: the bytes differ, the meaning does not; nginx does the same).
+pub fn edit_headers(lines: &mut Vec<u8>, coding: Coding) {
+    let mut out = Vec::with_capacity(lines.len() + 32);
+    for line in lines.split_inclusive(|&b| b == b'\n') {
+        let colon = line.iter().position(|&b| b == b':').unwrap_or(0);
+        let name = line[..colon].trim_ascii();
+        if name.eq_ignore_ascii_case(b"content-length")
+            || name.eq_ignore_ascii_case(b"accept-ranges")
+            || name.eq_ignore_ascii_case(b"content-encoding")
+        {
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"etag") {
+            let value = line[colon + 1..].trim_ascii();
+            if value.starts_with(b"\"") {
+                out.extend_from_slice(b"etag: W/");
+                out.extend_from_slice(value);
+                out.extend_from_slice(b"\r\n");
+                continue;
+            }
+        }
+        out.extend_from_slice(line);
+    }
+    out.extend_from_slice(b"content-encoding: ");
+    out.extend_from_slice(coding.token().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    *lines = out;
+}
+
+/// One response's encoder, writing into its own buffer.
+pub enum Encoder {
+    Gzip(flate2::write::GzEncoder<Vec<u8>>),
+    /// `None` once finished: brotli's writer finishes by being consumed.
+    Brotli(Option<Box<brotli::CompressorWriter<Vec<u8>>>>),
+    Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
+}
+
+impl Encoder {
+    pub fn new(coding: Coding, c: &Compress) -> io::Result<Encoder> {
+        Ok(match coding {
+            Coding::Gzip => Encoder::Gzip(flate2::write::GzEncoder::new(
+                Vec::with_capacity(OUT_CHUNK),
+                flate2::Compression::new(c.gzip_level),
+            )),
+            Coding::Brotli => Encoder::Brotli(Some(Box::new(brotli::CompressorWriter::new(
+                Vec::with_capacity(OUT_CHUNK),
+                4096,
+                c.br_level,
+                WINDOW_LOG,
+            )))),
+            Coding::Zstd => {
+                let mut e =
+                    zstd::stream::write::Encoder::new(Vec::with_capacity(OUT_CHUNK), c.zstd_level)?;
+                e.window_log(WINDOW_LOG)?;
+                Encoder::Zstd(e)
+            }
+        })
+    }
+
+    /// Its output buffer; `None` for a finished brotli stream.
+    fn out(&mut self) -> Option<&mut Vec<u8>> {
+        match self {
+            Encoder::Gzip(e) => Some(e.get_mut()),
+            Encoder::Brotli(e) => e.as_mut().map(|e| e.get_mut()),
+            Encoder::Zstd(e) => Some(e.get_mut()),
+        }
+    }
+
+    /// Takes `data` in; what it has written so far stays until [`Encoder::take`].
+    pub fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        match self {
+            Encoder::Gzip(e) => e.write_all(data),
+            Encoder::Brotli(Some(e)) => e.write_all(data),
+            Encoder::Brotli(None) => Err(finished()),
+            Encoder::Zstd(e) => e.write_all(data),
+        }
+    }
+
+    /// How much output is waiting.
+    pub fn buffered(&mut self) -> usize {
+        self.out().map_or(0, |o| o.len())
+    }
+
+    /// Flushes what it took in so far into its output: the client can decode all of it.
+    pub fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Encoder::Gzip(e) => e.flush(),
+            Encoder::Brotli(Some(e)) => e.flush(),
+            Encoder::Brotli(None) => Err(finished()),
+            Encoder::Zstd(e) => e.flush(),
+        }
+    }
+
+    /// The output so far.
+    pub fn take(&mut self) -> Bytes {
+        self.out().map_or_else(Bytes::new, |o| {
+            Bytes::from(std::mem::replace(o, Vec::with_capacity(OUT_CHUNK)))
+        })
+    }
+
+    /// Ends the stream: the rest of the output, with the coding's trailer.
+    pub fn finish(&mut self) -> io::Result<Bytes> {
+        match self {
+            Encoder::Gzip(e) => e.try_finish()?,
+            Encoder::Brotli(e) => {
+                let Some(w) = e.take() else {
+                    return Err(finished());
+                };
+                return Ok(Bytes::from(w.into_inner()));
+            }
+            Encoder::Zstd(e) => e.do_finish()?,
+        }
+        Ok(self.out().map(std::mem::take).unwrap_or_default().into())
+    }
+}
+
+fn finished() -> io::Error {
+    io::Error::other("compression stream already finished")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    const ALL: [Coding; 3] = [Coding::Zstd, Coding::Brotli, Coding::Gzip];
+
+    fn pick(accept: &str) -> Option<Coding> {
+        negotiate(std::iter::once(accept.as_bytes()), &ALL)
+    }
+
+    #[test]
+    fn the_highest_q_value_wins_and_ties_go_to_the_server_preference() {
+        assert_eq!(pick("gzip, deflate, br, zstd"), Some(Coding::Zstd));
+        assert_eq!(pick("gzip, br"), Some(Coding::Brotli));
+        assert_eq!(pick("gzip;q=1.0, br;q=0.5"), Some(Coding::Gzip));
+        assert_eq!(pick("br;q=0.9, zstd;q=0.8, gzip"), Some(Coding::Gzip));
+        assert_eq!(pick("GZIP"), Some(Coding::Gzip));
+        assert_eq!(pick("x-gzip"), Some(Coding::Gzip));
+    }
+
+    #[test]
+    fn q_zero_refuses_a_coding_and_star_names_the_rest() {
+        assert_eq!(pick("gzip;q=0"), None);
+        assert_eq!(pick("zstd;q=0, br;q=0, *"), Some(Coding::Gzip));
+        assert_eq!(pick("*;q=0"), None);
+        assert_eq!(pick("*"), Some(Coding::Zstd));
+        assert_eq!(pick("identity"), None);
+        assert_eq!(pick(""), None);
+        assert_eq!(negotiate(std::iter::empty(), &ALL), None);
+    }
+
+    #[test]
+    fn a_malformed_q_value_leaves_its_element_out() {
+        assert_eq!(pick("zstd;q=2, gzip"), Some(Coding::Gzip));
+        assert_eq!(pick("zstd;q=0.1234, gzip;q=0.5"), Some(Coding::Gzip));
+        assert_eq!(qvalue(b"0.5"), Some(500));
+        assert_eq!(qvalue(b"1.000"), Some(1000));
+        assert_eq!(qvalue(b"1.001"), None);
+        assert_eq!(qvalue(b"0."), Some(0));
+    }
+
+    #[test]
+    fn only_offered_codings_are_chosen() {
+        let gzip = [Coding::Gzip];
+        assert_eq!(negotiate(std::iter::once(&b"br, zstd"[..]), &gzip), None);
+        assert_eq!(
+            negotiate([&b"br"[..], b"gzip;q=0.1"].into_iter(), &gzip),
+            Some(Coding::Gzip)
+        );
+    }
+
+    fn compress() -> Compress {
+        Compress::default()
+    }
+
+    #[test]
+    fn responses_that_must_not_change_are_not_eligible() {
+        let c = compress();
+        let html = b"content-type: text/html\r\n";
+        assert!(eligible(&c, StatusCode::OK, html, None));
+        assert!(eligible(&c, StatusCode::NOT_FOUND, html, Some(100)));
+        for s in [204, 206, 304, 101, 103] {
+            let s = StatusCode::from_u16(s).unwrap();
+            assert!(!eligible(&c, s, html, None), "{s}");
+        }
+        assert!(!eligible(&c, StatusCode::OK, html, Some(19)));
+        assert!(eligible(&c, StatusCode::OK, html, Some(20)));
+        let encoded = b"content-type: text/html\r\nContent-Encoding: gzip\r\n";
+        assert!(!eligible(&c, StatusCode::OK, encoded, None));
+        let kept = b"content-type: text/html\r\ncache-control: public, No-Transform\r\n";
+        assert!(!eligible(&c, StatusCode::OK, kept, None));
+        assert!(!eligible(&c, StatusCode::OK, b"content-type: image/png\r\n", None));
+        assert!(!eligible(&c, StatusCode::OK, b"", None));
+    }
+
+    #[test]
+    fn vary_is_merged_into_an_existing_list() {
+        let mut lines = b"vary: Origin\r\nx: y\r\n".to_vec();
+        add_vary(&mut lines);
+        assert_eq!(lines, b"vary: Origin, Accept-Encoding\r\nx: y\r\n");
+        let mut lines = b"Vary: accept-encoding\r\n".to_vec();
+        add_vary(&mut lines);
+        assert_eq!(lines, b"Vary: accept-encoding\r\n");
+        let mut lines = b"vary: *\r\n".to_vec();
+        add_vary(&mut lines);
+        assert_eq!(lines, b"vary: *\r\n");
+        let mut lines = b"x: y\r\n".to_vec();
+        add_vary(&mut lines);
+        assert_eq!(lines, b"x: y\r\nvary: Accept-Encoding\r\n");
+    }
+
+    #[test]
+    fn a_strong_etag_is_weakened_and_the_length_dropped() {
+        let mut lines =
+            b"ETag: \"abc\"\r\ncontent-length: 5\r\naccept-ranges: bytes\r\nx: y\r\n".to_vec();
+        edit_headers(&mut lines, Coding::Brotli);
+        assert_eq!(lines, b"etag: W/\"abc\"\r\nx: y\r\ncontent-encoding: br\r\n");
+        let mut lines = b"etag: W/\"abc\"\r\n".to_vec();
+        edit_headers(&mut lines, Coding::Gzip);
+        assert_eq!(lines, b"etag: W/\"abc\"\r\ncontent-encoding: gzip\r\n");
+    }
+
+    fn decode(coding: Coding, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        match coding {
+            Coding::Gzip => {
+                flate2::read::GzDecoder::new(data).read_to_end(&mut out).unwrap();
+            }
+            Coding::Brotli => {
+                brotli::Decompressor::new(data, 4096).read_to_end(&mut out).unwrap();
+            }
+            Coding::Zstd => out = zstd::stream::decode_all(data).unwrap(),
+        }
+        out
+    }
+
+    #[test]
+    fn each_encoder_round_trips_and_a_flush_makes_what_it_took_decodable() {
+        let text: Vec<u8> = (0..2000).flat_map(|i| format!("{{\"n\":{i}}},").into_bytes()).collect();
+        for coding in ALL {
+            let mut e = Encoder::new(coding, &compress()).unwrap();
+            e.write(&text[..1000]).unwrap();
+            e.flush().unwrap();
+            let first = e.take();
+            assert!(!first.is_empty(), "{coding:?}");
+            e.write(&text[1000..]).unwrap();
+            let mut all = first.to_vec();
+            all.extend_from_slice(&e.take());
+            all.extend_from_slice(&e.finish().unwrap());
+            assert_eq!(decode(coding, &all), text, "{coding:?}");
+            assert!(all.len() < text.len() / 3, "{coding:?}: {}", all.len());
+        }
+    }
+}
