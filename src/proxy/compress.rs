@@ -429,4 +429,74 @@ mod tests {
             assert!(all.len() < text.len() / 3, "{coding:?}: {}", all.len());
         }
     }
+
+    /// Counts each thread's own heap bytes, so a test measures what its encoders hold while
+    /// the other tests run beside it.
+    mod counting {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            static NOW: Cell<usize> = const { Cell::new(0) };
+            static PEAK: Cell<usize> = const { Cell::new(0) };
+        }
+
+        pub struct Counting;
+
+        // SAFETY: every call is System's, with the caller's layout; the counters are plain
+        // thread-locals that allocate nothing.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                let _ = NOW.try_with(|n| {
+                    n.set(n.get() + layout.size());
+                    let _ = PEAK.try_with(|p| p.set(p.get().max(n.get())));
+                });
+                // SAFETY: the caller's layout, passed on.
+                unsafe { System.alloc(layout) }
+            }
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                let _ = NOW.try_with(|n| n.set(n.get().saturating_sub(layout.size())));
+                // SAFETY: allocated by `alloc` above with this layout.
+                unsafe { System.dealloc(ptr, layout) }
+            }
+        }
+
+        /// Resets the peak to what the thread holds now, and returns that.
+        pub fn start() -> usize {
+            let now = NOW.with(Cell::get);
+            PEAK.with(|p| p.set(now));
+            now
+        }
+
+        pub fn peak() -> usize {
+            PEAK.with(Cell::get)
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: counting::Counting = counting::Counting;
+
+    /// The memory per compressing stream that docs/behaviour.md states: each encoder at its
+    /// default level, fed 1 MiB of JSON in 16 KiB pieces with a flush after each.
+    #[test]
+    fn memory_per_stream_stays_within_the_stated_bound() {
+        let text: Vec<u8> = (0..40_000)
+            .flat_map(|i| format!("{{\"id\":{i},\"v\":\"{}\"}},", i * 7919 % 1000).into_bytes())
+            .take(1 << 20)
+            .collect();
+        // Stated in KiB, the output held at most OUT_CHUNK plus one piece's output.
+        for (coding, stated_kib) in [(Coding::Gzip, 300), (Coding::Brotli, 1600), (Coding::Zstd, 1400)] {
+            let base = counting::start();
+            let mut e = Encoder::new(coding, &compress()).unwrap();
+            for piece in text.chunks(16 * 1024) {
+                e.write(piece).unwrap();
+                e.flush().unwrap();
+                drop(e.take());
+            }
+            drop(e.finish().unwrap());
+            let used = (counting::peak() - base) / 1024;
+            eprintln!("{coding:?}: {used} KiB per stream");
+            assert!(used <= stated_kib, "{coding:?}: {used} KiB, stated {stated_kib}");
+        }
+    }
 }
