@@ -473,6 +473,32 @@ mod tests {
         }
     }
 
+    /// What libzstd's context holds after streaming `text` in 16 KiB pieces, flushed after
+    /// each, at the default level and `WINDOW_LOG`.
+    fn zstd_context_kib(text: &[u8]) -> usize {
+        use zstd::zstd_safe::zstd_sys::ZSTD_EndDirective::ZSTD_e_flush;
+        use zstd::zstd_safe::{CCtx, CParameter, InBuffer, OutBuffer};
+        let mut cctx = CCtx::create();
+        cctx.set_parameter(CParameter::CompressionLevel(compress().zstd_level))
+            .unwrap();
+        cctx.set_parameter(CParameter::WindowLog(WINDOW_LOG)).unwrap();
+        let mut out: Vec<u8> = Vec::with_capacity(1 << 20);
+        for piece in text.chunks(16 * 1024) {
+            let mut input = InBuffer::around(piece);
+            // Bounded: each pass writes output or ends, and `out` has room for all of it.
+            loop {
+                let mut output = OutBuffer::around_pos(&mut out, 0);
+                let left = cctx
+                    .compress_stream2(&mut output, &mut input, ZSTD_e_flush)
+                    .unwrap();
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        cctx.sizeof() / 1024
+    }
+
     #[global_allocator]
     static COUNTING: counting::Counting = counting::Counting;
 
@@ -484,8 +510,9 @@ mod tests {
             .flat_map(|i| format!("{{\"id\":{i},\"v\":\"{}\"}},", i * 7919 % 1000).into_bytes())
             .take(1 << 20)
             .collect();
-        // Stated in KiB, the output held at most OUT_CHUNK plus one piece's output.
-        for (coding, stated_kib) in [(Coding::Gzip, 300), (Coding::Brotli, 1600), (Coding::Zstd, 1400)] {
+        // Stated in KiB (docs/behaviour.md), with the output held (at most OUT_CHUNK and one
+        // piece's worth) and the writers' own buffers.
+        for (coding, stated_kib) in [(Coding::Gzip, 340), (Coding::Brotli, 1950), (Coding::Zstd, 2200)] {
             let base = counting::start();
             let mut e = Encoder::new(coding, &compress()).unwrap();
             for piece in text.chunks(16 * 1024) {
@@ -494,7 +521,12 @@ mod tests {
                 drop(e.take());
             }
             drop(e.finish().unwrap());
-            let used = (counting::peak() - base) / 1024;
+            let mut used = (counting::peak() - base) / 1024;
+            if coding == Coding::Zstd {
+                // libzstd allocates its context with C's malloc, which the counter does not see:
+                // its own account of the same stream's context, as `Encoder::new` sets it up.
+                used += zstd_context_kib(&text);
+            }
             eprintln!("{coding:?}: {used} KiB per stream");
             assert!(used <= stated_kib, "{coding:?}: {used} KiB, stated {stated_kib}");
         }

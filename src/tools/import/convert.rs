@@ -157,6 +157,8 @@ struct Inherited {
     access: access::Access,
     /// The `limit_req`s in force.
     limits: super::limits::Inherited,
+    /// The gzip directives in force.
+    gzip: super::gzip::Inherit,
 }
 
 impl Default for Inherited {
@@ -171,6 +173,7 @@ impl Default for Inherited {
             pages: error_page::Inherit::default(),
             access: access::Access::default(),
             limits: Default::default(),
+            gzip: Default::default(),
         }
     }
 }
@@ -199,6 +202,7 @@ impl Inherited {
         out.pages = self.pages.level(block);
         out.access = self.access.level(block);
         out.limits = self.limits.level(block);
+        out.gzip = self.gzip.level(block);
         let headers: Vec<Directive> = block
             .iter()
             .filter(|d| d.name == "proxy_set_header" && d.block.is_none())
@@ -376,6 +380,7 @@ impl Builder {
                     if (Ssl::NAMES.contains(&n) || client_cert::NAMES.contains(&n)) && any_tls => {}
                 (n, None) if Inherited::NAMES.contains(&n) => {}
                 (n, None) if super::limits::NAMES.contains(&n) => {}
+                (n, None) if super::gzip::NAMES.contains(&n) => super::gzip::note(d, &mut self.notes),
                 ("client_max_body_size", None) => self.body_limit(d),
                 ("access_log", None) => self.access_log(d, http),
                 ("log_format", None) => {} // Read by access_log.
@@ -617,6 +622,9 @@ impl Builder {
                 },
                 n if Inherited::NAMES.contains(&n) => {}
                 n if super::limits::NAMES.contains(&n) && s.block.is_none() => {}
+                n if super::gzip::NAMES.contains(&n) && s.block.is_none() => {
+                    super::gzip::note(s, &mut self.notes)
+                }
                 "client_max_body_size" => self.body_limit(s),
                 n if (Ssl::NAMES.contains(&n) || client_cert::NAMES.contains(&n))
                     && !tls_addresses.is_empty() => {}
@@ -1095,6 +1103,9 @@ impl Builder {
                 }
                 n if Inherited::NAMES.contains(&n) => {}
                 n if super::limits::NAMES.contains(&n) && d.block.is_none() => {}
+                n if super::gzip::NAMES.contains(&n) && d.block.is_none() => {
+                    super::gzip::note(d, &mut self.notes)
+                }
                 _ => self.skip(d, "no pinlb equivalent"),
             }
         }
@@ -1162,6 +1173,7 @@ impl Builder {
             &mut route,
             &mut self.refused,
         );
+        super::gzip::route(&inherit.gzip, &mut route, &mut self.notes, size);
         Some(route)
     }
 

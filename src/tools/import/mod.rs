@@ -9,6 +9,7 @@
 //! - [`access`]: `allow`/`deny`, `auth_basic` and `satisfy` as a route's access keys.
 //! - [`limits`]: `limit_req_zone`, `limit_req` and `limit_req_status` as rate zones.
 //! - [`proxy_protocol`]: `listen … proxy_protocol` and the realip module's directives.
+//! - [`gzip`]: the gzip module's directives as a route's `compress`.
 //! - [`client_cert`]: the client certificate directives as `[listener.tls]` keys.
 //! - [`convert`]: directives to pinlb's TOML.
 
@@ -16,6 +17,7 @@ mod access;
 mod client_cert;
 mod convert;
 mod error_page;
+mod gzip;
 mod limits;
 mod parse;
 mod proxy_protocol;

@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# benches/compression.sh - gzip through pinlb against gzip through nginx at the same level, in
+# one run, on the same backend (issue 30's compression bar).
+#
+# A 100 KiB JSON document (records of ids, names, e-mails, numbers, tags: real JSON, not one
+# repeated byte), served as application/json with its Content-Length by a backend nginx (core
+# 1). The proxies under test, each ONE worker pinned to core 0, in turn:
+#   nginx   gzip on; gzip_comp_level $LEVEL; gzip_types application/json; (gzip_proxied any)
+#   pinlb   compress = { algorithms = ["gzip"], gzip_level = $LEVEL, types = ["application/json"] }
+# Both keep up to 64 keep-alive connections to the backend. The load (wrk -t1 on core 1,
+# `Accept-Encoding: gzip`) runs $ROUNDS interleaved rounds: pinlb, nginx, pinlb, nginx, ...
+#
+# Measured:
+#   size         the compressed body's bytes through each (curl, once); pinlb's against nginx's
+#                (the bar: within 2%), and pinlb's br and zstd sizes beside them
+#   req/s        wrk's Requests/sec, median over the rounds
+#   CPU us/req   utime+stime of all the proxy's processes over the recorded run, divided by the
+#                requests wrk completed, median over the rounds (the bar: pinlb's <= nginx's)
+# Memory per compressing stream is the encoder's state: stated in docs/behaviour.md
+# ("Compression") and checked by `cargo test --lib proxy::compress::tests::memory_per_stream`.
+#
+# Usage: bash benches/compression.sh [PINLB_BINARY]   (default target/release/pinlb)
+#   ROUNDS=5, DURATION=10s, WARMUP=1s, CONNS=16, LEVEL=1, KEEP_TMP=1 keeps the temp dir,
+#   PORT_BASE=18330, OUT_MD=/tmp/pinlb-compression.md
+# Needs: nginx, wrk, curl, python3, taskset.
+set -euo pipefail
+
+ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+PINLB=${1:-$ROOT/target/release/pinlb}
+ROUNDS=${ROUNDS:-5}
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-1s}
+CONNS=${CONNS:-16}
+LEVEL=${LEVEL:-1}
+KEEP_TMP=${KEEP_TMP:-0}
+OUT_MD=${OUT_MD:-/tmp/pinlb-compression.md}
+PORT_BASE=${PORT_BASE:-18330}
+WORK=$(mktemp -d)
+PIDS=()
+WRK_PID=""
+log() { printf '[compression] %s\n' "$*" >&2; }
+die() { printf '[compression] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=benches/lib.sh
+source "$ROOT/benches/lib.sh"
+running_pids() { echo "${PIDS[@]}" ${WRK_PID:+"$WRK_PID"}; }
+install_cleanup
+require nginx wrk curl python3 taskset
+[[ -x $PINLB ]] || die "no pinlb binary at $PINLB (cargo build --release, or pass its path)"
+
+# ---------------------------------------------------------------- the document
+mkdir -p "$WORK/www"
+python3 - "$WORK/www/data.json" <<'PY'
+import json, random, sys
+random.seed(30)
+words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
+records, size = [], 0
+i = 0
+while size < 100 * 1024:
+    r = {
+        "id": 100000 + i,
+        "name": f"{random.choice(words).title()} {random.choice(words).title()}",
+        "email": f"user{i}.{random.choice(words)}@example.{random.choice(['com', 'org', 'net'])}",
+        "score": round(random.uniform(0, 1000), 2),
+        "active": random.random() < 0.7,
+        "tags": random.sample(words, random.randint(1, 4)),
+        "created": f"2026-{random.randint(1, 12):02d}-{random.randint(1, 28):02d}T{random.randint(0, 23):02d}:{random.randint(0, 59):02d}:00Z",
+    }
+    records.append(r)
+    size += len(json.dumps(r)) + 1
+    i += 1
+text = json.dumps({"count": len(records), "items": records})[: 100 * 1024 - 2]
+# Cut at a record boundary so it stays valid JSON.
+text = text[: text.rfind("},") + 1] + "]}"
+open(sys.argv[1], "w").write(text)
+PY
+DOC_BYTES=$(wc -c <"$WORK/www/data.json")
+
+# ---------------------------------------------------------------- configs
+declare -A PORT PID_OF
+pick_port
+BACKEND_PORT=$PICKED
+pick_port
+PORT[pinlb]=$PICKED
+pick_port
+PORT[nginx]=$PICKED
+
+mkdir -p "$WORK/backend" "$WORK/nginx"
+nginx_temp_paths "$WORK/backend"
+nginx_temp_paths "$WORK/nginx"
+cat >"$WORK/backend/nginx.conf" <<EOF
+daemon off;
+worker_processes 1;
+pid $WORK/backend/nginx.pid;
+error_log $WORK/backend/error.log warn;
+events { worker_connections 4096; }
+http {
+    include $WORK/backend/temp_paths.conf;
+    access_log off;
+    keepalive_requests 1000000;
+    types { application/json json; }
+    server {
+        listen 127.0.0.1:$BACKEND_PORT backlog=4096;
+        root $WORK/www;
+        location = / { return 200 "hello world"; }
+    }
+}
+EOF
+cat >"$WORK/nginx/nginx.conf" <<EOF
+daemon off;
+master_process on;
+worker_processes 1;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+    include $WORK/nginx/temp_paths.conf;
+    access_log off;
+    server_tokens off;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
+    gzip on;
+    gzip_comp_level $LEVEL;
+    gzip_types application/json;
+    gzip_proxied any;
+    upstream app {
+        server 127.0.0.1:$BACKEND_PORT;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:${PORT[nginx]} backlog=4096;
+        location / {
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+cat >"$WORK/pinlb.toml" <<EOF
+[runtime]
+cpus = [0]
+
+[[listener]]
+address = "127.0.0.1:${PORT[pinlb]}"
+upstream = "app"
+compress = { algorithms = ["gzip", "br", "zstd"], gzip_level = $LEVEL, types = ["application/json"] }
+
+[upstream.app]
+keepalive = 64
+backends = [{ address = "127.0.0.1:$BACKEND_PORT" }]
+EOF
+
+# ---------------------------------------------------------------- start
+read -r IDLE_BUSY0 IDLE_BUSY1 < <(core_busy_1s)
+taskset -c 1 nginx -p "$WORK/backend" -c "$WORK/backend/nginx.conf" >"$WORK/backend/out.log" 2>&1 &
+PIDS+=($!)
+wait_ready backend "$BACKEND_PORT" "$!" "$WORK/backend/error.log"
+taskset -c 0 nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >"$WORK/nginx/out.log" 2>&1 &
+PID_OF[nginx]=$!
+PIDS+=($!)
+wait_ready nginx "${PORT[nginx]}" "${PID_OF[nginx]}" "$WORK/nginx/error.log"
+"$PINLB" check -c "$WORK/pinlb.toml" >"$WORK/check.log" 2>&1 || die "pinlb check: $(cat "$WORK/check.log")"
+RUST_LOG=warn taskset -c 0 "$PINLB" serve -c "$WORK/pinlb.toml" >"$WORK/pinlb.log" 2>&1 &
+PID_OF[pinlb]=$!
+PIDS+=($!)
+wait_ready pinlb "${PORT[pinlb]}" "${PID_OF[pinlb]}" "$WORK/pinlb.log"
+
+# ---------------------------------------------------------------- sizes
+# size PEER CODING: the body's bytes as sent; checks that curl (with its zlib, brotli and zstd)
+# decodes the same coding back to the document.
+size() {
+    local out="$WORK/$1.$2" url="http://127.0.0.1:${PORT[$1]}/data.json"
+    curl -s --max-time 10 -H "Accept-Encoding: $2" -D "$out.head" -o "$out" "$url" ||
+        die "curl through $1 failed"
+    grep -qi "^content-encoding: $2" "$out.head" || die "$1 did not answer with $2: $(cat "$out.head")"
+    curl -s --max-time 10 --compressed -H "Accept-Encoding: $2" -o "$out.plain" "$url" ||
+        die "curl --compressed through $1 failed"
+    cmp -s "$out.plain" "$WORK/www/data.json" || die "$1's $2 body does not decode to the document"
+    wc -c <"$out"
+}
+SIZE_NGINX=$(size nginx gzip)
+SIZE_PINLB=$(size pinlb gzip)
+SIZE_BR=$(size pinlb br)
+SIZE_ZSTD=$(size pinlb zstd)
+
+# ---------------------------------------------------------------- rounds
+RAW="$WORK/raw.tsv"
+: >"$RAW"
+TCK=$(getconf CLK_TCK)
+# wrk_run PEER DURATION OUT
+wrk_run() {
+    taskset -c 1 wrk -t1 -c"$CONNS" -d"$2" -H 'Accept-Encoding: gzip' \
+        "http://127.0.0.1:${PORT[$1]}/data.json" >"$3" 2>&1 &
+    WRK_PID=$!
+    wait_wrk "$3"
+}
+for ((r = 1; r <= ROUNDS; r++)); do
+    for p in pinlb nginx; do
+        [[ $WARMUP == 0 || $WARMUP == 0s ]] || wrk_run "$p" "$WARMUP" "$WORK/warm.out"
+        # shellcheck disable=SC2046 # the pids, one word each
+        t0=$(cpu_ticks $(proc_tree "${PID_OF[$p]}"))
+        wrk_run "$p" "$DURATION" "$WORK/$p.$r.out"
+        # shellcheck disable=SC2046
+        t1=$(cpu_ticks $(proc_tree "${PID_OF[$p]}"))
+        rps=$(awk '/^Requests\/sec:/ {print $2}' "$WORK/$p.$r.out")
+        reqs=$(awk '/requests in/ {print $1}' "$WORK/$p.$r.out")
+        non2xx=$(awk '/Non-2xx/ {print $NF}' "$WORK/$p.$r.out")
+        [[ -z $non2xx ]] || die "$p answered $non2xx non-2xx responses: $(cat "$WORK/$p.$r.out")"
+        us=$(awk -v t=$((t1 - t0)) -v k="$TCK" -v n="$reqs" 'BEGIN { printf "%.1f", (n > 0) ? t / k * 1e6 / n : 0 }')
+        printf '%d\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$us" >>"$RAW"
+        log "round $r $p: $rps req/s, $us us CPU/req"
+    done
+done
+
+# ---------------------------------------------------------------- report
+MD="$WORK/report.md"
+read -r RPS_P _ _ < <(stats pinlb 3)
+read -r RPS_N _ _ < <(stats nginx 3)
+read -r CPU_P _ _ < <(stats pinlb 4)
+read -r CPU_N _ _ < <(stats nginx 4)
+{
+    echo "## Compression: a ${DOC_BYTES}-byte JSON document, gzip level $LEVEL"
+    echo
+    echo "$ROUNDS rounds of $DURATION, wrk -t1 -c$CONNS on core 1, proxies on core 0, backend nginx on core 1."
+    echo
+    echo "| | pinlb | nginx | pinlb / nginx |"
+    echo "|---|---|---|---|"
+    awk -v a="$SIZE_PINLB" -v b="$SIZE_NGINX" 'BEGIN { printf "| gzip bytes | %d | %d | %.3f (bar: within 2%%) |\n", a, b, a / b }'
+    awk -v a="$RPS_P" -v b="$RPS_N" 'BEGIN { printf "| req/s (median) | %.0f | %.0f | %.2f |\n", a, b, a / b }'
+    awk -v a="$CPU_P" -v b="$CPU_N" 'BEGIN { printf "| CPU us/req (median) | %.1f | %.1f | %.2f (bar: <= 1) |\n", a, b, a / b }'
+    echo
+    echo "pinlb's other codings of the same document: br (level 4) $SIZE_BR bytes, zstd (level 3) $SIZE_ZSTD bytes."
+    echo "Memory per compressing stream: docs/behaviour.md, \"Compression\"."
+    raw_section "Per round (round, proxy, req/s, CPU us/req):"
+} >"$MD"
+publish_report "$MD"
