@@ -74,6 +74,9 @@ text = text[: text.rfind("},") + 1] + "]}"
 open(sys.argv[1], "w").write(text)
 PY
 DOC_BYTES=$(wc -c <"$WORK/www/data.json")
+# nginx's workers run as nobody when the script runs as root: they must read the document.
+chmod a+rx "$WORK" "$WORK/www"
+chmod a+r "$WORK/www/data.json"
 
 # ---------------------------------------------------------------- configs
 declare -A PORT PID_OF

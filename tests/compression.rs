@@ -126,7 +126,16 @@ async fn curl(args: &[&str]) -> Curl {
         fastrand::u64(..)
     ));
     let mut cmd = Command::new("curl");
-    cmd.args(["-sS", "--max-time", "10", "-o", "-", "-w", "%{http_code}", "-D"]);
+    cmd.args([
+        "-sS",
+        "--max-time",
+        "10",
+        "-o",
+        "-",
+        "-w",
+        "%{http_code}",
+        "-D",
+    ]);
     cmd.arg(&head);
     cmd.args(args);
     let what = format!("{cmd:?}");
@@ -184,18 +193,32 @@ async fn each_algorithm_round_trips_and_curl_decodes_it() {
         let ae = format!("Accept-Encoding: {coding}");
         let got = curl(&["-H", &ae, &url]).await;
         assert_eq!(got.status, 200);
-        assert_eq!(got.header("content-encoding"), Some(coding), "{}", got.headers);
+        assert_eq!(
+            got.header("content-encoding"),
+            Some(coding),
+            "{}",
+            got.headers
+        );
         assert_eq!(got.header("content-length"), None, "{}", got.headers);
         assert_eq!(got.header("transfer-encoding"), Some("chunked"));
         assert_eq!(got.header("vary"), Some("Accept-Encoding"));
-        assert!(got.body.len() * 4 < plain.len(), "{coding}: {} bytes", got.body.len());
+        assert!(
+            got.body.len() * 4 < plain.len(),
+            "{coding}: {} bytes",
+            got.body.len()
+        );
         assert_eq!(decode(coding, &got.body), plain.as_bytes(), "{coding}");
     }
     // curl's own decoders (zlib, brotli, zstd) agree.
     let got = curl(&["--compressed", &url]).await;
     assert_eq!(got.body, plain.as_bytes());
     // A body without Content-Length is compressed too.
-    let got = curl(&["-H", "Accept-Encoding: gzip", &format!("http://{}/chunked", proxy.addr)]).await;
+    let got = curl(&[
+        "-H",
+        "Accept-Encoding: gzip",
+        &format!("http://{}/chunked", proxy.addr),
+    ])
+    .await;
     assert_eq!(got.header("content-encoding"), Some("gzip"));
     assert_eq!(decode("gzip", &got.body), plain.as_bytes());
 }
@@ -220,7 +243,12 @@ async fn q_values_choose_the_coding_and_q_zero_refuses_it() {
     for (accept, want) in cases {
         let ae = format!("Accept-Encoding: {accept}");
         let got = curl(&["-H", &ae, &url]).await;
-        assert_eq!(got.header("content-encoding"), want, "{accept}: {}", got.headers);
+        assert_eq!(
+            got.header("content-encoding"),
+            want,
+            "{accept}: {}",
+            got.headers
+        );
         match want {
             Some(c) => assert_eq!(decode(c, &got.body), json().as_bytes()),
             None => assert_eq!(got.body, json().as_bytes(), "{accept}"),
@@ -231,7 +259,10 @@ async fn q_values_choose_the_coding_and_q_zero_refuses_it() {
     // No Accept-Encoding at all: as the backend sent it.
     let got = curl(&[&url]).await;
     assert_eq!(got.header("content-encoding"), None);
-    assert_eq!(got.header("content-length"), Some(&*json().len().to_string()));
+    assert_eq!(
+        got.header("content-length"),
+        Some(&*json().len().to_string())
+    );
 }
 
 #[tokio::test]
@@ -243,8 +274,16 @@ async fn responses_that_must_stay_as_they_are_are_left_alone() {
     for path in ["/encoded", "/no-transform", "/png", "/short", "/206"] {
         let got = curl(&["-H", ae, &at(path)]).await;
         let enc = got.header("content-encoding");
-        assert!(enc.is_none() || enc == Some("identity-by-backend"), "{path}: {}", got.headers);
-        assert!(got.header("content-length").is_some(), "{path}: {}", got.headers);
+        assert!(
+            enc.is_none() || enc == Some("identity-by-backend"),
+            "{path}: {}",
+            got.headers
+        );
+        assert!(
+            got.header("content-length").is_some(),
+            "{path}: {}",
+            got.headers
+        );
         assert_eq!(got.header("vary"), None, "{path}: {}", got.headers);
     }
     let got = curl(&["-H", ae, &at("/204")]).await;
@@ -255,7 +294,10 @@ async fn responses_that_must_stay_as_they_are_are_left_alone() {
     // HEAD: the length of the uncompressed body, no coding.
     let got = curl(&["-H", ae, "--head", &at("/json")]).await;
     assert_eq!(got.header("content-encoding"), None, "{}", got.headers);
-    assert_eq!(got.header("content-length"), Some(&*json().len().to_string()));
+    assert_eq!(
+        got.header("content-length"),
+        Some(&*json().len().to_string())
+    );
     // HTTP/1.0 (nginx's gzip_http_version 1.1): as it is, with Vary for the caches.
     let got = curl(&["--http1.0", "-H", ae, &at("/json")]).await;
     assert_eq!(got.header("content-encoding"), None, "{}", got.headers);
@@ -264,7 +306,10 @@ async fn responses_that_must_stay_as_they_are_are_left_alone() {
     // A listener without compress: nothing changes, no Vary.
     let plain = Proxy::start(&setup(b.addr, ""));
     let got = curl(&["-H", ae, &format!("http://{}/json", plain.addr)]).await;
-    assert_eq!((got.header("content-encoding"), got.header("vary")), (None, None));
+    assert_eq!(
+        (got.header("content-encoding"), got.header("vary")),
+        (None, None)
+    );
 }
 
 #[tokio::test]
@@ -393,7 +438,14 @@ async fn an_http2_client_gets_the_same_compression() {
     assert_eq!(decode("br", &got.body), json().as_bytes());
     let got = curl(&["--http2-prior-knowledge", "--compressed", &url]).await;
     assert_eq!(got.body, json().as_bytes());
-    let got = curl(&["--http2-prior-knowledge", "-H", "Accept-Encoding: gzip", "--head", &url]).await;
+    let got = curl(&[
+        "--http2-prior-knowledge",
+        "-H",
+        "Accept-Encoding: gzip",
+        "--head",
+        &url,
+    ])
+    .await;
     assert_eq!(got.header("content-encoding"), None);
 }
 
@@ -417,7 +469,10 @@ upstream = "app"
     let at = |p: &str| format!("http://{}{p}", proxy.addr);
     let ae = "Accept-Encoding: gzip, br, zstd";
     let got = curl(&["-H", ae, &at("/json")]).await;
-    assert_eq!((got.header("content-encoding"), got.header("vary")), (None, None));
+    assert_eq!(
+        (got.header("content-encoding"), got.header("vary")),
+        (None, None)
+    );
     let got = curl(&["-H", ae, &at("/etag")]).await;
     assert_eq!(got.header("content-encoding"), Some("br"));
     let got = curl(&["-H", ae, &at("/chunked")]).await;
@@ -426,7 +481,12 @@ upstream = "app"
     // Level 9 from the listener: smaller than level 1's output of the same body.
     let one = Proxy::start(&setup(b.addr, "compress = { algorithms = [\"gzip\"] }\n"));
     let level1 = curl(&["-H", ae, &format!("http://{}/chunked", one.addr)]).await;
-    assert!(got.body.len() < level1.body.len(), "{} vs {}", got.body.len(), level1.body.len());
+    assert!(
+        got.body.len() < level1.body.len(),
+        "{} vs {}",
+        got.body.len(),
+        level1.body.len()
+    );
 }
 
 #[test]
@@ -437,14 +497,46 @@ fn bad_compress_keys_are_config_errors_at_their_place() {
         )
     };
     let cases = [
-        ("compress = { algorithms = [\"deflate\"] }", "4:", "listener[0].compress.algorithms: unknown algorithm \"deflate\""),
-        ("compress = { algorithms = [] }", "4:", "listener[0].compress.algorithms: empty"),
-        ("compress = { algorithms = [\"br\", \"br\"] }", "4:", "listed twice"),
-        ("compress = { gzip_level = 10 }", "4:", "listener[0].compress.gzip_level: 10 is out of range, expected a level from 1 to 9"),
-        ("compress = { br_level = 12 }", "4:", "br_level: 12 is out of range"),
-        ("compress = { zstd_level = 0 }", "4:", "zstd_level: 0 is out of range"),
-        ("compress = { min_length = -1 }", "4:", "min_length: -1 is negative"),
-        ("compress = { types = [\"text/html; charset=utf-8\"] }", "4:", "is not a media type"),
+        (
+            "compress = { algorithms = [\"deflate\"] }",
+            "4:",
+            "listener[0].compress.algorithms: unknown algorithm \"deflate\"",
+        ),
+        (
+            "compress = { algorithms = [] }",
+            "4:",
+            "listener[0].compress.algorithms: empty",
+        ),
+        (
+            "compress = { algorithms = [\"br\", \"br\"] }",
+            "4:",
+            "listed twice",
+        ),
+        (
+            "compress = { gzip_level = 10 }",
+            "4:",
+            "listener[0].compress.gzip_level: 10 is out of range, expected a level from 1 to 9",
+        ),
+        (
+            "compress = { br_level = 12 }",
+            "4:",
+            "br_level: 12 is out of range",
+        ),
+        (
+            "compress = { zstd_level = 0 }",
+            "4:",
+            "zstd_level: 0 is out of range",
+        ),
+        (
+            "compress = { min_length = -1 }",
+            "4:",
+            "min_length: -1 is negative",
+        ),
+        (
+            "compress = { types = [\"text/html; charset=utf-8\"] }",
+            "4:",
+            "is not a media type",
+        ),
         ("compress = { level = 1 }", "4:", "unknown field `level`"),
         ("compress = \"gzip\"", "4:", "expected true, false or"),
         (

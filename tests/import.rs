@@ -1933,7 +1933,12 @@ http {{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gzip_imports_as_compress_and_compresses_as_nginx_does() {
     let json: String = (0..600)
-        .map(|i| format!(r#"{{"id":{i},"name":"user {i}","mail":"u{i}@example.com","n":{}}},"#, i * 7919 % 1000))
+        .map(|i| {
+            format!(
+                r#"{{"id":{i},"name":"user {i}","mail":"u{i}@example.com","n":{}}},"#,
+                i * 7919 % 1000
+            )
+        })
         .collect();
     let body = json.clone();
     let backend = RawServer::start(move |_| {
@@ -2001,12 +2006,28 @@ http {{
             let url = format!("http://{at}{path}");
             tokio::task::spawn_blocking(move || {
                 let out = Command::new("curl")
-                    .args(["-sS", "--max-time", "10", "-H", "Accept-Encoding: gzip", "-D", "-"])
+                    .args([
+                        "-sS",
+                        "--max-time",
+                        "10",
+                        "-H",
+                        "Accept-Encoding: gzip",
+                        "-D",
+                        "-",
+                    ])
                     .arg(&url)
                     .output()
                     .expect("run curl");
-                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-                let split = out.stdout.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let split = out
+                    .stdout
+                    .windows(4)
+                    .position(|w| w == b"\r\n\r\n")
+                    .unwrap();
                 let head = String::from_utf8_lossy(&out.stdout[..split]).to_ascii_lowercase();
                 (head, out.stdout[split + 4..].to_vec())
             })
@@ -2022,6 +2043,11 @@ http {{
         assert_eq!(raw, json.as_bytes(), "{at}");
     }
     let ratio = sizes[1] / sizes[0];
-    assert!((0.98..=1.02).contains(&ratio), "pinlb {} bytes, nginx {}", sizes[1], sizes[0]);
+    assert!(
+        (0.98..=1.02).contains(&ratio),
+        "pinlb {} bytes, nginx {}",
+        sizes[1],
+        sizes[0]
+    );
     drop((nginx, pinlb));
 }

@@ -136,7 +136,8 @@ impl Compress {
 #[derive(Debug)]
 pub(super) enum RawCompress {
     Switch(bool),
-    Table(RawCompressTable),
+    /// Boxed: the table is large beside a bool, and read once per load.
+    Table(Box<RawCompressTable>),
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -166,7 +167,7 @@ impl<'de> Deserialize<'de> for RawCompress {
                 map: A,
             ) -> std::result::Result<RawCompress, A::Error> {
                 RawCompressTable::deserialize(de::value::MapAccessDeserializer::new(map))
-                    .map(RawCompress::Table)
+                    .map(|t| RawCompress::Table(Box::new(t)))
             }
         }
         d.deserialize_any(V)
@@ -250,7 +251,8 @@ fn table(src: &Source, key: &str, t: &RawCompressTable, base: &Compress) -> Resu
                 || v.split_once('/').is_some_and(|(a, b)| {
                     let token = |s: &str| {
                         !s.is_empty()
-                            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$&^_.+-".contains(&b))
+                            && s.bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b"!#$&^_.+-".contains(&b))
                     };
                     token(a) && (b == "*" || token(b))
                 });
@@ -280,25 +282,27 @@ fn table(src: &Source, key: &str, t: &RawCompressTable, base: &Compress) -> Resu
             src.at(
                 v.span(),
                 &format!("{key}.min_length"),
-                format!("{} is negative, expected a length in bytes (0 or more)", v.get_ref()),
+                format!(
+                    "{} is negative, expected a length in bytes (0 or more)",
+                    v.get_ref()
+                ),
             )
         })?;
     }
-    let level = |v: &Option<Spanned<i64>>, name: &str, range: std::ops::RangeInclusive<i64>| {
-        match v {
-            None => Ok(None),
-            Some(v) if range.contains(v.get_ref()) => Ok(Some(*v.get_ref())),
-            Some(v) => Err(src.at(
-                v.span(),
-                &format!("{key}.{name}"),
-                format!(
-                    "{} is out of range, expected a level from {} to {}",
-                    v.get_ref(),
-                    range.start(),
-                    range.end()
-                ),
-            )),
-        }
+    let level = |v: &Option<Spanned<i64>>, name: &str, range: std::ops::RangeInclusive<i64>| match v
+    {
+        None => Ok(None),
+        Some(v) if range.contains(v.get_ref()) => Ok(Some(*v.get_ref())),
+        Some(v) => Err(src.at(
+            v.span(),
+            &format!("{key}.{name}"),
+            format!(
+                "{} is out of range, expected a level from {} to {}",
+                v.get_ref(),
+                range.start(),
+                range.end()
+            ),
+        )),
     };
     if let Some(l) = level(&t.gzip_level, "gzip_level", 1..=9)? {
         c.gzip_level = l as u32;

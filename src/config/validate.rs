@@ -1281,8 +1281,7 @@ fn listener(
         let (pages, intercept) = (r.error_page.as_deref(), r.intercept_errors.as_ref());
         rule.error_pages =
             super::error_pages::route(src, &rkey, pages, intercept, error_pages.as_deref())?;
-        rule.compress =
-            super::compress::route(src, &rkey, r.compress.as_ref(), compress.as_ref())?;
+        rule.compress = super::compress::route(src, &rkey, r.compress.as_ref(), compress.as_ref())?;
     }
     let upstream = match &l.upstream {
         Some(u) => upstream_index(src, key, u, upstreams)?,

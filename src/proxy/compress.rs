@@ -32,10 +32,7 @@ pub const WINDOW_LOG: u32 = 19;
 /// of preference): the highest q-value over 0, ties going to the earlier in `offered`. A coding
 /// the client does not name takes `*`'s q-value, or is refused; `x-gzip` is `gzip` (RFC 9110
 /// §8.4.1.3). Without the header, or with none acceptable, `None`: the response goes as it is.
-pub fn negotiate<'a>(
-    accept: impl Iterator<Item = &'a [u8]>,
-    offered: &[Coding],
-) -> Option<Coding> {
+pub fn negotiate<'a>(accept: impl Iterator<Item = &'a [u8]>, offered: &[Coding]) -> Option<Coding> {
     // The q-value (in thousandths) of each offered coding named, and of `*`.
     let mut named: [Option<u16>; 3] = [None; 3];
     let mut star = None;
@@ -110,7 +107,7 @@ pub fn line_value<'a>(lines: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     lines_named(lines, name).next()
 }
 
-fn lines_named<'a, 'b>(lines: &'a [u8], name: &'b [u8]) -> impl Iterator<Item = &'a [u8]> {
+fn lines_named<'a>(lines: &'a [u8], name: &[u8]) -> impl Iterator<Item = &'a [u8]> {
     lines.split(|&b| b == b'\n').filter_map(move |line| {
         let colon = line.iter().position(|&b| b == b':')?;
         line[..colon]
@@ -157,7 +154,12 @@ pub fn add_vary(lines: &mut Vec<u8>) {
     for line in lines.split_inclusive(|&b| b == b'\n') {
         let colon = line.iter().position(|&b| b == b':');
         if colon.is_some_and(|c| line[..c].trim_ascii().eq_ignore_ascii_case(b"vary")) {
-            let end = at + line.len() - line.iter().rev().take_while(|b| b.is_ascii_whitespace()).count();
+            let end = at + line.len()
+                - line
+                    .iter()
+                    .rev()
+                    .take_while(|b| b.is_ascii_whitespace())
+                    .count();
             let empty = line[colon.map_or(0, |c| c + 1)..].trim_ascii().is_empty();
             let add: &[u8] = if empty {
                 b" Accept-Encoding"
@@ -367,7 +369,12 @@ mod tests {
         assert!(!eligible(&c, StatusCode::OK, encoded, None));
         let kept = b"content-type: text/html\r\ncache-control: public, No-Transform\r\n";
         assert!(!eligible(&c, StatusCode::OK, kept, None));
-        assert!(!eligible(&c, StatusCode::OK, b"content-type: image/png\r\n", None));
+        assert!(!eligible(
+            &c,
+            StatusCode::OK,
+            b"content-type: image/png\r\n",
+            None
+        ));
         assert!(!eligible(&c, StatusCode::OK, b"", None));
     }
 
@@ -392,7 +399,10 @@ mod tests {
         let mut lines =
             b"ETag: \"abc\"\r\ncontent-length: 5\r\naccept-ranges: bytes\r\nx: y\r\n".to_vec();
         edit_headers(&mut lines, Coding::Brotli);
-        assert_eq!(lines, b"etag: W/\"abc\"\r\nx: y\r\ncontent-encoding: br\r\n");
+        assert_eq!(
+            lines,
+            b"etag: W/\"abc\"\r\nx: y\r\ncontent-encoding: br\r\n"
+        );
         let mut lines = b"etag: W/\"abc\"\r\n".to_vec();
         edit_headers(&mut lines, Coding::Gzip);
         assert_eq!(lines, b"etag: W/\"abc\"\r\ncontent-encoding: gzip\r\n");
@@ -402,10 +412,14 @@ mod tests {
         let mut out = Vec::new();
         match coding {
             Coding::Gzip => {
-                flate2::read::GzDecoder::new(data).read_to_end(&mut out).unwrap();
+                flate2::read::GzDecoder::new(data)
+                    .read_to_end(&mut out)
+                    .unwrap();
             }
             Coding::Brotli => {
-                brotli::Decompressor::new(data, 4096).read_to_end(&mut out).unwrap();
+                brotli::Decompressor::new(data, 4096)
+                    .read_to_end(&mut out)
+                    .unwrap();
             }
             Coding::Zstd => out = zstd::stream::decode_all(data).unwrap(),
         }
@@ -414,7 +428,9 @@ mod tests {
 
     #[test]
     fn each_encoder_round_trips_and_a_flush_makes_what_it_took_decodable() {
-        let text: Vec<u8> = (0..2000).flat_map(|i| format!("{{\"n\":{i}}},").into_bytes()).collect();
+        let text: Vec<u8> = (0..2000)
+            .flat_map(|i| format!("{{\"n\":{i}}},").into_bytes())
+            .collect();
         for coding in ALL {
             let mut e = Encoder::new(coding, &compress()).unwrap();
             e.write(&text[..1000]).unwrap();
@@ -481,7 +497,8 @@ mod tests {
         let mut cctx = CCtx::create();
         cctx.set_parameter(CParameter::CompressionLevel(compress().zstd_level))
             .unwrap();
-        cctx.set_parameter(CParameter::WindowLog(WINDOW_LOG)).unwrap();
+        cctx.set_parameter(CParameter::WindowLog(WINDOW_LOG))
+            .unwrap();
         let mut out: Vec<u8> = Vec::with_capacity(1 << 20);
         for piece in text.chunks(16 * 1024) {
             let mut input = InBuffer::around(piece);
@@ -512,7 +529,11 @@ mod tests {
             .collect();
         // Stated in KiB (docs/behaviour.md), with the output held (at most OUT_CHUNK and one
         // piece's worth) and the writers' own buffers.
-        for (coding, stated_kib) in [(Coding::Gzip, 340), (Coding::Brotli, 1950), (Coding::Zstd, 2200)] {
+        for (coding, stated_kib) in [
+            (Coding::Gzip, 340),
+            (Coding::Brotli, 1950),
+            (Coding::Zstd, 2200),
+        ] {
             let base = counting::start();
             let mut e = Encoder::new(coding, &compress()).unwrap();
             for piece in text.chunks(16 * 1024) {
@@ -528,7 +549,10 @@ mod tests {
                 used += zstd_context_kib(&text);
             }
             eprintln!("{coding:?}: {used} KiB per stream");
-            assert!(used <= stated_kib, "{coding:?}: {used} KiB, stated {stated_kib}");
+            assert!(
+                used <= stated_kib,
+                "{coding:?}: {used} KiB, stated {stated_kib}"
+            );
         }
     }
 }

@@ -226,7 +226,12 @@ impl Route {
     /// client takes one of its codings (`proxy::compress`). A listener without pays for one
     /// flag.
     #[inline]
-    pub fn compress(&self, reply: &mut Reply<ProxyBody>, edits: Option<&Edits>, head: &RequestHead) {
+    pub fn compress(
+        &self,
+        reply: &mut Reply<ProxyBody>,
+        edits: Option<&Edits>,
+        head: &RequestHead,
+    ) {
         if self.compress.get() {
             self.compress_reply(reply, edits.and_then(|e| e.compress.as_ref()), head);
         }
@@ -261,7 +266,10 @@ impl Route {
         let encoder = match compress::Encoder::new(coding, c) {
             Ok(e) => e,
             Err(e) => {
-                crate::sys::summed::summed_warn!("response sent uncompressed: {} encoder: {e}", coding.token());
+                crate::sys::summed::summed_warn!(
+                    "response sent uncompressed: {} encoder: {e}",
+                    coding.token()
+                );
                 return;
             }
         };

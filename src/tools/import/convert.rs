@@ -380,7 +380,9 @@ impl Builder {
                     if (Ssl::NAMES.contains(&n) || client_cert::NAMES.contains(&n)) && any_tls => {}
                 (n, None) if Inherited::NAMES.contains(&n) => {}
                 (n, None) if super::limits::NAMES.contains(&n) => {}
-                (n, None) if super::gzip::NAMES.contains(&n) => super::gzip::note(d, &mut self.notes),
+                (n, None) if super::gzip::NAMES.contains(&n) => {
+                    super::gzip::note(d, &mut self.notes)
+                }
                 ("client_max_body_size", None) => self.body_limit(d),
                 ("access_log", None) => self.access_log(d, http),
                 ("log_format", None) => {} // Read by access_log.

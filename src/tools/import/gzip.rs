@@ -70,9 +70,13 @@ pub(super) fn note(d: &Directive, notes: &mut Vec<String>) {
         "gzip_http_version" => {
             "pinlb compresses for HTTP/1.1 and HTTP/2 clients only (nginx's gzip_http_version 1.1)"
         }
-        "gzip_buffers" => "pinlb's output per stream is bounded by its own 16 KiB (docs/behaviour.md)",
+        "gzip_buffers" => {
+            "pinlb's output per stream is bounded by its own 16 KiB (docs/behaviour.md)"
+        }
         "gzip_disable" => "pinlb compresses for every User-Agent that accepts gzip",
-        "gzip_window" | "gzip_hash" => "pinlb uses zlib's full window and memLevel 8 (nginx's defaults)",
+        "gzip_window" | "gzip_hash" => {
+            "pinlb uses zlib's full window and memLevel 8 (nginx's defaults)"
+        }
         _ => return,
     };
     notes.push(format!("{}: {} not converted: {why}", d.at(), d.name));
@@ -87,7 +91,13 @@ pub(super) fn route(
     notes: &mut Vec<String>,
     size: fn(&str) -> Option<u64>,
 ) {
-    if inherit.on.as_ref().and_then(|d| d.args.first()).map(String::as_str) != Some("on") {
+    if inherit
+        .on
+        .as_ref()
+        .and_then(|d| d.args.first())
+        .map(String::as_str)
+        != Some("on")
+    {
         return;
     }
     let mut c = Table::new();
