@@ -878,9 +878,7 @@ impl Connection {
             self.route.error_page(response, edits, &head.method);
         }
         self.route.finish_response(response, edits, id, upstreamed);
-        if proxied {
-            self.route.compress(response, edits, head);
-        }
+        self.route.compress(response, edits, head, proxied);
     }
 
     /// The request's ID, when `[request_id]` is on. Behind a pointer: the exchange's state

@@ -475,7 +475,7 @@ impl Shared {
         route.error_page(&mut answer.response, edits.as_deref(), &head.method);
         let (ids, timing) = (id.as_deref(), answer.upstreamed.as_deref());
         route.finish_response(&mut answer.response, edits.as_deref(), ids, timing);
-        route.compress(&mut answer.response, edits.as_deref(), &head);
+        route.compress(&mut answer.response, edits.as_deref(), &head, true);
         let logged = Logged::new(
             pending.and_then(|p| p.responded(answer.response.status, answer.upstreamed)),
         );

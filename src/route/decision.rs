@@ -222,7 +222,8 @@ impl Route {
         }
     }
 
-    /// The proxy's answer compressed, when its route (or the listener) has `compress` and the
+    /// The proxy's answer (`proxied`: a backend's, or pinlb's 502/503/504 in its place; not a
+    /// route's own answer) compressed, when its route (or the listener) has `compress` and the
     /// client takes one of its codings (`proxy::compress`). A listener without pays for one
     /// flag.
     #[inline]
@@ -231,8 +232,9 @@ impl Route {
         reply: &mut Reply<ProxyBody>,
         edits: Option<&Edits>,
         head: &RequestHead,
+        proxied: bool,
     ) {
-        if self.compress.get() {
+        if self.compress.get() && proxied {
             self.compress_reply(reply, edits.and_then(|e| e.compress.as_ref()), head);
         }
     }
