@@ -2050,4 +2050,30 @@ http {{
         sizes[0]
     );
     drop((nginx, pinlb));
+
+    // A level nginx would refuse: a note, and pinlb's default level.
+    let bad = "http {
+    gzip on;
+    gzip_comp_level 12;
+    server {
+        listen 8080;
+        location / { proxy_pass http://127.0.0.1:8081; }
+    }
+}
+";
+    let imported = import_text(bad, &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    assert!(
+        imported.stderr.contains(&format!(
+            "{}:3: gzip_comp_level not converted: expected a level from 1 to 9",
+            imported.path.display()
+        )),
+        "{}",
+        imported.stderr
+    );
+    assert!(
+        imported.stdout.contains("gzip_level = 1\n"),
+        "{}",
+        imported.stdout
+    );
 }
