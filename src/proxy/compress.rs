@@ -349,6 +349,29 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Whatever a client sends as Accept-Encoding, the choice is one of the offered
+        /// codings or none, and never a panic.
+        #[test]
+        fn any_accept_encoding_picks_an_offered_coding_or_none(
+            value in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+            offered in proptest::sample::subsequence(ALL.to_vec(), 0..=3),
+        ) {
+            let picked = negotiate(std::iter::once(&value[..]), &offered);
+            proptest::prop_assert!(picked.is_none_or(|c| offered.contains(&c)));
+        }
+    }
+
+    /// The plain path moves `ProxyBody`s: the compressed variant (boxed) must leave it the
+    /// size of its backend variant, the tag in that variant's niche.
+    #[test]
+    fn a_compressed_body_leaves_proxy_body_the_size_of_its_upstream_variant() {
+        use std::mem::size_of;
+        let upstream = size_of::<crate::http1::client::UpstreamBody>()
+            + size_of::<Option<crate::proxy::body::Release>>();
+        assert_eq!(size_of::<crate::proxy::body::ProxyBody>(), upstream);
+    }
+
     fn compress() -> Compress {
         Compress::default()
     }
