@@ -14,6 +14,7 @@ use http::{Method, StatusCode};
 
 use crate::http1::client::{BackendStream, Finished, UpstreamBody, UpstreamError};
 use crate::http1::common::{Reply, content_length_line, header_lines};
+use crate::proxy::spool::SpooledBody;
 use crate::upstream::counters::BackendStats;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::local::WorkerUpstream;
@@ -219,6 +220,9 @@ pub enum ProxyBody {
     Http2(Box<Http2Body>),
     /// Made by pinlb (an error page).
     Local(Option<Bytes>),
+    /// A backend's body buffered for a slow client (`[upstream.NAME.buffering]`), read from
+    /// the spool its drain fills. Boxed, as `Http2` is, so that `ProxyBody` stays its size.
+    Spooled(Box<SpooledBody>),
 }
 
 impl ProxyBody {
@@ -256,6 +260,7 @@ impl ProxyBody {
             ProxyBody::Upstream { body, .. } => body.remaining(),
             ProxyBody::Http2(h) => http_body::Body::size_hint(&h.body).exact(),
             ProxyBody::Local(data) => Some(data.as_ref().map_or(0, |d| d.len() as u64)),
+            ProxyBody::Spooled(s) => s.remaining(),
         }
     }
 
@@ -265,6 +270,7 @@ impl ProxyBody {
             ProxyBody::Upstream { body, .. } => body.has_date(),
             ProxyBody::Http2(h) => h.has_date,
             ProxyBody::Local(_) => false,
+            ProxyBody::Spooled(s) => s.has_date(),
         }
     }
 
@@ -291,6 +297,7 @@ impl ProxyBody {
             }
             ProxyBody::Http2(h) => h.poll_data(cx),
             ProxyBody::Local(data) => Poll::Ready(data.take().map(Ok)),
+            ProxyBody::Spooled(s) => s.poll_data(cx),
         }
     }
 
