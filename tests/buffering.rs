@@ -197,7 +197,12 @@ fn temp_files_in(dir: &Path) -> usize {
 
 /// Sends `body` on `conn` at `rate` bytes per second, in pieces every 20 ms, calling `each`
 /// with the bytes sent so far after each piece. Returns when the last piece was written.
-async fn paced(conn: &mut TcpStream, body: &[u8], rate: usize, mut each: impl FnMut(usize)) -> Instant {
+async fn paced(
+    conn: &mut TcpStream,
+    body: &[u8],
+    rate: usize,
+    mut each: impl FnMut(usize),
+) -> Instant {
     let tick = Duration::from_millis(20);
     let per = (rate / 50).max(1);
     let mut interval = tokio::time::interval(tick);
@@ -218,13 +223,19 @@ async fn read_all(conn: &mut BufReader<TcpStream>, rate: Option<usize>) -> (Stri
     let mut line = String::new();
     loop {
         line.clear();
-        assert!(conn.read_line(&mut line).await.unwrap() > 0, "closed mid-head: {head}");
+        assert!(
+            conn.read_line(&mut line).await.unwrap() > 0,
+            "closed mid-head: {head}"
+        );
         head.push_str(&line);
         if line == "\r\n" {
             break;
         }
     }
-    let len: usize = header(&head, "content-length").expect(&head).parse().unwrap();
+    let len: usize = header(&head, "content-length")
+        .expect(&head)
+        .parse()
+        .unwrap();
     let mut body = vec![0; len];
     match rate {
         None => {
@@ -254,7 +265,10 @@ async fn slow_reader(addr: SocketAddr) -> BufReader<TcpStream> {
 async fn a_buffered_slow_upload_holds_the_backend_under_50ms_and_spills_to_a_temp_file() {
     let backend = Recorder::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let keys = format!("memory = \"64KiB\"\ntemp_dir = \"{}\"", dir.path().display());
+    let keys = format!(
+        "memory = \"64KiB\"\ntemp_dir = \"{}\"",
+        dir.path().display()
+    );
     let proxy = proxy(backend.addr, Some(&keys), "max_body = \"1MiB\"");
     let body = pattern(200 * 1024);
     let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
@@ -272,7 +286,11 @@ async fn a_buffered_slow_upload_holds_the_backend_under_50ms_and_spills_to_a_tem
         }
     })
     .await;
-    assert!(spilled, "no temporary file in {} during the upload", dir.path().display());
+    assert!(
+        spilled,
+        "no temporary file in {} during the upload",
+        dir.path().display()
+    );
     let (head, reply) = read_all(&mut BufReader::new(conn), None).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(reply, b"ok");
@@ -285,7 +303,10 @@ async fn a_buffered_slow_upload_holds_the_backend_under_50ms_and_spills_to_a_tem
         "the backend saw the request before the client's last byte"
     );
     let held = s.last - s.first;
-    assert!(held < Duration::from_millis(50), "the backend was held {held:?}");
+    assert!(
+        held < Duration::from_millis(50),
+        "the backend was held {held:?}"
+    );
     assert_eq!(header(&s.head, "content-length"), Some("204800"));
     // The file went with the request.
     let gone = poll(100, Duration::from_millis(20), async || {
@@ -313,7 +334,11 @@ async fn a_chunked_upload_arrives_with_a_content_length_after_pinlbs_own_100_con
         .unwrap();
     assert_eq!(line, "HTTP/1.1 100 Continue\r\n");
     conn.read_line(&mut line).await.unwrap();
-    assert_eq!(backend.accepts.load(Ordering::SeqCst), 0, "no backend before the body");
+    assert_eq!(
+        backend.accepts.load(Ordering::SeqCst),
+        0,
+        "no backend before the body"
+    );
     conn.get_mut()
         .write_all(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
         .await
@@ -383,9 +408,15 @@ async fn a_buffered_response_frees_the_backend_within_a_second_while_the_client_
     let (head, _) = read_all(&mut next, None).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let seen = backend.wait_for(2).await;
-    assert_eq!(seen[1].conn, 1, "the second request reused the first's connection");
+    assert_eq!(
+        seen[1].conn, 1,
+        "the second request reused the first's connection"
+    );
     let freed = seen[1].first - finished;
-    assert!(freed < Duration::from_secs(1), "freed {freed:?} after the last byte");
+    assert!(
+        freed < Duration::from_secs(1),
+        "freed {freed:?} after the last byte"
+    );
     assert!(!reader.is_finished(), "the client is still reading");
     let ((head, body), read_at) = tokio::time::timeout(Duration::from_secs(30), reader)
         .await
@@ -441,7 +472,10 @@ async fn without_the_table_both_bodies_stream_as_before() {
     let (reply_head, _) = read_all(&mut BufReader::new(conn), None).await;
     assert!(reply_head.starts_with("HTTP/1.1 200"), "{reply_head}");
     let s = &backend.wait_for(1).await[0];
-    assert!(s.first < done, "the body streamed: the backend had the head before its end");
+    assert!(
+        s.first < done,
+        "the body streamed: the backend had the head before its end"
+    );
     assert_eq!(s.body, body);
     let size = 24 << 20;
     streams(&backend, &proxy, &format!("/big/{size}"), size).await;
@@ -463,13 +497,19 @@ fn check_refuses_a_temp_dir_that_takes_no_file_and_response_buffering_on_http2()
     let e = pinlb::Config::parse("test.toml", &setup.toml(), &allowed())
         .unwrap_err()
         .to_string();
-    assert!(e.contains("upstream.app.buffering.temp_dir: \"tmp\" is relative"), "{e}");
+    assert!(
+        e.contains("upstream.app.buffering.temp_dir: \"tmp\" is relative"),
+        "{e}"
+    );
     setup.extra = "[upstream.app.buffering]\nresponse = true\n".into();
     setup.upstream_keys = "protocol = \"h2c\"\n".into();
     let e = pinlb::Config::parse("test.toml", &setup.toml(), &allowed())
         .unwrap_err()
         .to_string();
-    assert!(e.contains("upstream.app.buffering.response: not with an HTTP/2 upstream"), "{e}");
+    assert!(
+        e.contains("upstream.app.buffering.response: not with an HTTP/2 upstream"),
+        "{e}"
+    );
     setup.extra = "[upstream.app.buffering]\nmemory = \"lots\"\n".into();
     setup.upstream_keys.clear();
     let e = pinlb::Config::parse("test.toml", &setup.toml(), &allowed())

@@ -89,7 +89,10 @@ pub(super) fn buffering(
         None => Buffering::MEMORY,
         Some(m) => usize::try_from(m.get_ref().0).unwrap_or(usize::MAX),
     };
-    let max_temp = raw.max_temp.as_ref().map_or(Buffering::MAX_TEMP, |m| m.get_ref().0);
+    let max_temp = raw
+        .max_temp
+        .as_ref()
+        .map_or(Buffering::MAX_TEMP, |m| m.get_ref().0);
     let temp_dir = match &raw.temp_dir {
         None => std::env::temp_dir(),
         Some(dir) => {
@@ -98,7 +101,10 @@ pub(super) fn buffering(
                 return Err(src.at(
                     dir.span(),
                     &format!("{key}.temp_dir"),
-                    format!("\"{}\" is relative, expected an absolute path to a directory", dir.get_ref()),
+                    format!(
+                        "\"{}\" is relative, expected an absolute path to a directory",
+                        dir.get_ref()
+                    ),
                 ));
             }
             path

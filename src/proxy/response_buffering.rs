@@ -161,7 +161,9 @@ fn strip_accel(headers: &mut Vec<u8>) -> Seen {
         }
         if name.eq_ignore_ascii_case(b"content-type") {
             let media = value.split(|&b| b == b';').next().unwrap_or_default();
-            seen.event_stream = media.trim_ascii().eq_ignore_ascii_case(b"text/event-stream");
+            seen.event_stream = media
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"text/event-stream");
         }
         kept.extend_from_slice(line);
     }

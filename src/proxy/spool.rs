@@ -195,7 +195,10 @@ impl SpooledBody {
     /// The next piece: what the drain kept, then the end (or the backend's error) once it saw
     /// it. A temporary file that fails to read aborts the response.
     #[inline(never)]
-    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamError>>> {
+    pub fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, UpstreamError>>> {
         let mut ch = self.channel.borrow_mut();
         match ch.spool.pop() {
             Ok(Some(data)) => {
@@ -272,7 +275,10 @@ mod tests {
                 assert_eq!(&sent[at..at + d.len()], &d[..]);
             }
         }
-        assert!(s.to_disk() > 0, "past 10 bytes of memory, bytes went to the file");
+        assert!(
+            s.to_disk() > 0,
+            "past 10 bytes of memory, bytes went to the file"
+        );
         let rest = drain(&mut s);
         assert_eq!(&sent[sent.len() - rest.len()..], &rest[..]);
         assert_eq!(s.len(), 0);
@@ -291,7 +297,10 @@ mod tests {
     fn room_ends_at_memory_plus_the_file_bound_but_an_empty_spool_takes_any_piece() {
         let dir = std::env::temp_dir();
         let mut s = Spool::new(&bounds(4, 8));
-        assert!(s.has_room(100), "an empty spool takes a piece larger than both bounds");
+        assert!(
+            s.has_room(100),
+            "an empty spool takes a piece larger than both bounds"
+        );
         s.push(Bytes::from_static(b"abcd"), &dir).unwrap();
         assert!(s.has_room(8));
         assert!(!s.has_room(9));

@@ -10,9 +10,12 @@
 //! - [`limits`]: `limit_req_zone`, `limit_req` and `limit_req_status` as rate zones.
 //! - [`proxy_protocol`]: `listen … proxy_protocol` and the realip module's directives.
 //! - [`client_cert`]: the client certificate directives as `[listener.tls]` keys.
+//! - [`buffering`]: `proxy_buffering`, `proxy_request_buffering` and their bounds as an
+//!   upstream's `[buffering]`.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
+mod buffering;
 mod client_cert;
 mod convert;
 mod error_page;
