@@ -428,6 +428,10 @@ async fn a_buffered_response_frees_the_backend_within_a_second_while_the_client_
     assert_eq!(backend.accepts.load(Ordering::SeqCst), 1);
 }
 
+/// Larger than what loopback's socket buffers can take at their largest (`tcp_rmem`'s 32 MiB
+/// and `tcp_wmem`'s 4 MiB on each side), so that a streamed body stops.
+const STREAMED: usize = 64 << 20;
+
 /// A response that must stream: the backend's writes stop where the kernel's buffers fill while
 /// the client reads nothing, and the rest comes as it reads.
 async fn streams(backend: &Recorder, proxy: &Proxy, path: &str, size: usize) -> String {
@@ -448,9 +452,8 @@ async fn streams(backend: &Recorder, proxy: &Proxy, path: &str, size: usize) -> 
 #[tokio::test]
 async fn x_accel_buffering_no_and_event_streams_are_streamed_and_the_header_is_removed() {
     let backend = Recorder::start().await;
-    let proxy = proxy(backend.addr, Some("max_temp = \"64MiB\""), "");
-    // Larger than what loopback's socket buffers take, so that a streamed body stops.
-    const SIZE: usize = 24 << 20;
+    let proxy = proxy(backend.addr, Some("max_temp = \"128MiB\""), "");
+    const SIZE: usize = STREAMED;
     let head = streams(&backend, &proxy, &format!("/big/{SIZE}/no"), SIZE).await;
     assert_eq!(header(&head, "x-accel-buffering"), None, "{head}");
     let head = streams(&backend, &proxy, &format!("/big/{SIZE}/sse"), SIZE).await;
@@ -477,8 +480,7 @@ async fn without_the_table_both_bodies_stream_as_before() {
         "the body streamed: the backend had the head before its end"
     );
     assert_eq!(s.body, body);
-    let size = 24 << 20;
-    streams(&backend, &proxy, &format!("/big/{size}"), size).await;
+    streams(&backend, &proxy, &format!("/big/{STREAMED}"), STREAMED).await;
 }
 
 #[test]
@@ -516,4 +518,47 @@ fn check_refuses_a_temp_dir_that_takes_no_file_and_response_buffering_on_http2()
         .unwrap_err()
         .to_string();
     assert!(e.contains("test.toml:") && e.contains("memory"), "{e}");
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_mid_response_takes_the_temp_file_with_it() {
+    let backend = Recorder::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = format!(
+        "memory = \"16KiB\"\ntemp_dir = \"{}\"",
+        dir.path().display()
+    );
+    let proxy = proxy(backend.addr, Some(&keys), "");
+    const SIZE: usize = 4 << 20;
+    let mut client = slow_reader(proxy.addr).await;
+    let get = format!("GET /big/{SIZE} HTTP/1.1\r\nHost: app\r\n\r\n");
+    client.get_mut().write_all(get.as_bytes()).await.unwrap();
+    let mut status = String::new();
+    client.read_line(&mut status).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    // The client reads nothing more: past 16 KiB the body waits in a temporary file.
+    let spilled = poll(500, Duration::from_millis(10), async || {
+        (temp_files_in(dir.path()) == 1).then_some(())
+    })
+    .await;
+    assert!(
+        spilled.is_some(),
+        "no temporary file in {}",
+        dir.path().display()
+    );
+    drop(client);
+    let gone = poll(500, Duration::from_millis(10), async || {
+        (temp_files_in(dir.path()) == 0).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the temporary file outlived its client");
+    // The proxy goes on serving.
+    let mut next = BufReader::new(TcpStream::connect(proxy.addr).await.unwrap());
+    next.get_mut()
+        .write_all(b"GET /small HTTP/1.1\r\nHost: app\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, body) = read_all(&mut next, None).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(body, b"ok");
 }
