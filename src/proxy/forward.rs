@@ -499,22 +499,6 @@ impl Tried {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tried_set_handles_many_backends() {
-        for n in [3, 64, 65, 300] {
-            let mut t = Tried::new(n);
-            assert!(!t.contains(n - 1));
-            t.insert(n - 1);
-            assert!(t.contains(n - 1));
-            assert!(!t.contains(0));
-        }
-    }
-}
-
 /// The reply to a backend's HTTP/1.1 answer: its body streamed, holding the in-flight count and
 /// the connection until it ends; at an upstream with a `[buffering]` table, drained for a slow
 /// client when that response is buffered (`response_buffering`).
@@ -551,4 +535,20 @@ async fn forward_buffered(
 ) -> Result<Responded, ProxyError> {
     let mut whole = request_buffering::read_whole(body, buffering, limits).await?;
     forward(upstream, downstream, limits, request, &mut whole, timed).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tried_set_handles_many_backends() {
+        for n in [3, 64, 65, 300] {
+            let mut t = Tried::new(n);
+            assert!(!t.contains(n - 1));
+            t.insert(n - 1);
+            assert!(t.contains(n - 1));
+            assert!(!t.contains(0));
+        }
+    }
 }

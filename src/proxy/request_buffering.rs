@@ -44,6 +44,12 @@ pub(crate) async fn read_whole(
     let client = ProxyError::Downstream;
     let mut spool = Spool::new(buffering);
     let bound = bound(limits.max_body, buffering);
+    // A length over the bound is refused before a byte of the body is read.
+    if let RequestFraming::Length(n) = body.framing() {
+        if n > bound {
+            return Err(client(ClientError::BodyTooLarge { limit: bound }));
+        }
+    }
     let mut length = 0u64;
     // Bounded by the body, and the body by `bound`: every pass takes a piece of it, or ends.
     loop {
@@ -57,10 +63,8 @@ pub(crate) async fn read_whole(
             .map_err(client)?;
         let Some(data) = piece else { break };
         length += data.len() as u64;
-        if bound.is_some_and(|b| length > b) {
-            return Err(client(ClientError::BodyTooLarge {
-                limit: bound.unwrap_or_default(),
-            }));
+        if length > bound {
+            return Err(client(ClientError::BodyTooLarge { limit: bound }));
         }
         push(&mut spool, data, &buffering.temp_dir)?;
     }
@@ -73,11 +77,11 @@ pub(crate) async fn read_whole(
 
 /// The largest body buffering takes: `limits.max_body` (0 = unlimited) and what memory and the
 /// temporary file may hold, whichever is less.
-fn bound(max_body: u64, b: &Buffering) -> Option<u64> {
+fn bound(max_body: u64, b: &Buffering) -> u64 {
     let held = (b.memory as u64).saturating_add(b.max_temp);
     match max_body {
-        0 => Some(held),
-        max => Some(max.min(held)),
+        0 => held,
+        max => max.min(held),
     }
 }
 
@@ -122,8 +126,8 @@ mod tests {
             max_temp: 100,
             ..Buffering::on(std::env::temp_dir())
         };
-        assert_eq!(bound(0, &b), Some(110));
-        assert_eq!(bound(50, &b), Some(50));
-        assert_eq!(bound(1000, &b), Some(110));
+        assert_eq!(bound(0, &b), 110);
+        assert_eq!(bound(50, &b), 50);
+        assert_eq!(bound(1000, &b), 110);
     }
 }

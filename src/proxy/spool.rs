@@ -71,9 +71,8 @@ impl Spool {
     /// both bounds still moves.
     pub(crate) fn has_room(&self, n: usize) -> bool {
         let file_empty = self.written == self.read;
-        (file_empty && self.in_memory == 0)
-            || (file_empty && self.in_memory + n <= self.memory_limit)
-            || self.written + n as u64 <= self.file_limit
+        let memory = self.in_memory == 0 || self.in_memory + n <= self.memory_limit;
+        (file_empty && memory) || self.written + n as u64 <= self.file_limit
     }
 
     /// Keeps `data`, which [`Spool::has_room`] said fits, in memory or in the file (made in
