@@ -4,7 +4,9 @@
 //!
 //! Per request this takes no lock. The client's body streams to the backend as it arrives, the
 //! backend's body streams back, and the upstream connection returns to the worker's pool when the
-//! response body ends.
+//! response body ends. An upstream with a `[buffering]` table reads the client's body whole
+//! before the pick (`request_buffering`) and drains the backend's body for a slow client
+//! (`response_buffering`); one without pays a test of that `Option` at each of the two places.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -84,7 +86,7 @@ pub struct DownstreamRequest<'a, B> {
 /// The request goes upstream as HTTP/1.1, origin-form, with Host first and X-Forwarded-For and
 /// X-Forwarded-Proto last. The parser already left out the hop-by-hop headers and Expect:
 /// `100 Continue` is pinlb's own answer, sent when the body is first read, once a backend
-/// connection is ready, as nginx does.
+/// connection is ready, as nginx does (at once, when the upstream buffers request bodies).
 pub async fn handle(
     upstream: Rc<WorkerUpstream>,
     downstream: Rc<Downstream>,
