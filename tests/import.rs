@@ -2077,3 +2077,53 @@ http {{
         imported.stdout
     );
 }
+
+/// nginx buffers both bodies by default and pinlb only with `[upstream.NAME.buffering]`, so
+/// the import writes the table for every upstream a location proxies to, with what the
+/// location turns off (`proxy_buffering off`, `proxy_request_buffering off`), none where both
+/// are off, and `proxy_max_temp_file_size` as `max_temp`; imported, pinlb buffers what nginx
+/// does.
+#[test]
+fn nginx_buffering_imports_as_each_upstreams_buffering_table() {
+    let imported = import_text(
+        "\
+http {
+    upstream app { server 127.0.0.1:8081; }
+    upstream events { server 127.0.0.1:8082; }
+    upstream raw { server 127.0.0.1:8083; }
+    server {
+        listen 8080;
+        proxy_max_temp_file_size 10m;
+        location / { proxy_pass http://app; }
+        location /events { proxy_buffering off; proxy_pass http://events; }
+        location /raw { proxy_buffering off; proxy_request_buffering off; proxy_pass http://raw; }
+        location /again { proxy_buffering off; proxy_pass http://app; }
+    }
+}
+",
+        &[],
+    );
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let toml: toml::Table = imported.stdout.parse().expect("TOML");
+    let buffering = |name: &str| toml["upstream"][name].get("buffering").cloned();
+    let app = buffering("app").expect("app buffers");
+    assert_eq!(app["request"].as_bool(), Some(true));
+    assert_eq!(app["response"].as_bool(), Some(true));
+    assert_eq!(app["max_temp"].as_integer(), Some(10 << 20));
+    let events = buffering("events").expect("events buffers its requests");
+    assert_eq!(events["request"].as_bool(), Some(true));
+    assert_eq!(events["response"].as_bool(), Some(false));
+    assert_eq!(buffering("raw"), None, "both off: no table");
+    assert!(
+        imported.stderr.contains(&format!(
+            "{}:11: proxy_pass: this location buffers differently from an earlier one to the same upstream",
+            imported.path.display()
+        )),
+        "{}",
+        imported.stderr
+    );
+    // What the import wrote is a configuration pinlb loads.
+    std::fs::write(imported.path.with_extension("toml"), &imported.stdout).unwrap();
+    let loaded = pinlb::Config::load(&imported.path.with_extension("toml"));
+    assert!(loaded.is_ok(), "{:?}", loaded.err());
+}

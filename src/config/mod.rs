@@ -25,9 +25,11 @@
 //! - [`client_certs`]: `[listener.tls]`'s client certificate keys, their CA and CRL files read.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
+//! - [`buffering`]: `[upstream.NAME.buffering]`: bodies read whole for slow clients, its bounds.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod access;
+mod buffering;
 mod client_certs;
 mod compress;
 mod edge_limits;
@@ -49,6 +51,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use access::{Access, AccessRule, AuthBasic, BasicAuth, Satisfy, access_rule};
+pub use buffering::Buffering;
 pub use compress::{Coding, Compress};
 pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 use error::Source;
@@ -768,6 +771,9 @@ pub struct Upstream {
     /// `proxy_protocol`: the PROXY protocol header written first on every new backend
     /// connection; `None` for none.
     pub proxy_protocol: Option<ProxyVersion>,
+    /// `[upstream.NAME.buffering]`; `None` without the table: both bodies stream, and the
+    /// request path tests only this `Option`.
+    pub buffering: Option<Arc<Buffering>>,
 }
 
 /// A PROXY protocol version, as an upstream's `proxy_protocol` names it.

@@ -313,6 +313,8 @@ pub(super) struct RawUpstream {
     pub resolve: RawResolve,
     /// The PROXY protocol header written first on each backend connection: "v1" or "v2".
     pub proxy_protocol: Option<Spanned<String>>,
+    /// `[upstream.NAME.buffering]`: request and response bodies read whole for slow clients.
+    pub buffering: Option<Spanned<RawBuffering>>,
 }
 
 /// `[upstream.NAME.spawn]`: processes pinlb starts, pinned, and whose addresses are the
@@ -829,3 +831,14 @@ pub(super) struct RawConnLimit {
 
 /// A listener's or a route's `rate_limit` as read.
 pub(super) type RawRateLimits = Option<Spanned<Vec<Spanned<RawRateLimit>>>>;
+
+/// `[upstream.NAME.buffering]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBuffering {
+    pub request: Option<Spanned<bool>>,
+    pub response: Option<Spanned<bool>>,
+    pub memory: Option<Spanned<Size>>,
+    pub temp_dir: Option<Spanned<String>>,
+    pub max_temp: Option<Spanned<Size>>,
+}

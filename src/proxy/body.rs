@@ -15,6 +15,7 @@ use http::{Method, StatusCode};
 use crate::http1::client::{BackendStream, Finished, UpstreamBody, UpstreamError};
 use crate::http1::common::{Reply, content_length_line, header_lines};
 use crate::proxy::compress::{self, Encoder};
+use crate::proxy::spool::SpooledBody;
 use crate::upstream::counters::BackendStats;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::local::WorkerUpstream;
@@ -222,6 +223,9 @@ pub enum ProxyBody {
     Local(Option<Bytes>),
     /// Another body, compressed on its way (`compress`). Boxed, as `Http2` is.
     Compressed(Box<Compressed>),
+    /// A backend's body buffered for a slow client (`[upstream.NAME.buffering]`), read from
+    /// the spool its drain fills. Boxed, as `Http2` is, so that `ProxyBody` stays its size.
+    Spooled(Box<SpooledBody>),
 }
 
 impl ProxyBody {
@@ -260,6 +264,7 @@ impl ProxyBody {
             ProxyBody::Http2(h) => http_body::Body::size_hint(&h.body).exact(),
             ProxyBody::Local(data) => Some(data.as_ref().map_or(0, |d| d.len() as u64)),
             ProxyBody::Compressed(_) => None,
+            ProxyBody::Spooled(s) => s.remaining(),
         }
     }
 
@@ -270,6 +275,7 @@ impl ProxyBody {
             ProxyBody::Http2(h) => h.has_date,
             ProxyBody::Local(_) => false,
             ProxyBody::Compressed(c) => c.inner.has_date(),
+            ProxyBody::Spooled(s) => s.has_date(),
         }
     }
 
@@ -297,6 +303,7 @@ impl ProxyBody {
             ProxyBody::Http2(h) => h.poll_data(cx),
             ProxyBody::Local(data) => Poll::Ready(data.take().map(Ok)),
             ProxyBody::Compressed(c) => c.poll_data(cx),
+            ProxyBody::Spooled(s) => s.poll_data(cx),
         }
     }
 

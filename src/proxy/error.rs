@@ -41,6 +41,9 @@ pub enum ProxyError {
     /// The client's request was refused, or its body failed, before any backend answered.
     #[error("{0}")]
     Downstream(ClientError),
+    /// A body could not be buffered: its temporary file failed (`[upstream.NAME.buffering]`).
+    #[error("buffering the body failed: {0}")]
+    Buffering(String),
 }
 
 impl ProxyError {
@@ -52,6 +55,7 @@ impl ProxyError {
                 StatusCode::GATEWAY_TIMEOUT
             }
             ProxyError::Downstream(e) => e.status(),
+            ProxyError::Buffering(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

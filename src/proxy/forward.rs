@@ -4,7 +4,9 @@
 //!
 //! Per request this takes no lock. The client's body streams to the backend as it arrives, the
 //! backend's body streams back, and the upstream connection returns to the worker's pool when the
-//! response body ends.
+//! response body ends. An upstream with a `[buffering]` table reads the client's body whole
+//! before the pick (`request_buffering`) and drains the backend's body for a slow client
+//! (`response_buffering`); one without pays a test of that `Option` at each of the two places.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use http::Method;
 
-use crate::config::{Algorithm, Limits, Protocol, Retry, Timeouts};
+use crate::config::{Algorithm, Buffering, Limits, Protocol, Retry, Timeouts};
 use crate::http1::client::{self, Outgoing, UpstreamBody, UpstreamError};
 use crate::http1::common::Reply;
 use crate::http1::request::{ClientError, RequestHead};
@@ -24,7 +26,9 @@ use crate::proxy::body::{ProxyBody, Release, h2_reply};
 use crate::proxy::downstream::{Downstream, DownstreamBody, forwarded_for};
 use crate::proxy::error::{ProxyError, error_response};
 use crate::proxy::request_body::RequestBody;
+use crate::proxy::request_buffering;
 use crate::proxy::request_id::RequestId;
+use crate::proxy::response_buffering;
 use crate::proxy::timing::Timing;
 use crate::sys::summed::summed_warn;
 use crate::upstream::hash_key;
@@ -82,7 +86,7 @@ pub struct DownstreamRequest<'a, B> {
 /// The request goes upstream as HTTP/1.1, origin-form, with Host first and X-Forwarded-For and
 /// X-Forwarded-Proto last. The parser already left out the hop-by-hop headers and Expect:
 /// `100 Continue` is pinlb's own answer, sent when the body is first read, once a backend
-/// connection is ready, as nginx does.
+/// connection is ready, as nginx does (at once, when the upstream buffers request bodies).
 pub async fn handle(
     upstream: Rc<WorkerUpstream>,
     downstream: Rc<Downstream>,
@@ -104,7 +108,15 @@ pub async fn handle(
         None => {
             let request = (head, overrides, added);
             let timed = at.map(|at| (at, spans));
-            forward(&upstream, &downstream, &limits, request, body, timed).await
+            match &upstream.shared.config.buffering {
+                // Boxed: the plain path's future carries none of the buffered one's state.
+                Some(b) if b.request && !body.is_done() => {
+                    let buffered =
+                        forward_buffered(&upstream, &downstream, &limits, b, request, body, timed);
+                    Box::pin(buffered).await
+                }
+                _ => forward(&upstream, &downstream, &limits, request, body, timed).await,
+            }
         }
     };
     match forwarded {
@@ -299,12 +311,8 @@ async fn forward(
             Protocol::Http1 => match attempt(upstream, backend, &plan, &out, &mut body).await {
                 Ok((answer, conn)) => {
                     let served = served(answer.status, &guard);
-                    let release = Release::new(guard, answer.keep_alive, upstream.clone(), backend);
-                    let body = ProxyBody::Upstream {
-                        body: UpstreamBody::new(conn, &answer),
-                        release: Some(release),
-                    };
-                    return Ok((client::response(answer, body, &head.method), served));
+                    let reply = h1_reply(upstream, backend, guard, (answer, conn), &head.method);
+                    return Ok((reply, served));
                 }
                 Err(failure) => failure,
             },
@@ -491,6 +499,44 @@ impl Tried {
             self.large[i] = true;
         }
     }
+}
+
+/// The reply to a backend's HTTP/1.1 answer: its body streamed, holding the in-flight count and
+/// the connection until it ends; at an upstream with a `[buffering]` table, drained for a slow
+/// client when that response is buffered (`response_buffering`).
+#[inline(always)]
+fn h1_reply(
+    upstream: &Rc<WorkerUpstream>,
+    backend: usize,
+    guard: InFlight,
+    (answer, conn): (client::Head, client::Conn),
+    method: &Method,
+) -> Reply<ProxyBody> {
+    let release = Release::new(guard, answer.keep_alive, upstream.clone(), backend);
+    let body = ProxyBody::Upstream {
+        body: UpstreamBody::new(conn, &answer),
+        release: Some(release),
+    };
+    if let Some(b) = &upstream.shared.config.buffering {
+        return response_buffering::reply(b, answer, body, method);
+    }
+    client::response(answer, body, method)
+}
+
+/// [`forward`] with the client's body read whole first (`buffering.request`), so that a slow
+/// upload holds no backend, `max_conns` slot or queue place while it arrives. Out of line: the
+/// plain path's future and code carry none of it.
+async fn forward_buffered(
+    upstream: &Rc<WorkerUpstream>,
+    downstream: &Downstream,
+    limits: &Limits,
+    buffering: &Buffering,
+    request: (&RequestHead, Option<&Overrides>, &[u8]),
+    body: &mut impl DownstreamBody,
+    timed: Option<(Instant, bool)>,
+) -> Result<Responded, ProxyError> {
+    let mut whole = request_buffering::read_whole(body, buffering, limits).await?;
+    forward(upstream, downstream, limits, request, &mut whole, timed).await
 }
 
 #[cfg(test)]

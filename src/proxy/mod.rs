@@ -6,9 +6,13 @@
 //! - [`request_id`]: the request's ID and W3C trace id, on both sides and in the log.
 //! - [`accesslog`]: the access log, formatted and written by its own thread.
 //! - [`compress`]: response compression: the client's coding, which responses, the encoders.
+//! - [`spool`]: a buffered body's bytes, in memory then in a temporary file, and the channel a
+//!   buffered response is read from.
 //! - [`body`]: a response's body (a backend's, streamed, or pinlb's own) and local replies.
 //! - [`error`]: why a request got no backend's answer, and the status each cause maps to.
 //! - [`request_body`]: the client's body on its way to a backend, kept for a retry.
+//! - [`request_buffering`]: a client's body read whole before a backend is picked.
+//! - [`response_buffering`]: a backend's body drained as fast as it comes, for a slow client.
 //! - [`attempt`]: one attempt at one backend, HTTP/1.1 or HTTP/2, and how it fails.
 //! - [`forward`]: the retry loop: pick, attempt, decide whether to try the next backend.
 
@@ -20,5 +24,8 @@ pub(crate) mod downstream;
 pub(crate) mod error;
 pub(crate) mod forward;
 pub(crate) mod request_body;
+pub(crate) mod request_buffering;
 pub(crate) mod request_id;
+pub(crate) mod response_buffering;
+pub(crate) mod spool;
 pub(crate) mod timing;

@@ -51,6 +51,8 @@ struct Builder {
     /// `proxy_set_header NAME $ssl_client_s_dn` and the like: `client_cert_headers`' field
     /// to the header's name, for the TLS listeners that ask for client certificates.
     client_cert_headers: Table,
+    /// The upstreams whose `[buffering]` a location has decided ([`super::buffering`]).
+    buffered: super::buffering::Decided,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -159,6 +161,8 @@ struct Inherited {
     limits: super::limits::Inherited,
     /// The gzip directives in force.
     gzip: super::gzip::Inherit,
+    /// `proxy_buffering` and the rest of [`super::buffering::NAMES`] in force.
+    buffering: super::buffering::Inherited,
 }
 
 impl Default for Inherited {
@@ -174,6 +178,7 @@ impl Default for Inherited {
             access: access::Access::default(),
             limits: Default::default(),
             gzip: Default::default(),
+            buffering: Default::default(),
         }
     }
 }
@@ -203,6 +208,7 @@ impl Inherited {
         out.access = self.access.level(block);
         out.limits = self.limits.level(block);
         out.gzip = self.gzip.level(block);
+        out.buffering = self.buffering.level(block);
         let headers: Vec<Directive> = block
             .iter()
             .filter(|d| d.name == "proxy_set_header" && d.block.is_none())
@@ -254,6 +260,7 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
         conn_zones: BTreeMap::new(),
         real_ip_from: Vec::new(),
         client_cert_headers: Table::new(),
+        buffered: Default::default(),
     };
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
@@ -379,6 +386,7 @@ impl Builder {
                 (n, None)
                     if (Ssl::NAMES.contains(&n) || client_cert::NAMES.contains(&n)) && any_tls => {}
                 (n, None) if Inherited::NAMES.contains(&n) => {}
+                (n, None) if super::buffering::NAMES.contains(&n) => {}
                 (n, None) if super::limits::NAMES.contains(&n) => {}
                 (n, None) if super::gzip::NAMES.contains(&n) => {
                     super::gzip::note(d, &mut self.notes)
@@ -623,6 +631,7 @@ impl Builder {
                     Err(why) => self.skip(s, &why),
                 },
                 n if Inherited::NAMES.contains(&n) => {}
+                n if super::buffering::NAMES.contains(&n) && s.block.is_none() => {}
                 n if super::limits::NAMES.contains(&n) && s.block.is_none() => {}
                 n if super::gzip::NAMES.contains(&n) && s.block.is_none() => {
                     super::gzip::note(s, &mut self.notes)
@@ -1104,6 +1113,7 @@ impl Builder {
                     self.next_upstream(d, &route);
                 }
                 n if Inherited::NAMES.contains(&n) => {}
+                n if super::buffering::NAMES.contains(&n) && d.block.is_none() => {}
                 n if super::limits::NAMES.contains(&n) && d.block.is_none() => {}
                 n if super::gzip::NAMES.contains(&n) && d.block.is_none() => {
                     super::gzip::note(d, &mut self.notes)
@@ -1123,6 +1133,21 @@ impl Builder {
             self.skip(l, "it neither proxies nor returns (pinlb serves no files)");
             return None;
         };
+        if let Some((name, up)) = route.get("upstream").and_then(Value::as_str).and_then(|n| {
+            let up = self.upstreams.get_mut(n)?;
+            Some((n, up))
+        }) {
+            let file = (self.conf_dir.as_path(), size as fn(&str) -> Option<u64>);
+            let decided = &mut self.buffered;
+            super::buffering::apply(
+                &inherit.buffering,
+                (name, up),
+                decided,
+                proxy,
+                file,
+                &mut self.notes,
+            );
+        }
         let mut set = Table::new();
         let mut remove = Vec::new();
         let mut host_set = false;

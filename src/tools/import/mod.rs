@@ -11,9 +11,12 @@
 //! - [`proxy_protocol`]: `listen … proxy_protocol` and the realip module's directives.
 //! - [`gzip`]: the gzip module's directives as a route's `compress`.
 //! - [`client_cert`]: the client certificate directives as `[listener.tls]` keys.
+//! - [`buffering`]: `proxy_buffering`, `proxy_request_buffering` and their bounds as an
+//!   upstream's `[buffering]`.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
+mod buffering;
 mod client_cert;
 mod convert;
 mod error_page;
