@@ -24,6 +24,7 @@
 //! - [`client_certs`]: `[listener.tls]`'s client certificate keys, their CA and CRL files read.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
+//! - [`sticky`]: an upstream's sticky cookie: its name and attributes.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod access;
@@ -36,6 +37,7 @@ pub(crate) mod log_format;
 mod proxy_protocol;
 mod raw;
 mod routes;
+mod sticky;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -53,6 +55,7 @@ pub use error::{ConfigError, ConfigErrors};
 pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
 pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;
+pub use sticky::{SameSite, Sticky, is_cookie_name};
 use raw::RawConfig;
 
 use crate::http1::request::RequestLimits;
@@ -761,6 +764,8 @@ pub struct Upstream {
     /// `proxy_protocol`: the PROXY protocol header written first on every new backend
     /// connection; `None` for none.
     pub proxy_protocol: Option<ProxyVersion>,
+    /// `sticky`: the cookie that keeps a client on one backend; `None` without.
+    pub sticky: Option<Sticky>,
 }
 
 /// A PROXY protocol version, as an upstream's `proxy_protocol` names it.

@@ -313,6 +313,8 @@ pub(super) struct RawUpstream {
     pub resolve: RawResolve,
     /// The PROXY protocol header written first on each backend connection: "v1" or "v2".
     pub proxy_protocol: Option<Spanned<String>>,
+    /// Sticky sessions by an inserted cookie (HAProxy's `cookie NAME insert indirect nocache`).
+    pub sticky: Option<Spanned<RawSticky>>,
 }
 
 /// `[upstream.NAME.spawn]`: processes pinlb starts, pinned, and whose addresses are the
@@ -825,3 +827,17 @@ pub(super) struct RawConnLimit {
 
 /// A listener's or a route's `rate_limit` as read.
 pub(super) type RawRateLimits = Option<Spanned<Vec<Spanned<RawRateLimit>>>>;
+
+/// `[upstream.NAME] sticky = { cookie = "NAME", … }`: the cookie that names a client's backend.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSticky {
+    pub cookie: Spanned<String>,
+    pub path: Option<Spanned<String>>,
+    pub domain: Option<Spanned<String>>,
+    pub max_age: Option<Spanned<Dur>>,
+    pub secure: Option<bool>,
+    pub httponly: Option<bool>,
+    pub samesite: Option<Spanned<String>>,
+    pub seed: Option<String>,
+}

@@ -312,3 +312,18 @@ impl Drop for ProxyBody {
         self.release();
     }
 }
+
+impl ProxyBody {
+    /// The address of the backend whose response this is; `None` for pinlb's own. Read once
+    /// per response, and only for a sticky upstream (`forward::sticky_forward`).
+    #[cold]
+    pub fn answered_by(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            ProxyBody::Upstream {
+                release: Some(r), ..
+            } => r.upstream.shared.backends.get(r.backend).map(|b| b.address),
+            ProxyBody::Http2(b) => b.held.as_ref().map(|(guard, _)| guard.address()),
+            _ => None,
+        }
+    }
+}

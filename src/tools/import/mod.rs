@@ -10,6 +10,7 @@
 //! - [`limits`]: `limit_req_zone`, `limit_req` and `limit_req_status` as rate zones.
 //! - [`proxy_protocol`]: `listen … proxy_protocol` and the realip module's directives.
 //! - [`client_cert`]: the client certificate directives as `[listener.tls]` keys.
+//! - [`sticky`]: nginx Plus's `sticky cookie` as an upstream's `sticky`.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
@@ -20,6 +21,7 @@ mod limits;
 mod parse;
 mod proxy_protocol;
 mod rewrite;
+mod sticky;
 mod template;
 
 use std::path::Path;
