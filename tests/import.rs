@@ -1974,5 +1974,9 @@ http {
     // nginx sets HttpOnly only when asked: the import keeps it off without `httponly`.
     let plain = import_text(&text.replace(" httponly", ""), &[]);
     assert_eq!(plain.code, Some(0), "{}", plain.stderr);
-    assert!(plain.stdout.contains("httponly = false"), "{}", plain.stdout);
+    assert!(
+        plain.stdout.contains("httponly = false"),
+        "{}",
+        plain.stdout
+    );
 }

@@ -55,8 +55,8 @@ pub use error::{ConfigError, ConfigErrors};
 pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
 pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;
-pub use sticky::{SameSite, Sticky, is_cookie_name};
 use raw::RawConfig;
+pub use sticky::{SameSite, Sticky, is_cookie_name};
 
 use crate::http1::request::RequestLimits;
 use crate::tls::client::BackendTls;

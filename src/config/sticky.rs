@@ -57,9 +57,9 @@ impl Sticky {
 /// Whether `name` is an RFC 6265 cookie name: an RFC 7230 token (visible ASCII but separators).
 pub fn is_cookie_name(name: &str) -> bool {
     !name.is_empty()
-        && name.bytes().all(|b| {
-            b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b)
-        })
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b))
 }
 
 /// Whether `v` may be a cookie attribute's value: no control characters and no `;`

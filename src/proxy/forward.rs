@@ -109,7 +109,15 @@ pub async fn handle(
             let timed = at.map(|at| (at, spans));
             if upstream.shared.sticky.is_some() {
                 // Boxed: the plain path's future does not grow by the sticky one's state.
-                Box::pin(sticky_forward(&upstream, &downstream, &limits, request, body, timed)).await
+                Box::pin(sticky_forward(
+                    &upstream,
+                    &downstream,
+                    &limits,
+                    request,
+                    body,
+                    timed,
+                ))
+                .await
             } else {
                 forward(&upstream, &downstream, &limits, request, body, timed).await
             }
@@ -221,7 +229,7 @@ async fn forward(
     body: &mut impl DownstreamBody,
     timed: Option<(Instant, bool)>,
 ) -> Result<Responded, ProxyError> {
-    let (at, keep) = (timed.map(|(at, _)| at), timed.is_some_and(|(_, spans)| spans));
+    let (at, keep) = (timed.map(|t| t.0), timed.is_some_and(|t| t.1));
     let framing = body.framing();
     let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), downstream);
     let shared = &*upstream.shared;
@@ -265,8 +273,7 @@ async fn forward(
     let key = key.and_then(|spec| hash_key::request_key(spec, head, downstream.ip));
     let ewma = shared.config.algorithm == Algorithm::Ewma;
     let mut tried = Tried::new(n);
-    let mut first_try: Option<Instant> = None;
-    let mut last_error: Option<ProxyError> = None;
+    let (mut first_try, mut last_error): (Option<Instant>, Option<ProxyError>) = (None, None);
     let mut queue_time = Duration::ZERO;
     loop {
         let out_of_budget = first_try.is_some_and(|t| t.elapsed() >= retry.timeout);
@@ -301,7 +308,8 @@ async fn forward(
             let attempt = (started, begun, spans.connect, spans.sent);
             let timing = Timing::measured(at?, queue_time, attempt, now);
             guard.proxied(shared, timing.proxy());
-            keep.then(|| Box::new(Upstreamed { backend: addr, timing }))
+            let backend = addr;
+            keep.then(|| Box::new(Upstreamed { backend, timing }))
         };
         let failure = match shared.config.protocol {
             Protocol::Http1 => match attempt(upstream, backend, &plan, &out, &mut body).await {
@@ -383,7 +391,8 @@ async fn sticky_forward(
         preferred: arrived.preferred,
     };
     let request = (head, Some(&mine), added);
-    let (mut reply, upstreamed) = forward(upstream, downstream, limits, request, body, timed).await?;
+    let (mut reply, upstreamed) =
+        forward(upstream, downstream, limits, request, body, timed).await?;
     if let Some(answered) = reply.body.answered_by() {
         sticky.respond(&mut reply.headers, answered, arrived.preferred);
     }

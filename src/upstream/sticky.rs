@@ -174,7 +174,8 @@ impl StickyTable {
 fn cookie_line(line: &[u8]) -> Option<&[u8]> {
     let colon = line.iter().position(|&b| b == b':')?;
     let (n, v) = line.split_at(colon);
-    n.eq_ignore_ascii_case(b"cookie").then(|| v[1..].trim_ascii())
+    n.eq_ignore_ascii_case(b"cookie")
+        .then(|| v[1..].trim_ascii())
 }
 
 /// Whether response header `lines` already keep shared caches from storing the response
@@ -337,7 +338,10 @@ mod tests {
         t.respond(&mut headers, addrs()[0], Some(1));
         let text = String::from_utf8(headers).unwrap();
         assert!(
-            text.starts_with(&format!("set-cookie: SRV={}; Path=/; HttpOnly\r\n", hex(t.values[0]))),
+            text.starts_with(&format!(
+                "set-cookie: SRV={}; Path=/; HttpOnly\r\n",
+                hex(t.values[0])
+            )),
             "{text}"
         );
     }
@@ -345,7 +349,12 @@ mod tests {
     #[test]
     fn a_private_response_gets_no_second_cache_control() {
         let t = table();
-        for cc in ["private", "no-cache", "public, no-store", "No-Cache=\"set-cookie\""] {
+        for cc in [
+            "private",
+            "no-cache",
+            "public, no-store",
+            "No-Cache=\"set-cookie\"",
+        ] {
             let mut headers = format!("Cache-Control: {cc}\r\n").into_bytes();
             t.respond(&mut headers, addrs()[0], None);
             let text = String::from_utf8(headers).unwrap();
@@ -354,7 +363,11 @@ mod tests {
         }
         let mut headers = b"cache-control: public, max-age=60\r\n".to_vec();
         t.respond(&mut headers, addrs()[0], None);
-        assert!(String::from_utf8(headers).unwrap().ends_with("cache-control: private\r\n"));
+        assert!(
+            String::from_utf8(headers)
+                .unwrap()
+                .ends_with("cache-control: private\r\n")
+        );
     }
 
     proptest::proptest! {

@@ -44,7 +44,10 @@ pub(super) fn convert(d: &Directive, notes: &mut Vec<String>) -> Result<Table, S
             ("expires", v) => match humantime::parse_duration(v) {
                 Ok(age) if age.as_secs() > 0 => {
                     let age = age.min(std::time::Duration::from_secs(365 * 86_400));
-                    t.insert("max_age".into(), Value::String(format!("{}s", age.as_secs())));
+                    t.insert(
+                        "max_age".into(),
+                        Value::String(format!("{}s", age.as_secs())),
+                    );
                 }
                 _ => return Err(format!("expires={v} is not a time pinlb reads")),
             },
@@ -54,7 +57,9 @@ pub(super) fn convert(d: &Directive, notes: &mut Vec<String>) -> Result<Table, S
             ("path", v) if v.starts_with('/') => {
                 t.insert("path".into(), Value::String(v.into()));
             }
-            ("samesite", v) if ["strict", "lax", "none"].contains(&v.to_ascii_lowercase().as_str()) => {
+            ("samesite", v)
+                if ["strict", "lax", "none"].contains(&v.to_ascii_lowercase().as_str()) =>
+            {
                 t.insert("samesite".into(), Value::String(v.to_ascii_lowercase()));
             }
             _ => return Err(format!("parameter {arg} has no pinlb equivalent")),
