@@ -52,6 +52,30 @@ impl SameSite {
 impl Sticky {
     /// The default `path`.
     pub const PATH: &'static str = "/";
+
+    /// The cookie's attributes as `Set-Cookie` writes them after its value (`; Path=/;
+    /// HttpOnly`), made once per configuration generation.
+    pub fn attributes(&self) -> String {
+        let mut a = format!("; Path={}", self.path);
+        if let Some(domain) = &self.domain {
+            a.push_str("; Domain=");
+            a.push_str(domain);
+        }
+        if let Some(age) = self.max_age {
+            a.push_str(&format!("; Max-Age={age}"));
+        }
+        if self.secure {
+            a.push_str("; Secure");
+        }
+        if self.httponly {
+            a.push_str("; HttpOnly");
+        }
+        if let Some(s) = self.samesite {
+            a.push_str("; SameSite=");
+            a.push_str(s.as_str());
+        }
+        a
+    }
 }
 
 /// Whether `name` is an RFC 6265 cookie name: an RFC 7230 token (visible ASCII but separators).

@@ -26,6 +26,8 @@ pub struct StickyTable {
     key: u64,
     /// Each backend's value, by backend index.
     values: Vec<u64>,
+    /// What `Set-Cookie` writes after the value ([`Sticky::attributes`]).
+    attributes: String,
 }
 
 /// What a request's Cookie header says to a sticky upstream.
@@ -63,6 +65,7 @@ impl StickyTable {
         let key = xxh3_64(config.seed.as_bytes());
         StickyTable {
             values: addresses.iter().map(|a| value(key, upstream, *a)).collect(),
+            attributes: config.attributes(),
             config: config.clone(),
             upstream: upstream.to_string(),
             key,
@@ -146,27 +149,12 @@ impl StickyTable {
 
     /// `set-cookie: NAME=VALUE; Path=/; …\r\n`
     fn set_cookie_line(&self, out: &mut Vec<u8>, value: u64) {
-        let c = &self.config;
-        let mut line = format!("set-cookie: {}={}; Path={}", c.cookie, hex(value), c.path);
-        if let Some(domain) = &c.domain {
-            line.push_str("; Domain=");
-            line.push_str(domain);
-        }
-        if let Some(age) = c.max_age {
-            line.push_str(&format!("; Max-Age={age}"));
-        }
-        if c.secure {
-            line.push_str("; Secure");
-        }
-        if c.httponly {
-            line.push_str("; HttpOnly");
-        }
-        if let Some(s) = c.samesite {
-            line.push_str("; SameSite=");
-            line.push_str(s.as_str());
-        }
-        line.push_str("\r\n");
-        out.extend_from_slice(line.as_bytes());
+        out.extend_from_slice(b"set-cookie: ");
+        out.extend_from_slice(self.config.cookie.as_bytes());
+        out.push(b'=');
+        out.extend_from_slice(hex(value).as_bytes());
+        out.extend_from_slice(self.attributes.as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
 }
 
