@@ -521,3 +521,19 @@ async fn socketio_long_polling_needs_stickiness_and_works_with_it() {
         );
     }
 }
+
+#[test]
+fn check_describes_the_sticky_cookie() {
+    let setup = sticky_setup(
+        &["127.0.0.1:9".parse().unwrap()],
+        r#"{ cookie = "SRV", max_age = "2h", samesite = "lax" }"#,
+    );
+    let config = pinlb::Config::parse("test.toml", &setup.toml(), &allowed()).unwrap();
+    let shown = pinlb::tools::check::describe(&config);
+    assert!(
+        shown.contains(
+            "  sticky: cookie SRV=VALUE; Path=/; Max-Age=7200; HttpOnly; SameSite=Lax; its backend first while that one can take the request, others by round_robin\n"
+        ),
+        "{shown}"
+    );
+}
