@@ -2127,3 +2127,58 @@ http {
     let loaded = pinlb::Config::load(&imported.path.with_extension("toml"));
     assert!(loaded.is_ok(), "{:?}", loaded.err());
 }
+
+/// nginx Plus's `sticky cookie` imports as the upstream's `sticky` table, which `check` takes;
+/// its other forms (`sticky route`, `sticky learn`) are left out with the reason, at their line.
+#[test]
+fn sticky_cookie_imports_as_the_upstreams_sticky_table() {
+    let text = "\
+http {
+    upstream app {
+        server 127.0.0.1:8081;
+        server 127.0.0.1:8082;
+        sticky cookie srv_id expires=1h domain=example.com path=/ httponly secure samesite=strict;
+    }
+    upstream other {
+        server 127.0.0.1:8083;
+        sticky route $route_cookie $route_uri;
+    }
+    server {
+        listen 8080;
+        location / { proxy_pass http://app; }
+        location /other/ { proxy_pass http://other; }
+    }
+}
+";
+    let imported = import_text(text, &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let toml = pin_to_test_cores(&imported.stdout);
+    let config = pinlb::Config::parse("imported.toml", &toml, &allowed())
+        .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    let app = config.upstreams.iter().find(|u| u.name == "app").unwrap();
+    let sticky = app.sticky.as_ref().expect("app is sticky");
+    assert_eq!(sticky.cookie, "srv_id");
+    assert_eq!(sticky.max_age, Some(3600));
+    assert_eq!(sticky.domain.as_deref(), Some("example.com"));
+    assert_eq!(sticky.path, "/");
+    assert!(sticky.httponly && sticky.secure);
+    assert_eq!(sticky.samesite, Some(pinlb::config::SameSite::Strict));
+    let other = config.upstreams.iter().find(|u| u.name == "other").unwrap();
+    assert!(other.sticky.is_none());
+    let at = imported.path.display();
+    assert!(
+        imported.stderr.contains(&format!(
+            "{at}:9: sticky not converted: only `sticky cookie NAME …` converts"
+        )),
+        "{}",
+        imported.stderr
+    );
+    // nginx sets HttpOnly only when asked: the import keeps it off without `httponly`.
+    let plain = import_text(&text.replace(" httponly", ""), &[]);
+    assert_eq!(plain.code, Some(0), "{}", plain.stderr);
+    assert!(
+        plain.stdout.contains("httponly = false"),
+        "{}",
+        plain.stdout
+    );
+}

@@ -26,6 +26,7 @@
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
 //! - [`buffering`]: `[upstream.NAME.buffering]`: bodies read whole for slow clients, its bounds.
+//! - [`sticky`]: an upstream's sticky cookie: its name and attributes.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod access;
@@ -40,6 +41,7 @@ pub(crate) mod log_format;
 mod proxy_protocol;
 mod raw;
 mod routes;
+mod sticky;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -60,6 +62,7 @@ pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
 pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;
 use raw::RawConfig;
+pub use sticky::{SameSite, Sticky, is_cookie_name};
 
 use crate::http1::request::RequestLimits;
 use crate::tls::client::BackendTls;
@@ -774,6 +777,8 @@ pub struct Upstream {
     /// `[upstream.NAME.buffering]`; `None` without the table: both bodies stream, and the
     /// request path tests only this `Option`.
     pub buffering: Option<Arc<Buffering>>,
+    /// `sticky`: the cookie that keeps a client on one backend; `None` without.
+    pub sticky: Option<Sticky>,
 }
 
 /// A PROXY protocol version, as an upstream's `proxy_protocol` names it.

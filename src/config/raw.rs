@@ -315,6 +315,8 @@ pub(super) struct RawUpstream {
     pub proxy_protocol: Option<Spanned<String>>,
     /// `[upstream.NAME.buffering]`: request and response bodies read whole for slow clients.
     pub buffering: Option<Spanned<RawBuffering>>,
+    /// Sticky sessions by an inserted cookie (HAProxy's `cookie NAME insert indirect nocache`).
+    pub sticky: Option<Spanned<RawSticky>>,
 }
 
 /// `[upstream.NAME.spawn]`: processes pinlb starts, pinned, and whose addresses are the
@@ -841,4 +843,18 @@ pub(super) struct RawBuffering {
     pub memory: Option<Spanned<Size>>,
     pub temp_dir: Option<Spanned<String>>,
     pub max_temp: Option<Spanned<Size>>,
+}
+
+/// `[upstream.NAME] sticky = { cookie = "NAME", … }`: the cookie that names a client's backend.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSticky {
+    pub cookie: Spanned<String>,
+    pub path: Option<Spanned<String>>,
+    pub domain: Option<Spanned<String>>,
+    pub max_age: Option<Spanned<Dur>>,
+    pub secure: Option<bool>,
+    pub httponly: Option<bool>,
+    pub samesite: Option<Spanned<String>>,
+    pub seed: Option<String>,
 }

@@ -322,6 +322,7 @@ pub(super) fn upstream(
             .map(Arc::new),
         proxy_protocol: super::proxy_protocol::send(src, &key, up, protocol(src, &key, up)?)?,
         buffering: super::buffering::buffering(src, &key, up, protocol(src, &key, up)?)?,
+        sticky: super::sticky::sticky(src, &key, up)?,
     })
 }
 

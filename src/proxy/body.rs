@@ -415,3 +415,20 @@ impl Compressed {
         Poll::Ready(Some(Ok(out)))
     }
 }
+
+impl ProxyBody {
+    /// The address of the backend whose response this is; `None` for pinlb's own. Read once
+    /// per response, and only for a sticky upstream (`forward::sticky_forward`).
+    #[cold]
+    pub fn answered_by(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            ProxyBody::Upstream {
+                release: Some(r), ..
+            } => r.upstream.shared.backends.get(r.backend).map(|b| b.address),
+            ProxyBody::Http2(b) => b.held.as_ref().map(|(guard, _)| guard.address()),
+            ProxyBody::Compressed(c) => c.inner.answered_by(),
+            ProxyBody::Spooled(s) => s.answered_by(),
+            ProxyBody::Upstream { release: None, .. } | ProxyBody::Local(_) => None,
+        }
+    }
+}

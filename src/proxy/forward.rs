@@ -48,6 +48,9 @@ pub struct Overrides {
     pub lines: Option<Vec<u8>>,
     /// The upstream's timeouts with the route's own in their place.
     pub timeouts: Option<Timeouts>,
+    /// The backend a sticky cookie names (`upstream::sticky`), tried before the upstream's
+    /// algorithm; set only by [`sticky_forward`].
+    pub preferred: Option<usize>,
 }
 
 /// The proxy's answer to one request.
@@ -114,6 +117,12 @@ pub async fn handle(
                     let buffered =
                         forward_buffered(&upstream, &downstream, &limits, b, request, body, timed);
                     Box::pin(buffered).await
+                }
+                // Boxed: the plain path's future does not grow by the sticky one's state.
+                _ if upstream.shared.sticky.is_some() => {
+                    let sticky =
+                        sticky_forward(&upstream, &downstream, &limits, request, body, timed);
+                    Box::pin(sticky).await
                 }
                 _ => forward(&upstream, &downstream, &limits, request, body, timed).await,
             }
@@ -225,8 +234,7 @@ async fn forward(
     body: &mut impl DownstreamBody,
     timed: Option<(Instant, bool)>,
 ) -> Result<Responded, ProxyError> {
-    let at = timed.map(|(at, _)| at);
-    let keep = timed.is_some_and(|(_, spans)| spans);
+    let (at, keep) = (timed.map(|t| t.0), timed.is_some_and(|t| t.1));
     let framing = body.framing();
     let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), downstream);
     let shared = &*upstream.shared;
@@ -270,13 +278,14 @@ async fn forward(
     let key = key.and_then(|spec| hash_key::request_key(spec, head, downstream.ip));
     let ewma = shared.config.algorithm == Algorithm::Ewma;
     let mut tried = Tried::new(n);
-    let mut first_try: Option<Instant> = None;
-    let mut last_error: Option<ProxyError> = None;
+    let (mut first_try, mut last_error): (Option<Instant>, Option<ProxyError>) = (None, None);
     let mut queue_time = Duration::ZERO;
     loop {
         let out_of_budget = first_try.is_some_and(|t| t.elapsed() >= retry.timeout);
         let picked = if tried.count >= max_tries || out_of_budget {
             None
+        } else if let Some(picked) = preferred(upstream, overrides, &tried) {
+            Some(picked)
         } else if let (Some(queue), 0) = (&shared.queue, tried.count) {
             pick_queued(upstream, queue, key, &mut queue_time).await?
         } else {
@@ -332,6 +341,63 @@ async fn forward(
         let error = give_up_or_retry(failure, guard, shared, &plan, &head.method, &body, addr)?;
         last_error = Some(error);
     }
+}
+
+/// A sticky request's first pick: the backend its cookie names, while that one can take it
+/// (`WorkerUpstream::prefer`); `None` (at once, for every request without such a cookie) leaves
+/// the pick to the algorithm.
+#[inline(always)]
+fn preferred(
+    upstream: &WorkerUpstream,
+    overrides: Option<&Overrides>,
+    tried: &Tried,
+) -> Option<(usize, InFlight)> {
+    let b = overrides?.preferred?;
+    if tried.count > 0 {
+        return None;
+    }
+    upstream.prefer(b)
+}
+
+/// [`forward`] for an upstream with a sticky cookie (`upstream::sticky`): the backend the cookie
+/// names is tried first; the cookie goes no further than pinlb (HAProxy's `indirect`: the request
+/// is sent with its other cookies only); and an answer from another backend than the one the
+/// cookie named (or to a request without one) carries the cookie that names it. A valid cookie
+/// is not sent again. pinlb's own answers (502, 503, 504) set none.
+///
+/// When the named backend is down, disabled, skipped after failures or at `max_conns`, the
+/// request goes to the algorithm's pick (through the queue, with one) and moves there: HAProxy's
+/// behaviour with `option redispatch`, not its wait in the full server's own queue, which pinlb
+/// does not have.
+#[cold]
+#[inline(never)]
+async fn sticky_forward(
+    upstream: &Rc<WorkerUpstream>,
+    downstream: &Downstream,
+    limits: &Limits,
+    (head, overrides, added): (&RequestHead, Option<&Overrides>, &[u8]),
+    body: &mut impl DownstreamBody,
+    timed: Option<(Instant, bool)>,
+) -> Result<Responded, ProxyError> {
+    let request = (head, overrides, added);
+    let Some(sticky) = upstream.shared.sticky.as_deref() else {
+        return forward(upstream, downstream, limits, request, body, timed).await;
+    };
+    let route_lines = overrides.and_then(|o| o.lines.as_deref());
+    let arrived = sticky.arrived(route_lines.unwrap_or(head.lines()));
+    let mine = Overrides {
+        path: overrides.and_then(|o| o.path.clone()),
+        lines: arrived.stripped.or_else(|| route_lines.map(<[u8]>::to_vec)),
+        timeouts: overrides.and_then(|o| o.timeouts),
+        preferred: arrived.preferred,
+    };
+    let request = (head, Some(&mine), added);
+    let (mut reply, upstreamed) =
+        forward(upstream, downstream, limits, request, body, timed).await?;
+    if let Some(answered) = reply.body.answered_by() {
+        sticky.respond(&mut reply.headers, answered, arrived.preferred);
+    }
+    Ok((reply, upstreamed))
 }
 
 /// A request's first pick at an upstream with a `queue` (see [`WorkerUpstream::pick_queued`]),
@@ -536,7 +602,8 @@ async fn forward_buffered(
     timed: Option<(Instant, bool)>,
 ) -> Result<Responded, ProxyError> {
     let mut whole = request_buffering::read_whole(body, buffering, limits).await?;
-    forward(upstream, downstream, limits, request, &mut whole, timed).await
+    // `sticky_forward` is `forward` for an upstream without a sticky cookie.
+    sticky_forward(upstream, downstream, limits, request, &mut whole, timed).await
 }
 
 #[cfg(test)]

@@ -60,7 +60,12 @@ pub(crate) fn reply(
     };
     let body = if buffered {
         let channel = Channel::new(buffering);
-        let spooled = SpooledBody::new(channel.clone(), body.remaining(), body.has_date());
+        let spooled = SpooledBody::new(
+            channel.clone(),
+            body.remaining(),
+            body.has_date(),
+            body.answered_by(),
+        );
         tokio::task::spawn_local(drain(body, channel, buffering.clone()));
         ProxyBody::Spooled(Box::new(spooled))
     } else {

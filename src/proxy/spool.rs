@@ -168,6 +168,8 @@ pub struct SpooledBody {
     /// The body's length still to come, when the backend framed it by length.
     remaining: Option<u64>,
     has_date: bool,
+    /// The backend that answered, for a sticky upstream's cookie (`ProxyBody::answered_by`).
+    answered: Option<std::net::SocketAddr>,
 }
 
 impl SpooledBody {
@@ -175,12 +177,18 @@ impl SpooledBody {
         channel: Rc<RefCell<Channel>>,
         remaining: Option<u64>,
         has_date: bool,
+        answered: Option<std::net::SocketAddr>,
     ) -> Self {
         SpooledBody {
             channel,
             remaining,
             has_date,
+            answered,
         }
+    }
+
+    pub fn answered_by(&self) -> Option<std::net::SocketAddr> {
+        self.answered
     }
 
     pub fn remaining(&self) -> Option<u64> {

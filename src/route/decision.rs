@@ -387,6 +387,7 @@ impl Route {
                         path: rewritten,
                         lines,
                         timeouts,
+                        preferred: None,
                     },
                     response,
                     server_timing: rule.server_timing,

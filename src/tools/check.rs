@@ -267,6 +267,15 @@ pub fn describe(config: &Config) -> String {
                 "  hash on {key}: rendezvous (consistent) hashing by weight; requests without the key go round robin"
             );
         }
+        if let Some(st) = &u.sticky {
+            let _ = writeln!(
+                s,
+                "  sticky: cookie {}=VALUE{}; its backend first while that one can take the request, others by {}",
+                st.cookie,
+                st.attributes(),
+                u.algorithm.as_str()
+            );
+        }
         if u.algorithm == crate::config::Algorithm::Ewma {
             let _ = writeln!(
                 s,

@@ -25,6 +25,11 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// The address of the backend this request counts against.
+    pub fn address(&self) -> std::net::SocketAddr {
+        self.state.address
+    }
+
     /// Counts a request against `b`, unless that would exceed its `max_conns`. The increment
     /// comes first, so two workers racing for the last slot cannot both get it.
     pub(super) fn acquire(b: &Arc<BackendState>) -> Option<Self> {

@@ -15,7 +15,7 @@ use crate::http1::client::{Conn, ConnectError, ConnectFailure, connect};
 use crate::upstream::backend::{BackendState, clock_ms, millis};
 use crate::upstream::h2;
 use crate::upstream::in_flight::InFlight;
-use crate::upstream::pick::Selection;
+use crate::upstream::pick::{Selection, prefer};
 use crate::upstream::proxy_header::{Origin, header};
 use crate::upstream::queue::{Queue, Refused};
 use crate::upstream::shared::SharedUpstream;
@@ -94,6 +94,14 @@ impl WorkerUpstream {
                 .fetch_add(1, Ordering::Relaxed);
         }
         picked
+    }
+
+    /// Counts a request against backend `b`, the one a sticky cookie names, when it can take
+    /// it now (see [`prefer`]); `None` leaves the pick to the algorithm.
+    #[cold]
+    #[inline(never)]
+    pub fn prefer(&self, b: usize) -> Option<(usize, InFlight)> {
+        prefer(&self.shared, b)
     }
 
     /// Picks a backend as [`Self::pick`] does, for an upstream with a `queue`: when every

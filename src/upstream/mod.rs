@@ -11,6 +11,8 @@
 //! - [`connecting`]: connects in progress to one backend, and their bound.
 //! - [`backend`]: one backend's shared state: settings, health, failures, in-flight count,
 //!   slow start, response-time average, admin state.
+//! - [`sticky`]: sticky sessions by an inserted cookie: each backend's opaque value, the
+//!   cookie read and taken out of the request, the `Set-Cookie` line.
 //! - [`shared`]: an upstream as every worker sees it in one generation, and its passive rules.
 //! - [`in_flight`]: the guard that counts a request against its backend and records the
 //!   request's outcome there.
@@ -41,3 +43,4 @@ pub(crate) mod probe;
 pub(crate) mod proxy_header;
 pub(crate) mod queue;
 pub(crate) mod shared;
+pub(crate) mod sticky;

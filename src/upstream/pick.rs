@@ -2,13 +2,14 @@
 //! among those that may take it now. The algorithms are `balance`'s pure functions; this is
 //! what they are given (one consistent snapshot of the shared state) and what is done with
 //! their answer (the in-flight count taken, a trial claimed). A new algorithm is a function in
-//! `balance` and an arm here.
+//! `balance` and an arm here. A sticky request's own backend is tried before any algorithm
+//! ([`prefer`]).
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 
 use crate::config::Algorithm;
-use crate::upstream::backend::Now;
+use crate::upstream::backend::{AdminState, Now};
 use crate::upstream::balance::{SmoothWrr, least_conn, less_loaded, random, two_choices};
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::shared::SharedUpstream;
@@ -150,4 +151,27 @@ impl Selection {
             eligible[b] = false;
         }
     }
+}
+
+/// Counts a request against backend `b`, the one its cookie names, if `b` can take it now: up
+/// (health and passive checks), not disabled, below `max_conns`. A `draining` backend still
+/// takes the clients it has (nginx Plus's and HAProxy's `drain`): draining ends their sessions
+/// gently, not at once. `None` sends the request to the upstream's algorithm, and its answer
+/// carries a new cookie.
+#[cold]
+#[inline(never)]
+pub(super) fn prefer(shared: &SharedUpstream, b: usize) -> Option<(usize, InFlight)> {
+    let state = shared.backends.get(b)?;
+    let lone = shared.lone();
+    let mut now = Now::default();
+    let admin = state.admin_state();
+    if admin == AdminState::Disabled || !state.is_up() || (!lone && state.skipped(&mut now)) {
+        return None;
+    }
+    let mut guard = InFlight::acquire(state)?;
+    guard.trial = state.claim(&mut now, shared.config.passive.fail_timeout, lone)?;
+    if shared.counting {
+        state.stats.requests.fetch_add(1, Ordering::Relaxed);
+    }
+    Some((b, guard))
 }

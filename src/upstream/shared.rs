@@ -11,6 +11,7 @@ use crate::tls::client::Connector;
 use crate::upstream::backend::{AdminState, BackendState, clock_ms, millis};
 use crate::upstream::balance::Rendezvous;
 use crate::upstream::queue::Queue;
+use crate::upstream::sticky::StickyTable;
 
 /// An upstream as every worker sees it, in one config generation.
 #[derive(Debug)]
@@ -33,6 +34,9 @@ pub struct SharedUpstream {
     /// (Envoy's panic threshold, at zero). On from the first request that finds them so
     /// until one of them answers; each change is logged once.
     pub(super) panicking: AtomicBool,
+    /// `sticky`: the cookie's settings and each backend's value, built once per generation;
+    /// `None` without, and then the request path never looks at a cookie.
+    pub sticky: Option<Box<StickyTable>>,
 }
 
 impl SharedUpstream {
@@ -111,7 +115,12 @@ impl SharedUpstream {
             let weights: Vec<u32> = config.backends.iter().map(|b| b.weight).collect();
             Rendezvous::new(&names, &weights)
         });
+        let sticky = config.sticky.as_ref().map(|s| {
+            let addresses: Vec<_> = backends.iter().map(|b| b.address).collect();
+            Box::new(StickyTable::new(s, &config.name, &addresses))
+        });
         SharedUpstream {
+            sticky,
             has_backups: config.backends.iter().any(|b| b.backup),
             queue,
             panicking: AtomicBool::new(false),

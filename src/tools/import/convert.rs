@@ -12,6 +12,7 @@ use super::error_page::{self, Pages};
 use super::parse::Directive;
 use super::proxy_protocol::{self, Accepting};
 use super::rewrite;
+use super::sticky;
 use super::template::template;
 
 /// The converted configuration and what could not be.
@@ -519,6 +520,12 @@ impl Builder {
                         up.insert("keepalive".into(), Value::Integer(n));
                     }
                 }
+                "sticky" => match sticky::convert(s, &mut self.notes) {
+                    Ok(t) => {
+                        up.insert("sticky".into(), Value::Table(t));
+                    }
+                    Err(why) => self.skip(s, &why),
+                },
                 _ => self.skip(s, "no pinlb equivalent"),
             }
         }

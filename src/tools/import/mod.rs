@@ -13,6 +13,7 @@
 //! - [`client_cert`]: the client certificate directives as `[listener.tls]` keys.
 //! - [`buffering`]: `proxy_buffering`, `proxy_request_buffering` and their bounds as an
 //!   upstream's `[buffering]`.
+//! - [`sticky`]: nginx Plus's `sticky cookie` as an upstream's `sticky`.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
@@ -25,6 +26,7 @@ mod limits;
 mod parse;
 mod proxy_protocol;
 mod rewrite;
+mod sticky;
 mod template;
 
 use std::path::Path;
