@@ -24,6 +24,7 @@
 //! - [`client_certs`]: `[listener.tls]`'s client certificate keys, their CA and CRL files read.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
+//! - [`fastcgi`]: `[upstream.NAME.fastcgi]`: a FastCGI upstream's script rules and params.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod access;
@@ -31,6 +32,7 @@ mod client_certs;
 mod edge_limits;
 mod error;
 mod error_pages;
+mod fastcgi;
 pub(crate) mod htpasswd;
 pub(crate) mod log_format;
 mod proxy_protocol;
@@ -51,6 +53,7 @@ pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 use error::Source;
 pub use error::{ConfigError, ConfigErrors};
 pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
+pub use fastcgi::{Fastcgi, SplitPath};
 pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;
 use raw::RawConfig;
@@ -150,16 +153,20 @@ pub enum Protocol {
     /// HTTP/2 over TLS (`[upstream.NAME.tls]`), chosen by ALPN, multiplexed (nginx's
     /// `grpc_pass grpcs://`).
     H2,
+    /// FastCGI to a responder such as php-fpm (nginx's `fastcgi_pass`), one request at a time
+    /// on each pooled connection, with the `[upstream.NAME.fastcgi]` table's script rules.
+    Fastcgi,
 }
 
 impl Protocol {
-    const NAMES: &'static str = "http1, h2c, h2";
+    const NAMES: &'static str = "http1, h2c, h2, fastcgi";
 
     pub fn as_str(self) -> &'static str {
         match self {
             Protocol::Http1 => "http1",
             Protocol::H2c => "h2c",
             Protocol::H2 => "h2",
+            Protocol::Fastcgi => "fastcgi",
         }
     }
 
@@ -761,6 +768,9 @@ pub struct Upstream {
     /// `proxy_protocol`: the PROXY protocol header written first on every new backend
     /// connection; `None` for none.
     pub proxy_protocol: Option<ProxyVersion>,
+    /// `[upstream.NAME.fastcgi]`: the script rules of a `protocol = "fastcgi"` upstream;
+    /// `None` for every other protocol.
+    pub fastcgi: Option<Arc<Fastcgi>>,
 }
 
 /// A PROXY protocol version, as an upstream's `proxy_protocol` names it.

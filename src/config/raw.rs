@@ -313,6 +313,8 @@ pub(super) struct RawUpstream {
     pub resolve: RawResolve,
     /// The PROXY protocol header written first on each backend connection: "v1" or "v2".
     pub proxy_protocol: Option<Spanned<String>>,
+    /// `[upstream.NAME.fastcgi]`: with `protocol = "fastcgi"`, which script a request runs.
+    pub fastcgi: Option<Spanned<RawFastcgi>>,
 }
 
 /// `[upstream.NAME.spawn]`: processes pinlb starts, pinned, and whose addresses are the
@@ -616,6 +618,7 @@ impl<'de> Deserialize<'de> for Protocol {
             "http1" => Ok(Protocol::Http1),
             "h2c" => Ok(Protocol::H2c),
             "h2" => Ok(Protocol::H2),
+            "fastcgi" => Ok(Protocol::Fastcgi),
             other => Err(de::Error::custom(format!(
                 "unknown value \"{other}\", expected one of {}",
                 Protocol::NAMES
@@ -825,3 +828,17 @@ pub(super) struct RawConnLimit {
 
 /// A listener's or a route's `rate_limit` as read.
 pub(super) type RawRateLimits = Option<Spanned<Vec<Spanned<RawRateLimit>>>>;
+
+/// `[upstream.NAME.fastcgi]`: nginx's `root`, `fastcgi_index`, `fastcgi_split_path_info` and
+/// `fastcgi_param`, for a `protocol = "fastcgi"` upstream.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFastcgi {
+    pub root: Option<Spanned<String>>,
+    pub index: Option<Spanned<String>>,
+    pub script: Option<Spanned<String>>,
+    pub split_path_info: Option<Spanned<String>>,
+    #[serde(default)]
+    pub params: BTreeMap<String, Spanned<String>>,
+    pub chunked_body_max: Option<Spanned<Size>>,
+}

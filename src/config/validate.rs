@@ -321,6 +321,7 @@ pub(super) fn upstream(
             .transpose()?
             .map(Arc::new),
         proxy_protocol: super::proxy_protocol::send(src, &key, up, protocol(src, &key, up)?)?,
+        fastcgi: super::fastcgi::fastcgi(src, &key, up, protocol(src, &key, up)?)?.map(Arc::new),
     })
 }
 

@@ -219,6 +219,8 @@ pub enum ProxyBody {
     Http2(Box<Http2Body>),
     /// Made by pinlb (an error page).
     Local(Option<Bytes>),
+    /// Streamed from a FastCGI application's FCGI_STDOUT. Boxed, as `Http2`.
+    Fastcgi(Box<crate::proxy::fastcgi_body::FastcgiBody>),
 }
 
 impl ProxyBody {
@@ -256,6 +258,7 @@ impl ProxyBody {
             ProxyBody::Upstream { body, .. } => body.remaining(),
             ProxyBody::Http2(h) => http_body::Body::size_hint(&h.body).exact(),
             ProxyBody::Local(data) => Some(data.as_ref().map_or(0, |d| d.len() as u64)),
+            ProxyBody::Fastcgi(f) => f.remaining(),
         }
     }
 
@@ -265,6 +268,7 @@ impl ProxyBody {
             ProxyBody::Upstream { body, .. } => body.has_date(),
             ProxyBody::Http2(h) => h.has_date,
             ProxyBody::Local(_) => false,
+            ProxyBody::Fastcgi(f) => f.has_date(),
         }
     }
 
@@ -291,6 +295,7 @@ impl ProxyBody {
             }
             ProxyBody::Http2(h) => h.poll_data(cx),
             ProxyBody::Local(data) => Poll::Ready(data.take().map(Ok)),
+            ProxyBody::Fastcgi(f) => f.poll_data(cx),
         }
     }
 

@@ -23,6 +23,7 @@ use crate::proxy::attempt::{Failure, Plan, Spans, attempt, attempt_h2};
 use crate::proxy::body::{ProxyBody, Release, h2_reply};
 use crate::proxy::downstream::{Downstream, DownstreamBody, forwarded_for};
 use crate::proxy::error::{ProxyError, error_response};
+use crate::proxy::fastcgi;
 use crate::proxy::request_body::RequestBody;
 use crate::proxy::request_id::RequestId;
 use crate::proxy::timing::Timing;
@@ -315,6 +316,23 @@ async fn forward(
                     Ok((response, stream)) => {
                         let served = served(response.status(), &guard);
                         let reply = h2_reply(response, &head.method, (guard, stream));
+                        return Ok((reply, served));
+                    }
+                    Err(failure) => failure,
+                }
+            }
+            Protocol::Fastcgi => {
+                let request = (head, downstream);
+                match Box::pin(fastcgi::attempt(
+                    upstream, backend, &plan, request, &mut body,
+                ))
+                .await
+                {
+                    Ok(answer) => {
+                        let served = served(answer.status, &guard);
+                        let method = &head.method;
+                        let reply =
+                            fastcgi::reply(answer, guard, upstream.clone(), backend, method);
                         return Ok((reply, served));
                     }
                     Err(failure) => failure,

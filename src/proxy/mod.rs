@@ -5,10 +5,12 @@
 //! - [`timing`]: where a request's time went, and its `Server-Timing` header.
 //! - [`request_id`]: the request's ID and W3C trace id, on both sides and in the log.
 //! - [`accesslog`]: the access log, formatted and written by its own thread.
+//! - [`fastcgi_body`]: a FastCGI application's response body, streamed off its connection.
 //! - [`body`]: a response's body (a backend's, streamed, or pinlb's own) and local replies.
 //! - [`error`]: why a request got no backend's answer, and the status each cause maps to.
 //! - [`request_body`]: the client's body on its way to a backend, kept for a retry.
 //! - [`attempt`]: one attempt at one backend, HTTP/1.1 or HTTP/2, and how it fails.
+//! - [`fastcgi`]: one attempt at a FastCGI backend (php-fpm), and the reply it makes.
 //! - [`forward`]: the retry loop: pick, attempt, decide whether to try the next backend.
 
 pub(crate) mod accesslog;
@@ -16,6 +18,8 @@ pub(crate) mod attempt;
 pub(crate) mod body;
 pub(crate) mod downstream;
 pub(crate) mod error;
+pub(crate) mod fastcgi;
+pub(crate) mod fastcgi_body;
 pub(crate) mod forward;
 pub(crate) mod request_body;
 pub(crate) mod request_id;
