@@ -170,9 +170,19 @@ impl PhpFpm {
         std::fs::read_to_string(self.dir.path().join("fpm.log")).unwrap_or_default()
     }
 
-    /// Stops php-fpm and waits until it is gone: its port then refuses.
+    /// Stops php-fpm and waits until it is gone: SIGTERM, which the master passes on to its
+    /// workers (a SIGKILL would leave them serving on the socket they inherited); SIGKILL
+    /// after the wait limit.
     fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let exited = wait::poll_blocking(400, Duration::from_millis(25), || {
+            child.try_wait().ok().flatten()
+        });
+        if exited.is_none() {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -462,7 +472,7 @@ async fn php_fpm_stopped_is_retried_then_502() {
 async fn health_checks_go_through_fastcgi_to_php_fpms_ping() {
     let Some(bin) = php_fpm() else { return };
     let mut fpm = PhpFpm::start(&bin).await;
-    let health = "[upstream.php.health]\npath = \"/ping\"\ninterval = \"100ms\"\ntimeout = \"1s\"\nfall = 1\nrise = 1\n\n[admin]\naddress = \"127.0.0.1:0\"\n";
+    let health = "[upstream.php.health]\npath = \"/ping\"\ninterval = \"200ms\"\ntimeout = \"150ms\"\nfall = 1\nrise = 1\n\n[admin]\naddress = \"127.0.0.1:0\"\n";
     let text = config(&[fpm.addr()], &fpm.root(), "", "") + health;
     let proxy = Proxy::start_toml(&text);
     let check = async |passed: bool| {

@@ -240,7 +240,7 @@ pub(crate) fn reply(
     let addr = upstream.shared.backends[backend].address;
     let body = FastcgiBody {
         conn: Some(conn),
-        next: Some(early),
+        next: Some(early).filter(|_| !bodiless && status != StatusCode::NO_CONTENT),
         remaining: head.content_length.filter(|_| !bodiless),
         discard: bodiless || status == StatusCode::NO_CONTENT,
         has_date: head.has_date,

@@ -73,7 +73,8 @@ impl FastcgiBody {
     ) -> Poll<Option<Result<Bytes, UpstreamError>>> {
         // Bounded by what the backend sends: every pass takes a record, reads, or returns.
         loop {
-            if let Some(data) = self.next.take() {
+            // Never an empty piece: to the client side that would end the body.
+            if let Some(data) = self.next.take().filter(|d| !d.is_empty()) {
                 return Poll::Ready(Some(self.deliver(data)));
             }
             let step = match self.step() {

@@ -225,7 +225,7 @@ impl<B: DownstreamBody> RequestBody<'_, B> {
         // Bounded by the body and `bound`: every pass keeps a piece of it, or ends.
         loop {
             match self.next_piece(|_| Poll::<()>::Pending).await? {
-                Piece::Data(_) if self.lost => {
+                Piece::Data(_) if self.lost || self.received > bound => {
                     return Err(ClientError::BodyTooLarge { limit: bound });
                 }
                 Piece::Data(_) | Piece::Answer(()) => {}
