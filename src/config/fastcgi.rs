@@ -185,3 +185,97 @@ fn split_path(src: &Source, fkey: &str, s: &Spanned<String>) -> Result<SplitPath
     }
     Ok(SplitPath(re))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, Protocol};
+
+    const UPSTREAM: &str = "[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"php\"\n[upstream.php]\nprotocol = \"fastcgi\"\nbackends = [{ address = \"127.0.0.1:9000\" }]\n";
+
+    fn parse(table: &str) -> Result<Config, String> {
+        let text = format!("{UPSTREAM}{table}");
+        Config::parse("pinlb.toml", &text, &[0]).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_fastcgi_upstream_takes_its_script_rules_with_nginxs_defaults() {
+        let c = parse("[upstream.php.fastcgi]\nroot = \"/var/www/\"\n").unwrap();
+        let u = &c.upstreams[0];
+        assert_eq!(u.protocol, Protocol::Fastcgi);
+        let f = u.fastcgi.as_deref().unwrap();
+        assert_eq!(f.root, "/var/www");
+        assert_eq!(f.index, "index.php");
+        assert_eq!(f.chunked_body_max, 1024 * 1024);
+        assert!(f.script.is_none() && f.split_path_info.is_none());
+        let c = parse(
+            "[upstream.php.fastcgi]\nroot = \"/srv\"\nindex = \"app.php\"\nscript = \"/index.php\"\nsplit_path_info = '^(.+\\.php)(/.+)$'\nchunked_body_max = \"8MiB\"\nparams = { APP_ENV = \"prod\" }\n",
+        )
+        .unwrap();
+        let f = c.upstreams[0].fastcgi.as_deref().unwrap();
+        assert_eq!(f.index, "app.php");
+        assert_eq!(f.script.as_deref(), Some("/index.php"));
+        assert_eq!(f.chunked_body_max, 8 * 1024 * 1024);
+        assert_eq!(f.params, [("APP_ENV".to_string(), "prod".to_string())]);
+        assert!(f.split_path_info.as_ref().unwrap().0.is_match(b"/a.php/b"));
+    }
+
+    #[test]
+    fn bad_fastcgi_keys_are_refused_at_their_place() {
+        let cases = [
+            (
+                "",
+                "pinlb.toml:5:12: upstream.php.fastcgi: missing, expected an [upstream.NAME.fastcgi] table",
+            ),
+            (
+                "[upstream.php.fastcgi]\nindex = \"i.php\"\n",
+                "pinlb.toml:7:1: upstream.php.fastcgi.root: missing, expected the document root",
+            ),
+            (
+                "[upstream.php.fastcgi]\nroot = \"www\"\n",
+                "pinlb.toml:8:8: upstream.php.fastcgi.root: \"www\" is relative, expected an absolute path",
+            ),
+            (
+                "[upstream.php.fastcgi]\nroot = \"/w\"\nindex = \"a/b.php\"\n",
+                "pinlb.toml:9:9: upstream.php.fastcgi.index: \"a/b.php\" is not a file name",
+            ),
+            (
+                "[upstream.php.fastcgi]\nroot = \"/w\"\nscript = \"index.php\"\n",
+                "pinlb.toml:9:10: upstream.php.fastcgi.script: \"index.php\" is not a path under root",
+            ),
+            (
+                "[upstream.php.fastcgi]\nroot = \"/w\"\nscript = \"/../x.php\"\n",
+                "pinlb.toml:9:10: upstream.php.fastcgi.script: \"/../x.php\" is not a path under root",
+            ),
+            (
+                "[upstream.php.fastcgi]\nroot = \"/w\"\nsplit_path_info = \"^(.+\"\n",
+                "pinlb.toml:9:19: upstream.php.fastcgi.split_path_info: invalid regular expression",
+            ),
+            (
+                "[upstream.php.fastcgi]\nroot = \"/w\"\nsplit_path_info = \"^(.+)$\"\n",
+                "pinlb.toml:9:19: upstream.php.fastcgi.split_path_info: 1 capture groups, expected two",
+            ),
+            (
+                "[upstream.php.fastcgi]\nroot = \"/w\"\nparams = { \"A-B\" = \"1\" }\n",
+                "pinlb.toml:9:20: upstream.php.fastcgi.params: \"A-B\" is not a parameter name",
+            ),
+            (
+                "[upstream.php.fastcgi]\nroot = \"/w\"\nsurprise = 1\n",
+                "pinlb.toml:9:1: upstream.php.fastcgi.surprise: unknown field `surprise`",
+            ),
+        ];
+        for (table, want) in cases {
+            let got = parse(table).expect_err(table);
+            assert!(got.starts_with(want), "{table}\ngot:  {got}\nwant: {want}");
+        }
+        let http = "[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"php\"\n[upstream.php]\nbackends = [{ address = \"127.0.0.1:9000\" }]\n[upstream.php.fastcgi]\nroot = \"/w\"\n";
+        let got = Config::parse("pinlb.toml", http, &[0])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            got.starts_with(
+                "pinlb.toml:7:1: upstream.php.fastcgi: set without protocol = \"fastcgi\""
+            ),
+            "{got}"
+        );
+    }
+}
