@@ -273,7 +273,7 @@ mod tests {
             .to_string();
         assert!(
             got.starts_with(
-                "pinlb.toml:7:1: upstream.php.fastcgi: set without protocol = \"fastcgi\""
+                "pinlb.toml:6:1: upstream.php.fastcgi: set without protocol = \"fastcgi\""
             ),
             "{got}"
         );
