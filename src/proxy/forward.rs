@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::Method;
+use http::{Method, StatusCode};
 
 use crate::config::{Algorithm, Limits, Protocol, Retry, Timeouts};
 use crate::http1::client::{self, Outgoing, UpstreamBody, UpstreamError};
@@ -271,7 +271,7 @@ async fn forward(
         } else {
             upstream.pick(key, |i| tried.contains(i))
         };
-        let Some((backend, guard)) = picked else {
+        let Some((backend, mut guard)) = picked else {
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
@@ -309,38 +309,56 @@ async fn forward(
                 }
                 Err(failure) => failure,
             },
-            // Boxed: an HTTP/2 attempt's state stays out of the request's own, which every
-            // HTTP/1.1 request copies.
-            Protocol::H2c | Protocol::H2 => {
-                match Box::pin(attempt_h2(upstream, backend, &plan, &out, &mut body)).await {
-                    Ok((response, stream)) => {
-                        let served = served(response.status(), &guard);
-                        let reply = h2_reply(response, &head.method, (guard, stream));
-                        return Ok((reply, served));
+            // Boxed: their state stays out of the HTTP/1.1 request's own.
+            Protocol::H2c | Protocol::H2 | Protocol::Fastcgi => {
+                let request = (head, downstream, &out, &served as Served);
+                let tried = attempt_other(upstream, backend, &plan, request, &mut body, guard);
+                match Box::pin(tried).await {
+                    Ok(responded) => return Ok(responded),
+                    Err((failure, back)) => {
+                        guard = back;
+                        failure
                     }
-                    Err(failure) => failure,
-                }
-            }
-            Protocol::Fastcgi => {
-                let request = (head, downstream);
-                match Box::pin(fastcgi::attempt(
-                    upstream, backend, &plan, request, &mut body,
-                ))
-                .await
-                {
-                    Ok(answer) => {
-                        let served = served(answer.status, &guard);
-                        let method = &head.method;
-                        let reply =
-                            fastcgi::reply(answer, guard, upstream.clone(), backend, method);
-                        return Ok((reply, served));
-                    }
-                    Err(failure) => failure,
                 }
             }
         };
         let error = give_up_or_retry(failure, guard, shared, &plan, &head.method, &body, addr)?;
         last_error = Some(error);
+    }
+}
+
+/// What the retry loop records of a response (see `served` in [`forward`]).
+type Served<'s> = &'s dyn Fn(StatusCode, &InFlight) -> Option<Box<Upstreamed>>;
+
+/// An attempt in a protocol other than HTTP/1.1: HTTP/2, or FastCGI. Out of line, and boxed by
+/// the caller: an HTTP/2 attempt's state (or a FastCGI one's) stays out of the request's own,
+/// which every HTTP/1.1 request copies. The in-flight `guard` goes with the response, or back
+/// with the failure.
+async fn attempt_other(
+    upstream: &Rc<WorkerUpstream>,
+    backend: usize,
+    plan: &Plan<'_>,
+    (head, downstream, out, served): (&RequestHead, &Downstream, &Outgoing<'_>, Served<'_>),
+    body: &mut RequestBody<'_, impl DownstreamBody>,
+    guard: InFlight,
+) -> Result<Responded, (Failure, InFlight)> {
+    let method = &head.method;
+    if upstream.shared.config.protocol == Protocol::Fastcgi {
+        return match fastcgi::attempt(upstream, backend, plan, (head, downstream), body).await {
+            Ok(answer) => {
+                let served = served(answer.status, &guard);
+                let reply = fastcgi::reply(answer, guard, upstream.clone(), backend, method);
+                Ok((reply, served))
+            }
+            Err(failure) => Err((failure, guard)),
+        };
+    }
+    match attempt_h2(upstream, backend, plan, out, body).await {
+        Ok((response, stream)) => {
+            let served = served(response.status(), &guard);
+            Ok((h2_reply(response, method, (guard, stream)), served))
+        }
+        Err(failure) => Err((failure, guard)),
     }
 }
 
