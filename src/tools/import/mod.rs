@@ -10,12 +10,14 @@
 //! - [`limits`]: `limit_req_zone`, `limit_req` and `limit_req_status` as rate zones.
 //! - [`proxy_protocol`]: `listen … proxy_protocol` and the realip module's directives.
 //! - [`client_cert`]: the client certificate directives as `[listener.tls]` keys.
+//! - [`fastcgi`]: `fastcgi_pass` locations, refused with what to write instead.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
 mod client_cert;
 mod convert;
 mod error_page;
+mod fastcgi;
 mod limits;
 mod parse;
 mod proxy_protocol;
