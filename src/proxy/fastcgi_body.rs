@@ -175,3 +175,19 @@ impl FastcgiBody {
         }
     }
 }
+
+impl Drop for FastcgiBody {
+    /// A body dropped before its end (a HEAD's, a 204's or 304's, which the client side never
+    /// reads, or a client gone) takes what is already read of the request's records: when the
+    /// application's FCGI_END_REQUEST is among them, the connection still goes back to the pool.
+    /// Anything still to come closes it.
+    fn drop(&mut self) {
+        // Bounded by the buffer: every pass takes a record, or ends.
+        while self.conn.is_some() {
+            self.next = None;
+            if !matches!(self.step(), Ok(Step::Took)) {
+                break;
+            }
+        }
+    }
+}
