@@ -186,6 +186,23 @@ fn split_path(src: &Source, fkey: &str, s: &Spanned<String>) -> Result<SplitPath
     Ok(SplitPath(re))
 }
 
+/// A warning for a FastCGI upstream whose backends take any number of requests at once:
+/// php-fpm binds a worker to each kept connection, so a connection opened while every worker
+/// holds one waits in its backlog until the response timeout.
+pub(super) fn warn_unbounded(
+    key: &str,
+    up: &RawUpstream,
+    limited: bool,
+    warnings: &mut Vec<String>,
+) {
+    let fastcgi = up.protocol.as_ref().map(|p| *p.get_ref()) == Some(Protocol::Fastcgi);
+    if fastcgi && !limited && up.max_conns == 0 {
+        warnings.push(format!(
+            "{key}: protocol = \"fastcgi\" without max_conns: php-fpm binds a worker to each kept connection, so a request on a connection opened while every worker holds one waits in its backlog; set max_conns to the pool's pm.max_children (and a queue for the requests over it)"
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::{Config, Protocol};
@@ -203,6 +220,12 @@ mod tests {
         let u = &c.upstreams[0];
         assert_eq!(u.protocol, Protocol::Fastcgi);
         let f = u.fastcgi.as_deref().unwrap();
+        assert_eq!(
+            c.warnings,
+            [
+                "upstream.php: protocol = \"fastcgi\" without max_conns: php-fpm binds a worker to each kept connection, so a request on a connection opened while every worker holds one waits in its backlog; set max_conns to the pool's pm.max_children (and a queue for the requests over it)"
+            ]
+        );
         assert_eq!(f.root, "/var/www");
         assert_eq!(f.index, "index.php");
         assert_eq!(f.chunked_body_max, 1024 * 1024);
@@ -213,6 +236,10 @@ mod tests {
         .unwrap();
         let f = c.upstreams[0].fastcgi.as_deref().unwrap();
         assert_eq!(f.index, "app.php");
+        let bounded = format!("{UPSTREAM}[upstream.php.fastcgi]\nroot = \"/w\"\n")
+            .replace("backends = [", "max_conns = 8\nbackends = [");
+        let bounded = Config::parse("pinlb.toml", &bounded, &[0]).unwrap();
+        assert!(bounded.warnings.is_empty(), "{:?}", bounded.warnings);
         assert_eq!(f.script.as_deref(), Some("/index.php"));
         assert_eq!(f.chunked_body_max, 8 * 1024 * 1024);
         assert_eq!(f.params, [("APP_ENV".to_string(), "prod".to_string())]);

@@ -277,6 +277,7 @@ pub(super) fn upstream(
     }
     let limited = backends.iter().any(|b| b.max_conns > 0) || names.iter().any(|n| n.max_conns > 0);
     let queue = queue(&key, up, limited, warnings);
+    super::fastcgi::warn_unbounded(&key, up, limited, warnings);
     Ok(Upstream {
         name: name.to_string(),
         algorithm,
