@@ -40,6 +40,29 @@ impl Fastcgi {
     pub const CHUNKED_BODY_MAX: u64 = 1024 * 1024;
 }
 
+impl Fastcgi {
+    /// One line for `pinlb check`: where scripts are, and which one a path runs.
+    pub fn summary(&self) -> String {
+        let mut line = format!("root {}", self.root);
+        match &self.script {
+            Some(script) => line.push_str(&format!(", every request runs {script}")),
+            None => line.push_str(&format!(", index {}", self.index)),
+        }
+        if let Some(split) = &self.split_path_info {
+            line.push_str(&format!(", split_path_info {}", split.0.as_str()));
+        }
+        if !self.params.is_empty() {
+            let names: Vec<&str> = self.params.iter().map(|(n, _)| n.as_str()).collect();
+            line.push_str(&format!(", params {}", names.join(" ")));
+        }
+        line.push_str(&format!(
+            ", chunked bodies read whole up to {} bytes",
+            self.chunked_body_max
+        ));
+        line
+    }
+}
+
 /// A compiled `split_path_info`, compared by its pattern.
 #[derive(Debug, Clone)]
 pub struct SplitPath(pub regex::bytes::Regex);
@@ -227,6 +250,10 @@ mod tests {
             ]
         );
         assert_eq!(f.root, "/var/www");
+        assert_eq!(
+            f.summary(),
+            "root /var/www, index index.php, chunked bodies read whole up to 1048576 bytes"
+        );
         assert_eq!(f.index, "index.php");
         assert_eq!(f.chunked_body_max, 1024 * 1024);
         assert!(f.script.is_none() && f.split_path_info.is_none());
