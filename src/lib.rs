@@ -23,6 +23,7 @@
 //!   notify.
 //! - [`tls`]: rustls for listeners (the server role) and for backends (the client role).
 //! - [`http1`]: the HTTP/1.1 codec on httparse: framing, request heads, the backend side.
+//! - [`fastcgi`]: the FastCGI codec: records, the request's CGI params, the CGI response head.
 //! - [`proxy_protocol`]: the PROXY protocol's header (v1, v2): framed, parsed and built.
 //! - [`config`]: the TOML file validated into a [`Config`]; errors carry `file:line:col`.
 //! - [`upstream`]: backend state, selection, health, probes, counters, discovery, pools.
@@ -53,6 +54,7 @@ pub mod config;
 pub(crate) mod control;
 pub(crate) mod downstream;
 pub(crate) mod edge;
+pub mod fastcgi;
 pub(crate) mod http1;
 pub mod process;
 pub(crate) mod proxy;

@@ -2182,3 +2182,41 @@ http {
         plain.stdout
     );
 }
+
+/// The usual PHP location (`location ~ \.php$` with `fastcgi_pass`) is not converted: the
+/// note at its line says why and what to write instead.
+#[test]
+fn a_fastcgi_pass_location_is_refused_with_what_to_write_instead() {
+    let text = "\
+http {
+    upstream app { server 127.0.0.1:8081; }
+    server {
+        listen 8080;
+        root /var/www/html;
+        location / { proxy_pass http://app; }
+        location ~ \\.php$ {
+            include fastcgi_params;
+            fastcgi_param SCRIPT_FILENAME $document_root$fastcgi_script_name;
+            fastcgi_pass 127.0.0.1:9000;
+        }
+    }
+}
+";
+    let imported = import_text(text, &["--allow-less-strict"]);
+    let at = format!(
+        "{}:7: location not converted: a regex location with fastcgi_pass",
+        imported.path.display()
+    );
+    assert!(imported.stderr.contains(&at), "{}", imported.stderr);
+    assert!(
+        imported.stderr.contains("protocol = \"fastcgi\""),
+        "{}",
+        imported.stderr
+    );
+    // The rest of the server converts.
+    assert!(
+        imported.stdout.contains("[[upstream.app.backends]]"),
+        "{}",
+        imported.stdout
+    );
+}

@@ -27,6 +27,7 @@
 //! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
 //! - [`buffering`]: `[upstream.NAME.buffering]`: bodies read whole for slow clients, its bounds.
 //! - [`sticky`]: an upstream's sticky cookie: its name and attributes.
+//! - [`fastcgi`]: `[upstream.NAME.fastcgi]`: a FastCGI upstream's script rules and params.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod access;
@@ -36,6 +37,7 @@ mod compress;
 mod edge_limits;
 mod error;
 mod error_pages;
+mod fastcgi;
 pub(crate) mod htpasswd;
 pub(crate) mod log_format;
 mod proxy_protocol;
@@ -59,6 +61,7 @@ pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 use error::Source;
 pub use error::{ConfigError, ConfigErrors};
 pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
+pub use fastcgi::{Fastcgi, SplitPath};
 pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;
 use raw::RawConfig;
@@ -159,16 +162,20 @@ pub enum Protocol {
     /// HTTP/2 over TLS (`[upstream.NAME.tls]`), chosen by ALPN, multiplexed (nginx's
     /// `grpc_pass grpcs://`).
     H2,
+    /// FastCGI to a responder such as php-fpm (nginx's `fastcgi_pass`), one request at a time
+    /// on each pooled connection, with the `[upstream.NAME.fastcgi]` table's script rules.
+    Fastcgi,
 }
 
 impl Protocol {
-    const NAMES: &'static str = "http1, h2c, h2";
+    const NAMES: &'static str = "http1, h2c, h2, fastcgi";
 
     pub fn as_str(self) -> &'static str {
         match self {
             Protocol::Http1 => "http1",
             Protocol::H2c => "h2c",
             Protocol::H2 => "h2",
+            Protocol::Fastcgi => "fastcgi",
         }
     }
 
@@ -779,6 +786,9 @@ pub struct Upstream {
     pub buffering: Option<Arc<Buffering>>,
     /// `sticky`: the cookie that keeps a client on one backend; `None` without.
     pub sticky: Option<Sticky>,
+    /// `[upstream.NAME.fastcgi]`: the script rules of a `protocol = "fastcgi"` upstream;
+    /// `None` for every other protocol.
+    pub fastcgi: Option<Arc<Fastcgi>>,
 }
 
 /// A PROXY protocol version, as an upstream's `proxy_protocol` names it.

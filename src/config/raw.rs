@@ -317,6 +317,8 @@ pub(super) struct RawUpstream {
     pub buffering: Option<Spanned<RawBuffering>>,
     /// Sticky sessions by an inserted cookie (HAProxy's `cookie NAME insert indirect nocache`).
     pub sticky: Option<Spanned<RawSticky>>,
+    /// `[upstream.NAME.fastcgi]`: with `protocol = "fastcgi"`, which script a request runs.
+    pub fastcgi: Option<Spanned<RawFastcgi>>,
 }
 
 /// `[upstream.NAME.spawn]`: processes pinlb starts, pinned, and whose addresses are the
@@ -624,6 +626,7 @@ impl<'de> Deserialize<'de> for Protocol {
             "http1" => Ok(Protocol::Http1),
             "h2c" => Ok(Protocol::H2c),
             "h2" => Ok(Protocol::H2),
+            "fastcgi" => Ok(Protocol::Fastcgi),
             other => Err(de::Error::custom(format!(
                 "unknown value \"{other}\", expected one of {}",
                 Protocol::NAMES
@@ -857,4 +860,18 @@ pub(super) struct RawSticky {
     pub httponly: Option<bool>,
     pub samesite: Option<Spanned<String>>,
     pub seed: Option<String>,
+}
+
+/// `[upstream.NAME.fastcgi]`: nginx's `root`, `fastcgi_index`, `fastcgi_split_path_info` and
+/// `fastcgi_param`, for a `protocol = "fastcgi"` upstream.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFastcgi {
+    pub root: Option<Spanned<String>>,
+    pub index: Option<Spanned<String>>,
+    pub script: Option<Spanned<String>>,
+    pub split_path_info: Option<Spanned<String>>,
+    #[serde(default)]
+    pub params: BTreeMap<String, Spanned<String>>,
+    pub chunked_body_max: Option<Spanned<Size>>,
 }

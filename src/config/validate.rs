@@ -277,6 +277,7 @@ pub(super) fn upstream(
     }
     let limited = backends.iter().any(|b| b.max_conns > 0) || names.iter().any(|n| n.max_conns > 0);
     let queue = queue(&key, up, limited, warnings);
+    super::fastcgi::warn_unbounded(&key, up, limited, warnings);
     Ok(Upstream {
         name: name.to_string(),
         algorithm,
@@ -323,6 +324,7 @@ pub(super) fn upstream(
         proxy_protocol: super::proxy_protocol::send(src, &key, up, protocol(src, &key, up)?)?,
         buffering: super::buffering::buffering(src, &key, up, protocol(src, &key, up)?)?,
         sticky: super::sticky::sticky(src, &key, up)?,
+        fastcgi: super::fastcgi::fastcgi(src, &key, up, protocol(src, &key, up)?)?.map(Arc::new),
     })
 }
 

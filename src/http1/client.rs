@@ -391,7 +391,7 @@ impl Conn {
     /// Reads more bytes into the buffer; `Ok(0)` is end of stream. Inlined as it was before
     /// TLS: its callers on the plain path then cost what they did (benches/callgrind.sh).
     #[inline]
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    pub(crate) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < 1024 {
             self.buf.reserve(READ_CHUNK);
         }
@@ -402,6 +402,22 @@ impl Conn {
         // SAFETY: `poll_read` initialised the first `n` bytes of the spare capacity.
         unsafe { self.buf.set_len(self.buf.len() + n) };
         Poll::Ready(Ok(n))
+    }
+
+    /// What the backend sent that has not been consumed: another protocol's codec (FastCGI)
+    /// decodes its records from here, filled by [`Conn::poll_fill`].
+    pub(crate) fn read_buf(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+
+    /// Writes all of `bufs` for another protocol's codec, each wait for room bounded by
+    /// `timeout`, as [`Conn::write_request`] does with no answer to watch for.
+    pub(crate) async fn write_all_within(
+        &mut self,
+        bufs: &mut [IoSlice<'_>],
+        timeout: Duration,
+    ) -> Result<(), UpstreamError> {
+        self.write_request(bufs, timeout, None).await.map(|_| ())
     }
 
     /// Reads the response head, skipping interim 1xx responses.

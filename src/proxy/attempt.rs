@@ -154,7 +154,7 @@ pub(crate) async fn attempt(
 /// A new connection to `backend`, its connect time in the plan's spans when they are measured.
 /// The connect is boxed: its state (the wait for a connect slot, the timers) stays out of the
 /// attempt's own, which a request on a pooled connection never needs.
-async fn connect(
+pub(crate) async fn connect(
     upstream: &WorkerUpstream,
     backend: usize,
     plan: &Plan<'_>,

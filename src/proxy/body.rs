@@ -226,6 +226,8 @@ pub enum ProxyBody {
     /// A backend's body buffered for a slow client (`[upstream.NAME.buffering]`), read from
     /// the spool its drain fills. Boxed, as `Http2` is, so that `ProxyBody` stays its size.
     Spooled(Box<SpooledBody>),
+    /// Streamed from a FastCGI application's FCGI_STDOUT. Boxed, as `Http2`.
+    Fastcgi(Box<crate::proxy::fastcgi_body::FastcgiBody>),
 }
 
 impl ProxyBody {
@@ -265,6 +267,7 @@ impl ProxyBody {
             ProxyBody::Local(data) => Some(data.as_ref().map_or(0, |d| d.len() as u64)),
             ProxyBody::Compressed(_) => None,
             ProxyBody::Spooled(s) => s.remaining(),
+            ProxyBody::Fastcgi(f) => f.remaining(),
         }
     }
 
@@ -276,6 +279,7 @@ impl ProxyBody {
             ProxyBody::Local(_) => false,
             ProxyBody::Compressed(c) => c.inner.has_date(),
             ProxyBody::Spooled(s) => s.has_date(),
+            ProxyBody::Fastcgi(f) => f.has_date(),
         }
     }
 
@@ -304,6 +308,7 @@ impl ProxyBody {
             ProxyBody::Local(data) => Poll::Ready(data.take().map(Ok)),
             ProxyBody::Compressed(c) => c.poll_data(cx),
             ProxyBody::Spooled(s) => s.poll_data(cx),
+            ProxyBody::Fastcgi(f) => f.poll_data(cx),
         }
     }
 
@@ -428,6 +433,7 @@ impl ProxyBody {
             ProxyBody::Http2(b) => b.held.as_ref().map(|(guard, _)| guard.address()),
             ProxyBody::Compressed(c) => c.inner.answered_by(),
             ProxyBody::Spooled(s) => s.answered_by(),
+            ProxyBody::Fastcgi(f) => f.held.as_ref().map(|_| f.addr),
             ProxyBody::Upstream { release: None, .. } | ProxyBody::Local(_) => None,
         }
     }

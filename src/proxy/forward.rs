@@ -14,7 +14,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::Method;
+use http::{Method, StatusCode};
 
 use crate::config::{Algorithm, Buffering, Limits, Protocol, Retry, Timeouts};
 use crate::http1::client::{self, Outgoing, UpstreamBody, UpstreamError};
@@ -25,6 +25,7 @@ use crate::proxy::attempt::{Failure, Plan, Spans, attempt, attempt_h2};
 use crate::proxy::body::{ProxyBody, Release, h2_reply};
 use crate::proxy::downstream::{Downstream, DownstreamBody, forwarded_for};
 use crate::proxy::error::{ProxyError, error_response};
+use crate::proxy::fastcgi;
 use crate::proxy::request_body::RequestBody;
 use crate::proxy::request_buffering;
 use crate::proxy::request_id::RequestId;
@@ -291,7 +292,7 @@ async fn forward(
         } else {
             upstream.pick(key, |i| tried.contains(i))
         };
-        let Some((backend, guard)) = picked else {
+        let Some((backend, mut guard)) = picked else {
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
@@ -325,16 +326,16 @@ async fn forward(
                 }
                 Err(failure) => failure,
             },
-            // Boxed: an HTTP/2 attempt's state stays out of the request's own, which every
-            // HTTP/1.1 request copies.
-            Protocol::H2c | Protocol::H2 => {
-                match Box::pin(attempt_h2(upstream, backend, &plan, &out, &mut body)).await {
-                    Ok((response, stream)) => {
-                        let served = served(response.status(), &guard);
-                        let reply = h2_reply(response, &head.method, (guard, stream));
-                        return Ok((reply, served));
+            // Boxed: their state stays out of the HTTP/1.1 request's own.
+            Protocol::H2c | Protocol::H2 | Protocol::Fastcgi => {
+                let request = (head, downstream, &out, &served as Served);
+                let tried = attempt_other(upstream, backend, &plan, request, &mut body, guard);
+                match Box::pin(tried).await {
+                    Ok(responded) => return Ok(responded),
+                    Err((failure, back)) => {
+                        guard = back;
+                        failure
                     }
-                    Err(failure) => failure,
                 }
             }
         };
@@ -398,6 +399,45 @@ async fn sticky_forward(
         sticky.respond(&mut reply.headers, answered, arrived.preferred);
     }
     Ok((reply, upstreamed))
+}
+
+/// What the retry loop records of a response (see `served` in [`forward`]).
+type Served<'s> = &'s dyn Fn(StatusCode, &InFlight) -> Option<Box<Upstreamed>>;
+
+/// An attempt in a protocol other than HTTP/1.1: HTTP/2, or FastCGI. Out of line, and boxed by
+/// the caller: an HTTP/2 attempt's state (or a FastCGI one's) stays out of the request's own,
+/// which every HTTP/1.1 request copies. The in-flight `guard` goes with the response, or back
+/// with the failure.
+async fn attempt_other(
+    upstream: &Rc<WorkerUpstream>,
+    backend: usize,
+    plan: &Plan<'_>,
+    (head, downstream, out, served): (&RequestHead, &Downstream, &Outgoing<'_>, Served<'_>),
+    body: &mut RequestBody<'_, impl DownstreamBody>,
+    guard: InFlight,
+) -> Result<Responded, (Failure, InFlight)> {
+    let method = &head.method;
+    if upstream.shared.config.protocol == Protocol::Fastcgi {
+        return match fastcgi::attempt(upstream, backend, plan, (head, downstream), body).await {
+            Ok(answer) => {
+                let served = served(answer.status, &guard);
+                let reply = fastcgi::reply(answer, guard, upstream.clone(), backend, method);
+                let reply = match &upstream.shared.config.buffering {
+                    Some(b) => response_buffering::reply(b, reply, method),
+                    None => reply,
+                };
+                Ok((reply, served))
+            }
+            Err(failure) => Err((failure, guard)),
+        };
+    }
+    match attempt_h2(upstream, backend, plan, out, body).await {
+        Ok((response, stream)) => {
+            let served = served(response.status(), &guard);
+            Ok((h2_reply(response, method, (guard, stream)), served))
+        }
+        Err(failure) => Err((failure, guard)),
+    }
 }
 
 /// A request's first pick at an upstream with a `queue` (see [`WorkerUpstream::pick_queued`]),
@@ -583,10 +623,11 @@ fn h1_reply(
         body: UpstreamBody::new(conn, &answer),
         release: Some(release),
     };
-    if let Some(b) = &upstream.shared.config.buffering {
-        return response_buffering::reply(b, answer, body, method);
+    let reply = client::response(answer, body, method);
+    match &upstream.shared.config.buffering {
+        Some(b) => response_buffering::reply(b, reply, method),
+        None => reply,
     }
-    client::response(answer, body, method)
 }
 
 /// [`forward`] with the client's body read whole first (`buffering.request`), so that a slow

@@ -8,12 +8,14 @@
 //! - [`compress`]: response compression: the client's coding, which responses, the encoders.
 //! - [`spool`]: a buffered body's bytes, in memory then in a temporary file, and the channel a
 //!   buffered response is read from.
+//! - [`fastcgi_body`]: a FastCGI application's response body, streamed off its connection.
 //! - [`body`]: a response's body (a backend's, streamed, or pinlb's own) and local replies.
 //! - [`error`]: why a request got no backend's answer, and the status each cause maps to.
 //! - [`request_body`]: the client's body on its way to a backend, kept for a retry.
 //! - [`request_buffering`]: a client's body read whole before a backend is picked.
 //! - [`response_buffering`]: a backend's body drained as fast as it comes, for a slow client.
 //! - [`attempt`]: one attempt at one backend, HTTP/1.1 or HTTP/2, and how it fails.
+//! - [`fastcgi`]: one attempt at a FastCGI backend (php-fpm), and the reply it makes.
 //! - [`forward`]: the retry loop: pick, attempt, decide whether to try the next backend.
 
 pub(crate) mod accesslog;
@@ -22,6 +24,8 @@ pub(crate) mod body;
 pub(crate) mod compress;
 pub(crate) mod downstream;
 pub(crate) mod error;
+pub(crate) mod fastcgi;
+pub(crate) mod fastcgi_body;
 pub(crate) mod forward;
 pub(crate) mod request_body;
 pub(crate) mod request_buffering;

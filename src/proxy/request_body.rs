@@ -214,3 +214,56 @@ enum Piece<T> {
     /// The backend answered first.
     Answer(T),
 }
+
+impl<B: DownstreamBody> RequestBody<'_, B> {
+    /// Reads a body of unknown length whole, up to `bound` bytes, so that its length can go
+    /// ahead of it (a FastCGI application needs CONTENT_LENGTH); it is kept, and
+    /// [`RequestBody::send_fastcgi`] sends it from memory. Over `bound` is the client's 413.
+    #[cold]
+    pub(crate) async fn read_whole(&mut self, bound: u64) -> Result<u64, ClientError> {
+        self.limit = self.limit.max(usize::try_from(bound).unwrap_or(usize::MAX));
+        // Bounded by the body and `bound`: every pass keeps a piece of it, or ends.
+        loop {
+            match self.next_piece(|_| Poll::<()>::Pending).await? {
+                Piece::Data(_) if self.lost || self.received > bound => {
+                    return Err(ClientError::BodyTooLarge { limit: bound });
+                }
+                Piece::Data(_) | Piece::Answer(()) => {}
+                Piece::End => return Ok(self.kept_len as u64),
+            }
+        }
+    }
+
+    /// Sends the body as FastCGI STDIN records of request `id`, then the empty record that
+    /// ends the stream, each wait for room at the backend bounded by `send_timeout`. A
+    /// FastCGI application answers only once it has read its STDIN, so nothing is watched for.
+    #[inline(never)]
+    pub(crate) async fn send_fastcgi(
+        &mut self,
+        conn: &mut Conn,
+        id: u16,
+        send_timeout: Duration,
+    ) -> Result<(), UpstreamError> {
+        use crate::fastcgi::record::{MAX_CONTENT, STDIN, header};
+        self.replaying = 0..self.kept.len();
+        // Bounded by the body: every pass sends a piece of it, or returns.
+        loop {
+            let piece = self
+                .next_piece(|_| Poll::<()>::Pending)
+                .await
+                .map_err(UpstreamError::Client)?;
+            let data = match piece {
+                Piece::Data(data) => data,
+                Piece::End | Piece::Answer(()) => break,
+            };
+            for part in data.chunks(MAX_CONTENT) {
+                let h = header(STDIN, id, part.len());
+                let mut out = [std::io::IoSlice::new(&h), std::io::IoSlice::new(part)];
+                conn.write_all_within(&mut out, send_timeout).await?;
+            }
+        }
+        let end = header(STDIN, id, 0);
+        conn.write_all_within(&mut [std::io::IoSlice::new(&end)], send_timeout)
+            .await
+    }
+}

@@ -1,4 +1,5 @@
-//! Response buffering (nginx's `proxy_buffering on`): an HTTP/1.1 backend's response body is
+//! Response buffering (nginx's `proxy_buffering on`, `fastcgi_buffering on`): an HTTP/1.1 or
+//! FastCGI backend's response body is
 //! read as fast as the backend sends it, by a task of its own on the worker (a drain), into a
 //! [`Channel`] that the client's [`SpooledBody`] reads from. The backend connection goes back
 //! to the pool, and the request's in-flight count (its `max_conns` slot, and so the queue's
@@ -31,7 +32,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use crate::config::Buffering;
-use crate::http1::client::{self, Head};
+use crate::http1::client;
 use crate::http1::common::Reply;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::spool::{Channel, SpooledBody};
@@ -42,23 +43,23 @@ use crate::proxy::spool::{Channel, SpooledBody};
 #[inline(never)]
 pub(crate) fn reply(
     buffering: &Arc<Buffering>,
-    mut answer: Head,
-    body: ProxyBody,
+    mut reply: Reply<ProxyBody>,
     method: &Method,
 ) -> Reply<ProxyBody> {
-    let buffered = answer.status != StatusCode::SWITCHING_PROTOCOLS && {
-        let seen = strip_accel(&mut answer.headers);
+    let buffered = reply.status != StatusCode::SWITCHING_PROTOCOLS && {
+        let seen = strip_accel(&mut reply.headers);
         let wanted = match seen.accel {
             Some(on) => on,
             None => buffering.response,
         };
         let bodiless = method == Method::HEAD
-            || answer.status == StatusCode::NO_CONTENT
-            || answer.status == StatusCode::NOT_MODIFIED
-            || body.remaining() == Some(0);
+            || reply.status == StatusCode::NO_CONTENT
+            || reply.status == StatusCode::NOT_MODIFIED
+            || reply.body.remaining() == Some(0);
         wanted && !seen.event_stream && !bodiless
     };
-    let body = if buffered {
+    if buffered {
+        let body = std::mem::replace(&mut reply.body, ProxyBody::Local(None));
         let channel = Channel::new(buffering);
         let spooled = SpooledBody::new(
             channel.clone(),
@@ -67,11 +68,9 @@ pub(crate) fn reply(
             body.answered_by(),
         );
         tokio::task::spawn_local(drain(body, channel, buffering.clone()));
-        ProxyBody::Spooled(Box::new(spooled))
-    } else {
-        body
-    };
-    client::response(answer, body, method)
+        reply.body = ProxyBody::Spooled(Box::new(spooled));
+    }
+    reply
 }
 
 /// Reads the backend's body into the channel until it ends, breaks, or the client goes away;

@@ -312,6 +312,9 @@ pub fn describe(config: &Config) -> String {
                 u.max_streams
             );
         }
+        if let Some(f) = &u.fastcgi {
+            let _ = writeln!(s, "  FastCGI to backends: {}", f.summary());
+        }
         if let Some(tls) = &u.tls {
             let _ = writeln!(s, "  TLS to backends: {}", tls.summary());
         }

@@ -25,6 +25,7 @@
 //!   multiplexes.
 //! - [`local`]: one worker's view of an upstream: its selection state, its pool of idle
 //!   HTTP/1.1 connections, and its HTTP/2 connections.
+//! - [`probe_fastcgi`]: a FastCGI upstream's health check, a FastCGI request for the path.
 //! - [`probe`]: active health checks, run on the control thread.
 //! - [`discovery`]: backends' DNS names (A/AAAA, SRV) looked up with hickory-resolver.
 
@@ -40,6 +41,7 @@ pub(crate) mod in_flight;
 pub(crate) mod local;
 pub(crate) mod pick;
 pub(crate) mod probe;
+pub(crate) mod probe_fastcgi;
 pub(crate) mod proxy_header;
 pub(crate) mod queue;
 pub(crate) mod shared;

@@ -16,7 +16,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
-use crate::config::{Health, Protocol};
+use crate::config::{Fastcgi, Health, Protocol};
 use crate::http1::client::{UpstreamBody, connect, describe_io};
 use crate::tls::client::Connector;
 use crate::upstream::health::Checks;
@@ -33,10 +33,28 @@ pub async fn probe(
     tls: Option<&Connector>,
     first: &[u8],
 ) -> Result<(), String> {
+    probe_with(addr, health, protocol, tls, first, None).await
+}
+
+/// [`probe`], with a FastCGI upstream's script rules (`[upstream.NAME.fastcgi]`), which a
+/// FastCGI probe's PARAMS are made by; without them its SCRIPT_NAME and SCRIPT_FILENAME are the
+/// health path, which is what php-fpm's `ping.path` and `pm.status_path` look at.
+pub async fn probe_with(
+    addr: SocketAddr,
+    health: &Health,
+    protocol: Protocol,
+    tls: Option<&Connector>,
+    first: &[u8],
+    fastcgi: Option<&Arc<Fastcgi>>,
+) -> Result<(), String> {
     let exchange = async {
         let status = match protocol {
             Protocol::Http1 => exchange(addr, health, tls, first).await?,
             Protocol::H2c | Protocol::H2 => exchange_h2(addr, health, tls).await?,
+            Protocol::Fastcgi => {
+                let f = fastcgi.map(|f| &**f);
+                crate::upstream::probe_fastcgi::exchange(addr, health, tls, first, f).await?
+            }
         };
         if health.expect.contains(status) {
             Ok(())
@@ -186,12 +204,13 @@ async fn check_loop(up: Arc<SharedUpstream>, backend: usize, health: Health, off
         next = next.max(tokio::time::Instant::now()) + jittered(health.interval);
         let started = std::time::Instant::now();
         let first = crate::upstream::proxy_header::for_probe(up.config.proxy_protocol);
-        let result = probe(
+        let result = probe_with(
             state.address,
             &health,
             up.config.protocol,
             up.tls(backend),
             &first,
+            up.config.fastcgi.as_ref(),
         )
         .await;
         if up.counting {

@@ -1052,6 +1052,10 @@ impl Builder {
                 route.insert("path".into(), Value::String(path.clone()));
                 false
             }
+            _ if super::fastcgi::passes(block) => {
+                self.skip(l, super::fastcgi::NOT_CONVERTED);
+                return None;
+            }
             _ => {
                 self.skip(
                     l,

@@ -14,6 +14,7 @@
 //! - [`buffering`]: `proxy_buffering`, `proxy_request_buffering` and their bounds as an
 //!   upstream's `[buffering]`.
 //! - [`sticky`]: nginx Plus's `sticky cookie` as an upstream's `sticky`.
+//! - [`fastcgi`]: `fastcgi_pass` locations, refused with what to write instead.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
@@ -21,6 +22,7 @@ mod buffering;
 mod client_cert;
 mod convert;
 mod error_page;
+mod fastcgi;
 mod gzip;
 mod limits;
 mod parse;
