@@ -24,6 +24,7 @@
 //! - [`client_certs`]: `[listener.tls]`'s client certificate keys, their CA and CRL files read.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
+//! - [`unix_backend`]: a `unix:/path` backend's socket file checked.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod access;
@@ -38,6 +39,7 @@ mod raw;
 mod routes;
 #[cfg(test)]
 mod tests;
+mod unix_backend;
 mod validate;
 
 use std::fmt;
@@ -55,6 +57,7 @@ pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;
 use raw::RawConfig;
 
+use crate::backend_address::BackendAddress;
 use crate::http1::request::RequestLimits;
 use crate::tls::client::BackendTls;
 use crate::tls::server::Terminator;
@@ -844,7 +847,7 @@ impl Spawn {
     /// The backend process `i` is in the pool as, on port range `bank`.
     pub fn backend(&self, i: usize, bank: usize) -> Backend {
         Backend {
-            address: self.address(i, bank),
+            address: self.address(i, bank).into(),
             weight: 1,
             cpus: Some(vec![self.core(i)]),
             max_conns: self.max_conns,
@@ -920,7 +923,8 @@ impl Default for Upgrade {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Backend {
-    pub address: SocketAddr,
+    /// `IP:PORT`, or `unix:/path` for a Unix socket.
+    pub address: BackendAddress,
     pub weight: u32,
     /// Cores the backend is pinned to, if the user said so; used only for warnings and the plan.
     pub cpus: Option<Vec<usize>>,

@@ -21,6 +21,7 @@ use super::{
     HashKey, Health, Http2, Limits, Listener, NamedBackend, Passive, Protocol, RequestIds, Resolve,
     Resolver, Retry, Runtime, Spawn, Timeouts, Upgrade, Upstream,
 };
+use crate::backend_address::BackendAddress;
 use crate::http1::request::RequestLimits;
 use crate::sys::cpus::format_cpu_list;
 use crate::tls::client::{BackendTls, Trust, TrustError};
@@ -869,7 +870,7 @@ fn backend(
     bkey: &str,
     up: &RawUpstream,
     b: &RawBackend,
-    seen: &mut HashSet<SocketAddr>,
+    seen: &mut HashSet<BackendAddress>,
     names: &mut HashSet<DnsName>,
 ) -> Result<Entry> {
     let weight = *b.weight.get_ref();
@@ -912,7 +913,13 @@ fn backend(
         }
         (Some(a), None) => {
             let text = a.get_ref();
-            if let Ok(address) = text.parse::<SocketAddr>() {
+            if let Some(address) = BackendAddress::parse(text) {
+                let akey = format!("{bkey}.address");
+                let address = address.map_err(|e| src.at(a.span(), &akey, e.to_string()))?;
+                if let BackendAddress::Unix(path) = address {
+                    super::unix_backend::check(path, up.tls.is_some())
+                        .map_err(|what| src.at(a.span(), &akey, what))?;
+                }
                 if !seen.insert(address) {
                     return Err(src.at(
                         a.span(),

@@ -544,7 +544,10 @@ impl Supervision {
             .upstreams
             .iter()
             .find(|u| &u.config.name == name)?;
-        up.backends.iter().find(|b| b.address == address).cloned()
+        up.backends
+            .iter()
+            .find(|b| b.address == address.into())
+            .cloned()
     }
 
     /// Stops `slot`'s process, which is out of the pool, once its requests in flight have
@@ -727,10 +730,10 @@ async fn answers(
     done: &Option<&JoinHandle<String>>,
     stopping: &watch::Receiver<bool>,
 ) -> Result<(), String> {
-    let address = slot.address();
+    let address = crate::backend_address::BackendAddress::from(slot.address());
     let limit = slot.spawn.ready_timeout;
     let deadline = Instant::now() + limit;
-    let connector = upstream.tls.as_ref().map(|t| t.connector(address));
+    let connector = upstream.tls.as_ref().map(|t| t.connector(address.tcp()));
     loop {
         if done.is_none_or(|d| d.is_finished()) {
             return Err("it exited before it answered".into());
@@ -749,15 +752,11 @@ async fn answers(
                 )
                 .await
             }
-            None => {
-                match tokio::time::timeout(READY_POLL * 10, tokio::net::TcpStream::connect(address))
-                    .await
-                {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err("connect timed out".into()),
-                }
-            }
+            // A TCP connect, or a Unix socket's: the socket accepts.
+            None => crate::http1::client::connect(address, READY_POLL * 10, None, &[])
+                .await
+                .map(drop)
+                .map_err(|e| e.cause),
         };
         let last = match result {
             Ok(()) => return Ok(()),

@@ -10,6 +10,7 @@
 //! - [`limits`]: `limit_req_zone`, `limit_req` and `limit_req_status` as rate zones.
 //! - [`proxy_protocol`]: `listen … proxy_protocol` and the realip module's directives.
 //! - [`client_cert`]: the client certificate directives as `[listener.tls]` keys.
+//! - [`unix_socket`]: `server unix:` and `proxy_pass http://unix:` as Unix-socket backends.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
@@ -21,6 +22,7 @@ mod parse;
 mod proxy_protocol;
 mod rewrite;
 mod template;
+mod unix_socket;
 
 use std::path::Path;
 
