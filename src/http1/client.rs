@@ -1054,6 +1054,29 @@ mod tests {
     }
 
     #[test]
+    fn a_socket_pinlb_may_not_open_is_pinlb_s_side_and_a_missing_one_the_backend_s() {
+        let path = Path::new("/run/app.sock");
+        let denied = ConnectError::unix(path, &io::Error::from(io::ErrorKind::PermissionDenied));
+        assert_eq!(denied.kind, ConnectFailure::Local);
+        assert!(
+            denied
+                .cause
+                .contains("permission denied opening the socket /run/app.sock")
+        );
+        assert!(denied.cause.contains("on pinlb's side"), "{}", denied.cause);
+        let gone = ConnectError::unix(path, &io::Error::from(io::ErrorKind::NotFound));
+        assert_eq!(gone.kind, ConnectFailure::Backend);
+        assert_eq!(
+            gone.cause,
+            "no socket at /run/app.sock: the backend is not running"
+        );
+        let refused = ConnectError::unix(path, &io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert_eq!(refused.kind, ConnectFailure::Backend);
+        let full = ConnectError::unix(path, &io::Error::from(io::ErrorKind::WouldBlock));
+        assert_eq!(full.kind, ConnectFailure::Busy);
+    }
+
+    #[test]
     fn a_partial_head_asks_for_more() {
         assert!(head("HTTP/1.1 200 OK\r\nContent-Len").unwrap().is_none());
     }
