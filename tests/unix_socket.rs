@@ -395,3 +395,52 @@ fn import_converts_server_unix_and_proxy_pass_to_a_socket() {
     );
     assert!(stdout.contains("rewrite_prefix = \"/v1/\""), "{stdout}");
 }
+
+#[tokio::test]
+async fn a_spawned_backend_listens_on_its_socket_which_goes_when_pinlb_stops() {
+    let Some(node) = node() else { return };
+    let runtime = tempfile::tempdir().unwrap();
+    let script = runtime.path().join("spawned.js");
+    std::fs::write(
+        &script,
+        "const path = process.argv[2];\n\
+         require('http').createServer((req, res) => res.end('spawned ' + path + ' ' + process.env.SOCKET))\n\
+         .listen(path, () => console.log('listening on ' + path));\n",
+    )
+    .unwrap();
+    // The ports still number the ranges (and go in PORT); nothing binds them.
+    let base = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .min(60_000);
+    let toml = format!(
+        "[runtime]\ncpus = [{worker}]\n\n[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\n\n\
+         [upstream.app.spawn]\ncommand = [\"{node}\", \"{script}\", \"{{socket}}\"]\n\
+         cpus = [{core}]\nport_base = {base}\n",
+        worker = first_core(),
+        script = script.display(),
+        core = allowed().last().unwrap(),
+    );
+    let mut proxy =
+        BinProxy::spawn_toml(&toml, &[("XDG_RUNTIME_DIR", runtime.path().as_os_str())]).await;
+    let dir = runtime.path().join(format!("pinlb-{}", proxy.pid));
+    let sock = dir.join("app-0-0.sock");
+    let line = proxy.wait_for_log("in the pool").await;
+    assert!(
+        line.contains(&format!("answers on unix:{}", sock.display())),
+        "{line}"
+    );
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{}", dir.display());
+    assert!(std::fs::metadata(&sock).unwrap().file_type().is_socket());
+    let r = get(proxy.addr, "/").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, format!("spawned {0} {0}", sock.display()));
+    proxy.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(proxy.wait_exit().await.success());
+    assert!(!sock.exists(), "{} is still there", sock.display());
+    assert!(!dir.exists(), "{} is still there", dir.display());
+}

@@ -700,7 +700,25 @@ fn spawn(
     if let Err(e) = find_program(&name, cwd.as_deref(), &env) {
         return Err(src.at(program.span(), &format!("{skey}.command[0]"), e));
     }
+    let socket = match command.iter().any(|a| a.contains("{socket}")) {
+        false => None,
+        true => {
+            let name = key.strip_prefix("upstream.").unwrap_or(key);
+            let prefix = Spawn::socket_dir().join(name);
+            // The longest path: the last process's, on the second range.
+            let longest = format!("{}-{}-1.sock", prefix.display(), count.saturating_sub(1));
+            if longest.len() > 107 || name.contains('/') {
+                return Err(src.at(
+                    s.command.span(),
+                    &format!("{skey}.command"),
+                    format!("{{socket}}: the socket path {longest} is not one a Unix socket can have (at most 107 bytes, no '/' in the upstream's name), expected a shorter upstream name or XDG_RUNTIME_DIR"),
+                ));
+            }
+            Some(prefix)
+        }
+    };
     Ok(Spawn {
+        socket,
         command,
         count,
         cpus,

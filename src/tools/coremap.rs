@@ -110,7 +110,7 @@ impl CoreMap {
                 let mut found = look(address);
                 // A running pinlb may have rolled a spawned process onto its second port.
                 if let (Some(s), Found::NotListening) = (&u.spawn, &found) {
-                    let second = s.address(i, 1).into();
+                    let second = s.backend_address(i, 1);
                     if let f @ Found::Processes(_) = look(second) {
                         (address, found) = (second, f);
                     }
