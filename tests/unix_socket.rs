@@ -361,41 +361,6 @@ fn check_s_core_map_finds_the_node_process_holding_the_socket() {
     assert!(stdout.contains(&want), "{stdout}\nexpected {want}");
 }
 
-#[test]
-fn import_converts_server_unix_and_proxy_pass_to_a_socket() {
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("nginx.conf");
-    std::fs::write(
-        &conf,
-        "http {\n  upstream app {\n    server unix:/run/app.sock weight=2;\n  }\n\
-         server {\n    listen 8080;\n    location / { proxy_pass http://app; }\n\
-         location /api/ { proxy_pass http://unix:/run/api.sock:/v1/; }\n  }\n}\n",
-    )
-    .unwrap();
-    let out = Command::new(bin())
-        .arg("import")
-        .arg(&conf)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let toml: toml::Table = stdout.parse().unwrap();
-    let ups = toml["upstream"].as_table().unwrap();
-    let first = |name: &str| ups[name]["backends"][0].clone();
-    assert_eq!(first("app")["address"].as_str(), Some("unix:/run/app.sock"));
-    assert_eq!(first("app")["weight"].as_integer(), Some(2));
-    assert_eq!(
-        first("unix:/run/api.sock")["address"].as_str(),
-        Some("unix:/run/api.sock")
-    );
-    assert!(stdout.contains("rewrite_prefix = \"/v1/\""), "{stdout}");
-}
-
 #[tokio::test]
 async fn a_spawned_backend_listens_on_its_socket_which_goes_when_pinlb_stops() {
     let Some(node) = node() else { return };
