@@ -978,7 +978,7 @@ async fn connect_unix(
     if !first.is_empty() {
         write_first(&mut stream, first, timeout).await?;
     }
-    Ok(Conn::new(BackendStream::Unix(stream)))
+    Ok(Conn::new(BackendStream::Unix(Box::new(stream))))
 }
 
 /// Writes a connection's first bytes (its PROXY protocol header) within `timeout`. Out of
