@@ -144,6 +144,23 @@ async fn requests_go_through_a_unix_socket_and_reuse_the_backend_connection() {
     let status = proxy.status().await;
     let shown = status["upstreams"][0]["backends"][0]["address"].clone();
     assert_eq!(shown, sock_label.as_str(), "{status}");
+    // The admin API takes the address as it is shown, and with its slashes encoded.
+    let encoded = sock_label.replace('/', "%2F");
+    for (path, admin) in [
+        (format!("/backends/{sock_label}/drain"), "draining"),
+        (
+            format!("/upstreams/app/backends/{encoded}/enable"),
+            "active",
+        ),
+    ] {
+        let r = proxy.admin(http::Method::POST, &path, None).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.body);
+        let status = proxy.status().await;
+        assert_eq!(
+            status["upstreams"][0]["backends"][0]["admin"], admin,
+            "{path}: {status}"
+        );
+    }
 }
 
 #[tokio::test]
