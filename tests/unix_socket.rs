@@ -414,7 +414,8 @@ async fn a_spawned_backend_listens_on_its_socket_which_goes_when_pinlb_stops() {
         .port()
         .min(60_000);
     let toml = format!(
-        "[runtime]\ncpus = [{worker}]\n\n[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\n\n\
+        "[runtime]\ncpus = [{worker}]\n\n[admin]\naddress = \"127.0.0.1:0\"\n\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\n\n\
          [upstream.app.spawn]\ncommand = [\"{node}\", \"{script}\", \"{{socket}}\"]\n\
          cpus = [{core}]\nport_base = {base}\n",
         worker = first_core(),
@@ -437,6 +438,13 @@ async fn a_spawned_backend_listens_on_its_socket_which_goes_when_pinlb_stops() {
     let r = get(proxy.addr, "/").await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.body, format!("spawned {0} {0}", sock.display()));
+    let pid_line = format!(
+        "pinlb_spawn_pid{{upstream=\"app\",process=\"0\",address=\"unix:{}\"",
+        sock.display()
+    );
+    let admin = proxy.admin_addr().await;
+    let metrics = get(admin, "/metrics").await;
+    assert!(metrics.body.contains(&pid_line), "{}", metrics.body);
     proxy.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(proxy.wait_exit().await.success());
     assert!(!sock.exists(), "{} is still there", sock.display());

@@ -623,7 +623,7 @@ impl Supervision {
             upstream: name.to_string(),
             index: slot.index,
             pid: slot.run.as_ref().map(|r| r.pid),
-            address: slot.address(),
+            address: slot.backend_address(),
             core: slot.spawn.core(slot.index),
             state,
             restarts: slot.restarts,
