@@ -180,6 +180,16 @@ mod tests {
         ));
     }
 
+    /// The request path copies addresses (into log records, errors): a TCP one costs what a
+    /// `SocketAddr` did.
+    #[test]
+    fn an_address_is_as_large_as_a_socket_address() {
+        assert_eq!(
+            std::mem::size_of::<BackendAddress>(),
+            std::mem::size_of::<SocketAddr>()
+        );
+    }
+
     #[test]
     fn one_path_is_kept_once() {
         let a = intern(Path::new("/tmp/one.sock"));
