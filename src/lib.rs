@@ -21,6 +21,7 @@
 //!
 //! - [`sys`]: cores and pinning, pinned runtimes and child processes, the local executor, systemd
 //!   notify.
+//! - [`backend_address`]: a backend's address, TCP or a Unix socket's path, as parsed and shown.
 //! - [`tls`]: rustls for listeners (the server role) and for backends (the client role).
 //! - [`http1`]: the HTTP/1.1 codec on httparse: framing, request heads, the backend side.
 //! - [`fastcgi`]: the FastCGI codec: records, the request's CGI params, the CGI response head.
@@ -50,6 +51,7 @@
 
 #![allow(rustdoc::private_intra_doc_links)]
 
+pub mod backend_address;
 pub mod config;
 pub(crate) mod control;
 pub(crate) mod downstream;

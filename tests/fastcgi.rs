@@ -537,7 +537,6 @@ async fn one_php_fpm_connection_serves_request_after_request() {
 }
 
 #[tokio::test]
-#[ignore = "needs part A's unix: addresses"]
 async fn php_fpm_on_a_unix_socket() {
     let Some(bin) = php_fpm() else { return };
     let dir = tempfile::tempdir().expect("socket dir");

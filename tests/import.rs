@@ -2220,3 +2220,115 @@ http {
         imported.stdout
     );
 }
+
+/// A backend on the Unix socket `path` that answers every request with `NAME PATH` (its
+/// request's target), keeping the connection open, as long as the test runs.
+fn unix_backend(path: &Path, name: &'static str) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::UnixListener::bind(path).unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut s = BufReader::new(s);
+                // Bounded by the client: every pass answers one request, or ends.
+                loop {
+                    let mut first = String::new();
+                    if s.read_line(&mut first).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut line = String::new();
+                    while s.read_line(&mut line).await.unwrap_or(0) > 2 {
+                        line.clear();
+                    }
+                    let target = first.split(' ').nth(1).unwrap_or("?");
+                    let body = format!("{name} {target}");
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if s.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// `server unix:/path` in an upstream and `proxy_pass http://unix:/path:/uri` become backends
+/// at `unix:/path`, which answer through the imported pinlb as through nginx; a relative socket
+/// path is not converted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_socket_servers_import_and_answer_as_nginx_does() {
+    let sockets = tempfile::tempdir().unwrap();
+    let (app, api) = (
+        sockets.path().join("app.sock"),
+        sockets.path().join("api.sock"),
+    );
+    unix_backend(&app, "app");
+    unix_backend(&api, "api");
+    let text = |listen: SocketAddr| {
+        format!(
+            "events {{}}
+http {{
+    upstream app {{
+        server unix:{} weight=2;
+    }}
+    server {{
+        listen {listen};
+        location / {{ proxy_pass http://app; }}
+        location /api/ {{ proxy_pass http://unix:{}:/v1/; }}
+    }}
+}}
+",
+            app.display(),
+            api.display()
+        )
+    };
+    let (nginx_at, pinlb_at) = (free_port(), free_port());
+    let imported = import_text(&text(pinlb_at), &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let toml: toml::Table = imported.stdout.parse().unwrap();
+    let ups = toml["upstream"].as_table().unwrap();
+    let first = |name: &str| ups[name]["backends"][0].clone();
+    let app_label = format!("unix:{}", app.display());
+    let api_label = format!("unix:{}", api.display());
+    assert_eq!(first("app")["address"].as_str(), Some(app_label.as_str()));
+    assert_eq!(first("app")["weight"].as_integer(), Some(2));
+    assert_eq!(
+        first(&api_label)["address"].as_str(),
+        Some(api_label.as_str())
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let nginx = Nginx::start(dir.path(), &text(nginx_at));
+    let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(&imported.stdout), &[]).await;
+    await_listening(&[nginx_at, pinlb_at], || {
+        format!("{}\n{}", nginx.log(), pinlb.log().join("\n"))
+    })
+    .await;
+    for (at, who) in [(nginx_at, "nginx"), (pinlb_at, "pinlb")] {
+        let mut got = Vec::new();
+        for target in ["/x", "/api/y"] {
+            let req = format!("GET {target} HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n");
+            let r = raw_request(at, req.as_bytes(), false).await;
+            got.push((r.status, String::from_utf8_lossy(&r.body).into_owned()));
+        }
+        let want = [(200, "app /x".to_string()), (200, "api /v1/y".to_string())];
+        assert_eq!(got, want, "{who}");
+    }
+    drop((nginx, pinlb));
+
+    let relative = import_text(
+        "http {\n  upstream app { server unix:app.sock; }\n  server {\n    listen 8080;\n    location / { proxy_pass http://app; }\n  }\n}\n",
+        &[],
+    );
+    assert!(
+        relative.stderr.contains(&format!(
+            "{}:2: server not converted: the socket path \"app.sock\" is relative",
+            relative.path.display()
+        )),
+        "{}",
+        relative.stderr
+    );
+}

@@ -28,6 +28,7 @@
 //! - [`buffering`]: `[upstream.NAME.buffering]`: bodies read whole for slow clients, its bounds.
 //! - [`sticky`]: an upstream's sticky cookie: its name and attributes.
 //! - [`fastcgi`]: `[upstream.NAME.fastcgi]`: a FastCGI upstream's script rules and params.
+//! - [`unix_backend`]: a `unix:/path` backend's socket file checked.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
 mod access;
@@ -46,6 +47,7 @@ mod routes;
 mod sticky;
 #[cfg(test)]
 mod tests;
+mod unix_backend;
 mod validate;
 
 use std::fmt;
@@ -67,6 +69,7 @@ pub use log_format::AccessTemplate;
 use raw::RawConfig;
 pub use sticky::{SameSite, Sticky, is_cookie_name};
 
+use crate::backend_address::BackendAddress;
 use crate::http1::request::RequestLimits;
 use crate::tls::client::BackendTls;
 use crate::tls::server::Terminator;
@@ -826,6 +829,10 @@ pub struct Spawn {
     /// The upstream's `max_conns` and `slow_start`, for each process's backend.
     pub max_conns: usize,
     pub slow_start: Duration,
+    /// With `{socket}` in `command`: the processes listen on Unix sockets, process `i` of port
+    /// range `bank` on `PREFIX-i-bank.sock`, and this is `PREFIX` (the upstream's name in
+    /// [`Spawn::socket_dir`]). Their ports still tell the ranges apart, and are in `PORT`.
+    pub socket: Option<std::path::PathBuf>,
 }
 
 impl Spawn {
@@ -846,6 +853,35 @@ impl Spawn {
         SocketAddr::new(self.host, u16::try_from(port).unwrap_or(u16::MAX))
     }
 
+    /// The directory of spawned processes' sockets: this pinlb process's own,
+    /// `$XDG_RUNTIME_DIR/pinlb-PID` (systemd's per-user runtime directory, as its services'
+    /// sockets go), else `pinlb-PID` in the system's temporary directory (`$TMPDIR`, `/tmp`).
+    /// Created mode 0700 when the first process starts, removed when pinlb stops.
+    pub fn socket_dir() -> std::path::PathBuf {
+        let base = std::env::var_os("XDG_RUNTIME_DIR")
+            .map(std::path::PathBuf::from)
+            .filter(|d| d.is_absolute() && d.is_dir())
+            .unwrap_or_else(std::env::temp_dir);
+        base.join(format!("pinlb-{}", std::process::id()))
+    }
+
+    /// Process `i`'s socket in port range `bank`, when the processes listen on sockets.
+    pub fn socket_path(&self, i: usize, bank: usize) -> Option<std::path::PathBuf> {
+        let prefix = self.socket.as_ref()?;
+        Some(std::path::PathBuf::from(format!(
+            "{}-{i}-{bank}.sock",
+            prefix.display()
+        )))
+    }
+
+    /// Process `i`'s backend address in port range `bank`: its socket, else its TCP address.
+    pub fn backend_address(&self, i: usize, bank: usize) -> BackendAddress {
+        match self.socket_path(i, bank) {
+            Some(p) => BackendAddress::Unix(crate::backend_address::intern(&p)),
+            None => self.address(i, bank).into(),
+        }
+    }
+
     /// Whether `other` runs the same processes: the same program, arguments, environment,
     /// cores and ports. Only a change there restarts them; `grace`, `ready_timeout`,
     /// `max_conns` and `slow_start` apply to the running ones.
@@ -858,6 +894,7 @@ impl Spawn {
             self.host,
             &self.env,
             &self.cwd,
+            &self.socket,
         ) == (
             &other.command,
             other.count,
@@ -866,13 +903,14 @@ impl Spawn {
             other.host,
             &other.env,
             &other.cwd,
+            &other.socket,
         )
     }
 
     /// The backend process `i` is in the pool as, on port range `bank`.
     pub fn backend(&self, i: usize, bank: usize) -> Backend {
         Backend {
-            address: self.address(i, bank),
+            address: self.backend_address(i, bank),
             weight: 1,
             cpus: Some(vec![self.core(i)]),
             max_conns: self.max_conns,
@@ -881,12 +919,17 @@ impl Spawn {
         }
     }
 
-    /// The argv for a process on `port`.
-    pub fn argv(&self, port: u16) -> Vec<String> {
-        let port = port.to_string();
+    /// The argv for process `i` of port range `bank`: `{port}` replaced by its port, and
+    /// `{socket}` by its socket's path.
+    pub fn argv(&self, i: usize, bank: usize) -> Vec<String> {
+        let port = self.address(i, bank).port().to_string();
+        let socket = self
+            .socket_path(i, bank)
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
         self.command
             .iter()
-            .map(|a| a.replace("{port}", &port))
+            .map(|a| a.replace("{port}", &port).replace("{socket}", &socket))
             .collect()
     }
 }
@@ -948,7 +991,8 @@ impl Default for Upgrade {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Backend {
-    pub address: SocketAddr,
+    /// `IP:PORT`, or `unix:/path` for a Unix socket.
+    pub address: BackendAddress,
     pub weight: u32,
     /// Cores the backend is pinned to, if the user said so; used only for warnings and the plan.
     pub cpus: Option<Vec<usize>>,

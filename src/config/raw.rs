@@ -359,7 +359,8 @@ fn default_keepalive() -> usize {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawBackend {
-    /// `IP:PORT`, or `NAME:PORT` looked up (A/AAAA); exactly one of it and `srv`.
+    /// `IP:PORT`, `unix:/path` (a Unix socket), or `NAME:PORT` looked up (A/AAAA); exactly
+    /// one of it and `srv`.
     pub address: Option<Spanned<String>>,
     /// An SRV name, whose records give the addresses, ports and weights.
     pub srv: Option<Spanned<String>>,

@@ -21,6 +21,7 @@ use super::{
     HashKey, Health, Http2, Limits, Listener, NamedBackend, Passive, Protocol, RequestIds, Resolve,
     Resolver, Retry, Runtime, Spawn, Timeouts, Upgrade, Upstream,
 };
+use crate::backend_address::BackendAddress;
 use crate::http1::request::RequestLimits;
 use crate::sys::cpus::format_cpu_list;
 use crate::tls::client::{BackendTls, Trust, TrustError};
@@ -703,7 +704,25 @@ fn spawn(
     if let Err(e) = find_program(&name, cwd.as_deref(), &env) {
         return Err(src.at(program.span(), &format!("{skey}.command[0]"), e));
     }
+    let socket = match command.iter().any(|a| a.contains("{socket}")) {
+        false => None,
+        true => {
+            let name = key.strip_prefix("upstream.").unwrap_or(key);
+            let prefix = Spawn::socket_dir().join(name);
+            // The longest path: the last process's, on the second range.
+            let longest = format!("{}-{}-1.sock", prefix.display(), count.saturating_sub(1));
+            if longest.len() > 107 || name.contains('/') {
+                return Err(src.at(
+                    s.command.span(),
+                    &format!("{skey}.command"),
+                    format!("{{socket}}: the socket path {longest} is not one a Unix socket can have (at most 107 bytes, no '/' in the upstream's name), expected a shorter upstream name or XDG_RUNTIME_DIR"),
+                ));
+            }
+            Some(prefix)
+        }
+    };
     Ok(Spawn {
+        socket,
         command,
         count,
         cpus,
@@ -873,7 +892,7 @@ fn backend(
     bkey: &str,
     up: &RawUpstream,
     b: &RawBackend,
-    seen: &mut HashSet<SocketAddr>,
+    seen: &mut HashSet<BackendAddress>,
     names: &mut HashSet<DnsName>,
 ) -> Result<Entry> {
     let weight = *b.weight.get_ref();
@@ -916,7 +935,13 @@ fn backend(
         }
         (Some(a), None) => {
             let text = a.get_ref();
-            if let Ok(address) = text.parse::<SocketAddr>() {
+            if let Some(address) = BackendAddress::parse(text) {
+                let akey = format!("{bkey}.address");
+                let address = address.map_err(|e| src.at(a.span(), &akey, e.to_string()))?;
+                if let BackendAddress::Unix(path) = address {
+                    super::unix_backend::check(path, up.tls.is_some())
+                        .map_err(|what| src.at(a.span(), &akey, what))?;
+                }
                 if !seen.insert(address) {
                     return Err(src.at(
                         a.span(),

@@ -48,6 +48,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
+use crate::backend_address::BackendAddress;
 use crate::control::status::{Window, status};
 use crate::process::shared::{Generation, Process};
 use crate::upstream::backend::AdminState;
@@ -188,7 +189,14 @@ async fn route(
         }
     }
     let path = req.uri().path().to_string();
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let joined;
+    let mut segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    if let Some((at, address)) = unix_address_segments(&segments) {
+        joined = address;
+        let action = segments.last().copied().unwrap_or_default();
+        segments.truncate(at);
+        segments.extend([joined.as_str(), action]);
+    }
     match (&method, segments.as_slice()) {
         (&Method::GET, ["metrics"]) => reply(
             StatusCode::OK,
@@ -334,10 +342,12 @@ fn control(process: &Process, upstream: Option<&str>, address: &str, action: &st
     };
     // curl and browsers may percent-encode an IPv6 address's brackets and colons.
     let decoded = percent_decode(address);
-    let Ok(addr) = decoded.parse::<SocketAddr>() else {
+    let Some(Ok(addr)) = BackendAddress::parse(&decoded) else {
         return text(
             StatusCode::BAD_REQUEST,
-            format!("400 Bad Request: \"{address}\" is not a backend address (IP:PORT)"),
+            format!(
+                "400 Bad Request: \"{address}\" is not a backend address (IP:PORT or unix:/path)"
+            ),
         );
     };
     // An upstream's name is a TOML key, which may hold any character.
@@ -392,6 +402,18 @@ fn percent_decode(s: &str) -> String {
 /// The status page: plain HTML and a script that fetches `/status` every second and redraws the
 /// tables in place.
 const PAGE: &str = include_str!("admin.html");
+
+/// A Unix backend's address written into an admin path as it is (`/backends/unix:/run/app.sock/
+/// drain`): its slashes split it into segments, which are joined back here. Returns where the
+/// address begins among the segments and the address; `None` when the path names none that
+/// way (an encoded one, `unix:%2Frun%2Fapp.sock`, is one segment already).
+fn unix_address_segments(segments: &[&str]) -> Option<(usize, String)> {
+    let at = segments.iter().position(|s| *s == "unix:")?;
+    if at == 0 || segments[at - 1] != "backends" || segments.len() < at + 3 {
+        return None;
+    }
+    Some((at, segments[at..segments.len() - 1].join("/")))
+}
 
 #[cfg(test)]
 mod tests {

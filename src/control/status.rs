@@ -11,6 +11,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+
+use crate::backend_address::BackendAddress;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -27,7 +29,7 @@ pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
 /// A backend, as the window tells backends apart: its upstream and address.
-type Key = (String, SocketAddr);
+type Key = (String, BackendAddress);
 
 /// The past the counters don't keep. The lock is taken once a second by the sampler and once
 /// per `/status`, both on the control thread, never while anything awaits.

@@ -56,6 +56,7 @@ impl Supervisor {
         if self.task.await.is_err() {
             error!("the spawned processes' supervisor panicked; its processes die with pinlb");
         }
+        remove_socket_dir();
     }
 }
 
@@ -107,6 +108,11 @@ impl Slot {
 
     fn address(&self) -> std::net::SocketAddr {
         self.spawn.address(self.index, self.bank)
+    }
+
+    /// Where pinlb reaches its process: the port, or its socket with `{socket}`.
+    fn backend_address(&self) -> crate::backend_address::BackendAddress {
+        self.spawn.backend_address(self.index, self.bank)
     }
 }
 
@@ -287,7 +293,7 @@ impl Supervision {
                 info!(
                     "upstream {name}: process {i} (pid {}) answers on {}, on core {}: in the pool",
                     slot.run.as_ref().map_or(0, |r| r.pid),
-                    slot.address(),
+                    slot.backend_address(),
                     slot.spawn.core(i)
                 );
             }
@@ -299,7 +305,7 @@ impl Supervision {
                 let mut slot = self.take(g, i);
                 warn!(
                     "upstream {name}: process {i} on {}: {e}; stopping it",
-                    slot.address()
+                    slot.backend_address()
                 );
                 let how = stop(&mut slot).await;
                 self.schedule_restart(&name, &mut slot, how, Duration::ZERO);
@@ -319,7 +325,7 @@ impl Supervision {
                     slot.index,
                     run.pid,
                     slot.spawn.core(slot.index),
-                    slot.spawn.argv(slot.address().port()).join(" ")
+                    slot.spawn.argv(slot.index, slot.bank).join(" ")
                 );
                 slot.run = Some(run);
                 slot.restart_at = None;
@@ -530,14 +536,19 @@ impl Supervision {
         }
         for i in 0..self.groups[g].slots.len() {
             if self.groups[g].slots[i].in_pool {
-                let address = self.groups[g].slots[i].address();
+                let slot = &self.groups[g].slots[i];
+                let address = slot.spawn.backend_address(slot.index, slot.bank);
                 self.groups[g].slots[i].state = self.state_of(g, address);
             }
         }
     }
 
     /// The running generation's state of group `g`'s backend at `address`.
-    fn state_of(&self, g: usize, address: std::net::SocketAddr) -> Option<Arc<BackendState>> {
+    fn state_of(
+        &self,
+        g: usize,
+        address: crate::backend_address::BackendAddress,
+    ) -> Option<Arc<BackendState>> {
         let generation = self.process.generations.borrow();
         let name = &self.groups[g].upstream.name;
         let up = generation
@@ -577,7 +588,7 @@ impl Supervision {
             info!(
                 "upstream {name}: process {} (pid {pid}) on {} stopped: {how}",
                 slot.index,
-                slot.address()
+                slot.backend_address()
             );
         }
     }
@@ -612,7 +623,7 @@ impl Supervision {
             upstream: name.to_string(),
             index: slot.index,
             pid: slot.run.as_ref().map(|r| r.pid),
-            address: slot.address(),
+            address: slot.backend_address(),
             core: slot.spawn.core(slot.index),
             state,
             restarts: slot.restarts,
@@ -629,11 +640,16 @@ fn start(
     exits: mpsc::UnboundedSender<(u32, String)>,
 ) -> Result<Running, String> {
     let port = slot.address().port();
-    let argv = slot.spawn.argv(port);
+    let argv = slot.spawn.argv(slot.index, slot.bank);
+    let socket = slot.spawn.socket_path(slot.index, slot.bank);
+    if let Some(path) = &socket {
+        prepare_socket(path)?;
+    }
     let mut command = std::process::Command::new(&argv[0]);
     command
         .args(&argv[1..])
         .env("PORT", port.to_string())
+        .envs(socket.iter().map(|p| ("SOCKET", p)))
         .envs(slot.spawn.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -655,13 +671,51 @@ fn start(
         tokio::spawn(log_lines(err, format!("{prefix} stderr")));
     }
     let (stop, stopped) = oneshot::channel();
-    let done = tokio::spawn(reap(child, pid, stopped, exits));
+    let done = tokio::spawn(async move {
+        let how = reap(child, pid, stopped, exits).await;
+        // The process is gone: its socket goes with it.
+        if let Some(path) = socket {
+            let _ = std::fs::remove_file(path);
+        }
+        how
+    });
     Ok(Running {
         pid,
         started: Instant::now(),
         stop: Some(stop),
         done,
     })
+}
+
+/// Makes the directory of spawned processes' sockets (mode 0700: only pinlb's user may reach
+/// them) and removes a socket a process of an earlier run left at `path`, which would make the
+/// new one's `listen` fail with EADDRINUSE.
+fn prepare_socket(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
+    if let Some(dir) = path.parent() {
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+        }
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)
+            .map_err(|e| format!("cannot remove the old socket {}: {e}", path.display())),
+        Ok(_) => Err(format!("{} is there and is not a socket", path.display())),
+        Err(_) => Ok(()),
+    }
+}
+
+/// The directory of spawned processes' sockets, removed when pinlb stops (after its processes
+/// are reaped, which removed their sockets); nothing when no process had one.
+pub(crate) fn remove_socket_dir() {
+    let dir = crate::config::Spawn::socket_dir();
+    if dir.is_dir() {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            warn!("cannot remove {}: {e}", dir.display());
+        }
+    }
 }
 
 /// Waits for the process to exit, reporting it on `exits`; or, when asked through `stop`,
@@ -727,10 +781,10 @@ async fn answers(
     done: &Option<&JoinHandle<String>>,
     stopping: &watch::Receiver<bool>,
 ) -> Result<(), String> {
-    let address = slot.address();
+    let address = slot.backend_address();
     let limit = slot.spawn.ready_timeout;
     let deadline = Instant::now() + limit;
-    let connector = upstream.tls.as_ref().map(|t| t.connector(address));
+    let connector = upstream.tls.as_ref().map(|t| t.connector(address.tcp()));
     loop {
         if done.is_none_or(|d| d.is_finished()) {
             return Err("it exited before it answered".into());
@@ -749,15 +803,11 @@ async fn answers(
                 )
                 .await
             }
-            None => {
-                match tokio::time::timeout(READY_POLL * 10, tokio::net::TcpStream::connect(address))
-                    .await
-                {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err("connect timed out".into()),
-                }
-            }
+            // A TCP connect, or a Unix socket's: the socket accepts.
+            None => crate::http1::client::connect(address, READY_POLL * 10, None, &[])
+                .await
+                .map(drop)
+                .map_err(|e| e.cause),
         };
         let last = match result {
             Ok(()) => return Ok(()),

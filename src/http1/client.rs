@@ -16,6 +16,7 @@
 use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -23,7 +24,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, StatusCode, Version};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::time::Sleep;
 use tokio_rustls::client::TlsStream;
 
@@ -33,6 +34,7 @@ use super::common::{
     content_length_line, final_coding_chunked,
 };
 use super::request::ClientError;
+use crate::backend_address::BackendAddress;
 use crate::tls::client::{Connector, Stream, poll_flush_tls};
 
 /// Largest response head accepted from a backend.
@@ -54,6 +56,20 @@ fn is_usable_idle_tls(t: &mut TlsStream<TcpStream>, cx: &mut Context<'_>) -> boo
     let mut probe = [0u8; 1];
     let mut rb = ReadBuf::new(&mut probe);
     Pin::new(t).poll_read(cx, &mut rb).is_pending()
+}
+
+/// Whether an idle Unix-socket connection can take a request, as the plain arm checks a TCP
+/// one: no read while the socket has no pending event.
+#[inline(never)]
+fn is_usable_idle_unix(u: &mut UnixStream, cx: &mut Context<'_>) -> bool {
+    match u.poll_read_ready(cx) {
+        Poll::Pending => true,
+        Poll::Ready(Err(_)) => false,
+        Poll::Ready(Ok(())) => {
+            let mut probe = [0u8; 1];
+            matches!(u.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        }
+    }
 }
 
 /// An open connection to a backend, with whatever it has sent that hasn't been consumed.
@@ -175,6 +191,7 @@ impl Conn {
         let stream = match &mut self.stream {
             BackendStream::Plain(s) => s,
             BackendStream::Tls(t) => return is_usable_idle_tls(t, cx),
+            BackendStream::Unix(u) => return is_usable_idle_unix(u, cx),
         };
         match stream.poll_read_ready(cx) {
             // No event since our last read: nothing arrived, the peer has not closed.
@@ -229,7 +246,7 @@ impl Conn {
         out.extend_from_slice(b"\r\n");
         let plain = match &self.stream {
             BackendStream::Plain(s) => s,
-            BackendStream::Tls(_) => {
+            BackendStream::Tls(_) | BackendStream::Unix(_) => {
                 let written = self
                     .write_request(&mut [IoSlice::new(&out)], timeout, None)
                     .await;
@@ -869,6 +886,44 @@ impl ConnectError {
         }
         ConnectError { cause, kind }
     }
+
+    /// A failed connect to a Unix socket. A socket pinlb may not open (EACCES, EPERM: the
+    /// socket's or a directory's permissions, or a security module) is pinlb's side: the
+    /// backend may be serving, so it is not counted against it, and the cause names the fix.
+    /// No file there, or a file nobody listens on, is the backend's: it is not running.
+    #[cold]
+    pub(crate) fn unix(path: &Path, e: &std::io::Error) -> Self {
+        use std::io::ErrorKind::*;
+        let (cause, kind) = match e.kind() {
+            PermissionDenied => (
+                format!(
+                    "permission denied opening the socket {} ({}): pinlb's user may not connect to it; check the socket's mode and owner, and its directories' (on pinlb's side, not the backend's)",
+                    path.display(),
+                    e
+                ),
+                ConnectFailure::Local,
+            ),
+            NotFound => (
+                format!(
+                    "no socket at {}: the backend is not running",
+                    path.display()
+                ),
+                ConnectFailure::Backend,
+            ),
+            ConnectionRefused => (
+                format!("connection refused: nothing listens on {}", path.display()),
+                ConnectFailure::Backend,
+            ),
+            // A listener whose accept queue is full makes a non-blocking connect fail at once
+            // (EAGAIN) where TCP would drop the SYN: busy, not dead.
+            WouldBlock => (
+                format!("the backend's accept queue on {} is full", path.display()),
+                ConnectFailure::Busy,
+            ),
+            _ => return ConnectError::io(e),
+        };
+        ConnectError { cause, kind }
+    }
 }
 
 /// Opens a new connection to a backend, with a TLS handshake when `tls` is given. The connect
@@ -878,11 +933,15 @@ impl ConnectError {
 /// `first` (a PROXY protocol header, or empty) is written before anything else, the TLS
 /// handshake included.
 pub async fn connect(
-    addr: SocketAddr,
+    addr: BackendAddress,
     timeout: Duration,
     tls: Option<&Connector>,
     first: &[u8],
 ) -> Result<Conn, ConnectError> {
+    let addr = match addr {
+        BackendAddress::Tcp(a) => a,
+        BackendAddress::Unix(path) => return Box::pin(connect_unix(path, timeout, first)).await,
+    };
     let mut stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(ConnectError::io(&e)),
@@ -913,12 +972,37 @@ pub async fn connect(
     }
 }
 
+/// Opens a connection to a Unix-domain socket, bounded by `timeout` (a listener whose accept
+/// queue is full makes `connect(2)` wait). No TLS: config validation refuses it on a socket.
+/// Boxed by its caller: its state does not make the TCP connect's future larger.
+#[cold]
+#[inline(never)]
+async fn connect_unix(
+    path: &'static Path,
+    timeout: Duration,
+    first: &[u8],
+) -> Result<Conn, ConnectError> {
+    let mut stream = match tokio::time::timeout(timeout, UnixStream::connect(path)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(ConnectError::unix(path, &e)),
+        Err(_) => {
+            return Err(ConnectError::timed_out(format!(
+                "connect timed out after {timeout:?}"
+            )));
+        }
+    };
+    if !first.is_empty() {
+        write_first(&mut stream, first, timeout).await?;
+    }
+    Ok(Conn::new(BackendStream::Unix(Box::new(stream))))
+}
+
 /// Writes a connection's first bytes (its PROXY protocol header) within `timeout`. Out of
 /// line: a connection without them never runs it.
 #[cold]
 #[inline(never)]
-async fn write_first(
-    stream: &mut TcpStream,
+async fn write_first<S: AsyncWrite + Unpin>(
+    stream: &mut S,
     first: &[u8],
     timeout: Duration,
 ) -> Result<(), ConnectError> {
@@ -983,6 +1067,29 @@ mod tests {
         assert!(enfile.starts_with(OUT_OF_DESCRIPTORS), "{enfile}");
         let refused = describe_io(&io::Error::from(io::ErrorKind::ConnectionRefused));
         assert_eq!(refused, "connection refused");
+    }
+
+    #[test]
+    fn a_socket_pinlb_may_not_open_is_pinlb_s_side_and_a_missing_one_the_backend_s() {
+        let path = Path::new("/run/app.sock");
+        let denied = ConnectError::unix(path, &io::Error::from(io::ErrorKind::PermissionDenied));
+        assert_eq!(denied.kind, ConnectFailure::Local);
+        assert!(
+            denied
+                .cause
+                .contains("permission denied opening the socket /run/app.sock")
+        );
+        assert!(denied.cause.contains("on pinlb's side"), "{}", denied.cause);
+        let gone = ConnectError::unix(path, &io::Error::from(io::ErrorKind::NotFound));
+        assert_eq!(gone.kind, ConnectFailure::Backend);
+        assert_eq!(
+            gone.cause,
+            "no socket at /run/app.sock: the backend is not running"
+        );
+        let refused = ConnectError::unix(path, &io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert_eq!(refused.kind, ConnectFailure::Backend);
+        let full = ConnectError::unix(path, &io::Error::from(io::ErrorKind::WouldBlock));
+        assert_eq!(full.kind, ConnectFailure::Busy);
     }
 
     #[test]

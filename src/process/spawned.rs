@@ -5,7 +5,6 @@
 //!
 //! The processes themselves are started, watched, rolled and stopped by `supervisor`.
 
-use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -41,7 +40,8 @@ pub struct Record {
     pub index: usize,
     /// The running process's; `None` while it waits to be started again.
     pub pid: Option<u32>,
-    pub address: SocketAddr,
+    /// Its port, or its socket with `{socket}`.
+    pub address: crate::backend_address::BackendAddress,
     pub core: usize,
     pub state: State,
     /// Times the process exited (or failed to start) and was started again. A rolling restart

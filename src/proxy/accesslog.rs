@@ -30,6 +30,7 @@ use http::header::HeaderValue;
 use http::{Method, Version};
 use tracing::{error, warn};
 
+use crate::backend_address::BackendAddress;
 use crate::config::log_format::{Field, Part, Span};
 use crate::config::{AccessFormat, AccessTarget};
 use crate::http1::request::RequestHead;
@@ -48,7 +49,7 @@ const QUEUE: usize = 1024;
 /// What the proxy tells the log about a response that came from a backend.
 #[derive(Debug, Clone, Copy)]
 pub struct Upstreamed {
-    pub backend: SocketAddr,
+    pub backend: BackendAddress,
     /// Where the time went up to the response head.
     pub timing: Timing,
 }
@@ -438,7 +439,7 @@ struct Clock {
     second: u64,
     clf: String,
     ips: Formatted<std::net::IpAddr>,
-    addrs: Formatted<SocketAddr>,
+    addrs: Formatted<BackendAddress>,
 }
 
 /// Most distinct addresses each cache keeps before starting over.
@@ -482,7 +483,7 @@ impl Clock {
         self.ips.get(ip)
     }
 
-    fn addr(&mut self, addr: SocketAddr) -> &str {
+    fn addr(&mut self, addr: BackendAddress) -> &str {
         self.addrs.get(addr)
     }
 

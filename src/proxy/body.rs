@@ -425,7 +425,7 @@ impl ProxyBody {
     /// The address of the backend whose response this is; `None` for pinlb's own. Read once
     /// per response, and only for a sticky upstream (`forward::sticky_forward`).
     #[cold]
-    pub fn answered_by(&self) -> Option<std::net::SocketAddr> {
+    pub fn answered_by(&self) -> Option<crate::backend_address::BackendAddress> {
         match self {
             ProxyBody::Upstream {
                 release: Some(r), ..

@@ -1,11 +1,11 @@
 //! Why a request got no backend's answer, and the one status each cause maps to.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
+use crate::backend_address::BackendAddress;
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply, error_page};
 use crate::http1::request::ClientError;
 use crate::proxy::body::{ProxyBody, local_reply};
@@ -21,17 +21,20 @@ pub enum ProxyError {
     NoBackend(String),
     /// Every backend was tried and failed to connect, or the chosen one failed mid-exchange.
     #[error("backend {backend} failed: {cause}")]
-    BadGateway { backend: SocketAddr, cause: String },
+    BadGateway {
+        backend: BackendAddress,
+        cause: String,
+    },
     /// The backend did not send response headers within `timeouts.response`.
     #[error("backend {backend} sent no response headers within {after:?}")]
     Timeout {
-        backend: SocketAddr,
+        backend: BackendAddress,
         after: Duration,
     },
     /// The backend took no more of the request for `timeouts.send`.
     #[error("backend {backend} took no more of the request for {after:?}")]
     SendTimeout {
-        backend: SocketAddr,
+        backend: BackendAddress,
         after: Duration,
     },
     /// Every backend was at `max_conns` and the upstream's queue was full, or the request
@@ -95,7 +98,7 @@ mod tests {
 
     #[test]
     fn each_error_maps_to_one_status() {
-        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let a: BackendAddress = "127.0.0.1:1".parse().unwrap();
         let client = |e| ProxyError::Downstream(e).status().as_u16();
         assert_eq!(client(ClientError::MissingHost), 400);
         assert_eq!(client(ClientError::DuplicateHost), 400);

@@ -11,7 +11,7 @@
 //! php-fpm's own `Status: 500` (with `display_errors` off), passed on as a 500; a connection
 //! that closes, or a request that ends, before a whole CGI head is a 502.
 
-use std::net::SocketAddr;
+use crate::backend_address::BackendAddress;
 use std::rc::Rc;
 use std::task::{Context, Poll, ready};
 
@@ -138,7 +138,7 @@ async fn exchange(
     request: &[u8],
     body: &mut RequestBody<'_, impl DownstreamBody>,
     timeouts: &Timeouts,
-    addr: SocketAddr,
+    addr: BackendAddress,
 ) -> Result<(CgiHead, Bytes), UpstreamError> {
     if body.is_empty() {
         let end = record::header(record::STDIN, ID, 0);
@@ -160,7 +160,7 @@ async fn exchange(
 fn poll_head(
     conn: &mut Conn,
     stdout: &mut BytesMut,
-    addr: SocketAddr,
+    addr: BackendAddress,
     cx: &mut Context<'_>,
 ) -> Poll<Result<(CgiHead, Bytes), UpstreamError>> {
     // Bounded by what the backend sends: every pass takes a record, reads, or returns.

@@ -2,7 +2,7 @@
 //! client until the application's FCGI_END_REQUEST, which returns the connection to the pool;
 //! FCGI_STDERR logged at the backend as it comes.
 
-use std::net::SocketAddr;
+use crate::backend_address::BackendAddress;
 use std::rc::Rc;
 use std::task::{Context, Poll, ready};
 
@@ -19,7 +19,7 @@ pub(crate) const ID: u16 = 1;
 
 /// An FCGI_STDERR record, one log line per line of it, at the backend.
 #[cold]
-pub(crate) fn log_stderr(addr: SocketAddr, text: &[u8]) {
+pub(crate) fn log_stderr(addr: BackendAddress, text: &[u8]) {
     for line in text.split(|&b| b == b'\n') {
         let line = String::from_utf8_lossy(line.trim_ascii());
         if !line.is_empty() {
@@ -42,7 +42,7 @@ pub struct FastcgiBody {
     pub(crate) has_date: bool,
     /// The in-flight count and where the connection goes back, until the request ends.
     pub(crate) held: Option<(InFlight, Rc<WorkerUpstream>, usize)>,
-    pub(crate) addr: SocketAddr,
+    pub(crate) addr: BackendAddress,
 }
 
 /// What one record of the body did.

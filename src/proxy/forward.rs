@@ -9,13 +9,13 @@
 //! (`response_buffering`); one without pays a test of that `Option` at each of the two places.
 
 use std::cell::Cell;
-use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 
+use crate::backend_address::BackendAddress;
 use crate::config::{Algorithm, Buffering, Limits, Protocol, Retry, Timeouts};
 use crate::http1::client::{self, Outgoing, UpstreamBody, UpstreamError};
 use crate::http1::common::Reply;
@@ -302,7 +302,7 @@ async fn forward(
         let begun = begun.unwrap_or(started);
         let sent = ewma.then(Instant::now);
         let addr = shared.backends[backend].address;
-        let backend_host = host_from_backend.then(|| addr.to_string());
+        let backend_host = host_from_backend.then(|| addr.host());
         let out = Outgoing {
             host: backend_host.as_deref().map_or(base.host, str::as_bytes),
             ..base
@@ -468,7 +468,7 @@ fn give_up_or_retry(
     plan: &Plan<'_>,
     method: &Method,
     body: &RequestBody<'_, impl DownstreamBody>,
-    addr: SocketAddr,
+    addr: BackendAddress,
 ) -> Result<ProxyError, ProxyError> {
     let excuse = match (&failure, failure.kind()) {
         (Failure::Connect(e), _) => guard.connect_failed(shared, e.kind),
@@ -508,7 +508,7 @@ fn give_up_or_retry(
 /// the connection without the last chunk leaves it an incomplete request, never a complete one.
 fn failed(
     failure: Failure,
-    backend: SocketAddr,
+    backend: BackendAddress,
     timeouts: &Timeouts,
 ) -> Result<(ProxyError, bool), ProxyError> {
     Ok(match failure {

@@ -169,7 +169,7 @@ pub struct SpooledBody {
     remaining: Option<u64>,
     has_date: bool,
     /// The backend that answered, for a sticky upstream's cookie (`ProxyBody::answered_by`).
-    answered: Option<std::net::SocketAddr>,
+    answered: Option<crate::backend_address::BackendAddress>,
 }
 
 impl SpooledBody {
@@ -177,7 +177,7 @@ impl SpooledBody {
         channel: Rc<RefCell<Channel>>,
         remaining: Option<u64>,
         has_date: bool,
-        answered: Option<std::net::SocketAddr>,
+        answered: Option<crate::backend_address::BackendAddress>,
     ) -> Self {
         SpooledBody {
             channel,
@@ -187,7 +187,7 @@ impl SpooledBody {
         }
     }
 
-    pub fn answered_by(&self) -> Option<std::net::SocketAddr> {
+    pub fn answered_by(&self) -> Option<crate::backend_address::BackendAddress> {
         self.answered
     }
 

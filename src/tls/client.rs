@@ -13,7 +13,7 @@
 //! `sni` set, every backend of the upstream has the same name, and one shared cache would offer
 //! backend B the tickets of backend A, which B cannot resume.
 //!
-//! [`Stream`] is a connection to a server, plain TCP or TLS on it: backend connections
+//! [`Stream`] is a connection to a server, plain TCP, TLS on it, or a Unix socket: backend connections
 //! (`http1::client::BackendStream`) and `pinlb bench`'s load connections are the one type.
 
 use std::fmt;
@@ -33,7 +33,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;
 
 use crate::tls::server::{CertError, CertFiles, certified_key, provider};
@@ -155,15 +155,20 @@ impl BackendTls {
 
     /// What a connection to the backend at `addr` needs: the configuration, with a session
     /// cache for this backend alone, and the name to verify.
-    pub fn connector(&self, addr: SocketAddr) -> Connector {
+    /// `addr` is the backend's TCP address, `None` for a Unix socket: the config refuses TLS
+    /// on a socket, and a name it could check would be `localhost`, which is what it gets.
+    pub fn connector(&self, addr: Option<SocketAddr>) -> Connector {
         let mut config = self.config.clone();
         config.resumption = Resumption::in_memory_sessions(SESSIONS);
+        let name = match (&self.sni, addr) {
+            (Some(sni), _) => sni.clone(),
+            (None, Some(addr)) => ServerName::IpAddress(addr.ip().into()),
+            (None, None) => ServerName::try_from("localhost".to_string())
+                .unwrap_or(ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into())),
+        };
         Connector {
             connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
-            name: self
-                .sni
-                .clone()
-                .unwrap_or_else(|| ServerName::IpAddress(addr.ip().into())),
+            name,
         }
     }
 
@@ -241,7 +246,7 @@ impl Connector {
     }
 }
 
-/// A connection to a server: plain TCP, or TLS on it.
+/// A connection to a server: plain TCP, TLS on it, or a Unix socket.
 ///
 /// `CLOSE_IS_EOF`: whether a TLS server that closes without a close_notify alert ends the
 /// stream as a TCP close would (`true`: backends, as nginx takes it, OpenSSL's
@@ -252,6 +257,11 @@ pub enum Stream<const CLOSE_IS_EOF: bool> {
     Plain(TcpStream),
     /// Boxed: a plain connection need not carry the room for rustls's state.
     Tls(Box<TlsStream<TcpStream>>),
+    /// A Unix-domain stream socket (a `unix:/path` backend). Boxed, as TLS is: unboxed it is as
+    /// large as the TCP arm, and the enum would need a tag of its own, growing every body and
+    /// connection that holds one (`ProxyBody`). Its arms are out of line like TLS's, so that
+    /// the plain arm's callers compile as they did without it.
+    Unix(Box<UnixStream>),
 }
 
 impl<const CLOSE_IS_EOF: bool> fmt::Debug for Stream<CLOSE_IS_EOF> {
@@ -259,6 +269,7 @@ impl<const CLOSE_IS_EOF: bool> fmt::Debug for Stream<CLOSE_IS_EOF> {
         match self {
             Stream::Plain(s) => f.debug_tuple("Plain").field(s).finish(),
             Stream::Tls(t) => f.debug_tuple("Tls").field(t.get_ref().0).finish(),
+            Stream::Unix(u) => f.debug_tuple("Unix").field(u).finish(),
         }
     }
 }
@@ -267,7 +278,7 @@ impl<const CLOSE_IS_EOF: bool> Stream<CLOSE_IS_EOF> {
     /// Whether a TLS connection's handshake resumed a session.
     pub fn is_resumed(&self) -> bool {
         match self {
-            Stream::Plain(_) => false,
+            Stream::Plain(_) | Stream::Unix(_) => false,
             Stream::Tls(t) => {
                 t.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
             }
@@ -281,6 +292,7 @@ impl<const CLOSE_IS_EOF: bool> AsFd for Stream<CLOSE_IS_EOF> {
         match self {
             Stream::Plain(s) => s.as_fd(),
             Stream::Tls(t) => t.get_ref().0.as_fd(),
+            Stream::Unix(u) => u.as_fd(),
         }
     }
 }
@@ -295,6 +307,7 @@ impl<const CLOSE_IS_EOF: bool> AsyncRead for Stream<CLOSE_IS_EOF> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tls(t) => poll_read_tls::<CLOSE_IS_EOF>(t, cx, buf),
+            Stream::Unix(u) => poll_read_unix(u, cx, buf),
         }
     }
 }
@@ -331,6 +344,28 @@ fn poll_write_tls(
     }
 }
 
+/// A Unix socket's read, out of line as TLS's is.
+#[inline(never)]
+fn poll_read_unix(
+    u: &mut UnixStream,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    Pin::new(u).poll_read(cx, buf)
+}
+
+#[inline(never)]
+fn poll_write_unix(
+    u: &mut UnixStream,
+    cx: &mut Context<'_>,
+    bufs: &[IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    match bufs {
+        [one] => Pin::new(u).poll_write(cx, one),
+        _ => Pin::new(u).poll_write_vectored(cx, bufs),
+    }
+}
+
 impl<const CLOSE_IS_EOF: bool> AsyncWrite for Stream<CLOSE_IS_EOF> {
     #[inline]
     fn poll_write(
@@ -341,6 +376,7 @@ impl<const CLOSE_IS_EOF: bool> AsyncWrite for Stream<CLOSE_IS_EOF> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Tls(t) => poll_write_tls(t, cx, &[IoSlice::new(buf)]),
+            Stream::Unix(u) => poll_write_unix(u, cx, &[IoSlice::new(buf)]),
         }
     }
 
@@ -353,6 +389,7 @@ impl<const CLOSE_IS_EOF: bool> AsyncWrite for Stream<CLOSE_IS_EOF> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Stream::Tls(t) => poll_write_tls(t, cx, bufs),
+            Stream::Unix(u) => poll_write_unix(u, cx, bufs),
         }
     }
 
@@ -363,7 +400,7 @@ impl<const CLOSE_IS_EOF: bool> AsyncWrite for Stream<CLOSE_IS_EOF> {
     #[inline]
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Stream::Plain(_) => Poll::Ready(Ok(())),
+            Stream::Plain(_) | Stream::Unix(_) => Poll::Ready(Ok(())),
             Stream::Tls(t) => poll_flush_tls(t, cx),
         }
     }
@@ -372,6 +409,7 @@ impl<const CLOSE_IS_EOF: bool> AsyncWrite for Stream<CLOSE_IS_EOF> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Tls(t) => Pin::new(&mut **t).poll_shutdown(cx),
+            Stream::Unix(u) => Pin::new(&mut **u).poll_shutdown(cx),
         }
     }
 }
@@ -488,5 +526,18 @@ impl ServerCertVerifier for AnyCertificate {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The Unix arm costs the plain path nothing in size: the stream is as large as a TCP
+    /// stream alone, as it was with only the TLS arm beside it.
+    #[test]
+    fn a_stream_is_as_large_as_its_tcp_arm() {
+        assert_eq!(
+            std::mem::size_of::<super::Stream<true>>(),
+            std::mem::size_of::<tokio::net::TcpStream>()
+        );
     }
 }

@@ -7,16 +7,21 @@
 //! holds, and `/proc/<pid>/status` gives the process's allowed cores. What cannot be seen (another
 //! user's processes without root, a backend on another machine) is said, not guessed.
 //!
+//! A Unix-socket backend is found the same way through `/proc/net/unix`: the stream socket
+//! listening on its path gives the inode, and the process holding it its cores.
+//!
 //! The `procfs` crate reads and parses those files; the map built from them is pure and
 //! unit-tested, and [`CoreMap::discover`] does the reading.
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 
-use procfs::net::{TcpNetEntry, TcpState};
+use procfs::net::{TcpNetEntry, TcpState, UnixNetEntry, UnixState};
 use procfs::process::{FDTarget, Status};
 
+use crate::backend_address::BackendAddress;
 use crate::config::Config;
 use crate::sys::cpus::format_cpu_list;
 
@@ -53,7 +58,7 @@ pub enum Found {
 #[derive(Debug, Clone)]
 pub struct BackendProcess {
     pub upstream: String,
-    pub address: SocketAddr,
+    pub address: BackendAddress,
     /// Cores the config says the backend is pinned to.
     pub declared: Option<Vec<usize>>,
     /// A process pinlb spawns (`[upstream.NAME.spawn]`) rather than one started by others.
@@ -78,17 +83,26 @@ impl CoreMap {
             .or_else(|| crate::sys::cpus::allowed_cpus().ok())
             .unwrap_or_default();
         let listening = read_listening();
-        let owners = match &listening {
-            Ok(sockets) => {
-                let wanted: BTreeSet<u64> = sockets.iter().map(|s| s.1).collect();
-                socket_owners(&wanted)
-            }
-            Err(_) => Vec::new(),
+        let unix = read_unix_listening();
+        let mut wanted: BTreeSet<u64> = BTreeSet::new();
+        if let Ok(sockets) = &listening {
+            wanted.extend(sockets.iter().map(|s| s.1));
+        }
+        if let Ok(sockets) = &unix {
+            wanted.extend(sockets.iter().map(|s| s.1));
+        }
+        let owners = if wanted.is_empty() {
+            Vec::new()
+        } else {
+            socket_owners(&wanted)
         };
         let mut backends = Vec::new();
-        let look = |address| match &listening {
-            Err(e) => Found::Unknown(e.clone()),
-            Ok(sockets) => find(address, sockets, &owners),
+        let look = |address: BackendAddress| match (address, &listening, &unix) {
+            (BackendAddress::Tcp(_), Err(e), _) | (BackendAddress::Unix(_), _, Err(e)) => {
+                Found::Unknown(e.clone())
+            }
+            (BackendAddress::Tcp(a), Ok(sockets), _) => find(a, sockets, &owners),
+            (BackendAddress::Unix(p), _, Ok(sockets)) => find_unix(p, sockets, &owners),
         };
         for u in &config.upstreams {
             for (i, b) in u.backends.iter().enumerate() {
@@ -96,7 +110,7 @@ impl CoreMap {
                 let mut found = look(address);
                 // A running pinlb may have rolled a spawned process onto its second port.
                 if let (Some(s), Found::NotListening) = (&u.spawn, &found) {
-                    let second = s.address(i, 1);
+                    let second = s.backend_address(i, 1);
                     if let f @ Found::Processes(_) = look(second) {
                         (address, found) = (second, f);
                     }
@@ -134,7 +148,8 @@ impl CoreMap {
             }
             // One entry per backend address: two upstreams may list one address, and a
             // backend may be both declared on a core and found running there.
-            let mut addresses: Vec<SocketAddr> = self.backends.iter().map(|b| b.address).collect();
+            let mut addresses: Vec<BackendAddress> =
+                self.backends.iter().map(|b| b.address).collect();
             addresses.sort_unstable();
             addresses.dedup();
             for addr in addresses {
@@ -270,6 +285,46 @@ fn read_listening() -> Result<Vec<(SocketAddr, u64)>, String> {
         return Err("/proc/net/tcp is not readable (not Linux?)".into());
     }
     Ok(listening(tables.into_iter().flatten()))
+}
+
+/// Listening Unix stream sockets on this machine (`/proc/net/unix`): path and socket inode.
+fn read_unix_listening() -> Result<Vec<(PathBuf, u64)>, String> {
+    let table = procfs::net::unix()
+        .map_err(|e| format!("/proc/net/unix is not readable (not Linux?): {e}"))?;
+    Ok(unix_listening(table))
+}
+
+/// The listening sockets of `/proc/net/unix`: a stream socket bound to a path and not
+/// connected. A connection a listener accepted shows its listener's path too, but connected.
+pub fn unix_listening(table: impl IntoIterator<Item = UnixNetEntry>) -> Vec<(PathBuf, u64)> {
+    const SOCK_STREAM: u16 = 1;
+    table
+        .into_iter()
+        .filter(|e| e.socket_type == SOCK_STREAM && e.state == UnixState::UNCONNECTED)
+        .filter_map(|e| Some((e.path?, e.inode)))
+        .collect()
+}
+
+/// The processes holding the socket listening on `path`. A socket file nobody holds (its
+/// process gone without removing it) is not listening.
+fn find_unix(path: &Path, listening: &[(PathBuf, u64)], owners: &[(u64, u32)]) -> Found {
+    let inodes: Vec<u64> = listening
+        .iter()
+        .filter(|(on, _)| on == path)
+        .map(|s| s.1)
+        .collect();
+    if inodes.is_empty() {
+        return Found::NotListening;
+    }
+    let pids: BTreeSet<u32> = owners
+        .iter()
+        .filter(|(inode, _)| inodes.contains(inode))
+        .map(|o| o.1)
+        .collect();
+    if pids.is_empty() {
+        return Found::Hidden;
+    }
+    Found::Processes(pids.into_iter().filter_map(process).collect())
 }
 
 /// The listening sockets of a socket table (`/proc/net/tcp` or `tcp6`): address and inode.

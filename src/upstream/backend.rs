@@ -2,11 +2,11 @@
 //! slow start and response-time average, all atomics, so the request path reads and writes
 //! them without a lock; and the admin state the API sets.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::backend_address::BackendAddress;
 use crate::config::Backend;
 use crate::upstream::connecting::Connecting;
 use crate::upstream::counters::BackendStats;
@@ -86,7 +86,7 @@ impl AdminState {
 /// atomics too, stored again by each reload.
 #[derive(Debug)]
 pub struct BackendState {
-    pub address: SocketAddr,
+    pub address: BackendAddress,
     weight: AtomicU32,
     /// Most requests in flight across all workers; 0 = unlimited.
     pub(super) max_conns: AtomicUsize,

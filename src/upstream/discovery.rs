@@ -164,11 +164,11 @@ pub fn expand(source: &Config, answers: &Answers) -> Config {
                 continue;
             };
             for &(address, weight) in addresses {
-                if u.backends.iter().any(|b| b.address == address) {
+                if u.backends.iter().any(|b| b.address == address.into()) {
                     continue;
                 }
                 u.backends.push(Backend {
-                    address,
+                    address: address.into(),
                     weight,
                     cpus: n.cpus.clone(),
                     max_conns: n.max_conns,

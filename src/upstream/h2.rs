@@ -13,7 +13,6 @@
 //! stream instead of ending it, so the backend never takes a part for the whole.
 
 use std::cell::{Cell, RefCell};
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -25,10 +24,11 @@ use http::{HeaderMap, HeaderValue, Request};
 use http_body::{Body, Frame};
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tracing::debug;
 
-use crate::http1::client::{Outgoing, describe_io};
+use crate::backend_address::BackendAddress;
+use crate::http1::client::{ConnectError, Outgoing, describe_io};
 use crate::http1::common::header_map;
 use crate::sys::exec::LocalExec;
 use crate::tls::client::Connector;
@@ -80,7 +80,7 @@ impl Pool {
     /// `max_streams`, or a new one, its handshake bounded by `connect`.
     pub async fn open(
         &self,
-        addr: SocketAddr,
+        addr: BackendAddress,
         connect: Duration,
         max_streams: usize,
         tls: Option<&Connector>,
@@ -125,11 +125,24 @@ impl Pool {
 /// else cleartext with prior knowledge; and starts its driver on the worker. The TCP connect and
 /// the TLS handshake are each bounded by `timeout`, as for HTTP/1.1 backends.
 async fn handshake(
-    addr: SocketAddr,
+    addr: BackendAddress,
     timeout: Duration,
     tls: Option<&Connector>,
 ) -> Result<SendRequest<Outbound>, String> {
     let timed_out = || format!("connect timed out after {timeout:?}");
+    let addr = match addr {
+        BackendAddress::Tcp(a) => a,
+        // h2c on a socket; TLS on one is refused when the config is read.
+        BackendAddress::Unix(path) => {
+            let unix = tokio::time::timeout(timeout, UnixStream::connect(path))
+                .await
+                .map_err(|_| timed_out())?
+                .map_err(|e| ConnectError::unix(path, &e).cause)?;
+            return tokio::time::timeout(timeout, start(addr, TokioIo::new(unix)))
+                .await
+                .map_err(|_| timed_out())?;
+        }
+    };
     let tcp = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| timed_out())?
@@ -137,7 +150,7 @@ async fn handshake(
     // Small frames (HEADERS, WINDOW_UPDATE) must not wait for Nagle.
     let _ = tcp.set_nodelay(true);
     match tls {
-        None => tokio::time::timeout(timeout, start(addr, TokioIo::new(tcp)))
+        None => tokio::time::timeout(timeout, start(addr.into(), TokioIo::new(tcp)))
             .await
             .map_err(|_| timed_out())?,
         Some(connector) => {
@@ -146,7 +159,7 @@ async fn handshake(
                 if stream.get_ref().1.alpn_protocol() != Some(crate::tls::server::H2) {
                     return Err("the backend did not choose h2 by ALPN (protocol = \"h2\")".into());
                 }
-                start(addr, TokioIo::new(stream)).await
+                start(addr.into(), TokioIo::new(stream)).await
             };
             tokio::time::timeout(timeout, opened)
                 .await
@@ -156,7 +169,7 @@ async fn handshake(
 }
 
 /// HTTP/2's own handshake on `io`, and its driver spawned on the worker.
-async fn start<T>(addr: SocketAddr, io: T) -> Result<SendRequest<Outbound>, String>
+async fn start<T>(addr: BackendAddress, io: T) -> Result<SendRequest<Outbound>, String>
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
 {

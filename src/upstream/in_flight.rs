@@ -26,7 +26,7 @@ pub struct InFlight {
 
 impl InFlight {
     /// The address of the backend this request counts against.
-    pub fn address(&self) -> std::net::SocketAddr {
+    pub fn address(&self) -> crate::backend_address::BackendAddress {
         self.state.address
     }
 

@@ -5,7 +5,6 @@
 //! `health::Checks` counter of its backend, in `upstream::BackendState`.
 
 use std::future::poll_fn;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,11 +12,12 @@ use bytes::Bytes;
 use http::Method;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tracing::{info, warn};
 
+use crate::backend_address::BackendAddress;
 use crate::config::{Fastcgi, Health, Protocol};
-use crate::http1::client::{UpstreamBody, connect, describe_io};
+use crate::http1::client::{ConnectError, UpstreamBody, connect, describe_io};
 use crate::tls::client::Connector;
 use crate::upstream::health::Checks;
 use crate::upstream::shared::SharedUpstream;
@@ -27,7 +27,7 @@ use crate::upstream::shared::SharedUpstream;
 /// Over TLS when `tls` is given, as requests to the backend go: a probe passes only when a
 /// request could (the certificate verifies, the handshake succeeds).
 pub async fn probe(
-    addr: SocketAddr,
+    addr: BackendAddress,
     health: &Health,
     protocol: Protocol,
     tls: Option<&Connector>,
@@ -40,7 +40,7 @@ pub async fn probe(
 /// FastCGI probe's PARAMS are made by; without them its SCRIPT_NAME and SCRIPT_FILENAME are the
 /// health path, which is what php-fpm's `ping.path` and `pm.status_path` look at.
 pub async fn probe_with(
-    addr: SocketAddr,
+    addr: BackendAddress,
     health: &Health,
     protocol: Protocol,
     tls: Option<&Connector>,
@@ -70,7 +70,7 @@ pub async fn probe_with(
 
 /// The probe over HTTP/1.1; the response's status.
 async fn exchange(
-    addr: SocketAddr,
+    addr: BackendAddress,
     health: &Health,
     tls: Option<&Connector>,
     first: &[u8],
@@ -79,7 +79,7 @@ async fn exchange(
     let mut conn = connect(addr, health.timeout, tls, first)
         .await
         .map_err(|e| e.cause)?;
-    let host = health.host.clone().unwrap_or_else(|| addr.to_string());
+    let host = health.host.clone().unwrap_or_else(|| addr.host());
     let request = format!(
         "GET {} HTTP/1.1\r\nhost: {host}\r\nuser-agent: pinlb-health\r\nconnection: close\r\n\r\n",
         health.path
@@ -106,11 +106,20 @@ async fn exchange(
 /// The probe over HTTP/2 (over TLS with `tls`), on a connection of its own (closed after it,
 /// as the HTTP/1.1 probe's is); the response's status.
 async fn exchange_h2(
-    addr: SocketAddr,
+    addr: BackendAddress,
     health: &Health,
     tls: Option<&Connector>,
 ) -> Result<u16, String> {
-    let tcp = TcpStream::connect(addr)
+    let tcp_addr = match addr {
+        BackendAddress::Tcp(a) => a,
+        BackendAddress::Unix(path) => {
+            let unix = UnixStream::connect(path)
+                .await
+                .map_err(|e| ConnectError::unix(path, &e).cause)?;
+            return exchange_h2_on(TokioIo::new(unix), addr, health, "http").await;
+        }
+    };
+    let tcp = TcpStream::connect(tcp_addr)
         .await
         .map_err(|e| describe_io(&e))?;
     let _ = tcp.set_nodelay(true);
@@ -127,7 +136,7 @@ async fn exchange_h2(
 /// hyper's tasks go on it through tokio's own executor.
 async fn exchange_h2_on<T>(
     io: T,
-    addr: SocketAddr,
+    addr: BackendAddress,
     health: &Health,
     scheme: &str,
 ) -> Result<u16, String>
@@ -141,7 +150,7 @@ where
         .await
         .map_err(|e| format!("HTTP/2 handshake failed: {e}"))?;
     let driver = tokio::spawn(conn);
-    let host = health.host.clone().unwrap_or_else(|| addr.to_string());
+    let host = health.host.clone().unwrap_or_else(|| addr.host());
     let request = http::Request::get(format!("{scheme}://{host}{}", health.path))
         .header(http::header::USER_AGENT, "pinlb-health")
         .body(Empty::new())

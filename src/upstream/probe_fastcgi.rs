@@ -6,6 +6,8 @@
 use std::future::poll_fn;
 use std::net::SocketAddr;
 
+use crate::backend_address::BackendAddress;
+
 use bytes::BytesMut;
 
 use crate::config::{Fastcgi, Health};
@@ -21,7 +23,7 @@ const ID: u16 = 1;
 /// The probe over FastCGI; the response's status. Without `fastcgi` (a spawned backend's
 /// probe), the script is the health path itself.
 pub(crate) async fn exchange(
-    addr: SocketAddr,
+    addr: BackendAddress,
     health: &Health,
     tls: Option<&Connector>,
     first: &[u8],
@@ -30,7 +32,7 @@ pub(crate) async fn exchange(
     let mut conn = connect(addr, health.timeout, tls, first)
         .await
         .map_err(|e| e.cause)?;
-    let host = health.host.clone().unwrap_or_else(|| addr.to_string());
+    let host = health.host.clone().unwrap_or_else(|| addr.host());
     let root = fastcgi.map_or("", |f| f.root.as_str());
     let scripts = Scripts {
         root,
@@ -50,7 +52,8 @@ pub(crate) async fn exchange(
         protocol: "HTTP/1.1",
         https: false,
         client: SocketAddr::from(([127, 0, 0, 1], 0)),
-        server: addr,
+        // A socket backend has no address of its own to name: loopback, port 0, as the client.
+        server: addr.tcp().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
     };
     let mut pairs = Vec::new();
     let extra = fastcgi.map_or(&[][..], |f| &f.params[..]);

@@ -62,7 +62,7 @@ impl SharedUpstream {
                         let i = u.backends.iter().position(|s| s.address == b.address)?;
                         u.tls.get(i).cloned()
                     });
-                    kept.unwrap_or_else(|| Arc::new(t.connector(b.address)))
+                    kept.unwrap_or_else(|| Arc::new(t.connector(b.address.tcp())))
                 })
                 .collect(),
         };

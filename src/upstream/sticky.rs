@@ -10,7 +10,7 @@
 //! Only upstreams with `sticky` come here: the request path tests one `Option` (the upstream's
 //! [`StickyTable`]) and does the rest out of line.
 
-use std::net::SocketAddr;
+use crate::backend_address::BackendAddress;
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -41,7 +41,7 @@ pub struct Arrived {
 }
 
 /// A backend's value: the keyed hash of its upstream's name and its address.
-pub fn value(key: u64, upstream: &str, address: SocketAddr) -> u64 {
+pub fn value(key: u64, upstream: &str, address: BackendAddress) -> u64 {
     let text = format!("{upstream}\0{address}");
     xxh3_64_with_seed(text.as_bytes(), key)
 }
@@ -61,7 +61,7 @@ fn parse_hex(v: &[u8]) -> Option<u64> {
 
 impl StickyTable {
     /// The table of `upstream`'s backends at `addresses`, by index.
-    pub fn new(config: &Sticky, upstream: &str, addresses: &[SocketAddr]) -> Self {
+    pub fn new(config: &Sticky, upstream: &str, addresses: &[BackendAddress]) -> Self {
         let key = xxh3_64(config.seed.as_bytes());
         StickyTable {
             values: addresses.iter().map(|a| value(key, upstream, *a)).collect(),
@@ -73,7 +73,7 @@ impl StickyTable {
     }
 
     /// The value of the backend at `address`.
-    pub fn value_of(&self, address: SocketAddr) -> u64 {
+    pub fn value_of(&self, address: BackendAddress) -> u64 {
         value(self.key, &self.upstream, address)
     }
 
@@ -136,7 +136,12 @@ impl StickyTable {
     /// hand one client's cookie to others, HAProxy's line).
     #[cold]
     #[inline(never)]
-    pub fn respond(&self, headers: &mut Vec<u8>, answered: SocketAddr, preferred: Option<usize>) {
+    pub fn respond(
+        &self,
+        headers: &mut Vec<u8>,
+        answered: BackendAddress,
+        preferred: Option<usize>,
+    ) {
         let value = self.value_of(answered);
         if preferred.is_some_and(|b| self.values.get(b) == Some(&value)) {
             return;
@@ -202,7 +207,7 @@ mod tests {
         }
     }
 
-    fn addrs() -> Vec<SocketAddr> {
+    fn addrs() -> Vec<BackendAddress> {
         ["127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"]
             .iter()
             .map(|a| a.parse().unwrap())
@@ -221,7 +226,7 @@ mod tests {
         let distinct: std::collections::BTreeSet<_> = t.values.iter().collect();
         assert_eq!(distinct.len(), 3);
         for (v, a) in t.values.iter().zip(addrs()) {
-            assert!(!hex(*v).contains(&a.port().to_string()));
+            assert!(!hex(*v).contains(&a.tcp().expect("TCP").port().to_string()));
             assert_eq!(parse_hex(hex(*v).as_bytes()), Some(*v));
         }
         // Another upstream or another seed gives other values.

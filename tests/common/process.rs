@@ -57,7 +57,7 @@ impl BinProxy {
 
     /// Runs `command` (which starts `pinlb serve` on `config`) and waits until it logs its
     /// listening address.
-    async fn spawn_command(mut command: Command, config: PathBuf) -> BinProxy {
+    pub async fn spawn_command(mut command: Command, config: PathBuf) -> BinProxy {
         // `info` unless the test asked for another level.
         if !command.get_envs().any(|(k, _)| k == "RUST_LOG") {
             command.env("RUST_LOG", "info");

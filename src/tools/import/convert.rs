@@ -14,6 +14,7 @@ use super::proxy_protocol::{self, Accepting};
 use super::rewrite;
 use super::sticky;
 use super::template::template;
+use super::unix_socket;
 
 /// The converted configuration and what could not be.
 pub struct Converted {
@@ -438,12 +439,19 @@ impl Builder {
                     let Some(address) = s.args.first() else {
                         continue;
                     };
-                    if address.starts_with("unix:") {
-                        self.skip(s, "pinlb's backends are TCP addresses, not unix sockets");
-                        continue;
-                    }
+                    let converted = match address.starts_with("unix:") {
+                        true => unix_socket::server_address(address),
+                        false => Ok(with_port(address)),
+                    };
+                    let converted = match converted {
+                        Ok(a) => a,
+                        Err(why) => {
+                            self.skip(s, &why);
+                            continue;
+                        }
+                    };
                     let mut backend = Table::new();
-                    backend.insert("address".into(), Value::String(with_port(address)));
+                    backend.insert("address".into(), Value::String(converted));
                     let mut down = false;
                     for param in &s.args[1..] {
                         let (key, value) = param.split_once('=').unwrap_or((param, ""));
@@ -1816,6 +1824,9 @@ fn proxy_target(url: &str) -> Option<(String, Option<String>)> {
     let rest = url.strip_prefix("http://")?;
     if rest.contains('$') {
         return None;
+    }
+    if let Some(socket) = rest.strip_prefix("unix:") {
+        return unix_socket::proxy_target(socket);
     }
     match rest.find('/') {
         Some(i) => Some((rest[..i].to_string(), Some(rest[i..].to_string()))),

@@ -15,6 +15,7 @@
 //!   upstream's `[buffering]`.
 //! - [`sticky`]: nginx Plus's `sticky cookie` as an upstream's `sticky`.
 //! - [`fastcgi`]: `fastcgi_pass` locations, refused with what to write instead.
+//! - [`unix_socket`]: `server unix:` and `proxy_pass http://unix:` as Unix-socket backends.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
@@ -30,6 +31,7 @@ mod proxy_protocol;
 mod rewrite;
 mod sticky;
 mod template;
+mod unix_socket;
 
 use std::path::Path;
 
