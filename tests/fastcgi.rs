@@ -546,3 +546,67 @@ async fn php_fpm_on_a_unix_socket() {
     let v = json(&get(proxy.addr, "/q.php?via=socket").await.body);
     assert_eq!(v["get"]["via"], "socket");
 }
+
+/// `[upstream.NAME.buffering]` drains a FastCGI answer as nginx's `fastcgi_buffering` does:
+/// while one client has read nothing of an 8 MiB response, php-fpm's only slot (`max_conns = 1`)
+/// is already free, so the next request, waiting in the queue for it, is answered; and the
+/// first client still gets every byte once it reads. Without buffering the second request
+/// would wait in the queue until `timeouts.queue` and get 503.
+#[tokio::test]
+async fn a_buffered_response_frees_php_fpm_before_the_client_reads() {
+    use tokio::io::AsyncWriteExt;
+    let Some(bin) = php_fpm() else { return };
+    let fpm = PhpFpm::start(&bin).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let upstream = "max_conns = 1\nqueue = 8";
+    let toml = config(&[fpm.addr()], &fpm.root(), upstream, "")
+        + &format!(
+            "\n[upstream.php.buffering]\nmemory = \"16KiB\"\ntemp_dir = \"{}\"\n",
+            dir.path().display()
+        );
+    let proxy = Proxy::start_toml(&toml);
+    // A small receive window, so that pinlb's socket to this client cannot take the 8 MiB
+    // either: unbuffered, the response would stay on php-fpm's connection.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut slow = tokio::io::BufReader::new(socket.connect(proxy.addr).await.expect("connect"));
+    slow.get_mut()
+        .write_all(b"GET /big.php HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    // Its head has come: php-fpm is answering it, in the one slot there is.
+    let head = tokio::time::timeout(Duration::from_secs(20), read_head(&mut slow))
+        .await
+        .expect("the big response's head");
+    assert_eq!(head.status, 200);
+    let next = tokio::time::timeout(Duration::from_secs(20), get(proxy.addr, "/q.php?next=1"))
+        .await
+        .expect("the queued request answered while the first client reads nothing");
+    assert_eq!(next.status, StatusCode::OK, "{}", next.body);
+    let mut rest = Vec::new();
+    use tokio::io::AsyncReadExt;
+    tokio::time::timeout(Duration::from_secs(20), slow.read_to_end(&mut rest))
+        .await
+        .expect("the buffered response in time")
+        .expect("read");
+    let body = dechunk(&rest);
+    let line = b"0123456789abcdef".repeat(4096);
+    assert_eq!(body.len(), 128 * line.len());
+    assert!(body.chunks(line.len()).all(|c| c == line));
+}
+
+/// A chunked body, as the test reads it whole: sizes in hex, then the data, to the last chunk.
+fn dechunk(mut buf: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    // Bounded by the buffer: every pass takes a chunk, or ends.
+    while let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&buf[..eol]).expect("size line");
+        let size = usize::from_str_radix(size.trim(), 16).expect("hex size");
+        if size == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[eol + 2..eol + 2 + size]);
+        buf = &buf[eol + 4 + size..];
+    }
+    out
+}
