@@ -11,7 +11,6 @@
 //! php-fpm's own `Status: 500` (with `display_errors` off), passed on as a 500; a connection
 //! that closes, or a request that ends, before a whole CGI head is a 502.
 
-use crate::backend_address::BackendAddress;
 use std::rc::Rc;
 use std::task::{Context, Poll, ready};
 
@@ -19,6 +18,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, StatusCode};
 use tracing::debug;
 
+use crate::backend_address::BackendAddress;
 use crate::config::{Fastcgi, Timeouts};
 use crate::fastcgi::params::{self, Scripts};
 use crate::fastcgi::record::{self, Record};
@@ -26,7 +26,7 @@ use crate::fastcgi::response::{self, CgiHead};
 use crate::http1::client::{Conn, UpstreamError};
 use crate::http1::common::{Reply, RequestFraming, content_length_line};
 use crate::http1::request::RequestHead;
-use crate::proxy::attempt::{Failure, Plan, connect};
+use crate::proxy::attempt::{Failure, Plan, conn_for, connect};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::fastcgi_body::{FastcgiBody, ID, log_stderr};
@@ -68,14 +68,7 @@ pub(crate) async fn attempt(
     };
     let mut request = Vec::with_capacity(1024);
     begin(&mut request, fcgi, head, downstream, length);
-    let pooled = match plan.origin {
-        None => upstream.checkout(backend).await,
-        Some(origin) => upstream.checkout_for(backend, origin).await,
-    };
-    let mut conn = match pooled {
-        Some(conn) => conn,
-        None => connect(upstream, backend, plan).await?,
-    };
+    let mut conn = conn_for(upstream, backend, plan).await?;
     let addr = upstream.shared.backends[backend].address;
     loop {
         match exchange(&mut conn, &request, body, plan.timeouts, addr).await {

@@ -316,6 +316,11 @@ fn find_unix(path: &Path, listening: &[(PathBuf, u64)], owners: &[(u64, u32)]) -
     if inodes.is_empty() {
         return Found::NotListening;
     }
+    held_by(&inodes, owners)
+}
+
+/// The processes holding one of the listening sockets `inodes`, of `owners` (inode, PID).
+fn held_by(inodes: &[u64], owners: &[(u64, u32)]) -> Found {
     let pids: BTreeSet<u32> = owners
         .iter()
         .filter(|(inode, _)| inodes.contains(inode))
@@ -415,15 +420,7 @@ fn find(backend: SocketAddr, listening: &[(SocketAddr, u64)], owners: &[(u64, u3
             Found::Remote
         };
     }
-    let pids: BTreeSet<u32> = owners
-        .iter()
-        .filter(|(inode, _)| inodes.contains(inode))
-        .map(|o| o.1)
-        .collect();
-    if pids.is_empty() {
-        return Found::Hidden;
-    }
-    Found::Processes(pids.into_iter().filter_map(process).collect())
+    held_by(&inodes, owners)
 }
 
 /// Every address process `pid` listens on (its descriptors among the listening sockets), for
