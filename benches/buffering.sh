@@ -306,4 +306,4 @@ freed = med("release", "buffered")[1]
 print(f"bars: upload held {held:.1f} ms ({'under' if held < 50 else 'OVER'} 50 ms); "
       f"release {freed:.0f} ms ({'under' if freed < 1000 else 'OVER'} 1 s)")
 PY
-[ "$KEEP_TMP" = 1 ] && log "kept $WORK"
+if [ "$KEEP_TMP" = 1 ]; then log "kept $WORK"; fi

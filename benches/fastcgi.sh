@@ -2,7 +2,8 @@
 # benches/fastcgi.sh - a PHP hello-world through pinlb (`protocol = "fastcgi"`) and through
 # nginx's fastcgi module, to the same php-fpm pool (issue 30's bar: pinlb's req/s ≥ nginx's).
 #
-# php-fpm (pm = static, PHP_CHILDREN workers) pinned to PHP_CORES; the proxy under test (pinlb
+# php-fpm (pm = static, 2 x PHP_CHILDREN workers: each proxy keeps PHP_CHILDREN connections,
+# and php-fpm binds a worker to each kept one) pinned to PHP_CORES; the proxy under test (pinlb
 # with one worker, or nginx with one worker process, keep-alive to php-fpm in both, PHP_CHILDREN
 # connections kept) on core 0;
 # wrk on core 1. ROUNDS interleaved rounds (pinlb, nginx, pinlb, ...) of DURATION each; prints
@@ -64,7 +65,9 @@ pid = $WORK/fpm.pid
 listen = 127.0.0.1:$FPM_PORT
 listen.backlog = 4096
 pm = static
-pm.max_children = $PHP_CHILDREN
+# Twice what each proxy keeps: the proxy not under load holds its kept connections idle, and
+# php-fpm binds a worker to each of them, so each proxy's round has PHP_CHILDREN workers free.
+pm.max_children = $((2 * PHP_CHILDREN))
 pm.max_requests = 0
 EOF
 as_root=()
