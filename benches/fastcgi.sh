@@ -65,8 +65,8 @@ pid = $WORK/fpm.pid
 listen = 127.0.0.1:$FPM_PORT
 listen.backlog = 4096
 pm = static
-# Twice what each proxy keeps: the proxy not under load holds its kept connections idle, and
-# php-fpm binds a worker to each of them, so each proxy's round has PHP_CHILDREN workers free.
+; Twice what each proxy keeps: the proxy not under load holds its kept connections idle, and
+; php-fpm binds a worker to each of them, so each proxy's round has PHP_CHILDREN workers free.
 pm.max_children = $((2 * PHP_CHILDREN))
 pm.max_requests = 0
 EOF
