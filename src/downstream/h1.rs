@@ -1160,14 +1160,23 @@ impl Connection {
                     if chunked {
                         let mut size = [0u8; 18];
                         let size = chunk_size_line(&mut size, data.len());
+                        // The last chunk goes with the last piece when the body knows it is
+                        // over: one write, and one wake of the client, not two.
+                        let last = body.is_end();
+                        let end: &[u8] = if last { b"\r\n0\r\n\r\n" } else { b"\r\n" };
                         let mut out = [
                             IoSlice::new(&h),
                             IoSlice::new(size),
                             IoSlice::new(&data),
-                            IoSlice::new(b"\r\n"),
+                            IoSlice::new(end),
                         ];
-                        self.send(&mut sending, &mut out, timeouts.client_idle)
-                            .await
+                        let sent = self
+                            .send(&mut sending, &mut out, timeouts.client_idle)
+                            .await;
+                        if last && matches!(sent, Some(Ok(()))) {
+                            return Ok(Written::Whole { keep_alive });
+                        }
+                        sent
                     } else {
                         let mut out = [IoSlice::new(&h), IoSlice::new(&data)];
                         self.send(&mut sending, &mut out, timeouts.client_idle)

@@ -283,6 +283,19 @@ impl ProxyBody {
         }
     }
 
+    /// Whether the body is known to be over without being polled again: its last piece is
+    /// taken and what ends it already read (a FastCGI body whose FCGI_END_REQUEST came with its
+    /// last FCGI_STDOUT, a local one, a length-framed one with nothing left). A chunked
+    /// response then sends its last chunk with that piece, in one write (nginx's does).
+    pub fn is_end(&self) -> bool {
+        match self {
+            ProxyBody::Upstream { body, .. } => body.is_done(),
+            ProxyBody::Local(data) => data.is_none(),
+            ProxyBody::Fastcgi(f) => f.is_end(),
+            ProxyBody::Http2(_) | ProxyBody::Compressed(_) | ProxyBody::Spooled(_) => false,
+        }
+    }
+
     /// The next piece of the body; `None` once it is complete. An error means it broke off.
     pub fn poll_data(
         &mut self,

@@ -64,6 +64,11 @@ impl FastcgiBody {
         self.has_date
     }
 
+    /// Whether the application's FCGI_END_REQUEST is taken and no piece is left to return.
+    pub fn is_end(&self) -> bool {
+        self.conn.is_none() && self.next.is_none()
+    }
+
     /// The next piece of the body; `None` once the application ended the request. Out of line:
     /// `ProxyBody::poll_data` is inlined into every HTTP/1.1 response's write.
     #[inline(never)]
