@@ -8,6 +8,9 @@ use bytes::{Buf, Bytes, BytesMut};
 /// Most bytes of trailer fields after a chunked body (hyper's limit on chunk extensions).
 const MAX_TRAILERS: usize = 16 * 1024;
 
+/// A chunk's CRLF, the last chunk and the empty trailer section: how most chunked bodies end.
+const LAST_CHUNK: &[u8] = b"\r\n0\r\n\r\n";
+
 /// What was wrong with a body's framing. Whose fault it was is the reader's to say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum BodyError {
@@ -133,7 +136,15 @@ impl Decoder {
                     } else {
                         Chunk::Data(left)
                     });
-                    return Ok(Some(buf.split_to(n).freeze()));
+                    let data = buf.split_to(n).freeze();
+                    // The last chunk without trailers, already read behind this one: the body
+                    // is over with this piece (its connection goes back to the pool, and a
+                    // chunked answer sends its own last chunk with it, in one write).
+                    if left == 0 && buf.starts_with(LAST_CHUNK) {
+                        buf.advance(LAST_CHUNK.len());
+                        self.state = BodyState::Done;
+                    }
+                    return Ok(Some(data));
                 }
                 BodyState::Chunked(Chunk::DataEnd) => {
                     if buf.len() < 2 {
@@ -249,6 +260,30 @@ mod tests {
         .unwrap();
         assert_eq!(data, b"hello!");
         assert!(done);
+    }
+
+    #[test]
+    fn a_last_chunk_read_behind_the_data_ends_the_body_with_it() {
+        let mut buf = BytesMut::from(&b"5\r\nhello\r\n0\r\n\r\nGET"[..]);
+        let mut decoder = Decoder::new(Framing::Chunked);
+        assert_eq!(
+            decoder.decode(&mut buf).unwrap().as_deref(),
+            Some(&b"hello"[..])
+        );
+        assert!(decoder.is_done());
+        assert_eq!(&buf[..], b"GET", "the next message is left as it came");
+        // Not yet all read: the body ends when the rest comes.
+        let mut buf = BytesMut::from(&b"5\r\nhello\r\n0\r"[..]);
+        let mut decoder = Decoder::new(Framing::Chunked);
+        assert_eq!(
+            decoder.decode(&mut buf).unwrap().as_deref(),
+            Some(&b"hello"[..])
+        );
+        assert!(!decoder.is_done());
+        assert_eq!(decoder.decode(&mut buf).unwrap(), None);
+        buf.extend_from_slice(b"\n\r\n");
+        assert_eq!(decoder.decode(&mut buf).unwrap(), None);
+        assert!(decoder.is_done());
     }
 
     #[test]
