@@ -2,6 +2,8 @@
 //! HTTP/2 stream, the request head and body, the response head; and how an attempt fails.
 
 use std::cell::Cell;
+use std::future::poll_fn;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -100,7 +102,11 @@ pub(crate) async fn attempt(
     if timed {
         plan.spans.set(Spans::default());
     }
-    let mut conn = conn_for(upstream, backend, plan).await?;
+    let pooled = poll_fn(|cx| Poll::Ready(upstream.checkout(backend, plan.origin, cx))).await;
+    let mut conn = match pooled {
+        Some(conn) => conn,
+        None => connect(upstream, backend, plan).await?,
+    };
     loop {
         conn.expect_upgrade(upgrade);
         let exchange = async {
@@ -147,24 +153,6 @@ pub(crate) async fn attempt(
 /// A new connection to `backend`, its connect time in the plan's spans when they are measured.
 /// The connect is boxed: its state (the wait for a connect slot, the timers) stays out of the
 /// attempt's own, which a request on a pooled connection never needs.
-/// A connection to `backend` for an attempt: an idle pooled one (the client's own, on an
-/// upstream that sends PROXY headers), or a new one.
-#[inline(always)]
-pub(crate) async fn conn_for(
-    upstream: &WorkerUpstream,
-    backend: usize,
-    plan: &Plan<'_>,
-) -> Result<Conn, Failure> {
-    let pooled = match plan.origin {
-        None => upstream.checkout(backend).await,
-        Some(origin) => upstream.checkout_for(backend, origin).await,
-    };
-    match pooled {
-        Some(conn) => Ok(conn),
-        None => connect(upstream, backend, plan).await,
-    }
-}
-
 pub(crate) async fn connect(
     upstream: &WorkerUpstream,
     backend: usize,

@@ -11,6 +11,7 @@
 //! php-fpm's own `Status: 500` (with `display_errors` off), passed on as a 500; a connection
 //! that closes, or a request that ends, before a whole CGI head is a 502.
 
+use std::future::poll_fn;
 use std::rc::Rc;
 use std::task::{Context, Poll, ready};
 
@@ -26,7 +27,7 @@ use crate::fastcgi::response::{self, CgiHead};
 use crate::http1::client::{Conn, UpstreamError};
 use crate::http1::common::{Reply, RequestFraming, content_length_line};
 use crate::http1::request::RequestHead;
-use crate::proxy::attempt::{Failure, Plan, conn_for, connect};
+use crate::proxy::attempt::{Failure, Plan, connect};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::fastcgi_body::{FastcgiBody, ID, log_stderr};
@@ -68,7 +69,11 @@ pub(crate) async fn attempt(
     };
     let mut request = Vec::with_capacity(1024);
     begin(&mut request, fcgi, head, downstream, length);
-    let mut conn = conn_for(upstream, backend, plan).await?;
+    let pooled = poll_fn(|cx| Poll::Ready(upstream.checkout(backend, plan.origin, cx))).await;
+    let mut conn = match pooled {
+        Some(conn) => conn,
+        None => connect(upstream, backend, plan).await?,
+    };
     let addr = upstream.shared.backends[backend].address;
     loop {
         match exchange(&mut conn, &request, body, plan.timeouts, addr).await {

@@ -4,11 +4,10 @@
 //! (`Rc`, `RefCell`), so nothing here takes a lock.
 
 use std::cell::RefCell;
-use std::future::poll_fn;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::Poll;
+use std::task::Context;
 use std::time::{Duration, Instant};
 
 use crate::http1::client::{Conn, ConnectError, ConnectFailure, connect};
@@ -199,23 +198,32 @@ impl WorkerUpstream {
 
     /// Takes an idle connection to `backend` that is still open, dropping ones the backend
     /// closed, and counts it as reused. Most recently used first: it is the least likely to
-    /// have been closed.
-    pub async fn checkout(&self, backend: usize) -> Option<Conn> {
-        poll_fn(|cx| {
-            let mut idle = self.idle[backend].borrow_mut();
-            while let Some(mut conn) = idle.pop() {
-                if conn.is_usable_idle(cx) {
-                    conn.reused = true;
-                    if self.shared.counting {
-                        let stats = &self.shared.backends[backend].stats;
-                        stats.connections_reused.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return Poll::Ready(Some(conn));
+    /// have been closed. With `proxy_protocol` (`origin`), only the client's own (see
+    /// [`Self::checkout_for`]). Not a future of its own: `cx` is the attempt's, whose poll this
+    /// is inlined into (`poll_fn` at each caller), as it is on every request's path.
+    #[inline(always)]
+    pub fn checkout(
+        &self,
+        backend: usize,
+        origin: Option<&Origin>,
+        cx: &mut Context<'_>,
+    ) -> Option<Conn> {
+        if let Some(origin) = origin {
+            return self.checkout_for(backend, origin, cx);
+        }
+        let mut idle = self.idle[backend].borrow_mut();
+        // Bounded by the pool (`keepalive`): every pass takes one connection out.
+        while let Some(mut conn) = idle.pop() {
+            if conn.is_usable_idle(cx) {
+                conn.reused = true;
+                if self.shared.counting {
+                    let stats = &self.shared.backends[backend].stats;
+                    stats.connections_reused.fetch_add(1, Ordering::Relaxed);
                 }
+                return Some(conn);
             }
-            Poll::Ready(None)
-        })
-        .await
+        }
+        None
     }
 
     /// A new connection to `backend` (TLS when the upstream asks for it), counted as opened.
@@ -292,29 +300,26 @@ impl WorkerUpstream {
     /// most recently used first, counted as reused; every other client's stays in the pool.
     #[cold]
     #[inline(never)]
-    pub async fn checkout_for(&self, backend: usize, origin: &Origin) -> Option<Conn> {
-        poll_fn(|cx| {
-            let mut idle = self.idle[backend].borrow_mut();
-            let mut i = idle.len();
-            // Bounded by the pool (`keepalive`): every pass looks at one connection.
-            while i > 0 {
-                i -= 1;
-                if idle[i].origin.as_deref() != Some(origin) {
-                    continue;
-                }
-                let mut conn = idle.remove(i);
-                if conn.is_usable_idle(cx) {
-                    conn.reused = true;
-                    if self.shared.counting {
-                        let stats = &self.shared.backends[backend].stats;
-                        stats.connections_reused.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return Poll::Ready(Some(conn));
-                }
+    fn checkout_for(&self, backend: usize, origin: &Origin, cx: &mut Context<'_>) -> Option<Conn> {
+        let mut idle = self.idle[backend].borrow_mut();
+        let mut i = idle.len();
+        // Bounded by the pool (`keepalive`): every pass looks at one connection.
+        while i > 0 {
+            i -= 1;
+            if idle[i].origin.as_deref() != Some(origin) {
+                continue;
             }
-            Poll::Ready(None)
-        })
-        .await
+            let mut conn = idle.remove(i);
+            if conn.is_usable_idle(cx) {
+                conn.reused = true;
+                if self.shared.counting {
+                    let stats = &self.shared.backends[backend].stats;
+                    stats.connections_reused.fetch_add(1, Ordering::Relaxed);
+                }
+                return Some(conn);
+            }
+        }
+        None
     }
 }
 
@@ -531,7 +536,7 @@ mod tests {
 
     /// Polls `fut` once.
     async fn pending<F: std::future::Future>(fut: &mut std::pin::Pin<Box<F>>) -> bool {
-        std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await
+        std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx).is_pending())).await
     }
 
     #[tokio::test(flavor = "current_thread")]
