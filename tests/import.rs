@@ -2645,3 +2645,28 @@ http {
     assert_eq!(routes[2]["upstream"].as_str(), Some("php"));
     assert_eq!(routes[3]["path"].as_str(), Some("/"));
 }
+
+/// `fastcgi_param` and `fastcgi_index` are inherited from the server as nginx's are: a location
+/// with no `fastcgi_param` of its own takes the server's, one with any takes none of them.
+#[test]
+fn fastcgi_params_are_inherited_from_the_server_as_nginx_merges_them() {
+    let imported = import_text(
+        "http {\n  server {\n    listen 8080;\n    root /srv;\n    include fastcgi_params;\n    fastcgi_param APP_ENV prod;\n    fastcgi_index app.php;\n    location ~ ^/a/.+\\.php$ { fastcgi_pass 127.0.0.1:9000; }\n    location ~ ^/b/.+\\.php$ {\n      fastcgi_param APP_ENV test;\n      fastcgi_pass 127.0.0.1:9000;\n    }\n  }\n}\n",
+        &[],
+    );
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    assert!(
+        !imported.stderr.contains("fastcgi_param not converted"),
+        "{}",
+        imported.stderr
+    );
+    let toml: toml::Table = imported.stdout.parse().unwrap();
+    let a = &toml["upstream"]["127.0.0.1:9000"]["fastcgi"];
+    assert_eq!(a["params"]["APP_ENV"].as_str(), Some("prod"), "{toml}");
+    assert_eq!(a["index"].as_str(), Some("app.php"));
+    let b = &toml["upstream"]["127.0.0.1:9000#2"]["fastcgi"];
+    assert_eq!(b["params"]["APP_ENV"].as_str(), Some("test"), "{toml}");
+    assert_eq!(b["index"].as_str(), Some("app.php"));
+    let routes = toml["listener"][0]["route"].as_array().unwrap();
+    assert_eq!(routes[1]["upstream"].as_str(), Some("127.0.0.1:9000#2"));
+}

@@ -167,6 +167,9 @@ struct Inherited {
     gzip: super::gzip::Inherit,
     /// `proxy_buffering` and the rest of [`super::buffering::NAMES`] in force.
     buffering: super::buffering::Inherited,
+    /// The `fastcgi_param` lines (and standard includes) of the nearest level with any, and
+    /// the nearest `fastcgi_index`: what a FastCGI location without its own inherits.
+    fastcgi: Vec<Directive>,
 }
 
 impl Default for Inherited {
@@ -183,6 +186,7 @@ impl Default for Inherited {
             limits: Default::default(),
             gzip: Default::default(),
             buffering: Default::default(),
+            fastcgi: Vec::new(),
         }
     }
 }
@@ -216,6 +220,7 @@ impl Inherited {
         out.limits = self.limits.level(block);
         out.gzip = self.gzip.level(block);
         out.buffering = self.buffering.level(block);
+        out.fastcgi = super::fastcgi::inherit(&self.fastcgi, block);
         let headers: Vec<Directive> = block
             .iter()
             .filter(|d| d.name == "proxy_set_header" && d.block.is_none())
@@ -400,6 +405,7 @@ impl Builder {
                     if (Ssl::NAMES.contains(&n) || client_cert::NAMES.contains(&n)) && any_tls => {}
                 (n, None) if Inherited::NAMES.contains(&n) => {}
                 (n, None) if super::buffering::NAMES.contains(&n) => {}
+                (_, None) if super::fastcgi::inherited(d) => {}
                 (n, None) if super::limits::NAMES.contains(&n) => {}
                 (n, None) if super::gzip::NAMES.contains(&n) => {
                     super::gzip::note(d, &mut self.notes)
@@ -658,6 +664,7 @@ impl Builder {
                 },
                 n if Inherited::NAMES.contains(&n) => {}
                 n if super::buffering::NAMES.contains(&n) && s.block.is_none() => {}
+                _ if super::fastcgi::inherited(s) => {}
                 n if super::limits::NAMES.contains(&n) && s.block.is_none() => {}
                 n if super::gzip::NAMES.contains(&n) && s.block.is_none() => {
                     super::gzip::note(s, &mut self.notes)
@@ -1187,7 +1194,7 @@ impl Builder {
                     ),
                 },
                 "return" => action = self.return_action(d),
-                "fastcgi_pass" => match self.fastcgi_pass(d, block, &inherit) {
+                "fastcgi_pass" => match self.fastcgi_pass(d, &inherit) {
                     Ok(name) => {
                         route.insert("upstream".into(), Value::String(name));
                         proxy_at = Some(d);
@@ -1414,16 +1421,11 @@ impl Builder {
 
     /// A `fastcgi_pass`: the name of the upstream with `protocol = "fastcgi"` it becomes, made
     /// or found ([`super::fastcgi`]); why not, for one that can't convert.
-    fn fastcgi_pass(
-        &mut self,
-        d: &Directive,
-        block: &[Directive],
-        inherit: &Inherited,
-    ) -> Result<String, String> {
+    fn fastcgi_pass(&mut self, d: &Directive, inherit: &Inherited) -> Result<String, String> {
         let Some(address) = d.args.first() else {
             return Err("expected an address".into());
         };
-        let table = super::fastcgi::table(block, inherit.pages.root(), &mut self.notes)?;
+        let table = super::fastcgi::table(&inherit.fastcgi, inherit.pages.root(), &mut self.notes)?;
         let backend = super::fastcgi::backend(address)?;
         let named = backend.is_none();
         let (base, mut up) = match backend {

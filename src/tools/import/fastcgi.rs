@@ -16,6 +16,8 @@
 //! - A `location /` that only `try_files $uri $uri/ /index.php?$query_string` is a route to the
 //!   same backends with `script = "/index.php"` ([`front_controller`]): every path runs it, and
 //!   the files nginx would send as they are (and directories' indexes) are not served (a note).
+//! - `fastcgi_param`, `fastcgi_index` and the standard includes are inherited from the server
+//!   and `http` as nginx's are ([`inherit`]).
 //! - One upstream per address and root: two FastCGI locations with different roots (or
 //!   indexes, splits, params) get two upstreams, the second named `ADDR#2`.
 
@@ -75,6 +77,32 @@ pub(super) const STANDARD_NOTE: &str = "nginx's standard FastCGI parameters are 
 
 /// Debian's `snippets/fastcgi-php.conf`'s split.
 const SNIPPET_SPLIT: &str = r"^(.+?\.php)(/.*)$";
+
+/// Whether `d` is one a FastCGI location inherits from its server or `http` (nginx's
+/// `fastcgi_param` array, `fastcgi_index`, and the standard includes that hold them).
+pub(super) fn inherited(d: &Directive) -> bool {
+    let include = d.name == "include"
+        && (d.args.first()).is_some_and(|a| super::parse::is_standard_include(a));
+    d.block.is_none() && (include || d.name == "fastcgi_param" || d.name == "fastcgi_index")
+}
+
+/// What a level's own directives make of the FastCGI lines it inherits: a level with any
+/// `fastcgi_param` (or standard include) of its own inherits none of the outer ones (nginx's
+/// array directives), and its `fastcgi_index` replaces the outer one. The rest of the block
+/// (a location's `fastcgi_split_path_info`, `try_files`) is kept, for [`table`].
+pub(super) fn inherit(outer: &[Directive], block: &[Directive]) -> Vec<Directive> {
+    let params = |d: &Directive| inherited(d) && d.name != "fastcgi_index";
+    let own_params = block.iter().any(params);
+    let own_index = block.iter().any(|d| d.name == "fastcgi_index");
+    let kept = outer
+        .iter()
+        .filter(|d| (d.name == "fastcgi_index" && !own_index) || (params(d) && !own_params));
+    let own = block.iter().filter(|d| {
+        d.block.is_none()
+            && (inherited(d) || d.name == "fastcgi_split_path_info" || d.name == "try_files")
+    });
+    kept.chain(own).cloned().collect()
+}
 
 /// Whether a location's block passes requests to a FastCGI server.
 pub(super) fn passes(block: &[Directive]) -> bool {
