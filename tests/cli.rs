@@ -637,3 +637,43 @@ fn import_converts_the_nginx_fixtures_into_configs_that_check() {
     }
     assert!(seen >= 4, "only {seen} fixtures");
 }
+
+/// A route's unknown key lists every route key, `path_regex` among them; a `path_regex` that
+/// does not compile is refused at its line and column, and a good one is printed by `check` as
+/// `~ PATTERN`.
+#[test]
+fn route_keys_include_path_regex_checked_at_its_place() {
+    let config = |route: &str| {
+        format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\n[[listener.route]]\n{route}\nupstream = \"app\"\n[upstream.app]\nbackends = [{{ address = \"127.0.0.1:9001\" }}]\n"
+        )
+    };
+    let check = |text: &str| {
+        let path = common::temp_config(text);
+        let out = pinlb(&["check", "-c", path.to_str().unwrap()]);
+        let _ = std::fs::remove_file(&path);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).replace(path.to_str().unwrap(), "{file}"),
+        )
+    };
+    let (code, _, stderr) = check(&config("path_regexp = \"php$\""));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "{file}:4:1: listener[0].route[0].path_regexp: unknown field `path_regexp`, expected one of `host`, `path`, `path_exact`, `path_regex`, `methods`, `headers`, `upstream`, `rewrite_prefix`, `redirect`, `respond`, `request_headers`, `response_headers`, `timeouts`, `server_timing`, `error_page`, `intercept_errors`, `access`, `auth_basic`, `satisfy`, `rate_limit`, `compress`"
+    );
+    let (code, _, stderr) = check(&config("path_regex = \"a(\""));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("{file}:4:14: listener[0].route[0].path_regex: invalid regular expression (unclosed group)"),
+        "{stderr}"
+    );
+    let (code, stdout, stderr) = check(&config("path_regex = '\\.php$'"));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("path ~ \\.php$ -> upstream app"),
+        "{stdout}"
+    );
+}

@@ -831,7 +831,7 @@ http {
         listen 8080;
         gzip_disable \"msie6\";
         location / { proxy_pass http://app; }
-        location ~ \\.php$ { return 403; }
+        location ~ ^/(?!public) { return 403; }
         location /admin/ {
             allow unix:;
             proxy_pass http://app;
@@ -858,7 +858,7 @@ http {
     for (line, what) in [
         (
             7,
-            "location not converted: only exact (=) and prefix locations convert",
+            "location not converted: its regular expression is not one pinlb's engine takes",
         ),
         (9, "allow unix: not converted: pinlb listens on TCP only"),
         (
@@ -2183,10 +2183,10 @@ http {
     );
 }
 
-/// The usual PHP location (`location ~ \.php$` with `fastcgi_pass`) is not converted: the
-/// note at its line says why and what to write instead.
+/// The usual PHP location (`location ~ \.php$` with `fastcgi_pass`) converts: a regex route
+/// to an upstream with `protocol = "fastcgi"` and the server's root, beside the rest.
 #[test]
-fn a_fastcgi_pass_location_is_refused_with_what_to_write_instead() {
+fn a_fastcgi_pass_location_imports_as_a_fastcgi_upstream() {
     let text = "\
 http {
     upstream app { server 127.0.0.1:8081; }
@@ -2202,17 +2202,16 @@ http {
     }
 }
 ";
-    let imported = import_text(text, &["--allow-less-strict"]);
-    let at = format!(
-        "{}:7: location not converted: a regex location with fastcgi_pass",
-        imported.path.display()
-    );
-    assert!(imported.stderr.contains(&at), "{}", imported.stderr);
-    assert!(
-        imported.stderr.contains("protocol = \"fastcgi\""),
-        "{}",
-        imported.stderr
-    );
+    let imported = import_text(text, &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let toml: toml::Table = imported.stdout.parse().unwrap();
+    let php = &toml["upstream"]["127.0.0.1:9000"];
+    assert_eq!(php["protocol"].as_str(), Some("fastcgi"), "{toml}");
+    assert_eq!(php["fastcgi"]["root"].as_str(), Some("/var/www/html"));
+    let routes = toml["listener"][0]["route"].as_array().unwrap();
+    // The regex before the prefix, as nginx tries it before `location /`.
+    assert_eq!(routes[0]["path_regex"].as_str(), Some("\\.php$"), "{toml}");
+    assert_eq!(routes[1]["path"].as_str(), Some("/"), "{toml}");
     // The rest of the server converts.
     assert!(
         imported.stdout.contains("[[upstream.app.backends]]"),
@@ -2331,4 +2330,343 @@ http {{
         "{}",
         relative.stderr
     );
+}
+
+/// The PHP scripts the FastCGI import test serves: each says what php-fpm was asked to run.
+/// An empty PATH_INFO reads as none: nginx's `fastcgi_param PATH_INFO $fastcgi_path_info` sends
+/// it empty, pinlb leaves it out (the import notes it).
+const PHP_INFO: &str = r#"<?php header('Content-Type: application/json'); echo json_encode(['script' => $_SERVER['SCRIPT_NAME'], 'filename' => $_SERVER['SCRIPT_FILENAME'], 'path_info' => ($_SERVER['PATH_INFO'] ?? '') ?: null, 'query' => $_SERVER['QUERY_STRING'], 'uri' => $_SERVER['REQUEST_URI'], 'document_uri' => $_SERVER['DOCUMENT_URI'], 'method' => $_SERVER['REQUEST_METHOD'], 'get' => $_GET, 'post' => $_POST]);"#;
+
+/// A php-fpm master listening on a Unix socket in a temporary directory, with `info.php` and
+/// `index.php` under `www/`, and workers enough for pinlb's kept connections (each holds one)
+/// and nginx's; stopped (SIGTERM, which it passes to its workers) on drop. `None`
+/// when scripts/test passed no php-fpm (`PINLB_TEST_PHP_FPM`), as tests/fastcgi.rs skips.
+struct Fpm {
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl Fpm {
+    async fn start() -> Option<Fpm> {
+        let Some(bin) = std::env::var_os("PINLB_TEST_PHP_FPM") else {
+            eprintln!(
+                "skipped: PINLB_TEST_PHP_FPM is unset (scripts/test sets it to /usr/sbin/php-fpm*)"
+            );
+            return None;
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("pinlb-import-fpm-")
+            .tempdir()
+            .unwrap();
+        let www = dir.path().join("www");
+        std::fs::create_dir(&www).unwrap();
+        std::fs::write(www.join("info.php"), PHP_INFO).unwrap();
+        std::fs::write(www.join("index.php"), PHP_INFO).unwrap();
+        let conf = dir.path().join("php-fpm.conf");
+        let socket = dir.path().join("php.sock");
+        std::fs::write(
+            &conf,
+            format!(
+                "[global]\nerror_log = {}\ndaemonize = no\npid = {}\n\n[www]\nlisten = {}\nlisten.mode = 0666\npm = static\npm.max_children = 16\n",
+                dir.path().join("fpm.log").display(),
+                dir.path().join("fpm.pid").display(),
+                socket.display(),
+            ),
+        )
+        .unwrap();
+        let mut command = Command::new(bin);
+        command
+            .arg("-F")
+            .arg("-y")
+            .arg(&conf)
+            .arg("-p")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if nix::unistd::geteuid().is_root() {
+            // php-fpm refuses to run its workers as root unless told to.
+            command.arg("-R");
+        }
+        let fpm = Fpm {
+            child: command.spawn().expect("start php-fpm"),
+            dir,
+        };
+        let up = poll(400, Duration::from_millis(25), async || {
+            tokio::net::UnixStream::connect(&socket)
+                .await
+                .ok()
+                .map(|_| ())
+        })
+        .await;
+        assert!(
+            up.is_some(),
+            "php-fpm never listened: {}",
+            std::fs::read_to_string(fpm.dir.path().join("fpm.log")).unwrap_or_default()
+        );
+        Some(fpm)
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("php.sock")
+    }
+
+    fn www(&self) -> PathBuf {
+        self.dir.path().join("www")
+    }
+}
+
+impl Drop for Fpm {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let exited = poll_blocking(400, Duration::from_millis(25), || {
+            self.child.try_wait().ok().flatten()
+        });
+        if exited.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The usual PHP server (a front controller's `location /` with `try_files … /index.php?
+/// $query_string`, and `location ~ [^/]\.php(/|$)` with `fastcgi_pass unix:…`, the standard
+/// params, `fastcgi_split_path_info` and its `PATH_INFO` line) run in nginx and, imported, in
+/// pinlb, both in front of one real php-fpm: a script with a query, PATH_INFO, a POST form, a
+/// path that is no PHP (the front controller), `/` and a missing script get the same status
+/// and body from both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_php_server_imports_and_answers_as_nginx_does_through_one_php_fpm() {
+    Nginx::binary();
+    let Some(fpm) = Fpm::start().await else {
+        return;
+    };
+    let text = |listen: SocketAddr| {
+        format!(
+            "events {{}}
+http {{
+    server {{
+        listen {listen};
+        server_name example.test;
+        root {www};
+        index index.php index.html;
+        location / {{
+            try_files $uri $uri/ /index.php?$query_string;
+        }}
+        location ~ [^/]\\.php(/|$) {{
+            fastcgi_split_path_info ^(.+?\\.php)(/.*)$;
+            include fastcgi_params;
+            fastcgi_param SCRIPT_FILENAME $document_root$fastcgi_script_name;
+            fastcgi_param PATH_INFO $fastcgi_path_info;
+            fastcgi_index index.php;
+            fastcgi_read_timeout 30s;
+            fastcgi_pass unix:{socket};
+        }}
+    }}
+}}
+",
+            www = fpm.www().display(),
+            socket = fpm.socket().display(),
+        )
+    };
+    let (nginx_at, pinlb_at) = (free_port(), free_port());
+    let imported = import_text(&text(pinlb_at), &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let toml: toml::Table = imported.stdout.parse().unwrap();
+    let php = format!("unix:{}", fpm.socket().display());
+    let up = &toml["upstream"][&php];
+    assert_eq!(up["protocol"].as_str(), Some("fastcgi"), "{toml}");
+    assert_eq!(
+        up["fastcgi"]["split_path_info"].as_str(),
+        Some("^(.+?\\.php)(/.*)$")
+    );
+    assert_eq!(
+        toml["upstream"][&format!("{php}#2")]["fastcgi"]["script"].as_str(),
+        Some("/index.php"),
+        "{toml}"
+    );
+    assert!(
+        imported.stderr.contains("became a route to upstream unix:"),
+        "{}",
+        imported.stderr
+    );
+
+    // nginx reads `include fastcgi_params` beside its configuration; the import knew it by name.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path()).unwrap();
+    std::fs::copy(
+        "/etc/nginx/fastcgi_params",
+        dir.path().join("fastcgi_params"),
+    )
+    .expect("Debian's /etc/nginx/fastcgi_params (the nginx package)");
+    let nginx = Nginx::start(dir.path(), &text(nginx_at));
+    let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(&imported.stdout), &[]).await;
+    await_listening(&[nginx_at, pinlb_at], || {
+        format!("{}\n{}", nginx.log(), pinlb.log().join("\n"))
+    })
+    .await;
+    let form = "name=ada&n=2";
+    let requests = [
+        "GET /info.php?a=1&b=two HTTP/1.1\r\nHost: example.test\r\nConnection: close\r\n\r\n"
+            .to_string(),
+        "GET /info.php/extra/path?x=1 HTTP/1.1\r\nHost: example.test\r\nConnection: close\r\n\r\n"
+            .to_string(),
+        format!(
+            "POST /info.php HTTP/1.1\r\nHost: example.test\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{form}",
+            form.len()
+        ),
+        "GET /about/team?page=3 HTTP/1.1\r\nHost: example.test\r\nConnection: close\r\n\r\n"
+            .to_string(),
+        "GET / HTTP/1.1\r\nHost: example.test\r\nConnection: close\r\n\r\n".to_string(),
+        "GET /missing.php HTTP/1.1\r\nHost: example.test\r\nConnection: close\r\n\r\n".to_string(),
+    ];
+    let mut statuses = Vec::new();
+    for req in &requests {
+        let from_nginx = raw_request(nginx_at, req.as_bytes(), false).await;
+        let from_pinlb = raw_request(pinlb_at, req.as_bytes(), false).await;
+        let body = |r: &RawResponse| String::from_utf8_lossy(&r.body).into_owned();
+        assert_eq!(
+            (from_pinlb.status, body(&from_pinlb)),
+            (from_nginx.status, body(&from_nginx)),
+            "{req}\n{}\n{toml}",
+            nginx.log()
+        );
+        statuses.push(from_nginx.status);
+    }
+    // Each ran what it should: the scripts, the front controller, and php-fpm's own 404.
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 404]);
+    let info = |req: String| async move {
+        let r = raw_request(pinlb_at, req.as_bytes(), false).await;
+        serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()
+    };
+    let v = info(requests[1].clone()).await;
+    assert_eq!(v["script"], "/info.php");
+    assert_eq!(v["path_info"], "/extra/path");
+    let v = info(requests[2].clone()).await;
+    assert_eq!(v["post"]["name"], "ada");
+    let v = info(requests[3].clone()).await;
+    assert_eq!(v["script"], "/index.php");
+    assert_eq!(v["uri"], "/about/team?page=3");
+    assert_eq!(v["get"]["page"], "3");
+}
+
+/// What the FastCGI import refuses, at its line and naming why: a `fastcgi_param` whose value
+/// is a variable pinlb has no equivalent for, a plain prefix under a `^~` one in a server with
+/// regex locations, and another `fastcgi_*` that changes what is answered; Debian's snippet,
+/// read by name, converts to its split and index, with a note for its `try_files`.
+#[test]
+fn fastcgi_imports_refuse_what_pinlb_would_answer_differently() {
+    let refusing = "\
+http {
+    server {
+        listen 8080;
+        root /var/www/html;
+        location ^~ /static/ { proxy_pass http://127.0.0.1:8081; }
+        location /static/img/ { proxy_pass http://127.0.0.1:8082; }
+        location ~ \\.php$ {
+            include fastcgi_params;
+            fastcgi_param APP_USER $cookie_user;
+            fastcgi_pass 127.0.0.1:9000;
+        }
+        location ~ ^/legacy/.+\\.php$ {
+            fastcgi_intercept_errors on;
+            fastcgi_pass 127.0.0.1:9000;
+        }
+    }
+}
+";
+    let imported = import_text(refusing, &[]);
+    assert_eq!(imported.code, Some(1), "{}", imported.stderr);
+    let at = |line: usize| format!("{}:{line}: ", imported.path.display());
+    for (line, what) in [
+        (
+            6,
+            "location /static/img/ not converted: it lies under location ^~ /static/",
+        ),
+        (
+            9,
+            "fastcgi_param APP_USER $cookie_user not converted: pinlb's params are fixed strings, and $cookie_user is a variable",
+        ),
+        (13, "fastcgi_intercept_errors not converted"),
+    ] {
+        assert!(
+            imported.stderr.contains(&format!("{}{what}", at(line))),
+            "line {line} ({what}) not refused:\n{}",
+            imported.stderr
+        );
+    }
+
+    // Without the regexes, a `^~` is a plain prefix and both prefixes convert, longest first.
+    let plain = import_text(
+        "http {\n  server {\n    listen 8080;\n    location ^~ /static/ { proxy_pass http://127.0.0.1:8081; }\n    location /static/img/ { proxy_pass http://127.0.0.1:8082; }\n  }\n}\n",
+        &[],
+    );
+    assert_eq!(plain.code, Some(0), "{}", plain.stderr);
+    let toml: toml::Table = plain.stdout.parse().unwrap();
+    let paths: Vec<&str> = (toml["listener"][0]["route"].as_array().unwrap().iter())
+        .filter_map(|r| r.get("path").and_then(|p| p.as_str()))
+        .collect();
+    assert_eq!(paths, ["/static/img/", "/static/"], "{toml}");
+
+    // Debian's snippet, known by name though no such file is beside the configuration; a
+    // `^~` prefix goes before the regex, a plain one after it.
+    let snippet = import_text(
+        "http {\n  server {\n    listen 8080;\n    root /srv/app;\n    location / { proxy_pass http://127.0.0.1:8081; }\n    location ^~ /assets/ { proxy_pass http://127.0.0.1:8082; }\n    location ~* \\.php$ {\n      include snippets/fastcgi-php.conf;\n      fastcgi_pass php;\n    }\n  }\n  upstream php { server 127.0.0.1:9000; }\n}\n",
+        &[],
+    );
+    assert_eq!(snippet.code, Some(0), "{}", snippet.stderr);
+    assert!(
+        !snippet.stderr.contains("no such file"),
+        "{}",
+        snippet.stderr
+    );
+    assert!(
+        snippet.stderr.contains(&format!(
+            "{}:8: include snippets/fastcgi-php.conf: its try_files $fastcgi_script_name =404 is not converted",
+            snippet.path.display()
+        )),
+        "{}",
+        snippet.stderr
+    );
+    let toml: toml::Table = snippet.stdout.parse().unwrap();
+    let php = &toml["upstream"]["php"];
+    assert_eq!(php["protocol"].as_str(), Some("fastcgi"));
+    assert_eq!(php["fastcgi"]["root"].as_str(), Some("/srv/app"));
+    assert_eq!(php["fastcgi"]["index"].as_str(), Some("index.php"));
+    assert_eq!(
+        php["fastcgi"]["split_path_info"].as_str(),
+        Some("^(.+?\\.php)(/.*)$")
+    );
+    // The first, nginx's 301 from /assets to /assets/, is exact.
+    let routes = toml["listener"][0]["route"].as_array().unwrap();
+    assert_eq!(routes[0]["path_exact"].as_str(), Some("/assets"), "{toml}");
+    assert_eq!(routes[1]["path"].as_str(), Some("/assets/"), "{toml}");
+    assert_eq!(routes[2]["path_regex"].as_str(), Some("(?i)\\.php$"));
+    assert_eq!(routes[2]["upstream"].as_str(), Some("php"));
+    assert_eq!(routes[3]["path"].as_str(), Some("/"));
+}
+
+/// `fastcgi_param` and `fastcgi_index` are inherited from the server as nginx's are: a location
+/// with no `fastcgi_param` of its own takes the server's, one with any takes none of them.
+#[test]
+fn fastcgi_params_are_inherited_from_the_server_as_nginx_merges_them() {
+    let imported = import_text(
+        "http {\n  server {\n    listen 8080;\n    root /srv;\n    include fastcgi_params;\n    fastcgi_param APP_ENV prod;\n    fastcgi_index app.php;\n    location ~ ^/a/.+\\.php$ { fastcgi_pass 127.0.0.1:9000; }\n    location ~ ^/b/.+\\.php$ {\n      fastcgi_param APP_ENV test;\n      fastcgi_pass 127.0.0.1:9000;\n    }\n  }\n}\n",
+        &[],
+    );
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    assert!(
+        !imported.stderr.contains("fastcgi_param not converted"),
+        "{}",
+        imported.stderr
+    );
+    let toml: toml::Table = imported.stdout.parse().unwrap();
+    let a = &toml["upstream"]["127.0.0.1:9000"]["fastcgi"];
+    assert_eq!(a["params"]["APP_ENV"].as_str(), Some("prod"), "{toml}");
+    assert_eq!(a["index"].as_str(), Some("app.php"));
+    let b = &toml["upstream"]["127.0.0.1:9000#2"]["fastcgi"];
+    assert_eq!(b["params"]["APP_ENV"].as_str(), Some("test"), "{toml}");
+    assert_eq!(b["index"].as_str(), Some("app.php"));
+    let routes = toml["listener"][0]["route"].as_array().unwrap();
+    assert_eq!(routes[1]["upstream"].as_str(), Some("127.0.0.1:9000#2"));
 }

@@ -563,12 +563,14 @@ impl fmt::Display for HostPattern {
     }
 }
 
-/// A route's `path` (a prefix, as nginx's `location /api/`) or `path_exact` (nginx's
-/// `location = /old`).
+/// A route's `path` (a prefix, as nginx's `location /api/`), `path_exact` (nginx's
+/// `location = /old`) or `path_regex` (nginx's `location ~ \.php$`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PathMatch {
     Prefix(String),
     Exact(String),
+    /// Boxed: a compiled regex is large, and the plain variants stay the size they were.
+    Regex(Box<PathRegex>),
 }
 
 impl PathMatch {
@@ -577,6 +579,7 @@ impl PathMatch {
         match self {
             PathMatch::Prefix(p) => path.starts_with(p.as_bytes()),
             PathMatch::Exact(p) => path == p.as_bytes(),
+            PathMatch::Regex(r) => r.0.is_match(path),
         }
     }
 }
@@ -586,9 +589,23 @@ impl fmt::Display for PathMatch {
         match self {
             PathMatch::Prefix(p) => write!(f, "{p}*"),
             PathMatch::Exact(p) => write!(f, "= {p}"),
+            PathMatch::Regex(r) => write!(f, "~ {}", r.0.as_str()),
         }
     }
 }
+
+/// A compiled `path_regex`, compiled once at load and compared by its pattern (two routes with
+/// the same pattern match the same paths).
+#[derive(Debug, Clone)]
+pub struct PathRegex(pub regex::bytes::Regex);
+
+impl PartialEq for PathRegex {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.as_str() == other.0.as_str()
+    }
+}
+
+impl Eq for PathRegex {}
 
 /// What a matched route does.
 #[derive(Debug, Clone, PartialEq, Eq)]

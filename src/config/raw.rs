@@ -158,6 +158,7 @@ const KEYS_ELSEWHERE: &[(&str, &[&str])] = &[
     ("proxy_protocol_from", &["listener"]),
     ("rewrite_prefix", &["listener.route"]),
     ("path_exact", &["listener.route"]),
+    ("path_regex", &["listener.route"]),
     ("client_ca", &["listener.tls"]),
     ("client_auth", &["listener.tls"]),
 ];
@@ -470,6 +471,8 @@ pub(super) struct RawRoute {
     pub host: Option<Spanned<OneOrMany>>,
     pub path: Option<Spanned<String>>,
     pub path_exact: Option<Spanned<String>>,
+    /// A regular expression the normalised path must match (nginx's `location ~`).
+    pub path_regex: Option<Spanned<String>>,
     pub methods: Option<Spanned<Vec<Spanned<String>>>>,
     pub headers: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
     pub upstream: Option<Spanned<String>>,

@@ -53,17 +53,27 @@ fn route(
     span: Range<usize>,
     upstream_index: &impl Fn(&str, &Spanned<String>) -> Result<usize>,
 ) -> Result<RouteRule> {
-    let path = match (&r.path, &r.path_exact) {
-        (Some(_), Some(e)) => {
+    let path = match (&r.path, &r.path_exact, &r.path_regex) {
+        (Some(_), Some(e), _) => {
             return Err(src.at(
                 e.span(),
                 &format!("{rkey}.path_exact"),
                 "set together with path, expected one of them: path matches a prefix, path_exact one path",
             ));
         }
-        (Some(p), None) => PathMatch::Prefix(path_pattern(src, &format!("{rkey}.path"), p)?),
-        (None, Some(e)) => PathMatch::Exact(path_pattern(src, &format!("{rkey}.path_exact"), e)?),
-        (None, None) => PathMatch::Prefix("/".into()),
+        (Some(_), _, Some(x)) | (_, Some(_), Some(x)) => {
+            return Err(src.at(
+                x.span(),
+                &format!("{rkey}.path_regex"),
+                "set together with path or path_exact, expected one of them: path matches a prefix, path_exact one path, path_regex a regular expression",
+            ));
+        }
+        (Some(p), None, None) => PathMatch::Prefix(path_pattern(src, &format!("{rkey}.path"), p)?),
+        (None, Some(e), None) => {
+            PathMatch::Exact(path_pattern(src, &format!("{rkey}.path_exact"), e)?)
+        }
+        (None, None, Some(x)) => path_regex(src, &format!("{rkey}.path_regex"), x)?,
+        (None, None, None) => PathMatch::Prefix("/".into()),
     };
     let hosts = match &r.host {
         None => Vec::new(),
@@ -206,11 +216,11 @@ fn action(
     if let Some(u) = &r.upstream {
         let rewrite_prefix = match &r.rewrite_prefix {
             None => None,
-            Some(p) if matches!(path, PathMatch::Exact(_)) => {
+            Some(p) if !matches!(path, PathMatch::Prefix(_)) => {
                 return Err(src.at(
                     p.span(),
                     &format!("{rkey}.rewrite_prefix"),
-                    "replaces a matched path prefix, so it needs path, not path_exact",
+                    "replaces a matched path prefix, so it needs path, not path_exact or path_regex (which match no prefix to replace)",
                 ));
             }
             Some(p) if !p.get_ref().starts_with('/') => {
@@ -345,6 +355,24 @@ fn path_pattern(src: &Source, key: &str, p: &Spanned<String>) -> Result<String> 
     Ok(text.clone())
 }
 
+/// A `path_regex`, compiled once here: the normalised path is matched against it (unanchored,
+/// as nginx's `location ~`; `(?i)` in front for nginx's `~*`).
+fn path_regex(src: &Source, key: &str, x: &Spanned<String>) -> Result<PathMatch> {
+    let re = regex::bytes::Regex::new(x.get_ref()).map_err(|e| {
+        let message = e.to_string();
+        let last = message.lines().last().unwrap_or_default().trim();
+        let last = last.strip_prefix("error: ").unwrap_or(last).to_string();
+        src.at(
+            x.span(),
+            key,
+            format!(
+                "invalid regular expression ({last}), expected one such as \"\\\\.php$\" (the normalised path, unanchored; (?i) in front ignores case)"
+            ),
+        )
+    })?;
+    Ok(PathMatch::Regex(Box::new(super::PathRegex(re))))
+}
+
 /// One `host` entry: a name, or `*.` and a name.
 fn host_pattern(name: &str) -> std::result::Result<HostPattern, String> {
     // A fully qualified name's root dot names the same host: requests are matched without it.
@@ -380,12 +408,16 @@ fn covers(a: &RouteRule, b: &RouteRule) -> bool {
                     (HostPattern::Exact(_), HostPattern::Suffix(_)) => false,
                 })
             }));
+    // A regex covers nothing (which paths it matches is not compared), and only `/`, which
+    // matches every path, covers one.
     let path = match (&a.path, &b.path) {
+        (PathMatch::Prefix(p), PathMatch::Regex(_)) => p == "/",
         (PathMatch::Prefix(p), PathMatch::Prefix(q) | PathMatch::Exact(q)) => {
             q.starts_with(p.as_str())
         }
         (PathMatch::Exact(p), PathMatch::Exact(q)) => p == q,
-        (PathMatch::Exact(_), PathMatch::Prefix(_)) => false,
+        (PathMatch::Exact(_), PathMatch::Prefix(_) | PathMatch::Regex(_)) => false,
+        (PathMatch::Regex(_), _) => false,
     };
     let methods = a.methods.is_empty()
         || (!b.methods.is_empty() && b.methods.iter().all(|m| a.methods.contains(m)));

@@ -69,6 +69,7 @@ impl RateLimits {
                 match &r.path {
                     crate::config::PathMatch::Prefix(p) => format!("{index}:{p}"),
                     crate::config::PathMatch::Exact(p) => format!("{index}:={p}"),
+                    crate::config::PathMatch::Regex(x) => format!("{index}:~{}", x.0.as_str()),
                 }
             }
         };

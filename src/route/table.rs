@@ -281,6 +281,126 @@ upstream = "b"
         );
     }
 
+    const REGEX_ROUTES: &str = r#"
+[[listener.route]]
+path_exact = "/status.php"
+respond = { status = 204 }
+[[listener.route]]
+path = "/static/"
+upstream = "b"
+[[listener.route]]
+path_regex = "\\.php$"
+upstream = "a"
+[[listener.route]]
+path_regex = "(?i)\\.(png|jpg)$"
+upstream = "b"
+[[listener.route]]
+path = "/"
+respond = { status = 404 }
+"#;
+
+    #[test]
+    fn a_regex_route_matches_the_normalised_path_in_file_order() {
+        let r = router(REGEX_ROUTES);
+        assert_eq!(which(&r, &get("/status.php", "h")), Some(0));
+        assert_eq!(which(&r, &get("/static/x.php", "h")), Some(1));
+        assert_eq!(which(&r, &get("/index.php", "h")), Some(2));
+        assert_eq!(which(&r, &get("/a/b/index.php?x=.png", "h")), Some(2));
+        // Matched normalised, as nginx matches its normalised URI.
+        assert_eq!(which(&r, &get("/x/../index%2ephp", "h")), Some(2));
+        assert_eq!(which(&r, &get("//admin/./a.php", "h")), Some(2));
+        // Unanchored at the start, anchored where the pattern says: `.php/extra` is no match.
+        assert_eq!(which(&r, &get("/index.php/extra", "h")), Some(4));
+        assert_eq!(which(&r, &get("/logo.PNG", "h")), Some(3));
+        assert_eq!(which(&r, &get("/logo.png", "h")), Some(3));
+        assert_eq!(which(&r, &get("/readme.txt", "h")), Some(4));
+        assert_eq!(which(&r, &get("/index.php?q=1", "h")), Some(2));
+    }
+
+    #[test]
+    fn path_regex_is_checked_at_load_and_takes_no_rewrite_prefix() {
+        let parse = |routes: &str| {
+            Config::parse(
+                "t.toml",
+                &format!(
+                    "[[listener]]\naddress = \"127.0.0.1:0\"\n{routes}\n[upstream.a]\nbackends = [{{ address = \"127.0.0.1:9001\" }}]\n"
+                ),
+                &[0],
+            )
+        };
+        let e = parse("[[listener.route]]\npath_regex = \"(\\\\.php$\"\nupstream = \"a\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("t.toml:4:14: listener[0].route[0].path_regex: invalid regular expression (unclosed group)"),
+            "{e}"
+        );
+        let e = parse(
+            "[[listener.route]]\npath_regex = \"php$\"\nupstream = \"a\"\nrewrite_prefix = \"/x/\"",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("t.toml:6:18: listener[0].route[0].rewrite_prefix: replaces a matched path prefix, so it needs path, not path_exact or path_regex"),
+            "{e}"
+        );
+        let e = parse("[[listener.route]]\npath = \"/\"\npath_regex = \"php$\"\nupstream = \"a\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("t.toml:5:14: listener[0].route[0].path_regex: set together with path"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_regex_route_is_covered_only_by_an_unconditional_root_route_before_it() {
+        let parse = |routes: &str| {
+            Config::parse(
+                "t.toml",
+                &format!(
+                    "[[listener]]\naddress = \"127.0.0.1:0\"\n{routes}\n[upstream.a]\nbackends = [{{ address = \"127.0.0.1:9001\" }}]\n"
+                ),
+                &[0],
+            )
+        };
+        let regex = "[[listener.route]]\npath_regex = \"php$\"\nupstream = \"a\"\n";
+        for first in [
+            "[[listener.route]]\npath = \"/\"\nupstream = \"a\"\n",
+            "[[listener.route]]\nupstream = \"a\"\n",
+        ] {
+            let e = parse(&format!("{first}{regex}")).unwrap_err().to_string();
+            assert!(e.contains("never matches"), "{e}");
+        }
+        // A narrower prefix, a condition, or another regex first leaves it reachable; and a
+        // regex first covers nothing after it.
+        for first in [
+            "[[listener.route]]\npath = \"/api/\"\nupstream = \"a\"\n",
+            "[[listener.route]]\nmethods = [\"GET\"]\nupstream = \"a\"\n",
+            "[[listener.route]]\nhost = \"a.test\"\nupstream = \"a\"\n",
+            "[[listener.route]]\npath_regex = \".*\"\nupstream = \"a\"\n",
+        ] {
+            parse(&format!("{first}{regex}")).unwrap();
+        }
+        parse(&format!(
+            "{regex}[[listener.route]]\npath_exact = \"/x.php\"\nupstream = \"a\"\n[[listener.route]]\npath = \"/\"\nupstream = \"a\"\n"
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn the_regex_variant_leaves_path_match_its_size() {
+        #[allow(dead_code)]
+        enum Plain {
+            Prefix(String),
+            Exact(String),
+        }
+        assert_eq!(
+            std::mem::size_of::<crate::config::PathMatch>(),
+            std::mem::size_of::<Plain>()
+        );
+    }
+
     #[test]
     fn a_redirect_keeps_the_host_and_drops_its_port() {
         assert_eq!(host_without_port(b"example.com:8080"), b"example.com");

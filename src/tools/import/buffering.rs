@@ -2,7 +2,8 @@
 //! unless told not to (`proxy_request_buffering on`, `proxy_buffering on` are its defaults), and
 //! pinlb only with the table, so every upstream a location proxies to gets one, with
 //! `request`/`response = false` where the location (or the server, or `http`) turns one off,
-//! and no table where both are off.
+//! and no table where both are off. A FastCGI location reads the `fastcgi_` directives of the
+//! same names instead (`fastcgi_buffering`, `fastcgi_request_buffering`, ...), as nginx does.
 //!
 //! pinlb buffers per upstream, nginx per location: locations that proxy to the same upstream
 //! with different settings get the first one's, and a note at the other.
@@ -14,13 +15,18 @@ use toml::{Table, Value};
 
 use super::parse::Directive;
 
-/// The directives read here; each inherits from the nearest level that sets it.
-pub(super) const NAMES: [&str; 5] = [
+/// The directives read here; each inherits from the nearest level that sets it. The
+/// `fastcgi_` ones are a FastCGI location's, as the `proxy_` ones are a proxying one's.
+pub(super) const NAMES: [&str; 9] = [
     "proxy_buffering",
     "proxy_request_buffering",
     "proxy_max_temp_file_size",
     "proxy_temp_path",
     "client_body_temp_path",
+    "fastcgi_buffering",
+    "fastcgi_request_buffering",
+    "fastcgi_max_temp_file_size",
+    "fastcgi_temp_path",
 ];
 
 /// The buffering directives in force at a level: the nearest of each name.
@@ -46,25 +52,27 @@ impl Inherited {
         self.set.iter().find(|d| d.name == name)
     }
 
-    /// The `[buffering]` table these make, or `None` when both directions are off.
+    /// The `[buffering]` table these make for a `kind` (`proxy` or `fastcgi`) location, or
+    /// `None` when both directions are off.
     fn table(
         &self,
+        kind: &str,
         conf_dir: &std::path::Path,
         size: fn(&str) -> Option<u64>,
         notes: &mut Vec<String>,
     ) -> Option<Table> {
-        let on = |name| {
-            self.get(name)
+        let on = |name: &str| {
+            self.get(&format!("{kind}_{name}"))
                 .is_none_or(|d| d.args.first().map(String::as_str) != Some("off"))
         };
-        let (request, response) = (on("proxy_request_buffering"), on("proxy_buffering"));
+        let (request, response) = (on("request_buffering"), on("buffering"));
         if !request && !response {
             return None;
         }
         let mut t = Table::new();
         t.insert("request".into(), Value::Boolean(request));
         t.insert("response".into(), Value::Boolean(response));
-        if let Some(d) = self.get("proxy_max_temp_file_size") {
+        if let Some(d) = self.get(&format!("{kind}_max_temp_file_size")) {
             match d.args.first().and_then(|s| size(s)) {
                 Some(v) => {
                     t.insert(
@@ -76,7 +84,7 @@ impl Inherited {
             }
         }
         let dir = self
-            .get("proxy_temp_path")
+            .get(&format!("{kind}_temp_path"))
             .or_else(|| self.get("client_body_temp_path"));
         if let Some(path) = dir.and_then(|d| d.args.first()) {
             let path = conf_dir.join(path);
@@ -91,8 +99,9 @@ pub(super) type Decided = std::collections::BTreeSet<String>;
 
 /// Writes the `[buffering]` table of upstream `name` for a location that proxies to it, from
 /// what is in force there (`at` is its `proxy_pass`); where an earlier location decided it
-/// differently, that stays, with a note.
+/// differently, that stays, with a note. `kind` is `proxy` or `fastcgi`: which directives apply.
 pub(super) fn apply(
+    kind: &str,
     inherited: &Inherited,
     (name, upstream): (&str, &mut Table),
     decided: &mut Decided,
@@ -100,7 +109,7 @@ pub(super) fn apply(
     (conf_dir, size): (&std::path::Path, fn(&str) -> Option<u64>),
     notes: &mut Vec<String>,
 ) {
-    let table = inherited.table(conf_dir, size, notes);
+    let table = inherited.table(kind, conf_dir, size, notes);
     if decided.insert(name.to_string()) {
         if let Some(t) = table {
             upstream.insert("buffering".into(), Value::Table(t));
@@ -109,8 +118,9 @@ pub(super) fn apply(
     }
     if upstream.get("buffering").and_then(Value::as_table) != table.as_ref() {
         notes.push(format!(
-            "{}: proxy_pass: this location buffers differently from an earlier one to the same upstream; pinlb buffers per upstream and keeps the earlier one's",
-            at.at()
+            "{}: {}: this location buffers differently from an earlier one to the same upstream; pinlb buffers per upstream and keeps the earlier one's",
+            at.at(),
+            at.name
         ));
     }
 }

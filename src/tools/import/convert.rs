@@ -55,6 +55,8 @@ struct Builder {
     client_cert_headers: Table,
     /// The upstreams whose `[buffering]` a location has decided ([`super::buffering`]).
     buffered: super::buffering::Decided,
+    /// The upstreams a `proxy_pass` speaks HTTP to, which a `fastcgi_pass` can't also use.
+    http_upstreams: std::collections::BTreeSet<String>,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -165,6 +167,9 @@ struct Inherited {
     gzip: super::gzip::Inherit,
     /// `proxy_buffering` and the rest of [`super::buffering::NAMES`] in force.
     buffering: super::buffering::Inherited,
+    /// The `fastcgi_param` lines (and standard includes) of the nearest level with any, and
+    /// the nearest `fastcgi_index`: what a FastCGI location without its own inherits.
+    fastcgi: Vec<Directive>,
 }
 
 impl Default for Inherited {
@@ -181,17 +186,21 @@ impl Default for Inherited {
             limits: Default::default(),
             gzip: Default::default(),
             buffering: Default::default(),
+            fastcgi: Vec::new(),
         }
     }
 }
 
 impl Inherited {
     /// The directives merged this way (each level's loop leaves them to [`Inherited::level`]).
-    const NAMES: [&'static str; 13] = [
+    const NAMES: [&'static str; 16] = [
         "proxy_set_header",
         "proxy_connect_timeout",
         "proxy_read_timeout",
         "proxy_send_timeout",
+        "fastcgi_connect_timeout",
+        "fastcgi_read_timeout",
+        "fastcgi_send_timeout",
         "absolute_redirect",
         "port_in_redirect",
         error_page::Inherit::NAMES[0],
@@ -211,6 +220,7 @@ impl Inherited {
         out.limits = self.limits.level(block);
         out.gzip = self.gzip.level(block);
         out.buffering = self.buffering.level(block);
+        out.fastcgi = super::fastcgi::inherit(&self.fastcgi, block);
         let headers: Vec<Directive> = block
             .iter()
             .filter(|d| d.name == "proxy_set_header" && d.block.is_none())
@@ -222,7 +232,12 @@ impl Inherited {
         for d in block.iter().filter(|d| d.block.is_none()) {
             let on = d.args.first().map(String::as_str) != Some("off");
             match d.name.as_str() {
-                "proxy_connect_timeout" | "proxy_read_timeout" | "proxy_send_timeout" => {
+                "proxy_connect_timeout"
+                | "proxy_read_timeout"
+                | "proxy_send_timeout"
+                | "fastcgi_connect_timeout"
+                | "fastcgi_read_timeout"
+                | "fastcgi_send_timeout" => {
                     out.timeouts.retain(|t| t.name != d.name);
                     out.timeouts.push(d.clone());
                 }
@@ -263,6 +278,7 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
         real_ip_from: Vec::new(),
         client_cert_headers: Table::new(),
         buffered: Default::default(),
+        http_upstreams: Default::default(),
     };
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
@@ -389,6 +405,7 @@ impl Builder {
                     if (Ssl::NAMES.contains(&n) || client_cert::NAMES.contains(&n)) && any_tls => {}
                 (n, None) if Inherited::NAMES.contains(&n) => {}
                 (n, None) if super::buffering::NAMES.contains(&n) => {}
+                (_, None) if super::fastcgi::inherited(d) => {}
                 (n, None) if super::limits::NAMES.contains(&n) => {}
                 (n, None) if super::gzip::NAMES.contains(&n) => {
                     super::gzip::note(d, &mut self.notes)
@@ -647,11 +664,14 @@ impl Builder {
                 },
                 n if Inherited::NAMES.contains(&n) => {}
                 n if super::buffering::NAMES.contains(&n) && s.block.is_none() => {}
+                _ if super::fastcgi::inherited(s) => {}
                 n if super::limits::NAMES.contains(&n) && s.block.is_none() => {}
                 n if super::gzip::NAMES.contains(&n) && s.block.is_none() => {
                     super::gzip::note(s, &mut self.notes)
                 }
                 "client_max_body_size" => self.body_limit(s),
+                // A FastCGI location's `fastcgi.root` (read through `Inherited`).
+                "root" if block.iter().any(|l| l.name == "location" && super::fastcgi::passes(l.block.as_deref().unwrap_or_default())) => {}
                 n if (Ssl::NAMES.contains(&n) || client_cert::NAMES.contains(&n))
                     && !tls_addresses.is_empty() => {}
                 n if (is_ssl(n) || n == "http2") && n != "ssl" && !listens_tls(d) => self.notes.push(format!(
@@ -671,8 +691,11 @@ impl Builder {
             true => None,
             false => self.server_tls(d, &ssl, tls_addresses, listen_http2),
         };
-        // nginx matches `location = ...` first, then the longest prefix.
+        // nginx matches `location = ...` first, then the longest prefix; see
+        // [`Builder::precedence`] for the regexes.
         let mut routes: Vec<(u8, usize, Table)> = Vec::new();
+        let mut placed: Vec<&Directive> = Vec::new();
+        let mut fronts: Vec<(&Directive, String)> = Vec::new();
         for l in locations {
             if answers_all {
                 self.unreached(
@@ -687,6 +710,10 @@ impl Builder {
                     l.at(),
                     l.args.join(" ")
                 ));
+                continue;
+            }
+            if let Some(script) = super::fastcgi::front_controller(l) {
+                fronts.push((l, script));
                 continue;
             }
             if let Some(mut route) = self.location(l, &inherit) {
@@ -704,13 +731,25 @@ impl Builder {
                     );
                     continue;
                 }
+                let longest_first = usize::MAX - l.args.last().map_or(0, String::len);
                 let (rank, len) = match l.args.first().map(String::as_str) {
                     Some("=") => (0, 0),
-                    _ => (1, usize::MAX - l.args.last().map_or(0, String::len)),
+                    Some("^~") => (1, longest_first),
+                    Some("~" | "~*") => (2, routes.len()),
+                    _ => (3, longest_first),
                 };
                 routes.push((rank, len, route));
+                placed.push(l);
             }
         }
+        for (l, script) in fronts {
+            if let Some(route) = self.front_controller(l, &script, &routes, &inherit) {
+                let longest_first = usize::MAX - l.args.last().map_or(0, String::len);
+                routes.push((3, longest_first, route));
+                placed.push(l);
+            }
+        }
+        self.precedence(&mut routes, &placed);
         // nginx answers a request for a proxying prefix location's path without its slash
         // (`/api` for `location /api/`) with 301 to the path with it, unless an exact location
         // takes that path.
@@ -770,6 +809,47 @@ impl Builder {
                 None => self.listeners.push((address, vec![server])),
             }
         }
+    }
+
+    /// nginx's location precedence as pinlb's first-match order, for `routes` ranked by
+    /// [`Builder::server`] (0 `=`, 1 `^~`, 2 regex in file order, 3 prefix; `placed[i]` is
+    /// route i's location): nginx takes an exact match, else the longest prefix if it is `^~`,
+    /// else the first regex that matches, else the longest prefix. In first-match order that
+    /// is: exact, `^~` prefixes longest first, regexes, the other prefixes longest first. Without
+    /// regexes a `^~` is a plain prefix. A plain prefix under a `^~` one (`/static/img/` under
+    /// `^~ /static/`) can't be placed both before the `^~` (it is longer) and after the regexes
+    /// (it is plain): it is refused, not converted to something else.
+    fn precedence(&mut self, routes: &mut Vec<(u8, usize, Table)>, placed: &[&Directive]) {
+        if !routes.iter().any(|(rank, _, _)| *rank == 2) {
+            for (rank, _, _) in routes.iter_mut() {
+                if *rank == 1 {
+                    *rank = 3;
+                }
+            }
+            return;
+        }
+        let path = |r: &Table| r.get("path").and_then(Value::as_str).map(str::to_string);
+        let stops: Vec<(String, String)> = (routes.iter().zip(placed))
+            .filter(|((rank, _, _), _)| *rank == 1)
+            .filter_map(|((_, _, r), l)| Some((path(r)?, l.at())))
+            .collect();
+        let mut keep = Vec::with_capacity(routes.len());
+        for ((rank, len, r), l) in routes.drain(..).zip(placed) {
+            let under = path(&r).filter(|_| rank == 3).and_then(|q| {
+                stops
+                    .iter()
+                    .find(|(p, _)| q.len() > p.len() && q.starts_with(p.as_str()))
+            });
+            match under {
+                Some((p, at)) => self.refused.push(format!(
+                    "{}: location {} not converted: it lies under location ^~ {p} ({at}), and with regex locations in the server pinlb's first-match routes can't put it before the ^~ one (it is longer) and after the regexes (it is a plain prefix) as nginx's precedence does; without it pinlb answers its requests as the ^~ location",
+                    l.at(),
+                    l.args.join(" ")
+                )),
+                None => keep.push((rank, len, r)),
+            }
+        }
+        *routes = keep;
     }
 
     /// `limits.max_body`: the one limit every server has (its own `client_max_body_size`, else
@@ -1060,18 +1140,34 @@ impl Builder {
                 route.insert("path".into(), Value::String(path.clone()));
                 false
             }
-            _ if super::fastcgi::passes(block) => {
-                self.skip(l, super::fastcgi::NOT_CONVERTED);
-                return None;
+            [modifier, re] if modifier == "~" || modifier == "~*" => {
+                // nginx's `~*` ignores case; pinlb's regex says so itself.
+                let pattern = match modifier.as_str() {
+                    "~*" => format!("(?i){re}"),
+                    _ => re.clone(),
+                };
+                if let Err(e) = regex::bytes::Regex::new(&pattern) {
+                    let e = e.to_string();
+                    let why = e.lines().last().unwrap_or_default().trim();
+                    let why = why.strip_prefix("error: ").unwrap_or(why);
+                    self.skip(
+                        l,
+                        &format!("its regular expression is not one pinlb's engine takes ({why}; no look-around or backreferences)"),
+                    );
+                    return None;
+                }
+                route.insert("path_regex".into(), Value::String(pattern));
+                false
             }
             _ => {
                 self.skip(
                     l,
-                    "only exact (=) and prefix locations convert; regex locations don't",
+                    "only exact (=), prefix and regex (~, ~*) locations convert; named (@) ones don't",
                 );
                 return None;
             }
         };
+        let fastcgi = super::fastcgi::passes(block);
         let inherit = parent.level(block);
         super::limits::location_conns(block, &mut self.refused);
         let mut proxy_at = None;
@@ -1098,11 +1194,55 @@ impl Builder {
                     ),
                 },
                 "return" => action = self.return_action(d),
+                "fastcgi_pass" => match self.fastcgi_pass(d, &inherit) {
+                    Ok(name) => {
+                        route.insert("upstream".into(), Value::String(name));
+                        proxy_at = Some(d);
+                    }
+                    Err(why) => {
+                        let why = match why.starts_with(&d.file.display().to_string()) {
+                            true => why,
+                            false => format!("{}: fastcgi_pass not converted: {why}", d.at()),
+                        };
+                        self.refused.push(format!(
+                            "{why}; without it pinlb does not run the location's scripts as nginx does"
+                        ));
+                        return None;
+                    }
+                },
+                n if fastcgi && super::fastcgi::NAMES.contains(&n) => {}
+                "try_files" if fastcgi => {}
+                "include"
+                    if fastcgi
+                        && d.args
+                            .first()
+                            .is_some_and(|a| super::parse::is_standard_include(a)) => {}
+                n if Inherited::NAMES.contains(&n) || super::buffering::NAMES.contains(&n) => {}
+                n if n.starts_with("fastcgi_") && FASTCGI_TUNING.contains(&n) => self.skip(
+                    d,
+                    "pinlb's buffers are its own ([upstream.NAME.buffering] bounds them)",
+                ),
+                n if n.starts_with("fastcgi_") => self.refused.push(format!(
+                    "{}: {n} not converted: no pinlb equivalent; without it pinlb answers other than nginx does",
+                    d.at()
+                )),
                 "proxy_pass" => {
                     let Some((upstream, uri)) = d.args.first().and_then(|u| proxy_target(u)) else {
                         self.skip(d, "only http:// targets without variables convert");
                         continue;
                     };
+                    if (self.upstreams.get(&upstream))
+                        .and_then(|u| u.get("protocol"))
+                        .and_then(Value::as_str)
+                        == Some("fastcgi")
+                    {
+                        self.skip(
+                            d,
+                            "its upstream is a FastCGI location's too, and pinlb speaks one protocol per upstream",
+                        );
+                        continue;
+                    }
+                    self.http_upstreams.insert(upstream.clone());
                     if exact && uri.is_some() {
                         self.skip(
                             d,
@@ -1159,6 +1299,7 @@ impl Builder {
             let file = (self.conf_dir.as_path(), size as fn(&str) -> Option<u64>);
             let decided = &mut self.buffered;
             super::buffering::apply(
+                if fastcgi { "fastcgi" } else { "proxy" },
                 &inherit.buffering,
                 (name, up),
                 decided,
@@ -1169,8 +1310,10 @@ impl Builder {
         }
         let mut set = Table::new();
         let mut remove = Vec::new();
-        let mut host_set = false;
-        for h in inherit.headers.iter().flatten() {
+        // nginx sends no proxy_set_header lines to a FastCGI server (and no Host of its own).
+        let mut host_set = fastcgi;
+        let headers = inherit.headers.iter().flatten().filter(|_| !fastcgi);
+        for h in headers {
             match (h.args.first(), h.args.get(1)) {
                 (Some(name), Some(value)) => {
                     host_set |= name.eq_ignore_ascii_case("host");
@@ -1196,10 +1339,11 @@ impl Builder {
             route.insert("request_headers".into(), Value::Table(rh));
         }
         let mut timeouts = Table::new();
-        for t in &inherit.timeouts {
-            let key = match t.name.as_str() {
-                "proxy_connect_timeout" => "connect",
-                "proxy_read_timeout" => "response",
+        let kind = if fastcgi { "fastcgi_" } else { "proxy_" };
+        for t in inherit.timeouts.iter().filter(|t| t.name.starts_with(kind)) {
+            let key = match &t.name[kind.len()..] {
+                "connect_timeout" => "connect",
+                "read_timeout" => "response",
                 _ => "send",
             };
             match t.args.first().and_then(|v| duration(v)) {
@@ -1221,6 +1365,125 @@ impl Builder {
         );
         super::gzip::route(&inherit.gzip, &mut route, &mut self.notes, size);
         Some(route)
+    }
+
+    /// A front controller's `location` ([`super::fastcgi::front_controller`]) as a route to
+    /// the FastCGI upstream of the server's location that runs `script`, with `script` set;
+    /// `None` (noted, as a location that serves files) when no location of the server does.
+    fn front_controller(
+        &mut self,
+        l: &Directive,
+        script: &str,
+        routes: &[(u8, usize, Table)],
+        parent: &Inherited,
+    ) -> Option<Table> {
+        let str_of = |r: &Table, k: &str| r.get(k).and_then(Value::as_str).map(str::to_string);
+        let runs = |r: &Table| {
+            let re = str_of(r, "path_regex")?;
+            let up = str_of(r, "upstream")?;
+            let matches = regex::bytes::Regex::new(&re)
+                .ok()?
+                .is_match(script.as_bytes());
+            let fastcgi = self.upstreams.get(&up)?.get("fastcgi")?.as_table()?.clone();
+            matches.then_some((up, fastcgi))
+        };
+        let Some((base, mut fastcgi)) = routes.iter().find_map(|(_, _, r)| runs(r)) else {
+            self.skip(
+                l,
+                &format!("it serves files (pinlb serves none), and no FastCGI location of the server runs {script}"),
+            );
+            return None;
+        };
+        fastcgi.insert("script".into(), Value::String(script.into()));
+        let base = base.split('#').next().unwrap_or(&base).to_string();
+        let name = super::fastcgi::upstream_name(&base, &fastcgi, &self.upstreams);
+        if !self.upstreams.contains_key(&name) {
+            let mut up = self.upstreams.get(&base).cloned().unwrap_or_default();
+            up.insert("fastcgi".into(), Value::Table(fastcgi));
+            self.upstreams.insert(name.clone(), up);
+        }
+        let try_files = l.block.as_deref().unwrap_or_default().first();
+        self.notes.push(format!(
+            "{}: try_files {} became a route to upstream {name} with script = \"{script}\": every request under {} runs {script} (REQUEST_URI the client's, as after nginx's try_files); pinlb serves no files, so a file or directory nginx would send as it is runs {script} too",
+            try_files.map_or(l.at(), Directive::at),
+            try_files.map(|t| t.args.join(" ")).unwrap_or_default(),
+            l.args.join(" "),
+        ));
+        let mut route = Table::new();
+        route.insert("path".into(), Value::String(l.args.join("")));
+        route.insert("upstream".into(), Value::String(name));
+        self.access(
+            &parent.level(l.block.as_deref().unwrap_or_default()),
+            &mut route,
+        );
+        Some(route)
+    }
+
+    /// A `fastcgi_pass`: the name of the upstream with `protocol = "fastcgi"` it becomes, made
+    /// or found ([`super::fastcgi`]); why not, for one that can't convert.
+    fn fastcgi_pass(&mut self, d: &Directive, inherit: &Inherited) -> Result<String, String> {
+        let Some(address) = d.args.first() else {
+            return Err("expected an address".into());
+        };
+        let table = super::fastcgi::table(&inherit.fastcgi, inherit.pages.root(), &mut self.notes)?;
+        let backend = super::fastcgi::backend(address)?;
+        let named = backend.is_none();
+        let (base, mut up) = match backend {
+            Some(backend) => {
+                let mut b = Table::new();
+                b.insert("address".into(), Value::String(backend.clone()));
+                let mut up = Table::new();
+                up.insert("backends".into(), Value::Array(vec![Value::Table(b)]));
+                (backend, up)
+            }
+            None => match self.upstreams.get(address) {
+                _ if self.http_upstreams.contains(address) => {
+                    return Err(format!(
+                        "upstream {address} is proxied to over HTTP too (proxy_pass), and pinlb speaks one protocol per upstream"
+                    ));
+                }
+                Some(up) => {
+                    let mut up = up.clone();
+                    up.remove("fastcgi");
+                    (address.clone(), up)
+                }
+                None => {
+                    return Err(format!(
+                        "no upstream {address}, and it is not an address with a port"
+                    ));
+                }
+            },
+        };
+        // An upstream block is the FastCGI one itself, unless a location made it so with
+        // another table already.
+        let unclaimed =
+            named && (self.upstreams.get(&base)).is_some_and(|u| !u.contains_key("fastcgi"));
+        let name = match unclaimed {
+            true => base,
+            false => super::fastcgi::upstream_name(&base, &table, &self.upstreams),
+        };
+        if !self
+            .upstreams
+            .get(&name)
+            .is_some_and(|u| u.contains_key("fastcgi"))
+        {
+            up.insert("protocol".into(), Value::String("fastcgi".into()));
+            up.insert("fastcgi".into(), Value::Table(table));
+            self.upstreams.insert(name.clone(), up);
+        }
+        let note = format!(
+            "{}: fastcgi_pass: {}",
+            d.at(),
+            super::fastcgi::STANDARD_NOTE
+        );
+        if !self
+            .notes
+            .iter()
+            .any(|n| n.ends_with(super::fastcgi::STANDARD_NOTE))
+        {
+            self.notes.push(note);
+        }
+        Ok(name)
     }
 
     fn set_header(
@@ -1512,6 +1775,16 @@ impl Builder {
     }
 }
 
+/// `fastcgi_*` directives that tune buffers and connections, not what is answered: notes (every
+/// other `fastcgi_*` pinlb does not read is refused).
+const FASTCGI_TUNING: [&str; 5] = [
+    "fastcgi_buffers",
+    "fastcgi_buffer_size",
+    "fastcgi_busy_buffers_size",
+    "fastcgi_temp_file_write_size",
+    "fastcgi_socket_keepalive",
+];
+
 /// Directives that make nginx refuse, limit or ask for credentials: left out, pinlb would
 /// answer what nginx does not. `allow`, `deny`, `auth_basic*` and `satisfy` reach this only in
 /// the forms [`access`] can't convert, or inside a block that does not convert.
@@ -1782,6 +2055,10 @@ fn absolute_redirect(route: &mut Table, redirects: Redirects, port: u16) {
 fn route_covers(a: &Table, b: &Table) -> bool {
     let get = |t: &Table, k: &str| t.get(k).and_then(Value::as_str).map(str::to_string);
     match (get(a, "path"), get(a, "path_exact")) {
+        // A regex route is covered by nothing narrower than every path.
+        (Some(p), _) if b.contains_key("path_regex") => p == "/",
+        (None, Some(_)) if b.contains_key("path_regex") => false,
+        _ if a.contains_key("path_regex") => false,
         (Some(p), _) => get(b, "path")
             .or_else(|| get(b, "path_exact"))
             .is_some_and(|q| q.starts_with(&p)),

@@ -52,6 +52,11 @@ impl Inherit {
         out
     }
 
+    /// The `root` in force, if any.
+    pub fn root(&self) -> Option<&str> {
+        self.root.as_deref()
+    }
+
     /// Whether `block` sets its own pages (so that its route differs from its server's).
     pub fn own(block: &[Directive]) -> bool {
         block.iter().any(|d| Self::NAMES.contains(&d.name.as_str()))

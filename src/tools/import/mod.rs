@@ -14,8 +14,9 @@
 //! - [`buffering`]: `proxy_buffering`, `proxy_request_buffering` and their bounds as an
 //!   upstream's `[buffering]`.
 //! - [`sticky`]: nginx Plus's `sticky cookie` as an upstream's `sticky`.
-//! - [`fastcgi`]: `fastcgi_pass` locations, refused with what to write instead.
 //! - [`unix_socket`]: `server unix:` and `proxy_pass http://unix:` as Unix-socket backends.
+//! - [`fastcgi`]: `fastcgi_pass` locations as routes to `protocol = "fastcgi"` upstreams, and a
+//!   `try_files` front controller as a route to its script.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
@@ -74,7 +75,7 @@ impl ImportError {
 
 /// The pinlb configuration as TOML text, and the notes (`file:line: ...`) on what was not
 /// converted. A directive left out that makes pinlb less strict than nginx (an `allow unix:`,
-/// a `limit_req`, a regex location that returns 403, TLS settings) is an error unless
+/// a `limit_req`, a regex location pinlb's engine can't compile that returns 403, TLS settings) is an error unless
 /// `allow_less_strict`, and then a note.
 pub fn import(path: &Path, allow_less_strict: bool) -> Result<(String, Vec<String>), ImportError> {
     let mut notes = Vec::new();

@@ -1,7 +1,8 @@
 //! nginx's configuration syntax: directives (`name arg ...;`) and blocks (`name arg ... { ... }`),
 //! `#` comments, single- and double-quoted strings, and `include` (with globs, relative to the
 //! including file's directory as nginx resolves them against its prefix; a pattern that matches
-//! nothing is reported, not fatal, as nginx itself accepts an empty glob).
+//! nothing is reported, not fatal, as nginx itself accepts an empty glob). nginx's FastCGI
+//! includes ([`STANDARD_INCLUDES`]) are kept by name, not read.
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +36,22 @@ pub enum ParseError {
         line: usize,
         message: String,
     },
+}
+
+/// nginx's FastCGI includes, known by name (they live in /etc/nginx, rarely beside the file
+/// imported): kept as `include` directives, not read, for [`super::fastcgi`] to take as the
+/// standard set they are.
+pub const STANDARD_INCLUDES: [&str; 3] = [
+    "fastcgi_params",
+    "fastcgi.conf",
+    "snippets/fastcgi-php.conf",
+];
+
+/// Whether `pattern` names one of [`STANDARD_INCLUDES`] (relative, or under any directory).
+pub fn is_standard_include(pattern: &str) -> bool {
+    STANDARD_INCLUDES
+        .iter()
+        .any(|name| pattern == *name || pattern.ends_with(&format!("/{name}")))
 }
 
 /// Reads `path` and every file it includes. Includes that match no file are returned as notes.
@@ -83,6 +100,10 @@ fn expand_includes(
                 });
             }
             let pattern = d.args.first().cloned().unwrap_or_default();
+            if is_standard_include(&pattern) {
+                out.push(d);
+                continue;
+            }
             let full = match Path::new(&pattern).is_absolute() {
                 true => PathBuf::from(&pattern),
                 false => path.parent().unwrap_or(Path::new(".")).join(&pattern),
