@@ -215,12 +215,7 @@ impl WorkerUpstream {
         // Bounded by the pool (`keepalive`): every pass takes one connection out.
         while let Some(mut conn) = idle.pop() {
             if conn.is_usable_idle(cx) {
-                conn.reused = true;
-                if self.shared.counting {
-                    let stats = &self.shared.backends[backend].stats;
-                    stats.connections_reused.fetch_add(1, Ordering::Relaxed);
-                }
-                return Some(conn);
+                return Some(self.reused(backend, conn));
             }
         }
         None
@@ -296,6 +291,17 @@ impl WorkerUpstream {
         }
     }
 
+    /// A pooled connection taken for a request, marked and counted as reused.
+    #[inline(always)]
+    fn reused(&self, backend: usize, mut conn: Conn) -> Conn {
+        conn.reused = true;
+        if self.shared.counting {
+            let stats = &self.shared.backends[backend].stats;
+            stats.connections_reused.fetch_add(1, Ordering::Relaxed);
+        }
+        conn
+    }
+
     /// With `proxy_protocol`: an idle connection to `backend` whose header named `origin`, the
     /// most recently used first, counted as reused; every other client's stays in the pool.
     #[cold]
@@ -311,12 +317,7 @@ impl WorkerUpstream {
             }
             let mut conn = idle.remove(i);
             if conn.is_usable_idle(cx) {
-                conn.reused = true;
-                if self.shared.counting {
-                    let stats = &self.shared.backends[backend].stats;
-                    stats.connections_reused.fetch_add(1, Ordering::Relaxed);
-                }
-                return Some(conn);
+                return Some(self.reused(backend, conn));
             }
         }
         None
