@@ -146,6 +146,7 @@ pub fn encode(
         "SERVER_NAME",
         crate::http1::request::host_without_port(req.host),
     );
+    kv("REQUEST_SCHEME", if req.https { &b"https"[..] } else { b"http" });
     if req.https {
         kv("HTTPS", b"on");
     }
@@ -314,6 +315,7 @@ mod tests {
             ("SERVER_ADDR", "127.0.0.1"),
             ("SERVER_PORT", "8080"),
             ("SERVER_NAME", "example.com"),
+            ("REQUEST_SCHEME", "https"),
             ("HTTPS", "on"),
             ("REDIRECT_STATUS", "200"),
             ("HTTP_HOST", "example.com:8080"),

@@ -73,7 +73,7 @@ fn pinlb_sets(name: &str) -> bool {
 }
 
 /// What pinlb does differently from the standard set, once per import.
-pub(super) const STANDARD_NOTE: &str = "nginx's standard FastCGI parameters are pinlb's own, but REQUEST_SCHEME and REMOTE_USER are not sent, SERVER_SOFTWARE is pinlb, HTTP_HOST is the Host as the client sent it (port included) and SERVER_NAME the Host without its port (docs/configuration.md, [upstream.NAME.fastcgi])";
+pub(super) const STANDARD_NOTE: &str = "nginx's standard FastCGI parameters are pinlb's own, but REMOTE_USER is not sent, SERVER_SOFTWARE is pinlb, HTTP_HOST is the Host as the client sent it (port included) and SERVER_NAME the Host without its port (docs/configuration.md, [upstream.NAME.fastcgi])";
 
 /// Debian's `snippets/fastcgi-php.conf`'s split.
 const SNIPPET_SPLIT: &str = r"^(.+?\.php)(/.*)$";
