@@ -146,7 +146,10 @@ pub fn encode(
         "SERVER_NAME",
         crate::http1::request::host_without_port(req.host),
     );
-    kv("REQUEST_SCHEME", if req.https { &b"https"[..] } else { b"http" });
+    kv(
+        "REQUEST_SCHEME",
+        if req.https { &b"https"[..] } else { b"http" },
+    );
     if req.https {
         kv("HTTPS", b"on");
     }
