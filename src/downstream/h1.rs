@@ -1158,11 +1158,12 @@ impl Connection {
                 Some(Ok(data)) => {
                     logged.sent(data.len());
                     if chunked {
-                        // The last chunk goes with the last piece when the body knows it is
-                        // over: one write, and one wake of the client, not two.
                         let last = body.is_end();
-                        let limit = timeouts.client_idle;
-                        let sent = self.send_chunk(&mut sending, &h, &data, last, limit).await;
+                        let mut size = [0u8; 18];
+                        let mut out = chunk(&mut size, &h, &data, last);
+                        let sent = self
+                            .send(&mut sending, &mut out, timeouts.client_idle)
+                            .await;
                         if last && matches!(sent, Some(Ok(()))) {
                             return Ok(Written::Whole { keep_alive });
                         }
@@ -1197,28 +1198,6 @@ impl Connection {
             }
             write.ok_or_else(stalled)??;
         }
-    }
-
-    /// Writes a piece of a chunked body as one chunk, after `head` (when the response's head
-    /// is still to go) and before the last chunk (when `last`), in one write.
-    async fn send_chunk(
-        &self,
-        sending: &mut Deadline,
-        head: &[u8],
-        data: &[u8],
-        last: bool,
-        limit: Duration,
-    ) -> Option<io::Result<()>> {
-        let mut size = [0u8; 18];
-        let size = chunk_size_line(&mut size, data.len());
-        let end: &[u8] = if last { b"\r\n0\r\n\r\n" } else { b"\r\n" };
-        let mut out = [
-            IoSlice::new(head),
-            IoSlice::new(size),
-            IoSlice::new(data),
-            IoSlice::new(end),
-        ];
-        self.send(sending, &mut out, limit).await
     }
 
     /// Writes `out` whole to the client, each wait for room bounded by `limit`; `None` when
@@ -1398,4 +1377,25 @@ impl Connection {
         })
         .await;
     }
+}
+
+/// A piece of a chunked body as one write: `head` (the response's, while it is still to go),
+/// the chunk, and the last chunk after it when `last`. `size` holds the chunk-size line. The
+/// last chunk goes with the last piece when the body knows it is over (`ProxyBody::is_end`):
+/// one write, and one wake of the client, not two.
+#[inline(always)]
+fn chunk<'a>(
+    size: &'a mut [u8; 18],
+    head: &'a [u8],
+    data: &'a [u8],
+    last: bool,
+) -> [IoSlice<'a>; 4] {
+    let size = chunk_size_line(size, data.len());
+    let end: &[u8] = if last { b"\r\n0\r\n\r\n" } else { b"\r\n" };
+    [
+        IoSlice::new(head),
+        IoSlice::new(size),
+        IoSlice::new(data),
+        IoSlice::new(end),
+    ]
 }
