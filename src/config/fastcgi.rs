@@ -7,6 +7,7 @@ use toml::Spanned;
 
 use super::Protocol;
 use super::error::{ConfigError, Source};
+use super::pattern::{Pattern, compile};
 use super::raw::{RawFastcgi, RawUpstream};
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -25,7 +26,7 @@ pub struct Fastcgi {
     /// names.
     pub script: Option<String>,
     /// `split_path_info`: the script's name and `PATH_INFO` from a path, two capture groups.
-    pub split_path_info: Option<SplitPath>,
+    pub split_path_info: Option<Pattern>,
     /// `params`: more PARAMS, fixed values, after the standard ones (a later one wins).
     pub params: Vec<(String, String)>,
     /// `chunked_body_max`: a chunked request body is read whole, up to this, before it goes to
@@ -62,18 +63,6 @@ impl Fastcgi {
         line
     }
 }
-
-/// A compiled `split_path_info`, compared by its pattern.
-#[derive(Debug, Clone)]
-pub struct SplitPath(pub regex::bytes::Regex);
-
-impl PartialEq for SplitPath {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.as_str() == other.0.as_str()
-    }
-}
-
-impl Eq for SplitPath {}
 
 /// The table, which goes with `protocol = "fastcgi"` and only with it.
 pub(super) fn fastcgi(
@@ -183,30 +172,20 @@ fn validate(src: &Source, fkey: &str, t: &Spanned<RawFastcgi>) -> Result<Fastcgi
 
 /// `split_path_info`: a regular expression with two capture groups, the script's name and the
 /// path info (nginx's usual `^(.+\.php)(/.+)$`).
-fn split_path(src: &Source, fkey: &str, s: &Spanned<String>) -> Result<SplitPath> {
+fn split_path(src: &Source, fkey: &str, s: &Spanned<String>) -> Result<Pattern> {
     let key = format!("{fkey}.split_path_info");
-    let re = regex::bytes::Regex::new(s.get_ref()).map_err(|e| {
-        let first = e.to_string();
-        let first = first.lines().last().unwrap_or_default().to_string();
-        src.at(
-            s.span(),
-            &key,
-            format!(
-                "invalid regular expression ({first}), expected one such as \"^(.+\\\\.php)(/.+)$\""
-            ),
-        )
-    })?;
-    if re.captures_len() != 3 {
+    let re = compile(src, &key, s, "one such as \"^(.+\\\\.php)(/.+)$\"")?;
+    if re.0.captures_len() != 3 {
         return Err(src.at(
             s.span(),
             &key,
             format!(
                 "{} capture groups, expected two: the script's name and the path info, as in \"^(.+\\\\.php)(/.+)$\"",
-                re.captures_len() - 1
+                re.0.captures_len() - 1
             ),
         ));
     }
-    Ok(SplitPath(re))
+    Ok(re)
 }
 
 /// A warning for a FastCGI upstream whose backends take any number of requests at once:

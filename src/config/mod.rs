@@ -23,6 +23,7 @@
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
 //! - [`edge_limits`]: `[limit.NAME]` rate zones, `rate_limit` and `conn_limit`.
 //! - [`client_certs`]: `[listener.tls]`'s client certificate keys, their CA and CRL files read.
+//! - [`pattern`]: a regular expression from the file, compiled once and compared by pattern.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
 //! - [`buffering`]: `[upstream.NAME.buffering]`: bodies read whole for slow clients, its bounds.
@@ -41,6 +42,7 @@ mod error_pages;
 mod fastcgi;
 pub(crate) mod htpasswd;
 pub(crate) mod log_format;
+mod pattern;
 mod proxy_protocol;
 mod raw;
 mod routes;
@@ -63,9 +65,10 @@ pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 use error::Source;
 pub use error::{ConfigError, ConfigErrors};
 pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
-pub use fastcgi::{Fastcgi, SplitPath};
+pub use fastcgi::Fastcgi;
 pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;
+pub use pattern::Pattern;
 use raw::RawConfig;
 pub use sticky::{SameSite, Sticky, is_cookie_name};
 
@@ -570,7 +573,7 @@ pub enum PathMatch {
     Prefix(String),
     Exact(String),
     /// Boxed: a compiled regex is large, and the plain variants stay the size they were.
-    Regex(Box<PathRegex>),
+    Regex(Box<Pattern>),
 }
 
 impl PathMatch {
@@ -593,19 +596,6 @@ impl fmt::Display for PathMatch {
         }
     }
 }
-
-/// A compiled `path_regex`, compiled once at load and compared by its pattern (two routes with
-/// the same pattern match the same paths).
-#[derive(Debug, Clone)]
-pub struct PathRegex(pub regex::bytes::Regex);
-
-impl PartialEq for PathRegex {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.as_str() == other.0.as_str()
-    }
-}
-
-impl Eq for PathRegex {}
 
 /// What a matched route does.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -358,19 +358,10 @@ fn path_pattern(src: &Source, key: &str, p: &Spanned<String>) -> Result<String> 
 /// A `path_regex`, compiled once here: the normalised path is matched against it (unanchored,
 /// as nginx's `location ~`; `(?i)` in front for nginx's `~*`).
 fn path_regex(src: &Source, key: &str, x: &Spanned<String>) -> Result<PathMatch> {
-    let re = regex::bytes::Regex::new(x.get_ref()).map_err(|e| {
-        let message = e.to_string();
-        let last = message.lines().last().unwrap_or_default().trim();
-        let last = last.strip_prefix("error: ").unwrap_or(last).to_string();
-        src.at(
-            x.span(),
-            key,
-            format!(
-                "invalid regular expression ({last}), expected one such as \"\\\\.php$\" (the normalised path, unanchored; (?i) in front ignores case)"
-            ),
-        )
-    })?;
-    Ok(PathMatch::Regex(Box::new(super::PathRegex(re))))
+    let expected =
+        "one such as \"\\\\.php$\" (the normalised path, unanchored; (?i) in front ignores case)";
+    let re = super::pattern::compile(src, key, x, expected)?;
+    Ok(PathMatch::Regex(Box::new(re)))
 }
 
 /// One `host` entry: a name, or `*.` and a name.
