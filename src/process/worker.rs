@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::LocalSet;
 use tracing::{debug, error, info, warn};
 
 use crate::downstream::h1::{Connections, Held};
@@ -161,13 +160,12 @@ pub(crate) fn worker_main(
         crate::sys::summed::flush();
         Ok(())
     };
-    // The worker's loop runs as a task of the set rather than as the future `block_on` drives:
-    // `LocalSet::run_until` polls that future again on every wakeup of any of the set's tasks,
-    // and polling the loop's `select!` (two watch receivers, their wakers registered again)
-    // cost about 400 instructions per wakeup, 13% of a wakeup for a read of one byte
-    // (benches/slowhead.sh). A join handle polled with nothing new is a load and a compare.
-    let local = LocalSet::new();
-    local.block_on(&rt, async move {
+    // The worker's loop runs as a task rather than as the future `block_on` drives, so that
+    // its `select!` (two watch receivers, their wakers registered again, about 400 instructions)
+    // is polled only when one of them changed; `block_on` polls a join handle, which is a load
+    // and a compare when nothing is new (benches/slowhead.sh measured the difference under a
+    // `LocalSet`, which polled that future on every wakeup of any task).
+    rt.block_on(async move {
         match tokio::task::spawn_local(work).await {
             Ok(done) => done,
             // A panic goes on up to the thread's join, as it did before the loop was a task.

@@ -48,7 +48,6 @@ use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio::task::LocalSet;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -376,11 +375,10 @@ fn server_main(
     let _ = ready.send(Ok(()));
     drop(ready);
 
-    // Connections are spawned onto this LocalSet; the accept loop ends at stop, and dropping the
-    // LocalSet and the runtime then drops (closes) every connection.
-    let local = LocalSet::new();
+    // Connections are spawned onto the runtime; the accept loop ends at stop, and dropping the
+    // runtime then drops (closes) every connection.
     let replies = Rc::new(Replies::new(answer, address));
-    local.block_on(&rt, async move {
+    rt.block_on(async move {
         tokio::select! {
             biased;
             // Err: the `Backends` is gone, which means stop too.

@@ -5,7 +5,7 @@
 //! thread records into its own histogram and counts, which the coordinating thread merges when
 //! they are done, as wrk does. Inside a thread, the closed loop is one task that drives all the
 //! thread's connections like an event loop (`closed.rs`); the open loop is one task per
-//! connection, on a `LocalSet`. Either way they share the thread's statistics through a
+//! connection, on the thread's runtime. Either way they share the thread's statistics through a
 //! `RefCell`, since no borrow is ever held across an await.
 //!
 //! Accounting is exact: a request belongs to the recorded window when it was sent (closed loop)
@@ -22,7 +22,6 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use tokio::task::LocalSet;
 
 use super::BenchError;
 use super::closed::closed_loop;
@@ -75,11 +74,13 @@ pub(crate) fn probe_h2(plan: &Plan) -> Result<(), String> {
     let Some(h2) = &plan.h2 else {
         return Ok(());
     };
-    let rt = runtime::current_thread().map_err(|e| e.to_string())?;
-    LocalSet::new().block_on(
-        &rt,
-        super::h2::probe(plan.addr, plan.timeout, plan.tls.as_ref(), h2),
-    )
+    let rt = runtime::local().map_err(|e| e.to_string())?;
+    rt.block_on(super::h2::probe(
+        plan.addr,
+        plan.timeout,
+        plan.tls.as_ref(),
+        h2,
+    ))
 }
 
 /// What one run measured, merged over its threads.
@@ -318,8 +319,7 @@ fn thread_main(
         progress,
         thread,
     });
-    let local = LocalSet::new();
-    let panicked = local.block_on(&rt, async {
+    let panicked = rt.block_on(async {
         let tasks: Vec<_> = match (&plan.h2, plan.rate) {
             (Some(h2), _) => {
                 let h2 = Rc::new((**h2).clone());
