@@ -834,6 +834,25 @@ fn split_target(target: &[u8], method: &Method) -> Result<(Option<Span>, Path), 
 /// Whether a Host value is `host[:port]` (RFC 9110 §7.2, RFC 3986 §3.2.2): a registered name or
 /// IPv4 address of unreserved, sub-delim and `%` characters, or an IPv6 literal in brackets,
 /// then an optional decimal port.
+/// The bytes a reg-name may hold (RFC 3986 §3.2.2: unreserved, sub-delims, and the `%` of a
+/// pct-encoded byte), as a table: one load per byte of the Host header every request has, where
+/// a search of the 16 punctuation bytes for each `.` cost about 200 instructions per request.
+const REG_NAME: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = (b as u8).is_ascii_alphanumeric();
+        b += 1;
+    }
+    let punctuation = b"-._~!$&'()*+,;=%";
+    let mut i = 0;
+    while i < punctuation.len() {
+        table[punctuation[i] as usize] = true;
+        i += 1;
+    }
+    table
+};
+
 fn is_valid_host(v: &[u8]) -> bool {
     let (host, port) = if let Some(rest) = v.strip_prefix(b"[") {
         let Some(end) = rest.iter().position(|&b| b == b']') else {
@@ -858,7 +877,7 @@ fn is_valid_host(v: &[u8]) -> bool {
             None => (v, &b""[..]),
         }
     };
-    let reg_name = |b: &u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(b);
+    let reg_name = |b: &u8| REG_NAME[usize::from(*b)];
     let host_ok = v.starts_with(b"[") || (!host.is_empty() && host.iter().all(reg_name));
     host_ok && port.iter().all(u8::is_ascii_digit)
 }
@@ -1057,6 +1076,20 @@ mod tests {
         ));
         assert!(!ka("GET / HTTP/1.0\r\n\r\n"));
         assert!(ka("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"));
+    }
+
+    #[test]
+    fn a_host_name_may_hold_exactly_the_bytes_of_an_rfc_3986_reg_name() {
+        let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b);
+        for b in 0..=255u8 {
+            let host = [b'a', b, b'z'];
+            assert_eq!(
+                is_valid_host(&host),
+                allowed(b) && b != b':',
+                "byte {b:#04x}"
+            );
+            assert_eq!(REG_NAME[usize::from(b)], allowed(b), "byte {b:#04x}");
+        }
     }
 
     #[test]
