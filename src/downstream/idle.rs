@@ -34,6 +34,8 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
+use crate::sys::recycle::Recycler;
+
 /// The longest tick: timeouts are kept to within this much.
 const MAX_PERIOD: Duration = Duration::from_millis(100);
 /// How long a connection waits for a request before it is parked.
@@ -82,6 +84,9 @@ pub struct Connections<P> {
     /// Read buffers of connections that went idle, for the next connection that reads: taking
     /// one is cheaper than a new allocation per request.
     buffers: RefCell<Vec<BytesMut>>,
+    /// Memory for the exchanges of this worker's HTTP/1.1 connections (one request each),
+    /// kept between requests: a block freed by one is where the next one is made.
+    exchanges: Recycler,
     /// The epoll set of parked connections' sockets, registered with tokio's reactor itself;
     /// `None` where it could not be made (connections then stay as they are).
     parking: Option<AsyncFd<ParkingLot>>,
@@ -162,6 +167,7 @@ impl<P> Default for Connections<P> {
             reloads: Cell::new(0),
             date: RefCell::new(http_date()),
             buffers: RefCell::default(),
+            exchanges: Recycler::new(SPARE_BUFFERS),
             parking: None,
         }
     }
@@ -348,12 +354,24 @@ impl<P: AsFd> Connections<P> {
             .unwrap_or_else(|| BytesMut::with_capacity(READ_BUFFER))
     }
 
+    /// Where this worker's HTTP/1.1 exchanges are made (see `sys::recycle`).
+    pub fn exchanges(&self) -> &Recycler {
+        &self.exchanges
+    }
+
     /// Keeps an emptied read buffer for another connection, if it is of the usual size.
+    ///
+    /// The parser advances a buffer past each head it reads, which leaves it that much less
+    /// room: emptied, it takes that room back in place (`try_reclaim`; nothing else holds any
+    /// of it once the head is copied out), so that a connection's next request reuses the
+    /// allocation instead of freeing it and taking a new one.
     pub fn give_buffer(&self, mut buf: BytesMut) {
+        buf.clear();
+        if !buf.try_reclaim(READ_BUFFER) {
+            return;
+        }
         let mut spare = self.buffers.borrow_mut();
-        if spare.len() < SPARE_BUFFERS && (READ_BUFFER..=4 * READ_BUFFER).contains(&buf.capacity())
-        {
-            buf.clear();
+        if spare.len() < SPARE_BUFFERS && buf.capacity() <= 4 * READ_BUFFER {
             spare.push(buf);
         }
     }

@@ -5,6 +5,8 @@
 //! - [`limits`]: the kernel's listen backlog ceiling and the open file limit, raised at start.
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`runtime`]: the threads' single-threaded tokio runtimes, pinned to a core first.
+//! - [`recycle`]: memory for a future made again and again (a request's exchange), kept by the
+//!   thread between uses.
 //! - [`child`]: child processes pinned to their cores before they run, killed when pinlb dies.
 //! - [`exec`]: the executor that runs hyper's HTTP/2 tasks on the worker's own thread.
 //! - [`summed`]: repeated warnings on the request path summed per second per thread, so an
@@ -17,5 +19,6 @@ pub mod cpus;
 pub(crate) mod exec;
 pub mod limits;
 pub(crate) mod notify;
+pub(crate) mod recycle;
 pub(crate) mod runtime;
 pub(crate) mod summed;
