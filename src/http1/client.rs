@@ -25,7 +25,6 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, StatusCode, Version};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
-use tokio::time::Sleep;
 use tokio_rustls::client::TlsStream;
 
 use super::body::{BodyError, Decoder, Framing};
@@ -34,6 +33,7 @@ use super::common::{
     content_length_line, final_coding_chunked,
 };
 use super::request::ClientError;
+use super::timer::Timer;
 use crate::backend_address::BackendAddress;
 use crate::tls::client::{Connector, Stream, poll_flush_tls};
 
@@ -107,9 +107,9 @@ pub struct ConnState {
     /// The request on it asked to upgrade: a `101 Switching Protocols` is its answer, not an
     /// error.
     upgrading: bool,
-    /// The timer of the response timeout and of the send timeout, created by the first wait
-    /// that needs it and reset for every later one on this connection.
-    timer: Option<Pin<Box<Sleep>>>,
+    /// The timer of the response timeout and of the send timeout, one for every wait on this
+    /// connection (see `http1::timer`).
+    timer: Timer,
     /// The client and listener addresses its PROXY protocol header named, on a connection
     /// that began with one: it may carry only that client's requests. `None` (a null pointer)
     /// on every other.
@@ -185,7 +185,7 @@ impl Conn {
             out: Vec::new(),
             reused: false,
             upgrading: false,
-            timer: None,
+            timer: Timer::default(),
             origin: None,
         }))
     }
@@ -404,30 +404,12 @@ impl ConnState {
         // The timer is set once per wait, when the write first has to wait.
         if !*armed {
             *armed = true;
-            self.arm_timer(timeout);
+            self.timer.arm(timeout);
         }
-        match self.timer.as_mut().map(|t| t.as_mut().poll(cx)) {
-            Some(Poll::Ready(())) => Poll::Ready(Err(UpstreamError::SendTimeout)),
-            _ => Poll::Pending,
-        }
-    }
-
-    /// Sets the connection's timer to expire `timeout` from now, creating it on first need.
-    ///
-    /// The timer belongs to the connection and is reset for each wait rather than made anew (as
-    /// `tokio::time::timeout` would): moving a pending tokio timer's deadline later only updates
-    /// it in place, and the timer wheel is touched when the old deadline passes, whereas a new
-    /// timer is inserted into the wheel and removed from it on every request, about 600
-    /// instructions each time (benches/callgrind.sh).
-    fn arm_timer(&mut self, timeout: Duration) {
-        let now = tokio::time::Instant::now();
-        // A timeout too large to add is as good as none (as `tokio::time::timeout` treats it).
-        let deadline = now
-            .checked_add(timeout)
-            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
-        match self.timer.as_mut() {
-            Some(t) => t.as_mut().reset(deadline),
-            None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        if self.timer.poll_expired(cx) {
+            Poll::Ready(Err(UpstreamError::SendTimeout))
+        } else {
+            Poll::Pending
         }
     }
 
@@ -469,18 +451,18 @@ impl ConnState {
     }
 
     /// [`ConnState::read_head`], failing with [`UpstreamError::Timeout`] when no final head has arrived
-    /// within `timeout`. The timer is the connection's own (see [`ConnState::arm_timer`]).
+    /// within `timeout`. The timer is the connection's own, rather than a new one per request
+    /// (as `tokio::time::timeout` would make): a new timer is inserted into tokio's wheel and
+    /// removed from it on every request, about 600 instructions each time (benches/callgrind.sh).
     #[inline(always)]
     pub async fn read_head_within(
         &mut self,
         method: &Method,
         timeout: Duration,
     ) -> Result<Head, UpstreamError> {
-        self.arm_timer(timeout);
-        let mut timer = self.timer.take();
-        let head = self
-            .next_head(method, timer.as_mut().map(Pin::as_mut))
-            .await;
+        let mut timer = std::mem::take(&mut self.timer);
+        timer.arm(timeout);
+        let head = self.next_head(method, Some(&mut timer)).await;
         self.timer = timer;
         head
     }
@@ -488,13 +470,11 @@ impl ConnState {
     async fn next_head(
         &mut self,
         method: &Method,
-        mut timer: Option<Pin<&mut Sleep>>,
+        mut timer: Option<&mut Timer>,
     ) -> Result<Head, UpstreamError> {
         std::future::poll_fn(|cx| match self.poll_response_head(cx, method) {
             Poll::Pending => {
-                let expired = timer
-                    .as_mut()
-                    .is_some_and(|t| t.as_mut().poll(cx).is_ready());
+                let expired = timer.as_mut().is_some_and(|t| t.poll_expired(cx));
                 if expired {
                     Poll::Ready(Err(UpstreamError::Timeout))
                 } else {
@@ -644,7 +624,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
             Some(Hop::Connection | Hop::Other | Hop::Upgrade) => continue,
             None => {}
         }
-        if name.len() == 14 && name.eq_ignore_ascii_case(b"content-length") {
+        if super::name::is(name, b"content-length") {
             // Read even when Connection names it: it still frames the body on this connection
             // (and a backend cannot dodge the CL-with-TE check that way). The client side
             // writes the framing it sends.
@@ -656,7 +636,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
         }
         // httparse has checked the name's token characters and the value's bytes (HTAB,
         // visible ASCII, space, obs-text), so the line can be copied as it is.
-        has_date |= name.len() == 4 && name.eq_ignore_ascii_case(b"date");
+        has_date |= super::name::is(name, b"date");
         headers.extend_from_slice(name);
         headers.extend_from_slice(b": ");
         headers.extend_from_slice(value);

@@ -22,11 +22,11 @@ impl<'a> ConnectionTokens<'a> {
     pub(crate) fn scan(headers: &[httparse::Header<'a>]) -> Self {
         let mut tokens = ConnectionTokens::default();
         for h in headers {
-            if h.name.len() == 10 && h.name.eq_ignore_ascii_case("connection") {
+            if super::name::is(h.name.as_bytes(), b"connection") {
                 for t in h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                    if t.eq_ignore_ascii_case(b"close") {
+                    if super::name::is(t, b"close") {
                         tokens.close = true;
-                    } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                    } else if super::name::is(t, b"keep-alive") {
                         tokens.keep_alive = true;
                     } else if !t.is_empty() {
                         tokens.named.push(t);

@@ -15,7 +15,7 @@ pub enum Hop {
 
 impl Hop {
     pub fn of(name: &[u8]) -> Option<Hop> {
-        let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
+        let is = |s: &str| super::name::is(name, s.as_bytes());
         // The length check first: almost every header is ruled out by it.
         match name.len() {
             10 if is("connection") => Some(Hop::Connection),

@@ -319,7 +319,7 @@ impl Special {
             Some(Hop::Other) => return Some(Special::Dropped),
             None => {}
         }
-        let is = |s: &str| name.eq_ignore_ascii_case(s.as_bytes());
+        let is = |s: &str| super::name::is(name, s.as_bytes());
         // The length check first: almost every header is ruled out by it.
         match name.len() {
             4 if is("host") => Some(Special::Host),
