@@ -1156,19 +1156,14 @@ impl Connection {
                 Some(Ok(data)) => {
                     logged.sent(data.len());
                     // The body knows this piece is its last (`ProxyBody::is_end`; its backend is
-                    // released already): the response is whole once it is written, without a
-                    // poll of the body to hear so. A read-ahead may still hold pieces.
+                    // released): the response is whole once it is written, without a poll of
+                    // the body to hear so. A read-ahead may still hold pieces.
                     let last = body.is_end() && ahead.is_none();
-                    let sent = if chunked {
-                        let mut size = [0u8; 18];
-                        let mut out = chunk(&mut size, &h, &data, last);
-                        self.send(&mut sending, &mut out, timeouts.client_idle)
-                            .await
-                    } else {
-                        let mut out = [IoSlice::new(&h), IoSlice::new(&data)];
-                        self.send(&mut sending, &mut out, timeouts.client_idle)
-                            .await
-                    };
+                    let mut size = [0u8; 18];
+                    let mut out = framed(&mut size, &h, &data, chunked.then_some(last));
+                    let sent = self
+                        .send(&mut sending, &mut out, timeouts.client_idle)
+                        .await;
                     if last && matches!(sent, Some(Ok(()))) {
                         return Ok(Written::Whole { keep_alive });
                     }
@@ -1201,14 +1196,19 @@ impl Connection {
     }
 
     /// Writes `out` whole to the client, each wait for room bounded by `limit`; `None` when
-    /// it ran out.
-    fn send<'a>(
-        &'a self,
-        sending: &'a mut Deadline,
-        out: &'a mut [IoSlice<'_>],
+    /// it ran out. Most writes go out whole at once: the bounded wait (a future, and a timer if
+    /// it blocks) is made only for what the socket did not take.
+    async fn send(
+        &self,
+        sending: &mut Deadline,
+        mut out: &mut [IoSlice<'_>],
         limit: Duration,
-    ) -> impl Future<Output = Option<io::Result<()>>> + 'a {
-        sending.within(limit, write_all(&self.stream, out))
+    ) -> Option<io::Result<()>> {
+        match self.stream.write_now(&mut out) {
+            Ok(true) => Some(Ok(())),
+            Ok(false) => sending.within(limit, write_all(&self.stream, out)).await,
+            Err(e) => Some(Err(e)),
+        }
     }
 
     /// A response's head as it goes to this client: the status line, the backend's (or
@@ -1379,19 +1379,25 @@ impl Connection {
     }
 }
 
-/// A piece of a chunked body as one write: `head` (the response's, while it is still to go),
-/// the chunk, and the last chunk after it when `last`. `size` holds the chunk-size line. The
-/// last chunk goes with the last piece when the body knows it is over (`ProxyBody::is_end`):
-/// one write, and one wake of the client, not two.
+/// A piece of a body as one write: `head` (the response's, while it is still to go), then the
+/// piece as it is, or, with `chunked` (`Some(last)`), as a chunk, and the last chunk after it
+/// when `last`. `size` holds the chunk-size line. The last chunk goes with the last piece when
+/// the body knows it is over (`ProxyBody::is_end`): one write, and one wake of the client, not
+/// two.
 #[inline(always)]
-fn chunk<'a>(
+fn framed<'a>(
     size: &'a mut [u8; 18],
     head: &'a [u8],
     data: &'a [u8],
-    last: bool,
+    chunked: Option<bool>,
 ) -> [IoSlice<'a>; 4] {
-    let size = chunk_size_line(size, data.len());
-    let end: &[u8] = if last { b"\r\n0\r\n\r\n" } else { b"\r\n" };
+    let (size, end): (&[u8], &[u8]) = match chunked {
+        None => (b"", b""),
+        Some(last) => (
+            chunk_size_line(size, data.len()),
+            if last { b"\r\n0\r\n\r\n" } else { b"\r\n" },
+        ),
+    };
     [
         IoSlice::new(head),
         IoSlice::new(size),

@@ -165,20 +165,35 @@ impl DownstreamStream {
                 return Ok(());
             }
         };
-        let mut left: usize = bufs.iter().map(|b| b.len()).sum();
         // Bounded: every pass writes something, or waits for room, or fails.
+        while !self.write_now(&mut bufs)? {
+            stream.writable().await?;
+        }
+        Ok(())
+    }
+
+    /// Writes what of `bufs` a plain socket takes now, without waiting, and leaves `bufs` at
+    /// what is left: `Ok(true)` when that is nothing. A TLS stream writes nothing here
+    /// (`Ok(false)`): its records are made by [`Self::write_all`].
+    #[inline]
+    pub fn write_now(&self, bufs: &mut &mut [IoSlice<'_>]) -> io::Result<bool> {
+        let DownstreamStream::Plain(stream) = self else {
+            return Ok(false);
+        };
+        let mut left: usize = bufs.iter().map(|b| b.len()).sum();
+        // Bounded: every pass writes something, or returns.
         while left > 0 {
             match stream.try_write_vectored(bufs) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     left -= n;
-                    IoSlice::advance_slices(&mut bufs, n);
+                    IoSlice::advance_slices(bufs, n);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Whether the client, while it waits for a response, closed the connection or sent more.
