@@ -28,6 +28,8 @@
 #                master+worker; haproxy: its process(es); pinlb: its process,
 #                all threads) from /proc/PID/stat fields 14+15 (clock ticks,
 #                getconf CLK_TCK), divided by the requests wrk completed
+#   user us/req  the user-space part of it (utime alone); the rest is the kernel's
+#                (system calls, TCP, waking the other end of each socket)
 #   with SYSCALLS=1, also: system calls per request made by the proxy's
 #                processes (`perf stat -e raw_syscalls:sys_enter` attached for the
 #                run), and TCP segments sent per request on the whole machine
@@ -184,7 +186,7 @@ echo "           backend 127.0.0.1:$BACKEND_PORT pid $BACKEND_PID (+$(children "
 describe_procs "${PEER_LIST[@]}"
 
 # ---------------------------------------------------------------- rounds
-RAW="$WORK/raw.tsv" # round peer rps p99_us errors cpu_us_per_req requests core0% core1% other0%
+RAW="$WORK/raw.tsv" # round peer rps p99_us errors cpu_us_per_req requests core0% core1% other0% syscalls segs user_us_per_req
 : >"$RAW"
 for ((r = 1; r <= ROUNDS; r++)); do
     for p in "${PEER_LIST[@]}"; do
@@ -193,6 +195,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
         if [[ $WARMUP != 0 ]]; then run_wrk "${PORT[$p]}" "$WARMUP" "$WORK/warmup.txt"; fi
         mapfile -t tree < <(proc_tree "$pid")
         c0=$(cpu_ticks "${tree[@]}")
+        u0=$(user_ticks "${tree[@]}")
         j0=$(core_jiffies)
         out="$WORK/wrk-$r-$p.txt"
         if ((SYSCALLS)); then
@@ -209,6 +212,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
             segs1=$(tcp_out_segs)
         fi
         c1=$(cpu_ticks "${tree[@]}")
+        u1=$(user_ticks "${tree[@]}")
         read -r busy0 busy1 < <(core_busy "$j0" "$(core_jiffies)")
         kill -0 "$pid" 2>/dev/null || { cat "${LOGF[$p]}" >&2 || true; die "$p (pid $pid) died during round $r"; }
 
@@ -226,12 +230,13 @@ for ((r = 1; r <= ROUNDS; r++)); do
             'BEGIN { o = (t > 0) ? b - 100 * d * 1e6 / hz / t : 0; printf "%.0f\n", (o < 0) ? 0 : o }')
         errors=$((${sockerr:-0} + ${non2xx:-0}))
         cpu=$(awk -v d=$((c1 - c0)) -v hz="$CLK_TCK" -v n="$reqs" 'BEGIN { printf "%.2f\n", (n > 0) ? d * 1e6 / hz / n : 0 }')
+        user=$(awk -v d=$((u1 - u0)) -v hz="$CLK_TCK" -v n="$reqs" 'BEGIN { printf "%.2f\n", (n > 0) ? d * 1e6 / hz / n : 0 }')
         if ((SYSCALLS)); then
             calls=$(awk -F, '$3 == "raw_syscalls:sys_enter" { print $1 }' "$WORK/perf-$r-$p.txt")
             read -r sys_req segs_req < <(awk -v c="${calls:-0}" -v s=$((segs1 - segs0)) -v n="$reqs" \
                 'BEGIN { printf "%.2f %.2f\n", (n > 0) ? c / n : 0, (n > 0) ? s / n : 0 }')
         fi
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$p99" "$errors" "$cpu" "$reqs" "$busy0" "$busy1" "$other0" "$sys_req" "$segs_req" >>"$RAW"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$p99" "$errors" "$cpu" "$reqs" "$busy0" "$busy1" "$other0" "$sys_req" "$segs_req" "$user" >>"$RAW"
         printf 'round %d/%d  %-8s %8.0f req/s  p99 %6s us  cpu %6s us/req  core0 %3s%% (other %2s%%)  core1 %3s%%  errors %s%s\n' \
             "$r" "$ROUNDS" "$p" "$rps" "$p99" "$cpu" "$busy0" "$other0" "$busy1" "$errors" \
             "$( ((errors > 0)) && echo "  (socket: ${sockerr:-0}, non-2xx/3xx: ${non2xx:-0})")"
@@ -245,11 +250,12 @@ done
 
 # ---------------------------------------------------------------- summary
 
-declare -A MED_RPS MIN_RPS MAX_RPS MED_P99 MED_CPU ERRS
+declare -A MED_RPS MIN_RPS MAX_RPS MED_P99 MED_CPU MED_USER ERRS
 for p in "${PEER_LIST[@]}"; do
     read -r "MED_RPS[$p]" "MIN_RPS[$p]" "MAX_RPS[$p]" < <(stats "$p" 3)
     read -r "MED_P99[$p]" _ _ < <(stats "$p" 4)
     read -r "MED_CPU[$p]" _ _ < <(stats "$p" 6)
+    read -r "MED_USER[$p]" _ _ < <(stats "$p" 13)
     ERRS[$p]=$(awk -F'\t' -v p="$p" '$2 == p {s += $5} END {print s + 0}' "$RAW")
 done
 
@@ -266,13 +272,13 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
     echo "- Command: \`$ENV_LINE $CMDLINE\`"
     echo "- Host: nproc=$NCPU, $CPU_MODEL, $(uname -sr); before start core0 ${IDLE_BUSY0}% / core1 ${IDLE_BUSY1}% busy"
     echo "- Topology: proxy under test pinned to core 0 with one worker (nginx \`worker_processes 1\`, HAProxy \`nbthread 1\`, pinlb \`cpus = [0]\`); backend nginx (1 worker, \`return 200 \"hello world\\n\"\`) and \`wrk -t1 -c$CONNS --latency\` share core 1. Keep-alive on both sides (64 pooled upstream connections), X-Forwarded-For added, no logs, no gzip."
-    echo "- $ROUNDS interleaved rounds (${PEERS_CSV}, repeat), each $WARMUP_TXT then $DURATION recorded; proxies started once for the whole run. Medians over rounds; CPU = utime+stime of all the proxy's processes per completed request."
+    echo "- $ROUNDS interleaved rounds (${PEERS_CSV}, repeat), each $WARMUP_TXT then $DURATION recorded; proxies started once for the whole run. Medians over rounds; CPU = utime+stime of all the proxy's processes per completed request, user = utime alone (the rest is the kernel's)."
     echo
-    echo "| proxy | version | req/s (median) | req/s min | req/s max | p99 µs (median) | CPU µs/req (median) | errors (all rounds) |"
-    echo "|---|---|---:|---:|---:|---:|---:|---:|"
+    echo "| proxy | version | req/s (median) | req/s min | req/s max | p99 µs (median) | CPU µs/req (median) | of it user µs/req (median) | errors (all rounds) |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
     for p in "${PEER_LIST[@]}"; do
-        printf '| %s | %s | %.0f | %.0f | %.0f | %.0f | %.2f | %s |\n' "$p" "${VERSION[$p]}" \
-            "${MED_RPS[$p]}" "${MIN_RPS[$p]}" "${MAX_RPS[$p]}" "${MED_P99[$p]}" "${MED_CPU[$p]}" "${ERRS[$p]}"
+        printf '| %s | %s | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %s |\n' "$p" "${VERSION[$p]}" \
+            "${MED_RPS[$p]}" "${MIN_RPS[$p]}" "${MAX_RPS[$p]}" "${MED_P99[$p]}" "${MED_CPU[$p]}" "${MED_USER[$p]}" "${ERRS[$p]}"
     done
     others=()
     for p in "${PEER_LIST[@]}"; do [[ $p == pinlb* ]] || others+=("$p"); done
@@ -328,9 +334,9 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
     echo
     echo "<details><summary>per-round results</summary>"
     echo
-    echo "| round | proxy | req/s | p99 µs | CPU µs/req | system calls/req | TCP segments/req | errors | requests | core0 busy | core0 busy outside proxy | core1 busy |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    awk -F'\t' '{ printf "| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s%% | %s%% | %s%% |\n", $1, $2, $3, $4, $6, $11, $12, $5, $7, $8, $10, $9 }' "$RAW"
+    echo "| round | proxy | req/s | p99 µs | CPU µs/req | user µs/req | system calls/req | TCP segments/req | errors | requests | core0 busy | core0 busy outside proxy | core1 busy |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    awk -F'\t' '{ printf "| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s%% | %s%% | %s%% |\n", $1, $2, $3, $4, $6, $13, $11, $12, $5, $7, $8, $10, $9 }' "$RAW"
     echo
     echo "</details>"
 } >"$MD"

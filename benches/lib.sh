@@ -27,6 +27,16 @@ cpu_ticks() {
     echo "$total"
 }
 
+# user_ticks PID...: the user-space part of cpu_ticks (utime, field 14).
+user_ticks() {
+    local pid total=0 t
+    for pid in "$@"; do
+        t=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{print $12}') || t=0
+        total=$((total + ${t:-0}))
+    done
+    echo "$total"
+}
+
 port_in_use() {
     ss -ltnH "sport = :$1" 2>/dev/null | grep -q . && return 0
     return 1
