@@ -854,32 +854,30 @@ const REG_NAME: [bool; 256] = {
 };
 
 fn is_valid_host(v: &[u8]) -> bool {
-    let (host, port) = if let Some(rest) = v.strip_prefix(b"[") {
-        let Some(end) = rest.iter().position(|&b| b == b']') else {
-            return false;
+    let Some(rest) = v.strip_prefix(b"[") else {
+        // A reg-name (or an IPv4 address), then an optional `:port`, in one pass: the first
+        // byte that can't be in a name must be the colon, after a name, and only digits follow.
+        let Some(colon) = v.iter().position(|&b| !REG_NAME[usize::from(b)]) else {
+            return !v.is_empty();
         };
-        let literal = &rest[..end];
-        if literal.is_empty()
-            || !literal
-                .iter()
-                .all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
-        {
-            return false;
-        }
-        match &rest[end + 1..] {
-            [] => return true,
-            [b':', port @ ..] => (&b""[..], port),
-            _ => return false,
-        }
-    } else {
-        match v.iter().rposition(|&b| b == b':') {
-            Some(i) => (&v[..i], &v[i + 1..]),
-            None => (v, &b""[..]),
-        }
+        return colon > 0 && v[colon] == b':' && v[colon + 1..].iter().all(u8::is_ascii_digit);
     };
-    let reg_name = |b: &u8| REG_NAME[usize::from(*b)];
-    let host_ok = v.starts_with(b"[") || (!host.is_empty() && host.iter().all(reg_name));
-    host_ok && port.iter().all(u8::is_ascii_digit)
+    let Some(end) = rest.iter().position(|&b| b == b']') else {
+        return false;
+    };
+    let literal = &rest[..end];
+    if literal.is_empty()
+        || !literal
+            .iter()
+            .all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+    {
+        return false;
+    }
+    match &rest[end + 1..] {
+        [] => true,
+        [b':', port @ ..] => port.iter().all(u8::is_ascii_digit),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
