@@ -16,22 +16,19 @@ proc_tree() {
 }
 
 # Sum of utime+stime (clock ticks) over the given pids.
-cpu_ticks() {
-    local pid total=0 t
+cpu_ticks() { stat_ticks '$12 + $13' "$@"; }
+
+# user_ticks PID...: the user-space part of cpu_ticks (utime, field 14).
+user_ticks() { stat_ticks '$12' "$@"; }
+
+# stat_ticks FIELDS PID...: FIELDS (an awk sum of /proc/PID/stat fields) summed over the PIDs.
+stat_ticks() {
+    local fields=$1 pid total=0 t
+    shift
     for pid in "$@"; do
         # Field 2 (comm) may contain spaces: drop everything up to ") ", after
         # which field 3 (state) is $1, so fields 14/15 are $12/$13.
-        t=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{print $12 + $13}') || t=0
-        total=$((total + ${t:-0}))
-    done
-    echo "$total"
-}
-
-# user_ticks PID...: the user-space part of cpu_ticks (utime, field 14).
-user_ticks() {
-    local pid total=0 t
-    for pid in "$@"; do
-        t=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{print $12}') || t=0
+        t=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk "{print $fields}") || t=0
         total=$((total + ${t:-0}))
     done
     echo "$total"
