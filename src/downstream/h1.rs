@@ -46,6 +46,7 @@ use crate::http1::common::{
     status_line,
 };
 use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
+use crate::http1::timer::Timer;
 use crate::proxy::accesslog::{Batch, Logged, Pending, Upstreamed};
 use crate::proxy::body::{ProxyBody, Upgraded};
 use crate::proxy::downstream::{Downstream, DownstreamBody};
@@ -283,10 +284,11 @@ fn poll_client_gone(stream: &DownstreamStream, watch: &Watch, cx: &mut Context<'
     }
 }
 
-/// A timer made on first need and reset for each later wait: waits that never block (most do
-/// not) cost no timer, and those that do share one.
+/// A timer made on first need and armed for each later wait (`http1::timer`, the backend
+/// connection's kind): waits that never block (most do not) cost no timer, and those that do
+/// share one.
 #[derive(Default)]
-struct Deadline(Option<Pin<Box<tokio::time::Sleep>>>);
+struct Deadline(Timer);
 
 impl Deadline {
     /// `fut`'s output, or `None` if it was pending for `limit`.
@@ -299,15 +301,12 @@ impl Deadline {
             }
             if !armed {
                 armed = true;
-                let at = Instant::now() + limit;
-                match self.0.as_mut() {
-                    Some(t) => t.as_mut().reset(at),
-                    None => self.0 = Some(Box::pin(tokio::time::sleep_until(at))),
-                }
+                self.0.arm(limit);
             }
-            match self.0.as_mut().map(|t| t.as_mut().poll(cx)) {
-                Some(Poll::Ready(())) => Poll::Ready(None),
-                _ => Poll::Pending,
+            if self.0.poll_expired(cx) {
+                Poll::Ready(None)
+            } else {
+                Poll::Pending
             }
         })
         .await

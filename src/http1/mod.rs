@@ -9,7 +9,7 @@
 //!   Content-Length, status and chunk-size lines, error pages; one of each.
 //! - [`body`]: body framing and the decoder both sides read bodies with.
 //! - [`request`]: request heads from clients: parsing and validation, pure (fuzzed).
-//! - [`timer`]: a backend connection's timer, moved only when it would fire too late.
+//! - [`timer`]: a connection's timer for its waits, moved only when it would fire too late.
 //! - [`client`]: the backend side: writing requests and reading responses on pooled connections.
 //!
 //! In this folder *client* names the role pinlb plays: the backend side. The client-facing

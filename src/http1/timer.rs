@@ -1,5 +1,6 @@
-//! A backend connection's one timer, for its response and send timeouts, moved only when it
-//! would fire too late.
+//! A connection's one timer for its waits, moved only when it would fire too late: a backend
+//! connection's response and send timeouts, and the client side's waits for a slow body or a
+//! full socket (`downstream::h1`'s `Deadline`).
 //!
 //! Every request on a pooled connection waits for its response within `timeouts.response`.
 //! Setting a tokio timer to a new deadline for each wait cost about 140 instructions per request
