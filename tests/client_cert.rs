@@ -156,6 +156,21 @@ fn tls_failed(m: &Metrics, addr: std::net::SocketAddr) -> f64 {
     )
 }
 
+/// The proxy's metrics once `counted` holds for them, scraped again until it does (at most
+/// 250 times, 20 ms apart): a refused handshake is counted just after its alert is written, so
+/// a client that has read the alert can scrape before the last refusal is counted.
+async fn metrics_once(proxy: &Proxy, counted: impl Fn(&Metrics) -> bool) -> Metrics {
+    let mut m = proxy.metrics().await;
+    for _ in 0..250 {
+        if counted(&m) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        m = proxy.metrics().await;
+    }
+    m
+}
+
 /// The one value of `name` the backend got, or `None`; panics on two.
 fn one(r: &Recorded, name: &str) -> Option<String> {
     let all: Vec<_> = r.headers.get_all(name).iter().collect();
@@ -264,7 +279,10 @@ async fn required_refuses_a_missing_expired_foreign_or_revoked_certificate_with_
         2,
         "only the good certificate's requests got through"
     );
-    let m = proxy.metrics().await;
+    let m = metrics_once(&proxy, |m| {
+        refused(m, proxy.addr) >= 7.0 && tls_failed(m, proxy.addr) >= 7.0
+    })
+    .await;
     assert_eq!(refused(&m, proxy.addr), 7.0);
     assert_eq!(tls_failed(&m, proxy.addr), 7.0);
 }
