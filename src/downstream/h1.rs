@@ -35,9 +35,7 @@ use tracing::debug;
 
 use crate::config::Limits;
 use crate::downstream::idle::{self, Wait};
-use crate::downstream::stream::{
-    DownstreamStream, Refused, Stir, StreamIo, TlsState, poll_read_tcp,
-};
+use crate::downstream::stream::{DownstreamStream, Refused, Stir, StreamIo, TlsState};
 use crate::downstream::tunnel::{self, Dir, End};
 use crate::http1::body::{Decoder, Framing};
 use crate::http1::client::UpstreamError;
@@ -53,6 +51,7 @@ use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, Answer, DownstreamRequest};
 use crate::proxy::request_id::RequestId;
 use crate::route::decision::{Decision, DownstreamRules, Edits, Route, https_location};
+use crate::sys::socket::poll_read_tcp;
 use crate::sys::summed::summed_warn;
 use crate::upstream::counters::{ListenerStats, Refusal, Source, TlsFailure};
 

@@ -24,6 +24,7 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::downstream::idle::READ_BUFFER;
+use crate::sys::socket::{poll_read_tcp, try_writev};
 use crate::tls::client_identity::ClientIdentity;
 use crate::tls::server::Terminator;
 use crate::upstream::counters::TlsFailure;
@@ -183,7 +184,7 @@ impl DownstreamStream {
         let mut left: usize = bufs.iter().map(|b| b.len()).sum();
         // Bounded: every pass writes something, or returns.
         while left > 0 {
-            match stream.try_write_vectored(bufs) {
+            match try_writev(stream, bufs) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     left -= n;
@@ -242,45 +243,6 @@ impl DownstreamStream {
                 conn.send_close_notify();
                 let _ = try_flush(&t.tcp, &mut conn);
             }
-        }
-    }
-}
-
-/// Reads what the socket has into the spare room of `buf`.
-///
-/// A short read has emptied the socket, so the socket's readiness is cleared then, as tokio's
-/// own `poll_read` does: the next wait goes straight to the reactor instead of first making a
-/// read that fails with EAGAIN.
-#[inline]
-pub(crate) fn poll_read_tcp(
-    stream: &TcpStream,
-    buf: &mut BytesMut,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<usize>> {
-    loop {
-        ready!(stream.poll_read_ready(cx))?;
-        let spare = buf.spare_capacity_mut();
-        let room = spare.len();
-        let mut got = 0;
-        let read = stream.try_io(Interest::READABLE, || {
-            let n = SockRef::from(stream).recv(spare)?;
-            got = n;
-            if n > 0 && n < room {
-                // Reported to tokio as "would block" so that it clears the readiness; `got`
-                // carries the bytes out.
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-            Ok(n)
-        });
-        match read {
-            Ok(_) | Err(_) if got > 0 => {
-                // SAFETY: `recv` initialised the first `got` bytes of the spare capacity.
-                unsafe { buf.set_len(buf.len() + got) };
-                return Poll::Ready(Ok(got));
-            }
-            Ok(n) => return Poll::Ready(Ok(n)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Poll::Ready(Err(e)),
         }
     }
 }

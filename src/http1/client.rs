@@ -35,6 +35,7 @@ use super::common::{
 use super::request::ClientError;
 use super::timer::Timer;
 use crate::backend_address::BackendAddress;
+use crate::sys::socket::{poll_read_tcp, try_send};
 use crate::tls::client::{Connector, Stream, poll_flush_tls};
 
 /// Largest response head accepted from a backend.
@@ -281,7 +282,7 @@ impl ConnState {
             }
         };
         // Most heads go out whole at once; only the rest, if any, needs the bounded wait.
-        let written = match plain.try_write(&out) {
+        let written = match try_send(plain, &out) {
             Ok(n) if n == out.len() => Ok(None),
             Ok(n) => {
                 let rest = out.get(n..).unwrap_or_default();
@@ -419,6 +420,9 @@ impl ConnState {
     pub(crate) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < 1024 {
             self.buf.reserve(READ_CHUNK);
+        }
+        if let BackendStream::Plain(s) = &self.stream {
+            return poll_read_tcp(s, &mut self.buf, cx);
         }
         let spare = self.buf.spare_capacity_mut();
         let mut rb = ReadBuf::uninit(spare);

@@ -5,6 +5,7 @@
 //! - [`limits`]: the kernel's listen backlog ceiling and the open file limit, raised at start.
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`runtime`]: the threads' single-threaded tokio runtimes, pinned to a core first.
+//! - [`socket`]: the plain path's socket reads and writes, made without libc's wrappers.
 //! - [`recycle`]: memory for a future made again and again (a request's exchange), kept by the
 //!   thread between uses.
 //! - [`child`]: child processes pinned to their cores before they run, killed when pinlb dies.
@@ -21,4 +22,5 @@ pub mod limits;
 pub(crate) mod notify;
 pub(crate) mod recycle;
 pub(crate) mod runtime;
+pub(crate) mod socket;
 pub(crate) mod summed;
