@@ -41,7 +41,7 @@ use crate::http1::body::{Decoder, Framing};
 use crate::http1::client::UpstreamError;
 use crate::http1::common::{
     ERROR_PAGE_TYPE, Reply, RequestFraming, chunk_size_line, content_length_line, error_page,
-    status_line,
+    prepend_status_line, status_line,
 };
 use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::http1::timer::Timer;
@@ -1113,7 +1113,7 @@ impl Connection {
             chunked,
             keep_alive,
         };
-        let head = self.response_head(status, &headers, body.has_date(), version, &framing);
+        let head = self.response_head(status, headers, body.has_date(), version, &framing);
 
         let mut reading = Deadline::default();
         let mut sending = Deadline::default();
@@ -1210,12 +1210,13 @@ impl Connection {
     }
 
     /// A response's head as it goes to this client: the status line, the backend's (or
-    /// pinlb's) lines, a Date unless it has one, and the framing and Connection lines.
+    /// pinlb's) lines, a Date unless it has one, and the framing and Connection lines. Built in
+    /// the lines' own allocation (see `prepend_status_line`).
     #[inline]
     fn response_head(
         &self,
         status: StatusCode,
-        headers: &[u8],
+        mut head: Vec<u8>,
         has_date: bool,
         version: Version,
         framing: &ResponseFraming,
@@ -1226,9 +1227,7 @@ impl Connection {
             chunked,
             keep_alive,
         } = framing;
-        let mut head = Vec::with_capacity(headers.len() + 128);
-        status_line(&mut head, status);
-        head.extend_from_slice(headers);
+        prepend_status_line(&mut head, status);
         if !has_date {
             self.slot.connections().write_date(&mut head);
         }

@@ -605,8 +605,10 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
     // Hop-by-hop headers are handled here and never reach the client: only what they say about
     // this connection is kept.
     let connection = ConnectionTokens::scan(resp.headers);
-    // The end-to-end headers are written out as they go to the client.
-    let mut headers = Vec::with_capacity(len);
+    // The end-to-end headers are written out as they go to the client, in room for the whole
+    // head the client gets (see `common::prepend_status_line`): what the backend's head took,
+    // and a Date and a Connection line more.
+    let mut headers = Vec::with_capacity(len + 64);
     let mut chunked_last: Option<bool> = None;
     let mut content_length = ContentLength::Absent;
     let mut has_date = false;

@@ -168,6 +168,31 @@ pub(crate) fn status_line(out: &mut Vec<u8>, status: StatusCode) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Puts `HTTP/1.1 200 OK\r\n` in front of the header lines in `head`: a response's head is
+/// built in the allocation the backend's lines came in, rather than copied into a new one
+/// (one allocation and one copy fewer per response, about 100 instructions). The parser sizes
+/// that allocation for the whole head it read, so the status line and the lines the client
+/// side adds usually fit without growing it.
+#[inline(always)]
+pub(crate) fn prepend_status_line(head: &mut Vec<u8>, status: StatusCode) {
+    let code = status.as_str().as_bytes();
+    let reason = status.canonical_reason().unwrap_or("").as_bytes();
+    let n = b"HTTP/1.1 ".len() + code.len() + 1 + reason.len() + 2;
+    let lines = head.len();
+    head.resize(lines + n, 0);
+    head.copy_within(..lines, n);
+    let (line, _) = head.split_at_mut(n);
+    let (version, rest) = line.split_at_mut(9);
+    version.copy_from_slice(b"HTTP/1.1 ");
+    let (c, rest) = rest.split_at_mut(code.len());
+    c.copy_from_slice(code);
+    let (space, rest) = rest.split_at_mut(1);
+    space[0] = b' ';
+    let (r, crlf) = rest.split_at_mut(reason.len());
+    r.copy_from_slice(reason);
+    crlf.copy_from_slice(b"\r\n");
+}
+
 /// `content-length: 12\r\n`
 #[inline(always)]
 pub(crate) fn content_length_line(out: &mut Vec<u8>, n: u64) {
@@ -248,6 +273,26 @@ pub(crate) fn header_lines(map: &HeaderMap, skip: impl Fn(&HeaderName) -> bool, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_status_line_goes_in_front_of_the_lines_as_status_line_writes_it() {
+        let lines: [&[u8]; 3] = [b"", b"server: x\r\n", &[b'a'; 300]];
+        for code in 100..=999 {
+            let status = StatusCode::from_u16(code).unwrap();
+            for l in lines {
+                let mut want = Vec::new();
+                status_line(&mut want, status);
+                want.extend_from_slice(l);
+                // Without room to spare, and with it: the allocation grows when it must.
+                for room in [0, 128] {
+                    let mut head = Vec::with_capacity(l.len() + room);
+                    head.extend_from_slice(l);
+                    prepend_status_line(&mut head, status);
+                    assert_eq!(head, want, "{code}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn content_length_stops_at_the_largest_signed_64_bit_number() {
