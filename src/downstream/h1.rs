@@ -51,6 +51,7 @@ use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, Answer, DownstreamRequest};
 use crate::proxy::request_id::RequestId;
 use crate::route::decision::{Decision, DownstreamRules, Edits, Route, https_location};
+use crate::sys::head_bufs::Spare;
 use crate::sys::socket::poll_read_tcp;
 use crate::sys::summed::summed_warn;
 use crate::upstream::counters::{ListenerStats, Refusal, Source, TlsFailure};
@@ -1113,7 +1114,9 @@ impl Connection {
             chunked,
             keep_alive,
         };
-        let head = self.response_head(status, headers, body.has_date(), version, &framing);
+        // Its buffer goes back to the thread's spares once written (`sys::head_bufs`).
+        let head =
+            Spare::from(self.response_head(status, headers, body.has_date(), version, &framing));
 
         let mut reading = Deadline::default();
         let mut sending = Deadline::default();

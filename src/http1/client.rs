@@ -607,8 +607,11 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
     let connection = ConnectionTokens::scan(resp.headers);
     // The end-to-end headers are written out as they go to the client, in room for the whole
     // head the client gets (see `common::prepend_status_line`): what the backend's head took,
-    // and a Date and a Connection line more.
-    let mut headers = Vec::with_capacity(len + 64);
+    // and a Date and a Connection line more. The buffer is one of the thread's spares
+    // (`sys::head_bufs`); the client side gives it back once the head is written. A plain
+    // `Vec` from here on: a reply's lines may be dropped elsewhere (an HTTP/2 client's
+    // response), where it is simply freed.
+    let mut headers = crate::sys::head_bufs::take(len + 64).into_vec();
     let mut chunked_last: Option<bool> = None;
     let mut content_length = ContentLength::Absent;
     let mut has_date = false;

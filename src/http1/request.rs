@@ -14,6 +14,7 @@ use http::{Method, StatusCode, Uri, Version};
 
 use super::body::BodyError;
 use super::common::{ConnectionTokens, ContentLength, Hop, RequestFraming, upgrade_protocols};
+use crate::sys::head_bufs::{self, Spare};
 
 /// Why pinlb refused a client's request: its head (malformed, too large, or breaking a rule a
 /// proxy must enforce) or its body. Each kind is answered with one status, in
@@ -93,7 +94,9 @@ pub struct RequestHead {
     /// The target, then the header lines, each `name: value\r\n` with the name as the client
     /// wrote it. Hop-by-hop headers, the framing headers, Expect, Host and the X-Forwarded
     /// headers are not among the lines: pinlb writes those itself.
-    text: Vec<u8>,
+    /// One of the thread's spare buffers, given back when the head is dropped
+    /// (`sys::head_bufs`).
+    text: Spare,
     /// Where the target lies in `text`.
     target: (usize, usize),
     /// Where the lines lie in `text`.
@@ -389,7 +392,7 @@ pub fn parse_request(
     // named headers are left out.
     let connection = ConnectionTokens::scan(req.headers);
 
-    let mut text = Vec::with_capacity(len + 16);
+    let mut text = head_bufs::take(len + 16);
     text.extend_from_slice(target);
     let target_at = (0, target.len());
     let (mut host, path) = split_target(target, &method)?;

@@ -6,6 +6,7 @@
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`runtime`]: the threads' single-threaded tokio runtimes, pinned to a core first.
 //! - [`socket`]: the plain path's socket reads and writes, made without libc's wrappers.
+//! - [`head_bufs`]: the thread's spare buffers for request and response heads.
 //! - [`recycle`]: memory for a future made again and again (a request's exchange), kept by the
 //!   thread between uses.
 //! - [`child`]: child processes pinned to their cores before they run, killed when pinlb dies.
@@ -18,6 +19,7 @@
 pub mod child;
 pub mod cpus;
 pub(crate) mod exec;
+pub(crate) mod head_bufs;
 pub mod limits;
 pub(crate) mod notify;
 pub(crate) mod recycle;
