@@ -59,18 +59,16 @@ fn is_usable_idle_tls(t: &mut TlsStream<TcpStream>, cx: &mut Context<'_>) -> boo
     Pin::new(t).poll_read(cx, &mut rb).is_pending()
 }
 
-/// Whether an idle Unix-socket connection can take a request, as the plain arm checks a TCP
-/// one: no read while the socket has no pending event.
-#[inline(never)]
-fn is_usable_idle_unix(u: &mut UnixStream, cx: &mut Context<'_>) -> bool {
-    match u.poll_read_ready(cx) {
-        Poll::Pending => true,
-        Poll::Ready(Err(_)) => false,
-        Poll::Ready(Ok(())) => {
-            let mut probe = [0u8; 1];
-            matches!(u.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-        }
-    }
+/// Whether an idle plain connection (TCP or Unix socket) can take a request: nothing arrived
+/// and the peer has not closed. `try_read` reads only when tokio holds a pending read event for
+/// the socket, so a quiet connection costs no system call; an event that left nothing to read
+/// (`WouldBlock`, the readiness then cleared) is no reason to drop it. Unlike
+/// `poll_read_ready`, it registers no waker and takes none of the task's budget: nothing waits
+/// on the answer.
+#[inline(always)]
+fn is_quiet(try_read: impl FnOnce(&mut [u8]) -> io::Result<usize>) -> bool {
+    let mut probe = [0u8; 1];
+    matches!(try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
 /// An open connection to a backend, with whatever it has sent that hasn't been consumed.
@@ -215,19 +213,10 @@ impl ConnState {
         if !self.buf.is_empty() {
             return false;
         }
-        let stream = match &mut self.stream {
-            BackendStream::Plain(s) => s,
-            BackendStream::Tls(t) => return is_usable_idle_tls(t, cx),
-            BackendStream::Unix(u) => return is_usable_idle_unix(u, cx),
-        };
-        match stream.poll_read_ready(cx) {
-            // No event since our last read: nothing arrived, the peer has not closed.
-            Poll::Pending => true,
-            Poll::Ready(Err(_)) => false,
-            Poll::Ready(Ok(())) => {
-                let mut probe = [0u8; 1];
-                matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-            }
+        match &mut self.stream {
+            BackendStream::Plain(s) => is_quiet(|b| s.try_read(b)),
+            BackendStream::Tls(t) => is_usable_idle_tls(t, cx),
+            BackendStream::Unix(u) => is_quiet(|b| u.try_read(b)),
         }
     }
 
