@@ -72,7 +72,12 @@ impl Drop for Spare {
 /// back, or a new one.
 #[inline]
 pub fn take(len: usize) -> Spare {
-    let kept = SPARE.with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()));
+    // `try_with`, here and in `give`: a head dropped while the thread exits, after its spares
+    // were freed, is freed too rather than a panic.
+    let kept = SPARE
+        .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+        .ok()
+        .flatten();
     Spare(match kept {
         Some(mut buf) => {
             buf.reserve(len);
@@ -90,7 +95,7 @@ fn give(mut buf: Vec<u8>) {
         return;
     }
     buf.clear();
-    SPARE.with(|s| {
+    let _ = SPARE.try_with(|s| {
         if let Ok(mut s) = s.try_borrow_mut() {
             if s.len() < KEPT {
                 s.push(buf);
@@ -125,6 +130,28 @@ mod tests {
         assert_eq!(kept(), 0);
         drop(Spare::from(vec));
         assert_eq!(kept(), 1);
+    }
+
+    #[test]
+    fn a_buffer_dropped_after_the_threads_spares_is_freed_without_a_panic() {
+        struct Holder(RefCell<Option<Spare>>);
+        thread_local! {
+            static HOLDER: Holder = const { Holder(RefCell::new(None)) };
+        }
+        impl Drop for Holder {
+            fn drop(&mut self) {
+                drop(self.0.take());
+            }
+        }
+        let exited = std::thread::spawn(|| {
+            // The holder's destructor is registered first, so (on Linux, which runs them in
+            // reverse) it runs after the spares' and drops a buffer when they are gone.
+            HOLDER.with(|h| *h.0.borrow_mut() = Some(Spare::from(vec![0u8; 16])));
+            drop(take(8));
+            assert_eq!(kept(), 1);
+        })
+        .join();
+        assert!(exited.is_ok());
     }
 
     #[test]
