@@ -500,6 +500,10 @@ pub(crate) async fn serve(
     };
     let mut buf = BytesMut::new();
     let mut first = start.first;
+    // The timer of each request's wait for its response head: the connection's, so that one
+    // task polls it request after request (see `http1::timer`), made at the first wait and
+    // dropped when the connection parks.
+    let mut waiter = Timer::default();
     // Bounded by the client: every pass serves one request, or ends.
     let next = loop {
         if buf.is_empty() {
@@ -540,7 +544,9 @@ pub(crate) async fn serve(
         // per parked connection instead of 391. It is made in a block the worker keeps from an
         // exchange before (`sys::recycle`): no allocation, and no copy.
         let exchanges = conn.slot.connections().exchanges();
-        let next = exchanges.make(|| conn.exchange(&mut buf, first)).await;
+        let next = exchanges
+            .make(|| conn.exchange(&mut buf, first, &mut waiter))
+            .await;
         if next != Next::KeepAlive {
             break next;
         }
@@ -738,7 +744,7 @@ fn is_bodiless(method: &Method, status: StatusCode) -> bool {
 
 impl Connection {
     /// Reads one request, has the proxy answer it, and writes the response.
-    async fn exchange(&self, buf: &mut BytesMut, first: bool) -> Next {
+    async fn exchange(&self, buf: &mut BytesMut, first: bool, waiter: &mut Timer) -> Next {
         let limits = self.route.rules.borrow().limits;
         let mut head = match self.read_head(buf, first, &limits).await {
             Ok(head) => head,
@@ -801,6 +807,7 @@ impl Connection {
                     refused,
                     added: id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
                     spans: self.route.spans.get(),
+                    waiter: Some(waiter),
                 },
             ));
             let gone = std::future::poll_fn(|cx| poll_client_gone(&self.stream, &watch, cx));

@@ -469,6 +469,9 @@ impl Shared {
                 refused,
                 added: id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
                 spans: route.spans.get(),
+                // A stream's own task would register with a timer of its own anew each time;
+                // the backend connection's serves as well.
+                waiter: None,
             },
         )
         .await;

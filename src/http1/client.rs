@@ -444,15 +444,22 @@ impl ConnState {
     }
 
     /// [`ConnState::read_head`], failing with [`UpstreamError::Timeout`] when no final head has arrived
-    /// within `timeout`. The timer is the connection's own, rather than a new one per request
-    /// (as `tokio::time::timeout` would make): a new timer is inserted into tokio's wheel and
-    /// removed from it on every request, about 600 instructions each time (benches/callgrind.sh).
+    /// within `timeout`. The timer is `waiter`'s, the waiting client connection's, or else the
+    /// backend connection's own, rather than a new one per request (as `tokio::time::timeout`
+    /// would make): a new timer is inserted into tokio's wheel and removed from it on every
+    /// request, about 600 instructions each time (benches/callgrind.sh). The client's is the
+    /// cheaper: it is polled by the same task request after request (see `http1::timer`).
     #[inline(always)]
     pub async fn read_head_within(
         &mut self,
         method: &Method,
         timeout: Duration,
+        waiter: Option<&mut Timer>,
     ) -> Result<Head, UpstreamError> {
+        if let Some(timer) = waiter {
+            timer.arm(timeout);
+            return self.next_head(method, Some(timer)).await;
+        }
         let mut timer = std::mem::take(&mut self.timer);
         timer.arm(timeout);
         let head = self.next_head(method, Some(&mut timer)).await;

@@ -9,9 +9,17 @@
 //! timer is set to: a later deadline leaves the timer where it is, and a timer that fires before
 //! the deadline is moved to it then and waits on. A connection in steady use moves its timer
 //! once per timeout, not once per request.
+//!
+//! Polling the tokio timer again for the task it last registered would only register that task
+//! again (about 115 instructions: the task budget, the timer's state, its waker). [`Timer`]
+//! remembers which task that was, and while the timer is set where it was then and has not
+//! fired, a poll for the same task is answered without polling it. That pays when one task
+//! polls the timer wait after wait: the client side's response wait (`proxy::attempt`) and its
+//! `Deadline`s; a pooled backend connection's own timer, polled by whichever client task has it
+//! now, usually polls.
 
 use std::pin::Pin;
-use std::task::Context;
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
@@ -23,6 +31,26 @@ pub struct Timer {
     sleep: Option<Pin<Box<Sleep>>>,
     /// When the wait under way times out.
     until: Option<Instant>,
+    /// The task `sleep` holds the waker of, since it was last polled Pending, unless it was
+    /// set to another deadline since (see [`TaskId`]).
+    registered: Option<TaskId>,
+}
+
+/// Which task a waker wakes, as its data pointer and its vtable: two wakers of one task compare
+/// equal (as `Waker::will_wake` compares them). Kept as addresses, not as a clone of the waker,
+/// so that remembering one costs no reference count; an address can't be taken by another task
+/// while it counts, since the tokio timer holds a clone of that waker until it fires, and a
+/// fired timer is polled again whoever asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TaskId(usize, usize);
+
+impl TaskId {
+    fn of(waker: &Waker) -> TaskId {
+        TaskId(
+            waker.data() as usize,
+            std::ptr::from_ref(waker.vtable()) as usize,
+        )
+    }
 }
 
 impl Timer {
@@ -38,7 +66,10 @@ impl Timer {
         match self.sleep.as_mut() {
             // Fires at `until` or before: seen to in `poll_expired`.
             Some(sleep) if sleep.deadline() <= until => {}
-            Some(sleep) => sleep.as_mut().reset(until),
+            Some(sleep) => {
+                sleep.as_mut().reset(until);
+                self.registered = None;
+            }
             None => self.sleep = Some(Box::pin(tokio::time::sleep_until(until))),
         }
     }
@@ -50,9 +81,16 @@ impl Timer {
         let (Some(sleep), Some(until)) = (self.sleep.as_mut(), self.until) else {
             return false;
         };
+        let task = TaskId::of(cx.waker());
+        // Not fired, so still in tokio's wheel, holding this task's waker from the last poll.
+        if self.registered == Some(task) && !sleep.is_elapsed() {
+            return false;
+        }
+        self.registered = None;
         // Twice at most: a timer that fired early is moved to `until`, which is later than now.
         for _ in 0..2 {
             if sleep.as_mut().poll(cx).is_pending() {
+                self.registered = Some(task);
                 return false;
             }
             if Instant::now() >= until {
@@ -98,6 +136,73 @@ mod tests {
         timer.arm(Duration::from_secs(30));
         timer.arm(Duration::from_secs(2));
         assert_eq!(expiry(&mut timer).await, Duration::from_secs(2));
+    }
+
+    /// A waker that counts its wakes.
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &std::sync::Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn counter() -> (std::sync::Arc<Count>, std::task::Waker) {
+        let count = std::sync::Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        (count.clone(), std::task::Waker::from(count))
+    }
+
+    fn woken(count: &Count) -> usize {
+        count.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_task_that_polled_last_is_woken_and_sees_the_timeout() {
+        let (a_count, a) = counter();
+        let (b_count, b) = counter();
+        let mut timer = Timer::default();
+        timer.arm(Duration::from_secs(5));
+        // Task A polls twice (the second answered from what the first registered), then task B
+        // polls: B is the one the timer must wake.
+        assert!(!timer.poll_expired(&mut Context::from_waker(&a)));
+        assert!(!timer.poll_expired(&mut Context::from_waker(&a)));
+        assert!(!timer.poll_expired(&mut Context::from_waker(&b)));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!((woken(&a_count), woken(&b_count)), (0, 1));
+        // The same task, asking again after the wake, sees the timeout though it polled last.
+        assert!(timer.poll_expired(&mut Context::from_waker(&b)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_that_polled_an_earlier_deadline_polls_the_timer_again() {
+        let (count, waker) = counter();
+        let mut cx = Context::from_waker(&waker);
+        let mut timer = Timer::default();
+        timer.arm(Duration::from_secs(30));
+        assert!(!timer.poll_expired(&mut cx));
+        // A shorter wait resets the timer to its deadline: the task's registration for the old
+        // deadline no longer counts, and the timer wakes it at the new one.
+        timer.arm(Duration::from_secs(2));
+        assert!(!timer.poll_expired(&mut cx));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(woken(&count), 1);
+        assert!(timer.poll_expired(&mut cx));
+        // A longer wait after a shorter one: the timer fires at the old deadline, the task is
+        // woken, polls, and the timer is moved on to the wait's own deadline.
+        timer.arm(Duration::from_secs(1));
+        assert!(!timer.poll_expired(&mut cx));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        timer.arm(Duration::from_secs(10));
+        assert!(!timer.poll_expired(&mut cx));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert_eq!(woken(&count), 2);
+        assert!(!timer.poll_expired(&mut cx));
+        tokio::time::advance(Duration::from_millis(9_500)).await;
+        assert_eq!(woken(&count), 3);
+        assert!(timer.poll_expired(&mut cx));
     }
 
     #[tokio::test(start_paused = true)]

@@ -12,6 +12,7 @@ use tracing::debug;
 use crate::config::Timeouts;
 use crate::http1::client::{self, Conn, ConnectError, ConnectFailure, Outgoing, UpstreamError};
 use crate::http1::common::RequestFraming;
+use crate::http1::timer::Timer;
 use crate::proxy::downstream::DownstreamBody;
 use crate::proxy::request_body::RequestBody;
 use crate::upstream::counters::ErrorKind;
@@ -83,12 +84,16 @@ impl Failure {
 /// a backend that read the request and then died looks the same, so this resend follows the
 /// retry rules too: only a `resendable` method, with a body that was kept whole, as nginx and
 /// Go's HTTP client do. A POST caught in that race gets a 502 rather than being sent twice.
+///
+/// `waiter` is the client connection's timer, for the wait for the response head (see
+/// `ConnState::read_head_within`); without one, the backend connection's own is used.
 pub(crate) async fn attempt(
     upstream: &WorkerUpstream,
     backend: usize,
     plan: &Plan<'_>,
     req: &Outgoing<'_>,
     body: &mut RequestBody<'_, impl DownstreamBody>,
+    mut waiter: Option<&mut Timer>,
 ) -> Result<(client::Head, Conn), Failure> {
     let &Plan {
         timeouts,
@@ -109,6 +114,7 @@ pub(crate) async fn attempt(
     };
     loop {
         conn.expect_upgrade(upgrade);
+        let waiter = waiter.as_deref_mut();
         let exchange = async {
             conn.write_head(req, framing, timeouts.send).await?;
             if timed {
@@ -137,7 +143,8 @@ pub(crate) async fn attempt(
                     });
                 }
             }
-            conn.read_head_within(req.method, timeouts.response).await
+            conn.read_head_within(req.method, timeouts.response, waiter)
+                .await
         };
         match exchange.await {
             Ok(head) => return Ok((head, conn)),

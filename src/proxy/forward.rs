@@ -20,6 +20,7 @@ use crate::config::{Algorithm, Buffering, Limits, Protocol, Retry, Timeouts};
 use crate::http1::client::{self, Outgoing, UpstreamBody, UpstreamError};
 use crate::http1::common::Reply;
 use crate::http1::request::{ClientError, RequestHead};
+use crate::http1::timer::Timer;
 use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::attempt::{Failure, Plan, Spans, attempt, attempt_h2};
 use crate::proxy::body::{ProxyBody, Release, h2_reply};
@@ -80,6 +81,10 @@ pub struct DownstreamRequest<'a, B> {
     /// The answer carries the request's spans ([`Answer::upstreamed`]), when it is timed: the
     /// access log or `Server-Timing` reads them.
     pub spans: bool,
+    /// The client connection's timer for the wait for an HTTP/1.1 backend's response head,
+    /// polled by the connection's one task request after request; `None` uses the backend
+    /// connection's own (see `http1::timer`).
+    pub waiter: Option<&'a mut Timer>,
 }
 
 /// Forwards one request, or answers its `refused` at once. Never fails: every failure becomes
@@ -105,6 +110,7 @@ pub async fn handle(
         refused,
         added,
         spans,
+        waiter,
     } = request;
     let method = &head.method;
     let forwarded = match refused {
@@ -121,11 +127,29 @@ pub async fn handle(
                 }
                 // Boxed: the plain path's future does not grow by the sticky one's state.
                 _ if upstream.shared.sticky.is_some() => {
-                    let sticky =
-                        sticky_forward(&upstream, &downstream, &limits, request, body, timed);
+                    let sticky = sticky_forward(
+                        &upstream,
+                        &downstream,
+                        &limits,
+                        request,
+                        body,
+                        timed,
+                        waiter,
+                    );
                     Box::pin(sticky).await
                 }
-                _ => forward(&upstream, &downstream, &limits, request, body, timed).await,
+                _ => {
+                    forward(
+                        &upstream,
+                        &downstream,
+                        &limits,
+                        request,
+                        body,
+                        timed,
+                        waiter,
+                    )
+                    .await
+                }
             }
         }
     };
@@ -234,6 +258,7 @@ async fn forward(
     (head, overrides, added): (&RequestHead, Option<&Overrides>, &[u8]),
     body: &mut impl DownstreamBody,
     timed: Option<(Instant, bool)>,
+    mut waiter: Option<&mut Timer>,
 ) -> Result<Responded, ProxyError> {
     let (at, keep) = (timed.map(|t| t.0), timed.is_some_and(|t| t.1));
     let framing = body.framing();
@@ -318,7 +343,16 @@ async fn forward(
             keep.then(|| Box::new(Upstreamed { backend, timing }))
         };
         let failure = match shared.config.protocol {
-            Protocol::Http1 => match attempt(upstream, backend, &plan, &out, &mut body).await {
+            Protocol::Http1 => match attempt(
+                upstream,
+                backend,
+                &plan,
+                &out,
+                &mut body,
+                waiter.as_deref_mut(),
+            )
+            .await
+            {
                 Ok((answer, conn)) => {
                     let served = served(answer.status, &guard);
                     let reply = h1_reply(upstream, backend, guard, (answer, conn), &head.method);
@@ -379,10 +413,11 @@ async fn sticky_forward(
     (head, overrides, added): (&RequestHead, Option<&Overrides>, &[u8]),
     body: &mut impl DownstreamBody,
     timed: Option<(Instant, bool)>,
+    waiter: Option<&mut Timer>,
 ) -> Result<Responded, ProxyError> {
     let request = (head, overrides, added);
     let Some(sticky) = upstream.shared.sticky.as_deref() else {
-        return forward(upstream, downstream, limits, request, body, timed).await;
+        return forward(upstream, downstream, limits, request, body, timed, waiter).await;
     };
     let route_lines = overrides.and_then(|o| o.lines.as_deref());
     let arrived = sticky.arrived(route_lines.unwrap_or(head.lines()));
@@ -394,7 +429,7 @@ async fn sticky_forward(
     };
     let request = (head, Some(&mine), added);
     let (mut reply, upstreamed) =
-        forward(upstream, downstream, limits, request, body, timed).await?;
+        forward(upstream, downstream, limits, request, body, timed, waiter).await?;
     if let Some(answered) = reply.body.answered_by() {
         sticky.respond(&mut reply.headers, answered, arrived.preferred);
     }
@@ -643,8 +678,13 @@ async fn forward_buffered(
     timed: Option<(Instant, bool)>,
 ) -> Result<Responded, ProxyError> {
     let mut whole = request_buffering::read_whole(body, buffering, limits).await?;
-    // `sticky_forward` is `forward` for an upstream without a sticky cookie.
-    sticky_forward(upstream, downstream, limits, request, &mut whole, timed).await
+    // `sticky_forward` is `forward` for an upstream without a sticky cookie. The backend
+    // connection's timer serves the response wait: this path is out of line, and its attempt
+    // does not carry the client's.
+    sticky_forward(
+        upstream, downstream, limits, request, &mut whole, timed, None,
+    )
+    .await
 }
 
 #[cfg(test)]
