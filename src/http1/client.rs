@@ -522,8 +522,10 @@ impl ConnState {
             if head.status.is_informational() {
                 continue;
             }
-            let framing = framing_of(method, &head)?;
-            return Poll::Ready(Ok(Head { framing, ..head }));
+            // Set in place: a new `Head` made from this one cost a copy of it.
+            let mut head = head;
+            head.framing = framing_of(method, &head)?;
+            return Poll::Ready(Ok(head));
         }
     }
 

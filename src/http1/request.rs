@@ -701,6 +701,14 @@ pub(crate) struct HeadEnd {
 }
 
 impl HeadEnd {
+    /// For a buffer whose first `len` bytes were already parsed, and found to be part of a head.
+    pub(crate) fn searched(len: usize) -> HeadEnd {
+        HeadEnd {
+            tried: true,
+            searched: len,
+        }
+    }
+
     /// Whether `buf` should be parsed now.
     pub(crate) fn arrived(&mut self, buf: &[u8]) -> bool {
         if !self.tried {
