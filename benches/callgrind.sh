@@ -25,8 +25,11 @@
 #   CLIENT=py | CLIENT=proxy-v2  drives pinlb with benches/keepalive_client.py instead of wrk:
 #   16 keep-alive connections, with proxy-v2 each beginning with a PROXY v2 header; compare
 #   LISTENER_TOML='proxy_protocol = true …' CLIENT=proxy-v2 against CLIENT=py.
+#   CLIENT=h2c  drives pinlb with h2load (one thread, 16 connections of 10 concurrent streams,
+#   HTTP/2 with prior knowledge) for the HTTP/2 client side's cost; it sets the listener's
+#   `h2c = true` and the upstream's `keepalive = 1024`, as benches/h2.sh does.
 # Needs: valgrind, nginx, wrk, curl, taskset (apt-get install -y valgrind nginx-light wrk), and
-# haproxy for FRONT=haproxy.
+# haproxy for FRONT=haproxy, h2load (nghttp2-client) for CLIENT=h2c.
 set -euo pipefail
 
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
@@ -68,6 +71,12 @@ taskset -c 1 nginx -p "$WORK/backend" -c "$WORK/backend/nginx.conf" -e "$WORK/ba
 PIDS+=($!)
 wait_port "$BACKEND_PORT"
 
+KEEPALIVE=64
+if [[ ${CLIENT:-} == h2c ]]; then
+    LISTENER_TOML="h2c = true
+${LISTENER_TOML:-}"
+    KEEPALIVE=1024
+fi
 cat >"$WORK/pinlb.toml" <<EOF
 [runtime]
 cpus = [0]
@@ -76,7 +85,7 @@ address = "127.0.0.1:$PORT"
 upstream = "app"
 ${LISTENER_TOML:-}
 [upstream.app]
-keepalive = 64
+keepalive = $KEEPALIVE
 backends = [{ address = "127.0.0.1:$BACKEND_PORT" }]
 ${EXTRA_TOML:-}
 EOF
@@ -115,7 +124,10 @@ load() {
         wrk) taskset -c 1 wrk -t1 -c16 -d"$1"s "http://127.0.0.1:$TARGET/" ;;
         py) taskset -c 1 python3 "$ROOT/benches/keepalive_client.py" "$TARGET" --seconds "$1" ;;
         proxy-v2) taskset -c 1 python3 "$ROOT/benches/keepalive_client.py" "$TARGET" --seconds "$1" --proxy-v2 ;;
-        *) echo "CLIENT is wrk, py or proxy-v2" >&2; exit 2 ;;
+        # h2load's count, written as wrk's line for the count below.
+        h2c) taskset -c 1 h2load -t1 -c16 -m10 -D "$1" "http://127.0.0.1:$TARGET/" |
+            awk '/^requests:/ { print $8, "requests in" }' ;;
+        *) echo "CLIENT is wrk, py, proxy-v2 or h2c" >&2; exit 2 ;;
     esac
 }
 load 2 >/dev/null
