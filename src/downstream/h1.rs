@@ -55,6 +55,7 @@ use crate::sys::head_bufs::Spare;
 use crate::sys::socket::poll_read_tcp;
 use crate::sys::summed::summed_warn;
 use crate::upstream::counters::{ListenerStats, Refusal, Source, TlsFailure};
+use crate::upstream::local::WorkerUpstream;
 
 /// After a response that ends the connection with client bytes left unread, how long and how
 /// much pinlb goes on reading (and discarding) before it closes, so that the close does not
@@ -281,6 +282,24 @@ fn poll_client_gone(stream: &DownstreamStream, watch: &Watch, cx: &mut Context<'
             watch.pipelined.set(true);
             Poll::Pending
         }
+    }
+}
+
+/// The request head `buf` holds whole, parsed; or, for a partial head or one to refuse, where
+/// `read_head` is to take up the search for its end. A head that came whole with the read before
+/// (nearly every one) is parsed here, in `exchange`, not in `read_head`: returned out of that
+/// future, it was moved three times more (about 90 instructions per request,
+/// benches/callgrind.sh). A refused head is parsed again there, to be answered.
+#[inline(always)]
+fn parse_whole(buf: &mut BytesMut, limits: &Limits) -> Result<RequestHead, HeadEnd> {
+    if buf.is_empty() {
+        return Err(HeadEnd::default());
+    }
+    match parse_request(buf, &limits.request()) {
+        Ok(Some(head)) => Ok(head),
+        // Part of a head: `read_head` reads on, and looks for the end only in what is new.
+        Ok(None) => Err(HeadEnd::searched(buf.len())),
+        Err(_) => Err(HeadEnd::default()),
     }
 }
 
@@ -746,24 +765,12 @@ impl Connection {
     /// Reads one request, has the proxy answer it, and writes the response.
     async fn exchange(&self, buf: &mut BytesMut, first: bool, waiter: &mut Timer) -> Next {
         let limits = self.route.rules.borrow().limits;
-        // A head that came whole with the read before (nearly every one) is parsed here, not in
-        // `read_head`: returned out of that future, it was moved three times more (about 90
-        // instructions per request, benches/callgrind.sh). Any other is `read_head`'s to finish
-        // reading or to answer.
-        let parsed = (!buf.is_empty()).then(|| parse_request(buf, &limits.request()));
-        let mut head = match parsed {
-            Some(Ok(Some(head))) => head,
-            parsed => {
-                // Part of a head: `read_head` reads on, and looks for the end only in what is new.
-                let end = match parsed {
-                    Some(Ok(None)) => HeadEnd::searched(buf.len()),
-                    _ => HeadEnd::default(),
-                };
-                match self.read_head(buf, first, &limits, end).await {
-                    Ok(head) => head,
-                    Err(next) => return next,
-                }
-            }
+        let mut head = match parse_whole(buf, &limits) {
+            Ok(head) => head,
+            Err(end) => match self.read_head(buf, first, &limits, end).await {
+                Ok(head) => head,
+                Err(next) => return next,
+            },
         };
         let refused = head.refused.take();
         if let Some(s) = &self.route.stats {
@@ -782,16 +789,7 @@ impl Connection {
             .map(|(batch, at)| Pending::start(&head, self.peer, batch, at, id.as_ref()));
         let client = || self.stream.client_identity();
         crate::downstream::client_cert::edit(&self.route, client, &mut head, pending.as_mut());
-        let (upstream, edits, local) = match refused {
-            // A refused head is answered as such, whatever the routes say.
-            Some(_) => (self.route.upstream.borrow().clone(), None, None),
-            None => match self.route.decide(&head, self.stream.is_tls(), &self.peer) {
-                Decision::Proxy(upstream, edits) => (upstream, edits, None),
-                Decision::Answer(reply) => {
-                    (self.route.upstream.borrow().clone(), None, Some(reply))
-                }
-            },
-        };
+        let (upstream, edits, local) = self.decide(&head, refused.is_some());
         let timeouts = edits
             .as_ref()
             .and_then(|e| e.request.timeouts)
@@ -878,6 +876,27 @@ impl Connection {
             // Bytes the client sent are left unread.
             Ok(Written::Whole { .. }) => Next::Linger,
             Ok(Written::Aborted) | Err(_) => Next::Abort,
+        }
+    }
+
+    /// Where the request goes: its upstream and what its route changes, or the route's own
+    /// answer. A refused head is answered as such, whatever the routes say.
+    #[inline(always)]
+    fn decide(
+        &self,
+        head: &RequestHead,
+        refused: bool,
+    ) -> (
+        Rc<WorkerUpstream>,
+        Option<Box<Edits>>,
+        Option<Reply<ProxyBody>>,
+    ) {
+        if refused {
+            return (self.route.upstream.borrow().clone(), None, None);
+        }
+        match self.route.decide(head, self.stream.is_tls(), &self.peer) {
+            Decision::Proxy(upstream, edits) => (upstream, edits, None),
+            Decision::Answer(reply) => (self.route.upstream.borrow().clone(), None, Some(reply)),
         }
     }
 

@@ -342,16 +342,9 @@ async fn forward(
             let backend = addr;
             keep.then(|| Box::new(Upstreamed { backend, timing }))
         };
+        let wait = waiter.as_deref_mut();
         let failure = match shared.config.protocol {
-            Protocol::Http1 => match attempt(
-                upstream,
-                backend,
-                &plan,
-                &out,
-                &mut body,
-                waiter.as_deref_mut(),
-            )
-            .await
+            Protocol::Http1 => match attempt(upstream, backend, &plan, &out, &mut body, wait).await
             {
                 Ok((answer, conn)) => {
                     let served = served(answer.status, &guard);
