@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use http::{Method, StatusCode};
@@ -287,16 +287,21 @@ async fn metrics_have_the_proxys_added_time_per_upstream_and_connect_times_per_b
     setup.extra = "[admin]\naddress = \"127.0.0.1:0\"\n".into();
     let proxy = Proxy::start(&setup);
     let mut conn = Conn::open(proxy.addr).await;
+    let started = Instant::now();
     for _ in 0..4 {
         assert_eq!(conn.get("/").await.status, StatusCode::OK);
     }
+    let seen = started.elapsed().as_secs_f64();
     let m = proxy.metrics().await;
     assert_eq!(
         m.value("pinlb_proxy_added_seconds_count", "upstream=\"app\""),
         4.0
     );
+    // The proxy's own share is part of what the client waited for, so it is
+    // above zero and below the client's whole wait. No fixed bound: a debug
+    // build on a busy CI host takes milliseconds (a 4 ms bound failed there).
     let sum = m.value("pinlb_proxy_added_seconds_sum", "upstream=\"app\"");
-    assert!(sum > 0.0 && sum < 0.004, "under 1 ms each: {sum}");
+    assert!(sum > 0.0 && sum < seen, "{sum} s of the client's {seen} s");
     let backend = format!("upstream=\"app\",backend=\"{}\"", a.addr);
     // One connection, reused for the rest.
     assert_eq!(
