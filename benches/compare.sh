@@ -38,6 +38,9 @@
 #   core busy    % busy of core 0 and core 1 during the run (/proc/stat), and
 #                core 0's busy % NOT spent in the proxy's processes - rounds
 #                where that exceeds 10% (another program running) are flagged
+#   steal        % of core 0's and core 1's time the hypervisor gave to other
+#                guests during the round (/proc/stat's steal; counted as busy,
+#                so it is in "busy outside proxy" too): a shared host's noise
 # Summary: per proxy the median over rounds of req/s, p99 and CPU us/req, plus
 # min/max req/s; and pinlb's ratios against the best peer, over all rounds and,
 # when some were flagged, over the quiet rounds alone. Printed as Markdown
@@ -187,7 +190,7 @@ echo "           backend 127.0.0.1:$BACKEND_PORT pid $BACKEND_PID (+$(children "
 describe_procs "${PEER_LIST[@]}"
 
 # ---------------------------------------------------------------- rounds
-RAW="$WORK/raw.tsv" # round peer rps p99_us errors cpu_us_per_req requests core0% core1% other0% syscalls segs user_us_per_req
+RAW="$WORK/raw.tsv" # round peer rps p99_us errors cpu_us_per_req requests core0% core1% other0% syscalls segs user_us_per_req steal0% steal1%
 : >"$RAW"
 for ((r = 1; r <= ROUNDS; r++)); do
     for p in "${PEER_LIST[@]}"; do
@@ -198,6 +201,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
         c0=$(cpu_ticks "${tree[@]}")
         u0=$(user_ticks "${tree[@]}")
         j0=$(core_jiffies)
+        st0=$(core_steal_jiffies)
         out="$WORK/wrk-$r-$p.txt"
         if ((SYSCALLS)); then
             segs0=$(tcp_out_segs)
@@ -215,6 +219,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
         c1=$(cpu_ticks "${tree[@]}")
         u1=$(user_ticks "${tree[@]}")
         read -r busy0 busy1 < <(core_busy "$j0" "$(core_jiffies)")
+        read -r steal0 steal1 < <(core_busy "$st0" "$(core_steal_jiffies)")
         kill -0 "$pid" 2>/dev/null || { cat "${LOGF[$p]}" >&2 || true; die "$p (pid $pid) died during round $r"; }
 
         rps=$(awk '/^Requests\/sec:/ {print $2}' "$out")
@@ -237,9 +242,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
             read -r sys_req segs_req < <(awk -v c="${calls:-0}" -v s=$((segs1 - segs0)) -v n="$reqs" \
                 'BEGIN { printf "%.2f %.2f\n", (n > 0) ? c / n : 0, (n > 0) ? s / n : 0 }')
         fi
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$p99" "$errors" "$cpu" "$reqs" "$busy0" "$busy1" "$other0" "$sys_req" "$segs_req" "$user" >>"$RAW"
-        printf 'round %d/%d  %-8s %8.0f req/s  p99 %6s us  cpu %6s us/req  core0 %3s%% (other %2s%%)  core1 %3s%%  errors %s%s\n' \
-            "$r" "$ROUNDS" "$p" "$rps" "$p99" "$cpu" "$busy0" "$other0" "$busy1" "$errors" \
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$p99" "$errors" "$cpu" "$reqs" "$busy0" "$busy1" "$other0" "$sys_req" "$segs_req" "$user" "$steal0" "$steal1" >>"$RAW"
+        printf 'round %d/%d  %-8s %8.0f req/s  p99 %6s us  cpu %6s us/req  core0 %3s%% (other %2s%%, stolen %2s%%)  core1 %3s%% (stolen %2s%%)  errors %s%s\n' \
+            "$r" "$ROUNDS" "$p" "$rps" "$p99" "$cpu" "$busy0" "$other0" "$steal0" "$busy1" "$steal1" "$errors" \
             "$( ((errors > 0)) && echo "  (socket: ${sockerr:-0}, non-2xx/3xx: ${non2xx:-0})")"
         if ((SYSCALLS)); then printf '              %s system calls and %s TCP segments per request\n' "$sys_req" "$segs_req"; fi
         if ((errors > 0)); then log "WARNING: $p had errors in round $r"; fi
@@ -356,14 +361,15 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
     noisy=$(awk -F'\t' '$10 > 10 { n++ } END { print n + 0 }' "$RAW")
     if ((noisy > 0)); then
         echo
-        echo "**Warning:** in $noisy round(s) core 0 was more than 10% busy outside the proxy under test (another program was running); those numbers are noisy."
+        stolen=$(awk -F'\t' '$10 > 10 && $14 + 0 >= $10 / 2 { n++ } END { print n + 0 }' "$RAW")
+        echo "**Warning:** in $noisy round(s) core 0 was more than 10% busy outside the proxy under test (another program was running, or the host took the time: in $stolen of them at least half of it was steal); those numbers are noisy."
     fi
     echo
     echo "<details><summary>per-round results</summary>"
     echo
-    echo "| round | proxy | req/s | p99 µs | CPU µs/req | user µs/req | system calls/req | TCP segments/req | errors | requests | core0 busy | core0 busy outside proxy | core1 busy |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    awk -F'\t' '{ printf "| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s%% | %s%% | %s%% |\n", $1, $2, $3, $4, $6, $13, $11, $12, $5, $7, $8, $10, $9 }' "$RAW"
+    echo "| round | proxy | req/s | p99 µs | CPU µs/req | user µs/req | system calls/req | TCP segments/req | errors | requests | core0 busy | core0 busy outside proxy | core1 busy | core0 / core1 stolen by the host |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    awk -F'\t' '{ printf "| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s%% | %s%% | %s%% | %s%% / %s%% |\n", $1, $2, $3, $4, $6, $13, $11, $12, $5, $7, $8, $10, $9, $14, $15 }' "$RAW"
     echo
     echo "</details>"
 } >"$MD"

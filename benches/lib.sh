@@ -95,7 +95,14 @@ core_jiffies() {
     awk '$1 == "cpu0" || $1 == "cpu1" { b = $2 + $3 + $4 + $7 + $8 + $9; printf "%d %d ", b, b + $5 + $6 } END { print "" }' /proc/stat
 }
 
-# busy% of core 0 and core 1 between two core_jiffies snapshots
+# "steal0 total0 steal1 total1": jiffies of cores 0 and 1 that the hypervisor gave to another
+# guest (/proc/stat's steal), and all jiffies. On a shared VM this is the neighbours' load.
+core_steal_jiffies() {
+    awk '$1 == "cpu0" || $1 == "cpu1" { t = 0; for (i = 2; i <= 9; i++) t += $i; printf "%d %d ", $9, t } END { print "" }' /proc/stat
+}
+
+# busy% of core 0 and core 1 between two core_jiffies snapshots (or the steal% between two
+# core_steal_jiffies snapshots: the same division)
 core_busy() { # "SNAP0" "SNAP1"
     awk -v a="$1" -v b="$2" 'BEGIN {
         split(a, x, " "); split(b, y, " ")
