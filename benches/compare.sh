@@ -38,6 +38,9 @@
 #   core busy    % busy of core 0 and core 1 during the run (/proc/stat), and
 #                core 0's busy % NOT spent in the proxy's processes - rounds
 #                where that exceeds 10% (another program running) are flagged
+#   sleeps/req   voluntary context switches of the proxy's threads per request:
+#                how often it ran out of work and waited (parked in epoll_wait,
+#                then woken); the kernel's cost of each is in its CPU per request
 #   steal        % of core 0's and core 1's time the hypervisor gave to other
 #                guests during the round (/proc/stat's steal; counted as busy,
 #                so it is in "busy outside proxy" too): a shared host's noise
@@ -190,7 +193,7 @@ echo "           backend 127.0.0.1:$BACKEND_PORT pid $BACKEND_PID (+$(children "
 describe_procs "${PEER_LIST[@]}"
 
 # ---------------------------------------------------------------- rounds
-RAW="$WORK/raw.tsv" # round peer rps p99_us errors cpu_us_per_req requests core0% core1% other0% syscalls segs user_us_per_req steal0% steal1%
+RAW="$WORK/raw.tsv" # round peer rps p99_us errors cpu_us_per_req requests core0% core1% other0% syscalls segs user_us_per_req steal0% steal1% sleeps_per_req
 : >"$RAW"
 for ((r = 1; r <= ROUNDS; r++)); do
     for p in "${PEER_LIST[@]}"; do
@@ -200,6 +203,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
         mapfile -t tree < <(proc_tree "$pid")
         c0=$(cpu_ticks "${tree[@]}")
         u0=$(user_ticks "${tree[@]}")
+        z0=$(sleeps "${tree[@]}")
         j0=$(core_jiffies)
         st0=$(core_steal_jiffies)
         out="$WORK/wrk-$r-$p.txt"
@@ -218,6 +222,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
         fi
         c1=$(cpu_ticks "${tree[@]}")
         u1=$(user_ticks "${tree[@]}")
+        z1=$(sleeps "${tree[@]}")
         read -r busy0 busy1 < <(core_busy "$j0" "$(core_jiffies)")
         read -r steal0 steal1 < <(core_busy "$st0" "$(core_steal_jiffies)")
         kill -0 "$pid" 2>/dev/null || { cat "${LOGF[$p]}" >&2 || true; die "$p (pid $pid) died during round $r"; }
@@ -237,12 +242,13 @@ for ((r = 1; r <= ROUNDS; r++)); do
         errors=$((${sockerr:-0} + ${non2xx:-0}))
         cpu=$(awk -v d=$((c1 - c0)) -v hz="$CLK_TCK" -v n="$reqs" 'BEGIN { printf "%.2f\n", (n > 0) ? d * 1e6 / hz / n : 0 }')
         user=$(awk -v d=$((u1 - u0)) -v hz="$CLK_TCK" -v n="$reqs" 'BEGIN { printf "%.2f\n", (n > 0) ? d * 1e6 / hz / n : 0 }')
+        slept=$(awk -v d=$((z1 - z0)) -v n="$reqs" 'BEGIN { printf "%.4f\n", (n > 0) ? d / n : 0 }')
         if ((SYSCALLS)); then
             calls=$(awk -F, '$3 == "raw_syscalls:sys_enter" { print $1 }' "$WORK/perf-$r-$p.txt")
             read -r sys_req segs_req < <(awk -v c="${calls:-0}" -v s=$((segs1 - segs0)) -v n="$reqs" \
                 'BEGIN { printf "%.2f %.2f\n", (n > 0) ? c / n : 0, (n > 0) ? s / n : 0 }')
         fi
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$p99" "$errors" "$cpu" "$reqs" "$busy0" "$busy1" "$other0" "$sys_req" "$segs_req" "$user" "$steal0" "$steal1" >>"$RAW"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$p99" "$errors" "$cpu" "$reqs" "$busy0" "$busy1" "$other0" "$sys_req" "$segs_req" "$user" "$steal0" "$steal1" "$slept" >>"$RAW"
         printf 'round %d/%d  %-8s %8.0f req/s  p99 %6s us  cpu %6s us/req  core0 %3s%% (other %2s%%, stolen %2s%%)  core1 %3s%% (stolen %2s%%)  errors %s%s\n' \
             "$r" "$ROUNDS" "$p" "$rps" "$p99" "$cpu" "$busy0" "$other0" "$steal0" "$busy1" "$steal1" "$errors" \
             "$( ((errors > 0)) && echo "  (socket: ${sockerr:-0}, non-2xx/3xx: ${non2xx:-0})")"
@@ -367,9 +373,9 @@ if [[ $WARMUP == 0 ]]; then WARMUP_TXT="no warm-up"; else WARMUP_TXT="a $WARMUP 
     echo
     echo "<details><summary>per-round results</summary>"
     echo
-    echo "| round | proxy | req/s | p99 µs | CPU µs/req | user µs/req | system calls/req | TCP segments/req | errors | requests | core0 busy | core0 busy outside proxy | core1 busy | core0 / core1 stolen by the host |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    awk -F'\t' '{ printf "| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s%% | %s%% | %s%% | %s%% / %s%% |\n", $1, $2, $3, $4, $6, $13, $11, $12, $5, $7, $8, $10, $9, $14, $15 }' "$RAW"
+    echo "| round | proxy | req/s | p99 µs | CPU µs/req | user µs/req | system calls/req | TCP segments/req | errors | requests | core0 busy | core0 busy outside proxy | core1 busy | core0 / core1 stolen by the host | sleeps/req |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    awk -F'\t' '{ printf "| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s%% | %s%% | %s%% | %s%% / %s%% | %s |\n", $1, $2, $3, $4, $6, $13, $11, $12, $5, $7, $8, $10, $9, $14, $15, $16 }' "$RAW"
     echo
     echo "</details>"
 } >"$MD"

@@ -34,6 +34,17 @@ stat_ticks() {
     echo "$total"
 }
 
+# sleeps PID...: voluntary context switches of every thread of the given pids, summed: how
+# many times they waited for work (for a proxy: parked in epoll_wait, then woken).
+sleeps() {
+    local pid total=0 t
+    for pid in "$@"; do
+        t=$(awk '/^voluntary_ctxt_switches/ { n += $2 } END { print n + 0 }' /proc/"$pid"/task/*/status 2>/dev/null) || t=0
+        total=$((total + ${t:-0}))
+    done
+    echo "$total"
+}
+
 port_in_use() {
     ss -ltnH "sport = :$1" 2>/dev/null | grep -q . && return 0
     return 1
