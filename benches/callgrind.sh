@@ -28,6 +28,14 @@
 #   CLIENT=h2c  drives pinlb with h2load (one thread, 16 connections of 10 concurrent streams,
 #   HTTP/2 with prior knowledge) for the HTTP/2 client side's cost; it sets the listener's
 #   `h2c = true` and the upstream's `keepalive = 1024`, as benches/h2.sh does.
+#   SUBJECT=nginx  counts nginx instead of pinlb, as the proxy in the same place (one worker,
+#   `master_process off`, benches/peers/nginx.conf: the configuration benches/compare.sh runs),
+#   so that pinlb's count is set beside nginx's from the same harness; PINLB_BINARY is then
+#   ignored. Only with the default CLIENT and no FRONT.
+#   CACHE_SIM=1  adds valgrind's cache simulation (--cache-sim=yes: L1 instruction and data,
+#   last level) and prints the misses per request too. About 3 times slower, so fewer requests
+#   are done and each costs more instructions (wake-ups are batched less): compare only runs
+#   made the same way.
 # Needs: valgrind, nginx, wrk, curl, taskset (apt-get install -y valgrind nginx-light wrk), and
 # haproxy for FRONT=haproxy, h2load (nghttp2-client) for CLIENT=h2c.
 set -euo pipefail
@@ -89,8 +97,26 @@ keepalive = $KEEPALIVE
 backends = [{ address = "127.0.0.1:$BACKEND_PORT" }]
 ${EXTRA_TOML:-}
 EOF
-RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" \
-    "$PINLB" serve -c "$WORK/pinlb.toml" 2>"$WORK/valgrind.log" &
+VALGRIND=(valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out")
+if [[ ${CACHE_SIM:-0} == 1 ]]; then VALGRIND+=(--cache-sim=yes); fi
+case ${SUBJECT:-pinlb} in
+    pinlb)
+        RUST_LOG=warn "${VALGRIND[@]}" "$PINLB" serve -c "$WORK/pinlb.toml" 2>"$WORK/valgrind.log" &
+        ;;
+    nginx)
+        [[ -z ${FRONT:-} && -z ${CLIENT:-} ]] || { echo "SUBJECT=nginx takes neither FRONT nor CLIENT" >&2; exit 2; }
+        mkdir -p "$WORK/nginx/tmp"
+        sed -e "s|$WORK/backend/|$WORK/nginx/|g" "$WORK/backend/temp_paths.conf" >"$WORK/nginx/temp_paths.conf"
+        sed -e "s|@DIR@|$WORK/nginx|g" -e "s|@PORT@|$PORT|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" \
+            -e 's|^master_process on;|master_process off;|' \
+            "$ROOT/benches/peers/nginx.conf" >"$WORK/nginx/nginx.conf"
+        grep -q '^master_process off;' "$WORK/nginx/nginx.conf" || { echo "benches/peers/nginx.conf has no 'master_process on;' to turn off" >&2; exit 1; }
+        PINLB="nginx ($(nginx -v 2>&1 | sed 's|.*/||'), benches/peers/nginx.conf)"
+        taskset -c 0 "${VALGRIND[@]}" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" \
+            -e "$WORK/nginx/error.log" 2>"$WORK/valgrind.log" &
+        ;;
+    *) echo "SUBJECT is pinlb or nginx" >&2; exit 2 ;;
+esac
 VG=$!
 PIDS+=("$VG")
 TARGET=$PORT
@@ -135,8 +161,18 @@ callgrind_control -z "$VG" >/dev/null 2>&1
 out=$(load 4)
 callgrind_control -d "$VG" >/dev/null 2>&1
 requests=$(awk '/requests in/{print $1}' <<<"$out")
-ir=$(cp "$WORK/cg.out.1" "${KEEP_PROFILE:-/dev/null}" 2>/dev/null || true; callgrind_annotate "$WORK/cg.out.1" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
+cp "$WORK/cg.out.1" "${KEEP_PROFILE:-/dev/null}" 2>/dev/null || true
+# PROGRAM TOTALS: Ir, then with the cache simulation Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw.
+read -r ir _ _ i1 d1r d1w ll_i ll_dr ll_dw < <(callgrind_annotate "$WORK/cg.out.1" 2>/dev/null |
+    awk '/PROGRAM TOTALS/ { n = 0; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9,]+$/) { gsub(",", "", $i); v[++n] = $i }
+        for (i = 1; i <= 9; i++) printf "%d ", v[i]; print ""; exit }')
 echo "binary:   $PINLB"
 echo "requests: $requests"
 echo "Ir:       $ir"
 echo "Ir/req:   $((ir / requests))"
+if [[ ${CACHE_SIM:-0} == 1 ]]; then
+    awk -v n="$requests" -v ir="$ir" -v i1="$i1" -v d1=$((d1r + d1w)) -v ll=$((ll_i + ll_dr + ll_dw)) 'BEGIN {
+        printf "L1 instruction misses/req: %.0f (%.2f%% of instructions)\n", i1 / n, 100 * i1 / ir
+        printf "L1 data misses/req:        %.0f\n", d1 / n
+        printf "last-level misses/req:     %.1f\n", ll / n }'
+fi
