@@ -13,7 +13,9 @@
 //! Polling the tokio timer again for the task it last registered would only register that task
 //! again (about 115 instructions: the task budget, the timer's state, its waker). [`Timer`]
 //! remembers which task that was, and while the timer is set where it was then and has not
-//! fired, a poll for the same task is answered without polling it. That pays when one task
+//! fired, a poll for the same task is answered without polling it. A poll that tokio answered
+//! Pending only because the task had spent its cooperative budget registered nothing, and is
+//! not remembered: a wait that began so would otherwise never time out. That pays when one task
 //! polls the timer wait after wait: the client side's response wait (`proxy::attempt`) and its
 //! `Deadline`s; a pooled backend connection's own timer, polled by whichever client task has it
 //! now, usually polls.
@@ -90,7 +92,12 @@ impl Timer {
         // Twice at most: a timer that fired early is moved to `until`, which is later than now.
         for _ in 0..2 {
             if sleep.as_mut().poll(cx).is_pending() {
-                self.registered = Some(task);
+                // A task that has spent tokio's cooperative budget gets Pending without the
+                // timer taking its waker (tokio wakes the task to poll again instead), so only a
+                // Pending with budget left means the timer holds this task's waker.
+                if tokio::task::coop::has_budget_remaining() {
+                    self.registered = Some(task);
+                }
                 return false;
             }
             if Instant::now() >= until {
@@ -105,7 +112,7 @@ impl Timer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::future::poll_fn;
+    use std::future::{Future, poll_fn};
     use std::task::Poll;
 
     /// Waits until `timer` expires, and says how long that took on the (paused) clock.
@@ -203,6 +210,40 @@ mod tests {
         tokio::time::advance(Duration::from_millis(9_500)).await;
         assert_eq!(woken(&count), 3);
         assert!(timer.poll_expired(&mut cx));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_first_polled_with_the_tasks_budget_spent_still_times_out() {
+        // A task that moved many bytes in one poll (an upload relayed to a backend) has spent
+        // tokio's cooperative budget, and its timer's first poll then answers Pending without
+        // registering the task. The wait must still end at its deadline, not when something
+        // else happens to wake the task.
+        let mut timer = Timer::default();
+        timer.arm(Duration::from_secs(10));
+        let start = Instant::now();
+        let mut spent = false;
+        let waited = tokio::time::timeout(
+            Duration::from_secs(60),
+            poll_fn(|cx| {
+                if !std::mem::replace(&mut spent, true) {
+                    // Bounded: the budget is 128 units, and each pass spends one or stops.
+                    for _ in 0..1_000 {
+                        let spend = std::pin::pin!(tokio::task::consume_budget());
+                        if spend.poll(cx).is_pending() {
+                            break;
+                        }
+                    }
+                }
+                if timer.poll_expired(cx) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            }),
+        )
+        .await;
+        assert!(waited.is_ok(), "the wait never timed out");
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
     }
 
     #[tokio::test(start_paused = true)]
