@@ -675,7 +675,15 @@ async fn nothing_is_retried_once_the_response_head_arrived() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_post_after_the_backend_closed_its_idle_connection_arrives_with_its_body() {
-    let a = Backend::start_with_idle_timeout("a", Duration::from_millis(100)).await;
+    // The backend closes each connection right after answering, without `Connection: close`:
+    // the pooled connection dies while idle. Once the FIN has reached pinlb, the POST goes on a
+    // fresh connection with its body. (Sent before the FIN arrives, it would meet the keep-alive
+    // race, where a POST gets a 502 rather than being sent twice:
+    // `a_post_on_a_pooled_connection_that_dies_is_not_sent_again`.)
+    let a = RawServer::start(|seen| {
+        RawAction::RespondAndClose(raw_ok("a", &String::from_utf8_lossy(&seen.body)))
+    })
+    .await;
     let proxy = Proxy::start(&Setup::with(&[a.addr]));
     let mut conn = Conn::open(proxy.addr).await;
 
@@ -688,9 +696,13 @@ async fn a_post_after_the_backend_closed_its_idle_connection_arrives_with_its_bo
         .fetch(request(Method::POST, "/form", full("second=2")))
         .await;
     assert_eq!(r.status, 200, "{r:?}");
-    assert_eq!(r.headers["x-body-bytes"], "8");
-    assert_eq!(a.requests()[1].body_start, b"second=2");
-    assert_eq!(a.accepts(), 2);
+    assert_eq!(r.body, "second=2");
+    let seen: Vec<(usize, usize)> = a.seen().iter().map(|s| (s.conn, s.nth)).collect();
+    assert_eq!(
+        seen,
+        [(1, 1), (2, 1)],
+        "each POST on a connection of its own"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -136,17 +136,9 @@ impl Backend {
         Backend::serve(listener, id, delay)
     }
 
-    /// A backend that closes keep-alive connections idle for longer than `idle`.
-    pub async fn start_with_idle_timeout(id: &str, idle: Duration) -> Backend {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind backend");
-        Backend::serve_with(listener, id, Duration::ZERO, Some(idle), None)
-    }
-
     /// Serves on an already bound listener (e.g. on a port that refused connections before).
     pub fn serve(listener: TcpListener, id: &str, delay: Duration) -> Backend {
-        Backend::serve_with(listener, id, delay, None, None)
+        Backend::serve_with(listener, id, delay, None)
     }
 
     /// The same backend over TLS: each connection's handshake with `tls` (a rustls server
@@ -156,14 +148,13 @@ impl Backend {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind backend");
-        Backend::serve_with(listener, id, Duration::ZERO, None, Some(tls.into()))
+        Backend::serve_with(listener, id, Duration::ZERO, Some(tls.into()))
     }
 
     fn serve_with(
         listener: TcpListener,
         id: &str,
         delay: Duration,
-        idle: Option<Duration>,
         tls: Option<tokio_rustls::TlsAcceptor>,
     ) -> Backend {
         let addr = listener.local_addr().unwrap();
@@ -200,7 +191,7 @@ impl Backend {
                 let tls = tls.clone();
                 tokio::spawn(async move {
                     match tls {
-                        None => serve_connection(&st, stream, idle).await,
+                        None => serve_connection(&st, stream).await,
                         Some(acceptor) => {
                             if let Ok(Ok(t)) =
                                 tokio::time::timeout(WAIT, acceptor.accept(stream)).await
@@ -212,7 +203,7 @@ impl Backend {
                                         == Some(rustls::HandshakeKind::Resumed),
                                     client_cert: c.peer_certificates().is_some(),
                                 });
-                                serve_connection(&st, t, idle).await;
+                                serve_connection(&st, t).await;
                             }
                         }
                     }
@@ -346,7 +337,7 @@ impl Drop for Backend {
 }
 
 /// Serves HTTP/1.1 on one accepted connection until it closes or the backend is killed.
-async fn serve_connection<S>(st: &Arc<BackendState>, stream: S, idle: Option<Duration>)
+async fn serve_connection<S>(st: &Arc<BackendState>, stream: S)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -354,12 +345,7 @@ where
         let st = st.clone();
         service_fn(move |req| backend_handle(st.clone(), req))
     };
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    if let Some(idle) = idle {
-        builder
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(idle);
-    }
+    let builder = hyper::server::conn::http1::Builder::new();
     let mut killed = st.killed.subscribe();
     // A kill drops the connection wherever it is, a request in flight included.
     tokio::select! {

@@ -84,6 +84,8 @@ struct RawState {
     requests: watch::Sender<usize>,
     probes: watch::Sender<usize>,
     seen: Mutex<Vec<RawSeen>>,
+    /// Connections this side has closed (its socket dropped: the FIN or RST is on its way).
+    closed: watch::Sender<usize>,
 }
 
 /// A backend that speaks HTTP/1.1 by hand, for failures hyper would not produce: it reads each
@@ -115,6 +117,7 @@ impl RawServer {
             requests: watch::Sender::new(0),
             probes: watch::Sender::new(0),
             seen: Mutex::new(Vec::new()),
+            closed: watch::Sender::new(0),
         });
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
         let st = state.clone();
@@ -128,7 +131,11 @@ impl RawServer {
                     },
                 };
                 let conn = st.accepts.fetch_add(1, Ordering::SeqCst) + 1;
-                tokio::spawn(raw_connection(stream, conn, st.clone(), script.clone()));
+                let (st, script) = (st.clone(), script.clone());
+                tokio::spawn(async move {
+                    raw_connection(stream, conn, st.clone(), script).await;
+                    st.closed.send_modify(|c| *c += 1);
+                });
             }
         });
         RawServer {
@@ -177,6 +184,19 @@ impl RawServer {
             .await
             .unwrap_or_else(|_| panic!("never saw {n} requests (saw {})", self.requests()))
             .expect("request counter closed");
+    }
+
+    /// Waits (bounded) until this side has closed `n` connections: their sockets are dropped,
+    /// so pinlb's end has the FIN (or RST) in its receive queue.
+    pub async fn wait_for_closed(&self, n: usize) {
+        let mut rx = self.state.closed.subscribe();
+        tokio::time::timeout(WAIT, rx.wait_for(|c| *c >= n))
+            .await
+            .unwrap_or_else(|_| {
+                let closed = *self.state.closed.borrow();
+                panic!("never closed {n} connections (closed {closed})")
+            })
+            .expect("close counter closed");
     }
 
     pub async fn wait_for_probes(&self, n: usize) {
