@@ -237,6 +237,29 @@ fn check_reports_every_mistake_of_a_file_in_one_run() {
 }
 
 #[test]
+fn check_reports_an_unknown_key_a_bad_address_and_a_bad_duration_in_three_tables_at_once() {
+    // serde stops at the first unknown key; the rest of the file is still read and validated.
+    assert_check_rejects(
+        "mistakes_of_every_kind.toml",
+        r#"{file}:6:1: runtime.shutdown_timout: unknown field `shutdown_timout`, expected one of `cpus`, `shutdown_timeout`, `upgrade_socket`
+{file}:9:11: listener[0].address: invalid address "127.0.0.1", expected IP:PORT such as "127.0.0.1:8888"
+{file}:16:11: upstream.app.timeouts.connect: invalid duration "5", expected a number with a unit, such as "250ms", "2s" or "1m"
+3 errors"#,
+    );
+}
+
+#[test]
+fn check_reads_the_other_sections_when_a_table_lacks_a_key_it_needs() {
+    assert_check_rejects(
+        "wrong_type_of_a_needed_key.toml",
+        r#"{file}:5:12: runtime.cpus[1]: invalid core list "x" ("x" is not a core number), expected a core id, a range string like "2-5", or a list of them
+{file}:8:11: listener[0].address: invalid type: integer `8080`, expected a string
+{file}:12:43: upstream.app.backends[0].weigth: unknown field `weigth`, expected one of `address`, `srv`, `weight`, `cpus`, `max_conns`, `slow_start`, `backup`
+3 errors"#,
+    );
+}
+
+#[test]
 fn serve_refuses_a_file_with_several_mistakes_listing_every_one() {
     let file = "tests/fixtures/several_mistakes.toml";
     let out = pinlb(&["serve", "-c", file]);

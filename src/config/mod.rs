@@ -1187,14 +1187,20 @@ impl Config {
     /// Parses and validates `text`; `file` is only used in messages. `allowed` is the set of cores
     /// the process may run on (the default for `runtime.cpus`).
     ///
-    /// A syntax or type error stops at itself: nothing after it can be read reliably. Otherwise
-    /// every section, every upstream and every listener is validated, and every error is
-    /// reported, in file order. A check that depends on a section that failed is skipped rather
+    /// Syntax errors stop at themselves: nothing after one can be read reliably. Unknown keys and
+    /// values of the wrong type are all reported ([`RawConfig::parse`]), and the rest of the
+    /// file is validated without them: every section, every upstream and every listener, and
+    /// every error is reported, in file order. An error that only follows from a key left out
+    /// (its table's, or about its value) is not reported again. A check that depends on a section that failed is skipped rather
     /// than reported as a second, confusing error: a listener may name an upstream that failed,
     /// and the spawned ports are checked only once every upstream is valid.
     pub fn parse(file: &str, text: &str, allowed: &[usize]) -> Result<Config, ConfigErrors> {
         let src = Source { file, text };
-        let raw = RawConfig::parse(&src)?;
+        let raw::Parsed {
+            raw,
+            errors: wrong_keys,
+            dropped,
+        } = RawConfig::parse(&src)?;
         let mut errors = Vec::new();
         let e = &mut errors;
         let runtime = kept(e, validate::runtime(&src, &raw.runtime, allowed));
@@ -1241,6 +1247,8 @@ impl Config {
                 validate::spawn_ports(&src, &raw.upstream, upstreams, &taken),
             );
         }
+        errors.retain(|e| !dropped.iter().any(|d| raw::follows_from(&e.key, d)));
+        errors.extend(wrong_keys);
         if let Some(errors) = ConfigErrors::new(errors) {
             return Err(errors);
         }

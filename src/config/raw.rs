@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use toml::Spanned;
 
-use super::error::{ConfigError, Source};
+use super::error::{ConfigError, ConfigErrors, Source};
 use super::error_pages::RawErrorPage;
 use super::{Algorithm, Protocol, StatusSet};
 use crate::sys::cpus::parse_cpu_list;
@@ -70,28 +70,176 @@ pub(super) struct RawResolve {
     pub min_interval: Option<Spanned<Dur>>,
 }
 
+/// What [`RawConfig::parse`] read: the file's values less the keys whose values were wrong,
+/// and the errors of those keys.
+pub(super) struct Parsed {
+    pub raw: RawConfig,
+    /// One for each key left out, in the order found.
+    pub errors: Vec<ConfigError>,
+    /// The dotted paths of the keys left out (as an error's key writes them:
+    /// `upstream.app.backends[0].weight`), so that validation does not report again what their
+    /// absence causes.
+    pub dropped: Vec<String>,
+}
+
+/// The most errors one file is read for: each costs a deserialisation of the whole file.
+const MAX_ERRORS: usize = 100;
+
+/// Serde's key for the value inside a `Spanned`; users never wrote it.
+const SPANNED_VALUE: &str = "$__serde_spanned_private_value";
+
 impl RawConfig {
-    /// Deserialises `src`'s text. A type error names the key as the user wrote it and points at
-    /// the value.
-    pub fn parse(src: &Source) -> Result<RawConfig, ConfigError> {
-        let de = toml::Deserializer::parse(src.text)
+    /// Deserialises `src`'s text, reporting every wrong key at once. A type error names the key
+    /// as the user wrote it and points at the value.
+    ///
+    /// Serde stops at the first error, so the document is parsed once and deserialised again
+    /// with each wrong key taken out (an unknown key, a value of the wrong type; the whole list
+    /// for a wrong element of one), until the rest deserialises: every table's mistakes are
+    /// then found, in whatever order serde meets them. A syntax error stops at itself: what
+    /// follows one can't be read reliably. A table that lacks a key it needs (missing, or taken
+    /// out for its wrong value) can't be built, so its whole section (`listener`, `upstream`…)
+    /// is taken out and the other sections are read on; the file is then not validated
+    /// further, and the errors of its keys are what is reported.
+    pub fn parse(src: &Source) -> Result<Parsed, ConfigErrors> {
+        let mut doc = toml::de::DeTable::parse(src.text)
             .map_err(|e| src.at(e.span().unwrap_or(0..0), "", e.message()))?;
-        serde_path_to_error::deserialize(de).map_err(|e| {
-            // `Spanned` values deserialize through a private field; users never wrote that key.
+        let mut errors = Vec::new();
+        let mut dropped = Vec::new();
+        // Sections taken out whole: the file can't then be validated as a whole.
+        let mut sections_dropped = false;
+        // Bounded: every pass returns, or takes a key out of the document.
+        for _ in 0..MAX_ERRORS {
+            let de = toml::Deserializer::from(doc.clone());
+            let e = match serde_path_to_error::deserialize(de) {
+                Ok(_) if sections_dropped => break,
+                Ok(raw) => {
+                    return Ok(Parsed {
+                        raw,
+                        errors,
+                        dropped,
+                    });
+                }
+                Err(e) => e,
+            };
+            let steps = steps(e.path());
             let key = e
                 .path()
                 .to_string()
-                .replace(".$__serde_spanned_private_value", "");
-            let inner = e.into_inner();
+                .replace(&format!(".{SPANNED_VALUE}"), "");
             let key = if key == "." { String::new() } else { key };
+            let inner = e.into_inner();
             let mut message = inner.message().to_string();
-            if let Some(hint) = elsewhere(&key, &message) {
-                message.push_str("; ");
-                message.push_str(&hint);
+            // A required key taken out for its wrong value: its error is reported already.
+            let consequence =
+                missing_field(&message).is_some_and(|field| dropped.contains(&join(&key, field)));
+            if !consequence {
+                if let Some(hint) = elsewhere(&key, &message) {
+                    message.push_str("; ");
+                    message.push_str(&hint);
+                }
+                errors.push(src.at(inner.span().unwrap_or(0..0), &key, message));
             }
-            src.at(inner.span().unwrap_or(0..0), &key, message)
-        })
+            let Some(steps) = steps else { break };
+            let last = steps.iter().rposition(|s| matches!(s, Step::Key(_)));
+            let wrong_key = last.filter(|_| missing_field(inner.message()).is_none());
+            if let Some(last) = wrong_key
+                && take_out(doc.get_mut(), &steps[..=last])
+            {
+                dropped.push(path_text(&steps[..=last]));
+                continue;
+            }
+            // A table without a key it needs: its whole section goes, so that the others are
+            // still read for their own mistakes.
+            match steps.first() {
+                Some(Step::Key(section)) if doc.get_mut().remove(section.as_str()).is_some() => {
+                    sections_dropped = true;
+                }
+                _ => break,
+            }
+        }
+        Err(ConfigErrors::new(errors).expect("a pass that did not deserialise left an error"))
     }
+}
+
+/// One step of the way to a value: a table's key or a list's index.
+#[derive(Debug)]
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+/// `path`'s steps, without serde's `Spanned` ones; `None` where a step is not a key or an index.
+fn steps(path: &serde_path_to_error::Path) -> Option<Vec<Step>> {
+    use serde_path_to_error::Segment;
+    path.iter()
+        .filter(|s| !matches!(s, Segment::Map { key } if key == SPANNED_VALUE))
+        .map(|s| match s {
+            Segment::Map { key } => Some(Step::Key(key.clone())),
+            Segment::Enum { variant } => Some(Step::Key(variant.clone())),
+            Segment::Seq { index } => Some(Step::Index(*index)),
+            Segment::Unknown => None,
+        })
+        .collect()
+}
+
+/// `steps` as an error's key writes them: `upstream.app.backends[0].weight`.
+fn path_text(steps: &[Step]) -> String {
+    let mut text = String::new();
+    for step in steps {
+        match step {
+            Step::Key(k) => text = join(&text, k),
+            Step::Index(i) => text.push_str(&format!("[{i}]")),
+        }
+    }
+    text
+}
+
+/// `table.key`, or `key` at the top level.
+fn join(table: &str, key: &str) -> String {
+    if table.is_empty() {
+        key.to_string()
+    } else {
+        format!("{table}.{key}")
+    }
+}
+
+/// The field of serde's "missing field `NAME`" message.
+fn missing_field(message: &str) -> Option<&str> {
+    message.strip_prefix("missing field `")?.split('`').next()
+}
+
+/// Takes the key at the end of `steps` out of `table`; false when the way there does not exist.
+fn take_out(table: &mut toml::de::DeTable<'_>, steps: &[Step]) -> bool {
+    match steps {
+        [Step::Key(k)] => table.remove(k.as_str()).is_some(),
+        [Step::Key(k), rest @ ..] => table
+            .get_mut(k.as_str())
+            .is_some_and(|v| take_out_of(v.get_mut(), rest)),
+        _ => false,
+    }
+}
+
+fn take_out_of(value: &mut toml::de::DeValue<'_>, steps: &[Step]) -> bool {
+    use toml::de::DeValue;
+    match (value, steps) {
+        (DeValue::Table(t), _) => take_out(t, steps),
+        (DeValue::Array(a), [Step::Index(i), rest @ ..]) => a
+            .get_mut(*i)
+            .is_some_and(|v| take_out_of(v.get_mut(), rest)),
+        _ => false,
+    }
+}
+
+/// Whether a validation error about `key` may only be a consequence of the key at `dropped`
+/// having been left out: it is about that key's value (`dropped` is `key` or a table above it),
+/// or about a table that holds it.
+pub(super) fn follows_from(key: &str, dropped: &str) -> bool {
+    let under = |inner: &str, outer: &str| {
+        inner
+            .strip_prefix(outer)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+    };
+    under(key, dropped) || under(dropped, key)
 }
 
 /// Keys that a table does not have but another one does, with the tables that have them:

@@ -285,6 +285,67 @@ fn unknown_keys_are_errors() {
 }
 
 #[test]
+fn every_unknown_key_and_wrong_type_is_reported_with_the_validation_errors_of_the_rest() {
+    // Two unknown keys in two tables, a value of the wrong type, and a validation error (the
+    // weight) in a third: serde alone would report only one of the first three.
+    let text = MINIMAL
+        .replace(
+            "upstream = \"app\"\n",
+            "upstream = \"app\"\nh2 = true\nbacklog = \"lots\"\n",
+        )
+        .replace(
+            "[upstream.app]\n",
+            "[upstream.app]\nalgoritm = \"least_conn\"\n",
+        )
+        .replace("8881\" }", "8881\", weight = 0 }");
+    let e = parse(&text).expect_err("rejected");
+    let found: Vec<(usize, &str)> = e
+        .errors()
+        .iter()
+        .map(|e| (e.line, e.key.as_str()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (5, "listener[0].h2"),
+            (6, "listener[0].backlog"),
+            (9, "upstream.app.algoritm"),
+            (10, "upstream.app.backends[0].weight"),
+        ],
+        "{e}"
+    );
+}
+
+#[test]
+fn what_only_follows_from_a_key_left_out_is_not_reported_again() {
+    // A backend list of the wrong type is left out: the upstream then has no backends, which
+    // is not a second mistake. The listener's bad address, in another table, is one.
+    let text = MINIMAL
+        .replace("[{ address = \"127.0.0.1:8881\" }]", "\"127.0.0.1:8881\"")
+        .replace("127.0.0.1:8888", "127.0.0.1");
+    let e = parse(&text).expect_err("rejected");
+    let found: Vec<&str> = e.errors().iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(
+        found,
+        ["listener[0].address", "upstream.app.backends"],
+        "{e}"
+    );
+    assert!(raw::follows_from("upstream.app", "upstream.app.backends"));
+    assert!(raw::follows_from(
+        "upstream.app.backends[0]",
+        "upstream.app.backends"
+    ));
+    assert!(!raw::follows_from(
+        "upstream.app.backends_x",
+        "upstream.app.backends"
+    ));
+    assert!(!raw::follows_from(
+        "upstream.app.hash",
+        "upstream.app.algorithm"
+    ));
+}
+
+#[test]
 fn weight_zero_is_rejected_at_the_weight() {
     let e = err(&MINIMAL.replace("8881\" }", "8881\", weight = 0 }"));
     assert_eq!(
@@ -508,22 +569,23 @@ fn each_listener_s_error_is_reported() {
 }
 
 #[test]
-fn a_syntax_or_type_error_stops_at_itself() {
+fn a_syntax_error_stops_at_itself_and_a_type_error_does_not() {
     // A mistake before it, and one after: neither is reported.
     let e = parse("[limits]\nmax_headers = 0\n[runtime\ncpus = [0]\n[admin]\naddress = \"x\"\n")
         .expect_err("a syntax error");
     assert_eq!(e.errors().len(), 1, "{e}");
     assert!(e.to_string().starts_with("pinlb.toml:3:"), "{e}");
+    // A value of the wrong type is left out, and the rest of the file is validated.
     let e = parse(&format!(
         "[limits]\nmax_headers = 0\n{}",
         MINIMAL.replace("8881\" }", "8881\", weight = \"heavy\" }")
     ))
     .expect_err("a type error");
-    assert_eq!(e.errors().len(), 1, "{e}");
-    assert!(
-        e.to_string()
-            .starts_with("pinlb.toml:9:52: upstream.app.backends[0].weight: invalid type"),
-        "{e}"
+    assert_eq!(
+        e.to_string(),
+        "pinlb.toml:2:15: limits.max_headers: 0 is out of range, expected 1 to 1000\n\
+         pinlb.toml:9:52: upstream.app.backends[0].weight: invalid type: string \"heavy\", expected u32\n\
+         2 errors"
     );
 }
 
