@@ -208,7 +208,7 @@ impl Server {
         for w in &config.warnings {
             warn!("{w}");
         }
-        log_open_file_limit(&config);
+        let max_connections = fit_open_file_limit(&config);
         // Names in `backends` are looked up before the workers start, so the first generation
         // has their addresses; `dns_watch` follows them from then on.
         let dns = crate::upstream::discovery::State::default();
@@ -222,11 +222,12 @@ impl Server {
                 None
             }
         };
-        let (expanded, due) = control.block_on(crate::control::dns_refresh::initial(
+        let (mut expanded, due) = control.block_on(crate::control::dns_refresh::initial(
             lookup.as_ref(),
             &dns,
             (*config).clone(),
         ));
+        expanded.limits.max_connections = max_connections;
         let config = Arc::new(expanded);
         for (l, addr) in config.listeners.iter().zip(&local_addrs) {
             info!(
@@ -402,28 +403,35 @@ impl Server {
 
 /// Waits for every worker thread to end; the last error (or panic) among them.
 /// Raises the soft open file limit to the hard one (see [`crate::sys::limits::raise_nofile`]),
-/// says how many connections that leaves room for, and warns when `limits.max_connections`
-/// asks for more. Before the workers start, so each of their threads has it.
-fn log_open_file_limit(config: &Config) {
+/// says how many connections that leaves room for, and returns `limits.max_connections` as it
+/// applies: a default that does not fit is lowered (and that said once), a value the file set
+/// is kept and warned about. Before the workers start, so each of their threads has the limit.
+fn fit_open_file_limit(config: &Config) -> usize {
+    let limits = &config.limits;
     let limit = match crate::sys::limits::raise_nofile() {
         Ok(l) => l.soft,
         Err(e) => {
             warn!("cannot raise the open file limit to its hard limit: {e}");
             match crate::sys::limits::nofile() {
                 Ok(l) => l.soft,
-                Err(_) => return,
+                Err(_) => return limits.max_connections,
             }
         }
     };
-    let (line, warning) = crate::sys::limits::describe_nofile(
+    let fit = crate::sys::limits::fit_nofile(
         limit,
         config.reserved_descriptors(),
-        config.limits.max_connections,
+        limits.max_connections,
+        limits.max_connections_given,
     );
-    info!("{line}");
-    if let Some(w) = warning {
+    info!("{}", fit.line);
+    if let Some(lowered) = fit.lowered {
+        info!("{lowered}");
+    }
+    if let Some(w) = fit.warning {
         warn!("{w}");
     }
+    fit.max_connections
 }
 
 fn join_workers(

@@ -182,21 +182,31 @@ fn check_accepts_a_valid_file_and_prints_the_plan() {
         pinlb::sys::limits::somaxconn()
     );
     let hard = pinlb::sys::limits::nofile().expect("getrlimit").hard;
-    let (fds, fds_warning) = pinlb::sys::limits::describe_nofile(
+    // The file leaves max_connections to its default, which is lowered to fit, not warned
+    // about.
+    let fit = pinlb::sys::limits::fit_nofile(
         hard,
         pinlb::sys::limits::reserved_descriptors(cores.len(), 1, 2, false),
         10_000,
+        false,
     );
-    let fds = format!("{fds}; the hard limit, which serve raises its soft limit to");
-    assert_eq!(
-        fds_warning.is_some(),
-        stdout.contains("warning: limits.max_connections = 10000 does not fit"),
-        "{stdout}"
+    let fds = format!(
+        "{}; the hard limit, which serve raises its soft limit to",
+        fit.line
     );
+    assert!(!stdout.contains("does not fit in"), "{stdout}");
+    let limits = format!(
+        "limits: request head 32768 bytes and 100 headers, uri 8192 bytes, body unlimited, head within 10s, body reads 60s apart at most, {} connections",
+        fit.max_connections
+    );
+    let mut rest = rest.to_vec();
+    if let Some(lowered) = &fit.lowered {
+        assert_eq!(rest.pop(), Some(lowered.as_str()), "{stdout}");
+    }
     assert_eq!(
         rest,
         [
-            "limits: request head 32768 bytes and 100 headers, uri 8192 bytes, body unlimited, head within 10s, body reads 60s apart at most, 10000 connections",
+            limits.as_str(),
             "forwarded: X-Forwarded-For kept and appended to for 10.0.0.0/8, 192.0.2.7/32, replaced for every other client",
             listener.as_str(),
             "upstream app: least_conn, keepalive 16 per backend per worker, timeouts connect 500ms response 30s send 60s client_idle 60s",

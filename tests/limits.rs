@@ -129,8 +129,50 @@ async fn the_soft_open_file_limit_is_raised_to_the_hard_one_and_reported() {
     );
 }
 
-/// With 1024 descriptors and 2,000 clients: the start-up log warns that the default
-/// `max_connections` does not fit; the clients pinlb accepted are served, a request that finds
+/// With 1024 descriptors and `max_connections` left to its default (10,000, which needs about
+/// 20,000), pinlb lowers it to what fits and says so once, without a warning; a reload of the
+/// same file is no change to it, and the lowered limit is what admission holds to.
+#[tokio::test]
+async fn a_default_max_connections_that_does_not_fit_is_lowered_and_said_once() {
+    let backend = Backend::start("a").await;
+    let setup = Setup::with(&[backend.addr]);
+    let mut proxy = BinProxy::spawn_with_ulimit(&setup.toml(), "-n 1024").await;
+    let line = proxy.wait_for_log("limits.max_connections is ").await;
+    assert!(
+        line.contains("what the open file limit 1024 has room for (the default, 10000, does not fit; set it to choose)"),
+        "{line}"
+    );
+    let room: usize = line
+        .split("limits.max_connections is ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a number in {line:?}"));
+    assert!((400..512).contains(&room), "{line}");
+
+    // Right after the start: the reload waits for the workers to run the first generation.
+    proxy.signal(nix::sys::signal::Signal::SIGHUP);
+    proxy.wait_for_log("reloaded: generation 2").await;
+    let log = proxy.log();
+    assert!(
+        !log.iter().any(|l| l.contains("WARN")
+            || l.contains("does not fit in")
+            || l.contains("needs a restart")),
+        "{log:#?}"
+    );
+    assert_eq!(
+        log.iter()
+            .filter(|l| l.contains("limits.max_connections is "))
+            .count(),
+        1,
+        "{log:#?}"
+    );
+    let mut conn = RawConn::open(proxy.addr).await;
+    assert_eq!(request(&mut conn).await.status, 200);
+}
+
+/// With 1024 descriptors and 2,000 clients: the start-up log warns that the `max_connections`
+/// the file sets does not fit; the clients pinlb accepted are served, a request that finds
 /// no descriptor for its backend connection gets a 502 that says so, pinlb does not spin while
 /// clients wait that it cannot accept, and once they are gone a new one is served.
 #[tokio::test]
@@ -145,8 +187,9 @@ async fn out_of_descriptors_pinlb_serves_what_it_can_and_never_spins() {
     // Slow enough that two requests at once need two backend connections.
     let backend = Backend::start_with_delay("a", Duration::from_millis(300)).await;
     let mut setup = Setup::with(&[backend.addr]);
-    // Held connections stay open while the test looks: no head timeout ends them.
-    setup.extra = "[limits]\nheader_timeout = \"60s\"\n".into();
+    // Held connections stay open while the test looks: no head timeout ends them. A value the
+    // user sets is kept when it does not fit (the default would be lowered to fit).
+    setup.extra = "[limits]\nheader_timeout = \"60s\"\nmax_connections = 10000\n".into();
     let mut proxy = BinProxy::spawn_with_ulimit(&setup.toml(), "-n 1024").await;
     let line = proxy.wait_for_log("open file limit ").await;
     assert!(line.contains("open file limit 1024: room for "), "{line}");

@@ -387,6 +387,10 @@ pub struct Limits {
     /// connections wait in the kernel's backlog) and closes idle keep-alive connections to make
     /// room, as nginx does when `worker_connections` run out.
     pub max_connections: usize,
+    /// Whether the file set `max_connections`. The default is lowered at start to what the
+    /// open file limit has room for; a value the user set is kept, and warned about when it
+    /// does not fit (`sys::limits::fit_nofile`).
+    pub max_connections_given: bool,
 }
 
 impl Limits {
@@ -417,6 +421,7 @@ impl Default for Limits {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
             max_connections: 10_000,
+            max_connections_given: false,
         }
     }
 }

@@ -174,6 +174,7 @@ fn limits_parse_sizes_and_durations() {
             header_timeout: Duration::from_millis(300),
             body_timeout: Duration::from_secs(2),
             max_connections: 2,
+            max_connections_given: true,
         }
     );
 }

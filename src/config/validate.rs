@@ -170,6 +170,7 @@ pub(super) fn limits(src: &Source, l: &RawLimits) -> Result<Limits> {
                 ));
             }
         },
+        max_connections_given: l.max_connections.is_some(),
     })
 }
 

@@ -47,6 +47,24 @@ pub(crate) enum ReloadError {
     Unconfirmed(String),
 }
 
+/// Whether all `workers` run `generation`, waiting up to [`SWITCH_TIMEOUT`] for them.
+async fn all_switched(generation: &Generation, workers: usize) -> bool {
+    let until = tokio::time::Instant::now() + SWITCH_TIMEOUT;
+    // Bounded: each pass returns, or waits for a worker's switch, until `until`.
+    loop {
+        // Listening before looking, so that a switch between the two is not missed.
+        let switch = generation.switched.notified();
+        let mut switch = std::pin::pin!(switch);
+        switch.as_mut().enable();
+        if generation.acked.load(std::sync::atomic::Ordering::Relaxed) >= workers {
+            return true;
+        }
+        if tokio::time::timeout_at(until, switch).await.is_err() {
+            return false;
+        }
+    }
+}
+
 /// Reloads the configuration file; returns a summary of what changed, or why nothing did.
 pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
     let _one_at_a_time = process.reloading.lock().await;
@@ -60,11 +78,13 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
     let mut config =
         Config::load_for(path, &process.allowed).map_err(|e| refused(e.to_string()))?;
     let current = process.generations.borrow().clone();
-    // A worker that skipped a generation would never take that generation's new sockets.
-    let switched = current.acked.load(std::sync::atomic::Ordering::Relaxed);
-    if switched < process.workers {
+    // A worker that skipped a generation would never take that generation's new sockets, so a
+    // reload right after the start (or after another reload that timed out) waits for every
+    // worker to run the current one, as long as a reload waits for its own.
+    if !all_switched(&current, process.workers).await {
+        let switched = current.acked.load(std::sync::atomic::Ordering::Relaxed);
         return Err(refused(format!(
-            "generation {} is not running on every worker yet ({switched} of {}); try again",
+            "generation {} is not running on every worker yet ({switched} of {} after {SWITCH_TIMEOUT:?}); try again",
             current.number, process.workers
         )));
     }
@@ -100,13 +120,18 @@ pub(crate) async fn reload(process: &Process) -> Result<String, ReloadError> {
         );
         config.resolver = before.resolver.clone();
     }
-    if config.limits.max_connections != before.limits.max_connections {
+    // A default lowered at start to fit the open file limit is no change while the file
+    // still leaves the key out.
+    let limits = (&config.limits, &before.limits);
+    let set = limits.0.max_connections_given || limits.1.max_connections_given;
+    if set && limits.0.max_connections != limits.1.max_connections {
         kept.push(format!(
             "limits.max_connections changed, which needs a restart; it stays {}",
             before.limits.max_connections
         ));
-        config.limits.max_connections = before.limits.max_connections;
     }
+    config.limits.max_connections = before.limits.max_connections;
+    config.limits.max_connections_given = before.limits.max_connections_given;
 
     let spawn_changes = spawn_changes(before, &config);
     spawned_pools(&mut config, Some(&current));

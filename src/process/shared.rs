@@ -83,11 +83,13 @@ pub(crate) struct Generation {
     /// Sockets for the listeners this generation adds, `[worker]` → (listener key, socket).
     /// Each worker takes its own.
     sockets: Vec<std::sync::Mutex<Vec<(ListenerKey, std::net::TcpListener)>>>,
-    /// Each worker adds a permit once it has switched to this generation; a reload waits for
-    /// all of them.
+    /// Each worker adds a permit once it has switched to this generation; the reload that sent
+    /// it (or the start, for the first) waits for all of them.
     pub applied: Semaphore,
-    /// Workers that have switched to this generation; a reload is refused until all have.
+    /// Workers that have switched to this generation; a reload waits until all have.
     pub acked: std::sync::atomic::AtomicUsize,
+    /// Told each time a worker switches, for a reload that waits for `acked`.
+    pub switched: tokio::sync::Notify,
 }
 
 impl Generation {
@@ -104,6 +106,7 @@ impl Generation {
             sockets: sockets.into_iter().map(std::sync::Mutex::new).collect(),
             applied: Semaphore::new(0),
             acked: std::sync::atomic::AtomicUsize::new(0),
+            switched: tokio::sync::Notify::new(),
         }
     }
 
@@ -111,6 +114,7 @@ impl Generation {
     pub(crate) fn acknowledge(&self) {
         self.acked.fetch_add(1, Ordering::Relaxed);
         self.applied.add_permits(1);
+        self.switched.notify_waiters();
     }
 
     pub(crate) fn take_sockets(&self, worker: usize) -> Vec<(ListenerKey, std::net::TcpListener)> {

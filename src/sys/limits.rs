@@ -91,29 +91,73 @@ pub fn connections_allowed(limit: u64, reserved: u64) -> u64 {
     limit.saturating_sub(reserved) / 2
 }
 
-/// What the open file limit allows, as a log line, and a warning when `max_connections` does
-/// not fit. `limit` is `None` when unlimited.
-pub fn describe_nofile(
+/// What the open file limit leaves room for, and what `limits.max_connections` is then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NofileFit {
+    /// The limit and the connections it has room for, as a log line.
+    pub line: String,
+    /// `limits.max_connections` as it applies: the file's value, or when the file left it out,
+    /// the default or what the limit has room for, whichever is less.
+    pub max_connections: usize,
+    /// Said once when the default was lowered to fit.
+    pub lowered: Option<String>,
+    /// A value the file set that does not fit.
+    pub warning: Option<String>,
+}
+
+/// What the open file limit allows (`limit`, `None` when unlimited) for `max_connections`,
+/// which the file set when `given`. A value the user set is theirs: when it does not fit, it is
+/// kept and warned about, as they may raise the limit instead. The default is pinlb's choice,
+/// so it is lowered to fit, and that is said once, not warned about: a machine whose limit is
+/// 20,000 has room for fewer than 10,000 proxied connections, and nothing is wrong with it.
+pub fn fit_nofile(
     limit: Option<u64>,
     reserved: u64,
     max_connections: usize,
-) -> (String, Option<String>) {
+    given: bool,
+) -> NofileFit {
     let Some(limit) = limit else {
-        return (
-            "open file limit: unlimited, so limits.max_connections decides".to_string(),
-            None,
-        );
+        return NofileFit {
+            line: "open file limit: unlimited, so limits.max_connections decides".to_string(),
+            max_connections,
+            lowered: None,
+            warning: None,
+        };
     };
     let allowed = connections_allowed(limit, reserved);
     let line = format!(
         "open file limit {limit}: room for {allowed} proxied connections (a client's descriptor and a backend's each, {reserved} kept for listeners, probes, logs and the admin listener)"
     );
-    let warning = (max_connections as u64 > allowed).then(|| {
-        format!(
+    let fits = max_connections as u64 <= allowed;
+    if fits {
+        return NofileFit {
+            line,
+            max_connections,
+            lowered: None,
+            warning: None,
+        };
+    }
+    if !given {
+        // At least one: a limit too small for even that fails every accept anyway, and the
+        // semaphore must have a permit.
+        let fitted = usize::try_from(allowed).unwrap_or(max_connections).max(1);
+        return NofileFit {
+            line,
+            max_connections: fitted,
+            lowered: Some(format!(
+                "limits.max_connections is {fitted}, what the open file limit {limit} has room for (the default, {max_connections}, does not fit; set it to choose)"
+            )),
+            warning: None,
+        };
+    }
+    NofileFit {
+        line,
+        max_connections,
+        lowered: None,
+        warning: Some(format!(
             "limits.max_connections = {max_connections} does not fit in the open file limit {limit}, which has room for {allowed}: past that, accepts and backend connects fail with EMFILE (clients wait in the backlog, requests get 502); raise the hard limit (systemd's LimitNOFILE=, ulimit -Hn) or lower limits.max_connections"
-        )
-    });
-    (line, warning)
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -138,19 +182,42 @@ mod tests {
     }
 
     #[test]
-    fn max_connections_over_the_limit_is_warned_about() {
-        let (line, warning) = describe_nofile(Some(1024), 100, 462);
+    fn max_connections_set_over_the_limit_is_kept_and_warned_about() {
+        let fit = fit_nofile(Some(1024), 100, 462, true);
         assert_eq!(
-            line,
+            fit.line,
             "open file limit 1024: room for 462 proxied connections (a client's descriptor and a backend's each, 100 kept for listeners, probes, logs and the admin listener)"
         );
-        assert_eq!(warning, None);
-        let (_, warning) = describe_nofile(Some(1024), 100, 463);
+        assert_eq!(
+            (fit.max_connections, fit.lowered, fit.warning),
+            (462, None, None)
+        );
+        let fit = fit_nofile(Some(1024), 100, 463, true);
+        assert_eq!((fit.max_connections, fit.lowered), (463, None));
         assert!(
-            warning
+            fit.warning
                 .unwrap()
                 .starts_with("limits.max_connections = 463 does not fit in the open file limit 1024, which has room for 462")
         );
-        assert_eq!(describe_nofile(None, 100, 1 << 40).1, None);
+        assert_eq!(fit_nofile(None, 100, 1 << 40, true).warning, None);
+    }
+
+    #[test]
+    fn the_default_max_connections_is_lowered_to_fit_and_said_without_a_warning() {
+        let fit = fit_nofile(Some(20_000), 72, 10_000, false);
+        assert_eq!(fit.max_connections, 9_964);
+        assert_eq!(fit.warning, None);
+        assert_eq!(
+            fit.lowered.as_deref(),
+            Some(
+                "limits.max_connections is 9964, what the open file limit 20000 has room for (the default, 10000, does not fit; set it to choose)"
+            )
+        );
+        // A default that fits is left alone; so is any value without a limit.
+        let fit = fit_nofile(Some(1 << 20), 72, 10_000, false);
+        assert_eq!((fit.max_connections, fit.lowered), (10_000, None));
+        assert_eq!(fit_nofile(None, 72, 10_000, false).max_connections, 10_000);
+        // A limit with no room at all still leaves one permit.
+        assert_eq!(fit_nofile(Some(10), 72, 10_000, false).max_connections, 1);
     }
 }

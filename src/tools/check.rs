@@ -12,14 +12,20 @@ use crate::tools::coremap::CoreMap;
 /// processes on this machine.
 pub fn report(config: &Config, file: &Path) -> String {
     let map = CoreMap::discover(config);
-    let mut out = describe(config);
     let fds = descriptors(config);
-    let _ = writeln!(out, "{}", fds.0);
+    // The plan shows `limits.max_connections` as serve will apply it.
+    let mut fitted = config.clone();
+    fitted.limits.max_connections = fds.max_connections;
+    let mut out = describe(&fitted);
+    let _ = writeln!(out, "{}", fds.line);
+    if let Some(lowered) = &fds.lowered {
+        let _ = writeln!(out, "{lowered}");
+    }
     out += &map.render();
     for w in map
         .warnings()
         .into_iter()
-        .chain(fds.1)
+        .chain(fds.warning)
         .chain(taken_addresses(config))
     {
         let _ = writeln!(out, "warning: {w}");
@@ -28,23 +34,28 @@ pub fn report(config: &Config, file: &Path) -> String {
     out
 }
 
-/// What the open file limit allows, and a warning when `limits.max_connections` does not fit.
-/// `check` runs in a process of its own, so it reports the hard limit: the one `serve` raises
-/// its soft limit to at start.
-fn descriptors(config: &Config) -> (String, Option<String>) {
+/// What the open file limit allows, and `limits.max_connections` as serve will apply it (see
+/// `sys::limits::fit_nofile`). `check` runs in a process of its own, so it reports the hard
+/// limit: the one `serve` raises its soft limit to at start.
+fn descriptors(config: &Config) -> crate::sys::limits::NofileFit {
+    let limits = &config.limits;
     match crate::sys::limits::nofile() {
         Ok(limit) => {
-            let (line, warning) = crate::sys::limits::describe_nofile(
+            let mut fit = crate::sys::limits::fit_nofile(
                 limit.hard,
                 config.reserved_descriptors(),
-                config.limits.max_connections,
+                limits.max_connections,
+                limits.max_connections_given,
             );
-            (
-                format!("{line}; the hard limit, which serve raises its soft limit to"),
-                warning,
-            )
+            fit.line += "; the hard limit, which serve raises its soft limit to";
+            fit
         }
-        Err(e) => (format!("open file limit: cannot be read: {e}"), None),
+        Err(e) => crate::sys::limits::NofileFit {
+            line: format!("open file limit: cannot be read: {e}"),
+            max_connections: limits.max_connections,
+            lowered: None,
+            warning: None,
+        },
     }
 }
 
