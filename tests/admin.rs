@@ -1234,3 +1234,60 @@ async fn ready_answers_503_while_a_stop_drains_and_live_stays_200() {
     assert_eq!((held.status, held.backend()), (StatusCode::OK, "a"));
     proxy.join(WAIT).await.expect("a clean stop");
 }
+
+#[tokio::test]
+async fn status_carries_each_rate_over_the_last_completed_second_and_each_backends_limit() {
+    let a = Backend::start("a").await;
+    let dead = Refusing::new();
+    let mut setup = with_admin(&[dead.addr, a.addr]);
+    // Every other request tries `dead` first and is retried on `a`: errors at a steady rate.
+    setup
+        .extra
+        .push_str("\n[upstream.app.passive]\nmax_fails = 0\n");
+    setup.backend_keys = vec![String::new(), "max_conns = 8".into()];
+    let proxy = Proxy::start(&setup);
+    let mut conn = Conn::open(proxy.addr).await;
+    let rates = |s: &serde_json::Value| {
+        let b = &s["upstreams"][0]["backends"];
+        [
+            s["listeners"][0]["requests_per_second"].as_f64(),
+            s["workers"][0]["requests_per_second"].as_f64(),
+            b[1]["requests_per_second"].as_f64(),
+            b[0]["errors_per_second"].as_f64(),
+        ]
+    };
+    // Requests until a completed second has some of them in it.
+    let busy = poll(100, Duration::from_millis(100), async || {
+        for _ in 0..10 {
+            assert_eq!(conn.get("/").await.backend(), "a");
+        }
+        let s = proxy.status().await;
+        rates(&s)
+            .iter()
+            .all(|r| r.is_some_and(|r| r > 0.0))
+            .then_some(s)
+    })
+    .await
+    .expect("every rate shows the traffic");
+    let window = busy["rate_window_seconds"].as_f64();
+    assert!(window.is_some_and(|w| w > 0.0 && w < 10.0), "{busy}");
+    let b = &busy["upstreams"][0]["backends"];
+    assert_eq!(b[1]["errors_per_second"], 0.0, "{busy}");
+    assert_eq!(
+        (b[0]["max_conns"].clone(), b[1]["max_conns"].clone()),
+        (serde_json::Value::Null, 8.into())
+    );
+
+    // A rate is of the last completed second, not since the start: with the traffic stopped
+    // it falls to zero while the counts stay.
+    let idle = poll(100, Duration::from_millis(100), async || {
+        let s = proxy.status().await;
+        (rates(&s) == [Some(0.0); 4]).then_some(s)
+    })
+    .await
+    .expect("the rates fall to zero once the traffic stops");
+    assert!(
+        idle["listeners"][0]["requests"].as_u64() >= Some(10),
+        "{idle}"
+    );
+}

@@ -1,8 +1,11 @@
 //! The admin status page in a real headless browser (Debian's `chromium`; `scripts/test`
-//! installs it): it loads, shows every backend, and updates in place when one goes down.
+//! installs it): it loads, shows every backend, and updates in place when one goes down; its
+//! first paint already has the rates, counts with separators, numbers on the in-flight bars and
+//! no value broken over two lines.
 //!
-//! The test drives chromium over the DevTools protocol: it reads the page's DOM with
-//! `Runtime.evaluate`, so what it checks is what a person would see.
+//! The tests drive chromium over the DevTools protocol: they read the page's DOM with
+//! `Runtime.evaluate`, so what they check is what a person would see, and the first-paint test
+//! saves a screenshot of it (`status-first-paint.png` under the target's test scratch folder).
 
 mod common;
 
@@ -39,6 +42,8 @@ impl Chromium {
                 "--no-first-run",
                 "--remote-debugging-address=127.0.0.1",
                 "--remote-debugging-port=0",
+                // Wide enough for the backend table's columns, as on a desktop screen.
+                "--window-size=1600,1000",
             ])
             .arg(format!("--user-data-dir={}", profile.display()))
             .arg(url)
@@ -117,13 +122,15 @@ struct Page {
 impl Page {
     /// Evaluates `expression` in the page and returns its value.
     async fn eval(&mut self, expression: &str) -> Value {
+        let params = json!({ "expression": expression, "returnByValue": true });
+        self.call("Runtime.evaluate", params).await["result"]["value"].clone()
+    }
+
+    /// Sends one DevTools command and returns its `result`.
+    async fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.next_id;
         self.next_id += 1;
-        let cmd = json!({
-            "id": id,
-            "method": "Runtime.evaluate",
-            "params": { "expression": expression, "returnByValue": true },
-        });
+        let cmd = json!({ "id": id, "method": method, "params": params });
         self.ws
             .send(Message::text(cmd.to_string()))
             .await
@@ -136,7 +143,8 @@ impl Page {
                 };
                 let v: Value = serde_json::from_str(&text).unwrap();
                 if v["id"] == id {
-                    return v["result"]["result"]["value"].clone();
+                    assert!(v["error"].is_null(), "{method}: {}", v["error"]);
+                    return v["result"].clone();
                 }
             }
             panic!("DevTools closed the connection");
@@ -307,4 +315,180 @@ async fn the_status_page_shows_the_last_minute_and_its_drain_button_drains_with_
     let s: Value = serde_json::from_str(&s.body).unwrap();
     assert_eq!(s["upstreams"][0]["backends"][1]["admin"], "draining");
     assert_eq!(get(proxy.addr, "/").await.backend(), "a");
+}
+
+/// `text` as the page shows a count or a rate ("12,345", "1,234.5"), as a number: `None` when
+/// it is not one, or its thousands are not grouped by commas.
+fn shown_number(text: &str) -> Option<f64> {
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let groups: Vec<&str> = whole.split(',').collect();
+    let grouped = (1..=3).contains(&groups[0].len())
+        && groups[1..].iter().all(|g| g.len() == 3)
+        && groups.iter().all(|g| g.bytes().all(|b| b.is_ascii_digit()))
+        && fraction.bytes().all(|b| b.is_ascii_digit());
+    grouped
+        .then(|| text.replace(',', "").parse().ok())
+        .flatten()
+}
+
+/// The text of every cell, by class (`td.rps`, ...), as a JSON list.
+fn cells(selector: &str) -> String {
+    format!(
+        "JSON.stringify([...document.querySelectorAll('{selector}')].map(td => td.textContent))"
+    )
+}
+
+fn texts(v: &Value) -> Vec<String> {
+    serde_json::from_str(v.as_str().unwrap_or("[]")).unwrap_or_default()
+}
+
+/// The text of every value in a table cell that the browser broke over more than one line.
+const WRAPPED: &str = "JSON.stringify([...document.querySelectorAll('td')].flatMap(td => {\
+    const walk = document.createTreeWalker(td, NodeFilter.SHOW_TEXT); const out = [];\
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {\
+      const r = document.createRange(); r.selectNodeContents(n);\
+      const tops = [...r.getClientRects()].map(x => x.top);\
+      if (tops.length && Math.max(...tops) - Math.min(...tops) > 1) out.push(n.textContent);\
+    }\
+    return out; }))";
+
+#[tokio::test]
+async fn the_status_pages_first_paint_shows_rates_grouped_counts_and_numbered_bars_on_one_line() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let mut setup = Setup::with(&[a.addr, b.addr]);
+    setup.backend_keys = vec!["max_conns = 4".into()];
+    setup.extra = "[admin]\naddress = \"127.0.0.1:0\"\n".into();
+    let proxy = Proxy::start(&setup);
+    let admin = proxy.admin.unwrap();
+
+    // One request held at `a`, so that its bar has something to draw. Round robin sends one of
+    // the first two to `a`; one that went to `b` comes back at once.
+    a.set_gate(false);
+    let held = tokio::spawn(async move {
+        for _ in 0..2 {
+            get(proxy.addr, "/gated").await;
+        }
+    });
+    poll(100, Duration::from_millis(100), async || {
+        let s = proxy.status().await;
+        (s["upstreams"][0]["backends"][0]["in_flight"] == 1).then_some(())
+    })
+    .await
+    .expect("a request held at a");
+
+    // Traffic through the proxy from before the page loads until after its first paint, so
+    // the server's last completed second has requests in it whenever the page asks.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let traffic = tokio::spawn({
+        let (addr, mut stopped) = (proxy.addr, stopped.clone());
+        async move {
+            let mut conn = Conn::open(addr).await;
+            for _ in 0..1_000_000 {
+                tokio::select! {
+                    r = conn.get("/") => assert_eq!(r.status, http::StatusCode::OK),
+                    _ = stopped.changed() => return,
+                }
+            }
+        }
+    });
+    drop(stopped);
+    poll(100, Duration::from_millis(100), async || {
+        let s = proxy.status().await;
+        let rate = s["listeners"][0]["requests_per_second"].as_f64();
+        rate.is_some_and(|r| r > 0.0).then_some(())
+    })
+    .await
+    .expect("the server reports a request rate");
+
+    // The page's timer is stubbed out before its script runs: the one draw it makes is its
+    // first paint, and what is read below and the screenshot are of that draw.
+    let browser = Chromium::start("about:blank");
+    let mut page = browser.page().await;
+    page.call(
+        "Page.addScriptToEvaluateOnNewDocument",
+        json!({ "source": "window.setInterval = () => 0;" }),
+    )
+    .await;
+    page.call(
+        "Page.navigate",
+        json!({ "url": format!("http://{admin}/") }),
+    )
+    .await;
+    page.eval_until("document.querySelectorAll('tr.backend').length", |v| {
+        *v == 2
+    })
+    .await;
+    let shot = page
+        .call(
+            "Page.captureScreenshot",
+            json!({ "format": "png", "captureBeyondViewport": true }),
+        )
+        .await;
+    let _ = stop.send(true);
+    traffic.await.unwrap();
+    let png = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        shot["data"].as_str().expect("a screenshot"),
+    )
+    .expect("base64");
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-first-paint.png");
+    std::fs::write(&path, png).unwrap();
+    eprintln!("first paint: {}", path.display());
+
+    // Every rate is there and a number; the listener's and the worker's saw the traffic.
+    for selector in ["tr.listener td.rps", "#workers td.rps", "tr.backend td.rps"] {
+        let shown = texts(&page.eval(&cells(selector)).await);
+        assert!(!shown.is_empty(), "{selector}: no cell");
+        for text in &shown {
+            let rate = shown_number(text).unwrap_or_else(|| panic!("{selector}: {text:?}"));
+            assert!(
+                selector == "tr.backend td.rps" || rate > 0.0,
+                "{selector}: {text}"
+            );
+        }
+    }
+    let errors = texts(&page.eval(&cells("tr.backend td.eps")).await);
+    assert_eq!(errors, ["0.0", "0.0"]);
+
+    // Counts are grouped by thousands, in whatever locale the browser has.
+    assert_eq!(page.eval("count(1234567)").await, "1,234,567");
+    let counts = texts(&page.eval(&cells("tr.listener td.num")).await);
+    assert!(
+        counts.iter().all(|c| shown_number(c).is_some()),
+        "{counts:?}"
+    );
+
+    // `a`'s bar says how many of its 4 it holds and is that full: the held request, and the
+    // traffic's one at a time may be there too. `b` has no limit: no bar, only its count.
+    let in_flight = texts(&page.eval(&cells("tr.backend td.inflight")).await);
+    let shown: Vec<(u64, &str)> = in_flight
+        .iter()
+        .map(|t| {
+            let (count, limit) = t.split_once("\u{a0}/\u{a0}").expect("count / limit");
+            (count.parse().expect("a count"), limit)
+        })
+        .collect();
+    let (held_at_a, at_b) = (shown[0].0, shown[1].0);
+    assert!((1..=2).contains(&held_at_a) && at_b <= 1, "{in_flight:?}");
+    assert_eq!((shown[0].1, shown[1].1), ("4", "∞"));
+    let bars = page
+        .eval(
+            "JSON.stringify([...document.querySelectorAll('tr.backend td.inflight')]\
+             .map(td => [...td.querySelectorAll('.bar span')].map(s => s.style.width)))",
+        )
+        .await;
+    assert_eq!(bars, format!(r#"[["{}%"],[]]"#, held_at_a * 25).as_str());
+
+    // No value is broken over two lines, on a wide window and on a narrow one.
+    assert_eq!(page.eval(WRAPPED).await, "[]");
+    page.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({ "width": 600, "height": 800, "deviceScaleFactor": 1, "mobile": false }),
+    )
+    .await;
+    assert_eq!(page.eval(WRAPPED).await, "[]");
+
+    a.set_gate(true);
+    held.await.unwrap();
 }

@@ -1,13 +1,16 @@
 //! What `GET /status` answers and the status page draws: the version, every listener with its
-//! connections and responses, every backend with its state, how long it has been in it, its
-//! latency over the last minute, its responses by class, retries and last health check.
+//! connections, responses and request rate, every backend with its state, how long it has been
+//! in it, its request and error rates, its latency over the last minute, its responses by class,
+//! retries and last health check.
 //!
-//! Most of it is read from `stats` at the moment of the request. Two things need a past, which
+//! Most of it is read from `stats` at the moment of the request. Three things need a past, which
 //! the counters do not keep: the latency over the last minute (the difference between the
-//! response-time histogram now and a minute ago) and how long a backend has been in its state.
-//! A [`Window`] keeps both: [`Window::sample`], called every second on the control thread,
-//! stores each backend's histogram buckets and notes each change of state. It costs the request
-//! path nothing: it only reads the atomics the request path writes anyway.
+//! response-time histogram now and a minute ago), how long a backend has been in its state, and
+//! the rates (the difference between the request and error counters at the two newest samples,
+//! so that one `/status` has them and the page's first paint shows them). A [`Window`] keeps all
+//! three: [`Window::sample`], called every second on the control thread, stores each backend's
+//! histogram buckets and the counters the page shows rates of, and notes each change of state.
+//! It costs the request path nothing: it only reads the atomics the request path writes anyway.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -31,6 +34,42 @@ pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// A backend, as the window tells backends apart: its upstream and address.
 type Key = (String, BackendAddress);
 
+/// A counter the page shows as a rate.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Counter {
+    /// A bound listener's requests, summed over the workers that share its address.
+    Listener(SocketAddr),
+    /// A worker's requests, over all its listeners.
+    Worker(usize),
+    BackendRequests(Key),
+    BackendErrors(Key),
+}
+
+/// What the window keeps of one moment.
+#[derive(Debug)]
+struct Sample {
+    at: Instant,
+    /// Each backend's response-time histogram, per bucket.
+    buckets: HashMap<Key, Vec<u64>>,
+    counts: HashMap<Counter, u64>,
+}
+
+/// Each counter's rate per second over the window between the two newest samples, and that
+/// window's length; empty before the first sample.
+#[derive(Debug, Default)]
+pub(crate) struct Rates {
+    per_second: HashMap<Counter, f64>,
+    over: Option<Duration>,
+}
+
+impl Rates {
+    /// The counter's rate, rounded as `/status` shows it; `None` for one the newest sample
+    /// hasn't seen (a backend a reload added since).
+    fn of(&self, counter: &Counter) -> Option<f64> {
+        self.per_second.get(counter).copied().map(thousandths)
+    }
+}
+
 /// The past the counters don't keep. The lock is taken once a second by the sampler and once
 /// per `/status`, both on the control thread, never while anything awaits.
 #[derive(Debug, Default)]
@@ -41,45 +80,69 @@ pub(crate) struct Window {
 #[derive(Debug, Default)]
 struct Inner {
     /// Oldest first, at most one per [`SAMPLE_EVERY`] over [`WINDOW`] (plus one, the base).
-    samples: VecDeque<(Instant, HashMap<Key, Vec<u64>>)>,
+    samples: VecDeque<Sample>,
     /// Each backend's state word and since when.
     states: HashMap<Key, (&'static str, Instant)>,
 }
 
 impl Window {
-    /// Records every backend's response-time buckets and state now, and forgets what is older
-    /// than the window needs.
+    /// Records every backend's response-time buckets and state, and the counters the page
+    /// shows rates of, now; and forgets what is older than the window needs.
     pub(crate) fn sample(&self, process: &Process) {
         let generation = process.generations.borrow().clone();
         let now = Instant::now();
+        let mut buckets = HashMap::new();
+        let mut counts = HashMap::new();
+        let mut states = Vec::new();
+        for u in &generation.upstreams {
+            for b in u.backends.iter() {
+                let key = (u.config.name.clone(), b.address);
+                let histogram = b.stats.response_time.snapshot().2;
+                buckets.insert(key.clone(), histogram.into_iter().map(|(_, n)| n).collect());
+                let requests = b.stats.requests.load(Ordering::Relaxed);
+                counts.insert(Counter::BackendRequests(key.clone()), requests);
+                counts.insert(Counter::BackendErrors(key.clone()), b.stats.errors_total());
+                states.push((key, state_word(b)));
+            }
+        }
+        for l in process.registered.all() {
+            let requests = l.requests.load(Ordering::Relaxed);
+            *counts.entry(Counter::Listener(l.listener)).or_default() += requests;
+            *counts.entry(Counter::Worker(l.worker)).or_default() += requests;
+        }
         let mut inner = self
             .inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if inner.samples.is_empty() {
-            // The base until a sample is a window old: the process's start, when every count
-            // was zero. Without it the first sample would be the base, and requests served
-            // before the sampler first ran (a loaded machine starts it late) would never show.
-            inner.samples.push_back((process.started, HashMap::new()));
+        for (key, state) in states {
+            note_state(&mut inner.states, key, state, now);
         }
-        let mut buckets = HashMap::new();
-        for u in &generation.upstreams {
-            for b in u.backends.iter() {
-                let key = (u.config.name.clone(), b.address);
-                let counts = b.stats.response_time.snapshot().2;
-                buckets.insert(key.clone(), counts.into_iter().map(|(_, n)| n).collect());
-                note_state(&mut inner.states, key, state_word(b), now);
-            }
-        }
-        inner.samples.push_back((now, buckets));
-        // Keep the newest sample at least WINDOW old, as the base the differences start from.
-        while inner.samples.len() > 2
-            && inner
-                .samples
-                .get(1)
-                .is_some_and(|(t, _)| now.duration_since(*t) >= WINDOW)
-        {
-            inner.samples.pop_front();
+        inner.record(
+            process.started,
+            Sample {
+                at: now,
+                buckets,
+                counts,
+            },
+        );
+    }
+
+    /// The rates over the last completed window: between the two newest samples, about
+    /// [`SAMPLE_EVERY`] apart. A window that is still open (from the newest sample to now)
+    /// would hold a fraction of a second's requests, as noisy as the browser's own difference
+    /// of two polls was; one completed window is the same for every reader within the second.
+    pub(crate) fn rates(&self) -> Rates {
+        let inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut newest = inner.samples.iter().rev();
+        match (newest.next(), newest.next()) {
+            (Some(newer), Some(older)) => Rates {
+                per_second: per_second(older, newer),
+                over: Some(newer.at.duration_since(older.at)),
+            },
+            _ => Rates::default(),
         }
     }
 
@@ -91,7 +154,7 @@ impl Window {
             .inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let base = inner.samples.front().and_then(|(_, m)| m.get(key));
+        let base = inner.samples.front().and_then(|s| s.buckets.get(key));
         let counts: Vec<(f64, u64)> = now
             .iter()
             .enumerate()
@@ -116,6 +179,53 @@ impl Window {
             .get(key)
             .map_or(Duration::ZERO, |(_, since)| now.duration_since(*since))
     }
+}
+
+impl Inner {
+    /// Adds `sample` as the newest, and drops the oldest ones the window no longer needs.
+    fn record(&mut self, started: Instant, sample: Sample) {
+        if self.samples.is_empty() {
+            // The base until a sample is a window old: the process's start, when every count
+            // was zero. Without it the first sample would be the base, and requests served
+            // before the sampler first ran (a loaded machine starts it late) would never show,
+            // neither in the percentiles nor in the first rates.
+            self.samples.push_back(Sample {
+                at: started.min(sample.at),
+                buckets: HashMap::new(),
+                counts: HashMap::new(),
+            });
+        }
+        let now = sample.at;
+        self.samples.push_back(sample);
+        // Keep the newest sample at least WINDOW old, as the base the differences start from.
+        while self.samples.len() > 2
+            && self
+                .samples
+                .get(1)
+                .is_some_and(|s| now.duration_since(s.at) >= WINDOW)
+        {
+            self.samples.pop_front();
+        }
+    }
+}
+
+/// Each counter of `newer` per second since `older`. One that `older` lacks counted from zero:
+/// the base at the process's start has no counter, and a backend or listener a reload added
+/// started at zero since. One that went down (a backend removed and added back by reloads
+/// starts its counters again) shows 0, not a negative rate. Nothing when no time passed.
+fn per_second(older: &Sample, newer: &Sample) -> HashMap<Counter, f64> {
+    let seconds = newer.at.saturating_duration_since(older.at).as_secs_f64();
+    if seconds <= 0.0 {
+        return HashMap::new();
+    }
+    newer
+        .counts
+        .iter()
+        .map(|(counter, &now)| {
+            let before = older.counts.get(counter).copied().unwrap_or(0);
+            (counter.clone(), now.saturating_sub(before) as f64 / seconds)
+        })
+        .collect()
 }
 
 fn note_state(
@@ -185,12 +295,13 @@ fn classes(counts: [u64; 5]) -> serde_json::Value {
     serde_json::Value::Object(m)
 }
 
-/// What the status page and `GET /status` show: the same picture as `/metrics`, and the last
-/// minute.
+/// What the status page and `GET /status` show: the same picture as `/metrics`, the last
+/// minute, and the rates over the last second.
 pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
     let generation = process.generations.borrow().clone();
     let config = &generation.config;
     let listeners = process.registered.all();
+    let rates = window.rates();
     let workers: Vec<_> = config
         .runtime
         .cpus
@@ -202,7 +313,12 @@ pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
                 .filter(|l| l.worker == w)
                 .map(|l| l.requests.load(Ordering::Relaxed))
                 .sum();
-            json!({ "worker": w, "core": core, "requests": requests })
+            json!({
+                "worker": w,
+                "core": core,
+                "requests": requests,
+                "requests_per_second": rates.of(&Counter::Worker(w)),
+            })
         })
         .collect();
     let names = process.dns.names();
@@ -214,7 +330,7 @@ pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
                 .backends
                 .iter()
                 .zip(&u.config.backends)
-                .map(|(b, c)| backend_status(&u.config.name, b, c.backup, window))
+                .map(|(b, c)| backend_status(&u.config.name, b, c, window, &rates))
                 .collect();
             // Each DNS name with the addresses it resolved to (backends above, among the rest).
             let names: Vec<_> = names
@@ -272,7 +388,8 @@ pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
                 .map(|addr| {
                     let mine: Vec<&std::sync::Arc<ListenerStats>> =
                         listeners.iter().filter(|s| s.listener == addr).collect();
-                    listener_status(addr, upstream, l.tls.is_some(), &mine)
+                    let rate = rates.of(&Counter::Listener(addr));
+                    listener_status(addr, upstream, l.tls.is_some(), &mine, rate)
                 })
                 .collect::<Vec<_>>()
         })
@@ -284,6 +401,10 @@ pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
         "uptime_seconds": thousandths(process.started.elapsed().as_secs_f64()),
         "config_file": process.config_path.as_ref().map(|p| p.display().to_string()),
         "metrics": config.admin.is_some(),
+        // How long the window the rates are over was: about a second, more on a loaded machine
+        // whose sampler ran late, less for the first (from the process's start to the first
+        // sample); `null`, and every rate with it, before the first sample.
+        "rate_window_seconds": rates.over.map(|d| thousandths(d.as_secs_f64())),
         "workers": workers,
         "listeners": listener_list,
         "upstreams": upstreams,
@@ -315,6 +436,7 @@ fn listener_status(
     upstream: &str,
     tls: bool,
     stats: &[&std::sync::Arc<ListenerStats>],
+    requests_per_second: Option<f64>,
 ) -> serde_json::Value {
     let sum = |f: &dyn Fn(&ListenerStats) -> u64| -> u64 { stats.iter().map(|s| f(s)).sum() };
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -335,14 +457,17 @@ fn listener_status(
         "connections": accepted.saturating_sub(closed),
         "accepted": accepted,
         "requests": sum(&|s| load(&s.requests)),
+        "requests_per_second": requests_per_second,
         "responses": classes(by_class),
     })
 }
 
-/// What `/status` shows of a time: rounded to the thousandth, so milliseconds (`*_ms`) to the
-/// microsecond and seconds (`*_seconds`, `seconds_ago`) to the millisecond. Finer digits are no
-/// measurement (latencies come from histogram buckets) and the arithmetic would show as noise
-/// (`2.4699999999999998`); the rounded value prints as its shortest decimal (`2.47`).
+/// What `/status` shows of a time or a rate: rounded to the thousandth, so milliseconds (`*_ms`)
+/// to the microsecond, seconds (`*_seconds`, `seconds_ago`) to the millisecond and rates
+/// (`*_per_second`) to a thousandth of a request. Finer digits are no measurement (latencies
+/// come from histogram buckets, rates from a window timed to the sampler's wake-up) and the
+/// arithmetic would show as noise (`2.4699999999999998`); the rounded value prints as its
+/// shortest decimal (`2.47`).
 fn thousandths(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
@@ -350,8 +475,9 @@ fn thousandths(x: f64) -> f64 {
 fn backend_status(
     upstream: &str,
     b: &BackendState,
-    backup: bool,
+    config: &crate::config::Backend,
     window: &Window,
+    rates: &Rates,
 ) -> serde_json::Value {
     let admin = b.admin_state();
     let state = state_word(b);
@@ -375,12 +501,17 @@ fn backend_status(
         "health": if b.is_up() { "up" } else { "down" },
         "admin": admin.as_str(),
         "weight": b.weight(),
-        "backup": backup,
+        "backup": config.backup,
         "in_flight": b.in_flight(),
+        // What the page draws the in-flight bar against; `null` for no limit (`max_conns = 0`),
+        // which has no full to draw.
+        "max_conns": (config.max_conns > 0).then_some(config.max_conns),
         // `ewma` upstreams: the response-time average picks are made on.
         "ewma_ms": b.ewma().map(|d| thousandths(d.as_secs_f64() * 1000.0)),
         "requests": s.requests.load(Ordering::Relaxed),
+        "requests_per_second": rates.of(&Counter::BackendRequests(key.clone())),
         "errors": s.errors_total(),
+        "errors_per_second": rates.of(&Counter::BackendErrors(key.clone())),
         "retries": s.retries.load(Ordering::Relaxed),
         // New connections against reused ones: `pinlb bench`'s fairness checks read these to
         // see whether the proxy keeps its backend connections alive.
@@ -440,5 +571,96 @@ mod tests {
         assert_eq!(states[&key], ("up", t0));
         note_state(&mut states, key.clone(), "draining", t1);
         assert_eq!(states[&key], ("draining", t1));
+    }
+
+    fn sample(at: Instant, counts: &[(Counter, u64)]) -> Sample {
+        Sample {
+            at,
+            buckets: HashMap::new(),
+            counts: counts.iter().cloned().collect(),
+        }
+    }
+
+    #[test]
+    fn a_rate_is_the_counters_difference_over_the_time_between_two_samples() {
+        let t0 = Instant::now();
+        let key = ("app".to_string(), "127.0.0.1:1".parse().unwrap());
+        let older = sample(
+            t0,
+            &[
+                (Counter::Worker(0), 1_000),
+                (Counter::BackendErrors(key.clone()), 7),
+            ],
+        );
+        let newer = sample(
+            t0 + Duration::from_millis(1_250),
+            &[
+                (Counter::Worker(0), 1_500),
+                (Counter::BackendErrors(key.clone()), 7),
+            ],
+        );
+        let rates = per_second(&older, &newer);
+        assert_eq!(rates[&Counter::Worker(0)], 400.0, "500 in 1.25 s");
+        assert_eq!(rates[&Counter::BackendErrors(key)], 0.0);
+    }
+
+    #[test]
+    fn a_counter_new_since_the_older_sample_counts_from_zero_and_one_that_went_down_shows_zero() {
+        let t0 = Instant::now();
+        let listener: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let older = sample(t0, &[(Counter::Worker(0), 90)]);
+        let newer = sample(
+            t0 + Duration::from_secs(2),
+            &[(Counter::Worker(0), 10), (Counter::Listener(listener), 30)],
+        );
+        let rates = per_second(&older, &newer);
+        assert_eq!(rates[&Counter::Listener(listener)], 15.0);
+        assert_eq!(rates[&Counter::Worker(0)], 0.0, "restarted, not negative");
+        assert!(
+            per_second(&newer, &newer).is_empty(),
+            "no time passed: no rate, not a division by zero"
+        );
+    }
+
+    #[test]
+    fn rates_are_over_the_two_newest_samples_and_the_first_counts_from_the_start() {
+        let window = Window::default();
+        assert!(
+            window.rates().per_second.is_empty(),
+            "nothing before a sample"
+        );
+        assert_eq!(window.rates().over, None);
+        let started = Instant::now();
+        let at = |ms| started + Duration::from_millis(ms);
+        let record = |s| {
+            window.inner.lock().unwrap().record(started, s);
+        };
+        // Requests served before the sampler first ran show in the first rates.
+        record(sample(at(500), &[(Counter::Worker(0), 50)]));
+        assert_eq!(window.rates().of(&Counter::Worker(0)), Some(100.0));
+        assert_eq!(window.rates().over, Some(Duration::from_millis(500)));
+        record(sample(at(1_500), &[(Counter::Worker(0), 80)]));
+        record(sample(at(2_500), &[(Counter::Worker(0), 83)]));
+        let rates = window.rates();
+        assert_eq!(
+            rates.of(&Counter::Worker(0)),
+            Some(3.0),
+            "the last second only"
+        );
+        assert_eq!(rates.over, Some(Duration::from_secs(1)));
+        assert_eq!(rates.of(&Counter::Worker(1)), None, "never sampled");
+    }
+
+    #[test]
+    fn the_window_keeps_a_base_a_minute_old_and_no_more() {
+        let window = Window::default();
+        let started = Instant::now();
+        let mut inner = window.inner.lock().unwrap();
+        for s in 1..=90 {
+            inner.record(started, sample(started + Duration::from_secs(s), &[]));
+        }
+        let oldest = inner.samples.front().unwrap().at;
+        assert_eq!(oldest, started + Duration::from_secs(30));
+        assert_eq!(inner.samples.len(), 61);
     }
 }
