@@ -937,6 +937,61 @@ fn an_import_notes_only_what_differs_in_file_order() {
     );
 }
 
+/// `pinlb check` on the Node.js import shows what was converted onto its route: the rate
+/// limit, the compression, the header rules and the 30 s read timeout, as the route's own
+/// (and the upstream says which route overrides its 60 s).
+#[test]
+fn check_on_an_import_shows_the_route_s_limits_compression_headers_and_timeout() {
+    let (toml, _) = fixture_notes("node-app.conf");
+    // This machine's listen address and core, and a log anyone can write.
+    let toml = pin_to_test_cores(&toml)
+        .replace("0.0.0.0:80", "127.0.0.1:0")
+        .replace("\"/var/log/nginx/access.log\"", "\"stdout\"");
+    let dir = tempfile::Builder::new()
+        .prefix("pinlb-import-check-")
+        .tempdir()
+        .unwrap();
+    let file = dir.path().join("pinlb.toml");
+    std::fs::write(&file, &toml).unwrap();
+    let out = Command::new(bin())
+        .arg("check")
+        .arg("-c")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: Vec<&str> = stdout.lines().collect();
+    let route = plan
+        .iter()
+        .position(|l| *l == "  route[1] path /* -> upstream node")
+        .unwrap_or_else(|| panic!("no route to node:\n{stdout}"));
+    assert_eq!(
+        plan[route - 1],
+        "  route[0] path /static/* -> respond 404 (0 bytes)"
+    );
+    assert_eq!(
+        plan[route + 1..route + 5],
+        [
+            "    rate limit: zone api (10r/s per client_ip, 163840 keys), burst 20, over it 503",
+            "    compress: gzip level 6, types text/html, text/plain, text/css, application/json, application/javascript, from 20 bytes",
+            "    request headers: set x-real-ip: {client_ip}",
+            "    timeouts: connect 5s, response 30s (its own), send 60s",
+        ],
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "\n  route[1] of listener[0] 127.0.0.1:0 sets its own timeouts: response 30s\n"
+        ),
+        "{stdout}"
+    );
+}
+
 /// What the comparison leaves out is noted by the import, at its file:line: the rewrite a route
 /// can't express (rewrite.conf's /legacy/) and the Host nginx sends by default.
 #[test]
