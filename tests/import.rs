@@ -100,6 +100,16 @@ fn requests(fixture: &str) -> Vec<Req> {
             // Not a name of either server: the default one (the first on the address).
             get("other.example.test", "/api/v"),
         ],
+        // /static/ is a 404 route where nginx finds no file; /static (no slash) is not under
+        // it, in nginx as in pinlb: the application's.
+        "node-app.conf" => vec![
+            get("example.com", "/"),
+            get("www.example.com", "/api/users?page=2"),
+            get("example.com", "/static/app.css"),
+            get("example.com", "/static/"),
+            get("example.com", "/static"),
+            get("example.com", "/socket.io/?EIO=4&transport=polling"),
+        ],
         "node-pool.conf" => vec![
             get("127.0.0.1", "/"),
             get("127.0.0.1", "/a/b?c=d"),
@@ -753,10 +763,233 @@ fn file_only_configs_are_refused_with_one_line() {
             "{name}"
         );
         assert!(
-            stderr.contains("location not converted: it neither proxies nor returns"),
+            stderr.contains("location / not converted: it serves files from "),
             "{name}: {stderr}"
         );
     }
+}
+
+/// The notes `pinlb import` prints for a fixture (exit 0), one a line.
+fn fixture_notes(name: &str) -> (String, Vec<String>) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/nginx")
+        .join(name);
+    let out = Command::new(bin())
+        .arg("import")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{name}: {stderr}");
+    let notes = stderr.lines().map(str::to_string).collect();
+    (String::from_utf8(out.stdout).unwrap(), notes)
+}
+
+/// The tutorial Node.js configuration (node-app.conf): its `location /static/`, which serves
+/// files, becomes a route that answers 404 before `/`'s (nginx answers from disk, never from
+/// the application), and its note says so and where the requests would go without it: route /
+/// to upstream node, under its rate limit zone and compression. (nginx beside pinlb answers
+/// /static/app.css alike: `imported_fixtures_answer_as_nginx_does`.)
+#[test]
+fn a_location_that_serves_files_answers_404_and_its_note_says_where_requests_would_go() {
+    let (toml, notes) = fixture_notes("node-app.conf");
+    let static_note = notes
+        .iter()
+        .find(|n| n.contains("location /static/ not converted"))
+        .unwrap_or_else(|| panic!("no note on /static/:\n{}", notes.join("\n")));
+    assert!(
+        static_note.ends_with(
+            "node-app.conf:55: location /static/ not converted: it serves files from /var/www/node-app (with expires), and pinlb serves no files: pinlb answers its requests 404 (route /static/ → respond 404). If the backend serves these paths, delete that route: they then go to route / → upstream node (rate_limit zone api, compress gzip)"
+        ),
+        "{static_note}"
+    );
+    let config: toml::Table = toml::from_str(&toml).unwrap();
+    let routes = config["listener"][0]["route"].as_array().unwrap();
+    assert_eq!(routes[0]["path"].as_str(), Some("/static/"), "{toml}");
+    assert_eq!(routes[0]["respond"]["status"].as_integer(), Some(404));
+    assert_eq!(routes[1]["path"].as_str(), Some("/"), "{toml}");
+    assert_eq!(routes[1]["upstream"].as_str(), Some("node"), "{toml}");
+}
+
+/// A location whose content does not convert (`grpc_pass`) is no route, and its note names the
+/// route that takes its requests instead; a location that serves files keeps its own access
+/// rules on its 404 route (nginx checks them before it looks for a file), without the note
+/// about answers given before the access phase.
+#[test]
+fn a_dropped_location_s_note_names_the_route_that_takes_its_requests() {
+    let imported = import_text(
+        "http {
+    server {
+        listen 8080;
+        location / { proxy_pass http://127.0.0.1:8081; }
+        location /rpc/ { grpc_pass grpc://127.0.0.1:9000; }
+        location /files/ {
+            allow 10.0.0.0/8;
+            deny all;
+            alias /srv/files/;
+        }
+    }
+}
+",
+        &[],
+    );
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let at = |line: usize| format!("{}:{line}: ", imported.path.display());
+    assert!(
+        imported.stderr.contains(&format!(
+            "{}location not converted: what answers its requests (grpc_pass) did not convert; its requests go to route / → upstream 127.0.0.1:8081",
+            at(5)
+        )),
+        "{}",
+        imported.stderr
+    );
+    assert!(
+        imported.stderr.contains(&format!(
+            "{}location /files/ not converted: it serves files from alias /srv/files/, and pinlb serves no files: pinlb answers its requests 404 (route /files/ → respond 404 (its access rules))",
+            at(6)
+        )),
+        "{}",
+        imported.stderr
+    );
+    assert!(
+        !imported.stderr.contains("before its access phase"),
+        "{}",
+        imported.stderr
+    );
+    let toml: toml::Table = toml::from_str(&imported.stdout).unwrap();
+    let routes = toml["listener"][0]["route"].as_array().unwrap();
+    let files = routes
+        .iter()
+        .find(|r| r.get("path").and_then(|p| p.as_str()) == Some("/files/"))
+        .unwrap_or_else(|| panic!("no /files/ route:\n{}", imported.stdout));
+    assert_eq!(
+        files["access"],
+        toml::Value::Array(vec!["allow 10.0.0.0/8".into(), "deny all".into()])
+    );
+    assert!(
+        routes
+            .iter()
+            .all(|r| r.get("path").and_then(|p| p.as_str()) != Some("/rpc/")),
+        "{}",
+        imported.stdout
+    );
+}
+
+/// What pinlb already does is not noted: `proxy_http_version 1.1` (pinlb speaks HTTP/1.1 to
+/// every backend), the WebSocket `Upgrade`/`Connection` lines, `X-Forwarded-Proto $scheme`,
+/// `proxy_cache_bypass` without a cache, `tcp_nodelay on`, and the file-sending and table-size
+/// tuning; the notes come in file order, and the worker note reads in the singular.
+#[test]
+fn an_import_notes_only_what_differs_in_file_order() {
+    let (_, notes) = fixture_notes("node-app.conf");
+    let all = notes.join("\n");
+    for quiet in [
+        "proxy_http_version",
+        "Upgrade",
+        "Connection",
+        "X-Forwarded-Proto",
+        "proxy_cache_bypass",
+        "tcp_nodelay",
+        "sendfile",
+        "tcp_nopush",
+        "types_hash_max_size",
+        "server_tokens",
+        "root not converted",
+    ] {
+        assert!(!all.contains(quiet), "{quiet} noted:\n{all}");
+    }
+    assert!(
+        all.contains("worker_processes 1 without worker_cpu_affinity: pinlb pins its worker to core 0 (nginx left it unpinned)"),
+        "{all}"
+    );
+    let lines: Vec<usize> = notes
+        .iter()
+        .map(|n| {
+            let rest = n.split_once("node-app.conf:").map(|(_, r)| r).unwrap_or(n);
+            let line = rest.split(':').next().unwrap_or_default();
+            line.parse()
+                .unwrap_or_else(|_| panic!("a note without its line: {n}"))
+        })
+        .collect();
+    assert!(lines.len() >= 5, "{all}");
+    assert!(lines.is_sorted(), "not in file order:\n{all}");
+
+    // An included file's notes come after the main file's, each file in line order
+    // (debian-default.conf's `http` block includes sites-enabled/default).
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nginx/debian-default.conf");
+    let out = Command::new(bin())
+        .arg("import")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let notes: Vec<&str> = stderr.lines().collect();
+    let main_last = notes
+        .iter()
+        .rposition(|n| n.contains("debian-default.conf:"));
+    let included_first = notes
+        .iter()
+        .position(|n| n.contains("sites-enabled/default:"));
+    assert!(
+        main_last.zip(included_first).is_some_and(|(m, i)| m < i),
+        "{stderr}"
+    );
+}
+
+/// `pinlb check` on the Node.js import shows what was converted onto its route: the rate
+/// limit, the compression, the header rules and the 30 s read timeout, as the route's own
+/// (and the upstream says which route overrides its 60 s).
+#[test]
+fn check_on_an_import_shows_the_route_s_limits_compression_headers_and_timeout() {
+    let (toml, _) = fixture_notes("node-app.conf");
+    // This machine's listen address and core, and a log anyone can write.
+    let toml = pin_to_test_cores(&toml)
+        .replace("0.0.0.0:80", "127.0.0.1:0")
+        .replace("\"/var/log/nginx/access.log\"", "\"stdout\"");
+    let dir = tempfile::Builder::new()
+        .prefix("pinlb-import-check-")
+        .tempdir()
+        .unwrap();
+    let file = dir.path().join("pinlb.toml");
+    std::fs::write(&file, &toml).unwrap();
+    let out = Command::new(bin())
+        .arg("check")
+        .arg("-c")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: Vec<&str> = stdout.lines().collect();
+    let route = plan
+        .iter()
+        .position(|l| *l == "  route[1] path /* -> upstream node")
+        .unwrap_or_else(|| panic!("no route to node:\n{stdout}"));
+    assert_eq!(
+        plan[route - 1],
+        "  route[0] path /static/* -> respond 404 (0 bytes)"
+    );
+    assert_eq!(
+        plan[route + 1..route + 5],
+        [
+            "    rate limit: zone api (10r/s per client_ip, 163840 keys), burst 20, over it 503",
+            "    compress: gzip level 6, types text/html, text/plain, text/css, application/json, application/javascript, from 20 bytes",
+            "    request headers: set x-real-ip: {client_ip}",
+            "    timeouts: connect 5s, response 30s (its own), send 60s",
+        ],
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "\n  route[1] of listener[0] 127.0.0.1:0 sets its own timeouts: response 30s\n"
+        ),
+        "{stdout}"
+    );
 }
 
 /// What the comparison leaves out is noted by the import, at its file:line: the rewrite a route

@@ -83,6 +83,11 @@ impl ErrorPages {
         ErrorPages { pages, intercept }
     }
 
+    /// The statuses that have a page, in order (`pinlb check` lists them).
+    pub fn statuses(&self) -> impl Iterator<Item = u16> + '_ {
+        self.pages.iter().map(|(s, _)| *s)
+    }
+
     /// The page for `status`, if there is one.
     pub fn get(&self, status: u16) -> Option<&Arc<Page>> {
         let i = self.pages.binary_search_by_key(&status, |(s, _)| *s).ok()?;

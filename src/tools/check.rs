@@ -157,7 +157,9 @@ fn taken_addresses(config: &Config) -> Vec<String> {
         .collect()
 }
 
-/// The resolved plan, section by section, as `pinlb check` prints it.
+/// The resolved plan, section by section, as `pinlb check` prints it: every listener's and
+/// route's features as configured ([`super::features`]), so that nothing a file sets (or an
+/// import converted) is hidden.
 pub fn describe(config: &Config) -> String {
     let mut s = String::new();
     let rt = &config.runtime;
@@ -246,20 +248,20 @@ pub fn describe(config: &Config) -> String {
                 default
             ),
         };
-        if !l.access.is_empty() {
-            let _ = writeln!(s, "  {}", l.access);
+        for line in super::features::listener(l, config) {
+            let _ = writeln!(s, "  {line}");
         }
         for (i, r) in l.routes.iter().enumerate() {
             let _ = writeln!(s, "  route[{i}] {}", describe_route(r, &config.upstreams));
-            if !r.access.is_empty() {
-                let _ = writeln!(s, "    its own {}", r.access);
+            for line in super::features::route(r, config) {
+                let _ = writeln!(s, "    {line}");
             }
         }
         if !l.routes.is_empty() {
             let _ = writeln!(s, "  no route matches -> {default}");
         }
     }
-    for u in &config.upstreams {
+    for (index, u) in config.upstreams.iter().enumerate() {
         let t = &u.timeouts;
         let _ = writeln!(
             s,
@@ -277,6 +279,9 @@ pub fn describe(config: &Config) -> String {
                 s,
                 "  hash on {key}: rendezvous (consistent) hashing by weight; requests without the key go round robin"
             );
+        }
+        for line in super::features::upstream(index, u, config) {
+            let _ = writeln!(s, "  {line}");
         }
         if let Some(st) = &u.sticky {
             let _ = writeln!(

@@ -11,6 +11,8 @@
 //! - [`peers`]: the proxies `sweep --proxy` and `bench --proxy` run (pinlb, nginx, HAProxy) and
 //!   their equivalent configurations.
 //! - [`check`]: what `pinlb check` prints: the resolved plan, the core map, the verdict.
+//! - [`features`]: `check`'s lines for what each listener, route and upstream does besides
+//!   routing (limits, access, compression, header rules, timeouts, error pages, buffering).
 //! - [`bench`](mod@bench): `pinlb bench`, a pinned load generator comparing targets in
 //!   interleaved rounds.
 //! - [`sweep`]: `pinlb sweep`, every split of the cores between proxy and backends, benched.
@@ -23,6 +25,7 @@ pub mod check;
 pub mod coremap;
 pub mod demo;
 pub mod fairness;
+mod features;
 pub mod import;
 pub mod launch;
 pub mod peers;

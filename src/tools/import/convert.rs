@@ -9,6 +9,8 @@ use toml::{Table, Value};
 use super::access;
 use super::client_cert;
 use super::error_page::{self, Pages};
+use super::files::{self, Left};
+use super::matched::{Known, Matched};
 use super::parse::Directive;
 use super::proxy_protocol::{self, Accepting};
 use super::rewrite;
@@ -57,6 +59,8 @@ struct Builder {
     buffered: super::buffering::Decided,
     /// The upstreams a `proxy_pass` speaks HTTP to, which a `fastcgi_pass` can't also use.
     http_upstreams: std::collections::BTreeSet<String>,
+    /// What the whole configuration says about the directives pinlb already matches.
+    known: Known,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -77,6 +81,29 @@ struct Server {
     conn_limit: Option<(i64, i64)>,
     /// The addresses it takes the PROXY protocol on, and from whom.
     accepting: Accepting,
+    /// Its locations left out, noted once its listener's routes are known ([`files`]).
+    left: Vec<Left>,
+}
+
+impl Server {
+    /// Whether it answers anything but the 404s of its locations that serve files: a server
+    /// that does not is left out with its listener, as one that only serves files.
+    fn answers(&self) -> bool {
+        let files: Vec<usize> = self.left.iter().filter_map(|l| l.route).collect();
+        (0..self.routes.len()).any(|i| !files.contains(&i))
+    }
+}
+
+/// What one `location` becomes.
+enum Location {
+    Route(Table),
+    /// It serves files: the route that answers 404, and what it serves (for the note).
+    Files(Table, String),
+    /// What answers its requests did not convert (noted): no route, and a note, once the
+    /// server's routes are known, on which route takes them.
+    Dropped(String),
+    /// Left out, noted already.
+    Gone,
 }
 
 /// What a server that listens with `ssl` brings to its listener's `[listener.tls]`.
@@ -279,6 +306,7 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
         client_cert_headers: Table::new(),
         buffered: Default::default(),
         http_upstreams: Default::default(),
+        known: Known::read(directives),
     };
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
@@ -305,7 +333,7 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
             }
             ("http", Some(http)) => b.http(http),
             ("stream", Some(_)) => proxy_protocol::stream(d, &mut b.notes),
-            _ => b.skip(d, "no pinlb equivalent"),
+            _ => b.other(d),
         }
     }
     match (affinity, &workers) {
@@ -328,8 +356,9 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
                 Value::Array((0..n.max(1)).map(|c| Value::Integer(c as i64)).collect()),
             );
             b.notes.push(format!(
-                "{at}: worker_processes {n} without worker_cpu_affinity: pinlb pins its {n} workers to cores 0-{} (nginx left them unpinned); change runtime.cpus to the cores pinlb should own",
-                n.saturating_sub(1)
+                "{at}: worker_processes {n} without worker_cpu_affinity: pinlb pins {} (nginx left {}); change runtime.cpus to the cores pinlb should own",
+                pinned_workers(n),
+                if n == 1 { "it unpinned" } else { "them unpinned" }
             ));
         }
         (None, None) => {}
@@ -355,6 +384,17 @@ impl Builder {
             None => self
                 .notes
                 .push(format!("{}: {} not converted: {why}", d.at(), d.name)),
+        }
+    }
+
+    /// A directive no arm of its level converts: nothing where pinlb already does what it asks
+    /// ([`super::matched`]), else a note, or a refusal where leaving it out makes pinlb less
+    /// strict.
+    fn other(&mut self, d: &Directive) {
+        match self.known.directive(d) {
+            Matched::Same => {}
+            Matched::Differs(why) => self.skip(d, why),
+            Matched::Unknown => self.skip(d, "no pinlb equivalent"),
         }
     }
 
@@ -438,7 +478,7 @@ impl Builder {
                     "{}: {n} not converted: no server listens with ssl, so it has no effect",
                     d.at()
                 )),
-                _ => self.skip(d, "no pinlb equivalent"),
+                _ => self.other(d),
             }
         }
     }
@@ -551,7 +591,7 @@ impl Builder {
                     }
                     Err(why) => self.skip(s, &why),
                 },
-                _ => self.skip(s, "no pinlb equivalent"),
+                _ => self.other(s),
             }
         }
         if !passive.is_empty() {
@@ -678,7 +718,7 @@ impl Builder {
                     "{}: {n} not converted: the server does not listen with ssl, so it has no effect",
                     s.at()
                 )),
-                _ => self.skip(s, "no pinlb equivalent"),
+                _ => self.other(s),
             }
         }
         for r in &mut first {
@@ -696,6 +736,8 @@ impl Builder {
         let mut routes: Vec<(u8, usize, Table)> = Vec::new();
         let mut placed: Vec<&Directive> = Vec::new();
         let mut fronts: Vec<(&Directive, String)> = Vec::new();
+        // Its locations left out, each with the 404 route of one that serves files.
+        let mut left: Vec<(Left, Option<Table>)> = Vec::new();
         for l in locations {
             if answers_all {
                 self.unreached(
@@ -704,41 +746,36 @@ impl Builder {
                 );
                 continue;
             }
-            if served.contains(&l.line) {
-                self.notes.push(format!(
-                    "{}: location {} not converted: it serves error_page's file, which pinlb reads as the page (pinlb serves no files to requests for its path)",
-                    l.at(),
-                    l.args.join(" ")
-                ));
-                continue;
-            }
             if let Some(script) = super::fastcgi::front_controller(l) {
                 fronts.push((l, script));
                 continue;
             }
-            if let Some(mut route) = self.location(l, &inherit) {
-                let own = l.block.as_deref().unwrap_or_default();
-                if error_page::Inherit::own(own) {
-                    let level = inherit.level(own).pages;
-                    error_page::convert(&level, block, &mut self.notes)
-                        .0
-                        .write(&mut route, true);
-                }
-                if first.iter().any(|earlier| route_covers(earlier, &route)) {
-                    self.unreached(
-                        l,
-                        "never reached: a server-level rewrite answers every request it would get",
-                    );
+            let route = match self.location(l, &inherit) {
+                Location::Route(route) => route,
+                Location::Files(route, what) => {
+                    let why = match served.contains(&l.line) {
+                        true => "it serves error_page's file, which pinlb reads as the page".into(),
+                        false => format!("it serves {what}"),
+                    };
+                    let Some(placed_route) =
+                        self.place(l, route, &inherit, block, &first, &mut routes)
+                    else {
+                        continue;
+                    };
+                    placed.push(l);
+                    left.push((Left::new(l, why), Some(placed_route)));
                     continue;
                 }
-                let longest_first = usize::MAX - l.args.last().map_or(0, String::len);
-                let (rank, len) = match l.args.first().map(String::as_str) {
-                    Some("=") => (0, 0),
-                    Some("^~") => (1, longest_first),
-                    Some("~" | "~*") => (2, routes.len()),
-                    _ => (3, longest_first),
-                };
-                routes.push((rank, len, route));
+                Location::Dropped(why) => {
+                    left.push((Left::new(l, why), None));
+                    continue;
+                }
+                Location::Gone => continue,
+            };
+            if self
+                .place(l, route, &inherit, block, &first, &mut routes)
+                .is_some()
+            {
                 placed.push(l);
             }
         }
@@ -747,6 +784,17 @@ impl Builder {
                 let longest_first = usize::MAX - l.args.last().map_or(0, String::len);
                 routes.push((3, longest_first, route));
                 placed.push(l);
+                continue;
+            }
+            // No location of the server runs the script: nginx serves the location's files.
+            let Location::Files(route, what) = self.location(l, &inherit) else {
+                continue;
+            };
+            let why =
+                format!("it serves {what}, and no FastCGI location of the server runs {script}");
+            if let Some(placed_route) = self.place(l, route, &inherit, block, &first, &mut routes) {
+                placed.push(l);
+                left.push((Left::new(l, why), Some(placed_route)));
             }
         }
         self.precedence(&mut routes, &placed);
@@ -790,6 +838,16 @@ impl Builder {
             .into_iter()
             .chain(routes.into_iter().map(|(_, _, r)| r))
             .collect();
+        // A 404 route that precedence refused is gone, and its location noted as refused.
+        let left: Vec<Left> = (left.into_iter())
+            .filter_map(|(mut l, route)| match route {
+                None => Some(l),
+                Some(r) => {
+                    l.route = Some(routes.iter().position(|x| *x == r)?);
+                    Some(l)
+                }
+            })
+            .collect();
         let conn_limit =
             super::limits::conn_limit(&inherit.limits, &self.conn_zones, &mut self.refused);
         for address in addresses {
@@ -803,12 +861,50 @@ impl Builder {
                 pages: pages.clone(),
                 conn_limit,
                 accepting: accepting.clone(),
+                left: left.clone(),
             };
             match self.listeners.iter_mut().find(|(a, _)| *a == address) {
                 Some((_, servers)) => servers.push(server),
                 None => self.listeners.push((address, vec![server])),
             }
         }
+    }
+
+    /// Location `l`'s route, its own error pages written, ranked into `routes` as nginx's
+    /// precedence orders it ([`Builder::precedence`]); a copy of what was placed, or `None`
+    /// (noted) when a server-level rewrite (`first`) answers all it would get.
+    fn place(
+        &mut self,
+        l: &Directive,
+        mut route: Table,
+        inherit: &Inherited,
+        server: &[Directive],
+        first: &[Table],
+        routes: &mut Vec<(u8, usize, Table)>,
+    ) -> Option<Table> {
+        let own = l.block.as_deref().unwrap_or_default();
+        if error_page::Inherit::own(own) {
+            let level = inherit.level(own).pages;
+            error_page::convert(&level, server, &mut self.notes)
+                .0
+                .write(&mut route, true);
+        }
+        if first.iter().any(|earlier| route_covers(earlier, &route)) {
+            self.unreached(
+                l,
+                "never reached: a server-level rewrite answers every request it would get",
+            );
+            return None;
+        }
+        let longest_first = usize::MAX - l.args.last().map_or(0, String::len);
+        let (rank, len) = match l.args.first().map(String::as_str) {
+            Some("=") => (0, 0),
+            Some("^~") => (1, longest_first),
+            Some("~" | "~*") => (2, routes.len()),
+            _ => (3, longest_first),
+        };
+        routes.push((rank, len, route.clone()));
+        Some(route)
     }
 
     /// nginx's location precedence as pinlb's first-match order, for `routes` ranked by
@@ -1123,8 +1219,8 @@ impl Builder {
         }
     }
 
-    /// One `location` as a route without its host; `None` (with a note) when it can't be one.
-    fn location(&mut self, l: &Directive, parent: &Inherited) -> Option<Table> {
+    /// One `location` as a route without its host, or what else it becomes ([`Location`]).
+    fn location(&mut self, l: &Directive, parent: &Inherited) -> Location {
         let mut route = Table::new();
         let block = l.block.as_deref().unwrap_or_default();
         let exact = match l.args.as_slice() {
@@ -1154,7 +1250,7 @@ impl Builder {
                         l,
                         &format!("its regular expression is not one pinlb's engine takes ({why}; no look-around or backreferences)"),
                     );
-                    return None;
+                    return Location::Gone;
                 }
                 route.insert("path_regex".into(), Value::String(pattern));
                 false
@@ -1164,7 +1260,7 @@ impl Builder {
                     l,
                     "only exact (=), prefix and regex (~, ~*) locations convert; named (@) ones don't",
                 );
-                return None;
+                return Location::Gone;
             }
         };
         let fastcgi = super::fastcgi::passes(block);
@@ -1172,6 +1268,9 @@ impl Builder {
         super::limits::location_conns(block, &mut self.refused);
         let mut proxy_at = None;
         let mut action: Option<(&'static str, Value)> = None;
+        // What no arm converts: noted after the loop, or, in a location that serves files,
+        // named in its one note (they shape the file's answer, which pinlb does not send).
+        let mut others = Vec::new();
         for d in block {
             match d.name.as_str() {
                 // The rewrite phase runs before the content phase: a redirect or return decides
@@ -1207,7 +1306,7 @@ impl Builder {
                         self.refused.push(format!(
                             "{why}; without it pinlb does not run the location's scripts as nginx does"
                         ));
-                        return None;
+                        return Location::Gone;
                     }
                 },
                 n if fastcgi && super::fastcgi::NAMES.contains(&n) => {}
@@ -1264,7 +1363,6 @@ impl Builder {
                     }
                     proxy_at = Some(d);
                 }
-                "proxy_http_version" => {} // pinlb always speaks HTTP/1.1 to backends.
                 "client_max_body_size" => self.body_limit(d),
                 "proxy_next_upstream"
                 | "proxy_next_upstream_tries"
@@ -1277,8 +1375,14 @@ impl Builder {
                 n if super::gzip::NAMES.contains(&n) && d.block.is_none() => {
                     super::gzip::note(d, &mut self.notes)
                 }
-                _ => self.skip(d, "no pinlb equivalent"),
+                _ => others.push(d),
             }
+        }
+        if action.is_none() && proxy_at.is_none() && files::serves_files(block) {
+            return self.files(l, route, &inherit, &others);
+        }
+        for d in others {
+            self.other(d);
         }
         if let Some((key, value)) = action {
             for k in ["upstream", "rewrite_prefix"] {
@@ -1286,11 +1390,17 @@ impl Builder {
             }
             route.insert(key.into(), value);
             self.access(&inherit, &mut route);
-            return Some(route);
+            return Location::Route(route);
         }
         let Some(proxy) = proxy_at else {
-            self.skip(l, "it neither proxies nor returns (pinlb serves no files)");
-            return None;
+            let content = (block.iter())
+                .filter(|d| files::answers(d))
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Location::Dropped(format!(
+                "what answers its requests ({content}) did not convert"
+            ));
         };
         if let Some((name, up)) = route.get("upstream").and_then(Value::as_str).and_then(|n| {
             let up = self.upstreams.get_mut(n)?;
@@ -1364,12 +1474,50 @@ impl Builder {
             &mut self.refused,
         );
         super::gzip::route(&inherit.gzip, &mut route, &mut self.notes, size);
-        Some(route)
+        Location::Route(route)
+    }
+
+    /// A location that serves files ([`files`]) as a route (`route` holds its path) that
+    /// answers 404 after its access rules and rate limits, which nginx checks before it looks
+    /// for the file; `others`, the directives it holds that no arm converts, are named in
+    /// what it serves instead of noted one by one (they shape the file's answer).
+    fn files(
+        &mut self,
+        l: &Directive,
+        mut route: Table,
+        inherit: &Inherited,
+        others: &[&Directive],
+    ) -> Location {
+        let block = l.block.as_deref().unwrap_or_default();
+        // Before `respond`, so that access notes no `return` answered before it.
+        self.access(inherit, &mut route);
+        super::limits::route(
+            &inherit.limits,
+            &self.limit_zones,
+            &mut route,
+            &mut self.refused,
+        );
+        route.insert("respond".into(), files::respond());
+        let alias = block.iter().find(|d| d.name == "alias");
+        let mut what = match (alias, inherit.pages.root()) {
+            (Some(a), _) => format!("files from alias {}", a.args.join(" ")),
+            (None, Some(root)) => format!("files from {root}"),
+            (None, None) => "files".to_string(),
+        };
+        let also: Vec<&str> = (others.iter())
+            .filter(|d| !["root", "alias"].contains(&d.name.as_str()))
+            .filter(|d| self.known.directive(d) != Matched::Same)
+            .map(|d| d.name.as_str())
+            .collect();
+        if !also.is_empty() {
+            what = format!("{what} (with {})", also.join(", "));
+        }
+        Location::Files(route, what)
     }
 
     /// A front controller's `location` ([`super::fastcgi::front_controller`]) as a route to
     /// the FastCGI upstream of the server's location that runs `script`, with `script` set;
-    /// `None` (noted, as a location that serves files) when no location of the server does.
+    /// `None` when no location of the server does (it then serves files, as in nginx).
     fn front_controller(
         &mut self,
         l: &Directive,
@@ -1387,13 +1535,7 @@ impl Builder {
             let fastcgi = self.upstreams.get(&up)?.get("fastcgi")?.as_table()?.clone();
             matches.then_some((up, fastcgi))
         };
-        let Some((base, mut fastcgi)) = routes.iter().find_map(|(_, _, r)| runs(r)) else {
-            self.skip(
-                l,
-                &format!("it serves files (pinlb serves none), and no FastCGI location of the server runs {script}"),
-            );
-            return None;
-        };
+        let (base, mut fastcgi) = routes.iter().find_map(|(_, _, r)| runs(r))?;
         fastcgi.insert("script".into(), Value::String(script.into()));
         let base = base.split('#').next().unwrap_or(&base).to_string();
         let name = super::fastcgi::upstream_name(&base, &fastcgi, &self.upstreams);
@@ -1495,6 +1637,9 @@ impl Builder {
         remove: &mut Vec<Value>,
     ) {
         let lower = name.to_ascii_lowercase();
+        if self.known.header(&lower, value) {
+            return;
+        }
         let managed = match (lower.as_str(), value) {
             ("host", "$http_host") => Some("pinlb sends Host as the client sent it".to_string()),
             ("host", "$host") => Some(
@@ -1592,6 +1737,60 @@ impl Builder {
         }
     }
 
+    /// The notes on `s`'s locations left out ([`files`]), where its routes are pinlb's: a
+    /// location that serves files answers 404, and the note names the route that would take
+    /// its requests without that 404 (the choice the reader has); one whose content did not
+    /// convert names the route that takes them.
+    fn left_heard(&mut self, s: &Server, catch_all: &Server) {
+        for l in &s.left {
+            let is_root = |i: usize| {
+                (s.routes.get(i))
+                    .and_then(|r| r.get("path"))
+                    .and_then(Value::as_str)
+                    == Some("/")
+            };
+            let others_whole = (0..s.routes.len()).any(|i| Some(i) != l.route && is_root(i));
+            let nothing = "no route, so pinlb answers 404";
+            // As [`Builder::finish`] writes a named server's routes: a 404 for its other paths
+            // unless a route takes every path; without one, the default server's routes.
+            let otherwise = match (std::ptr::eq(s, catch_all), l.route.is_some_and(is_root)) {
+                (true, _) => nothing.to_string(),
+                (false, true) if !others_whole => l.destination(&catch_all.routes, None, nothing),
+                (false, _) => format!(
+                    "the 404 pinlb answers for the paths of {} that no location takes",
+                    s.names.join(" ")
+                ),
+            };
+            let to = l.destination(&s.routes, l.route, &otherwise);
+            let Some(i) = l.route else {
+                self.skip(&l.location, &format!("{}; its requests go to {to}", l.why));
+                continue;
+            };
+            let own = (s.routes.get(i)).map(files::describe).unwrap_or_default();
+            self.notes.push(format!(
+                "{}: {} not converted: {}, and pinlb serves no files: pinlb answers its requests 404 ({own}). If the backend serves these paths, delete that route: they then go to {to}",
+                l.location.at(),
+                l.name(),
+                l.why
+            ));
+        }
+    }
+
+    /// The notes on `s`'s locations left out ([`files`]), where `s` is not converted.
+    fn left_unheard(&mut self, s: &Server) {
+        for l in &s.left {
+            match l.route {
+                Some(_) => self.notes.push(format!(
+                    "{}: {} not converted: {}, and pinlb serves no files",
+                    l.location.at(),
+                    l.name(),
+                    l.why
+                )),
+                None => self.skip(&l.location, &l.why),
+            }
+        }
+    }
+
     fn finish(mut self) -> Converted {
         let mut root = Table::new();
         if !self.runtime.is_empty() {
@@ -1618,8 +1817,9 @@ impl Builder {
         let mut listeners = Vec::new();
         let mut anything = false;
         for (address, mut servers) in std::mem::take(&mut self.listeners) {
-            if servers.iter().all(|s| s.routes.is_empty()) {
+            if !servers.iter().any(Server::answers) {
                 for s in &servers {
+                    self.left_unheard(s);
                     self.notes.push(format!(
                         "{}: server on {address} not converted: it only serves files (pinlb serves no files), so pinlb does not listen there",
                         s.at
@@ -1648,6 +1848,12 @@ impl Builder {
             // The default server: the one marked so, else the first, as nginx picks it.
             let default = servers.iter().position(|s| s.default).unwrap_or(0);
             let catch_all = servers.remove(default);
+            for s in servers.iter().chain([&catch_all]) {
+                match s.names.is_empty() && !std::ptr::eq(s, &catch_all) {
+                    true => self.left_unheard(s),
+                    false => self.left_heard(s, &catch_all),
+                }
+            }
             let mut routes = Vec::new();
             for s in &servers {
                 if s.names.is_empty() {
@@ -2122,6 +2328,16 @@ fn listen_address(a: &str) -> String {
     }
 }
 
+/// What `runtime.cpus = [0, …, n - 1]` does, in words: "its worker to core 0", "its 4 workers
+/// to cores 0-3".
+fn pinned_workers(n: usize) -> String {
+    match n {
+        0 | 1 => "its worker to core 0".into(),
+        2 => "its 2 workers to cores 0 and 1".into(),
+        n => format!("its {n} workers to cores 0-{}", n - 1),
+    }
+}
+
 /// `worker_cpu_affinity 0001 0010` → cores 0 and 1 (each mask one worker's cores).
 fn cpu_affinity(args: &[String]) -> Option<Vec<usize>> {
     let mut cores = Vec::new();
@@ -2214,6 +2430,9 @@ mod tests {
             Some(vec![0, 1])
         );
         assert_eq!(listen_address("8081"), "0.0.0.0:8081");
+        assert_eq!(pinned_workers(1), "its worker to core 0");
+        assert_eq!(pinned_workers(2), "its 2 workers to cores 0 and 1");
+        assert_eq!(pinned_workers(4), "its 4 workers to cores 0-3");
         assert_eq!(
             template("$scheme://$host$request_uri").as_deref(),
             Some("{scheme}://{host}{uri}")

@@ -1,6 +1,9 @@
 //! `pinlb import nginx.conf`: an nginx configuration read (its includes followed) and written as
-//! a pinlb one, with a note for every directive that has no pinlb equivalent, and a refusal
+//! a pinlb one, with a note, in file order, for every directive pinlb does not do as nginx does
+//! (none for one whose behaviour pinlb already has), and a refusal
 //! ([`ImportError::LessStrict`]) where leaving one out would make pinlb less strict than nginx.
+//! A location that serves files becomes a route that answers 404 ([`files`] says why), and its
+//! note names the route its requests would take without it.
 //!
 //! - [`parse`]: nginx's syntax, directives with their `file:line`.
 //! - [`error_page`]: `error_page` to a local file and `proxy_intercept_errors`.
@@ -17,6 +20,11 @@
 //! - [`unix_socket`]: `server unix:` and `proxy_pass http://unix:` as Unix-socket backends.
 //! - [`fastcgi`]: `fastcgi_pass` locations as routes to `protocol = "fastcgi"` upstreams, and a
 //!   `try_files` front controller as a route to its script.
+//! - [`files`]: locations that serve files as routes that answer 404, and where their requests
+//!   would go without them.
+//! - [`matched`]: directives whose behaviour pinlb already has, converted to nothing and not
+//!   noted.
+//! - [`notes`]: the notes in file order.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;
@@ -25,8 +33,11 @@ mod client_cert;
 mod convert;
 mod error_page;
 mod fastcgi;
+mod files;
 mod gzip;
 mod limits;
+mod matched;
+mod notes;
 mod parse;
 mod proxy_protocol;
 mod rewrite;
@@ -73,22 +84,26 @@ impl ImportError {
     }
 }
 
-/// The pinlb configuration as TOML text, and the notes (`file:line: ...`) on what was not
-/// converted. A directive left out that makes pinlb less strict than nginx (an `allow unix:`,
+/// The pinlb configuration as TOML text, and the notes (`file:line: ...`, in file order) on
+/// what was not converted. A directive left out that makes pinlb less strict than nginx (an `allow unix:`,
 /// a `limit_req`, a regex location pinlb's engine can't compile that returns 403, TLS settings) is an error unless
 /// `allow_less_strict`, and then a note.
 pub fn import(path: &Path, allow_less_strict: bool) -> Result<(String, Vec<String>), ImportError> {
     let mut notes = Vec::new();
     let directives = parse::parse_file(path, &mut notes)?;
+    let files = notes::files(path, &directives);
     // nginx resolves relative file names against its prefix, the main file's directory.
     let conf_dir = path.parent().unwrap_or(Path::new(""));
-    let converted = convert::convert(&directives, conf_dir);
+    let mut converted = convert::convert(&directives, conf_dir);
     notes.extend(converted.notes);
+    notes::sort(&mut converted.refused, &files);
     if !converted.anything {
         notes.extend(converted.refused);
+        notes::sort(&mut notes, &files);
         return Err(ImportError::NothingToProxy { notes });
     }
     if !converted.refused.is_empty() && !allow_less_strict {
+        notes::sort(&mut notes, &files);
         return Err(ImportError::LessStrict {
             notes,
             refused: converted.refused,
@@ -100,7 +115,13 @@ pub fn import(path: &Path, allow_less_strict: bool) -> Result<(String, Vec<Strin
             .into_iter()
             .map(|r| format!("{r} (accepted: --allow-less-strict)")),
     );
-    let text = toml::to_string(&converted.toml).unwrap_or_default();
+    notes::sort(&mut notes, &files);
+    let mut text = toml::to_string(&converted.toml).unwrap_or_default();
+    // The serializer ends the last table without a newline; a file (and a terminal, where the
+    // notes follow on stderr) wants one.
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
     Ok((
         format!(
             "# Imported from {} by pinlb import.\n{text}",
