@@ -3,7 +3,8 @@
 //!
 //! - [`metrics`]: the Prometheus rendering of every counter and backend state.
 //! - [`status`]: what `/status` and the status page show, and the last minute the counters
-//!   don't keep (latency percentiles, time in a state), sampled every second.
+//!   don't keep (latency percentiles, time in a state, request and error rates), sampled every
+//!   second.
 //! - [`admin`]: the admin listener (on hyper): `/metrics`, `/status`, the status page,
 //!   drain/disable/enable, `/reload`.
 //! - [`dns_refresh`]: names looked up again as their TTLs run out, and a changed answer
