@@ -2,8 +2,8 @@
 //! through the same request path as an HTTP/1.1 request.
 //!
 //! A connection speaks HTTP/2 when ALPN chose `h2` on a TLS listener, or when it begins with
-//! the HTTP/2 preface on a plain listener with `h2c = true` (`connection` decides, and hands the
-//! connection over with the bytes it already read). HTTP/1.1 keeps pinlb's own codec; HTTP/2's
+//! the HTTP/2 preface on a plain listener with `h2c = true` (`downstream::h1` decides, and hands
+//! the connection over with the bytes it already read). HTTP/1.1 keeps pinlb's own codec; HTTP/2's
 //! framing, HPACK, flow control and its defences (rapid reset, CONTINUATION floods, SETTINGS
 //! floods, header list size) are hyper's and its `h2` crate's, which h2spec checks upstream.
 //!

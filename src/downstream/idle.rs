@@ -11,7 +11,7 @@
 //! 100 ms. The same tick refreshes the cached `Date` header value.
 //!
 //! A request head that has begun to arrive is no longer idle: the connection times it itself
-//! (`connection`), since a slowloris client keeps bytes moving and a late head gets a 408.
+//! (`downstream::h1`), since a slowloris client keeps bytes moving and a late head gets a 408.
 //!
 //! A connection that has waited [`PARK_AFTER`] is parked: its socket leaves tokio's reactor for a
 //! worker-wide epoll set of parked sockets, and its task ends, so that what it holds in memory is

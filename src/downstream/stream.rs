@@ -1,4 +1,4 @@
-//! A client connection's socket, plain or TLS: the few operations `connection` needs (read what
+//! A client connection's socket, plain or TLS: the few operations `downstream::h1` needs (read what
 //! is there into a buffer, write everything, notice a client gone, close), and the TLS
 //! handshake.
 //!

@@ -1,7 +1,7 @@
 //! The backend side of HTTP/1.1: writing a request on a pooled connection and reading the
 //! response head and body back, on the worker's own task.
 //!
-//! The client side is `connection`. For the backend side pinlb uses this small codec instead of
+//! The client side is `downstream::h1`. For the backend side pinlb uses this small codec instead of
 //! hyper's client because a proxy needs far less than a general client: the request is already
 //! parsed and validated, and the response body goes straight to the client side. Doing
 //! it here removes a spawned connection task, two channels and a oneshot per request (29% of
