@@ -10,9 +10,9 @@
 //! - [`launch`]: the pinned children `sweep` and `bench --proxy` start, awaited and stopped.
 //! - [`peers`]: the proxies `sweep --proxy` and `bench --proxy` run (pinlb, nginx, HAProxy) and
 //!   their equivalent configurations.
-//! - [`check`]: what `pinlb check` prints: the resolved plan, the core map, the verdict.
 //! - [`features`]: `check`'s lines for what each listener, route and upstream does besides
 //!   routing (limits, access, compression, header rules, timeouts, error pages, buffering).
+//! - [`check`]: what `pinlb check` prints: the resolved plan, the core map, the verdict.
 //! - [`bench`](mod@bench): `pinlb bench`, a pinned load generator comparing targets in
 //!   interleaved rounds.
 //! - [`sweep`]: `pinlb sweep`, every split of the cores between proxy and backends, benched.

@@ -2,7 +2,7 @@
 //! a pinlb one, with a note, in file order, for every directive pinlb does not do as nginx does
 //! (none for one whose behaviour pinlb already has), and a refusal
 //! ([`ImportError::LessStrict`]) where leaving one out would make pinlb less strict than nginx.
-//! A location that serves files becomes a route that answers 404 ([`files`] says why), and its
+//! A location that serves files becomes a route that answers 404 (`files` says why), and its
 //! note names the route its requests would take without it.
 //!
 //! - [`parse`]: nginx's syntax, directives with their `file:line`.
