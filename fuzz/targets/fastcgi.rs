@@ -6,11 +6,11 @@
 //! input in two reads, split anywhere, takes the same records as decoding it at once); a CGI
 //! head never claims more bytes than were written; and a head that parses carries no `Status`
 //! line nor a hop-by-hop header among the lines passed on.
-
-#![no_main]
+//!
+//! The body of the `fastcgi` fuzz target (`fuzz/fuzz_targets/fastcgi.rs`), also replayed over
+//! `fuzz/seeds/fastcgi/` and `fuzz/regressions/fastcgi/` by `tests/fuzz_replay.rs`.
 
 use bytes::BytesMut;
-use libfuzzer_sys::fuzz_target;
 use pinlb::fastcgi::record::{Record, decode};
 use pinlb::fastcgi::response::parse;
 
@@ -35,7 +35,8 @@ fn records(data: &[u8], cut: usize) -> Vec<Result<Record, String>> {
     }
 }
 
-fuzz_target!(|data: &[u8]| {
+/// Panics when `data` breaks the target's invariant.
+pub fn check(data: &[u8]) {
     let Some((&split, data)) = data.split_first() else {
         return;
     };
@@ -52,12 +53,21 @@ fuzz_target!(|data: &[u8]| {
     for text in [&stdout[..], data] {
         if let Ok(Some((head, len))) = parse(text) {
             assert!(len <= text.len());
-            for line in head.headers.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            for line in head
+                .headers
+                .split(|&b| b == b'\n')
+                .filter(|l| !l.is_empty())
+            {
                 let name = line.split(|&b| b == b':').next().unwrap_or_default();
-                for banned in ["status", "content-length", "connection", "transfer-encoding"] {
+                for banned in [
+                    "status",
+                    "content-length",
+                    "connection",
+                    "transfer-encoding",
+                ] {
                     assert!(!name.eq_ignore_ascii_case(banned.as_bytes()), "{line:?}");
                 }
             }
         }
     }
-});
+}

@@ -6,13 +6,14 @@
 //! the input never disagrees with framing the whole (what the reader relies on to stop at the
 //! header's end); and a header that parses to addresses is rebuilt by `v1`/`v2` into bytes that
 //! frame and parse back to the same addresses.
+//!
+//! The body of the `proxy_protocol` fuzz target (`fuzz/fuzz_targets/proxy_protocol.rs`), also replayed over
+//! `fuzz/seeds/proxy_protocol/` and `fuzz/regressions/proxy_protocol/` by `tests/fuzz_replay.rs`.
 
-#![no_main]
-
-use libfuzzer_sys::fuzz_target;
 use pinlb::proxy_protocol::{Header, V1_MAX, V2_MAX, header_len, parse, v1, v2};
 
-fuzz_target!(|data: &[u8]| {
+/// Panics when `data` breaks the target's invariant.
+pub fn check(data: &[u8]) {
     let whole = header_len(data);
     if let Ok(Some(n)) = &whole {
         assert!(*n <= V1_MAX.max(V2_MAX));
@@ -31,15 +32,25 @@ fuzz_target!(|data: &[u8]| {
     if n > data.len() {
         return;
     }
-    if let Ok(Header::Proxied { source, destination }) = parse(&data[..n]) {
+    if let Ok(Header::Proxied {
+        source,
+        destination,
+    }) = parse(&data[..n])
+    {
         for built in [v1(source, destination), v2(source, destination)] {
             let len = header_len(&built).expect("frames").expect("whole");
             assert_eq!(len, built.len());
             let back = parse(&built).expect("parses");
             let same_family = source.is_ipv4() == destination.is_ipv4();
             if same_family {
-                assert_eq!(back, Header::Proxied { source, destination });
+                assert_eq!(
+                    back,
+                    Header::Proxied {
+                        source,
+                        destination
+                    }
+                );
             }
         }
     }
-});
+}

@@ -6,15 +6,14 @@
 //! request the backend receives is one canonical HTTP/1.1 request with unambiguous framing;
 //! pinlb forwards no more requests than the input holds request lines; and the client gets
 //! well-formed responses, then the close, within a few seconds.
-
-#![no_main]
+//!
+//! The body of the `request` fuzz target (`fuzz/fuzz_targets/request.rs`), also replayed over
+//! `fuzz/seeds/request/` and `fuzz/regressions/request/` by `tests/fuzz_replay.rs`.
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-use libfuzzer_sys::fuzz_target;
 
 #[path = "../../tests/common/framing.rs"]
 mod framing;
@@ -85,7 +84,8 @@ client_idle = "1s"
     })
 }
 
-fuzz_target!(|data: &[u8]| {
+/// Panics when `data` breaks the target's invariant.
+pub fn check(data: &[u8]) {
     let h = harness();
     let n = h.runs.fetch_add(1, Ordering::Relaxed);
     let from = framing::client_ip(n);
@@ -119,4 +119,4 @@ fuzz_target!(|data: &[u8]| {
         forwarded <= bound,
         "{forwarded} requests forwarded from at most {bound} request lines"
     );
-});
+}
