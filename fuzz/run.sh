@@ -100,7 +100,7 @@ for t in "${targets[@]}"; do
 done
 
 table=$(
-  echo "$(date -u +%F), $(nproc) cores, $(cargo +nightly --version | cut -d' ' -f2), cargo-fuzz $(cargo fuzz --version | cut -d' ' -f2), AddressSanitizer, \`fuzz/run.sh $minutes ${targets[*]}\`:"
+  echo "$(date -u +%F), $(nproc) cores, $(cargo +nightly --version | cut -d' ' -f2), cargo-fuzz $(cargo fuzz --version | cut -d' ' -f2), AddressSanitizer, commit $(git rev-parse --short HEAD), \`fuzz/run.sh $minutes ${targets[*]}\`:"
   echo
   echo "| target | minutes | executions | exec/s | coverage (edges) | features | corpus | findings |"
   echo "|---|---|---|---|---|---|---|---|"
