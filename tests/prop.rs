@@ -194,6 +194,11 @@ fn request() -> impl Strategy<Value = Vec<u8>> {
         "Connection: keep-alive, TE",
         "TE: trailers",
         "Upgrade: websocket",
+        // Upgrades pinlb passes on (any protocol but h2c), and ones it must not.
+        "Connection: upgrade\r\nUpgrade: websocket",
+        "Connection: Upgrade, keep-alive\r\nUpgrade: h3c",
+        "Connection: upgrade\r\nUpgrade: h2c, foo/2",
+        "Connection: upgrade\r\nUpgrade: h2c",
         "Keep-Alive: timeout=5",
         "Proxy-Connection: keep-alive",
         "Trailer: X-Trailer",
@@ -313,6 +318,13 @@ fn the_framing_checker_passes_canonical_requests_and_refuses_ambiguous_ones() {
     let chunked =
         b"POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n";
     assert_eq!(next_request(chunked).unwrap().unwrap().len, chunked.len());
+    // An upgrade pinlb passes on: any protocol but h2c, with `connection: upgrade`.
+    for upgrading in [
+        &b"GET / HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"[..],
+        b"GET / HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\nupgrade: h3c, foo/2\r\n\r\n",
+    ] {
+        assert!(next_request(upgrading).unwrap().is_some());
+    }
     for bad in [
         &b"GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n"[..],
         b"GET / HTTP/1.1\r\n\r\n",
@@ -320,6 +332,11 @@ fn the_framing_checker_passes_canonical_requests_and_refuses_ambiguous_ones() {
         b"GET / HTTP/1.0\r\nhost: a\r\n\r\n",
         b"GET http://a/ HTTP/1.1\r\nhost: a\r\n\r\n",
         b"GET / HTTP/1.1\r\nhost: a\r\nupgrade: x\r\n\r\n",
+        b"GET / HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n",
+        b"GET / HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\nupgrade: x, H2C/1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\n\r\n",
+        b"GET / HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+        b"GET / HTTP/1.1\r\nhost: a\r\nconnection: upgrade, x\r\nupgrade: x\r\n\r\n",
         b"POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 1\r\ntransfer-encoding: chunked\r\n\r\n",
         b"POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 1\r\ncontent-length: 1\r\n\r\n",
         b"POST / HTTP/1.1\r\nhost: a\r\ncontent-length: +1\r\n\r\n",

@@ -68,6 +68,8 @@ pub fn next_request(buf: &[u8]) -> Result<Option<Forwarded>, String> {
     let mut content_length = Vec::new();
     let mut transfer_encoding = Vec::new();
     let mut client = None;
+    let mut connection = Vec::new();
+    let mut upgrade = Vec::new();
     for h in req.headers.iter() {
         // Bytes over 0x7f (obs-text) are allowed in values and passed on; NUL, CR and LF never.
         if h.value
@@ -83,8 +85,10 @@ pub fn next_request(buf: &[u8]) -> Result<Option<Forwarded>, String> {
             "content-length" => content_length.push(value.trim().to_string()),
             "transfer-encoding" => transfer_encoding.push(value.trim().to_string()),
             "x-forwarded-for" => client = Some(value.trim().to_string()),
-            // Hop-by-hop: pinlb removes them; `Connection` may name only keep-alive or close.
-            "te" | "trailer" | "upgrade" | "keep-alive" | "proxy-connection" => {
+            "connection" => connection.push(value.trim().to_string()),
+            "upgrade" => upgrade.push(value.trim().to_string()),
+            // Hop-by-hop: pinlb removes them.
+            "te" | "trailer" | "keep-alive" | "proxy-connection" => {
                 return Err(format!(
                     "hop-by-hop header {} passed on: {}",
                     h.name,
@@ -94,6 +98,7 @@ pub fn next_request(buf: &[u8]) -> Result<Option<Forwarded>, String> {
             _ => {}
         }
     }
+    upgrade_rule(&connection, &upgrade).map_err(|e| format!("{e}: {}", show()))?;
     if host != 1 {
         return Err(format!("{host} Host headers: {}", show()));
     }
@@ -123,6 +128,31 @@ pub fn next_request(buf: &[u8]) -> Result<Option<Forwarded>, String> {
         client,
         body,
     }))
+}
+
+/// The one hop-by-hop pair pinlb passes on: a request that asks to upgrade goes with one
+/// `connection: upgrade` and one Upgrade line naming the protocols the client asked for, any but
+/// `h2c` (pinlb tunnels bytes after a `101` and needs to know nothing of the protocol, as
+/// HAProxy; `docs/behaviour.md`, "WebSocket and Upgrade"). Any other Connection, or an Upgrade
+/// without it, is a hop-by-hop header pinlb should have removed.
+fn upgrade_rule(connection: &[String], upgrade: &[String]) -> Result<(), String> {
+    match (connection, upgrade) {
+        ([], []) => Ok(()),
+        ([c], [u]) if c.eq_ignore_ascii_case("upgrade") => {
+            let protocols = u.split(',').map(str::trim);
+            let name = |p: &str| p.split('/').next().unwrap_or_default().to_string();
+            match protocols
+                .map(name)
+                .find(|n| n.is_empty() || n.eq_ignore_ascii_case("h2c"))
+            {
+                Some(n) => Err(format!("Upgrade {u:?} names {n:?}")),
+                None => Ok(()),
+            }
+        }
+        _ => Err(format!(
+            "hop-by-hop headers passed on: Connection {connection:?}, Upgrade {upgrade:?}"
+        )),
+    }
 }
 
 /// A chunked body, strictly: hex sizes without extensions, CRLF everywhere, no trailers (pinlb
