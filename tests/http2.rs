@@ -814,6 +814,43 @@ async fn the_access_log_has_a_line_per_stream_with_protocol_http_2() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_https_answer_is_logged_with_its_301_over_http_1_1_and_h2c() {
+    // Over h2c the log entry was started and then dropped by the redirect (logged 499); over
+    // HTTP/1.1 the redirect answered before the entry started (no line at all).
+    let a = Backend::start("a").await;
+    let path = temp_config("");
+    let mut setup = h2c(Setup::with(&[a.addr]));
+    setup.extra += &format!(
+        "[log]\naccess = \"{}\"\nformat = \"combined\"\n",
+        path.display()
+    );
+    let toml = setup
+        .toml()
+        .replacen("upstream = \"app\"\n", "redirect_https = true\n", 1);
+    let proxy = Proxy::start_toml(&toml);
+    let r = raw_request(
+        proxy.addr,
+        b"GET /one HTTP/1.1\r\nHost: example.test\r\nConnection: close\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 301, "{r:?}");
+    let mut send = h2_client(proxy.addr).await;
+    let r = fetch(&mut send, req(Method::GET, "/two", empty())).await;
+    assert_eq!(r.status, 301);
+    drop(send);
+    proxy.join(WAIT).await.unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for (line, request) in lines.iter().zip(["GET /one HTTP/1.1", "GET /two HTTP/2.0"]) {
+        assert!(line.contains(&format!("\"{request}\" 301 ")), "{line}");
+    }
+    assert_eq!(a.hits(), 0);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_returns_to_zero_after_streams_end_and_after_a_client_reset() {
     let a = Backend::start("a").await;
     let proxy = Proxy::start(&h2c(Setup::with(&[a.addr])));

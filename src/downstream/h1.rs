@@ -778,9 +778,6 @@ impl Connection {
         }
         // The clock is read only when something reads what it measures.
         let at = self.route.timed.get().then(std::time::Instant::now);
-        if self.route.redirect_https.get() {
-            return self.redirect_https(&head, buf).await;
-        }
         let id = self.request_id(&mut head);
         let mut pending = self
             .batch
@@ -789,6 +786,10 @@ impl Connection {
             .map(|(batch, at)| Pending::start(&head, self.peer, batch, at, id.as_ref()));
         let client = || self.stream.client_identity();
         crate::downstream::client_cert::edit(&self.route, client, &mut head, pending.as_mut());
+        // After the log entry's start, as over HTTP/2: the redirect is logged like any answer.
+        if self.route.redirect_https.get() {
+            return self.redirect_https(&head, buf, pending).await;
+        }
         let (upstream, edits, local) = self.decide(&head, refused.is_some());
         let timeouts = edits
             .as_ref()
@@ -1050,14 +1051,15 @@ impl Connection {
     }
 
     /// Writes a page pinlb makes itself, with `lines` among its headers; best effort, for at
-    /// most `LINGER_TIME`. Whether the connection is kept says `keep_alive`.
+    /// most `LINGER_TIME`. Whether the connection is kept says `keep_alive`. The page's length
+    /// when it went out whole.
     async fn write_page(
         &self,
         status: StatusCode,
         cause: &dyn std::fmt::Display,
         lines: &[u8],
         keep_alive: bool,
-    ) -> bool {
+    ) -> Option<usize> {
         if let Some(s) = &self.route.stats {
             s.response(status, Source::Pinlb);
         }
@@ -1077,23 +1079,30 @@ impl Connection {
         }
         head.extend_from_slice(b"\r\n");
         let mut out = [IoSlice::new(&head), IoSlice::new(&text)];
-        matches!(
-            tokio::time::timeout(LINGER_TIME, write_all(&self.stream, &mut out)).await,
-            Ok(Ok(()))
-        )
+        let written = tokio::time::timeout(LINGER_TIME, write_all(&self.stream, &mut out)).await;
+        matches!(written, Ok(Ok(()))).then_some(text.len())
     }
 
     /// Answers a request on a `redirect_https` listener: 301 to the same host (without its
     /// port) and target over https, as nginx's `return 301 https://$host$request_uri;`. The
     /// connection stays open for a next request unless this one came with a body, which is
     /// not read.
-    async fn redirect_https(&self, head: &RequestHead, buf: &BytesMut) -> Next {
+    async fn redirect_https(
+        &self,
+        head: &RequestHead,
+        buf: &BytesMut,
+        pending: Option<Pending>,
+    ) -> Next {
+        let log = |status: StatusCode, sent: Option<usize>| {
+            let mut logged = Logged::new(pending.and_then(|p| p.responded(status, None)));
+            if let Some(n) = sent {
+                logged.sent(n);
+            }
+        };
         let Some(location) = https_location(head) else {
-            self.write_local(
-                StatusCode::BAD_REQUEST,
-                &"no Host header to redirect to https with",
-            )
-            .await;
+            let status = StatusCode::BAD_REQUEST;
+            let cause = &"no Host header to redirect to https with";
+            log(status, self.write_page(status, cause, b"", false).await);
             return Next::Linger;
         };
         let keep_alive = head.keep_alive
@@ -1108,7 +1117,8 @@ impl Connection {
                 keep_alive,
             )
             .await;
-        match (written, keep_alive) {
+        log(status, written);
+        match (written.is_some(), keep_alive) {
             (true, true) => Next::KeepAlive,
             (true, false) if head.body == RequestFraming::None && buf.is_empty() => Next::Close,
             _ => Next::Linger,

@@ -417,9 +417,9 @@ impl Shared {
             Ok(Some(head)) => head,
             Ok(None) => {
                 let e = ClientError::HeadTooLarge("request head over limits.max_header_bytes");
-                return self.refuse(&parts.method, e, open);
+                return self.refuse(&parts.method, e, Logged::new(None), open);
             }
-            Err(e) => return self.refuse(&parts.method, e, open),
+            Err(e) => return self.refuse(&parts.method, e, Logged::new(None), open),
         };
         head.version = Version::HTTP_2;
         let refused = head.refused.take();
@@ -434,7 +434,7 @@ impl Shared {
         let cert = || self.client.as_ref();
         crate::downstream::client_cert::edit(route, cert, &mut head, pending.as_mut());
         if route.redirect_https.get() {
-            return self.redirect_https(&head, open);
+            return self.redirect_https(&head, open, pending);
         }
         let (upstream, edits) = match refused {
             Some(_) => (route.upstream.borrow().clone(), None),
@@ -487,7 +487,13 @@ impl Shared {
 
     /// A stream whose request pinlb refuses before any backend sees it; the connection and its
     /// other streams go on.
-    fn refuse(&self, method: &Method, e: ClientError, open: Open) -> Response<ResponseBody> {
+    fn refuse(
+        &self,
+        method: &Method,
+        e: ClientError,
+        logged: Logged,
+        open: Open,
+    ) -> Response<ResponseBody> {
         let status = e.status();
         summed_warn!(client = %self.peer; "answered {}: {e}", status.as_u16());
         let page = Bytes::from(error_page(status, &e));
@@ -506,13 +512,20 @@ impl Shared {
         };
         // The listener's page: no route has seen the request.
         self.route.error_page(&mut reply, None, method);
-        self.respond(reply, method, Logged::new(None), Duration::MAX, open)
+        self.respond(reply, method, logged, Duration::MAX, open)
     }
 
-    /// `redirect_https`: 301 to the same host and path over https.
-    fn redirect_https(&self, head: &RequestHead, open: Open) -> Response<ResponseBody> {
+    /// `redirect_https`: 301 to the same host and path over https, logged as any answer.
+    fn redirect_https(
+        &self,
+        head: &RequestHead,
+        open: Open,
+        pending: Option<Pending>,
+    ) -> Response<ResponseBody> {
         let Some(location) = https_location(head) else {
-            return self.refuse(&head.method, ClientError::MissingHost, open);
+            let e = ClientError::MissingHost;
+            let logged = Logged::new(pending.and_then(|p| p.responded(e.status(), None)));
+            return self.refuse(&head.method, e, logged, open);
         };
         let status = StatusCode::MOVED_PERMANENTLY;
         let page = Bytes::from(error_page(status, &"this site is served over https"));
@@ -523,7 +536,8 @@ impl Shared {
             headers,
             body: ProxyBody::Local(Some(page)),
         };
-        self.respond(reply, &head.method, Logged::new(None), Duration::MAX, open)
+        let logged = Logged::new(pending.and_then(|p| p.responded(status, None)));
+        self.respond(reply, &head.method, logged, Duration::MAX, open)
     }
 
     /// The proxy's answer as an HTTP/2 response. A body that can't have content (HEAD, 204,
