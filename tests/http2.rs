@@ -43,6 +43,16 @@ fn tls(mut setup: Setup, cert: &Cert, listener_keys: &str) -> Setup {
     setup
 }
 
+/// `setup` with an access log in nginx's combined format, and the log's path.
+fn with_combined_log(mut setup: Setup) -> (Setup, PathBuf) {
+    let path = temp_config("");
+    setup.extra += &format!(
+        "[log]\naccess = \"{}\"\nformat = \"combined\"\n",
+        path.display()
+    );
+    (setup, path)
+}
+
 /// A hyper HTTP/2 client connection with prior knowledge (h2c).
 async fn h2_client(addr: SocketAddr) -> SendRequest<ClientBody> {
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -786,12 +796,7 @@ async fn a_backend_failing_its_health_checks_gets_no_streams() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_has_a_line_per_stream_with_protocol_http_2() {
     let a = Backend::start("a").await;
-    let path = temp_config("");
-    let mut setup = h2c(Setup::with(&[a.addr]));
-    setup.extra += &format!(
-        "[log]\naccess = \"{}\"\nformat = \"combined\"\n",
-        path.display()
-    );
+    let (setup, path) = with_combined_log(h2c(Setup::with(&[a.addr])));
     let proxy = Proxy::start(&setup);
     let mut send = h2_client(proxy.addr).await;
     for i in 0..3 {
@@ -818,12 +823,7 @@ async fn a_redirect_https_answer_is_logged_with_its_301_over_http_1_1_and_h2c() 
     // Over h2c the log entry was started and then dropped by the redirect (logged 499); over
     // HTTP/1.1 the redirect answered before the entry started (no line at all).
     let a = Backend::start("a").await;
-    let path = temp_config("");
-    let mut setup = h2c(Setup::with(&[a.addr]));
-    setup.extra += &format!(
-        "[log]\naccess = \"{}\"\nformat = \"combined\"\n",
-        path.display()
-    );
+    let (setup, path) = with_combined_log(h2c(Setup::with(&[a.addr])));
     let toml = setup
         .toml()
         .replacen("upstream = \"app\"\n", "redirect_https = true\n", 1);
