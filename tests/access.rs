@@ -3,7 +3,7 @@
 //! `htpasswd` and `openssl passwd`, HTTP/1.1 and h2c, a reload that changes the file, the
 //! metrics, and `pinlb check` on a bad htpasswd line.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! Operating pinlb live: the admin listener's metrics, status and control, hot reload, and the
 //! access log. Real backends and a real proxy on loopback, as everywhere.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The balancing rules beyond round robin, end to end: `backup`, `random_two`, `ewma` and
 //! `hash`, with real backends and real clients on loopback.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! answering, so the count is final by the time the bench has its responses. The load threads
 //! are pinned to the first core this process may use.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::process::Command;

@@ -7,7 +7,7 @@
 //! `Runtime.evaluate`, so what they check is what a person would see, and the first-paint test
 //! saves a screenshot of it (`status-first-paint.png` under the target's test scratch folder).
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -7,7 +7,7 @@
 //! run; these tests keep their shape at a higher rate (200 KiB at 100 KiB/s; 3 MiB read at
 //! 1 MiB/s) and `benches/buffering.sh` measures the figures themselves.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::Path;

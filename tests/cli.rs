@@ -4,7 +4,7 @@
 //! Fixture paths are passed relative to the package root, as a user would type them, and every
 //! error line must name the file exactly that way.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! expired, from another CA, revoked by a CRL) made here; curl for the requests and the lines
 //! the backend gets, `openssl s_client` for the alerts a refused client sees.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -5,7 +5,7 @@
 //! Vary and ETag; a streamed response flushed piece by piece; HTTP/2 clients; a route's own
 //! settings over the listener's; the config errors.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;

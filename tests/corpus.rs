@@ -7,7 +7,7 @@
 //! also see pinlb close the connection, so that nothing the client sent after it is read as
 //! another request. Adding a case is one line in [`cases`].
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! whole CPUs with Guaranteed QoS and probes on `/ready` and `/live`, and the ConfigMap's TOML
 //! passes `pinlb check`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! the test changes while pinlb runs, real backends on 127.0.0.1 told apart by their ports
 //! (SRV records give ports), and a request loop that must see no failure while the set moves.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! malformed, 408 slow head, 413 body), a route's pages over the listener's, a backend's own
 //! errors intercepted, HEAD, HTTP/2, a reload that changes a file, and the config errors.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -7,7 +7,7 @@
 //! What no test can set up for real (a frequency governor, SMT siblings, a narrow port range)
 //! is tested in `src/tools/fairness.rs` on small trees of files in a temp dir.
 
-mod common;
+use crate::common;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;

@@ -7,7 +7,7 @@
 //! php-fpm's binary is versioned on Debian (`/usr/sbin/php-fpm8.2`): scripts/test finds it and
 //! passes it as `PINLB_TEST_PHP_FPM`; without it these tests skip, saying why.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

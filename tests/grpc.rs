@@ -5,7 +5,7 @@
 //! The messages are written by hand with prost's derive, and the service as tonic's generated
 //! code would be, so that no protoc is needed to build the tests.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::pin::Pin;

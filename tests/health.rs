@@ -4,7 +4,7 @@
 //! Waits on time-based transitions are bounded polls; everything else waits on events (hits,
 //! probes, accepts) counted by the backends.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -7,7 +7,7 @@
 //! RST_STREAM, a counted metric and bounded memory. HTTP/2 itself is hyper's and h2's, which
 //! h2spec checks upstream.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -19,7 +19,7 @@
 //! a `backup` while the others are up, never a `down` one). A request to a hashing pool is sent
 //! twice more to each, and must reach the backend it reached first.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! a process out of descriptors keeps serving what it can without spinning, and a flood of
 //! failed requests writes a summed log instead of a line per request.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! Every wait is on an event (a hit at the backend, a gauge in `/metrics`, a log line) within
 //! a bound.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@
 //! at most as many as were sent, and the client must get well-formed responses, then the close.
 //! `tests/corpus.rs` holds the hand-written cases with their exact expected statuses.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! Most tests run `pinlb::Server` in process; the ones about memory, threads and signals run the
 //! `pinlb` binary, since those are properties of the process.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

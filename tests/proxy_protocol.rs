@@ -1,7 +1,7 @@
 //! The PROXY protocol through pinlb: accepted on a listener (v1 and v2, from curl and from raw
 //! headers), refused when bad, and sent to a backend (nginx reading `$proxy_protocol_addr`).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! The rates are per minute, so that a test's own duration never lets a request more through:
 //! `burst + 1` pass, then none for a minute.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 

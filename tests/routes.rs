@@ -2,7 +2,7 @@
 //! rewrites, redirects, fixed answers, and normalised matching, with real backends and raw
 //! requests on loopback (raw, so that paths reach pinlb exactly as written).
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -2,7 +2,7 @@
 //! `pinlb backend` (and a Node.js server, when `node` is installed) started by pinlb, pinned,
 //! restarted after a kill, rolled on a reload under load, and gone when pinlb is.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! over HTTP/1.1 and HTTP/2, the admin API, reloads, two pinlb instances, `check`'s errors, and
 //! socket.io's long-polling handshake, which needs every request of a session on one server.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::process::Stdio;

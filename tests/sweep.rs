@@ -1,7 +1,7 @@
 //! `pinlb sweep` end to end: real `pinlb backend` and `pinlb serve` children, pinned, loaded
 //! by the bench, and the report's three files.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! unix datagram socket, as systemd would), and the unit file, checked by `systemd-analyze
 //! verify`.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

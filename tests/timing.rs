@@ -2,7 +2,7 @@
 //! request IDs and the W3C traceparent, and the proxy-added and connect-time metrics. Real
 //! backends and a real proxy on loopback.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

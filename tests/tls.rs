@@ -1,7 +1,7 @@
 //! TLS termination on listeners, end to end: certificates made here (a CA, an ECDSA P-256 and an
 //! RSA server certificate), clients from tokio-rustls and curl, real sockets on loopback.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

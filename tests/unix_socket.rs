@@ -5,7 +5,7 @@
 //! skips, saying so, only when that is unset. The WebSocket backend is tokio-tungstenite on a
 //! tokio `UnixListener`, as tests/websocket.rs's is on TCP.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

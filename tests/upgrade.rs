@@ -2,7 +2,7 @@
 //! keep connecting, and the old process drains and exits. pinlb and its backend run as the
 //! binary (`pinlb serve`, `pinlb backend`); the clients are real TCP and hyper connections.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

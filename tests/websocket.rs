@@ -1,7 +1,7 @@
 //! WebSocket and Upgrade through pinlb: a real WebSocket server (tokio-tungstenite) behind the
 //! proxy and real WebSocket clients in front of it, on loopback.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -22,7 +22,7 @@
 //! - [`dns`]: a DNS server on loopback whose records the test changes ([`dns::DnsServer`]);
 //! - [`h2frames`]: HTTP/2 frames by hand ([`h2frames::H2Conn`], [`h2frames::Hpack`]).
 
-// Each test crate (`proxy.rs`, `cli.rs`) uses a different part of this module.
+// Each test file (`proxy.rs`, `cli.rs`) uses a different part of this module.
 #![allow(dead_code)]
 
 pub mod backend;
@@ -39,7 +39,7 @@ pub mod raw_backend;
 pub mod raw_client;
 pub mod wait;
 
-// Flat re-exports, so a test says `use common::*;`. Each test crate uses only some of them.
+// Flat re-exports, so a test says `use common::*;`. Each test file uses only some of them.
 #[allow(unused_imports)]
 pub use {
     backend::*, body::*, client::*, config::*, pki::*, process::*, proxy::*, raw_backend::*,
