@@ -20,6 +20,7 @@
 //! - [`htpasswd`]: an htpasswd file's users and their password hashes.
 //! - [`access`]: `access`, `auth_basic` and `satisfy`, a listener's or a route's.
 //! - [`log_format`]: `[log] format`'s template of named fields.
+//! - [`keys`]: every table's keys, read from the serde types that read the file.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
 //! - [`edge_limits`]: `[limit.NAME]` rate zones, `rate_limit` and `conn_limit`.
 //! - [`client_certs`]: `[listener.tls]`'s client certificate keys, their CA and CRL files read.
@@ -41,6 +42,7 @@ mod error;
 mod error_pages;
 mod fastcgi;
 pub(crate) mod htpasswd;
+mod keys;
 pub(crate) mod log_format;
 mod pattern;
 mod proxy_protocol;

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -16,6 +17,7 @@ use toml::Spanned;
 
 use super::error::{ConfigError, ConfigErrors, Source};
 use super::error_pages::RawErrorPage;
+use super::keys;
 use super::{Algorithm, Protocol, StatusSet};
 use crate::sys::cpus::parse_cpu_list;
 
@@ -242,95 +244,41 @@ pub(super) fn follows_from(key: &str, dropped: &str) -> bool {
     under(key, dropped) || under(dropped, key)
 }
 
-/// Keys that a table does not have but another one does, with the tables that have them:
-/// `NAME` stands for the upstream's name, `[]` for a backend of its list. Written in the wrong
-/// table, such a key is refused as unknown, and the error says where it belongs.
-const KEYS_ELSEWHERE: &[(&str, &[&str])] = &[
-    ("max_fails", &["upstream.NAME.passive"]),
-    ("fail_timeout", &["upstream.NAME.passive"]),
-    ("fail_on_status", &["upstream.NAME.passive"]),
-    ("tries", &["upstream.NAME.retry"]),
-    ("non_idempotent", &["upstream.NAME.retry"]),
-    ("buffer", &["upstream.NAME.retry"]),
-    (
-        "connect",
-        &["upstream.NAME.timeouts", "listener.route.timeouts"],
-    ),
-    (
-        "response",
-        &["upstream.NAME.timeouts", "listener.route.timeouts"],
-    ),
-    (
-        "send",
-        &["upstream.NAME.timeouts", "listener.route.timeouts"],
-    ),
-    ("client_idle", &["upstream.NAME.timeouts"]),
-    ("tunnel_idle", &["upstream.NAME.timeouts"]),
-    ("tunnel_fin", &["upstream.NAME.timeouts"]),
-    ("max_connecting", &["upstream.NAME"]),
-    ("rise", &["upstream.NAME.health"]),
-    ("fall", &["upstream.NAME.health"]),
-    ("expect", &["upstream.NAME.health"]),
-    ("weight", &["upstream.NAME.backends[]"]),
-    ("backup", &["upstream.NAME.backends[]"]),
-    ("srv", &["upstream.NAME.backends[]"]),
-    ("algorithm", &["upstream.NAME"]),
-    ("hash", &["upstream.NAME"]),
-    ("keepalive", &["upstream.NAME"]),
-    ("max_streams", &["upstream.NAME"]),
-    ("protocol", &["upstream.NAME"]),
-    ("sni", &["upstream.NAME.tls"]),
-    ("ca_file", &["upstream.NAME.tls"]),
-    ("insecure_skip_verify", &["upstream.NAME.tls"]),
-    ("shutdown_timeout", &["runtime"]),
-    ("upgrade_socket", &["runtime"]),
-    ("max_header_bytes", &["limits"]),
-    ("max_headers", &["limits"]),
-    ("max_uri_bytes", &["limits"]),
-    ("max_body", &["limits"]),
-    ("header_timeout", &["limits"]),
-    ("body_timeout", &["limits"]),
-    ("max_connections", &["limits"]),
-    ("trusted", &["forwarded"]),
-    ("nameservers", &["resolver"]),
-    ("max_concurrent_streams", &["http2"]),
-    ("initial_stream_window", &["http2"]),
-    ("initial_connection_window", &["http2"]),
-    ("ping_interval", &["http2"]),
-    ("ping_timeout", &["http2"]),
-    ("token", &["admin"]),
-    ("token_file", &["admin"]),
-    ("redirect_https", &["listener"]),
-    ("h2c", &["listener"]),
-    ("backlog", &["listener"]),
-    ("proxy_protocol_from", &["listener"]),
-    ("rewrite_prefix", &["listener.route"]),
-    ("path_exact", &["listener.route"]),
-    ("path_regex", &["listener.route"]),
-    ("client_ca", &["listener.tls"]),
-    ("client_auth", &["listener.tls"]),
-];
+/// Every table of the file and its keys, as [`keys::of`] reads them from [`RawConfig`]: made
+/// once, when a file first has an unknown key.
+pub(super) fn tables() -> &'static keys::Tables {
+    static TABLES: OnceLock<keys::Tables> = OnceLock::new();
+    TABLES.get_or_init(keys::of::<RawConfig>)
+}
+
+/// The most tables an unknown key's hint names: a key that many tables have (`address`,
+/// `status`) says nothing about where it was meant to go.
+const MAX_HOMES: usize = 3;
 
 /// For serde's unknown-field `message` about the key at dotted path `key`
-/// (`upstream.app.backends[0].max_fails`): where that key belongs, when [`KEYS_ELSEWHERE`]
-/// knows (`max_fails is a key of [upstream.app.passive], not of a backend`).
+/// (`upstream.app.backends[0].max_fails`): where that key belongs, when another table
+/// has it (`max_fails is a key of [upstream.app.passive], not of a backend`).
 fn elsewhere(key: &str, message: &str) -> Option<String> {
     if !message.starts_with("unknown field") {
         return None;
     }
     let (table, name) = key.rsplit_once('.').unwrap_or(("", key));
-    let (_, homes) = KEYS_ELSEWHERE.iter().find(|(k, _)| *k == name)?;
     // The upstream it was written under names the one it belongs to.
     let upstream = table
         .strip_prefix("upstream.")
         .map(|rest| rest.split(['.', '[']).next().unwrap_or(rest));
     let shape = table_shape(table);
-    let homes: Vec<String> = homes
+    let homes: Vec<String> = tables()
         .iter()
-        .filter(|home| **home != shape)
-        .map(|home| describe(&home.replace("NAME", upstream.unwrap_or("NAME"))))
+        .filter(|(home, keys)| **home != shape && keys.contains(&name))
+        .map(
+            |(home, _)| match (home.strip_prefix("upstream.NAME"), upstream) {
+                (Some(rest), Some(upstream)) => describe(&format!("upstream.{upstream}{rest}")),
+                _ => describe(home),
+            },
+        )
         .collect();
-    if homes.is_empty() {
+    if homes.is_empty() || homes.len() > MAX_HOMES {
         return None;
     }
     Some(format!(
@@ -341,7 +289,7 @@ fn elsewhere(key: &str, message: &str) -> Option<String> {
 }
 
 /// A table's path with the upstream's name as `NAME` and list indices as `[]`
-/// (`upstream.app.backends[0]` → `upstream.NAME.backends[]`), as [`KEYS_ELSEWHERE`] writes it.
+/// (`upstream.app.backends[0]` → `upstream.NAME.backends[]`), as [`keys::Tables`] writes it.
 fn table_shape(table: &str) -> String {
     let mut shape = String::with_capacity(table.len());
     let mut rest = table;
@@ -361,10 +309,7 @@ fn table_shape(table: &str) -> String {
             _ => shape.push(c),
         }
     }
-    // `[[listener]]` and `[[listener.route]]` are lists of tables, written without an index.
-    shape
-        .replace("listener[]", "listener")
-        .replace("route[]", "route")
+    keys::shape(&shape)
 }
 
 /// How an error names a table: `[upstream.app.passive]`, `a backend` for an entry of a

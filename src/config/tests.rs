@@ -827,7 +827,7 @@ fn a_key_of_another_table_says_which_tables_have_it() {
     ));
     assert!(
         e.ends_with(
-            "; connect is a key of [upstream.NAME.timeouts] or [listener.route.timeouts], not of [listener.route]"
+            "; connect is a key of [listener.route.timeouts] or [upstream.NAME.timeouts], not of [listener.route]"
         ),
         "{e}"
     );
@@ -911,5 +911,213 @@ fn listener_backlog_defaults_to_somaxconn_and_must_be_a_positive_int() {
     assert!(
         text.contains("backlog is a key of [listener], not of [limits]"),
         "{text}"
+    );
+}
+
+#[test]
+fn every_table_s_keys_are_read_from_the_raw_types() {
+    let tables = raw::tables();
+    let keys = |table: &str| {
+        tables
+            .get(table)
+            .unwrap_or_else(|| panic!("no table {table:?} in {:?}", tables.keys()))
+    };
+    assert_eq!(
+        keys(""),
+        &[
+            "runtime",
+            "listener",
+            "upstream",
+            "limits",
+            "forwarded",
+            "admin",
+            "log",
+            "http2",
+            "resolver",
+            "request_id",
+            "limit"
+        ]
+    );
+    // Through lists, maps, `Option` and `Spanned`, in serde's order.
+    assert_eq!(
+        keys("upstream.NAME.backends[]"),
+        &[
+            "address",
+            "srv",
+            "weight",
+            "cpus",
+            "max_conns",
+            "slow_start",
+            "backup"
+        ]
+    );
+    assert!(keys("listener.route.timeouts").contains(&"connect"));
+    assert!(keys("listener.tls.certificate[]").contains(&"cert"));
+    assert!(keys("upstream.NAME.spawn").contains(&"port_base"));
+    assert!(keys("listener.rate_limit[]").contains(&"nodelay"));
+    // Tables read by a hand-written deserialiser that takes a value or a table.
+    assert!(keys("listener.compress").contains(&"gzip_level"));
+    assert!(keys("listener.route.compress").contains(&"zstd_level"));
+    assert!(keys("listener.auth_basic").contains(&"user_file"));
+    // A map of the user's own keys is no table.
+    assert!(!tables.contains_key("upstream.NAME.spawn.env"));
+}
+
+/// The sections of docs/configuration.md, each as its heading's level, the table its heading
+/// names (`upstream.NAME.health` for "## `[upstream.NAME.health]`: …"; `None` for a heading
+/// that names none), and its text up to the next heading of the same level or above.
+fn doc_sections(doc: &str) -> Vec<(usize, Option<String>, String)> {
+    let mut headings = Vec::new();
+    let mut fenced = false;
+    let lines: Vec<&str> = doc.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        if fenced || !line.starts_with('#') {
+            continue;
+        }
+        let level = line.chars().take_while(|c| *c == '#').count();
+        let table = line.split('`').nth(1).and_then(|code| {
+            let name = code.trim_start_matches('[').trim_end_matches(']');
+            (code.starts_with('[') && name.len() + 2 <= code.len()).then(|| name.to_string())
+        });
+        headings.push((i, level, table));
+    }
+    headings
+        .iter()
+        .enumerate()
+        .map(|(n, (start, level, table))| {
+            let end = headings[n + 1..]
+                .iter()
+                .find(|(_, l, _)| l <= level)
+                .map_or(lines.len(), |(i, _, _)| *i);
+            (*level, table.clone(), lines[*start..end].join("\n"))
+        })
+        .collect()
+}
+
+/// Whether `text` names `key` as a key: `` `key` `` or `key = …`.
+fn names_key(text: &str, key: &str) -> bool {
+    text.match_indices(key).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = &text[at + key.len()..];
+        !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+            && (after.starts_with('`') || after.starts_with(" ="))
+    })
+}
+
+#[test]
+fn docs_configuration_md_documents_every_key_and_no_key_that_does_not_exist() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    let sections = doc_sections(&doc);
+    let section = |table: &str| {
+        sections
+            .iter()
+            .find(|(_, t, _)| t.as_deref() == Some(table))
+            .map(|(_, _, text)| text.as_str())
+    };
+    // Documented in its table's section or in that of a table around it, by its name or by
+    // its dotted path from there (`resolve.interval`, `backends[].srv`, `resolver.nameservers`
+    // anywhere).
+    let documented = |table: &str, key: &str| {
+        let full = if table.is_empty() {
+            key.to_string()
+        } else {
+            format!("{table}.{key}")
+        };
+        // A table (or a map or list of them): documented by its keys, each checked on its own.
+        if ["", "[]", ".NAME"]
+            .iter()
+            .any(|end| raw::tables().contains_key(&format!("{full}{end}")))
+        {
+            return true;
+        }
+        let mut around = table.replace("[]", "");
+        loop {
+            let text = if around.is_empty() {
+                Some(doc.as_str())
+            } else {
+                section(&around)
+            };
+            let rel = full
+                .strip_prefix(&around)
+                .unwrap_or(&full)
+                .trim_start_matches("[]")
+                .trim_start_matches('.');
+            // The whole file names a top-level table by its section only.
+            let by_path = !around.is_empty() || rel.contains('.');
+            let names = |t: &str| {
+                (!around.is_empty() && names_key(t, key))
+                    || (by_path && (names_key(t, rel) || names_key(t, &rel.replace("[]", ""))))
+            };
+            if text.is_some_and(names) {
+                return true;
+            }
+            match around.rsplit_once('.') {
+                Some((up, _)) => around = up.to_string(),
+                None if !around.is_empty() => around.clear(),
+                None => return false,
+            }
+        }
+    };
+    let mut missing = Vec::new();
+    for (table, keys) in raw::tables() {
+        for key in keys {
+            if !documented(table, key) {
+                missing.push(if table.is_empty() {
+                    format!("[{key}]")
+                } else {
+                    format!("{table}.{key}")
+                });
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "keys the configuration has that docs/configuration.md does not document: {missing:?}"
+    );
+
+    // Each key row of a table's section ("| `key` |", "| `a` / `b` |", "| `cert`, `key` |")
+    // names keys that table has.
+    let mut unknown = Vec::new();
+    for (_, table, text) in &sections {
+        let Some(table) = table else { continue };
+        let Some(keys) = raw::tables()
+            .get(table.as_str())
+            .or_else(|| raw::tables().get(&format!("{table}[]")))
+        else {
+            unknown.push(format!("[{table}]"));
+            continue;
+        };
+        // The rows of the section's own key tables (headed `| key |`), up to its first
+        // subsection.
+        let mut in_keys = false;
+        let mut rows = Vec::new();
+        for line in text.lines().skip(1).take_while(|l| !l.starts_with('#')) {
+            if !line.starts_with('|') {
+                in_keys = false;
+            } else if line.starts_with("| key |") {
+                in_keys = true;
+            } else if in_keys && line.starts_with("| `") {
+                rows.push(line);
+            }
+        }
+        for row in rows {
+            let cell = row.split('|').nth(1).unwrap_or_default().trim();
+            if cell.starts_with("`[") {
+                continue;
+            }
+            for name in cell.split(['/', ',']).map(|n| n.trim().trim_matches('`')) {
+                if !keys.contains(&name) {
+                    unknown.push(format!("{table}.{name}"));
+                }
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "docs/configuration.md documents keys the configuration does not have: {unknown:?}"
     );
 }
