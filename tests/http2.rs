@@ -1408,3 +1408,42 @@ async fn http2_clients_get_server_timing_and_request_ids_too() {
         .unwrap();
     assert!(upstream >= 5.0, "{st}");
 }
+
+/// Reads all a connection sends until the peer closes it (bounded by `WAIT`).
+async fn all_until_closed(conn: &mut RawConn) -> Vec<u8> {
+    tokio::time::timeout(WAIT, conn.read_until(|_| false))
+        .await
+        .expect("the connection was never closed")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_preface_on_an_h2c_listener_gets_a_goaway_with_protocol_error() {
+    let a = Backend::start("a").await;
+    let proxy = Proxy::start(&h2c(Setup::with(&[a.addr])));
+    // SETTINGS (empty), then GOAWAY: last stream 0, PROTOCOL_ERROR (RFC 9113 §3.4, §6.8).
+    let refused: &[u8] = &[
+        0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+    ];
+    // h2spec's http2/3.5/2, and the HTTP/2 preface with a wrong second part.
+    for first in [
+        &b"INVALID CONNECTION PREFACE\r\n\r\n"[..],
+        &b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"[..],
+    ] {
+        let mut conn = RawConn::open(proxy.addr).await;
+        conn.send(first).await;
+        assert_eq!(
+            all_until_closed(&mut conn).await,
+            refused,
+            "{:?}",
+            String::from_utf8_lossy(first)
+        );
+    }
+    // A broken HTTP/1.x request on the same listener is still answered as HTTP/1.1.
+    let text = raw_request_text(proxy.addr, b"GET / HTTP/1.1\r\nHost a.test\r\n\r\n", 12).await;
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert_eq!(a.hits(), 0);
+    // And a listener without h2c answers the invalid preface as HTTP/1.1 too.
+    let plain = Proxy::start(&Setup::with(&[a.addr]));
+    let text = raw_request_text(plain.addr, b"INVALID CONNECTION PREFACE\r\n\r\n", 12).await;
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+}

@@ -34,6 +34,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use crate::config::Limits;
+use crate::downstream::h2;
 use crate::downstream::idle::{self, Wait};
 use crate::downstream::stream::{DownstreamStream, Refused, Stir, StreamIo, TlsState};
 use crate::downstream::tunnel::{self, Dir, End};
@@ -582,15 +583,7 @@ pub(crate) async fn serve(
             batch,
             ..
         } = conn;
-        Box::pin(crate::downstream::h2::serve(
-            stream,
-            buf.freeze(),
-            peer,
-            slot,
-            route,
-            batch,
-        ))
-        .await;
+        Box::pin(h2::serve(stream, buf.freeze(), peer, slot, route, batch)).await;
         drop(held);
         return;
     }
@@ -598,6 +591,17 @@ pub(crate) async fn serve(
     // task's own state, which every open connection pays for.
     Box::pin(conn.close(next)).await;
     drop(held);
+}
+
+/// Whether `buf`, whose head failed to parse, begins with a whole request line of HTTP/1.x,
+/// which is then answered as HTTP/1.1 (400): only a line that names another protocol, or
+/// none, is taken for a wrong HTTP/2 preface on an `h2c` listener.
+fn http1_request_line(buf: &[u8]) -> bool {
+    match memchr::memchr(b'\n', buf) {
+        Some(end) => memchr::memmem::find(&buf[..end], b" HTTP/1.").is_some(),
+        // No whole line (a head over the size limit): HTTP/1.1's answer, as before.
+        None => true,
+    }
 }
 
 /// What an h2c connection begins with: the first line of the HTTP/2 client preface (RFC 9113
@@ -646,15 +650,7 @@ pub(crate) async fn serve_tls(
                 }
             }
             if stream.is_h2() {
-                Box::pin(crate::downstream::h2::serve(
-                    stream,
-                    Bytes::new(),
-                    peer,
-                    slot,
-                    route,
-                    batch,
-                ))
-                .await;
+                Box::pin(h2::serve(stream, Bytes::new(), peer, slot, route, batch)).await;
                 drop(held);
                 return;
             }
@@ -985,7 +981,15 @@ impl Connection {
                     // The preface's first line parses as a head of version HTTP/2.0, which
                     // HTTP/1.1 refuses: looked at only then, so it costs no other head anything.
                     Err(_) if first && self.route.h2c.get() && buf.starts_with(H2C_START) => {
+                        let whole = buf.len() >= h2::PREFACE.len();
+                        if whole && !buf.starts_with(h2::PREFACE) {
+                            return Err(self.refuse_preface().await);
+                        }
                         return Err(Next::Http2);
+                    }
+                    // Neither HTTP/1.x nor HTTP/2: answered as HTTP/2 answers a wrong preface.
+                    Err(_) if first && self.route.h2c.get() && !http1_request_line(buf) => {
+                        return Err(self.refuse_preface().await);
                     }
                     Err(e) => {
                         summed_warn!(client = %self.peer; "answered {}: {e}", e.status().as_u16());
@@ -1046,6 +1050,18 @@ impl Connection {
     /// Writes a response pinlb makes itself before any request reached the proxy, and which
     /// ends the connection. Best effort, for at most `LINGER_TIME`: the connection closes next
     /// anyway.
+    /// Answers the first bytes of a connection on an `h2c` listener that are neither an
+    /// HTTP/1.x request nor the HTTP/2 preface (h2spec's `INVALID CONNECTION PREFACE`) as an
+    /// HTTP/2 server answers a wrong preface, a GOAWAY with PROTOCOL_ERROR
+    /// ([`h2::PREFACE_REFUSED`]), rather than with an HTTP/1.1 400 that an HTTP/2 client
+    /// would read as a broken frame; then closes, lingering so the GOAWAY is not lost.
+    async fn refuse_preface(&self) -> Next {
+        summed_warn!(client = %self.peer; "closed with GOAWAY(PROTOCOL_ERROR): the connection began with neither an HTTP/1.x request line nor the HTTP/2 preface (h2c listener)");
+        let mut out = [IoSlice::new(&h2::PREFACE_REFUSED)];
+        let _ = tokio::time::timeout(LINGER_TIME, write_all(&self.stream, &mut out)).await;
+        Next::Linger
+    }
+
     async fn write_local(&self, status: StatusCode, cause: &dyn std::fmt::Display) {
         self.write_page(status, cause, b"", false).await;
     }

@@ -3,7 +3,8 @@
 //!
 //! A connection speaks HTTP/2 when ALPN chose `h2` on a TLS listener, or when it begins with
 //! the HTTP/2 preface on a plain listener with `h2c = true` (`downstream::h1` decides, and hands
-//! the connection over with the bytes it already read). HTTP/1.1 keeps pinlb's own codec; HTTP/2's
+//! the connection over with the bytes it already read; one that begins with neither an HTTP/1.x
+//! request line nor the preface gets [`PREFACE_REFUSED`]). HTTP/1.1 keeps pinlb's own codec; HTTP/2's
 //! framing, HPACK, flow control and its defences (rapid reset, CONTINUATION floods, SETTINGS
 //! floods, header list size) are hyper's and its `h2` crate's, which h2spec checks upstream.
 //!
@@ -1015,8 +1016,48 @@ impl Flood {
     }
 }
 
-/// The client preface's length (RFC 9113 §3.4).
-const PREFACE_LEN: usize = 24;
+/// The client connection preface (RFC 9113 §3.4).
+pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The client preface's length.
+const PREFACE_LEN: usize = PREFACE.len();
+
+/// What a connection whose preface is wrong gets before it is closed. RFC 9113 §3.4 makes that
+/// a connection error of type PROTOCOL_ERROR: pinlb's SETTINGS (the server's preface, which
+/// comes first), then a GOAWAY with last stream 0 and PROTOCOL_ERROR (1). h2, which reads the
+/// preface of the connections hyper serves, closes without the GOAWAY (the RFC allows it);
+/// pinlb says why, as HAProxy does, so h2spec's 3.5/2 passes over h2c too.
+pub(crate) const PREFACE_REFUSED: [u8; 26] = [
+    0,
+    0,
+    0,
+    SETTINGS_FRAME,
+    0,
+    0,
+    0,
+    0,
+    0, // SETTINGS, empty
+    0,
+    0,
+    8,
+    GOAWAY_FRAME,
+    0,
+    0,
+    0,
+    0,
+    0, // GOAWAY on stream 0, 8 bytes:
+    0,
+    0,
+    0,
+    0, // last stream 0
+    0,
+    0,
+    0,
+    1, // PROTOCOL_ERROR
+];
+
+/// SETTINGS' frame type (RFC 9113 §6.5).
+const SETTINGS_FRAME: u8 = 0x4;
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
     fn poll_write(
