@@ -81,13 +81,13 @@ enum Command {
         allow_less_strict: bool,
     },
     /// Run pinned test backends.
-    Backend(pinlb::tools::backend::BackendArgs),
+    Backend(pinlb_tools::backend::BackendArgs),
     /// Compare targets side by side under load.
-    Bench(Box<pinlb::tools::bench::BenchArgs>),
+    Bench(Box<pinlb_tools::bench::BenchArgs>),
     /// Start backends and a proxy on this machine's cores and measure direct against proxied.
-    Demo(pinlb::tools::demo::DemoArgs),
+    Demo(pinlb_tools::demo::DemoArgs),
     /// Measure every split of the cores between proxy and backends, and recommend one.
-    Sweep(pinlb::tools::sweep::SweepArgs),
+    Sweep(pinlb_tools::sweep::SweepArgs),
 }
 
 /// Where `serve` and `check` look without `-c`, in this order: the system's file first, as
@@ -142,14 +142,14 @@ fn main() -> ExitCode {
         .with_ansi(colour)
         .init();
     match cli.command {
-        Command::Backend(args) => pinlb::tools::backend::main(args),
-        Command::Bench(args) => pinlb::tools::bench::main(*args),
-        Command::Demo(args) => pinlb::tools::demo::main(args),
-        Command::Sweep(args) => pinlb::tools::sweep::main(args),
+        Command::Backend(args) => pinlb_tools::backend::main(args),
+        Command::Bench(args) => pinlb_tools::bench::main(*args),
+        Command::Demo(args) => pinlb_tools::demo::main(args),
+        Command::Sweep(args) => pinlb_tools::sweep::main(args),
         Command::Import {
             file,
             allow_less_strict,
-        } => match pinlb::tools::import::import(&file, allow_less_strict) {
+        } => match pinlb_import::import(&file, allow_less_strict) {
             Ok((toml, notes)) => {
                 print!("{toml}");
                 for n in &notes {
@@ -200,13 +200,13 @@ fn main() -> ExitCode {
 fn check(config: &std::path::Path, strict: bool) -> ExitCode {
     match Config::load(config) {
         Ok(c) => {
-            let names = pinlb::tools::check::resolve_names(&c);
+            let names = pinlb_tools::check::resolve_names(&c);
             let mut out = String::new();
             for line in &names.lines {
                 out.push_str(line);
                 out.push('\n');
             }
-            out += &pinlb::tools::check::report(&names.config, config);
+            out += &pinlb_tools::check::report(&names.config, config);
             // Written at once and without print!'s panic on a closed pipe (`check | head`).
             let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
             if strict && !names.unresolved.is_empty() {
@@ -339,7 +339,7 @@ fn upgrade(
 fn held_by(e: &pinlb::ServerError) -> String {
     match e {
         pinlb::ServerError::Bind(b) if b.source.kind() == std::io::ErrorKind::AddrInUse => {
-            pinlb::tools::coremap::describe_holders(&pinlb::tools::coremap::listening_on(b.address))
+            pinlb_tools::coremap::describe_holders(&pinlb_tools::coremap::listening_on(b.address))
                 .map(|who| format!("; held by {who}"))
                 .unwrap_or_default()
         }

@@ -18,7 +18,7 @@ use common::{
     threads,
 };
 use http::{Method, StatusCode};
-use pinlb::tools::backend::{BackendError, BackendSpec, Backends};
+use pinlb_tools::backend::{BackendError, BackendSpec, Backends};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 

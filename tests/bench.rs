@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Refusing, bin, first_core};
-use pinlb::tools::bench::{BenchOptions, Report, RequestSpec, Target, Trust, run};
+use pinlb_tools::bench::{BenchOptions, Report, RequestSpec, Target, Trust, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -147,7 +147,7 @@ fn options(targets: Vec<Target>) -> BenchOptions {
         http2: None,
         cpus: vec![first_core()],
         timeout: Duration::from_secs(2),
-        trust: pinlb::tools::bench::Trust::default(),
+        trust: pinlb_tools::bench::Trust::default(),
         start_at: None,
         progress: false,
     }
@@ -676,8 +676,8 @@ fn the_command_rejects_a_target_it_cannot_load() {
 }
 
 /// A `pinlb backend` on the first allowed core, whose WebSocket path echoes.
-fn echo_backend() -> pinlb::tools::backend::Backends {
-    pinlb::tools::backend::Backends::start(&pinlb::tools::backend::BackendSpec {
+fn echo_backend() -> pinlb_tools::backend::Backends {
+    pinlb_tools::backend::Backends::start(&pinlb_tools::backend::BackendSpec {
         listen: vec!["127.0.0.1:0".parse().unwrap()],
         cpus: vec![first_core()],
         ..Default::default()

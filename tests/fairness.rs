@@ -5,7 +5,7 @@
 //! left in TIME_WAIT; and `pinlb demo`'s own layout, which must say nothing but its 2-core note.
 //!
 //! What no test can set up for real (a frequency governor, SMT siblings, a narrow port range)
-//! is tested in `src/tools/fairness.rs` on small trees of files in a temp dir.
+//! is tested in `tools/src/fairness.rs` on small trees of files in a temp dir.
 
 use crate::common;
 
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{BinBackend, BinProxy, allowed, bin, first_core};
-use pinlb::tools::fairness::{self, Load, Placement, Ports, Target, Warning};
+use pinlb_tools::fairness::{self, Load, Placement, Ports, Target, Warning};
 
 /// A pinlb proxy's configuration: one worker on `core`, one listener, `backend` behind it with
 /// `keepalive` idle connections kept, and an admin listener when `admin`.
@@ -212,7 +212,7 @@ fn connections_left_in_time_wait_are_counted() {
 #[test]
 fn the_demo_layout_of_this_machine_draws_no_warning_of_the_machine_checks() {
     let cores = allowed();
-    let layout = pinlb::tools::demo::Layout::plan(&cores, None);
+    let layout = pinlb_tools::demo::Layout::plan(&cores, None);
     let placement: Placement = layout.placement();
     let root = Path::new("/");
     let mut w = fairness::load_shares_a_core(&placement);

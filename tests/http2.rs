@@ -940,7 +940,7 @@ async fn an_idle_connection_gets_goaway_but_one_with_an_open_stream_does_not() {
 }
 
 /// How long pinlb waits, after a graceful close's GOAWAY, before it drops a connection with no
-/// stream open that has not ended (`GRACEFUL_CLOSE` in src/downstream/h2.rs).
+/// stream open that has not ended (`GRACEFUL_CLOSE` in proxy/src/downstream/h2.rs).
 const GRACEFUL_CLOSE: Duration = Duration::from_secs(2);
 
 /// The GOAWAYs of `frames`, as (last stream, error code).

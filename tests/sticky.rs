@@ -529,7 +529,7 @@ fn check_describes_the_sticky_cookie() {
         r#"{ cookie = "SRV", max_age = "2h", samesite = "lax" }"#,
     );
     let config = pinlb::Config::parse("test.toml", &setup.toml(), &allowed()).unwrap();
-    let shown = pinlb::tools::check::describe(&config);
+    let shown = pinlb_tools::check::describe(&config);
     assert!(
         shown.contains(
             "  sticky: cookie SRV=VALUE; Path=/; Max-Age=7200; HttpOnly; SameSite=Lax; its backend first while that one can take the request, others by round_robin\n"

@@ -1090,7 +1090,7 @@ fn upstream_tls_config_errors_name_the_file_and_the_place() {
         client.cert,
         client.key
     ));
-    let plan = pinlb::tools::check::describe(&ok.expect("valid"));
+    let plan = pinlb_tools::check::describe(&ok.expect("valid"));
     assert!(
         plan.contains(&format!(
             "  TLS to backends: verified against {} (1 CA certificates), sni api.internal, client certificate {}",
@@ -1100,7 +1100,7 @@ fn upstream_tls_config_errors_name_the_file_and_the_place() {
         "{plan}"
     );
     let (ok, _) = parse("");
-    let plan = pinlb::tools::check::describe(&ok.expect("the system's CA store"));
+    let plan = pinlb_tools::check::describe(&ok.expect("the system's CA store"));
     assert!(
         plan.contains("TLS to backends: verified against the system's CA store"),
         "{plan}"

@@ -14,7 +14,7 @@ pub fn check(data: &[u8]) {
     };
     match pinlb::Config::parse("fuzz.toml", text, ALLOWED) {
         // A valid plan must also describe itself (`pinlb check`) without panicking.
-        Ok(config) => drop(pinlb::tools::check::describe(&config)),
+        Ok(config) => drop(pinlb_tools::check::describe(&config)),
         Err(all) => {
             let errors = all.errors();
             assert!(!errors.is_empty(), "an error list with no error");

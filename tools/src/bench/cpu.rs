@@ -1,0 +1,223 @@
+//! CPU per request of the processes behind each target: user plus system time (`utime` and
+//! `stime` of `/proc/PID/stat`, clock ticks) of each process and its descendants, read when a
+//! recorded window starts and again when it ends, added up over the rounds and divided by the
+//! responses of those windows, as `benches/compare.sh` does.
+//!
+//! A target's processes are what answers at its address (the proxy, or the server itself) and,
+//! behind a proxy, each backend. Who started them says which they are ([`Processes`]); for a
+//! plain URL, [`listening`] finds the process listening on its port when the address is one
+//! of this machine's. A process's descendants count with it (nginx's workers under its
+//! master); a thread's time is in its process's. Ticks are 10 ms on most kernels, so figures
+//! from windows of a fraction of a second are coarse.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::coremap::{self, Found};
+
+/// The processes whose CPU a target's figures include.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Processes {
+    /// What answers at the target's address (the proxy; the server itself for a backend
+    /// benched directly); empty when unknown.
+    pub server: Vec<u32>,
+    /// Behind a proxy, each backend's processes, in order.
+    pub backends: Vec<Vec<u32>>,
+}
+
+/// What a target's processes used, per response of the recorded windows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuUse {
+    /// µs of CPU of what answers at the target's address, per response; `None` when its
+    /// processes are not known or no response came.
+    pub server_us_per_request: Option<f64>,
+    /// Each backend's µs of CPU per response of the target (so they add up to the backends'
+    /// CPU per request); empty when not known.
+    pub backends_us_per_request: Vec<Option<f64>>,
+    /// The processes read for `server_us_per_request`, descendants included.
+    pub server_pids: Vec<u32>,
+}
+
+/// The processes listening on `addr` when it is an address of this machine; nothing for
+/// another machine's, or when `/proc` does not say.
+pub fn listening(addr: SocketAddr) -> Vec<u32> {
+    if !coremap::is_local(addr.ip()) {
+        return Vec::new();
+    }
+    match coremap::listening_on(addr) {
+        Found::Processes(ps) => ps.into_iter().map(|p| p.pid).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `roots` and every descendant of theirs, sorted, each once.
+fn tree(roots: &[u32]) -> Vec<u32> {
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    if let Ok(all) = procfs::process::all_processes() {
+        for p in all.flatten() {
+            if let (Ok(stat), Ok(pid)) = (p.stat(), u32::try_from(p.pid())) {
+                if let Ok(ppid) = u32::try_from(stat.ppid) {
+                    children.entry(ppid).or_default().push(pid);
+                }
+            }
+        }
+    }
+    let mut out: Vec<u32> = Vec::new();
+    let mut todo: Vec<u32> = roots.to_vec();
+    // Bounded by the processes: each is taken once (a PID can only have one parent).
+    while let Some(pid) = todo.pop() {
+        if out.contains(&pid) {
+            continue;
+        }
+        out.push(pid);
+        if let Some(c) = children.get(&pid) {
+            todo.extend(c);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// User plus system clock ticks of `pid` so far; `None` once it is gone.
+fn ticks(pid: u32) -> Option<u64> {
+    let stat = procfs::process::Process::new(i32::try_from(pid).ok()?)
+        .ok()?
+        .stat()
+        .ok()?;
+    Some(stat.utime + stat.stime)
+}
+
+/// One target's processes (descendants found once, before the first round) and the ticks
+/// they used in its recorded windows so far.
+#[derive(Debug)]
+pub(super) struct Meter {
+    /// The server's processes first, then each backend's.
+    groups: Vec<Vec<u32>>,
+    known_server: bool,
+    /// Each group's ticks at the start of the window under way.
+    start: Vec<Vec<Option<u64>>>,
+    used: Vec<u64>,
+}
+
+impl Meter {
+    pub(super) fn new(p: &Processes) -> Meter {
+        let mut groups = vec![tree(&p.server)];
+        groups.extend(p.backends.iter().map(|b| tree(b)));
+        let n = groups.len();
+        Meter {
+            known_server: !groups[0].is_empty(),
+            groups,
+            start: vec![Vec::new(); n],
+            used: vec![0; n],
+        }
+    }
+
+    /// Whether there is anything to read.
+    fn is_empty(&self) -> bool {
+        self.groups.iter().all(Vec::is_empty)
+    }
+
+    /// A recorded window starts.
+    pub(super) fn window_started(&mut self) {
+        if self.is_empty() {
+            return;
+        }
+        for (g, s) in self.groups.iter().zip(&mut self.start) {
+            *s = g.iter().map(|&pid| ticks(pid)).collect();
+        }
+    }
+
+    /// The window ended: what each process used since it started is added up. A process gone
+    /// meanwhile counts nothing for that window.
+    pub(super) fn window_ended(&mut self) {
+        if self.is_empty() {
+            return;
+        }
+        for ((g, s), used) in self.groups.iter().zip(&self.start).zip(&mut self.used) {
+            for (&pid, before) in g.iter().zip(s) {
+                if let (Some(b), Some(a)) = (before, ticks(pid)) {
+                    *used += a.saturating_sub(*b);
+                }
+            }
+        }
+    }
+
+    /// Per response of the recorded windows; `None` when nothing was known to read.
+    pub(super) fn per_request(&self, responses: u64) -> Option<CpuUse> {
+        if self.is_empty() {
+            return None;
+        }
+        let hz = procfs::ticks_per_second().max(1) as f64;
+        let us = |ticks: u64| (responses > 0).then(|| ticks as f64 * 1e6 / hz / responses as f64);
+        Some(CpuUse {
+            server_us_per_request: if self.known_server {
+                us(self.used[0])
+            } else {
+                None
+            },
+            backends_us_per_request: self.used[1..]
+                .iter()
+                .zip(&self.groups[1..])
+                .map(|(&u, g)| if g.is_empty() { None } else { us(u) })
+                .collect(),
+            server_pids: self.groups[0].clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_found_with_its_children_and_its_cpu_counts() {
+        let me = std::process::id();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let t = tree(&[me]);
+        assert!(t.contains(&me) && t.contains(&child.id()), "{t:?}");
+        let mut m = Meter::new(&Processes {
+            server: vec![me],
+            backends: vec![vec![child.id()], Vec::new()],
+        });
+        m.window_started();
+        // Burn 50 ms of CPU on this thread: at least a few ticks.
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(50);
+        let mut x = 0u64;
+        while std::time::Instant::now() < until {
+            x = x.wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        m.window_ended();
+        let c = m.per_request(1000).unwrap();
+        let us = c.server_us_per_request.unwrap();
+        // 50 ms over 1000 responses is 50 µs each, less a tick; other tests' threads in this
+        // process may add theirs.
+        assert!(us >= 20.0, "{us}");
+        assert_eq!(c.backends_us_per_request.len(), 2);
+        assert!(c.backends_us_per_request[0].unwrap() < 20.0, "{c:?}");
+        assert_eq!(c.backends_us_per_request[1], None);
+        assert_eq!(m.per_request(0).unwrap().server_us_per_request, None);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn nothing_known_is_nothing_reported() {
+        let m = Meter::new(&Processes::default());
+        assert!(m.per_request(10).is_none());
+    }
+
+    #[test]
+    fn a_listening_socket_names_its_process() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert_eq!(listening(l.local_addr().unwrap()), [std::process::id()]);
+        drop(l);
+        // Another machine's address is never taken for a local process on the same port.
+        assert!(listening("192.0.2.1:80".parse().unwrap()).is_empty());
+    }
+}

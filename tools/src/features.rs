@@ -1,0 +1,341 @@
+//! `pinlb check`'s lines for what a listener, a route or an upstream does besides routing:
+//! limits, access rules and auth, compression, header rules, timeouts, error pages, the PROXY
+//! protocol, buffering. Each line says what is configured, as configured, so that a converted
+//! configuration (`pinlb import`) shows everything it converted; a feature left at its default
+//! gets no line. A route that sets timeouts of its own shows all three its requests get (its
+//! own marked), and its upstream lists it: the upstream's line alone would read as if the
+//! route's were lost.
+
+use std::time::Duration;
+
+use pinlb::config::{
+    Compress, Config, ErrorPages, HeaderRules, Listener, RateLimit, RouteAction, RouteRule,
+    Upstream,
+};
+
+/// A listener's lines, without their indent: what applies to its requests that no route
+/// replaces.
+pub fn listener(l: &Listener, config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    if !l.access.is_empty() {
+        out.push(l.access.to_string());
+    }
+    if !l.rate_limits.is_empty() {
+        out.push(format!(
+            "rate limit: {}",
+            rate_limits(&l.rate_limits, config)
+        ));
+    }
+    if let Some(c) = &l.conn_limit {
+        out.push(format!(
+            "conn limit: {} open connections per client address, {} addresses tracked",
+            c.max, c.keys
+        ));
+    }
+    if let Some(c) = &l.compress {
+        out.push(format!("compress: {}", compress(c)));
+    }
+    if let Some(p) = &l.error_pages {
+        out.push(format!("error pages: {}", pages(p)));
+    }
+    if let Some(from) = &l.proxy_protocol {
+        let nets: Vec<String> = from.iter().map(ToString::to_string).collect();
+        out.push(format!(
+            "PROXY protocol: every connection begins with one, from {}",
+            nets.join(", ")
+        ));
+    }
+    if l.server_timing {
+        out.push("server_timing on".into());
+    }
+    out
+}
+
+/// A route's lines, without their indent: what it sets of its own, each replacing its
+/// listener's, and the timeouts its requests get from the upstream it proxies to.
+pub fn route(r: &RouteRule, config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    if !r.access.is_empty() {
+        out.push(format!("its own {}", r.access));
+    }
+    match &r.rate_limits {
+        Some(limits) if limits.is_empty() => {
+            out.push("rate limit: none (its listener's lifted)".into())
+        }
+        Some(limits) => out.push(format!("rate limit: {}", rate_limits(limits, config))),
+        None => {}
+    }
+    match &r.compress {
+        Some(Some(c)) => out.push(format!("compress: {}", compress(c))),
+        Some(None) => out.push("compress: off".into()),
+        None => {}
+    }
+    if !r.request_headers.is_empty() {
+        out.push(format!("request headers: {}", headers(&r.request_headers)));
+    }
+    if !r.response_headers.is_empty() {
+        out.push(format!(
+            "response headers: {}",
+            headers(&r.response_headers)
+        ));
+    }
+    if let RouteAction::Proxy { upstream, .. } = &r.action {
+        let u = config.upstreams.get(*upstream);
+        if let Some(u) = u.filter(|_| !own_timeouts(r).is_empty()) {
+            out.push(format!("timeouts: {}", timeouts(r, u)));
+        }
+    }
+    if let Some(on) = r.server_timing {
+        out.push(format!("server_timing {}", if on { "on" } else { "off" }));
+    }
+    if let Some(p) = &r.error_pages {
+        out.push(format!("error pages: {}", pages(p)));
+    }
+    out
+}
+
+/// An upstream's lines, without their indent, for what `check`'s other upstream lines do not
+/// show: buffering, upgrades where they differ from the default, the PROXY protocol, and the
+/// routes whose requests get timeouts other than the upstream's.
+pub fn upstream(index: usize, u: &Upstream, config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(b) = &u.buffering {
+        let bodies = match (b.request, b.response) {
+            (true, true) => "request and response bodies",
+            (true, false) => "request bodies",
+            (false, true) => "response bodies",
+            (false, false) => "no bodies",
+        };
+        out.push(format!(
+            "buffering: {bodies}, {} bytes in memory, then a temporary file in {} of at most {} bytes",
+            b.memory,
+            b.temp_dir.display(),
+            b.max_temp
+        ));
+    }
+    let upgrade = &u.upgrade;
+    if *upgrade != pinlb::config::Upgrade::default() {
+        out.push(match upgrade.enabled {
+            false => "upgrades: refused (upgrade = false)".into(),
+            true => format!(
+                "upgrades: passed on, tunnels closed after {:?} idle, {:?} after one side's FIN",
+                upgrade.tunnel_idle, upgrade.tunnel_fin
+            ),
+        });
+    }
+    if let Some(v) = &u.proxy_protocol {
+        out.push(format!(
+            "PROXY protocol {} header first on every backend connection",
+            match v {
+                pinlb::config::ProxyVersion::V1 => "v1",
+                pinlb::config::ProxyVersion::V2 => "v2",
+            }
+        ));
+    }
+    for (li, l) in config.listeners.iter().enumerate() {
+        for (ri, r) in l.routes.iter().enumerate() {
+            let to_it =
+                matches!(r.action, RouteAction::Proxy { upstream, .. } if upstream == index);
+            let own = own_timeouts(r);
+            if to_it && !own.is_empty() {
+                out.push(format!(
+                    "route[{ri}] of listener[{li}] {} sets its own timeouts: {}",
+                    l.address,
+                    own.join(", ")
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// `zone api (10r/s per client_ip, 163840 keys), burst 20, over it 503`, for each zone.
+fn rate_limits(limits: &[RateLimit], config: &Config) -> String {
+    let each: Vec<String> = limits
+        .iter()
+        .map(|l| {
+            let zone = match config.rate_zones.get(l.zone) {
+                Some(z) => format!(
+                    "zone {} ({} per {}, {} keys)",
+                    z.name, z.rate, z.key, z.keys
+                ),
+                None => format!("zone #{}", l.zone),
+            };
+            format!("{zone}, burst {}, over it {}", l.burst, l.status)
+        })
+        .collect();
+    each.join("; ")
+}
+
+/// `gzip level 6, types text/html, text/css, from 20 bytes`.
+fn compress(c: &Compress) -> String {
+    use pinlb::config::Coding;
+    let algorithms: Vec<String> = c
+        .algorithms
+        .iter()
+        .map(|a| match a {
+            Coding::Gzip => format!("gzip level {}", c.gzip_level),
+            Coding::Brotli => format!("br level {}", c.br_level),
+            Coding::Zstd => format!("zstd level {}", c.zstd_level),
+        })
+        .collect();
+    format!(
+        "{}, types {}, from {} bytes",
+        algorithms.join(", "),
+        c.types.join(", "),
+        c.min_length
+    )
+}
+
+/// `set X-Real-IP: {client_ip}; add X-A: b; remove X-Debug`.
+fn headers(h: &HeaderRules) -> String {
+    let mut parts = Vec::new();
+    for (verb, list) in [("set", &h.set), ("add", &h.add)] {
+        for (name, value) in list {
+            parts.push(format!("{verb} {name}: {value}"));
+        }
+    }
+    if !h.remove.is_empty() {
+        parts.push(format!("remove {}", h.remove.join(", ")));
+    }
+    parts.join("; ")
+}
+
+/// `500, 502, 503, 504 from files, intercept_errors on`.
+fn pages(p: &ErrorPages) -> String {
+    let statuses: Vec<String> = p.statuses().map(|s| s.to_string()).collect();
+    let listed = match statuses.is_empty() {
+        true => "none".to_string(),
+        false => format!("{} from files", statuses.join(", ")),
+    };
+    match p.intercept {
+        true => format!("{listed}, intercept_errors on"),
+        false => listed,
+    }
+}
+
+/// `connect 5s, response 30s (its own), send 60s`: what the route's requests get.
+fn timeouts(r: &RouteRule, u: &Upstream) -> String {
+    let t = &r.timeouts;
+    let one = |name: &str, own: Option<Duration>, upstream: Duration| match own {
+        Some(v) => format!("{name} {v:?} (its own)"),
+        None => format!("{name} {upstream:?}"),
+    };
+    [
+        one("connect", t.connect, u.timeouts.connect),
+        one("response", t.response, u.timeouts.response),
+        one("send", t.send, u.timeouts.send),
+    ]
+    .join(", ")
+}
+
+/// The timeouts a route sets, as `response 30s`.
+fn own_timeouts(r: &RouteRule) -> Vec<String> {
+    let t = &r.timeouts;
+    [
+        ("connect", t.connect),
+        ("response", t.response),
+        ("send", t.send),
+    ]
+    .into_iter()
+    .filter_map(|(name, v)| v.map(|v| format!("{name} {v:?}")))
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every feature a listener, a route and an upstream can set gets its line, as written.
+    #[test]
+    fn every_configured_feature_has_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let page = dir.path().join("50x.html");
+        std::fs::write(&page, "<p>down</p>").unwrap();
+        let text = format!(
+            r#"
+[limit.api]
+key = "header:X-Key"
+rate = "5r/s"
+keys = 1000
+
+[[listener]]
+address = "127.0.0.1:0"
+access = ["allow 10.0.0.0/8", "deny all"]
+rate_limit = [{{ zone = "api", burst = 3, nodelay = true }}]
+conn_limit = {{ max = 50, keys = 2000 }}
+compress = {{ algorithms = ["br", "gzip"], types = ["text/html"], min_length = 100 }}
+proxy_protocol = true
+proxy_protocol_from = ["10.0.0.0/8"]
+server_timing = true
+error_page = [{{ status = [502, 503], file = "{page}" }}]
+
+[[listener.route]]
+path = "/api/"
+upstream = "app"
+rate_limit = []
+compress = false
+server_timing = false
+intercept_errors = true
+request_headers = {{ set = {{ "X-Real-IP" = "{{client_ip}}" }}, remove = ["X-Debug"] }}
+response_headers = {{ add = {{ "X-Served-By" = "pinlb" }} }}
+timeouts = {{ response = "30s" }}
+
+[[listener.route]]
+path = "/"
+upstream = "app"
+
+[upstream.app]
+backends = [{{ address = "127.0.0.1:8081" }}]
+upgrade = false
+proxy_protocol = "v2"
+
+[upstream.app.buffering]
+response = false
+temp_dir = "{dir}"
+"#,
+            page = page.display(),
+            dir = dir.path().display()
+        );
+        let c = Config::parse("pinlb.toml", &text, &[0]).unwrap_or_else(|e| panic!("{e}"));
+        let l = &c.listeners[0];
+        assert_eq!(
+            listener(l, &c),
+            [
+                "access: 2 rule(s), first allow 10.0.0.0/8",
+                "rate limit: zone api (5r/s per header:x-key, 1000 keys), burst 3, over it 429",
+                "conn limit: 50 open connections per client address, 2000 addresses tracked",
+                "compress: br level 4, gzip level 1, types text/html, from 100 bytes",
+                "error pages: 502, 503 from files",
+                "PROXY protocol: every connection begins with one, from 10.0.0.0/8",
+                "server_timing on",
+            ]
+        );
+        assert_eq!(
+            route(&l.routes[0], &c),
+            [
+                "rate limit: none (its listener's lifted)",
+                "compress: off",
+                "request headers: set x-real-ip: {client_ip}; remove x-debug",
+                "response headers: add x-served-by: pinlb",
+                "timeouts: connect 5s, response 30s (its own), send 60s",
+                "server_timing off",
+                "error pages: 502, 503 from files, intercept_errors on",
+            ]
+        );
+        // Nothing of its own: its listener's apply, shown there.
+        assert!(route(&l.routes[1], &c).is_empty());
+        assert_eq!(
+            upstream(0, &c.upstreams[0], &c),
+            [
+                format!(
+                    "buffering: request bodies, 65536 bytes in memory, then a temporary file in {} of at most 1073741824 bytes",
+                    dir.path().display()
+                ),
+                "upgrades: refused (upgrade = false)".into(),
+                "PROXY protocol v2 header first on every backend connection".into(),
+                "route[0] of listener[0] 127.0.0.1:0 sets its own timeouts: response 30s".into(),
+            ]
+        );
+    }
+}
