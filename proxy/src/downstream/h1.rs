@@ -36,6 +36,7 @@ use tracing::debug;
 use crate::config::Limits;
 use crate::downstream::h2;
 use crate::downstream::idle::{self, Wait};
+use crate::downstream::pipeline::{self, Decided};
 use crate::downstream::stream::{DownstreamStream, Refused, Stir, StreamIo, TlsState};
 use crate::downstream::tunnel::{self, Dir, End};
 use crate::http1::body::{Decoder, Framing};
@@ -46,17 +47,15 @@ use crate::http1::common::{
 };
 use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::http1::timer::Timer;
-use crate::proxy::accesslog::{Batch, Logged, Pending, Upstreamed};
+use crate::proxy::accesslog::{Batch, Logged};
 use crate::proxy::body::{ProxyBody, Upgraded};
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, Answer, DownstreamRequest};
-use crate::proxy::request_id::RequestId;
-use crate::route::decision::{Decision, DownstreamRules, Edits, Route, https_location};
+use crate::route::decision::{DownstreamRules, Route};
 use crate::sys::head_bufs::Spare;
 use crate::sys::socket::poll_read_tcp;
 use crate::sys::summed::summed_warn;
 use crate::upstream::counters::{ListenerStats, Refusal, Source, TlsFailure};
-use crate::upstream::local::WorkerUpstream;
 
 /// After a response that ends the connection with client bytes left unread, how long and how
 /// much pinlb goes on reading (and discarding) before it closes, so that the close does not
@@ -769,24 +768,18 @@ impl Connection {
             },
         };
         let refused = head.refused.take();
-        if let Some(s) = &self.route.stats {
-            s.requests.fetch_add(1, Ordering::Relaxed);
-        }
         // The clock is read only when something reads what it measures.
         let at = self.route.timed.get().then(std::time::Instant::now);
-        let id = self.request_id(&mut head);
-        let mut pending = self
-            .batch
-            .as_ref()
-            .zip(at)
-            .map(|(batch, at)| Pending::start(&head, self.peer, batch, at, id.as_ref()));
+        let (route, tls) = (&self.route, self.stream.is_tls());
         let client = || self.stream.client_identity();
-        crate::downstream::client_cert::edit(&self.route, client, &mut head, pending.as_mut());
-        // After the log entry's start, as over HTTP/2: the redirect is logged like any answer.
-        if self.route.redirect_https.get() {
-            return self.redirect_https(&head, buf, pending).await;
-        }
-        let (upstream, edits, local) = self.decide(&head, refused.is_some());
+        let begun = pipeline::begin(route, &mut head, self.peer, self.batch.as_ref(), at, client);
+        let decided = pipeline::decide(route, &head, refused.is_some(), tls, &self.peer);
+        let Decided {
+            upstream,
+            edits,
+            local,
+            ..
+        } = decided;
         let timeouts = edits
             .as_ref()
             .and_then(|e| e.request.timeouts)
@@ -815,7 +808,7 @@ impl Connection {
                     overrides: edits.as_ref().map(|e| &e.request),
                     body: &mut client_body,
                     refused,
-                    added: id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
+                    added: begun.id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
                     spans: self.route.spans.get(),
                     waiter: Some(waiter),
                 },
@@ -838,10 +831,16 @@ impl Connection {
             upstreamed,
             close,
         } = answer;
-        let ends = (id.as_deref(), upstreamed.as_deref());
-        self.finish(&mut response, proxied, edits.as_deref(), &head, ends);
-        self.count_response(&response);
-        let logged = Logged::new(pending.and_then(|p| p.responded(response.status, upstreamed)));
+        let edits = edits.as_deref();
+        let logged = pipeline::finish(
+            route,
+            &mut response,
+            proxied,
+            edits,
+            &head,
+            begun,
+            upstreamed,
+        );
         if response.status == StatusCode::SWITCHING_PROTOCOLS {
             // Only a request that asked to upgrade gets a 101 this far (http1::client).
             // Boxed: a tunnel's state is needed by few connections.
@@ -850,6 +849,7 @@ impl Connection {
         let keep_alive = head.keep_alive
             && !head.ambiguous
             && !close
+            && !decided.close
             && body_read
             && !self.slot.connections().is_draining();
         let written = self
@@ -876,55 +876,6 @@ impl Connection {
         }
     }
 
-    /// Where the request goes: its upstream and what its route changes, or the route's own
-    /// answer. A refused head is answered as such, whatever the routes say.
-    #[inline(always)]
-    fn decide(
-        &self,
-        head: &RequestHead,
-        refused: bool,
-    ) -> (
-        Rc<WorkerUpstream>,
-        Option<Box<Edits>>,
-        Option<Reply<ProxyBody>>,
-    ) {
-        if refused {
-            return (self.route.upstream.borrow().clone(), None, None);
-        }
-        match self.route.decide(head, self.stream.is_tls(), &self.peer) {
-            Decision::Proxy(upstream, edits) => (upstream, edits, None),
-            Decision::Answer(reply) => (self.route.upstream.borrow().clone(), None, Some(reply)),
-        }
-    }
-
-    /// A response on its way out: the proxy's answer (a backend's, or pinlb's 502/503/504)
-    /// gets its page if it has one (an answer of the route's own got its page in the route
-    /// decision), then every response pinlb's own lines (`Route::finish_response`).
-    #[inline]
-    fn finish(
-        &self,
-        response: &mut Reply<ProxyBody>,
-        proxied: bool,
-        edits: Option<&Edits>,
-        head: &RequestHead,
-        (id, upstreamed): (Option<&RequestId>, Option<&Upstreamed>),
-    ) {
-        if proxied {
-            self.route.error_page(response, edits, &head.method);
-        }
-        self.route.finish_response(response, edits, id, upstreamed);
-        self.route.compress(response, edits, head, proxied);
-    }
-
-    /// The request's ID, when `[request_id]` is on. Behind a pointer: the exchange's state
-    /// carries that, not the ID, and the access log's entry shares it.
-    #[inline]
-    fn request_id(&self, head: &mut RequestHead) -> Option<Arc<RequestId>> {
-        let rules = self.route.rules.borrow();
-        let config = rules.request_ids.as_ref()?;
-        Some(Arc::new(RequestId::of(head, config)))
-    }
-
     /// The listener's limits now, and who the client is under its rules now: made again only
     /// after a reload changed the rules, so an open connection follows them.
     #[inline]
@@ -938,18 +889,6 @@ impl Connection {
             );
         }
         (now.limits, cached.1.clone())
-    }
-
-    /// Counts a response for `/metrics`, by whether a backend or pinlb made it.
-    #[inline]
-    fn count_response(&self, response: &Reply<ProxyBody>) {
-        if let Some(s) = &self.route.stats {
-            let source = match response.body {
-                ProxyBody::Local(_) => Source::Pinlb,
-                _ => Source::Backend,
-            };
-            s.response(response.status, source);
-        }
     }
 
     /// Reads until `buf` holds a whole request head. A head that can't be served (malformed,
@@ -1097,48 +1036,6 @@ impl Connection {
         let mut out = [IoSlice::new(&head), IoSlice::new(&text)];
         let written = tokio::time::timeout(LINGER_TIME, write_all(&self.stream, &mut out)).await;
         matches!(written, Ok(Ok(()))).then_some(text.len())
-    }
-
-    /// Answers a request on a `redirect_https` listener: 301 to the same host (without its
-    /// port) and target over https, as nginx's `return 301 https://$host$request_uri;`. The
-    /// connection stays open for a next request unless this one came with a body, which is
-    /// not read.
-    async fn redirect_https(
-        &self,
-        head: &RequestHead,
-        buf: &BytesMut,
-        pending: Option<Pending>,
-    ) -> Next {
-        let log = |status: StatusCode, sent: Option<usize>| {
-            let mut logged = Logged::new(pending.and_then(|p| p.responded(status, None)));
-            if let Some(n) = sent {
-                logged.sent(n);
-            }
-        };
-        let Some(location) = https_location(head) else {
-            let status = StatusCode::BAD_REQUEST;
-            let cause = &"no Host header to redirect to https with";
-            log(status, self.write_page(status, cause, b"", false).await);
-            return Next::Linger;
-        };
-        let keep_alive = head.keep_alive
-            && head.body == RequestFraming::None
-            && !self.slot.connections().is_draining();
-        let status = StatusCode::MOVED_PERMANENTLY;
-        let written = self
-            .write_page(
-                status,
-                &"this site is served over https",
-                &location,
-                keep_alive,
-            )
-            .await;
-        log(status, written);
-        match (written.is_some(), keep_alive) {
-            (true, true) => Next::KeepAlive,
-            (true, false) if head.body == RequestFraming::None && buf.is_empty() => Next::Close,
-            _ => Next::Linger,
-        }
     }
 
     /// Writes a response and streams its body.

@@ -49,16 +49,16 @@ use std::os::fd::AsFd;
 
 use crate::config::{Http2, Limits};
 use crate::downstream::idle;
+use crate::downstream::pipeline::{self, Decided};
 use crate::downstream::stream::{DownstreamStream, StreamIo};
 use crate::http1::client::UpstreamError;
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply, RequestFraming, error_page, header_map};
-use crate::http1::request::{ClientError, RequestHead, parse_request};
-use crate::proxy::accesslog::{Batch, Logged, Pending};
+use crate::http1::request::{ClientError, parse_request};
+use crate::proxy::accesslog::{Batch, Logged};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{self, DownstreamRequest};
-use crate::proxy::request_id::RequestId;
-use crate::route::decision::{Decision, DownstreamRules, Route, https_location};
+use crate::route::decision::{DownstreamRules, Route};
 use crate::sys::exec::LocalExec;
 use crate::sys::summed::summed_warn;
 use crate::tls::client_identity::ClientIdentity;
@@ -394,15 +394,10 @@ impl Shared {
     /// One stream: its request through the proxy, and the response as HTTP/2.
     async fn stream(self: Rc<Self>, req: Request<Incoming>, open: Open) -> Response<ResponseBody> {
         let route = &self.route;
-        if let Some(s) = &route.stats {
-            s.requests.fetch_add(1, Ordering::Relaxed);
-        }
         let (parts, body) = req.into_parts();
         let at = open.started;
-        let (limits, client, rules) = {
+        let (limits, client) = {
             let now = route.rules.borrow();
-            // Kept past the borrow only when request IDs are on.
-            let rules = now.request_ids.is_some().then(|| now.clone());
             let mut cached = self.downstream.borrow_mut();
             if !Rc::ptr_eq(&cached.0, &now) {
                 *cached = (
@@ -410,7 +405,7 @@ impl Shared {
                     Rc::new(now.downstream(self.peer, self.tls, route.local)),
                 );
             }
-            (now.limits, cached.1.clone(), rules)
+            (now.limits, cached.1.clone())
         };
         let ended = body.is_end_stream();
         let mut text = http1_head(&parts, ended, &limits);
@@ -418,35 +413,25 @@ impl Shared {
             Ok(Some(head)) => head,
             Ok(None) => {
                 let e = ClientError::HeadTooLarge("request head over limits.max_header_bytes");
-                return self.refuse(&parts.method, e, Logged::new(None), open);
+                return self.refuse(&parts.method, e, open);
             }
-            Err(e) => return self.refuse(&parts.method, e, Logged::new(None), open),
+            Err(e) => return self.refuse(&parts.method, e, open),
         };
         head.version = Version::HTTP_2;
         let refused = head.refused.take();
-        let id = (rules.as_ref())
-            .and_then(|r| r.request_ids.as_ref())
-            .map(|config| Arc::new(RequestId::of(&mut head, config)));
-        let mut pending = self
-            .batch
-            .as_ref()
-            .zip(at)
-            .map(|(batch, at)| Pending::start(&head, self.peer, batch, at, id.as_ref()));
         let cert = || self.client.as_ref();
-        crate::downstream::client_cert::edit(route, cert, &mut head, pending.as_mut());
-        if route.redirect_https.get() {
-            return self.redirect_https(&head, open, pending);
+        let begun = pipeline::begin(route, &mut head, self.peer, self.batch.as_ref(), at, cert);
+        // `close` is HTTP/1.1's: one stream's answer closes no HTTP/2 connection.
+        let Decided {
+            upstream,
+            edits,
+            local,
+            close: _,
+        } = pipeline::decide(route, &head, refused.is_some(), client.https, &self.peer);
+        if let Some(mut reply) = local {
+            let logged = pipeline::finish(route, &mut reply, false, None, &head, begun, None);
+            return self.respond(reply, &head.method, logged, Duration::MAX, open);
         }
-        let (upstream, edits) = match refused {
-            Some(_) => (route.upstream.borrow().clone(), None),
-            None => match route.decide(&head, client.https, &self.peer) {
-                Decision::Proxy(upstream, edits) => (upstream, edits),
-                Decision::Answer(reply) => {
-                    let logged = Logged::new(pending.and_then(|p| p.responded(reply.status, None)));
-                    return self.respond(reply, &head.method, logged, Duration::MAX, open);
-                }
-            },
-        };
         let timeout = edits
             .as_ref()
             .and_then(|e| e.request.timeouts)
@@ -468,7 +453,7 @@ impl Shared {
                 overrides: edits.as_ref().map(|e| &e.request),
                 body: &mut body,
                 refused,
-                added: id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
+                added: begun.id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
                 spans: route.spans.get(),
                 // A stream's own task would register with a timer of its own anew each time;
                 // the backend connection's serves as well.
@@ -476,25 +461,21 @@ impl Shared {
             },
         )
         .await;
-        route.error_page(&mut answer.response, edits.as_deref(), &head.method);
-        let (ids, timing) = (id.as_deref(), answer.upstreamed.as_deref());
-        route.finish_response(&mut answer.response, edits.as_deref(), ids, timing);
-        route.compress(&mut answer.response, edits.as_deref(), &head, true);
-        let logged = Logged::new(
-            pending.and_then(|p| p.responded(answer.response.status, answer.upstreamed)),
+        let logged = pipeline::finish(
+            route,
+            &mut answer.response,
+            true,
+            edits.as_deref(),
+            &head,
+            begun,
+            answer.upstreamed,
         );
         self.respond(answer.response, &head.method, logged, timeout, open)
     }
 
-    /// A stream whose request pinlb refuses before any backend sees it; the connection and its
-    /// other streams go on.
-    fn refuse(
-        &self,
-        method: &Method,
-        e: ClientError,
-        logged: Logged,
-        open: Open,
-    ) -> Response<ResponseBody> {
+    /// A stream whose head pinlb can't serve (malformed, too large): answered, counted and
+    /// not logged, as a broken HTTP/1.1 head is; the connection and its other streams go on.
+    fn refuse(&self, method: &Method, e: ClientError, open: Open) -> Response<ResponseBody> {
         let status = e.status();
         summed_warn!(client = %self.peer; "answered {}: {e}", status.as_u16());
         let page = Bytes::from(error_page(status, &e));
@@ -513,32 +494,10 @@ impl Shared {
         };
         // The listener's page: no route has seen the request.
         self.route.error_page(&mut reply, None, method);
-        self.respond(reply, method, logged, Duration::MAX, open)
-    }
-
-    /// `redirect_https`: 301 to the same host and path over https, logged as any answer.
-    fn redirect_https(
-        &self,
-        head: &RequestHead,
-        open: Open,
-        pending: Option<Pending>,
-    ) -> Response<ResponseBody> {
-        let Some(location) = https_location(head) else {
-            let e = ClientError::MissingHost;
-            let logged = Logged::new(pending.and_then(|p| p.responded(e.status(), None)));
-            return self.refuse(&head.method, e, logged, open);
-        };
-        let status = StatusCode::MOVED_PERMANENTLY;
-        let page = Bytes::from(error_page(status, &"this site is served over https"));
-        let mut headers = ERROR_PAGE_TYPE.to_vec();
-        headers.extend_from_slice(&location);
-        let reply = Reply {
-            status,
-            headers,
-            body: ProxyBody::Local(Some(page)),
-        };
-        let logged = Logged::new(pending.and_then(|p| p.responded(status, None)));
-        self.respond(reply, &head.method, logged, Duration::MAX, open)
+        if let Some(s) = &self.route.stats {
+            s.response(status, Source::Pinlb);
+        }
+        self.respond(reply, method, Logged::new(None), Duration::MAX, open)
     }
 
     /// The proxy's answer as an HTTP/2 response. A body that can't have content (HEAD, 204,
@@ -556,13 +515,6 @@ impl Shared {
             headers,
             body,
         } = reply;
-        if let Some(s) = &self.route.stats {
-            let source = match body {
-                ProxyBody::Local(_) => Source::Pinlb,
-                _ => Source::Backend,
-            };
-            s.response(status, source);
-        }
         let bodiless = method == Method::HEAD
             || status == StatusCode::NO_CONTENT
             || status == StatusCode::NOT_MODIFIED;
@@ -1085,6 +1037,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http1::request::RequestHead;
 
     fn parts(req: Request<()>) -> http::request::Parts {
         req.into_parts().0

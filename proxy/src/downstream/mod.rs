@@ -8,6 +8,9 @@
 //! - [`client_cert`]: the verified client certificate's lines on a request, the client's own
 //!   of those names taken out.
 //! - [`tunnel`]: after a `101 Switching Protocols`, bytes relayed both ways until both close.
+//! - [`pipeline`]: a request's steps between its head and its response, once for every
+//!   protocol: begun (ID, log entry), decided (route, edge controls, `redirect_https`), finished
+//!   (response filters, counted, logged).
 //! - [`h2`]: HTTP/2 client connections on hyper's server, each stream sent through the same
 //!   request path as an HTTP/1.1 request.
 //! - [`h1`]: one HTTP/1.1 client connection's life: read a request, route it, proxy it, write
@@ -19,6 +22,7 @@ pub(crate) mod client_cert;
 pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod idle;
+pub(crate) mod pipeline;
 pub(crate) mod proxied;
 pub(crate) mod stream;
 pub(crate) mod tunnel;

@@ -1,0 +1,191 @@
+//! A request's steps between its head and its response, written once for every protocol.
+//! HTTP/1.1 ([`h1`](super::h1)) and HTTP/2 ([`h2`](super::h2)) each read a head and write a
+//! response their own way, and run what lies between through these phases, in this order:
+//!
+//! 1. [`begin`]: the request counted, its ID, its access-log entry, the client certificate's
+//!    lines;
+//! 2. [`decide`]: `redirect_https`, else the route and its edge controls: an upstream and what
+//!    the route changes, or an answer of pinlb's own;
+//! 3. the session forwards it (`proxy::forward`), racing the client's leaving as its protocol
+//!    can;
+//! 4. [`finish`]: the response's filters, whatever made it (the error page, the route's
+//!    response lines, the request ID and `Server-Timing`, compression), then the response
+//!    counted and its log entry responded.
+//!
+//! The log entry starts before anything can answer, so every answer is logged with its status,
+//! over every protocol. A head that can't be parsed is the session's own business (answered
+//! before any of this, unlogged, as nginx's 400 for a broken head is by pinlb's sessions).
+//!
+//! Each phase is inlined into its caller: a listener without features pays for the flags it
+//! tests (`Route`'s, set per generation), as it did when each session had its own copy.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::StatusCode;
+
+use crate::downstream::client_cert;
+use crate::http1::common::{ERROR_PAGE_TYPE, Reply, error_page};
+use crate::http1::request::{ClientError, RequestHead};
+use crate::proxy::accesslog::{Batch, Logged, Pending, Upstreamed};
+use crate::proxy::body::{ProxyBody, local_reply};
+use crate::proxy::request_id::RequestId;
+use crate::route::decision::{Decision, Edits, Route, https_location};
+use crate::tls::client_identity::ClientIdentity;
+use crate::upstream::counters::Source;
+use crate::upstream::local::WorkerUpstream;
+
+/// What [`begin`] started: the request's ID and its access-log entry.
+pub(crate) struct Begun {
+    /// Behind a pointer: the exchange's state carries that, not the ID, and the access log's
+    /// entry shares it.
+    pub id: Option<Arc<RequestId>>,
+    pub pending: Option<Pending>,
+}
+
+/// A request whose head was parsed: counted, given its ID (`[request_id]`), its access-log
+/// entry started (with `batch`, when `at` says its time is measured), and, on a listener with
+/// `client_cert_headers`, its certificate's lines (`client` is asked only then).
+#[inline(always)]
+pub(crate) fn begin<'c>(
+    route: &Route,
+    head: &mut RequestHead,
+    peer: SocketAddr,
+    batch: Option<&Rc<Batch>>,
+    at: Option<Instant>,
+    client: impl FnOnce() -> Option<&'c Arc<ClientIdentity>>,
+) -> Begun {
+    if let Some(s) = &route.stats {
+        s.requests.fetch_add(1, Ordering::Relaxed);
+    }
+    let id = {
+        let rules = route.rules.borrow();
+        (rules.request_ids.as_ref()).map(|config| Arc::new(RequestId::of(head, config)))
+    };
+    let mut pending = batch
+        .zip(at)
+        .map(|(batch, at)| Pending::start(head, peer, batch, at, id.as_ref()));
+    client_cert::edit(route, client, head, pending.as_mut());
+    Begun { id, pending }
+}
+
+/// Where a request goes ([`decide`]).
+pub(crate) struct Decided {
+    /// The upstream it is proxied to (for an answer of pinlb's own, the listener's, whose
+    /// timeouts bound the answer's writing).
+    pub upstream: Rc<WorkerUpstream>,
+    /// What its route changes; `None` for most requests.
+    pub edits: Option<Box<Edits>>,
+    /// An answer of pinlb's own instead of a backend's: `redirect_https`'s, a route's
+    /// (`redirect`, `respond`, 404 for no route), an edge control's refusal.
+    pub local: Option<Reply<ProxyBody>>,
+    /// The connection closes after the answer (a request `redirect_https` can't redirect).
+    pub close: bool,
+}
+
+/// Where the request goes: on a `redirect_https` listener a 301 to https; a head the parser
+/// `refused` to its own answer (made by the proxy, which knows why); else its route.
+#[inline(always)]
+pub(crate) fn decide(
+    route: &Route,
+    head: &RequestHead,
+    refused: bool,
+    https: bool,
+    peer: &SocketAddr,
+) -> Decided {
+    if route.redirect_https.get() {
+        return redirect_https(route, head);
+    }
+    let (upstream, edits, local) = if refused {
+        (route.upstream.borrow().clone(), None, None)
+    } else {
+        match route.decide(head, https, peer) {
+            Decision::Proxy(upstream, edits) => (upstream, edits, None),
+            Decision::Answer(reply) => (route.upstream.borrow().clone(), None, Some(reply)),
+        }
+    };
+    Decided {
+        upstream,
+        edits,
+        local,
+        close: false,
+    }
+}
+
+/// `redirect_https`: 301 to the same host (without its port) and target over https, as
+/// nginx's `return 301 https://$host$request_uri;`; 400 and close for a request without a Host
+/// to redirect to (with the listener's page for 400, if it has one).
+#[cold]
+#[inline(never)]
+fn redirect_https(route: &Route, head: &RequestHead) -> Decided {
+    let upstream = route.upstream.borrow().clone();
+    let Some(location) = https_location(head) else {
+        let e = ClientError::MissingHost;
+        let status = e.status();
+        let page = Bytes::from(error_page(
+            status,
+            &"no Host header to redirect to https with",
+        ));
+        let mut reply = local_reply(status, ERROR_PAGE_TYPE, page, b"", &head.method);
+        route.error_page(&mut reply, None, &head.method);
+        return Decided {
+            upstream,
+            edits: None,
+            local: Some(reply),
+            close: true,
+        };
+    };
+    let status = StatusCode::MOVED_PERMANENTLY;
+    let page = Bytes::from(error_page(status, &"this site is served over https"));
+    Decided {
+        upstream,
+        edits: None,
+        local: Some(local_reply(
+            status,
+            ERROR_PAGE_TYPE,
+            page,
+            &location,
+            &head.method,
+        )),
+        close: false,
+    }
+}
+
+/// A response on its way out, whatever made it: the proxy's answer (`proxied`: a backend's, or
+/// pinlb's 502/503/504 in its place) gets its error page if it has one (an answer of the
+/// route's own got its page in the route's decision); every response the route's response
+/// lines, the request ID and `Server-Timing` (`Route::finish_response`); a proxied one is
+/// compressed where the route says so. Then the response is counted for `/metrics` and its log
+/// entry responded; the returned [`Logged`] writes the line when the body is done.
+#[inline(always)]
+pub(crate) fn finish(
+    route: &Route,
+    response: &mut Reply<ProxyBody>,
+    proxied: bool,
+    edits: Option<&Edits>,
+    head: &RequestHead,
+    begun: Begun,
+    upstreamed: Option<Box<Upstreamed>>,
+) -> Logged {
+    if proxied {
+        route.error_page(response, edits, &head.method);
+    }
+    route.finish_response(response, edits, begun.id.as_deref(), upstreamed.as_deref());
+    route.compress(response, edits, head, proxied);
+    if let Some(s) = &route.stats {
+        let source = match response.body {
+            ProxyBody::Local(_) => Source::Pinlb,
+            _ => Source::Backend,
+        };
+        s.response(response.status, source);
+    }
+    Logged::new(
+        begun
+            .pending
+            .and_then(|p| p.responded(response.status, upstreamed)),
+    )
+}
