@@ -2,7 +2,6 @@
 //! listening sockets and upstream pools. It accepts connections, starts a task for each, and
 //! follows the running configuration generation.
 
-use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -18,7 +17,7 @@ use crate::downstream::stream::DownstreamStream;
 use crate::process::listen::{ListenerKey, accept, listener_keys};
 use crate::process::shared::{Generation, Process, ServerError};
 use crate::proxy::accesslog::Batch;
-use crate::route::decision::{DownstreamRules, Route, Routes};
+use crate::route::decision::{DownstreamRules, Route, RouteSettings};
 use crate::sys::runtime::{self, PinnedError};
 use crate::upstream::local::WorkerUpstream;
 
@@ -236,20 +235,6 @@ impl WorkerState {
             http2: config.http2,
             request_ids: config.request_ids.clone(),
         });
-        // Whether a listener's requests are timed: read by the log, `Server-Timing` or
-        // `/metrics` (`counting`, whose counters exist only with an admin listener).
-        let spans = |l: &crate::config::Listener| {
-            config.access_log.is_some()
-                || l.server_timing
-                || l.routes.iter().any(|r| r.server_timing == Some(true))
-        };
-        let timed = |l: &crate::config::Listener, counting: bool| counting || spans(l);
-        let paged = |l: &crate::config::Listener| {
-            l.error_pages.is_some() || l.routes.iter().any(|r| r.error_pages.is_some())
-        };
-        let compressing = |l: &crate::config::Listener| {
-            l.compress.is_some() || l.routes.iter().any(|r| matches!(r.compress, Some(Some(_))))
-        };
         // The sweeper's tick follows the shortest timeout it keeps.
         let shortest = config
             .upstreams
@@ -260,15 +245,9 @@ impl WorkerState {
         let mut sockets = generation.take_sockets(self.worker);
         let keys = listener_keys(&config.listeners);
         for (l, key) in config.listeners.iter().zip(&keys) {
-            let upstream = upstreams[l.upstream].clone();
             let tables = &self.process.edge;
-            let routes = Rc::new(Routes::new(l, &upstreams, &config.rate_zones, tables));
-            let conn_limit = l.conn_limit.map(|c| {
-                Rc::new(crate::edge::conn_limit::ConnGate {
-                    table: tables.conn(l.address, &c),
-                    max: c.max,
-                })
-            });
+            let settings =
+                |counting| RouteSettings::of(l, config, &upstreams, &rules, tables, counting);
             if let Some(kept) = self.listeners.get_mut(key) {
                 if kept.backlog != l.backlog {
                     // On the worker's own sockets: each worker has one per listener.
@@ -282,21 +261,7 @@ impl WorkerState {
                     }
                     kept.backlog = l.backlog;
                 }
-                *kept.route.upstream.borrow_mut() = upstream;
-                *kept.route.routes.borrow_mut() = routes;
-                *kept.route.conn_limit.borrow_mut() = conn_limit;
-                *kept.route.rules.borrow_mut() = rules.clone();
-                // New handshakes get the new certificates; open connections keep theirs.
-                *kept.route.tls.borrow_mut() = l.tls.clone();
-                kept.route.redirect_https.set(l.redirect_https);
-                kept.route.h2c.set(l.h2c);
-                kept.route.timed.set(timed(l, kept.route.stats.is_some()));
-                kept.route.spans.set(spans(l));
-                kept.route.server_timing.set(l.server_timing);
-                kept.route.paged.set(paged(l));
-                *kept.route.proxy_protocol.borrow_mut() = l.proxy_protocol.clone();
-                kept.route.client_cert.set(client_cert(l));
-                kept.route.compress.set(compressing(l));
+                kept.route.renew(settings(kept.route.stats.is_some()));
                 continue;
             }
             // Usually one socket per listener; after an upgrade from a process with more
@@ -329,24 +294,7 @@ impl WorkerState {
                     .registered
                     .listener(bound, l.address, self.worker, self.core)
             });
-            let route = Rc::new(Route {
-                upstream: RefCell::new(upstream),
-                rules: RefCell::new(rules.clone()),
-                tls: RefCell::new(l.tls.clone()),
-                redirect_https: Cell::new(l.redirect_https),
-                h2c: Cell::new(l.h2c),
-                timed: Cell::new(timed(l, stats.is_some())),
-                spans: Cell::new(spans(l)),
-                server_timing: Cell::new(l.server_timing),
-                routes: RefCell::new(routes),
-                stats,
-                paged: Cell::new(paged(l)),
-                conn_limit: RefCell::new(conn_limit),
-                proxy_protocol: RefCell::new(l.proxy_protocol.clone()),
-                local: bound,
-                client_cert: Cell::new(client_cert(l)),
-                compress: Cell::new(compressing(l)),
-            });
+            let route = Rc::new(Route::new(settings(stats.is_some()), stats, bound));
             let (removed, removed_rx) = watch::channel(false);
             let tasks = mine
                 .iter()
@@ -460,10 +408,4 @@ async fn accept_loop(
             ));
         }
     }
-}
-
-/// Whether a listener asks for client certificates (`client_ca`): its requests then carry
-/// the certificate's lines (`client_cert_headers`) and log fields.
-fn client_cert(l: &crate::config::Listener) -> bool {
-    l.tls.as_ref().is_some_and(|t| t.client_auth.is_some())
 }

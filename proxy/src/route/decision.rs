@@ -13,6 +13,7 @@ use crate::config::{
     ErrorPages, Http2, Limits, Page, PathMatch, RequestIds, RouteAction, Template, TemplatePart,
     Variable,
 };
+use crate::edge::conn_limit::ConnGate;
 use crate::edge::controls::Controls;
 use crate::http1::common::ERROR_PAGE_TYPE;
 use crate::http1::common::Reply;
@@ -75,6 +76,145 @@ pub(crate) struct Route {
     /// The listener or one of its routes compresses responses (`compress`): decided once per
     /// generation, so that the answers of a listener without are not looked at.
     pub compress: Cell<bool>,
+}
+
+/// A listener's settings in one worker for one generation: every field of its [`Route`] that a
+/// reload changes, decided once, when the generation starts (`process::worker`). A new
+/// listener's route is made of them ([`Route::new`]), a kept one's takes them ([`Route::renew`]):
+/// both name every field, so a field added here can't be left out of either.
+pub(crate) struct RouteSettings {
+    pub upstream: Rc<WorkerUpstream>,
+    pub rules: Rc<DownstreamRules>,
+    pub tls: Option<Arc<Terminator>>,
+    pub redirect_https: bool,
+    pub h2c: bool,
+    pub timed: bool,
+    pub spans: bool,
+    pub server_timing: bool,
+    pub routes: Rc<Routes>,
+    pub paged: bool,
+    pub conn_limit: Option<Rc<ConnGate>>,
+    pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
+    pub client_cert: bool,
+    pub compress: bool,
+}
+
+impl RouteSettings {
+    /// Listener `l`'s settings under `config`, with this worker's `upstreams` and the process's
+    /// edge `tables`. `counting`: the listener has `/metrics` counters (an admin listener).
+    pub fn of(
+        l: &crate::config::Listener,
+        config: &crate::config::Config,
+        upstreams: &[Rc<WorkerUpstream>],
+        rules: &Rc<DownstreamRules>,
+        tables: &crate::edge::tables::Tables,
+        counting: bool,
+    ) -> RouteSettings {
+        // Whether its answers carry their spans: the access log or `Server-Timing` reads them.
+        let spans = config.access_log.is_some()
+            || l.server_timing
+            || l.routes.iter().any(|r| r.server_timing == Some(true));
+        RouteSettings {
+            upstream: upstreams[l.upstream].clone(),
+            rules: rules.clone(),
+            tls: l.tls.clone(),
+            redirect_https: l.redirect_https,
+            h2c: l.h2c,
+            // Timed when something reads the times: the log, `Server-Timing` or `/metrics`.
+            timed: counting || spans,
+            spans,
+            server_timing: l.server_timing,
+            routes: Rc::new(Routes::new(l, upstreams, &config.rate_zones, tables)),
+            paged: l.error_pages.is_some() || l.routes.iter().any(|r| r.error_pages.is_some()),
+            conn_limit: l.conn_limit.map(|c| {
+                Rc::new(ConnGate {
+                    table: tables.conn(l.address, &c),
+                    max: c.max,
+                })
+            }),
+            proxy_protocol: l.proxy_protocol.clone(),
+            // It asks for client certificates (`client_ca`): its requests then carry the
+            // certificate's lines (`client_cert_headers`) and log fields.
+            client_cert: l.tls.as_ref().is_some_and(|t| t.client_auth.is_some()),
+            compress: l.compress.is_some()
+                || l.routes.iter().any(|r| matches!(r.compress, Some(Some(_)))),
+        }
+    }
+}
+
+impl Route {
+    /// A new listener's route, bound to `local`, with its `/metrics` counters when metrics are on.
+    pub fn new(s: RouteSettings, stats: Option<Arc<ListenerStats>>, local: SocketAddr) -> Route {
+        let RouteSettings {
+            upstream,
+            rules,
+            tls,
+            redirect_https,
+            h2c,
+            timed,
+            spans,
+            server_timing,
+            routes,
+            paged,
+            conn_limit,
+            proxy_protocol,
+            client_cert,
+            compress,
+        } = s;
+        Route {
+            upstream: RefCell::new(upstream),
+            rules: RefCell::new(rules),
+            stats,
+            tls: RefCell::new(tls),
+            redirect_https: Cell::new(redirect_https),
+            h2c: Cell::new(h2c),
+            timed: Cell::new(timed),
+            spans: Cell::new(spans),
+            server_timing: Cell::new(server_timing),
+            routes: RefCell::new(routes),
+            paged: Cell::new(paged),
+            conn_limit: RefCell::new(conn_limit),
+            proxy_protocol: RefCell::new(proxy_protocol),
+            local,
+            client_cert: Cell::new(client_cert),
+            compress: Cell::new(compress),
+        }
+    }
+
+    /// A kept listener's route takes a new generation's settings. Open connections read them
+    /// at their next request; new handshakes get the new certificates.
+    pub fn renew(&self, s: RouteSettings) {
+        let RouteSettings {
+            upstream,
+            rules,
+            tls,
+            redirect_https,
+            h2c,
+            timed,
+            spans,
+            server_timing,
+            routes,
+            paged,
+            conn_limit,
+            proxy_protocol,
+            client_cert,
+            compress,
+        } = s;
+        *self.upstream.borrow_mut() = upstream;
+        *self.rules.borrow_mut() = rules;
+        *self.tls.borrow_mut() = tls;
+        self.redirect_https.set(redirect_https);
+        self.h2c.set(h2c);
+        self.timed.set(timed);
+        self.spans.set(spans);
+        self.server_timing.set(server_timing);
+        *self.routes.borrow_mut() = routes;
+        self.paged.set(paged);
+        *self.conn_limit.borrow_mut() = conn_limit;
+        *self.proxy_protocol.borrow_mut() = proxy_protocol;
+        self.client_cert.set(client_cert);
+        self.compress.set(compress);
+    }
 }
 
 /// A listener's routes in one worker: the compiled table and each route's upstream.
