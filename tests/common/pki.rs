@@ -18,6 +18,9 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     return Arc::new(rustls::crypto::ring::default_provider());
 }
 
+/// `[listener.tls]`'s `client_cert_headers`, each field under its `X-Client-*` name.
+pub const CLIENT_CERT_HEADERS: &str = "client_cert_headers = { subject = \"X-Client-Subject\", san = \"X-Client-SAN\", verify = \"X-Client-Verify\", serial = \"X-Client-Serial\" }\n";
+
 /// A CA, and files of server certificates it signed, in a directory of their own.
 pub struct Pki {
     pub dir: PathBuf,
