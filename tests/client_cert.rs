@@ -44,8 +44,6 @@ impl Pkis {
     }
 }
 
-const HEADERS: &str = "client_cert_headers = { subject = \"X-Client-Subject\", san = \"X-Client-SAN\", verify = \"X-Client-Verify\", serial = \"X-Client-Serial\" }\n";
-
 fn with_admin(setup: &mut Setup) {
     setup.extra += "[admin]\naddress = \"127.0.0.1:0\"\n";
 }
@@ -171,13 +169,6 @@ async fn metrics_once(proxy: &Proxy, counted: impl Fn(&Metrics) -> bool) -> Metr
     m
 }
 
-/// The one value of `name` the backend got, or `None`; panics on two.
-fn one(r: &Recorded, name: &str) -> Option<String> {
-    let all: Vec<_> = r.headers.get_all(name).iter().collect();
-    assert!(all.len() <= 1, "{name} twice: {:?}", r.headers);
-    all.first().map(|v| v.to_str().unwrap().to_string())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_verified_certificate_reaches_the_backend_as_headers_over_http1_and_http2_and_forged_ones_are_stripped()
  {
@@ -193,7 +184,7 @@ async fn a_verified_certificate_reaches_the_backend_as_headers_over_http1_and_ht
         "[log]\naccess = \"{}\"\nformat = \"{{ssl_client_verify}} {{ssl_client_serial}} {{ssl_client_s_dn}}\"\n",
         log.display()
     );
-    let proxy = Proxy::start_toml(&s.toml(&setup, HEADERS));
+    let proxy = Proxy::start_toml(&s.toml(&setup, CLIENT_CERT_HEADERS));
     let port = proxy.addr.port();
     for http in ["--http1.1", "--http2"] {
         let mut args = cert_args(&alice);
@@ -211,16 +202,16 @@ async fn a_verified_certificate_reaches_the_backend_as_headers_over_http1_and_ht
         assert_eq!(status, "200", "{http}: {err}");
         let seen = a.requests().pop().unwrap();
         assert_eq!(
-            one(&seen, "x-client-subject").as_deref(),
+            seen.one("x-client-subject").as_deref(),
             Some("CN=alice,O=Example\\, Inc"),
             "{http}"
         );
         assert_eq!(
-            one(&seen, "x-client-san").as_deref(),
+            seen.one("x-client-san").as_deref(),
             Some("DNS:alice.clients.test, email:alice@example.test")
         );
-        assert_eq!(one(&seen, "x-client-verify").as_deref(), Some("SUCCESS"));
-        assert_eq!(one(&seen, "x-client-serial").as_deref(), Some("9A10"));
+        assert_eq!(seen.one("x-client-verify").as_deref(), Some("SUCCESS"));
+        assert_eq!(seen.one("x-client-serial").as_deref(), Some("9A10"));
     }
     proxy.join(WAIT).await.unwrap();
     let text = std::fs::read_to_string(&log).unwrap();
@@ -249,7 +240,8 @@ async fn required_refuses_a_missing_expired_foreign_or_revoked_certificate_with_
     let a = Backend::start("a").await;
     let mut setup = Setup::with(&[a.addr]);
     with_admin(&mut setup);
-    let proxy = Proxy::start_toml(&s.toml(&setup, &format!("crl = {crl:?}\n{HEADERS}")));
+    let proxy =
+        Proxy::start_toml(&s.toml(&setup, &format!("crl = {crl:?}\n{CLIENT_CERT_HEADERS}")));
     let port = proxy.addr.port();
 
     let (status, err) = curl(&s, port, "/", cert_args(&good)).await;
@@ -300,7 +292,7 @@ async fn optional_serves_a_client_without_a_certificate_as_verify_none_and_still
     let a = Backend::start("a").await;
     let proxy = Proxy::start_toml(&s.toml(
         &Setup::with(&[a.addr]),
-        &format!("client_auth = \"optional\"\n{HEADERS}"),
+        &format!("client_auth = \"optional\"\n{CLIENT_CERT_HEADERS}"),
     ));
     let port = proxy.addr.port();
     let forged = [
@@ -313,19 +305,19 @@ async fn optional_serves_a_client_without_a_certificate_as_verify_none_and_still
     let (status, err) = curl(&s, port, "/anon", forged.to_vec()).await;
     assert_eq!(status, "200", "{err}");
     let seen = a.requests().pop().unwrap();
-    assert_eq!(one(&seen, "x-client-verify").as_deref(), Some("NONE"));
-    assert_eq!(one(&seen, "x-client-subject"), None);
-    assert_eq!(one(&seen, "x-client-serial"), None);
-    assert_eq!(one(&seen, "x-client-san"), None);
+    assert_eq!(seen.one("x-client-verify").as_deref(), Some("NONE"));
+    assert_eq!(seen.one("x-client-subject"), None);
+    assert_eq!(seen.one("x-client-serial"), None);
+    assert_eq!(seen.one("x-client-san"), None);
 
     let (status, err) = curl(&s, port, "/bob", cert_args(&bob)).await;
     assert_eq!(status, "200", "{err}");
     let seen = a.requests().pop().unwrap();
     assert_eq!(
-        one(&seen, "x-client-subject").as_deref(),
+        seen.one("x-client-subject").as_deref(),
         Some("CN=bob,O=Example\\, Inc")
     );
-    assert_eq!(one(&seen, "x-client-verify").as_deref(), Some("SUCCESS"));
+    assert_eq!(seen.one("x-client-verify").as_deref(), Some("SUCCESS"));
 
     // A certificate that does not verify is refused even so (rustls's choice, see the docs).
     let out = s_client(&s, port, Some(&foreign), "-tls1_2").await;
@@ -377,7 +369,10 @@ fn client_certificate_config_errors_name_the_key_and_the_place() {
     let s = Pkis::new();
     let setup = Setup::with(&["127.0.0.1:1".parse().unwrap()]);
     let parse = |toml: &str| pinlb::Config::parse("test.toml", toml, &allowed());
-    let ok = s.toml(&setup, &format!("client_auth = \"optional\"\n{HEADERS}"));
+    let ok = s.toml(
+        &setup,
+        &format!("client_auth = \"optional\"\n{CLIENT_CERT_HEADERS}"),
+    );
     assert!(parse(&ok).is_ok(), "{:?}", parse(&ok).err());
 
     let garbage = s.clients.dir.join("garbage.pem");
@@ -453,7 +448,7 @@ async fn a_resumed_session_keeps_its_verified_certificate() {
     let a = Backend::start("a").await;
     let mut setup = Setup::with(&[a.addr]);
     setup.cpus = allowed().into_iter().take(2).collect();
-    let proxy = Proxy::start_toml(&s.toml(&setup, HEADERS));
+    let proxy = Proxy::start_toml(&s.toml(&setup, CLIENT_CERT_HEADERS));
     for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
         let mut roots = rustls::RootCertStore::empty();
         roots
@@ -490,12 +485,12 @@ async fn a_resumed_session_keeps_its_verified_certificate() {
             assert_eq!(r.status, 200, "{version:?} {i}");
             let seen = a.requests().pop().unwrap();
             assert_eq!(
-                one(&seen, "x-client-subject").as_deref(),
+                seen.one("x-client-subject").as_deref(),
                 Some("CN=dave,O=Example\\, Inc"),
                 "{version:?} {i} ({:?})",
                 kinds.last()
             );
-            assert_eq!(one(&seen, "x-client-verify").as_deref(), Some("SUCCESS"));
+            assert_eq!(seen.one("x-client-verify").as_deref(), Some("SUCCESS"));
         }
         assert!(
             kinds[1..]

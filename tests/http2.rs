@@ -19,7 +19,6 @@ use common::*;
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -35,60 +34,10 @@ fn h2c(mut setup: Setup) -> Setup {
 /// `setup` with a TLS listener for `cert` (and `listener_keys` before its table), and the admin
 /// listener.
 fn tls(mut setup: Setup, cert: &Cert, listener_keys: &str) -> Setup {
-    setup.listener_keys += &format!(
-        "{listener_keys}[listener.tls]\ncert = {:?}\nkey = {:?}\n",
-        cert.cert, cert.key
-    );
+    setup.listener_keys += listener_keys;
+    setup.tls = Some(format!("cert = {:?}\nkey = {:?}\n", cert.cert, cert.key));
     setup.extra += "[admin]\naddress = \"127.0.0.1:0\"\n";
     setup
-}
-
-/// `setup` with an access log in nginx's combined format, and the log's path.
-fn with_combined_log(mut setup: Setup) -> (Setup, PathBuf) {
-    let path = temp_config("");
-    setup.extra += &format!(
-        "[log]\naccess = \"{}\"\nformat = \"combined\"\n",
-        path.display()
-    );
-    (setup, path)
-}
-
-/// A hyper HTTP/2 client connection with prior knowledge (h2c).
-async fn h2_client(addr: SocketAddr) -> SendRequest<ClientBody> {
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    tcp.set_nodelay(true).unwrap();
-    h2_handshake(tcp).await
-}
-
-/// A hyper HTTP/2 client connection over TLS, `a.test` verified against `pki`'s CA, that
-/// offers only ALPN h2 (and checks that it got it).
-async fn h2_tls_client(addr: SocketAddr, pki: &Pki) -> SendRequest<ClientBody> {
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    tcp.set_nodelay(true).unwrap();
-    let mut config = (*pki.client(&[&rustls::version::TLS13])).clone();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let name = rustls::pki_types::ServerName::try_from("a.test").unwrap();
-    let tls = tokio::time::timeout(
-        WAIT,
-        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp),
-    )
-    .await
-    .expect("a handshake in time")
-    .expect("handshake");
-    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-    h2_handshake(tls).await
-}
-
-async fn h2_handshake<S>(io: S) -> SendRequest<ClientBody>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
-            .await
-            .expect("HTTP/2 handshake");
-    tokio::spawn(conn);
-    send
 }
 
 fn req(method: Method, path: &str, body: ClientBody) -> Request<ClientBody> {
@@ -804,10 +753,8 @@ async fn the_access_log_has_a_line_per_stream_with_protocol_http_2() {
         assert_eq!(r.status, 200);
     }
     drop(send);
-    proxy.join(WAIT).await.unwrap();
-    let text = std::fs::read_to_string(&path).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 3, "{text}");
+    let lines = lines_after(proxy, &path).await;
+    assert_eq!(lines.len(), 3, "{lines:?}");
     for (i, line) in lines.iter().enumerate() {
         assert!(
             line.contains(&format!("\"GET /item/{i} HTTP/2.0\" 200 13 ")),
@@ -815,7 +762,6 @@ async fn the_access_log_has_a_line_per_stream_with_protocol_http_2() {
         );
         assert!(line.contains(&a.addr.to_string()), "{line}");
     }
-    let _ = std::fs::remove_file(&path);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -839,15 +785,12 @@ async fn a_redirect_https_answer_is_logged_with_its_301_over_http_1_1_and_h2c() 
     let r = fetch(&mut send, req(Method::GET, "/two", empty())).await;
     assert_eq!(r.status, 301);
     drop(send);
-    proxy.join(WAIT).await.unwrap();
-    let text = std::fs::read_to_string(&path).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 2, "{text}");
+    let lines = lines_after(proxy, &path).await;
+    assert_eq!(lines.len(), 2, "{lines:?}");
     for (line, request) in lines.iter().zip(["GET /one HTTP/1.1", "GET /two HTTP/2.0"]) {
         assert!(line.contains(&format!("\"{request}\" 301 ")), "{line}");
     }
     assert_eq!(a.hits(), 0);
-    let _ = std::fs::remove_file(&path);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

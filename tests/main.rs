@@ -32,6 +32,7 @@ mod layout;
 mod limits;
 mod overload;
 mod prop;
+mod protocols;
 mod proxy;
 mod proxy_protocol;
 mod rate_limit;

@@ -9,24 +9,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use http::{Method, StatusCode};
 
-/// A log file in a fresh temporary path, and the `[log]` table writing `format` to it.
-fn log_table(format: &str) -> (std::path::PathBuf, String) {
-    let path = temp_config("");
-    let table = format!(
-        "[log]\naccess = \"{}\"\nformat = '{format}'\n",
-        path.display()
-    );
-    (path, table)
-}
-
-/// The log's lines once the proxy has stopped (its log thread writes everything queued).
-async fn lines_after(proxy: Proxy, path: &std::path::Path) -> Vec<String> {
-    proxy.join(WAIT).await.unwrap();
-    let text = std::fs::read_to_string(path).unwrap();
-    let _ = std::fs::remove_file(path);
-    text.lines().map(str::to_string).collect()
-}
-
 /// `Server-Timing`'s `name;dur=` value, in ms.
 fn server_timing(reply: &Reply, name: &str) -> f64 {
     let v = reply

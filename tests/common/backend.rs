@@ -55,6 +55,15 @@ pub struct Recorded {
     pub body_start: Vec<u8>,
 }
 
+impl Recorded {
+    /// The one value of the header `name` the backend got, or `None`; fails the test on two.
+    pub fn one(&self, name: &str) -> Option<String> {
+        let all: Vec<_> = self.headers.get_all(name).iter().collect();
+        assert!(all.len() <= 1, "{name} twice: {:?}", self.headers);
+        all.first().map(|v| v.to_str().unwrap().to_string())
+    }
+}
+
 struct BackendState {
     id: String,
     delay: Duration,

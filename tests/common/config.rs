@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::{Pki, Proto, TLS_NAME};
+
 /// The cores this test process may run on.
 pub fn allowed() -> Vec<usize> {
     pinlb::sys::cpus::allowed_cpus().expect("read this process's allowed cores")
@@ -38,6 +40,9 @@ pub struct Setup {
     pub extra: String,
     /// More keys of the `[[listener]]` table, e.g. `h2c = true`, one per line.
     pub listener_keys: String,
+    /// The keys of the listener's `[listener.tls]`, one per line (the table is written after
+    /// `listener_keys`, so that a key added there stays the listener's); none: plain.
+    pub tls: Option<String>,
     /// More keys of the `[upstream.app]` table itself, e.g. `max_conns = 1`, one per line.
     pub upstream_keys: String,
     /// More keys for each backend's inline table, by position in `backends`, e.g.
@@ -63,6 +68,7 @@ impl Setup {
             shutdown_timeout: "3s",
             extra: String::new(),
             listener_keys: String::new(),
+            tls: None,
             upstream_keys: String::new(),
             backend_keys: Vec::new(),
         }
@@ -71,6 +77,22 @@ impl Setup {
     /// Equal weights.
     pub fn with(backends: &[SocketAddr]) -> Setup {
         Setup::new(&backends.iter().map(|&a| (a, 1)).collect::<Vec<_>>())
+    }
+
+    /// A listener for `proto` to `backends` (equal weights): `h2c = true` for
+    /// [`Proto::H2c`], a `[listener.tls]` with a certificate of `pki` for [`TLS_NAME`] for
+    /// [`Proto::Http11Tls`] and [`Proto::H2Tls`], plain HTTP/1.1 for [`Proto::Http11`].
+    pub fn for_proto(proto: Proto, backends: &[SocketAddr], pki: &Pki) -> Setup {
+        let mut setup = Setup::with(backends);
+        match proto {
+            Proto::Http11 => {}
+            Proto::H2c => setup.listener_keys += "h2c = true\n",
+            Proto::Http11Tls | Proto::H2Tls => {
+                let cert = pki.issue("listener", &[TLS_NAME], false);
+                setup.tls = Some(format!("cert = {:?}\nkey = {:?}\n", cert.cert, cert.key));
+            }
+        }
+        setup
     }
 
     pub fn toml(&self) -> String {
@@ -99,7 +121,7 @@ shutdown_timeout = "{shutdown}"
 [[listener]]
 address = "127.0.0.1:0"
 upstream = "app"
-{listener_keys}
+{listener_keys}{tls}
 [upstream.app]
 algorithm = "{algorithm}"
 keepalive = {keepalive}
@@ -133,6 +155,10 @@ response = "{response}"
                 .map_or(String::new(), |t| format!("queue = \"{t}\"\n")),
             extra = self.extra,
             listener_keys = self.listener_keys,
+            tls = self
+                .tls
+                .as_ref()
+                .map_or(String::new(), |t| format!("[listener.tls]\n{t}")),
             upstream_keys = self.upstream_keys,
         )
     }

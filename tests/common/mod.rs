@@ -12,7 +12,9 @@
 //! - [`process`]: pinlb as the binary ([`BinProxy`]), and the threads of a process ([`threads`]);
 //! - [`backend`]: hyper test backends ([`Backend`]) and a refusing port ([`Refusing`]);
 //! - [`raw_backend`]: backends that speak HTTP by hand ([`RawServer`], [`raw_backend`]);
-//! - [`client`]: the shared HTTP client ([`Conn`], [`get`]);
+//! - [`client`]: the shared HTTP client ([`Conn`], [`get`]), and the same over HTTP/1.1, h2c
+//!   and HTTP/2 over TLS ([`Client`], [`Proto`], [`each_proto!`]);
+//! - [`log`]: access-log files and their lines ([`with_log`], [`lines_after`], [`LogLine`]);
 //! - [`raw_client`]: the shared raw client, byte by byte ([`RawConn`], [`raw_request`],
 //!   [`read_response`]);
 //! - [`body`]: request and response bodies ([`GenBody`], [`count_body`]);
@@ -32,6 +34,7 @@ pub mod config;
 pub mod dns;
 pub mod framing;
 pub mod h2frames;
+pub mod log;
 pub mod pki;
 pub mod process;
 pub mod proxy;
@@ -42,6 +45,6 @@ pub mod wait;
 // Flat re-exports, so a test says `use common::*;`. Each test file uses only some of them.
 #[allow(unused_imports)]
 pub use {
-    backend::*, body::*, client::*, config::*, pki::*, process::*, proxy::*, raw_backend::*,
-    raw_client::*, wait::*,
+    backend::*, body::*, client::*, config::*, log::*, pki::*, process::*, proxy::*,
+    raw_backend::*, raw_client::*, wait::*,
 };

@@ -18,6 +18,9 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     return Arc::new(rustls::crypto::ring::default_provider());
 }
 
+/// `[listener.tls]`'s `client_cert_headers`, each field under its `X-Client-*` name.
+pub const CLIENT_CERT_HEADERS: &str = "client_cert_headers = { subject = \"X-Client-Subject\", san = \"X-Client-SAN\", verify = \"X-Client-Verify\", serial = \"X-Client-Serial\" }\n";
+
 /// A CA, and files of server certificates it signed, in a directory of their own.
 pub struct Pki {
     pub dir: PathBuf,
@@ -156,18 +159,48 @@ impl Pki {
         self.dir.join("ca.pem")
     }
 
-    /// A client that trusts this CA, speaks `versions`, and offers ALPN http/1.1.
-    pub fn client(&self, versions: &[&'static SupportedProtocolVersion]) -> Arc<ClientConfig> {
+    /// This CA alone, as a client's roots.
+    fn roots(&self) -> rustls::RootCertStore {
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(CertificateDer::from(self.ca.der().to_vec()))
             .unwrap();
+        roots
+    }
+
+    /// A client that trusts this CA, speaks `versions`, and offers ALPN http/1.1.
+    pub fn client(&self, versions: &[&'static SupportedProtocolVersion]) -> Arc<ClientConfig> {
         let mut config = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(versions)
             .unwrap()
-            .with_root_certificates(roots)
+            .with_root_certificates(self.roots())
             .with_no_client_auth();
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Arc::new(config)
+    }
+
+    /// A client that trusts this CA, speaks TLS 1.2 and 1.3, offers only the ALPN protocol
+    /// `alpn`, and shows `cert` (a certificate of [`Pki::issue_client`]) when the server asks.
+    pub fn client_config(&self, alpn: &[u8], cert: Option<&Cert>) -> Arc<ClientConfig> {
+        let builder = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(self.roots());
+        let mut config = match cert {
+            None => builder.with_no_client_auth(),
+            Some(c) => {
+                let chain = CertificateDer::pem_file_iter(&c.cert)
+                    .expect("read the client certificate")
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("a certificate in PEM");
+                let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&c.key)
+                    .expect("read the client key");
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .expect("a client certificate and its key")
+            }
+        };
+        config.alpn_protocols = vec![alpn.to_vec()];
         Arc::new(config)
     }
 }
