@@ -28,6 +28,7 @@
 //! - [`http1`]: the HTTP/1.1 codec on httparse: framing, request heads, the backend side.
 //! - [`fastcgi`]: the FastCGI codec: records, the request's CGI params, the CGI response head.
 //! - [`proxy_protocol`]: the PROXY protocol's header (v1, v2): framed, parsed and built.
+//! - [`syntax`]: the configuration file's errors (`file:line:col`) and shared value types.
 //! - [`config`]: the TOML file validated into a [`Config`]; errors carry `file:line:col`.
 //! - [`upstream`]: backend state, selection, health, probes, counters, discovery, pools.
 //! - [`proxy`]: the retry loop, forwarding, both bodies, local replies, the access log.
@@ -64,6 +65,7 @@ pub(crate) mod proxy;
 pub mod proxy_protocol;
 pub(crate) mod route;
 pub mod server;
+pub mod syntax;
 pub mod sys;
 pub mod tls;
 pub mod upstream;

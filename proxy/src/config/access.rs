@@ -16,8 +16,8 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use toml::Spanned;
 
-use super::error::{ConfigError, Source};
 use super::htpasswd::{self, HtpasswdUser};
+use crate::syntax::error::{ConfigError, Source};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 

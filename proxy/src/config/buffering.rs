@@ -9,8 +9,8 @@ use std::sync::Arc;
 use toml::Spanned;
 
 use super::Protocol;
-use super::error::{ConfigError, Source};
 use super::raw::{RawBuffering, RawUpstream};
+use crate::syntax::error::{ConfigError, Source};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 

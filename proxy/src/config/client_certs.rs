@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use toml::Spanned;
 
-use super::error::{ConfigError, Source};
 use super::raw::{RawCertHeaders, RawTls};
+use crate::syntax::error::{ConfigError, Source};
 use crate::tls::client_auth::{CertHeaders, ClientAuth, ClientAuthFiles};
 
 type Result<T> = std::result::Result<T, ConfigError>;

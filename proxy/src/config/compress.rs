@@ -27,7 +27,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use toml::Spanned;
 
-use super::error::{ConfigError, Source};
+use crate::syntax::error::{ConfigError, Source};
 
 /// A content coding pinlb can apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

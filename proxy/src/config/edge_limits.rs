@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 
 use toml::Spanned;
 
-use super::error::{ConfigError, ConfigErrors, Source};
 use super::raw::{RawConnLimit, RawListener, RawRateLimit, RawRateZone};
 use super::{HashKey, Listener};
+use crate::syntax::error::{ConfigError, ConfigErrors, Source};
 
 /// `[limit.NAME]`'s `keys` when left out: what nginx's `10m` zone holds, about.
 pub const DEFAULT_KEYS: usize = 100_000;

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::error::{ConfigError, Source};
+use crate::syntax::error::{ConfigError, Source};
 
 /// The largest page file pinlb reads (1 MiB): a page is held in memory for the generation's
 /// life and written whole in one answer; HAProxy's `errorfile` must fit its buffer (16 kB).

@@ -6,9 +6,9 @@
 use toml::Spanned;
 
 use super::Protocol;
-use super::error::{ConfigError, Source};
 use super::pattern::{Pattern, compile};
 use super::raw::{RawFastcgi, RawUpstream};
+use crate::syntax::error::{ConfigError, Source};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 

@@ -13,7 +13,6 @@
 //! Every error is a [`ConfigError`] that reads `file:line:col: key: what was expected`; a file's
 //! errors are reported all at once, in file order, as [`ConfigErrors`].
 //!
-//! - [`error`]: the error and where in the file it points.
 //! - [`error_pages`]: `error_page` and `intercept_errors`: pinlb's own error answers' pages,
 //!   read from their files.
 //! - [`compress`]: `compress`, a listener's or a route's response compression.
@@ -38,7 +37,6 @@ mod buffering;
 mod client_certs;
 mod compress;
 mod edge_limits;
-mod error;
 mod error_pages;
 mod fastcgi;
 pub(crate) mod htpasswd;
@@ -60,12 +58,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::syntax::error::Source;
+pub use crate::syntax::error::{ConfigError, ConfigErrors};
 pub use access::{Access, AccessRule, AuthBasic, BasicAuth, Satisfy, access_rule};
 pub use buffering::Buffering;
 pub use compress::{Coding, Compress};
 pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
-use error::Source;
-pub use error::{ConfigError, ConfigErrors};
 pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
 pub use fastcgi::Fastcgi;
 pub use htpasswd::{HtpasswdUser, PasswordHash};

@@ -4,7 +4,7 @@
 
 use toml::Spanned;
 
-use super::error::{ConfigError, Source};
+use crate::syntax::error::{ConfigError, Source};
 
 /// A compiled regular expression, compared by its pattern (two with the same pattern match the
 /// same bytes).

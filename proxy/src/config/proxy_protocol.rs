@@ -3,9 +3,9 @@
 
 use toml::Spanned;
 
-use super::error::{ConfigError, Source};
 use super::raw::{RawListener, RawUpstream};
 use super::{Protocol, ProxyVersion};
+use crate::syntax::error::{ConfigError, Source};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 

@@ -15,10 +15,11 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use toml::Spanned;
 
-use super::error::{ConfigError, ConfigErrors, Source};
 use super::error_pages::RawErrorPage;
 use super::keys;
 use super::{Algorithm, Protocol, StatusSet};
+use crate::syntax::error::{ConfigError, ConfigErrors, Source};
+pub(super) use crate::syntax::values::{Dur, Size};
 use crate::sys::cpus::parse_cpu_list;
 
 /// The whole file.
@@ -732,43 +733,6 @@ impl<'de> Deserialize<'de> for Protocol {
     }
 }
 
-/// A duration written as a string with a unit: "250ms", "2s", "1m".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Dur(pub(super) Duration);
-
-impl Dur {
-    /// The longest duration any key accepts.
-    const MAX: Duration = Duration::from_secs(365 * 86_400);
-}
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Dur;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a duration string with a unit, such as \"250ms\", \"2s\" or \"1m\"")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Dur, E> {
-                let d = humantime::parse_duration(s).map_err(|_| {
-                    E::custom(format!(
-                        "invalid duration \"{s}\", expected a number with a unit, such as \"250ms\", \"2s\" or \"1m\""
-                    ))
-                })?;
-                // No timeout needs more, and a deadline of now plus any such duration cannot
-                // overflow a clock: the request path adds them without checking.
-                if d > Dur::MAX {
-                    return Err(E::custom(format!(
-                        "duration \"{s}\" is too long, expected at most 365 days"
-                    )));
-                }
-                Ok(Dur(d))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
 /// A list of cores: `[0, 2]`, `"2-5"`, `"0,2-3"` or `[0, "2-5"]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct CpuList(pub(super) Vec<usize>);
@@ -849,37 +813,6 @@ impl<'de> Deserialize<'de> for StatusSet {
                     out.extend(part);
                 }
                 Ok(StatusSet(out))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// A size in bytes: `4096`, `"64KiB"`, `"1MiB"`, `"0"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Size(pub(super) u64);
-
-impl<'de> Deserialize<'de> for Size {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        const EXPECTED: &str = "a size such as 4096, \"64KiB\" or \"1MiB\"";
-        impl Visitor<'_> for V {
-            type Value = Size;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str(EXPECTED)
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Size, E> {
-                Ok(Size(v))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Size, E> {
-                u64::try_from(v)
-                    .map(Size)
-                    .map_err(|_| E::custom(format!("invalid size {v}, expected {EXPECTED}")))
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Size, E> {
-                s.parse::<bytesize::ByteSize>()
-                    .map(|b| Size(b.as_u64()))
-                    .map_err(|_| E::custom(format!("invalid size \"{s}\", expected {EXPECTED}")))
             }
         }
         d.deserialize_any(V)

@@ -5,13 +5,13 @@ use std::ops::Range;
 
 use toml::Spanned;
 
-use super::error::Source;
 use super::raw::positive;
 use super::raw::{OneOrMany, RawHeaderRules, RawRoute};
 use super::{
     ConfigError, HeaderRules, HostPattern, PathMatch, RouteAction, RouteRule, RouteTimeouts,
     Template,
 };
+use crate::syntax::error::Source;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 

@@ -1,8 +1,8 @@
 //! `[upstream.NAME] sticky`: sticky sessions by a cookie pinlb inserts (HAProxy's `cookie NAME
 //! insert indirect nocache`, nginx Plus's `sticky cookie`), its name and attributes checked.
 
-use super::error::{ConfigError, Source};
 use super::raw::{RawSticky, RawUpstream};
+use crate::syntax::error::{ConfigError, Source};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 

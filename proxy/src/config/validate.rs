@@ -10,7 +10,6 @@ use std::time::Duration;
 use rustls::pki_types::ServerName;
 use toml::Spanned;
 
-use super::error::{ConfigError, ConfigErrors, Source};
 use super::raw::{
     RawAdmin, RawBackend, RawForwarded, RawHealth, RawHttp2, RawLimits, RawListener, RawLog,
     RawPassive, RawRequestId, RawResolve, RawResolver, RawRetry, RawRuntime, RawSpawn, RawTimeouts,
@@ -23,6 +22,7 @@ use super::{
 };
 use crate::backend_address::BackendAddress;
 use crate::http1::request::RequestLimits;
+use crate::syntax::error::{ConfigError, ConfigErrors, Source};
 use crate::sys::cpus::format_cpu_list;
 use crate::tls::client::{BackendTls, Trust, TrustError};
 use crate::tls::server::{CertFiles, Terminator};

@@ -104,7 +104,7 @@ impl From<ConfigError> for ConfigErrors {
 /// The text being validated and the name it came under: every validation step holds one, so
 /// that an error can name its place without carrying the text around.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Source<'a> {
+pub(crate) struct Source<'a> {
     pub file: &'a str,
     pub text: &'a str,
 }

@@ -1,0 +1,9 @@
+//! What the configuration file is made of, below the tables that use it: the errors that point
+//! into the file, and the value types several tables share. `config` and the feature modules
+//! (`modules`) both build on it, so neither needs the other's internals for these.
+//!
+//! - [`error`]: a configuration error and where in the file it points; every error at once.
+//! - [`values`]: durations and sizes as the file writes them.
+
+pub mod error;
+pub(crate) mod values;
