@@ -29,6 +29,8 @@
 //! - [`fastcgi`]: the FastCGI codec: records, the request's CGI params, the CGI response head.
 //! - [`proxy_protocol`]: the PROXY protocol's header (v1, v2): framed, parsed and built.
 //! - [`syntax`]: the configuration file's errors (`file:line:col`) and shared value types.
+//! - [`modules`]: features as modules: each one's keys, configuration and body filter, and the
+//!   registry.
 //! - [`config`]: the TOML file validated into a [`Config`]; errors carry `file:line:col`.
 //! - [`upstream`]: backend state, selection, health, probes, counters, discovery, pools.
 //! - [`proxy`]: the retry loop, forwarding, both bodies, local replies, the access log.
@@ -60,6 +62,7 @@ pub(crate) mod downstream;
 pub(crate) mod edge;
 pub mod fastcgi;
 pub mod http1;
+pub mod modules;
 pub mod process;
 pub(crate) mod proxy;
 pub mod proxy_protocol;

@@ -253,7 +253,7 @@ pub fn describe(config: &Config) -> String {
         }
         for (i, r) in l.routes.iter().enumerate() {
             let _ = writeln!(s, "  route[{i}] {}", describe_route(r, &config.upstreams));
-            for line in super::features::route(r, config) {
+            for line in super::features::route(r, l, config) {
                 let _ = writeln!(s, "    {line}");
             }
         }

@@ -48,12 +48,13 @@ pub fn listener(l: &Listener, config: &Config) -> Vec<String> {
     if l.server_timing {
         out.push("server_timing on".into());
     }
+    out.extend(l.modules.describe());
     out
 }
 
 /// A route's lines, without their indent: what it sets of its own, each replacing its
 /// listener's, and the timeouts its requests get from the upstream it proxies to.
-pub fn route(r: &RouteRule, config: &Config) -> Vec<String> {
+pub fn route(r: &RouteRule, l: &Listener, config: &Config) -> Vec<String> {
     let mut out = Vec::new();
     if !r.access.is_empty() {
         out.push(format!("its own {}", r.access));
@@ -90,6 +91,14 @@ pub fn route(r: &RouteRule, config: &Config) -> Vec<String> {
     }
     if let Some(p) = &r.error_pages {
         out.push(format!("error pages: {}", pages(p)));
+    }
+    // The feature modules, where the route's are not its listener's.
+    if r.modules != l.modules {
+        let own = r.modules.describe();
+        if own.is_empty() {
+            out.push("modules: none (its listener's turned off)".into());
+        }
+        out.extend(own);
     }
     out
 }
@@ -312,7 +321,7 @@ temp_dir = "{dir}"
             ]
         );
         assert_eq!(
-            route(&l.routes[0], &c),
+            route(&l.routes[0], l, &c),
             [
                 "rate limit: none (its listener's lifted)",
                 "compress: off",
@@ -324,7 +333,7 @@ temp_dir = "{dir}"
             ]
         );
         // Nothing of its own: its listener's apply, shown there.
-        assert!(route(&l.routes[1], &c).is_empty());
+        assert!(route(&l.routes[1], l, &c).is_empty());
         assert_eq!(
             upstream(0, &c.upstreams[0], &c),
             [

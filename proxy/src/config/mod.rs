@@ -19,7 +19,6 @@
 //! - [`htpasswd`]: an htpasswd file's users and their password hashes.
 //! - [`access`]: `access`, `auth_basic` and `satisfy`, a listener's or a route's.
 //! - [`log_format`]: `[log] format`'s template of named fields.
-//! - [`keys`]: every table's keys, read from the serde types that read the file.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
 //! - [`edge_limits`]: `[limit.NAME]` rate zones, `rate_limit` and `conn_limit`.
 //! - [`client_certs`]: `[listener.tls]`'s client certificate keys, their CA and CRL files read.
@@ -40,7 +39,6 @@ mod edge_limits;
 mod error_pages;
 mod fastcgi;
 pub(crate) mod htpasswd;
-mod keys;
 pub mod log_format;
 mod pattern;
 mod proxy_protocol;
@@ -466,6 +464,8 @@ pub struct Listener {
     pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
     /// `compress`: how its responses are compressed; `None`: they are not.
     pub compress: Option<Arc<Compress>>,
+    /// The feature modules that are on for its requests (`modules`).
+    pub modules: crate::modules::Configs,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.
@@ -497,6 +497,8 @@ pub struct RouteRule {
     pub rate_limits: Option<Vec<RateLimit>>,
     /// `compress`: this route's own (`Some(None)`: off); `None` takes the listener's.
     pub compress: Option<Option<Arc<Compress>>>,
+    /// The feature modules that are on for its requests: its own keys over the listener's.
+    pub modules: crate::modules::Configs,
 }
 
 /// A route's own timeouts; each `None` keeps the upstream's.

@@ -16,9 +16,10 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use toml::Spanned;
 
 use super::error_pages::RawErrorPage;
-use super::keys;
 use super::{Algorithm, Protocol, StatusSet};
+use crate::modules::{self, RawModules, Taken};
 use crate::syntax::error::{ConfigError, ConfigErrors, Source};
+use crate::syntax::keys;
 pub(super) use crate::syntax::values::{Dur, Size};
 use crate::sys::cpus::parse_cpu_list;
 
@@ -107,6 +108,7 @@ impl RawConfig {
         let mut doc = toml::de::DeTable::parse(src.text)
             .map_err(|e| src.at(e.span().unwrap_or(0..0), "", e.message()))?;
         let mut errors = Vec::new();
+        let taken = take_module_keys(doc.get_mut());
         let mut dropped = Vec::new();
         // Sections taken out whole: the file can't then be validated as a whole.
         let mut sections_dropped = false;
@@ -115,7 +117,8 @@ impl RawConfig {
             let de = toml::Deserializer::from(doc.clone());
             let e = match serde_path_to_error::deserialize(de) {
                 Ok(_) if sections_dropped => break,
-                Ok(raw) => {
+                Ok(mut raw) => {
+                    read_module_keys(src, &taken, &mut raw, &mut errors);
                     return Ok(Parsed {
                         raw,
                         errors,
@@ -161,6 +164,65 @@ impl RawConfig {
             }
         }
         Err(ConfigErrors::new(errors).expect("a pass that did not deserialise left an error"))
+    }
+}
+
+/// Each listener's module keys and each of its routes', by index.
+type TakenKeys<'a> = Vec<(Taken<'a>, Vec<Taken<'a>>)>;
+
+/// Takes the feature modules' keys (`modules::KEYS`) out of each `[[listener]]` and
+/// `[[listener.route]]` table of `doc`, so that serde reads the rest of each table as before
+/// and each module reads its own ([`read_module_keys`]).
+fn take_module_keys<'a>(doc: &mut toml::de::DeTable<'a>) -> TakenKeys<'a> {
+    use toml::de::DeValue;
+    let take = |table: &mut toml::de::DeTable<'a>| {
+        let mut taken = Taken::new();
+        for key in modules::KEYS.iter().flat_map(|k| k.iter()) {
+            if let Some((k, v)) = table.remove_entry(*key) {
+                taken.insert(k, v);
+            }
+        }
+        taken
+    };
+    let Some(DeValue::Array(listeners)) = doc.get_mut("listener").map(|l| l.get_mut()) else {
+        return Vec::new();
+    };
+    let mut out = Vec::with_capacity(listeners.len());
+    for listener in listeners.iter_mut() {
+        let DeValue::Table(table) = listener.get_mut() else {
+            out.push((Taken::new(), Vec::new()));
+            continue;
+        };
+        let own = take(table);
+        let routes = match table.get_mut("route").map(|r| r.get_mut()) {
+            Some(DeValue::Array(routes)) => (routes.iter_mut())
+                .map(|r| match r.get_mut() {
+                    DeValue::Table(route) => take(route),
+                    _ => Taken::new(),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        out.push((own, routes));
+    }
+    out
+}
+
+/// Each module reads its keys `taken` from the listeners and routes of `raw`; the errors of
+/// wrong ones are added to `errors`.
+fn read_module_keys(
+    src: &Source,
+    taken: &TakenKeys<'_>,
+    raw: &mut RawConfig,
+    errors: &mut Vec<ConfigError>,
+) {
+    for (i, (listener, (own, routes))) in raw.listeners.iter_mut().zip(taken).enumerate() {
+        let key = format!("listener[{i}]");
+        listener.modules = RawModules::read(src, &key, own, errors);
+        for (j, (route, taken)) in listener.route.iter_mut().zip(routes).enumerate() {
+            let key = format!("{key}.route[{j}]");
+            route.get_mut().modules = RawModules::read(src, &key, taken, errors);
+        }
     }
 }
 
@@ -245,11 +307,30 @@ pub(super) fn follows_from(key: &str, dropped: &str) -> bool {
     under(key, dropped) || under(dropped, key)
 }
 
-/// Every table of the file and its keys, as [`keys::of`] reads them from [`RawConfig`]: made
-/// once, when a file first has an unknown key.
+/// Every table of the file and its keys, as [`keys::of`] reads them from [`RawConfig`] and from
+/// each module's keys: made once, when a file first has an unknown key.
 pub(super) fn tables() -> &'static keys::Tables {
     static TABLES: OnceLock<keys::Tables> = OnceLock::new();
-    TABLES.get_or_init(keys::of::<RawConfig>)
+    TABLES.get_or_init(|| {
+        let mut tables = keys::of::<RawConfig>();
+        // The modules' keys, which serde reads apart, are keys of the listener and its routes.
+        for module in RawModules::tables() {
+            for (shape, keys) in module {
+                for table in ["listener", "listener.route"] {
+                    let table = if shape.is_empty() {
+                        table.to_string()
+                    } else {
+                        format!("{table}.{shape}")
+                    };
+                    tables
+                        .entry(table)
+                        .or_default()
+                        .extend(keys.iter().copied());
+                }
+            }
+        }
+        tables
+    })
 }
 
 /// The most tables an unknown key's hint names: a key that many tables have (`address`,
@@ -555,6 +636,9 @@ pub(super) struct RawListener {
     pub proxy_protocol_from: Option<Spanned<Vec<Spanned<String>>>>,
     /// `compress`: its responses compressed (`config::compress`).
     pub compress: Option<Spanned<super::compress::RawCompress>>,
+    /// The feature modules' keys, taken out of the table before serde reads it.
+    #[serde(skip)]
+    pub modules: RawModules,
 }
 
 /// One `[[listener.route]]`.
@@ -592,6 +676,9 @@ pub(super) struct RawRoute {
     pub rate_limit: RawRateLimits,
     /// `compress`: its own, over the listener's.
     pub compress: Option<Spanned<super::compress::RawCompress>>,
+    /// The feature modules' keys, taken out of the table before serde reads it.
+    #[serde(skip)]
+    pub modules: RawModules,
 }
 
 /// A route's `timeouts = { connect, response, send }`, over its upstream's.

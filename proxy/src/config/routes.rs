@@ -183,6 +183,8 @@ fn route(
         rate_limits: None,
         // Resolved against the listener's by `validate::listener`.
         compress: None,
+        // Resolved against the listener's by `validate::listener`.
+        modules: Default::default(),
     })
 }
 

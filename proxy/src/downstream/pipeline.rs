@@ -9,8 +9,8 @@
 //! 3. the session forwards it (`proxy::forward`), racing the client's leaving as its protocol
 //!    can;
 //! 4. [`finish`]: the response's filters, whatever made it (the error page, the route's
-//!    response lines, the request ID and `Server-Timing`, compression), then the response
-//!    counted and its log entry responded.
+//!    response lines, the request ID and `Server-Timing`, compression, the feature modules'
+//!    body filters), then the response counted and its log entry responded.
 //!
 //! The log entry starts before anything can answer, so every answer is logged with its status,
 //! over every protocol. A head that can't be parsed is the session's own business (answered
@@ -159,7 +159,8 @@ fn redirect_https(route: &Route, head: &RequestHead) -> Decided {
 /// pinlb's 502/503/504 in its place) gets its error page if it has one (an answer of the
 /// route's own got its page in the route's decision); every response the route's response
 /// lines, the request ID and `Server-Timing` (`Route::finish_response`); a proxied one is
-/// compressed where the route says so. Then the response is counted for `/metrics` and its log
+/// compressed where the route says so; every one goes through its modules' body filters
+/// (`limit_rate`). Then the response is counted for `/metrics` and its log
 /// entry responded; the returned [`Logged`] writes the line when the body is done.
 #[inline(always)]
 pub(crate) fn finish(
@@ -176,6 +177,7 @@ pub(crate) fn finish(
     }
     route.finish_response(response, edits, begun.id.as_deref(), upstreamed.as_deref());
     route.compress(response, edits, head, proxied);
+    route.filter(response, edits);
     if let Some(s) = &route.stats {
         let source = match response.body {
             ProxyBody::Local(_) => Source::Pinlb,

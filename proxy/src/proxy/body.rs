@@ -14,6 +14,7 @@ use http::{Method, StatusCode};
 
 use crate::http1::client::{BackendStream, Finished, UpstreamBody, UpstreamError};
 use crate::http1::common::{Reply, content_length_line, header_lines};
+use crate::modules::{BodyFilter, Filter};
 use crate::proxy::compress::{self, Encoder};
 use crate::proxy::spool::SpooledBody;
 use crate::upstream::counters::BackendStats;
@@ -228,6 +229,9 @@ pub enum ProxyBody {
     Spooled(Box<SpooledBody>),
     /// Streamed from a FastCGI application's FCGI_STDOUT. Boxed, as `Http2`.
     Fastcgi(Box<crate::proxy::fastcgi_body::FastcgiBody>),
+    /// Another body through a feature module's filter (`modules`: `limit_rate`'s pacing).
+    /// Boxed, as `Http2` is.
+    Filtered(Box<Filtered>),
 }
 
 impl ProxyBody {
@@ -268,6 +272,7 @@ impl ProxyBody {
             ProxyBody::Compressed(_) => None,
             ProxyBody::Spooled(s) => s.remaining(),
             ProxyBody::Fastcgi(f) => f.remaining(),
+            ProxyBody::Filtered(f) => f.filter.keeps_length().then(|| f.inner.remaining())?,
         }
     }
 
@@ -280,6 +285,7 @@ impl ProxyBody {
             ProxyBody::Compressed(c) => c.inner.has_date(),
             ProxyBody::Spooled(s) => s.has_date(),
             ProxyBody::Fastcgi(f) => f.has_date(),
+            ProxyBody::Filtered(f) => f.inner.has_date(),
         }
     }
 
@@ -292,7 +298,10 @@ impl ProxyBody {
             ProxyBody::Upstream { body, .. } => body.is_done(),
             ProxyBody::Local(data) => data.is_none(),
             ProxyBody::Fastcgi(f) => f.is_end(),
-            ProxyBody::Http2(_) | ProxyBody::Compressed(_) | ProxyBody::Spooled(_) => false,
+            ProxyBody::Http2(_)
+            | ProxyBody::Compressed(_)
+            | ProxyBody::Spooled(_)
+            | ProxyBody::Filtered(_) => false,
         }
     }
 
@@ -322,6 +331,7 @@ impl ProxyBody {
             ProxyBody::Compressed(c) => c.poll_data(cx),
             ProxyBody::Spooled(s) => s.poll_data(cx),
             ProxyBody::Fastcgi(f) => f.poll_data(cx),
+            ProxyBody::Filtered(f) => f.poll_data(cx),
         }
     }
 
@@ -332,6 +342,7 @@ impl ProxyBody {
         match self {
             ProxyBody::Http2(h) => h.trailers.take(),
             ProxyBody::Compressed(c) => c.inner.take_trailers(),
+            ProxyBody::Filtered(f) => f.inner.take_trailers(),
             _ => None,
         }
     }
@@ -434,6 +445,59 @@ impl Compressed {
     }
 }
 
+/// A body through a module's filter: the inner body's pieces go in as they come, and out
+/// when the filter lets them. The inner body keeps its own release, done when its last piece
+/// is read.
+pub struct Filtered {
+    inner: ProxyBody,
+    filter: Filter,
+    /// The inner body ended (its end was pushed into the filter).
+    ended: bool,
+}
+
+impl ProxyBody {
+    /// This body, through `filter`.
+    pub(crate) fn filtered(self, filter: Filter) -> ProxyBody {
+        ProxyBody::Filtered(Box::new(Filtered {
+            inner: self,
+            filter,
+            ended: false,
+        }))
+    }
+}
+
+impl Filtered {
+    /// The filter's next piece, reading the inner body when the filter holds nothing. Out of
+    /// line: only filtered responses come here.
+    #[inline(never)]
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamError>>> {
+        // Bounded: a pass that reads a piece pushes it, and the next one lets it out or waits.
+        for _ in 0..2 {
+            if self.ended || !self.filter.is_empty() {
+                return match self.filter.poll_out(cx) {
+                    Poll::Ready(Some(piece)) => Poll::Ready(Some(Ok(piece))),
+                    Poll::Ready(None) if self.ended => Poll::Ready(None),
+                    // All that came out; the inner body is read on below.
+                    Poll::Ready(None) => continue,
+                    Poll::Pending => Poll::Pending,
+                };
+            }
+            match self.inner.poll_data(cx) {
+                Poll::Ready(Some(Ok(piece))) => self.filter.push(Some(piece)),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    self.filter.push(None);
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        // A piece pushed in the last pass: the task comes back for it.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
 impl ProxyBody {
     /// The address of the backend whose response this is; `None` for pinlb's own. Read once
     /// per response, and only for a sticky upstream (`forward::sticky_forward`).
@@ -447,6 +511,7 @@ impl ProxyBody {
             ProxyBody::Compressed(c) => c.inner.answered_by(),
             ProxyBody::Spooled(s) => s.answered_by(),
             ProxyBody::Fastcgi(f) => f.held.as_ref().map(|_| f.addr),
+            ProxyBody::Filtered(f) => f.inner.answered_by(),
             ProxyBody::Upstream { release: None, .. } | ProxyBody::Local(_) => None,
         }
     }

@@ -18,6 +18,7 @@ use crate::edge::controls::Controls;
 use crate::http1::common::ERROR_PAGE_TYPE;
 use crate::http1::common::Reply;
 use crate::http1::request::RequestHead;
+use crate::modules::Configs;
 use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::{ProxyBody, local_reply};
 use crate::proxy::compress;
@@ -76,6 +77,9 @@ pub(crate) struct Route {
     /// The listener or one of its routes compresses responses (`compress`): decided once per
     /// generation, so that the answers of a listener without are not looked at.
     pub compress: Cell<bool>,
+    /// The listener or one of its routes has a module that filters response bodies
+    /// (`modules`): decided once per generation, as `compress`.
+    pub filtered: Cell<bool>,
 }
 
 /// A listener's settings in one worker for one generation: every field of its [`Route`] that a
@@ -97,6 +101,7 @@ pub(crate) struct RouteSettings {
     pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
     pub client_cert: bool,
     pub compress: bool,
+    pub filtered: bool,
 }
 
 impl RouteSettings {
@@ -138,6 +143,8 @@ impl RouteSettings {
             client_cert: l.tls.as_ref().is_some_and(|t| t.client_auth.is_some()),
             compress: l.compress.is_some()
                 || l.routes.iter().any(|r| matches!(r.compress, Some(Some(_)))),
+            filtered: l.modules.filters_bodies()
+                || l.routes.iter().any(|r| r.modules.filters_bodies()),
         }
     }
 }
@@ -160,6 +167,7 @@ impl Route {
             proxy_protocol,
             client_cert,
             compress,
+            filtered,
         } = s;
         Route {
             upstream: RefCell::new(upstream),
@@ -178,6 +186,7 @@ impl Route {
             local,
             client_cert: Cell::new(client_cert),
             compress: Cell::new(compress),
+            filtered: Cell::new(filtered),
         }
     }
 
@@ -199,6 +208,7 @@ impl Route {
             proxy_protocol,
             client_cert,
             compress,
+            filtered,
         } = s;
         *self.upstream.borrow_mut() = upstream;
         *self.rules.borrow_mut() = rules;
@@ -214,6 +224,7 @@ impl Route {
         *self.proxy_protocol.borrow_mut() = proxy_protocol;
         self.client_cert.set(client_cert);
         self.compress.set(compress);
+        self.filtered.set(filtered);
     }
 }
 
@@ -233,6 +244,10 @@ pub(crate) struct Routes {
     pub default_pages: Option<Arc<ErrorPages>>,
     /// The listener's `compress`, for its requests that no route with its own takes.
     pub default_compress: Option<Arc<crate::config::Compress>>,
+    /// The listener's feature modules, for its requests that no route with its own takes.
+    pub default_modules: Configs,
+    /// Each route's feature modules where they are not the listener's, by route index.
+    pub own_modules: Vec<Option<Configs>>,
 }
 
 impl Routes {
@@ -268,6 +283,10 @@ impl Routes {
             default_controls: Controls::new(listener, None, zones, tables),
             default_pages: listener.error_pages.clone(),
             default_compress: listener.compress.clone(),
+            default_modules: listener.modules.clone(),
+            own_modules: (listener.routes.iter())
+                .map(|r| (r.modules != listener.modules).then(|| r.modules.clone()))
+                .collect(),
         }
     }
 }
@@ -294,6 +313,8 @@ pub(crate) struct Edits {
     pub pages: Option<Arc<ErrorPages>>,
     /// The route's own `compress` (`Some(None)`: off), over the listener's.
     pub compress: Option<Option<Arc<crate::config::Compress>>>,
+    /// The route's own feature modules, over the listener's.
+    pub modules: Option<Configs>,
 }
 
 impl Edits {
@@ -420,6 +441,25 @@ impl Route {
         reply.body = body.compressed(encoder);
     }
 
+    /// The response's body through the filters of its route's modules (or the listener's),
+    /// when the listener or a route has a module that filters bodies. A listener without
+    /// pays for one flag.
+    #[inline]
+    pub fn filter(&self, reply: &mut Reply<ProxyBody>, edits: Option<&Edits>) {
+        if self.filtered.get() {
+            self.filter_body(reply, edits.and_then(|e| e.modules.as_ref()));
+        }
+    }
+
+    #[inline(never)]
+    fn filter_body(&self, reply: &mut Reply<ProxyBody>, own: Option<&Configs>) {
+        let routes = self.routes.borrow();
+        for filter in own.unwrap_or(&routes.default_modules).filters() {
+            let body = std::mem::replace(&mut reply.body, ProxyBody::Local(None));
+            reply.body = body.filtered(filter);
+        }
+    }
+
     /// The listener's page for `status`, for an answer to a request head no route has seen
     /// (malformed, too large, too late).
     #[inline]
@@ -533,6 +573,7 @@ impl Route {
                     server_timing: rule.server_timing,
                     pages: rule.error_pages.clone(),
                     compress: rule.compress.clone(),
+                    modules: routes.own_modules.get(index).cloned().flatten(),
                 };
                 let changes = edits.request.path.is_some()
                     || edits.pages.is_some()
@@ -540,7 +581,8 @@ impl Route {
                     || edits.request.timeouts.is_some()
                     || edits.response.is_some()
                     || edits.server_timing.is_some()
-                    || edits.compress.is_some();
+                    || edits.compress.is_some()
+                    || edits.modules.is_some();
                 Decision::Proxy(upstream, changes.then(|| Box::new(edits)))
             }
             RouteAction::Redirect { status, location } => {
@@ -621,6 +663,7 @@ fn response_edits(rule: &crate::config::RouteRule, cx: &Context, reply: &mut Rep
         server_timing: None,
         pages: None,
         compress: None,
+        modules: None,
     };
     edits.edit_response(reply);
 }

@@ -4,6 +4,8 @@
 //!
 //! - [`error`]: a configuration error and where in the file it points; every error at once.
 //! - [`values`]: durations and sizes as the file writes them.
+//! - [`keys`]: every table's keys, read from the serde types that read the file.
 
 pub mod error;
+pub(crate) mod keys;
 pub(crate) mod values;

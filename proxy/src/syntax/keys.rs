@@ -1,6 +1,7 @@
 //! Every key a configuration file may have, read from the serde types that read the file
-//! (`raw`) rather than kept by hand: where a key belongs when it is written in the wrong table
-//! (`raw`'s unknown-key hints), and the test that `docs/configuration.md` documents each one.
+//! (`config::raw`'s, and each module's) rather than kept by hand: where a key belongs when it is
+//! written in the wrong table (`config::raw`'s unknown-key hints), and the test that
+//! `docs/configuration.md` documents each one.
 //!
 //! [`of`] walks a type as serde would walk a file that had every key. Each table's keys are
 //! serde's own list: the `fields` a derived type passes to `deserialize_struct`, or, for a
@@ -8,7 +9,7 @@
 //! `auth_basic`), the `expected` list of the unknown-key error it gives for a key it does not
 //! have. Each key's value is then walked in turn. A value the walk can't make up (a duration,
 //! a core list, a required key left out) fails that pass; the key is left out of the next one,
-//! as [`raw`](super::raw) leaves out a file's wrong keys, until the whole type deserialises.
+//! as `config::raw` leaves out a file's wrong keys, until the whole type deserialises.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,13 +23,13 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 /// `NAME` and a list's element as `[]` (`upstream.NAME.backends[]`); `""` is the top level.
 /// Lists of tables written with `[[…]]` (`listener`, `route`) are written without `[]`, as a
 /// `[[listener.route]]` header names them.
-pub(super) type Tables = BTreeMap<String, Vec<&'static str>>;
+pub(crate) type Tables = BTreeMap<String, Vec<&'static str>>;
 
 /// The most passes a walk takes: each leaves out one more key or learns one more table.
 const MAX_PASSES: usize = 2_000;
 
 /// Every table of `T` and its keys, in the order serde lists them.
-pub(super) fn of<'de, T: Deserialize<'de>>() -> Tables {
+pub(crate) fn of<'de, T: Deserialize<'de>>() -> Tables {
     let walk = Walk::default();
     for _ in 0..MAX_PASSES {
         walk.failed.replace(false);
@@ -40,7 +41,7 @@ pub(super) fn of<'de, T: Deserialize<'de>>() -> Tables {
 }
 
 /// The shape of the table at `path` as [`Tables`] writes it.
-pub(super) fn shape(path: &str) -> String {
+pub(crate) fn shape(path: &str) -> String {
     path.replace("listener[]", "listener")
         .replace("route[]", "route")
 }

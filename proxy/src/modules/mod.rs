@@ -1,0 +1,199 @@
+//! Features as modules: one file owns one feature of a listener and its routes, its keys (in
+//! `[[listener]]` and `[[listener.route]]`), its validated configuration, what `pinlb check`
+//! says of it, and what it does to a response's body. The [`modules!`] call below is the
+//! registry: a module is one line there, and the configuration's tables, the docs test, the
+//! request pipeline and `pinlb check` find it from that line.
+//!
+//! A module's keys are taken out of the listener's and each route's table before serde reads
+//! the rest (`config::raw`), read into the module's own [`Module::Raw`] type (errors at their
+//! `file:line:col`, as any key's), and validated by [`Module::validate`]: a route's own keys
+//! over the listener's, as nginx's `location` inherits from its `server`. Each generation's
+//! configurations are shared by every worker ([`Configs`], `Arc`s). A module with a body filter
+//! wraps the response's body in the response phase (`downstream::pipeline::finish`), so both
+//! HTTP/1.1 and HTTP/2 send it filtered without knowing; a listener without such a module pays
+//! for one flag.
+//!
+//! Today's listener features predate this and are still wired by hand (docs/pipeline-design.md
+//! says how each moves here).
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use serde::Deserialize;
+
+use crate::syntax::error::{ConfigError, Source};
+
+/// One feature of a listener and its routes.
+pub(crate) trait Module {
+    /// Its keys, the same in `[[listener]]` and `[[listener.route]]`.
+    const KEYS: &'static [&'static str];
+    /// Its keys as the file writes them: every key optional (`Option`), unknown ones denied.
+    type Raw: for<'de> Deserialize<'de> + Default + fmt::Debug;
+    /// Validated: what a worker needs, shared by every worker of a generation.
+    type Config: fmt::Debug + Eq + Send + Sync + 'static;
+    /// What it does to a response's body.
+    type Filter: BodyFilter;
+
+    /// The configuration of the table at `key` (`listener[0]`, `listener[0].route[1]`) from
+    /// its keys `raw`; `inherited` is the listener's, for a route. `None`: off.
+    fn validate(
+        src: &Source,
+        key: &str,
+        raw: &Self::Raw,
+        inherited: Option<&Arc<Self::Config>>,
+    ) -> Result<Option<Arc<Self::Config>>, ConfigError>;
+
+    /// The filter of one response's body.
+    fn filter(config: &Arc<Self::Config>) -> Option<Self::Filter>;
+
+    /// What `pinlb check` says of it.
+    fn describe(config: &Self::Config) -> String;
+}
+
+/// A response body's filter: the body's pieces go in as they come, and what it lets out goes
+/// to the client, when it lets it out.
+pub(crate) trait BodyFilter {
+    /// Takes the body's next piece; `None`: the body ended.
+    fn push(&mut self, piece: Option<Bytes>);
+    /// What goes out now: a piece; `Ready(None)` once what was pushed is all out; `Pending`
+    /// while it waits (the waker registered for when it may go on).
+    fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>>;
+    /// Whether it holds nothing that is still to go out: the body is read on then.
+    fn is_empty(&self) -> bool;
+    /// Whether what goes out is as long as what came in, so the response keeps its
+    /// Content-Length.
+    fn keeps_length(&self) -> bool;
+}
+
+/// A module's keys taken out of a table of the file, with their values as the file has them.
+pub(crate) type Taken<'a> = toml::de::DeTable<'a>;
+
+/// Reads `M`'s keys out of `taken`, the module keys of the table at `key`; an error names the
+/// key under that table and points at its value.
+fn read<M: Module>(
+    src: &Source,
+    key: &str,
+    taken: &Taken<'_>,
+    errors: &mut Vec<ConfigError>,
+) -> M::Raw {
+    let mut own = Taken::new();
+    for (k, v) in taken.iter() {
+        if M::KEYS.contains(&k.get_ref().as_ref()) {
+            own.insert(k.clone(), v.clone());
+        }
+    }
+    if own.is_empty() {
+        return M::Raw::default();
+    }
+    let de = toml::Deserializer::from(toml::Spanned::new(0..0, own));
+    serde_path_to_error::deserialize(de).unwrap_or_else(|e| {
+        let path = e.path().to_string();
+        let path = path.split(".$__serde_spanned").next().unwrap_or_default();
+        let inner = e.into_inner();
+        let at = inner.span().unwrap_or(0..0);
+        errors.push(src.at(at, &format!("{key}.{path}"), inner.message()));
+        M::Raw::default()
+    })
+}
+
+/// The registry: `name: Type` for each module, `name` its file.
+macro_rules! modules {
+    ($($name:ident: $ty:ident),* $(,)?) => {
+        $(pub(crate) mod $name;)*
+
+        /// Every module key, in registry order.
+        pub(crate) const KEYS: &[&[&str]] = &[$(<$name::$ty as Module>::KEYS),*];
+
+        /// Every module's keys of one listener or route, as the file writes them.
+        #[derive(Debug, Default)]
+        pub(crate) struct RawModules {
+            $(pub $name: <$name::$ty as Module>::Raw,)*
+        }
+
+        impl RawModules {
+            /// The module keys `taken` out of the table at `key`, each module's read; the
+            /// errors of wrong ones are added to `errors` (that module then reads none).
+            pub(crate) fn read(src: &Source, key: &str, taken: &Taken<'_>, errors: &mut Vec<ConfigError>) -> RawModules {
+                RawModules {
+                    $($name: read::<$name::$ty>(src, key, taken, errors),)*
+                }
+            }
+
+            /// The tables of every module's keys, for `config::keys`.
+            pub(crate) fn tables() -> Vec<crate::syntax::keys::Tables> {
+                vec![$(crate::syntax::keys::of::<<$name::$ty as Module>::Raw>()),*]
+            }
+        }
+
+        /// Every module's configuration for one listener or route; `None`: off.
+        #[derive(Debug, Clone, Default, PartialEq, Eq)]
+        pub struct Configs {
+            $(pub(crate) $name: Option<Arc<<$name::$ty as Module>::Config>>,)*
+        }
+
+        impl Configs {
+            /// The modules of the table at `key` from its keys `raw`, over `inherited` (the
+            /// listener's, for a route).
+            pub(crate) fn validate(
+                src: &Source,
+                key: &str,
+                raw: &RawModules,
+                inherited: Option<&Configs>,
+            ) -> Result<Configs, ConfigError> {
+                Ok(Configs {
+                    $($name: <$name::$ty as Module>::validate(
+                        src,
+                        key,
+                        &raw.$name,
+                        inherited.and_then(|c| c.$name.as_ref()),
+                    )?,)*
+                })
+            }
+
+            /// Whether a module that is on filters response bodies.
+            pub(crate) fn filters_bodies(&self) -> bool {
+                false $(|| self.$name.as_ref().is_some_and(|c| <$name::$ty as Module>::filter(c).is_some()))*
+            }
+
+            /// The body filters of one response, in registry order (the first wraps the body
+            /// first, so the last is outermost).
+            pub(crate) fn filters(&self) -> impl Iterator<Item = Filter> + '_ {
+                std::iter::empty()
+                    $(.chain(self.$name.as_ref().and_then(<$name::$ty as Module>::filter).map(Filter::$ty)))*
+            }
+
+            /// What `pinlb check` says of each module that is on.
+            pub fn describe(&self) -> Vec<String> {
+                let mut out = Vec::new();
+                $(if let Some(c) = &self.$name {
+                    out.push(<$name::$ty as Module>::describe(c));
+                })*
+                out
+            }
+        }
+
+        /// One module's filter of a response's body.
+        pub(crate) enum Filter {
+            $($ty(<$name::$ty as Module>::Filter),)*
+        }
+
+        impl BodyFilter for Filter {
+            fn push(&mut self, piece: Option<Bytes>) {
+                match *self { $(Filter::$ty(ref mut f) => f.push(piece),)* }
+            }
+            fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+                match *self { $(Filter::$ty(ref mut f) => f.poll_out(cx),)* }
+            }
+            fn is_empty(&self) -> bool {
+                match *self { $(Filter::$ty(ref f) => f.is_empty(),)* }
+            }
+            fn keeps_length(&self) -> bool {
+                match *self { $(Filter::$ty(ref f) => f.keeps_length(),)* }
+            }
+        }
+    };
+}
+
+modules! {}
