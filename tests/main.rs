@@ -29,6 +29,7 @@ mod health;
 mod http2;
 mod import;
 mod layout;
+mod limit_rate;
 mod limits;
 mod overload;
 mod prop;

@@ -192,6 +192,8 @@ struct Inherited {
     limits: super::limits::Inherited,
     /// The gzip directives in force.
     gzip: super::gzip::Inherit,
+    /// `limit_rate` and `limit_rate_after` in force.
+    limit_rate: super::limit_rate::Inherit,
     /// `proxy_buffering` and the rest of [`super::buffering::NAMES`] in force.
     buffering: super::buffering::Inherited,
     /// The `fastcgi_param` lines (and standard includes) of the nearest level with any, and
@@ -212,6 +214,7 @@ impl Default for Inherited {
             access: access::Access::default(),
             limits: Default::default(),
             gzip: Default::default(),
+            limit_rate: Default::default(),
             buffering: Default::default(),
             fastcgi: Vec::new(),
         }
@@ -246,6 +249,7 @@ impl Inherited {
         out.access = self.access.level(block);
         out.limits = self.limits.level(block);
         out.gzip = self.gzip.level(block);
+        out.limit_rate = self.limit_rate.level(block);
         out.buffering = self.buffering.level(block);
         out.fastcgi = super::fastcgi::inherit(&self.fastcgi, block);
         let headers: Vec<Directive> = block
@@ -447,6 +451,7 @@ impl Builder {
                 (n, None) if super::buffering::NAMES.contains(&n) => {}
                 (_, None) if super::fastcgi::inherited(d) => {}
                 (n, None) if super::limits::NAMES.contains(&n) => {}
+                (n, None) if super::limit_rate::NAMES.contains(&n) => {}
                 (n, None) if super::gzip::NAMES.contains(&n) => {
                     super::gzip::note(d, &mut self.notes)
                 }
@@ -706,6 +711,7 @@ impl Builder {
                 n if super::buffering::NAMES.contains(&n) && s.block.is_none() => {}
                 _ if super::fastcgi::inherited(s) => {}
                 n if super::limits::NAMES.contains(&n) && s.block.is_none() => {}
+                n if super::limit_rate::NAMES.contains(&n) && s.block.is_none() => {}
                 n if super::gzip::NAMES.contains(&n) && s.block.is_none() => {
                     super::gzip::note(s, &mut self.notes)
                 }
@@ -1372,6 +1378,7 @@ impl Builder {
                 n if Inherited::NAMES.contains(&n) => {}
                 n if super::buffering::NAMES.contains(&n) && d.block.is_none() => {}
                 n if super::limits::NAMES.contains(&n) && d.block.is_none() => {}
+                n if super::limit_rate::NAMES.contains(&n) && d.block.is_none() => {}
                 n if super::gzip::NAMES.contains(&n) && d.block.is_none() => {
                     super::gzip::note(d, &mut self.notes)
                 }
@@ -1474,6 +1481,7 @@ impl Builder {
             &mut self.refused,
         );
         super::gzip::route(&inherit.gzip, &mut route, &mut self.notes, size);
+        super::limit_rate::route(&inherit.limit_rate, &mut route, &mut self.notes, size);
         Location::Route(route)
     }
 
@@ -1994,7 +2002,7 @@ const FASTCGI_TUNING: [&str; 5] = [
 /// Directives that make nginx refuse, limit or ask for credentials: left out, pinlb would
 /// answer what nginx does not. `allow`, `deny`, `auth_basic*` and `satisfy` reach this only in
 /// the forms [`access`] can't convert, or inside a block that does not convert.
-const RESTRICTING: [&str; 16] = [
+const RESTRICTING: [&str; 15] = [
     "deny",
     "allow",
     "auth_basic",
@@ -2003,7 +2011,6 @@ const RESTRICTING: [&str; 16] = [
     "auth_jwt",
     "limit_req",
     "limit_conn",
-    "limit_rate",
     "limit_except",
     "satisfy",
     "internal",

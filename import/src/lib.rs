@@ -13,6 +13,7 @@
 //! - [`limits`]: `limit_req_zone`, `limit_req` and `limit_req_status` as rate zones.
 //! - [`proxy_protocol`]: `listen … proxy_protocol` and the realip module's directives.
 //! - [`gzip`]: the gzip module's directives as a route's `compress`.
+//! - [`limit_rate`]: `limit_rate` and `limit_rate_after` as a route's keys of those names.
 //! - [`client_cert`]: the client certificate directives as `[listener.tls]` keys.
 //! - [`buffering`]: `proxy_buffering`, `proxy_request_buffering` and their bounds as an
 //!   upstream's `[buffering]`.
@@ -35,6 +36,7 @@ mod error_page;
 mod fastcgi;
 mod files;
 mod gzip;
+mod limit_rate;
 mod limits;
 mod matched;
 mod notes;

@@ -278,10 +278,13 @@ proxy_protocol = true
 proxy_protocol_from = ["10.0.0.0/8"]
 server_timing = true
 error_page = [{{ status = [502, 503], file = "{page}" }}]
+limit_rate = "100KiB"
+limit_rate_after = "1MiB"
 
 [[listener.route]]
 path = "/api/"
 upstream = "app"
+limit_rate = 0
 rate_limit = []
 compress = false
 server_timing = false
@@ -318,6 +321,7 @@ temp_dir = "{dir}"
                 "error pages: 502, 503 from files",
                 "PROXY protocol: every connection begins with one, from 10.0.0.0/8",
                 "server_timing on",
+                "limit_rate 100.0 KiB/s after 1.0 MiB",
             ]
         );
         assert_eq!(
@@ -330,6 +334,7 @@ temp_dir = "{dir}"
                 "timeouts: connect 5s, response 30s (its own), send 60s",
                 "server_timing off",
                 "error pages: 502, 503 from files, intercept_errors on",
+                "modules: none (its listener's turned off)",
             ]
         );
         // Nothing of its own: its listener's apply, shown there.

@@ -15,6 +15,9 @@
 //!
 //! Today's listener features predate this and are still wired by hand (docs/pipeline-design.md
 //! says how each moves here).
+//!
+//! - [`limit_rate`]: nginx's `limit_rate` and `limit_rate_after`: a response sent at a bounded
+//!   rate after its first bytes.
 
 use std::fmt;
 use std::sync::Arc;
@@ -196,4 +199,6 @@ macro_rules! modules {
     };
 }
 
-modules! {}
+modules! {
+    limit_rate: LimitRate,
+}
