@@ -77,21 +77,23 @@ async fn a_megabyte_at_100k_takes_about_ten_seconds() {
     );
 }
 
+/// The error of loading a file whose listener (its fourth line the last) has `line`.
+fn refused(line: &str) -> String {
+    let path = temp_config(&format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\n{line}\n\n[upstream.app]\nbackends = [{{ address = \"127.0.0.1:9\" }}]\n"
+    ));
+    pinlb::Config::load(&path).unwrap_err().to_string()
+}
+
 #[test]
 fn limit_rate_after_without_a_rate_is_refused_at_its_place() {
-    let path = temp_config(
-        "[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\nlimit_rate_after = \"1MiB\"\n\n[upstream.app]\nbackends = [{ address = \"127.0.0.1:9\" }]\n",
-    );
-    let e = pinlb::Config::load(&path).unwrap_err().to_string();
+    let e = refused("limit_rate_after = \"1MiB\"");
     assert!(
         e.ends_with(":4:20: listener[0].limit_rate_after: limit_rate_after does nothing without a limit_rate (here or on the listener), expected limit_rate beside it"),
         "{e}"
     );
     // A wrong value is an error at its place too, as any key's.
-    let path = temp_config(
-        "[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\nlimit_rate = \"fast\"\n\n[upstream.app]\nbackends = [{ address = \"127.0.0.1:9\" }]\n",
-    );
-    let e = pinlb::Config::load(&path).unwrap_err().to_string();
+    let e = refused("limit_rate = \"fast\"");
     assert!(
         e.contains(":4:14: listener[0].limit_rate: invalid size \"fast\""),
         "{e}"
