@@ -92,6 +92,14 @@ fn limit_rate_after_without_a_rate_is_refused_at_its_place() {
         e.ends_with(":4:20: listener[0].limit_rate_after: limit_rate_after does nothing without a limit_rate (here or on the listener), expected limit_rate beside it"),
         "{e}"
     );
+    // A key written wrong lists the module's keys among those expected.
+    let e = refused("limit_rat = \"1MiB\"");
+    assert!(
+        e.contains(
+            ":4:1: listener[0].limit_rat: unknown field `limit_rat`, expected one of `address`"
+        ) && e.ends_with(", `limit_rate`, `limit_rate_after`"),
+        "{e}"
+    );
     // A wrong value is an error at its place too, as any key's.
     let e = refused("limit_rate = \"fast\"");
     assert!(

@@ -139,6 +139,7 @@ impl RawConfig {
             let consequence =
                 missing_field(&message).is_some_and(|field| dropped.contains(&join(&key, field)));
             if !consequence {
+                with_module_keys(&key, &mut message);
                 if let Some(hint) = elsewhere(&key, &message) {
                     message.push_str("; ");
                     message.push_str(&hint);
@@ -368,6 +369,21 @@ fn elsewhere(key: &str, message: &str) -> Option<String> {
         homes.join(" or "),
         describe(table)
     ))
+}
+
+/// Serde's unknown-field `message` about the key at `key`, in a `[[listener]]` or
+/// `[[listener.route]]` table, lists the keys serde reads there: the modules' keys, which it
+/// does not see (`take_module_keys`), are added to that list.
+fn with_module_keys(key: &str, message: &mut String) {
+    let table = key.rsplit_once('.').map_or("", |(t, _)| t);
+    if !message.starts_with("unknown field")
+        || !matches!(&*table_shape(table), "listener" | "listener.route")
+    {
+        return;
+    }
+    for k in modules::KEYS.iter().flat_map(|k| k.iter()) {
+        message.push_str(&format!(", `{k}`"));
+    }
 }
 
 /// A table's path with the upstream's name as `NAME` and list indices as `[]`
