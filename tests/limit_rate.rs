@@ -51,6 +51,33 @@ async fn a_body_goes_out_at_limit_rate_after_limit_rate_after(p: Proto) {
 }
 each_proto!(a_body_goes_out_at_limit_rate_after_limit_rate_after);
 
+/// A route's own `respond` is paced by the route's keys, on a listener without any.
+async fn a_routes_own_answer_is_paced_by_its_route(p: Proto) {
+    let backend = Backend::start("a").await;
+    let pki = Pki::new();
+    let mut setup = Setup::for_proto(p, &[backend.addr], &pki);
+    let body = "x".repeat(32 * 1024);
+    setup.extra += &format!(
+        "[[listener.route]]\npath = \"/answer\"\nrespond = {{ status = 200, body = \"{body}\" }}\nlimit_rate = \"32KiB\"\n"
+    );
+    let proxy = Proxy::start(&setup);
+    let mut client = Client::open(p, proxy.addr, &pki).await;
+    let started = Instant::now();
+    let reply = client.get("/answer").await;
+    let took = started.elapsed();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body, body);
+    assert!(
+        (Duration::from_millis(800)..Duration::from_secs(3)).contains(&took),
+        "{p:?}: 32 KiB at 32 KiB/s took {took:?}"
+    );
+    // The listener's own requests are not paced.
+    let started = Instant::now();
+    assert_eq!(client.get("/download/65536").await.bytes.len(), 65_536);
+    assert!(started.elapsed() < Duration::from_millis(800));
+}
+each_proto!(a_routes_own_answer_is_paced_by_its_route);
+
 /// 1 MB at `limit_rate = "100k"`: 100,000 bytes a second (pinlb's sizes take `k` as 1000 and
 /// `KiB` as 1024; nginx's `100k` is `"100KiB"`, as `pinlb import` writes it, in bytes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

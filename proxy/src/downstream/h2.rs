@@ -429,7 +429,8 @@ impl Shared {
             close: _,
         } = pipeline::decide(route, &head, refused.is_some(), client.https, &self.peer);
         if let Some(mut reply) = local {
-            let logged = pipeline::finish(route, &mut reply, false, None, &head, begun, None);
+            let edits = edits.as_deref();
+            let logged = pipeline::finish(route, &mut reply, false, edits, &head, begun, None);
             return self.respond(reply, &head.method, logged, Duration::MAX, open);
         }
         let timeout = edits

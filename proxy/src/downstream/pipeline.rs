@@ -78,7 +78,8 @@ pub(crate) struct Decided {
     /// The upstream it is proxied to (for an answer of pinlb's own, the listener's, whose
     /// timeouts bound the answer's writing).
     pub upstream: Rc<WorkerUpstream>,
-    /// What its route changes; `None` for most requests.
+    /// What its route changes (in an answer of pinlb's own, its own feature modules); `None`
+    /// for most requests.
     pub edits: Option<Box<Edits>>,
     /// An answer of pinlb's own instead of a backend's: `redirect_https`'s, a route's
     /// (`redirect`, `respond`, 404 for no route), an edge control's refusal.
@@ -105,7 +106,7 @@ pub(crate) fn decide(
     } else {
         match route.decide(head, https, peer) {
             Decision::Proxy(upstream, edits) => (upstream, edits, None),
-            Decision::Answer(reply) => (route.upstream.borrow().clone(), None, Some(reply)),
+            Decision::Answer(reply, edits) => (route.upstream.borrow().clone(), edits, Some(reply)),
         }
     };
     Decided {

@@ -251,6 +251,16 @@ pub(crate) struct Routes {
 }
 
 impl Routes {
+    /// What route `index` changes in an answer of pinlb's own: its own feature modules (a
+    /// route's `limit_rate` paces its `respond` too), or nothing.
+    fn answer_edits(&self, index: usize) -> Option<Box<Edits>> {
+        let modules = self.own_modules.get(index).cloned().flatten()?;
+        Some(Box::new(Edits {
+            modules: Some(modules),
+            ..Edits::default()
+        }))
+    }
+
     /// The error pages of `rule`'s answers: its own, or the listener's.
     fn pages<'a>(&'a self, rule: &'a crate::config::RouteRule) -> Option<&'a ErrorPages> {
         rule.error_pages
@@ -296,8 +306,9 @@ pub(crate) enum Decision {
     /// To this upstream, with what its route changes (`None`: nothing, the common case, which
     /// then carries only a null pointer).
     Proxy(Rc<WorkerUpstream>, Option<Box<Edits>>),
-    /// A response of pinlb's own (a redirect, a fixed answer, or 404 when no route matches).
-    Answer(Reply<ProxyBody>),
+    /// A response of pinlb's own (a redirect, a fixed answer, or 404 when no route matches),
+    /// with what its route changes in it (its own feature modules; `None` for most).
+    Answer(Reply<ProxyBody>, Option<Box<Edits>>),
 }
 
 /// What a route changes in one exchange; nothing for most requests.
@@ -495,7 +506,7 @@ impl Route {
         if let Some(refused) = (routes.default_controls.as_ref())
             .and_then(|c| c.check(head, client, self.stats.as_deref()))
         {
-            return Decision::Answer(paged(refused, pages, &head.method));
+            return Decision::Answer(paged(refused, pages, &head.method), None);
         }
         if routes.has_default {
             return Decision::Proxy(self.upstream.borrow().clone(), None);
@@ -507,7 +518,7 @@ impl Route {
             b"",
             &head.method,
         );
-        Decision::Answer(paged(reply, pages, &head.method))
+        Decision::Answer(paged(reply, pages, &head.method), None)
     }
 
     #[inline(never)]
@@ -530,7 +541,10 @@ impl Route {
             .and_then(|c| c.check(head, client, self.stats.as_deref()))
         {
             let pages = routes.pages(rule);
-            return Decision::Answer(paged(refused, pages, &head.method));
+            return Decision::Answer(
+                paged(refused, pages, &head.method),
+                routes.answer_edits(index),
+            );
         }
         match &rule.action {
             RouteAction::Proxy { rewrite_prefix, .. } => {
@@ -603,7 +617,7 @@ impl Route {
                     &head.method,
                 );
                 response_edits(rule, &cx, &mut reply);
-                Decision::Answer(reply)
+                Decision::Answer(reply, routes.answer_edits(index))
             }
             RouteAction::Respond { status, body } => {
                 let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::OK);
@@ -620,7 +634,7 @@ impl Route {
                     reply = paged(reply, pages, &head.method);
                 }
                 response_edits(rule, &cx, &mut reply);
-                Decision::Answer(reply)
+                Decision::Answer(reply, routes.answer_edits(index))
             }
         }
     }
