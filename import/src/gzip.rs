@@ -105,12 +105,7 @@ pub(super) fn route(
         "algorithms".into(),
         Value::Array(vec![Value::String("gzip".into())]),
     );
-    let mut bad = |d: &Directive, expected: &str| {
-        let line = format!("{}: {} not converted: expected {expected}", d.at(), d.name);
-        if !notes.contains(&line) {
-            notes.push(line);
-        }
-    };
+    let mut bad = |d: &Directive, expected: &str| super::notes::not_converted(notes, d, expected);
     let mut types = vec![Value::String("text/html".into())];
     if let Some(d) = &inherit.types {
         for t in &d.args {

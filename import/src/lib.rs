@@ -6,6 +6,7 @@
 //! note names the route its requests would take without it.
 //!
 //! - [`parse`]: nginx's syntax, directives with their `file:line`.
+//! - [`notes`]: the notes in file order, each said once.
 //! - [`error_page`]: `error_page` to a local file and `proxy_intercept_errors`.
 //! - [`template`]: nginx variables as pinlb template variables.
 //! - [`rewrite`]: `rewrite ... redirect|permanent` as a route redirect, where one is exact.
@@ -25,7 +26,6 @@
 //!   would go without them.
 //! - [`matched`]: directives whose behaviour pinlb already has, converted to nothing and not
 //!   noted.
-//! - [`notes`]: the notes in file order.
 //! - [`convert`]: directives to pinlb's TOML.
 
 mod access;

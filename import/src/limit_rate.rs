@@ -47,14 +47,7 @@ pub(super) fn route(
     let mut bytes = |d: &Directive| match d.args.first().and_then(|v| size(v)) {
         Some(n) => i64::try_from(n).ok(),
         None => {
-            let line = format!(
-                "{}: {} not converted: expected a size (such as 100k)",
-                d.at(),
-                d.name
-            );
-            if !notes.contains(&line) {
-                notes.push(line);
-            }
+            super::notes::not_converted(notes, d, "a size (such as 100k)");
             None
         }
     };

@@ -10,6 +10,15 @@ use std::path::{Path, PathBuf};
 
 use super::parse::Directive;
 
+/// Notes that `d` was not converted, for want of `expected`: once, however many locations
+/// inherit it.
+pub(super) fn not_converted(notes: &mut Vec<String>, d: &Directive, expected: &str) {
+    let line = format!("{}: {} not converted: expected {expected}", d.at(), d.name);
+    if !notes.contains(&line) {
+        notes.push(line);
+    }
+}
+
 /// The files `directives` came from, `main` first, then each included file in the order its
 /// first directive is read (nginx's include order).
 pub(super) fn files(main: &Path, directives: &[Directive]) -> Vec<PathBuf> {

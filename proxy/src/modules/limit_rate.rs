@@ -164,8 +164,13 @@ impl BodyFilter for Pacer {
         let need = len.min(self.slice());
         if budget < need {
             let at = self.when(start, need);
-            let sleep = self.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
-            sleep.as_mut().reset(at);
+            let sleep = match &mut self.sleep {
+                Some(sleep) => {
+                    sleep.as_mut().reset(at);
+                    sleep
+                }
+                none => none.insert(Box::pin(tokio::time::sleep_until(at))),
+            };
             if sleep.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }

@@ -157,7 +157,7 @@ macro_rules! modules {
 
             /// Whether a module that is on filters response bodies.
             pub(crate) fn filters_bodies(&self) -> bool {
-                false $(|| self.$name.as_ref().is_some_and(|c| <$name::$ty as Module>::filter(c).is_some()))*
+                self.filters().next().is_some()
             }
 
             /// The body filters of one response, in registry order (the first wraps the body

@@ -11,7 +11,7 @@
 //! a core list, a required key left out) fails that pass; the key is left out of the next one,
 //! as `config::raw` leaves out a file's wrong keys, until the whole type deserialises.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -56,7 +56,7 @@ struct Walk {
     probed: RefCell<BTreeMap<String, &'static [&'static str]>>,
     /// Whether this pass's failure has been put down to a value already: the innermost key
     /// whose value failed is the one left out, not the tables around it.
-    failed: RefCell<bool>,
+    failed: Cell<bool>,
 }
 
 impl Walk {
