@@ -780,10 +780,16 @@ pub struct Upstream {
     /// `ewma_decay`: how fast an `ewma` upstream forgets a response time (the time constant of
     /// the moving average; see [`Upstream::EWMA_DECAY`]).
     pub ewma_decay: Duration,
-    /// `queue`: most requests that wait, in arrival order, for a backend below its `max_conns`
-    /// when every one is at it (HAProxy's `maxqueue`); 0 = none: such a request gets a 503 at
-    /// once, as in nginx. How long one may wait is `timeouts.queue`.
+    /// `queue`: most requests that wait, in arrival order, for a backend with room when every
+    /// one is at its `max_conns` or learned limit (HAProxy's `maxqueue`); 0 = none: such a
+    /// request gets a 503 at once, as in nginx. How long one may wait is `timeouts.queue`.
+    /// Its default is `limits.max_connections`: over HTTP/1.1 no more requests can wait than
+    /// pinlb holds connections.
     pub queue: usize,
+    /// `adaptive`, `adaptive_min`, `adaptive_max`: the bounds of the concurrency limit each
+    /// backend without a `max_conns` learns (`upstream::adaptive`); `None` with
+    /// `adaptive = false`.
+    pub adaptive: Option<Adaptive>,
     /// `max_connecting`: most connects in progress to one backend at once, across workers; the
     /// rest wait for one to finish, within their own connect timeout. 0 = unbounded.
     pub max_connecting: usize,
@@ -946,6 +952,19 @@ impl Spawn {
             .map(|a| a.replace("{port}", &port).replace("{socket}", &socket))
             .collect()
     }
+}
+
+/// The bounds of a learned concurrency limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Adaptive {
+    pub min: usize,
+    pub max: usize,
+}
+
+impl Adaptive {
+    /// The defaults: a floor of 2 lets a one-at-a-time backend be sent its next request while
+    /// it answers one; the ceiling is Envoy's `max_concurrency_limit` default.
+    pub const DEFAULT: Adaptive = Adaptive { min: 2, max: 1000 };
 }
 
 impl Upstream {
@@ -1218,7 +1237,18 @@ impl Config {
         let worker_cpus = runtime.as_ref().map_or(&[][..], |r| &r.cpus[..]);
         let mut upstreams = Vec::with_capacity(raw.upstream.len());
         for (name, up) in &raw.upstream {
-            let u = validate::upstream(&src, name, up, worker_cpus, allowed, &mut warnings);
+            let max_connections = limits
+                .as_ref()
+                .map_or(Limits::default().max_connections, |l| l.max_connections);
+            let u = validate::upstream(
+                &src,
+                name,
+                up,
+                worker_cpus,
+                allowed,
+                max_connections,
+                &mut warnings,
+            );
             upstreams.push(kept(e, u));
         }
         let names: Vec<&str> = raw.upstream.keys().map(String::as_str).collect();

@@ -484,8 +484,14 @@ pub(super) struct RawUpstream {
     /// Default for every backend's `max_conns`; 0 = unlimited.
     #[serde(default)]
     pub max_conns: usize,
-    /// Most requests waiting for a backend below `max_conns`; 0 = no queue.
+    /// Most requests waiting for a backend with room (below its `max_conns` or learned
+    /// limit); 0 = no queue.
     pub queue: Option<Spanned<usize>>,
+    /// Whether backends without a `max_conns` learn their concurrency limit.
+    pub adaptive: Option<Spanned<bool>>,
+    /// The learned limit's floor and ceiling.
+    pub adaptive_min: Option<Spanned<usize>>,
+    pub adaptive_max: Option<Spanned<usize>>,
     /// Most connects in progress to one backend at once; 0 = unbounded.
     pub max_connecting: Option<Spanned<usize>>,
     /// Default for every backend's `slow_start`.

@@ -847,23 +847,42 @@ fn a_key_of_another_table_says_which_tables_have_it() {
 }
 
 #[test]
-fn the_queue_is_off_by_default_and_a_queue_without_max_conns_is_warned_about() {
+fn the_queue_and_learned_limits_are_on_by_default_and_a_queue_without_limits_is_warned_about() {
     let u = &parse(MINIMAL).unwrap().upstreams[0];
-    assert_eq!((u.queue, u.max_connecting), (0, Upstream::MAX_CONNECTING));
+    assert_eq!(
+        (u.queue, u.max_connecting),
+        (10_000, Upstream::MAX_CONNECTING)
+    );
+    assert_eq!(u.adaptive, Some(Adaptive { min: 2, max: 1000 }));
     assert_eq!(u.timeouts.queue, Duration::from_secs(30));
     assert_eq!(u.timeouts.connect, Duration::from_secs(5));
 
     let c = parse(
         "[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"app\"\n[upstream.app]\nqueue = 100\nmax_connecting = 0\n\
-         backends = [{ address = \"127.0.0.1:8881\" }]\n[upstream.app.timeouts]\nqueue = \"2s\"\n",
+         adaptive = false\nbackends = [{ address = \"127.0.0.1:8881\" }]\n[upstream.app.timeouts]\nqueue = \"2s\"\n",
     )
     .unwrap();
     let u = &c.upstreams[0];
-    assert_eq!((u.queue, u.max_connecting), (100, 0));
+    assert_eq!((u.queue, u.max_connecting, u.adaptive), (100, 0, None));
     assert_eq!(u.timeouts.queue, Duration::from_secs(2));
     assert_eq!(
         c.warnings,
-        ["upstream.app.queue: no backend has max_conns, so no request ever waits in the queue"]
+        [
+            "upstream.app.queue: adaptive = false and no backend has max_conns, so no request ever waits in the queue"
+        ]
+    );
+    // The queue's default follows limits.max_connections.
+    let c = parse(&format!("[limits]\nmax_connections = 300\n{MINIMAL}")).unwrap();
+    assert_eq!(c.upstreams[0].queue, 300);
+    let c = parse(&format!("{MINIMAL}adaptive_min = 4\nadaptive_max = 64\n")).unwrap();
+    assert_eq!(c.upstreams[0].adaptive, Some(Adaptive { min: 4, max: 64 }));
+    assert_eq!(
+        err(&format!("{MINIMAL}adaptive_min = 8\nadaptive_max = 4\n")),
+        "pinlb.toml:9:16: upstream.app.adaptive_max: 4 is below adaptive_min (8), expected 8 or more"
+    );
+    assert_eq!(
+        err(&format!("{MINIMAL}adaptive_min = 0\n")),
+        "pinlb.toml:8:16: upstream.app.adaptive_min: 0 is not allowed, expected 1 or more requests per backend"
     );
     let limited = parse(
         "[[listener]]\naddress = \"127.0.0.1:8888\"\nupstream = \"app\"\n[upstream.app]\nqueue = 100\n\

@@ -16,9 +16,9 @@ use super::raw::{
     RawTls, RawUpstream, RawUpstreamTls, Size, positive,
 };
 use super::{
-    AccessFormat, AccessLog, AccessTarget, AccessTemplate, Admin, Algorithm, Backend, DnsName,
-    HashKey, Health, Http2, Limits, Listener, NamedBackend, Passive, Protocol, RequestIds, Resolve,
-    Resolver, Retry, Runtime, Spawn, Timeouts, Upgrade, Upstream,
+    AccessFormat, AccessLog, AccessTarget, AccessTemplate, Adaptive, Admin, Algorithm, Backend,
+    DnsName, HashKey, Health, Http2, Limits, Listener, NamedBackend, Passive, Protocol, RequestIds,
+    Resolve, Resolver, Retry, Runtime, Spawn, Timeouts, Upgrade, Upstream,
 };
 use crate::backend_address::BackendAddress;
 use crate::http1::request::RequestLimits;
@@ -236,6 +236,7 @@ pub(super) fn upstream(
     up: &RawUpstream,
     worker_cpus: &[usize],
     allowed: &[usize],
+    max_connections: usize,
     warnings: &mut Vec<String>,
 ) -> Result<Upstream> {
     let key = format!("upstream.{name}");
@@ -279,7 +280,14 @@ pub(super) fn upstream(
         }
     }
     let limited = backends.iter().any(|b| b.max_conns > 0) || names.iter().any(|n| n.max_conns > 0);
-    let queue = queue(&key, up, limited, warnings);
+    let adaptive = adaptive(src, &key, up, warnings)?;
+    let queue = queue(
+        &key,
+        up,
+        limited || adaptive.is_some(),
+        max_connections,
+        warnings,
+    );
     super::fastcgi::warn_unbounded(&key, up, limited, warnings);
     Ok(Upstream {
         name: name.to_string(),
@@ -292,6 +300,7 @@ pub(super) fn upstream(
         names,
         resolve: resolve(src, &key, &up.resolve)?,
         queue,
+        adaptive,
         max_connecting: up
             .max_connecting
             .as_ref()
@@ -331,15 +340,66 @@ pub(super) fn upstream(
     })
 }
 
-/// `queue`; a warning when no backend has a `max_conns` for it to wait on.
-fn queue(key: &str, up: &RawUpstream, limited: bool, warnings: &mut Vec<String>) -> usize {
-    let queue = up.queue.as_ref().map_or(0, |q| *q.get_ref());
-    if queue > 0 && !limited && up.max_conns == 0 {
+/// `queue`, `max_connections` by default; a warning when no backend has a limit (a
+/// `max_conns`, or a learned one) for it to wait on.
+fn queue(
+    key: &str,
+    up: &RawUpstream,
+    limited: bool,
+    max_connections: usize,
+    warnings: &mut Vec<String>,
+) -> usize {
+    let queue = up.queue.as_ref().map_or(max_connections, |q| *q.get_ref());
+    if up.queue.is_some() && queue > 0 && !limited && up.max_conns == 0 {
         warnings.push(format!(
-            "{key}.queue: no backend has max_conns, so no request ever waits in the queue"
+            "{key}.queue: adaptive = false and no backend has max_conns, so no request ever \
+             waits in the queue"
         ));
     }
     queue
+}
+
+/// `adaptive` (on by default), `adaptive_min` and `adaptive_max`: `None` when off.
+fn adaptive(
+    src: &Source,
+    key: &str,
+    up: &RawUpstream,
+    warnings: &mut Vec<String>,
+) -> Result<Option<Adaptive>> {
+    let on = up.adaptive.as_ref().is_none_or(|a| *a.get_ref());
+    let d = Adaptive::DEFAULT;
+    let min = up.adaptive_min.as_ref();
+    let max = up.adaptive_max.as_ref();
+    if !on {
+        if min.is_some() || max.is_some() {
+            warnings.push(format!(
+                "{key}: adaptive = false, so adaptive_min and adaptive_max have no effect"
+            ));
+        }
+        return Ok(None);
+    }
+    if let Some(v) = min.filter(|v| *v.get_ref() == 0) {
+        return Err(src.at(
+            v.span(),
+            &format!("{key}.adaptive_min"),
+            "0 is not allowed, expected 1 or more requests per backend",
+        ));
+    }
+    let bounds = Adaptive {
+        min: min.map_or(d.min, |v| *v.get_ref()),
+        max: max.map_or(d.max.max(min.map_or(0, |v| *v.get_ref())), |v| *v.get_ref()),
+    };
+    if let Some(v) = max.filter(|_| bounds.max < bounds.min) {
+        return Err(src.at(
+            v.span(),
+            &format!("{key}.adaptive_max"),
+            &format!(
+                "{} is below adaptive_min ({}), expected {} or more",
+                bounds.max, bounds.min, bounds.min
+            ),
+        ));
+    }
+    Ok(Some(bounds))
 }
 
 /// `hash`, which `algorithm = "hash"` needs and no other algorithm takes.

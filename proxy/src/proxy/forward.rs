@@ -299,7 +299,7 @@ async fn forward(
     let n = shared.backends.len();
     let max_tries = max_tries(retry, n);
     let host_from_backend = head.host().is_none();
-    // Only a `hash` upstream reads the key; only `ewma` times each attempt.
+    // Only a `hash` upstream reads the key; only `ewma` and learned limits time each attempt.
     let key = shared.config.hash.as_ref();
     let key = key.and_then(|spec| hash_key::request_key(spec, head, downstream.ip));
     let ewma = shared.config.algorithm == Algorithm::Ewma;
@@ -321,11 +321,22 @@ async fn forward(
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
-        // The answering attempt's start; a later one reads the clock only when it is timed.
-        let begun = first_try.and(at).map(|_| Instant::now());
+        // The answering attempt's start; a later one reads the clock only when it is timed or
+        // learns. A learned limit times the first attempt from the request's start (the pick
+        // just before costs nothing worth a clock read); `ewma` reads the clock as it sends.
+        let learns = guard.learns();
+        let retry = first_try.is_some();
         let started = *first_try.get_or_insert_with(Instant::now);
-        let begun = begun.unwrap_or(started);
-        let sent = ewma.then(Instant::now);
+        let begun = if retry && (at.is_some() || learns) {
+            Instant::now()
+        } else {
+            started
+        };
+        let sent = if ewma {
+            Some(Instant::now())
+        } else {
+            learns.then_some(begun)
+        };
         let addr = shared.backends[backend].address;
         let backend_host = host_from_backend.then(|| addr.host());
         let out = Outgoing {

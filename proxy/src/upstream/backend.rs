@@ -7,7 +7,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::backend_address::BackendAddress;
-use crate::config::Backend;
+use crate::config::{Adaptive, Backend};
+use crate::upstream::adaptive::Limiter;
 use crate::upstream::connecting::Connecting;
 use crate::upstream::counters::BackendStats;
 use crate::upstream::health::{FailWindow, ramped_weight};
@@ -17,10 +18,17 @@ use crate::upstream::queue::Queue;
 /// carry a small fraction of even weight 1. Scaling every weight alike changes no pick.
 pub const WEIGHT_SCALE: u64 = 1000;
 
+static BASE: OnceLock<Instant> = OnceLock::new();
+
 /// Time since the first call in this process.
 pub(super) fn since_start() -> Duration {
-    static BASE: OnceLock<Instant> = OnceLock::new();
     BASE.get_or_init(Instant::now).elapsed()
+}
+
+/// `t` on [`since_start`]'s clock, in nanoseconds: an instant already read, read no more.
+pub(super) fn nanos_at(t: Instant) -> u64 {
+    let since = t.saturating_duration_since(*BASE.get_or_init(Instant::now));
+    u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Milliseconds since the first call in this process; never zero, so zero can mean "never".
@@ -90,6 +98,9 @@ pub struct BackendState {
     weight: AtomicU32,
     /// Most requests in flight across all workers; 0 = unlimited.
     pub(super) max_conns: AtomicUsize,
+    /// The learned concurrency limit, for a backend without `max_conns` in an upstream with
+    /// `adaptive` on.
+    pub limiter: Limiter,
     slow_start_ms: AtomicU64,
     /// Requests sent to this backend whose response has not finished yet, across all workers.
     /// least_conn and `max_conns` read it; [`InFlight`] is the only writer.
@@ -126,11 +137,12 @@ pub struct BackendState {
 }
 
 impl BackendState {
-    pub(super) fn new(b: &Backend) -> Self {
+    pub(super) fn new(b: &Backend, adaptive: Option<Adaptive>) -> Self {
         let state = BackendState {
             address: b.address,
             weight: AtomicU32::new(0),
             max_conns: AtomicUsize::new(0),
+            limiter: Limiter::default(),
             slow_start_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             up: AtomicBool::new(true),
@@ -146,14 +158,17 @@ impl BackendState {
             connecting: Connecting::default(),
             queue: OnceLock::new(),
         };
-        state.configure(b);
+        state.configure(b, adaptive);
         state
     }
 
-    /// Applies the backend's settings from a (re)loaded config.
-    pub(super) fn configure(&self, b: &Backend) {
+    /// Applies the backend's settings from a (re)loaded config, and its upstream's `adaptive`
+    /// bounds: a fixed `max_conns` overrides learning.
+    pub(super) fn configure(&self, b: &Backend, adaptive: Option<Adaptive>) {
         self.weight.store(b.weight, Ordering::Relaxed);
         self.max_conns.store(b.max_conns, Ordering::Relaxed);
+        self.limiter
+            .configure(adaptive.filter(|_| b.max_conns == 0));
         self.slow_start_ms
             .store(millis(b.slow_start), Ordering::Relaxed);
     }
@@ -216,11 +231,18 @@ impl BackendState {
             .skipped(now.get())
     }
 
-    /// Whether `max_conns` requests are in flight.
+    /// Whether `max_conns` requests are in flight, or as many await their heads as its learned
+    /// limit allows.
     #[inline]
     pub fn is_full(&self) -> bool {
         let max = self.max_conns.load(Ordering::Relaxed);
-        max != 0 && self.in_flight.load(Ordering::Relaxed) >= max
+        (max != 0 && self.in_flight.load(Ordering::Relaxed) >= max) || self.limiter.is_full()
+    }
+
+    /// Whether the backend has a fixed `max_conns`.
+    #[inline]
+    pub(super) fn has_max_conns(&self) -> bool {
+        self.max_conns.load(Ordering::Relaxed) != 0
     }
 
     /// Whether the backend may be picked now. A lone backend is never skipped for passive
@@ -273,9 +295,8 @@ impl BackendState {
     /// Takes one response time into the peak EWMA (Finagle's): a sample above the average
     /// replaces it at once, so a backend that turns slow is avoided from its first slow answer;
     /// below it, the average decays towards it with time constant `decay`, so recovery is
-    /// believed gradually.
-    pub fn observe_response_time(&self, rtt: Duration, decay: Duration) {
-        let now = u64::try_from(since_start().as_nanos()).unwrap_or(u64::MAX);
+    /// believed gradually. `now`: the clock when it ended, in [`nanos_at`]'s nanoseconds.
+    pub fn observe_response_time(&self, rtt: Duration, decay: Duration, now: u64) {
         let rtt = rtt.as_nanos() as f64;
         let average = f64::from_bits(self.ewma_ns.load(Ordering::Relaxed));
         let at = self.ewma_at_ns.swap(now, Ordering::Relaxed);

@@ -3,13 +3,16 @@
 //! tower's load handle records its own latency; the proxy's retry loop only decides.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
+use tracing::warn;
 
+use crate::config::Algorithm;
 use crate::http1::client::ConnectFailure;
-use crate::upstream::backend::BackendState;
+use crate::upstream::adaptive::Fall;
+use crate::upstream::backend::{BackendState, nanos_at};
 use crate::upstream::counters::ErrorKind;
 use crate::upstream::shared::SharedUpstream;
 
@@ -22,6 +25,8 @@ pub struct InFlight {
     pub(super) state: Arc<BackendState>,
     /// This request is the one trial a skipped backend gets after `fail_timeout`.
     pub(super) trial: bool,
+    /// It counts against the backend's learned limit until its response head comes.
+    awaiting: AtomicBool,
 }
 
 impl InFlight {
@@ -30,26 +35,36 @@ impl InFlight {
         self.state.address
     }
 
-    /// Counts a request against `b`, unless that would exceed its `max_conns`. The increment
-    /// comes first, so two workers racing for the last slot cannot both get it.
+    /// Counts a request against `b`, unless that would exceed its `max_conns` or its learned
+    /// limit. The increment comes first, so two workers racing for the last slot cannot both
+    /// get it.
     pub(super) fn acquire(b: &Arc<BackendState>) -> Option<Self> {
         let before = b.in_flight.fetch_add(1, Ordering::Relaxed);
-        let guard = InFlight {
+        let mut guard = InFlight {
             state: b.clone(),
             trial: false,
+            awaiting: AtomicBool::new(false),
         };
         let max = b.max_conns.load(Ordering::Relaxed);
         if max != 0 && before >= max {
             return None;
         }
+        *guard.awaiting.get_mut() = b.limiter.enter().ok()?;
         Some(guard)
+    }
+
+    /// Whether this request counts against a learned limit, and so is timed to its head.
+    #[inline]
+    pub fn learns(&self) -> bool {
+        self.awaiting.load(Ordering::Relaxed)
     }
 
     /// Records the backend's response to this request: a status in `fail_on_status` counts as
     /// a passive failure, any other as a success (the trial's brings a skipped backend back);
-    /// `ewma` takes the time since `sent`; `/metrics` counts the status and the time since
-    /// `started`, the request's first attempt. Returns the instant the clock was read at, when
-    /// `/metrics` or `timed` (the request's spans are wanted) read it.
+    /// `ewma` and the learned limit take the time since `sent` (a `101`'s is no answer's time,
+    /// and the place it held in the limit is free now); `/metrics` counts the status and the
+    /// time since `started`, the request's first attempt. Returns the instant the clock was
+    /// read at, when something read it.
     #[inline(always)]
     pub fn answered(
         &self,
@@ -70,11 +85,22 @@ impl InFlight {
         } else {
             upstream.record_success(state, self.trial);
         }
-        if let Some(sent) = sent {
-            state.observe_response_time(sent.elapsed(), upstream.config.ewma_decay);
-        }
         // The clock is read only when something uses it.
-        let now = (upstream.counting || timed).then(Instant::now);
+        let now = (sent.is_some() || upstream.counting || timed).then(Instant::now);
+        let rtt = sent.zip(now).map(|(sent, now)| (now - sent, nanos_at(now)));
+        if let (Some((rtt, at)), Algorithm::Ewma) = (rtt, upstream.config.algorithm) {
+            state.observe_response_time(rtt, upstream.config.ewma_decay, at);
+        }
+        if self.learns() {
+            self.awaiting.store(false, Ordering::Relaxed);
+            let sample = rtt.filter(|_| status != StatusCode::SWITCHING_PROTOCOLS);
+            if let Some(fall) = state.limiter.headed(sample) {
+                log_fall(upstream, state, fall);
+            }
+            if let Some(queue) = state.queue.get() {
+                queue.slot_freed();
+            }
+        }
         if let (true, Some(now)) = (upstream.counting, now) {
             state.stats.response(status.as_u16());
             state
@@ -136,11 +162,35 @@ impl InFlight {
     }
 }
 
+/// Says why a backend's learned limit fell by half or more.
+#[cold]
+#[inline(never)]
+fn log_fall(upstream: &SharedUpstream, b: &BackendState, fall: Fall) {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    warn!(
+        upstream = %upstream.config.name,
+        "backend {}: concurrency limit {} -> {}: its answers' median time rose from {:.2} ms \
+         (without queueing) to {:.2} ms with up to {} requests in flight",
+        b.address,
+        fall.from,
+        fall.to,
+        ms(fall.min_rtt),
+        ms(fall.median),
+        fall.peak
+    );
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let state = &*self.state;
+        state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let awaiting = *self.awaiting.get_mut();
+        if awaiting {
+            // It ended without a head: failed, timed out, or its client left.
+            state.limiter.headed(None);
+        }
         // The slot this request held goes to the first request waiting, if any.
-        if let Some(queue) = self.state.queue.get() {
+        if let (true, Some(queue)) = (awaiting || state.has_max_conns(), state.queue.get()) {
             queue.slot_freed();
         }
     }

@@ -484,7 +484,7 @@ mod tests {
 
     #[test]
     fn random_two_avoids_the_backend_with_most_in_flight() {
-        let u = upstream("algorithm = \"random_two\"", 2);
+        let u = upstream("algorithm = \"random_two\"\nadaptive = false", 2);
         // Backend 0 holds five requests: of the two drawn (here always both), 1 wins.
         let _held: Vec<_> = (0..5)
             .map(|_| InFlight::acquire(&u.shared.backends[0]).unwrap())
@@ -494,11 +494,12 @@ mod tests {
 
     #[test]
     fn ewma_steers_away_from_a_slow_backend() {
+        let now = || crate::upstream::backend::nanos_at(Instant::now());
         let u = upstream("algorithm = \"ewma\"", 4);
         let decay = Duration::from_secs(10);
         for (i, b) in u.shared.backends.iter().enumerate() {
             let rtt = if i == 3 { 5_000 } else { 200 };
-            b.observe_response_time(Duration::from_micros(rtt), decay);
+            b.observe_response_time(Duration::from_micros(rtt), decay, now());
         }
         let counts = (0..4000).fold([0usize; 4], |mut c, _| {
             c[u.pick(None, |_| false).unwrap().0] += 1;
@@ -509,9 +510,9 @@ mod tests {
         assert!(counts[..3].iter().all(|&c| c > 1000), "{counts:?}");
         // A peak replaces the average at once; a fast sample after it decays it only slowly.
         let b = &u.shared.backends[0];
-        b.observe_response_time(Duration::from_millis(50), decay);
+        b.observe_response_time(Duration::from_millis(50), decay, now());
         assert_eq!(b.ewma(), Some(Duration::from_millis(50)));
-        b.observe_response_time(Duration::from_micros(100), decay);
+        b.observe_response_time(Duration::from_micros(100), decay, now());
         assert!(b.ewma().unwrap() > Duration::from_millis(49));
     }
 

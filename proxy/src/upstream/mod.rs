@@ -29,6 +29,7 @@
 //! - [`probe`]: active health checks, run on the control thread.
 //! - [`discovery`]: backends' DNS names (A/AAAA, SRV) looked up with hickory-resolver.
 
+pub mod adaptive;
 pub(crate) mod backend;
 pub mod balance;
 pub(crate) mod connecting;

@@ -87,7 +87,7 @@ impl SharedUpstream {
             .map(|b| {
                 match before.and_then(|u| u.backends.iter().find(|s| s.address == b.address)) {
                     Some(state) => {
-                        state.configure(b);
+                        state.configure(b, config.adaptive);
                         // Without checks nothing else would ever bring it back up.
                         if config.health.is_none() {
                             state.set_up(true);
@@ -95,7 +95,7 @@ impl SharedUpstream {
                         }
                         state.clone()
                     }
-                    None => Arc::new(BackendState::new(b)),
+                    None => Arc::new(BackendState::new(b, config.adaptive)),
                 }
             })
             .collect();
@@ -236,7 +236,9 @@ impl SharedUpstream {
             why.push(format!("{skipped} skipped after recent failures"));
         }
         if full > 0 {
-            why.push(format!("{full} at max_conns"));
+            why.push(format!(
+                "{full} at max_conns or their learned concurrency limit"
+            ));
         }
         if why.is_empty() {
             why.push("every backend was tried".into());
