@@ -393,7 +393,7 @@ fn adaptive(
         return Err(src.at(
             v.span(),
             &format!("{key}.adaptive_max"),
-            &format!(
+            format!(
                 "{} is below adaptive_min ({}), expected {} or more",
                 bounds.max, bounds.min, bounds.min
             ),

@@ -272,19 +272,19 @@ impl Limiter {
 
     /// Counts a request picked for the backend, if it learns: true when counted, and then the
     /// caller calls [`Self::headed`] once (the head came, or the request ended without one).
-    /// `Err` when it is at its limit (the count taken is given back).
+    /// `None` when it is at its limit (the count taken is given back).
     #[inline(always)]
-    pub fn enter(&self) -> Result<bool, ()> {
+    pub fn enter(&self) -> Option<bool> {
         let limit = self.limit.load(Ordering::Relaxed);
         if limit == 0 {
-            return Ok(false);
+            return Some(false);
         }
         // The increment first, so two workers racing for the last place cannot both get it.
         if self.awaiting.fetch_add(1, Ordering::Relaxed) >= limit {
             self.awaiting.fetch_sub(1, Ordering::Relaxed);
-            return Err(());
+            return None;
         }
-        Ok(true)
+        Some(true)
     }
 
     /// A counted request no longer awaits its head. With `answer`, the time its head took and
@@ -608,7 +608,7 @@ mod tests {
         while samples < MIN_SAMPLES {
             let n = l.limit().unwrap();
             for _ in 0..n {
-                assert_eq!(l.enter(), Ok(true));
+                assert_eq!(l.enter(), Some(true));
             }
             for _ in 0..n {
                 assert_eq!(l.headed(Some((rtt, t))), None);
@@ -616,7 +616,7 @@ mod tests {
             samples += n as u32;
         }
         let end = t + WINDOW.as_nanos() as u64;
-        assert_eq!(l.enter(), Ok(true));
+        assert_eq!(l.enter(), Some(true));
         (l.headed(Some((rtt, end))), end)
     }
 
@@ -639,10 +639,10 @@ mod tests {
         assert_eq!(fall.peak, 2 * INITIAL);
         // At its limit, a request is refused and nothing stays counted.
         for _ in 0..INITIAL {
-            assert_eq!(l.enter(), Ok(true));
+            assert_eq!(l.enter(), Some(true));
         }
         assert!(l.is_full());
-        assert_eq!(l.enter(), Err(()));
+        assert_eq!(l.enter(), None);
         for _ in 0..INITIAL {
             l.headed(None);
         }
@@ -651,6 +651,6 @@ mod tests {
         l.configure(Some(BOUNDS));
         assert_eq!(l.limit(), Some(INITIAL));
         l.configure(None);
-        assert_eq!((l.limit(), l.enter()), (None, Ok(false)));
+        assert_eq!((l.limit(), l.enter()), (None, Some(false)));
     }
 }

@@ -49,7 +49,7 @@ impl InFlight {
         if max != 0 && before >= max {
             return None;
         }
-        *guard.awaiting.get_mut() = b.limiter.enter().ok()?;
+        *guard.awaiting.get_mut() = b.limiter.enter()?;
         Some(guard)
     }
 
