@@ -545,7 +545,7 @@ bars_section() {
     fi
     [[ " ${RUN_PEERS[*]} " != *" nginx "* ]] || nginx=nginx
     echo
-    echo "Issue 47's bars, per pinlb peer and concurrency, from the medians above (lost: the most in one round): p99 ÷ HAProxy maxconn 32's p99 (bar ≤ 1.1), lost (bar 0), req/s ÷ nginx's req/s (bar ≥ 1.1). ✓ meets the bar, ✗ misses it. The bars are for pinlb's defaults; pinlb-queue's row shows where hand-tuning puts it."
+    echo "Issue 47's bars, per pinlb peer and concurrency, from the medians above (lost: the most in one round): p99 ÷ HAProxy maxconn 32's p99 (bar ≤ 1.1), lost (bar 0), req/s ÷ nginx's req/s (bar ≥ 1.1). ✓ meets the bar, ✗ misses it. The bars are for pinlb's defaults (the pinlb rows)$([[ " ${RUN_PEERS[*]} " == *" pinlb-queue "* ]] && echo "; pinlb-queue's rows show where hand-tuning puts pinlb")."
     if [[ -z $ref ]]; then echo "HAProxy maxconn 32 was not run (PEERS has no haproxy-32): its column is n/a."; fi
     if [[ -z $nginx ]]; then echo "nginx was not run: its column is n/a."; fi
     echo
