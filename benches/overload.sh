@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# benches/overload.sh - issue 27, "Overload must queue, not fail": far more clients than three
-# single-threaded Node.js backends can serve at once, through pinlb (defaults), pinlb with a
-# queue, nginx and HAProxy. A proxy that queues keeps every request (slower, but answered);
-# one that fails them shows lost requests. Interleaved runs, one table.
+# benches/overload.sh - issue 27, "Overload must queue, not fail", and issue 47's comparison:
+# far more clients than three single-threaded Node.js backends can serve at once, through pinlb
+# with its defaults (since issue 47: a learned per-backend concurrency limit and a queue),
+# pinlb hand-tuned (a fixed max_conns and a queue), nginx, and HAProxy hand-tuned with
+# maxconn 16 and with maxconn 32. A proxy that queues keeps every request (slower, but
+# answered); one that fails them shows lost requests. Interleaved runs, one table, and the
+# ratios issue 47's bars are stated in.
 #
 # Topology (meant for a 2-core machine; issue 27's users' setup):
 #   core 0: the proxy under test, one worker (pinlb [runtime] cpus = [0]; nginx
@@ -14,24 +17,32 @@
 #           (no keep-alive: a connection per request; -n after -t, because this ab's -t alone
 #           stops at 50000 requests, and a run should be bound by time)
 #   Peers (benches/peers/overload/*, rendered into a mktemp -d dir):
-#   pinlb        algorithm = "least_conn", the three backends, everything else at its default
-#   pinlb-queue  the same plus max_conns = $MAXCONN per backend, queue = 10000 and
-#                [upstream.app.timeouts] queue = "30s" (keys new with issue 27: a binary that
-#                rejects them, in `pinlb check` or at start-up, has the peer skipped, with the
-#                reason in the report; PINLB_QUEUE=0 skips it too)
+#   pinlb        defaults: algorithm = "least_conn" and the three backends, every other key at
+#                its default. Since issue 47 that is a learned concurrency limit per backend
+#                (adaptive = true, adaptive_min 2, adaptive_max 500) and a request queue; a
+#                binary from before issue 47 has neither (no limit, no queue): the report says
+#                which this binary is (whether `pinlb check` takes `adaptive = true`)
+#   pinlb-queue  hand-tuned: the same plus max_conns = $MAXCONN per backend (a fixed limit,
+#                which overrides the learned one), queue = 10000 and [upstream.app.timeouts]
+#                queue = "30s" (keys new with issue 27), as HAProxy's maxconn + timeout queue.
+#                PINLB_QUEUE=0 skips it
 #   nginx        least_conn, keepalive 64, HTTP/1.1 with Connection "" to the backends, default
 #                proxy_connect_timeout (60 s), no max_conns (nginx queues only in its commercial
 #                version)
-#   haproxy      balance leastconn, maxconn $MAXCONN per server, timeout queue 30s (maxqueue
+#   haproxy-N    hand-tuned: balance leastconn, maxconn N per server (N from the peer's name:
+#                haproxy-16, haproxy-32, any positive N), timeout queue 30s (maxqueue
 #                unlimited), http-reuse always, option http-keep-alive, timeouts connect 5s,
-#                client/server 60s
+#                client/server 60s. `haproxy` alone is haproxy-$MAXCONN (the peer's name
+#                before issue 47)
+#   A binary that rejects a pinlb peer's configuration (in `pinlb check` or at start-up: keys
+#   newer than the binary) has that peer skipped, with the reason in the report.
 #   Every proxy listens with its own default backlog: pinlb's is net.core.somaxconn (issue 27),
 #   nginx's 511, HAProxy's its frontend's maxconn (capped by somaxconn).
 #
 # Procedure: the Node.js processes and every peer start once and are polled (curl, bounded)
-# until they answer "hello world"; pinlb-queue's configuration is first tried with
+# until they answer "hello world"; each pinlb peer's configuration is first tried with
 # `pinlb check` and a trial start. Then for each of $ROUNDS rounds, for each concurrency C in
-# $CONCURRENCY, each peer in turn (pinlb, pinlb-queue, nginx, haproxy; then the next C):
+# $CONCURRENCY, each peer in turn ($PEERS' order; then the next C):
 #   1. wait (bounded, $DRAIN_S s) until the previous run's connections have drained (ss, on the
 #      proxies' and backends' ports): no client connection but TIME-WAIT, no backend connection
 #      with bytes queued or being opened, no accept queue, and at most $DRAIN_TW in TIME-WAIT;
@@ -59,17 +70,21 @@
 # 1 s), and max_fails = 1 then skipped the backends (503). Whether the burst happens depends on how fast
 # ab's connections ramp up, so it varies from run to run (with the cores shared with a build,
 # a 10 s run at C=8000 lost none, a 3 s one 5029 of 16795): use ROUNDS=3 or more to see it.
-# With ROUNDS > 1 the table shows the medians over rounds. Markdown on stdout and in $OUT_MD,
-# headed by the command line, date, nproc, CPU model and the peers' versions.
+# With ROUNDS > 1 the table shows the medians over rounds. Then issue 47's bars, per pinlb peer
+# and C, from those medians: its p99 / haproxy-32's p99 (bar: <= 1.1), its lost requests (bar:
+# 0) and its req/s / nginx's req/s (bar: >= 1.1); "n/a" where the peer compared against was not
+# run (or gave no figure). Markdown on stdout and in $OUT_MD, headed by the command line, date,
+# nproc, CPU model, the peers' versions and what each peer is.
 #
 # Usage:  bash benches/overload.sh
 #         PINLB=/tmp/pinlb-base DURATION=3 CONCURRENCY=1000 PEERS=pinlb bash benches/overload.sh
+#         PEERS="pinlb haproxy-32" CONCURRENCY=5000 ROUNDS=3 bash benches/overload.sh
 # Environment:
 #   CONCURRENCY="1000 3000 5000 8000"   ab -c values, in this order
 #   DURATION=10        seconds per run (ab -t)
 #   ROUNDS=1           repeats of the whole interleave
-#   MAXCONN=32         requests in flight per backend for pinlb-queue and HAProxy
-#   PEERS="pinlb pinlb-queue nginx haproxy"   peers to run, in this order
+#   MAXCONN=32         requests in flight per backend for pinlb-queue (and the `haproxy` alias)
+#   PEERS="pinlb pinlb-queue nginx haproxy-16 haproxy-32"   peers to run, in this order
 #   PINLB_QUEUE=1      0 = skip pinlb-queue
 #   PINLB=target/release/pinlb    pinlb binary (relative to the repo root)
 #   OUT_MD=/tmp/pinlb-overload.md where the Markdown report is written
@@ -93,7 +108,7 @@ CONCURRENCY=${CONCURRENCY:-1000 3000 5000 8000}
 DURATION=${DURATION:-10}
 ROUNDS=${ROUNDS:-1}
 MAXCONN=${MAXCONN:-32}
-PEERS=${PEERS:-pinlb pinlb-queue nginx haproxy}
+PEERS=${PEERS:-pinlb pinlb-queue nginx haproxy-16 haproxy-32}
 PINLB_QUEUE=${PINLB_QUEUE:-1}
 PINLB=${PINLB:-target/release/pinlb}
 OUT_MD=${OUT_MD:-/tmp/pinlb-overload.md}
@@ -127,9 +142,27 @@ for c in "${CONC_LIST[@]}"; do
 done
 read -r -a PEER_LIST <<<"$PEERS"
 ((${#PEER_LIST[@]} > 0)) || die "PEERS is empty"
+# peer_maxconn P: the per-backend limit of a hand-tuned peer: N for haproxy-N, $MAXCONN for
+# `haproxy` (haproxy-$MAXCONN, its name before issue 47) and pinlb-queue; empty for the others.
+peer_maxconn() {
+    case $1 in
+    haproxy-*) echo "${1#haproxy-}" ;;
+    haproxy | pinlb-queue) echo "$MAXCONN" ;;
+    esac
+}
+HAPROXY_MAX_SERVER_CONN=0 # the largest haproxy-N's N
 for p in "${PEER_LIST[@]}"; do
-    case $p in pinlb | pinlb-queue | nginx | haproxy) ;; *) die "unknown peer '$p' (known: pinlb pinlb-queue nginx haproxy)" ;; esac
+    case $p in
+    pinlb | pinlb-queue | nginx | haproxy) ;;
+    haproxy-*) [[ ${p#haproxy-} =~ ^[1-9][0-9]*$ ]] || die "peer '$p': haproxy-N needs a positive integer N (haproxy-16, haproxy-32)" ;;
+    *) die "unknown peer '$p' (known: pinlb pinlb-queue nginx haproxy-N with N the per-server maxconn, e.g. haproxy-16 haproxy-32; haproxy = haproxy-$MAXCONN)" ;;
+    esac
+    if [[ $p == haproxy* ]] && (($(peer_maxconn "$p") > HAPROXY_MAX_SERVER_CONN)); then
+        HAPROXY_MAX_SERVER_CONN=$(peer_maxconn "$p")
+    fi
 done
+dup=$(printf '%s\n' "${PEER_LIST[@]}" | sort | uniq -d | head -n1)
+[[ -z $dup ]] || die "peer '$dup' appears twice in PEERS"
 
 # ---------------------------------------------------------------- tools
 # shellcheck source=benches/lib.sh
@@ -137,7 +170,7 @@ source "$ROOT/benches/lib.sh"
 install_missing "nodejs nginx-light haproxy apache2-utils" node nginx haproxy ab
 require node nginx haproxy ab curl taskset ss awk sort getconf
 if [[ " ${PEER_LIST[*]} " == *" pinlb"* ]]; then
-    [[ -x $PINLB ]] || die "pinlb binary not found at $PINLB (build it: cargo build --release, or set PINLB=..., or PEERS=\"nginx haproxy\")"
+    [[ -x $PINLB ]] || die "pinlb binary not found at $PINLB (build it: cargo build --release, or set PINLB=..., or PEERS=\"nginx haproxy-32\")"
     "$PINLB" --version >/dev/null 2>&1 || die "'$PINLB --version' failed"
 fi
 NCPU=$(nproc)
@@ -152,7 +185,7 @@ ulimit -n "$NOFILE" || die "ulimit -n $NOFILE failed (hard limit $HARD_NOFILE)"
 NGINX_CONNS=$((NOFILE - 100))
 # HAProxy wants about 2 fds per maxconn: as many connections as the limit allows.
 HAPROXY_MAXCONN=$(((NOFILE - 200) / 2))
-((HAPROXY_MAXCONN >= MAX_C + 3 * MAXCONN)) ||
+((HAPROXY_MAXCONN >= MAX_C + 3 * HAPROXY_MAX_SERVER_CONN)) ||
     log "WARNING: HAProxy maxconn $HAPROXY_MAXCONN (from ulimit -n $NOFILE) is below C=$MAX_C + backend connections"
 
 # ---------------------------------------------------------------- cleanup
@@ -161,16 +194,16 @@ chmod 755 "$WORK" # nginx workers may run as an unprivileged user when root
 PIDS=()           # the proxies
 NODE_PIDS=()
 GEN_PID=""   # ab while it runs
-PROBE_PID="" # pinlb-queue's trial start
+PROBE_PID="" # a pinlb peer's trial start
 running_pids() { echo "$GEN_PID" "$PROBE_PID" "${PIDS[@]}" "${NODE_PIDS[@]}"; }
 install_cleanup
 
 # ---------------------------------------------------------------- helpers
-# render TEMPLATE DEST PORT DIR
+# render TEMPLATE DEST PORT DIR [MAXCONN, default $MAXCONN]
 render() {
     sed -e "s|@DIR@|$4|g" -e "s|@PORT@|$3|g" -e "s|@NODE0@|${NODE_PORTS[0]}|g" \
         -e "s|@NODE1@|${NODE_PORTS[1]}|g" -e "s|@NODE2@|${NODE_PORTS[2]}|g" \
-        -e "s|@MAXCONN@|$MAXCONN|g" -e "s|@NOFILE@|$NOFILE|g" -e "s|@NGINX_CONNS@|$NGINX_CONNS|g" \
+        -e "s|@MAXCONN@|${5:-$MAXCONN}|g" -e "s|@NOFILE@|$NOFILE|g" -e "s|@NGINX_CONNS@|$NGINX_CONNS|g" \
         -e "s|@HAPROXY_MAXCONN@|$HAPROXY_MAXCONN|g" "$1" >"$2"
 }
 
@@ -214,7 +247,39 @@ pinlb_takes() {
         port_in_use "${PORT[$p]}" || return 0
         sleep 0.1
     done
-    die "port ${PORT[$p]} still in use 5 s after pinlb-queue's trial start stopped"
+    die "port ${PORT[$p]} still in use 5 s after $p's trial start stopped"
+}
+
+# start_one P: starts peer P. haproxy-N is started here (lib.sh's start_peer knows only one
+# `haproxy`, at $MAXCONN), as start_peer starts haproxy but with maxconn N per server; the
+# others with start_peer.
+# shellcheck disable=SC2034 # VERSION is read by describe_procs and the report
+start_one() {
+    local p=$1 d="$WORK/$1"
+    case $p in
+    haproxy | haproxy-*)
+        mkdir -p "$d"
+        LOGF[$p]="$d/stdout.log"
+        render "$PEERS_DIR/haproxy.cfg" "$d/haproxy.cfg" "${PORT[$p]}" "$d" "$(peer_maxconn "$p")"
+        taskset -c 0 haproxy -db -f "$d/haproxy.cfg" >"${LOGF[$p]}" 2>&1 &
+        PID_OF[$p]=$!
+        VERSION[$p]=$(haproxy -v 2>&1 | awk 'NR == 1 {print $3}')
+        PIDS+=("${PID_OF[$p]}")
+        wait_ready "$p" "${PORT[$p]}" "${PID_OF[$p]}" "${LOGF[$p]}"
+        ;;
+    *) start_peer "$p" "$(toml_of "$p")" ;;
+    esac
+}
+
+# takes_adaptive: whether $PINLB knows issue 47's keys (`pinlb check` takes adaptive = true on
+# a copy of pinlb.toml): "yes" or "no".
+takes_adaptive() {
+    local d="$WORK/adaptive-probe"
+    mkdir -p "$d"
+    render "$PEERS_DIR/pinlb.toml" "$d/pinlb.toml" "${PORT[pinlb]:-$PORT_BASE}" "$d"
+    sed -i 's|^algorithm = "least_conn"$|&\nadaptive = true|' "$d/pinlb.toml"
+    grep -q '^adaptive = true$' "$d/pinlb.toml" || die "could not add adaptive = true to $d/pinlb.toml"
+    if "$PINLB" check -c "$d/pinlb.toml" >"$d/check.log" 2>&1; then echo yes; else echo no; fi
 }
 
 # conn_counts: "LIVE TW" on the proxies' and backends' ports. LIVE counts what is still
@@ -279,7 +344,7 @@ ensure_up() {
         tail -n 20 "${LOGF[$p]}" >&2 2>/dev/null || true
         RESTARTS[$p]=$((${RESTARTS[$p]:-0} + 1))
         stop_all "${PID_OF[$p]}"
-        start_peer "$p" "$(toml_of "$p")"
+        start_one "$p"
     fi
     wait_ready "$p" "${PORT[$p]}" "${PID_OF[$p]}" "${LOGF[$p]}"
 }
@@ -309,24 +374,41 @@ done
 
 RUN_PEERS=()
 for p in "${PEER_LIST[@]}"; do
-    if [[ $p == pinlb-queue ]]; then
-        if [[ $PINLB_QUEUE == 0 ]]; then
-            SKIP_WHY[$p]="PINLB_QUEUE=0"
-            log "skipping pinlb-queue: PINLB_QUEUE=0"
-            continue
-        fi
-        if ! pinlb_takes "$p"; then
-            log "skipping pinlb-queue: ${SKIP_WHY[$p]}"
-            continue
-        fi
+    if [[ $p == pinlb-queue && $PINLB_QUEUE == 0 ]]; then
+        SKIP_WHY[$p]="PINLB_QUEUE=0"
+        log "skipping pinlb-queue: PINLB_QUEUE=0"
+        continue
     fi
-    start_peer "$p" "$(toml_of "$p")"
+    if [[ $p == pinlb* ]] && ! pinlb_takes "$p"; then
+        log "skipping $p: ${SKIP_WHY[$p]}"
+        continue
+    fi
+    start_one "$p"
     RUN_PEERS+=("$p")
 done
 ((${#RUN_PEERS[@]} > 0)) || die "no peer left to run"
 
 # ---------------------------------------------------------------- header
 host_facts
+PINLB_ADAPTIVE=""
+if [[ " ${PEER_LIST[*]} " == *" pinlb"* ]]; then PINLB_ADAPTIVE=$(takes_adaptive); fi
+
+# peer_desc P: what peer P is, in one line (the report's and the log's).
+peer_desc() {
+    case $1 in
+    pinlb)
+        echo -n "pinlb defaults: least_conn and the three backends, no other key set; "
+        if [[ $PINLB_ADAPTIVE == yes ]]; then
+            echo "this binary takes issue 47's \`adaptive\`, so that is a learned concurrency limit per backend (adaptive_min 2, adaptive_max 500) and a queue"
+        else
+            echo "this binary predates issue 47 (\`pinlb check\` rejects \`adaptive = true\`): no limit per backend and no queue"
+        fi
+        ;;
+    pinlb-queue) echo "pinlb hand-tuned: max_conns = $MAXCONN per backend (fixed: no learned limit), queue = 10000, timeouts.queue = \"30s\"" ;;
+    nginx) echo "nginx: least_conn, keepalive 64; no limit per backend and no queue (open-source nginx has neither)" ;;
+    haproxy*) echo "HAProxy hand-tuned: balance leastconn, maxconn $(peer_maxconn "$1") per server, timeout queue 30s (maxqueue unlimited)" ;;
+    esac
+}
 NODE_VERSION=$(node --version)
 AB_VERSION=$(ab -V 2>&1 | awk 'NR == 1 {print $5}' || true)
 ENV_LINE="CONCURRENCY=\"$CONCURRENCY\" DURATION=$DURATION ROUNDS=$ROUNDS MAXCONN=$MAXCONN PEERS=\"$PEERS\" PINLB_QUEUE=$PINLB_QUEUE"
@@ -336,6 +418,7 @@ echo "command:   $ENV_LINE $CMDLINE"
 echo "nproc:     $NCPU ($CPU_MODEL); commit $COMMIT; node $NODE_VERSION; ab $AB_VERSION; ulimit -n $NOFILE"
 echo "topology:  core 0: the proxy (one worker); core 1: 3 node processes ${NODE_PORTS[*]} + taskset -c 1 ab -q -r -s 30 -c C -t $DURATION -n $AB_REQUESTS URL"
 describe_procs "${RUN_PEERS[@]}"
+for p in "${RUN_PEERS[@]}"; do echo "           $p: $(peer_desc "$p")"; done
 for p in "${PEER_LIST[@]}"; do
     if [[ -n ${SKIP_WHY[$p]:-} ]]; then echo "           $p skipped: ${SKIP_WHY[$p]}"; fi
 done
@@ -434,18 +517,71 @@ med() {
         }'
 }
 
+# worst PEER C COLUMN: the largest value of that column of $RAW over the rounds ("nan" skipped).
+worst() {
+    awk -F'\t' -v p="$1" -v c="$2" -v k="$3" '$2 == p && $3 == c && $k != "nan" {print $k}' "$RAW" | sort -g |
+        awk 'END { print (NR ? $1 : "nan") }'
+}
+
+# ratio A B BAR: A / B to 2 decimals and a check mark against BAR ("<=X" or ">=X"); "n/a" when
+# either is missing or B is 0.
+ratio() {
+    awk -v a="$1" -v b="$2" -v bar="$3" 'BEGIN {
+        if (a == "nan" || b == "nan" || a == "" || b == "" || b + 0 == 0) { print "n/a"; exit }
+        r = a / b; lim = substr(bar, 3) + 0
+        ok = (substr(bar, 1, 2) == "<=") ? (sprintf("%.2f", r) + 0 <= lim) : (sprintf("%.2f", r) + 0 >= lim)
+        printf "%.2f %s\n", r, (ok ? "✓" : "✗")
+    }'
+}
+
+# bars_section: issue 47's bars per pinlb peer and C, from the medians (lost: the most in a
+# round): p99 / haproxy-32's p99 <= 1.1, lost = 0, req/s / nginx's req/s >= 1.1.
+bars_section() {
+    local p c ref="" nginx="" lost lost_cell
+    if [[ " ${RUN_PEERS[*]} " == *" haproxy-32 "* ]]; then
+        ref=haproxy-32
+    elif [[ " ${RUN_PEERS[*]} " == *" haproxy "* && $MAXCONN == 32 ]]; then
+        ref=haproxy
+    fi
+    [[ " ${RUN_PEERS[*]} " != *" nginx "* ]] || nginx=nginx
+    echo
+    echo "Issue 47's bars, per pinlb peer and concurrency, from the medians above (lost: the most in one round): p99 ÷ HAProxy maxconn 32's p99 (bar ≤ 1.1), lost (bar 0), req/s ÷ nginx's req/s (bar ≥ 1.1). ✓ meets the bar, ✗ misses it. The bars are for pinlb's defaults (the pinlb rows)$([[ " ${RUN_PEERS[*]} " == *" pinlb-queue "* ]] && echo "; pinlb-queue's rows show where hand-tuning puts pinlb")."
+    if [[ -z $ref ]]; then echo "HAProxy maxconn 32 was not run (PEERS has no haproxy-32): its column is n/a."; fi
+    if [[ -z $nginx ]]; then echo "nginx was not run: its column is n/a."; fi
+    echo
+    echo "| peer | concurrency | p99 ÷ haproxy-32's p99 (≤ 1.1) | lost (0) | req/s ÷ nginx's req/s (≥ 1.1) |"
+    echo "|---|---:|---:|---:|---:|"
+    for p in "${RUN_PEERS[@]}"; do
+        [[ $p == pinlb* ]] || continue
+        for c in "${CONC_LIST[@]}"; do
+            lost=$(worst "$p" "$c" 5)
+            case $lost in nan) lost_cell="n/a" ;; 0) lost_cell="0 ✓" ;; *) lost_cell="$lost ✗" ;; esac
+            printf '| %s | %s | %s | %s | %s |\n' "$p" "$c" \
+                "$(if [[ -n $ref ]]; then ratio "$(med "$p" "$c" 8)" "$(med "$ref" "$c" 8)" "<=1.1"; else echo n/a; fi)" \
+                "$lost_cell" \
+                "$(if [[ -n $nginx ]]; then ratio "$(med "$p" "$c" 6)" "$(med nginx "$c" 6)" ">=1.1"; else echo n/a; fi)"
+        done
+    done
+}
+
 MD="$WORK/report.md"
 {
-    echo "### Overload (issue 27): ab -c ${CONC_LIST[*]} through a proxy to 3 busy Node.js processes ($(date -u '+%Y-%m-%d %H:%M UTC'), commit $COMMIT)"
+    echo "### Overload (issues 27 and 47): ab -c ${CONC_LIST[*]} through a proxy to 3 busy Node.js processes ($(date -u '+%Y-%m-%d %H:%M UTC'), commit $COMMIT)"
     echo
     echo "- Command: \`$ENV_LINE $CMDLINE\`"
     echo "- Host: nproc=$NCPU, $CPU_MODEL, $(uname -sr); ulimit -n $NOFILE; before start core0 ${IDLE_BUSY0}% / core1 ${IDLE_BUSY1}% busy"
     echo -n "- Versions:"
+    shown=" "
     for p in "${RUN_PEERS[@]}"; do
-        case $p in pinlb-queue) ;; *) echo -n " $p ${VERSION[$p]};" ;; esac
+        prog=${p%%-*} # pinlb-queue runs pinlb, haproxy-N haproxy
+        [[ $shown == *" $prog "* ]] && continue
+        shown+="$prog "
+        echo -n " $prog ${VERSION[$p]};"
     done
     echo " node $NODE_VERSION; ab $AB_VERSION"
-    echo "- Topology: the proxy on core 0 (one worker); 3 Node.js processes (\`http.createServer\`, a ${BUSY_LOOP}-iteration busy loop per request) and \`taskset -c 1 ab -r -s 30 -c C -t $DURATION -n $AB_REQUESTS\` (no keep-alive) on core 1. Configs: \`benches/peers/overload/\`; pinlb-queue and HAProxy with at most $MAXCONN in flight per backend and a 30 s queue."
+    echo "- Topology: the proxy on core 0 (one worker); 3 Node.js processes (\`http.createServer\`, a ${BUSY_LOOP}-iteration busy loop per request) and \`taskset -c 1 ab -r -s 30 -c C -t $DURATION -n $AB_REQUESTS\` (no keep-alive) on core 1. Configs: \`benches/peers/overload/\`."
+    echo "- Peers:"
+    for p in "${RUN_PEERS[@]}"; do echo "  - **$p**: $(peer_desc "$p")"; done
     echo "- $ROUNDS round(s), interleaved per concurrency (each peer in turn); $([[ $ROUNDS -gt 1 ]] && echo "medians over rounds" || echo "one run each"). Lost = requests not answered 2xx, each once: ab's Non-2xx + its Connect, Receive and Exceptions failures + Length failures beyond those (ab counts a 503 under both Non-2xx and Length, so its Failed + Non-2xx, in the per-run section, counts most lost requests twice). CPU = the proxy's utime+stime over the run / complete requests."
     for p in "${PEER_LIST[@]}"; do
         if [[ -n ${SKIP_WHY[$p]:-} ]]; then echo "- **$p skipped**: ${SKIP_WHY[$p]}"; fi
@@ -469,6 +605,7 @@ MD="$WORK/report.md"
                 "$(med "$p" "$c" 7)" "$(med "$p" "$c" 8)" "$(med "$p" "$c" 9)"
         done
     done
+    bars_section
     raw_section "Per run (round, peer, C, complete, lost, req/s, p50 ms, p99 ms, proxy µs/req, ab Failed, of which connect, receive, length, exceptions; ab Non-2xx; ab Failed + Non-2xx, core0 %, core1 %, other programs % of both cores, ab rc, drain before):"
 } >"$MD"
 publish_report "$MD"
