@@ -824,7 +824,7 @@ async fn a_backend_at_max_conns_is_skipped_while_its_request_is_in_flight() {
 async fn a_lone_backend_at_max_conns_gets_the_next_request_a_503_at_once() {
     let a = Backend::start("a").await;
     let mut setup = Setup::with(&[a.addr]);
-    setup.upstream_keys = "max_conns = 1".into();
+    setup.upstream_keys = "max_conns = 1\nqueue = 0".into();
     // Every allowed core: the limit counts requests across workers.
     setup.cpus = allowed();
     let proxy = Proxy::start(&setup);
@@ -850,6 +850,7 @@ async fn the_503_says_why_each_backend_was_unavailable() {
     let busy = Backend::start("busy").await;
     let mut setup = Setup::with(&[dead.addr, busy.addr]);
     setup.backend_keys = vec![String::new(), "max_conns = 1".into()];
+    setup.upstream_keys = "queue = 0".into();
     let proxy = Proxy::start(&setup);
 
     // The first request finds `dead` refusing (now skipped) and occupies `busy`.

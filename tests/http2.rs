@@ -569,7 +569,7 @@ async fn pinlb_errors_are_answered_per_stream_and_the_connection_goes_on() {
     // connection), 504 (timeouts.response), 431 (a header over limits.max_header_bytes).
     let a = Backend::start("a").await;
     let mut setup = h2c(Setup::with(&[a.addr]));
-    setup.upstream_keys = "max_conns = 1".into();
+    setup.upstream_keys = "max_conns = 1\nqueue = 0".into();
     setup.response_timeout = "500ms";
     setup.extra += "[limits]\nmax_header_bytes = \"4KiB\"\n";
     let proxy = Proxy::start(&setup);

@@ -1,7 +1,8 @@
 //! Overload end to end: the upstream's queue at `max_conns` (arrival order, the hand-over
 //! between workers, the timeout, a full queue, a client that leaves), busy backends that are
 //! not dead (a listen backlog of 1 and a slow accept stand for a busy Node.js process), panic
-//! mode, and the bound on connects in progress.
+//! mode, the bound on connects in progress, and the concurrency limits backends learn by
+//! default (a one-at-a-time backend; one that slows down and recovers).
 //!
 //! Every wait is on an event (a hit at the backend, a gauge in `/metrics`, a log line) within
 //! a bound.
@@ -190,7 +191,7 @@ async fn a_full_queue_and_a_queue_timeout_get_a_503_with_retry_after_and_a_clien
 async fn without_a_queue_a_lone_backend_at_max_conns_still_answers_503_at_once() {
     let a = Backend::start("a").await;
     let mut setup = Setup::with(&[a.addr]);
-    setup.upstream_keys = "max_conns = 1".into();
+    setup.upstream_keys = "max_conns = 1\nqueue = 0".into();
     let proxy = Proxy::start(&setup);
     a.set_gate(false);
     let held = tokio::spawn(get(proxy.addr, "/gated"));
@@ -378,4 +379,185 @@ async fn past_max_connecting_a_connect_waits_for_one_in_progress() {
         "{bodies:?}"
     );
     drop(fillers);
+}
+
+// Learned concurrency limits (issue 47): nothing set but the backends.
+
+/// Backend `i`'s learned limit in `/status`; `None` while it learns none.
+async fn learned_limit(proxy: &Proxy, i: usize) -> Option<u64> {
+    proxy.status().await["upstreams"][0]["backends"][i]["concurrency_limit"].as_u64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_at_a_time_backend_gets_a_small_learned_limit_and_every_client_an_answer() {
+    // Backlog 1, one connection at a time: without a limit, most connects would wait for SYN
+    // retransmissions. With defaults, the rest wait in pinlb's queue.
+    let busy = Busy::start(Duration::from_millis(5));
+    let mut setup = Setup::with(&[busy.addr]);
+    setup.extra = admin();
+    let proxy = Proxy::start(&setup);
+    assert_eq!(learned_limit(&proxy, 0).await, Some(20), "it starts at 20");
+
+    let clients: Vec<_> = (0..40)
+        .map(|_| {
+            let addr = proxy.addr;
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for _ in 0..5 {
+                    statuses.push(get(addr, "/").await.status.as_u16());
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut statuses = BTreeMap::new();
+    for c in clients {
+        for s in c.await.unwrap() {
+            *statuses.entry(s).or_insert(0) += 1;
+        }
+    }
+    assert_eq!(statuses, BTreeMap::from([(200, 200)]), "{statuses:?}");
+    // 200 answers of one at a time: the limit came down from 20 towards its floor, 2.
+    let limit = learned_limit(&proxy, 0).await.expect("a learned limit");
+    assert!((2..=6).contains(&limit), "learned {limit}");
+}
+
+/// A backend of four workers whose time per request the test sets: each request waits for a
+/// worker, then `work`, on keep-alive connections (Node.js's cluster of 4, a PHP pool of 4).
+struct Workers {
+    addr: SocketAddr,
+    work_us: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Workers {
+    async fn start(work: Duration) -> Workers {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let work_us = Arc::new(AtomicU64::new(work.as_micros() as u64));
+        let workers = Arc::new(tokio::sync::Semaphore::new(4));
+        let us = work_us.clone();
+        tokio::spawn(async move {
+            // Bounded by the test's life: the runtime ends with it.
+            while let Ok((mut s, _)) = listener.accept().await {
+                let (workers, us) = (workers.clone(), us.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut got = Vec::new();
+                    loop {
+                        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => got.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        got.clear();
+                        let Ok(_worker) = workers.acquire().await else {
+                            return;
+                        };
+                        let work = Duration::from_micros(us.load(Ordering::Relaxed));
+                        tokio::time::sleep(work).await;
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if s.write_all(ok).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Workers { addr, work_us }
+    }
+
+    fn set_work(&self, work: Duration) {
+        self.work_us.store(
+            work.as_micros() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_slows_down_has_its_limit_cut_within_5_s_and_regains_it_within_10_s() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let backend = Workers::start(Duration::from_millis(1)).await;
+    let mut setup = Setup::with(&[backend.addr]);
+    setup.extra = admin();
+    let proxy = Proxy::start(&setup);
+
+    // 32 clients, each sending its next request as soon as the last is answered.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (answered, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let clients: Vec<_> = (0..32)
+        .map(|_| {
+            let (stop, answered, failed) = (stop.clone(), answered.clone(), failed.clone());
+            let addr = proxy.addr;
+            tokio::spawn(async move {
+                let mut conn = Conn::open(addr).await;
+                for _ in 0..1_000_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let counter = if conn.get("/").await.status == 200 {
+                        &answered
+                    } else {
+                        &failed
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+
+    // A limit learned from a thousand answers at 1 ms.
+    let before = poll(400, Duration::from_millis(25), async || {
+        if answered.load(Ordering::Relaxed) < 1000 {
+            return None;
+        }
+        learned_limit(&proxy, 0).await
+    })
+    .await
+    .expect("a learned limit after 1000 answers");
+
+    // 20 ms a request: within 5 s, half the room or less.
+    backend.set_work(Duration::from_millis(20));
+    let slowed = Instant::now();
+    let low = poll(100, Duration::from_millis(50), async || {
+        let l = learned_limit(&proxy, 0).await?;
+        (2 * l <= before.max(4)).then_some(l)
+    })
+    .await;
+    let cut = slowed.elapsed();
+    let low = low.unwrap_or_else(|| panic!("limit {before} not halved within {cut:?}"));
+    assert!(
+        cut < Duration::from_secs(5),
+        "{before} -> {low} took {cut:?}"
+    );
+
+    // Back to 1 ms: within 10 s, room again (four workers at 1 ms take at least 8 within the
+    // 2 ms tolerance).
+    backend.set_work(Duration::from_millis(1));
+    let recovered = Instant::now();
+    let again = poll(200, Duration::from_millis(50), async || {
+        let l = learned_limit(&proxy, 0).await?;
+        (l >= (2 * low).max(8)).then_some(l)
+    })
+    .await;
+    let took = recovered.elapsed();
+    let again = again.unwrap_or_else(|| panic!("limit {low} not raised within {took:?}"));
+    assert!(
+        took < Duration::from_secs(10),
+        "{low} -> {again} took {took:?}"
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "every request is answered"
+    );
 }

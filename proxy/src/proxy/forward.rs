@@ -321,22 +321,7 @@ async fn forward(
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
-        // The answering attempt's start; a later one reads the clock only when it is timed or
-        // learns. A learned limit times the first attempt from the request's start (the pick
-        // just before costs nothing worth a clock read); `ewma` reads the clock as it sends.
-        let learns = guard.learns();
-        let retry = first_try.is_some();
-        let started = *first_try.get_or_insert_with(Instant::now);
-        let begun = if retry && (at.is_some() || learns) {
-            Instant::now()
-        } else {
-            started
-        };
-        let sent = if ewma {
-            Some(Instant::now())
-        } else {
-            learns.then_some(begun)
-        };
+        let (started, begun, sent) = clocks(&mut first_try, at.is_some(), guard.learns(), ewma);
         let addr = shared.backends[backend].address;
         let backend_host = host_from_backend.then(|| addr.host());
         let out = Outgoing {
@@ -380,6 +365,32 @@ async fn forward(
         let error = give_up_or_retry(failure, guard, shared, &plan, &head.method, &body, addr)?;
         last_error = Some(error);
     }
+}
+
+/// An attempt's instants: the request's first attempt's start, this attempt's, and when it
+/// was sent, for `ewma` or a learned limit (`learns`). A later attempt reads the clock only
+/// when it is `timed` or learns; a learned limit times the first attempt from the request's
+/// start (the pick just before it is not worth a clock read); `ewma` reads it as it sends.
+#[inline(always)]
+fn clocks(
+    first_try: &mut Option<Instant>,
+    timed: bool,
+    learns: bool,
+    ewma: bool,
+) -> (Instant, Instant, Option<Instant>) {
+    let retry = first_try.is_some();
+    let started = *first_try.get_or_insert_with(Instant::now);
+    let begun = if retry && (timed || learns) {
+        Instant::now()
+    } else {
+        started
+    };
+    let sent = if ewma {
+        Some(Instant::now())
+    } else {
+        learns.then_some(begun)
+    };
+    (started, begun, sent)
 }
 
 /// A sticky request's first pick: the backend its cookie names, while that one can take it

@@ -21,18 +21,21 @@
 //!   maximum, and a tolerance of at least 2 ms: queueing that costs less than that inside a
 //!   backend is not worth queueing in pinlb instead (the fast backend of `benches/compare.sh`
 //!   answers in well under a millisecond, and a scheduler's time slice is milliseconds).
-//! - **A `min_rtt` measured under load, or gone stale.** It is measured at the floor, where
-//!   the backend has the fewest requests the limit allows: first in a probe window (the limit
-//!   held at the floor for one window, as Envoy's `min_rtt` calculation does), again every
-//!   30 to 40 s, and whenever the limit falls to the floor on its own. In between, it falls
-//!   with any window faster than it. A backend that turned slower for good is cut to the
-//!   floor, measured there, and grows again from there.
+//! - **A `min_rtt` measured under load, or gone stale.** The first window's time is taken as
+//!   it comes, at [`INITIAL`], under whatever load there is; then it is measured at the floor,
+//!   where the backend has the fewest requests the limit allows, in a probe window (the limit
+//!   held at the floor for one window, as Envoy's `min_rtt` calculation does) 2 to 3 s after
+//!   the first window and every 30 to 40 s after that, and whenever the limit falls to the
+//!   floor on its own. In between, it falls with any window faster than it. A backend that
+//!   turned slower for good is cut to the floor, measured there, and grows again from there.
 //! - **A limit that never probes upward.** Any window under the target grows it, by at least
 //!   one; only a backend that is not given enough requests to fill half its limit keeps it
 //!   (it has shown nothing about more), so an idle backend's limit does not drift to the
 //!   ceiling and let a burst through unlimited.
-//! - **Slow start from 1.** After its first probe (one window, usually 100 ms) it goes to
-//!   [`INITIAL`] (Netflix's initial limit), and doubles per window while the backend keeps up.
+//! - **Slow start from 1.** It starts at [`INITIAL`] (Netflix's initial limit), and doubles
+//!   per window while the backend answers within 10% of its time without queueing, as TCP's
+//!   slow start does until the first sign of a queue: a burst to a backend that waits rather
+//!   than works (a database call) is not held back for long.
 //!
 //! The request path pays, while a backend learns: a count in and out of `awaiting`, a clock
 //! read and one counter in the window's histogram per answer; the answer that ends a window
@@ -44,7 +47,7 @@ use std::time::Duration;
 
 pub use crate::config::Adaptive as Bounds;
 
-/// The limit a backend starts at, after its first probe.
+/// The limit a backend starts at.
 pub const INITIAL: usize = 20;
 
 /// A window lasts at least this long, and until it has [`MIN_SAMPLES`] answers or lasts
@@ -56,11 +59,13 @@ const MIN_SAMPLES: u32 = 8;
 /// The least tolerance over `min_rtt` before the limit is cut.
 const SLACK: Duration = Duration::from_millis(2);
 
-/// How often `min_rtt` is measured again, at the floor, when the limit has not been there
-/// (Envoy's `min_rtt_calc_interval` is 60 s): a time measured while the backend was busier
-/// than its floor would hold the limit too high. Each backend's next probe is put off by up
+/// How often `min_rtt` is measured again, at the floor (Envoy's `min_rtt_calc_interval` is
+/// 60 s): a time measured while the backend was busier than its floor would hold the limit too
+/// high. The first probe comes [`FIRST_PROBE`] after the first window, since that window's
+/// time was taken at [`INITIAL`], under whatever load there was. Each probe is put off by up
 /// to a third more again, so a pool's backends do not all probe at once.
 const PROBE_EVERY: Duration = Duration::from_secs(30);
+const FIRST_PROBE: Duration = Duration::from_secs(2);
 
 /// What one window measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,20 +87,18 @@ pub struct Learned {
 }
 
 impl Learned {
-    /// A backend that starts learning: a probe first, for its time without queueing, then
-    /// [`INITIAL`].
+    /// A backend that starts learning: [`INITIAL`], and its time as the first window finds it.
     pub fn start(bounds: Bounds) -> Self {
         Learned {
-            limit: bounds.min,
+            limit: INITIAL.clamp(bounds.min, bounds.max),
             min_rtt: Duration::ZERO,
-            resume: Some(INITIAL.clamp(bounds.min, bounds.max)),
+            resume: None,
         }
     }
 }
 
 /// The next window's limit, from the last one's measures: the controller as a pure function.
-/// `probe`: `min_rtt` is due to be measured again (every [`PROBE_EVERY`]): the next window runs
-/// at the floor.
+/// `probe`: `min_rtt` is due to be measured again: the next window runs at the floor.
 pub fn next(bounds: Bounds, now: Learned, w: Window, probe: bool) -> Learned {
     let median = w.median.max(Duration::from_nanos(1));
     if let Some(resume) = now.resume {
@@ -105,14 +108,26 @@ pub fn next(bounds: Bounds, now: Learned, w: Window, probe: bool) -> Learned {
             resume: None,
         };
     }
+    if now.min_rtt.is_zero() {
+        // The first window: nothing to compare its time with yet.
+        return Learned {
+            min_rtt: median,
+            ..now
+        };
+    }
     let at_floor = now.limit <= bounds.min;
-    let min_rtt = if now.min_rtt.is_zero() || median < now.min_rtt || at_floor {
+    let min_rtt = if median < now.min_rtt || at_floor {
         median
     } else {
         now.min_rtt
     };
     let target = min_rtt + (min_rtt / 4).max(SLACK);
-    let gradient = (target.as_secs_f64() / median.as_secs_f64()).clamp(0.5, 2.0);
+    let gradient = if median <= min_rtt + min_rtt / 10 {
+        // No queueing at all: as fast as the gradient may go (slow start).
+        2.0
+    } else {
+        (target.as_secs_f64() / median.as_secs_f64()).clamp(0.5, 2.0)
+    };
     let limit = now.limit.max(1);
     let stepped = if gradient > 1.0 {
         if 2 * w.peak < limit {
@@ -236,8 +251,8 @@ impl Limiter {
         let was = self.limit.load(Ordering::Relaxed);
         if was == 0 {
             let start = Learned::start(b);
-            self.resume
-                .store(start.resume.unwrap_or(0), Ordering::Relaxed);
+            self.min_rtt_ns.store(0, Ordering::Relaxed);
+            self.resume.store(0, Ordering::Relaxed);
             self.limit.store(start.limit, Ordering::Relaxed);
             self.reference.store(start.limit, Ordering::Relaxed);
         } else {
@@ -358,9 +373,14 @@ impl Limiter {
         let probe = probe_at != 0 && now_ns >= probe_at;
         let learned = next(bounds, now, Window { median, peak }, probe);
         if probe_at == 0 || learned.resume.is_some() {
-            // Put off by 0 to 10 s more, from the clock's low bits.
-            let spread = now_ns % (PROBE_EVERY.as_nanos() as u64 / 3);
-            let every = PROBE_EVERY.as_nanos() as u64;
+            let every = if probe_at == 0 {
+                FIRST_PROBE
+            } else {
+                PROBE_EVERY
+            };
+            // Put off by up to a third more, from the clock's low bits.
+            let every = every.as_nanos() as u64;
+            let spread = now_ns % (every / 3);
             self.probe_at_ns
                 .store(now_ns + every + spread, Ordering::Relaxed);
         }
@@ -430,21 +450,24 @@ mod tests {
         move |n| service.mul_f64((n.max(workers) as f64) / workers as f64)
     }
 
+    /// The window whose end starts the first probe, as [`FIRST_PROBE`] does for 100 ms windows.
+    const PROBE_AT: usize = 20;
+
     /// Runs `windows` windows against `backend`, with as many requests offered as the limit
-    /// allows (a loaded proxy), and returns each window's limit.
+    /// allows (a loaded proxy), a probe after [`PROBE_AT`], and returns each window's limit.
     fn run(
         mut learned: Learned,
         windows: usize,
         backend: impl Fn(usize) -> Duration,
     ) -> (Learned, Vec<usize>) {
         let mut limits = Vec::new();
-        for _ in 0..windows {
+        for i in 0..windows {
             let n = learned.limit;
             let w = Window {
                 median: backend(n),
                 peak: n,
             };
-            learned = next(BOUNDS, learned, w, false);
+            learned = next(BOUNDS, learned, w, i == PROBE_AT);
             limits.push(learned.limit);
         }
         (learned, limits)
@@ -459,16 +482,16 @@ mod tests {
         // 20 ms a request, four at a time (a PHP pool of four, say).
         let (_, limits) = run(start(), 60, saturating(4, ms(20.0)));
         assert!(
-            limits[10..].iter().all(|l| (3..=6).contains(l)),
+            limits[PROBE_AT + 10..].iter().all(|l| (3..=6).contains(l)),
             "limits: {limits:?}"
         );
     }
 
     #[test]
     fn a_one_at_a_time_backend_is_held_near_the_floor() {
-        let (_, limits) = run(start(), 40, saturating(1, ms(10.0)));
+        let (_, limits) = run(start(), 60, saturating(1, ms(10.0)));
         assert!(
-            limits[10..].iter().all(|l| (2..=3).contains(l)),
+            limits[PROBE_AT + 10..].iter().all(|l| (2..=4).contains(l)),
             "limits: {limits:?}"
         );
     }
@@ -493,7 +516,7 @@ mod tests {
 
     #[test]
     fn a_backend_whose_time_doubles_has_its_limit_cut_within_a_few_windows_and_regains_it() {
-        let (settled, _) = run(start(), 40, saturating(4, ms(20.0)));
+        let (settled, _) = run(start(), 60, saturating(4, ms(20.0)));
         let before = settled.limit;
         // Its service time doubles (something else took half its CPU).
         let (slow, limits) = run(settled, 5, saturating(4, ms(40.0)));
@@ -511,7 +534,7 @@ mod tests {
 
     #[test]
     fn one_turning_from_1_ms_to_20_ms_falls_to_the_floor_and_comes_back_when_it_recovers() {
-        let (settled, _) = run(start(), 40, saturating(1, ms(1.0)));
+        let (settled, _) = run(start(), 60, saturating(1, ms(1.0)));
         let before = settled.limit;
         let (slow, limits) = run(settled, 2, saturating(1, ms(20.0)));
         assert!(limits.contains(&DEFAULT_MIN), "before {before}: {limits:?}");
@@ -538,8 +561,15 @@ mod tests {
             min_rtt: backend(25),
             resume: None,
         };
-        let (held, limits) = run(stale, 10, &backend);
-        assert!(limits.iter().all(|&l| l >= 20), "{limits:?}");
+        let mut held = stale;
+        for _ in 0..10 {
+            let w = Window {
+                median: backend(held.limit),
+                peak: held.limit,
+            };
+            held = next(BOUNDS, held, w, false);
+            assert!(held.limit >= 20, "{held:?}");
+        }
         let w = Window {
             median: backend(held.limit),
             peak: held.limit,
@@ -571,6 +601,13 @@ mod tests {
             }
         }
         assert!(lowest >= INITIAL, "fell to {lowest}");
+    }
+
+    #[test]
+    fn a_burst_to_a_backend_that_waits_is_let_through_within_a_few_windows() {
+        // 300 ms whatever the load: 20, then doubled each window.
+        let (_, limits) = run(start(), 4, |_| ms(300.0));
+        assert_eq!(limits, [20, 40, 80, 160]);
     }
 
     #[test]
@@ -621,11 +658,11 @@ mod tests {
     }
 
     #[test]
-    fn the_shared_limiter_probes_learns_from_answers_and_tells_a_fall() {
+    fn the_shared_limiter_learns_from_answers_and_tells_a_fall() {
         let l = Limiter::default();
         l.configure(Some(BOUNDS));
-        // The first answer starts the clock; the first window is a probe at the floor.
-        assert_eq!(l.limit(), Some(DEFAULT_MIN));
+        // The first answer starts the clock; the first window only measures.
+        assert_eq!(l.limit(), Some(INITIAL));
         let (fall, t) = one_window(&l, ms(1.0), 1);
         assert_eq!((fall, l.limit()), (None, Some(INITIAL)));
         assert!(l.min_rtt().unwrap() < ms(1.1));

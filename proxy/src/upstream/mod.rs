@@ -6,8 +6,10 @@
 //! - [`health`]: active-check rise/fall, passive failure accounting (max_fails/fail_timeout)
 //!   and slow start, as pure state machines.
 //! - [`counters`]: the counters the request path bumps, per backend and per listener (atomics).
-//! - [`queue`]: the upstream's queue at `max_conns`, woken across workers (the one lock, and
-//!   only for upstreams that set `queue`).
+//! - [`queue`]: the upstream's queue for backends at their limits, woken across workers (the
+//!   one lock, taken only while requests wait).
+//! - [`adaptive`]: each backend's learned concurrency limit: the controller as a pure
+//!   function, and its shared state (atomics).
 //! - [`connecting`]: connects in progress to one backend, and their bound.
 //! - [`backend`]: one backend's shared state: settings, health, failures, in-flight count,
 //!   slow start, response-time average, admin state.

@@ -225,6 +225,7 @@ impl SharedUpstream {
             .filter(|b| b.is_up() && b.is_skipped())
             .count();
         let full = self.backends.iter().filter(|b| b.is_full()).count();
+        let learned = self.backends.iter().filter(|b| b.limiter.is_full()).count();
         let mut why = Vec::new();
         if out > 0 {
             why.push(format!("{out} draining or disabled"));
@@ -235,10 +236,11 @@ impl SharedUpstream {
         if skipped > 0 {
             why.push(format!("{skipped} skipped after recent failures"));
         }
-        if full > 0 {
-            why.push(format!(
-                "{full} at max_conns or their learned concurrency limit"
-            ));
+        if full > learned {
+            why.push(format!("{} at max_conns", full - learned));
+        }
+        if learned > 0 {
+            why.push(format!("{learned} at their learned concurrency limit"));
         }
         if why.is_empty() {
             why.push("every backend was tried".into());
