@@ -21,6 +21,8 @@
 
 use portable_atomic::{AtomicU128, Ordering};
 
+use crate::sys::clock::monotonic_ns;
+
 /// Slots a key may sit in, from its hash's own: one or two cache lines, so that a table
 /// mostly full still finds room for a new key and a lookup stays cheap.
 pub(crate) const WINDOW: usize = 8;
@@ -139,17 +141,6 @@ impl RateTable {
         }
         Verdict::Full
     }
-}
-
-/// `CLOCK_MONOTONIC` (what `Instant` reads) in nanoseconds, without `Instant`'s
-/// seconds-and-nanoseconds subtraction: a rate check reads it once per request.
-fn monotonic_ns() -> u64 {
-    use nix::time::{ClockId, clock_gettime};
-    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
-        let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
-        let nanos = u64::try_from(t.tv_nsec()).unwrap_or(0);
-        secs.saturating_mul(1_000_000_000).saturating_add(nanos)
-    })
 }
 
 /// `Retry-After`'s whole seconds for a wait of `ns`: rounded up, so a client that waits that

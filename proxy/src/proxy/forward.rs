@@ -299,7 +299,7 @@ async fn forward(
     let n = shared.backends.len();
     let max_tries = max_tries(retry, n);
     let host_from_backend = head.host().is_none();
-    // Only a `hash` upstream reads the key; only `ewma` and learned limits time each attempt.
+    // Only a `hash` upstream reads the key; only `ewma` times each attempt.
     let key = shared.config.hash.as_ref();
     let key = key.and_then(|spec| hash_key::request_key(spec, head, downstream.ip));
     let ewma = shared.config.algorithm == Algorithm::Ewma;
@@ -321,7 +321,11 @@ async fn forward(
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
-        let (started, begun, sent) = clocks(&mut first_try, at.is_some(), guard.learns(), ewma);
+        // The answering attempt's start; a later one reads the clock only when it is timed.
+        let begun = first_try.and(at).map(|_| Instant::now());
+        let started = *first_try.get_or_insert_with(Instant::now);
+        let begun = begun.unwrap_or(started);
+        let sent = ewma.then(Instant::now);
         let addr = shared.backends[backend].address;
         let backend_host = host_from_backend.then(|| addr.host());
         let out = Outgoing {
@@ -365,32 +369,6 @@ async fn forward(
         let error = give_up_or_retry(failure, guard, shared, &plan, &head.method, &body, addr)?;
         last_error = Some(error);
     }
-}
-
-/// An attempt's instants: the request's first attempt's start, this attempt's, and when it
-/// was sent, for `ewma` or a learned limit (`learns`). A later attempt reads the clock only
-/// when it is `timed` or learns; a learned limit times the first attempt from the request's
-/// start (the pick just before it is not worth a clock read); `ewma` reads it as it sends.
-#[inline(always)]
-fn clocks(
-    first_try: &mut Option<Instant>,
-    timed: bool,
-    learns: bool,
-    ewma: bool,
-) -> (Instant, Instant, Option<Instant>) {
-    let retry = first_try.is_some();
-    let started = *first_try.get_or_insert_with(Instant::now);
-    let begun = if retry && (timed || learns) {
-        Instant::now()
-    } else {
-        started
-    };
-    let sent = if ewma {
-        Some(Instant::now())
-    } else {
-        learns.then_some(begun)
-    };
-    (started, begun, sent)
 }
 
 /// A sticky request's first pick: the backend its cookie names, while that one can take it
@@ -498,6 +476,10 @@ async fn pick_queued(
     key: Option<u64>,
     queue_time: &mut Duration,
 ) -> Result<Option<(usize, InFlight)>, ProxyError> {
+    // Most requests find room at once: their pick allocates nothing and waits on nothing.
+    if let Some(picked) = upstream.pick_unqueued(queue, key) {
+        return Ok(Some(picked));
+    }
     match Box::pin(upstream.pick_queued(queue, key)).await {
         Ok(Some((backend, guard, waited))) => {
             *queue_time = waited;

@@ -2,6 +2,7 @@
 //! processes, the threads' runtimes and the thread-local executor, systemd's readiness protocol,
 //! the kernel's limits, and the per-thread log state beneath the request path.
 //!
+//! - [`clock`]: the monotonic clock as plain nanoseconds, for the request path's bookkeeping.
 //! - [`limits`]: the kernel's listen backlog ceiling and the open file limit, raised at start.
 //! - [`cpus`]: core lists, the process's allowed cores, and thread pinning.
 //! - [`runtime`]: the threads' single-threaded tokio runtimes, pinned to a core first.
@@ -17,6 +18,7 @@
 //!   `$NOTIFY_SOCKET`, when it is set.
 
 pub mod child;
+pub mod clock;
 pub mod cpus;
 pub mod exec;
 pub(crate) mod head_bufs;

@@ -18,17 +18,10 @@ use crate::upstream::queue::Queue;
 /// carry a small fraction of even weight 1. Scaling every weight alike changes no pick.
 pub const WEIGHT_SCALE: u64 = 1000;
 
-static BASE: OnceLock<Instant> = OnceLock::new();
-
 /// Time since the first call in this process.
 pub(super) fn since_start() -> Duration {
+    static BASE: OnceLock<Instant> = OnceLock::new();
     BASE.get_or_init(Instant::now).elapsed()
-}
-
-/// `t` on [`since_start`]'s clock, in nanoseconds: an instant already read, read no more.
-pub(super) fn nanos_at(t: Instant) -> u64 {
-    let since = t.saturating_duration_since(*BASE.get_or_init(Instant::now));
-    u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Milliseconds since the first call in this process; never zero, so zero can mean "never".
@@ -295,8 +288,9 @@ impl BackendState {
     /// Takes one response time into the peak EWMA (Finagle's): a sample above the average
     /// replaces it at once, so a backend that turns slow is avoided from its first slow answer;
     /// below it, the average decays towards it with time constant `decay`, so recovery is
-    /// believed gradually. `now`: the clock when it ended, in [`nanos_at`]'s nanoseconds.
-    pub fn observe_response_time(&self, rtt: Duration, decay: Duration, now: u64) {
+    /// believed gradually.
+    pub fn observe_response_time(&self, rtt: Duration, decay: Duration) {
+        let now = u64::try_from(since_start().as_nanos()).unwrap_or(u64::MAX);
         let rtt = rtt.as_nanos() as f64;
         let average = f64::from_bits(self.ewma_ns.load(Ordering::Relaxed));
         let at = self.ewma_at_ns.swap(now, Ordering::Relaxed);

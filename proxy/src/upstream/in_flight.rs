@@ -3,16 +3,16 @@
 //! tower's load handle records its own latency; the proxy's retry loop only decides.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use tracing::warn;
 
-use crate::config::Algorithm;
 use crate::http1::client::ConnectFailure;
+use crate::sys::clock::monotonic_ns;
 use crate::upstream::adaptive::Fall;
-use crate::upstream::backend::{BackendState, nanos_at};
+use crate::upstream::backend::BackendState;
 use crate::upstream::counters::ErrorKind;
 use crate::upstream::shared::SharedUpstream;
 
@@ -25,8 +25,9 @@ pub struct InFlight {
     pub(super) state: Arc<BackendState>,
     /// This request is the one trial a skipped backend gets after `fail_timeout`.
     pub(super) trial: bool,
-    /// It counts against the backend's learned limit until its response head comes.
-    awaiting: AtomicBool,
+    /// While it counts against the backend's learned limit (until its response head comes):
+    /// when it was picked, on [`monotonic_ns`]'s clock; 0 otherwise.
+    sent_ns: AtomicU64,
 }
 
 impl InFlight {
@@ -43,28 +44,26 @@ impl InFlight {
         let mut guard = InFlight {
             state: b.clone(),
             trial: false,
-            awaiting: AtomicBool::new(false),
+            sent_ns: AtomicU64::new(0),
         };
         let max = b.max_conns.load(Ordering::Relaxed);
         if max != 0 && before >= max {
             return None;
         }
-        *guard.awaiting.get_mut() = b.limiter.enter()?;
+        // Timed from the pick, which comes right before the request is sent.
+        if b.limiter.enter()? {
+            *guard.sent_ns.get_mut() = monotonic_ns().max(1);
+        }
         Some(guard)
-    }
-
-    /// Whether this request counts against a learned limit, and so is timed to its head.
-    #[inline]
-    pub fn learns(&self) -> bool {
-        self.awaiting.load(Ordering::Relaxed)
     }
 
     /// Records the backend's response to this request: a status in `fail_on_status` counts as
     /// a passive failure, any other as a success (the trial's brings a skipped backend back);
-    /// `ewma` and the learned limit take the time since `sent` (a `101`'s is no answer's time,
-    /// and the place it held in the limit is free now); `/metrics` counts the status and the
-    /// time since `started`, the request's first attempt. Returns the instant the clock was
-    /// read at, when something read it.
+    /// `ewma` takes the time since `sent`; the learned limit the time since the pick (a
+    /// `101`'s is no answer's time), and the place it held there is free now; `/metrics`
+    /// counts the status and the time since `started`, the request's first attempt. Returns
+    /// the instant the clock was read at, when `/metrics` or `timed` (the request's spans are
+    /// wanted) read it.
     #[inline(always)]
     pub fn answered(
         &self,
@@ -85,15 +84,16 @@ impl InFlight {
         } else {
             upstream.record_success(state, self.trial);
         }
-        // The clock is read only when something uses it.
-        let now = (sent.is_some() || upstream.counting || timed).then(Instant::now);
-        let rtt = sent.zip(now).map(|(sent, now)| (now - sent, nanos_at(now)));
-        if let (Some((rtt, at)), Algorithm::Ewma) = (rtt, upstream.config.algorithm) {
-            state.observe_response_time(rtt, upstream.config.ewma_decay, at);
+        if let Some(sent) = sent {
+            state.observe_response_time(sent.elapsed(), upstream.config.ewma_decay);
         }
-        if self.learns() {
-            self.awaiting.store(false, Ordering::Relaxed);
-            let sample = rtt.filter(|_| status != StatusCode::SWITCHING_PROTOCOLS);
+        let sent_ns = self.sent_ns.load(Ordering::Relaxed);
+        if sent_ns != 0 {
+            self.sent_ns.store(0, Ordering::Relaxed);
+            let sample = (status != StatusCode::SWITCHING_PROTOCOLS).then(|| {
+                let now = monotonic_ns();
+                (now.saturating_sub(sent_ns), now)
+            });
             if let Some(fall) = state.limiter.headed(sample) {
                 log_fall(upstream, state, fall);
             }
@@ -101,6 +101,8 @@ impl InFlight {
                 queue.slot_freed();
             }
         }
+        // The clock is read only when something uses it.
+        let now = (upstream.counting || timed).then(Instant::now);
         if let (true, Some(now)) = (upstream.counting, now) {
             state.stats.response(status.as_u16());
             state
@@ -169,14 +171,14 @@ fn log_fall(upstream: &SharedUpstream, b: &BackendState, fall: Fall) {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     warn!(
         upstream = %upstream.config.name,
-        "backend {}: concurrency limit {} -> {}: its answers' median time rose from {:.2} ms \
-         (without queueing) to {:.2} ms with up to {} requests in flight",
+        "backend {}: concurrency limit {} -> {}: its quickest answers (10th percentile) took \
+         {:.2} ms with up to {} requests in flight, against {:.2} ms without queueing",
         b.address,
         fall.from,
         fall.to,
-        ms(fall.min_rtt),
-        ms(fall.median),
-        fall.peak
+        ms(fall.time),
+        fall.peak,
+        ms(fall.min_rtt)
     );
 }
 
@@ -184,7 +186,7 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         let state = &*self.state;
         state.in_flight.fetch_sub(1, Ordering::Relaxed);
-        let awaiting = *self.awaiting.get_mut();
+        let awaiting = *self.sent_ns.get_mut() != 0;
         if awaiting {
             // It ended without a head: failed, timed out, or its client left.
             state.limiter.headed(None);

@@ -103,6 +103,17 @@ impl WorkerUpstream {
         prefer(&self.shared, b)
     }
 
+    /// Picks a backend as [`Self::pick`] does, for an upstream with a `queue`, when nobody
+    /// waits in it; `None` when someone does or no backend has room (then [`Self::pick_queued`]
+    /// waits).
+    #[inline]
+    pub fn pick_unqueued(&self, queue: &Queue, key: Option<u64>) -> Option<(usize, InFlight)> {
+        if queue.is_busy() {
+            return None;
+        }
+        self.pick(key, |_| false)
+    }
+
     /// Picks a backend as [`Self::pick`] does, for an upstream with a `queue`: when every
     /// backend that could take the request is at `max_conns`, or others wait already, the
     /// request waits in the queue, at most `timeouts.queue`, and then picks among those that
@@ -494,12 +505,11 @@ mod tests {
 
     #[test]
     fn ewma_steers_away_from_a_slow_backend() {
-        let now = || crate::upstream::backend::nanos_at(Instant::now());
         let u = upstream("algorithm = \"ewma\"", 4);
         let decay = Duration::from_secs(10);
         for (i, b) in u.shared.backends.iter().enumerate() {
             let rtt = if i == 3 { 5_000 } else { 200 };
-            b.observe_response_time(Duration::from_micros(rtt), decay, now());
+            b.observe_response_time(Duration::from_micros(rtt), decay);
         }
         let counts = (0..4000).fold([0usize; 4], |mut c, _| {
             c[u.pick(None, |_| false).unwrap().0] += 1;
@@ -510,9 +520,9 @@ mod tests {
         assert!(counts[..3].iter().all(|&c| c > 1000), "{counts:?}");
         // A peak replaces the average at once; a fast sample after it decays it only slowly.
         let b = &u.shared.backends[0];
-        b.observe_response_time(Duration::from_millis(50), decay, now());
+        b.observe_response_time(Duration::from_millis(50), decay);
         assert_eq!(b.ewma(), Some(Duration::from_millis(50)));
-        b.observe_response_time(Duration::from_micros(100), decay, now());
+        b.observe_response_time(Duration::from_micros(100), decay);
         assert!(b.ewma().unwrap() > Duration::from_millis(49));
     }
 
