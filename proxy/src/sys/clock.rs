@@ -1,11 +1,22 @@
-//! `CLOCK_MONOTONIC` (what `Instant` reads) as plain nanoseconds, for the request path's own
-//! bookkeeping: an `Instant`'s seconds-and-nanoseconds subtraction costs about a hundred
-//! instructions, a `u64`'s one.
+//! Clocks as plain nanoseconds: `CLOCK_MONOTONIC` (what `Instant` reads) for the request
+//! path's own bookkeeping, where an `Instant`'s seconds-and-nanoseconds subtraction costs about
+//! a hundred instructions and a `u64`'s one; and the thread's CPU time.
+
+use nix::time::{ClockId, clock_gettime};
 
 /// Nanoseconds on `CLOCK_MONOTONIC`; 0 only if the clock cannot be read.
 pub fn monotonic_ns() -> u64 {
-    use nix::time::{ClockId, clock_gettime};
-    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+    read(ClockId::CLOCK_MONOTONIC)
+}
+
+/// The calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`) in nanoseconds; 0 if it cannot be
+/// read. A system call, not a vDSO read: for once-a-window bookkeeping, not per request.
+pub fn thread_cpu_ns() -> u64 {
+    read(ClockId::CLOCK_THREAD_CPUTIME_ID)
+}
+
+fn read(clock: ClockId) -> u64 {
+    clock_gettime(clock).map_or(0, |t| {
         let secs = u64::try_from(t.tv_sec()).unwrap_or(0);
         let nanos = u64::try_from(t.tv_nsec()).unwrap_or(0);
         secs.saturating_mul(1_000_000_000).saturating_add(nanos)

@@ -10,28 +10,28 @@
 //!
 //! The rule is a gradient controller, as Envoy's `adaptive_concurrency` filter and Netflix's
 //! `concurrency-limits` have it: each window (at least 100 ms and 8 answers), the window's
-//! time to the response head (`time`, its answers' 10th percentile) is set against the
-//! backend's time without queueing (`min_rtt`):
+//! time to the response head (`time`, its answers' median) is set against the backend's time
+//! without queueing (`min_rtt`):
 //!
 //! `limit × clamp(target / time, 0.5, 2)`, with `target = min_rtt + max(min_rtt / 4, 2 ms)`.
 //!
 //! A backend answering within its target gets more room; one whose answers wait inside it gets
 //! less, at most half as much per window. The traps the peers document, and what is done here:
 //!
-//! - **A noisy time that ratchets the limit down.** A percentile of a window, not a mean or a
+//! - **A noisy time that ratchets the limit down.** The median of a window, not a mean or a
 //!   maximum, and a tolerance of at least 2 ms: queueing that costs less than that inside a
 //!   backend is not worth queueing in pinlb instead (the fast backend of `benches/compare.sh`
 //!   answers in well under a millisecond, and a scheduler's time slice is milliseconds).
 //! - **pinlb's own delay taken for the backend's.** A response is timed when the worker reads
-//!   it, so a busy worker adds its own delay: the responses that came during one turn of its
-//!   event loop wait for the others' work, from nothing for the first to the whole turn for
-//!   the last. That grows with the requests in flight just as a backend's queue does, and a
-//!   limit would only move the wait into pinlb's queue. The 10th percentile is what the
-//!   quickest answers took: a backend's own queue delays all of its answers (the first request
-//!   in line waits for none, but under load the line is seldom short), the worker's turn
-//!   hardly any of the quickest. Under callgrind, which runs pinlb fifty times slower, the
-//!   median of a fast backend's times doubled between 2 and 16 requests in flight and cut its
-//!   limit; the 10th percentile did not.
+//!   it. A worker that is itself the bottleneck reads each response a turn of its event loop
+//!   after it came, and that turn grows with the requests in flight, just as a backend's queue
+//!   would: a cut then only moves the wait into pinlb's queue, and adds the queue's work to a
+//!   worker that has no time to spare. So a window closed by a worker that was busy 90% or
+//!   more of the time since it last looked (its thread's CPU time, read once per window)
+//!   cuts nothing and starts no probe. Under callgrind, which runs pinlb some fifty times
+//!   slower, a fast backend's 16 requests in flight took a worker's turn each, and without
+//!   this rule the limit was cut below 16 and the plain path took 13,350 instructions a
+//!   request instead of 10,300.
 //! - **A `min_rtt` measured under load, or gone stale.** The first window's time is taken as
 //!   it comes, at [`INITIAL`], under whatever load there is; then it is measured at the floor,
 //!   where the backend has the fewest requests the limit allows, in a probe window (the limit
@@ -82,11 +82,14 @@ const FIRST_PROBE: Duration = Duration::from_secs(2);
 /// What one window measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
-    /// The window's time to head: the 10th percentile of its answers' times from the pick to
-    /// the response head (see the module's docs for why not the median).
+    /// The window's time to head: the median of its answers' times from the pick to the
+    /// response head.
     pub time: Duration,
     /// The most requests awaiting a head at once during the window.
     pub peak: usize,
+    /// The worker that closed the window was busy 90% or more of the time: the times include
+    /// its own delay.
+    pub busy: bool,
 }
 
 /// What the limiter knows between windows.
@@ -149,11 +152,14 @@ pub fn next(bounds: Bounds, now: Learned, w: Window, probe: bool) -> Learned {
         } else {
             ((limit as f64 * gradient).round() as usize).max(limit + 1)
         }
+    } else if w.busy {
+        // The worker's own delay, not the backend's: a cut would not shorten it.
+        limit
     } else {
         (limit as f64 * gradient).round() as usize
     };
     let limit = stepped.clamp(bounds.min, bounds.max);
-    if probe && limit > bounds.min {
+    if probe && !w.busy && limit > bounds.min {
         return Learned {
             limit: bounds.min,
             min_rtt,
@@ -366,13 +372,14 @@ impl Limiter {
         }
         self.began_ns.store(now_ns, Ordering::Relaxed);
         let peak = self.peak.swap(0, Ordering::Relaxed);
+        let busy = worker_busy(now_ns);
         let limit = self.limit.load(Ordering::Relaxed);
         // The first answer only starts the clock: a window from the process's start is no
         // window.
         if first || samples == 0 || limit == 0 {
             return None;
         }
-        let time = tenth(&counts, samples);
+        let time = median(&counts, samples);
         let bounds = Bounds {
             min: self.min.load(Ordering::Relaxed),
             max: self.max.load(Ordering::Relaxed),
@@ -384,7 +391,7 @@ impl Limiter {
         };
         let probe_at = self.probe_at_ns.load(Ordering::Relaxed);
         let probe = probe_at != 0 && now_ns >= probe_at;
-        let learned = next(bounds, now, Window { time, peak }, probe);
+        let learned = next(bounds, now, Window { time, peak, busy }, probe);
         if probe_at == 0 || learned.resume.is_some() {
             let every = if probe_at == 0 {
                 FIRST_PROBE
@@ -432,9 +439,32 @@ impl Limiter {
     }
 }
 
-/// The 10th percentile of a window's histogram of `samples` answers.
-fn tenth(counts: &[u32], samples: u32) -> Duration {
-    let rank = samples.div_ceil(10);
+/// A worker busy this share of the time or more is itself the bottleneck.
+const BUSY: f64 = 0.9;
+
+thread_local! {
+    /// This thread's CPU time and the clock when a window's close last looked.
+    static LOOKED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Whether this thread (the worker closing a window) was busy [`BUSY`] or more of the time
+/// since it last looked, at least 10 ms ago; false the first time. One system call.
+fn worker_busy(now_ns: u64) -> bool {
+    LOOKED.with(|looked| {
+        let (cpu_then, then) = looked.get();
+        let elapsed = now_ns.saturating_sub(then);
+        if then != 0 && elapsed < 10_000_000 {
+            return false;
+        }
+        let cpu = crate::sys::clock::thread_cpu_ns();
+        looked.set((cpu, now_ns));
+        then != 0 && cpu.saturating_sub(cpu_then) as f64 >= BUSY * elapsed as f64
+    })
+}
+
+/// The median of a window's histogram of `samples` answers.
+fn median(counts: &[u32], samples: u32) -> Duration {
+    let rank = samples.div_ceil(2);
     let mut seen = 0;
     for (i, &c) in counts.iter().enumerate() {
         seen += c;
@@ -479,6 +509,7 @@ mod tests {
             let w = Window {
                 time: backend(n),
                 peak: n,
+                busy: false,
             };
             learned = next(BOUNDS, learned, w, i == PROBE_AT);
             limits.push(learned.limit);
@@ -521,6 +552,7 @@ mod tests {
             let w = Window {
                 time: fast(64),
                 peak: 64,
+                busy: false,
             };
             l = next(BOUNDS, l, w, false);
         }
@@ -579,6 +611,7 @@ mod tests {
             let w = Window {
                 time: backend(held.limit),
                 peak: held.limit,
+                busy: false,
             };
             held = next(BOUNDS, held, w, false);
             assert!(held.limit >= 20, "{held:?}");
@@ -586,6 +619,7 @@ mod tests {
         let w = Window {
             time: backend(held.limit),
             peak: held.limit,
+            busy: false,
         };
         let probing = next(BOUNDS, held, w, true);
         assert_eq!(probing.limit, DEFAULT_MIN);
@@ -598,6 +632,22 @@ mod tests {
     }
 
     #[test]
+    fn a_busy_worker_cuts_nothing_and_starts_no_probe() {
+        let (settled, _) = run(start(), 10, |_| ms(1.0));
+        // Its own turn took 10 ms: the backend is not to blame.
+        let w = Window {
+            time: ms(10.0),
+            peak: settled.limit,
+            busy: true,
+        };
+        let held = next(BOUNDS, settled, w, true);
+        assert_eq!((held.limit, held.resume), (settled.limit, None));
+        // Not busy: the same window is a queue in the backend.
+        let cut = next(BOUNDS, settled, Window { busy: false, ..w }, false);
+        assert!(2 * cut.limit <= settled.limit + 1, "{settled:?} → {cut:?}");
+    }
+
+    #[test]
     fn noise_does_not_ratchet_the_limit_down() {
         // A 1 ms backend whose time wanders by ±40% window to window.
         let mut learned = start();
@@ -607,6 +657,7 @@ mod tests {
             let w = Window {
                 time: ms(wobble),
                 peak: learned.limit,
+                busy: false,
             };
             learned = next(BOUNDS, learned, w, false);
             if i > 20 {
@@ -629,6 +680,7 @@ mod tests {
         let w = Window {
             time: ms(1.0),
             peak: 3,
+            busy: false,
         };
         assert_eq!(next(BOUNDS, learned, w, false).limit, INITIAL);
     }
