@@ -171,8 +171,8 @@ fn log_fall(upstream: &SharedUpstream, b: &BackendState, fall: Fall) {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     warn!(
         upstream = %upstream.config.name,
-        "backend {}: concurrency limit {} -> {}: its quickest answers (10th percentile) took \
-         {:.2} ms with up to {} requests in flight, against {:.2} ms without queueing",
+        "backend {}: concurrency limit {} -> {}: its answers took {:.2} ms (median) with up \
+         to {} requests in flight, against {:.2} ms without queueing",
         b.address,
         fall.from,
         fall.to,
