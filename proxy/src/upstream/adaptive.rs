@@ -87,7 +87,7 @@ pub struct Window {
     pub time: Duration,
     /// The most requests awaiting a head at once during the window.
     pub peak: usize,
-    /// The worker that closed the window was busy 90% or more of the time: the times include
+    /// The worker that closed the window was busy 75% or more of the time: the times include
     /// its own delay.
     pub busy: bool,
 }
@@ -439,8 +439,9 @@ impl Limiter {
     }
 }
 
-/// A worker busy this share of the time or more is itself the bottleneck.
-const BUSY: f64 = 0.9;
+/// A worker busy this share of the time or more is itself a bottleneck: a response that
+/// comes waits for its other work (at 75%, three times its own, by M/M/1's ρ/(1−ρ)).
+const BUSY: f64 = 0.75;
 
 thread_local! {
     /// This thread's CPU time and the clock when a window's close last looked.
