@@ -26,12 +26,13 @@
 //!   it. A worker that is itself the bottleneck reads each response a turn of its event loop
 //!   after it came, and that turn grows with the requests in flight, just as a backend's queue
 //!   would: a cut then only moves the wait into pinlb's queue, and adds the queue's work to a
-//!   worker that has no time to spare. So a window closed by a worker that was busy 90% or
-//!   more of the time since it last looked (its thread's CPU time, read once per window)
-//!   cuts nothing and starts no probe. Under callgrind, which runs pinlb some fifty times
-//!   slower, a fast backend's 16 requests in flight took a worker's turn each, and without
-//!   this rule the limit was cut below 16 and the plain path took 13,350 instructions a
-//!   request instead of 10,300.
+//!   worker that has no time to spare. So a window closed by a worker that was busy 75% or
+//!   more of the time since it last looked (its thread's CPU time, read once per window) cuts
+//!   nothing and starts no probe; the limit is held where it is, so a backend that was
+//!   limited stays limited. Under callgrind, which runs pinlb some fifty times slower, a fast
+//!   backend's 16 requests in flight kept the worker 85% busy; with its own processing in
+//!   every time, the limit was cut below 16 and the plain path took 13,000 to 13,500
+//!   instructions a request instead of 10,300.
 //! - **A `min_rtt` measured under load, or gone stale.** The first window's time is taken as
 //!   it comes, at [`INITIAL`], under whatever load there is; then it is measured at the floor,
 //!   where the backend has the fewest requests the limit allows, in a probe window (the limit
