@@ -518,6 +518,12 @@ async fn the_binary_reloads_on_sighup_and_reopens_the_access_log_on_sigusr1() {
     let mut setup = with_admin(&[a.addr]);
     setup.extra += &access;
     let mut proxy = BinProxy::spawn(&setup).await;
+    // The start-up log says what limits the backends, as `pinlb check` does.
+    proxy
+        .wait_for_log(
+            "upstream app: adaptive concurrency limit per backend, 2 to 1000 (starts at 20, probes at 2 every 30 to 40 s); queue 10000, 30s",
+        )
+        .await;
     assert_eq!(get(proxy.addr, "/").await.backend(), "a");
 
     // logrotate: move the file, then SIGUSR1; the next line goes to a new file.

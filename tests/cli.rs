@@ -212,6 +212,7 @@ fn check_accepts_a_valid_file_and_prints_the_plan() {
             "upstream app: least_conn, keepalive 16 per backend per worker, timeouts connect 500ms response 30s send 60s client_idle 60s",
             "  health checks: GET /health every 2s, timeout 1s, rise 2 fall 3, expect 200,300-304, host app.local",
             "  passive checks: max_fails 2 within fail_timeout 5s, statuses 502,503,504 count as failures",
+            "  adaptive concurrency limit per backend, 2 to 1000 (starts at 20, probes at 2 every 30 to 40 s); max_conns applies instead to 127.0.0.1:8881 (100); queue 10000, 30s",
             "  retry: at most 2 tries within 3s, non_idempotent false, bodies up to 16384 bytes kept for replay",
             "  backend 127.0.0.1:8881 weight 5, max_conns 100, slow_start 30s",
             "  backend 127.0.0.1:8882 weight 1",

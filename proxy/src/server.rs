@@ -222,6 +222,19 @@ impl Server {
                 None
             }
         };
+        // What limits each upstream's backends, said of the file as written (a DNS name once,
+        // not once per address it gives).
+        let limits: Vec<String> = config
+            .upstreams
+            .iter()
+            .map(|u| {
+                format!(
+                    "upstream {}: {}",
+                    u.name,
+                    crate::upstream::adaptive::summary(u)
+                )
+            })
+            .collect();
         let (mut expanded, due) = control.block_on(crate::control::dns_refresh::initial(
             lookup.as_ref(),
             &dns,
@@ -234,6 +247,9 @@ impl Server {
                 "listening on {addr} for upstream {}",
                 config.upstreams[l.upstream].name
             );
+        }
+        for line in &limits {
+            info!("{line}");
         }
 
         // Started from this thread, the access log's thread inherits its cores.

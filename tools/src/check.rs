@@ -350,13 +350,8 @@ pub fn describe(config: &Config) -> String {
                 }
             );
         }
-        if u.queue > 0 {
-            let _ = writeln!(
-                s,
-                "  queue: up to {} requests wait, at most {:?} each, for a backend below max_conns",
-                u.queue, u.timeouts.queue
-            );
-        }
+        // The learned limit (or the fixed max_conns) and the queue, as the start-up log says.
+        let _ = writeln!(s, "  {}", pinlb::upstream::adaptive::summary(u));
         let r = &u.retry;
         let _ = writeln!(
             s,

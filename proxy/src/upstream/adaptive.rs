@@ -174,6 +174,68 @@ pub fn next(bounds: Bounds, now: Learned, w: Window, probe: bool) -> Learned {
     }
 }
 
+/// How an upstream limits what each backend is sent at once, in one line for `pinlb check` and
+/// the start-up log: the learned limit and its bounds, the backends whose fixed `max_conns`
+/// applies instead, and the queue where the rest wait. `u` as the file says it (DNS names not
+/// yet expanded into addresses, so a name counts once):
+///
+/// `adaptive concurrency limit per backend, 2 to 1000 (starts at 20, probes at 2 every 30 to 40
+/// s); queue 10000, 30s`
+pub fn summary(u: &crate::config::Upstream) -> String {
+    let fixed: Vec<(String, usize)> = u
+        .backends
+        .iter()
+        .filter(|b| b.max_conns > 0)
+        .map(|b| (b.address.to_string(), b.max_conns))
+        .chain(
+            u.names
+                .iter()
+                .filter(|n| n.max_conns > 0)
+                .map(|n| (n.name.to_string(), n.max_conns)),
+        )
+        .collect();
+    let all = u.backends.len() + u.names.len();
+    let learning = all - fixed.len();
+    // At most four named; more are counted.
+    let named = if fixed.len() <= 4 {
+        let each: Vec<String> = fixed.iter().map(|(b, n)| format!("{b} ({n})")).collect();
+        each.join(", ")
+    } else {
+        format!("{} backends", fixed.len())
+    };
+    let mut parts = Vec::new();
+    match u.adaptive {
+        Some(b) if learning > 0 => {
+            let initial = INITIAL.clamp(b.min, b.max);
+            parts.push(format!(
+                "adaptive concurrency limit per backend, {} to {} (starts at {initial}, probes at {} every 30 to 40 s)",
+                b.min, b.max, b.min
+            ));
+            if !fixed.is_empty() {
+                parts.push(format!("max_conns applies instead to {named}"));
+            }
+        }
+        Some(_) => parts.push(format!(
+            "no learned concurrency limit: max_conns, a fixed limit, applies to every backend: {named}"
+        )),
+        None => {
+            parts.push("adaptive concurrency limit off (adaptive = false)".into());
+            if !fixed.is_empty() {
+                parts.push(format!("max_conns limits {named}"));
+            }
+        }
+    }
+    let limited = (u.adaptive.is_some() && learning > 0) || !fixed.is_empty();
+    parts.push(if !limited {
+        "no backend has a limit, so no request waits in the queue".into()
+    } else if u.queue == 0 {
+        "no queue: a request that finds every backend at its limit gets 503".into()
+    } else {
+        format!("queue {}, {:?}", u.queue, u.timeouts.queue)
+    });
+    parts.join("; ")
+}
+
 /// Histogram buckets: eight per power of two of microseconds (about 9% wide), from 1 µs to
 /// past 17 minutes.
 const BUCKETS: usize = 240;
@@ -722,6 +784,56 @@ mod tests {
         let end = t + WINDOW.as_nanos() as u64;
         assert_eq!(l.enter(), Some(true));
         (l.headed(Some((rtt.as_nanos() as u64, end))), end)
+    }
+
+    /// `pinlb check`'s and the start-up log's line for an upstream with `keys` and `backends`.
+    fn summary_of(keys: &str, backends: &str) -> String {
+        let text = format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\n\
+             [upstream.app]\n{keys}\nbackends = [{backends}]\n"
+        );
+        let config = crate::config::Config::parse("t.toml", &text, &[0]).unwrap();
+        summary(&config.upstreams[0])
+    }
+
+    #[test]
+    fn the_summary_says_whether_backends_learn_within_which_bounds_and_where_the_rest_wait() {
+        let two = "{ address = \"127.0.0.1:1\" }, { address = \"127.0.0.1:2\" }";
+        assert_eq!(
+            summary_of("", two),
+            "adaptive concurrency limit per backend, 2 to 1000 (starts at 20, probes at 2 every 30 to 40 s); \
+             queue 10000, 30s"
+        );
+        assert_eq!(
+            summary_of(
+                "adaptive_min = 4\nadaptive_max = 10\nqueue = 50\ntimeouts = { queue = \"2s\" }",
+                two
+            ),
+            "adaptive concurrency limit per backend, 4 to 10 (starts at 10, probes at 4 every 30 to 40 s); \
+             queue 50, 2s"
+        );
+        let mixed = "{ address = \"127.0.0.1:1\", max_conns = 8 }, { address = \"127.0.0.1:2\" }";
+        assert_eq!(
+            summary_of("queue = 0", mixed),
+            "adaptive concurrency limit per backend, 2 to 1000 (starts at 20, probes at 2 every 30 to 40 s); \
+             max_conns applies instead to 127.0.0.1:1 (8); \
+             no queue: a request that finds every backend at its limit gets 503"
+        );
+        assert_eq!(
+            summary_of("max_conns = 3", two),
+            "no learned concurrency limit: max_conns, a fixed limit, applies to every backend: \
+             127.0.0.1:1 (3), 127.0.0.1:2 (3); queue 10000, 30s"
+        );
+        assert_eq!(
+            summary_of("adaptive = false", mixed),
+            "adaptive concurrency limit off (adaptive = false); max_conns limits 127.0.0.1:1 (8); \
+             queue 10000, 30s"
+        );
+        assert_eq!(
+            summary_of("adaptive = false", two),
+            "adaptive concurrency limit off (adaptive = false); \
+             no backend has a limit, so no request waits in the queue"
+        );
     }
 
     #[test]
