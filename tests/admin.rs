@@ -78,6 +78,9 @@ async fn metrics_count_requests_responses_connections_and_latency_per_backend() 
             5.0
         );
         assert_eq!(m.value("pinlb_backend_in_flight", &l), 0.0);
+        // Each learns its limit (the default), from the floor up.
+        let limit = m.value("pinlb_backend_concurrency_limit", &l);
+        assert!((2.0..=1000.0).contains(&limit), "{limit}");
         assert_eq!(m.value("pinlb_backend_up", &l), 1.0);
         assert_eq!(
             m.value(
@@ -1296,4 +1299,94 @@ async fn status_carries_each_rate_over_the_last_completed_second_and_each_backen
         idle["listeners"][0]["requests"].as_u64() >= Some(10),
         "{idle}"
     );
+}
+
+#[tokio::test]
+async fn a_learning_backends_limit_its_time_without_queueing_and_its_history_show_in_status_and_metrics()
+ {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    // `a` learns a limit (the default); `b`'s max_conns is a fixed one, and it learns none.
+    let mut setup = with_admin(&[a.addr, b.addr]);
+    setup.backend_keys = vec![String::new(), "max_conns = 8".into()];
+    let proxy = Proxy::start(&setup);
+    let mut conn = Conn::open(proxy.addr).await;
+    // Its first window (100 ms and 8 answers at least) is a probe at the floor, which measures
+    // its time without queueing.
+    poll(100, Duration::from_millis(20), async || {
+        for _ in 0..10 {
+            assert_eq!(conn.get("/").await.status, StatusCode::OK);
+        }
+        let s = proxy.status().await;
+        s["upstreams"][0]["backends"][0]["min_rtt_ms"]
+            .as_f64()
+            .map(|_| ())
+    })
+    .await
+    .expect("a's time without queueing is measured");
+    // A window closes only on an answer: with the traffic stopped, what /status and /metrics
+    // say is the same limit.
+    let s = proxy.status().await;
+    let m = proxy.metrics().await;
+    assert_eq!(s["concurrency_limit_history_every_seconds"], 5, "{s}");
+    let (learns, fixed) = (
+        &s["upstreams"][0]["backends"][0],
+        &s["upstreams"][0]["backends"][1],
+    );
+    let limit = learns["concurrency_limit"].as_u64().expect("a limit");
+    assert!((2..=1000).contains(&limit), "{learns}");
+    assert_eq!(learns["awaiting"], 0, "{learns}");
+    let min_rtt_ms = learns["min_rtt_ms"].as_f64().unwrap();
+    assert!(min_rtt_ms > 0.0 && min_rtt_ms < 1000.0, "{learns}");
+    assert_eq!(
+        m.value("pinlb_backend_concurrency_limit", &labels(a.addr)),
+        limit as f64
+    );
+    let min_rtt_s = m.value("pinlb_backend_min_rtt_seconds", &labels(a.addr));
+    assert!(
+        (min_rtt_s * 1000.0 - min_rtt_ms).abs() < 0.001,
+        "{min_rtt_s}"
+    );
+    // The sampler keeps the limit from the start (every 5 s, and at once): the page's chart
+    // has a past when it opens.
+    let history = learns["concurrency_limit_history"].as_array().unwrap();
+    assert!(!history.is_empty(), "{learns}");
+    assert!(
+        history
+            .iter()
+            .all(|l| l.as_u64().is_some_and(|l| (2..=1000).contains(&l))),
+        "{learns}"
+    );
+    for key in ["concurrency_limit", "min_rtt_ms"] {
+        assert!(fixed[key].is_null(), "{key}: {fixed}");
+    }
+    assert_eq!(fixed["concurrency_limit_history"], serde_json::json!([]));
+    assert_eq!(
+        m.get("pinlb_backend_concurrency_limit", &labels(b.addr)),
+        None
+    );
+    assert_eq!(
+        m.get("pinlb_backend_min_rtt_seconds", &labels(b.addr)),
+        None
+    );
+
+    // A request held at `a` awaits its head: it counts against the limit until answered.
+    a.set_gate(false);
+    let held = tokio::spawn({
+        let addr = proxy.addr;
+        async move {
+            for _ in 0..2 {
+                get(addr, "/gated").await;
+            }
+        }
+    });
+    let s = poll(100, Duration::from_millis(20), async || {
+        let s = proxy.status().await;
+        (s["upstreams"][0]["backends"][0]["in_flight"] == 1).then_some(s)
+    })
+    .await
+    .expect("a request held at a");
+    assert_eq!(s["upstreams"][0]["backends"][0]["awaiting"], 1, "{s}");
+    a.set_gate(true);
+    held.await.unwrap();
 }

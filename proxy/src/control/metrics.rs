@@ -642,6 +642,29 @@ impl Collector for Scrape {
                 .iter()
                 .map(|(l, b)| (l.clone(), gauge(b.in_flight() as i64))),
         )?;
+        // Only the backends that learn a limit (`adaptive`): one with a `max_conns`, or in an
+        // upstream with `adaptive = false`, has no series.
+        family(
+            &mut e,
+            "backend_concurrency_limit",
+            "The concurrency limit the backend learned (adaptive): most requests awaiting their response head at once, across workers.",
+            MetricType::Gauge,
+            backends.iter().filter_map(|(l, b)| {
+                let limit = b.limiter.limit()?;
+                Some((l.clone(), gauge(i64::try_from(limit).unwrap_or(i64::MAX))))
+            }),
+        )?;
+        family(
+            &mut e,
+            "backend_min_rtt_seconds",
+            "The backend's time to the response head without queueing, that its learned concurrency limit is set against (adaptive), once measured.",
+            MetricType::Gauge,
+            backends.iter().filter_map(|(l, b)| {
+                b.limiter.limit()?;
+                let rtt = b.limiter.min_rtt()?;
+                Some((l.clone(), ConstGauge::new(rtt.as_secs_f64())))
+            }),
+        )?;
         family(
             &mut e,
             "backend_up",

@@ -11,6 +11,12 @@
 //! three: [`Window::sample`], called every second on the control thread, stores each backend's
 //! histogram buckets and the counters the page shows rates of, and notes each change of state.
 //! It costs the request path nothing: it only reads the atomics the request path writes anyway.
+//!
+//! The sampler also keeps each learning backend's concurrency limit (`upstream::adaptive`) every
+//! [`LIMIT_EVERY`], the last [`LIMIT_SAMPLES`] of them (ten minutes), so that the page's chart
+//! of it has a past from the moment it is opened: `/status` gives them oldest first as each
+//! backend's `concurrency_limit_history`, and the period as
+//! `concurrency_limit_history_every_seconds`.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -30,6 +36,10 @@ use crate::upstream::counters::{ListenerStats, Source};
 pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 /// How often [`Window::sample`] runs.
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// How often each learning backend's concurrency limit is kept for the page's chart, and how
+/// many are kept: ten minutes.
+pub(crate) const LIMIT_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const LIMIT_SAMPLES: usize = 120;
 
 /// A backend, as the window tells backends apart: its upstream and address.
 type Key = (String, BackendAddress);
@@ -83,6 +93,11 @@ struct Inner {
     samples: VecDeque<Sample>,
     /// Each backend's state word and since when.
     states: HashMap<Key, (&'static str, Instant)>,
+    /// Each backend's concurrency limit every [`LIMIT_EVERY`], oldest first, at most
+    /// [`LIMIT_SAMPLES`]; `None` while it did not learn one (it had learned before).
+    limits: HashMap<Key, VecDeque<Option<usize>>>,
+    /// When the limits were last kept.
+    limits_at: Option<Instant>,
 }
 
 impl Window {
@@ -94,9 +109,11 @@ impl Window {
         let mut buckets = HashMap::new();
         let mut counts = HashMap::new();
         let mut states = Vec::new();
+        let mut limits = Vec::new();
         for u in &generation.upstreams {
             for b in u.backends.iter() {
                 let key = (u.config.name.clone(), b.address);
+                limits.push((key.clone(), b.limiter.limit()));
                 let histogram = b.stats.response_time.snapshot().2;
                 buckets.insert(key.clone(), histogram.into_iter().map(|(_, n)| n).collect());
                 let requests = b.stats.requests.load(Ordering::Relaxed);
@@ -117,6 +134,7 @@ impl Window {
         for (key, state) in states {
             note_state(&mut inner.states, key, state, now);
         }
+        inner.keep_limits(now, limits);
         inner.record(
             process.started,
             Sample {
@@ -166,6 +184,20 @@ impl Window {
         Some((quantile(&counts, 0.5)?, quantile(&counts, 0.99)?))
     }
 
+    /// The backend's concurrency limits kept for the chart, oldest first; empty for one that
+    /// never learned one.
+    fn limit_history(&self, key: &Key) -> Vec<Option<usize>> {
+        let inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        inner
+            .limits
+            .get(key)
+            .map(|h| h.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
     /// How long the backend has been in `state`, as far as the samples saw; noted now if new.
     fn in_state(&self, key: &Key, state: &'static str) -> Duration {
         let now = Instant::now();
@@ -182,6 +214,36 @@ impl Window {
 }
 
 impl Inner {
+    /// Keeps each backend's limit (`None`: it does not learn one) once [`LIMIT_EVERY`] has
+    /// passed since the last time, give or take half a sampling tick, so that one-second ticks
+    /// keep one in five. A backend gets a history once it learns; one that stops learning keeps
+    /// a gap (`None`) until its learned limits have left the window; one no longer in
+    /// `limits` (a reload removed it) is forgotten.
+    fn keep_limits(&mut self, now: Instant, limits: Vec<(Key, Option<usize>)>) {
+        let due = self
+            .limits_at
+            .is_none_or(|at| now.saturating_duration_since(at) + SAMPLE_EVERY / 2 >= LIMIT_EVERY);
+        if !due {
+            return;
+        }
+        self.limits_at = Some(now);
+        let mut kept = HashMap::with_capacity(limits.len());
+        for (key, limit) in limits {
+            let mut history = self.limits.remove(&key).unwrap_or_default();
+            if limit.is_none() && history.is_empty() {
+                continue;
+            }
+            if history.len() == LIMIT_SAMPLES {
+                history.pop_front();
+            }
+            history.push_back(limit);
+            if history.iter().any(Option::is_some) {
+                kept.insert(key, history);
+            }
+        }
+        self.limits = kept;
+    }
+
     /// Adds `sample` as the newest, and drops the oldest ones the window no longer needs.
     fn record(&mut self, started: Instant, sample: Sample) {
         if self.samples.is_empty() {
@@ -405,6 +467,8 @@ pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
         // whose sampler ran late, less for the first (from the process's start to the first
         // sample); `null`, and every rate with it, before the first sample.
         "rate_window_seconds": rates.over.map(|d| thousandths(d.as_secs_f64())),
+        // The time between two entries of each backend's `concurrency_limit_history`.
+        "concurrency_limit_history_every_seconds": LIMIT_EVERY.as_secs(),
         "workers": workers,
         "listeners": listener_list,
         "upstreams": upstreams,
@@ -485,6 +549,7 @@ fn backend_status(
     let s = &b.stats;
     let responses: [u64; 5] = std::array::from_fn(|i| s.responses[i].load(Ordering::Relaxed));
     let latency = window.percentiles(&key, b);
+    let limit = b.limiter.limit();
     let last_check = s.last_check().map(|(ms, passed)| {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -508,6 +573,18 @@ fn backend_status(
         "max_conns": (config.max_conns > 0).then_some(config.max_conns),
         // `ewma` upstreams: the response-time average picks are made on.
         "ewma_ms": b.ewma().map(|d| thousandths(d.as_secs_f64() * 1000.0)),
+        // `adaptive`: the limit the backend learned (`null` when it learns none: a
+        // `max_conns`, or `adaptive = false`), the requests it counts against it (those that
+        // await their response head), and its time without queueing the limit is set against
+        // (`null` until measured, or when it learns none).
+        "concurrency_limit": limit,
+        "awaiting": b.limiter.awaiting(),
+        "min_rtt_ms": limit
+            .and(b.limiter.min_rtt())
+            .map(|d| thousandths(d.as_secs_f64() * 1000.0)),
+        // Its limit every `concurrency_limit_history_every_seconds`, oldest first, over the
+        // last ten minutes: what the page's chart draws. `null` where it learned none.
+        "concurrency_limit_history": window.limit_history(&key),
         "requests": s.requests.load(Ordering::Relaxed),
         "requests_per_second": rates.of(&Counter::BackendRequests(key.clone())),
         "errors": s.errors_total(),
@@ -529,17 +606,71 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_learning_backends_limit_is_kept_every_five_seconds_for_ten_minutes() {
+        let mut inner = Inner::default();
+        let key =
+            |port: u16| -> Key { ("app".into(), format!("127.0.0.1:{port}").parse().unwrap()) };
+        let (learns, fixed, gone) = (key(1), key(2), key(3));
+        let t0 = Instant::now();
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        // The sampler ticks every second: the first tick keeps, then one in five. A backend
+        // that learns none (`max_conns`) gets no history.
+        for tick in 0..=10 {
+            let limits = vec![
+                (learns.clone(), Some(20 + tick)),
+                (fixed.clone(), None),
+                (gone.clone(), Some(7)),
+            ];
+            inner.keep_limits(at(tick as f64), limits);
+        }
+        let history = |inner: &Inner, k: &Key| -> Vec<Option<usize>> {
+            inner
+                .limits
+                .get(k)
+                .map(|h| h.iter().copied().collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(history(&inner, &learns), [Some(20), Some(25), Some(30)]);
+        assert!(!inner.limits.contains_key(&fixed));
+        // A tick late by most of a second still keeps its sample: five seconds, not six.
+        inner.keep_limits(at(14.6), vec![(learns.clone(), Some(1))]);
+        assert_eq!(history(&inner, &learns).last(), Some(&Some(1)));
+        assert!(
+            !inner.limits.contains_key(&gone),
+            "a backend removed is forgotten"
+        );
+        // Ten minutes at most; a backend that stops learning shows gaps, then is forgotten.
+        for i in 0..LIMIT_SAMPLES {
+            inner.keep_limits(at(20.0 + 5.0 * i as f64), vec![(learns.clone(), Some(i))]);
+        }
+        let kept = history(&inner, &learns);
+        assert_eq!(kept.len(), LIMIT_SAMPLES);
+        assert_eq!(
+            (kept[0], kept[LIMIT_SAMPLES - 1]),
+            (Some(0), Some(LIMIT_SAMPLES - 1))
+        );
+        let later = 20.0 + 5.0 * LIMIT_SAMPLES as f64;
+        inner.keep_limits(at(later), vec![(learns.clone(), None)]);
+        assert_eq!(history(&inner, &learns).last(), Some(&None));
+        for i in 1..LIMIT_SAMPLES {
+            inner.keep_limits(at(later + 5.0 * i as f64), vec![(learns.clone(), None)]);
+        }
+        assert!(!inner.limits.contains_key(&learns), "{:?}", inner.limits);
+    }
+
+    #[test]
     fn times_are_shown_to_the_thousandth_without_float_noise() {
         let shown = json!({
             "p99_ms": thousandths(0.00247 * 1000.0),
             "p50_ms": thousandths(0.1 * 3.0 * 1000.0),
             "ewma_ms": thousandths(1.23456789),
+            "min_rtt_ms": thousandths(Duration::from_nanos(452_631).as_secs_f64() * 1000.0),
             "state_seconds": thousandths(12.0004999),
             "seconds_ago": thousandths(0.0),
         });
         assert_eq!(
             shown.to_string(),
-            r#"{"ewma_ms":1.235,"p50_ms":300.0,"p99_ms":2.47,"seconds_ago":0.0,"state_seconds":12.0}"#
+            r#"{"ewma_ms":1.235,"min_rtt_ms":0.453,"p50_ms":300.0,"p99_ms":2.47,"seconds_ago":0.0,"state_seconds":12.0}"#
         );
     }
 
