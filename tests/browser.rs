@@ -1,7 +1,7 @@
 //! The admin status page in a real headless browser (Debian's `chromium`; `scripts/test`
 //! installs it): it loads, shows every backend, and updates in place when one goes down; its
-//! first paint already has the rates, counts with separators, numbers on the in-flight bars and
-//! no value broken over two lines.
+//! first paint already has the rates, counts with separators, numbers on the in-flight bars, the
+//! chart of a learning backend's limit, and no value broken over two lines.
 //!
 //! The tests drive chromium over the DevTools protocol: they read the page's DOM with
 //! `Runtime.evaluate`, so what they check is what a person would see, and the first-paint test
@@ -479,6 +479,35 @@ async fn the_status_pages_first_paint_shows_rates_grouped_counts_and_numbered_ba
         )
         .await;
     assert_eq!(bars, format!(r#"[["{}%"],[]]"#, held_at_a * 25).as_str());
+
+    // `b` learns its limit (`a`'s max_conns is a fixed one): what awaits its head against it,
+    // and the line of the limit the server has kept since its start, there at the first paint.
+    let limits = page
+        .eval(
+            "JSON.stringify([...document.querySelectorAll('tr.backend td.limit')]\
+             .map(td => [td.firstChild.textContent,\
+                         [...td.querySelectorAll('svg.spark path')].map(p => p.getAttribute('d'))]))",
+        )
+        .await;
+    let limits: Vec<(String, Vec<String>)> =
+        serde_json::from_str(limits.as_str().unwrap_or("[]")).unwrap_or_default();
+    assert_eq!(limits.len(), 2, "{limits:?}");
+    assert_eq!(limits[0], ("–".to_string(), Vec::new()));
+    let (awaiting, learned) = limits[1]
+        .0
+        .split_once("\u{a0}/\u{a0}")
+        .expect("awaiting / limit");
+    assert!(awaiting.parse::<u64>().is_ok(), "{limits:?}");
+    assert!(
+        learned
+            .parse::<u64>()
+            .is_ok_and(|l| (2..=1000).contains(&l)),
+        "{limits:?}"
+    );
+    assert!(
+        limits[1].1.len() == 1 && limits[1].1[0].starts_with('M'),
+        "a line: {limits:?}"
+    );
 
     // No value is broken over two lines, on a wide window and on a narrow one.
     assert_eq!(page.eval(WRAPPED).await, "[]");

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GET /metrics` | Prometheus text format (`promtool check metrics` passes it) |
 //! | `GET /status` | JSON: version, generation, uptime, workers and cores, listeners with their connections and responses, every backend with its state and the last minute (see `status`) |
-//! | `GET /` | a small HTML page that renders `/status` every second, with drain/disable/enable buttons |
+//! | `GET /` | a small HTML page that renders `/status` every second, with drain/disable/enable buttons and a chart of each learning backend's concurrency limit over the last ten minutes |
 //! | `POST /backends/{address}/drain` | no new requests; those in flight finish |
 //! | `POST /backends/{address}/disable` | like down; health checks go on |
 //! | `POST /backends/{address}/enable` | back to taking requests |
