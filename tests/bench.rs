@@ -1308,7 +1308,37 @@ fn bench_with_proxies_starts_them_in_front_of_the_backend_and_reads_their_cpu() 
             assert_eq!(cpu.backends_us_per_request.len(), 1, "{cpu:?}");
             assert!(cpu.backends_us_per_request[0].is_some(), "{cpu:?}");
         }
+        // pinlb runs with its admin listener, whose /status says the limit its backend
+        // learned; the other targets have none.
+        let limits = &t.backends_concurrency_limit;
+        if t.name == "pinlb" {
+            assert!(
+                limits.len() == 1 && limits[0].is_some_and(|l| (2..=1000).contains(&l)),
+                "{limits:?}"
+            );
+        } else {
+            assert!(limits.is_empty(), "{}: {limits:?}", t.name);
+        }
     }
+    let row = |name: &str| {
+        let prefix = format!("| {name} | ");
+        ran.stdout
+            .lines()
+            .rfind(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {name} row: {}", ran.stdout))
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect::<Vec<_>>()
+    };
+    // The CPU table's fourth column: the learned limit beside the backend's CPU.
+    assert!(
+        ran.stdout.contains("| backends' learned limit |"),
+        "{}",
+        ran.stdout
+    );
+    let learned = report.targets[1].backends_concurrency_limit[0].map(|l| l.to_string());
+    assert_eq!(Some(row("pinlb")[4].clone()), learned, "{}", ran.stdout);
+    assert_eq!(row("nginx")[4], "–", "{}", ran.stdout);
     // What reached the backend went through the proxies too.
     assert!(
         backend.seen() >= report.targets.iter().map(|t| t.requests.responses).sum(),

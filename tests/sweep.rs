@@ -250,14 +250,26 @@ fn sweep_with_nginx_and_haproxy_reports_every_layout_per_proxy_with_cpu_per_requ
     };
     let direct = row("direct (1 backend)", "–");
     assert!(direct.contains("| 0 "), "no failures: {direct}");
+    let last = direct.trim_end_matches([' ', '|']).rsplit('|').next();
+    assert_eq!(last.map(str::trim), Some("–"), "no learned limit: {direct}");
     for proxy in ["pinlb", "nginx", "haproxy"] {
         let r = row(proxied, proxy);
         assert!(r.contains("| 0 "), "no failures: {r}");
-        // The last two columns: the proxy's CPU per request and the backend's, both read.
+        // The last three columns: the proxy's CPU per request and the backend's, both read,
+        // then the limit the backend learned in pinlb, read from its /status.
         let cols: Vec<&str> = r.split('|').map(str::trim).collect();
         let n = cols.len();
-        for v in [cols[n - 3], cols[n - 2]] {
+        for v in [cols[n - 4], cols[n - 3]] {
             assert!(v.parse::<f64>().is_ok_and(|v| v > 0.0), "CPU in {r}");
+        }
+        if proxy == "pinlb" {
+            let limit = cols[n - 2].parse::<u64>();
+            assert!(
+                limit.is_ok_and(|l| (2..=1000).contains(&l)),
+                "a learned limit in {r}"
+            );
+        } else {
+            assert_eq!(cols[n - 2], "–", "{r}");
         }
     }
     for line in [
@@ -287,6 +299,12 @@ fn sweep_with_nginx_and_haproxy_reports_every_layout_per_proxy_with_cpu_per_requ
         let backends = cell["backend_cpu_us_per_request"].as_array().unwrap();
         assert_eq!(backends.len(), 1, "{cell}");
         assert!(backends[0].as_f64().unwrap() > 0.0, "{cell}");
+        let limits = cell["backend_concurrency_limit"].as_array().unwrap();
+        if cell["proxy"] == "pinlb" {
+            assert!(limits.len() == 1 && limits[0].as_u64().is_some(), "{cell}");
+        } else {
+            assert!(limits.is_empty(), "{cell}");
+        }
         if cell["layout"] == "direct" {
             assert!(cell["proxy"].is_null(), "{cell}");
             assert!(cell["proxy_cpu_us_per_request"].is_null(), "{cell}");

@@ -25,6 +25,9 @@ pub struct Processes {
     pub server: Vec<u32>,
     /// Behind a proxy, each backend's processes, in order.
     pub backends: Vec<Vec<u32>>,
+    /// When the target is pinlb with an admin listener (`bench --proxy`, `sweep`), where:
+    /// each backend's learned concurrency limit is read from its `/status` ([`super::limits`]).
+    pub status: Option<SocketAddr>,
 }
 
 /// What a target's processes used, per response of the recorded windows.
@@ -183,6 +186,7 @@ mod tests {
         let mut m = Meter::new(&Processes {
             server: vec![me],
             backends: vec![vec![child.id()], Vec::new()],
+            status: None,
         });
         m.window_started();
         // Burn 50 ms of CPU on this thread: at least a few ticks.

@@ -45,6 +45,8 @@
 //! - [`closed`]: the closed loop, one event-loop task per thread.
 //! - [`load`]: the pinned threads, the open loop, and the accounting both loops share.
 //! - [`cpu`]: the CPU of each target's processes, read at the edges of its recorded windows.
+//! - [`limits`]: each backend's learned concurrency limit, read from a pinlb target's `/status`
+//!   at the end of its recorded windows.
 //! - [`proxies`]: `--proxy`: the proxies started in front of `--backend`, and their targets.
 //! - [`report`]: the results, and the table, JSON and SVG made from them.
 //! - [`merge`]: `pinlb bench merge`, the reports of several machines that ran at once (each
@@ -54,6 +56,7 @@ mod closed;
 pub mod cpu;
 mod h2;
 mod hdr;
+pub mod limits;
 mod load;
 pub mod merge;
 mod proxies;
@@ -259,12 +262,17 @@ pub fn run(opts: &BenchOptions) -> Result<Report, BenchError> {
 
 /// [`run`], also reading the CPU of each target's processes (`processes[i]` for target `i`;
 /// missing or empty entries are not read) over its recorded windows: each
-/// [`TargetReport::cpu`].
+/// [`TargetReport::cpu`]; and, for a pinlb whose admin listener is known
+/// ([`Processes::status`]), each backend's learned limit at their ends:
+/// [`TargetReport::backends_concurrency_limit`].
 pub fn run_metered(opts: &BenchOptions, processes: &[Processes]) -> Result<Report, BenchError> {
     let cpus = check_options(opts)?;
     let none = Processes::default();
     let mut meters: Vec<cpu::Meter> = (0..opts.targets.len())
         .map(|i| cpu::Meter::new(processes.get(i).unwrap_or(&none)))
+        .collect();
+    let mut limits: Vec<limits::Limits> = (0..opts.targets.len())
+        .map(|i| limits::Limits::new(processes.get(i).and_then(|p| p.status)))
         .collect();
     let plans = opts
         .targets
@@ -332,11 +340,12 @@ pub fn run_metered(opts: &BenchOptions, processes: &[Processes]) -> Result<Repor
     let mut runs: Vec<Vec<load::RunResult>> = plans.iter().map(|_| Vec::new()).collect();
     let mut result = Ok(());
     'rounds: for round in 0..opts.rounds {
-        for (((plan, target), results), meter) in plans
+        for ((((plan, target), results), meter), limits) in plans
             .iter()
             .zip(&opts.targets)
             .zip(&mut runs)
             .zip(&mut meters)
+            .zip(&mut limits)
         {
             let mut last = (Duration::ZERO, 0u64);
             let mut tick = |elapsed: Duration, done: Done| {
@@ -356,6 +365,8 @@ pub fn run_metered(opts: &BenchOptions, processes: &[Processes]) -> Result<Repor
             match load::run(plan, &mut tick, &mut || meter.window_started()) {
                 Ok(r) => {
                     meter.window_ended();
+                    // After the CPU, so that the request to /status counts in no window.
+                    limits.window_ended();
                     results.push(r);
                 }
                 Err(e) => {
@@ -370,8 +381,9 @@ pub fn run_metered(opts: &BenchOptions, processes: &[Processes]) -> Result<Repor
     }
     result?;
     let mut report = Report::build(opts, &cpus, runs)?;
-    for (t, meter) in report.targets.iter_mut().zip(&meters) {
+    for ((t, meter), limits) in report.targets.iter_mut().zip(&meters).zip(&limits) {
         t.cpu = meter.per_request(t.requests.responses);
+        t.backends_concurrency_limit = limits.medians();
     }
     report.started_at = Some(humantime::format_rfc3339_millis(started_at).to_string());
     report.ended_at = Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string());

@@ -5,6 +5,10 @@
 //!
 //! The processes of every target are known, so each one's CPU per request is read: a proxy's
 //! own (it is a child of this process), and each backend's, found by the port it listens on.
+//! pinlb runs with its admin listener, whose `/status` gives each backend's learned
+//! concurrency limit at the end of each recorded window (its `/metrics` counters are then
+//! counted on its request path too: 1 to 2.5% more instructions per request, as
+//! benches/RESULTS.md measured).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -65,16 +69,26 @@ pub(super) fn start(args: &BenchArgs) -> Result<Started, BenchError> {
     let mut processes = vec![Processes {
         server: backend_pids[0].clone(),
         backends: Vec::new(),
+        status: None,
     }];
     for f in &found {
         let port = launch::free_port().map_err(|e| fail(e.to_string()))?;
         let own = dir.join(f.proxy.as_str());
+        // pinlb's admin listener, for each backend's learned limit from its /status.
+        let admin = match f.proxy {
+            peers::Proxy::Pinlb => Some(SocketAddr::from((
+                [127, 0, 0, 1],
+                launch::free_port().map_err(|e| fail(e.to_string()))?,
+            ))),
+            _ => None,
+        };
         let spec = Spec {
             cores: &cores,
             port,
             backends,
             max_connections: (2 * args.connections).max(10_000),
             dir: &own,
+            admin,
         };
         let command = f.command(&spec).map_err(|e| fail(e.to_string()))?;
         let what = format!(
@@ -93,6 +107,7 @@ pub(super) fn start(args: &BenchArgs) -> Result<Started, BenchError> {
         processes.push(Processes {
             server: vec![pid],
             backends: backend_pids.clone(),
+            status: admin,
         });
     }
     Ok(Started {
@@ -115,6 +130,7 @@ pub(super) fn discover(targets: &[Target]) -> Vec<Processes> {
         .map(|t| Processes {
             server: t.resolve().map(listening).unwrap_or_default(),
             backends: Vec::new(),
+            status: None,
         })
         .collect()
 }

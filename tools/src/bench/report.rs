@@ -91,6 +91,12 @@ pub struct TargetReport {
     /// recorded windows (see [`super::cpu`]); `None` when they are not known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<super::cpu::CpuUse>,
+    /// Each backend's learned concurrency limit (pinlb's `adaptive`) at the end of the recorded
+    /// windows, the median over the rounds, from pinlb's `/status` ([`super::limits`]): `None`
+    /// for a backend that learns none (a `max_conns`); empty when the target is not a pinlb
+    /// whose admin listener is known.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends_concurrency_limit: Vec<Option<usize>>,
 }
 
 impl TargetReport {
@@ -150,6 +156,7 @@ impl TargetReport {
             histogram,
             connect_failure,
             cpu: None,
+            backends_concurrency_limit: Vec::new(),
         })
     }
 }
@@ -349,8 +356,8 @@ impl Report {
             "
 CPU per request (user + system µs per response of the recorded windows, from /proc; server: what answers at the target's address, with its child processes):
 
-| target | server µs/req | backends µs/req | server pids |
-|---|---:|---:|---|
+| target | server µs/req | backends µs/req | backends' learned limit | server pids |
+|---|---:|---:|---:|---|
 ",
         );
         for t in &self.targets {
@@ -367,7 +374,12 @@ CPU per request (user + system µs per response of the recorded windows, from /p
                 None => ("–".into(), "–".into(), "–".into()),
             };
             let pids = if pids.is_empty() { "–".into() } else { pids };
-            let _ = writeln!(out, "| {} | {server} | {backends} | {pids} |", t.name);
+            let limits = super::limits::limit_list(&t.backends_concurrency_limit);
+            let _ = writeln!(
+                out,
+                "| {} | {server} | {backends} | {limits} | {pids} |",
+                t.name
+            );
         }
         out
     }

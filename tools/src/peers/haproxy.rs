@@ -72,6 +72,7 @@ mod tests {
             backends: &backends,
             max_connections: 10_000,
             dir: Path::new("/x/p2"),
+            admin: None,
         };
         let c = config(&spec, None);
         for want in [

@@ -213,6 +213,9 @@ pub struct Spec<'a> {
     pub max_connections: usize,
     /// Its own directory: configuration, pid file, error log, temporary files.
     pub dir: &'a Path,
+    /// pinlb's admin listener, whose `/status` gives each backend's learned concurrency limit;
+    /// the other proxies have none, and ignore it.
+    pub admin: Option<SocketAddr>,
 }
 
 /// The timeouts every proxy gets: pinlb's defaults.

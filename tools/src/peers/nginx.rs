@@ -101,6 +101,7 @@ mod tests {
             backends: &backends,
             max_connections: 10_000,
             dir: Path::new("/x/p1"),
+            admin: None,
         };
         let c = config(
             &spec,

@@ -15,7 +15,8 @@
 //! access log), and runs them in the same interleaved rounds; nginx and HAProxy come from
 //! PATH, and one that is not there is skipped with a line that says how to install it. Every
 //! cell has the CPU per request of the proxy's processes and of each backend process, read
-//! from `/proc` over the recorded windows (`bench::cpu`), and the report gives the best layout
+//! from `/proc` over the recorded windows (`bench::cpu`), and a pinlb cell each backend's learned
+//! concurrency limit (from its `/status`, `bench::limits`); the report gives the best layout
 //! per proxy and whether pinlb beats each peer here, by requests/s and by CPU per request.
 //!
 //! Every process is a child, the proxy too (`pinlb serve` on a generated configuration), rather
@@ -356,11 +357,13 @@ fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
             metered.push(Processes {
                 server: pids[0].clone(),
                 backends: Vec::new(),
+                status: None,
             });
             continue;
         }
         for f in &found {
-            let (addr, pid) = start_proxy(args, layout, f, &addrs, &logs, max_c, &mut children)?;
+            let (addr, pid, admin) =
+                start_proxy(args, layout, f, &addrs, &logs, max_c, &mut children)?;
             let name = format!("{}-{}", layout.id, f.proxy);
             targets.push(target(&name, addr, &args.path)?);
             checked.push(checked_target(&name, addr, &args.path, true));
@@ -368,6 +371,7 @@ fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
             metered.push(Processes {
                 server: vec![pid],
                 backends: pids.clone(),
+                status: admin,
             });
         }
     }
@@ -444,6 +448,7 @@ fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
                         vs_direct: t.vs_first.as_ref().and_then(|o| o.throughput_ratio),
                         proxy_cpu_us_per_request: proxy_cpu,
                         backend_cpu_us_per_request: backend_cpu,
+                        backend_concurrency_limit: t.backends_concurrency_limit.clone(),
                     }
                 }),
         );

@@ -75,8 +75,10 @@ pub(super) fn start_backends(
 }
 
 /// Starts `proxy` on a layout's proxy cores in front of `backends`, its files in
-/// `logs/LAYOUT-PROXY/`, and waits until it answers through to a backend; its address and
-/// process ID.
+/// `logs/LAYOUT-PROXY/`, and waits until it answers through to a backend; its address, process
+/// ID and, for pinlb, its admin listener's (whose `/status` gives each backend's learned
+/// concurrency limit; its `/metrics` counters are then counted on the request path too, 1 to
+/// 2.5% more instructions per request as benches/RESULTS.md measured).
 pub(super) fn start_proxy(
     args: &SweepArgs,
     layout: &Layout,
@@ -85,8 +87,12 @@ pub(super) fn start_proxy(
     logs: &Path,
     max_connections: usize,
     children: &mut Children,
-) -> Result<(SocketAddr, u32), SweepError> {
+) -> Result<(SocketAddr, u32, Option<SocketAddr>), SweepError> {
     let port = launch::free_port()?;
+    let admin = match proxy.proxy {
+        peers::Proxy::Pinlb => Some(SocketAddr::from(([127, 0, 0, 1], launch::free_port()?))),
+        _ => None,
+    };
     let dir = logs.join(format!("{}-{}", layout.id, proxy.proxy));
     let spec = Spec {
         cores: &layout.proxy,
@@ -94,6 +100,7 @@ pub(super) fn start_proxy(
         backends,
         max_connections: (2 * max_connections).max(10_000),
         dir: &dir,
+        admin,
     };
     let command = proxy.command(&spec)?;
     let what = format!(
@@ -107,5 +114,5 @@ pub(super) fn start_proxy(
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     // Through the proxy to a backend: a 502 or 503 means the proxy is up but not through yet.
     launch::wait_ready(&what, addr, &args.path, &log, children, |s| s < 500)?;
-    Ok((addr, pid))
+    Ok((addr, pid, admin))
 }

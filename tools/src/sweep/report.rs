@@ -9,6 +9,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::{Layout, Plan, SweepError};
+use crate::bench::limits::limit_list;
 use crate::bench::report::{cpu_list, cpu_us};
 use crate::bench::{self, Errors, Latency, Spread};
 use crate::peers::{Found, Proxy};
@@ -39,6 +40,9 @@ pub struct Cell {
     /// The same for each backend process, in order, per response of the cell (so they add up
     /// to the backends' CPU per request).
     pub backend_cpu_us_per_request: Vec<Option<f64>>,
+    /// pinlb's cells: each backend's learned concurrency limit at the end of the recorded
+    /// windows, the median over the rounds (`bench::limits`); empty for direct and the peers.
+    pub backend_concurrency_limit: Vec<Option<usize>>,
 }
 
 impl Cell {
@@ -390,6 +394,7 @@ impl Sweep {
             "vs direct",
             "proxy CPU µs/req",
             "backend CPU µs/req",
+            "backend limit",
         ];
         let mut rows: Vec<Vec<String>> = Vec::with_capacity(self.cells.len());
         for (l, p, cells) in self.ordered() {
@@ -409,6 +414,7 @@ impl Sweep {
                         .map_or_else(|| "-".into(), |r| format!("{r:.2}×")),
                     cpu_us(c.proxy_cpu_us_per_request),
                     cpu_list(&c.backend_cpu_us_per_request),
+                    limit_list(&c.backend_concurrency_limit),
                 ]);
             }
         }
@@ -659,6 +665,10 @@ mod tests {
             vs_direct: vs,
             proxy_cpu_us_per_request: proxy.map(|_| 20.0),
             backend_cpu_us_per_request: vec![Some(40.0)],
+            backend_concurrency_limit: match proxy {
+                Some(Proxy::Pinlb) => vec![Some(12)],
+                _ => Vec::new(),
+            },
         }
     }
 
