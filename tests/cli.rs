@@ -52,7 +52,7 @@ fn check_rejects_an_unknown_algorithm_naming_place_key_and_choices() {
 fn check_rejects_an_unknown_key() {
     assert_check_rejects(
         "unknown_key.toml",
-        "{file}:8:1: upstream.app.algoritm: unknown field `algoritm`, expected one of `algorithm`, `hash`, `ewma_decay`, `keepalive`, `backends`, `spawn`, `timeouts`, `max_conns`, `queue`, `max_connecting`, `slow_start`, `health`, `passive`, `retry`, `upgrade`, `protocol`, `max_streams`, `tls`, `resolve`, `proxy_protocol`, `buffering`, `sticky`, `fastcgi`",
+        "{file}:8:1: upstream.app.algoritm: unknown field `algoritm`, expected one of `algorithm`, `hash`, `ewma_decay`, `keepalive`, `backends`, `spawn`, `timeouts`, `max_conns`, `queue`, `adaptive`, `adaptive_min`, `adaptive_max`, `max_connecting`, `slow_start`, `health`, `passive`, `retry`, `upgrade`, `protocol`, `max_streams`, `tls`, `resolve`, `proxy_protocol`, `buffering`, `sticky`, `fastcgi`",
     );
 }
 
