@@ -28,8 +28,9 @@
 //!   would: a cut then only moves the wait into pinlb's queue, and adds the queue's work to a
 //!   worker that has no time to spare. So a window closed by a worker that was busy 75% or
 //!   more of the time since it last looked (its thread's CPU time, read once per window) cuts
-//!   nothing and starts no probe; the limit is held where it is, so a backend that was
-//!   limited stays limited. Under callgrind, which runs pinlb some fifty times slower, a fast
+//!   nothing and starts no probe, nor does the window after it (which may end in a lull, its
+//!   answers still timed while the worker was busy); the limit is held where it is, so a
+//!   backend that was limited stays limited. Under callgrind, which runs pinlb some fifty times slower, a fast
 //!   backend's 16 requests in flight kept the worker 85% busy; with its own processing in
 //!   every time, the limit was cut below 16 and the plain path took 13,000 to 13,500
 //!   instructions a request instead of 10,300.
@@ -88,8 +89,8 @@ pub struct Window {
     pub time: Duration,
     /// The most requests awaiting a head at once during the window.
     pub peak: usize,
-    /// The worker that closed the window was busy 75% or more of the time: the times include
-    /// its own delay.
+    /// The worker that closed the window, or the window before, was busy 75% or more of the
+    /// time: the times include its own delay.
     pub busy: bool,
 }
 
@@ -289,6 +290,8 @@ pub struct Limiter {
     resume: AtomicUsize,
     /// When the next probe is due, on the window's clock; 0 until the first window closes.
     probe_at_ns: AtomicU64,
+    /// The last window was closed by a busy worker.
+    was_busy: AtomicBool,
 }
 
 impl Default for Limiter {
@@ -306,6 +309,7 @@ impl Default for Limiter {
             reference: AtomicUsize::new(0),
             resume: AtomicUsize::new(0),
             probe_at_ns: AtomicU64::new(0),
+            was_busy: AtomicBool::new(false),
         }
     }
 }
@@ -435,7 +439,9 @@ impl Limiter {
         }
         self.began_ns.store(now_ns, Ordering::Relaxed);
         let peak = self.peak.swap(0, Ordering::Relaxed);
-        let busy = worker_busy(now_ns);
+        // A window just after a busy one still holds answers timed by a busy worker.
+        let busy_now = worker_busy(now_ns);
+        let busy = self.was_busy.swap(busy_now, Ordering::Relaxed) || busy_now;
         let limit = self.limit.load(Ordering::Relaxed);
         // The first answer only starts the clock: a window from the process's start is no
         // window.
