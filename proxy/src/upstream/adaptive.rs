@@ -45,6 +45,11 @@
 //!   one; only a backend that is not given enough requests to fill half its limit keeps it
 //!   (it has shown nothing about more), so an idle backend's limit does not drift to the
 //!   ceiling and let a burst through unlimited.
+//! - **A full accept queue, which the times do not show.** A connect whose SYN the backend's
+//!   full accept queue dropped waits a second for its retransmission, and is timed only when
+//!   it ends, while the requests that got in answer quickly: the median says all is well. A
+//!   connect that waited that long, or timed out while the backend served others, halves the
+//!   limit at once ([`Limiter::dropped`]), as a loss halves TCP's window.
 //! - **Slow start from 1.** It starts at [`INITIAL`] (Netflix's initial limit), and doubles
 //!   per window while the backend answers within 10% of its time without queueing, as TCP's
 //!   slow start does until the first sign of a queue: a burst to a backend that waits rather
@@ -92,6 +97,9 @@ pub struct Window {
     /// The worker that closed the window, or the window before, was busy 75% or more of the
     /// time: the times include its own delay.
     pub busy: bool,
+    /// A connect found the backend's accept queue full during the window
+    /// ([`Limiter::dropped`]): whatever the times say, it has no room for more.
+    pub dropped: bool,
 }
 
 /// What the limiter knows between windows.
@@ -148,7 +156,7 @@ pub fn next(bounds: Bounds, now: Learned, w: Window, probe: bool) -> Learned {
     };
     let limit = now.limit.max(1);
     let stepped = if gradient > 1.0 {
-        if 2 * w.peak < limit {
+        if 2 * w.peak < limit || w.dropped {
             // Not given enough requests to show it can take more.
             limit
         } else {
@@ -292,6 +300,8 @@ pub struct Limiter {
     probe_at_ns: AtomicU64,
     /// The last window was closed by a busy worker.
     was_busy: AtomicBool,
+    /// When a dropped connect last halved the limit, on the window's clock.
+    dropped_ns: AtomicU64,
 }
 
 impl Default for Limiter {
@@ -310,6 +320,7 @@ impl Default for Limiter {
             resume: AtomicUsize::new(0),
             probe_at_ns: AtomicU64::new(0),
             was_busy: AtomicBool::new(false),
+            dropped_ns: AtomicU64::new(0),
         }
     }
 }
@@ -406,6 +417,39 @@ impl Limiter {
         self.close(now_ns, began)
     }
 
+    /// A connect to the backend waited for a SYN's retransmission, or timed out while the
+    /// backend served others: its accept queue was full, which the answers' times do not show
+    /// until those connects end (seconds later), while the answers that got in are quick.
+    /// Halves the limit at once, as TCP halves its window on a loss, at most once a window, and
+    /// never below the floor; returns the limit before and after, for the log.
+    #[cold]
+    pub fn dropped(&self, now_ns: u64) -> Option<(usize, usize)> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        let last = self.dropped_ns.load(Ordering::Relaxed);
+        if limit == 0 || (last != 0 && now_ns.saturating_sub(last) < WINDOW.as_nanos() as u64) {
+            return None;
+        }
+        self.dropped_ns
+            .compare_exchange(last, now_ns, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()?;
+        // During a probe, what it ends at is halved.
+        let resume = self.resume.load(Ordering::Relaxed);
+        let min = self.min.load(Ordering::Relaxed);
+        if resume != 0 {
+            self.resume.store((resume / 2).max(min), Ordering::Relaxed);
+            return None;
+        }
+        let to = (limit / 2).max(min);
+        if to >= limit {
+            return None;
+        }
+        self.limit
+            .compare_exchange(limit, to, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()?;
+        self.reference.store(to, Ordering::Relaxed);
+        Some((limit, to))
+    }
+
     /// Ends the window if it has enough answers, or has lasted long enough: its time and peak
     /// give the next limit.
     #[cold]
@@ -460,7 +504,17 @@ impl Limiter {
         };
         let probe_at = self.probe_at_ns.load(Ordering::Relaxed);
         let probe = probe_at != 0 && now_ns >= probe_at;
-        let learned = next(bounds, now, Window { time, peak, busy }, probe);
+        let learned = next(
+            bounds,
+            now,
+            Window {
+                time,
+                peak,
+                busy,
+                dropped: self.dropped_ns.load(Ordering::Relaxed) >= began,
+            },
+            probe,
+        );
         if probe_at == 0 || learned.resume.is_some() {
             let every = if probe_at == 0 {
                 FIRST_PROBE
@@ -580,6 +634,7 @@ mod tests {
                 time: backend(n),
                 peak: n,
                 busy: false,
+                dropped: false,
             };
             learned = next(BOUNDS, learned, w, i == PROBE_AT);
             limits.push(learned.limit);
@@ -623,6 +678,7 @@ mod tests {
                 time: fast(64),
                 peak: 64,
                 busy: false,
+                dropped: false,
             };
             l = next(BOUNDS, l, w, false);
         }
@@ -682,6 +738,7 @@ mod tests {
                 time: backend(held.limit),
                 peak: held.limit,
                 busy: false,
+                dropped: false,
             };
             held = next(BOUNDS, held, w, false);
             assert!(held.limit >= 20, "{held:?}");
@@ -690,6 +747,7 @@ mod tests {
             time: backend(held.limit),
             peak: held.limit,
             busy: false,
+            dropped: false,
         };
         let probing = next(BOUNDS, held, w, true);
         assert_eq!(probing.limit, DEFAULT_MIN);
@@ -709,12 +767,29 @@ mod tests {
             time: ms(10.0),
             peak: settled.limit,
             busy: true,
+            dropped: false,
         };
         let held = next(BOUNDS, settled, w, true);
         assert_eq!((held.limit, held.resume), (settled.limit, None));
         // Not busy: the same window is a queue in the backend.
         let cut = next(BOUNDS, settled, Window { busy: false, ..w }, false);
         assert!(2 * cut.limit <= settled.limit + 1, "{settled:?} → {cut:?}");
+    }
+
+    #[test]
+    fn a_dropped_connect_halves_the_limit_once_a_window() {
+        let l = Limiter::default();
+        l.configure(Some(BOUNDS));
+        let t = 1_000_000_000;
+        assert_eq!(l.dropped(t), Some((INITIAL, INITIAL / 2)));
+        assert_eq!(l.dropped(t + 1), None, "once a window");
+        let later = t + WINDOW.as_nanos() as u64;
+        assert_eq!(l.dropped(later), Some((INITIAL / 2, INITIAL / 4)));
+        // Never below the floor; not at all while not learning.
+        assert_eq!(l.dropped(3 * later), Some((INITIAL / 4, DEFAULT_MIN)));
+        assert_eq!(l.dropped(4 * later), None);
+        l.configure(None);
+        assert_eq!(l.dropped(5 * later), None);
     }
 
     #[test]
@@ -728,6 +803,7 @@ mod tests {
                 time: ms(wobble),
                 peak: learned.limit,
                 busy: false,
+                dropped: false,
             };
             learned = next(BOUNDS, learned, w, false);
             if i > 20 {
@@ -751,6 +827,7 @@ mod tests {
             time: ms(1.0),
             peak: 3,
             busy: false,
+            dropped: false,
         };
         assert_eq!(next(BOUNDS, learned, w, false).limit, INITIAL);
     }

@@ -10,7 +10,10 @@ use std::sync::atomic::Ordering;
 use std::task::Context;
 use std::time::{Duration, Instant};
 
+use tracing::warn;
+
 use crate::http1::client::{Conn, ConnectError, ConnectFailure, connect};
+use crate::sys::clock::monotonic_ns;
 use crate::upstream::backend::{BackendState, clock_ms, millis};
 use crate::upstream::h2;
 use crate::upstream::in_flight::InFlight;
@@ -261,7 +264,12 @@ impl WorkerUpstream {
         };
         let conn = match connect(state.address, left, shared.tls(backend), &first).await {
             Ok(mut conn) => {
-                state.connecting.connected(clock_ms());
+                let now_ms = clock_ms();
+                state.connecting.connected(now_ms);
+                // Linux's first SYN retransmission comes after 1 s.
+                if now_ms.saturating_sub(started_ms) >= 900 {
+                    self.dropped(state);
+                }
                 if !first.is_empty() {
                     conn.origin = origin.map(|o| Box::new(*o));
                 }
@@ -276,6 +284,7 @@ impl WorkerUpstream {
                     || state.in_flight() > state.connecting.in_progress()
                 {
                     e.kind = ConnectFailure::Busy;
+                    self.dropped(state);
                 }
                 return Err(e);
             }
@@ -288,6 +297,20 @@ impl WorkerUpstream {
             stats.connect_time.observe(begun.elapsed() + waited);
         }
         Ok(conn)
+    }
+
+    /// A connect to `state` found its accept queue full: its learned limit is halved.
+    #[cold]
+    fn dropped(&self, state: &BackendState) {
+        if let Some((from, to)) = state.limiter.dropped(monotonic_ns()) {
+            warn!(
+                upstream = %self.shared.config.name,
+                "backend {}: concurrency limit {from} -> {to}: a connect waited for a SYN \
+                 retransmission, or timed out, while the backend took others: its accept queue \
+                 is full",
+                state.address
+            );
+        }
     }
 
     /// Returns a connection after a complete exchange; beyond `keepalive` it is closed instead
