@@ -285,8 +285,7 @@ async fn forward(
     let plan = Plan {
         timeouts,
         framing,
-        // Once a backend may have acted on the request, sending it again needs this, and a body
-        // kept whole.
+        // Sending it again once a backend may have acted on it needs this, and a whole body.
         resendable: retry.non_idempotent || is_idempotent(&head.method),
         upgrade: upgrade_on && head.upgrade_lines().is_some(),
         timed: at.is_some(),
@@ -296,14 +295,13 @@ async fn forward(
 
     // nginx's proxy_next_upstream: a failed attempt moves on to the next backend, each backend
     // at most once per request, within `tries` attempts and `timeout` since the first.
-    let n = shared.backends.len();
-    let max_tries = max_tries(retry, n);
+    let max_tries = max_tries(retry, shared.backends.len());
     let host_from_backend = head.host().is_none();
     // Only a `hash` upstream reads the key; only `ewma` times each attempt.
     let key = shared.config.hash.as_ref();
     let key = key.and_then(|spec| hash_key::request_key(spec, head, downstream.ip));
     let ewma = shared.config.algorithm == Algorithm::Ewma;
-    let mut tried = Tried::new(n);
+    let mut tried = Tried::new(shared.backends.len());
     let (mut first_try, mut last_error): (Option<Instant>, Option<ProxyError>) = (None, None);
     let mut queue_time = Duration::ZERO;
     loop {
@@ -313,7 +311,10 @@ async fn forward(
         } else if let Some(picked) = preferred(upstream, overrides, &tried) {
             Some(picked)
         } else if let (Some(queue), 0) = (&shared.queue, tried.count) {
-            pick_queued(upstream, queue, key, &mut queue_time).await?
+            match upstream.pick_unqueued(queue, key) {
+                picked @ Some(_) => picked,
+                None => pick_queued(upstream, queue, key, &mut queue_time).await?,
+            }
         } else {
             upstream.pick(key, |i| tried.contains(i))
         };
@@ -476,10 +477,6 @@ async fn pick_queued(
     key: Option<u64>,
     queue_time: &mut Duration,
 ) -> Result<Option<(usize, InFlight)>, ProxyError> {
-    // Most requests find room at once: their pick allocates nothing and waits on nothing.
-    if let Some(picked) = upstream.pick_unqueued(queue, key) {
-        return Ok(Some(picked));
-    }
     match Box::pin(upstream.pick_queued(queue, key)).await {
         Ok(Some((backend, guard, waited))) => {
             *queue_time = waited;

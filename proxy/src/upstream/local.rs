@@ -108,7 +108,7 @@ impl WorkerUpstream {
 
     /// Picks a backend as [`Self::pick`] does, for an upstream with a `queue`, when nobody
     /// waits in it; `None` when someone does or no backend has room (then [`Self::pick_queued`]
-    /// waits).
+    /// waits). Most requests find room at once: they make no future and wait on nothing.
     #[inline]
     pub fn pick_unqueued(&self, queue: &Queue, key: Option<u64>) -> Option<(usize, InFlight)> {
         if queue.is_busy() {
