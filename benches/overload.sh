@@ -19,7 +19,7 @@
 #   Peers (benches/peers/overload/*, rendered into a mktemp -d dir):
 #   pinlb        defaults: algorithm = "least_conn" and the three backends, every other key at
 #                its default. Since issue 47 that is a learned concurrency limit per backend
-#                (adaptive = true, adaptive_min 2, adaptive_max 500) and a request queue; a
+#                (adaptive = true, adaptive_min 2, adaptive_max 1000) and a request queue; a
 #                binary from before issue 47 has neither (no limit, no queue): the report says
 #                which this binary is (whether `pinlb check` takes `adaptive = true`)
 #   pinlb-queue  hand-tuned: the same plus max_conns = $MAXCONN per backend (a fixed limit,
@@ -399,7 +399,7 @@ peer_desc() {
     pinlb)
         echo -n "pinlb defaults: least_conn and the three backends, no other key set; "
         if [[ $PINLB_ADAPTIVE == yes ]]; then
-            echo "this binary takes issue 47's \`adaptive\`, so that is a learned concurrency limit per backend (adaptive_min 2, adaptive_max 500) and a queue"
+            echo "this binary takes issue 47's \`adaptive\`, so that is a learned concurrency limit per backend (adaptive_min 2, adaptive_max 1000) and a queue"
         else
             echo "this binary predates issue 47 (\`pinlb check\` rejects \`adaptive = true\`): no limit per backend and no queue"
         fi
