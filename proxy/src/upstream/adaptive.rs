@@ -114,7 +114,7 @@ pub struct Window {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Learned {
     pub limit: usize,
-    /// The backend's time without queueing; zero before the first probe.
+    /// The backend's time without queueing; zero before the first window.
     pub min_rtt: Duration,
     /// During a probe (a window at the floor, to measure `min_rtt`), the limit it ends at.
     pub resume: Option<usize>,
@@ -165,7 +165,8 @@ pub fn next(bounds: Bounds, now: Learned, w: Window, probe: bool) -> Learned {
     let limit = now.limit.max(1);
     let stepped = if gradient > 1.0 {
         if 2 * w.peak < limit || w.dropped {
-            // Not given enough requests to show it can take more.
+            // Not given enough requests to show it can take more, or a connect showed it
+            // cannot.
             limit
         } else {
             ((limit as f64 * gradient).round() as usize).max(limit + 1)
@@ -175,7 +176,7 @@ pub fn next(bounds: Bounds, now: Learned, w: Window, probe: bool) -> Learned {
         // requests wait at the limit, their place in pinlb's queue costs the busy worker more:
         // a quarter more room (a backend that cannot take it shows it in the next window a
         // worker with time to spare closes, or in a dropped connect).
-        if w.peak >= limit {
+        if w.peak >= limit && !w.dropped {
             (limit as f64 * 1.25).ceil() as usize
         } else {
             limit
