@@ -485,11 +485,9 @@ impl Limiter {
         if self.began_ns.load(Ordering::Relaxed) != began {
             return None;
         }
-        let counts: Vec<u32> = self
-            .buckets
-            .iter()
-            .map(|b| b.load(Ordering::Relaxed))
-            .collect();
+        // On the stack: a window still short of answers is looked at again by each next one.
+        let counts: [u32; BUCKETS] =
+            std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed));
         let samples: u32 = counts.iter().sum();
         let lasted = Duration::from_nanos(now_ns.saturating_sub(began));
         let first = began == 0;
