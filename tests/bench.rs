@@ -1411,3 +1411,77 @@ fn bench_skips_a_proxy_missing_from_path_and_says_how_to_install_it() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// pinlb with `server_timing` in front of a backend: `bench` reads pinlb's own time from each
+/// response's `Server-Timing`, over HTTP/1.1 and over h2c, and prints it beside the latency; a
+/// target whose responses carry none (the backend itself) has no figure.
+#[test]
+fn pinlb_s_own_time_is_read_from_server_timing_and_printed_beside_the_latency() {
+    let backend = Backend::start(Reply::Ok);
+    let mut setup = common::Setup::with(&[backend.addr]);
+    setup.listener_keys = "server_timing = true\nh2c = true\n".into();
+    let proxy = common::Proxy::start(&setup);
+    let proxied: Target = format!("proxied=http://{}/", proxy.addr).parse().unwrap();
+    // HTTP/1.1 beside the backend itself, which says nothing of pinlb; h2c through pinlb alone
+    // (the backend speaks HTTP/1.1 only).
+    for (http2, targets) in [
+        (None, vec![backend.target("direct"), proxied.clone()]),
+        (Some(2), vec![proxied.clone()]),
+    ] {
+        let report = bench(&BenchOptions {
+            http2,
+            ..options(targets)
+        });
+        let through = report.targets.last().unwrap();
+        if http2.is_none() {
+            let direct = &report.targets[0].pinlb_time;
+            assert!(direct.is_none(), "{direct:?}");
+        }
+        let own = through
+            .pinlb_time
+            .as_ref()
+            .unwrap_or_else(|| panic!("http2 {http2:?}: no Server-Timing read"));
+        // pinlb's own share is a part of what the client waited for.
+        assert!(
+            own.p50_us > 0.0 && own.p50_us <= through.latency.p50_us,
+            "http2 {http2:?}: own {own:?}, latency {:?}",
+            through.latency
+        );
+    }
+    let core = first_core().to_string();
+    let ran = pinlb_bench(
+        [
+            format!("direct=http://{}/", backend.addr),
+            format!("proxied=http://{}/", proxy.addr),
+        ]
+        .iter()
+        .map(String::as_str)
+        .chain(["-c", "2", "-d", "200ms", "--warmup", "0s", "--rounds", "1"])
+        .chain(["--cpus", &core, "--no-checks"]),
+    )
+    .succeeded();
+    assert!(
+        ran.stdout.contains("pinlb's own time per request"),
+        "{}",
+        ran.stdout
+    );
+    let row = |name: &str| {
+        let after = ran.stdout.split("pinlb's own time per request").nth(1)?;
+        after
+            .lines()
+            .find(|l| l.starts_with(&format!("| {name} |")))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        row("direct").as_deref(),
+        Some("| direct | – | – | – | – | – |"),
+        "{}",
+        ran.stdout
+    );
+    let proxied_row = row("proxied").unwrap_or_default();
+    assert!(
+        proxied_row.ends_with('%') || proxied_row.ends_with("% |"),
+        "a share of the latency: {proxied_row:?}\n{}",
+        ran.stdout
+    );
+}

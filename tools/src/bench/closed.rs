@@ -63,11 +63,13 @@ enum State {
     Head {
         filled: usize,
     },
-    /// Reading the body of a response whose head said `status` and `keep_alive`.
+    /// Reading the body of a response whose head said `status`, `keep_alive` and pinlb's
+    /// own time.
     Body {
         decoder: BodyDecoder,
         status: u16,
         keep_alive: bool,
+        pinlb_ns: Option<u64>,
     },
     /// `--ws`: reading the echo of the message.
     Echo(Echo),
@@ -98,7 +100,11 @@ struct Conn {
 /// How reading a response went.
 enum Read {
     /// The response is complete.
-    Response { status: u16, keep_alive: bool },
+    Response {
+        status: u16,
+        keep_alive: bool,
+        pinlb_ns: Option<u64>,
+    },
     /// `--ws`: the echo is complete.
     Echo { keep_alive: bool },
     /// Nothing more to read now.
@@ -280,8 +286,16 @@ impl Conn {
                 }
                 State::Head { .. } | State::Body { .. } | State::Echo(_) => {
                     match self.read(cx, sh.head_request) {
-                        Read::Response { status, keep_alive } => {
-                            return self.finish(sh, Outcome::Response(status), keep_alive);
+                        Read::Response {
+                            status,
+                            keep_alive,
+                            pinlb_ns,
+                        } => {
+                            return self.finish(
+                                sh,
+                                Outcome::Response(status, pinlb_ns),
+                                keep_alive,
+                            );
                         }
                         Read::Echo { keep_alive } => {
                             return self.finish(sh, Outcome::Echo, keep_alive);
@@ -347,12 +361,14 @@ impl Conn {
                     decoder,
                     status,
                     keep_alive,
+                    pinlb_ns,
                 } => {
                     if n == 0 {
                         if *decoder == BodyDecoder::UntilClose {
                             return Read::Response {
                                 status: *status,
                                 keep_alive: false,
+                                pinlb_ns: *pinlb_ns,
                             };
                         }
                         return Read::Broken;
@@ -361,6 +377,7 @@ impl Conn {
                         Ok(fed) if fed.done => Some(Read::Response {
                             status: *status,
                             keep_alive: *keep_alive && fed.used == n,
+                            pinlb_ns: *pinlb_ns,
                         }),
                         Ok(_) => None,
                         Err(_) => Some(Read::Broken),
@@ -416,12 +433,14 @@ impl Conn {
                 Ok(fed) if fed.done => Some(Read::Response {
                     status: head.status,
                     keep_alive: head.keep_alive && fed.used == rest,
+                    pinlb_ns: head.pinlb_ns,
                 }),
                 Ok(_) => {
                     self.state = State::Body {
                         decoder,
                         status: head.status,
                         keep_alive: head.keep_alive,
+                        pinlb_ns: head.pinlb_ns,
                     };
                     None
                 }

@@ -134,11 +134,16 @@ async fn exchange(
         send.ready().await?;
         let resp = send.send_request(request).await?;
         let status = resp.status().as_u16();
+        let pinlb = resp
+            .headers()
+            .get_all("server-timing")
+            .iter()
+            .find_map(|v| super::wire::pinlb_time(v.as_bytes()));
         let body = resp.into_body().collect().await?;
-        Ok::<_, hyper::Error>((status, body.to_bytes().len() as u64))
+        Ok::<_, hyper::Error>((status, pinlb, body.to_bytes().len() as u64))
     };
     match tokio::time::timeout(timeout, go).await {
-        Ok(Ok((status, bytes))) => (Outcome::Response(status), bytes),
+        Ok(Ok((status, pinlb, bytes))) => (Outcome::Response(status, pinlb), bytes),
         Ok(Err(_)) => (Outcome::Broken, 0),
         Err(_) => (Outcome::Timeout, 0),
     }
@@ -221,7 +226,7 @@ async fn stream(sh: &Thread, plan: &H2Plan, mut send: SendRequest<Full<Bytes>>) 
         }
         let start = Instant::now();
         let (outcome, bytes) = exchange(&mut send, plan.request(), sh.timeout).await;
-        let ended = !matches!(outcome, Outcome::Response(_));
+        let ended = !matches!(outcome, Outcome::Response(..));
         sh.record(recorded, outcome, start.elapsed(), bytes);
         if ended {
             return;

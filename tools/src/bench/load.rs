@@ -88,6 +88,9 @@ pub(crate) fn probe_h2(plan: &Plan) -> Result<(), String> {
 pub(crate) struct RunResult {
     /// Latencies of the recorded window's responses, in ns.
     pub histogram: Histogram<u64>,
+    /// pinlb's own time on the recorded window's responses that said it (`Server-Timing`),
+    /// in ns; empty when none did.
+    pub pinlb_time: Histogram<u64>,
     pub recorded: Counts,
     pub warmup: Counts,
     /// From the start of the recorded window until the slowest thread had every request it sent
@@ -221,6 +224,7 @@ pub(crate) fn run(
 
     let mut merged = RunResult {
         histogram: new_histogram()?,
+        pinlb_time: new_histogram()?,
         recorded: Counts::default(),
         warmup: Counts::default(),
         elapsed: Duration::ZERO,
@@ -229,6 +233,7 @@ pub(crate) fn run(
     for r in results {
         let r = r?;
         merged.histogram.add(&r.histogram)?;
+        merged.pinlb_time.add(&r.pinlb_time)?;
         merged.recorded.add(&r.recorded);
         merged.warmup.add(&r.warmup);
         merged.elapsed = merged.elapsed.max(r.elapsed);
@@ -268,10 +273,10 @@ fn thread_main(
             },
             PinnedError::Runtime(source) => BenchError::Thread { thread, source },
         })?;
-        Ok((rt, new_histogram()?))
+        Ok((rt, new_histogram()?, new_histogram()?))
     })();
     std::mem::forget(guard);
-    let (rt, histogram) = match setup {
+    let (rt, histogram, pinlb_time) = match setup {
         Ok(s) => {
             let _ = tx.send(Msg::Ready(Ok(())));
             s
@@ -310,6 +315,7 @@ fn thread_main(
         end,
         stats: RefCell::new(Stats {
             histogram,
+            pinlb_time,
             recorded: Counts::default(),
             warmup: Counts::default(),
             responses: 0,
@@ -362,6 +368,7 @@ fn thread_main(
                 let s = sh.stats.into_inner();
                 Ok(RunResult {
                     histogram: s.histogram,
+                    pinlb_time: s.pinlb_time,
                     recorded: s.recorded,
                     warmup: s.warmup,
                     elapsed,

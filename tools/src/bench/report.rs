@@ -97,6 +97,12 @@ pub struct TargetReport {
     /// whose admin listener is known.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backends_concurrency_limit: Vec<Option<usize>>,
+    /// pinlb's own time per request, from the `pinlb` metric of the `Server-Timing` header its
+    /// responses carry when `server_timing` is on (see `proxy/src/proxy/timing.rs`), over the
+    /// recorded windows of all rounds; `None` when no response carried one. A `bench merge`
+    /// leaves it out: percentiles can't be added up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinlb_time: Option<Latency>,
 }
 
 impl TargetReport {
@@ -157,6 +163,7 @@ impl TargetReport {
             connect_failure,
             cpu: None,
             backends_concurrency_limit: Vec::new(),
+            pinlb_time: None,
         })
     }
 }
@@ -208,6 +215,10 @@ impl Report {
                 .iter()
                 .find_map(|r| r.connect_failure)
                 .map(|k| k.to_string());
+            let mut pinlb_time = new_histogram()?;
+            for r in &rounds {
+                pinlb_time.add(&r.pinlb_time)?;
+            }
             let per_round = rounds
                 .into_iter()
                 .map(|r| {
@@ -223,13 +234,14 @@ impl Report {
                     }
                 })
                 .collect();
-            let t = TargetReport::of_rounds(
+            let mut t = TargetReport::of_rounds(
                 target.name.clone(),
                 target.url.to_string(),
                 per_round,
                 connect_failure,
                 targets.first(),
             )?;
+            t.pinlb_time = (!pinlb_time.is_empty()).then(|| Latency::of(&pinlb_time));
             targets.push(t);
         }
         Ok(Report {
@@ -346,6 +358,40 @@ impl Report {
         }
         if self.targets.iter().any(|t| t.cpu.is_some()) {
             out.push_str(&self.cpu_table());
+        }
+        if self.targets.iter().any(|t| t.pinlb_time.is_some()) {
+            out.push_str(&self.pinlb_time_table());
+        }
+        out
+    }
+
+    /// pinlb's own time per request beside the latency, for the targets whose responses said
+    /// it.
+    fn pinlb_time_table(&self) -> String {
+        let mut out = String::from(
+            "
+pinlb's own time per request (the `pinlb` metric of its `Server-Timing` header: the route, the pick and the request head written, without the backend's time):
+
+| target | p50 µs | p90 µs | p99 µs | p99.9 µs | of latency at p50 |
+|---|---:|---:|---:|---:|---:|
+",
+        );
+        for t in &self.targets {
+            let Some(p) = &t.pinlb_time else {
+                let _ = writeln!(out, "| {} | – | – | – | – | – |", t.name);
+                continue;
+            };
+            let share = stats::ratio(p.p50_us * 100.0, t.latency.p50_us)
+                .map_or_else(|| "n/a".into(), |r| format!("{r:.1}%"));
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {share} |",
+                t.name,
+                us(p.p50_us),
+                us(p.p90_us),
+                us(p.p99_us),
+                us(p.p999_us),
+            );
         }
         out
     }
@@ -770,6 +816,7 @@ pub(crate) mod tests {
         }
         RunResult {
             histogram,
+            pinlb_time: new_histogram().unwrap(),
             recorded: Counts {
                 sent: n,
                 responses: n,

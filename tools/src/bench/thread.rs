@@ -68,6 +68,9 @@ pub(super) struct Thread {
 /// One thread's results so far.
 pub(super) struct Stats {
     pub(super) histogram: Histogram<u64>,
+    /// pinlb's own time on each response of the recorded window that said it
+    /// (`Server-Timing`), in ns.
+    pub(super) pinlb_time: Histogram<u64>,
     pub(super) recorded: Counts,
     pub(super) warmup: Counts,
     /// Responses in both phases, for the progress line.
@@ -80,7 +83,8 @@ pub(super) struct Stats {
 
 /// How one exchange ended.
 pub(super) enum Outcome {
-    Response(u16),
+    /// The status, and pinlb's own time in ns when the response said it.
+    Response(u16, Option<u64>),
     /// `--ws`: the whole echo of the message.
     Echo,
     /// No complete response within the timeout.
@@ -174,9 +178,11 @@ impl Thread {
         counts.sent += 1;
         counts.bytes_read += bytes;
         // Whether the exchange got a whole answer, and whether that answer was a good one.
+        let mut pinlb_ns = None;
         let good = match outcome {
-            Outcome::Response(status) => {
+            Outcome::Response(status, pinlb) => {
                 counts.statuses.add(status, 1);
+                pinlb_ns = pinlb;
                 (200..300).contains(&status)
             }
             Outcome::Echo => true,
@@ -210,6 +216,9 @@ impl Thread {
         if recorded {
             let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
             st.histogram.saturating_record(ns);
+            if let Some(ns) = pinlb_ns {
+                st.pinlb_time.saturating_record(ns);
+            }
         }
         st.responses += 1;
         self.progress[self.thread]
@@ -233,7 +242,10 @@ impl Thread {
         let outcome = tokio::select! {
             biased;
             r = exchange(stream, &self.request, buf, self.head_request, &mut bytes) => match r {
-                Ok(resp) => (Outcome::Response(resp.status), resp.keep_alive && self.keep_alive),
+                Ok(resp) => (
+                    Outcome::Response(resp.status, resp.pinlb_ns),
+                    resp.keep_alive && self.keep_alive,
+                ),
                 Err(Broken) => (Outcome::Broken, false),
             },
             () = timer => (Outcome::Timeout, false),
@@ -289,6 +301,7 @@ struct Broken;
 struct Response {
     status: u16,
     keep_alive: bool,
+    pinlb_ns: Option<u64>,
 }
 
 /// Writes `request` and reads one whole response into `buf` (head, then the body, which is
@@ -349,5 +362,6 @@ async fn exchange(
     Ok(Response {
         status: head.status,
         keep_alive,
+        pinlb_ns: head.pinlb_ns,
     })
 }
