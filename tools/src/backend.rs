@@ -156,6 +156,8 @@ pub struct Backends {
     stop: watch::Sender<bool>,
     /// Emptied by the first stop; `Drop` then has nothing left to join.
     threads: Vec<JoinHandle<()>>,
+    /// Each server's thread ID, in `listen` order: what `pinlb demo` reads its CPU time by.
+    tids: Vec<u32>,
 }
 
 /// A request counter alone on its cache line (128 bytes: adjacent-line prefetchers pair lines).
@@ -201,6 +203,7 @@ impl Backends {
             counters: Vec::with_capacity(listeners.len()),
             stop,
             threads: Vec::with_capacity(listeners.len()),
+            tids: vec![0; listeners.len()],
         };
         // Each thread reports once it is pinned and serving (or why it is not), so that `start`
         // returning Ok means every server is up on its core.
@@ -230,7 +233,7 @@ impl Backends {
         drop(ready_tx);
         for _ in 0..backends.threads.len() {
             match ready_rx.recv() {
-                Ok(Ok(())) => {}
+                Ok(Ok((server, tid))) => backends.tids[server] = tid,
                 Ok(Err(e)) => return Err(e),
                 // Every sender is gone without a report: a thread panicked while starting.
                 Err(_) => return Err(BackendError::Panicked),
@@ -247,6 +250,11 @@ impl Backends {
     /// The core of each server, in `listen` order.
     pub fn cores(&self) -> &[usize] {
         &self.cores
+    }
+
+    /// The thread ID of each server, in `listen` order: its CPU time is its thread's.
+    pub fn tids(&self) -> &[u32] {
+        &self.tids
     }
 
     /// Requests answered so far by all servers, `/health` not counted.
@@ -344,7 +352,7 @@ fn server_main(
     listener: std::net::TcpListener,
     answer: Answer,
     mut stopped: watch::Receiver<bool>,
-    ready: mpsc::Sender<Result<(), BackendError>>,
+    ready: mpsc::Sender<Result<(usize, u32), BackendError>>,
 ) {
     let rt = match runtime::pinned(core) {
         Ok(rt) => rt,
@@ -372,7 +380,8 @@ fn server_main(
             }
         }
     };
-    let _ = ready.send(Ok(()));
+    let tid = u32::try_from(nix::unistd::gettid().as_raw()).unwrap_or(0);
+    let _ = ready.send(Ok((server, tid)));
     drop(ready);
 
     // Connections are spawned onto the runtime; the accept loop ends at stop, and dropping the

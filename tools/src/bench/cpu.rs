@@ -9,6 +9,12 @@
 //! of this machine's. A process's descendants count with it (nginx's workers under its
 //! master); a thread's time is in its process's. Ticks are 10 ms on most kernels, so figures
 //! from windows of a fraction of a second are coarse.
+//!
+//! When the target runs in this very process (`pinlb demo` runs its proxy and backends on
+//! threads of its own), whole processes would mix them up: [`Processes::tasks`] says the ids
+//! are single tasks instead (threads of this process, found by name with [`threads_named`], or
+//! single-threaded processes such as nginx's), and each one's own time on a CPU is read from
+//! `/proc/ID/schedstat`, in nanoseconds.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,6 +34,10 @@ pub struct Processes {
     /// When the target is pinlb with an admin listener (`bench --proxy`, `sweep`), where:
     /// each backend's learned concurrency limit is read from its `/status` ([`super::limits`]).
     pub status: Option<SocketAddr>,
+    /// The ids above are single tasks, not processes with their threads: threads of this
+    /// process, or single-threaded processes. Each one's own CPU time is read, and no
+    /// descendants are looked for.
+    pub tasks: bool,
 }
 
 /// What a target's processes used, per response of the recorded windows.
@@ -53,6 +63,37 @@ pub fn listening(addr: SocketAddr) -> Vec<u32> {
         Found::Processes(ps) => ps.into_iter().map(|p| p.pid).collect(),
         _ => Vec::new(),
     }
+}
+
+/// The threads of this process whose names `named` accepts (`pinlb-w0`, `pinlb-be1`), by id.
+pub fn threads_named(named: impl Fn(&str) -> bool) -> Vec<u32> {
+    let Ok(me) = procfs::process::Process::myself() else {
+        return Vec::new();
+    };
+    let Ok(tasks) = me.tasks() else {
+        return Vec::new();
+    };
+    let mut out: Vec<u32> = tasks
+        .flatten()
+        .filter(|t| t.stat().is_ok_and(|s| named(&s.comm)))
+        .filter_map(|t| u32::try_from(t.tid).ok())
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Every thread of process `pid` and of its descendants, by id: what [`Processes::tasks`]
+/// reads for a process run beside this one (nginx and its workers, Node.js and its helper
+/// threads).
+pub fn threads_of(pid: u32) -> Vec<u32> {
+    let mut out: Vec<u32> = tree(&[pid])
+        .into_iter()
+        .filter_map(|p| procfs::process::Process::new(i32::try_from(p).ok()?).ok())
+        .filter_map(|p| p.tasks().ok())
+        .flat_map(|tasks| tasks.flatten().filter_map(|t| u32::try_from(t.tid).ok()))
+        .collect();
+    out.sort_unstable();
+    out
 }
 
 /// `roots` and every descendant of theirs, sorted, each once.
@@ -83,37 +124,62 @@ fn tree(roots: &[u32]) -> Vec<u32> {
     out
 }
 
-/// User plus system clock ticks of `pid` so far; `None` once it is gone.
-fn ticks(pid: u32) -> Option<u64> {
+/// User plus system time of process `pid` so far, in ns (counted in clock ticks); `None` once
+/// it is gone.
+fn process_ns(pid: u32) -> Option<u64> {
     let stat = procfs::process::Process::new(i32::try_from(pid).ok()?)
         .ok()?
         .stat()
         .ok()?;
-    Some(stat.utime + stat.stime)
+    let hz = procfs::ticks_per_second().max(1);
+    Some((stat.utime + stat.stime).saturating_mul(1_000_000_000) / hz)
 }
 
-/// One target's processes (descendants found once, before the first round) and the ticks
-/// they used in its recorded windows so far.
+/// Time task `id` (a thread of this process, or a process's main thread) has spent on a CPU
+/// so far, in ns: the first field of its `schedstat`, which is the task's own and not its
+/// thread group's; `None` once it is gone.
+fn task_ns(id: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{id}/schedstat")).ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// One target's processes (descendants found once, before the first round) or threads, and
+/// the ns of CPU they used in its recorded windows so far.
 #[derive(Debug)]
 pub(super) struct Meter {
     /// The server's processes first, then each backend's.
     groups: Vec<Vec<u32>>,
+    /// [`Processes::tasks`].
+    tasks: bool,
     known_server: bool,
-    /// Each group's ticks at the start of the window under way.
+    /// Each group's ns at the start of the window under way.
     start: Vec<Vec<Option<u64>>>,
     used: Vec<u64>,
 }
 
 impl Meter {
     pub(super) fn new(p: &Processes) -> Meter {
-        let mut groups = vec![tree(&p.server)];
-        groups.extend(p.backends.iter().map(|b| tree(b)));
+        let found = |ids: &[u32]| {
+            if p.tasks { ids.to_vec() } else { tree(ids) }
+        };
+        let mut groups = vec![found(&p.server)];
+        groups.extend(p.backends.iter().map(|b| found(b)));
         let n = groups.len();
         Meter {
             known_server: !groups[0].is_empty(),
             groups,
+            tasks: p.tasks,
             start: vec![Vec::new(); n],
             used: vec![0; n],
+        }
+    }
+
+    /// CPU ns used so far by one of the groups' ids.
+    fn ns(&self, id: u32) -> Option<u64> {
+        if self.tasks {
+            task_ns(id)
+        } else {
+            process_ns(id)
         }
     }
 
@@ -127,9 +193,12 @@ impl Meter {
         if self.is_empty() {
             return;
         }
-        for (g, s) in self.groups.iter().zip(&mut self.start) {
-            *s = g.iter().map(|&pid| ticks(pid)).collect();
-        }
+        let start: Vec<Vec<Option<u64>>> = self
+            .groups
+            .iter()
+            .map(|g| g.iter().map(|&id| self.ns(id)).collect())
+            .collect();
+        self.start = start;
     }
 
     /// The window ended: what each process used since it started is added up. A process gone
@@ -138,10 +207,10 @@ impl Meter {
         if self.is_empty() {
             return;
         }
-        for ((g, s), used) in self.groups.iter().zip(&self.start).zip(&mut self.used) {
-            for (&pid, before) in g.iter().zip(s) {
-                if let (Some(b), Some(a)) = (before, ticks(pid)) {
-                    *used += a.saturating_sub(*b);
+        for (i, (g, s)) in self.groups.iter().zip(&self.start).enumerate() {
+            for (&id, before) in g.iter().zip(s) {
+                if let (Some(b), Some(a)) = (before, self.ns(id)) {
+                    self.used[i] += a.saturating_sub(*b);
                 }
             }
         }
@@ -152,8 +221,7 @@ impl Meter {
         if self.is_empty() {
             return None;
         }
-        let hz = procfs::ticks_per_second().max(1) as f64;
-        let us = |ticks: u64| (responses > 0).then(|| ticks as f64 * 1e6 / hz / responses as f64);
+        let us = |ns: u64| (responses > 0).then(|| ns as f64 / 1e3 / responses as f64);
         Some(CpuUse {
             server_us_per_request: if self.known_server {
                 us(self.used[0])
@@ -187,6 +255,7 @@ mod tests {
             server: vec![me],
             backends: vec![vec![child.id()], Vec::new()],
             status: None,
+            tasks: false,
         });
         m.window_started();
         // Burn 50 ms of CPU on this thread: at least a few ticks.
@@ -208,6 +277,50 @@ mod tests {
         assert_eq!(m.per_request(0).unwrap().server_us_per_request, None);
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    #[test]
+    fn a_named_thread_of_this_process_counts_its_own_cpu_and_no_other() {
+        use std::sync::mpsc::channel;
+        let (to_burner, burner_rx) = channel::<()>();
+        let (to_test, test_rx) = channel::<()>();
+        let burner = std::thread::Builder::new()
+            .name("cpu-test-burn".into())
+            .spawn(move || {
+                // Named and running; then burn when told, say so, and stay until told to go
+                // (a thread that is gone has no schedstat to read).
+                to_test.send(()).unwrap();
+                burner_rx.recv().unwrap();
+                let until = std::time::Instant::now() + std::time::Duration::from_millis(50);
+                let mut x = 0u64;
+                while std::time::Instant::now() < until {
+                    x = x.wrapping_add(1);
+                }
+                std::hint::black_box(x);
+                to_test.send(()).unwrap();
+                burner_rx.recv().unwrap();
+            })
+            .unwrap();
+        test_rx.recv().unwrap();
+        let tids = threads_named(|n| n == "cpu-test-burn");
+        assert_eq!(tids.len(), 1, "{tids:?}");
+        let mut m = Meter::new(&Processes {
+            server: tids,
+            backends: vec![threads_named(|n| n == "no-such-thread")],
+            status: None,
+            tasks: true,
+        });
+        m.window_started();
+        to_burner.send(()).unwrap();
+        test_rx.recv().unwrap();
+        m.window_ended();
+        to_burner.send(()).unwrap();
+        burner.join().unwrap();
+        let c = m.per_request(1000).unwrap();
+        // 50 ms over 1000 responses: 50 µs each, in ns; the waiting test thread counts nowhere.
+        let us = c.server_us_per_request.unwrap();
+        assert!((45.0..80.0).contains(&us), "{us}");
+        assert_eq!(c.backends_us_per_request, [None]);
     }
 
     #[test]

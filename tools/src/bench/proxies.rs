@@ -70,6 +70,7 @@ pub(super) fn start(args: &BenchArgs) -> Result<Started, BenchError> {
         server: backend_pids[0].clone(),
         backends: Vec::new(),
         status: None,
+        tasks: false,
     }];
     for f in &found {
         let port = launch::free_port().map_err(|e| fail(e.to_string()))?;
@@ -108,6 +109,7 @@ pub(super) fn start(args: &BenchArgs) -> Result<Started, BenchError> {
             server: vec![pid],
             backends: backend_pids.clone(),
             status: admin,
+            tasks: false,
         });
     }
     Ok(Started {
@@ -131,6 +133,7 @@ pub(super) fn discover(targets: &[Target]) -> Vec<Processes> {
             server: t.resolve().map(listening).unwrap_or_default(),
             backends: Vec::new(),
             status: None,
+            tasks: false,
         })
         .collect()
 }

@@ -358,6 +358,7 @@ fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
                 server: pids[0].clone(),
                 backends: Vec::new(),
                 status: None,
+                tasks: false,
             });
             continue;
         }
@@ -372,6 +373,7 @@ fn run(args: &SweepArgs) -> Result<Sweep, SweepError> {
                 server: vec![pid],
                 backends: pids.clone(),
                 status: admin,
+                tasks: false,
             });
         }
     }
