@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use tracing::warn;
+use tracing::info;
 
 use crate::http1::client::ConnectFailure;
 use crate::sys::clock::monotonic_ns;
@@ -164,12 +164,14 @@ impl InFlight {
     }
 }
 
-/// Says why a backend's learned limit fell by half or more.
+/// Says why a backend's learned limit fell by half or more. At `info`: the limit doing its job
+/// (the backend's answers slowed as requests queued in it), not a fault; a connect that fails
+/// or times out is the `warn` (`upstream::local`).
 #[cold]
 #[inline(never)]
 fn log_fall(upstream: &SharedUpstream, b: &BackendState, fall: Fall) {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    warn!(
+    info!(
         upstream = %upstream.config.name,
         "backend {}: concurrency limit {} -> {}: its answers took {:.2} ms (median) with up \
          to {} requests in flight, against {:.2} ms without queueing",
