@@ -474,21 +474,40 @@ fn demo_runs_end_to_end_in_a_short_mode() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     assert!(stdout.contains("core map:"), "{stdout}");
-    assert!(stdout.contains("pinlb proxy 127.0.0.1:"), "{stdout}");
-    for target in ["direct", "proxied"] {
-        let row = stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("| {target} |")))
-            .unwrap_or_else(|| panic!("no {target} row in:\n{stdout}"));
-        assert!(
-            row.ends_with("| 0 |"),
-            "every request answered, none failed: {row}"
-        );
+    assert!(stdout.contains("pinlb 127.0.0.1:"), "{stdout}");
+    // Two backends, each with its direct and pinlb rows: every request answered, none failed;
+    // pinlb's CPU, its backend's, and its own time from Server-Timing are figures.
+    for backend in ["hello-world backend:", "work backend:"] {
+        let table = stdout
+            .split(backend)
+            .nth(2)
+            .or_else(|| stdout.split(backend).nth(1))
+            .unwrap_or_else(|| panic!("no {backend} table in:\n{stdout}"));
+        for target in ["direct", "pinlb"] {
+            let row = table
+                .lines()
+                .find(|l| l.starts_with(&format!("| {target} |")))
+                .unwrap_or_else(|| panic!("no {target} row after {backend}:\n{stdout}"));
+            assert!(row.ends_with("| 0 |"), "every request answered: {row}");
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            // | name | req/s | × direct | p50 | p99 | proxy CPU | backend CPU | own time | errors |
+            assert!(cells[7].parse::<f64>().is_ok(), "backend CPU: {row}");
+            if target == "pinlb" {
+                assert!(cells[6].parse::<f64>().is_ok(), "pinlb's CPU: {row}");
+                assert!(cells[8].contains(" / "), "pinlb's own time: {row}");
+            }
+        }
     }
     assert!(
-        stdout.contains("| proxied |") && stdout.contains("against direct"),
+        stdout.contains("- pinlb adds ")
+            && stdout.contains("% of a backend that spends ")
+            && stdout.contains("pinlb's own time per request (Server-Timing): p50 "),
         "{stdout}"
     );
+    // nginx beside it when installed, else a line that says how to add it.
+    let nginx = stdout.lines().any(|l| l.starts_with("| nginx |"));
+    let told = stdout.contains("note: no nginx row: nginx not found on PATH");
+    assert!(nginx != told, "{stdout}");
     assert!(
         !stderr.contains(" INFO "),
         "the in-process proxy and backends keep their start and stop lines out of the results: {stderr}"
