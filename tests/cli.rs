@@ -504,6 +504,14 @@ fn demo_runs_end_to_end_in_a_short_mode() {
             && stdout.contains("pinlb's own time per request (Server-Timing): p50 "),
         "{stdout}"
     );
+    // The README's sample is what the demo prints: the same table heads and headings.
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    for line in stdout.lines().filter(|l| {
+        l.starts_with("| target |") || l.ends_with("backend:") || *l == "what the proxy costs:"
+    }) {
+        assert!(readme.contains(line), "the README's sample lacks {line:?}");
+    }
     // nginx beside it when installed, else a line that says how to add it.
     let nginx = stdout.lines().any(|l| l.starts_with("| nginx |"));
     let told = stdout.contains("note: no nginx row: nginx not found on PATH");

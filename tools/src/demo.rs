@@ -609,6 +609,15 @@ fn with_dir(args: &DemoArgs, layout: &Layout, cores: &[usize], dir: &Path) -> Re
     Ok(())
 }
 
+/// A percentage, to a tenth below 10%.
+fn percent(v: f64) -> String {
+    if v < 10.0 {
+        format!("{v:.1}%")
+    } else {
+        format!("{v:.0}%")
+    }
+}
+
 /// µs, to a tenth below 100.
 fn us(v: f64) -> String {
     if v < 100.0 {
@@ -653,7 +662,7 @@ pub fn table(r: &Report) -> String {
             .and_then(|o| o.throughput_ratio)
             .map_or_else(|| "–".into(), |x| format!("{x:.2}×"));
         let own = match (&t.pinlb_time, i) {
-            (Some(p), _) => format!("{} / {}", us(p.p50_us), us(p.p99_us)),
+            (Some(p), _) => format!("{:.0} / {:.0}", p.p50_us, p.p99_us),
             (None, 0) => "–".into(),
             (None, _) => "not reported".into(),
         };
@@ -693,9 +702,9 @@ pub fn conclusion(layout: &Layout, hello: &Report, work: &Report) -> String {
                 .and_then(|o| o.throughput_ratio)
                 .map_or_else(|| "n/a".into(), |x| format!("{x:.2}×"));
             out.push_str(&format!(
-                "- {name} adds {} µs of CPU per request: {:.1}% of a backend that spends {} µs per request ({backend}); proxied throughput {ratio} direct.\n",
+                "- {name} adds {} µs of CPU per request: {} of a backend that spends {} µs per request ({backend}); proxied throughput {ratio} direct.\n",
                 us(x),
-                100.0 * x / z,
+                percent(100.0 * x / z),
                 us(z),
             ));
         }
@@ -705,9 +714,8 @@ pub fn conclusion(layout: &Layout, hello: &Report, work: &Report) -> String {
                 let t = r.targets.iter().skip(1).find(|t| t.name == name)?;
                 let p = t.pinlb_time.as_ref()?;
                 Some(format!(
-                    "p50 {} µs, p99 {} µs ({backend})",
-                    us(p.p50_us),
-                    us(p.p99_us)
+                    "p50 {:.0} µs, p99 {:.0} µs ({backend})",
+                    p.p50_us, p.p99_us
                 ))
             })
             .collect();
