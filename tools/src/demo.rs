@@ -219,9 +219,7 @@ impl Backend {
             Running::Child(c) => drop(c),
         }
     }
-}
 
-impl Backend {
     /// pinlb's test backend in this process on `core`, spending `work` per request.
     fn in_process(core: usize, work: Duration, said: String) -> Result<Backend, String> {
         let b = Backends::start(&BackendSpec {
