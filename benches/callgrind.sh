@@ -32,6 +32,13 @@
 #   `master_process off`, benches/peers/nginx.conf: the configuration benches/compare.sh runs),
 #   so that pinlb's count is set beside nginx's from the same harness; PINLB_BINARY is then
 #   ignored. Only with the default CLIENT and no FRONT.
+#   BODY_BYTES=N  the backend answers a JSON document of about N bytes (benches/peers/json_doc.py,
+#   application/json, with its Content-Length) instead of "hello world", and wrk asks for
+#   ACCEPT_ENCODING (default gzip): with LISTENER_TOML='compress = { algorithms = ["gzip"],
+#   gzip_level = 1, types = ["application/json"] }' this counts a compressed response
+#   (BODY_BYTES=3400 is issue 53's 3,314-byte document).
+#   NGINX_GZIP_LEVEL=N  with SUBJECT=nginx: gzip on at that level for application/json, to set
+#   nginx's count per compressed response beside pinlb's.
 #   CACHE_SIM=1  adds valgrind's cache simulation (--cache-sim=yes: L1 instruction and data,
 #   last level) and prints the misses per request too. About twice as slow, so fewer requests
 #   are done in the 4 s; the instructions per request stayed put (pinlb 10,270 with it, 10,238
@@ -75,6 +82,18 @@ mkdir -p "$WORK/backend/tmp"
 } >"$WORK/backend/temp_paths.conf"
 sed -e "s|@DIR@|$WORK/backend|g" -e "s|@BACKEND_PORT@|$BACKEND_PORT|g" \
     "$ROOT/benches/peers/backend-nginx.conf" >"$WORK/backend/nginx.conf"
+WRK_HEADERS=()
+if [[ -n ${BODY_BYTES:-} ]]; then
+    mkdir -p "$WORK/backend/www"
+    python3 "$ROOT/benches/peers/json_doc.py" "$BODY_BYTES" "$WORK/backend/www/data.json"
+    # nginx's workers run as nobody when this runs as root: they must read the document.
+    chmod a+rx "$WORK" "$WORK/backend" "$WORK/backend/www"
+    chmod a+r "$WORK/backend/www/data.json"
+    sed -i -e "s|return 200 \"hello world\\\\n\";|root $WORK/backend/www; default_type application/json; try_files /data.json =404;|" \
+        "$WORK/backend/nginx.conf"
+    grep -q 'try_files /data.json' "$WORK/backend/nginx.conf" || { echo "could not point the backend at the document" >&2; exit 1; }
+    WRK_HEADERS=(-H "Accept-Encoding: ${ACCEPT_ENCODING:-gzip}")
+fi
 taskset -c 1 nginx -p "$WORK/backend" -c "$WORK/backend/nginx.conf" -e "$WORK/backend/error.log" &
 PIDS+=($!)
 wait_port "$BACKEND_PORT"
@@ -111,6 +130,11 @@ case ${SUBJECT:-pinlb} in
             -e 's|^master_process on;|master_process off;|' \
             "$ROOT/benches/peers/nginx.conf" >"$WORK/nginx/nginx.conf"
         grep -q '^master_process off;' "$WORK/nginx/nginx.conf" || { echo "benches/peers/nginx.conf has no 'master_process on;' to turn off" >&2; exit 1; }
+        if [[ -n ${NGINX_GZIP_LEVEL:-} ]]; then
+            sed -i -e "s|^    gzip off;|    gzip on; gzip_comp_level $NGINX_GZIP_LEVEL; gzip_types application/json; gzip_proxied any;|" \
+                "$WORK/nginx/nginx.conf"
+            grep -q '^    gzip on;' "$WORK/nginx/nginx.conf" || { echo "benches/peers/nginx.conf has no 'gzip off;' to turn on" >&2; exit 1; }
+        fi
         PINLB="nginx ($(nginx -v 2>&1 | sed 's|.*/||'), benches/peers/nginx.conf)"
         taskset -c 0 "${VALGRIND[@]}" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" \
             -e "$WORK/nginx/error.log" 2>"$WORK/valgrind.log" &
@@ -147,7 +171,7 @@ wait_port "$TARGET" "${CLIENT:-}"
 
 load() {
     case ${CLIENT:-wrk} in
-        wrk) taskset -c 1 wrk -t1 -c16 -d"$1"s "http://127.0.0.1:$TARGET/" ;;
+        wrk) taskset -c 1 wrk -t1 -c16 -d"$1"s "${WRK_HEADERS[@]}" "http://127.0.0.1:$TARGET/" ;;
         py) taskset -c 1 python3 "$ROOT/benches/keepalive_client.py" "$TARGET" --seconds "$1" ;;
         proxy-v2) taskset -c 1 python3 "$ROOT/benches/keepalive_client.py" "$TARGET" --seconds "$1" --proxy-v2 ;;
         # h2load's count, written as wrk's line for the count below.

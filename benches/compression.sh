@@ -2,9 +2,9 @@
 # benches/compression.sh - gzip through pinlb against gzip through nginx at the same level, in
 # one run, on the same backend (issue 30's compression bar).
 #
-# A 100 KiB JSON document (records of ids, names, e-mails, numbers, tags: real JSON, not one
-# repeated byte), served as application/json with its Content-Length by a backend nginx (core
-# 1). The proxies under test, each ONE worker pinned to core 0, in turn:
+# A JSON document of DOC_BYTES (default 100 KiB; records of ids, names, e-mails, numbers, tags:
+# real JSON, not one repeated byte, benches/peers/json_doc.py), served as application/json with
+# its Content-Length by a backend nginx (core 1). The proxies under test, each ONE worker pinned to core 0, in turn:
 #   nginx   gzip on; gzip_comp_level $LEVEL; gzip_types application/json; (gzip_proxied any)
 #   pinlb   compress = { algorithms = ["gzip"], gzip_level = $LEVEL, types = ["application/json"] }
 # Both keep up to 64 keep-alive connections to the backend. The load (wrk -t1 on core 1,
@@ -16,11 +16,15 @@
 #   req/s        wrk's Requests/sec, median over the rounds
 #   CPU us/req   utime+stime of all the proxy's processes over the recorded run, divided by the
 #                requests wrk completed, median over the rounds (the bar: pinlb's <= nginx's)
+#   RSS MB       the proxy's resident memory (all its processes) halfway through each recorded
+#                run, median over the rounds
+# CODING=br or zstd runs pinlb alone with that coding (nginx has neither here).
 # Memory per compressing stream is the encoder's state: stated in docs/behaviour.md
 # ("Compression") and checked by `cargo test --lib proxy::compress::tests::memory_per_stream`.
 #
 # Usage: bash benches/compression.sh [PINLB_BINARY]   (default target/release/pinlb)
-#   ROUNDS=5, DURATION=10s, WARMUP=1s, CONNS=16, LEVEL=1, KEEP_TMP=1 keeps the temp dir,
+#   ROUNDS=5, DURATION=10s, WARMUP=1s, CONNS=16, LEVEL=1, DOC_BYTES=102400 (3400 gives the
+#   3,314-byte document of issue 53's runs), CODING=gzip, KEEP_TMP=1 keeps the temp dir,
 #   PORT_BASE=18330, OUT_MD=/tmp/pinlb-compression.md
 # Needs: nginx, wrk, curl, python3, taskset.
 set -euo pipefail
@@ -32,6 +36,7 @@ DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-1s}
 CONNS=${CONNS:-16}
 LEVEL=${LEVEL:-1}
+DOC_BYTES_WANTED=${DOC_BYTES:-102400}
 KEEP_TMP=${KEEP_TMP:-0}
 OUT_MD=${OUT_MD:-/tmp/pinlb-compression.md}
 PORT_BASE=${PORT_BASE:-18330}
@@ -49,30 +54,7 @@ require nginx wrk curl python3 taskset
 
 # ---------------------------------------------------------------- the document
 mkdir -p "$WORK/www"
-python3 - "$WORK/www/data.json" <<'PY'
-import json, random, sys
-random.seed(30)
-words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
-records, size = [], 0
-i = 0
-while size < 100 * 1024:
-    r = {
-        "id": 100000 + i,
-        "name": f"{random.choice(words).title()} {random.choice(words).title()}",
-        "email": f"user{i}.{random.choice(words)}@example.{random.choice(['com', 'org', 'net'])}",
-        "score": round(random.uniform(0, 1000), 2),
-        "active": random.random() < 0.7,
-        "tags": random.sample(words, random.randint(1, 4)),
-        "created": f"2026-{random.randint(1, 12):02d}-{random.randint(1, 28):02d}T{random.randint(0, 23):02d}:{random.randint(0, 59):02d}:00Z",
-    }
-    records.append(r)
-    size += len(json.dumps(r)) + 1
-    i += 1
-text = json.dumps({"count": len(records), "items": records})[: 100 * 1024 - 2]
-# Cut at a record boundary so it stays valid JSON.
-text = text[: text.rfind("},") + 1] + "]}"
-open(sys.argv[1], "w").write(text)
-PY
+python3 "$ROOT/benches/peers/json_doc.py" "$DOC_BYTES_WANTED" "$WORK/www/data.json"
 DOC_BYTES=$(wc -c <"$WORK/www/data.json")
 # nginx's workers run as nobody when the script runs as root: they must read the document.
 chmod a+rx "$WORK" "$WORK/www"
@@ -191,28 +173,43 @@ SIZE_ZSTD=$(size pinlb zstd)
 RAW="$WORK/raw.tsv"
 : >"$RAW"
 TCK=$(getconf CLK_TCK)
-# wrk_run PEER DURATION OUT
+CODING=${CODING:-gzip}
+PEERS=(pinlb nginx)
+[[ $CODING == gzip ]] || PEERS=(pinlb)
+# rss_mb PID...: resident memory of the processes, in MB.
+rss_mb() {
+    local kib=0 p
+    for p in "$@"; do kib=$((kib + $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0))); done
+    awk -v k="$kib" 'BEGIN { printf "%.1f", k / 1024 }'
+}
+# wrk_run PEER DURATION OUT [RSS_OUT]: with RSS_OUT, the proxy's RSS halfway through goes there.
 wrk_run() {
-    taskset -c 1 wrk -t1 -c"$CONNS" -d"$2" -H 'Accept-Encoding: gzip' \
+    taskset -c 1 wrk -t1 -c"$CONNS" -d"$2" -H "Accept-Encoding: $CODING" \
         "http://127.0.0.1:${PORT[$1]}/data.json" >"$3" 2>&1 &
     WRK_PID=$!
+    if [[ -n ${4:-} ]]; then
+        sleep "$(awk -v d="${2%s}" 'BEGIN { print d / 2 }')"
+        # shellcheck disable=SC2046 # the pids, one word each
+        rss_mb $(proc_tree "${PID_OF[$1]}") >"$4"
+    fi
     wait_wrk "$3"
 }
 for ((r = 1; r <= ROUNDS; r++)); do
-    for p in pinlb nginx; do
+    for p in "${PEERS[@]}"; do
         [[ $WARMUP == 0 || $WARMUP == 0s ]] || wrk_run "$p" "$WARMUP" "$WORK/warm.out"
         # shellcheck disable=SC2046 # the pids, one word each
         t0=$(cpu_ticks $(proc_tree "${PID_OF[$p]}"))
-        wrk_run "$p" "$DURATION" "$WORK/$p.$r.out"
+        wrk_run "$p" "$DURATION" "$WORK/$p.$r.out" "$WORK/$p.$r.rss"
         # shellcheck disable=SC2046
         t1=$(cpu_ticks $(proc_tree "${PID_OF[$p]}"))
+        rss=$(cat "$WORK/$p.$r.rss")
         rps=$(awk '/^Requests\/sec:/ {print $2}' "$WORK/$p.$r.out")
         reqs=$(awk '/requests in/ {print $1}' "$WORK/$p.$r.out")
         non2xx=$(awk '/Non-2xx/ {print $NF}' "$WORK/$p.$r.out")
         [[ -z $non2xx ]] || die "$p answered $non2xx non-2xx responses: $(cat "$WORK/$p.$r.out")"
         us=$(awk -v t=$((t1 - t0)) -v k="$TCK" -v n="$reqs" 'BEGIN { printf "%.1f", (n > 0) ? t / k * 1e6 / n : 0 }')
-        printf '%d\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$us" >>"$RAW"
-        log "round $r $p: $rps req/s, $us us CPU/req"
+        printf '%d\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$us" "$rss" >>"$RAW"
+        log "round $r $p: $rps req/s, $us us CPU/req, RSS $rss MB"
     done
 done
 
@@ -222,19 +219,28 @@ read -r RPS_P _ _ < <(stats pinlb 3)
 read -r RPS_N _ _ < <(stats nginx 3)
 read -r CPU_P _ _ < <(stats pinlb 4)
 read -r CPU_N _ _ < <(stats nginx 4)
+read -r RSS_P _ _ < <(stats pinlb 5)
+read -r RSS_N _ _ < <(stats nginx 5)
 {
-    echo "## Compression: a ${DOC_BYTES}-byte JSON document, gzip level $LEVEL"
+    echo "## Compression: a ${DOC_BYTES}-byte JSON document, $CODING, gzip level $LEVEL"
     echo
-    echo "$ROUNDS rounds of $DURATION, wrk -t1 -c$CONNS on core 1, proxies on core 0, backend nginx on core 1."
+    echo "$ROUNDS rounds of $DURATION, wrk -t1 -c$CONNS on core 1 (Accept-Encoding: $CODING), proxies on core 0, backend nginx on core 1."
     echo
     echo "| | pinlb | nginx | pinlb / nginx |"
     echo "|---|---|---|---|"
     awk -v a="$SIZE_PINLB" -v b="$SIZE_NGINX" 'BEGIN { printf "| gzip bytes | %d | %d | %.3f (bar: within 2%%) |\n", a, b, a / b }'
-    awk -v a="$RPS_P" -v b="$RPS_N" 'BEGIN { printf "| req/s (median) | %.0f | %.0f | %.2f |\n", a, b, a / b }'
-    awk -v a="$CPU_P" -v b="$CPU_N" 'BEGIN { printf "| CPU us/req (median) | %.1f | %.1f | %.2f (bar: <= 1) |\n", a, b, a / b }'
+    if [[ $CODING == gzip ]]; then
+        awk -v a="$RPS_P" -v b="$RPS_N" 'BEGIN { printf "| req/s (median) | %.0f | %.0f | %.2f |\n", a, b, a / b }'
+        awk -v a="$CPU_P" -v b="$CPU_N" 'BEGIN { printf "| CPU us/req (median) | %.1f | %.1f | %.2f |\n", a, b, a / b }'
+        awk -v a="$RSS_P" -v b="$RSS_N" 'BEGIN { printf "| RSS MB while serving (median) | %.1f | %.1f | %.2f |\n", a, b, a / b }'
+    else
+        echo "| $CODING req/s (median) | $RPS_P | – | – |"
+        echo "| $CODING CPU us/req (median) | $CPU_P | – | – |"
+        echo "| $CODING RSS MB while serving (median) | $RSS_P | – | – |"
+    fi
     echo
     echo "pinlb's other codings of the same document: br (level 4) $SIZE_BR bytes, zstd (level 3) $SIZE_ZSTD bytes."
     echo "Memory per compressing stream: docs/behaviour.md, \"Compression\"."
-    raw_section "Per round (round, proxy, req/s, CPU us/req):"
+    raw_section "Per round (round, proxy, req/s, CPU us/req, RSS MB):"
 } >"$MD"
 publish_report "$MD"

@@ -298,10 +298,10 @@ impl ProxyBody {
             ProxyBody::Upstream { body, .. } => body.is_done(),
             ProxyBody::Local(data) => data.is_none(),
             ProxyBody::Fastcgi(f) => f.is_end(),
-            ProxyBody::Http2(_)
-            | ProxyBody::Compressed(_)
-            | ProxyBody::Spooled(_)
-            | ProxyBody::Filtered(_) => false,
+            // The encoder's end went out with the piece just read: a compressed response is
+            // written with its last chunk in one write.
+            ProxyBody::Compressed(c) => c.done,
+            ProxyBody::Http2(_) | ProxyBody::Spooled(_) | ProxyBody::Filtered(_) => false,
         }
     }
 

@@ -422,12 +422,14 @@ impl Route {
         let Some(c) = own.unwrap_or(&routes.default_compress) else {
             return;
         };
+        let facts = compress::Facts::of(&reply.headers);
+        let length = reply.body.remaining();
         if head.method == Method::HEAD
-            || !compress::eligible(c, reply.status, &reply.headers, reply.body.remaining())
+            || !compress::eligible(c, reply.status, &reply.headers, &facts, length)
         {
             return;
         }
-        compress::add_vary(&mut reply.headers);
+        compress::add_vary(&mut reply.headers, &facts);
         // nginx's `gzip_http_version 1.1`: an HTTP/1.0 client (or a cache in front of one)
         // gets the response as it is.
         if head.version == http::Version::HTTP_10 {
@@ -437,7 +439,7 @@ impl Route {
         let Some(coding) = compress::negotiate(accept, &c.algorithms) else {
             return;
         };
-        let encoder = match compress::Encoder::new(coding, c) {
+        let encoder = match compress::Encoder::new(coding, c, reply.body.remaining()) {
             Ok(e) => e,
             Err(e) => {
                 crate::sys::summed::summed_warn!(
