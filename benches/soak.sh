@@ -39,6 +39,9 @@
 #   bash benches/soak.sh
 #   DURATION=60 RESTART_EVERY=20 bash benches/soak.sh
 # Environment:
+#   FEATURES=1          run benches/soak_features.sh instead: gzip on HTTP/1.1 and h2c, a
+#                       rate-limit zone, response buffering and a JSON access log together
+#                       (issue 53); its own variables are in its header
 #   DURATION=600        seconds of load
 #   RESTART_EVERY=60    seconds between backend restarts
 #   LOAD_PCT=80         open-loop rate as a percentage of the measured capacity
@@ -56,6 +59,10 @@ set -euo pipefail
 
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 CMDLINE="bash $0${*:+ $*}"
+# FEATURES=1: the soak with the features on together instead (benches/soak_features.sh).
+if [[ ${FEATURES:-0} == 1 ]]; then
+    exec bash "$ROOT/benches/soak_features.sh" "$@"
+fi
 
 DURATION=${DURATION:-600}
 RESTART_EVERY=${RESTART_EVERY:-60}
