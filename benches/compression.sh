@@ -52,14 +52,6 @@ install_cleanup
 require nginx wrk curl python3 taskset
 [[ -x $PINLB ]] || die "no pinlb binary at $PINLB (cargo build --release, or pass its path)"
 
-# ---------------------------------------------------------------- the document
-mkdir -p "$WORK/www"
-python3 "$ROOT/benches/peers/json_doc.py" "$DOC_BYTES_WANTED" "$WORK/www/data.json"
-DOC_BYTES=$(wc -c <"$WORK/www/data.json")
-# nginx's workers run as nobody when the script runs as root: they must read the document.
-chmod a+rx "$WORK" "$WORK/www"
-chmod a+r "$WORK/www/data.json"
-
 # ---------------------------------------------------------------- configs
 declare -A PORT PID_OF
 pick_port
@@ -69,27 +61,8 @@ PORT[pinlb]=$PICKED
 pick_port
 PORT[nginx]=$PICKED
 
-mkdir -p "$WORK/backend" "$WORK/nginx"
-nginx_temp_paths "$WORK/backend"
+mkdir -p "$WORK/nginx"
 nginx_temp_paths "$WORK/nginx"
-cat >"$WORK/backend/nginx.conf" <<EOF
-daemon off;
-worker_processes 1;
-pid $WORK/backend/nginx.pid;
-error_log $WORK/backend/error.log warn;
-events { worker_connections 4096; }
-http {
-    include $WORK/backend/temp_paths.conf;
-    access_log off;
-    keepalive_requests 1000000;
-    types { application/json json; }
-    server {
-        listen 127.0.0.1:$BACKEND_PORT backlog=4096;
-        root $WORK/www;
-        location = / { return 200 "hello world"; }
-    }
-}
-EOF
 cat >"$WORK/nginx/nginx.conf" <<EOF
 daemon off;
 master_process on;
@@ -138,9 +111,8 @@ EOF
 
 # ---------------------------------------------------------------- start
 read -r IDLE_BUSY0 IDLE_BUSY1 < <(core_busy_1s)
-taskset -c 1 nginx -p "$WORK/backend" -c "$WORK/backend/nginx.conf" >"$WORK/backend/out.log" 2>&1 &
-PIDS+=($!)
-wait_ready backend "$BACKEND_PORT" "$!" "$WORK/backend/error.log"
+start_json_backend "$BACKEND_PORT" "$DOC_BYTES_WANTED"
+DOC_BYTES=$(wc -c <"$WORK/www/data.json")
 taskset -c 0 nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >"$WORK/nginx/out.log" 2>&1 &
 PID_OF[nginx]=$!
 PIDS+=($!)

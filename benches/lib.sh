@@ -83,6 +83,41 @@ nginx_temp_paths() {
     } >"$dir/temp_paths.conf"
 }
 
+# start_json_backend PORT SIZE: nginx (one worker, core 1) serving a JSON document of about
+# SIZE bytes (benches/peers/json_doc.py) at /data.json, as application/json with its
+# Content-Length, and "hello world" at / for wait_ready; the document is $WORK/www/data.json,
+# nginx's files in $WORK/backend. Waits until it answers; adds its pid to PIDS.
+start_json_backend() {
+    local port=$1
+    mkdir -p "$WORK/www" "$WORK/backend"
+    python3 "$ROOT/benches/peers/json_doc.py" "$2" "$WORK/www/data.json"
+    # nginx's workers run as nobody when the script runs as root: they must read the document.
+    chmod a+rx "$WORK" "$WORK/www"
+    chmod a+r "$WORK/www/data.json"
+    nginx_temp_paths "$WORK/backend"
+    cat >"$WORK/backend/nginx.conf" <<CONF
+daemon off;
+worker_processes 1;
+pid $WORK/backend/nginx.pid;
+error_log $WORK/backend/error.log warn;
+events { worker_connections 4096; }
+http {
+    include $WORK/backend/temp_paths.conf;
+    access_log off;
+    keepalive_requests 1000000;
+    types { application/json json; }
+    server {
+        listen 127.0.0.1:$port backlog=4096;
+        root $WORK/www;
+        location = / { return 200 "hello world"; }
+    }
+}
+CONF
+    taskset -c 1 nginx -p "$WORK/backend" -c "$WORK/backend/nginx.conf" >"$WORK/backend/out.log" 2>&1 &
+    PIDS+=($!)
+    wait_ready backend "$port" "$!" "$WORK/backend/error.log"
+}
+
 wait_ready() { # NAME PORT PID LOGFILE [PATH, default /]
     local i body
     for ((i = 0; i < 50; i++)); do

@@ -49,35 +49,12 @@ install_cleanup
 require nginx wrk h2load curl python3 taskset
 [[ -x $PINLB ]] || die "no pinlb binary at $PINLB (cargo build --release, or pass its path)"
 
-mkdir -p "$WORK/www" "$WORK/backend"
-python3 "$ROOT/benches/peers/json_doc.py" "$DOC_BYTES" "$WORK/www/data.json"
-chmod a+rx "$WORK" "$WORK/www"
-chmod a+r "$WORK/www/data.json"
 pick_port
 BACKEND_PORT=$PICKED
 pick_port
 H1_PORT=$PICKED
 pick_port
 H2_PORT=$PICKED
-nginx_temp_paths "$WORK/backend"
-cat >"$WORK/backend/nginx.conf" <<EOF
-daemon off;
-worker_processes 1;
-pid $WORK/backend/nginx.pid;
-error_log $WORK/backend/error.log warn;
-events { worker_connections 4096; }
-http {
-    include $WORK/backend/temp_paths.conf;
-    access_log off;
-    keepalive_requests 1000000;
-    types { application/json json; }
-    server {
-        listen 127.0.0.1:$BACKEND_PORT backlog=4096;
-        root $WORK/www;
-        location = / { return 200 "hello world"; }
-    }
-}
-EOF
 COMPRESS='compress = { algorithms = ["gzip"], gzip_level = 1, types = ["application/json"] }'
 cat >"$WORK/pinlb.toml" <<EOF
 [runtime]
@@ -111,9 +88,7 @@ backends = [{ address = "127.0.0.1:$BACKEND_PORT" }]
 response = true
 EOF
 "$PINLB" check -c "$WORK/pinlb.toml" >"$WORK/check.log" 2>&1 || die "pinlb check: $(cat "$WORK/check.log")"
-taskset -c 1 nginx -p "$WORK/backend" -c "$WORK/backend/nginx.conf" >"$WORK/backend/out.log" 2>&1 &
-PIDS+=($!)
-wait_ready backend "$BACKEND_PORT" "$!" "$WORK/backend/error.log"
+start_json_backend "$BACKEND_PORT" "$DOC_BYTES"
 RUST_LOG=warn taskset -c 0 "$PINLB" serve -c "$WORK/pinlb.toml" >"$WORK/pinlb.log" 2>&1 &
 PID=$!
 PIDS+=($PID)

@@ -5,8 +5,8 @@
 //! - [`timing`]: where a request's time went, and its `Server-Timing` header.
 //! - [`request_id`]: the request's ID and W3C trace id, on both sides and in the log.
 //! - [`accesslog`]: the access log, formatted and written by its own thread.
-//! - [`compress`]: response compression: the client's coding, which responses, the encoders.
 //! - [`deflate`]: gzip's encoder, zlib's deflate sized to the response and reused.
+//! - [`compress`]: response compression: the client's coding, which responses, the encoders.
 //! - [`spool`]: a buffered body's bytes, in memory then in a temporary file, and the channel a
 //!   buffered response is read from.
 //! - [`fastcgi_body`]: a FastCGI application's response body, streamed off its connection.
