@@ -16,8 +16,9 @@
 #   req/s        wrk's Requests/sec, median over the rounds
 #   CPU us/req   utime+stime of all the proxy's processes over the recorded run, divided by the
 #                requests wrk completed, median over the rounds (the bar: pinlb's <= nginx's)
-#   RSS MB       the proxy's resident memory (all its processes) halfway through each recorded
-#                run, median over the rounds
+#   RSS, PSS MB  the proxy's resident memory (all its processes) halfway through each recorded
+#                run, median over the rounds: RSS counts pages shared between its processes once
+#                per process (nginx's master and worker share most of theirs), PSS shares them out
 # CODING=br or zstd runs pinlb alone with that coding (nginx has neither here).
 # Memory per compressing stream is the encoder's state: stated in docs/behaviour.md
 # ("Compression") and checked by `cargo test --lib proxy::compress::tests::memory_per_stream`.
@@ -148,11 +149,16 @@ TCK=$(getconf CLK_TCK)
 CODING=${CODING:-gzip}
 PEERS=(pinlb nginx)
 [[ $CODING == gzip ]] || PEERS=(pinlb)
-# rss_mb PID...: resident memory of the processes, in MB.
+# rss_mb PID...: resident memory of the processes, in MB: "RSS PSS", RSS counting the pages
+# they share (nginx's master and worker share most of theirs) once per process, PSS sharing
+# them out (/proc/PID/smaps_rollup).
 rss_mb() {
-    local kib=0 p
-    for p in "$@"; do kib=$((kib + $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0))); done
-    awk -v k="$kib" 'BEGIN { printf "%.1f", k / 1024 }'
+    local rss=0 pss=0 p
+    for p in "$@"; do
+        rss=$((rss + $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)))
+        pss=$((pss + $(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || echo 0)))
+    done
+    awk -v r="$rss" -v s="$pss" 'BEGIN { printf "%.1f\t%.1f\n", r / 1024, s / 1024 }'
 }
 # wrk_run PEER DURATION OUT [RSS_OUT]: with RSS_OUT, the proxy's RSS halfway through goes there.
 wrk_run() {
@@ -174,14 +180,14 @@ for ((r = 1; r <= ROUNDS; r++)); do
         wrk_run "$p" "$DURATION" "$WORK/$p.$r.out" "$WORK/$p.$r.rss"
         # shellcheck disable=SC2046
         t1=$(cpu_ticks $(proc_tree "${PID_OF[$p]}"))
-        rss=$(cat "$WORK/$p.$r.rss")
+        IFS=$'\t' read -r rss pss <"$WORK/$p.$r.rss"
         rps=$(awk '/^Requests\/sec:/ {print $2}' "$WORK/$p.$r.out")
         reqs=$(awk '/requests in/ {print $1}' "$WORK/$p.$r.out")
         non2xx=$(awk '/Non-2xx/ {print $NF}' "$WORK/$p.$r.out")
         [[ -z $non2xx ]] || die "$p answered $non2xx non-2xx responses: $(cat "$WORK/$p.$r.out")"
         us=$(awk -v t=$((t1 - t0)) -v k="$TCK" -v n="$reqs" 'BEGIN { printf "%.1f", (n > 0) ? t / k * 1e6 / n : 0 }')
-        printf '%d\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$us" "$rss" >>"$RAW"
-        log "round $r $p: $rps req/s, $us us CPU/req, RSS $rss MB"
+        printf '%d\t%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$us" "$rss" "$pss" >>"$RAW"
+        log "round $r $p: $rps req/s, $us us CPU/req, RSS $rss MB, PSS $pss MB"
     done
 done
 
@@ -193,6 +199,8 @@ read -r CPU_P _ _ < <(stats pinlb 4)
 read -r CPU_N _ _ < <(stats nginx 4)
 read -r RSS_P _ _ < <(stats pinlb 5)
 read -r RSS_N _ _ < <(stats nginx 5)
+read -r PSS_P _ _ < <(stats pinlb 6)
+read -r PSS_N _ _ < <(stats nginx 6)
 {
     echo "## Compression: a ${DOC_BYTES}-byte JSON document, $CODING, gzip level $LEVEL"
     echo
@@ -205,14 +213,16 @@ read -r RSS_N _ _ < <(stats nginx 5)
         awk -v a="$RPS_P" -v b="$RPS_N" 'BEGIN { printf "| req/s (median) | %.0f | %.0f | %.2f |\n", a, b, a / b }'
         awk -v a="$CPU_P" -v b="$CPU_N" 'BEGIN { printf "| CPU us/req (median) | %.1f | %.1f | %.2f |\n", a, b, a / b }'
         awk -v a="$RSS_P" -v b="$RSS_N" 'BEGIN { printf "| RSS MB while serving (median) | %.1f | %.1f | %.2f |\n", a, b, a / b }'
+        awk -v a="$PSS_P" -v b="$PSS_N" 'BEGIN { printf "| PSS MB while serving (median) | %.1f | %.1f | %.2f |\n", a, b, a / b }'
     else
         echo "| $CODING req/s (median) | $RPS_P | – | – |"
         echo "| $CODING CPU us/req (median) | $CPU_P | – | – |"
         echo "| $CODING RSS MB while serving (median) | $RSS_P | – | – |"
+        echo "| $CODING PSS MB while serving (median) | $PSS_P | – | – |"
     fi
     echo
     echo "pinlb's other codings of the same document: br (level 4) $SIZE_BR bytes, zstd (level 3) $SIZE_ZSTD bytes."
     echo "Memory per compressing stream: docs/behaviour.md, \"Compression\"."
-    raw_section "Per round (round, proxy, req/s, CPU us/req, RSS MB):"
+    raw_section "Per round (round, proxy, req/s, CPU us/req, RSS MB, PSS MB):"
 } >"$MD"
 publish_report "$MD"
