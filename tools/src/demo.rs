@@ -348,6 +348,12 @@ impl Pinlb {
 
     /// Stops it and says how it ended.
     fn stop(mut self) -> Result<(), String> {
+        self.halt()
+    }
+
+    /// Tells the server to stop and joins its thread, once: then there is nothing left to
+    /// stop.
+    fn halt(&mut self) -> Result<(), String> {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
@@ -361,12 +367,7 @@ impl Pinlb {
 
 impl Drop for Pinlb {
     fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        let _ = self.halt();
     }
 }
 

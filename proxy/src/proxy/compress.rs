@@ -128,14 +128,13 @@ pub struct Facts {
     content_type: Option<(usize, usize)>,
     /// A Vary line lists `Accept-Encoding` or `*`.
     varies: bool,
-    /// The first Vary line: where its value ends (before trailing whitespace), and whether
-    /// that value is empty.
+    /// The first Vary line: where its text ends (before trailing whitespace and CRLF), and
+    /// whether its value is empty.
     vary: Option<(usize, bool)>,
 }
 
 impl Facts {
-    /// Reads `lines` once; each line's name is found with `memchr` and compared only when its
-    /// length is one of the names looked for.
+    /// Reads `lines` once, each line's colon found with `memchr`.
     pub fn of(lines: &[u8]) -> Facts {
         let mut f = Facts::default();
         let mut at = 0;
@@ -146,29 +145,20 @@ impl Facts {
             if let Some(colon) = memchr::memchr(b':', line) {
                 let name = line[..colon].trim_ascii();
                 let value = line[colon + 1..].trim_ascii();
-                // Where the value starts and ends within `lines`.
-                let start = at
-                    + colon
-                    + 1
-                    + (line[colon + 1..].len() - line[colon + 1..].trim_ascii_start().len());
+                // Where the value starts and ends within `lines` (it is a part of them).
+                let start = value.as_ptr() as usize - lines.as_ptr() as usize;
                 let stop = start + value.len();
-                match name.len() {
-                    4 if name.eq_ignore_ascii_case(b"vary") => {
-                        f.varies |= lists(value, b"accept-encoding") || lists(value, b"*");
-                        if f.vary.is_none() {
-                            f.vary = Some((stop, value.is_empty()));
-                        }
-                    }
-                    12 if name.eq_ignore_ascii_case(b"content-type") => {
-                        f.content_type.get_or_insert((start, stop));
-                    }
-                    13 if name.eq_ignore_ascii_case(b"cache-control") => {
-                        f.no_transform |= lists(value, b"no-transform");
-                    }
-                    16 if name.eq_ignore_ascii_case(b"content-encoding") => {
-                        f.encoded |= !value.is_empty();
-                    }
-                    _ => {}
+                if name.eq_ignore_ascii_case(b"vary") {
+                    f.varies |= lists(value, b"accept-encoding") || lists(value, b"*");
+                    // The end of the line's text, before its CRLF (after the colon when empty).
+                    f.vary
+                        .get_or_insert((at + line.trim_ascii_end().len(), value.is_empty()));
+                } else if name.eq_ignore_ascii_case(b"content-type") {
+                    f.content_type.get_or_insert((start, stop));
+                } else if name.eq_ignore_ascii_case(b"cache-control") {
+                    f.no_transform |= lists(value, b"no-transform");
+                } else if name.eq_ignore_ascii_case(b"content-encoding") {
+                    f.encoded |= !value.is_empty();
                 }
             }
             at = end;
@@ -487,6 +477,9 @@ mod tests {
         let mut lines = b"x: y\r\n".to_vec();
         add_vary(&mut lines);
         assert_eq!(lines, b"x: y\r\nvary: Accept-Encoding\r\n");
+        let mut lines = b"Vary:  \r\nx: y\r\n".to_vec();
+        add_vary(&mut lines);
+        assert_eq!(lines, b"Vary: Accept-Encoding  \r\nx: y\r\n");
     }
 
     #[test]

@@ -439,7 +439,7 @@ impl Route {
         let Some(coding) = compress::negotiate(accept, &c.algorithms) else {
             return;
         };
-        let encoder = match compress::Encoder::new(coding, c, reply.body.remaining()) {
+        let encoder = match compress::Encoder::new(coding, c, length) {
             Ok(e) => e,
             Err(e) => {
                 crate::sys::summed::summed_warn!(
