@@ -19,6 +19,9 @@
 #   RSS, PSS MB  the proxy's resident memory (all its processes) halfway through each recorded
 #                run, median over the rounds: RSS counts pages shared between its processes once
 #                per process (nginx's master and worker share most of theirs), PSS shares them out
+#   anon MB      the anonymous and shared-memory part of PSS (Pss_Anon + Pss_Shmem): heap,
+#                stacks, shared zones, what grows with load; the rest of PSS is the programs' and
+#                libraries' files (code, read-only data), whose size is the binary's
 # CODING=br or zstd runs pinlb alone with that coding (nginx has neither here).
 # Memory per compressing stream is the encoder's state: stated in docs/behaviour.md
 # ("Compression") and checked by `cargo test --lib proxy::compress::tests::memory_per_stream`.
@@ -149,16 +152,19 @@ TCK=$(getconf CLK_TCK)
 CODING=${CODING:-gzip}
 PEERS=(pinlb nginx)
 [[ $CODING == gzip ]] || PEERS=(pinlb)
-# rss_mb PID...: resident memory of the processes, in MB: "RSS PSS", RSS counting the pages
-# they share (nginx's master and worker share most of theirs) once per process, PSS sharing
-# them out (/proc/PID/smaps_rollup).
+# rss_mb PID...: resident memory of the processes, in MB: "RSS PSS ANON", RSS counting the
+# pages they share (nginx's master and worker share most of theirs) once per process, PSS
+# sharing them out, ANON the anonymous and shared-memory part of PSS (/proc/PID/smaps_rollup).
 rss_mb() {
-    local rss=0 pss=0 p
+    local rss=0 pss=0 anon=0 p
     for p in "$@"; do
         rss=$((rss + $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)))
         pss=$((pss + $(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || echo 0)))
+        anon=$((anon + $(awk '/^Pss_(Anon|Shmem):/ {n += $2} END {print n + 0}' \
+            "/proc/$p/smaps_rollup" 2>/dev/null || echo 0)))
     done
-    awk -v r="$rss" -v s="$pss" 'BEGIN { printf "%.1f\t%.1f\n", r / 1024, s / 1024 }'
+    awk -v r="$rss" -v s="$pss" -v a="$anon" \
+        'BEGIN { printf "%.1f\t%.1f\t%.1f\n", r / 1024, s / 1024, a / 1024 }'
 }
 # wrk_run PEER DURATION OUT [RSS_OUT]: with RSS_OUT, the proxy's RSS halfway through goes there.
 wrk_run() {
@@ -180,14 +186,14 @@ for ((r = 1; r <= ROUNDS; r++)); do
         wrk_run "$p" "$DURATION" "$WORK/$p.$r.out" "$WORK/$p.$r.rss"
         # shellcheck disable=SC2046
         t1=$(cpu_ticks $(proc_tree "${PID_OF[$p]}"))
-        IFS=$'\t' read -r rss pss <"$WORK/$p.$r.rss"
+        IFS=$'\t' read -r rss pss anon <"$WORK/$p.$r.rss"
         rps=$(awk '/^Requests\/sec:/ {print $2}' "$WORK/$p.$r.out")
         reqs=$(awk '/requests in/ {print $1}' "$WORK/$p.$r.out")
         non2xx=$(awk '/Non-2xx/ {print $NF}' "$WORK/$p.$r.out")
         [[ -z $non2xx ]] || die "$p answered $non2xx non-2xx responses: $(cat "$WORK/$p.$r.out")"
         us=$(awk -v t=$((t1 - t0)) -v k="$TCK" -v n="$reqs" 'BEGIN { printf "%.1f", (n > 0) ? t / k * 1e6 / n : 0 }')
-        printf '%d\t%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$us" "$rss" "$pss" >>"$RAW"
-        log "round $r $p: $rps req/s, $us us CPU/req, RSS $rss MB, PSS $pss MB"
+        printf '%d\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$rps" "$us" "$rss" "$pss" "$anon" >>"$RAW"
+        log "round $r $p: $rps req/s, $us us CPU/req, RSS $rss MB, PSS $pss MB, anon $anon MB"
     done
 done
 
@@ -201,6 +207,8 @@ read -r RSS_P _ _ < <(stats pinlb 5)
 read -r RSS_N _ _ < <(stats nginx 5)
 read -r PSS_P _ _ < <(stats pinlb 6)
 read -r PSS_N _ _ < <(stats nginx 6)
+read -r ANON_P _ _ < <(stats pinlb 7)
+read -r ANON_N _ _ < <(stats nginx 7)
 {
     echo "## Compression: a ${DOC_BYTES}-byte JSON document, $CODING, gzip level $LEVEL"
     echo
@@ -214,15 +222,17 @@ read -r PSS_N _ _ < <(stats nginx 6)
         awk -v a="$CPU_P" -v b="$CPU_N" 'BEGIN { printf "| CPU us/req (median) | %.1f | %.1f | %.2f |\n", a, b, a / b }'
         awk -v a="$RSS_P" -v b="$RSS_N" 'BEGIN { printf "| RSS MB while serving (median) | %.1f | %.1f | %.2f |\n", a, b, a / b }'
         awk -v a="$PSS_P" -v b="$PSS_N" 'BEGIN { printf "| PSS MB while serving (median) | %.1f | %.1f | %.2f |\n", a, b, a / b }'
+        awk -v a="$ANON_P" -v b="$ANON_N" 'BEGIN { printf "| anon MB of it: heap, stacks, shared zones (median) | %.1f | %.1f | %.2f |\n", a, b, a / b }'
     else
         echo "| $CODING req/s (median) | $RPS_P | – | – |"
         echo "| $CODING CPU us/req (median) | $CPU_P | – | – |"
         echo "| $CODING RSS MB while serving (median) | $RSS_P | – | – |"
         echo "| $CODING PSS MB while serving (median) | $PSS_P | – | – |"
+        echo "| $CODING anon MB of it (median) | $ANON_P | – | – |"
     fi
     echo
     echo "pinlb's other codings of the same document: br (level 4) $SIZE_BR bytes, zstd (level 3) $SIZE_ZSTD bytes."
     echo "Memory per compressing stream: docs/behaviour.md, \"Compression\"."
-    raw_section "Per round (round, proxy, req/s, CPU us/req, RSS MB, PSS MB):"
+    raw_section "Per round (round, proxy, req/s, CPU us/req, RSS MB, PSS MB, anon MB):"
 } >"$MD"
 publish_report "$MD"
