@@ -1326,3 +1326,63 @@ fn zero_durations_in_the_new_tables_are_errors() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Retries on a status (`retry.on`'s `http_NNN`) and their budget
+// ---------------------------------------------------------------------------------------------
+
+/// `retry.on` with 503, and no passive skipping, so that every backend keeps its turn.
+const ON_503: &str = "[upstream.app.retry]\non = [\"error\", \"timeout\", \"http_503\"]\n\
+                      [upstream.app.passive]\nmax_fails = 0\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_answered_503_goes_to_the_next_backend_and_a_post_does_not() {
+    let unavailable = RawServer::start(|_| RawAction::Respond(raw_status("down", 503))).await;
+    let good = Backend::start("good").await;
+    let mut setup = Setup::with(&[unavailable.addr, good.addr]);
+    setup.extra = ON_503.into();
+    let proxy = Proxy::start(&setup);
+
+    // Round robin gives `down` every other first pick; each of those is retried on `good`.
+    for _ in 0..20 {
+        let r = get(proxy.addr, "/").await;
+        assert_eq!((r.status.as_u16(), r.backend()), (200, "good"), "{r:?}");
+    }
+    assert_eq!((unavailable.requests(), good.hits()), (10, 20));
+
+    // A POST may not be sent twice: the one that `down` answers gets its 503.
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let r = Conn::open(proxy.addr)
+            .await
+            .fetch(request(Method::POST, "/order", full("x=1")))
+            .await;
+        statuses.push(r.status.as_u16());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 503]);
+    assert_eq!((unavailable.requests(), good.hits()), (11, 21));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_every_backend_answers_503_the_budget_bounds_the_retries() {
+    let mut servers = Vec::new();
+    for id in ["a", "b", "c"] {
+        servers.push(RawServer::start(move |_| RawAction::Respond(raw_status(id, 503))).await);
+    }
+    let addrs: Vec<_> = servers.iter().map(|s| s.addr).collect();
+    let mut setup = Setup::with(&addrs);
+    // No minimum: the share alone, 20% of the requests.
+    setup.extra = "[upstream.app.retry]\non = [\"http_503\"]\nbudget = 0.2\nbudget_min = 0\n\
+                   [upstream.app.passive]\nmax_fails = 0\n"
+        .into();
+    let proxy = Proxy::start(&setup);
+    for _ in 0..100 {
+        let r = get(proxy.addr, "/").await;
+        assert_eq!(r.status, 503, "{r:?}");
+    }
+    // Each request adds a fifth of a retry; each retry, answered 503 too, gives nothing back:
+    // 20 retries (one worker), not the 200 that three tries each would make.
+    let sent: Vec<usize> = servers.iter().map(|s| s.requests()).collect();
+    assert_eq!(sent.iter().sum::<usize>(), 120, "{sent:?}");
+}

@@ -2903,3 +2903,50 @@ fn fastcgi_params_are_inherited_from_the_server_as_nginx_merges_them() {
     let routes = toml["listener"][0]["route"].as_array().unwrap();
     assert_eq!(routes[1]["upstream"].as_str(), Some("127.0.0.1:9000#2"));
 }
+
+/// `proxy_next_upstream`'s conditions become `retry.on`, nginx's names kept; `off` is one try.
+#[test]
+fn proxy_next_upstream_imports_as_retry_on_with_its_statuses() {
+    let text = "\
+http {
+    upstream app { server 127.0.0.1:8081; server 127.0.0.1:8082; }
+    upstream one { server 127.0.0.1:8083; server 127.0.0.1:8084; }
+    server {
+        listen 8080;
+        location / {
+            proxy_pass http://app;
+            proxy_next_upstream error timeout http_502 http_503 non_idempotent;
+        }
+        location /one/ {
+            proxy_pass http://one;
+            proxy_next_upstream off;
+        }
+    }
+}
+";
+    let imported = import_text(text, &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let toml = pin_to_test_cores(&imported.stdout);
+    let config = pinlb::Config::parse("imported.toml", &toml, &allowed())
+        .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    let retry = |name: &str| {
+        let up = config.upstreams.iter().find(|u| u.name == name).unwrap();
+        up.retry.clone()
+    };
+    let app = retry("app");
+    assert!(
+        app.on_error && app.on_timeout && app.non_idempotent,
+        "{app:?}"
+    );
+    assert!(
+        app.on_status.contains(502) && app.on_status.contains(503),
+        "{app:?}"
+    );
+    assert!(!app.on_status.contains(504), "{app:?}");
+    assert_eq!(retry("one").tries, 1);
+    assert!(
+        !imported.stderr.contains("proxy_next_upstream"),
+        "{}",
+        imported.stderr
+    );
+}

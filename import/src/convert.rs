@@ -1729,17 +1729,17 @@ impl Builder {
                 if d.args.iter().any(|a| a == "non_idempotent") {
                     retry.insert("non_idempotent".into(), Value::Boolean(true));
                 }
-                let statuses: Vec<&str> = d
-                    .args
-                    .iter()
-                    .filter_map(|a| a.strip_prefix("http_"))
+                // The conditions, nginx's names: `retry.on` takes them as they are.
+                let on: Vec<Value> = (d.args.iter())
+                    .filter(|a| {
+                        matches!(a.as_str(), "error" | "timeout" | "invalid_header")
+                            || a.strip_prefix("http_")
+                                .is_some_and(|n| n.parse::<u16>().is_ok())
+                    })
+                    .map(|a| Value::String(a.clone()))
                     .collect();
-                if !statuses.is_empty() {
-                    self.notes.push(format!(
-                        "{}: proxy_next_upstream on http_{}: pinlb retries on connect errors and timeouts; to count these statuses as failures set [upstream.{name}.passive] fail_on_status",
-                        d.at(),
-                        statuses.join(", http_")
-                    ));
+                if !d.args.iter().any(|a| a == "off") {
+                    retry.insert("on".into(), Value::Array(on));
                 }
             }
         }

@@ -26,6 +26,8 @@
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
 //! - [`buffering`]: `[upstream.NAME.buffering]`: bodies read whole for slow clients, its bounds.
+//! - [`retry`]: `[upstream.NAME.retry]`: when a request moves on to the next backend, on a
+//!   failure or a listed status, and the budget of retries on a status.
 //! - [`sticky`]: an upstream's sticky cookie: its name and attributes.
 //! - [`fastcgi`]: `[upstream.NAME.fastcgi]`: a FastCGI upstream's script rules and params.
 //! - [`unix_backend`]: a `unix:/path` backend's socket file checked.
@@ -43,6 +45,7 @@ pub mod log_format;
 mod pattern;
 mod proxy_protocol;
 mod raw;
+mod retry;
 mod routes;
 mod sticky;
 #[cfg(test)]
@@ -68,6 +71,7 @@ pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;
 pub use pattern::Pattern;
 use raw::RawConfig;
+pub use retry::Retry;
 pub use sticky::{SameSite, Sticky, is_cookie_name};
 
 use crate::backend_address::BackendAddress;
@@ -1090,31 +1094,6 @@ impl Default for Passive {
             max_fails: 1,
             fail_timeout: Duration::from_secs(10),
             fail_on_status: StatusSet::default(),
-        }
-    }
-}
-
-/// When a failed attempt moves on to another backend, with nginx's `proxy_next_upstream` rules.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Retry {
-    /// Most attempts per request, the first included; 0 = every eligible backend once.
-    pub tries: usize,
-    /// No new attempt starts once this long has passed since the first.
-    pub timeout: Duration,
-    /// Whether POST, PATCH and other non-idempotent requests may be sent again after the backend
-    /// may have seen them.
-    pub non_idempotent: bool,
-    /// Request bodies up to this many bytes are kept so they can be sent again.
-    pub buffer: usize,
-}
-
-impl Default for Retry {
-    fn default() -> Self {
-        Retry {
-            tries: 0,
-            timeout: Duration::from_secs(10),
-            non_idempotent: false,
-            buffer: 64 * 1024,
         }
     }
 }

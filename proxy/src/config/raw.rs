@@ -618,6 +618,10 @@ pub(super) struct RawRetry {
     pub timeout: Option<Spanned<Dur>>,
     pub non_idempotent: Option<bool>,
     pub buffer: Option<Size>,
+    /// nginx's `proxy_next_upstream` conditions: "error", "timeout", "http_503", ...
+    pub on: Option<Spanned<Vec<Spanned<String>>>>,
+    pub budget: Option<Spanned<f64>>,
+    pub budget_min: Option<u32>,
 }
 
 /// One `[[listener]]`.

@@ -1140,3 +1140,33 @@ fn docs_configuration_md_documents_every_key_and_no_key_that_does_not_exist() {
         "docs/configuration.md documents keys the configuration does not have: {unknown:?}"
     );
 }
+
+#[test]
+fn retry_on_names_nginx_conditions_and_statuses_and_the_budget_is_a_share() {
+    let retry = |extra: &str| {
+        let c = parse(&format!("{MINIMAL}[upstream.app.retry]\n{extra}")).unwrap();
+        c.upstreams[0].retry.clone()
+    };
+    let d = retry("");
+    assert_eq!(
+        (d.on_error, d.on_timeout, d.on_status.is_empty()),
+        (true, true, true)
+    );
+    assert_eq!((d.budget_per_mille, d.budget_min), (200, 10));
+    let r =
+        retry("on = [\"timeout\", \"http_502\", \"http_503\"]\nbudget = 0.25\nbudget_min = 0\n");
+    assert_eq!((r.on_error, r.on_timeout), (false, true));
+    assert!(r.on_status.contains(502) && r.on_status.contains(503) && !r.on_status.contains(504));
+    assert_eq!((r.budget_per_mille, r.budget_min), (250, 0));
+    assert_eq!(retry("on = [\"off\"]\n").tries, 1);
+    assert_eq!(
+        err(&format!(
+            "{MINIMAL}[upstream.app.retry]\non = [\"error\", \"http_999\"]\n"
+        )),
+        "pinlb.toml:9:16: upstream.app.retry.on: unknown condition \"http_999\", expected \"error\", \"timeout\", \"invalid_header\", \"http_NNN\" with NNN a status from 400 to 599, or \"off\" alone"
+    );
+    assert_eq!(
+        err(&format!("{MINIMAL}[upstream.app.retry]\nbudget = 20\n")),
+        "pinlb.toml:9:10: upstream.app.retry.budget: expected a share of requests from 0.0 to 1.0, such as 0.2"
+    );
+}

@@ -12,13 +12,13 @@ use toml::Spanned;
 
 use super::raw::{
     RawAdmin, RawBackend, RawForwarded, RawHealth, RawHttp2, RawLimits, RawListener, RawLog,
-    RawPassive, RawRequestId, RawResolve, RawResolver, RawRetry, RawRuntime, RawSpawn, RawTimeouts,
-    RawTls, RawUpstream, RawUpstreamTls, Size, positive,
+    RawPassive, RawRequestId, RawResolve, RawResolver, RawRuntime, RawSpawn, RawTimeouts, RawTls,
+    RawUpstream, RawUpstreamTls, Size, positive,
 };
 use super::{
     AccessFormat, AccessLog, AccessTarget, AccessTemplate, Adaptive, Admin, Algorithm, Backend,
     DnsName, HashKey, Health, Http2, Limits, Listener, NamedBackend, Passive, Protocol, RequestIds,
-    Resolve, Resolver, Retry, Runtime, Spawn, Timeouts, Upgrade, Upstream,
+    Resolve, Resolver, Runtime, Spawn, Timeouts, Upgrade, Upstream,
 };
 use crate::backend_address::BackendAddress;
 use crate::http1::request::RequestLimits;
@@ -313,7 +313,7 @@ pub(super) fn upstream(
             .map(|h| health(src, &key, h))
             .transpose()?,
         passive: passive(src, &key, &up.passive)?,
-        retry: retry(src, &key, &up.retry)?,
+        retry: super::retry::retry(src, &key, &up.retry)?,
         upgrade: upgrade(src, &key, up)?,
         protocol: protocol(src, &key, up)?,
         max_streams: match &up.max_streams {
@@ -1271,19 +1271,6 @@ fn passive(src: &Source, key: &str, p: &RawPassive) -> Result<Passive> {
         fail_timeout: positive(src, &p.fail_timeout, &format!("{key}.passive.fail_timeout"))?
             .unwrap_or(d.fail_timeout),
         fail_on_status: p.fail_on_status.clone().unwrap_or(d.fail_on_status),
-    })
-}
-
-/// `[upstream.NAME.retry]`.
-fn retry(src: &Source, key: &str, r: &RawRetry) -> Result<Retry> {
-    let d = Retry::default();
-    Ok(Retry {
-        tries: r.tries.unwrap_or(d.tries),
-        timeout: positive(src, &r.timeout, &format!("{key}.retry.timeout"))?.unwrap_or(d.timeout),
-        non_idempotent: r.non_idempotent.unwrap_or(d.non_idempotent),
-        buffer: r
-            .buffer
-            .map_or(d.buffer, |b| usize::try_from(b.0).unwrap_or(usize::MAX)),
     })
 }
 

@@ -17,7 +17,7 @@ use http::{Method, StatusCode};
 
 use crate::backend_address::BackendAddress;
 use crate::config::{Algorithm, Buffering, Limits, Protocol, Retry, Timeouts};
-use crate::http1::client::{self, Outgoing, UpstreamBody, UpstreamError};
+use crate::http1::client::{self, ConnectFailure, Outgoing, UpstreamBody, UpstreamError};
 use crate::http1::common::Reply;
 use crate::http1::request::{ClientError, RequestHead};
 use crate::http1::timer::Timer;
@@ -304,10 +304,11 @@ async fn forward(
     let mut tried = Tried::new(shared.backends.len());
     let (mut first_try, mut last_error): (Option<Instant>, Option<ProxyError>) = (None, None);
     let mut queue_time = Duration::ZERO;
+    let mut on = OnStatus::new(upstream, max_tries, key);
     loop {
         let out_of_budget = first_try.is_some_and(|t| t.elapsed() >= retry.timeout);
-        let picked = if tried.count >= max_tries || out_of_budget {
-            None
+        let picked = if on.next.is_some() || tried.count >= max_tries || out_of_budget {
+            on.next.take()
         } else if let Some(picked) = preferred(upstream, overrides, &tried) {
             Some(picked)
         } else if let (Some(queue), 0) = (&shared.queue, tried.count) {
@@ -318,7 +319,7 @@ async fn forward(
         } else {
             upstream.pick(key, |i| tried.contains(i))
         };
-        let Some((backend, mut guard)) = picked else {
+        let Some((backend, guard)) = picked else {
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
@@ -344,30 +345,29 @@ async fn forward(
             keep.then(|| Box::new(Upstreamed { backend, timing }))
         };
         let wait = waiter.as_deref_mut();
-        let failure = match shared.config.protocol {
+        let answered = match shared.config.protocol {
             Protocol::Http1 => match attempt(upstream, backend, &plan, &out, &mut body, wait).await
             {
                 Ok((answer, conn)) => {
                     let served = served(answer.status, &guard);
                     let reply = h1_reply(upstream, backend, guard, (answer, conn), &head.method);
-                    return Ok((reply, served));
+                    Ok((reply, served))
                 }
-                Err(failure) => failure,
+                Err(failure) => Err((failure, guard)),
             },
             // Boxed: their state stays out of the HTTP/1.1 request's own.
             Protocol::H2c | Protocol::H2 | Protocol::Fastcgi => {
                 let request = (head, downstream, &out, &served as Served);
-                let tried = attempt_other(upstream, backend, &plan, request, &mut body, guard);
-                match Box::pin(tried).await {
-                    Ok(responded) => return Ok(responded),
-                    Err((failure, back)) => {
-                        guard = back;
-                        failure
-                    }
-                }
+                let other = attempt_other(upstream, backend, &plan, request, &mut body, guard);
+                Box::pin(other).await
             }
         };
-        let error = give_up_or_retry(failure, guard, shared, &plan, &head.method, &body, addr)?;
+        let (e, guard) = match answered {
+            Ok(r) if on.again(upstream, &plan, &body, &tried, (started, &r, backend)) => continue,
+            Ok(r) => return Ok(r),
+            Err(failed) => failed,
+        };
+        let error = give_up_or_retry(e, guard, shared, &plan, &head.method, &body, addr)?;
         last_error = Some(error);
     }
 }
@@ -499,6 +499,21 @@ fn give_up_or_retry(
     body: &RequestBody<'_, impl DownstreamBody>,
     addr: BackendAddress,
 ) -> Result<ProxyError, ProxyError> {
+    let timed_out = match &failure {
+        Failure::Connect(e) => matches!(e.kind, ConnectFailure::TimedOut | ConnectFailure::Busy),
+        Failure::Exchange(e) => matches!(e, UpstreamError::Timeout | UpstreamError::SendTimeout),
+    };
+    let retry = &shared.config.retry;
+    let listed = match timed_out {
+        true => retry
+            .on_timeout
+            .then_some(())
+            .ok_or("retry.on has no \"timeout\""),
+        false => retry
+            .on_error
+            .then_some(())
+            .ok_or("retry.on has no \"error\""),
+    };
     let excuse = match (&failure, failure.kind()) {
         (Failure::Connect(e), _) => guard.connect_failed(shared, e.kind),
         (_, Some(kind)) => {
@@ -515,13 +530,10 @@ fn give_up_or_retry(
         },
         (error, _) => error,
     };
-    let why = not_retried(
-        sent,
-        method,
-        plan.resendable,
-        body,
-        shared.config.retry.buffer,
-    );
+    let why = match listed {
+        Ok(()) => not_retried(sent, method, plan.resendable, body, retry.buffer),
+        Err(off) => Some(off.to_owned()),
+    };
     if let Some(why) = why {
         summed_warn!(backend = %addr; "{error}; not retried: {why}");
         return Err(error);
@@ -529,6 +541,105 @@ fn give_up_or_retry(
     guard.retried(shared);
     summed_warn!(backend = %addr; "{error}; trying the next backend");
     Ok(error)
+}
+
+/// Retries on a status (`retry.on`'s `http_NNN`, HAProxy's `retry-on 503`) for one request.
+struct OnStatus {
+    /// The upstream retries on a status.
+    on: bool,
+    max_tries: usize,
+    key: Option<u64>,
+    /// The backend a retry picked, for the next attempt (before any other pick, and past the
+    /// checks of attempts and time, which it passed when it was picked).
+    next: Option<(usize, InFlight)>,
+    /// A retry on a status was made, and holds one of the worker's retry budget.
+    retried: bool,
+}
+
+impl OnStatus {
+    /// A request's; at an upstream that retries on a status, the request adds its share to
+    /// the worker's retry budget.
+    #[inline(always)]
+    fn new(upstream: &WorkerUpstream, max_tries: usize, key: Option<u64>) -> OnStatus {
+        let retry = &upstream.shared.config.retry;
+        let on = !retry.on_status.is_empty();
+        if on {
+            upstream.retry_budget.deposit(retry);
+        }
+        OnStatus {
+            on,
+            max_tries,
+            key,
+            next: None,
+            retried: false,
+        }
+    }
+
+    /// Whether the `answer` from `backend` is dropped (read no further) for another
+    /// backend's, which is then picked (`self.next`).
+    #[inline(always)]
+    fn again(
+        &mut self,
+        upstream: &WorkerUpstream,
+        plan: &Plan<'_>,
+        body: &RequestBody<'_, impl DownstreamBody>,
+        tried: &Tried,
+        (started, answer, backend): (Instant, &Responded, usize),
+    ) -> bool {
+        let status = answer.0.status;
+        self.on && self.after(upstream, plan, body, tried, (started, status, backend))
+    }
+
+    /// [`OnStatus::again`] at an upstream that retries on a status: when `status` is one to
+    /// retry and the request may go again (a method that may be sent twice, or
+    /// `non_idempotent`; its body kept whole; attempts and time left; another backend that can
+    /// take it; and the worker's retry budget has one). A retry answered with another status
+    /// gives its budget back. The answer retried is counted on its backend as a retry.
+    #[cold]
+    #[inline(never)]
+    fn after(
+        &mut self,
+        upstream: &WorkerUpstream,
+        plan: &Plan<'_>,
+        body: &RequestBody<'_, impl DownstreamBody>,
+        tried: &Tried,
+        (started, status, backend): (Instant, StatusCode, usize),
+    ) -> bool {
+        let shared = &*upstream.shared;
+        let retry = &shared.config.retry;
+        if !retry.on_status.contains(status.as_u16()) {
+            if std::mem::take(&mut self.retried) {
+                upstream.retry_budget.give_back();
+            }
+            return false;
+        }
+        let addr = shared.backends[backend].address;
+        let why = if !plan.resendable {
+            "the method is not idempotent (retry.non_idempotent is off)"
+        } else if !body.replayable() {
+            "the request body was larger than retry.buffer"
+        } else if tried.count >= self.max_tries || started.elapsed() >= retry.timeout {
+            "no attempt or time left (retry.tries, retry.timeout)"
+        } else if !upstream.retry_budget.take(retry) {
+            "the retry budget is spent (retry.budget)"
+        } else if let Some(picked) = upstream.pick(self.key, |i| tried.contains(i)) {
+            if shared.counting {
+                let stats = &shared.backends[backend].stats;
+                stats
+                    .retries
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            self.retried = true;
+            self.next = Some(picked);
+            summed_warn!(backend = %addr; "the backend answered {status}; trying the next backend");
+            return true;
+        } else {
+            upstream.retry_budget.give_back();
+            "no other backend can take it"
+        };
+        summed_warn!(backend = %addr; "the backend answered {status}; not retried: {why}");
+        false
+    }
 }
 
 /// What a failed attempt means for the request: the error it is answered with if no other

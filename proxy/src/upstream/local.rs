@@ -20,6 +20,7 @@ use crate::upstream::in_flight::InFlight;
 use crate::upstream::pick::{Selection, prefer};
 use crate::upstream::proxy_header::{Origin, header};
 use crate::upstream::queue::{Queue, Refused};
+use crate::upstream::retry_budget::RetryBudget;
 use crate::upstream::shared::SharedUpstream;
 
 /// One worker's view of an upstream.
@@ -33,6 +34,8 @@ pub struct WorkerUpstream {
     /// For an HTTP/2 upstream, the multiplexed connections to each backend; kept across
     /// generations as `idle` is.
     multiplexed: Vec<Rc<h2::Pool>>,
+    /// This worker's retries on a status (`retry.on`'s `http_NNN`).
+    pub(crate) retry_budget: RetryBudget,
 }
 
 impl WorkerUpstream {
@@ -76,6 +79,7 @@ impl WorkerUpstream {
             selection: Selection::new(n),
             idle,
             multiplexed,
+            retry_budget: RetryBudget::new(&shared.config.retry),
             shared,
         })
     }

@@ -16,6 +16,7 @@
 //! - [`sticky`]: sticky sessions by an inserted cookie: each backend's opaque value, the
 //!   cookie read and taken out of the request, the `Set-Cookie` line.
 //! - [`shared`]: an upstream as every worker sees it in one generation, and its passive rules.
+//! - [`retry_budget`]: one worker's budget of retries on a status: a share of its requests.
 //! - [`in_flight`]: the guard that counts a request against its backend and records the
 //!   request's outcome there.
 //! - [`pick`]: which backend a request goes to, by the upstream's algorithm.
@@ -47,5 +48,6 @@ pub(crate) mod probe;
 pub(crate) mod probe_fastcgi;
 pub(crate) mod proxy_header;
 pub(crate) mod queue;
+pub(crate) mod retry_budget;
 pub(crate) mod shared;
 pub(crate) mod sticky;
