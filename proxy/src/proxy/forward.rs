@@ -18,7 +18,7 @@ use http::{Method, StatusCode};
 use crate::backend_address::BackendAddress;
 use crate::config::{Algorithm, Buffering, Limits, Protocol, Retry, Timeouts};
 use crate::http1::client::{self, ConnectFailure, Outgoing, UpstreamBody, UpstreamError};
-use crate::http1::common::Reply;
+use crate::http1::common::{Reply, RequestFraming};
 use crate::http1::request::{ClientError, RequestHead};
 use crate::http1::timer::Timer;
 use crate::proxy::accesslog::Upstreamed;
@@ -239,6 +239,31 @@ pub fn add_response_lines(
     }
 }
 
+/// What every attempt at one request shares: the route's timeouts over the upstream's, and
+/// whether the request may be sent again once a backend may have acted on it (that also needs
+/// a whole body).
+#[inline(always)]
+fn plan<'a>(
+    shared: &'a SharedUpstream,
+    (head, overrides, downstream): (&RequestHead, Option<&'a Overrides>, &'a Downstream),
+    framing: RequestFraming,
+    upgrade_on: bool,
+    timed: bool,
+) -> Plan<'a> {
+    let retry = &shared.config.retry;
+    Plan {
+        timeouts: overrides
+            .and_then(|o| o.timeouts.as_ref())
+            .unwrap_or(&shared.config.timeouts),
+        framing,
+        resendable: retry.non_idempotent || is_idempotent(&head.method),
+        upgrade: upgrade_on && head.upgrade_lines().is_some(),
+        timed,
+        spans: Cell::new(Spans::default()),
+        origin: shared.config.proxy_protocol.map(|_| &downstream.origin),
+    }
+}
+
 /// How many backends one request may try: `retry.tries`, at most every backend once.
 fn max_tries(retry: &Retry, backends: usize) -> usize {
     if retry.tries == 0 {
@@ -264,9 +289,6 @@ async fn forward(
     let framing = body.framing();
     let forwarded_for = forwarded_for(head.forwarded_for.as_deref(), downstream);
     let shared = &*upstream.shared;
-    let timeouts = overrides
-        .and_then(|o| o.timeouts.as_ref())
-        .unwrap_or(&shared.config.timeouts);
     // An HTTP/2 backend gets no Upgrade (extended CONNECT is not spoken): the request goes as
     // an ordinary one, as with `upgrade = false`.
     let upgrade_on = shared.config.upgrade.enabled && !shared.config.protocol.is_http2();
@@ -282,16 +304,8 @@ async fn forward(
     );
     let retry = &shared.config.retry;
     let mut body = RequestBody::new(body, retry.buffer, limits);
-    let plan = Plan {
-        timeouts,
-        framing,
-        // Sending it again once a backend may have acted on it needs this, and a whole body.
-        resendable: retry.non_idempotent || is_idempotent(&head.method),
-        upgrade: upgrade_on && head.upgrade_lines().is_some(),
-        timed: at.is_some(),
-        spans: Cell::new(Spans::default()),
-        origin: shared.config.proxy_protocol.map(|_| &downstream.origin),
-    };
+    let request = (head, overrides, downstream);
+    let plan = plan(shared, request, framing, upgrade_on, at.is_some());
 
     // nginx's proxy_next_upstream: a failed attempt moves on to the next backend, each backend
     // at most once per request, within `tries` attempts and `timeout` since the first.
@@ -319,7 +333,7 @@ async fn forward(
         } else {
             upstream.pick(key, |i| tried.contains(i))
         };
-        let Some((backend, guard)) = picked else {
+        let Some((backend, mut guard)) = picked else {
             return Err(last_error.unwrap_or_else(|| ProxyError::NoBackend(shared.unavailable())));
         };
         tried.insert(backend);
@@ -344,30 +358,37 @@ async fn forward(
             let backend = addr;
             keep.then(|| Box::new(Upstreamed { backend, timing }))
         };
-        let wait = waiter.as_deref_mut();
-        let answered = match shared.config.protocol {
+        let (wait, at) = (waiter.as_deref_mut(), (started, backend));
+        let failure = match shared.config.protocol {
             Protocol::Http1 => match attempt(upstream, backend, &plan, &out, &mut body, wait).await
             {
                 Ok((answer, conn)) => {
+                    if on.again(upstream, &plan, &body, &tried, at, answer.status) {
+                        // Dropped, read no further: its connection closes.
+                        let _ = guard.answered(shared, answer.status, sent, started, false);
+                        continue;
+                    }
                     let served = served(answer.status, &guard);
                     let reply = h1_reply(upstream, backend, guard, (answer, conn), &head.method);
-                    Ok((reply, served))
+                    return Ok((reply, served));
                 }
-                Err(failure) => Err((failure, guard)),
+                Err(failure) => failure,
             },
             // Boxed: their state stays out of the HTTP/1.1 request's own.
             Protocol::H2c | Protocol::H2 | Protocol::Fastcgi => {
                 let request = (head, downstream, &out, &served as Served);
                 let other = attempt_other(upstream, backend, &plan, request, &mut body, guard);
-                Box::pin(other).await
+                match Box::pin(other).await {
+                    Ok(r) if on.again(upstream, &plan, &body, &tried, at, r.0.status) => continue,
+                    Ok(responded) => return Ok(responded),
+                    Err((failure, back)) => {
+                        guard = back;
+                        failure
+                    }
+                }
             }
         };
-        let (e, guard) = match answered {
-            Ok(r) if on.again(upstream, &plan, &body, &tried, (started, &r, backend)) => continue,
-            Ok(r) => return Ok(r),
-            Err(failed) => failed,
-        };
-        let error = give_up_or_retry(e, guard, shared, &plan, &head.method, &body, addr)?;
+        let error = give_up_or_retry(failure, guard, shared, &plan, &head.method, &body, addr)?;
         last_error = Some(error);
     }
 }
@@ -575,8 +596,8 @@ impl OnStatus {
         }
     }
 
-    /// Whether the `answer` from `backend` is dropped (read no further) for another
-    /// backend's, which is then picked (`self.next`).
+    /// Whether the answer with `status` from `backend` is dropped (read no further) for
+    /// another backend's, which is then picked (`self.next`).
     #[inline(always)]
     fn again(
         &mut self,
@@ -584,9 +605,9 @@ impl OnStatus {
         plan: &Plan<'_>,
         body: &RequestBody<'_, impl DownstreamBody>,
         tried: &Tried,
-        (started, answer, backend): (Instant, &Responded, usize),
+        (started, backend): (Instant, usize),
+        status: StatusCode,
     ) -> bool {
-        let status = answer.0.status;
         self.on && self.after(upstream, plan, body, tried, (started, status, backend))
     }
 
