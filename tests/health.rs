@@ -6,6 +6,7 @@
 
 use crate::common;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -1385,4 +1386,125 @@ async fn when_every_backend_answers_503_the_budget_bounds_the_retries() {
     // 20 retries (one worker), not the 200 that three tries each would make.
     let sent: Vec<usize> = servers.iter().map(|s| s.requests()).collect();
     assert_eq!(sent.iter().sum::<usize>(), 120, "{sent:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outlier ejection by answers (`[upstream.NAME.outlier]`)
+// ---------------------------------------------------------------------------------------------
+
+/// Sends GETs through `proxy` until `server` has gone `quiet` requests in a row without one
+/// (round robin over three would give it every third), at most `most` requests; returns the
+/// requests sent, `None` if it never went quiet.
+async fn until_left_out(
+    proxy: SocketAddr,
+    server: &RawServer,
+    quiet: usize,
+    most: usize,
+) -> Option<usize> {
+    let (mut seen, mut without) = (server.requests(), 0);
+    for sent in 1..=most {
+        get(proxy, "/").await;
+        let now = server.requests();
+        without = if now == seen { without + 1 } else { 0 };
+        seen = now;
+        if without >= quiet {
+            return Some(sent);
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundreds_in_a_row_eject_a_backend_for_longer_each_time() {
+    let bad = RawServer::start(|_| RawAction::Respond(raw_status("bad", 500))).await;
+    let (one, two) = (Backend::start("one").await, Backend::start("two").await);
+    let mut setup = Setup::with(&[bad.addr, one.addr, two.addr]);
+    setup.extra = "[upstream.app.passive]\nmax_fails = 0\n[upstream.app.outlier]\n\
+                   consecutive_5xx = 3\nsuccess_rate = 0\nbase_time = \"300ms\"\n\
+                   max_time = \"10s\"\nmax_ejected = 0.34\n"
+        .into();
+    let proxy = Proxy::start(&setup);
+
+    // Three 500s in a row (every third request): ejected, and the next 30 requests miss it.
+    send_until(proxy.addr, || bad.requests() >= 3).await;
+    let out = Instant::now();
+    until_left_out(proxy.addr, &bad, 30, 100)
+        .await
+        .expect("ejected");
+    assert_eq!(bad.requests(), 3);
+    // Its time up, one trial goes to it, and brings it back.
+    send_until(proxy.addr, || bad.requests() >= 4).await;
+    let first = out.elapsed();
+    assert!(first >= Duration::from_millis(250), "{first:?}");
+    // The trial was the first of three more 500s: the second ejection lasts twice as long.
+    send_until(proxy.addr, || bad.requests() >= 6).await;
+    let out = Instant::now();
+    until_left_out(proxy.addr, &bad, 30, 100)
+        .await
+        .expect("ejected again");
+    assert_eq!(bad.requests(), 6);
+    send_until(proxy.addr, || bad.requests() >= 7).await;
+    let second = out.elapsed();
+    assert!(
+        second >= Duration::from_millis(550),
+        "{second:?} after {first:?}"
+    );
+}
+
+/// Sends GETs through `proxy` until `done` (at most 20,000, within 20 s).
+async fn send_until(proxy: SocketAddr, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for _ in 0..20_000 {
+        if done() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not done within 20 s");
+        get(proxy, "/").await;
+    }
+    panic!("not done within 20,000 requests");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_more_than_max_ejected_of_the_pool_is_out_at_once() {
+    let bad_a = RawServer::start(|_| RawAction::Respond(raw_status("a", 500))).await;
+    let bad_b = RawServer::start(|_| RawAction::Respond(raw_status("b", 500))).await;
+    let good = Backend::start("good").await;
+    let mut setup = Setup::with(&[bad_a.addr, bad_b.addr, good.addr]);
+    // A third of three is one backend: the second to fail is not ejected.
+    setup.extra = "[upstream.app.passive]\nmax_fails = 0\n[upstream.app.outlier]\n\
+                   consecutive_5xx = 2\nsuccess_rate = 0\nbase_time = \"60s\"\nmax_ejected = 0.34\n"
+        .into();
+    let proxy = Proxy::start(&setup);
+    for _ in 0..30 {
+        get(proxy.addr, "/").await;
+    }
+    // `a` fails twice first and is out; `b` fails as often and stays in.
+    assert_eq!(bad_a.requests(), 2);
+    assert!(bad_b.requests() >= 12, "{}", bad_b.requests());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_failing_half_its_answers_is_ejected_by_its_success_rate() {
+    let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // 500 and 200 in turn: never two 500s in a row.
+    let flaky = RawServer::start(move |_| {
+        let i = n.fetch_add(1, Ordering::Relaxed);
+        RawAction::Respond(raw_status("flaky", if i % 2 == 0 { 500 } else { 200 }))
+    })
+    .await;
+    let (one, two) = (Backend::start("one").await, Backend::start("two").await);
+    let mut setup = Setup::with(&[flaky.addr, one.addr, two.addr]);
+    setup.extra = "[upstream.app.passive]\nmax_fails = 0\n[upstream.app.outlier]\n\
+                   consecutive_5xx = 0\nsuccess_rate = 0.8\ninterval = \"100ms\"\n\
+                   min_requests = 5\nbase_time = \"60s\"\n"
+        .into();
+    let proxy = Proxy::start(&setup);
+    // Its rate, 50%, is under 0.8 × the pool's 83%: out after an interval with 5 answers.
+    let sent = until_left_out(proxy.addr, &flaky, 60, 20_000).await;
+    assert!(
+        sent.is_some(),
+        "never ejected: {} requests reached it",
+        flaky.requests()
+    );
+    assert!(one.hits() > 0 && two.hits() > 0);
 }

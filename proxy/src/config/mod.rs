@@ -26,6 +26,7 @@
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
 //! - [`buffering`]: `[upstream.NAME.buffering]`: bodies read whole for slow clients, its bounds.
+//! - [`outlier`]: `[upstream.NAME.outlier]`: when a backend is ejected for its answers.
 //! - [`retry`]: `[upstream.NAME.retry]`: when a request moves on to the next backend, on a
 //!   failure or a listed status, and the budget of retries on a status.
 //! - [`sticky`]: an upstream's sticky cookie: its name and attributes.
@@ -42,6 +43,7 @@ mod error_pages;
 mod fastcgi;
 pub(crate) mod htpasswd;
 pub mod log_format;
+mod outlier;
 mod pattern;
 mod proxy_protocol;
 mod raw;
@@ -69,6 +71,7 @@ pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
 pub use fastcgi::Fastcgi;
 pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;
+pub use outlier::Outlier;
 pub use pattern::Pattern;
 use raw::RawConfig;
 pub use retry::Retry;
@@ -770,6 +773,8 @@ pub struct Upstream {
     pub health: Option<Health>,
     pub passive: Passive,
     pub retry: Retry,
+    /// `[outlier]`: backends ejected for their answers; `None` without the table.
+    pub outlier: Option<Outlier>,
     pub upgrade: Upgrade,
     /// TLS to the backends, its CA and client certificates read and checked; `None` for plain
     /// TCP.

@@ -513,6 +513,7 @@ pub(super) struct RawUpstream {
     pub proxy_protocol: Option<Spanned<String>>,
     /// `[upstream.NAME.buffering]`: request and response bodies read whole for slow clients.
     pub buffering: Option<Spanned<RawBuffering>>,
+    pub outlier: Option<Spanned<RawOutlier>>,
     /// Sticky sessions by an inserted cookie (HAProxy's `cookie NAME insert indirect nocache`).
     pub sticky: Option<Spanned<RawSticky>>,
     /// `[upstream.NAME.fastcgi]`: with `protocol = "fastcgi"`, which script a request runs.
@@ -608,6 +609,19 @@ pub(super) struct RawPassive {
     pub max_fails: Option<u32>,
     pub fail_timeout: Option<Spanned<Dur>>,
     pub fail_on_status: Option<StatusSet>,
+}
+
+/// `[upstream.NAME.outlier]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOutlier {
+    pub consecutive_5xx: Option<u32>,
+    pub success_rate: Option<Spanned<f64>>,
+    pub interval: Option<Spanned<Dur>>,
+    pub min_requests: Option<u32>,
+    pub base_time: Option<Spanned<Dur>>,
+    pub max_time: Option<Spanned<Dur>>,
+    pub max_ejected: Option<Spanned<f64>>,
 }
 
 /// `[upstream.NAME.retry]`.

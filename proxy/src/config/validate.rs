@@ -314,6 +314,7 @@ pub(super) fn upstream(
             .transpose()?,
         passive: passive(src, &key, &up.passive)?,
         retry: super::retry::retry(src, &key, &up.retry)?,
+        outlier: super::outlier::outlier(src, &key, &up.outlier)?,
         upgrade: upgrade(src, &key, up)?,
         protocol: protocol(src, &key, up)?,
         max_streams: match &up.max_streams {

@@ -635,6 +635,13 @@ impl Collector for Scrape {
         )?;
         family(
             &mut e,
+            "backend_ejections",
+            "Times outlier detection ejected the backend for its answers ([upstream.NAME.outlier]).",
+            MetricType::Counter,
+            each(&|b| load(&b.stats.ejections)),
+        )?;
+        family(
+            &mut e,
             "backend_in_flight",
             "Requests in flight to the backend, across workers.",
             MetricType::Gauge,

@@ -339,6 +339,8 @@ fn state_word(b: &BackendState) -> &'static str {
         admin.as_str()
     } else if !b.is_up() {
         "down"
+    } else if b.is_ejected() {
+        "ejected"
     } else if b.is_skipped() {
         "skipped"
     } else if b.is_full() {
@@ -590,6 +592,8 @@ fn backend_status(
         "errors": s.errors_total(),
         "errors_per_second": rates.of(&Counter::BackendErrors(key.clone())),
         "retries": s.retries.load(Ordering::Relaxed),
+        // Times `[outlier]` ejected it for its answers.
+        "ejections": s.ejections.load(Ordering::Relaxed),
         // New connections against reused ones: `pinlb bench`'s fairness checks read these to
         // see whether the proxy keeps its backend connections alive.
         "connections_opened": s.connections_opened.load(Ordering::Relaxed),

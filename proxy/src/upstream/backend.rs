@@ -79,6 +79,21 @@ impl AdminState {
     }
 }
 
+/// One backend's answers as outlier detection (`upstream::outlier`) counts them; shared by
+/// every generation that keeps the backend.
+#[derive(Debug, Default)]
+pub struct OutlierCounts {
+    /// 5xx answers in a row.
+    pub(super) consecutive: AtomicU32,
+    /// Answers, and 5xx ones, in the interval under way.
+    pub(super) answers: AtomicU32,
+    pub(super) fails: AtomicU32,
+    /// Ejections so far (since the backend last stayed in for `max_time`).
+    pub(super) ejections: AtomicU32,
+    /// When the last ejection ends (ms on the passive checks' clock).
+    pub(super) ejected_until: AtomicU64,
+}
+
 /// A backend as every worker sees it.
 ///
 /// One per backend of an upstream, shared by every config generation that keeps the backend (the
@@ -119,6 +134,8 @@ pub struct BackendState {
     /// stores: two workers observing at once may lose one sample, which an average shrugs off.
     ewma_ns: AtomicU64,
     ewma_at_ns: AtomicU64,
+    /// Its answers as outlier detection counts them (`[upstream.NAME.outlier]`).
+    pub(crate) outlier: OutlierCounts,
     /// What `/metrics` reports; counted only while the admin listener is on.
     pub stats: BackendStats,
     /// The connects in progress to this backend, and their bound (`max_connecting`).
@@ -147,6 +164,7 @@ impl BackendState {
             ramp_from_ms: AtomicU64::new(0),
             ewma_ns: AtomicU64::new(0),
             ewma_at_ns: AtomicU64::new(0),
+            outlier: OutlierCounts::default(),
             stats: BackendStats::default(),
             connecting: Connecting::default(),
             queue: OnceLock::new(),
@@ -205,6 +223,12 @@ impl BackendState {
 
     pub fn set_check_streak(&self, n: u32) {
         self.check_streak.store(n, Ordering::Relaxed);
+    }
+
+    /// Whether outlier detection has the backend out now (a skip it set, not yet over).
+    pub fn is_ejected(&self) -> bool {
+        let until = self.outlier.ejected_until.load(Ordering::Relaxed);
+        until != 0 && until == self.skip_until_ms.load(Ordering::Relaxed) && self.is_skipped()
     }
 
     /// Whether the backend is inside a passive skip window.

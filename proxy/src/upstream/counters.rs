@@ -191,6 +191,8 @@ pub struct BackendStats {
     /// Attempts that failed here and went on to another backend (nginx's
     /// `proxy_next_upstream`).
     pub retries: AtomicU64,
+    /// Times outlier detection ejected this backend (`[upstream.NAME.outlier]`).
+    pub ejections: AtomicU64,
     /// The last active health probe: when (ms since the Unix epoch, shifted left one bit) and
     /// whether it passed (the low bit); 0 before the first.
     last_check: AtomicU64,

@@ -14,6 +14,7 @@ use crate::sys::clock::monotonic_ns;
 use crate::upstream::adaptive::Fall;
 use crate::upstream::backend::BackendState;
 use crate::upstream::counters::ErrorKind;
+use crate::upstream::outlier::Pool;
 use crate::upstream::shared::SharedUpstream;
 
 /// Counts one request against a backend's `in_flight` for as long as it lives.
@@ -83,6 +84,15 @@ impl InFlight {
             upstream.record_failure(state);
         } else {
             upstream.record_success(state, self.trial);
+        }
+        if let Some(outlier) = &upstream.outlier {
+            let (name, backends) = (&upstream.config.name, &upstream.backends);
+            let pool = Pool {
+                name,
+                backends,
+                counting: upstream.counting,
+            };
+            outlier.answered(&pool, state, status.as_u16());
         }
         if let Some(sent) = sent {
             state.observe_response_time(sent.elapsed(), upstream.config.ewma_decay);

@@ -15,6 +15,7 @@
 //!   slow start, response-time average, admin state.
 //! - [`sticky`]: sticky sessions by an inserted cookie: each backend's opaque value, the
 //!   cookie read and taken out of the request, the `Set-Cookie` line.
+//! - [`outlier`]: ejection by answers: 5xx in a row, or a success rate well below the pool's.
 //! - [`shared`]: an upstream as every worker sees it in one generation, and its passive rules.
 //! - [`retry_budget`]: one worker's budget of retries on a status: a share of its requests.
 //! - [`in_flight`]: the guard that counts a request against its backend and records the
@@ -43,6 +44,7 @@ pub(crate) mod hash_key;
 pub(crate) mod health;
 pub(crate) mod in_flight;
 pub(crate) mod local;
+pub(crate) mod outlier;
 pub(crate) mod pick;
 pub(crate) mod probe;
 pub(crate) mod probe_fastcgi;

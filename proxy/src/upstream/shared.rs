@@ -10,6 +10,7 @@ use crate::config::{Algorithm, Upstream};
 use crate::tls::client::Connector;
 use crate::upstream::backend::{AdminState, BackendState, clock_ms, millis};
 use crate::upstream::balance::Rendezvous;
+use crate::upstream::outlier::Detector;
 use crate::upstream::queue::Queue;
 use crate::upstream::sticky::StickyTable;
 
@@ -37,6 +38,8 @@ pub struct SharedUpstream {
     /// `sticky`: the cookie's settings and each backend's value, built once per generation;
     /// `None` without, and then the request path never looks at a cookie.
     pub sticky: Option<Box<StickyTable>>,
+    /// `[outlier]`: ejection by answers; `None` without, and then answers are not looked at.
+    pub(super) outlier: Option<Detector>,
 }
 
 impl SharedUpstream {
@@ -120,6 +123,7 @@ impl SharedUpstream {
             Box::new(StickyTable::new(s, &config.name, &addresses))
         });
         SharedUpstream {
+            outlier: config.outlier.clone().map(Detector::new),
             sticky,
             has_backups: config.backends.iter().any(|b| b.backup),
             queue,
