@@ -1177,11 +1177,15 @@ fn an_outlier_table_turns_ejection_on_with_envoys_times_and_checks_its_shares() 
     let on = parse(&format!("{MINIMAL}[upstream.app.outlier]\n")).unwrap();
     assert_eq!(on.upstreams[0].outlier, Some(Outlier::default()));
     assert_eq!(
-        err(&format!("{MINIMAL}[upstream.app.outlier]\nsuccess_rate = 80\n")),
+        err(&format!(
+            "{MINIMAL}[upstream.app.outlier]\nsuccess_rate = 80\n"
+        )),
         "pinlb.toml:9:16: upstream.app.outlier.success_rate: expected a share from 0.0 to 1.0, such as 0.8"
     );
     assert_eq!(
-        err(&format!("{MINIMAL}[upstream.app.outlier]\nbase_time = \"1m\"\nmax_time = \"10s\"\n")),
+        err(&format!(
+            "{MINIMAL}[upstream.app.outlier]\nbase_time = \"1m\"\nmax_time = \"10s\"\n"
+        )),
         "pinlb.toml:10:12: upstream.app.outlier.max_time: 10s is shorter than base_time (60s), expected at least as long"
     );
 }
