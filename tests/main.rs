@@ -31,6 +31,7 @@ mod import;
 mod layout;
 mod limit_rate;
 mod limits;
+mod mirror;
 mod overload;
 mod prop;
 mod protocols;

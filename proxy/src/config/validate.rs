@@ -22,7 +22,7 @@ use super::{
 };
 use crate::backend_address::BackendAddress;
 use crate::http1::request::RequestLimits;
-use crate::modules::Configs;
+use crate::modules::{Configs, Place};
 use crate::syntax::error::{ConfigError, ConfigErrors, Source};
 use crate::sys::cpus::format_cpu_list;
 use crate::tls::client::{BackendTls, Trust, TrustError};
@@ -1355,14 +1355,27 @@ fn listener(
         l.intercept_errors.as_ref(),
     )?;
     let compress = super::compress::listener(src, key, l.compress.as_ref())?;
-    let modules = Configs::validate(src, key, &l.modules, None)?;
+    let modules = Configs::validate(
+        &Place {
+            src,
+            key,
+            upstreams,
+        },
+        &l.modules,
+        None,
+    )?;
     for (i, (rule, r)) in routes.iter_mut().zip(&l.route).enumerate() {
         let (r, rkey) = (r.get_ref(), format!("{key}.route[{i}]"));
         let (pages, intercept) = (r.error_page.as_deref(), r.intercept_errors.as_ref());
         rule.error_pages =
             super::error_pages::route(src, &rkey, pages, intercept, error_pages.as_deref())?;
         rule.compress = super::compress::route(src, &rkey, r.compress.as_ref(), compress.as_ref())?;
-        rule.modules = Configs::validate(src, &rkey, &r.modules, Some(&modules))?;
+        let at = Place {
+            src,
+            key: &rkey,
+            upstreams,
+        };
+        rule.modules = Configs::validate(&at, &r.modules, Some(&modules))?;
     }
     let upstream = match &l.upstream {
         Some(u) => upstream_index(src, key, u, upstreams)?,

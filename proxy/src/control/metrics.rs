@@ -788,11 +788,43 @@ impl Collector for Scrape {
                 )
             }),
         )?;
+        self.encode_side_requests(&mut e)?;
         self.encode_queues(&mut e)
     }
 }
 
 impl Scrape {
+    /// The side requests (`mirror`'s copies) of the upstreams that have had any.
+    fn encode_side_requests(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let sides: Vec<(Labels, &crate::upstream::shared::SharedUpstream)> =
+            (self.upstreams.iter())
+                .filter(|u| {
+                    u.side_dropped.load(Ordering::Relaxed) != 0
+                        || u.side_in_flight.load(Ordering::Relaxed) != 0
+                })
+                .map(|u| (vec![("upstream", u.config.name.clone())], &**u))
+                .collect();
+        family(
+            e,
+            "upstream_side_requests_in_flight",
+            "Mirrored copies sent to the upstream and not yet answered.",
+            MetricType::Gauge,
+            sides.iter().map(|(l, u)| {
+                let n = u.side_in_flight.load(Ordering::Relaxed);
+                (l.clone(), gauge(i64::try_from(n).unwrap_or(i64::MAX)))
+            }),
+        )?;
+        family(
+            e,
+            "upstream_side_requests_dropped",
+            "Mirrored copies dropped because max_in_flight were in flight to the upstream already.",
+            MetricType::Counter,
+            sides
+                .iter()
+                .map(|(l, u)| (l.clone(), counter(u.side_dropped.load(Ordering::Relaxed)))),
+        )
+    }
+
     /// The queues of the upstreams that have one (`queue`).
     fn encode_queues(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let queues: Vec<(Labels, &crate::upstream::queue::Queue)> = self

@@ -136,6 +136,30 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
+    /// A copy without a body, to send elsewhere (a mirror's): the same method, target, Host and
+    /// end-to-end lines, in a buffer of its own; no upgrade, no `Expect`.
+    pub fn copy_without_body(&self) -> RequestHead {
+        RequestHead {
+            method: self.method.clone(),
+            version: self.version,
+            text: Spare::from(self.text.to_vec()),
+            target: self.target,
+            lines: self.lines,
+            upgrade_end: 0,
+            host: self.host,
+            path: self.path,
+            user_agent: self.user_agent,
+            referer: self.referer,
+            forwarded_for: self.forwarded_for.clone(),
+            proxied_lines: self.proxied_lines.clone(),
+            body: RequestFraming::None,
+            keep_alive: true,
+            ambiguous: false,
+            expect_continue: false,
+            refused: None,
+        }
+    }
+
     fn at(&self, (start, end): (usize, usize)) -> &[u8] {
         &self.text[start..end]
     }

@@ -23,8 +23,8 @@ use serde::Deserialize;
 use tokio::time::{Instant, Sleep};
 use toml::Spanned;
 
-use super::{BodyFilter, Module};
-use crate::syntax::error::{ConfigError, Source};
+use super::{BodyFilter, Module, Place};
+use crate::syntax::error::ConfigError;
 use crate::syntax::values::Size;
 
 /// The module.
@@ -54,11 +54,11 @@ impl Module for LimitRate {
     type Filter = Pacer;
 
     fn validate(
-        src: &Source,
-        key: &str,
+        at: &Place<'_>,
         raw: &Raw,
         inherited: Option<&Arc<Config>>,
     ) -> Result<Option<Arc<Config>>, ConfigError> {
+        let (src, key) = (at.src, at.key);
         if raw.limit_rate.is_none() && raw.limit_rate_after.is_none() {
             return Ok(inherited.cloned());
         }
@@ -255,8 +255,9 @@ mod tests {
 
     fn validate(text: &str, inherited: Option<&Arc<Config>>) -> Result<Option<Arc<Config>>, ConfigError> {
         let raw: Raw = toml::from_str(text).unwrap();
-        let src = Source { file: "pinlb.toml", text };
-        LimitRate::validate(&src, "listener[0]", &raw, inherited)
+        let src = crate::syntax::error::Source { file: "pinlb.toml", text };
+        let at = Place { src: &src, key: "listener[0]", upstreams: &[] };
+        LimitRate::validate(&at, &raw, inherited)
     }
 
     #[test]

@@ -13,11 +13,18 @@
 //! HTTP/1.1 and HTTP/2 send it filtered without knowing; a listener without such a module pays
 //! for one flag.
 //!
+//! A module with a side request (`mirror`) asks, for each request its route proxies, for a
+//! copy to go to another upstream ([`SideRequest`]); the request pipeline sends it
+//! (`proxy::side_request`) and never waits for it. A listener without such a module pays for
+//! one flag.
+//!
 //! Today's listener features predate this and are still wired by hand (docs/pipeline-design.md
 //! says how each moves here).
 //!
 //! - [`limit_rate`]: nginx's `limit_rate` and `limit_rate_after`: a response sent at a bounded
 //!   rate after its first bytes.
+//! - [`mirror`]: nginx's `mirror`: a copy of a share of the requests to another upstream,
+//!   whose answers are read and dropped.
 
 use std::fmt;
 use std::sync::Arc;
@@ -26,7 +33,46 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use serde::Deserialize;
 
+use crate::http1::request::RequestHead;
 use crate::syntax::error::{ConfigError, Source};
+
+/// Where a module's keys are validated: the file, the table's key (`listener[0]`,
+/// `listener[0].route[1]`), and the names of the file's upstreams, in order (a module that
+/// names one keeps its index).
+pub(crate) struct Place<'a> {
+    pub src: &'a Source<'a>,
+    pub key: &'a str,
+    pub upstreams: &'a [&'a str],
+}
+
+/// A copy of a request that a module sends to another upstream, beside the request, never
+/// waited for: its answer is read and dropped.
+pub(crate) struct SideRequest {
+    /// The upstream, by its index in the configuration.
+    pub upstream: usize,
+    /// Header lines added to the copy, `name: value\r\n` each.
+    pub lines: Arc<[u8]>,
+    /// Copies to that upstream not yet answered past which this one is dropped.
+    pub max_in_flight: usize,
+}
+
+/// The body filter of a module that filters no body.
+pub(crate) enum NoFilter {}
+
+impl BodyFilter for NoFilter {
+    fn push(&mut self, _: Option<Bytes>) {
+        match *self {}
+    }
+    fn poll_out(&mut self, _: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        match *self {}
+    }
+    fn is_empty(&self) -> bool {
+        match *self {}
+    }
+    fn keeps_length(&self) -> bool {
+        match *self {}
+    }
+}
 
 /// One feature of a listener and its routes.
 pub(crate) trait Module {
@@ -36,20 +82,28 @@ pub(crate) trait Module {
     type Raw: for<'de> Deserialize<'de> + Default + fmt::Debug;
     /// Validated: what a worker needs, shared by every worker of a generation.
     type Config: fmt::Debug + Eq + Send + Sync + 'static;
-    /// What it does to a response's body.
+    /// What it does to a response's body ([`NoFilter`] for nothing).
     type Filter: BodyFilter;
+    /// Whether it may ask for side requests ([`Module::side_request`]).
+    const SIDE: bool = false;
 
-    /// The configuration of the table at `key` (`listener[0]`, `listener[0].route[1]`) from
-    /// its keys `raw`; `inherited` is the listener's, for a route. `None`: off.
+    /// The configuration of the table at `at` from its keys `raw`; `inherited` is the
+    /// listener's, for a route. `None`: off.
     fn validate(
-        src: &Source,
-        key: &str,
+        at: &Place<'_>,
         raw: &Self::Raw,
         inherited: Option<&Arc<Self::Config>>,
     ) -> Result<Option<Arc<Self::Config>>, ConfigError>;
 
     /// The filter of one response's body.
     fn filter(config: &Arc<Self::Config>) -> Option<Self::Filter>;
+
+    /// A copy of `head`, a request its route proxies, to send elsewhere; only asked of a
+    /// module with [`Module::SIDE`].
+    fn side_request(config: &Arc<Self::Config>, head: &RequestHead) -> Option<SideRequest> {
+        let _ = (config, head);
+        None
+    }
 
     /// What `pinlb check` says of it.
     fn describe(config: &Self::Config) -> String;
@@ -137,22 +191,34 @@ macro_rules! modules {
         }
 
         impl Configs {
-            /// The modules of the table at `key` from its keys `raw`, over `inherited` (the
+            /// The modules of the table at `at` from its keys `raw`, over `inherited` (the
             /// listener's, for a route).
             pub(crate) fn validate(
-                src: &Source,
-                key: &str,
+                at: &Place<'_>,
                 raw: &RawModules,
                 inherited: Option<&Configs>,
             ) -> Result<Configs, ConfigError> {
                 Ok(Configs {
                     $($name: <$name::$ty as Module>::validate(
-                        src,
-                        key,
+                        at,
                         &raw.$name,
                         inherited.and_then(|c| c.$name.as_ref()),
                     )?,)*
                 })
+            }
+
+            /// Whether a module that is on may ask for side requests.
+            pub(crate) fn sends_side_requests(&self) -> bool {
+                false $(|| (<$name::$ty as Module>::SIDE && self.$name.is_some()))*
+            }
+
+            /// The side requests the modules that are on ask for `head`, in registry order.
+            pub(crate) fn side_requests(&self, head: &RequestHead) -> Vec<SideRequest> {
+                let mut out = Vec::new();
+                $(if let (true, Some(c)) = (<$name::$ty as Module>::SIDE, &self.$name) {
+                    out.extend(<$name::$ty as Module>::side_request(c, head));
+                })*
+                out
             }
 
             /// Whether a module that is on filters response bodies.
@@ -201,4 +267,5 @@ macro_rules! modules {
 
 modules! {
     limit_rate: LimitRate,
+    mirror: Mirror,
 }

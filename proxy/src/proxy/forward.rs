@@ -276,7 +276,7 @@ fn max_tries(retry: &Retry, backends: usize) -> usize {
 /// A response head from a backend, with the body that streams the rest.
 type Responded = (Reply<ProxyBody>, Option<Box<Upstreamed>>);
 
-async fn forward(
+pub(crate) async fn forward(
     upstream: &Rc<WorkerUpstream>,
     downstream: &Downstream,
     limits: &Limits,

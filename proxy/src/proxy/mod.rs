@@ -18,6 +18,7 @@
 //! - [`attempt`]: one attempt at one backend, HTTP/1.1 or HTTP/2, and how it fails.
 //! - [`fastcgi`]: one attempt at a FastCGI backend (php-fpm), and the reply it makes.
 //! - [`forward`]: the retry loop: pick, attempt, decide whether to try the next backend.
+//! - [`side_request`]: the copies modules send beside a request (`mirror`), never waited for.
 
 pub(crate) mod accesslog;
 pub(crate) mod attempt;
@@ -33,5 +34,6 @@ pub(crate) mod request_body;
 pub(crate) mod request_buffering;
 pub(crate) mod request_id;
 pub(crate) mod response_buffering;
+pub(crate) mod side_request;
 pub(crate) mod spool;
 pub(crate) mod timing;

@@ -80,6 +80,9 @@ pub(crate) struct Route {
     /// The listener or one of its routes has a module that filters response bodies
     /// (`modules`): decided once per generation, as `compress`.
     pub filtered: Cell<bool>,
+    /// The listener or one of its routes has a module that sends side requests (`mirror`):
+    /// decided once per generation, as `filtered`.
+    pub sides: Cell<bool>,
 }
 
 /// A listener's settings in one worker for one generation: every field of its [`Route`] that a
@@ -102,6 +105,7 @@ pub(crate) struct RouteSettings {
     pub client_cert: bool,
     pub compress: bool,
     pub filtered: bool,
+    pub sides: bool,
 }
 
 impl RouteSettings {
@@ -145,6 +149,8 @@ impl RouteSettings {
                 || l.routes.iter().any(|r| matches!(r.compress, Some(Some(_)))),
             filtered: l.modules.filters_bodies()
                 || l.routes.iter().any(|r| r.modules.filters_bodies()),
+            sides: l.modules.sends_side_requests()
+                || l.routes.iter().any(|r| r.modules.sends_side_requests()),
         }
     }
 }
@@ -168,6 +174,7 @@ impl Route {
             client_cert,
             compress,
             filtered,
+            sides,
         } = s;
         Route {
             upstream: RefCell::new(upstream),
@@ -187,6 +194,7 @@ impl Route {
             client_cert: Cell::new(client_cert),
             compress: Cell::new(compress),
             filtered: Cell::new(filtered),
+            sides: Cell::new(sides),
         }
     }
 
@@ -209,6 +217,7 @@ impl Route {
             client_cert,
             compress,
             filtered,
+            sides,
         } = s;
         *self.upstream.borrow_mut() = upstream;
         *self.rules.borrow_mut() = rules;
@@ -225,6 +234,7 @@ impl Route {
         self.client_cert.set(client_cert);
         self.compress.set(compress);
         self.filtered.set(filtered);
+        self.sides.set(sides);
     }
 }
 
@@ -248,6 +258,9 @@ pub(crate) struct Routes {
     pub default_modules: Configs,
     /// Each route's feature modules where they are not the listener's, by route index.
     pub own_modules: Vec<Option<Configs>>,
+    /// This worker's upstreams, by config index, for the modules' side requests; empty when no
+    /// module of the listener sends any.
+    pub all_upstreams: Vec<Rc<WorkerUpstream>>,
 }
 
 impl Routes {
@@ -297,6 +310,15 @@ impl Routes {
             own_modules: (listener.routes.iter())
                 .map(|r| (r.modules != listener.modules).then(|| r.modules.clone()))
                 .collect(),
+            all_upstreams: match listener.modules.sends_side_requests()
+                || listener
+                    .routes
+                    .iter()
+                    .any(|r| r.modules.sends_side_requests())
+            {
+                true => upstreams.to_vec(),
+                false => Vec::new(),
+            },
         }
     }
 }
@@ -461,6 +483,25 @@ impl Route {
     pub fn filter(&self, reply: &mut Reply<ProxyBody>, edits: Option<&Edits>) {
         if self.filtered.get() {
             self.filter_body(reply, edits.and_then(|e| e.modules.as_ref()));
+        }
+    }
+
+    /// Sends the side requests (`mirror`'s copies) the modules of the route that proxies
+    /// `head` ask for; nothing waits for them.
+    #[inline]
+    pub fn side_requests(&self, head: &RequestHead, edits: Option<&Edits>, peer: SocketAddr) {
+        if self.sides.get() {
+            self.send_side_requests(head, edits.and_then(|e| e.modules.as_ref()), peer);
+        }
+    }
+
+    #[inline(never)]
+    fn send_side_requests(&self, head: &RequestHead, own: Option<&Configs>, peer: SocketAddr) {
+        let routes = self.routes.borrow();
+        for side in own.unwrap_or(&routes.default_modules).side_requests(head) {
+            if let Some(upstream) = routes.all_upstreams.get(side.upstream) {
+                crate::proxy::side_request::send(upstream, head, peer, side);
+            }
         }
     }
 

@@ -2,7 +2,7 @@
 //! state, their TLS connectors, the hash ring, and the passive-health rules applied to them.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use tracing::{info, warn};
 
@@ -40,6 +40,10 @@ pub struct SharedUpstream {
     pub sticky: Option<Box<StickyTable>>,
     /// `[outlier]`: ejection by answers; `None` without, and then answers are not looked at.
     pub(super) outlier: Option<Detector>,
+    /// Side requests (`mirror`'s copies) to it in flight, across workers, and those dropped
+    /// past their `max_in_flight` (`proxy::side_request`); counted for this generation.
+    pub side_in_flight: AtomicUsize,
+    pub side_dropped: AtomicU64,
 }
 
 impl SharedUpstream {
@@ -124,6 +128,8 @@ impl SharedUpstream {
         });
         SharedUpstream {
             outlier: config.outlier.clone().map(Detector::new),
+            side_in_flight: AtomicUsize::new(0),
+            side_dropped: AtomicU64::new(0),
             sticky,
             has_backups: config.backends.iter().any(|b| b.backup),
             queue,
