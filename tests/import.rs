@@ -186,6 +186,9 @@ fn requests(fixture: &str) -> Vec<Req> {
             get(h, "/default-host/c"),
         ],
         "timeouts-retry.conf" => vec![get(h, "/"), get(h, "/a"), get(h, "/b"), get(h, "/c")],
+        // Not /m: nginx answers 404 to an outside request for its internal location, pinlb
+        // (whose mirror has no location) sends it to the route for /.
+        "mirror-retry.conf" => vec![get(h, "/"), get(h, "/a?b=1"), get(h, "/c/d")],
         "return.conf" => vec![
             get("old.example.test", "/a/b?c=1"),
             get(h, "/moved"),
@@ -2946,6 +2949,71 @@ http {
     assert_eq!(retry("one").tries, 1);
     assert!(
         !imported.stderr.contains("proxy_next_upstream"),
+        "{}",
+        imported.stderr
+    );
+}
+
+/// `mirror /m;` and the internal location it names become the route's `mirror`; that location is
+/// no route of its own; `mirror_request_body` on (nginx's default) is noted.
+#[test]
+fn mirror_imports_as_the_routes_mirror_to_the_internal_locations_upstream() {
+    let text = "\
+http {
+    upstream app { server 127.0.0.1:8081; }
+    upstream canary { server 127.0.0.1:8082; }
+    server {
+        listen 8080;
+        location / {
+            mirror /m;
+            proxy_pass http://app;
+        }
+        location /quiet/ {
+            mirror /m;
+            mirror_request_body off;
+            proxy_pass http://app;
+        }
+        location = /m {
+            internal;
+            proxy_pass http://canary$request_uri;
+        }
+    }
+}
+";
+    let imported = import_text(text, &[]);
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let toml = pin_to_test_cores(&imported.stdout);
+    let config = pinlb::Config::parse("imported.toml", &toml, &allowed())
+        .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    // The two proxying routes mirror (the third is nginx's redirect of /quiet to /quiet/).
+    let routes = &config.listeners[0].routes;
+    let described: Vec<Vec<String>> = routes.iter().map(|r| r.modules.describe()).collect();
+    let mirroring = ["mirror 100.0% to upstream canary (at most 64 in flight)"];
+    assert_eq!(
+        described.iter().filter(|d| *d == &mirroring).count(),
+        2,
+        "{toml}"
+    );
+    assert_eq!(routes.len(), 3, "{toml}");
+    let at = imported.path.display();
+    assert!(
+        imported.stderr.contains(&format!(
+            "{at}:7: mirror_request_body on: pinlb copies the request without its body"
+        )),
+        "{}",
+        imported.stderr
+    );
+    assert!(
+        !imported
+            .stderr
+            .contains(&format!("{at}:12: mirror_request_body")),
+        "{}",
+        imported.stderr
+    );
+    assert!(
+        imported.stderr.contains(&format!(
+            "{at}:15: location /m serves only mirror subrequests"
+        )),
         "{}",
         imported.stderr
     );

@@ -61,6 +61,8 @@ struct Builder {
     http_upstreams: std::collections::BTreeSet<String>,
     /// What the whole configuration says about the directives pinlb already matches.
     known: Known,
+    /// The server's mirror targets ([`super::mirror`]), while its locations convert.
+    mirrors: super::mirror::Targets,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -311,6 +313,7 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
         buffered: Default::default(),
         http_upstreams: Default::default(),
         known: Known::read(directives),
+        mirrors: Default::default(),
     };
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
@@ -744,7 +747,20 @@ impl Builder {
         let mut fronts: Vec<(&Directive, String)> = Vec::new();
         // Its locations left out, each with the 404 route of one that serves files.
         let mut left: Vec<(Left, Option<Table>)> = Vec::new();
+        self.mirrors = super::mirror::Targets::of(&locations);
+        let targets: Vec<String> = self.mirrors.upstreams().map(str::to_string).collect();
+        for upstream in targets {
+            self.address_upstream(&upstream);
+        }
         for l in locations {
+            if self.mirrors.is_target(l) {
+                self.notes.push(format!(
+                    "{}: location {} serves only mirror subrequests: converted as the mirror's upstream, not a route (a request from outside for it takes the route that matches it, where nginx answers 404)",
+                    l.at(),
+                    l.args.last().map_or("", String::as_str)
+                ));
+                continue;
+            }
             if answers_all {
                 self.unreached(
                     l,
@@ -1355,14 +1371,7 @@ impl Builder {
                         );
                         continue;
                     }
-                    if !self.upstreams.contains_key(&upstream) {
-                        // A plain address: an upstream of one backend, named after it.
-                        let mut up = Table::new();
-                        let mut b = Table::new();
-                        b.insert("address".into(), Value::String(with_port(&upstream)));
-                        up.insert("backends".into(), Value::Array(vec![Value::Table(b)]));
-                        self.upstreams.insert(upstream.clone(), up);
-                    }
+                    self.address_upstream(&upstream);
                     route.insert("upstream".into(), Value::String(upstream.clone()));
                     if let Some(uri) = uri {
                         route.insert("rewrite_prefix".into(), Value::String(uri));
@@ -1379,6 +1388,7 @@ impl Builder {
                 n if super::buffering::NAMES.contains(&n) && d.block.is_none() => {}
                 n if super::limits::NAMES.contains(&n) && d.block.is_none() => {}
                 n if super::limit_rate::NAMES.contains(&n) && d.block.is_none() => {}
+                n if super::mirror::NAMES.contains(&n) => {}
                 n if super::gzip::NAMES.contains(&n) && d.block.is_none() => {
                     super::gzip::note(d, &mut self.notes)
                 }
@@ -1482,7 +1492,22 @@ impl Builder {
         );
         super::gzip::route(&inherit.gzip, &mut route, &mut self.notes, size);
         super::limit_rate::route(&inherit.limit_rate, &mut route, &mut self.notes, size);
+        if let Err((d, why)) = self.mirrors.route(block, &mut route, &mut self.notes) {
+            self.skip(&d, &why);
+        }
         Location::Route(route)
+    }
+
+    /// `upstream`, when no `upstream {}` block has that name: a plain address, made an
+    /// upstream of one backend named after it.
+    fn address_upstream(&mut self, upstream: &str) {
+        if !self.upstreams.contains_key(upstream) {
+            let mut up = Table::new();
+            let mut b = Table::new();
+            b.insert("address".into(), Value::String(with_port(upstream)));
+            up.insert("backends".into(), Value::Array(vec![Value::Table(b)]));
+            self.upstreams.insert(upstream.to_string(), up);
+        }
     }
 
     /// A location that serves files ([`files`]) as a route (`route` holds its path) that

@@ -15,6 +15,7 @@
 //! - [`proxy_protocol`]: `listen … proxy_protocol` and the realip module's directives.
 //! - [`gzip`]: the gzip module's directives as a route's `compress`.
 //! - [`limit_rate`]: `limit_rate` and `limit_rate_after` as a route's keys of those names.
+//! - [`mirror`]: `mirror URI` and the internal location it names as a route's `mirror`.
 //! - [`client_cert`]: the client certificate directives as `[listener.tls]` keys.
 //! - [`buffering`]: `proxy_buffering`, `proxy_request_buffering` and their bounds as an
 //!   upstream's `[buffering]`.
@@ -39,6 +40,7 @@ mod gzip;
 mod limit_rate;
 mod limits;
 mod matched;
+mod mirror;
 mod notes;
 mod parse;
 mod proxy_protocol;
