@@ -64,12 +64,12 @@ impl Targets {
 
     /// A location's `mirror` (and `mirror_request_body`) into `route`; `Err` with why when
     /// its URI is no internal location that proxies somewhere.
-    pub fn route(
+    pub fn route<'b>(
         &self,
-        block: &[Directive],
+        block: &'b [Directive],
         route: &mut Table,
         notes: &mut Vec<String>,
-    ) -> Result<(), (Directive, String)> {
+    ) -> Result<(), (&'b Directive, String)> {
         let Some(d) = block.iter().find(|d| d.name == "mirror") else {
             return Ok(());
         };
@@ -78,7 +78,7 @@ impl Targets {
         };
         let Some((upstream, _)) = self.0.get(uri) else {
             return Err((
-                d.clone(),
+                d,
                 format!(
                     "{uri} is not an internal location of the server whose proxy_pass names an upstream or address"
                 ),
