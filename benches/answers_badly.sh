@@ -44,16 +44,11 @@ install_cleanup
 require python3 curl taskset
 [[ -x $PINLB ]] || die "no pinlb binary at $PINLB (cargo build --release, or pass its path)"
 
-ports() { # COUNT: that many free ports, one line
-    local i out=()
-    for ((i = 0; i < $1; i++)); do
-        pick_port
-        out+=("$PICKED")
-    done
-    echo "${out[@]}"
-}
-read -r OK1 OK2 BAD A503 B503 C503 FLAKY GOOD1 GOOD2 <<<"$(ports 9)"
-read -r RETRY BUDGET EJECT ADMIN <<<"$(ports 4)"
+# Thirteen free ports, picked in this shell (pick_port counts on from the last).
+for name in OK1 OK2 BAD A503 B503 C503 FLAKY GOOD1 GOOD2 RETRY BUDGET EJECT ADMIN; do
+    pick_port
+    printf -v "$name" '%s' "$PICKED"
+done
 
 # The backends, on core 1: pinlb's test backends, and the Python one that fails every other
 # answer.

@@ -82,31 +82,67 @@ async fn a_mirror_that_never_answers_costs_the_requests_nothing_and_holds_at_mos
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_copy_of_a_post_goes_without_its_body_and_a_route_can_turn_the_mirror_off() {
+async fn a_copy_takes_the_body_unless_body_is_false_and_a_route_can_turn_the_mirror_off() {
     let main = Backend::start("main").await;
     let canary = Backend::start("canary").await;
     let mut setup = setup(main.addr, canary.addr, "mirror = { upstream = \"canary\" }");
     setup.listener_keys.push_str(
-        "[[listener.route]]\npath = \"/quiet/\"\nupstream = \"app\"\nmirror = { share = 0 }\n",
+        "[[listener.route]]\npath = \"/quiet/\"\nupstream = \"app\"\nmirror = { share = 0 }\n\
+         [[listener.route]]\npath = \"/bare/\"\nupstream = \"app\"\nmirror = { body = false }\n",
     );
     let proxy = Proxy::start(&setup);
-    let r = Conn::open(proxy.addr)
-        .await
-        .fetch(request(Method::POST, "/order", full("x=1")))
-        .await;
-    assert_eq!(r.status, 200);
+    let post = |path: &'static str| async move {
+        let r = Conn::open(proxy.addr)
+            .await
+            .fetch(request(Method::POST, path, full("x=1")))
+            .await;
+        assert_eq!(r.status, 200);
+    };
+    // Copied with its body, sent once the body was read.
+    post("/order").await;
     let copy = &recorded(&canary, 1).await[0];
     assert_eq!(
-        (copy.method.as_str(), copy.uri.as_str(), copy.body_len),
-        ("POST", "/order", 0)
+        (copy.method.as_str(), copy.uri.as_str()),
+        ("POST", "/order")
     );
-    assert_eq!(main.requests()[0].body_len, 3);
+    assert_eq!((copy.body_len, &copy.body_start[..]), (3, &b"x=1"[..]));
+    // body = false: at once, without it.
+    post("/bare/x").await;
+    let copy = &recorded(&canary, 2).await[1];
+    assert_eq!((copy.uri.as_str(), copy.body_len), ("/bare/x", 0));
+    assert!(main.requests().iter().all(|r| r.body_len == 3));
     get(proxy.addr, "/quiet/a").await;
     get(proxy.addr, "/loud").await;
-    let uris: Vec<String> = recorded(&canary, 2)
+    let uris: Vec<String> = recorded(&canary, 3)
         .await
         .iter()
         .map(|c| c.uri.clone())
         .collect();
-    assert_eq!(uris, ["/order", "/loud"]);
+    assert_eq!(uris, ["/order", "/bare/x", "/loud"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_larger_than_a_copy_keeps_drops_the_copy_not_the_request() {
+    let main = Backend::start("main").await;
+    let canary = Backend::start("canary").await;
+    let proxy = Proxy::start(&setup(
+        main.addr,
+        canary.addr,
+        "mirror = { upstream = \"canary\" }",
+    ));
+    let big = vec![b'b'; 100 * 1024];
+    let r = Conn::open(proxy.addr)
+        .await
+        .fetch(request(Method::POST, "/big", full(big)))
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(main.requests()[0].body_len, 100 * 1024);
+    // The next copy (of a small body) arrives; the big one never did.
+    get(proxy.addr, "/after").await;
+    let uris: Vec<String> = recorded(&canary, 1)
+        .await
+        .iter()
+        .map(|c| c.uri.clone())
+        .collect();
+    assert_eq!(uris, ["/after"]);
 }

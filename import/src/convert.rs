@@ -1492,7 +1492,7 @@ impl Builder {
         );
         super::gzip::route(&inherit.gzip, &mut route, &mut self.notes, size);
         super::limit_rate::route(&inherit.limit_rate, &mut route, &mut self.notes, size);
-        if let Err((d, why)) = self.mirrors.route(block, &mut route, &mut self.notes) {
+        if let Err((d, why)) = self.mirrors.route(block, &mut route) {
             self.skip(d, &why);
         }
         Location::Route(route)

@@ -2,8 +2,7 @@
 //! nginx mirrors to a URI, which a location of the server (usually `location = /mirror {
 //! internal; proxy_pass http://canary$request_uri; }`) sends on: such a location is read here as
 //! the mirror's upstream and is not a route of its own. `mirror off` is nothing;
-//! `mirror_request_body` is noted where it asks for the body (nginx's default), since pinlb
-//! copies requests without it.
+//! `mirror_request_body off` is the mirror's `body = false` (on, nginx's default, is pinlb's).
 
 use std::collections::BTreeMap;
 
@@ -68,7 +67,6 @@ impl Targets {
         &self,
         block: &'b [Directive],
         route: &mut Table,
-        notes: &mut Vec<String>,
     ) -> Result<(), (&'b Directive, String)> {
         let Some(d) = block.iter().find(|d| d.name == "mirror") else {
             return Ok(());
@@ -86,14 +84,11 @@ impl Targets {
         };
         let mut m = Table::new();
         m.insert("upstream".into(), Value::String(upstream.clone()));
-        route.insert("mirror".into(), Value::Table(m));
         let body = block.iter().find(|d| d.name == "mirror_request_body");
-        if body.is_none_or(|b| b.args.first().is_some_and(|a| a == "on")) {
-            let at = body.unwrap_or(d).at();
-            notes.push(format!(
-                "{at}: mirror_request_body on: pinlb copies the request without its body (as mirror_request_body off)"
-            ));
+        if body.is_some_and(|b| b.args.first().is_some_and(|a| a == "off")) {
+            m.insert("body".into(), Value::Boolean(false));
         }
+        route.insert("mirror".into(), Value::Table(m));
         Ok(())
     }
 }

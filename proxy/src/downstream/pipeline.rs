@@ -105,8 +105,8 @@ pub(crate) fn decide(
         (route.upstream.borrow().clone(), None, None)
     } else {
         match route.decide(head, https, peer) {
-            Decision::Proxy(upstream, edits) => {
-                route.side_requests(head, edits.as_deref(), *peer);
+            Decision::Proxy(upstream, mut edits) => {
+                route.side_requests(head, &mut edits, *peer);
                 (upstream, edits, None)
             }
             Decision::Answer(reply, edits) => (route.upstream.borrow().clone(), edits, Some(reply)),

@@ -3,7 +3,7 @@
 //! answers are read and dropped.
 //!
 //! ```toml
-//! mirror = { upstream = "canary", share = 0.1, header = "X-Mirrored-By: pinlb", max_in_flight = 64 }
+//! mirror = { upstream = "canary", share = 0.1, header = "X-Mirrored-By: pinlb", max_in_flight = 64, body = true }
 //! ```
 //!
 //! - `share` (default 1.0, every request, as nginx's `mirror`): exactly that share of the
@@ -16,9 +16,11 @@
 //!   (`pinlb_upstream_side_requests_dropped_total`) and logged (summed). A slow or dead mirror
 //!   costs the main path that bound, no more.
 //! - `header` marks each copy (default `X-Mirrored-By: pinlb`; `""` for none).
-//! - The copy has the request's method, target and end-to-end header lines, and no body: a
-//!   request with a body is copied without it (`Content-Length: 0`), as nginx's
-//!   `mirror_request_body off`. Mirroring the body is not built yet.
+//! - The copy has the request's method, target and end-to-end header lines, and with `body`
+//!   (default true, nginx's `mirror_request_body on`) its body: kept as the request sends it,
+//!   at most 64 KiB, and the copy goes once the body has been read (a larger body, or one
+//!   never read whole, drops the copy, counted). `body = false` copies at once, without the
+//!   body (`Content-Length: 0`).
 //! - Its answers are counted as the mirror upstream's backends' (`/metrics`, the status page),
 //!   so the canary's share of 5xx sits beside the main pool's.
 //! - A route's `mirror` replaces the listener's; `mirror = { share = 0 }` turns it off there.
@@ -51,6 +53,7 @@ struct RawMirror {
     share: Option<Spanned<f64>>,
     header: Option<Spanned<String>>,
     max_in_flight: Option<usize>,
+    body: Option<bool>,
 }
 
 /// A mirror that is on.
@@ -64,6 +67,8 @@ pub(crate) struct Config {
     /// Added to each copy, `name: value\r\n` (empty for none).
     lines: Arc<[u8]>,
     max_in_flight: usize,
+    /// `body`: a copy takes the request's body too (nginx's `mirror_request_body on`).
+    body: bool,
     /// Requests seen, across workers, for the share.
     seen: Seen,
 }
@@ -156,6 +161,7 @@ impl Module for Mirror {
             share_per_mille,
             lines: lines.into_bytes().into(),
             max_in_flight: m.max_in_flight.unwrap_or(MAX_IN_FLIGHT),
+            body: m.body.or(inherited.map(|c| c.body)).unwrap_or(true),
             seen: Seen::default(),
         })))
     }
@@ -175,15 +181,17 @@ impl Module for Mirror {
             upstream: config.upstream,
             lines: config.lines.clone(),
             max_in_flight: config.max_in_flight,
+            body: config.body,
         })
     }
 
     fn describe(config: &Config) -> String {
         format!(
-            "mirror {:.1}% to upstream {} (at most {} in flight)",
+            "mirror {:.1}% to upstream {} (at most {} in flight{})",
             config.share_per_mille as f64 / 10.0,
             config.name,
-            config.max_in_flight
+            config.max_in_flight,
+            if config.body { "" } else { ", without the body" }
         )
     }
 }

@@ -54,6 +54,9 @@ pub(crate) struct SideRequest {
     pub lines: Arc<[u8]>,
     /// Copies to that upstream not yet answered past which this one is dropped.
     pub max_in_flight: usize,
+    /// The copy takes the request's body too (sent once the body has been read); without, it
+    /// goes at once, with no body.
+    pub body: bool,
 }
 
 /// The body filter of a module that filters no body.

@@ -9,6 +9,7 @@
 //! (`response_buffering`); one without pays a test of that `Option` at each of the two places.
 
 use std::cell::Cell;
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,13 +20,14 @@ use crate::backend_address::BackendAddress;
 use crate::config::{Algorithm, Buffering, Limits, Protocol, Retry, Timeouts};
 use crate::http1::client::{self, ConnectFailure, Outgoing, UpstreamBody, UpstreamError};
 use crate::http1::common::{Reply, RequestFraming};
-use crate::http1::request::{ClientError, RequestHead};
+use crate::http1::request::RequestHead;
 use crate::http1::timer::Timer;
+use crate::modules::SideRequest;
 use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::attempt::{Failure, Plan, Spans, attempt, attempt_h2};
 use crate::proxy::body::{ProxyBody, Release, h2_reply};
 use crate::proxy::downstream::{Downstream, DownstreamBody, forwarded_for};
-use crate::proxy::error::{ProxyError, error_response};
+use crate::proxy::error::ProxyError;
 use crate::proxy::fastcgi;
 use crate::proxy::request_body::RequestBody;
 use crate::proxy::request_buffering;
@@ -53,128 +55,22 @@ pub struct Overrides {
     /// The backend a sticky cookie names (`upstream::sticky`), tried before the upstream's
     /// algorithm; set only by [`sticky_forward`].
     pub preferred: Option<usize>,
+    /// A mirror's copies that take the body too: sent once it has been read
+    /// (`proxy::side_request`); empty for every other request.
+    pub copies: Vec<PendingCopy>,
 }
 
-/// The proxy's answer to one request.
-pub struct Answer {
-    pub response: Reply<ProxyBody>,
-    /// When the request is timed: which backend answered, and where the time went. Boxed:
-    /// an answer that carries none (the plain path's) stays small to move.
-    pub upstreamed: Option<Box<Upstreamed>>,
-    /// The client is at fault: its connection closes after the answer, since what follows on it
-    /// (an unread body, a confused framing) can't be trusted.
-    pub close: bool,
+/// A mirror's copy of a request, with its body, waiting for the body to be read.
+pub struct PendingCopy {
+    pub upstream: Rc<WorkerUpstream>,
+    pub side: SideRequest,
+    /// The client's address, for the copy's X-Forwarded-For.
+    pub peer: SocketAddr,
 }
 
-/// One request as the client side hands it to the proxy.
-pub struct DownstreamRequest<'a, B> {
-    /// The head `http1::request` parsed.
-    pub head: &'a RequestHead,
-    /// What the request's route changes, if it changes anything.
-    pub overrides: Option<&'a Overrides>,
-    /// The body, read off the client connection as it is sent on.
-    pub body: &'a mut B,
-    /// Set when the parser refused the request: it is answered at once, never forwarded.
-    pub refused: Option<ClientError>,
-    /// Lines pinlb adds to the request (its ID, a started traceparent); empty for most.
-    pub added: &'a [u8],
-    /// The answer carries the request's spans ([`Answer::upstreamed`]), when it is timed: the
-    /// access log or `Server-Timing` reads them.
-    pub spans: bool,
-    /// The client connection's timer for the wait for an HTTP/1.1 backend's response head,
-    /// polled by the connection's one task request after request; `None` uses the backend
-    /// connection's own (see `http1::timer`).
-    pub waiter: Option<&'a mut Timer>,
-}
-
-/// Forwards one request, or answers its `refused` at once. Never fails: every failure becomes
-/// an error response. With `at` (when the head arrived; given when the access log,
-/// `Server-Timing` or `/metrics` reads the request's times), a response from a backend comes
-/// with its [`Upstreamed`]: which backend, and where the time went.
-///
-/// The request goes upstream as HTTP/1.1, origin-form, with Host first and X-Forwarded-For and
-/// X-Forwarded-Proto last. The parser already left out the hop-by-hop headers and Expect:
-/// `100 Continue` is pinlb's own answer, sent when the body is first read, once a backend
-/// connection is ready, as nginx does (at once, when the upstream buffers request bodies).
-pub async fn handle(
-    upstream: Rc<WorkerUpstream>,
-    downstream: Rc<Downstream>,
-    limits: Limits,
-    at: Option<Instant>,
-    request: DownstreamRequest<'_, impl DownstreamBody>,
-) -> Answer {
-    let DownstreamRequest {
-        head,
-        overrides,
-        body,
-        refused,
-        added,
-        spans,
-        waiter,
-    } = request;
-    let method = &head.method;
-    let forwarded = match refused {
-        Some(e) => Err(ProxyError::Downstream(e)),
-        None => {
-            let request = (head, overrides, added);
-            let timed = at.map(|at| (at, spans));
-            match &upstream.shared.config.buffering {
-                // Boxed: the plain path's future carries none of the buffered one's state.
-                Some(b) if b.request && !body.is_done() => {
-                    let buffered =
-                        forward_buffered(&upstream, &downstream, &limits, b, request, body, timed);
-                    Box::pin(buffered).await
-                }
-                // Boxed: the plain path's future does not grow by the sticky one's state.
-                _ if upstream.shared.sticky.is_some() => {
-                    let sticky = sticky_forward(
-                        &upstream,
-                        &downstream,
-                        &limits,
-                        request,
-                        body,
-                        timed,
-                        waiter,
-                    );
-                    Box::pin(sticky).await
-                }
-                _ => {
-                    forward(
-                        &upstream,
-                        &downstream,
-                        &limits,
-                        request,
-                        body,
-                        timed,
-                        waiter,
-                    )
-                    .await
-                }
-            }
-        }
-    };
-    match forwarded {
-        Ok((response, upstreamed)) => Answer {
-            response,
-            upstreamed,
-            close: false,
-        },
-        Err(e) => {
-            let status = e.status().as_u16();
-            // The log line blames the side at fault: a client's bad request is not the
-            // upstream's.
-            let close = matches!(e, ProxyError::Downstream(_));
-            if close {
-                summed_warn!(client = %downstream.ip; "{method} answered {status}: {e}");
-            } else {
-                summed_warn!(upstream = %upstream.shared.config.name; "{method} answered {status}: {e}");
-            }
-            Answer {
-                response: error_response(&e, method),
-                upstreamed: None,
-                close,
-            }
-        }
+impl std::fmt::Debug for PendingCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PendingCopy({})", self.upstream.shared.config.name)
     }
 }
 
@@ -274,7 +170,7 @@ fn max_tries(retry: &Retry, backends: usize) -> usize {
 }
 
 /// A response head from a backend, with the body that streams the rest.
-type Responded = (Reply<ProxyBody>, Option<Box<Upstreamed>>);
+pub(crate) type Responded = (Reply<ProxyBody>, Option<Box<Upstreamed>>);
 
 pub(crate) async fn forward(
     upstream: &Rc<WorkerUpstream>,
@@ -421,7 +317,7 @@ fn preferred(
 /// does not have.
 #[cold]
 #[inline(never)]
-async fn sticky_forward(
+pub(crate) async fn sticky_forward(
     upstream: &Rc<WorkerUpstream>,
     downstream: &Downstream,
     limits: &Limits,
@@ -437,6 +333,7 @@ async fn sticky_forward(
     let route_lines = overrides.and_then(|o| o.lines.as_deref());
     let arrived = sticky.arrived(route_lines.unwrap_or(head.lines()));
     let mine = Overrides {
+        copies: Vec::new(),
         path: overrides.and_then(|o| o.path.clone()),
         lines: arrived.stripped.or_else(|| route_lines.map(<[u8]>::to_vec)),
         timeouts: overrides.and_then(|o| o.timeouts),
@@ -794,7 +691,7 @@ fn h1_reply(
 /// [`forward`] with the client's body read whole first (`buffering.request`), so that a slow
 /// upload holds no backend, `max_conns` slot or queue place while it arrives. Out of line: the
 /// plain path's future and code carry none of it.
-async fn forward_buffered(
+pub(crate) async fn forward_buffered(
     upstream: &Rc<WorkerUpstream>,
     downstream: &Downstream,
     limits: &Limits,

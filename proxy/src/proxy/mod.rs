@@ -19,6 +19,7 @@
 //! - [`fastcgi`]: one attempt at a FastCGI backend (php-fpm), and the reply it makes.
 //! - [`forward`]: the retry loop: pick, attempt, decide whether to try the next backend.
 //! - [`side_request`]: the copies modules send beside a request (`mirror`), never waited for.
+//! - [`handle`]: one request's way to its answer: the forwarding it takes, a mirror's kept body.
 
 pub(crate) mod accesslog;
 pub(crate) mod attempt;
@@ -30,6 +31,7 @@ pub(crate) mod error;
 pub(crate) mod fastcgi;
 pub(crate) mod fastcgi_body;
 pub(crate) mod forward;
+pub(crate) mod handle;
 pub(crate) mod request_body;
 pub(crate) mod request_buffering;
 pub(crate) mod request_id;

@@ -15,15 +15,15 @@ use crate::config::{
 };
 use crate::edge::conn_limit::ConnGate;
 use crate::edge::controls::Controls;
-use crate::http1::common::ERROR_PAGE_TYPE;
 use crate::http1::common::Reply;
+use crate::http1::common::{ERROR_PAGE_TYPE, RequestFraming};
 use crate::http1::request::RequestHead;
 use crate::modules::Configs;
 use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::{ProxyBody, local_reply};
 use crate::proxy::compress;
 use crate::proxy::downstream::Downstream;
-use crate::proxy::forward::{Overrides, add_response_lines};
+use crate::proxy::forward::{Overrides, PendingCopy, add_response_lines};
 use crate::proxy::request_id::RequestId;
 use crate::route::error_pages;
 use crate::route::table::{Router, host_without_port};
@@ -486,21 +486,46 @@ impl Route {
         }
     }
 
-    /// Sends the side requests (`mirror`'s copies) the modules of the route that proxies
-    /// `head` ask for; nothing waits for them.
+    /// The side requests (`mirror`'s copies) the modules of the route that proxies `head` ask
+    /// for: sent now, or, when one takes a body the request has, put in `edits` for the proxy
+    /// to send once the body has been read. Nothing waits for them.
     #[inline]
-    pub fn side_requests(&self, head: &RequestHead, edits: Option<&Edits>, peer: SocketAddr) {
+    pub fn side_requests(
+        &self,
+        head: &RequestHead,
+        edits: &mut Option<Box<Edits>>,
+        peer: SocketAddr,
+    ) {
         if self.sides.get() {
-            self.send_side_requests(head, edits.and_then(|e| e.modules.as_ref()), peer);
+            self.send_side_requests(head, edits, peer);
         }
     }
 
     #[inline(never)]
-    fn send_side_requests(&self, head: &RequestHead, own: Option<&Configs>, peer: SocketAddr) {
+    fn send_side_requests(
+        &self,
+        head: &RequestHead,
+        edits: &mut Option<Box<Edits>>,
+        peer: SocketAddr,
+    ) {
         let routes = self.routes.borrow();
-        for side in own.unwrap_or(&routes.default_modules).side_requests(head) {
-            if let Some(upstream) = routes.all_upstreams.get(side.upstream) {
-                crate::proxy::side_request::send(upstream, head, peer, side);
+        let own = edits.as_ref().and_then(|e| e.modules.as_ref());
+        let sides = own.unwrap_or(&routes.default_modules).side_requests(head);
+        for side in sides {
+            let Some(upstream) = routes.all_upstreams.get(side.upstream) else {
+                continue;
+            };
+            if side.body && head.body != RequestFraming::None {
+                let upstream = upstream.clone();
+                let copy = PendingCopy {
+                    upstream,
+                    side,
+                    peer,
+                };
+                let edits = edits.get_or_insert_with(Box::default);
+                edits.request.copies.push(copy);
+            } else {
+                crate::proxy::side_request::send(upstream, head, peer, &side, None);
             }
         }
     }
@@ -625,6 +650,7 @@ impl Route {
                         lines,
                         timeouts,
                         preferred: None,
+                        copies: Vec::new(),
                     },
                     response,
                     server_timing: rule.server_timing,

@@ -1,0 +1,147 @@
+//! One request's way to its answer: the forwarding it takes (its body read whole first, a sticky
+//! cookie's backend, or the plain retry loop), a mirror's copy of its body kept on the way
+//! (`side_request`), and every failure made an error response.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use crate::config::Limits;
+use crate::http1::common::Reply;
+use crate::http1::request::{ClientError, RequestHead};
+use crate::http1::timer::Timer;
+use crate::proxy::accesslog::Upstreamed;
+use crate::proxy::body::ProxyBody;
+use crate::proxy::downstream::{Downstream, DownstreamBody};
+use crate::proxy::error::{ProxyError, error_response};
+use crate::proxy::forward::{Overrides, Responded, forward, forward_buffered, sticky_forward};
+use crate::proxy::side_request::{self, Tee};
+use crate::sys::summed::summed_warn;
+use crate::upstream::local::WorkerUpstream;
+
+/// The proxy's answer to one request.
+pub struct Answer {
+    pub response: Reply<ProxyBody>,
+    /// When the request is timed: which backend answered, and where the time went. Boxed:
+    /// an answer that carries none (the plain path's) stays small to move.
+    pub upstreamed: Option<Box<Upstreamed>>,
+    /// The client is at fault: its connection closes after the answer, since what follows on it
+    /// (an unread body, a confused framing) can't be trusted.
+    pub close: bool,
+}
+
+/// One request as the client side hands it to the proxy.
+pub struct DownstreamRequest<'a, B> {
+    /// The head `http1::request` parsed.
+    pub head: &'a RequestHead,
+    /// What the request's route changes, if it changes anything.
+    pub overrides: Option<&'a Overrides>,
+    /// The body, read off the client connection as it is sent on.
+    pub body: &'a mut B,
+    /// Set when the parser refused the request: it is answered at once, never forwarded.
+    pub refused: Option<ClientError>,
+    /// Lines pinlb adds to the request (its ID, a started traceparent); empty for most.
+    pub added: &'a [u8],
+    /// The answer carries the request's spans ([`Answer::upstreamed`]), when it is timed: the
+    /// access log or `Server-Timing` reads them.
+    pub spans: bool,
+    /// The client connection's timer for the wait for an HTTP/1.1 backend's response head,
+    /// polled by the connection's one task request after request; `None` uses the backend
+    /// connection's own (see `http1::timer`).
+    pub waiter: Option<&'a mut Timer>,
+}
+
+/// Forwards one request, or answers its `refused` at once. Never fails: every failure becomes
+/// an error response. With `at` (when the head arrived; given when the access log,
+/// `Server-Timing` or `/metrics` reads the request's times), a response from a backend comes
+/// with its [`Upstreamed`]: which backend, and where the time went.
+///
+/// The request goes upstream as HTTP/1.1, origin-form, with Host first and X-Forwarded-For and
+/// X-Forwarded-Proto last. The parser already left out the hop-by-hop headers and Expect:
+/// `100 Continue` is pinlb's own answer, sent when the body is first read, once a backend
+/// connection is ready, as nginx does (at once, when the upstream buffers request bodies).
+pub async fn handle(
+    upstream: Rc<WorkerUpstream>,
+    downstream: Rc<Downstream>,
+    limits: Limits,
+    at: Option<Instant>,
+    request: DownstreamRequest<'_, impl DownstreamBody>,
+) -> Answer {
+    let DownstreamRequest {
+        head,
+        overrides,
+        body,
+        refused,
+        added,
+        spans,
+        waiter,
+    } = request;
+    let method = &head.method;
+    let forwarded = match refused {
+        Some(e) => Err(ProxyError::Downstream(e)),
+        None => {
+            let request = (head, overrides, added);
+            let timed = at.map(|at| (at, spans));
+            let sides = (&upstream, &*downstream, &limits);
+            match overrides.map(|o| &o.copies[..]) {
+                // A mirror that copies the body: the body is kept as it goes, for the copies.
+                Some(copies) if !copies.is_empty() => {
+                    let mut kept = Tee::new(body);
+                    let forwarded = dispatch(sides, request, &mut kept, timed, waiter);
+                    let forwarded = Box::pin(forwarded).await;
+                    side_request::send_kept(copies, head, kept);
+                    forwarded
+                }
+                _ => dispatch(sides, request, body, timed, waiter).await,
+            }
+        }
+    };
+    match forwarded {
+        Ok((response, upstreamed)) => Answer {
+            response,
+            upstreamed,
+            close: false,
+        },
+        Err(e) => {
+            let status = e.status().as_u16();
+            // The log line blames the side at fault: a client's bad request is not the
+            // upstream's.
+            let close = matches!(e, ProxyError::Downstream(_));
+            if close {
+                summed_warn!(client = %downstream.ip; "{method} answered {status}: {e}");
+            } else {
+                summed_warn!(upstream = %upstream.shared.config.name; "{method} answered {status}: {e}");
+            }
+            Answer {
+                response: error_response(&e, method),
+                upstreamed: None,
+                close,
+            }
+        }
+    }
+}
+
+/// The forwarding a request takes: its body read whole first (`buffering.request`), a sticky
+/// cookie's backend first, or the plain retry loop. Inlined into [`handle`]: the plain path's
+/// future is the retry loop's, as before.
+#[inline(always)]
+async fn dispatch(
+    (upstream, downstream, limits): (&Rc<WorkerUpstream>, &Downstream, &Limits),
+    request: (&RequestHead, Option<&Overrides>, &[u8]),
+    body: &mut impl DownstreamBody,
+    timed: Option<(Instant, bool)>,
+    waiter: Option<&mut Timer>,
+) -> Result<Responded, ProxyError> {
+    match &upstream.shared.config.buffering {
+        // Boxed: the plain path's future carries none of the buffered one's state.
+        Some(b) if b.request && !body.is_done() => {
+            let buffered = forward_buffered(upstream, downstream, limits, b, request, body, timed);
+            Box::pin(buffered).await
+        }
+        // Boxed: the plain path's future does not grow by the sticky one's state.
+        _ if upstream.shared.sticky.is_some() => {
+            let sticky = sticky_forward(upstream, downstream, limits, request, body, timed, waiter);
+            Box::pin(sticky).await
+        }
+        _ => forward(upstream, downstream, limits, request, body, timed, waiter).await,
+    }
+}
