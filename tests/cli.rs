@@ -52,7 +52,7 @@ fn check_rejects_an_unknown_algorithm_naming_place_key_and_choices() {
 fn check_rejects_an_unknown_key() {
     assert_check_rejects(
         "unknown_key.toml",
-        "{file}:8:1: upstream.app.algoritm: unknown field `algoritm`, expected one of `algorithm`, `hash`, `ewma_decay`, `keepalive`, `backends`, `spawn`, `timeouts`, `max_conns`, `queue`, `adaptive`, `adaptive_min`, `adaptive_max`, `max_connecting`, `slow_start`, `health`, `passive`, `retry`, `upgrade`, `protocol`, `max_streams`, `tls`, `resolve`, `proxy_protocol`, `buffering`, `sticky`, `fastcgi`",
+        "{file}:8:1: upstream.app.algoritm: unknown field `algoritm`, expected one of `algorithm`, `hash`, `ewma_decay`, `keepalive`, `backends`, `spawn`, `timeouts`, `max_conns`, `queue`, `adaptive`, `adaptive_min`, `adaptive_max`, `max_connecting`, `slow_start`, `health`, `passive`, `retry`, `upgrade`, `protocol`, `max_streams`, `tls`, `resolve`, `proxy_protocol`, `buffering`, `outlier`, `sticky`, `fastcgi`",
     );
 }
 
@@ -723,7 +723,7 @@ fn route_keys_include_path_regex_checked_at_its_place() {
     assert_eq!(code, Some(1), "{stderr}");
     assert_eq!(
         stderr.trim_end(),
-        "{file}:4:1: listener[0].route[0].path_regexp: unknown field `path_regexp`, expected one of `host`, `path`, `path_exact`, `path_regex`, `methods`, `headers`, `upstream`, `rewrite_prefix`, `redirect`, `respond`, `request_headers`, `response_headers`, `timeouts`, `server_timing`, `error_page`, `intercept_errors`, `access`, `auth_basic`, `satisfy`, `rate_limit`, `compress`, `limit_rate`, `limit_rate_after`"
+        "{file}:4:1: listener[0].route[0].path_regexp: unknown field `path_regexp`, expected one of `host`, `path`, `path_exact`, `path_regex`, `methods`, `headers`, `upstream`, `rewrite_prefix`, `redirect`, `respond`, `request_headers`, `response_headers`, `timeouts`, `server_timing`, `error_page`, `intercept_errors`, `access`, `auth_basic`, `satisfy`, `rate_limit`, `compress`, `limit_rate`, `limit_rate_after`, `mirror`"
     );
     let (code, _, stderr) = check(&config("path_regex = \"a(\""));
     assert_eq!(code, Some(1), "{stderr}");
