@@ -1508,3 +1508,38 @@ async fn a_backend_failing_half_its_answers_is_ejected_by_its_success_rate() {
     );
     assert!(one.hits() > 0 && two.hits() > 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_lists_every_attempt_as_nginx_does() {
+    let unavailable = RawServer::start(|_| RawAction::Respond(raw_status("down", 503))).await;
+    let refusing = Refusing::new();
+    let good = Backend::start("good").await;
+    let addrs = [unavailable.addr, refusing.addr, good.addr];
+    let template = "{upstream_addr}|{upstream_status}|{status}";
+    for (format, want) in [
+        (
+            template,
+            format!("{}, {}, {}|503, 502, 200|200", addrs[0], addrs[1], addrs[2]),
+        ),
+        (
+            "combined",
+            format!(" tried={}(503),{}(502)", addrs[0], addrs[1]),
+        ),
+    ] {
+        let mut setup = Setup::with(&addrs);
+        setup.extra = ON_503.into();
+        let (setup, path) = with_log(setup, format);
+        let proxy = Proxy::start(&setup);
+        // Round robin's first pick is `down` (503, retried), then the refused connect, then
+        // `good`.
+        let r = get(proxy.addr, "/").await;
+        assert_eq!((r.status.as_u16(), r.backend()), (200, "good"), "{r:?}");
+        let lines = lines_after(proxy, &path).await;
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        // The template's line is the lists alone; the combined one has them as `tried=`.
+        match format == template {
+            true => assert_eq!(lines[0], want),
+            false => assert!(lines[0].contains(&want), "{}\nwanted {want}", lines[0]),
+        }
+    }
+}

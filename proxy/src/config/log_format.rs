@@ -59,9 +59,9 @@ pub enum Field {
     TraceId,
     /// `request_time`: from the request head to the response's last byte, in seconds.
     RequestTime,
-    /// `upstream_addr`: the backend that answered.
+    /// `upstream_addr`: the backends the request went to, the answering one last (nginx's list).
     UpstreamAddr,
-    /// `upstream_status`: the status the backend answered with.
+    /// `upstream_status`: the status each attempt came to, the answer's last (nginx's list).
     UpstreamStatus,
     /// `upstream_connect_time`: the answering attempt's connect, `0.000` when reused.
     UpstreamConnectTime,

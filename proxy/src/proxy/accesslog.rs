@@ -47,11 +47,31 @@ pub const FLUSH: Duration = Duration::from_millis(200);
 const QUEUE: usize = 1024;
 
 /// What the proxy tells the log about a response that came from a backend.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Upstreamed {
     pub backend: BackendAddress,
     /// Where the time went up to the response head.
     pub timing: Timing,
+    /// The attempts before the answering one, each backend with the status it came to (its
+    /// answer's, for a retry on a status; pinlb's 502 or 504, for a failure); `None` for a
+    /// request answered at its first attempt.
+    pub tried: Option<Box<[(BackendAddress, u16)]>>,
+}
+
+impl Upstreamed {
+    /// The record of `backend`'s answer, which took `timing`.
+    pub fn answered(backend: BackendAddress, timing: Timing) -> Upstreamed {
+        Upstreamed {
+            backend,
+            timing,
+            tried: None,
+        }
+    }
+
+    /// The attempts before the answering one.
+    fn tried(&self) -> &[(BackendAddress, u16)] {
+        self.tried.as_deref().unwrap_or_default()
+    }
 }
 
 /// What a format reads of a request beyond what every entry takes: decided once from the
@@ -556,6 +576,19 @@ fn format_entry(
                 out.push_str(" queue=");
                 seconds_into(out, u.timing.queue);
             }
+            if let Some(u) = e.upstream.as_ref().filter(|u| u.tried.is_some()) {
+                // A request that went to other backends first: each, with what it came to.
+                out.push_str(" tried=");
+                for (i, (backend, status)) in u.tried().iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(clock.addr(*backend));
+                    out.push('(');
+                    out.push_str(itoa::Buffer::new().format(*status));
+                    out.push(')');
+                }
+            }
             if let Some(id) = &e.id {
                 out.push_str(" id=");
                 out.push_str(id.id());
@@ -701,12 +734,25 @@ fn field_into<'a>(
         Field::RequestId => out.push_str(e.id.as_ref().map_or("-", |i| i.id())),
         Field::TraceId => out.push_str(e.id.as_ref().and_then(|i| i.trace_id()).unwrap_or("-")),
         Field::RequestTime => seconds_into(out, e.total),
+        // nginx's lists: every attempt, the answering one last.
         Field::UpstreamAddr => match &e.upstream {
-            Some(u) => out.push_str(clock.addr(u.backend)),
+            Some(u) => {
+                for (backend, _) in u.tried() {
+                    out.push_str(clock.addr(*backend));
+                    out.push_str(", ");
+                }
+                out.push_str(clock.addr(u.backend));
+            }
             None => out.push('-'),
         },
         Field::UpstreamStatus => match &e.upstream {
-            Some(_) => out.push_str(itoa::Buffer::new().format(e.status)),
+            Some(u) => {
+                for (_, status) in u.tried() {
+                    out.push_str(itoa::Buffer::new().format(*status));
+                    out.push_str(", ");
+                }
+                out.push_str(itoa::Buffer::new().format(e.status));
+            }
             None => out.push('-'),
         },
         Field::UpstreamConnectTime => opt_secs(out, t.map(|t| t.connect.unwrap_or_default())),
@@ -857,6 +903,7 @@ mod tests {
         e.upstream = Some(Upstreamed {
             backend: "127.0.0.1:8881".parse().unwrap(),
             timing: Timing::measured(at, Duration::ZERO, attempt, sent + us(1310)),
+            tried: None,
         });
         e.total = Duration::from_micros(2400);
         e.response = Duration::from_micros(900);

@@ -214,7 +214,7 @@ pub(crate) async fn forward(
     let mut tried = Tried::new(shared.backends.len());
     let (mut first_try, mut last_error): (Option<Instant>, Option<ProxyError>) = (None, None);
     let mut queue_time = Duration::ZERO;
-    let mut on = OnStatus::new(upstream, max_tries, key);
+    let mut on = OnStatus::new(upstream, (max_tries, key), keep);
     loop {
         let out_of_budget = first_try.is_some_and(|t| t.elapsed() >= retry.timeout);
         let picked = if on.next.is_some() || tried.count >= max_tries || out_of_budget {
@@ -251,8 +251,7 @@ pub(crate) async fn forward(
             let attempt = (started, begun, spans.connect, spans.sent);
             let timing = Timing::measured(at?, queue_time, attempt, now);
             guard.proxied(shared, timing.proxy());
-            let backend = addr;
-            keep.then(|| Box::new(Upstreamed { backend, timing }))
+            keep.then(|| Box::new(Upstreamed::answered(addr, timing)))
         };
         let (wait, at) = (waiter.as_deref_mut(), (started, backend));
         let failure = match shared.config.protocol {
@@ -264,7 +263,7 @@ pub(crate) async fn forward(
                         let _ = guard.answered(shared, answer.status, sent, started, false);
                         continue;
                     }
-                    let served = served(answer.status, &guard);
+                    let served = on.attach(served(answer.status, &guard));
                     let reply = h1_reply(upstream, backend, guard, (answer, conn), &head.method);
                     return Ok((reply, served));
                 }
@@ -276,7 +275,7 @@ pub(crate) async fn forward(
                 let other = attempt_other(upstream, backend, &plan, request, &mut body, guard);
                 match Box::pin(other).await {
                     Ok(r) if on.again(upstream, &plan, &body, &tried, at, r.0.status) => continue,
-                    Ok(responded) => return Ok(responded),
+                    Ok((reply, served)) => return Ok((reply, on.attach(served))),
                     Err((failure, back)) => {
                         guard = back;
                         failure
@@ -285,6 +284,7 @@ pub(crate) async fn forward(
             }
         };
         let error = give_up_or_retry(failure, guard, shared, &plan, &head.method, &body, addr)?;
+        on.tried(addr, error.status().as_u16());
         last_error = Some(error);
     }
 }
@@ -472,13 +472,20 @@ struct OnStatus {
     next: Option<(usize, InFlight)>,
     /// A retry on a status was made, and holds one of the worker's retry budget.
     retried: bool,
+    /// The access log wants the attempts before the answering one ([`Upstreamed::tried`]).
+    keep: bool,
+    tried: Vec<(BackendAddress, u16)>,
 }
 
 impl OnStatus {
     /// A request's; at an upstream that retries on a status, the request adds its share to
     /// the worker's retry budget.
     #[inline(always)]
-    fn new(upstream: &WorkerUpstream, max_tries: usize, key: Option<u64>) -> OnStatus {
+    fn new(
+        upstream: &WorkerUpstream,
+        (max_tries, key): (usize, Option<u64>),
+        keep: bool,
+    ) -> OnStatus {
         let retry = &upstream.shared.config.retry;
         let on = !retry.on_status.is_empty();
         if on {
@@ -490,7 +497,28 @@ impl OnStatus {
             key,
             next: None,
             retried: false,
+            keep,
+            tried: Vec::new(),
         }
+    }
+
+    /// An attempt at `backend` that came to `status` and went on to another backend, for the
+    /// access log.
+    #[inline(always)]
+    fn tried(&mut self, backend: BackendAddress, status: u16) {
+        if self.keep {
+            self.tried.push((backend, status));
+        }
+    }
+
+    /// The answering attempt's log record with the attempts before it.
+    #[inline(always)]
+    fn attach(&mut self, upstreamed: Option<Box<Upstreamed>>) -> Option<Box<Upstreamed>> {
+        let mut upstreamed = upstreamed?;
+        if !self.tried.is_empty() {
+            upstreamed.tried = Some(std::mem::take(&mut self.tried).into_boxed_slice());
+        }
+        Some(upstreamed)
     }
 
     /// Whether the answer with `status` from `backend` is dropped (read no further) for
@@ -549,6 +577,7 @@ impl OnStatus {
             }
             self.retried = true;
             self.next = Some(picked);
+            self.tried(addr, status.as_u16());
             summed_warn!(backend = %addr; "the backend answered {status}; trying the next backend");
             return true;
         } else {
