@@ -822,6 +822,18 @@ impl Scrape {
             sides
                 .iter()
                 .map(|(l, u)| (l.clone(), counter(u.side_dropped.load(Ordering::Relaxed)))),
+        )?;
+        family(
+            e,
+            "upstream_retry_budget_refused",
+            "Retries on a status that the retry budget refused (retry.budget).",
+            MetricType::Counter,
+            (self.upstreams.iter())
+                .filter(|u| !u.config.retry.on_status.is_empty())
+                .map(|u| {
+                    let n = u.budget_refused.load(Ordering::Relaxed);
+                    (vec![("upstream", u.config.name.clone())], counter(n))
+                }),
         )
     }
 

@@ -567,6 +567,9 @@ impl OnStatus {
         } else if tried.count >= self.max_tries || started.elapsed() >= retry.timeout {
             "no attempt or time left (retry.tries, retry.timeout)"
         } else if !upstream.retry_budget.take(retry) {
+            shared
+                .budget_refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             "the retry budget is spent (retry.budget)"
         } else if let Some(picked) = upstream.pick(self.key, |i| tried.contains(i)) {
             if shared.counting {

@@ -13,7 +13,9 @@ use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::error::{ProxyError, error_response};
-use crate::proxy::forward::{Overrides, Responded, forward, forward_buffered, sticky_forward};
+use crate::proxy::forward::{
+    Overrides, PendingCopy, Responded, forward, forward_buffered, sticky_forward,
+};
 use crate::proxy::side_request::{self, Tee};
 use crate::sys::summed::summed_warn;
 use crate::upstream::local::WorkerUpstream;
@@ -83,13 +85,9 @@ pub async fn handle(
             let timed = at.map(|at| (at, spans));
             let sides = (&upstream, &*downstream, &limits);
             match overrides.map(|o| &o.copies[..]) {
-                // A mirror that copies the body: the body is kept as it goes, for the copies.
+                // Boxed: the plain path's future carries none of the kept body's state.
                 Some(copies) if !copies.is_empty() => {
-                    let mut kept = Tee::new(body);
-                    let forwarded = dispatch(sides, request, &mut kept, timed, waiter);
-                    let forwarded = Box::pin(forwarded).await;
-                    side_request::send_kept(copies, head, kept);
-                    forwarded
+                    Box::pin(kept(sides, request, copies, body, timed, waiter)).await
                 }
                 _ => dispatch(sides, request, body, timed, waiter).await,
             }
@@ -118,6 +116,22 @@ pub async fn handle(
             }
         }
     }
+}
+
+/// [`dispatch`] for a request whose `copies` take its body (a mirror's): the body is kept as it
+/// goes, and the copies are sent once the request has its answer.
+async fn kept(
+    sides: (&Rc<WorkerUpstream>, &Downstream, &Limits),
+    request: (&RequestHead, Option<&Overrides>, &[u8]),
+    copies: &[PendingCopy],
+    body: &mut impl DownstreamBody,
+    timed: Option<(Instant, bool)>,
+    waiter: Option<&mut Timer>,
+) -> Result<Responded, ProxyError> {
+    let mut kept = Tee::new(body);
+    let forwarded = dispatch(sides, request, &mut kept, timed, waiter).await;
+    side_request::send_kept(copies, request.0, kept);
+    forwarded
 }
 
 /// The forwarding a request takes: its body read whole first (`buffering.request`), a sticky

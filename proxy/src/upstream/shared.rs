@@ -44,6 +44,8 @@ pub struct SharedUpstream {
     /// past their `max_in_flight` (`proxy::side_request`); counted for this generation.
     pub side_in_flight: AtomicUsize,
     pub side_dropped: AtomicU64,
+    /// Retries on a status the worker's retry budget refused (`retry.budget`).
+    pub budget_refused: AtomicU64,
 }
 
 impl SharedUpstream {
@@ -130,6 +132,7 @@ impl SharedUpstream {
             outlier: config.outlier.clone().map(Detector::new),
             side_in_flight: AtomicUsize::new(0),
             side_dropped: AtomicU64::new(0),
+            budget_refused: AtomicU64::new(0),
             sticky,
             has_backups: config.backends.iter().any(|b| b.backup),
             queue,
