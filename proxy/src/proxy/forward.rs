@@ -170,7 +170,7 @@ fn max_tries(retry: &Retry, backends: usize) -> usize {
 }
 
 /// A response head from a backend, with the body that streams the rest.
-pub(crate) type Responded = (Reply<ProxyBody>, Option<Box<Upstreamed>>);
+type Responded = (Reply<ProxyBody>, Option<Box<Upstreamed>>);
 
 pub(crate) async fn forward(
     upstream: &Rc<WorkerUpstream>,

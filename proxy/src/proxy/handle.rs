@@ -13,10 +13,8 @@ use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::error::{ProxyError, error_response};
-use crate::proxy::forward::{
-    Overrides, PendingCopy, Responded, forward, forward_buffered, sticky_forward,
-};
-use crate::proxy::side_request::{self, Tee};
+use crate::proxy::forward::{Overrides, forward, forward_buffered, sticky_forward};
+use crate::proxy::side_request::Tee;
 use crate::sys::summed::summed_warn;
 use crate::upstream::local::WorkerUpstream;
 
@@ -83,13 +81,35 @@ pub async fn handle(
         None => {
             let request = (head, overrides, added);
             let timed = at.map(|at| (at, spans));
-            let sides = (&upstream, &*downstream, &limits);
-            match overrides.map(|o| &o.copies[..]) {
-                // Boxed: the plain path's future carries none of the kept body's state.
-                Some(copies) if !copies.is_empty() => {
-                    Box::pin(kept(sides, request, copies, body, timed, waiter)).await
+            // A mirror's copies that take the body: it is kept as it goes, and they are sent
+            // once it has been read. For every other request the tee keeps nothing.
+            let copies = overrides.map_or(&[][..], |o| &o.copies[..]);
+            let body = &mut Tee::new(body, copies, head);
+            match &upstream.shared.config.buffering {
+                // Boxed: the plain path's future carries none of the buffered one's state.
+                Some(b) if b.request && !body.is_done() => {
+                    let buffered =
+                        forward_buffered(&upstream, &downstream, &limits, b, request, body, timed);
+                    Box::pin(buffered).await
                 }
-                _ => dispatch(sides, request, body, timed, waiter).await,
+                // Boxed: the plain path's future does not grow by the sticky one's state.
+                _ if upstream.shared.sticky.is_some() => {
+                    let (up, down) = (&upstream, &downstream);
+                    let sticky = sticky_forward(up, down, &limits, request, body, timed, waiter);
+                    Box::pin(sticky).await
+                }
+                _ => {
+                    forward(
+                        &upstream,
+                        &downstream,
+                        &limits,
+                        request,
+                        body,
+                        timed,
+                        waiter,
+                    )
+                    .await
+                }
             }
         }
     };
@@ -115,47 +135,5 @@ pub async fn handle(
                 close,
             }
         }
-    }
-}
-
-/// [`dispatch`] for a request whose `copies` take its body (a mirror's): the body is kept as it
-/// goes, and the copies are sent once the request has its answer.
-async fn kept(
-    sides: (&Rc<WorkerUpstream>, &Downstream, &Limits),
-    request: (&RequestHead, Option<&Overrides>, &[u8]),
-    copies: &[PendingCopy],
-    body: &mut impl DownstreamBody,
-    timed: Option<(Instant, bool)>,
-    waiter: Option<&mut Timer>,
-) -> Result<Responded, ProxyError> {
-    let mut kept = Tee::new(body);
-    let forwarded = dispatch(sides, request, &mut kept, timed, waiter).await;
-    side_request::send_kept(copies, request.0, kept);
-    forwarded
-}
-
-/// The forwarding a request takes: its body read whole first (`buffering.request`), a sticky
-/// cookie's backend first, or the plain retry loop. Inlined into [`handle`]: the plain path's
-/// future is the retry loop's, as before.
-#[inline(always)]
-async fn dispatch(
-    (upstream, downstream, limits): (&Rc<WorkerUpstream>, &Downstream, &Limits),
-    request: (&RequestHead, Option<&Overrides>, &[u8]),
-    body: &mut impl DownstreamBody,
-    timed: Option<(Instant, bool)>,
-    waiter: Option<&mut Timer>,
-) -> Result<Responded, ProxyError> {
-    match &upstream.shared.config.buffering {
-        // Boxed: the plain path's future carries none of the buffered one's state.
-        Some(b) if b.request && !body.is_done() => {
-            let buffered = forward_buffered(upstream, downstream, limits, b, request, body, timed);
-            Box::pin(buffered).await
-        }
-        // Boxed: the plain path's future does not grow by the sticky one's state.
-        _ if upstream.shared.sticky.is_some() => {
-            let sticky = sticky_forward(upstream, downstream, limits, request, body, timed, waiter);
-            Box::pin(sticky).await
-        }
-        _ => forward(upstream, downstream, limits, request, body, timed, waiter).await,
     }
 }

@@ -10,8 +10,8 @@
 //!
 //! A copy without a body goes at once. One with the body waits for it: the request's body is
 //! read through a [`Tee`] that keeps what goes by (at most [`KEPT_MAX`]), and the copies go
-//! when the request has its answer ([`send_kept`]), with the body if it was read whole within
-//! the bound; otherwise they are dropped and counted.
+//! as soon as it has been read whole, with it; a larger body, or one never read whole, drops
+//! them, counted.
 
 use std::future::poll_fn;
 use std::net::SocketAddr;
@@ -68,7 +68,7 @@ pub(crate) fn send(
             copies: Vec::new(),
         };
         let request = (&copy, Some(&overrides), &b""[..]);
-        let (limits, mut body) = (Limits::default(), Kept(body));
+        let (limits, mut body) = (Limits::default(), CopyBody(body));
         match forward(
             &upstream,
             &downstream,
@@ -107,81 +107,124 @@ fn dropped(upstream: &WorkerUpstream, why: &str) {
     summed_warn!(upstream = %shared.config.name; "a mirrored copy was dropped: {why}");
 }
 
-/// After the request has its answer: its copies that wait for the body, sent with what `kept`
-/// kept of it, or dropped when it did not keep it whole.
-#[cold]
-#[inline(never)]
-pub(crate) fn send_kept<B: DownstreamBody>(
-    copies: &[PendingCopy],
-    head: &RequestHead,
-    kept: Tee<'_, B>,
-) {
-    let body = kept.whole();
-    for c in copies {
-        match &body {
-            Ok(body) => send(&c.upstream, head, c.peer, &c.side, Some(body.clone())),
-            Err(why) => dropped(&c.upstream, why),
-        }
-    }
+/// A request's body on its way upstream; for a request with copies that take it, kept as it
+/// goes (up to [`KEPT_MAX`]), and the copies sent as soon as it has been read whole (or, when
+/// it was never read whole or was larger, dropped and counted when the request ends). Every
+/// request's body goes through one, so the plain path's forwarding is the same code as a
+/// mirrored one's; keeping nothing, it costs a test per piece.
+pub(crate) struct Tee<'b, B: DownstreamBody> {
+    inner: &'b mut B,
+    kept: Option<Box<Kept<'b>>>,
 }
 
-/// A request's body on its way upstream, kept as it goes (up to [`KEPT_MAX`]) for its copies.
-pub(crate) struct Tee<'b, B> {
-    inner: &'b mut B,
-    kept: Vec<u8>,
+/// What a [`Tee`] keeps, and for whom.
+struct Kept<'b> {
+    bytes: Vec<u8>,
     /// More went by than is kept.
     over: bool,
+    copies: &'b [PendingCopy],
+    head: &'b RequestHead,
 }
 
 impl<'b, B: DownstreamBody> Tee<'b, B> {
-    pub(crate) fn new(inner: &'b mut B) -> Self {
-        Tee {
-            inner,
-            kept: Vec::new(),
-            over: false,
-        }
+    /// `inner`, kept as it goes for `copies` of `head` (none: nothing is kept).
+    #[inline(always)]
+    pub(crate) fn new(inner: &'b mut B, copies: &'b [PendingCopy], head: &'b RequestHead) -> Self {
+        let kept = (!copies.is_empty()).then(|| {
+            Box::new(Kept {
+                bytes: Vec::new(),
+                over: false,
+                copies,
+                head,
+            })
+        });
+        Tee { inner, kept }
     }
 
-    /// The body, when it was read whole within the bound; why not, otherwise.
-    fn whole(self) -> Result<Bytes, &'static str> {
-        match (self.over, self.inner.is_done()) {
-            (true, _) => Err("its body is larger than the 64 KiB a copy keeps"),
-            (false, false) => Err("the request's body was not read whole"),
-            (false, true) => Ok(Bytes::from(self.kept)),
+    /// The body is over: the copies go with it, or are dropped if it was larger than kept.
+    #[cold]
+    #[inline(never)]
+    fn over(&mut self) {
+        let Some(kept) = self.kept.take() else {
+            return;
+        };
+        for c in kept.copies {
+            match kept.over {
+                false => {
+                    let body = Some(Bytes::from(kept.bytes.clone()));
+                    send(&c.upstream, kept.head, c.peer, &c.side, body);
+                }
+                true => dropped(
+                    &c.upstream,
+                    "its body is larger than the 64 KiB a copy keeps",
+                ),
+            }
         }
+    }
+}
+
+impl<B: DownstreamBody> Drop for Tee<'_, B> {
+    fn drop(&mut self) {
+        if self.kept.is_some() {
+            // Whole but never read to its end (`Content-Length: 0`, or its last piece's end
+            // unseen): the copies go. Never read whole (the backend answered first, or the
+            // request failed): they are dropped.
+            match self.inner.is_done() {
+                true => self.over(),
+                false => cold_end(self.kept.take()),
+            }
+        }
+    }
+}
+
+/// A [`Tee`] whose body was never read whole: its copies are dropped.
+#[cold]
+#[inline(never)]
+fn cold_end(kept: Option<Box<Kept<'_>>>) {
+    for c in kept.iter().flat_map(|k| k.copies) {
+        dropped(&c.upstream, "the request's body was not read whole");
     }
 }
 
 impl<B: DownstreamBody> DownstreamBody for Tee<'_, B> {
+    #[inline(always)]
     fn framing(&self) -> RequestFraming {
         self.inner.framing()
     }
 
+    #[inline(always)]
     fn is_done(&self) -> bool {
         self.inner.is_done()
     }
 
+    #[inline(always)]
     async fn next(&mut self) -> Result<Option<Bytes>, ClientError> {
         let piece = self.inner.next().await?;
-        if let Some(p) = &piece {
-            if self.kept.len() + p.len() <= KEPT_MAX {
-                self.kept.extend_from_slice(p);
-            } else {
-                self.over = true;
+        if let Some(kept) = &mut self.kept {
+            if let Some(p) = &piece {
+                if kept.bytes.len() + p.len() <= KEPT_MAX {
+                    kept.bytes.extend_from_slice(p);
+                } else {
+                    kept.over = true;
+                }
+            }
+            if piece.is_none() || self.inner.is_done() {
+                self.over();
             }
         }
         Ok(piece)
     }
 
+    #[inline(always)]
     fn take_trailers(&mut self) -> Option<http::HeaderMap> {
         self.inner.take_trailers()
     }
 }
 
 /// A copy's body: the one kept, or none.
-struct Kept(Option<Bytes>);
+struct CopyBody(Option<Bytes>);
 
-impl DownstreamBody for Kept {
+impl DownstreamBody for CopyBody {
     fn framing(&self) -> RequestFraming {
         match &self.0 {
             Some(b) if !b.is_empty() => RequestFraming::Length(b.len() as u64),
