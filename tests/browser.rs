@@ -126,8 +126,33 @@ impl Page {
         self.call("Runtime.evaluate", params).await["result"]["value"].clone()
     }
 
+    /// [`Page::eval`] while the page may be navigating: an evaluation that the navigation cut
+    /// off ("Inspected target navigated or closed") is `null`, to be asked again.
+    async fn eval_navigating(&mut self, expression: &str) -> Value {
+        let params = json!({ "expression": expression, "returnByValue": true });
+        match self.try_call("Runtime.evaluate", params).await {
+            Ok(result) => result["result"]["value"].clone(),
+            Err(e)
+                if e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("navigated")) =>
+            {
+                Value::Null
+            }
+            Err(e) => panic!("Runtime.evaluate: {e}"),
+        }
+    }
+
     /// Sends one DevTools command and returns its `result`.
     async fn call(&mut self, method: &str, params: Value) -> Value {
+        match self.try_call(method, params).await {
+            Ok(result) => result,
+            Err(e) => panic!("{method}: {e}"),
+        }
+    }
+
+    /// Sends one DevTools command and returns its `result`, or its `error`.
+    async fn try_call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
         let id = self.next_id;
         self.next_id += 1;
         let cmd = json!({ "id": id, "method": method, "params": params });
@@ -143,8 +168,10 @@ impl Page {
                 };
                 let v: Value = serde_json::from_str(&text).unwrap();
                 if v["id"] == id {
-                    assert!(v["error"].is_null(), "{method}: {}", v["error"]);
-                    return v["result"].clone();
+                    return match v["error"].is_null() {
+                        true => Ok(v["result"].clone()),
+                        false => Err(v["error"].clone()),
+                    };
                 }
             }
             panic!("DevTools closed the connection");
@@ -153,11 +180,12 @@ impl Page {
         .expect("no DevTools reply in time")
     }
 
-    /// Evaluates `expression` every 100 ms until `done` accepts its value (at most 100 times).
+    /// Evaluates `expression` every 100 ms until `done` accepts its value (at most 100 times),
+    /// through any navigation under way.
     async fn eval_until(&mut self, expression: &str, done: impl Fn(&Value) -> bool) -> Value {
         let mut last = Value::Null;
         let shown = poll(100, Duration::from_millis(100), async || {
-            last = self.eval(expression).await;
+            last = self.eval_navigating(expression).await;
             done(&last).then(|| last.clone())
         })
         .await;
@@ -251,7 +279,7 @@ async fn the_status_page_shows_the_last_minute_and_its_drain_button_drains_with_
         |v| *v == Value::Bool(true),
     )
     .await;
-    page.eval("sessionStorage.setItem('pinlb-token', 's3cret'); location.href = '/'; 1")
+    page.eval_navigating("sessionStorage.setItem('pinlb-token', 's3cret'); location.href = '/'; 1")
         .await;
     page.eval_until(ROWS, |v| {
         let r = rows(v);
