@@ -146,3 +146,18 @@ async fn a_body_larger_than_a_copy_keeps_drops_the_copy_not_the_request() {
         .collect();
     assert_eq!(uris, ["/after"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_body_lets_a_larger_body_be_copied() {
+    let main = Backend::start("main").await;
+    let canary = Backend::start("canary").await;
+    let mirror = "mirror = { upstream = \"canary\", max_body = \"128KiB\" }";
+    let proxy = Proxy::start(&setup(main.addr, canary.addr, mirror));
+    let r = Conn::open(proxy.addr)
+        .await
+        .fetch(request(Method::POST, "/big", full(vec![b'b'; 100 * 1024])))
+        .await;
+    assert_eq!(r.status, 200);
+    let copy = &recorded(&canary, 1).await[0];
+    assert_eq!((copy.uri.as_str(), copy.body_len), ("/big", 100 * 1024));
+}

@@ -833,7 +833,9 @@ fn a_key_of_another_table_says_which_tables_have_it() {
     );
     let e = err(&format!("max_body = \"1MiB\"\n{MINIMAL}"));
     assert!(
-        e.ends_with("; max_body is a key of [limits], not of the top level"),
+        e.ends_with(
+            "; max_body is a key of [limits] or [listener.mirror] or [listener.route.mirror], not of the top level"
+        ),
         "{e}"
     );
     let e = err(&format!("{MINIMAL}[upstream.app.passive]\nweight = 2\n"));

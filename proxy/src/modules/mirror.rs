@@ -18,7 +18,7 @@
 //! - `header` marks each copy (default `X-Mirrored-By: pinlb`; `""` for none).
 //! - The copy has the request's method, target and end-to-end header lines, and with `body`
 //!   (default true, nginx's `mirror_request_body on`) its body: kept as the request sends it,
-//!   at most 64 KiB, and the copy goes once the body has been read (a larger body, or one
+//!   at most `max_body` (64 KiB), and the copy goes once the body has been read (a larger body, or one
 //!   never read whole, drops the copy, counted). `body = false` copies at once, without the
 //!   body (`Content-Length: 0`).
 //! - Its answers are counted as the mirror upstream's backends' (`/metrics`, the status page),
@@ -34,6 +34,7 @@ use toml::Spanned;
 use super::{Module, NoFilter, Place, SideRequest};
 use crate::http1::request::RequestHead;
 use crate::syntax::error::ConfigError;
+use crate::syntax::values::Size;
 
 /// The module.
 pub(crate) enum Mirror {}
@@ -54,6 +55,7 @@ struct RawMirror {
     header: Option<Spanned<String>>,
     max_in_flight: Option<usize>,
     body: Option<bool>,
+    max_body: Option<Size>,
 }
 
 /// A mirror that is on.
@@ -69,6 +71,8 @@ pub(crate) struct Config {
     max_in_flight: usize,
     /// `body`: a copy takes the request's body too (nginx's `mirror_request_body on`).
     body: bool,
+    /// `max_body`: the largest body a copy takes.
+    max_body: usize,
     /// Requests seen, across workers, for the share.
     seen: Seen,
 }
@@ -87,6 +91,9 @@ impl Eq for Seen {}
 
 /// `max_in_flight`'s default.
 const MAX_IN_FLIGHT: usize = 64;
+
+/// `max_body`'s default: what 64 copies in flight may hold is 4 MiB.
+const MAX_BODY: usize = 64 * 1024;
 
 impl Module for Mirror {
     const KEYS: &'static [&'static str] = &["mirror"];
@@ -162,6 +169,9 @@ impl Module for Mirror {
             lines: lines.into_bytes().into(),
             max_in_flight: m.max_in_flight.unwrap_or(MAX_IN_FLIGHT),
             body: m.body.or(inherited.map(|c| c.body)).unwrap_or(true),
+            max_body: (m.max_body.as_ref().map(|s| usize::try_from(s.0).unwrap_or(usize::MAX)))
+                .or(inherited.map(|c| c.max_body))
+                .unwrap_or(MAX_BODY),
             seen: Seen::default(),
         })))
     }
@@ -182,6 +192,7 @@ impl Module for Mirror {
             lines: config.lines.clone(),
             max_in_flight: config.max_in_flight,
             body: config.body,
+            max_body: config.max_body,
         })
     }
 

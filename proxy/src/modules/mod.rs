@@ -57,6 +57,8 @@ pub(crate) struct SideRequest {
     /// The copy takes the request's body too (sent once the body has been read); without, it
     /// goes at once, with no body.
     pub body: bool,
+    /// The largest body a copy takes; a larger one drops the copy.
+    pub max_body: usize,
 }
 
 /// The body filter of a module that filters no body.

@@ -9,7 +9,7 @@
 //! and logged, summed: a slow or dead mirror holds that many copies, never more.
 //!
 //! A copy without a body goes at once. One with the body waits for it: the request's body is
-//! read through a [`Tee`] that keeps what goes by (at most [`KEPT_MAX`]), and the copies go
+//! read through a [`Tee`] that keeps what goes by (at most the copies' `max_body`), and they go
 //! as soon as it has been read whole, with it; a larger body, or one never read whole, drops
 //! them, counted.
 
@@ -29,9 +29,6 @@ use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::{Overrides, PendingCopy, forward};
 use crate::sys::summed::summed_warn;
 use crate::upstream::local::WorkerUpstream;
-
-/// The most of a request's body kept for its copies.
-pub(crate) const KEPT_MAX: usize = 64 * 1024;
 
 /// Sends `side`, a copy of `head` (from the client at `peer`) with `body`, to `upstream`, unless
 /// as many copies as it allows are in flight there already.
@@ -108,7 +105,8 @@ fn dropped(upstream: &WorkerUpstream, why: &str) {
 }
 
 /// A request's body on its way upstream; for a request with copies that take it, kept as it
-/// goes (up to [`KEPT_MAX`]), and the copies sent as soon as it has been read whole (or, when
+/// goes (up to the largest of their `max_body`), and the copies sent as soon as it has been
+/// read whole (or, when
 /// it was never read whole or was larger, dropped and counted when the request ends). Every
 /// request's body goes through one, so the plain path's forwarding is the same code as a
 /// mirrored one's; keeping nothing, it costs a test per piece.
@@ -120,6 +118,8 @@ pub(crate) struct Tee<'b, B: DownstreamBody> {
 /// What a [`Tee`] keeps, and for whom.
 struct Kept<'b> {
     bytes: Vec<u8>,
+    /// The most it keeps: the largest `max_body` of its copies.
+    limit: usize,
     /// More went by than is kept.
     over: bool,
     copies: &'b [PendingCopy],
@@ -133,6 +133,7 @@ impl<'b, B: DownstreamBody> Tee<'b, B> {
         let kept = (!copies.is_empty()).then(|| {
             Box::new(Kept {
                 bytes: Vec::new(),
+                limit: copies.iter().map(|c| c.side.max_body).max().unwrap_or(0),
                 over: false,
                 copies,
                 head,
@@ -149,15 +150,18 @@ impl<'b, B: DownstreamBody> Tee<'b, B> {
             return;
         };
         for c in kept.copies {
-            match kept.over {
-                false => {
+            match !kept.over && kept.bytes.len() <= c.side.max_body {
+                true => {
                     let body = Some(Bytes::from(kept.bytes.clone()));
                     send(&c.upstream, kept.head, c.peer, &c.side, body);
                 }
-                true => dropped(
-                    &c.upstream,
-                    "its body is larger than the 64 KiB a copy keeps",
-                ),
+                false => {
+                    let why = format!(
+                        "its body is larger than the {} bytes a copy keeps (mirror.max_body)",
+                        c.side.max_body
+                    );
+                    dropped(&c.upstream, &why);
+                }
             }
         }
     }
@@ -202,7 +206,7 @@ impl<B: DownstreamBody> DownstreamBody for Tee<'_, B> {
         let piece = self.inner.next().await?;
         if let Some(kept) = &mut self.kept {
             if let Some(p) = &piece {
-                if kept.bytes.len() + p.len() <= KEPT_MAX {
+                if kept.bytes.len() + p.len() <= kept.limit {
                     kept.bytes.extend_from_slice(p);
                 } else {
                     kept.over = true;
