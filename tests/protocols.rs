@@ -920,3 +920,57 @@ async fn a_sticky_cookie_is_set_and_brings_its_client_back_to_the_same_backend(p
         .await;
 }
 each_proto!(a_sticky_cookie_is_set_and_brings_its_client_back_to_the_same_backend);
+
+async fn a_mirror_copies_requests_and_their_bodies_and_the_client_sees_nothing_of_it(p: Proto) {
+    let a = Backend::start("a").await;
+    let canary = Backend::start("canary").await;
+    let pki = Pki::new();
+    let mut setup = Setup::for_proto(p, &[a.addr], &pki);
+    setup.listener_keys += "mirror = { upstream = \"canary\" }\n";
+    setup.extra += &format!(
+        "[upstream.canary]\nbackends = [{{ address = \"{}\" }}]\n",
+        canary.addr
+    );
+    let run = Run::start(p, pki, setup);
+    let mut c = run.client().await;
+    let get = c.get("/item?x=1").await;
+    let post = c.fetch(request(Method::POST, "/order", full("x=1"))).await;
+    for r in [&get, &post] {
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (StatusCode::OK, "hello from a\n")
+        );
+        assert_eq!(r.header_names(), names(&PROXIED), "{r:?}");
+    }
+    // Both copied, marked, the POST with its body; the copies' order is the tasks'.
+    canary.wait_for_hits(2).await;
+    let mut copies = Vec::new();
+    for _ in 0..500 {
+        copies = canary.requests();
+        if copies.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    copies.sort_by(|x, y| x.uri.cmp(&y.uri));
+    let seen: Vec<(&str, &str, u64)> = (copies.iter())
+        .map(|c| (c.method.as_str(), c.uri.as_str(), c.body_len))
+        .collect();
+    assert_eq!(seen, [("GET", "/item?x=1", 0), ("POST", "/order", 3)]);
+    assert!(
+        copies
+            .iter()
+            .all(|c| c.one("x-mirrored-by").as_deref() == Some("pinlb"))
+    );
+    drop(c);
+    let b = a.addr;
+    run.expect_log(
+        &[&get, &post],
+        &[
+            format!("GET /item?x=1 200 13 {b}"),
+            format!("POST /order 200 13 {b}"),
+        ],
+    )
+    .await;
+}
+each_proto!(a_mirror_copies_requests_and_their_bodies_and_the_client_sees_nothing_of_it);
