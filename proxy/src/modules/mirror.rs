@@ -207,15 +207,13 @@ impl Module for Mirror {
     }
 }
 
-/// `Name: value` as a header line, or `None` when it is not one.
+/// `Name: value` as a header line, or `None` when it is not one (by the `http` crate's rules).
 fn header_line(text: &str) -> Option<String> {
     let (name, value) = text.split_once(':')?;
     let (name, value) = (name.trim(), value.trim());
-    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
-    let fine = !name.is_empty()
-        && name.chars().all(token)
-        && value.chars().all(|c| c == '\t' || (' '..='~').contains(&c));
-    fine.then(|| format!("{name}: {value}\r\n"))
+    http::HeaderName::from_bytes(name.as_bytes()).ok()?;
+    http::HeaderValue::from_str(value).ok()?;
+    Some(format!("{name}: {value}\r\n"))
 }
 
 #[cfg(test)]

@@ -461,7 +461,8 @@ fn give_up_or_retry(
     Ok(error)
 }
 
-/// Retries on a status (`retry.on`'s `http_NNN`, HAProxy's `retry-on 503`) for one request.
+/// One request's retries on a status (`retry.on`'s `http_NNN`, HAProxy's `retry-on 503`), and
+/// the attempts before its answer, for the access log.
 struct OnStatus {
     /// The upstream retries on a status.
     on: bool,

@@ -149,12 +149,18 @@ impl<'b, B: DownstreamBody> Tee<'b, B> {
         let Some(kept) = self.kept.take() else {
             return;
         };
-        for c in kept.copies {
-            match !kept.over && kept.bytes.len() <= c.side.max_body {
-                true => {
-                    let body = Some(Bytes::from(kept.bytes.clone()));
-                    send(&c.upstream, kept.head, c.peer, &c.side, body);
-                }
+        let Kept {
+            bytes,
+            over,
+            copies,
+            head,
+            ..
+        } = *kept;
+        // One buffer, shared by the copies.
+        let body = Bytes::from(bytes);
+        for c in copies {
+            match !over && body.len() <= c.side.max_body {
+                true => send(&c.upstream, head, c.peer, &c.side, Some(body.clone())),
                 false => {
                     let why = format!(
                         "its body is larger than the {} bytes a copy keeps (mirror.max_body)",

@@ -25,7 +25,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use tracing::warn;
 
@@ -180,15 +179,8 @@ impl Detector {
         };
         warn!(
             upstream = %name,
-            "backend {} ejected for {} (ejection {n}): {why}",
-            b.address,
-            humantime(time)
+            "backend {} ejected for {time:?} (ejection {n}): {why}",
+            b.address
         );
     }
-}
-
-/// `30s`, `1m 30s`: a duration as the configuration writes it.
-fn humantime(d: Duration) -> String {
-    let whole_ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    humantime::format_duration(Duration::from_millis(whole_ms)).to_string()
 }
