@@ -9,8 +9,7 @@
 use std::time::Duration;
 
 use pinlb::config::{
-    Compress, Config, ErrorPages, HeaderRules, Listener, RateLimit, RouteAction, RouteRule,
-    Upstream,
+    Config, ErrorPages, HeaderRules, Listener, RateLimit, RouteAction, RouteRule, Upstream,
 };
 
 /// A listener's lines, without their indent: what applies to its requests that no route
@@ -31,9 +30,6 @@ pub fn listener(l: &Listener, config: &Config) -> Vec<String> {
             "conn limit: {} open connections per client address, {} addresses tracked",
             c.max, c.keys
         ));
-    }
-    if let Some(c) = &l.compress {
-        out.push(format!("compress: {}", compress(c)));
     }
     if let Some(p) = &l.error_pages {
         out.push(format!("error pages: {}", pages(p)));
@@ -66,11 +62,6 @@ pub fn route(r: &RouteRule, l: &Listener, config: &Config) -> Vec<String> {
         Some(limits) => out.push(format!("rate limit: {}", rate_limits(limits, config))),
         None => {}
     }
-    match &r.compress {
-        Some(Some(c)) => out.push(format!("compress: {}", compress(c))),
-        Some(None) => out.push("compress: off".into()),
-        None => {}
-    }
     if !r.request_headers.is_empty() {
         out.push(format!("request headers: {}", headers(&r.request_headers)));
     }
@@ -93,13 +84,7 @@ pub fn route(r: &RouteRule, l: &Listener, config: &Config) -> Vec<String> {
         out.push(format!("error pages: {}", pages(p)));
     }
     // The feature modules, where the route's are not its listener's.
-    if r.modules != l.modules {
-        let own = r.modules.describe();
-        if own.is_empty() {
-            out.push("modules: none (its listener's turned off)".into());
-        }
-        out.extend(own);
-    }
+    out.extend(r.modules.describe_over(&l.modules));
     out
 }
 
@@ -174,26 +159,6 @@ fn rate_limits(limits: &[RateLimit], config: &Config) -> String {
         })
         .collect();
     each.join("; ")
-}
-
-/// `gzip level 6, types text/html, text/css, from 20 bytes`.
-fn compress(c: &Compress) -> String {
-    use pinlb::config::Coding;
-    let algorithms: Vec<String> = c
-        .algorithms
-        .iter()
-        .map(|a| match a {
-            Coding::Gzip => format!("gzip level {}", c.gzip_level),
-            Coding::Brotli => format!("br level {}", c.br_level),
-            Coding::Zstd => format!("zstd level {}", c.zstd_level),
-        })
-        .collect();
-    format!(
-        "{}, types {}, from {} bytes",
-        algorithms.join(", "),
-        c.types.join(", "),
-        c.min_length
-    )
 }
 
 /// `set X-Real-IP: {client_ip}; add X-A: b; remove X-Debug`.
@@ -317,10 +282,10 @@ temp_dir = "{dir}"
                 "access: 2 rule(s), first allow 10.0.0.0/8",
                 "rate limit: zone api (5r/s per header:x-key, 1000 keys), burst 3, over it 429",
                 "conn limit: 50 open connections per client address, 2000 addresses tracked",
-                "compress: br level 4, gzip level 1, types text/html, from 100 bytes",
                 "error pages: 502, 503 from files",
                 "PROXY protocol: every connection begins with one, from 10.0.0.0/8",
                 "server_timing on",
+                "compress: br level 4, gzip level 1, types text/html, from 100 bytes",
                 "limit_rate 100.0 KiB/s after 1.0 MiB",
             ]
         );
@@ -328,13 +293,13 @@ temp_dir = "{dir}"
             route(&l.routes[0], l, &c),
             [
                 "rate limit: none (its listener's lifted)",
-                "compress: off",
                 "request headers: set x-real-ip: {client_ip}; remove x-debug",
                 "response headers: add x-served-by: pinlb",
                 "timeouts: connect 5s, response 30s (its own), send 60s",
                 "server_timing off",
                 "error pages: 502, 503 from files, intercept_errors on",
-                "modules: none (its listener's turned off)",
+                "compress: off",
+                "limit_rate: off",
             ]
         );
         // Nothing of its own: its listener's apply, shown there.

@@ -15,7 +15,6 @@
 //!
 //! - [`error_pages`]: `error_page` and `intercept_errors`: pinlb's own error answers' pages,
 //!   read from their files.
-//! - [`compress`]: `compress`, a listener's or a route's response compression.
 //! - [`htpasswd`]: an htpasswd file's users and their password hashes.
 //! - [`access`]: `access`, `auth_basic` and `satisfy`, a listener's or a route's.
 //! - [`log_format`]: `[log] format`'s template of named fields.
@@ -37,7 +36,6 @@
 mod access;
 mod buffering;
 mod client_certs;
-mod compress;
 mod edge_limits;
 mod error_pages;
 mod fastcgi;
@@ -65,7 +63,6 @@ use crate::syntax::error::Source;
 pub use crate::syntax::error::{ConfigError, ConfigErrors};
 pub use access::{Access, AccessRule, AuthBasic, BasicAuth, Satisfy, access_rule};
 pub use buffering::Buffering;
-pub use compress::{Coding, Compress};
 pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
 pub use fastcgi::Fastcgi;
@@ -469,8 +466,6 @@ pub struct Listener {
     /// begin with a PROXY protocol header naming the real client; a connection from anywhere
     /// else is refused. `None`: the listener reads no header.
     pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
-    /// `compress`: how its responses are compressed; `None`: they are not.
-    pub compress: Option<Arc<Compress>>,
     /// The feature modules that are on for its requests (`modules`).
     pub modules: crate::modules::Configs,
 }
@@ -502,8 +497,6 @@ pub struct RouteRule {
     pub access: Access,
     /// `rate_limit`: this route's own zones; `None` takes the listener's.
     pub rate_limits: Option<Vec<RateLimit>>,
-    /// `compress`: this route's own (`Some(None)`: off); `None` takes the listener's.
-    pub compress: Option<Option<Arc<Compress>>>,
     /// The feature modules that are on for its requests: its own keys over the listener's.
     pub modules: crate::modules::Configs,
 }

@@ -674,8 +674,6 @@ pub(super) struct RawListener {
     pub proxy_protocol: Option<Spanned<bool>>,
     /// The networks allowed to send that header.
     pub proxy_protocol_from: Option<Spanned<Vec<Spanned<String>>>>,
-    /// `compress`: its responses compressed (`config::compress`).
-    pub compress: Option<Spanned<super::compress::RawCompress>>,
     /// The feature modules' keys, taken out of the table before serde reads it.
     #[serde(skip)]
     pub modules: RawModules,
@@ -714,8 +712,6 @@ pub(super) struct RawRoute {
     pub satisfy: Option<Spanned<String>>,
     /// Its own list replaces the listener's.
     pub rate_limit: RawRateLimits,
-    /// `compress`: its own, over the listener's.
-    pub compress: Option<Spanned<super::compress::RawCompress>>,
     /// The feature modules' keys, taken out of the table before serde reads it.
     #[serde(skip)]
     pub modules: RawModules,

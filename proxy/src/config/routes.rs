@@ -182,8 +182,6 @@ fn route(
         access: super::access::access(src, rkey, &r.access, &r.auth_basic, &r.satisfy)?,
         rate_limits: None,
         // Resolved against the listener's by `validate::listener`.
-        compress: None,
-        // Resolved against the listener's by `validate::listener`.
         modules: Default::default(),
     })
 }

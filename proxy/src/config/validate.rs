@@ -1354,7 +1354,6 @@ fn listener(
         l.error_page.as_deref(),
         l.intercept_errors.as_ref(),
     )?;
-    let compress = super::compress::listener(src, key, l.compress.as_ref())?;
     let modules = Configs::validate(
         &Place {
             src,
@@ -1369,7 +1368,6 @@ fn listener(
         let (pages, intercept) = (r.error_page.as_deref(), r.intercept_errors.as_ref());
         rule.error_pages =
             super::error_pages::route(src, &rkey, pages, intercept, error_pages.as_deref())?;
-        rule.compress = super::compress::route(src, &rkey, r.compress.as_ref(), compress.as_ref())?;
         let at = Place {
             src,
             key: &rkey,
@@ -1445,7 +1443,6 @@ fn listener(
         rate_limits: Vec::new(),
         conn_limit: None,
         proxy_protocol: super::proxy_protocol::accept(src, key, l)?.map(Arc::new),
-        compress,
         modules,
     })
 }

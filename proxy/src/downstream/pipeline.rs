@@ -162,9 +162,8 @@ fn redirect_https(route: &Route, head: &RequestHead) -> Decided {
 /// A response on its way out, whatever made it: the proxy's answer (`proxied`: a backend's, or
 /// pinlb's 502/503/504 in its place) gets its error page if it has one (an answer of the
 /// route's own got its page in the route's decision); every response the route's response
-/// lines, the request ID and `Server-Timing` (`Route::finish_response`); a proxied one is
-/// compressed where the route says so; every one goes through its modules' body filters
-/// (`limit_rate`). Then the response is counted for `/metrics` and its log
+/// lines, the request ID and `Server-Timing` (`Route::finish_response`); then its modules' body
+/// filters (`compress`, for a proxied one; `limit_rate`). Then the response is counted for `/metrics` and its log
 /// entry responded; the returned [`Logged`] writes the line when the body is done.
 #[inline(always)]
 pub(crate) fn finish(
@@ -180,8 +179,7 @@ pub(crate) fn finish(
         route.error_page(response, edits, &head.method);
     }
     route.finish_response(response, edits, begun.id.as_deref(), upstreamed.as_deref());
-    route.compress(response, edits, head, proxied);
-    route.filter(response, edits);
+    route.filter(response, edits, head, proxied);
     if let Some(s) = &route.stats {
         let source = match response.body {
             ProxyBody::Local(_) => Source::Pinlb,

@@ -23,7 +23,7 @@ use serde::Deserialize;
 use tokio::time::{Instant, Sleep};
 use toml::Spanned;
 
-use super::{BodyFilter, Module, Place};
+use super::{BodyFilter, Module, Place, Response};
 use crate::syntax::error::ConfigError;
 use crate::syntax::values::Size;
 
@@ -52,6 +52,7 @@ impl Module for LimitRate {
     type Raw = Raw;
     type Config = Config;
     type Filter = Pacer;
+    const BODY: bool = true;
 
     fn validate(
         at: &Place<'_>,
@@ -86,15 +87,8 @@ impl Module for LimitRate {
         Ok(Some(Arc::new(Config { rate, after })))
     }
 
-    fn filter(config: &Arc<Config>) -> Option<Pacer> {
-        Some(Pacer {
-            rate: config.rate,
-            after: config.after,
-            sent: 0,
-            start: None,
-            held: None,
-            sleep: None,
-        })
+    fn filter(config: &Arc<Config>, _: &mut Response<'_>) -> Option<Pacer> {
+        Some(Pacer::new(config))
     }
 
     fn describe(config: &Config) -> String {
@@ -124,6 +118,18 @@ pub(crate) struct Pacer {
 }
 
 impl Pacer {
+    /// A response's pacing at `config`'s rate, its clock not started.
+    fn new(config: &Config) -> Pacer {
+        Pacer {
+            rate: config.rate,
+            after: config.after,
+            sent: 0,
+            start: None,
+            held: None,
+            sleep: None,
+        }
+    }
+
     /// The most bytes that go out at once: an eighth of a second's worth.
     fn slice(&self) -> u64 {
         (self.rate / 8).max(1)
@@ -145,11 +151,12 @@ impl Pacer {
 }
 
 impl BodyFilter for Pacer {
-    fn push(&mut self, piece: Option<Bytes>) {
+    fn push(&mut self, piece: Option<Bytes>) -> std::io::Result<()> {
         // The body's end needs no pacing: `poll_out` says `None` once nothing is held.
         if let Some(piece) = piece.filter(|p| !p.is_empty()) {
             self.held = Some(piece);
         }
+        Ok(())
     }
 
     fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
@@ -203,7 +210,7 @@ mod tests {
     use std::future::poll_fn;
 
     fn pacer(rate: u64, after: u64) -> Pacer {
-        LimitRate::filter(&Arc::new(Config { rate, after })).unwrap()
+        Pacer::new(&Config { rate, after })
     }
 
     /// Sends `total` bytes through `p` in pieces of `piece`, returning when the last went out.
@@ -214,13 +221,13 @@ mod tests {
         while left > 0 {
             let n = piece.min(left);
             left -= n;
-            p.push(Some(Bytes::from(vec![0u8; n])));
+            p.push(Some(Bytes::from(vec![0u8; n]))).unwrap();
             while !p.is_empty() {
                 let sent = poll_fn(|cx| p.poll_out(cx)).await.expect("a piece");
                 out += sent.len();
             }
         }
-        p.push(None);
+        p.push(None).unwrap();
         assert_eq!(poll_fn(|cx| p.poll_out(cx)).await, None);
         assert_eq!(out, total);
         begun.elapsed()
@@ -244,7 +251,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_large_piece_is_sent_in_slices_of_an_eighth_of_a_second() {
         let mut p = pacer(8_000, 0);
-        p.push(Some(Bytes::from(vec![0u8; 4_000])));
+        p.push(Some(Bytes::from(vec![0u8; 4_000]))).unwrap();
         let mut slices = Vec::new();
         while !p.is_empty() {
             slices.push(poll_fn(|cx| p.poll_out(cx)).await.unwrap().len());

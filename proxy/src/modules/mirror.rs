@@ -176,10 +176,6 @@ impl Module for Mirror {
         })))
     }
 
-    fn filter(_: &Arc<Config>) -> Option<NoFilter> {
-        None
-    }
-
     fn side_request(config: &Arc<Config>, _: &RequestHead) -> Option<SideRequest> {
         let n = config.seen.0.fetch_add(1, Ordering::Relaxed);
         let per = config.share_per_mille;

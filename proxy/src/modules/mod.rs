@@ -18,19 +18,23 @@
 //! (`proxy::side_request`) and never waits for it. A listener without such a module pays for
 //! one flag.
 //!
-//! Today's listener features predate this and are still wired by hand (docs/pipeline-design.md
-//! says how each moves here).
+//! Most of the listener features older than this are still wired by hand
+//! (docs/pipeline-design.md says how each moves here); `compress` has moved.
 //!
+//! - [`compress`]: nginx's `gzip` (with brotli and zstd): a response's body compressed for a
+//!   client that takes a coding.
 //! - [`limit_rate`]: nginx's `limit_rate` and `limit_rate_after`: a response sent at a bounded
 //!   rate after its first bytes.
 //! - [`mirror`]: nginx's `mirror`: a copy of a share of the requests to another upstream,
 //!   whose answers are read and dropped.
 
 use std::fmt;
+use std::io;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::StatusCode;
 use serde::Deserialize;
 
 use crate::http1::request::RequestHead;
@@ -61,11 +65,25 @@ pub(crate) struct SideRequest {
     pub max_body: usize,
 }
 
+/// A response on its way to the client, as a module deciding on its body filter sees it.
+pub(crate) struct Response<'a> {
+    pub status: StatusCode,
+    /// Its header lines, `name: value\r\n` each, which the module may edit.
+    pub headers: &'a mut Vec<u8>,
+    /// The request it answers.
+    pub request: &'a RequestHead,
+    /// Its body's length, when known (before this module's filter).
+    pub length: Option<u64>,
+    /// The proxy's answer for a backend (a backend's response, or pinlb's 502/503/504 in its
+    /// place), not a route's own answer.
+    pub proxied: bool,
+}
+
 /// The body filter of a module that filters no body.
 pub(crate) enum NoFilter {}
 
 impl BodyFilter for NoFilter {
-    fn push(&mut self, _: Option<Bytes>) {
+    fn push(&mut self, _: Option<Bytes>) -> io::Result<()> {
         match *self {}
     }
     fn poll_out(&mut self, _: &mut Context<'_>) -> Poll<Option<Bytes>> {
@@ -89,6 +107,8 @@ pub(crate) trait Module {
     type Config: fmt::Debug + Eq + Send + Sync + 'static;
     /// What it does to a response's body ([`NoFilter`] for nothing).
     type Filter: BodyFilter;
+    /// Whether it may filter response bodies ([`Module::filter`]).
+    const BODY: bool = false;
     /// Whether it may ask for side requests ([`Module::side_request`]).
     const SIDE: bool = false;
 
@@ -100,8 +120,12 @@ pub(crate) trait Module {
         inherited: Option<&Arc<Self::Config>>,
     ) -> Result<Option<Arc<Self::Config>>, ConfigError>;
 
-    /// The filter of one response's body.
-    fn filter(config: &Arc<Self::Config>) -> Option<Self::Filter>;
+    /// The filter of `response`'s body, if it gets one; it may edit the response's headers
+    /// as it decides. Only asked of a module with [`Module::BODY`].
+    fn filter(config: &Arc<Self::Config>, response: &mut Response<'_>) -> Option<Self::Filter> {
+        let _ = (config, response);
+        None
+    }
 
     /// A copy of `head`, a request its route proxies, to send elsewhere; only asked of a
     /// module with [`Module::SIDE`].
@@ -117,12 +141,17 @@ pub(crate) trait Module {
 /// A response body's filter: the body's pieces go in as they come, and what it lets out goes
 /// to the client, when it lets it out.
 pub(crate) trait BodyFilter {
-    /// Takes the body's next piece; `None`: the body ended.
-    fn push(&mut self, piece: Option<Bytes>);
+    /// Takes the body's next piece; `None`: the body ended. An error breaks the body off.
+    fn push(&mut self, piece: Option<Bytes>) -> io::Result<()>;
+    /// The body has nothing more for now: what the filter holds back may be let out (a
+    /// compressor flushes). An error breaks the body off.
+    fn idle(&mut self) -> io::Result<()> {
+        Ok(())
+    }
     /// What goes out now: a piece; `Ready(None)` once what was pushed is all out; `Pending`
     /// while it waits (the waker registered for when it may go on).
     fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>>;
-    /// Whether it holds nothing that is still to go out: the body is read on then.
+    /// Whether it holds nothing that is to go out now: the body is read on then.
     fn is_empty(&self) -> bool;
     /// Whether what goes out is as long as what came in, so the response keeps its
     /// Content-Length.
@@ -226,16 +255,22 @@ macro_rules! modules {
                 out
             }
 
-            /// Whether a module that is on filters response bodies.
+            /// Whether a module that is on may filter response bodies.
             pub(crate) fn filters_bodies(&self) -> bool {
-                self.filters().next().is_some()
+                false $(|| (<$name::$ty as Module>::BODY && self.$name.is_some()))*
             }
 
-            /// The body filters of one response, in registry order (the first wraps the body
-            /// first, so the last is outermost).
-            pub(crate) fn filters(&self) -> impl Iterator<Item = Filter> + '_ {
-                std::iter::empty()
-                    $(.chain(self.$name.as_ref().and_then(<$name::$ty as Module>::filter).map(Filter::$ty)))*
+            /// The body filters of `response`, each handed to `wrap` in registry order (the
+            /// first wraps the body first, so the last is outermost).
+            pub(crate) fn filters(&self, response: &mut Response<'_>, mut wrap: impl FnMut(Filter)) {
+                $(if let (true, Some(c)) = (<$name::$ty as Module>::BODY, &self.$name) {
+                    if let Some(f) = <$name::$ty as Module>::filter(c, response) {
+                        if !f.keeps_length() {
+                            response.length = None;
+                        }
+                        wrap(Filter::$ty(f));
+                    }
+                })*
             }
 
             /// What `pinlb check` says of each module that is on.
@@ -243,6 +278,18 @@ macro_rules! modules {
                 let mut out = Vec::new();
                 $(if let Some(c) = &self.$name {
                     out.push(<$name::$ty as Module>::describe(c));
+                })*
+                out
+            }
+
+            /// What `pinlb check` says of each module whose configuration here is not
+            /// `outer`'s (a route's over its listener's): its own, or that it is off.
+            pub fn describe_over(&self, outer: &Configs) -> Vec<String> {
+                let mut out = Vec::new();
+                $(match &self.$name {
+                    own if own == &outer.$name => {}
+                    Some(c) => out.push(<$name::$ty as Module>::describe(c)),
+                    None => out.push(format!("{}: off", <$name::$ty as Module>::KEYS[0])),
                 })*
                 out
             }
@@ -254,8 +301,11 @@ macro_rules! modules {
         }
 
         impl BodyFilter for Filter {
-            fn push(&mut self, piece: Option<Bytes>) {
+            fn push(&mut self, piece: Option<Bytes>) -> io::Result<()> {
                 match *self { $(Filter::$ty(ref mut f) => f.push(piece),)* }
+            }
+            fn idle(&mut self) -> io::Result<()> {
+                match *self { $(Filter::$ty(ref mut f) => f.idle(),)* }
             }
             fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
                 match *self { $(Filter::$ty(ref mut f) => f.poll_out(cx),)* }
@@ -271,6 +321,7 @@ macro_rules! modules {
 }
 
 modules! {
+    compress: Compression,
     limit_rate: LimitRate,
     mirror: Mirror,
 }

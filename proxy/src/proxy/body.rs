@@ -15,7 +15,6 @@ use http::{Method, StatusCode};
 use crate::http1::client::{BackendStream, Finished, UpstreamBody, UpstreamError};
 use crate::http1::common::{Reply, content_length_line, header_lines};
 use crate::modules::{BodyFilter, Filter};
-use crate::proxy::compress::{self, Encoder};
 use crate::proxy::spool::SpooledBody;
 use crate::upstream::counters::BackendStats;
 use crate::upstream::in_flight::InFlight;
@@ -222,15 +221,13 @@ pub enum ProxyBody {
     Http2(Box<Http2Body>),
     /// Made by pinlb (an error page).
     Local(Option<Bytes>),
-    /// Another body, compressed on its way (`compress`). Boxed, as `Http2` is.
-    Compressed(Box<Compressed>),
     /// A backend's body buffered for a slow client (`[upstream.NAME.buffering]`), read from
     /// the spool its drain fills. Boxed, as `Http2` is, so that `ProxyBody` stays its size.
     Spooled(Box<SpooledBody>),
     /// Streamed from a FastCGI application's FCGI_STDOUT. Boxed, as `Http2`.
     Fastcgi(Box<crate::proxy::fastcgi_body::FastcgiBody>),
-    /// Another body through a feature module's filter (`modules`: `limit_rate`'s pacing).
-    /// Boxed, as `Http2` is.
+    /// Another body through a feature module's filter (`modules`: `compress`, `limit_rate`'s
+    /// pacing). Boxed, as `Http2` is.
     Filtered(Box<Filtered>),
 }
 
@@ -269,7 +266,6 @@ impl ProxyBody {
             ProxyBody::Upstream { body, .. } => body.remaining(),
             ProxyBody::Http2(h) => http_body::Body::size_hint(&h.body).exact(),
             ProxyBody::Local(data) => Some(data.as_ref().map_or(0, |d| d.len() as u64)),
-            ProxyBody::Compressed(_) => None,
             ProxyBody::Spooled(s) => s.remaining(),
             ProxyBody::Fastcgi(f) => f.remaining(),
             ProxyBody::Filtered(f) => f.filter.keeps_length().then(|| f.inner.remaining())?,
@@ -282,7 +278,6 @@ impl ProxyBody {
             ProxyBody::Upstream { body, .. } => body.has_date(),
             ProxyBody::Http2(h) => h.has_date,
             ProxyBody::Local(_) => false,
-            ProxyBody::Compressed(c) => c.inner.has_date(),
             ProxyBody::Spooled(s) => s.has_date(),
             ProxyBody::Fastcgi(f) => f.has_date(),
             ProxyBody::Filtered(f) => f.inner.has_date(),
@@ -298,10 +293,10 @@ impl ProxyBody {
             ProxyBody::Upstream { body, .. } => body.is_done(),
             ProxyBody::Local(data) => data.is_none(),
             ProxyBody::Fastcgi(f) => f.is_end(),
-            // The encoder's end went out with the piece just read: a compressed response is
-            // written with its last chunk in one write.
-            ProxyBody::Compressed(c) => c.done,
-            ProxyBody::Http2(_) | ProxyBody::Spooled(_) | ProxyBody::Filtered(_) => false,
+            // The filter's end went out with the piece just read (a compressor's trailer): the
+            // response is written with its last chunk in one write.
+            ProxyBody::Filtered(f) => f.ended && f.filter.is_empty(),
+            ProxyBody::Http2(_) | ProxyBody::Spooled(_) => false,
         }
     }
 
@@ -328,7 +323,6 @@ impl ProxyBody {
             }
             ProxyBody::Http2(h) => h.poll_data(cx),
             ProxyBody::Local(data) => Poll::Ready(data.take().map(Ok)),
-            ProxyBody::Compressed(c) => c.poll_data(cx),
             ProxyBody::Spooled(s) => s.poll_data(cx),
             ProxyBody::Fastcgi(f) => f.poll_data(cx),
             ProxyBody::Filtered(f) => f.poll_data(cx),
@@ -341,7 +335,6 @@ impl ProxyBody {
     pub fn take_trailers(&mut self) -> Option<http::HeaderMap> {
         match self {
             ProxyBody::Http2(h) => h.trailers.take(),
-            ProxyBody::Compressed(c) => c.inner.take_trailers(),
             ProxyBody::Filtered(f) => f.inner.take_trailers(),
             _ => None,
         }
@@ -353,95 +346,6 @@ impl Drop for ProxyBody {
         // A body that is empty (HEAD, 204, 304, Content-Length: 0) is dropped without being
         // polled; that exchange is complete, and `finish` sees that.
         self.release();
-    }
-}
-
-/// A body compressed as it streams (`proxy::compress`): the inner body's pieces go into the
-/// encoder as they come; its output goes out at [`compress::OUT_CHUNK`], and is flushed
-/// whenever the inner body has nothing more for now. The inner body keeps its own release
-/// (the in-flight count, the pooled connection), done when its last piece is read.
-pub struct Compressed {
-    inner: ProxyBody,
-    encoder: Encoder,
-    /// Input taken in since the last flush.
-    unflushed: bool,
-    /// The inner body ended (or broke off) and the encoder's end went out.
-    done: bool,
-}
-
-impl ProxyBody {
-    /// This body, compressed by `encoder`.
-    pub fn compressed(self, encoder: Encoder) -> ProxyBody {
-        ProxyBody::Compressed(Box::new(Compressed {
-            inner: self,
-            encoder,
-            unflushed: false,
-            done: false,
-        }))
-    }
-}
-
-impl Compressed {
-    /// The next piece of compressed output. Out of line: only compressed responses come here.
-    #[inline(never)]
-    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamError>>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        let broke = |e: std::io::Error| {
-            let e = std::io::Error::other(format!("compressing the response: {e}"));
-            Poll::Ready(Some(Err(UpstreamError::Io(e))))
-        };
-        // At most 64 pieces of the inner body a call, then the task yields.
-        for _ in 0..64 {
-            match self.inner.poll_data(cx) {
-                Poll::Ready(Some(Ok(data))) => {
-                    if let Err(e) = self.encoder.write(&data) {
-                        self.done = true;
-                        return broke(e);
-                    }
-                    self.unflushed = true;
-                    if self.encoder.buffered() >= compress::OUT_CHUNK {
-                        return Poll::Ready(Some(Ok(self.encoder.take())));
-                    }
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    self.done = true;
-                    return Poll::Ready(Some(Err(e)));
-                }
-                Poll::Ready(None) => {
-                    self.done = true;
-                    return match self.encoder.finish() {
-                        Ok(end) if end.is_empty() => Poll::Ready(None),
-                        Ok(end) => Poll::Ready(Some(Ok(end))),
-                        Err(e) => broke(e),
-                    };
-                }
-                Poll::Pending => {
-                    if !self.unflushed {
-                        return Poll::Pending;
-                    }
-                    // The backend has nothing more for now: what it sent goes out whole.
-                    self.unflushed = false;
-                    if let Err(e) = self.encoder.flush() {
-                        self.done = true;
-                        return broke(e);
-                    }
-                    let out = self.encoder.take();
-                    return if out.is_empty() {
-                        Poll::Pending
-                    } else {
-                        Poll::Ready(Some(Ok(out)))
-                    };
-                }
-            }
-        }
-        let out = self.encoder.take();
-        if out.is_empty() {
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        Poll::Ready(Some(Ok(out)))
     }
 }
 
@@ -467,32 +371,42 @@ impl ProxyBody {
 }
 
 impl Filtered {
-    /// The filter's next piece, reading the inner body when the filter holds nothing. Out of
-    /// line: only filtered responses come here.
+    /// The filter's next piece, reading the inner body when the filter holds nothing for now.
+    /// Out of line: only filtered responses come here.
     #[inline(never)]
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamError>>> {
-        // Bounded: a pass that reads a piece pushes it, and the next one lets it out or waits.
-        for _ in 0..2 {
+        // At most 64 pieces of the inner body a call, then the task yields.
+        for _ in 0..64 {
             if self.ended || !self.filter.is_empty() {
-                return match self.filter.poll_out(cx) {
-                    Poll::Ready(Some(piece)) => Poll::Ready(Some(Ok(piece))),
-                    Poll::Ready(None) if self.ended => Poll::Ready(None),
+                match self.filter.poll_out(cx) {
+                    Poll::Ready(Some(piece)) => return Poll::Ready(Some(Ok(piece))),
+                    Poll::Ready(None) if self.ended => return Poll::Ready(None),
                     // All that came out; the inner body is read on below.
-                    Poll::Ready(None) => continue,
-                    Poll::Pending => Poll::Pending,
-                };
+                    Poll::Ready(None) => {}
+                    Poll::Pending => return Poll::Pending,
+                }
             }
-            match self.inner.poll_data(cx) {
+            let taken = match self.inner.poll_data(cx) {
                 Poll::Ready(Some(Ok(piece))) => self.filter.push(Some(piece)),
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Err(e))) => {
+                    self.ended = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
                 Poll::Ready(None) => {
                     self.ended = true;
-                    self.filter.push(None);
+                    self.filter.push(None)
                 }
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => match self.filter.idle() {
+                    // Nothing held back: the task waits for the inner body.
+                    Ok(()) if self.filter.is_empty() => return Poll::Pending,
+                    taken => taken,
+                },
+            };
+            if let Err(e) = taken {
+                self.ended = true;
+                return Poll::Ready(Some(Err(UpstreamError::Io(e))));
             }
         }
-        // A piece pushed in the last pass: the task comes back for it.
         cx.waker().wake_by_ref();
         Poll::Pending
     }
@@ -508,11 +422,25 @@ impl ProxyBody {
                 release: Some(r), ..
             } => r.upstream.shared.backends.get(r.backend).map(|b| b.address),
             ProxyBody::Http2(b) => b.held.as_ref().map(|(guard, _)| guard.address()),
-            ProxyBody::Compressed(c) => c.inner.answered_by(),
             ProxyBody::Spooled(s) => s.answered_by(),
             ProxyBody::Fastcgi(f) => f.held.as_ref().map(|_| f.addr),
             ProxyBody::Filtered(f) => f.inner.answered_by(),
             ProxyBody::Upstream { release: None, .. } | ProxyBody::Local(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plain path moves `ProxyBody`s: the boxed variants (a filtered body, an HTTP/2
+    /// backend's) must leave it the size of its backend variant, the tag in that variant's
+    /// niche.
+    #[test]
+    fn the_boxed_bodies_leave_proxy_body_the_size_of_its_upstream_variant() {
+        use std::mem::size_of;
+        let upstream = size_of::<UpstreamBody>() + size_of::<Option<Release>>();
+        assert_eq!(size_of::<ProxyBody>(), upstream);
     }
 }

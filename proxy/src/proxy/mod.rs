@@ -5,8 +5,6 @@
 //! - [`timing`]: where a request's time went, and its `Server-Timing` header.
 //! - [`request_id`]: the request's ID and W3C trace id, on both sides and in the log.
 //! - [`accesslog`]: the access log, formatted and written by its own thread.
-//! - [`deflate`]: gzip's encoder, zlib's deflate sized to the response and reused.
-//! - [`compress`]: response compression: the client's coding, which responses, the encoders.
 //! - [`spool`]: a buffered body's bytes, in memory then in a temporary file, and the channel a
 //!   buffered response is read from.
 //! - [`fastcgi_body`]: a FastCGI application's response body, streamed off its connection.
@@ -24,8 +22,6 @@
 pub(crate) mod accesslog;
 pub(crate) mod attempt;
 pub(crate) mod body;
-pub(crate) mod compress;
-pub(crate) mod deflate;
 pub(crate) mod downstream;
 pub(crate) mod error;
 pub(crate) mod fastcgi;

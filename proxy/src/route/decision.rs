@@ -18,10 +18,9 @@ use crate::edge::controls::Controls;
 use crate::http1::common::Reply;
 use crate::http1::common::{ERROR_PAGE_TYPE, RequestFraming};
 use crate::http1::request::RequestHead;
-use crate::modules::Configs;
+use crate::modules::{Configs, Response};
 use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::{ProxyBody, local_reply};
-use crate::proxy::compress;
 use crate::proxy::downstream::Downstream;
 use crate::proxy::forward::{Overrides, PendingCopy, add_response_lines};
 use crate::proxy::request_id::RequestId;
@@ -74,11 +73,9 @@ pub(crate) struct Route {
     /// `client_cert_headers` names and get the verified certificate's, and their log entry
     /// the certificate (`downstream::client_cert`).
     pub client_cert: Cell<bool>,
-    /// The listener or one of its routes compresses responses (`compress`): decided once per
-    /// generation, so that the answers of a listener without are not looked at.
-    pub compress: Cell<bool>,
     /// The listener or one of its routes has a module that filters response bodies
-    /// (`modules`): decided once per generation, as `compress`.
+    /// (`modules`: `compress`, `limit_rate`): decided once per generation, so that the answers
+    /// of a listener without are not looked at.
     pub filtered: Cell<bool>,
     /// The listener or one of its routes has a module that sends side requests (`mirror`):
     /// decided once per generation, as `filtered`.
@@ -103,7 +100,6 @@ pub(crate) struct RouteSettings {
     pub conn_limit: Option<Rc<ConnGate>>,
     pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
     pub client_cert: bool,
-    pub compress: bool,
     pub filtered: bool,
     pub sides: bool,
 }
@@ -145,8 +141,6 @@ impl RouteSettings {
             // It asks for client certificates (`client_ca`): its requests then carry the
             // certificate's lines (`client_cert_headers`) and log fields.
             client_cert: l.tls.as_ref().is_some_and(|t| t.client_auth.is_some()),
-            compress: l.compress.is_some()
-                || l.routes.iter().any(|r| matches!(r.compress, Some(Some(_)))),
             filtered: l.modules.filters_bodies()
                 || l.routes.iter().any(|r| r.modules.filters_bodies()),
             sides: l.modules.sends_side_requests()
@@ -172,7 +166,6 @@ impl Route {
             conn_limit,
             proxy_protocol,
             client_cert,
-            compress,
             filtered,
             sides,
         } = s;
@@ -192,7 +185,6 @@ impl Route {
             proxy_protocol: RefCell::new(proxy_protocol),
             local,
             client_cert: Cell::new(client_cert),
-            compress: Cell::new(compress),
             filtered: Cell::new(filtered),
             sides: Cell::new(sides),
         }
@@ -215,7 +207,6 @@ impl Route {
             conn_limit,
             proxy_protocol,
             client_cert,
-            compress,
             filtered,
             sides,
         } = s;
@@ -232,7 +223,6 @@ impl Route {
         *self.conn_limit.borrow_mut() = conn_limit;
         *self.proxy_protocol.borrow_mut() = proxy_protocol;
         self.client_cert.set(client_cert);
-        self.compress.set(compress);
         self.filtered.set(filtered);
         self.sides.set(sides);
     }
@@ -252,8 +242,6 @@ pub(crate) struct Routes {
     pub default_controls: Option<Controls>,
     /// The listener's error pages, for its requests that no route with pages of its own takes.
     pub default_pages: Option<Arc<ErrorPages>>,
-    /// The listener's `compress`, for its requests that no route with its own takes.
-    pub default_compress: Option<Arc<crate::config::Compress>>,
     /// The listener's feature modules, for its requests that no route with its own takes.
     pub default_modules: Configs,
     /// Each route's feature modules where they are not the listener's, by route index.
@@ -305,7 +293,6 @@ impl Routes {
                 .collect(),
             default_controls: Controls::new(listener, None, zones, tables),
             default_pages: listener.error_pages.clone(),
-            default_compress: listener.compress.clone(),
             default_modules: listener.modules.clone(),
             own_modules: (listener.routes.iter())
                 .map(|r| (r.modules != listener.modules).then(|| r.modules.clone()))
@@ -344,8 +331,6 @@ pub(crate) struct Edits {
     pub server_timing: Option<bool>,
     /// The route's own error pages, over the listener's.
     pub pages: Option<Arc<ErrorPages>>,
-    /// The route's own `compress` (`Some(None)`: off), over the listener's.
-    pub compress: Option<Option<Arc<crate::config::Compress>>>,
     /// The route's own feature modules, over the listener's.
     pub modules: Option<Configs>,
 }
@@ -416,73 +401,20 @@ impl Route {
         }
     }
 
-    /// The proxy's answer (`proxied`: a backend's, or pinlb's 502/503/504 in its place; not a
-    /// route's own answer) compressed, when its route (or the listener) has `compress` and the
-    /// client takes one of its codings (`proxy::compress`). A listener without pays for one
-    /// flag.
+    /// The response's body through the filters of its route's modules (or the listener's),
+    /// when the listener or a route has a module that filters bodies (`compress`,
+    /// `limit_rate`): `proxied` says it is the proxy's answer for a backend, not the route's
+    /// own. A listener without pays for one flag.
     #[inline]
-    pub fn compress(
+    pub fn filter(
         &self,
         reply: &mut Reply<ProxyBody>,
         edits: Option<&Edits>,
         head: &RequestHead,
         proxied: bool,
     ) {
-        if self.compress.get() && proxied {
-            self.compress_reply(reply, edits.and_then(|e| e.compress.as_ref()), head);
-        }
-    }
-
-    #[inline(never)]
-    fn compress_reply(
-        &self,
-        reply: &mut Reply<ProxyBody>,
-        own: Option<&Option<Arc<crate::config::Compress>>>,
-        head: &RequestHead,
-    ) {
-        let routes = self.routes.borrow();
-        let Some(c) = own.unwrap_or(&routes.default_compress) else {
-            return;
-        };
-        let facts = compress::Facts::of(&reply.headers);
-        let length = reply.body.remaining();
-        if head.method == Method::HEAD
-            || !compress::eligible(c, reply.status, &reply.headers, &facts, length)
-        {
-            return;
-        }
-        compress::add_vary(&mut reply.headers, &facts);
-        // nginx's `gzip_http_version 1.1`: an HTTP/1.0 client (or a cache in front of one)
-        // gets the response as it is.
-        if head.version == http::Version::HTTP_10 {
-            return;
-        }
-        let accept = head.header_values("accept-encoding");
-        let Some(coding) = compress::negotiate(accept, &c.algorithms) else {
-            return;
-        };
-        let encoder = match compress::Encoder::new(coding, c, length) {
-            Ok(e) => e,
-            Err(e) => {
-                crate::sys::summed::summed_warn!(
-                    "response sent uncompressed: {} encoder: {e}",
-                    coding.token()
-                );
-                return;
-            }
-        };
-        compress::edit_headers(&mut reply.headers, coding);
-        let body = std::mem::replace(&mut reply.body, ProxyBody::Local(None));
-        reply.body = body.compressed(encoder);
-    }
-
-    /// The response's body through the filters of its route's modules (or the listener's),
-    /// when the listener or a route has a module that filters bodies. A listener without
-    /// pays for one flag.
-    #[inline]
-    pub fn filter(&self, reply: &mut Reply<ProxyBody>, edits: Option<&Edits>) {
         if self.filtered.get() {
-            self.filter_body(reply, edits.and_then(|e| e.modules.as_ref()));
+            self.filter_body(reply, edits.and_then(|e| e.modules.as_ref()), head, proxied);
         }
     }
 
@@ -531,12 +463,31 @@ impl Route {
     }
 
     #[inline(never)]
-    fn filter_body(&self, reply: &mut Reply<ProxyBody>, own: Option<&Configs>) {
+    fn filter_body(
+        &self,
+        reply: &mut Reply<ProxyBody>,
+        own: Option<&Configs>,
+        head: &RequestHead,
+        proxied: bool,
+    ) {
         let routes = self.routes.borrow();
-        for filter in own.unwrap_or(&routes.default_modules).filters() {
-            let body = std::mem::replace(&mut reply.body, ProxyBody::Local(None));
-            reply.body = body.filtered(filter);
-        }
+        let Reply {
+            status,
+            headers,
+            body,
+        } = reply;
+        let mut response = Response {
+            status: *status,
+            length: body.remaining(),
+            headers,
+            request: head,
+            proxied,
+        };
+        own.unwrap_or(&routes.default_modules)
+            .filters(&mut response, |filter| {
+                let inner = std::mem::replace(body, ProxyBody::Local(None));
+                *body = inner.filtered(filter);
+            });
     }
 
     /// The listener's page for `status`, for an answer to a request head no route has seen
@@ -655,7 +606,6 @@ impl Route {
                     response,
                     server_timing: rule.server_timing,
                     pages: rule.error_pages.clone(),
-                    compress: rule.compress.clone(),
                     modules: routes.own_modules.get(index).cloned().flatten(),
                 };
                 let changes = edits.request.path.is_some()
@@ -664,7 +614,6 @@ impl Route {
                     || edits.request.timeouts.is_some()
                     || edits.response.is_some()
                     || edits.server_timing.is_some()
-                    || edits.compress.is_some()
                     || edits.modules.is_some();
                 Decision::Proxy(upstream, changes.then(|| Box::new(edits)))
             }
@@ -745,7 +694,6 @@ fn response_edits(rule: &crate::config::RouteRule, cx: &Context, reply: &mut Rep
         response: response_edit(rule, cx),
         server_timing: None,
         pages: None,
-        compress: None,
         modules: None,
     };
     edits.edit_response(reply);

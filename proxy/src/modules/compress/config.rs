@@ -176,38 +176,27 @@ impl<'de> Deserialize<'de> for RawCompress {
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
-/// A listener's `compress`: `None` when it has none or `false`.
-pub(super) fn listener(
+/// The `compress` of the table at `key` (a listener or a route) from its key `raw`, over
+/// `inherited` (the listener's, for a route): none keeps what is inherited; `false` is off;
+/// `true` is the inherited one, or the defaults; a table of its own takes the keys it leaves
+/// out from the inherited one (nginx's inheritance of each `gzip_*` directive), or from the
+/// defaults.
+pub(super) fn validate(
     src: &Source,
     key: &str,
     raw: Option<&Spanned<RawCompress>>,
+    inherited: Option<&Arc<Compress>>,
 ) -> Result<Option<Arc<Compress>>> {
-    let Some(raw) = raw else { return Ok(None) };
+    let Some(raw) = raw else {
+        return Ok(inherited.cloned());
+    };
     let key = format!("{key}.compress");
+    let base = || inherited.map_or_else(Compress::default, |c| (**c).clone());
     Ok(match raw.get_ref() {
         RawCompress::Switch(false) => None,
-        RawCompress::Switch(true) => Some(Arc::new(Compress::default())),
-        RawCompress::Table(t) => Some(Arc::new(table(src, &key, t, &Compress::default())?)),
-    })
-}
-
-/// A route's `compress`: `None` takes the listener's; `Some(None)` is off for the route; a
-/// table of its own takes the keys it leaves out from the listener's (nginx's inheritance of
-/// each `gzip_*` directive), or from the defaults.
-pub(super) fn route(
-    src: &Source,
-    key: &str,
-    raw: Option<&Spanned<RawCompress>>,
-    listener: Option<&Arc<Compress>>,
-) -> Result<Option<Option<Arc<Compress>>>> {
-    let Some(raw) = raw else { return Ok(None) };
-    let key = format!("{key}.compress");
-    let base = || listener.map_or_else(Compress::default, |c| (**c).clone());
-    Ok(Some(match raw.get_ref() {
-        RawCompress::Switch(false) => None,
-        RawCompress::Switch(true) => Some(listener.cloned().unwrap_or_default()),
+        RawCompress::Switch(true) => Some(inherited.cloned().unwrap_or_default()),
         RawCompress::Table(t) => Some(Arc::new(table(src, &key, t, &base())?)),
-    }))
+    })
 }
 
 fn table(src: &Source, key: &str, t: &RawCompressTable, base: &Compress) -> Result<Compress> {
