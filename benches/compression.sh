@@ -24,7 +24,7 @@
 #                libraries' files (code, read-only data), whose size is the binary's
 # CODING=br or zstd runs pinlb alone with that coding (nginx has neither here).
 # Memory per compressing stream is the encoder's state: stated in docs/behaviour.md
-# ("Compression") and checked by `cargo test --lib proxy::compress::tests::memory_per_stream`.
+# ("Compression") and checked by `cargo test -p pinlb-proxy --lib modules::compress::encoder::tests::memory_per_stream`.
 #
 # Usage: bash benches/compression.sh [PINLB_BINARY]   (default target/release/pinlb)
 #   ROUNDS=5, DURATION=10s, WARMUP=1s, CONNS=16, LEVEL=1, DOC_BYTES=102400 (3400 gives the
