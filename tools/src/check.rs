@@ -217,13 +217,9 @@ pub fn describe(config: &Config) -> String {
         } else {
             l.backlog.to_string()
         };
-        let _ = match (&l.tls, l.redirect_https) {
-            (_, true) => writeln!(
-                s,
-                "listener {} (backlog {backlog}) -> redirect to https",
-                l.address
-            ),
-            (Some(t), false) => writeln!(
+        let _ = match (&l.tls, l.modules.answers_all()) {
+            (_, Some(what)) => writeln!(s, "listener {} (backlog {backlog}) -> {what}", l.address),
+            (Some(t), None) => writeln!(
                 s,
                 "listener {} (backlog {backlog}; TLS: {} certificates{}{}) -> {}",
                 l.address,
@@ -240,7 +236,7 @@ pub fn describe(config: &Config) -> String {
                 },
                 default
             ),
-            (None, false) => writeln!(
+            (None, None) => writeln!(
                 s,
                 "listener {} (backlog {backlog}{}) -> {}",
                 l.address,

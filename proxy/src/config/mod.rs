@@ -435,9 +435,6 @@ pub struct Listener {
     pub upstream: usize,
     /// TLS termination, its certificates read and checked; `None` for plain HTTP.
     pub tls: Option<Arc<Terminator>>,
-    /// Every request is answered `301` to the same host and path over https, as nginx's
-    /// `return 301 https://$host$request_uri;`, instead of being proxied.
-    pub redirect_https: bool,
     /// `h2c`: a plain listener also takes cleartext HTTP/2 with prior knowledge (a connection
     /// that begins with the HTTP/2 preface); every other connection is HTTP/1.1.
     pub h2c: bool,

@@ -171,14 +171,15 @@ impl RawConfig {
 /// Each listener's module keys and each of its routes', by index.
 type TakenKeys<'a> = Vec<(Taken<'a>, Vec<Taken<'a>>)>;
 
-/// Takes the feature modules' keys (`modules::KEYS`) out of each `[[listener]]` and
-/// `[[listener.route]]` table of `doc`, so that serde reads the rest of each table as before
-/// and each module reads its own ([`read_module_keys`]).
+/// Takes the feature modules' keys (`modules::KEYS`) out of each `[[listener]]` table of `doc`,
+/// and those a route may have (`modules::ROUTE_KEYS`) out of each `[[listener.route]]`, so that
+/// serde reads the rest of each table as before (a listener-only key in a route is unknown
+/// there) and each module reads its own ([`read_module_keys`]).
 fn take_module_keys<'a>(doc: &mut toml::de::DeTable<'a>) -> TakenKeys<'a> {
     use toml::de::DeValue;
-    let take = |table: &mut toml::de::DeTable<'a>| {
+    let take = |table: &mut toml::de::DeTable<'a>, keys: &[&[&str]]| {
         let mut taken = Taken::new();
-        for key in modules::KEYS.iter().flat_map(|k| k.iter()) {
+        for key in keys.iter().flat_map(|k| k.iter()) {
             if let Some((k, v)) = table.remove_entry(*key) {
                 taken.insert(k, v);
             }
@@ -194,11 +195,11 @@ fn take_module_keys<'a>(doc: &mut toml::de::DeTable<'a>) -> TakenKeys<'a> {
             out.push((Taken::new(), Vec::new()));
             continue;
         };
-        let own = take(table);
+        let own = take(table, modules::KEYS);
         let routes = match table.get_mut("route").map(|r| r.get_mut()) {
             Some(DeValue::Array(routes)) => (routes.iter_mut())
                 .map(|r| match r.get_mut() {
-                    DeValue::Table(route) => take(route),
+                    DeValue::Table(route) => take(route, modules::ROUTE_KEYS),
                     _ => Taken::new(),
                 })
                 .collect(),
@@ -315,9 +316,13 @@ pub(super) fn tables() -> &'static keys::Tables {
     TABLES.get_or_init(|| {
         let mut tables = keys::of::<RawConfig>();
         // The modules' keys, which serde reads apart, are keys of the listener and its routes.
-        for module in RawModules::tables() {
+        for (module, on_routes) in RawModules::tables() {
+            let homes: &[&str] = match on_routes {
+                true => &["listener", "listener.route"],
+                false => &["listener"],
+            };
             for (shape, keys) in module {
-                for table in ["listener", "listener.route"] {
+                for &table in homes {
                     let table = if shape.is_empty() {
                         table.to_string()
                     } else {
@@ -376,12 +381,15 @@ fn elsewhere(key: &str, message: &str) -> Option<String> {
 /// does not see (`take_module_keys`), are added to that list.
 fn with_module_keys(key: &str, message: &mut String) {
     let table = key.rsplit_once('.').map_or("", |(t, _)| t);
-    if !message.starts_with("unknown field")
-        || !matches!(&*table_shape(table), "listener" | "listener.route")
-    {
+    let keys = match &*table_shape(table) {
+        "listener" => modules::KEYS,
+        "listener.route" => modules::ROUTE_KEYS,
+        _ => return,
+    };
+    if !message.starts_with("unknown field") {
         return;
     }
-    for k in modules::KEYS.iter().flat_map(|k| k.iter()) {
+    for k in keys.iter().flat_map(|k| k.iter()) {
         message.push_str(&format!(", `{k}`"));
     }
 }
@@ -643,10 +651,9 @@ pub(super) struct RawRetry {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawListener {
     pub address: Spanned<String>,
-    /// Required unless `redirect_https` is set.
+    /// Required unless a module answers every request (`redirect_https`).
     pub upstream: Option<Spanned<String>>,
     pub tls: Option<Spanned<RawTls>>,
-    pub redirect_https: Option<Spanned<bool>>,
     /// Cleartext HTTP/2 with prior knowledge, beside HTTP/1.1, on a plain listener.
     pub h2c: Option<Spanned<bool>>,
     /// Whether a TLS listener offers `h2` by ALPN.

@@ -843,6 +843,19 @@ fn a_key_of_another_table_says_which_tables_have_it() {
         e.ends_with("; weight is a key of a backend, not of [upstream.app.passive]"),
         "{e}"
     );
+    // A module's listener-only key (`redirect_https`) written in a route.
+    let e = err(&format!(
+        "{MINIMAL}[[listener.route]]\npath = \"/a/\"\nupstream = \"app\"\nredirect_https = true\n"
+    ));
+    assert!(
+        e.ends_with("; redirect_https is a key of [listener], not of [listener.route]"),
+        "{e}"
+    );
+    let expected = e.split("expected one of").nth(1).unwrap_or_default();
+    assert!(
+        expected.contains("`compress`") && !expected.contains("`redirect_https`"),
+        "{e}"
+    );
     // A key no table has gets no hint.
     let e = err(&format!("{MINIMAL}[upstream.app.passive]\nmax_failz = 2\n"));
     assert!(e.ends_with("`fail_on_status`"), "{e}");

@@ -1337,14 +1337,6 @@ fn listener(
         ));
     }
     seen.push(address);
-    let redirect_https = l.redirect_https.as_ref().is_some_and(|r| *r.get_ref());
-    if let (true, Some(t)) = (redirect_https, &l.tls) {
-        return Err(src.at(
-            t.span(),
-            &format!("{key}.tls"),
-            "set together with redirect_https, expected one of them: a listener that redirects to https serves plain HTTP",
-        ));
-    }
     let mut routes = super::routes::routes(src, key, &l.route, |rkey, u| {
         upstream_index(src, rkey, u, upstreams)
     })?;
@@ -1359,6 +1351,7 @@ fn listener(
             src,
             key,
             upstreams,
+            tls: l.tls.as_ref().map(Spanned::span),
         },
         &l.modules,
         None,
@@ -1372,6 +1365,7 @@ fn listener(
             src,
             key: &rkey,
             upstreams,
+            tls: l.tls.as_ref().map(Spanned::span),
         };
         rule.modules = Configs::validate(&at, &r.modules, Some(&modules))?;
     }
@@ -1379,7 +1373,7 @@ fn listener(
         Some(u) => upstream_index(src, key, u, upstreams)?,
         // It proxies nothing by default; any index will do, and there is one once any
         // listener proxies.
-        None if redirect_https || !routes.is_empty() => 0,
+        None if modules.answers_all().is_some() || !routes.is_empty() => 0,
         None => {
             return Err(src.at(
                 l.address.span(),
@@ -1432,7 +1426,6 @@ fn listener(
         address,
         upstream,
         tls,
-        redirect_https,
         h2c,
         has_default: l.upstream.is_some(),
         routes,

@@ -4,7 +4,7 @@
 //!
 //! 1. [`begin`]: the request counted, its ID, its access-log entry, the client certificate's
 //!    lines;
-//! 2. [`decide`]: `redirect_https`, else the route and its edge controls: an upstream and what
+//! 2. [`decide`]: a module's own answer (`redirect_https`'s), else the route and its edge controls: an upstream and what
 //!    the route changes, or an answer of pinlb's own;
 //! 3. the session forwards it (`proxy::forward`), racing the client's leaving as its protocol
 //!    can;
@@ -25,16 +25,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use bytes::Bytes;
-use http::StatusCode;
-
 use crate::downstream::client_cert;
-use crate::http1::common::{ERROR_PAGE_TYPE, Reply, error_page};
-use crate::http1::request::{ClientError, RequestHead};
+use crate::http1::common::{ERROR_PAGE_TYPE, Reply};
+use crate::http1::request::RequestHead;
 use crate::proxy::accesslog::{Batch, Logged, Pending, Upstreamed};
 use crate::proxy::body::{ProxyBody, local_reply};
 use crate::proxy::request_id::RequestId;
-use crate::route::decision::{Decision, Edits, Route, https_location};
+use crate::route::decision::{Decision, Edits, Route};
 use crate::tls::client_identity::ClientIdentity;
 use crate::upstream::counters::Source;
 use crate::upstream::local::WorkerUpstream;
@@ -88,8 +85,9 @@ pub(crate) struct Decided {
     pub close: bool,
 }
 
-/// Where the request goes: on a `redirect_https` listener a 301 to https; a head the parser
-/// `refused` to its own answer (made by the proxy, which knows why); else its route.
+/// Where the request goes: an answer of a module's own, on a listener with a module that
+/// answers before the route (`redirect_https`); a head the parser `refused` to its own answer
+/// (made by the proxy, which knows why); else its route.
 #[inline(always)]
 pub(crate) fn decide(
     route: &Route,
@@ -98,8 +96,10 @@ pub(crate) fn decide(
     https: bool,
     peer: &SocketAddr,
 ) -> Decided {
-    if route.redirect_https.get() {
-        return redirect_https(route, head);
+    if route.answers.get() {
+        if let Some(answered) = module_answer(route, head) {
+            return answered;
+        }
     }
     let (upstream, edits, local) = if refused {
         (route.upstream.borrow().clone(), None, None)
@@ -120,43 +120,26 @@ pub(crate) fn decide(
     }
 }
 
-/// `redirect_https`: 301 to the same host (without its port) and target over https, as
-/// nginx's `return 301 https://$host$request_uri;`; 400 and close for a request without a Host
-/// to redirect to (with the listener's page for 400, if it has one).
+/// A module's own answer to `head` (`redirect_https`'s 301, or its 400 for a request without
+/// a Host), as pinlb's own answers go: text, with the listener's page for its status.
 #[cold]
 #[inline(never)]
-fn redirect_https(route: &Route, head: &RequestHead) -> Decided {
-    let upstream = route.upstream.borrow().clone();
-    let Some(location) = https_location(head) else {
-        let e = ClientError::MissingHost;
-        let status = e.status();
-        let page = Bytes::from(error_page(
-            status,
-            &"no Host header to redirect to https with",
-        ));
-        let mut reply = local_reply(status, ERROR_PAGE_TYPE, page, b"", &head.method);
-        route.error_page(&mut reply, None, &head.method);
-        return Decided {
-            upstream,
-            edits: None,
-            local: Some(reply),
-            close: true,
-        };
-    };
-    let status = StatusCode::MOVED_PERMANENTLY;
-    let page = Bytes::from(error_page(status, &"this site is served over https"));
-    Decided {
-        upstream,
+fn module_answer(route: &Route, head: &RequestHead) -> Option<Decided> {
+    let answer = route.module_answer(head)?;
+    let mut reply = local_reply(
+        answer.status,
+        ERROR_PAGE_TYPE,
+        answer.body,
+        &answer.lines,
+        &head.method,
+    );
+    route.error_page(&mut reply, None, &head.method);
+    Some(Decided {
+        upstream: route.upstream.borrow().clone(),
         edits: None,
-        local: Some(local_reply(
-            status,
-            ERROR_PAGE_TYPE,
-            page,
-            &location,
-            &head.method,
-        )),
-        close: false,
-    }
+        local: Some(reply),
+        close: answer.close,
+    })
 }
 
 /// A response on its way out, whatever made it: the proxy's answer (`proxied`: a backend's, or

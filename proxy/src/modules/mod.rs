@@ -18,13 +18,19 @@
 //! (`proxy::side_request`) and never waits for it. A listener without such a module pays for
 //! one flag.
 //!
+//! A module that answers requests itself (`redirect_https`) is asked for each request before
+//! its route ([`Module::request`]); a listener without such a module pays for one flag.
+//!
 //! Most of the listener features older than this are still wired by hand
-//! (docs/pipeline-design.md says how each moves here); `compress` has moved.
+//! (docs/pipeline-design.md says how each moves here); `compress` and `redirect_https` have
+//! moved.
 //!
 //! - [`compress`]: nginx's `gzip` (with brotli and zstd): a response's body compressed for a
 //!   client that takes a coding.
 //! - [`limit_rate`]: nginx's `limit_rate` and `limit_rate_after`: a response sent at a bounded
 //!   rate after its first bytes.
+//! - [`redirect_https`]: nginx's `return 301 https://$host$request_uri;`: a plain listener's
+//!   requests answered with a redirect to https.
 //! - [`mirror`]: nginx's `mirror`: a copy of a share of the requests to another upstream,
 //!   whose answers are read and dropped.
 
@@ -47,6 +53,20 @@ pub(crate) struct Place<'a> {
     pub src: &'a Source<'a>,
     pub key: &'a str,
     pub upstreams: &'a [&'a str],
+    /// The span of the listener's `[listener.tls]`, when it has one.
+    pub tls: Option<std::ops::Range<usize>>,
+}
+
+/// An answer of a module's own to a request, instead of the proxy's: sent as pinlb's own
+/// answers are (text, with the listener's error page for its status, if it has one).
+pub(crate) struct Answer {
+    pub status: StatusCode,
+    /// Its header lines, `name: value\r\n` each.
+    pub lines: Vec<u8>,
+    /// Its text.
+    pub body: Bytes,
+    /// The connection closes after it.
+    pub close: bool,
 }
 
 /// A copy of a request that a module sends to another upstream, beside the request, never
@@ -107,6 +127,13 @@ pub(crate) trait Module {
     type Config: fmt::Debug + Eq + Send + Sync + 'static;
     /// What it does to a response's body ([`NoFilter`] for nothing).
     type Filter: BodyFilter;
+    /// Whether its keys may be written in a route too, not only in a listener.
+    const ON_ROUTES: bool = true;
+    /// Whether it may answer requests itself, before their route ([`Module::request`]).
+    const REQUEST: bool = false;
+    /// What it answers every request with, for `pinlb check`'s listener line, when it answers
+    /// every one itself (`redirect_https`): such a listener needs no upstream.
+    const ANSWERS_ALL: Option<&'static str> = None;
     /// Whether it may filter response bodies ([`Module::filter`]).
     const BODY: bool = false;
     /// Whether it may ask for side requests ([`Module::side_request`]).
@@ -119,6 +146,13 @@ pub(crate) trait Module {
         raw: &Self::Raw,
         inherited: Option<&Arc<Self::Config>>,
     ) -> Result<Option<Arc<Self::Config>>, ConfigError>;
+
+    /// Its answer to `head`, a request of a listener it is on, instead of the route's; only
+    /// asked of a module with [`Module::REQUEST`], before the route is looked for.
+    fn request(config: &Arc<Self::Config>, head: &RequestHead) -> Option<Answer> {
+        let _ = (config, head);
+        None
+    }
 
     /// The filter of `response`'s body, if it gets one; it may edit the response's headers
     /// as it decides. Only asked of a module with [`Module::BODY`].
@@ -197,6 +231,11 @@ macro_rules! modules {
         /// Every module key, in registry order.
         pub(crate) const KEYS: &[&[&str]] = &[$(<$name::$ty as Module>::KEYS),*];
 
+        /// The module keys a route may have, in registry order.
+        pub(crate) const ROUTE_KEYS: &[&[&str]] = &[$(
+            if <$name::$ty as Module>::ON_ROUTES { <$name::$ty as Module>::KEYS } else { &[] }
+        ),*];
+
         /// Every module's keys of one listener or route, as the file writes them.
         #[derive(Debug, Default)]
         pub(crate) struct RawModules {
@@ -212,9 +251,13 @@ macro_rules! modules {
                 }
             }
 
-            /// The tables of every module's keys, for `config::keys`.
-            pub(crate) fn tables() -> Vec<crate::syntax::keys::Tables> {
-                vec![$(crate::syntax::keys::of::<<$name::$ty as Module>::Raw>()),*]
+            /// The tables of every module's keys, for `config::keys`, each with whether a
+            /// route may have them.
+            pub(crate) fn tables() -> Vec<(crate::syntax::keys::Tables, bool)> {
+                vec![$((
+                    crate::syntax::keys::of::<<$name::$ty as Module>::Raw>(),
+                    <$name::$ty as Module>::ON_ROUTES,
+                )),*]
             }
         }
 
@@ -239,6 +282,40 @@ macro_rules! modules {
                         inherited.and_then(|c| c.$name.as_ref()),
                     )?,)*
                 })
+            }
+
+            /// Whether a module that is on may answer requests itself.
+            pub(crate) fn answers_requests(&self) -> bool {
+                false $(|| (<$name::$ty as Module>::REQUEST && self.$name.is_some()))*
+            }
+
+            /// The answer of the first module, in registry order, that answers `head` itself.
+            pub(crate) fn request(&self, head: &RequestHead) -> Option<Answer> {
+                $(if let (true, Some(c)) = (<$name::$ty as Module>::REQUEST, &self.$name) {
+                    if let Some(a) = <$name::$ty as Module>::request(c, head) {
+                        return Some(a);
+                    }
+                })*
+                None
+            }
+
+            /// What answers every request, when a module that is on does
+            /// (`redirect to https`): the listener then needs no upstream.
+            pub fn answers_all(&self) -> Option<&'static str> {
+                $(if let (Some(what), Some(_)) = (<$name::$ty as Module>::ANSWERS_ALL, &self.$name) {
+                    return Some(what);
+                })*
+                None
+            }
+
+            /// The key of each module whose configuration differs from `other`'s, for a
+            /// reload's report.
+            pub fn changed(&self, other: &Configs) -> Vec<&'static str> {
+                let mut out = Vec::new();
+                $(if self.$name != other.$name {
+                    out.push(<$name::$ty as Module>::KEYS[0]);
+                })*
+                out
             }
 
             /// Whether a module that is on may ask for side requests.
@@ -321,6 +398,7 @@ macro_rules! modules {
 }
 
 modules! {
+    redirect_https: RedirectHttps,
     compress: Compression,
     limit_rate: LimitRate,
     mirror: Mirror,

@@ -192,7 +192,6 @@ fn listener_settings(s: &mut String, old: (&Config, &Listener), new: (&Config, &
     let p = place.as_str();
     let name = |c: &Config, l: &Listener| c.upstreams.get(l.upstream).map(|u| u.name.clone());
     changed(s, p, "upstream", &name(before, a), &name(after, b));
-    changed(s, p, "redirect_https", &a.redirect_https, &b.redirect_https);
     changed(s, p, "h2c", &a.h2c, &b.h2c);
     // Applied to the running sockets: Linux takes listen(2) again on a listening socket.
     changed(s, p, "backlog", &a.backlog, &b.backlog);
@@ -202,6 +201,9 @@ fn listener_settings(s: &mut String, old: (&Config, &Listener), new: (&Config, &
     if a.routes != b.routes {
         let (x, y) = (a.routes.len(), b.routes.len());
         let _ = writeln!(s, "{p}: routes changed ({x} -> {y} routes)");
+    }
+    for key in b.modules.changed(&a.modules) {
+        let _ = writeln!(s, "{p}: {key} changed");
     }
     if a.access != b.access {
         let _ = writeln!(
@@ -276,5 +278,24 @@ mod tests {
             "listener 127.0.0.1:8888: backlog 128 -> 64"
         );
         assert_eq!(describe(&before, &config("backlog = 128"), &[], &[]), "");
+    }
+
+    #[test]
+    fn a_changed_module_is_listed_by_its_key() {
+        let before = config("compress = true");
+        assert_eq!(
+            describe(&before, &config("compress = { gzip_level = 6 }"), &[], &[]),
+            "listener 127.0.0.1:8888: compress changed"
+        );
+        assert_eq!(
+            describe(
+                &before,
+                &config("limit_rate = \"1MiB\"\ncompress = true"),
+                &[],
+                &[]
+            ),
+            "listener 127.0.0.1:8888: limit_rate changed"
+        );
+        assert_eq!(describe(&before, &config("compress = true"), &[], &[]), "");
     }
 }

@@ -18,7 +18,7 @@ use crate::edge::controls::Controls;
 use crate::http1::common::Reply;
 use crate::http1::common::{ERROR_PAGE_TYPE, RequestFraming};
 use crate::http1::request::RequestHead;
-use crate::modules::{Configs, Response};
+use crate::modules::{Answer, Configs, Response};
 use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::{ProxyBody, local_reply};
 use crate::proxy::downstream::Downstream;
@@ -40,8 +40,9 @@ pub(crate) struct Route {
     /// The listener's TLS certificates, for the handshakes of connections accepted from now
     /// on; `None` for plain HTTP.
     pub tls: RefCell<Option<Arc<Terminator>>>,
-    /// `redirect_https`: every request gets a 301 to https instead of a backend.
-    pub redirect_https: Cell<bool>,
+    /// The listener has a module that answers requests itself before their route
+    /// (`redirect_https`): decided once per generation, so that a listener without asks none.
+    pub answers: Cell<bool>,
     /// `h2c`: a connection that begins with the HTTP/2 preface speaks HTTP/2.
     pub h2c: Cell<bool>,
     /// Its requests' times are measured (`proxy::timing`): the access log, `/metrics` or
@@ -90,7 +91,7 @@ pub(crate) struct RouteSettings {
     pub upstream: Rc<WorkerUpstream>,
     pub rules: Rc<DownstreamRules>,
     pub tls: Option<Arc<Terminator>>,
-    pub redirect_https: bool,
+    pub answers: bool,
     pub h2c: bool,
     pub timed: bool,
     pub spans: bool,
@@ -123,7 +124,7 @@ impl RouteSettings {
             upstream: upstreams[l.upstream].clone(),
             rules: rules.clone(),
             tls: l.tls.clone(),
-            redirect_https: l.redirect_https,
+            answers: l.modules.answers_requests(),
             h2c: l.h2c,
             // Timed when something reads the times: the log, `Server-Timing` or `/metrics`.
             timed: counting || spans,
@@ -156,7 +157,7 @@ impl Route {
             upstream,
             rules,
             tls,
-            redirect_https,
+            answers,
             h2c,
             timed,
             spans,
@@ -174,7 +175,7 @@ impl Route {
             rules: RefCell::new(rules),
             stats,
             tls: RefCell::new(tls),
-            redirect_https: Cell::new(redirect_https),
+            answers: Cell::new(answers),
             h2c: Cell::new(h2c),
             timed: Cell::new(timed),
             spans: Cell::new(spans),
@@ -197,7 +198,7 @@ impl Route {
             upstream,
             rules,
             tls,
-            redirect_https,
+            answers,
             h2c,
             timed,
             spans,
@@ -213,7 +214,7 @@ impl Route {
         *self.upstream.borrow_mut() = upstream;
         *self.rules.borrow_mut() = rules;
         *self.tls.borrow_mut() = tls;
-        self.redirect_https.set(redirect_https);
+        self.answers.set(answers);
         self.h2c.set(h2c);
         self.timed.set(timed);
         self.spans.set(spans);
@@ -488,6 +489,14 @@ impl Route {
                 let inner = std::mem::replace(body, ProxyBody::Local(None));
                 *body = inner.filtered(filter);
             });
+    }
+
+    /// The answer of the listener's first module that answers `head` itself, before its route
+    /// (`redirect_https`); only asked when [`Route::answers`] says one may.
+    #[cold]
+    #[inline(never)]
+    pub fn module_answer(&self, head: &RequestHead) -> Option<Answer> {
+        self.routes.borrow().default_modules.request(head)
     }
 
     /// The listener's page for `status`, for an answer to a request head no route has seen
@@ -769,17 +778,4 @@ impl DownstreamRules {
             ..Downstream::new(peer, &self.trusted)
         }
     }
-}
-
-/// The `location` header line of a `redirect_https` answer: the same host (without its
-/// port) and target over https, as nginx's `return 301 https://$host$request_uri;`. `None`
-/// for a request without a Host to redirect to.
-pub(crate) fn https_location(head: &RequestHead) -> Option<Vec<u8>> {
-    let host = host_without_port(head.host()?);
-    let mut location = Vec::with_capacity(32 + host.len() + head.path().len());
-    location.extend_from_slice(b"location: https://");
-    location.extend_from_slice(host);
-    location.extend_from_slice(head.path());
-    location.extend_from_slice(b"\r\n");
-    Some(location)
 }
