@@ -41,9 +41,6 @@ pub fn listener(l: &Listener, config: &Config) -> Vec<String> {
             nets.join(", ")
         ));
     }
-    if l.server_timing {
-        out.push("server_timing on".into());
-    }
     out.extend(l.modules.describe());
     out
 }
@@ -76,9 +73,6 @@ pub fn route(r: &RouteRule, l: &Listener, config: &Config) -> Vec<String> {
         if let Some(u) = u.filter(|_| !own_timeouts(r).is_empty()) {
             out.push(format!("timeouts: {}", timeouts(r, u)));
         }
-    }
-    if let Some(on) = r.server_timing {
-        out.push(format!("server_timing {}", if on { "on" } else { "off" }));
     }
     if let Some(p) = &r.error_pages {
         out.push(format!("error pages: {}", pages(p)));
@@ -296,8 +290,8 @@ temp_dir = "{dir}"
                 "request headers: set x-real-ip: {client_ip}; remove x-debug",
                 "response headers: add x-served-by: pinlb",
                 "timeouts: connect 5s, response 30s (its own), send 60s",
-                "server_timing off",
                 "error pages: 502, 503 from files, intercept_errors on",
+                "server_timing: off",
                 "compress: off",
                 "limit_rate: off",
             ]

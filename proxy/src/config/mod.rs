@@ -447,9 +447,6 @@ pub struct Listener {
     /// them (`listen(2)`; nginx's `listen … backlog=`, HAProxy's `backlog`). By default the
     /// kernel's own ceiling, `net.core.somaxconn`, read when the file is validated.
     pub backlog: u32,
-    /// `server_timing`: responses carry `Server-Timing: pinlb;dur=…, upstream;dur=…` (a
-    /// route's own `server_timing` decides for its requests).
-    pub server_timing: bool,
     /// `error_page` and `intercept_errors`, the files read; `None` when it sets neither.
     pub error_pages: Option<Arc<ErrorPages>>,
     /// `access`, `auth_basic`, `satisfy`: who may send its requests (a route's own replace
@@ -485,8 +482,6 @@ pub struct RouteRule {
     pub response_headers: HeaderRules,
     /// `timeouts`: the upstream's `connect`, `response` and `send` timeouts this route changes.
     pub timeouts: RouteTimeouts,
-    /// `server_timing`: this route's own choice; `None` takes the listener's.
-    pub server_timing: Option<bool>,
     /// The route's own `error_page` and `intercept_errors` (what it does not set taken from
     /// its listener's); `None` takes the listener's whole.
     pub error_pages: Option<Arc<ErrorPages>>,

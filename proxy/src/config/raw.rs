@@ -660,8 +660,6 @@ pub(super) struct RawListener {
     pub http2: Option<Spanned<bool>>,
     /// The kernel's queue of connections not yet accepted (`listen(2)`'s backlog).
     pub backlog: Option<Spanned<i64>>,
-    /// `Server-Timing` on its responses.
-    pub server_timing: Option<Spanned<bool>>,
     /// `[[listener.route]]`.
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,
@@ -705,8 +703,6 @@ pub(super) struct RawRoute {
     pub request_headers: Option<Spanned<RawHeaderRules>>,
     pub response_headers: Option<Spanned<RawHeaderRules>>,
     pub timeouts: Option<RawRouteTimeouts>,
-    /// `Server-Timing` on this route's responses, over the listener's choice.
-    pub server_timing: Option<Spanned<bool>>,
     /// `[[listener.route.error_page]]`: this route's own pages, replacing the listener's.
     pub error_page: Option<Vec<Spanned<RawErrorPage>>>,
     /// This route's own `intercept_errors`, over the listener's.

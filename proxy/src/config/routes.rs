@@ -176,7 +176,6 @@ fn route(
         request_headers,
         response_headers,
         timeouts,
-        server_timing: r.server_timing.as_ref().map(|v| *v.get_ref()),
         // Resolved against the listener's by `validate::listener`.
         error_pages: None,
         access: super::access::access(src, rkey, &r.access, &r.auth_basic, &r.satisfy)?,

@@ -1430,7 +1430,6 @@ fn listener(
         has_default: l.upstream.is_some(),
         routes,
         backlog,
-        server_timing: l.server_timing.as_ref().is_some_and(|v| *v.get_ref()),
         error_pages,
         access: super::access::access(src, key, &l.access, &l.auth_basic, &l.satisfy)?,
         rate_limits: Vec::new(),

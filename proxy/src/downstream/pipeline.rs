@@ -161,8 +161,8 @@ pub(crate) fn finish(
     if proxied {
         route.error_page(response, edits, &head.method);
     }
-    route.finish_response(response, edits, begun.id.as_deref(), upstreamed.as_deref());
-    route.filter(response, edits, head, proxied);
+    route.finish_response(response, edits, begun.id.as_deref());
+    route.respond(response, edits, head, proxied, upstreamed.as_deref());
     if let Some(s) = &route.stats {
         let source = match response.body {
             ProxyBody::Local(_) => Source::Pinlb,

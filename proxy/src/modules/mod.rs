@@ -19,16 +19,19 @@
 //! one flag.
 //!
 //! A module that answers requests itself (`redirect_https`) is asked for each request before
-//! its route ([`Module::request`]); a listener without such a module pays for one flag.
+//! its route ([`Module::request`]); one that edits a proxied response's head
+//! (`server_timing`) is asked in the response phase ([`Module::response`]). A listener
+//! without such a module pays for one flag each.
 //!
-//! Most of the listener features older than this are still wired by hand
-//! (docs/pipeline-design.md says how each moves here); `compress` and `redirect_https` have
-//! moved.
+//! Most of the listener features older than this are still wired by hand;
+//! docs/pipeline-design.md says how each moves here.
 //!
 //! - [`compress`]: nginx's `gzip` (with brotli and zstd): a response's body compressed for a
 //!   client that takes a coding.
 //! - [`limit_rate`]: nginx's `limit_rate` and `limit_rate_after`: a response sent at a bounded
 //!   rate after its first bytes.
+//! - [`server_timing`]: a proxied response's `Server-Timing` header: the proxy's share of its
+//!   time and the backend's.
 //! - [`redirect_https`]: nginx's `return 301 https://$host$request_uri;`: a plain listener's
 //!   requests answered with a redirect to https.
 //! - [`mirror`]: nginx's `mirror`: a copy of a share of the requests to another upstream,
@@ -38,6 +41,7 @@ use std::fmt;
 use std::io;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -97,6 +101,20 @@ pub(crate) struct Response<'a> {
     /// The proxy's answer for a backend (a backend's response, or pinlb's 502/503/504 in its
     /// place), not a route's own answer.
     pub proxied: bool,
+    /// Where a backend's answer's time went, when the listener measures it (a module with
+    /// [`Module::TIMED`], the access log or `/metrics`); `None` for pinlb's own answers.
+    pub timing: Option<Timing>,
+}
+
+/// Where a proxied request's time went up to its response head (`proxy::timing` cuts it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    /// In the upstream's queue.
+    pub queue: Duration,
+    /// The proxy's own share: the access log's `proxy_time`.
+    pub proxy: Duration,
+    /// Waiting on backends: the connects, failed attempts and the answer's head.
+    pub upstream: Duration,
 }
 
 /// The body filter of a module that filters no body.
@@ -134,6 +152,11 @@ pub(crate) trait Module {
     /// What it answers every request with, for `pinlb check`'s listener line, when it answers
     /// every one itself (`redirect_https`): such a listener needs no upstream.
     const ANSWERS_ALL: Option<&'static str> = None;
+    /// Whether it acts on every response's head ([`Module::response`]).
+    const RESPONSE: bool = false;
+    /// Whether it reads where a request's time went ([`Response::timing`]): the listener
+    /// measures it then.
+    const TIMED: bool = false;
     /// Whether it may filter response bodies ([`Module::filter`]).
     const BODY: bool = false;
     /// Whether it may ask for side requests ([`Module::side_request`]).
@@ -152,6 +175,12 @@ pub(crate) trait Module {
     fn request(config: &Arc<Self::Config>, head: &RequestHead) -> Option<Answer> {
         let _ = (config, head);
         None
+    }
+
+    /// What it does to a response's head, whatever made it, before the body filters are
+    /// chosen; only asked of a module with [`Module::RESPONSE`].
+    fn response(config: &Arc<Self::Config>, response: &mut Response<'_>) {
+        let _ = (config, response);
     }
 
     /// The filter of `response`'s body, if it gets one; it may edit the response's headers
@@ -332,14 +361,23 @@ macro_rules! modules {
                 out
             }
 
-            /// Whether a module that is on may filter response bodies.
-            pub(crate) fn filters_bodies(&self) -> bool {
-                false $(|| (<$name::$ty as Module>::BODY && self.$name.is_some()))*
+            /// Whether a module that is on acts on responses: their heads or their bodies.
+            pub(crate) fn responds(&self) -> bool {
+                false $(|| ((<$name::$ty as Module>::RESPONSE || <$name::$ty as Module>::BODY) && self.$name.is_some()))*
             }
 
-            /// The body filters of `response`, each handed to `wrap` in registry order (the
-            /// first wraps the body first, so the last is outermost).
-            pub(crate) fn filters(&self, response: &mut Response<'_>, mut wrap: impl FnMut(Filter)) {
+            /// Whether a module that is on reads where a request's time went.
+            pub(crate) fn timed(&self) -> bool {
+                false $(|| (<$name::$ty as Module>::TIMED && self.$name.is_some()))*
+            }
+
+            /// What the modules that are on do to `response`: each one's response phase, in
+            /// registry order, then their body filters, each handed to `wrap` in registry order
+            /// (the first wraps the body first, so the last is outermost).
+            pub(crate) fn respond(&self, response: &mut Response<'_>, mut wrap: impl FnMut(Filter)) {
+                $(if let (true, Some(c)) = (<$name::$ty as Module>::RESPONSE, &self.$name) {
+                    <$name::$ty as Module>::response(c, response);
+                })*
                 $(if let (true, Some(c)) = (<$name::$ty as Module>::BODY, &self.$name) {
                     if let Some(f) = <$name::$ty as Module>::filter(c, response) {
                         if !f.keeps_length() {
@@ -399,6 +437,7 @@ macro_rules! modules {
 
 modules! {
     redirect_https: RedirectHttps,
+    server_timing: ServerTiming,
     compress: Compression,
     limit_rate: LimitRate,
     mirror: Mirror,

@@ -119,19 +119,10 @@ fn outgoing<'a>(
     }
 }
 
-/// What pinlb adds to a response on its way to the client: the request's ID (`[request_id]`),
-/// and, for a backend's answer when `server_timing` asks, where its time went.
-pub fn add_response_lines(
-    headers: &mut Vec<u8>,
-    id: Option<&RequestId>,
-    upstreamed: Option<&Upstreamed>,
-    server_timing: bool,
-) {
+/// What pinlb adds to a response on its way to the client: the request's ID (`[request_id]`).
+pub fn add_response_lines(headers: &mut Vec<u8>, id: Option<&RequestId>) {
     if let Some(id) = id {
         id.respond(headers);
-    }
-    if let (Some(u), true) = (upstreamed, server_timing) {
-        u.timing.server_timing_line(headers);
     }
 }
 

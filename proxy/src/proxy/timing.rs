@@ -1,5 +1,5 @@
-//! Where one proxied request's time went, measured once on the monotonic clock, and the
-//! `Server-Timing` header made of it.
+//! Where one proxied request's time went, measured once on the monotonic clock (the
+//! `Server-Timing` header, `modules::server_timing`, shows some of it).
 //!
 //! The request meets these instants: its head arrives (`t0`); it may wait in the upstream's
 //! queue; the first attempt begins; failed attempts, if any, end and the answering attempt `a`
@@ -117,38 +117,15 @@ impl Timing {
         self.retried() + self.connect.unwrap_or_default() + self.header()
     }
 
-    /// `server-timing: pinlb;dur=0.052, upstream;dur=20.113\r\n` (milliseconds, as the header
-    /// wants them), with `queue;dur=…` first when the request waited in the queue. The same
-    /// figures as the access log's `proxy_time` and the backend's waits, so that a browser's
-    /// devtools or `curl -w` and the log agree.
-    pub fn server_timing_line(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"server-timing: ");
-        if !self.queue.is_zero() {
-            out.extend_from_slice(b"queue;dur=");
-            millis_into(out, self.queue);
-            out.extend_from_slice(b", ");
+    /// The spans `Server-Timing` shows (`modules::server_timing`): the queue, the proxy's own
+    /// share (the access log's `proxy_time`), and the waits on backends.
+    pub fn shown(&self) -> crate::modules::Timing {
+        crate::modules::Timing {
+            queue: self.queue,
+            proxy: self.proxy(),
+            upstream: self.waited(),
         }
-        out.extend_from_slice(b"pinlb;dur=");
-        millis_into(out, self.proxy());
-        out.extend_from_slice(b", upstream;dur=");
-        millis_into(out, self.waited());
-        out.extend_from_slice(b"\r\n");
     }
-}
-
-/// Milliseconds with microsecond resolution: `0.052`, `20.113`.
-fn millis_into(out: &mut Vec<u8>, d: Duration) {
-    let us = d.as_micros();
-    out.extend_from_slice(itoa::Buffer::new().format(us / 1000).as_bytes());
-    out.push(b'.');
-    let frac = us % 1000;
-    if frac < 100 {
-        out.push(b'0');
-    }
-    if frac < 10 {
-        out.push(b'0');
-    }
-    out.extend_from_slice(itoa::Buffer::new().format(frac).as_bytes());
 }
 
 #[cfg(test)]
@@ -198,21 +175,11 @@ mod tests {
     }
 
     #[test]
-    fn server_timing_has_milliseconds_with_microsecond_resolution() {
-        let mut out = Vec::new();
-        timing().server_timing_line(&mut out);
+    fn server_timing_shows_the_proxy_s_share_and_the_waits_on_the_backend() {
+        let shown = timing().shown();
         assert_eq!(
-            out,
-            b"server-timing: pinlb;dur=0.052, upstream;dur=20.113\r\n"
-        );
-        let mut queued = timing();
-        queued.queue = us(1_500_007);
-        queued.at -= us(1_500_007);
-        out.clear();
-        queued.server_timing_line(&mut out);
-        assert_eq!(
-            out,
-            b"server-timing: queue;dur=1500.007, pinlb;dur=0.052, upstream;dur=20.113\r\n"
+            (shown.queue, shown.proxy, shown.upstream),
+            (Duration::ZERO, us(52), us(20_113))
         );
     }
 }

@@ -52,8 +52,6 @@ pub(crate) struct Route {
     /// Its answers carry their spans out of the proxy: the access log or `Server-Timing`
     /// reads them (`/metrics` alone takes what it counts inside).
     pub spans: Cell<bool>,
-    /// `server_timing`: its responses say where the time went (a route may decide otherwise).
-    pub server_timing: Cell<bool>,
     /// `[[listener.route]]`, compiled; empty for a listener whose requests all go to `upstream`.
     pub routes: RefCell<Rc<Routes>>,
     /// The listener or one of its routes has error pages (or `intercept_errors`): decided once
@@ -74,10 +72,10 @@ pub(crate) struct Route {
     /// `client_cert_headers` names and get the verified certificate's, and their log entry
     /// the certificate (`downstream::client_cert`).
     pub client_cert: Cell<bool>,
-    /// The listener or one of its routes has a module that filters response bodies
-    /// (`modules`: `compress`, `limit_rate`): decided once per generation, so that the answers
-    /// of a listener without are not looked at.
-    pub filtered: Cell<bool>,
+    /// The listener or one of its routes has a module that acts on responses (`modules`:
+    /// `server_timing`'s line, `compress`, `limit_rate`): decided once per generation, so that
+    /// the answers of a listener without are not looked at.
+    pub responds: Cell<bool>,
     /// The listener or one of its routes has a module that sends side requests (`mirror`):
     /// decided once per generation, as `filtered`.
     pub sides: Cell<bool>,
@@ -95,13 +93,12 @@ pub(crate) struct RouteSettings {
     pub h2c: bool,
     pub timed: bool,
     pub spans: bool,
-    pub server_timing: bool,
     pub routes: Rc<Routes>,
     pub paged: bool,
     pub conn_limit: Option<Rc<ConnGate>>,
     pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
     pub client_cert: bool,
-    pub filtered: bool,
+    pub responds: bool,
     pub sides: bool,
 }
 
@@ -118,8 +115,8 @@ impl RouteSettings {
     ) -> RouteSettings {
         // Whether its answers carry their spans: the access log or `Server-Timing` reads them.
         let spans = config.access_log.is_some()
-            || l.server_timing
-            || l.routes.iter().any(|r| r.server_timing == Some(true));
+            || l.modules.timed()
+            || l.routes.iter().any(|r| r.modules.timed());
         RouteSettings {
             upstream: upstreams[l.upstream].clone(),
             rules: rules.clone(),
@@ -129,7 +126,6 @@ impl RouteSettings {
             // Timed when something reads the times: the log, `Server-Timing` or `/metrics`.
             timed: counting || spans,
             spans,
-            server_timing: l.server_timing,
             routes: Rc::new(Routes::new(l, upstreams, &config.rate_zones, tables)),
             paged: l.error_pages.is_some() || l.routes.iter().any(|r| r.error_pages.is_some()),
             conn_limit: l.conn_limit.map(|c| {
@@ -142,8 +138,7 @@ impl RouteSettings {
             // It asks for client certificates (`client_ca`): its requests then carry the
             // certificate's lines (`client_cert_headers`) and log fields.
             client_cert: l.tls.as_ref().is_some_and(|t| t.client_auth.is_some()),
-            filtered: l.modules.filters_bodies()
-                || l.routes.iter().any(|r| r.modules.filters_bodies()),
+            responds: l.modules.responds() || l.routes.iter().any(|r| r.modules.responds()),
             sides: l.modules.sends_side_requests()
                 || l.routes.iter().any(|r| r.modules.sends_side_requests()),
         }
@@ -161,13 +156,12 @@ impl Route {
             h2c,
             timed,
             spans,
-            server_timing,
             routes,
             paged,
             conn_limit,
             proxy_protocol,
             client_cert,
-            filtered,
+            responds,
             sides,
         } = s;
         Route {
@@ -179,14 +173,13 @@ impl Route {
             h2c: Cell::new(h2c),
             timed: Cell::new(timed),
             spans: Cell::new(spans),
-            server_timing: Cell::new(server_timing),
             routes: RefCell::new(routes),
             paged: Cell::new(paged),
             conn_limit: RefCell::new(conn_limit),
             proxy_protocol: RefCell::new(proxy_protocol),
             local,
             client_cert: Cell::new(client_cert),
-            filtered: Cell::new(filtered),
+            responds: Cell::new(responds),
             sides: Cell::new(sides),
         }
     }
@@ -202,13 +195,12 @@ impl Route {
             h2c,
             timed,
             spans,
-            server_timing,
             routes,
             paged,
             conn_limit,
             proxy_protocol,
             client_cert,
-            filtered,
+            responds,
             sides,
         } = s;
         *self.upstream.borrow_mut() = upstream;
@@ -218,13 +210,12 @@ impl Route {
         self.h2c.set(h2c);
         self.timed.set(timed);
         self.spans.set(spans);
-        self.server_timing.set(server_timing);
         *self.routes.borrow_mut() = routes;
         self.paged.set(paged);
         *self.conn_limit.borrow_mut() = conn_limit;
         *self.proxy_protocol.borrow_mut() = proxy_protocol;
         self.client_cert.set(client_cert);
-        self.filtered.set(filtered);
+        self.responds.set(responds);
         self.sides.set(sides);
     }
 }
@@ -328,8 +319,6 @@ pub(crate) struct Edits {
     pub request: Overrides,
     /// `response_headers`: the names dropped from the response, and the lines added.
     pub response: Option<(Vec<String>, Vec<u8>)>,
-    /// The route's own `server_timing`, over the listener's.
-    pub server_timing: Option<bool>,
     /// The route's own error pages, over the listener's.
     pub pages: Option<Arc<ErrorPages>>,
     /// The route's own feature modules, over the listener's.
@@ -362,21 +351,18 @@ struct Context<'a> {
 }
 
 impl Route {
-    /// A response on its way to the client: its route's `response_headers`, then pinlb's own
-    /// lines (the request's ID, `Server-Timing` when the route or the listener asks).
+    /// A response on its way to the client: its route's `response_headers`, then the request's
+    /// ID.
     pub fn finish_response(
         &self,
         reply: &mut Reply<ProxyBody>,
         edits: Option<&Edits>,
         id: Option<&RequestId>,
-        upstreamed: Option<&Upstreamed>,
     ) {
         if let Some(e) = edits {
             e.edit_response(reply);
         }
-        let timed = edits.and_then(|e| e.server_timing);
-        let timed = timed.unwrap_or(self.server_timing.get());
-        add_response_lines(&mut reply.headers, id, upstreamed, timed);
+        add_response_lines(&mut reply.headers, id);
     }
 
     /// The proxy's answer replaced by its error page, where the request's route (or the
@@ -402,20 +388,22 @@ impl Route {
         }
     }
 
-    /// The response's body through the filters of its route's modules (or the listener's),
-    /// when the listener or a route has a module that filters bodies (`compress`,
-    /// `limit_rate`): `proxied` says it is the proxy's answer for a backend, not the route's
-    /// own. A listener without pays for one flag.
+    /// What its route's modules (or the listener's) do to a response, when the listener or a
+    /// route has a module that acts on responses (`server_timing`, `compress`, `limit_rate`):
+    /// `proxied` says it is the proxy's answer for a backend, not the route's own, and
+    /// `upstreamed` what the backend's answer measured. A listener without pays for one flag.
     #[inline]
-    pub fn filter(
+    pub fn respond(
         &self,
         reply: &mut Reply<ProxyBody>,
         edits: Option<&Edits>,
         head: &RequestHead,
         proxied: bool,
+        upstreamed: Option<&Upstreamed>,
     ) {
-        if self.filtered.get() {
-            self.filter_body(reply, edits.and_then(|e| e.modules.as_ref()), head, proxied);
+        if self.responds.get() {
+            let own = edits.and_then(|e| e.modules.as_ref());
+            self.modules_respond(reply, own, head, proxied, upstreamed);
         }
     }
 
@@ -464,12 +452,13 @@ impl Route {
     }
 
     #[inline(never)]
-    fn filter_body(
+    fn modules_respond(
         &self,
         reply: &mut Reply<ProxyBody>,
         own: Option<&Configs>,
         head: &RequestHead,
         proxied: bool,
+        upstreamed: Option<&Upstreamed>,
     ) {
         let routes = self.routes.borrow();
         let Reply {
@@ -483,9 +472,10 @@ impl Route {
             headers,
             request: head,
             proxied,
+            timing: upstreamed.map(|u| u.timing.shown()),
         };
         own.unwrap_or(&routes.default_modules)
-            .filters(&mut response, |filter| {
+            .respond(&mut response, |filter| {
                 let inner = std::mem::replace(body, ProxyBody::Local(None));
                 *body = inner.filtered(filter);
             });
@@ -613,7 +603,6 @@ impl Route {
                         copies: Vec::new(),
                     },
                     response,
-                    server_timing: rule.server_timing,
                     pages: rule.error_pages.clone(),
                     modules: routes.own_modules.get(index).cloned().flatten(),
                 };
@@ -622,7 +611,6 @@ impl Route {
                     || edits.request.lines.is_some()
                     || edits.request.timeouts.is_some()
                     || edits.response.is_some()
-                    || edits.server_timing.is_some()
                     || edits.modules.is_some();
                 Decision::Proxy(upstream, changes.then(|| Box::new(edits)))
             }
@@ -701,7 +689,6 @@ fn response_edits(rule: &crate::config::RouteRule, cx: &Context, reply: &mut Rep
     let edits = Edits {
         request: Overrides::default(),
         response: response_edit(rule, cx),
-        server_timing: None,
         pages: None,
         modules: None,
     };
