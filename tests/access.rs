@@ -165,7 +165,7 @@ access = ["allow 127.0.0.2", "deny all"]
 #[tokio::test]
 async fn ipv6_loopback_is_matched_by_ipv6_rules() {
     if std::net::TcpListener::bind("[::1]:0").is_err() {
-        eprintln!("no ::1 on this machine; the IPv6 rules are unit-tested in edge::access");
+        eprintln!("no ::1 on this machine; the IPv6 rules are unit-tested in modules::access");
         return;
     }
     let backend = Backend::start("b").await;

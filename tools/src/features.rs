@@ -16,9 +16,6 @@ use pinlb::config::{
 /// replaces.
 pub fn listener(l: &Listener, config: &Config) -> Vec<String> {
     let mut out = Vec::new();
-    if !l.access.is_empty() {
-        out.push(l.access.to_string());
-    }
     if !l.rate_limits.is_empty() {
         out.push(format!(
             "rate limit: {}",
@@ -49,9 +46,6 @@ pub fn listener(l: &Listener, config: &Config) -> Vec<String> {
 /// listener's, and the timeouts its requests get from the upstream it proxies to.
 pub fn route(r: &RouteRule, l: &Listener, config: &Config) -> Vec<String> {
     let mut out = Vec::new();
-    if !r.access.is_empty() {
-        out.push(format!("its own {}", r.access));
-    }
     match &r.rate_limits {
         Some(limits) if limits.is_empty() => {
             out.push("rate limit: none (its listener's lifted)".into())
@@ -273,11 +267,11 @@ temp_dir = "{dir}"
         assert_eq!(
             listener(l, &c),
             [
-                "access: 2 rule(s), first allow 10.0.0.0/8",
                 "rate limit: zone api (5r/s per header:x-key, 1000 keys), burst 3, over it 429",
                 "conn limit: 50 open connections per client address, 2000 addresses tracked",
                 "error pages: 502, 503 from files",
                 "PROXY protocol: every connection begins with one, from 10.0.0.0/8",
+                "access: 2 rule(s), first allow 10.0.0.0/8",
                 "server_timing on",
                 "compress: br level 4, gzip level 1, types text/html, from 100 bytes",
                 "limit_rate 100.0 KiB/s after 1.0 MiB",

@@ -15,8 +15,6 @@
 //!
 //! - [`error_pages`]: `error_page` and `intercept_errors`: pinlb's own error answers' pages,
 //!   read from their files.
-//! - [`htpasswd`]: an htpasswd file's users and their password hashes.
-//! - [`access`]: `access`, `auth_basic` and `satisfy`, a listener's or a route's.
 //! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
 //! - [`edge_limits`]: `[limit.NAME]` rate zones, `rate_limit` and `conn_limit`.
@@ -33,13 +31,11 @@
 //! - [`unix_backend`]: a `unix:/path` backend's socket file checked.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
-mod access;
 mod buffering;
 mod client_certs;
 mod edge_limits;
 mod error_pages;
 mod fastcgi;
-pub(crate) mod htpasswd;
 pub mod log_format;
 mod outlier;
 mod pattern;
@@ -61,12 +57,10 @@ use std::time::Duration;
 
 use crate::syntax::error::Source;
 pub use crate::syntax::error::{ConfigError, ConfigErrors};
-pub use access::{Access, AccessRule, AuthBasic, BasicAuth, Satisfy, access_rule};
 pub use buffering::Buffering;
 pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
 pub use fastcgi::Fastcgi;
-pub use htpasswd::{HtpasswdUser, PasswordHash};
 pub use log_format::AccessTemplate;
 pub use outlier::Outlier;
 pub use pattern::Pattern;
@@ -449,9 +443,6 @@ pub struct Listener {
     pub backlog: u32,
     /// `error_page` and `intercept_errors`, the files read; `None` when it sets neither.
     pub error_pages: Option<Arc<ErrorPages>>,
-    /// `access`, `auth_basic`, `satisfy`: who may send its requests (a route's own replace
-    /// them for its requests).
-    pub access: Access,
     /// `rate_limit`: the zones its requests must pass (a route's own list replaces it).
     pub rate_limits: Vec<RateLimit>,
     /// `conn_limit`: open connections per client address; `None`: no limit but the process's.
@@ -485,8 +476,6 @@ pub struct RouteRule {
     /// The route's own `error_page` and `intercept_errors` (what it does not set taken from
     /// its listener's); `None` takes the listener's whole.
     pub error_pages: Option<Arc<ErrorPages>>,
-    /// `access`, `auth_basic`, `satisfy`: this route's own, each replacing the listener's.
-    pub access: Access,
     /// `rate_limit`: this route's own zones; `None` takes the listener's.
     pub rate_limits: Option<Vec<RateLimit>>,
     /// The feature modules that are on for its requests: its own keys over the listener's.

@@ -667,12 +667,6 @@ pub(super) struct RawListener {
     pub error_page: Option<Vec<Spanned<RawErrorPage>>>,
     /// A backend's errors that have a page answered with it (nginx's `proxy_intercept_errors`).
     pub intercept_errors: Option<Spanned<bool>>,
-    /// `access`: allow/deny rules for its requests, in order.
-    pub access: Option<Spanned<Vec<Spanned<String>>>>,
-    /// `auth_basic`: HTTP basic auth for its requests, or `"off"`.
-    pub auth_basic: Option<Spanned<super::access::RawAuthBasic>>,
-    /// `satisfy`: `"all"` or `"any"` of `access` and `auth_basic`.
-    pub satisfy: Option<Spanned<String>>,
     pub rate_limit: RawRateLimits,
     pub conn_limit: Option<Spanned<RawConnLimit>>,
     /// Connections from `proxy_protocol_from` begin with a PROXY protocol header.
@@ -707,12 +701,6 @@ pub(super) struct RawRoute {
     pub error_page: Option<Vec<Spanned<RawErrorPage>>>,
     /// This route's own `intercept_errors`, over the listener's.
     pub intercept_errors: Option<Spanned<bool>>,
-    /// `access`: allow/deny rules for this route's requests, in order.
-    pub access: Option<Spanned<Vec<Spanned<String>>>>,
-    /// `auth_basic`: HTTP basic auth for this route's requests, or `"off"`.
-    pub auth_basic: Option<Spanned<super::access::RawAuthBasic>>,
-    /// `satisfy`: `"all"` or `"any"` of `access` and `auth_basic`.
-    pub satisfy: Option<Spanned<String>>,
     /// Its own list replaces the listener's.
     pub rate_limit: RawRateLimits,
     /// The feature modules' keys, taken out of the table before serde reads it.

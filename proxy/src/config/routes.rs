@@ -178,7 +178,6 @@ fn route(
         timeouts,
         // Resolved against the listener's by `validate::listener`.
         error_pages: None,
-        access: super::access::access(src, rkey, &r.access, &r.auth_basic, &r.satisfy)?,
         rate_limits: None,
         // Resolved against the listener's by `validate::listener`.
         modules: Default::default(),

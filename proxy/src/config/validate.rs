@@ -1431,7 +1431,6 @@ fn listener(
         routes,
         backlog,
         error_pages,
-        access: super::access::access(src, key, &l.access, &l.auth_basic, &l.satisfy)?,
         rate_limits: Vec::new(),
         conn_limit: None,
         proxy_protocol: super::proxy_protocol::accept(src, key, l)?.map(Arc::new),

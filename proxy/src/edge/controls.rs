@@ -1,5 +1,6 @@
 //! A listener's or a route's edge controls, compiled once per generation and checked for each
-//! of its requests before the proxy sees it.
+//! of its requests before the proxy sees it: its `rate_limit` (`access` and `auth_basic` are
+//! a module, `modules::access`, asked right after these).
 //!
 //! A route's own control replaces the listener's of the same kind, as an nginx `location`
 //! with its own directive inherits none of that directive from its `server`. The controls run
@@ -9,7 +10,6 @@
 use std::net::IpAddr;
 
 use crate::config::{Listener, RateZone, RouteRule};
-use crate::edge::access::AccessControl;
 use crate::edge::rate_limit::RateLimits;
 use crate::edge::tables::Tables;
 use crate::http1::common::Reply;
@@ -20,8 +20,6 @@ use crate::upstream::counters::ListenerStats;
 /// The controls that apply to one route's requests (or to the listener's requests no route
 /// matches).
 pub(crate) struct Controls {
-    /// `access`, `auth_basic`, `satisfy`.
-    access: Option<AccessControl>,
     /// `rate_limit`: the zones its requests are counted in.
     rate: Option<RateLimits>,
 }
@@ -35,9 +33,8 @@ impl Controls {
         zones: &[RateZone],
         tables: &Tables,
     ) -> Option<Controls> {
-        let access = AccessControl::new(&listener.access, route.map(|r| &r.access));
         let rate = RateLimits::new(listener, route, zones, tables);
-        (access.is_some() || rate.is_some()).then_some(Controls { access, rate })
+        rate.is_some().then_some(Controls { rate })
     }
 
     /// Checks one request from `client`: `None` lets it go on; `Some` is pinlb's answer in its
@@ -48,12 +45,6 @@ impl Controls {
         client: IpAddr,
         stats: Option<&ListenerStats>,
     ) -> Option<Reply<ProxyBody>> {
-        // The rate first, as nginx's `limit_req` runs in the phase before `allow`/`deny` and
-        // `auth_basic`: every request is counted, so a flood of wrong passwords (each a bcrypt
-        // on this worker's core) is limited like any other.
-        if let Some(refused) = (self.rate.as_ref()).and_then(|r| r.check(head, client, stats)) {
-            return Some(refused);
-        }
-        (self.access.as_ref()).and_then(|a| a.check(head, client, stats))
+        (self.rate.as_ref()).and_then(|r| r.check(head, client, stats))
     }
 }

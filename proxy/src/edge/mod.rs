@@ -1,9 +1,6 @@
 //! The edge controls: who may send a listener's requests, and how many, decided before the
 //! proxy sees a request.
 //!
-//! - [`basic_auth`]: HTTP basic auth against htpasswd users, with a cache of credentials
-//!   verified recently.
-//! - [`access`]: allow/deny rules on the client's address, and `satisfy` with basic auth.
 //! - [`rate`]: a rate zone's table of keys, shared by every worker (GCRA, no lock).
 //! - [`conn_limit`]: open connections per client address, shared by every worker.
 //! - [`tables`]: the process's tables, kept across reloads that keep them, and their counters.
@@ -11,8 +8,6 @@
 //! - [`controls`]: a listener's or a route's controls, compiled once per generation, and their
 //!   check for each request.
 
-pub(crate) mod access;
-pub(crate) mod basic_auth;
 pub(crate) mod conn_limit;
 pub(crate) mod controls;
 pub(crate) mod rate;

@@ -51,6 +51,7 @@ impl Module for LimitRate {
     const KEYS: &'static [&'static str] = &["limit_rate", "limit_rate_after"];
     type Raw = Raw;
     type Config = Config;
+    type Local = ();
     type Filter = Pacer;
     const BODY: bool = true;
 

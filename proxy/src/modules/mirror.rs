@@ -99,6 +99,7 @@ impl Module for Mirror {
     const KEYS: &'static [&'static str] = &["mirror"];
     type Raw = Raw;
     type Config = Config;
+    type Local = ();
     type Filter = NoFilter;
     const SIDE: bool = true;
 

@@ -18,14 +18,18 @@
 //! (`proxy::side_request`) and never waits for it. A listener without such a module pays for
 //! one flag.
 //!
-//! A module that answers requests itself (`redirect_https`) is asked for each request before
-//! its route ([`Module::request`]); one that edits a proxied response's head
+//! A module that refuses requests (`access`) is asked for each request once its route is
+//! known ([`Module::admit`]), with a state of its own in each worker ([`Module::Local`]: the
+//! credentials verified recently). A module that answers requests itself (`redirect_https`) is
+//! asked for each request before its route ([`Module::request`]); one that edits a proxied response's head
 //! (`server_timing`) is asked in the response phase ([`Module::response`]). A listener
 //! without such a module pays for one flag each.
 //!
 //! Most of the listener features older than this are still wired by hand;
 //! docs/pipeline-design.md says how each moves here.
 //!
+//! - [`access`]: nginx's `allow`/`deny`, `auth_basic` and `satisfy`: who may send a
+//!   listener's or a route's requests.
 //! - [`compress`]: nginx's `gzip` (with brotli and zstd): a response's body compressed for a
 //!   client that takes a coding.
 //! - [`limit_rate`]: nginx's `limit_rate` and `limit_rate_after`: a response sent at a bounded
@@ -39,6 +43,7 @@
 
 use std::fmt;
 use std::io;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -71,6 +76,45 @@ pub(crate) struct Answer {
     pub body: Bytes,
     /// The connection closes after it.
     pub close: bool,
+    /// The edge control that refused the request, as `/metrics` counts it.
+    pub refused: Option<Refusal>,
+}
+
+/// Why pinlb's edge controls refused a connection or a request, as `/metrics` counts it
+/// (`pinlb_refused_total{listener, cause}`). Each refusal is counted once, where it is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A PROXY protocol header that is malformed, truncated or oversized (connection closed).
+    ProxyInvalid = 0,
+    /// No whole PROXY protocol header within `limits.header_timeout` (connection closed).
+    ProxyTimeout = 1,
+    /// A PROXY protocol header from an address not allowed to send one, or none from one that
+    /// must (connection closed before any byte reaches a backend).
+    ProxyUntrusted = 2,
+    /// Over a route's request rate (`429`, or the status configured).
+    RateLimit = 3,
+    /// Over the connections allowed per client address (connection refused).
+    ConnLimit = 4,
+    /// Refused by `allow`/`deny` (`403`).
+    Denied = 5,
+    /// No or wrong basic-auth credentials (`401`).
+    Unauthorized = 6,
+    /// A client certificate missing, unverifiable or revoked where one is required.
+    ClientCert = 7,
+}
+
+impl Refusal {
+    pub(crate) const COUNT: usize = 8;
+    pub(crate) const NAMES: [&str; Refusal::COUNT] = [
+        "proxy_protocol_invalid",
+        "proxy_protocol_timeout",
+        "proxy_protocol_untrusted",
+        "rate_limit",
+        "conn_limit",
+        "denied",
+        "unauthorized",
+        "client_cert",
+    ];
 }
 
 /// A copy of a request that a module sends to another upstream, beside the request, never
@@ -143,12 +187,17 @@ pub(crate) trait Module {
     type Raw: for<'de> Deserialize<'de> + Default + fmt::Debug;
     /// Validated: what a worker needs, shared by every worker of a generation.
     type Config: fmt::Debug + Eq + Send + Sync + 'static;
+    /// What each worker keeps of its own for one listener's or route's configuration, made
+    /// anew for each generation (`()` for nothing).
+    type Local: Default;
     /// What it does to a response's body ([`NoFilter`] for nothing).
     type Filter: BodyFilter;
     /// Whether its keys may be written in a route too, not only in a listener.
     const ON_ROUTES: bool = true;
     /// Whether it may answer requests itself, before their route ([`Module::request`]).
     const REQUEST: bool = false;
+    /// Whether it may refuse requests once their route is known ([`Module::admit`]).
+    const ADMIT: bool = false;
     /// What it answers every request with, for `pinlb check`'s listener line, when it answers
     /// every one itself (`redirect_https`): such a listener needs no upstream.
     const ANSWERS_ALL: Option<&'static str> = None;
@@ -174,6 +223,19 @@ pub(crate) trait Module {
     /// asked of a module with [`Module::REQUEST`], before the route is looked for.
     fn request(config: &Arc<Self::Config>, head: &RequestHead) -> Option<Answer> {
         let _ = (config, head);
+        None
+    }
+
+    /// Its answer to `head`, a request from `client` of a route (or listener) it is on,
+    /// instead of the route's: a refusal. Only asked of a module with [`Module::ADMIT`], once
+    /// the route is known, before the route's own answer; `local` is this worker's.
+    fn admit(
+        config: &Arc<Self::Config>,
+        local: &Self::Local,
+        head: &RequestHead,
+        client: IpAddr,
+    ) -> Option<Answer> {
+        let _ = (config, local, head, client);
         None
     }
 
@@ -252,6 +314,15 @@ fn read<M: Module>(
     })
 }
 
+/// `a`, `a or b`, `a, b or c`.
+fn either(keys: &[&str]) -> String {
+    match keys.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
 /// The registry: `name: Type` for each module, `name` its file.
 macro_rules! modules {
     ($($name:ident: $ty:ident),* $(,)?) => {
@@ -288,6 +359,13 @@ macro_rules! modules {
                     <$name::$ty as Module>::ON_ROUTES,
                 )),*]
             }
+        }
+
+        /// What each worker keeps of its own for one listener's or route's modules that are on
+        /// and refuse requests ([`Module::ADMIT`]).
+        #[derive(Default)]
+        pub(crate) struct Locals {
+            $($name: Option<<$name::$ty as Module>::Local>,)*
         }
 
         /// Every module's configuration for one listener or route; `None`: off.
@@ -328,6 +406,30 @@ macro_rules! modules {
                 None
             }
 
+            /// Whether a module that is on may refuse requests once their route is known.
+            pub(crate) fn admits(&self) -> bool {
+                false $(|| (<$name::$ty as Module>::ADMIT && self.$name.is_some()))*
+            }
+
+            /// This worker's own state for the modules that are on and refuse requests.
+            pub(crate) fn locals(&self) -> Locals {
+                Locals {
+                    $($name: (<$name::$ty as Module>::ADMIT && self.$name.is_some())
+                        .then(Default::default),)*
+                }
+            }
+
+            /// The refusal of the first module, in registry order, that refuses `head` from
+            /// `client`; `locals` are this worker's, made by [`Configs::locals`].
+            pub(crate) fn admit(&self, locals: &Locals, head: &RequestHead, client: IpAddr) -> Option<Answer> {
+                $(if let (true, Some(c), Some(l)) = (<$name::$ty as Module>::ADMIT, &self.$name, &locals.$name) {
+                    if let Some(a) = <$name::$ty as Module>::admit(c, l, head, client) {
+                        return Some(a);
+                    }
+                })*
+                None
+            }
+
             /// What answers every request, when a module that is on does
             /// (`redirect to https`): the listener then needs no upstream.
             pub fn answers_all(&self) -> Option<&'static str> {
@@ -337,12 +439,12 @@ macro_rules! modules {
                 None
             }
 
-            /// The key of each module whose configuration differs from `other`'s, for a
-            /// reload's report.
-            pub fn changed(&self, other: &Configs) -> Vec<&'static str> {
+            /// The keys of each module whose configuration differs from `other`'s, for a
+            /// reload's report: `limit_rate or limit_rate_after`.
+            pub fn changed(&self, other: &Configs) -> Vec<String> {
                 let mut out = Vec::new();
                 $(if self.$name != other.$name {
-                    out.push(<$name::$ty as Module>::KEYS[0]);
+                    out.push(either(<$name::$ty as Module>::KEYS));
                 })*
                 out
             }
@@ -436,6 +538,7 @@ macro_rules! modules {
 }
 
 modules! {
+    access: AccessControl,
     redirect_https: RedirectHttps,
     server_timing: ServerTiming,
     compress: Compression,

@@ -40,6 +40,7 @@ impl Module for RedirectHttps {
     const KEYS: &'static [&'static str] = &["redirect_https"];
     type Raw = Raw;
     type Config = On;
+    type Local = ();
     type Filter = super::NoFilter;
     const ON_ROUTES: bool = false;
     const REQUEST: bool = true;
@@ -75,6 +76,7 @@ impl Module for RedirectHttps {
                 lines: Vec::new(),
                 body: Bytes::from(page),
                 close: true,
+                refused: None,
             });
         };
         let status = StatusCode::MOVED_PERMANENTLY;
@@ -83,6 +85,7 @@ impl Module for RedirectHttps {
             lines: location,
             body: Bytes::from(error_page(status, &"this site is served over https")),
             close: false,
+            refused: None,
         })
     }
 

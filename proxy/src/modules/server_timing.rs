@@ -38,6 +38,7 @@ impl Module for ServerTiming {
     const KEYS: &'static [&'static str] = &["server_timing"];
     type Raw = Raw;
     type Config = On;
+    type Local = ();
     type Filter = super::NoFilter;
     const RESPONSE: bool = true;
     const TIMED: bool = true;

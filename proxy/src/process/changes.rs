@@ -205,12 +205,6 @@ fn listener_settings(s: &mut String, old: (&Config, &Listener), new: (&Config, &
     for key in b.modules.changed(&a.modules) {
         let _ = writeln!(s, "{p}: {key} changed");
     }
-    if a.access != b.access {
-        let _ = writeln!(
-            s,
-            "{p}: access, auth_basic or satisfy changed (its users included)"
-        );
-    }
 }
 
 /// The sections every listener shares: `[limits]`, `[http2]`, `forwarded.trusted`.

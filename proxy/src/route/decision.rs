@@ -18,7 +18,7 @@ use crate::edge::controls::Controls;
 use crate::http1::common::Reply;
 use crate::http1::common::{ERROR_PAGE_TYPE, RequestFraming};
 use crate::http1::request::RequestHead;
-use crate::modules::{Answer, Configs, Response};
+use crate::modules::{Answer, Configs, Locals, Response};
 use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::{ProxyBody, local_reply};
 use crate::proxy::downstream::Downstream;
@@ -238,6 +238,12 @@ pub(crate) struct Routes {
     pub default_modules: Configs,
     /// Each route's feature modules where they are not the listener's, by route index.
     pub own_modules: Vec<Option<Configs>>,
+    /// A module of the listener or of a route may refuse requests (`access`).
+    pub admits: bool,
+    /// This worker's own state for the listener's modules that refuse requests, and for each
+    /// route's where it has modules of its own (by route index).
+    pub default_locals: Locals,
+    pub own_locals: Vec<Option<Locals>>,
     /// This worker's upstreams, by config index, for the modules' side requests; empty when no
     /// module of the listener sends any.
     pub all_upstreams: Vec<Rc<WorkerUpstream>>,
@@ -252,6 +258,34 @@ impl Routes {
             modules: Some(modules),
             ..Edits::default()
         }))
+    }
+
+    /// The refusal of `head` from `client` by the modules of route `index` (the listener's for
+    /// `None`), counted in `stats`; `None` lets it go on.
+    #[inline(never)]
+    fn admit(
+        &self,
+        index: Option<usize>,
+        head: &RequestHead,
+        client: IpAddr,
+        stats: Option<&ListenerStats>,
+    ) -> Option<Reply<ProxyBody>> {
+        let own = index.and_then(|i| {
+            let modules = self.own_modules.get(i)?.as_ref()?;
+            Some((modules, self.own_locals.get(i)?.as_ref()?))
+        });
+        let (modules, locals) = own.unwrap_or((&self.default_modules, &self.default_locals));
+        let answer = modules.admit(locals, head, client)?;
+        if let (Some(s), Some(cause)) = (stats, answer.refused) {
+            s.refuse(cause);
+        }
+        Some(local_reply(
+            answer.status,
+            ERROR_PAGE_TYPE,
+            answer.body,
+            &answer.lines,
+            &head.method,
+        ))
     }
 
     /// The error pages of `rule`'s answers: its own, or the listener's.
@@ -288,6 +322,11 @@ impl Routes {
             default_modules: listener.modules.clone(),
             own_modules: (listener.routes.iter())
                 .map(|r| (r.modules != listener.modules).then(|| r.modules.clone()))
+                .collect(),
+            admits: listener.modules.admits() || listener.routes.iter().any(|r| r.modules.admits()),
+            default_locals: listener.modules.locals(),
+            own_locals: (listener.routes.iter())
+                .map(|r| (r.modules != listener.modules).then(|| r.modules.locals()))
                 .collect(),
             all_upstreams: match listener.modules.sends_side_requests()
                 || listener
@@ -507,7 +546,7 @@ impl Route {
     pub fn decide(&self, head: &RequestHead, https: bool, peer: &SocketAddr) -> Decision {
         let routes = self.routes.borrow();
         if routes.router.is_empty() {
-            if routes.default_controls.is_none() {
+            if routes.default_controls.is_none() && !routes.admits {
                 return Decision::Proxy(self.upstream.borrow().clone(), None);
             }
             // A listener without routes but with controls: no route to look for (that would
@@ -521,8 +560,14 @@ impl Route {
     #[inline(never)]
     fn no_route(&self, routes: &Routes, head: &RequestHead, client: IpAddr) -> Decision {
         let pages = routes.default_pages.as_deref();
+        let stats = self.stats.as_deref();
         if let Some(refused) = (routes.default_controls.as_ref())
-            .and_then(|c| c.check(head, client, self.stats.as_deref()))
+            .and_then(|c| c.check(head, client, stats))
+            .or_else(|| {
+                routes
+                    .admits
+                    .then(|| routes.admit(None, head, client, stats))?
+            })
         {
             return Decision::Answer(paged(refused, pages, &head.method), None);
         }
@@ -555,8 +600,14 @@ impl Route {
         let Some((index, rule, path)) = routes.router.find(head) else {
             return self.no_route(routes, head, client);
         };
+        let stats = self.stats.as_deref();
         if let Some(refused) = (routes.controls.get(index).and_then(Option::as_ref))
-            .and_then(|c| c.check(head, client, self.stats.as_deref()))
+            .and_then(|c| c.check(head, client, stats))
+            .or_else(|| {
+                routes
+                    .admits
+                    .then(|| routes.admit(Some(index), head, client, stats))?
+            })
         {
             let pages = routes.pages(rule);
             return Decision::Answer(

@@ -123,42 +123,7 @@ impl TlsFailure {
     ];
 }
 
-/// Why pinlb's edge controls refused a connection or a request, as `/metrics` counts it
-/// (`pinlb_refused_total{listener, cause}`). Each refusal is counted once, where it is decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// A PROXY protocol header that is malformed, truncated or oversized (connection closed).
-    ProxyInvalid = 0,
-    /// No whole PROXY protocol header within `limits.header_timeout` (connection closed).
-    ProxyTimeout = 1,
-    /// A PROXY protocol header from an address not allowed to send one, or none from one that
-    /// must (connection closed before any byte reaches a backend).
-    ProxyUntrusted = 2,
-    /// Over a route's request rate (`429`, or the status configured).
-    RateLimit = 3,
-    /// Over the connections allowed per client address (connection refused).
-    ConnLimit = 4,
-    /// Refused by `allow`/`deny` (`403`).
-    Denied = 5,
-    /// No or wrong basic-auth credentials (`401`).
-    Unauthorized = 6,
-    /// A client certificate missing, unverifiable or revoked where one is required.
-    ClientCert = 7,
-}
-
-impl Refusal {
-    pub(crate) const COUNT: usize = 8;
-    pub(crate) const NAMES: [&str; Refusal::COUNT] = [
-        "proxy_protocol_invalid",
-        "proxy_protocol_timeout",
-        "proxy_protocol_untrusted",
-        "rate_limit",
-        "conn_limit",
-        "denied",
-        "unauthorized",
-        "client_cert",
-    ];
-}
+pub use crate::modules::Refusal;
 
 /// One backend's counters. They live in its [`crate::upstream::backend::BackendState`], so they survive
 /// a reload that keeps the backend.

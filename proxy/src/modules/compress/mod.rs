@@ -44,6 +44,7 @@ impl Module for Compression {
     const KEYS: &'static [&'static str] = &["compress"];
     type Raw = Raw;
     type Config = Compress;
+    type Local = ();
     type Filter = Compressor;
     const BODY: bool = true;
 

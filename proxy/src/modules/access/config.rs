@@ -23,14 +23,14 @@ type Result<T> = std::result::Result<T, ConfigError>;
 
 /// `auth_basic = { realm = "…", user_file = "…" }`, or `"off"`.
 #[derive(Debug)]
-pub(super) enum RawAuthBasic {
+enum RawAuthBasic {
     Off,
     On(RawAuthBasicTable),
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawAuthBasicTable {
+struct RawAuthBasicTable {
     pub realm: Option<Spanned<String>>,
     pub user_file: Option<Spanned<String>>,
 }
@@ -61,50 +61,46 @@ impl<'de> Deserialize<'de> for RawAuthBasic {
     }
 }
 
-/// A listener's or a route's own `access`, `auth_basic` and `satisfy`; each `None` where it
-/// sets none (a route then takes the listener's).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Access {
-    /// `access`: the ordered allow/deny rules.
+/// The keys as the file writes them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Raw {
+    access: Option<Spanned<Vec<Spanned<String>>>>,
+    auth_basic: Option<Spanned<RawAuthBasic>>,
+    satisfy: Option<Spanned<String>>,
+}
+
+/// What applies to a listener's or a route's requests, its own keys over the listener's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Access {
+    /// `access`: the ordered allow/deny rules; `None` for none (or an empty list).
     pub rules: Option<Vec<AccessRule>>,
-    /// `auth_basic`.
-    pub auth_basic: Option<AuthBasic>,
-    /// `satisfy`.
+    /// `auth_basic`, when on.
+    pub auth: Option<Arc<BasicAuth>>,
+    /// `satisfy`, when set.
     pub satisfy: Option<Satisfy>,
 }
 
-impl Access {
-    /// Whether it sets nothing.
-    pub fn is_empty(&self) -> bool {
-        self.rules.is_none() && self.auth_basic.is_none() && self.satisfy.is_none()
-    }
-}
-
-/// What `pinlb check` prints: `access: 3 rules (first: deny 10.0.0.1/32); auth_basic "R":
-/// 2 users from /etc/pinlb/htpasswd; satisfy any`, each part only where it is set.
+/// What `pinlb check` prints: `access: 3 rule(s), first deny 10.0.0.1/32; auth_basic "R":
+/// 2 user(s) from /etc/pinlb/htpasswd; satisfy any`, each part only where it is set.
 impl fmt::Display for Access {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let mut parts = Vec::new();
-        if let Some(rules) = &self.rules {
-            parts.push(match rules.first() {
-                None => "access: none (everyone)".to_string(),
-                Some(r) => format!(
-                    "access: {} rule(s), first {} {}",
-                    rules.len(),
-                    if r.allow { "allow" } else { "deny" },
-                    r.net.map_or("all".to_string(), |n| n.to_string())
-                ),
-            });
+        if let Some(r) = self.rules.as_ref().and_then(|r| r.first()) {
+            parts.push(format!(
+                "access: {} rule(s), first {} {}",
+                self.rules.as_ref().map_or(0, Vec::len),
+                if r.allow { "allow" } else { "deny" },
+                r.net.map_or("all".to_string(), |n| n.to_string())
+            ));
         }
-        match &self.auth_basic {
-            Some(AuthBasic::On(b)) => parts.push(format!(
+        if let Some(b) = &self.auth {
+            parts.push(format!(
                 "auth_basic {:?}: {} user(s) from {}",
                 b.realm,
                 b.users.len(),
                 b.user_file.display()
-            )),
-            Some(AuthBasic::Off) => parts.push("auth_basic off".into()),
-            None => {}
+            ));
         }
         match self.satisfy {
             Some(Satisfy::Any) => parts.push("satisfy any".into()),
@@ -117,23 +113,15 @@ impl fmt::Display for Access {
 
 /// One `access` rule: `"allow 10.0.0.0/8"`, `"deny 192.168.1.1"`, `"deny all"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AccessRule {
+pub(crate) struct AccessRule {
     pub allow: bool,
     /// The addresses it matches; `None` for `all`.
     pub net: Option<IpNet>,
 }
 
-/// `auth_basic`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AuthBasic {
-    /// `"off"`: a route lifts the listener's.
-    Off,
-    On(Arc<BasicAuth>),
-}
-
 /// HTTP basic auth against an htpasswd file, read at load (and at every reload).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BasicAuth {
+pub(crate) struct BasicAuth {
     /// `realm`: what the browser shows in its prompt.
     pub realm: String,
     /// `user_file`, resolved (relative to the configuration file's directory).
@@ -145,60 +133,70 @@ pub struct BasicAuth {
 /// `satisfy`: with both `access` and `auth_basic`, whether a request needs both to pass
 /// (`all`, nginx's default) or either (`any`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Satisfy {
+pub(crate) enum Satisfy {
     #[default]
     All,
     Any,
 }
 
-/// A listener's or a route's `access`, `auth_basic` and `satisfy`, under `key`.
-pub(super) fn access(
+/// The keys `raw` of the table at `key`, each over the listener's (`inherited`, for a route);
+/// `None` when none applies.
+pub(super) fn validate(
     src: &Source,
     key: &str,
-    rules: &Option<Spanned<Vec<Spanned<String>>>>,
-    auth_basic: &Option<Spanned<RawAuthBasic>>,
-    satisfy: &Option<Spanned<String>>,
-) -> Result<Access> {
-    let rules = rules
-        .as_ref()
-        .map(|list| {
+    raw: &Raw,
+    inherited: Option<&Arc<Access>>,
+) -> Result<Option<Arc<Access>>> {
+    let rules = match &raw.access {
+        // An empty list lets everyone in: it only lifts the listener's.
+        Some(list) => Some(
             (list.get_ref().iter().enumerate())
                 .map(|(i, r)| {
                     access_rule(r.get_ref())
                         .map_err(|e| src.at(r.span(), &format!("{key}.access[{i}]"), e))
                 })
-                .collect::<Result<Vec<_>>>()
-        })
-        .transpose()?;
-    let auth_basic = auth_basic
-        .as_ref()
-        .map(|a| match a.get_ref() {
-            RawAuthBasic::Off => Ok(AuthBasic::Off),
-            RawAuthBasic::On(t) => basic_auth(src, &format!("{key}.auth_basic"), a.span(), t)
-                .map(|b| AuthBasic::On(Arc::new(b))),
-        })
-        .transpose()?;
-    let satisfy = satisfy
-        .as_ref()
-        .map(|s| match s.get_ref().as_str() {
-            "all" => Ok(Satisfy::All),
-            "any" => Ok(Satisfy::Any),
-            other => Err(src.at(
-                s.span(),
-                &format!("{key}.satisfy"),
-                format!("unknown value {other:?}, expected \"all\" or \"any\""),
-            )),
-        })
-        .transpose()?;
-    Ok(Access {
+                .collect::<Result<Vec<_>>>()?,
+        )
+        .filter(|r| !r.is_empty()),
+        None => inherited.and_then(|i| i.rules.clone()),
+    };
+    let auth = match &raw.auth_basic {
+        Some(a) => match a.get_ref() {
+            RawAuthBasic::Off => None,
+            RawAuthBasic::On(t) => Some(Arc::new(basic_auth(
+                src,
+                &format!("{key}.auth_basic"),
+                a.span(),
+                t,
+            )?)),
+        },
+        None => inherited.and_then(|i| i.auth.clone()),
+    };
+    let satisfy = match &raw.satisfy {
+        Some(s) => Some(match s.get_ref().as_str() {
+            "all" => Satisfy::All,
+            "any" => Satisfy::Any,
+            other => {
+                return Err(src.at(
+                    s.span(),
+                    &format!("{key}.satisfy"),
+                    format!("unknown value {other:?}, expected \"all\" or \"any\""),
+                ));
+            }
+        }),
+        None => inherited.and_then(|i| i.satisfy),
+    };
+    let access = Access {
         rules,
-        auth_basic,
+        auth,
         satisfy,
-    })
+    };
+    let any = access.rules.is_some() || access.auth.is_some() || access.satisfy.is_some();
+    Ok(any.then(|| Arc::new(access)))
 }
 
 /// One rule as written: `allow` or `deny`, then an address, a CIDR range or `all`.
-pub fn access_rule(rule: &str) -> std::result::Result<AccessRule, String> {
+pub(crate) fn access_rule(rule: &str) -> std::result::Result<AccessRule, String> {
     const FORM: &str = "expected \"allow ADDRESS\", \"deny ADDRESS\" (an IPv4 or IPv6 address or CIDR range) or \"allow all\"/\"deny all\"";
     let mut words = rule.split_whitespace();
     let allow = match words.next() {

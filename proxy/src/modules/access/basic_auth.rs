@@ -24,7 +24,8 @@ use sha1::{Digest, Sha1};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use crate::config::{BasicAuth, PasswordHash};
+use super::config::BasicAuth;
+use super::htpasswd::PasswordHash;
 use crate::http1::request::RequestHead;
 
 /// How long a verified credential is taken without verifying it again.
@@ -57,40 +58,37 @@ impl std::fmt::Display for Refused {
     }
 }
 
-/// One listener's or route's basic auth, in one worker.
-pub(crate) struct BasicAuthCheck {
-    auth: std::sync::Arc<BasicAuth>,
-    /// `www-authenticate: Basic realm="…", charset="UTF-8"\r\n`, for the 401.
-    pub challenge: Vec<u8>,
+/// The credentials one worker verified recently for one listener's or route's `auth_basic`:
+/// their keyed digest and when. Made empty, with a secret of its own, for each generation.
+pub(crate) struct Verified {
     secret: [u8; 32],
-    /// The credentials verified recently: their keyed digest and when.
     cache: RefCell<Vec<([u8; 32], Instant)>>,
 }
 
-impl BasicAuthCheck {
-    pub fn new(auth: std::sync::Arc<BasicAuth>) -> BasicAuthCheck {
-        let challenge = format!(
-            "www-authenticate: Basic realm=\"{}\", charset=\"UTF-8\"\r\n",
-            auth.realm
-        )
-        .into_bytes();
+impl Default for Verified {
+    fn default() -> Verified {
         let mut secret = [0u8; 32];
         secret.iter_mut().for_each(|b| *b = fastrand::u8(..));
-        BasicAuthCheck {
-            auth,
-            challenge,
+        Verified {
             secret,
             cache: RefCell::new(Vec::new()),
         }
     }
+}
 
-    /// Whether `head` carries the credentials of one of the users.
-    pub fn check(&self, head: &RequestHead) -> Result<(), Refused> {
+impl Verified {
+    /// Whether `head` carries the credentials of one of `auth`'s users.
+    pub fn check(&self, auth: &BasicAuth, head: &RequestHead) -> Result<(), Refused> {
         let value = head.header_values("authorization").next();
-        self.check_value(value, Instant::now())
+        self.check_value(auth, value, Instant::now())
     }
 
-    fn check_value(&self, value: Option<&[u8]>, now: Instant) -> Result<(), Refused> {
+    fn check_value(
+        &self,
+        auth: &BasicAuth,
+        value: Option<&[u8]>,
+        now: Instant,
+    ) -> Result<(), Refused> {
         let value = value.ok_or(Refused::Missing)?;
         let key: [u8; 32] = Sha256::new()
             .chain_update(self.secret)
@@ -105,7 +103,7 @@ impl BasicAuthCheck {
         drop(cache);
         let (user, password) = credentials(value).ok_or(Refused::Malformed)?;
         let name = || String::from_utf8_lossy(&user).into_owned();
-        let Some(entry) = self.auth.users.iter().find(|u| u.name == user) else {
+        let Some(entry) = auth.users.iter().find(|u| u.name == user) else {
             return Err(Refused::UnknownUser);
         };
         if !verify(&entry.hash, &password) {
@@ -249,13 +247,13 @@ mod tests {
         "{PLAIN}secret",
     ];
 
-    fn users(hash: &str) -> std::sync::Arc<BasicAuth> {
+    fn users(hash: &str) -> BasicAuth {
         let text = format!("ann:{hash}\n");
-        std::sync::Arc::new(BasicAuth {
+        BasicAuth {
             realm: "R".into(),
             user_file: "h".into(),
-            users: crate::config::htpasswd::parse(text.as_bytes()).unwrap(),
-        })
+            users: crate::modules::access::htpasswd::parse(text.as_bytes()).unwrap(),
+        }
     }
 
     #[test]
@@ -300,39 +298,39 @@ mod tests {
 
     #[test]
     fn a_verified_credential_is_remembered_for_a_while_and_no_longer() {
-        let check = BasicAuthCheck::new(users(SECRET[7]));
+        let (auth, check) = (users(SECRET[7]), Verified::default());
         let good = Some(&b"Basic YW5uOnNlY3JldA=="[..]);
         let t0 = Instant::now();
-        assert_eq!(check.check_value(good, t0), Ok(()));
+        assert_eq!(check.check_value(&auth, good, t0), Ok(()));
         assert_eq!(check.cache.borrow().len(), 1);
-        assert_eq!(check.check_value(good, t0 + Duration::from_secs(1)), Ok(()));
+        assert_eq!(check.check_value(&auth, good, t0 + Duration::from_secs(1)), Ok(()));
         assert_eq!(check.cache.borrow().len(), 1);
-        assert_eq!(check.check_value(good, t0 + CACHE_AGE), Ok(()));
+        assert_eq!(check.check_value(&auth, good, t0 + CACHE_AGE), Ok(()));
         assert_eq!(check.cache.borrow()[0].1, t0 + CACHE_AGE, "verified anew");
         let wrong = Some(&b"Basic YW5uOnNlY3JldDI="[..]);
         assert_eq!(
-            check.check_value(wrong, t0),
+            check.check_value(&auth, wrong, t0),
             Err(Refused::WrongPassword("ann".into()))
         );
         assert_eq!(check.cache.borrow().len(), 1, "a failure is not remembered");
         let bob = Some(&b"Basic Ym9iOnNlY3JldA=="[..]);
-        assert_eq!(check.check_value(bob, t0), Err(Refused::UnknownUser));
-        assert_eq!(check.check_value(None, t0), Err(Refused::Missing));
+        assert_eq!(check.check_value(&auth, bob, t0), Err(Refused::UnknownUser));
+        assert_eq!(check.check_value(&auth, None, t0), Err(Refused::Missing));
         assert_eq!(
-            check.check_value(Some(b"Basic %%%"), t0),
+            check.check_value(&auth, Some(b"Basic %%%"), t0),
             Err(Refused::Malformed)
         );
     }
 
     #[test]
     fn the_cache_holds_at_most_its_size() {
-        let check = BasicAuthCheck::new(users("{PLAIN}secret"));
+        let (auth, check) = (users("{PLAIN}secret"), Verified::default());
         let t0 = Instant::now();
         let b64 = base64::engine::general_purpose::STANDARD;
         // The same user and password, the header's value written differently each time.
         for i in 0..CACHE_SIZE + 10 {
             let value = format!("Basic {}{}", b64.encode("ann:secret"), " ".repeat(i));
-            assert_eq!(check.check_value(Some(value.as_bytes()), t0), Ok(()));
+            assert_eq!(check.check_value(&auth, Some(value.as_bytes()), t0), Ok(()));
             assert_eq!(check.cache.borrow().len(), (i + 1).min(CACHE_SIZE));
         }
     }
