@@ -981,8 +981,8 @@ fn check_on_an_import_shows_the_route_s_limits_compression_headers_and_timeout()
         plan[route + 1..route + 5],
         [
             "    rate limit: zone api (10r/s per client_ip, 163840 keys), burst 20, over it 503",
-            "    request headers: set x-real-ip: {client_ip}",
             "    timeouts: connect 5s, response 30s (its own), send 60s",
+            "    request headers: set x-real-ip: {client_ip}",
             "    compress: gzip level 6, types text/html, text/plain, text/css, application/json, application/javascript, from 20 bytes",
         ],
         "{stdout}"

@@ -298,6 +298,71 @@ backends = [{{ address = "{api}" }}]
     assert_eq!(all("x-keep"), ["k"]);
 }
 
+/// A listener's header rules apply to its requests that no route with its own takes (the
+/// default upstream's included, and with no route at all); a route's own replace them whole,
+/// as nginx's `location` with a `proxy_set_header` of its own inherits none of its `server`'s;
+/// `response_headers` are on refusals too (as nginx's `add_header … always`).
+#[tokio::test]
+async fn a_listeners_header_rules_apply_unless_a_route_has_its_own() {
+    let api = Backend::start("api").await;
+    let toml = format!(
+        r#"[runtime]
+cpus = [{core}]
+[[listener]]
+address = "127.0.0.1:0"
+upstream = "api"
+request_headers = {{ set = {{ "X-Env" = "prod" }} }}
+response_headers = {{ add = {{ "Strict-Transport-Security" = "max-age=60" }} }}
+[[listener.route]]
+path = "/own/"
+upstream = "api"
+request_headers = {{ add = {{ "X-Own" = "yes" }} }}
+response_headers = {{}}
+[[listener.route]]
+path = "/closed/"
+upstream = "api"
+access = ["deny all"]
+[upstream.api]
+backends = [{{ address = "{api}" }}]
+"#,
+        core = first_core(),
+        api = api.addr
+    );
+    let proxy = Proxy::start_toml(&toml);
+    let get = |path: &str| {
+        format!("GET {path} HTTP/1.1\r\nHost: h.test\r\nX-Env: dev\r\n\r\n").into_bytes()
+    };
+    let r = raw_request(proxy.addr, &get("/elsewhere"), false).await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert_eq!(r.header("strict-transport-security"), Some("max-age=60"));
+    let r = raw_request(proxy.addr, &get("/own/x"), false).await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert_eq!(
+        r.header("strict-transport-security"),
+        None,
+        "lifted: {}",
+        r.head
+    );
+    let r = raw_request(proxy.addr, &get("/closed/x"), false).await;
+    assert_eq!(r.status, 403, "{}", r.head);
+    assert_eq!(r.header("strict-transport-security"), Some("max-age=60"));
+    let seen = api.requests();
+    assert_eq!(seen.len(), 2, "the refused request reached no backend");
+    let values = |i: usize, name: &str| {
+        (seen[i].headers.get_all(name).iter())
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(values(0, "x-env"), ["prod"], "the listener's rules");
+    assert_eq!(values(0, "x-own"), Vec::<String>::new());
+    assert_eq!(
+        values(1, "x-env"),
+        ["dev"],
+        "the route's own replace them whole"
+    );
+    assert_eq!(values(1, "x-own"), ["yes"]);
+}
+
 #[test]
 fn a_route_can_not_change_the_headers_pinlb_writes() {
     let toml = "[[listener]]\naddress = \"127.0.0.1:0\"\n[[listener.route]]\nupstream = \"a\"\nrequest_headers = { set = { \"Content-Length\" = \"1\" } }\n[upstream.a]\nbackends = [{ address = \"127.0.0.1:9001\" }]\n";

@@ -8,9 +8,7 @@
 
 use std::time::Duration;
 
-use pinlb::config::{
-    Config, ErrorPages, HeaderRules, Listener, RateLimit, RouteAction, RouteRule, Upstream,
-};
+use pinlb::config::{Config, ErrorPages, Listener, RateLimit, RouteAction, RouteRule, Upstream};
 
 /// A listener's lines, without their indent: what applies to its requests that no route
 /// replaces.
@@ -52,15 +50,6 @@ pub fn route(r: &RouteRule, l: &Listener, config: &Config) -> Vec<String> {
         }
         Some(limits) => out.push(format!("rate limit: {}", rate_limits(limits, config))),
         None => {}
-    }
-    if !r.request_headers.is_empty() {
-        out.push(format!("request headers: {}", headers(&r.request_headers)));
-    }
-    if !r.response_headers.is_empty() {
-        out.push(format!(
-            "response headers: {}",
-            headers(&r.response_headers)
-        ));
     }
     if let RouteAction::Proxy { upstream, .. } = &r.action {
         let u = config.upstreams.get(*upstream);
@@ -147,20 +136,6 @@ fn rate_limits(limits: &[RateLimit], config: &Config) -> String {
         })
         .collect();
     each.join("; ")
-}
-
-/// `set X-Real-IP: {client_ip}; add X-A: b; remove X-Debug`.
-fn headers(h: &HeaderRules) -> String {
-    let mut parts = Vec::new();
-    for (verb, list) in [("set", &h.set), ("add", &h.add)] {
-        for (name, value) in list {
-            parts.push(format!("{verb} {name}: {value}"));
-        }
-    }
-    if !h.remove.is_empty() {
-        parts.push(format!("remove {}", h.remove.join(", ")));
-    }
-    parts.join("; ")
 }
 
 /// `500, 502, 503, 504 from files, intercept_errors on`.
@@ -281,10 +256,10 @@ temp_dir = "{dir}"
             route(&l.routes[0], l, &c),
             [
                 "rate limit: none (its listener's lifted)",
-                "request headers: set x-real-ip: {client_ip}; remove x-debug",
-                "response headers: add x-served-by: pinlb",
                 "timeouts: connect 5s, response 30s (its own), send 60s",
                 "error pages: 502, 503 from files, intercept_errors on",
+                "request headers: set x-real-ip: {client_ip}; remove x-debug",
+                "response headers: add x-served-by: pinlb",
                 "server_timing: off",
                 "compress: off",
                 "limit_rate: off",

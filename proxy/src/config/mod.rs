@@ -57,6 +57,7 @@ use std::time::Duration;
 
 use crate::syntax::error::Source;
 pub use crate::syntax::error::{ConfigError, ConfigErrors};
+pub use crate::syntax::template::{Template, TemplatePart, Variable};
 pub use buffering::Buffering;
 pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
@@ -467,10 +468,6 @@ pub struct RouteRule {
     /// Headers that must be present with exactly this value (name lower-case); all of them.
     pub headers: Vec<(String, String)>,
     pub action: RouteAction,
-    /// `request_headers`: what changes in the request's header lines on the way to a backend.
-    pub request_headers: HeaderRules,
-    /// `response_headers`: what changes in a backend's response on the way to the client.
-    pub response_headers: HeaderRules,
     /// `timeouts`: the upstream's `connect`, `response` and `send` timeouts this route changes.
     pub timeouts: RouteTimeouts,
     /// The route's own `error_page` and `intercept_errors` (what it does not set taken from
@@ -499,30 +496,6 @@ impl RouteTimeouts {
             send: self.send.unwrap_or(upstream.send),
             ..upstream
         })
-    }
-}
-
-/// A route's `request_headers` or `response_headers`: `remove` drops every line of a name,
-/// `set` replaces every line of its name with one (nginx's `proxy_set_header`), `add` appends
-/// one (nginx's `add_header`). Values are [`Template`]s. Names are lower-case; the headers
-/// pinlb writes itself (Host, the framing and hop-by-hop ones, X-Forwarded-For/-Proto) are
-/// refused at load.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HeaderRules {
-    pub remove: Vec<String>,
-    pub set: Vec<(String, Template)>,
-    pub add: Vec<(String, Template)>,
-}
-
-impl HeaderRules {
-    pub fn is_empty(&self) -> bool {
-        self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
-    }
-
-    /// Whether a line named `name` is dropped: removed, or replaced by `set`.
-    pub fn drops(&self, name: &[u8]) -> bool {
-        let is = |n: &String| name.eq_ignore_ascii_case(n.as_bytes());
-        self.remove.iter().any(is) || self.set.iter().any(|(n, _)| is(n))
     }
 }
 
@@ -598,104 +571,6 @@ pub enum RouteAction {
     Redirect { status: u16, location: Template },
     /// Answer `status` with a fixed body (nginx's `return 403;`).
     Respond { status: u16, body: String },
-}
-
-/// A text with `{variables}`: `{scheme}`, `{host}` (without port), `{uri}` (the target as
-/// received, query included), `{path}` (without the query), `{query}` (without its `?`),
-/// `{is_args}` (`?` when the query is not empty, as nginx's `$is_args`: `{path}{is_args}{query}`
-/// keeps a query without leaving a bare `?`), `{client_ip}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Template(pub Vec<TemplatePart>);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Variable {
-    Scheme,
-    Host,
-    Uri,
-    Path,
-    Query,
-    IsArgs,
-    ClientIp,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TemplatePart {
-    Text(String),
-    Var(Variable),
-}
-
-impl Template {
-    pub const VARIABLES: &'static str =
-        "{scheme}, {host}, {uri}, {path}, {query}, {is_args}, {client_ip}";
-
-    /// Reads `{name}` variables out of `s`; `{{` and `}}` are literal braces.
-    pub fn parse(s: &str) -> Result<Template, String> {
-        let mut parts = Vec::new();
-        let mut text = String::new();
-        let mut rest = s;
-        while let Some(i) = rest.find(['{', '}']) {
-            text.push_str(&rest[..i]);
-            let tail = &rest[i..];
-            if tail.starts_with("{{") || tail.starts_with("}}") {
-                text.push_str(&tail[..1]);
-                rest = &tail[2..];
-                continue;
-            }
-            if tail.starts_with('}') {
-                return Err(format!(
-                    "unmatched '}}' in \"{s}\" (write '}}}}' for a brace)"
-                ));
-            }
-            let Some(end) = tail.find('}') else {
-                return Err(format!("unclosed '{{' in \"{s}\""));
-            };
-            let var = match &tail[1..end] {
-                "scheme" => Variable::Scheme,
-                "host" => Variable::Host,
-                "uri" => Variable::Uri,
-                "path" => Variable::Path,
-                "query" => Variable::Query,
-                "is_args" => Variable::IsArgs,
-                "client_ip" => Variable::ClientIp,
-                other => {
-                    return Err(format!(
-                        "unknown variable {{{other}}}, expected one of {}",
-                        Template::VARIABLES
-                    ));
-                }
-            };
-            if !text.is_empty() {
-                parts.push(TemplatePart::Text(std::mem::take(&mut text)));
-            }
-            parts.push(TemplatePart::Var(var));
-            rest = &tail[end + 1..];
-        }
-        text.push_str(rest);
-        if !text.is_empty() {
-            parts.push(TemplatePart::Text(text));
-        }
-        Ok(Template(parts))
-    }
-}
-
-impl fmt::Display for Template {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for part in &self.0 {
-            match part {
-                TemplatePart::Text(t) => f.write_str(&t.replace('{', "{{").replace('}', "}}"))?,
-                TemplatePart::Var(v) => f.write_str(match v {
-                    Variable::Scheme => "{scheme}",
-                    Variable::Host => "{host}",
-                    Variable::Uri => "{uri}",
-                    Variable::Path => "{path}",
-                    Variable::Query => "{query}",
-                    Variable::IsArgs => "{is_args}",
-                    Variable::ClientIp => "{client_ip}",
-                })?,
-            }
-        }
-        Ok(())
-    }
 }
 
 /// `[http2]`: HTTP/2 client connections (ALPN `h2` on TLS listeners, `h2c` on plain ones).

@@ -694,8 +694,6 @@ pub(super) struct RawRoute {
     pub rewrite_prefix: Option<Spanned<String>>,
     pub redirect: Option<Spanned<RawRedirect>>,
     pub respond: Option<Spanned<RawRespond>>,
-    pub request_headers: Option<Spanned<RawHeaderRules>>,
-    pub response_headers: Option<Spanned<RawHeaderRules>>,
     pub timeouts: Option<RawRouteTimeouts>,
     /// `[[listener.route.error_page]]`: this route's own pages, replacing the listener's.
     pub error_page: Option<Vec<Spanned<RawErrorPage>>>,
@@ -715,18 +713,6 @@ pub(super) struct RawRouteTimeouts {
     pub connect: Option<Spanned<Dur>>,
     pub response: Option<Spanned<Dur>>,
     pub send: Option<Spanned<Dur>>,
-}
-
-/// `{ set = { NAME = "value" }, add = { ... }, remove = ["NAME"] }`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawHeaderRules {
-    #[serde(default)]
-    pub set: BTreeMap<String, Spanned<String>>,
-    #[serde(default)]
-    pub add: BTreeMap<String, Spanned<String>>,
-    #[serde(default)]
-    pub remove: Vec<Spanned<String>>,
 }
 
 /// A string or a list of strings.

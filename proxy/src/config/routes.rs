@@ -6,11 +6,8 @@ use std::ops::Range;
 use toml::Spanned;
 
 use super::raw::positive;
-use super::raw::{OneOrMany, RawHeaderRules, RawRoute};
-use super::{
-    ConfigError, HeaderRules, HostPattern, PathMatch, RouteAction, RouteRule, RouteTimeouts,
-    Template,
-};
+use super::raw::{OneOrMany, RawRoute};
+use super::{ConfigError, HostPattern, PathMatch, RouteAction, RouteRule, RouteTimeouts, Template};
 use crate::syntax::error::Source;
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -132,15 +129,12 @@ fn route(
             .collect::<Result<Vec<_>>>()?,
     };
     let action = action(src, rkey, r, span.clone(), &path, upstream_index)?;
-    let rules = |raw: &Option<Spanned<RawHeaderRules>>, name: &str| match raw {
-        None => Ok(HeaderRules::default()),
-        Some(h) => header_rules(src, &format!("{rkey}.{name}"), h),
-    };
-    let request_headers = rules(&r.request_headers, "request_headers")?;
-    let response_headers = rules(&r.response_headers, "response_headers")?;
-    if !matches!(action, RouteAction::Proxy { .. }) && !request_headers.is_empty() {
+    if let (false, Some(at)) = (
+        matches!(action, RouteAction::Proxy { .. }),
+        r.modules.request_headers.span(),
+    ) {
         return Err(src.at(
-            r.request_headers.as_ref().map_or(span, |h| h.span()),
+            at,
             &format!("{rkey}.request_headers"),
             "only applies to a route with an upstream: no request goes anywhere from this one",
         ));
@@ -173,8 +167,6 @@ fn route(
         methods,
         headers,
         action,
-        request_headers,
-        response_headers,
         timeouts,
         // Resolved against the listener's by `validate::listener`.
         error_pages: None,
@@ -272,59 +264,6 @@ fn action(
     Ok(RouteAction::Respond {
         status,
         body: rs.body.clone().unwrap_or_default(),
-    })
-}
-
-/// `request_headers` or `response_headers`.
-fn header_rules(src: &Source, key: &str, raw: &Spanned<RawHeaderRules>) -> Result<HeaderRules> {
-    let name_ok = |name: &str, at: Range<usize>, what: &str| -> Result<String> {
-        let lower = name.to_ascii_lowercase();
-        if http::HeaderName::from_bytes(lower.as_bytes()).is_err() {
-            return Err(src.at(
-                at,
-                &format!("{key}.{what}"),
-                format!("\"{name}\" is not a header name"),
-            ));
-        }
-        let managed = crate::http1::hop::Hop::of(lower.as_bytes()).is_some()
-            || [
-                "host",
-                "content-length",
-                "x-forwarded-for",
-                "x-forwarded-proto",
-            ]
-            .contains(&lower.as_str());
-        if managed {
-            return Err(src.at(
-                at,
-                &format!("{key}.{what}"),
-                format!("\"{name}\" is written by pinlb itself (Host as the client sent it, the framing and hop-by-hop headers, X-Forwarded-For and -Proto) and can't be changed by a route"),
-            ));
-        }
-        Ok(lower)
-    };
-    let r = raw.get_ref();
-    let templates = |map: &std::collections::BTreeMap<String, Spanned<String>>, what: &str| {
-        map.iter()
-            .map(|(name, value)| {
-                let name = name_ok(name, value.span(), what)?;
-                let at = |e: String| src.at(value.span(), &format!("{key}.{what}.{name}"), e);
-                if value.get_ref().contains(['\r', '\n']) {
-                    return Err(at("a header value can't hold a line break".into()));
-                }
-                let t = Template::parse(value.get_ref()).map_err(at)?;
-                Ok((name, t))
-            })
-            .collect::<Result<Vec<_>>>()
-    };
-    Ok(HeaderRules {
-        set: templates(&r.set, "set")?,
-        add: templates(&r.add, "add")?,
-        remove: r
-            .remove
-            .iter()
-            .map(|n| name_ok(n.get_ref(), n.span(), "remove"))
-            .collect::<Result<Vec<_>>>()?,
     })
 }
 

@@ -772,7 +772,8 @@ impl Connection {
         let at = self.route.timed.get().then(std::time::Instant::now);
         let (route, tls) = (&self.route, self.stream.is_tls());
         let client = || self.stream.client_identity();
-        let begun = pipeline::begin(route, &mut head, self.peer, self.batch.as_ref(), at, client);
+        let (peer, batch) = (self.peer, self.batch.as_ref());
+        let begun = pipeline::begin(route, &mut head, peer, tls, batch, at, client);
         let decided = pipeline::decide(route, &head, refused.is_some(), tls, &self.peer);
         let Decided {
             upstream,

@@ -420,7 +420,15 @@ impl Shared {
         head.version = Version::HTTP_2;
         let refused = head.refused.take();
         let cert = || self.client.as_ref();
-        let begun = pipeline::begin(route, &mut head, self.peer, self.batch.as_ref(), at, cert);
+        let begun = pipeline::begin(
+            route,
+            &mut head,
+            self.peer,
+            client.https,
+            self.batch.as_ref(),
+            at,
+            cert,
+        );
         // `close` is HTTP/1.1's: one stream's answer closes no HTTP/2 connection.
         let Decided {
             upstream,

@@ -19,7 +19,7 @@
 //! Each phase is inlined into its caller: a listener without features pays for the flags it
 //! tests (`Route`'s, set per generation), as it did when each session had its own copy.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -30,8 +30,10 @@ use crate::http1::common::{ERROR_PAGE_TYPE, Reply};
 use crate::http1::request::RequestHead;
 use crate::proxy::accesslog::{Batch, Logged, Pending, Upstreamed};
 use crate::proxy::body::{ProxyBody, local_reply};
+use crate::proxy::forward::add_response_lines;
 use crate::proxy::request_id::RequestId;
 use crate::route::decision::{Decision, Edits, Route};
+use crate::syntax::template::Request;
 use crate::tls::client_identity::ClientIdentity;
 use crate::upstream::counters::Source;
 use crate::upstream::local::WorkerUpstream;
@@ -42,6 +44,9 @@ pub(crate) struct Begun {
     /// entry shares it.
     pub id: Option<Arc<RequestId>>,
     pub pending: Option<Pending>,
+    /// The client's address and whether it came over TLS, for the response's modules.
+    pub client: IpAddr,
+    pub https: bool,
 }
 
 /// A request whose head was parsed: counted, given its ID (`[request_id]`), its access-log
@@ -52,6 +57,7 @@ pub(crate) fn begin<'c>(
     route: &Route,
     head: &mut RequestHead,
     peer: SocketAddr,
+    https: bool,
     batch: Option<&Rc<Batch>>,
     at: Option<Instant>,
     client: impl FnOnce() -> Option<&'c Arc<ClientIdentity>>,
@@ -67,7 +73,12 @@ pub(crate) fn begin<'c>(
         .zip(at)
         .map(|(batch, at)| Pending::start(head, peer, batch, at, id.as_ref()));
     client_cert::edit(route, client, head, pending.as_mut());
-    Begun { id, pending }
+    Begun {
+        id,
+        pending,
+        client: peer.ip(),
+        https,
+    }
 }
 
 /// Where a request goes ([`decide`]).
@@ -145,7 +156,7 @@ fn module_answer(route: &Route, head: &RequestHead) -> Option<Decided> {
 /// A response on its way out, whatever made it: the proxy's answer (`proxied`: a backend's, or
 /// pinlb's 502/503/504 in its place) gets its error page if it has one (an answer of the
 /// route's own got its page in the route's decision); every response the route's response
-/// lines, the request ID and `Server-Timing` (`Route::finish_response`); then its modules' body
+/// ID's line; then its modules' (`Route::respond`): `response_headers`, `Server-Timing`, the body
 /// filters (`compress`, for a proxied one; `limit_rate`). Then the response is counted for `/metrics` and its log
 /// entry responded; the returned [`Logged`] writes the line when the body is done.
 #[inline(always)]
@@ -161,8 +172,13 @@ pub(crate) fn finish(
     if proxied {
         route.error_page(response, edits, &head.method);
     }
-    route.finish_response(response, edits, begun.id.as_deref());
-    route.respond(response, edits, head, proxied, upstreamed.as_deref());
+    add_response_lines(&mut response.headers, begun.id.as_deref());
+    let request = Request {
+        head,
+        https: begun.https,
+        client: begun.client,
+    };
+    route.respond(response, edits, request, proxied, upstreamed.as_deref());
     if let Some(s) = &route.stats {
         let source = match response.body {
             ProxyBody::Local(_) => Source::Pinlb,

@@ -30,6 +30,10 @@
 //!
 //! - [`access`]: nginx's `allow`/`deny`, `auth_basic` and `satisfy`: who may send a
 //!   listener's or a route's requests.
+//! - [`header_rules`]: what `request_headers` and `response_headers` share: their rules,
+//!   validated and applied.
+//! - [`request_headers`]: nginx's `proxy_set_header`: a proxied request's header lines edited.
+//! - [`response_headers`]: nginx's `add_header`: a response's header lines edited.
 //! - [`compress`]: nginx's `gzip` (with brotli and zstd): a response's body compressed for a
 //!   client that takes a coding.
 //! - [`limit_rate`]: nginx's `limit_rate` and `limit_rate_after`: a response sent at a bounded
@@ -54,6 +58,7 @@ use serde::Deserialize;
 
 use crate::http1::request::RequestHead;
 use crate::syntax::error::{ConfigError, Source};
+use crate::syntax::template::Request;
 
 /// Where a module's keys are validated: the file, the table's key (`listener[0]`,
 /// `listener[0].route[1]`), and the names of the file's upstreams, in order (a module that
@@ -139,7 +144,7 @@ pub(crate) struct Response<'a> {
     /// Its header lines, `name: value\r\n` each, which the module may edit.
     pub headers: &'a mut Vec<u8>,
     /// The request it answers.
-    pub request: &'a RequestHead,
+    pub request: Request<'a>,
     /// Its body's length, when known (before this module's filter).
     pub length: Option<u64>,
     /// The proxy's answer for a backend (a backend's response, or pinlb's 502/503/504 in its
@@ -201,6 +206,9 @@ pub(crate) trait Module {
     /// What it answers every request with, for `pinlb check`'s listener line, when it answers
     /// every one itself (`redirect_https`): such a listener needs no upstream.
     const ANSWERS_ALL: Option<&'static str> = None;
+    /// Whether it edits the header lines of the requests its route proxies
+    /// ([`Module::forward`]).
+    const FORWARD: bool = false;
     /// Whether it acts on every response's head ([`Module::response`]).
     const RESPONSE: bool = false;
     /// Whether it reads where a request's time went ([`Response::timing`]): the listener
@@ -237,6 +245,13 @@ pub(crate) trait Module {
     ) -> Option<Answer> {
         let _ = (config, local, head, client);
         None
+    }
+
+    /// The header lines `request` goes to its backend with: `lines` holds them when a module
+    /// before this one changed them (`None`: the request's own). Only asked of a module with
+    /// [`Module::FORWARD`], for a request its route proxies.
+    fn forward(config: &Arc<Self::Config>, request: &Request<'_>, lines: &mut Option<Vec<u8>>) {
+        let _ = (config, request, lines);
     }
 
     /// What it does to a response's head, whatever made it, before the body filters are
@@ -449,6 +464,21 @@ macro_rules! modules {
                 out
             }
 
+            /// Whether a module that is on edits the header lines of proxied requests.
+            pub(crate) fn forwards(&self) -> bool {
+                false $(|| (<$name::$ty as Module>::FORWARD && self.$name.is_some()))*
+            }
+
+            /// The header lines `request` goes to its backend with, when a module that is on
+            /// changes them; `None` keeps the request's own.
+            pub(crate) fn forward(&self, request: &Request<'_>) -> Option<Vec<u8>> {
+                let mut lines = None;
+                $(if let (true, Some(c)) = (<$name::$ty as Module>::FORWARD, &self.$name) {
+                    <$name::$ty as Module>::forward(c, request, &mut lines);
+                })*
+                lines
+            }
+
             /// Whether a module that is on may ask for side requests.
             pub(crate) fn sends_side_requests(&self) -> bool {
                 false $(|| (<$name::$ty as Module>::SIDE && self.$name.is_some()))*
@@ -537,9 +567,13 @@ macro_rules! modules {
     };
 }
 
+mod header_rules;
+
 modules! {
     access: AccessControl,
     redirect_https: RedirectHttps,
+    request_headers: RequestHeaders,
+    response_headers: ResponseHeaders,
     server_timing: ServerTiming,
     compress: Compression,
     limit_rate: LimitRate,

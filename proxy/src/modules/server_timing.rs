@@ -108,7 +108,11 @@ mod tests {
         let mut response = Response {
             status: http::StatusCode::OK,
             headers: &mut headers,
-            request: &head,
+            request: crate::syntax::template::Request {
+                head: &head,
+                https: false,
+                client: std::net::Ipv4Addr::LOCALHOST.into(),
+            },
             length: None,
             proxied: true,
             timing: Some(timing),

@@ -275,7 +275,7 @@ mod tests {
     }
 
     #[test]
-    fn a_changed_module_is_listed_by_its_key() {
+    fn a_changed_module_is_listed_by_its_keys() {
         let before = config("compress = true");
         assert_eq!(
             describe(&before, &config("compress = { gzip_level = 6 }"), &[], &[]),
@@ -288,7 +288,7 @@ mod tests {
                 &[],
                 &[]
             ),
-            "listener 127.0.0.1:8888: limit_rate changed"
+            "listener 127.0.0.1:8888: limit_rate or limit_rate_after changed"
         );
         assert_eq!(describe(&before, &config("compress = true"), &[], &[]), "");
     }

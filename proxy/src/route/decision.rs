@@ -9,10 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
-use crate::config::{
-    ErrorPages, Http2, Limits, Page, PathMatch, RequestIds, RouteAction, Template, TemplatePart,
-    Variable,
-};
+use crate::config::{ErrorPages, Http2, Limits, Page, PathMatch, RequestIds, RouteAction};
 use crate::edge::conn_limit::ConnGate;
 use crate::edge::controls::Controls;
 use crate::http1::common::Reply;
@@ -22,10 +19,10 @@ use crate::modules::{Answer, Configs, Locals, Response};
 use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::{ProxyBody, local_reply};
 use crate::proxy::downstream::Downstream;
-use crate::proxy::forward::{Overrides, PendingCopy, add_response_lines};
-use crate::proxy::request_id::RequestId;
+use crate::proxy::forward::{Overrides, PendingCopy};
 use crate::route::error_pages;
-use crate::route::table::{Router, host_without_port};
+use crate::route::table::Router;
+use crate::syntax::template::Request;
 use crate::tls::server::Terminator;
 use crate::upstream::counters::ListenerStats;
 use crate::upstream::local::WorkerUpstream;
@@ -240,6 +237,9 @@ pub(crate) struct Routes {
     pub own_modules: Vec<Option<Configs>>,
     /// A module of the listener or of a route may refuse requests (`access`).
     pub admits: bool,
+    /// A module of the listener or of a route edits proxied requests' header lines
+    /// (`request_headers`).
+    pub forwards: bool,
     /// This worker's own state for the listener's modules that refuse requests, and for each
     /// route's where it has modules of its own (by route index).
     pub default_locals: Locals,
@@ -324,6 +324,8 @@ impl Routes {
                 .map(|r| (r.modules != listener.modules).then(|| r.modules.clone()))
                 .collect(),
             admits: listener.modules.admits() || listener.routes.iter().any(|r| r.modules.admits()),
+            forwards: listener.modules.forwards()
+                || listener.routes.iter().any(|r| r.modules.forwards()),
             default_locals: listener.modules.locals(),
             own_locals: (listener.routes.iter())
                 .map(|r| (r.modules != listener.modules).then(|| r.modules.locals()))
@@ -356,54 +358,13 @@ pub(crate) enum Decision {
 pub(crate) struct Edits {
     /// What the proxy sends differently: the path, the header lines, the timeouts.
     pub request: Overrides,
-    /// `response_headers`: the names dropped from the response, and the lines added.
-    pub response: Option<(Vec<String>, Vec<u8>)>,
     /// The route's own error pages, over the listener's.
     pub pages: Option<Arc<ErrorPages>>,
     /// The route's own feature modules, over the listener's.
     pub modules: Option<Configs>,
 }
 
-impl Edits {
-    /// Applies `response_headers` to a response's header lines.
-    pub fn edit_response(&self, reply: &mut Reply<ProxyBody>) {
-        let Some((drop, add)) = &self.response else {
-            return;
-        };
-        let mut lines = Vec::with_capacity(reply.headers.len() + add.len());
-        for line in reply.headers.split_inclusive(|&b| b == b'\n') {
-            let name = &line[..line.iter().position(|&b| b == b':').unwrap_or(0)];
-            if !drop.iter().any(|d| name.eq_ignore_ascii_case(d.as_bytes())) {
-                lines.extend_from_slice(line);
-            }
-        }
-        lines.extend_from_slice(add);
-        reply.headers = lines;
-    }
-}
-
-/// A request's own values, for templates.
-struct Context<'a> {
-    head: &'a RequestHead,
-    https: bool,
-    client: IpAddr,
-}
-
 impl Route {
-    /// A response on its way to the client: its route's `response_headers`, then the request's
-    /// ID.
-    pub fn finish_response(
-        &self,
-        reply: &mut Reply<ProxyBody>,
-        edits: Option<&Edits>,
-        id: Option<&RequestId>,
-    ) {
-        if let Some(e) = edits {
-            e.edit_response(reply);
-        }
-        add_response_lines(&mut reply.headers, id);
-    }
-
     /// The proxy's answer replaced by its error page, where the request's route (or the
     /// listener) has one for its status: pinlb's own 502, 503, 504 or 413, and with
     /// `intercept_errors` a backend's error. A listener without pages pays for one flag.
@@ -428,21 +389,22 @@ impl Route {
     }
 
     /// What its route's modules (or the listener's) do to a response, when the listener or a
-    /// route has a module that acts on responses (`server_timing`, `compress`, `limit_rate`):
-    /// `proxied` says it is the proxy's answer for a backend, not the route's own, and
-    /// `upstreamed` what the backend's answer measured. A listener without pays for one flag.
+    /// route has a module that acts on responses (`response_headers`, `server_timing`,
+    /// `compress`, `limit_rate`): `proxied` says it is the proxy's answer for a backend, not the
+    /// route's own, and `upstreamed` what the backend's answer measured. A listener without
+    /// pays for one flag.
     #[inline]
     pub fn respond(
         &self,
         reply: &mut Reply<ProxyBody>,
         edits: Option<&Edits>,
-        head: &RequestHead,
+        request: Request<'_>,
         proxied: bool,
         upstreamed: Option<&Upstreamed>,
     ) {
         if self.responds.get() {
             let own = edits.and_then(|e| e.modules.as_ref());
-            self.modules_respond(reply, own, head, proxied, upstreamed);
+            self.modules_respond(reply, own, request, proxied, upstreamed);
         }
     }
 
@@ -495,7 +457,7 @@ impl Route {
         &self,
         reply: &mut Reply<ProxyBody>,
         own: Option<&Configs>,
-        head: &RequestHead,
+        request: Request<'_>,
         proxied: bool,
         upstreamed: Option<&Upstreamed>,
     ) {
@@ -509,7 +471,7 @@ impl Route {
             status: *status,
             length: body.remaining(),
             headers,
-            request: head,
+            request,
             proxied,
             timing: upstreamed.map(|u| u.timing.shown()),
         };
@@ -546,19 +508,25 @@ impl Route {
     pub fn decide(&self, head: &RequestHead, https: bool, peer: &SocketAddr) -> Decision {
         let routes = self.routes.borrow();
         if routes.router.is_empty() {
-            if routes.default_controls.is_none() && !routes.admits {
+            if routes.default_controls.is_none() && !routes.admits && !routes.forwards {
                 return Decision::Proxy(self.upstream.borrow().clone(), None);
             }
             // A listener without routes but with controls: no route to look for (that would
             // normalise the path for nothing).
-            return self.no_route(&routes, head, peer.ip());
+            return self.no_route(&routes, head, https, peer.ip());
         }
         self.decide_by_routes(&routes, head, https, peer.ip())
     }
 
     /// A request no route matches: the listener's controls, then its upstream, or 404.
     #[inline(never)]
-    fn no_route(&self, routes: &Routes, head: &RequestHead, client: IpAddr) -> Decision {
+    fn no_route(
+        &self,
+        routes: &Routes,
+        head: &RequestHead,
+        https: bool,
+        client: IpAddr,
+    ) -> Decision {
         let pages = routes.default_pages.as_deref();
         let stats = self.stats.as_deref();
         if let Some(refused) = (routes.default_controls.as_ref())
@@ -572,7 +540,24 @@ impl Route {
             return Decision::Answer(paged(refused, pages, &head.method), None);
         }
         if routes.has_default {
-            return Decision::Proxy(self.upstream.borrow().clone(), None);
+            let request = Request {
+                head,
+                https,
+                client,
+            };
+            let lines = routes
+                .forwards
+                .then(|| routes.default_modules.forward(&request));
+            let edits = lines.flatten().map(|lines| {
+                Box::new(Edits {
+                    request: Overrides {
+                        lines: Some(lines),
+                        ..Overrides::default()
+                    },
+                    ..Edits::default()
+                })
+            });
+            return Decision::Proxy(self.upstream.borrow().clone(), edits);
         }
         let reply = local_reply(
             StatusCode::NOT_FOUND,
@@ -592,13 +577,13 @@ impl Route {
         https: bool,
         client: IpAddr,
     ) -> Decision {
-        let cx = Context {
+        let request = Request {
             head,
             https,
             client,
         };
         let Some((index, rule, path)) = routes.router.find(head) else {
-            return self.no_route(routes, head, client);
+            return self.no_route(routes, head, https, client);
         };
         let stats = self.stats.as_deref();
         if let Some(refused) = (routes.controls.get(index).and_then(Option::as_ref))
@@ -637,52 +622,48 @@ impl Route {
                     }
                     _ => None,
                 };
-                let rules = &rule.request_headers;
-                let lines = (!rules.is_empty()).then(|| {
-                    let mut out = Vec::with_capacity(head.lines().len() + 64);
-                    edit_lines(rules, head.lines(), &cx, &mut out);
-                    out
+                let modules = routes.own_modules.get(index).cloned().flatten();
+                let lines = routes.forwards.then(|| {
+                    (modules.as_ref())
+                        .unwrap_or(&routes.default_modules)
+                        .forward(&request)
                 });
-                let response = response_edit(rule, &cx);
                 let timeouts = rule.timeouts.over(upstream.shared.config.timeouts);
                 let edits = Edits {
                     request: Overrides {
                         path: rewritten,
-                        lines,
+                        lines: lines.flatten(),
                         timeouts,
                         preferred: None,
                         copies: Vec::new(),
                     },
-                    response,
                     pages: rule.error_pages.clone(),
-                    modules: routes.own_modules.get(index).cloned().flatten(),
+                    modules,
                 };
                 let changes = edits.request.path.is_some()
                     || edits.pages.is_some()
                     || edits.request.lines.is_some()
                     || edits.request.timeouts.is_some()
-                    || edits.response.is_some()
                     || edits.modules.is_some();
                 Decision::Proxy(upstream, changes.then(|| Box::new(edits)))
             }
             RouteAction::Redirect { status, location } => {
                 let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::FOUND);
                 let mut line = b"location: ".to_vec();
-                render(location, &cx, &mut line);
+                location.render(&request, &mut line);
                 line.extend_from_slice(b"\r\n");
                 let page = format!(
                     "{} {}\n",
                     status.as_u16(),
                     status.canonical_reason().unwrap_or("")
                 );
-                let mut reply = local_reply(
+                let reply = local_reply(
                     status,
                     ERROR_PAGE_TYPE,
                     Bytes::from(page),
                     &line,
                     &head.method,
                 );
-                response_edits(rule, &cx, &mut reply);
                 Decision::Answer(reply, routes.answer_edits(index))
             }
             RouteAction::Respond { status, body } => {
@@ -699,7 +680,6 @@ impl Route {
                     let pages = routes.pages(rule);
                     reply = paged(reply, pages, &head.method);
                 }
-                response_edits(rule, &cx, &mut reply);
                 Decision::Answer(reply, routes.answer_edits(index))
             }
         }
@@ -716,85 +696,6 @@ fn paged(
         error_pages::apply(pages, &mut reply, method);
     }
     reply
-}
-
-/// `response_headers` rendered for this request; `None` when the route has none.
-fn response_edit(rule: &crate::config::RouteRule, cx: &Context) -> Option<(Vec<String>, Vec<u8>)> {
-    let rules = &rule.response_headers;
-    if rules.is_empty() {
-        return None;
-    }
-    let drop = rules
-        .remove
-        .iter()
-        .chain(rules.set.iter().map(|(n, _)| n))
-        .cloned()
-        .collect();
-    let mut add = Vec::new();
-    edit_lines(rules, b"", cx, &mut add);
-    Some((drop, add))
-}
-
-/// `response_headers` applied to an answer of pinlb's own.
-fn response_edits(rule: &crate::config::RouteRule, cx: &Context, reply: &mut Reply<ProxyBody>) {
-    let edits = Edits {
-        request: Overrides::default(),
-        response: response_edit(rule, cx),
-        pages: None,
-        modules: None,
-    };
-    edits.edit_response(reply);
-}
-
-/// `lines` with `rules` applied: lines of a removed or set name dropped, then the `set` and
-/// `add` lines, rendered for this request.
-fn edit_lines(rules: &crate::config::HeaderRules, lines: &[u8], cx: &Context, out: &mut Vec<u8>) {
-    for line in lines.split_inclusive(|&b| b == b'\n') {
-        let name = &line[..line.iter().position(|&b| b == b':').unwrap_or(0)];
-        if !rules.drops(name) {
-            out.extend_from_slice(line);
-        }
-    }
-    for (name, value) in rules.set.iter().chain(&rules.add) {
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b": ");
-        render(value, cx, out);
-        out.extend_from_slice(b"\r\n");
-    }
-}
-
-/// Writes `template` for this request: `{host}` without its port, `{uri}` the target as
-/// received (origin-form, query included), `{path}` and `{query}` its two parts.
-fn render(template: &Template, cx: &Context, out: &mut Vec<u8>) {
-    let Context {
-        head,
-        https,
-        client,
-    } = *cx;
-    let target = head.path();
-    let (path, query) = match target.iter().position(|&b| b == b'?') {
-        Some(q) => (&target[..q], &target[q + 1..]),
-        None => (target, &b""[..]),
-    };
-    for part in &template.0 {
-        match part {
-            TemplatePart::Text(t) => out.extend_from_slice(t.as_bytes()),
-            TemplatePart::Var(Variable::Scheme) => {
-                out.extend_from_slice(if https { b"https" } else { b"http" });
-            }
-            TemplatePart::Var(Variable::Host) => {
-                out.extend_from_slice(head.host().map(host_without_port).unwrap_or_default());
-            }
-            TemplatePart::Var(Variable::Uri) => out.extend_from_slice(target),
-            TemplatePart::Var(Variable::Path) => out.extend_from_slice(path),
-            TemplatePart::Var(Variable::Query) => out.extend_from_slice(query),
-            TemplatePart::Var(Variable::IsArgs) if !query.is_empty() => out.push(b'?'),
-            TemplatePart::Var(Variable::IsArgs) => {}
-            TemplatePart::Var(Variable::ClientIp) => {
-                out.extend_from_slice(client.to_string().as_bytes())
-            }
-        }
-    }
 }
 
 /// What applies to every client of a listener, whatever its upstream.

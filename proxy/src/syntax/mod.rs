@@ -5,7 +5,9 @@
 //! - [`error`]: a configuration error and where in the file it points; every error at once.
 //! - [`values`]: durations and sizes as the file writes them.
 //! - [`keys`]: every table's keys, read from the serde types that read the file.
+//! - [`template`]: a text with `{variables}` from the request it is written for.
 
 pub mod error;
 pub(crate) mod keys;
+pub mod template;
 pub(crate) mod values;

@@ -57,7 +57,7 @@ impl Module for Compression {
     }
 
     fn filter(c: &Arc<Compress>, response: &mut Response<'_>) -> Option<Compressor> {
-        let request = response.request;
+        let request = response.request.head;
         if !response.proxied || request.method == Method::HEAD {
             return None;
         }
