@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use pinlb::config::{Config, ErrorPages, Listener, RateLimit, RouteAction, RouteRule, Upstream};
+use pinlb::config::{Config, Listener, RateLimit, RouteAction, RouteRule, Upstream};
 
 /// A listener's lines, without their indent: what applies to its requests that no route
 /// replaces.
@@ -25,9 +25,6 @@ pub fn listener(l: &Listener, config: &Config) -> Vec<String> {
             "conn limit: {} open connections per client address, {} addresses tracked",
             c.max, c.keys
         ));
-    }
-    if let Some(p) = &l.error_pages {
-        out.push(format!("error pages: {}", pages(p)));
     }
     if let Some(from) = &l.proxy_protocol {
         let nets: Vec<String> = from.iter().map(ToString::to_string).collect();
@@ -56,9 +53,6 @@ pub fn route(r: &RouteRule, l: &Listener, config: &Config) -> Vec<String> {
         if let Some(u) = u.filter(|_| !own_timeouts(r).is_empty()) {
             out.push(format!("timeouts: {}", timeouts(r, u)));
         }
-    }
-    if let Some(p) = &r.error_pages {
-        out.push(format!("error pages: {}", pages(p)));
     }
     // The feature modules, where the route's are not its listener's.
     out.extend(r.modules.describe_over(&l.modules));
@@ -136,19 +130,6 @@ fn rate_limits(limits: &[RateLimit], config: &Config) -> String {
         })
         .collect();
     each.join("; ")
-}
-
-/// `500, 502, 503, 504 from files, intercept_errors on`.
-fn pages(p: &ErrorPages) -> String {
-    let statuses: Vec<String> = p.statuses().map(|s| s.to_string()).collect();
-    let listed = match statuses.is_empty() {
-        true => "none".to_string(),
-        false => format!("{} from files", statuses.join(", ")),
-    };
-    match p.intercept {
-        true => format!("{listed}, intercept_errors on"),
-        false => listed,
-    }
 }
 
 /// `connect 5s, response 30s (its own), send 60s`: what the route's requests get.
@@ -244,9 +225,9 @@ temp_dir = "{dir}"
             [
                 "rate limit: zone api (5r/s per header:x-key, 1000 keys), burst 3, over it 429",
                 "conn limit: 50 open connections per client address, 2000 addresses tracked",
-                "error pages: 502, 503 from files",
                 "PROXY protocol: every connection begins with one, from 10.0.0.0/8",
                 "access: 2 rule(s), first allow 10.0.0.0/8",
+                "error pages: 502, 503 from files",
                 "server_timing on",
                 "compress: br level 4, gzip level 1, types text/html, from 100 bytes",
                 "limit_rate 100.0 KiB/s after 1.0 MiB",
@@ -257,8 +238,8 @@ temp_dir = "{dir}"
             [
                 "rate limit: none (its listener's lifted)",
                 "timeouts: connect 5s, response 30s (its own), send 60s",
-                "error pages: 502, 503 from files, intercept_errors on",
                 "request headers: set x-real-ip: {client_ip}; remove x-debug",
+                "error pages: 502, 503 from files, intercept_errors on",
                 "response headers: add x-served-by: pinlb",
                 "server_timing: off",
                 "compress: off",

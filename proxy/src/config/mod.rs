@@ -13,8 +13,6 @@
 //! Every error is a [`ConfigError`] that reads `file:line:col: key: what was expected`; a file's
 //! errors are reported all at once, in file order, as [`ConfigErrors`].
 //!
-//! - [`error_pages`]: `error_page` and `intercept_errors`: pinlb's own error answers' pages,
-//!   read from their files.
 //! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
 //! - [`edge_limits`]: `[limit.NAME]` rate zones, `rate_limit` and `conn_limit`.
@@ -34,7 +32,6 @@
 mod buffering;
 mod client_certs;
 mod edge_limits;
-mod error_pages;
 mod fastcgi;
 pub mod log_format;
 mod outlier;
@@ -55,12 +52,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::modules::error_pages::{MAX_PAGE_BYTES, content_type_for};
 use crate::syntax::error::Source;
 pub use crate::syntax::error::{ConfigError, ConfigErrors};
 pub use crate::syntax::template::{Template, TemplatePart, Variable};
 pub use buffering::Buffering;
 pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
-pub use error_pages::{ErrorPages, MAX_PAGE_BYTES, Page, content_type_for};
 pub use fastcgi::Fastcgi;
 pub use log_format::AccessTemplate;
 pub use outlier::Outlier;
@@ -442,8 +439,6 @@ pub struct Listener {
     /// them (`listen(2)`; nginx's `listen … backlog=`, HAProxy's `backlog`). By default the
     /// kernel's own ceiling, `net.core.somaxconn`, read when the file is validated.
     pub backlog: u32,
-    /// `error_page` and `intercept_errors`, the files read; `None` when it sets neither.
-    pub error_pages: Option<Arc<ErrorPages>>,
     /// `rate_limit`: the zones its requests must pass (a route's own list replaces it).
     pub rate_limits: Vec<RateLimit>,
     /// `conn_limit`: open connections per client address; `None`: no limit but the process's.
@@ -470,9 +465,6 @@ pub struct RouteRule {
     pub action: RouteAction,
     /// `timeouts`: the upstream's `connect`, `response` and `send` timeouts this route changes.
     pub timeouts: RouteTimeouts,
-    /// The route's own `error_page` and `intercept_errors` (what it does not set taken from
-    /// its listener's); `None` takes the listener's whole.
-    pub error_pages: Option<Arc<ErrorPages>>,
     /// `rate_limit`: this route's own zones; `None` takes the listener's.
     pub rate_limits: Option<Vec<RateLimit>>,
     /// The feature modules that are on for its requests: its own keys over the listener's.

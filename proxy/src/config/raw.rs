@@ -15,7 +15,6 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use toml::Spanned;
 
-use super::error_pages::RawErrorPage;
 use super::{Algorithm, Protocol, StatusSet};
 use crate::modules::{self, RawModules, Taken};
 use crate::syntax::error::{ConfigError, ConfigErrors, Source};
@@ -663,10 +662,6 @@ pub(super) struct RawListener {
     /// `[[listener.route]]`.
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,
-    /// `[[listener.error_page]]`: the pages of pinlb's own 4xx and 5xx.
-    pub error_page: Option<Vec<Spanned<RawErrorPage>>>,
-    /// A backend's errors that have a page answered with it (nginx's `proxy_intercept_errors`).
-    pub intercept_errors: Option<Spanned<bool>>,
     pub rate_limit: RawRateLimits,
     pub conn_limit: Option<Spanned<RawConnLimit>>,
     /// Connections from `proxy_protocol_from` begin with a PROXY protocol header.
@@ -695,10 +690,6 @@ pub(super) struct RawRoute {
     pub redirect: Option<Spanned<RawRedirect>>,
     pub respond: Option<Spanned<RawRespond>>,
     pub timeouts: Option<RawRouteTimeouts>,
-    /// `[[listener.route.error_page]]`: this route's own pages, replacing the listener's.
-    pub error_page: Option<Vec<Spanned<RawErrorPage>>>,
-    /// This route's own `intercept_errors`, over the listener's.
-    pub intercept_errors: Option<Spanned<bool>>,
     /// Its own list replaces the listener's.
     pub rate_limit: RawRateLimits,
     /// The feature modules' keys, taken out of the table before serde reads it.

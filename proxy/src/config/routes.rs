@@ -168,8 +168,6 @@ fn route(
         headers,
         action,
         timeouts,
-        // Resolved against the listener's by `validate::listener`.
-        error_pages: None,
         rate_limits: None,
         // Resolved against the listener's by `validate::listener`.
         modules: Default::default(),

@@ -1340,12 +1340,6 @@ fn listener(
     let mut routes = super::routes::routes(src, key, &l.route, |rkey, u| {
         upstream_index(src, rkey, u, upstreams)
     })?;
-    let error_pages = super::error_pages::listener(
-        src,
-        key,
-        l.error_page.as_deref(),
-        l.intercept_errors.as_ref(),
-    )?;
     let modules = Configs::validate(
         &Place {
             src,
@@ -1358,9 +1352,6 @@ fn listener(
     )?;
     for (i, (rule, r)) in routes.iter_mut().zip(&l.route).enumerate() {
         let (r, rkey) = (r.get_ref(), format!("{key}.route[{i}]"));
-        let (pages, intercept) = (r.error_page.as_deref(), r.intercept_errors.as_ref());
-        rule.error_pages =
-            super::error_pages::route(src, &rkey, pages, intercept, error_pages.as_deref())?;
         let at = Place {
             src,
             key: &rkey,
@@ -1430,7 +1421,6 @@ fn listener(
         has_default: l.upstream.is_some(),
         routes,
         backlog,
-        error_pages,
         rate_limits: Vec::new(),
         conn_limit: None,
         proxy_protocol: super::proxy_protocol::accept(src, key, l)?.map(Arc::new),

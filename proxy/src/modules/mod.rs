@@ -33,6 +33,8 @@
 //! - [`header_rules`]: what `request_headers` and `response_headers` share: their rules,
 //!   validated and applied.
 //! - [`request_headers`]: nginx's `proxy_set_header`: a proxied request's header lines edited.
+//! - [`error_pages`]: nginx's `error_page` and `proxy_intercept_errors`: answers replaced by
+//!   pages from files.
 //! - [`response_headers`]: nginx's `add_header`: a response's header lines edited.
 //! - [`compress`]: nginx's `gzip` (with brotli and zstd): a response's body compressed for a
 //!   client that takes a coding.
@@ -122,6 +124,15 @@ impl Refusal {
     ];
 }
 
+/// An answer's body replaced by a page ([`Module::page`]).
+pub(crate) struct Paged {
+    /// Its `content-type: …\r\n` line.
+    pub content_type: Vec<u8>,
+    /// The answer's other header lines that stay.
+    pub lines: Vec<u8>,
+    pub body: Bytes,
+}
+
 /// A copy of a request that a module sends to another upstream, beside the request, never
 /// waited for: its answer is read and dropped.
 pub(crate) struct SideRequest {
@@ -209,6 +220,8 @@ pub(crate) trait Module {
     /// Whether it edits the header lines of the requests its route proxies
     /// ([`Module::forward`]).
     const FORWARD: bool = false;
+    /// Whether it may replace an answer's body by a page ([`Module::page`]).
+    const PAGES: bool = false;
     /// Whether it acts on every response's head ([`Module::response`]).
     const RESPONSE: bool = false;
     /// Whether it reads where a request's time went ([`Response::timing`]): the listener
@@ -252,6 +265,14 @@ pub(crate) trait Module {
     /// [`Module::FORWARD`], for a request its route proxies.
     fn forward(config: &Arc<Self::Config>, request: &Request<'_>, lines: &mut Option<Vec<u8>>) {
         let _ = (config, request, lines);
+    }
+
+    /// The page that replaces an answer with `status` and header lines `headers` (`own`: an
+    /// answer of pinlb's own, not a backend's), if it has one. Only asked of a module with
+    /// [`Module::PAGES`], before the response phase.
+    fn page(config: &Arc<Self::Config>, status: u16, own: bool, headers: &[u8]) -> Option<Paged> {
+        let _ = (config, status, own, headers);
+        None
     }
 
     /// What it does to a response's head, whatever made it, before the body filters are
@@ -464,6 +485,22 @@ macro_rules! modules {
                 out
             }
 
+            /// Whether a module that is on may replace answers by pages.
+            pub(crate) fn pages(&self) -> bool {
+                false $(|| (<$name::$ty as Module>::PAGES && self.$name.is_some()))*
+            }
+
+            /// The page of the first module, in registry order, that has one for an answer
+            /// with `status` and `headers` (`own`: pinlb's own answer).
+            pub(crate) fn page(&self, status: u16, own: bool, headers: &[u8]) -> Option<Paged> {
+                $(if let (true, Some(c)) = (<$name::$ty as Module>::PAGES, &self.$name) {
+                    if let Some(p) = <$name::$ty as Module>::page(c, status, own, headers) {
+                        return Some(p);
+                    }
+                })*
+                None
+            }
+
             /// Whether a module that is on edits the header lines of proxied requests.
             pub(crate) fn forwards(&self) -> bool {
                 false $(|| (<$name::$ty as Module>::FORWARD && self.$name.is_some()))*
@@ -573,6 +610,7 @@ modules! {
     access: AccessControl,
     redirect_https: RedirectHttps,
     request_headers: RequestHeaders,
+    error_pages: ErrorPage,
     response_headers: ResponseHeaders,
     server_timing: ServerTiming,
     compress: Compression,

@@ -9,18 +9,17 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
-use crate::config::{ErrorPages, Http2, Limits, Page, PathMatch, RequestIds, RouteAction};
+use crate::config::{Http2, Limits, PathMatch, RequestIds, RouteAction};
 use crate::edge::conn_limit::ConnGate;
 use crate::edge::controls::Controls;
 use crate::http1::common::Reply;
 use crate::http1::common::{ERROR_PAGE_TYPE, RequestFraming};
 use crate::http1::request::RequestHead;
-use crate::modules::{Answer, Configs, Locals, Response};
+use crate::modules::{Answer, Configs, Locals, Paged, Response};
 use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::{ProxyBody, local_reply};
 use crate::proxy::downstream::Downstream;
 use crate::proxy::forward::{Overrides, PendingCopy};
-use crate::route::error_pages;
 use crate::route::table::Router;
 use crate::syntax::template::Request;
 use crate::tls::server::Terminator;
@@ -124,7 +123,7 @@ impl RouteSettings {
             timed: counting || spans,
             spans,
             routes: Rc::new(Routes::new(l, upstreams, &config.rate_zones, tables)),
-            paged: l.error_pages.is_some() || l.routes.iter().any(|r| r.error_pages.is_some()),
+            paged: l.modules.pages() || l.routes.iter().any(|r| r.modules.pages()),
             conn_limit: l.conn_limit.map(|c| {
                 Rc::new(ConnGate {
                     table: tables.conn(l.address, &c),
@@ -229,8 +228,6 @@ pub(crate) struct Routes {
     pub controls: Vec<Option<Controls>>,
     /// The listener's own edge controls, for the requests no route matches.
     pub default_controls: Option<Controls>,
-    /// The listener's error pages, for its requests that no route with pages of its own takes.
-    pub default_pages: Option<Arc<ErrorPages>>,
     /// The listener's feature modules, for its requests that no route with its own takes.
     pub default_modules: Configs,
     /// Each route's feature modules where they are not the listener's, by route index.
@@ -288,11 +285,11 @@ impl Routes {
         ))
     }
 
-    /// The error pages of `rule`'s answers: its own, or the listener's.
-    fn pages<'a>(&'a self, rule: &'a crate::config::RouteRule) -> Option<&'a ErrorPages> {
-        rule.error_pages
-            .as_deref()
-            .or(self.default_pages.as_deref())
+    /// The feature modules of route `index`'s requests (the listener's for `None`): its own,
+    /// or the listener's.
+    fn modules(&self, index: Option<usize>) -> &Configs {
+        let own = index.and_then(|i| self.own_modules.get(i)?.as_ref());
+        own.unwrap_or(&self.default_modules)
     }
 
     /// A listener's routes, each proxying route's upstream taken from this worker's
@@ -318,7 +315,6 @@ impl Routes {
                 .map(|r| Controls::new(listener, Some(r), zones, tables))
                 .collect(),
             default_controls: Controls::new(listener, None, zones, tables),
-            default_pages: listener.error_pages.clone(),
             default_modules: listener.modules.clone(),
             own_modules: (listener.routes.iter())
                 .map(|r| (r.modules != listener.modules).then(|| r.modules.clone()))
@@ -358,8 +354,6 @@ pub(crate) enum Decision {
 pub(crate) struct Edits {
     /// What the proxy sends differently: the path, the header lines, the timeouts.
     pub request: Overrides,
-    /// The route's own error pages, over the listener's.
-    pub pages: Option<Arc<ErrorPages>>,
     /// The route's own feature modules, over the listener's.
     pub modules: Option<Configs>,
 }
@@ -371,7 +365,7 @@ impl Route {
     #[inline]
     pub fn error_page(&self, reply: &mut Reply<ProxyBody>, edits: Option<&Edits>, method: &Method) {
         if self.paged.get() {
-            self.replace_by_page(reply, edits.and_then(|e| e.pages.as_deref()), method);
+            self.replace_by_page(reply, edits.and_then(|e| e.modules.as_ref()), method);
         }
     }
 
@@ -379,13 +373,11 @@ impl Route {
     fn replace_by_page(
         &self,
         reply: &mut Reply<ProxyBody>,
-        own: Option<&ErrorPages>,
+        own: Option<&Configs>,
         method: &Method,
     ) {
         let routes = self.routes.borrow();
-        if let Some(pages) = own.or(routes.default_pages.as_deref()) {
-            error_pages::apply(pages, reply, method);
-        }
+        paged(reply, own.unwrap_or(&routes.default_modules), method);
     }
 
     /// What its route's modules (or the listener's) do to a response, when the listener or a
@@ -493,12 +485,12 @@ impl Route {
     /// The listener's page for `status`, for an answer to a request head no route has seen
     /// (malformed, too large, too late).
     #[inline]
-    pub fn listener_page(&self, status: StatusCode) -> Option<Arc<Page>> {
+    pub fn listener_page(&self, status: StatusCode) -> Option<Paged> {
         if !self.paged.get() {
             return None;
         }
         let routes = self.routes.borrow();
-        routes.default_pages.as_ref()?.get(status.as_u16()).cloned()
+        routes.default_modules.page(status.as_u16(), true, b"")
     }
 
     /// Where `head` goes: the first route that matches it, or the listener's upstream.
@@ -527,9 +519,8 @@ impl Route {
         https: bool,
         client: IpAddr,
     ) -> Decision {
-        let pages = routes.default_pages.as_deref();
         let stats = self.stats.as_deref();
-        if let Some(refused) = (routes.default_controls.as_ref())
+        if let Some(mut refused) = (routes.default_controls.as_ref())
             .and_then(|c| c.check(head, client, stats))
             .or_else(|| {
                 routes
@@ -537,7 +528,8 @@ impl Route {
                     .then(|| routes.admit(None, head, client, stats))?
             })
         {
-            return Decision::Answer(paged(refused, pages, &head.method), None);
+            paged(&mut refused, &routes.default_modules, &head.method);
+            return Decision::Answer(refused, None);
         }
         if routes.has_default {
             let request = Request {
@@ -559,14 +551,15 @@ impl Route {
             });
             return Decision::Proxy(self.upstream.borrow().clone(), edits);
         }
-        let reply = local_reply(
+        let mut reply = local_reply(
             StatusCode::NOT_FOUND,
             ERROR_PAGE_TYPE,
             Bytes::from_static(b"404 Not Found: no route matches this request\n"),
             b"",
             &head.method,
         );
-        Decision::Answer(paged(reply, pages, &head.method), None)
+        paged(&mut reply, &routes.default_modules, &head.method);
+        Decision::Answer(reply, None)
     }
 
     #[inline(never)]
@@ -586,7 +579,7 @@ impl Route {
             return self.no_route(routes, head, https, client);
         };
         let stats = self.stats.as_deref();
-        if let Some(refused) = (routes.controls.get(index).and_then(Option::as_ref))
+        if let Some(mut refused) = (routes.controls.get(index).and_then(Option::as_ref))
             .and_then(|c| c.check(head, client, stats))
             .or_else(|| {
                 routes
@@ -594,11 +587,8 @@ impl Route {
                     .then(|| routes.admit(Some(index), head, client, stats))?
             })
         {
-            let pages = routes.pages(rule);
-            return Decision::Answer(
-                paged(refused, pages, &head.method),
-                routes.answer_edits(index),
-            );
+            paged(&mut refused, routes.modules(Some(index)), &head.method);
+            return Decision::Answer(refused, routes.answer_edits(index));
         }
         match &rule.action {
             RouteAction::Proxy { rewrite_prefix, .. } => {
@@ -637,11 +627,9 @@ impl Route {
                         preferred: None,
                         copies: Vec::new(),
                     },
-                    pages: rule.error_pages.clone(),
                     modules,
                 };
                 let changes = edits.request.path.is_some()
-                    || edits.pages.is_some()
                     || edits.request.lines.is_some()
                     || edits.request.timeouts.is_some()
                     || edits.modules.is_some();
@@ -677,8 +665,7 @@ impl Route {
                 );
                 if body.is_empty() {
                     // As nginx's `return 404;`: without a text of its own, the status's page.
-                    let pages = routes.pages(rule);
-                    reply = paged(reply, pages, &head.method);
+                    paged(&mut reply, routes.modules(Some(index)), &head.method);
                 }
                 Decision::Answer(reply, routes.answer_edits(index))
             }
@@ -686,16 +673,18 @@ impl Route {
     }
 }
 
-/// An answer of pinlb's own (a refusal, or 404) with its page from `pages`, if it has one.
-fn paged(
-    mut reply: Reply<ProxyBody>,
-    pages: Option<&ErrorPages>,
-    method: &Method,
-) -> Reply<ProxyBody> {
-    if let Some(pages) = pages {
-        error_pages::apply(pages, &mut reply, method);
+/// `reply` answered with its status's page from `modules`, if one has a page for it (a
+/// backend's only with `intercept_errors`). A HEAD gets the page's headers without its body.
+fn paged(reply: &mut Reply<ProxyBody>, modules: &Configs, method: &Method) {
+    let own = matches!(reply.body, ProxyBody::Local(_));
+    if let Some(page) = modules.page(reply.status.as_u16(), own, &reply.headers) {
+        let Paged {
+            content_type,
+            lines,
+            body,
+        } = page;
+        *reply = local_reply(reply.status, &content_type, body, &lines, method);
     }
-    reply
 }
 
 /// What applies to every client of a listener, whatever its upstream.

@@ -2,11 +2,8 @@
 //!
 //! - [`table`]: a listener's routes compiled for matching: by host, then in file order on the
 //!   normalised path, method and headers.
-//! - [`error_pages`]: an answer replaced by its error page: pinlb's own errors, and a
-//!   backend's with `intercept_errors`.
 //! - [`decision`]: a request's route (its upstream, or a local answer, and its edits), and the
 //!   rules for a listener's clients, read anew per request so open connections follow a reload.
 
 pub(crate) mod decision;
-pub(crate) mod error_pages;
 pub(crate) mod table;

@@ -29,10 +29,18 @@ const TYPES: [(&str, &str); 6] = [
     ("svg", "image/svg+xml"),
 ];
 
+/// The keys as the file writes them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Raw {
+    error_page: Option<Vec<Spanned<RawErrorPage>>>,
+    intercept_errors: Option<Spanned<bool>>,
+}
+
 /// One `[[listener.error_page]]` (or `[[listener.route.error_page]]`) as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawErrorPage {
+struct RawErrorPage {
     /// One status or a list.
     pub status: Spanned<Statuses>,
     pub file: Spanned<String>,
@@ -42,14 +50,14 @@ pub(super) struct RawErrorPage {
 /// `status = 404` or `status = [502, 503, 504]`.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
-pub(super) enum Statuses {
+enum Statuses {
     One(i64),
     Many(Vec<i64>),
 }
 
 /// One page: its `content-type` header line and its body.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Page {
+pub(crate) struct Page {
     /// `content-type: …\r\n`, as pinlb keeps header lines.
     pub content_type: Vec<u8>,
     /// The file's bytes, as read at load.
@@ -67,7 +75,7 @@ impl std::fmt::Debug for Page {
 /// A listener's or a route's error pages, by status, and whether a backend's own errors that
 /// have a page are replaced by it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ErrorPages {
+pub(crate) struct ErrorPages {
     /// Sorted by status, each status once.
     pages: Vec<(u16, Arc<Page>)>,
     /// `intercept_errors` (nginx's `proxy_intercept_errors`), off by default as nginx's: a
@@ -77,6 +85,7 @@ pub struct ErrorPages {
 
 impl ErrorPages {
     /// `pages` by status (each once; the order does not matter).
+    #[cfg(test)]
     pub fn new(mut pages: Vec<(u16, Arc<Page>)>, intercept: bool) -> ErrorPages {
         pages.sort_by_key(|(s, _)| *s);
         pages.dedup_by_key(|(s, _)| *s);
@@ -97,41 +106,25 @@ impl ErrorPages {
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
-/// A listener's pages: `Some` when it sets `error_page` or `intercept_errors`.
-pub(super) fn listener(
+/// The pages of the table at `key` from its keys `raw`, over its listener's `inherited` (for
+/// a route): its own when it sets `error_page` or `intercept_errors` (what it does not set
+/// taken from the listener's), else the listener's whole; `None` when none apply.
+pub(super) fn validate(
     src: &Source,
     key: &str,
-    pages: Option<&[Spanned<RawErrorPage>]>,
-    intercept: Option<&Spanned<bool>>,
+    raw: &Raw,
+    inherited: Option<&Arc<ErrorPages>>,
 ) -> Result<Option<Arc<ErrorPages>>> {
-    if pages.is_none() && intercept.is_none() {
-        return Ok(None);
+    if raw.error_page.is_none() && raw.intercept_errors.is_none() {
+        return Ok(inherited.cloned());
     }
-    Ok(Some(Arc::new(ErrorPages {
-        pages: table(src, key, pages.unwrap_or_default())?,
-        intercept: intercept.is_some_and(|v| *v.get_ref()),
-    })))
-}
-
-/// A route's pages: its own when it sets `error_page` or `intercept_errors` (what it does not
-/// set taken from `listener`'s), `None` when it inherits the listener's whole.
-pub(super) fn route(
-    src: &Source,
-    rkey: &str,
-    pages: Option<&[Spanned<RawErrorPage>]>,
-    intercept: Option<&Spanned<bool>>,
-    listener: Option<&ErrorPages>,
-) -> Result<Option<Arc<ErrorPages>>> {
-    if pages.is_none() && intercept.is_none() {
-        return Ok(None);
-    }
-    let pages = match pages {
-        Some(p) => table(src, rkey, p)?,
-        None => listener.map(|l| l.pages.clone()).unwrap_or_default(),
+    let pages = match &raw.error_page {
+        Some(p) => table(src, key, p)?,
+        None => inherited.map(|l| l.pages.clone()).unwrap_or_default(),
     };
-    let intercept = match intercept {
+    let intercept = match &raw.intercept_errors {
         Some(v) => *v.get_ref(),
-        None => listener.is_some_and(|l| l.intercept),
+        None => inherited.is_some_and(|l| l.intercept),
     };
     Ok(Some(Arc::new(ErrorPages { pages, intercept })))
 }
