@@ -678,6 +678,43 @@ async fn header_rules_reach_the_backend_and_the_client_on_proxied_redirected_and
 }
 each_proto!(header_rules_reach_the_backend_and_the_client_on_proxied_redirected_and_fixed_answers);
 
+async fn a_listeners_header_rules_reach_every_request_whose_route_has_none_of_its_own(p: Proto) {
+    let a = Backend::start("a").await;
+    let pki = Pki::new();
+    let mut setup = Setup::for_proto(p, &[a.addr], &pki);
+    setup.listener_keys += "request_headers = { set = { \"X-Env\" = \"prod\" } }\n\
+        response_headers = { add = { \"X-Listener\" = \"yes\" } }\n\
+        [[listener.route]]\npath = \"/own/\"\nupstream = \"app\"\n\
+        request_headers = {}\nresponse_headers = {}\n";
+    let run = Run::start(p, pki, setup);
+    let mut c = run.client().await;
+
+    let theirs = c.fetch(get_with("/any", &[("x-env", "dev")])).await;
+    assert_eq!(theirs.status, StatusCode::OK, "{theirs:?}");
+    assert_eq!(theirs.one("x-listener"), "yes");
+    let own = c.fetch(get_with("/own/x", &[("x-env", "dev")])).await;
+    assert_eq!(own.status, StatusCode::OK, "{own:?}");
+    assert!(!own.header_names().contains("x-listener"), "{own:?}");
+    let seen = a.requests();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].one("x-env").as_deref(), Some("prod"));
+    assert_eq!(
+        seen[1].one("x-env").as_deref(),
+        Some("dev"),
+        "the route's own lift them"
+    );
+    drop(c);
+    run.expect_log(
+        &[&theirs, &own],
+        &[
+            format!("GET /any 200 13 {}", a.addr),
+            format!("GET /own/x 200 13 {}", a.addr),
+        ],
+    )
+    .await;
+}
+each_proto!(a_listeners_header_rules_reach_every_request_whose_route_has_none_of_its_own);
+
 async fn a_listeners_error_page_answers_pinlbs_404_and_routes_respond_and_redirect(p: Proto) {
     let a = Backend::start("a").await;
     let page = scratch("404.html");

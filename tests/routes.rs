@@ -363,6 +363,27 @@ backends = [{{ address = "{api}" }}]
     assert_eq!(values(1, "x-own"), ["yes"]);
 }
 
+/// A listener without routes edits its requests' lines too: the plain path's shortcut
+/// (no route to look for) is not taken then.
+#[tokio::test]
+async fn a_listener_without_routes_applies_its_request_headers() {
+    let api = Backend::start("api").await;
+    let toml = format!(
+        "[runtime]\ncpus = [{core}]\n[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"api\"\n\
+         request_headers = {{ set = {{ \"X-Env\" = \"prod\" }} }}\n\
+         [upstream.api]\nbackends = [{{ address = \"{api}\" }}]\n",
+        core = first_core(),
+        api = api.addr
+    );
+    let proxy = Proxy::start_toml(&toml);
+    let get = b"GET / HTTP/1.1\r\nHost: h.test\r\nX-Env: dev\r\n\r\n";
+    let r = raw_request(proxy.addr, get, false).await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    let seen = api.requests();
+    let env: Vec<_> = seen[0].headers.get_all("x-env").iter().collect();
+    assert_eq!(env, ["prod"]);
+}
+
 #[test]
 fn a_route_can_not_change_the_headers_pinlb_writes() {
     let toml = "[[listener]]\naddress = \"127.0.0.1:0\"\n[[listener.route]]\nupstream = \"a\"\nrequest_headers = { set = { \"Content-Length\" = \"1\" } }\n[upstream.a]\nbackends = [{ address = \"127.0.0.1:9001\" }]\n";
