@@ -19,7 +19,7 @@
 //! Each phase is inlined into its caller: a listener without features pays for the flags it
 //! tests (`Route`'s, set per generation), as it did when each session had its own copy.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -45,7 +45,7 @@ pub(crate) struct Begun {
     pub id: Option<Arc<RequestId>>,
     pub pending: Option<Pending>,
     /// The client's address and whether it came over TLS, for the response's modules.
-    pub client: IpAddr,
+    pub peer: SocketAddr,
     pub https: bool,
 }
 
@@ -76,7 +76,7 @@ pub(crate) fn begin<'c>(
     Begun {
         id,
         pending,
-        client: peer.ip(),
+        peer,
         https,
     }
 }
@@ -155,10 +155,11 @@ fn module_answer(route: &Route, head: &RequestHead) -> Option<Decided> {
 
 /// A response on its way out, whatever made it: the proxy's answer (`proxied`: a backend's, or
 /// pinlb's 502/503/504 in its place) gets its error page if it has one (an answer of the
-/// route's own got its page in the route's decision); every response the route's response
-/// ID's line; then its modules' (`Route::respond`): `response_headers`, `Server-Timing`, the body
-/// filters (`compress`, for a proxied one; `limit_rate`). Then the response is counted for `/metrics` and its log
-/// entry responded; the returned [`Logged`] writes the line when the body is done.
+/// route's own got its page in the route's decision); every response the request ID's line,
+/// then what its modules do (`Route::respond`: `response_headers`, `Server-Timing`, the body
+/// filters of `compress`, for a proxied one, and `limit_rate`). Then the response is counted
+/// for `/metrics` and its log entry responded; the returned [`Logged`] writes the line when
+/// the body is done.
 #[inline(always)]
 pub(crate) fn finish(
     route: &Route,
@@ -173,10 +174,10 @@ pub(crate) fn finish(
         route.error_page(response, edits, &head.method);
     }
     add_response_lines(&mut response.headers, begun.id.as_deref());
-    let request = Request {
+    let request = || Request {
         head,
         https: begun.https,
-        client: begun.client,
+        client: begun.peer.ip(),
     };
     route.respond(response, edits, request, proxied, upstreamed.as_deref());
     if let Some(s) = &route.stats {

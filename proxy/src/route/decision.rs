@@ -223,6 +223,9 @@ pub(crate) struct Routes {
     pub upstreams: Vec<Option<Rc<WorkerUpstream>>>,
     /// Whether requests no route matches go to the listener's `upstream`; 404 otherwise.
     pub has_default: bool,
+    /// Every request goes to the listener's `upstream` as it is: no routes, no edge control,
+    /// no module that refuses requests or edits their lines (the common case, one test).
+    pub direct: bool,
     /// The edge controls of each route (its own, or the listener's it inherits), by route
     /// index; `None` where none apply.
     pub controls: Vec<Option<Controls>>,
@@ -300,7 +303,7 @@ impl Routes {
         zones: &[crate::config::RateZone],
         tables: &crate::edge::tables::Tables,
     ) -> Routes {
-        Routes {
+        let mut routes = Routes {
             upstreams: listener
                 .routes
                 .iter()
@@ -311,6 +314,7 @@ impl Routes {
                 .collect(),
             router: Router::new(listener.routes.clone()),
             has_default: listener.has_default,
+            direct: false,
             controls: (listener.routes.iter())
                 .map(|r| Controls::new(listener, Some(r), zones, tables))
                 .collect(),
@@ -335,7 +339,12 @@ impl Routes {
                 true => upstreams.to_vec(),
                 false => Vec::new(),
             },
-        }
+        };
+        routes.direct = routes.router.is_empty()
+            && routes.default_controls.is_none()
+            && !routes.admits
+            && !routes.forwards;
+        routes
     }
 }
 
@@ -386,17 +395,17 @@ impl Route {
     /// route's own, and `upstreamed` what the backend's answer measured. A listener without
     /// pays for one flag.
     #[inline]
-    pub fn respond(
+    pub fn respond<'r>(
         &self,
         reply: &mut Reply<ProxyBody>,
         edits: Option<&Edits>,
-        request: Request<'_>,
+        request: impl FnOnce() -> Request<'r>,
         proxied: bool,
         upstreamed: Option<&Upstreamed>,
     ) {
         if self.responds.get() {
             let own = edits.and_then(|e| e.modules.as_ref());
-            self.modules_respond(reply, own, request, proxied, upstreamed);
+            self.modules_respond(reply, own, request(), proxied, upstreamed);
         }
     }
 
@@ -499,13 +508,8 @@ impl Route {
     #[inline]
     pub fn decide(&self, head: &RequestHead, https: bool, peer: &SocketAddr) -> Decision {
         let routes = self.routes.borrow();
-        if routes.router.is_empty() {
-            if routes.default_controls.is_none() && !routes.admits && !routes.forwards {
-                return Decision::Proxy(self.upstream.borrow().clone(), None);
-            }
-            // A listener without routes but with controls: no route to look for (that would
-            // normalise the path for nothing).
-            return self.no_route(&routes, head, https, peer.ip());
+        if routes.direct {
+            return Decision::Proxy(self.upstream.borrow().clone(), None);
         }
         self.decide_by_routes(&routes, head, https, peer.ip())
     }
@@ -570,6 +574,10 @@ impl Route {
         https: bool,
         client: IpAddr,
     ) -> Decision {
+        if routes.router.is_empty() {
+            // No route to look for (that would normalise the path for nothing).
+            return self.no_route(routes, head, https, client);
+        }
         let request = Request {
             head,
             https,
