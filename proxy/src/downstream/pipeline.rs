@@ -4,13 +4,14 @@
 //!
 //! 1. [`begin`]: the request counted, its ID, its access-log entry, the client certificate's
 //!    lines;
-//! 2. [`decide`]: a module's own answer (`redirect_https`'s), else the route and its edge controls: an upstream and what
-//!    the route changes, or an answer of pinlb's own;
+//! 2. [`decide`]: a module's own answer (`redirect_https`'s), else the route, its
+//!    `rate_limit` and the modules that may refuse it (`access`): an upstream and what the
+//!    route changes (its request lines from `request_headers`), or an answer of pinlb's own;
 //! 3. the session forwards it (`proxy::forward`), racing the client's leaving as its protocol
 //!    can;
-//! 4. [`finish`]: the response's filters, whatever made it (the error page, the route's
-//!    response lines, the request ID and `Server-Timing`, compression, the feature modules'
-//!    body filters), then the response counted and its log entry responded.
+//! 4. [`finish`]: whatever made the response, its error page, the request ID's line, then the
+//!    modules that act on responses (`response_headers`, `Server-Timing`, the body filters of
+//!    `compress` and `limit_rate`); then the response counted and its log entry responded.
 //!
 //! The log entry starts before anything can answer, so every answer is logged with its status,
 //! over every protocol. A head that can't be parsed is the session's own business (answered

@@ -50,8 +50,9 @@ pub(crate) struct Route {
     pub spans: Cell<bool>,
     /// `[[listener.route]]`, compiled; empty for a listener whose requests all go to `upstream`.
     pub routes: RefCell<Rc<Routes>>,
-    /// The listener or one of its routes has error pages (or `intercept_errors`): decided once
-    /// per generation, so that the answers of a listener without are not looked at.
+    /// The listener or one of its routes has a module that replaces answers by pages
+    /// (`error_page`, `intercept_errors`): decided once per generation, so that the answers of
+    /// a listener without are not looked at.
     pub paged: Cell<bool>,
     /// `conn_limit`: the open connections allowed per client address, checked once per
     /// connection; `None` (the common case) checks nothing.
@@ -69,11 +70,11 @@ pub(crate) struct Route {
     /// the certificate (`downstream::client_cert`).
     pub client_cert: Cell<bool>,
     /// The listener or one of its routes has a module that acts on responses (`modules`:
-    /// `server_timing`'s line, `compress`, `limit_rate`): decided once per generation, so that
-    /// the answers of a listener without are not looked at.
+    /// `response_headers`, `server_timing`'s line, `compress`, `limit_rate`): decided once per
+    /// generation, so that the answers of a listener without are not looked at.
     pub responds: Cell<bool>,
     /// The listener or one of its routes has a module that sends side requests (`mirror`):
-    /// decided once per generation, as `filtered`.
+    /// decided once per generation, as `responds`.
     pub sides: Cell<bool>,
 }
 
