@@ -186,6 +186,22 @@ async fn a_request_id_reaches_the_backend_comes_back_and_is_in_the_log() {
     );
 }
 
+/// `response_headers` act on the response before pinlb adds its ID, as nginx's
+/// `proxy_hide_header` hides the backend's line and `add_header` then adds its own: a rule that
+/// removes X-Request-ID (a backend's echo) leaves pinlb's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_rule_that_removes_the_id_leaves_pinlbs_own() {
+    let a = Backend::start("a").await;
+    let mut setup = Setup::with(&[a.addr]);
+    setup.listener_keys += "response_headers = { remove = [\"X-Request-ID\"] }\n";
+    setup.extra = "[request_id]\nenabled = true\n".into();
+    let proxy = Proxy::start(&setup);
+    let r = get(proxy.addr, "/").await;
+    let id = r.headers["x-request-id"].to_str().unwrap();
+    assert_eq!(a.requests()[0].headers["x-request-id"], id);
+    proxy.join(WAIT).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_ids_take_the_configured_header_and_can_be_turned_off() {
     let a = Backend::start("a").await;

@@ -9,9 +9,10 @@
 //!    route changes (its request lines from `request_headers`), or an answer of pinlb's own;
 //! 3. the session forwards it (`proxy::forward`), racing the client's leaving as its protocol
 //!    can;
-//! 4. [`finish`]: whatever made the response, its error page, the request ID's line, then the
-//!    modules that act on responses (`response_headers`, `Server-Timing`, the body filters of
-//!    `compress` and `limit_rate`); then the response counted and its log entry responded.
+//! 4. [`finish`]: whatever made the response, its error page, the modules that act on
+//!    responses (`response_headers`, `Server-Timing`, the body filters of `compress` and
+//!    `limit_rate`), then the request ID's line; then the response counted and its log entry
+//!    responded.
 //!
 //! The log entry starts before anything can answer, so every answer is logged with its status,
 //! over every protocol. A head that can't be parsed is the session's own business (answered
@@ -156,9 +157,9 @@ fn module_answer(route: &Route, head: &RequestHead) -> Option<Decided> {
 
 /// A response on its way out, whatever made it: the proxy's answer (`proxied`: a backend's, or
 /// pinlb's 502/503/504 in its place) gets its error page if it has one (an answer of the
-/// route's own got its page in the route's decision); every response the request ID's line,
-/// then what its modules do (`Route::respond`: `response_headers`, `Server-Timing`, the body
-/// filters of `compress`, for a proxied one, and `limit_rate`). Then the response is counted
+/// route's own got its page in the route's decision); every response what its modules do
+/// (`Route::respond`: `response_headers`, `Server-Timing`, the body filters of `compress`, for
+/// a proxied one, and `limit_rate`), then the request ID's line. Then the response is counted
 /// for `/metrics` and its log entry responded; the returned [`Logged`] writes the line when
 /// the body is done.
 #[inline(always)]
@@ -174,13 +175,15 @@ pub(crate) fn finish(
     if proxied {
         route.error_page(response, edits, &head.method);
     }
-    add_response_lines(&mut response.headers, begun.id.as_deref());
     let request = || Request {
         head,
         https: begun.https,
         client: begun.peer.ip(),
     };
     route.respond(response, edits, request, proxied, upstreamed.as_deref());
+    // After the modules: a backend's own X-Request-ID that `response_headers` removed is
+    // replaced by pinlb's, as before they were modules.
+    add_response_lines(&mut response.headers, begun.id.as_deref());
     if let Some(s) = &route.stats {
         let source = match response.body {
             ProxyBody::Local(_) => Source::Pinlb,

@@ -25,7 +25,9 @@
 //! (`server_timing`) is asked in the response phase ([`Module::response`]). A listener
 //! without such a module pays for one flag each.
 //!
-//! Most of the listener features older than this are still wired by hand;
+//! The features whose keys are not a listener's or a route's (`rate_limit` and `conn_limit`
+//! with their process-wide tables, `[listener.tls]`'s client certificate headers,
+//! `[request_id]`, the upstreams' `sticky` and `buffering`) are still wired by hand;
 //! docs/pipeline-design.md says how each moves here.
 //!
 //! - [`access`]: nginx's `allow`/`deny`, `auth_basic` and `satisfy`: who may send a
@@ -74,7 +76,8 @@ pub(crate) struct Place<'a> {
 }
 
 /// An answer of a module's own to a request, instead of the proxy's: sent as pinlb's own
-/// answers are (text, with the listener's error page for its status, if it has one).
+/// answers are (text, with the error page for its status, if there is one: the listener's
+/// for an answer before the route, the route's for a refusal after it).
 pub(crate) struct Answer {
     pub status: StatusCode,
     /// Its header lines, `name: value\r\n` each.

@@ -6,7 +6,8 @@
 
 use std::fmt::{Debug, Write};
 
-use crate::config::{Backend, Config, Listener, Upstream};
+use crate::config::{Backend, Config, Listener, RouteRule, Upstream};
+use crate::modules::Configs;
 use crate::process::listen::listener_keys;
 
 /// What a reload changes, one line each, for the log and the reply.
@@ -198,12 +199,29 @@ fn listener_settings(s: &mut String, old: (&Config, &Listener), new: (&Config, &
     if a.tls != b.tls {
         let _ = writeln!(s, "{p}: [listener.tls] changed (certificates or protocols)");
     }
-    if a.routes != b.routes {
+    // A route's modules hold what it inherits from its listener too: the routes changed when
+    // what they match or do did, and a route's module when its own did, not its listener's.
+    let own = |r: &RouteRule| RouteRule {
+        modules: Configs::default(),
+        ..r.clone()
+    };
+    let pairs = || a.routes.iter().zip(&b.routes);
+    if a.routes.len() != b.routes.len() || pairs().any(|(x, y)| own(x) != own(y)) {
         let (x, y) = (a.routes.len(), b.routes.len());
         let _ = writeln!(s, "{p}: routes changed ({x} -> {y} routes)");
     }
-    for key in b.modules.changed(&a.modules) {
+    let listener = b.modules.changed(&a.modules);
+    for key in &listener {
         let _ = writeln!(s, "{p}: {key} changed");
+    }
+    if a.routes.len() == b.routes.len() {
+        for (i, (x, y)) in pairs().enumerate() {
+            for key in y.modules.changed(&x.modules) {
+                if !listener.contains(&key) {
+                    let _ = writeln!(s, "{p}: route[{i}] {key} changed");
+                }
+            }
+        }
     }
 }
 
@@ -291,5 +309,21 @@ mod tests {
             "listener 127.0.0.1:8888: limit_rate or limit_rate_after changed"
         );
         assert_eq!(describe(&before, &config("compress = true"), &[], &[]), "");
+    }
+
+    #[test]
+    fn a_listeners_module_changed_is_not_its_routes_changing() {
+        let routes = "[[listener.route]]\npath = \"/a/\"\nupstream = \"app\"\n";
+        let before = config(&format!("compress = true\n{routes}"));
+        let after = config(&format!("compress = {{ gzip_level = 6 }}\n{routes}"));
+        assert_eq!(
+            describe(&before, &after, &[], &[]),
+            "listener 127.0.0.1:8888: compress changed"
+        );
+        let own = config(&format!("compress = true\n{routes}limit_rate = \"1MiB\"\n"));
+        assert_eq!(
+            describe(&before, &own, &[], &[]),
+            "listener 127.0.0.1:8888: route[0] limit_rate or limit_rate_after changed"
+        );
     }
 }
