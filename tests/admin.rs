@@ -983,6 +983,17 @@ async fn requests_pinlb_refuses_are_counted_by_cause() {
 async fn metrics_carry_build_info_and_the_process_figures_prometheus_clients_export() {
     let a = Backend::start("a").await;
     let proxy = Proxy::start(&with_admin(&[a.addr]));
+    // The kernel counts a process's CPU in clock ticks (10 ms): run alone, this test's process
+    // may not have spent one yet. Spend one, bounded in time, before the scrape reads it.
+    let ticks = || {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while ticks() == 0 && std::time::Instant::now() < deadline {
+        std::hint::black_box((0..100_000u64).fold(0u64, |a, b| a ^ b.wrapping_mul(31)));
+    }
     let m = proxy.metrics().await;
     let version = env!("CARGO_PKG_VERSION");
     assert_eq!(
