@@ -304,6 +304,9 @@ impl Routes {
         zones: &[crate::config::RateZone],
         tables: &crate::edge::tables::Tables,
     ) -> Routes {
+        let own_modules: Vec<Option<Configs>> = (listener.routes.iter())
+            .map(|r| (r.modules != listener.modules).then(|| r.modules.clone()))
+            .collect();
         let mut routes = Routes {
             upstreams: listener
                 .routes
@@ -321,16 +324,14 @@ impl Routes {
                 .collect(),
             default_controls: Controls::new(listener, None, zones, tables),
             default_modules: listener.modules.clone(),
-            own_modules: (listener.routes.iter())
-                .map(|r| (r.modules != listener.modules).then(|| r.modules.clone()))
+            own_locals: (own_modules.iter())
+                .map(|m| m.as_ref().map(Configs::locals))
                 .collect(),
+            own_modules,
             admits: listener.modules.admits() || listener.routes.iter().any(|r| r.modules.admits()),
             forwards: listener.modules.forwards()
                 || listener.routes.iter().any(|r| r.modules.forwards()),
             default_locals: listener.modules.locals(),
-            own_locals: (listener.routes.iter())
-                .map(|r| (r.modules != listener.modules).then(|| r.modules.locals()))
-                .collect(),
             all_upstreams: match listener.modules.sends_side_requests()
                 || listener
                     .routes
@@ -517,13 +518,8 @@ impl Route {
 
     /// A request no route matches: the listener's controls, then its upstream, or 404.
     #[inline(never)]
-    fn no_route(
-        &self,
-        routes: &Routes,
-        head: &RequestHead,
-        https: bool,
-        client: IpAddr,
-    ) -> Decision {
+    fn no_route(&self, routes: &Routes, request: &Request<'_>) -> Decision {
+        let (head, client) = (request.head, request.client);
         let stats = self.stats.as_deref();
         if let Some(mut refused) = (routes.default_controls.as_ref())
             .and_then(|c| c.check(head, client, stats))
@@ -537,14 +533,9 @@ impl Route {
             return Decision::Answer(refused, None);
         }
         if routes.has_default {
-            let request = Request {
-                head,
-                https,
-                client,
-            };
             let lines = routes
                 .forwards
-                .then(|| routes.default_modules.forward(&request));
+                .then(|| routes.default_modules.forward(request));
             let edits = lines.flatten().map(|lines| {
                 Box::new(Edits {
                     request: Overrides {
@@ -575,17 +566,17 @@ impl Route {
         https: bool,
         client: IpAddr,
     ) -> Decision {
-        if routes.router.is_empty() {
-            // No route to look for (that would normalise the path for nothing).
-            return self.no_route(routes, head, https, client);
-        }
         let request = Request {
             head,
             https,
             client,
         };
+        if routes.router.is_empty() {
+            // No route to look for (that would normalise the path for nothing).
+            return self.no_route(routes, &request);
+        }
         let Some((index, rule, path)) = routes.router.find(head) else {
-            return self.no_route(routes, head, https, client);
+            return self.no_route(routes, &request);
         };
         let stats = self.stats.as_deref();
         if let Some(mut refused) = (routes.controls.get(index).and_then(Option::as_ref))
@@ -621,12 +612,9 @@ impl Route {
                     }
                     _ => None,
                 };
-                let modules = routes.own_modules.get(index).cloned().flatten();
-                let lines = routes.forwards.then(|| {
-                    (modules.as_ref())
-                        .unwrap_or(&routes.default_modules)
-                        .forward(&request)
-                });
+                let lines = routes
+                    .forwards
+                    .then(|| routes.modules(Some(index)).forward(&request));
                 let timeouts = rule.timeouts.over(upstream.shared.config.timeouts);
                 let edits = Edits {
                     request: Overrides {
@@ -636,7 +624,7 @@ impl Route {
                         preferred: None,
                         copies: Vec::new(),
                     },
-                    modules,
+                    modules: routes.own_modules.get(index).cloned().flatten(),
                 };
                 let changes = edits.request.path.is_some()
                     || edits.request.lines.is_some()
