@@ -240,7 +240,11 @@ pub fn describe(config: &Config) -> String {
                 s,
                 "listener {} (backlog {backlog}{}) -> {}",
                 l.address,
-                if l.h2c { "; HTTP/1.1 and h2c" } else { "" },
+                match (l.mode, l.h2c) {
+                    (pinlb::config::ListenerMode::Tcp, _) => "; TCP, bytes relayed unread",
+                    (_, true) => "; HTTP/1.1 and h2c",
+                    _ => "",
+                },
                 default
             ),
         };
@@ -259,17 +263,29 @@ pub fn describe(config: &Config) -> String {
     }
     for (index, u) in config.upstreams.iter().enumerate() {
         let t = &u.timeouts;
-        let _ = writeln!(
-            s,
-            "upstream {}: {}, keepalive {} per backend per worker, timeouts connect {:?} response {:?} send {:?} client_idle {:?}",
-            u.name,
-            u.algorithm.as_str(),
-            u.keepalive,
-            t.connect,
-            t.response,
-            t.send,
-            t.client_idle
-        );
+        let _ = if u.tcp {
+            writeln!(
+                s,
+                "upstream {}: {}, TCP listeners' (a connection to one backend each), timeouts connect {:?} tunnel_idle {:?} tunnel_fin {:?}",
+                u.name,
+                u.algorithm.as_str(),
+                t.connect,
+                u.upgrade.tunnel_idle,
+                u.upgrade.tunnel_fin
+            )
+        } else {
+            writeln!(
+                s,
+                "upstream {}: {}, keepalive {} per backend per worker, timeouts connect {:?} response {:?} send {:?} client_idle {:?}",
+                u.name,
+                u.algorithm.as_str(),
+                u.keepalive,
+                t.connect,
+                t.response,
+                t.send,
+                t.client_idle
+            )
+        };
         if let Some(key) = &u.hash {
             let _ = writeln!(
                 s,
@@ -298,6 +314,27 @@ pub fn describe(config: &Config) -> String {
         match &u.health {
             None => {
                 let _ = writeln!(s, "  health checks: off");
+            }
+            Some(h) if h.tcp.is_some() => {
+                let check = h.tcp.as_ref().map(|c| {
+                    let mut what = "connect".to_string();
+                    if !c.send.is_empty() {
+                        what += &format!(", send \"{}\"", c.send.escape_ascii());
+                    }
+                    if !c.receive.is_empty() {
+                        what += &format!(", expect \"{}\"", c.receive.escape_ascii());
+                    }
+                    what
+                });
+                let _ = writeln!(
+                    s,
+                    "  health checks: {} every {:?}, timeout {:?}, rise {} fall {}",
+                    check.unwrap_or_default(),
+                    h.interval,
+                    h.timeout,
+                    h.rise,
+                    h.fall
+                );
             }
             Some(h) => {
                 let _ = writeln!(
@@ -349,18 +386,24 @@ pub fn describe(config: &Config) -> String {
         // The learned limit (or the fixed max_conns) and the queue, as the start-up log says.
         let _ = writeln!(s, "  {}", pinlb::upstream::adaptive::summary(u));
         let r = &u.retry;
-        let _ = writeln!(
-            s,
-            "  retry: {} within {:?}, non_idempotent {}, bodies up to {} bytes kept for replay",
-            if r.tries == 0 {
-                "every backend once".to_string()
-            } else {
-                format!("at most {} tries", r.tries)
-            },
-            r.timeout,
-            r.non_idempotent,
-            r.buffer
-        );
+        let tries = if r.tries == 0 {
+            "every backend once".to_string()
+        } else {
+            format!("at most {} tries", r.tries)
+        };
+        let _ = if u.tcp {
+            writeln!(
+                s,
+                "  retry: a failed connect moves on to the next backend, {tries} within {:?}",
+                r.timeout
+            )
+        } else {
+            writeln!(
+                s,
+                "  retry: {tries} within {:?}, non_idempotent {}, bodies up to {} bytes kept for replay",
+                r.timeout, r.non_idempotent, r.buffer
+            )
+        };
         if let Some(sp) = &u.spawn {
             let last = |bank| sp.address(sp.count - 1, bank).port();
             let _ = writeln!(

@@ -25,6 +25,8 @@
 //! - [`retry`]: `[upstream.NAME.retry]`: when a request moves on to the next backend, on a
 //!   failure or a listed status, and the budget of retries on a status.
 //! - [`sticky`]: an upstream's sticky cookie: its name and attributes.
+//! - [`tcp`]: TCP listeners (`mode = "tcp"`): the keys that apply to them and to their
+//!   upstreams.
 //! - [`fastcgi`]: `[upstream.NAME.fastcgi]`: a FastCGI upstream's script rules and params.
 //! - [`unix_backend`]: a `unix:/path` backend's socket file checked.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
@@ -41,6 +43,7 @@ mod raw;
 mod retry;
 mod routes;
 mod sticky;
+mod tcp;
 #[cfg(test)]
 mod tests;
 mod unix_backend;
@@ -423,6 +426,8 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listener {
     pub address: SocketAddr,
+    /// `mode`: what its connections carry.
+    pub mode: ListenerMode,
     /// Index into [`Config::upstreams`]; unused by a listener that only redirects.
     pub upstream: usize,
     /// TLS termination, its certificates read and checked; `None` for plain HTTP.
@@ -449,6 +454,17 @@ pub struct Listener {
     pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
     /// The feature modules that are on for its requests (`modules`).
     pub modules: crate::modules::Configs,
+}
+
+/// What a listener's connections carry (`mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ListenerMode {
+    /// HTTP/1.1, and HTTP/2 where the listener offers it.
+    #[default]
+    Http,
+    /// Bytes, relayed to a backend of its upstream without being read (nginx's `stream`,
+    /// HAProxy's `mode tcp`).
+    Tcp,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.
@@ -662,6 +678,9 @@ pub struct Upstream {
     /// `[upstream.NAME.fastcgi]`: the script rules of a `protocol = "fastcgi"` upstream;
     /// `None` for every other protocol.
     pub fastcgi: Option<Arc<Fastcgi>>,
+    /// Named by TCP listeners (`mode = "tcp"`): its connections are relayed, and its active
+    /// check is a connect (`health.send`, `health.receive`).
+    pub tcp: bool,
 }
 
 /// A PROXY protocol version, as an upstream's `proxy_protocol` names it.
@@ -905,6 +924,17 @@ pub struct Health {
     pub expect: StatusSet,
     /// Host header of the probe; the backend's address when unset.
     pub host: Option<String>,
+    /// A TCP upstream's probe (`send`, `receive`); `None` for an HTTP upstream's `GET`.
+    pub tcp: Option<TcpCheck>,
+}
+
+/// A TCP upstream's active check, HAProxy's `tcp-check`: a connect, then, when set, `send`
+/// written and the first bytes of the answer compared with `receive` (Redis: `PING\r\n` and
+/// `+PONG`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TcpCheck {
+    pub send: Vec<u8>,
+    pub receive: Vec<u8>,
 }
 
 impl Default for Health {
@@ -917,6 +947,7 @@ impl Default for Health {
             fall: 3,
             expect: StatusSet(vec![(200, 399)]),
             host: None,
+            tcp: None,
         }
     }
 }
@@ -1102,11 +1133,17 @@ impl Config {
             kept(e, edge_limits::attach(&src, &raw.listeners, ls, zones));
         }
         taken.extend(admin.iter().flatten().map(|a| a.address));
-        let upstreams: Option<Vec<Upstream>> = upstreams.into_iter().collect();
+        let mut upstreams: Option<Vec<Upstream>> = upstreams.into_iter().collect();
         if let Some(upstreams) = &upstreams {
             kept(
                 e,
                 validate::spawn_ports(&src, &raw.upstream, upstreams, &taken),
+            );
+        }
+        if let (Some(ls), Some(ups)) = (&listeners, &mut upstreams) {
+            kept(
+                e,
+                tcp::upstreams(&src, &raw.listeners, ls, &raw.upstream, ups),
             );
         }
         errors.retain(|e| !dropped.iter().any(|d| raw::follows_from(&e.key, d)));

@@ -220,6 +220,9 @@ fn read_module_keys(
     for (i, (listener, (own, routes))) in raw.listeners.iter_mut().zip(taken).enumerate() {
         let key = format!("listener[{i}]");
         listener.modules = RawModules::read(src, &key, own, errors);
+        listener.module_keys = (own.iter())
+            .map(|(k, _)| (k.get_ref().to_string(), k.span()))
+            .collect();
         for (j, (route, taken)) in listener.route.iter_mut().zip(routes).enumerate() {
             let key = format!("{key}.route[{j}]");
             route.get_mut().modules = RawModules::read(src, &key, taken, errors);
@@ -607,6 +610,10 @@ pub(super) struct RawHealth {
     pub fall: Option<Spanned<u32>>,
     pub expect: Option<Spanned<StatusSet>>,
     pub host: Option<Spanned<String>>,
+    /// A TCP upstream's check: what it writes once connected.
+    pub send: Option<Spanned<String>>,
+    /// A TCP upstream's check: what the backend's answer must begin with.
+    pub receive: Option<Spanned<String>>,
 }
 
 /// `[upstream.NAME.passive]`.
@@ -650,6 +657,8 @@ pub(super) struct RawRetry {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawListener {
     pub address: Spanned<String>,
+    /// `"http"` (the default) or `"tcp"`: bytes relayed without reading HTTP.
+    pub mode: Option<Spanned<String>>,
     /// Required unless a module answers every request (`redirect_https`).
     pub upstream: Option<Spanned<String>>,
     pub tls: Option<Spanned<RawTls>>,
@@ -671,6 +680,9 @@ pub(super) struct RawListener {
     /// The feature modules' keys, taken out of the table before serde reads it.
     #[serde(skip)]
     pub modules: RawModules,
+    /// Those keys as the file writes them, each with its span: what a TCP listener checks.
+    #[serde(skip)]
+    pub module_keys: Vec<(String, std::ops::Range<usize>)>,
 }
 
 /// One `[[listener.route]]`.

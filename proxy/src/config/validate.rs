@@ -338,6 +338,8 @@ pub(super) fn upstream(
         buffering: super::buffering::buffering(src, &key, up, protocol(src, &key, up)?)?,
         sticky: super::sticky::sticky(src, &key, up)?,
         fastcgi: super::fastcgi::fastcgi(src, &key, up, protocol(src, &key, up)?)?.map(Arc::new),
+        // Set once the listeners that name it are known (`config::tcp`).
+        tcp: false,
     })
 }
 
@@ -1261,6 +1263,8 @@ fn health(src: &Source, key: &str, h: &RawHealth) -> Result<Health> {
             Some(e) => e.get_ref().clone(),
         },
         host,
+        // A TCP upstream's, once the listeners that name it are known (`config::tcp`).
+        tcp: None,
     })
 }
 
@@ -1337,6 +1341,7 @@ fn listener(
         ));
     }
     seen.push(address);
+    let mode = super::tcp::mode(src, key, l)?;
     let mut routes = super::routes::routes(src, key, &l.route, |rkey, u| {
         upstream_index(src, rkey, u, upstreams)
     })?;
@@ -1415,6 +1420,7 @@ fn listener(
         .map(Arc::new);
     Ok(Listener {
         address,
+        mode,
         upstream,
         tls,
         h2c,

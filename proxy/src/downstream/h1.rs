@@ -105,36 +105,40 @@ fn admitted(route: &Route, peer: SocketAddr, held: &mut Held) -> bool {
     match &*gate {
         None => true,
         Some(_) if held.client.is_some() => true,
-        Some(gate) => admit(route, gate, peer, held),
+        Some(gate) => held.admit(gate, peer, route.stats.as_deref()),
     }
 }
 
-#[cold]
-#[inline(never)]
-fn admit(
-    route: &Route,
-    gate: &crate::edge::conn_limit::ConnGate,
-    peer: SocketAddr,
-    held: &mut Held,
-) -> bool {
-    use crate::edge::conn_limit::Refused;
-    let client = peer.ip();
-    match gate.admit(client) {
-        Ok(slot) => {
-            held.client = Some(Box::new(slot));
-            return true;
+impl Held {
+    /// Takes a place for `peer`'s address under the listener's `conn_limit` (`gate`):
+    /// `false`, counted on `stats` and logged, when it has its connections open already.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn admit(
+        &mut self,
+        gate: &crate::edge::conn_limit::ConnGate,
+        peer: SocketAddr,
+        stats: Option<&ListenerStats>,
+    ) -> bool {
+        use crate::edge::conn_limit::Refused;
+        let client = peer.ip();
+        match gate.admit(client) {
+            Ok(slot) => {
+                self.client = Some(Box::new(slot));
+                return true;
+            }
+            Err(Refused::Over) => {
+                summed_warn!(client = %peer; "conn_limit: {client} has {} connections open already, closed a new one", gate.max);
+            }
+            Err(Refused::Full) => {
+                summed_warn!(client = %peer; "conn_limit: no room to count {client}'s connections (every slot it may use counts other addresses'; raise conn_limit.keys), closed a new one");
+            }
         }
-        Err(Refused::Over) => {
-            summed_warn!(client = %peer; "conn_limit: {client} has {} connections open already, closed a new one", gate.max);
+        if let Some(s) = stats {
+            s.refuse(crate::upstream::counters::Refusal::ConnLimit);
         }
-        Err(Refused::Full) => {
-            summed_warn!(client = %peer; "conn_limit: no room to count {client}'s connections (every slot it may use counts other addresses'; raise conn_limit.keys), closed a new one");
-        }
+        false
     }
-    if let Some(s) = &route.stats {
-        s.refuse(crate::upstream::counters::Refusal::ConnLimit);
-    }
-    false
 }
 
 /// Counts a client connection closed when dropped.

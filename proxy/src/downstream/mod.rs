@@ -15,6 +15,8 @@
 //!   request path as an HTTP/1.1 request.
 //! - [`h1`]: one HTTP/1.1 client connection's life: read a request, route it, proxy it, write
 //!   the response; keep, close, linger or park the connection.
+//! - [`tcp`]: a TCP listener's connection (`mode = "tcp"`): a backend picked and connected,
+//!   the bytes relayed both ways by the tunnel, one log line.
 //! - [`proxied`]: a `proxy_protocol` listener's connection: its PROXY protocol header read and
 //!   checked, then served as from the client it names.
 
@@ -25,4 +27,5 @@ pub(crate) mod idle;
 pub(crate) mod pipeline;
 pub(crate) mod proxied;
 pub(crate) mod stream;
+pub(crate) mod tcp;
 pub(crate) mod tunnel;

@@ -28,7 +28,7 @@ use crate::proxy::accesslog::Batch;
 use crate::proxy_protocol::{Header, Invalid, V1_MAX, header_len, parse};
 use crate::route::decision::Route;
 use crate::sys::summed::summed_warn;
-use crate::upstream::counters::Refusal;
+use crate::upstream::counters::{ListenerStats, Refusal};
 
 /// Why a header could not be read off the socket.
 #[derive(Debug, thiserror::Error)]
@@ -57,49 +57,67 @@ pub(crate) async fn serve_proxied(
     held: Held,
     start: Start,
 ) {
-    let refuse = |cause: Refusal| {
-        if let Some(s) = &route.stats {
-            s.refuse(cause);
-        }
-    };
-    if !from.iter().any(|n| n.contains(&peer.ip())) {
-        refuse(Refusal::ProxyUntrusted);
-        summed_warn!(client = %peer; "refused a connection from {}: not in proxy_protocol_from, the addresses allowed to send a PROXY protocol header", peer.ip());
-        return;
-    }
     let limit = route.rules.borrow().limits.header_timeout;
-    let read = tokio::time::timeout_at(start.accepted + limit, read_header(&mut tcp)).await;
-    let client = match read {
-        Ok(Ok(Header::Proxied { source, .. })) => source,
-        Ok(Ok(Header::Local)) => peer,
-        // A connect and a close with nothing sent: a TCP check, not a bad header.
-        Ok(Err(ReadError::Closed(0))) => {
-            debug!(client = %peer, "closed before a PROXY protocol header");
-            return;
-        }
-        // No header where one must be: counted as an untrusted client, since a direct client
-        // of an allowed address is what sends none.
-        Ok(Err(e @ ReadError::Invalid(Invalid::NotAHeader))) => {
-            refuse(Refusal::ProxyUntrusted);
-            summed_warn!(client = %peer; "refused a connection from {}: {e}, which every connection from proxy_protocol_from must begin with", peer.ip());
-            return;
-        }
-        Ok(Err(e)) => {
-            refuse(Refusal::ProxyInvalid);
-            summed_warn!(client = %peer; "refused a connection from {}: {e}", peer.ip());
-            return;
-        }
-        Err(_) => {
-            refuse(Refusal::ProxyTimeout);
-            summed_warn!(client = %peer; "refused a connection from {}: no whole PROXY protocol header within {limit:?} (limits.header_timeout)", peer.ip());
-            return;
-        }
+    let stats = route.stats.as_deref();
+    let Some(client) = client_address(&mut tcp, peer, &from, (start.accepted, limit), stats).await
+    else {
+        return;
     };
     if route.tls.borrow().is_some() {
         serve_tls(tcp, client, slot, route, batch, held, start).await;
     } else {
         let stream = DownstreamStream::Plain(tcp);
         serve(stream, client, slot, route, batch, held, start).await;
+    }
+}
+
+/// The client's address on a connection from `peer` that must begin with a PROXY protocol
+/// header (from an address in `from`, within `limit` of its accept): its source, or `peer` itself for a
+/// `LOCAL` header (a load balancer's own check). `None` when the connection is refused,
+/// counted on `stats` and logged, or closed before a byte.
+pub(crate) async fn client_address(
+    tcp: &mut TcpStream,
+    peer: SocketAddr,
+    from: &[ipnet::IpNet],
+    (accepted, limit): (tokio::time::Instant, std::time::Duration),
+    stats: Option<&ListenerStats>,
+) -> Option<SocketAddr> {
+    let refuse = |cause: Refusal| {
+        if let Some(s) = stats {
+            s.refuse(cause);
+        }
+    };
+    if !from.iter().any(|n| n.contains(&peer.ip())) {
+        refuse(Refusal::ProxyUntrusted);
+        summed_warn!(client = %peer; "refused a connection from {}: not in proxy_protocol_from, the addresses allowed to send a PROXY protocol header", peer.ip());
+        return None;
+    }
+    let read = tokio::time::timeout_at(accepted + limit, read_header(tcp)).await;
+    match read {
+        Ok(Ok(Header::Proxied { source, .. })) => Some(source),
+        Ok(Ok(Header::Local)) => Some(peer),
+        // A connect and a close with nothing sent: a TCP check, not a bad header.
+        Ok(Err(ReadError::Closed(0))) => {
+            debug!(client = %peer, "closed before a PROXY protocol header");
+            None
+        }
+        // No header where one must be: counted as an untrusted client, since a direct client
+        // of an allowed address is what sends none.
+        Ok(Err(e @ ReadError::Invalid(Invalid::NotAHeader))) => {
+            refuse(Refusal::ProxyUntrusted);
+            summed_warn!(client = %peer; "refused a connection from {}: {e}, which every connection from proxy_protocol_from must begin with", peer.ip());
+            None
+        }
+        Ok(Err(e)) => {
+            refuse(Refusal::ProxyInvalid);
+            summed_warn!(client = %peer; "refused a connection from {}: {e}", peer.ip());
+            None
+        }
+        Err(_) => {
+            refuse(Refusal::ProxyTimeout);
+            summed_warn!(client = %peer; "refused a connection from {}: no whole PROXY protocol header within {limit:?} (limits.header_timeout)", peer.ip());
+            None
+        }
     }
 }
 

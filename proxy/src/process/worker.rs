@@ -2,6 +2,7 @@
 //! listening sockets and upstream pools. It accepts connections, starts a task for each, and
 //! follows the running configuration generation.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -12,13 +13,16 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
+use crate::config::{Listener, ListenerMode};
 use crate::downstream::h1::{Connections, Held};
 use crate::downstream::stream::DownstreamStream;
+use crate::downstream::tcp::{Relay, TcpListening};
 use crate::process::listen::{ListenerKey, accept, listener_keys};
 use crate::process::shared::{Generation, Process, ServerError};
 use crate::proxy::accesslog::Batch;
 use crate::route::decision::{DownstreamRules, Route, RouteSettings};
 use crate::sys::runtime::{self, PinnedError};
+use crate::upstream::counters::ListenerStats;
 use crate::upstream::local::WorkerUpstream;
 
 /// How long, after a binary upgrade, an idle keep-alive connection of the old process stays
@@ -196,8 +200,8 @@ struct WorkerState {
 
 /// One of a worker's listeners.
 struct Listening {
-    /// Where its requests go.
-    route: Rc<Route>,
+    /// What serves its connections.
+    serving: Serving,
     /// Tells the accept loop to stop, when a reload removes the listener.
     removed: watch::Sender<bool>,
     /// The accept loops, one per socket (usually one).
@@ -206,6 +210,15 @@ struct Listening {
     sockets: Vec<Rc<TcpListener>>,
     /// The backlog they listen with.
     backlog: u32,
+}
+
+/// What serves a listener's connections, by its `mode`.
+#[derive(Clone)]
+enum Serving {
+    /// HTTP: where its requests go.
+    Http(Rc<Route>),
+    /// TCP: where its connections are relayed.
+    Tcp(Rc<TcpListening>),
 }
 
 impl WorkerState {
@@ -243,6 +256,9 @@ impl WorkerState {
             .fold(config.limits.header_timeout, Duration::min);
         self.clients.set_shortest_timeout(shortest);
         let mut sockets = generation.take_sockets(self.worker);
+        // The accept loops this generation stops: those of removed listeners, and of listeners
+        // whose mode changed.
+        let mut stopped = Vec::new();
         let keys = listener_keys(&config.listeners);
         for (l, key) in config.listeners.iter().zip(&keys) {
             let tables = &self.process.edge;
@@ -261,7 +277,29 @@ impl WorkerState {
                     }
                     kept.backlog = l.backlog;
                 }
-                kept.route.renew(settings(kept.route.stats.is_some()));
+                match &kept.serving {
+                    Serving::Http(route) if l.mode == ListenerMode::Http => {
+                        route.renew(settings(route.stats.is_some()));
+                        continue;
+                    }
+                    Serving::Tcp(t) if l.mode == ListenerMode::Tcp => {
+                        *t.relay.borrow_mut() = Rc::new(Relay::of(l, config, &upstreams, tables));
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+            // Its mode changed: its sockets are served anew, and its open connections finish
+            // as they were.
+            if let Some(mut kept) = self.listeners.remove(key) {
+                let _ = kept.removed.send(true);
+                let (bound, stats) = kept.serving.bound();
+                let serving = self.serving(l, config, (&upstreams, &rules), bound, stats);
+                let (removed, tasks) = self.accept_loops(&kept.sockets, &serving);
+                stopped.extend(std::mem::replace(&mut kept.tasks, tasks));
+                kept.removed = removed;
+                kept.serving = serving;
+                self.listeners.insert(*key, kept);
                 continue;
             }
             // Usually one socket per listener; after an upgrade from a process with more
@@ -294,26 +332,12 @@ impl WorkerState {
                     .registered
                     .listener(bound, l.address, self.worker, self.core)
             });
-            let route = Rc::new(Route::new(settings(stats.is_some()), stats, bound));
-            let (removed, removed_rx) = watch::channel(false);
-            let tasks = mine
-                .iter()
-                .map(|listener| {
-                    tokio::task::spawn_local(accept_loop(
-                        listener.clone(),
-                        route.clone(),
-                        self.process.clone(),
-                        self.batch.clone(),
-                        self.clients.clone(),
-                        self.stop.clone(),
-                        removed_rx.clone(),
-                    ))
-                })
-                .collect();
+            let serving = self.serving(l, config, (&upstreams, &rules), bound, stats);
+            let (removed, tasks) = self.accept_loops(&mine, &serving);
             self.listeners.insert(
                 *key,
                 Listening {
-                    route,
+                    serving,
                     removed,
                     tasks,
                     sockets: mine,
@@ -327,7 +351,6 @@ impl WorkerState {
             .filter(|k| !keys.contains(k))
             .copied()
             .collect();
-        let mut stopped = Vec::with_capacity(gone.len());
         for key in gone {
             if let Some(l) = self.listeners.remove(&key) {
                 let _ = l.removed.send(true);
@@ -343,9 +366,70 @@ impl WorkerState {
     }
 }
 
+impl WorkerState {
+    /// What serves listener `l`'s connections in this generation, bound to `bound`, with its
+    /// `/metrics` counters when metrics are on.
+    fn serving(
+        &self,
+        l: &Listener,
+        config: &crate::config::Config,
+        (upstreams, rules): (&[Rc<WorkerUpstream>], &Rc<DownstreamRules>),
+        bound: std::net::SocketAddr,
+        stats: Option<Arc<ListenerStats>>,
+    ) -> Serving {
+        let tables = &self.process.edge;
+        match l.mode {
+            ListenerMode::Http => {
+                let settings =
+                    RouteSettings::of(l, config, upstreams, rules, tables, stats.is_some());
+                Serving::Http(Rc::new(Route::new(settings, stats, bound)))
+            }
+            ListenerMode::Tcp => Serving::Tcp(Rc::new(TcpListening {
+                relay: RefCell::new(Rc::new(Relay::of(l, config, upstreams, tables))),
+                stats,
+                local: bound,
+            })),
+        }
+    }
+
+    /// An accept loop on each of `sockets` for `serving`, and the sender that stops them.
+    fn accept_loops(
+        &self,
+        sockets: &[Rc<TcpListener>],
+        serving: &Serving,
+    ) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
+        let (removed, removed_rx) = watch::channel(false);
+        let tasks = sockets
+            .iter()
+            .map(|listener| {
+                tokio::task::spawn_local(accept_loop(
+                    listener.clone(),
+                    serving.clone(),
+                    self.process.clone(),
+                    self.batch.clone(),
+                    self.clients.clone(),
+                    self.stop.clone(),
+                    removed_rx.clone(),
+                ))
+            })
+            .collect();
+        (removed, tasks)
+    }
+}
+
+impl Serving {
+    /// The address it is bound to, and its `/metrics` counters.
+    fn bound(&self) -> (std::net::SocketAddr, Option<Arc<ListenerStats>>) {
+        match self {
+            Serving::Http(r) => (r.local, r.stats.clone()),
+            Serving::Tcp(t) => (t.local, t.stats.clone()),
+        }
+    }
+}
+
 async fn accept_loop(
     listener: Rc<TcpListener>,
-    route: Rc<Route>,
+    serving: Serving,
     process: Arc<Process>,
     batch: Option<Rc<Batch>>,
     clients: Rc<Connections>,
@@ -353,7 +437,7 @@ async fn accept_loop(
     mut removed: watch::Receiver<bool>,
 ) {
     let connections = &process.connections;
-    let stats = route.stats.clone();
+    let stats = serving.bound().1;
     loop {
         let slot = tokio::select! {
             biased;
@@ -366,6 +450,23 @@ async fn accept_loop(
             _ = stop.wait_for(|s| *s) => return,
             _ = removed.wait_for(|s| *s) => return,
             a = accept(&listener) => a,
+        };
+        let route = match &serving {
+            Serving::Http(route) => route,
+            Serving::Tcp(listening) => {
+                // Never idle: it is relayed from its accept (the tunnel's timeouts bound it).
+                let registered = clients.open(Duration::MAX, Duration::MAX);
+                let held = Held::new(slot, stats.clone());
+                tokio::task::spawn_local(crate::downstream::tcp::serve(
+                    stream,
+                    peer,
+                    listening.clone(),
+                    batch.clone(),
+                    held,
+                    registered,
+                ));
+                continue;
+            }
         };
         // The timeouts that decide when the connection is idle are taken now; the rest of the
         // rules and the route are read per request.

@@ -148,6 +148,8 @@ pub struct Entry {
     id: Option<Arc<RequestId>>,
     /// What only some formats read; `None` for the others.
     captured: Option<Box<Captured>>,
+    /// A TCP listener's connection (`target` is the listener's address): how it ended.
+    ended: Option<&'static str>,
 }
 
 /// What a template reads of a request beyond every entry's fields.
@@ -190,6 +192,30 @@ impl Entry {
             response: Duration::ZERO,
             id: id.cloned(),
             captured,
+            ended: None,
+        })
+    }
+
+    /// A TCP listener's connection from `client`, accepted `at` on `listener`.
+    fn connection(client: SocketAddr, listener: SocketAddr, at: Instant) -> Box<Entry> {
+        Box::new(Entry {
+            client,
+            // A token, so never an error; `CONNECT` is never written for it.
+            method: Method::from_bytes(b"TCP").unwrap_or(Method::CONNECT),
+            target: listener.to_string(),
+            version: Version::HTTP_11,
+            referer: None,
+            user_agent: None,
+            start: at,
+            status: 0,
+            upstream: None,
+            bytes: 0,
+            received: Some(0),
+            total: Duration::ZERO,
+            response: Duration::ZERO,
+            id: None,
+            captured: None,
+            ended: Some("closed"),
         })
     }
 
@@ -544,8 +570,10 @@ fn format_entry(
             escape_into(out, e.method.as_str().as_bytes());
             out.push(' ');
             escape_into(out, target.as_bytes());
-            out.push(' ');
-            out.push_str(version(e.version));
+            if e.ended.is_none() {
+                out.push(' ');
+                out.push_str(version(e.version));
+            }
             out.push_str("\" ");
             out.push_str(itoa::Buffer::new().format(e.status));
             out.push(' ');
@@ -593,6 +621,10 @@ fn format_entry(
                 out.push_str(" id=");
                 out.push_str(id.id());
             }
+            if let Some(end) = e.ended {
+                out.push_str(" end=");
+                out.push_str(end);
+            }
             out.push('\n');
         }
         AccessFormat::Json => json_into(out, e, now),
@@ -615,7 +647,7 @@ fn json_into(out: &mut String, e: &Entry, now: SystemTime) {
         "client": e.client.ip().to_string(),
         "method": e.method.as_str(),
         "path": target,
-        "protocol": version(e.version),
+        "protocol": protocol(e),
         "status": e.status,
         "bytes": e.bytes,
         "backend": e.upstream.as_ref().map(|u| u.backend.to_string()),
@@ -638,6 +670,7 @@ fn json_into(out: &mut String, e: &Entry, now: SystemTime) {
         "response_us": us(t.map(|_| e.response)),
         "total_us": us(Some(e.total)),
         "proxy_us": us(t.map(|t| t.proxy())),
+        "end": e.ended,
     });
     let mut v = v;
     if let Some(c) = e.captured.as_ref().and_then(|c| c.client.as_ref()) {
@@ -721,12 +754,14 @@ fn field_into<'a>(
             escape_into(out, e.method.as_str().as_bytes());
             out.push(' ');
             escape_into(out, e.target.as_bytes());
-            out.push(' ');
-            out.push_str(version(e.version));
+            if e.ended.is_none() {
+                out.push(' ');
+                out.push_str(version(e.version));
+            }
         }
         Field::Method => escape_into(out, e.method.as_str().as_bytes()),
         Field::Uri => escape_into(out, e.target.as_bytes()),
-        Field::Protocol => out.push_str(version(e.version)),
+        Field::Protocol => out.push_str(protocol(e)),
         Field::Host => header_into(out, e.captured.as_ref().and_then(|c| c.host.as_ref())),
         Field::Status => out.push_str(itoa::Buffer::new().format(e.status)),
         Field::Bytes => out.push_str(itoa::Buffer::new().format(e.bytes)),
@@ -776,6 +811,14 @@ fn field_into<'a>(
                 Span::Proxy => t.map(|t| t.proxy()),
             },
         ),
+    }
+}
+
+/// The request's HTTP version, or `TCP` for a TCP listener's connection.
+fn protocol(e: &Entry) -> &'static str {
+    match e.ended {
+        Some(_) => "TCP",
+        None => version(e.version),
     }
 }
 
@@ -867,6 +910,59 @@ impl Logged {
         if let Some((e, _)) = self.0.as_mut() {
             e.bytes += down;
             e.received = Some(up);
+        }
+    }
+}
+
+/// A TCP listener's connection on its way: handed to the log when dropped, with what it
+/// came to. One line per connection, as nginx's `stream` log: the client, the listener, the
+/// status (200 relayed; 403 refused by `access`; 502 no backend connected; 503 none to
+/// connect to, or the queue's wait over), the bytes each way, the backend and its connect
+/// time, the duration, and how it ended.
+pub struct Session(Option<(Box<Entry>, Rc<Batch>)>);
+
+impl Session {
+    /// A connection from `client` accepted `at` on `listener`; nothing is logged without a
+    /// `batch` (no access log).
+    pub fn start(
+        client: SocketAddr,
+        listener: SocketAddr,
+        at: Instant,
+        batch: Option<&Rc<Batch>>,
+    ) -> Session {
+        Session(batch.map(|b| (Entry::connection(client, listener, at), b.clone())))
+    }
+
+    /// It ends with `status`, before or without a relay.
+    pub fn status(&mut self, status: u16) {
+        if let Some((e, _)) = self.0.as_mut() {
+            e.status = status;
+        }
+    }
+
+    /// It reached a backend: relayed from now on.
+    pub fn connected(&mut self, upstream: Upstreamed) {
+        if let Some((e, _)) = self.0.as_mut() {
+            e.status = 200;
+            e.upstream = Some(upstream);
+        }
+    }
+
+    /// The relay ended (`end`: `closed`, `idle`, `half_closed`, `client_reset`,
+    /// `backend_reset`), having carried `up` bytes from the client and `down` to it.
+    pub fn relayed(&mut self, up: u64, down: u64, end: &'static str) {
+        if let Some((e, _)) = self.0.as_mut() {
+            e.bytes = down;
+            e.received = Some(up);
+            e.ended = Some(end);
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some((e, batch)) = self.0.take() {
+            batch.push(e);
         }
     }
 }

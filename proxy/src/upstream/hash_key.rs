@@ -13,6 +13,15 @@ pub fn request_key(spec: &HashKey, head: &RequestHead, client: IpAddr) -> Option
     with_key(spec, head, client, hash)
 }
 
+/// What a `hash = "client_ip"` upstream hashes for a TCP listener's connection from `client`:
+/// the same as for an HTTP request from it.
+pub fn client_key(client: IpAddr) -> u64 {
+    match client {
+        IpAddr::V4(ip) => hash(&ip.octets()),
+        IpAddr::V6(ip) => hash(&ip.octets()),
+    }
+}
+
 /// `f` of `spec`'s key in this request (the address's octets, the target, a header's or a
 /// cookie's value, uncopied), or `None` when the request has no such key: what a `hash`
 /// upstream hashes and a rate zone counts.

@@ -123,6 +123,23 @@ impl InFlight {
         now
     }
 
+    /// Records a TCP listener's connect to this backend: a success for the passive checks (the
+    /// trial's brings a skipped backend back). Its place under the learned limit is free from
+    /// now on, as a tunnel's after its `101`: a relayed connection awaits no answer, and its
+    /// length is no sample. It counts in flight (least_conn, `max_conns`) until it closes.
+    pub fn connected(&self, upstream: &SharedUpstream) {
+        let state = &*self.state;
+        upstream.record_success(state, self.trial);
+        if self.sent_ns.swap(0, Ordering::Relaxed) != 0 {
+            if let Some(fall) = state.limiter.headed(None) {
+                log_fall(upstream, state, fall);
+            }
+            if let Some(queue) = state.queue.get() {
+                queue.slot_freed();
+            }
+        }
+    }
+
     /// Records, for `/metrics`, the proxy's own share of a request this backend answered
     /// (`pinlb_proxy_added_seconds`).
     #[inline]

@@ -1,5 +1,6 @@
 //! Active health checks: [`probe`] sends one `GET` (in the upstream's protocol) and reads the
-//! status, and [`run`] probes
+//! status, or, for a TCP listener's upstream, connects (and sends and expects what the check
+//! names), and [`run`] probes
 //! every backend of every upstream that has a `health` table, on the control thread (pinned to
 //! `runtime.cpus`), spreading the probes over the interval. Each result goes through the pure
 //! `health::Checks` counter of its backend, in `upstream::BackendState`.
@@ -16,7 +17,7 @@ use tokio::net::{TcpStream, UnixStream};
 use tracing::{info, warn};
 
 use crate::backend_address::BackendAddress;
-use crate::config::{Fastcgi, Health, Protocol};
+use crate::config::{Fastcgi, Health, Protocol, TcpCheck};
 use crate::http1::client::{ConnectError, UpstreamBody, connect, describe_io};
 use crate::tls::client::Connector;
 use crate::upstream::health::Checks;
@@ -47,6 +48,17 @@ pub async fn probe_with(
     first: &[u8],
     fastcgi: Option<&Arc<Fastcgi>>,
 ) -> Result<(), String> {
+    if let Some(check) = &health.tcp {
+        return match tokio::time::timeout(
+            health.timeout,
+            exchange_tcp(addr, (check, health.timeout), tls, first),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(format!("no answer within {:?}", health.timeout)),
+        };
+    }
     let exchange = async {
         let status = match protocol {
             Protocol::Http1 => exchange(addr, health, tls, first).await?,
@@ -66,6 +78,63 @@ pub async fn probe_with(
         Ok(result) => result,
         Err(_) => Err(format!("no response within {:?}", health.timeout)),
     }
+}
+
+/// The probe of a TCP listener's upstream (HAProxy's `tcp-check`): a connect, then `send`
+/// written and the answer's first bytes compared with `receive`, as far as each is set. The
+/// connection is closed with a FIN after it, so that the backend sees an orderly close.
+async fn exchange_tcp(
+    addr: BackendAddress,
+    (check, timeout): (&TcpCheck, Duration),
+    tls: Option<&Connector>,
+    first: &[u8],
+) -> Result<(), String> {
+    use tokio::io::AsyncReadExt;
+    let mut conn = connect(addr, timeout, tls, first)
+        .await
+        .map_err(|e| e.cause)?;
+    if !check.send.is_empty() {
+        let sent = async {
+            conn.stream.write_all(&check.send).await?;
+            conn.stream.flush().await
+        };
+        sent.await
+            .map_err(|e| format!("sending the check failed: {e}"))?;
+    }
+    let want = &check.receive;
+    let mut got = Vec::with_capacity(want.len());
+    let mut buf = [0u8; 1024];
+    // Bounded: every pass reads at least one byte of at most `want.len()`, or returns.
+    while got.len() < want.len() {
+        let room = (want.len() - got.len()).min(buf.len());
+        let n = conn
+            .stream
+            .read(&mut buf[..room])
+            .await
+            .map_err(|e| format!("reading the answer failed: {e}"))?;
+        if n == 0 {
+            return Err(format!(
+                "closed after {} byte(s) of its answer, expected it to begin with {}",
+                got.len(),
+                escaped(want)
+            ));
+        }
+        got.extend_from_slice(&buf[..n]);
+        if !want.starts_with(&got) {
+            return Err(format!(
+                "answered {}, expected {}",
+                escaped(&got),
+                escaped(want)
+            ));
+        }
+    }
+    let _ = conn.stream.shutdown().await;
+    Ok(())
+}
+
+/// Bytes as a quoted, escaped string for a log line: `"+PONG\r\n"`.
+fn escaped(bytes: &[u8]) -> String {
+    format!("\"{}\"", bytes.escape_ascii())
 }
 
 /// The probe over HTTP/1.1; the response's status.

@@ -102,7 +102,7 @@ impl Module for AccessControl {
 /// Whether `rules` let `client` in: the first rule that matches it decides; none matching
 /// lets it in. An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, a v4 client of a dual-stack
 /// socket) matches as the IPv4 address it is.
-fn allows(rules: &[AccessRule], client: IpAddr) -> bool {
+pub(crate) fn allows(rules: &[AccessRule], client: IpAddr) -> bool {
     let client = client.to_canonical();
     rules
         .iter()

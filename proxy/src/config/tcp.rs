@@ -1,0 +1,225 @@
+//! TCP listeners (`mode = "tcp"`, nginx's `stream` and HAProxy's `mode tcp`): which keys apply
+//! to a connection whose bytes are relayed unread, and what an upstream such listeners name may
+//! have. An upstream serves one kind of listener: its active check is a connect (with `send`
+//! and `receive`, HAProxy's `tcp-check`) or an HTTP `GET`, never both.
+
+use std::collections::BTreeMap;
+
+use toml::Spanned;
+
+use super::raw::{RawListener, RawUpstream};
+use super::{Listener, ListenerMode, Protocol, TcpCheck, Upstream};
+use crate::syntax::error::{ConfigError, ConfigErrors, Source};
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+/// The keys a TCP listener may have.
+const LISTENER_KEYS: &str =
+    "address, mode, upstream, backlog, access, conn_limit, proxy_protocol, proxy_protocol_from";
+
+/// A listener's `mode`; a TCP listener's keys checked against what applies to it.
+pub(super) fn mode(src: &Source, key: &str, l: &RawListener) -> Result<ListenerMode> {
+    let mode = match l.mode.as_ref().map(|m| (m.get_ref().as_str(), m.span())) {
+        None | Some(("http", _)) => return Ok(ListenerMode::Http),
+        Some(("tcp", _)) => ListenerMode::Tcp,
+        Some((other, at)) => {
+            return Err(src.at(
+                at,
+                &format!("{key}.mode"),
+                format!("unknown mode \"{other}\", expected \"http\" or \"tcp\""),
+            ));
+        }
+    };
+    let mut http_only: Vec<(&str, std::ops::Range<usize>)> = [
+        ("tls", l.tls.as_ref().map(Spanned::span)),
+        ("h2c", l.h2c.as_ref().map(Spanned::span)),
+        ("http2", l.http2.as_ref().map(Spanned::span)),
+        ("rate_limit", l.rate_limit.as_ref().map(Spanned::span)),
+        ("route", l.route.first().map(Spanned::span)),
+    ]
+    .into_iter()
+    .filter_map(|(k, at)| at.map(|at| (k, at)))
+    .collect();
+    http_only.extend(
+        (l.module_keys.iter())
+            .filter(|(k, _)| k != "access")
+            .map(|(k, at)| (k.as_str(), at.clone())),
+    );
+    if let Some((k, at)) = http_only.into_iter().min_by_key(|(_, at)| at.start) {
+        return Err(src.at(
+            at,
+            &format!("{key}.{k}"),
+            format!(
+                "not for a TCP listener (mode = \"tcp\" relays bytes without reading HTTP), expected only {LISTENER_KEYS}"
+            ),
+        ));
+    }
+    if l.upstream.is_none() {
+        return Err(src.at(
+            l.address.span(),
+            &format!("{key}.upstream"),
+            "missing, expected the name of an [upstream.NAME] for a TCP listener's connections",
+        ));
+    }
+    Ok(mode)
+}
+
+/// Marks the upstreams TCP listeners name (`tcp`), with their checks (`health.send`,
+/// `health.receive`), and refuses what they cannot have: the keys of HTTP, and being named by
+/// HTTP listeners too.
+pub(super) fn upstreams(
+    src: &Source,
+    raw_listeners: &[RawListener],
+    listeners: &[Listener],
+    raw: &BTreeMap<String, RawUpstream>,
+    upstreams: &mut [Upstream],
+) -> std::result::Result<(), ConfigErrors> {
+    let mut errors = Vec::new();
+    let mut named_by_http = vec![false; upstreams.len()];
+    for l in listeners.iter().filter(|l| l.mode == ListenerMode::Http) {
+        if l.has_default {
+            named_by_http[l.upstream] = true;
+        }
+        for r in &l.routes {
+            if let super::RouteAction::Proxy { upstream, .. } = r.action {
+                named_by_http[upstream] = true;
+            }
+        }
+    }
+    for (i, (l, rl)) in listeners.iter().zip(raw_listeners).enumerate() {
+        if l.mode != ListenerMode::Tcp {
+            continue;
+        }
+        let up = &mut upstreams[l.upstream];
+        if up.tcp {
+            continue;
+        }
+        let at = rl.upstream.as_ref().map_or(0..0, Spanned::span);
+        let key = format!("listener[{i}].upstream");
+        if named_by_http[l.upstream] {
+            errors.push(src.at(
+                at,
+                &key,
+                format!(
+                    "upstream \"{}\" is named by HTTP listeners too, expected an upstream of its own for TCP listeners (its health check is a connect, not a GET)",
+                    up.name
+                ),
+            ));
+            continue;
+        }
+        match raw.get(&up.name).map(|r| tcp_upstream(src, &up.name, r)) {
+            Some(Ok(check)) => {
+                up.tcp = true;
+                if let Some(h) = &mut up.health {
+                    h.tcp = Some(check);
+                }
+            }
+            Some(Err(e)) => errors.push(e),
+            None => {}
+        }
+    }
+    for (up, named) in upstreams.iter().zip(&named_by_http) {
+        if let (false, Some(r)) = (up.tcp, raw.get(&up.name)) {
+            let tcp_keys = r.health.as_ref().map(|h| (&h.send, &h.receive));
+            if let Some(v) = tcp_keys.and_then(|(s, r)| s.as_ref().or(r.as_ref())) {
+                let why = if *named {
+                    "only for the upstream of a TCP listener (mode = \"tcp\"), expected path and expect for an HTTP check"
+                } else {
+                    "only for the upstream of a TCP listener (mode = \"tcp\")"
+                };
+                let which = if r.health.as_ref().is_some_and(|h| h.send.is_some()) {
+                    "send"
+                } else {
+                    "receive"
+                };
+                errors.push(src.at(
+                    v.span(),
+                    &format!("upstream.{}.health.{which}", up.name),
+                    why,
+                ));
+            }
+        }
+    }
+    match ConfigErrors::new(errors) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The check of a TCP listener's upstream `name`, after refusing its HTTP keys.
+fn tcp_upstream(src: &Source, name: &str, r: &RawUpstream) -> Result<TcpCheck> {
+    let key = format!("upstream.{name}");
+    let refuse = |k: &str, at: std::ops::Range<usize>, expected: &str| {
+        src.at(
+            at,
+            &format!("{key}.{k}"),
+            format!("not for the upstream of a TCP listener (mode = \"tcp\"), {expected}"),
+        )
+    };
+    if let Some(p) = &r.protocol {
+        if *p.get_ref() != Protocol::Http1 {
+            return Err(refuse(
+                "protocol",
+                p.span(),
+                "expected none: its connections carry bytes, not requests",
+            ));
+        }
+    }
+    let http_tables = [
+        ("sticky", r.sticky.as_ref().map(Spanned::span)),
+        ("buffering", r.buffering.as_ref().map(Spanned::span)),
+        ("fastcgi", r.fastcgi.as_ref().map(Spanned::span)),
+        ("outlier", r.outlier.as_ref().map(Spanned::span)),
+        ("retry.on", r.retry.on.as_ref().map(Spanned::span)),
+    ];
+    if let Some((k, at)) = http_tables
+        .into_iter()
+        .find_map(|(k, at)| at.map(|at| (k, at)))
+    {
+        return Err(refuse(
+            k,
+            at,
+            "expected none: it reads HTTP (a connect that fails moves on to the next backend by itself)",
+        ));
+    }
+    if let Some(h) = &r.hash {
+        if h.get_ref() != "client_ip" {
+            return Err(refuse(
+                "hash",
+                h.span(),
+                "expected \"client_ip\": a connection has no URI, header or cookie",
+            ));
+        }
+    }
+    let Some(h) = &r.health else {
+        return Ok(TcpCheck::default());
+    };
+    let http_check = [
+        ("path", h.path.as_ref().map(Spanned::span)),
+        ("host", h.host.as_ref().map(Spanned::span)),
+        ("expect", h.expect.as_ref().map(Spanned::span)),
+    ];
+    if let Some((k, at)) = http_check
+        .into_iter()
+        .find_map(|(k, at)| at.map(|at| (k, at)))
+    {
+        return Err(src.at(
+            at,
+            &format!("{key}.health.{k}"),
+            "an HTTP check's key, expected send and receive for the upstream of a TCP listener (or neither: a connect)",
+        ));
+    }
+    let bytes = |v: &Option<Spanned<String>>| v.as_ref().map(|v| v.get_ref().as_bytes().to_vec());
+    let check = TcpCheck {
+        send: bytes(&h.send).unwrap_or_default(),
+        receive: bytes(&h.receive).unwrap_or_default(),
+    };
+    if let (Some(v), true) = (&h.receive, check.receive.len() > 1024) {
+        return Err(src.at(
+            v.span(),
+            &format!("{key}.health.receive"),
+            "longer than 1024 bytes, expected the first bytes of the answer",
+        ));
+    }
+    Ok(check)
+}

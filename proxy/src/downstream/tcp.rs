@@ -1,0 +1,275 @@
+//! A TCP listener's connection (`mode = "tcp"`: nginx's `stream`, HAProxy's `mode tcp`): bytes
+//! relayed to a backend without being read.
+//!
+//! In order, once per connection: the client's address (from a PROXY protocol header on a
+//! `proxy_protocol` listener), the edge controls that apply to a connection (`access`'s
+//! allow/deny rules, `conn_limit`), a backend picked as a request's is (every algorithm; `hash`
+//! on the client's address; the upstream's queue when every backend is at its limit), its
+//! connect (a failed one is counted by the passive checks, and the next backend is tried, as
+//! nginx's `proxy_next_upstream` does within `retry.tries` and `retry.timeout`), then the
+//! tunnel's relay (`downstream::tunnel`), half-closes passed on, until both sides have closed,
+//! no byte moved for `timeouts.tunnel_idle`, or one side stayed open `timeouts.tunnel_fin`
+//! after the other closed. The connection counts in flight on its backend until it closes (for
+//! `least_conn` and `max_conns`), and as an open tunnel in `/metrics`; the access log has one
+//! line for it when it ends.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use socket2::SockRef;
+use tokio::net::TcpStream;
+use tracing::debug;
+
+use crate::config::{Config, Listener};
+use crate::downstream::h1::{Held, Slot};
+use crate::downstream::proxied::client_address;
+use crate::downstream::tunnel::{self, Dir, End};
+use crate::edge::conn_limit::ConnGate;
+use crate::modules::access::{Access, allows};
+use crate::proxy::accesslog::{Batch, Session, Upstreamed};
+use crate::proxy::timing::Timing;
+use crate::sys::summed::summed_warn;
+use crate::upstream::counters::{ListenerStats, Refusal};
+use crate::upstream::hash_key::client_key;
+use crate::upstream::in_flight::InFlight;
+use crate::upstream::local::WorkerUpstream;
+use crate::upstream::queue::Refused;
+
+/// One TCP listener in one worker: its settings, which a reload replaces whole, and what stays
+/// for the listener's life.
+pub(crate) struct TcpListening {
+    pub relay: RefCell<Rc<Relay>>,
+    /// This worker's counters for the listener, while metrics are on.
+    pub stats: Option<Arc<ListenerStats>>,
+    /// The address it is bound to: the log's, and the destination of a PROXY protocol header
+    /// sent to a backend.
+    pub local: SocketAddr,
+}
+
+/// A TCP listener's settings in one generation.
+pub(crate) struct Relay {
+    pub upstream: Rc<WorkerUpstream>,
+    /// `access`, when it has rules.
+    pub access: Option<Arc<Access>>,
+    pub conn_limit: Option<Rc<ConnGate>>,
+    /// `proxy_protocol`: the networks whose connections begin with a PROXY protocol header.
+    pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
+    /// `limits.header_timeout`: how long a PROXY protocol header may take.
+    pub header_timeout: Duration,
+}
+
+impl Relay {
+    /// Listener `l`'s settings under `config`, with this worker's `upstreams` and the
+    /// process's edge `tables`.
+    pub fn of(
+        l: &Listener,
+        config: &Config,
+        upstreams: &[Rc<WorkerUpstream>],
+        tables: &crate::edge::tables::Tables,
+    ) -> Relay {
+        Relay {
+            upstream: upstreams[l.upstream].clone(),
+            access: l.modules.access.clone().filter(|a| a.rules.is_some()),
+            conn_limit: l.conn_limit.map(|c| {
+                Rc::new(ConnGate {
+                    table: tables.conn(l.address, &c),
+                    max: c.max,
+                })
+            }),
+            proxy_protocol: l.proxy_protocol.clone(),
+            header_timeout: config.limits.header_timeout,
+        }
+    }
+}
+
+/// Serves one connection accepted on a TCP listener until it closes. `held` (its
+/// `limits.max_connections` permit and counters) and `slot` (its place among the worker's
+/// connections, which a stop waits for) are kept until then.
+pub(crate) async fn serve(
+    mut tcp: TcpStream,
+    peer: SocketAddr,
+    listening: Rc<TcpListening>,
+    batch: Option<Rc<Batch>>,
+    mut held: Held,
+    slot: Slot,
+) {
+    let accepted = Instant::now();
+    let relay = listening.relay.borrow().clone();
+    let stats = listening.stats.as_deref();
+    let client = match &relay.proxy_protocol {
+        None => peer,
+        Some(from) => {
+            let at = (
+                tokio::time::Instant::from_std(accepted),
+                relay.header_timeout,
+            );
+            match client_address(&mut tcp, peer, from, at, stats).await {
+                Some(client) => client,
+                None => return,
+            }
+        }
+    };
+    let mut log = Session::start(client, listening.local, accepted, batch.as_ref());
+    if let Some(rules) = relay.access.as_ref().and_then(|a| a.rules.as_deref()) {
+        if !allows(rules, client.ip()) {
+            if let Some(s) = stats {
+                s.refuse(Refusal::Denied);
+            }
+            summed_warn!(client = %client; "closed a connection from {}: denied by access rules", client.ip());
+            log.status(403);
+            return;
+        }
+    }
+    if let Some(gate) = &relay.conn_limit {
+        if !held.admit(gate, client, stats) {
+            log.status(503);
+            return;
+        }
+    }
+    let origin = (client, listening.local);
+    let Some((backend, guard, conn, upstreamed)) =
+        connect(&relay.upstream, client, origin, accepted, &mut log).await
+    else {
+        return;
+    };
+    log.connected(upstreamed);
+    let shared = &relay.upstream.shared;
+    let counters = shared.counting.then(|| &shared.backends[backend].stats);
+    if let Some(c) = counters {
+        c.tunnels_open.fetch_add(1, Ordering::Relaxed);
+    }
+    let (mut to_backend, early) = conn.into_parts();
+    let limits = tunnel::Limits {
+        idle: shared.config.upgrade.tunnel_idle,
+        fin: shared.config.upgrade.tunnel_fin,
+    };
+    let relayed = tunnel::relay(
+        &mut tcp,
+        &mut to_backend,
+        BytesMut::new(),
+        early,
+        limits,
+        |dir, n| {
+            if let Some(c) = counters {
+                c.tunnel_bytes[dir as usize].fetch_add(n, Ordering::Relaxed);
+            }
+        },
+    )
+    .await;
+    if let Some(c) = counters {
+        c.tunnels_open.fetch_sub(1, Ordering::Relaxed);
+    }
+    let (up, down) = (relayed.up, relayed.down);
+    let end = match relayed.end {
+        End::Closed => "closed",
+        End::Idle => {
+            debug!(client = %client, up, down, "closed: no data either way for {:?} (timeouts.tunnel_idle)", limits.idle);
+            "idle"
+        }
+        End::HalfClosed(dir) => {
+            if let Some(c) = counters {
+                c.tunnel_fin_timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            debug!(client = %client, up, down, "closed: one side closed its half and the other did not close its own within {:?} (timeouts.tunnel_fin)", limits.fin);
+            if dir == Dir::Up {
+                "client_closed"
+            } else {
+                "backend_closed"
+            }
+        }
+        End::Failed(dir, e) => {
+            debug!(client = %client, up, down, "cut: {e}");
+            // Reset both: a cut relay must not look like a clean close to either peer.
+            let _ = SockRef::from(&tcp).set_linger(Some(Duration::ZERO));
+            let _ = SockRef::from(&to_backend).set_linger(Some(Duration::ZERO));
+            if dir == Dir::Up {
+                "client_reset"
+            } else {
+                "backend_reset"
+            }
+        }
+    };
+    log.relayed(up, down, end);
+    drop((guard, slot, held));
+}
+
+/// A backend for `client`'s connection, connected: picked (waiting in the upstream's queue
+/// when every backend is at its limit), and the next one tried when a connect fails. `None`
+/// when none could be: the reason is logged, and the session's status set (`502`: every
+/// connect failed; `503`: no backend to try, or the queue's wait ran out).
+async fn connect(
+    upstream: &WorkerUpstream,
+    client: SocketAddr,
+    origin: (SocketAddr, SocketAddr),
+    accepted: Instant,
+    log: &mut Session,
+) -> Option<(usize, InFlight, crate::http1::client::Conn, Upstreamed)> {
+    let shared = &*upstream.shared;
+    let config = &shared.config;
+    let key = config.hash.as_ref().map(|_| client_key(client.ip()));
+    let n = shared.backends.len();
+    let tries = if config.retry.tries == 0 {
+        n
+    } else {
+        config.retry.tries.min(n)
+    };
+    let mut tried = vec![false; n];
+    let mut queue = Duration::ZERO;
+    let mut failed = 0;
+    let started = Instant::now();
+    // Bounded by `tries`: every pass tries one more backend, each at most once.
+    while failed < tries && (failed == 0 || started.elapsed() < config.retry.timeout) {
+        let picked = match (&shared.queue, failed) {
+            (Some(q), 0) => match Box::pin(upstream.pick_queued(q, key)).await {
+                Ok(p) => p.map(|(b, guard, waited)| {
+                    queue = waited;
+                    (b, guard)
+                }),
+                Err(Refused::TimedOut { after }) => {
+                    summed_warn!(upstream = %config.name; "closed a connection from {}: no backend had room within {after:?} (timeouts.queue)", client.ip());
+                    log.status(503);
+                    return None;
+                }
+                Err(Refused::Full { max }) => {
+                    summed_warn!(upstream = %config.name; "closed a connection from {}: {max} connections wait for a backend already (queue)", client.ip());
+                    log.status(503);
+                    return None;
+                }
+            },
+            _ => upstream.pick(key, |b| tried[b]),
+        };
+        let Some((b, guard)) = picked else {
+            break;
+        };
+        tried[b] = true;
+        let begun = Instant::now();
+        let wanted = config.proxy_protocol.is_some().then_some(&origin);
+        match Box::pin(upstream.connect(b, config.timeouts.connect, wanted)).await {
+            Ok(conn) => {
+                guard.connected(shared);
+                let now = Instant::now();
+                let attempt = (started, begun, Some(now - begun), None);
+                let timing = Timing::measured(accepted, queue, attempt, now);
+                let upstreamed = Upstreamed::answered(shared.backends[b].address, timing);
+                return Some((b, guard, conn, upstreamed));
+            }
+            Err(e) => {
+                let excuse = guard.connect_failed(shared, e.kind);
+                summed_warn!(upstream = %config.name; "backend {}: connect failed for a connection from {}: {}{}", shared.backends[b].address, client.ip(), e.cause, excuse.map(|x| format!(" ({x})")).unwrap_or_default());
+                failed += 1;
+            }
+        }
+    }
+    if failed == 0 {
+        summed_warn!(upstream = %config.name; "closed a connection from {}: {}", client.ip(), shared.unavailable());
+        log.status(503);
+    } else {
+        log.status(502);
+    }
+    None
+}
