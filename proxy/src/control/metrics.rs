@@ -712,7 +712,7 @@ impl Collector for Scrape {
         family(
             &mut e,
             "backend_tunnels_open",
-            "Tunnels (WebSocket and other upgraded connections) open to the backend.",
+            "Tunnels open to the backend: WebSocket and other upgraded connections, and TCP listeners' connections.",
             MetricType::Gauge,
             backends.iter().map(|(l, b)| {
                 let open = load(&b.stats.tunnels_open);
@@ -729,7 +729,7 @@ impl Collector for Scrape {
         family(
             &mut e,
             "backend_tunnel_bytes",
-            "Bytes relayed through tunnels, by direction.",
+            "Bytes relayed through tunnels (upgraded connections, TCP listeners' connections), by direction.",
             MetricType::Counter,
             backends.iter().flat_map(|(l, b)| {
                 ["to_backend", "to_client"]
