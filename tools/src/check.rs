@@ -248,6 +248,23 @@ pub fn describe(config: &Config) -> String {
                 default
             ),
         };
+        for r in &l.sni {
+            let names: Vec<String> = r.names.iter().map(ToString::to_string).collect();
+            let alpn: Vec<String> = (r.alpn.iter())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let _ = writeln!(
+                s,
+                "  TLS server name {}{} -> upstream {} (relayed untouched)",
+                names.join(", "),
+                if alpn.is_empty() {
+                    String::new()
+                } else {
+                    format!(" offering ALPN {}", alpn.join(" or "))
+                },
+                config.upstreams[r.upstream].name
+            );
+        }
         for line in super::features::listener(l, config) {
             let _ = writeln!(s, "  {line}");
         }

@@ -428,6 +428,9 @@ pub struct Listener {
     pub address: SocketAddr,
     /// `mode`: what its connections carry.
     pub mode: ListenerMode,
+    /// `[[listener.sni]]`: a TCP listener's upstreams by the TLS server name its clients ask
+    /// for; empty for none (no ClientHello is read).
+    pub sni: Vec<SniRoute>,
     /// Index into [`Config::upstreams`]; unused by a listener that only redirects.
     pub upstream: usize,
     /// TLS termination, its certificates read and checked; `None` for plain HTTP.
@@ -465,6 +468,17 @@ pub enum ListenerMode {
     /// Bytes, relayed to a backend of its upstream without being read (nginx's `stream`,
     /// HAProxy's `mode tcp`).
     Tcp,
+}
+
+/// One `[[listener.sni]]`: a TCP listener's connections whose ClientHello names one of
+/// `names` (and offers one of `alpn`, when set) go to `upstream`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SniRoute {
+    pub names: Vec<HostPattern>,
+    /// ALPN protocols; empty: any.
+    pub alpn: Vec<Vec<u8>>,
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
 }
 
 /// One `[[listener.route]]`: what it matches and what it does.

@@ -671,6 +671,9 @@ pub(super) struct RawListener {
     /// `[[listener.route]]`.
     #[serde(default)]
     pub route: Vec<Spanned<RawRoute>>,
+    /// `[[listener.sni]]`: a TCP listener's upstreams by TLS server name.
+    #[serde(default)]
+    pub sni: Vec<Spanned<RawSni>>,
     pub rate_limit: RawRateLimits,
     pub conn_limit: Option<Spanned<RawConnLimit>>,
     /// Connections from `proxy_protocol_from` begin with a PROXY protocol header.
@@ -683,6 +686,17 @@ pub(super) struct RawListener {
     /// Those keys as the file writes them, each with its span: what a TCP listener checks.
     #[serde(skip)]
     pub module_keys: Vec<(String, std::ops::Range<usize>)>,
+}
+
+/// One `[[listener.sni]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSni {
+    /// One name or a list: `a.test`, `*.b.test`.
+    pub server_name: Spanned<OneOrMany>,
+    /// ALPN protocols, one of which the client must offer.
+    pub alpn: Option<Spanned<Vec<Spanned<String>>>>,
+    pub upstream: Spanned<String>,
 }
 
 /// One `[[listener.route]]`.

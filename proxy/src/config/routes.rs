@@ -74,16 +74,7 @@ fn route(
     };
     let hosts = match &r.host {
         None => Vec::new(),
-        Some(h) => {
-            let names: Vec<&str> = match h.get_ref() {
-                OneOrMany::One(n) => vec![n.as_str()],
-                OneOrMany::Many(v) => v.iter().map(String::as_str).collect(),
-            };
-            names
-                .into_iter()
-                .map(|n| host_pattern(n).map_err(|e| src.at(h.span(), &format!("{rkey}.host"), e)))
-                .collect::<Result<Vec<_>>>()?
-        }
+        Some(h) => host_patterns(src, &format!("{rkey}.host"), h)?,
     };
     let methods = match &r.methods {
         None => Vec::new(),
@@ -297,6 +288,23 @@ fn path_regex(src: &Source, key: &str, x: &Spanned<String>) -> Result<PathMatch>
         "one such as \"\\\\.php$\" (the normalised path, unanchored; (?i) in front ignores case)";
     let re = super::pattern::compile(src, key, x, expected)?;
     Ok(PathMatch::Regex(Box::new(re)))
+}
+
+/// A `host` (or `server_name`) value at `key`: one name or a list, each a name or `*.` and a
+/// name.
+pub(super) fn host_patterns(
+    src: &Source,
+    key: &str,
+    h: &Spanned<OneOrMany>,
+) -> Result<Vec<HostPattern>> {
+    let names: Vec<&str> = match h.get_ref() {
+        OneOrMany::One(n) => vec![n.as_str()],
+        OneOrMany::Many(v) => v.iter().map(String::as_str).collect(),
+    };
+    names
+        .into_iter()
+        .map(|n| host_pattern(n).map_err(|e| src.at(h.span(), key, e)))
+        .collect()
 }
 
 /// One `host` entry: a name, or `*.` and a name.

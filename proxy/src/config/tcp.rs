@@ -8,19 +8,27 @@ use std::collections::BTreeMap;
 use toml::Spanned;
 
 use super::raw::{RawListener, RawUpstream};
-use super::{Listener, ListenerMode, Protocol, TcpCheck, Upstream};
+use super::{Listener, ListenerMode, Protocol, SniRoute, TcpCheck, Upstream};
 use crate::syntax::error::{ConfigError, ConfigErrors, Source};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
 /// The keys a TCP listener may have.
-const LISTENER_KEYS: &str =
-    "address, mode, upstream, backlog, access, conn_limit, proxy_protocol, proxy_protocol_from";
+const LISTENER_KEYS: &str = "address, mode, upstream, sni, backlog, access, conn_limit, proxy_protocol, proxy_protocol_from";
 
 /// A listener's `mode`; a TCP listener's keys checked against what applies to it.
 pub(super) fn mode(src: &Source, key: &str, l: &RawListener) -> Result<ListenerMode> {
     let mode = match l.mode.as_ref().map(|m| (m.get_ref().as_str(), m.span())) {
-        None | Some(("http", _)) => return Ok(ListenerMode::Http),
+        None | Some(("http", _)) => {
+            if let Some(s) = l.sni.first() {
+                return Err(src.at(
+                    s.span(),
+                    &format!("{key}.sni"),
+                    "only for a TCP listener (mode = \"tcp\"), which reads the TLS server name without terminating TLS; a TLS listener picks routes by Host ([[listener.route]] host)",
+                ));
+            }
+            return Ok(ListenerMode::Http);
+        }
         Some(("tcp", _)) => ListenerMode::Tcp,
         Some((other, at)) => {
             return Err(src.at(
@@ -64,6 +72,59 @@ pub(super) fn mode(src: &Source, key: &str, l: &RawListener) -> Result<ListenerM
     Ok(mode)
 }
 
+/// A TCP listener's `[[listener.sni]]` tables, their upstreams as indexes into `upstreams`.
+pub(super) fn sni(
+    src: &Source,
+    key: &str,
+    l: &RawListener,
+    upstreams: &[&str],
+) -> Result<Vec<SniRoute>> {
+    let mut out = Vec::with_capacity(l.sni.len());
+    for (i, s) in l.sni.iter().enumerate() {
+        let (s, skey) = (s.get_ref(), format!("{key}.sni[{i}]"));
+        let names =
+            super::routes::host_patterns(src, &format!("{skey}.server_name"), &s.server_name)?;
+        let alpn = match &s.alpn {
+            None => Vec::new(),
+            Some(list) => {
+                let mut alpn = Vec::with_capacity(list.get_ref().len());
+                for a in list.get_ref() {
+                    let v = a.get_ref();
+                    if v.is_empty() || v.len() > 255 {
+                        return Err(src.at(
+                            a.span(),
+                            &format!("{skey}.alpn"),
+                            "expected a protocol name of 1 to 255 bytes, such as \"h2\" or \"http/1.1\"",
+                        ));
+                    }
+                    alpn.push(v.as_bytes().to_vec());
+                }
+                alpn
+            }
+        };
+        let upstream = upstreams
+            .iter()
+            .position(|u| u == s.upstream.get_ref())
+            .ok_or_else(|| {
+                src.at(
+                    s.upstream.span(),
+                    &format!("{skey}.upstream"),
+                    format!(
+                        "unknown upstream \"{}\", expected one of: {}",
+                        s.upstream.get_ref(),
+                        upstreams.join(", ")
+                    ),
+                )
+            })?;
+        out.push(SniRoute {
+            names,
+            alpn,
+            upstream,
+        });
+    }
+    Ok(out)
+}
+
 /// Marks the upstreams TCP listeners name (`tcp`), with their checks (`health.send`,
 /// `health.receive`), and refuses what they cannot have: the keys of HTTP, and being named by
 /// HTTP listeners too.
@@ -90,32 +151,38 @@ pub(super) fn upstreams(
         if l.mode != ListenerMode::Tcp {
             continue;
         }
-        let up = &mut upstreams[l.upstream];
-        if up.tcp {
-            continue;
-        }
-        let at = rl.upstream.as_ref().map_or(0..0, Spanned::span);
-        let key = format!("listener[{i}].upstream");
-        if named_by_http[l.upstream] {
-            errors.push(src.at(
-                at,
-                &key,
-                format!(
-                    "upstream \"{}\" is named by HTTP listeners too, expected an upstream of its own for TCP listeners (its health check is a connect, not a GET)",
-                    up.name
-                ),
-            ));
-            continue;
-        }
-        match raw.get(&up.name).map(|r| tcp_upstream(src, &up.name, r)) {
-            Some(Ok(check)) => {
-                up.tcp = true;
-                if let Some(h) = &mut up.health {
-                    h.tcp = Some(check);
-                }
+        let default = (l.upstream, rl.upstream.as_ref().map_or(0..0, Spanned::span));
+        let by_name = l.sni.iter().zip(&rl.sni).enumerate().map(|(j, (s, r))| {
+            let at = r.get_ref().upstream.span();
+            (s.upstream, at, format!("listener[{i}].sni[{j}].upstream"))
+        });
+        let named = std::iter::once((default.0, default.1, format!("listener[{i}].upstream")));
+        for (index, at, key) in named.chain(by_name) {
+            let up = &mut upstreams[index];
+            if up.tcp {
+                continue;
             }
-            Some(Err(e)) => errors.push(e),
-            None => {}
+            if named_by_http[index] {
+                errors.push(src.at(
+                    at,
+                    &key,
+                    format!(
+                        "upstream \"{}\" is named by HTTP listeners too, expected an upstream of its own for TCP listeners (its health check is a connect, not a GET)",
+                        up.name
+                    ),
+                ));
+                continue;
+            }
+            match raw.get(&up.name).map(|r| tcp_upstream(src, &up.name, r)) {
+                Some(Ok(check)) => {
+                    up.tcp = true;
+                    if let Some(h) = &mut up.health {
+                        h.tcp = Some(check);
+                    }
+                }
+                Some(Err(e)) => errors.push(e),
+                None => {}
+            }
         }
     }
     for (up, named) in upstreams.iter().zip(&named_by_http) {

@@ -1421,6 +1421,7 @@ fn listener(
     Ok(Listener {
         address,
         mode,
+        sni: super::tcp::sni(src, key, l, upstreams)?,
         upstream,
         tls,
         h2c,

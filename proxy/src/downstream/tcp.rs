@@ -25,7 +25,7 @@ use socket2::SockRef;
 use tokio::net::TcpStream;
 use tracing::debug;
 
-use crate::config::{Config, Listener};
+use crate::config::{Config, HostPattern, Listener, SniRoute};
 use crate::downstream::h1::{Held, Slot};
 use crate::downstream::proxied::client_address;
 use crate::downstream::tunnel::{self, Dir, End};
@@ -34,6 +34,7 @@ use crate::modules::access::{Access, allows};
 use crate::proxy::accesslog::{Batch, Session, Upstreamed};
 use crate::proxy::timing::Timing;
 use crate::sys::summed::summed_warn;
+use crate::tls::client_hello::{self, Hello, Preread};
 use crate::upstream::counters::{ListenerStats, Refusal};
 use crate::upstream::hash_key::client_key;
 use crate::upstream::in_flight::InFlight;
@@ -54,6 +55,8 @@ pub(crate) struct TcpListening {
 /// A TCP listener's settings in one generation.
 pub(crate) struct Relay {
     pub upstream: Rc<WorkerUpstream>,
+    /// `[[listener.sni]]`, each with its upstream; empty: no ClientHello is read.
+    pub sni: Vec<(SniRoute, Rc<WorkerUpstream>)>,
     /// `access`, when it has rules.
     pub access: Option<Arc<Access>>,
     pub conn_limit: Option<Rc<ConnGate>>,
@@ -74,6 +77,9 @@ impl Relay {
     ) -> Relay {
         Relay {
             upstream: upstreams[l.upstream].clone(),
+            sni: (l.sni.iter())
+                .map(|s| (s.clone(), upstreams[s.upstream].clone()))
+                .collect(),
             access: l.modules.access.clone().filter(|a| a.rules.is_some()),
             conn_limit: l.conn_limit.map(|c| {
                 Rc::new(ConnGate {
@@ -131,19 +137,33 @@ pub(crate) async fn serve(
             return;
         }
     }
+    let (upstream, early) = match relay.sni.is_empty() {
+        true => (&relay.upstream, BytesMut::new()),
+        false => {
+            let deadline = tokio::time::Instant::from_std(accepted) + relay.header_timeout;
+            match by_server_name(&mut tcp, &relay, deadline).await {
+                Ok(chosen) => chosen,
+                Err(why) => {
+                    debug!(client = %client, "closed before its ClientHello: {why}");
+                    log.status(400);
+                    return;
+                }
+            }
+        }
+    };
     let origin = (client, listening.local);
     let Some((backend, guard, conn, upstreamed)) =
-        connect(&relay.upstream, client, origin, accepted, &mut log).await
+        connect(upstream, client, origin, accepted, &mut log).await
     else {
         return;
     };
     log.connected(upstreamed);
-    let shared = &relay.upstream.shared;
+    let shared = &upstream.shared;
     let counters = shared.counting.then(|| &shared.backends[backend].stats);
     if let Some(c) = counters {
         c.tunnels_open.fetch_add(1, Ordering::Relaxed);
     }
-    let (mut to_backend, early) = conn.into_parts();
+    let (mut to_backend, backend_early) = conn.into_parts();
     let limits = tunnel::Limits {
         idle: shared.config.upgrade.tunnel_idle,
         fin: shared.config.upgrade.tunnel_fin,
@@ -151,8 +171,8 @@ pub(crate) async fn serve(
     let relayed = tunnel::relay(
         &mut tcp,
         &mut to_backend,
-        BytesMut::new(),
         early,
+        backend_early,
         limits,
         |dir, n| {
             if let Some(c) = counters {
@@ -196,6 +216,75 @@ pub(crate) async fn serve(
     };
     log.relayed(up, down, end);
     drop((guard, slot, held));
+}
+
+/// The upstream of the first `[[listener.sni]]` the connection's ClientHello matches, or the
+/// listener's own for a connection that names none or speaks no TLS, with the bytes read to
+/// tell (they go to the backend first). `Err` when the client closed or stalled first: the
+/// hello must come whole within `limits.header_timeout` of the accept.
+async fn by_server_name<'a>(
+    tcp: &mut TcpStream,
+    relay: &'a Relay,
+    deadline: tokio::time::Instant,
+) -> Result<(&'a Rc<WorkerUpstream>, BytesMut), String> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = BytesMut::with_capacity(2048);
+    let mut reader = client_hello::Reader::default();
+    // Bounded: every pass reads at least one byte, and the reader gives up past its `MAX`.
+    loop {
+        let before = buf.len();
+        let read = tokio::time::timeout_at(deadline, tcp.read_buf(&mut buf)).await;
+        match read {
+            Err(_) => {
+                return Err(format!(
+                    "none within {:?} (limits.header_timeout)",
+                    relay.header_timeout
+                ));
+            }
+            Ok(Err(e)) => return Err(e.to_string()),
+            Ok(Ok(0)) => return Err(format!("the client closed after {before} bytes")),
+            Ok(Ok(_)) => {}
+        }
+        let hello = match reader.feed(&buf[before..]) {
+            Preread::More => continue,
+            Preread::NotTls => None,
+            Preread::Hello(h) => Some(h),
+        };
+        let chosen = hello
+            .as_ref()
+            .and_then(|h| best(&relay.sni, h))
+            .unwrap_or(&relay.upstream);
+        return Ok((chosen, buf));
+    }
+}
+
+/// The upstream of the route that matches `hello` best: an exact name before a wildcard, a
+/// longer wildcard before a shorter one, then the first in file order (nginx's `map
+/// hostnames`); a route with `alpn` only when the client offers one of them.
+fn best<'a>(
+    routes: &'a [(SniRoute, Rc<WorkerUpstream>)],
+    hello: &Hello,
+) -> Option<&'a Rc<WorkerUpstream>> {
+    let name = hello.server_name.as_deref()?.as_bytes();
+    let offered = |r: &SniRoute| r.alpn.is_empty() || r.alpn.iter().any(|a| hello.alpn.contains(a));
+    let score = |p: &HostPattern| match p {
+        HostPattern::Exact(_) => usize::MAX,
+        HostPattern::Suffix(s) => s.len(),
+    };
+    let mut chosen: Option<(usize, &Rc<WorkerUpstream>)> = None;
+    for (route, upstream) in routes.iter().filter(|(r, _)| offered(r)) {
+        let Some(s) = (route.names.iter())
+            .filter(|p| p.matches(name))
+            .map(score)
+            .max()
+        else {
+            continue;
+        };
+        if chosen.is_none_or(|(c, _)| s > c) {
+            chosen = Some((s, upstream));
+        }
+    }
+    chosen.map(|(_, u)| u)
 }
 
 /// A backend for `client`'s connection, connected: picked (waiting in the upstream's queue

@@ -8,11 +8,14 @@
 //!   SANs, serial), in nginx's variables' forms.
 //! - [`server`]: a listener's certificates (PEM chains and keys, checked against each other),
 //!   which one a handshake gets (SNI, a default), and the rustls configuration around them.
+//! - [`client_hello`]: a client's ClientHello read without answering it: the server name and
+//!   ALPN a TCP listener routes by (`ssl_preread`).
 //! - [`client`]: TLS to backends: an upstream's CA certificates (a file or the system's), the
 //!   name verified, a client certificate, a session cache per backend, the handshake.
 
 pub(crate) mod cert_error;
 pub mod client;
 pub(crate) mod client_auth;
+pub mod client_hello;
 pub(crate) mod client_identity;
 pub mod server;
