@@ -236,14 +236,27 @@ pub fn describe(config: &Config) -> String {
                 },
                 default
             ),
+            (None, None) if l.mode == pinlb::config::ListenerMode::Udp => {
+                let u = l.udp.unwrap_or_default();
+                writeln!(
+                    s,
+                    "listener {} (UDP, a session per client address and port, ended by {}{:?} without a datagram) -> {}",
+                    l.address,
+                    u.responses
+                        .map(|n| format!("{n} answer(s) per datagram or "))
+                        .unwrap_or_default(),
+                    u.idle,
+                    default
+                )
+            }
             (None, None) => writeln!(
                 s,
                 "listener {} (backlog {backlog}{}) -> {}",
                 l.address,
                 match (l.mode, l.h2c) {
-                    (pinlb::config::ListenerMode::Tcp, _) => "; TCP, bytes relayed unread",
-                    (_, true) => "; HTTP/1.1 and h2c",
-                    _ => "",
+                    (pinlb::config::ListenerMode::Tcp, _) => "; TCP, bytes relayed unread".into(),
+                    (_, true) => "; HTTP/1.1 and h2c".into(),
+                    _ => String::new(),
                 },
                 default
             ),
@@ -280,7 +293,14 @@ pub fn describe(config: &Config) -> String {
     }
     for (index, u) in config.upstreams.iter().enumerate() {
         let t = &u.timeouts;
-        let _ = if u.tcp {
+        let _ = if u.udp && !u.tcp {
+            writeln!(
+                s,
+                "upstream {}: {}, UDP listeners' (a session to one backend each)",
+                u.name,
+                u.algorithm.as_str()
+            )
+        } else if u.tcp {
             writeln!(
                 s,
                 "upstream {}: {}, TCP listeners' (a connection to one backend each), timeouts connect {:?} tunnel_idle {:?} tunnel_fin {:?}",
@@ -408,7 +428,9 @@ pub fn describe(config: &Config) -> String {
         } else {
             format!("at most {} tries", r.tries)
         };
-        let _ = if u.tcp {
+        let _ = if u.udp && !u.tcp {
+            Ok(())
+        } else if u.tcp {
             writeln!(
                 s,
                 "  retry: a failed connect moves on to the next backend, {tries} within {:?}",

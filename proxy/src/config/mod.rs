@@ -428,6 +428,8 @@ pub struct Listener {
     pub address: SocketAddr,
     /// `mode`: what its connections carry.
     pub mode: ListenerMode,
+    /// A UDP listener's sessions (`responses`, `session_idle`); `None` for the others.
+    pub udp: Option<UdpSessions>,
     /// `[[listener.sni]]`: a TCP listener's upstreams by the TLS server name its clients ask
     /// for; empty for none (no ClientHello is read).
     pub sni: Vec<SniRoute>,
@@ -468,6 +470,27 @@ pub enum ListenerMode {
     /// Bytes, relayed to a backend of its upstream without being read (nginx's `stream`,
     /// HAProxy's `mode tcp`).
     Tcp,
+    /// Datagrams, relayed per client address and port (nginx's `listen … udp`).
+    Udp,
+}
+
+/// A UDP listener's sessions: when one ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdpSessions {
+    /// `responses`: the backend's answers per client datagram after which a session ends
+    /// (nginx's `proxy_responses`); `None`: only `idle` ends it.
+    pub responses: Option<u32>,
+    /// `session_idle`: no datagram either way this long ends a session.
+    pub idle: Duration,
+}
+
+impl Default for UdpSessions {
+    fn default() -> Self {
+        UdpSessions {
+            responses: None,
+            idle: Duration::from_secs(30),
+        }
+    }
 }
 
 /// One `[[listener.sni]]`: a TCP listener's connections whose ClientHello names one of
@@ -695,6 +718,8 @@ pub struct Upstream {
     /// Named by TCP listeners (`mode = "tcp"`): its connections are relayed, and its active
     /// check is a connect (`health.send`, `health.receive`).
     pub tcp: bool,
+    /// Named by UDP listeners (`mode = "udp"`): its sessions are relayed.
+    pub udp: bool,
 }
 
 /// A PROXY protocol version, as an upstream's `proxy_protocol` names it.

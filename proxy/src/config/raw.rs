@@ -657,8 +657,12 @@ pub(super) struct RawRetry {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawListener {
     pub address: Spanned<String>,
-    /// `"http"` (the default) or `"tcp"`: bytes relayed without reading HTTP.
+    /// `"http"` (the default), `"tcp"` (bytes relayed without reading HTTP) or `"udp"`.
     pub mode: Option<Spanned<String>>,
+    /// A UDP listener's answers per client datagram that end a session.
+    pub responses: Option<Spanned<i64>>,
+    /// How long a UDP listener's session lasts without a datagram.
+    pub session_idle: Option<Spanned<Dur>>,
     /// Required unless a module answers every request (`redirect_https`).
     pub upstream: Option<Spanned<String>>,
     pub tls: Option<Spanned<RawTls>>,

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use toml::Spanned;
 
 use super::raw::{RawListener, RawUpstream};
-use super::{Listener, ListenerMode, Protocol, SniRoute, TcpCheck, Upstream};
+use super::{Listener, ListenerMode, Protocol, SniRoute, TcpCheck, UdpSessions, Upstream};
 use crate::syntax::error::{ConfigError, ConfigErrors, Source};
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -27,17 +27,38 @@ pub(super) fn mode(src: &Source, key: &str, l: &RawListener) -> Result<ListenerM
                     "only for a TCP listener (mode = \"tcp\"), which reads the TLS server name without terminating TLS; a TLS listener picks routes by Host ([[listener.route]] host)",
                 ));
             }
-            return Ok(ListenerMode::Http);
+            ListenerMode::Http
         }
         Some(("tcp", _)) => ListenerMode::Tcp,
+        Some(("udp", _)) => ListenerMode::Udp,
         Some((other, at)) => {
             return Err(src.at(
                 at,
                 &format!("{key}.mode"),
-                format!("unknown mode \"{other}\", expected \"http\" or \"tcp\""),
+                format!("unknown mode \"{other}\", expected \"http\", \"tcp\" or \"udp\""),
             ));
         }
     };
+    if mode == ListenerMode::Udp {
+        return udp_keys(src, key, l).map(|()| mode);
+    }
+    let udp_only = [
+        ("responses", l.responses.as_ref().map(Spanned::span)),
+        ("session_idle", l.session_idle.as_ref().map(Spanned::span)),
+    ];
+    if let Some((k, at)) = udp_only
+        .into_iter()
+        .find_map(|(k, at)| at.map(|at| (k, at)))
+    {
+        return Err(src.at(
+            at,
+            &format!("{key}.{k}"),
+            "only for a UDP listener (mode = \"udp\")",
+        ));
+    }
+    if mode == ListenerMode::Http {
+        return Ok(mode);
+    }
     let mut http_only: Vec<(&str, std::ops::Range<usize>)> = [
         ("tls", l.tls.as_ref().map(Spanned::span)),
         ("h2c", l.h2c.as_ref().map(Spanned::span)),
@@ -70,6 +91,90 @@ pub(super) fn mode(src: &Source, key: &str, l: &RawListener) -> Result<ListenerM
         ));
     }
     Ok(mode)
+}
+
+/// The keys a UDP listener may have.
+const UDP_KEYS: &str = "address, mode, upstream, access, responses, session_idle";
+
+/// A UDP listener's keys checked against what applies to it.
+fn udp_keys(src: &Source, key: &str, l: &RawListener) -> Result<()> {
+    let mut other: Vec<(&str, std::ops::Range<usize>)> = [
+        ("tls", l.tls.as_ref().map(Spanned::span)),
+        ("h2c", l.h2c.as_ref().map(Spanned::span)),
+        ("http2", l.http2.as_ref().map(Spanned::span)),
+        ("backlog", l.backlog.as_ref().map(Spanned::span)),
+        ("rate_limit", l.rate_limit.as_ref().map(Spanned::span)),
+        ("conn_limit", l.conn_limit.as_ref().map(Spanned::span)),
+        (
+            "proxy_protocol",
+            l.proxy_protocol.as_ref().map(Spanned::span),
+        ),
+        ("route", l.route.first().map(Spanned::span)),
+        ("sni", l.sni.first().map(Spanned::span)),
+    ]
+    .into_iter()
+    .filter_map(|(k, at)| at.map(|at| (k, at)))
+    .collect();
+    other.extend(
+        (l.module_keys.iter())
+            .filter(|(k, _)| k != "access")
+            .map(|(k, at)| (k.as_str(), at.clone())),
+    );
+    if let Some((k, at)) = other.into_iter().min_by_key(|(_, at)| at.start) {
+        return Err(src.at(
+            at,
+            &format!("{key}.{k}"),
+            format!("not for a UDP listener (mode = \"udp\"), expected only {UDP_KEYS}"),
+        ));
+    }
+    if l.upstream.is_none() {
+        return Err(src.at(
+            l.address.span(),
+            &format!("{key}.upstream"),
+            "missing, expected the name of an [upstream.NAME] for a UDP listener's sessions",
+        ));
+    }
+    Ok(())
+}
+
+/// A UDP listener's sessions; `None` for other listeners.
+pub(super) fn udp(
+    src: &Source,
+    key: &str,
+    l: &RawListener,
+    mode: ListenerMode,
+) -> Result<Option<UdpSessions>> {
+    if mode != ListenerMode::Udp {
+        return Ok(None);
+    }
+    let d = UdpSessions::default();
+    let responses = match &l.responses {
+        None => None,
+        Some(v) => {
+            match u32::try_from(*v.get_ref()) {
+                Ok(n) if n >= 1 => Some(n),
+                _ => {
+                    return Err(src.at(
+                    v.span(),
+                    &format!("{key}.responses"),
+                    format!("{} is out of range, expected 1 or more answers per datagram (1 for DNS)", v.get_ref()),
+                ));
+                }
+            }
+        }
+    };
+    let idle = match &l.session_idle {
+        None => d.idle,
+        Some(v) if v.get_ref().0.is_zero() => {
+            return Err(src.at(
+                v.span(),
+                &format!("{key}.session_idle"),
+                "0 is not allowed, expected a duration such as \"30s\"",
+            ));
+        }
+        Some(v) => v.get_ref().0,
+    };
+    Ok(Some(UdpSessions { responses, idle }))
 }
 
 /// A TCP listener's `[[listener.sni]]` tables, their upstreams as indexes into `upstreams`.
@@ -148,7 +253,7 @@ pub(super) fn upstreams(
         }
     }
     for (i, (l, rl)) in listeners.iter().zip(raw_listeners).enumerate() {
-        if l.mode != ListenerMode::Tcp {
+        if l.mode == ListenerMode::Http {
             continue;
         }
         let default = (l.upstream, rl.upstream.as_ref().map_or(0..0, Spanned::span));
@@ -159,7 +264,8 @@ pub(super) fn upstreams(
         let named = std::iter::once((default.0, default.1, format!("listener[{i}].upstream")));
         for (index, at, key) in named.chain(by_name) {
             let up = &mut upstreams[index];
-            if up.tcp {
+            let udp = l.mode == ListenerMode::Udp;
+            if (udp && up.udp) || (!udp && up.tcp) {
                 continue;
             }
             if named_by_http[index] {
@@ -175,7 +281,10 @@ pub(super) fn upstreams(
             }
             match raw.get(&up.name).map(|r| tcp_upstream(src, &up.name, r)) {
                 Some(Ok(check)) => {
-                    up.tcp = true;
+                    match udp {
+                        true => up.udp = true,
+                        false => up.tcp = true,
+                    }
                     if let Some(h) = &mut up.health {
                         h.tcp = Some(check);
                     }
@@ -185,8 +294,19 @@ pub(super) fn upstreams(
             }
         }
     }
+    for up in upstreams
+        .iter()
+        .filter(|u| u.udp && !u.tcp && u.health.is_some())
+    {
+        let header = src.text.find(&format!("[upstream.{}.health]", up.name));
+        errors.push(src.at(
+            header.map_or(0..0, |h| h..h),
+            &format!("upstream.{}.health", up.name),
+            "not for the upstream of UDP listeners only, expected none: its backends are checked by their answers (a session with none counts as a failure, as passive checks count)",
+        ));
+    }
     for (up, named) in upstreams.iter().zip(&named_by_http) {
-        if let (false, Some(r)) = (up.tcp, raw.get(&up.name)) {
+        if let (false, false, Some(r)) = (up.tcp, up.udp, raw.get(&up.name)) {
             let tcp_keys = r.health.as_ref().map(|h| (&h.send, &h.receive));
             if let Some(v) = tcp_keys.and_then(|(s, r)| s.as_ref().or(r.as_ref())) {
                 let why = if *named {

@@ -340,6 +340,7 @@ pub(super) fn upstream(
         fastcgi: super::fastcgi::fastcgi(src, &key, up, protocol(src, &key, up)?)?.map(Arc::new),
         // Set once the listeners that name it are known (`config::tcp`).
         tcp: false,
+        udp: false,
     })
 }
 
@@ -1422,6 +1423,7 @@ fn listener(
         address,
         mode,
         sni: super::tcp::sni(src, key, l, upstreams)?,
+        udp: super::tcp::udp(src, key, l, mode)?,
         upstream,
         tls,
         h2c,

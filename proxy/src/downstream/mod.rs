@@ -17,6 +17,8 @@
 //!   the response; keep, close, linger or park the connection.
 //! - [`tcp`]: a TCP listener's connection (`mode = "tcp"`): a backend picked and connected,
 //!   the bytes relayed both ways by the tunnel, one log line.
+//! - [`udp`]: a UDP listener's datagrams (`mode = "udp"`): a session per client address and
+//!   port, with a socket of its own connected to one backend.
 //! - [`proxied`]: a `proxy_protocol` listener's connection: its PROXY protocol header read and
 //!   checked, then served as from the client it names.
 
@@ -29,3 +31,4 @@ pub(crate) mod proxied;
 pub(crate) mod stream;
 pub(crate) mod tcp;
 pub(crate) mod tunnel;
+pub(crate) mod udp;

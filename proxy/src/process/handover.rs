@@ -57,7 +57,9 @@ use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
 use crate::config::Listener;
-use crate::process::listen::{BindError, ListenerKey, Sockets, bind_listeners, listener_keys};
+use crate::process::listen::{
+    BindError, Bound, ListenerKey, Sockets, bind_listeners, listener_keys,
+};
 
 /// How long the new process waits for the old one's sockets, and the old one for a first
 /// message on a connection: both sides are local and answer at once unless stuck.
@@ -389,7 +391,7 @@ impl Inherited {
         workers: usize,
     ) -> Result<(Sockets, Vec<SocketAddr>), BindError> {
         let keys = listener_keys(listeners);
-        let mut inherited: Vec<Vec<(usize, std::net::TcpListener)>> = Vec::new();
+        let mut inherited: Vec<Vec<(usize, Bound)>> = Vec::new();
         for key in &keys {
             let mut mine = Vec::new();
             let mut i = 0;
@@ -402,7 +404,7 @@ impl Inherited {
                     } if (*address, *index) == *key => {
                         let worker = *worker;
                         let (_, fd) = self.sockets.swap_remove(i);
-                        mine.push((worker, std::net::TcpListener::from(fd)));
+                        mine.push((worker, Bound::from_fd(fd)));
                     }
                     _ => i += 1,
                 }
@@ -430,16 +432,16 @@ impl Inherited {
             let count = mine.len();
             for (i, (_, sock)) in mine.into_iter().enumerate() {
                 // The old process's backlog goes with its sockets; this file's is the one now.
-                crate::process::listen::set_backlog(&sock, l.backlog).map_err(bind_error)?;
+                if let Bound::Stream(s) = &sock {
+                    crate::process::listen::set_backlog(s, l.backlog).map_err(bind_error)?;
+                }
                 sockets[i % workers].push((*key, sock));
             }
             for per_worker in sockets.iter_mut().skip(count) {
-                let sock = crate::process::listen::reuseport_listener(addr, l.backlog).map_err(
-                    |source| BindError {
-                        address: addr,
-                        source,
-                    },
-                )?;
+                let sock = Bound::fresh(l, addr).map_err(|source| BindError {
+                    address: addr,
+                    source,
+                })?;
                 per_worker.push((*key, sock));
             }
             local_addrs.push(addr);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 
-use crate::config::Listener;
+use crate::config::{Listener, ListenerMode};
 use crate::sys::summed::summed_error;
 
 /// A listening socket that could not be made.
@@ -19,21 +19,77 @@ pub struct BindError {
 }
 
 /// A listener's identity across reloads: its configured address, and which of the listeners
-/// with that address it is (several may ask for port 0).
+/// with that address it is (several may ask for port 0). UDP listeners count from
+/// [`UDP_KEYS`], so that a TCP and a UDP listener on one address never share a key, and a
+/// listener that changes between the two gets a socket of the other kind.
 pub(crate) type ListenerKey = (SocketAddr, usize);
+
+/// Where UDP listeners' indexes start (an index is carried as is by `pinlb upgrade`, so a
+/// process without UDP listeners reads the same keys as before).
+const UDP_KEYS: usize = 1 << 20;
 
 /// The keys of `listeners`, in order.
 pub(crate) fn listener_keys(listeners: &[Listener]) -> Vec<ListenerKey> {
     let mut keys: Vec<ListenerKey> = Vec::with_capacity(listeners.len());
     for l in listeners {
-        let n = keys.iter().filter(|(a, _)| *a == l.address).count();
-        keys.push((l.address, n));
+        let base = if l.mode == ListenerMode::Udp {
+            UDP_KEYS
+        } else {
+            0
+        };
+        let same = |(a, i): &&ListenerKey| *a == l.address && (*i >= UDP_KEYS) == (base > 0);
+        let n = keys.iter().filter(same).count();
+        keys.push((l.address, base + n));
     }
     keys
 }
 
+/// One worker's socket for one listener: listening for TCP connections, or bound for UDP
+/// datagrams.
+#[derive(Debug)]
+pub(crate) enum Bound {
+    Stream(std::net::TcpListener),
+    Datagram(std::net::UdpSocket),
+}
+
+impl Bound {
+    /// A socket inherited from the process before an upgrade, as the kind it is.
+    pub(crate) fn from_fd(fd: std::os::fd::OwnedFd) -> Bound {
+        let datagram = socket2::SockRef::from(&fd).r#type().ok() == Some(Type::DGRAM);
+        if datagram {
+            Bound::Datagram(fd.into())
+        } else {
+            Bound::Stream(fd.into())
+        }
+    }
+
+    /// A fresh socket for `l` at `addr`: `SO_REUSEPORT`, with the listener's backlog for TCP.
+    pub(crate) fn fresh(l: &Listener, addr: SocketAddr) -> std::io::Result<Bound> {
+        Ok(match l.mode {
+            ListenerMode::Udp => Bound::Datagram(reuseport_datagram(addr)?),
+            _ => Bound::Stream(reuseport_listener(addr, l.backlog)?),
+        })
+    }
+
+    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            Bound::Stream(s) => s.local_addr(),
+            Bound::Datagram(s) => s.local_addr(),
+        }
+    }
+}
+
+impl std::os::fd::AsFd for Bound {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Bound::Stream(s) => s.as_fd(),
+            Bound::Datagram(s) => s.as_fd(),
+        }
+    }
+}
+
 /// Sockets per worker, each with its listener's key.
-pub(crate) type Sockets = Vec<Vec<(ListenerKey, std::net::TcpListener)>>;
+pub(crate) type Sockets = Vec<Vec<(ListenerKey, Bound)>>;
 
 /// Binds every listener for every worker, except those `skip` names (already listening).
 pub(crate) fn bind_listeners(
@@ -53,7 +109,7 @@ pub(crate) fn bind_listeners(
                 address: addr,
                 source,
             };
-            let sock = reuseport_listener(addr, l.backlog).map_err(bind_error)?;
+            let sock = Bound::fresh(l, addr).map_err(bind_error)?;
             if addr.port() == 0 {
                 addr = sock.local_addr().map_err(bind_error)?;
             }
@@ -70,6 +126,20 @@ pub(crate) fn reuseport_listener(
     backlog: u32,
 ) -> std::io::Result<std::net::TcpListener> {
     listener(addr, true, backlog_arg(backlog))
+}
+
+/// A worker's UDP socket for a listener: non-blocking, `SO_REUSEPORT`, so that the kernel
+/// spreads clients over the workers by their address and port.
+pub(crate) fn reuseport_datagram(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    sock.set_reuse_address(true)?;
+    sock.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        sock.set_only_v6(true)?;
+    }
+    sock.set_nonblocking(true)?;
+    sock.bind(&addr.into())?;
+    Ok(sock.into())
 }
 
 /// `backlog` as `listen(2)` takes it; validation keeps it within an int.

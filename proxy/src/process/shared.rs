@@ -12,7 +12,7 @@ use tracing::warn;
 
 use crate::config::Config;
 use crate::downstream::h1::Connections;
-use crate::process::listen::{BindError, ListenerKey, Sockets};
+use crate::process::listen::{BindError, Bound, ListenerKey, Sockets};
 use crate::proxy::accesslog::AccessHandle;
 use crate::upstream::counters::Registered;
 use crate::upstream::shared::SharedUpstream;
@@ -82,7 +82,7 @@ pub(crate) struct Generation {
     pub upstreams: Vec<Arc<SharedUpstream>>,
     /// Sockets for the listeners this generation adds, `[worker]` → (listener key, socket).
     /// Each worker takes its own.
-    sockets: Vec<std::sync::Mutex<Vec<(ListenerKey, std::net::TcpListener)>>>,
+    sockets: Vec<std::sync::Mutex<Vec<(ListenerKey, Bound)>>>,
     /// Each worker adds a permit once it has switched to this generation; the reload that sent
     /// it (or the start, for the first) waits for all of them.
     pub applied: Semaphore,
@@ -117,7 +117,7 @@ impl Generation {
         self.switched.notify_waiters();
     }
 
-    pub(crate) fn take_sockets(&self, worker: usize) -> Vec<(ListenerKey, std::net::TcpListener)> {
+    pub(crate) fn take_sockets(&self, worker: usize) -> Vec<(ListenerKey, Bound)> {
         match self.sockets.get(worker) {
             Some(m) => std::mem::take(&mut *m.lock().unwrap_or_else(|p| p.into_inner())),
             None => Vec::new(),
@@ -141,6 +141,12 @@ impl Admission {
             slots: Arc::new(Semaphore::new(max_connections)),
             pressure: AtomicU64::new(0),
         }
+    }
+
+    /// Room for one more connection now, or `None` at `limits.max_connections` (a UDP session,
+    /// which cannot wait: its datagram is dropped instead).
+    pub(crate) fn try_slot(&self) -> Option<OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().ok()
     }
 
     /// Waits for room for one more connection. Until there is, nothing is accepted (new

@@ -17,6 +17,8 @@ use crate::config::{Listener, ListenerMode};
 use crate::downstream::h1::{Connections, Held};
 use crate::downstream::stream::DownstreamStream;
 use crate::downstream::tcp::{Relay, TcpListening};
+use crate::downstream::udp::{UdpListening, UdpRelay};
+use crate::process::listen::Bound;
 use crate::process::listen::{ListenerKey, accept, listener_keys};
 use crate::process::shared::{Generation, Process, ServerError};
 use crate::proxy::accesslog::Batch;
@@ -207,9 +209,31 @@ struct Listening {
     /// The accept loops, one per socket (usually one).
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// The sockets those loops accept on, so that a reload can give them a new backlog.
-    sockets: Vec<Rc<TcpListener>>,
+    sockets: Vec<Socket>,
     /// The backlog they listen with.
     backlog: u32,
+}
+
+/// One of a listener's sockets in this worker.
+enum Socket {
+    Stream(Rc<TcpListener>),
+    Datagram(Rc<tokio::net::UdpSocket>),
+}
+
+impl Socket {
+    fn stream(&self) -> Option<&Rc<TcpListener>> {
+        match self {
+            Socket::Stream(s) => Some(s),
+            Socket::Datagram(_) => None,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        match self {
+            Socket::Stream(s) => s.local_addr(),
+            Socket::Datagram(s) => s.local_addr(),
+        }
+    }
 }
 
 /// What serves a listener's connections, by its `mode`.
@@ -219,6 +243,8 @@ enum Serving {
     Http(Rc<Route>),
     /// TCP: where its connections are relayed.
     Tcp(Rc<TcpListening>),
+    /// UDP: where its sessions are relayed.
+    Udp(Rc<UdpListening>),
 }
 
 impl WorkerState {
@@ -267,7 +293,7 @@ impl WorkerState {
             if let Some(kept) = self.listeners.get_mut(key) {
                 if kept.backlog != l.backlog {
                     // On the worker's own sockets: each worker has one per listener.
-                    for sock in &kept.sockets {
+                    for sock in kept.sockets.iter().filter_map(Socket::stream) {
                         if let Err(e) = crate::process::listen::set_backlog(&**sock, l.backlog) {
                             error!(
                                 "worker {}: listener {}: cannot change the backlog to {}: {e}",
@@ -309,12 +335,16 @@ impl WorkerState {
             while i < sockets.len() {
                 if sockets[i].0 == *key {
                     let (_, sock) = sockets.swap_remove(i);
-                    let listener =
-                        TcpListener::from_std(sock).map_err(|source| ServerError::Worker {
-                            worker: self.worker,
-                            source,
-                        })?;
-                    mine.push(Rc::new(listener));
+                    let worker = self.worker;
+                    let failed = |source| ServerError::Worker { worker, source };
+                    mine.push(match sock {
+                        Bound::Stream(s) => {
+                            Socket::Stream(Rc::new(TcpListener::from_std(s).map_err(failed)?))
+                        }
+                        Bound::Datagram(s) => Socket::Datagram(Rc::new(
+                            tokio::net::UdpSocket::from_std(s).map_err(failed)?,
+                        )),
+                    });
                 } else {
                     i += 1;
                 }
@@ -389,20 +419,35 @@ impl WorkerState {
                 stats,
                 local: bound,
             })),
+            ListenerMode::Udp => Serving::Udp(Rc::new(UdpListening {
+                relay: RefCell::new(Rc::new(UdpRelay::of(l, upstreams, config))),
+                stats,
+                local: bound,
+            })),
         }
     }
 
     /// An accept loop on each of `sockets` for `serving`, and the sender that stops them.
     fn accept_loops(
         &self,
-        sockets: &[Rc<TcpListener>],
+        sockets: &[Socket],
         serving: &Serving,
     ) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
         let (removed, removed_rx) = watch::channel(false);
         let tasks = sockets
             .iter()
-            .map(|listener| {
-                tokio::task::spawn_local(accept_loop(
+            .map(|socket| match (socket, serving) {
+                (Socket::Datagram(s), Serving::Udp(u)) => {
+                    tokio::task::spawn_local(crate::downstream::udp::serve(
+                        s.clone(),
+                        u.clone(),
+                        self.process.clone(),
+                        self.batch.clone(),
+                        self.stop.clone(),
+                        removed_rx.clone(),
+                    ))
+                }
+                (Socket::Stream(listener), _) => tokio::task::spawn_local(accept_loop(
                     listener.clone(),
                     serving.clone(),
                     self.process.clone(),
@@ -410,7 +455,13 @@ impl WorkerState {
                     self.clients.clone(),
                     self.stop.clone(),
                     removed_rx.clone(),
-                ))
+                )),
+                // Listener keys tell UDP sockets from TCP ones, so a socket always comes to a
+                // listener of its kind.
+                (Socket::Datagram(_), _) => {
+                    error!("worker {}: a UDP socket for a TCP listener", self.worker);
+                    tokio::task::spawn_local(async {})
+                }
             })
             .collect();
         (removed, tasks)
@@ -423,6 +474,7 @@ impl Serving {
         match self {
             Serving::Http(r) => (r.local, r.stats.clone()),
             Serving::Tcp(t) => (t.local, t.stats.clone()),
+            Serving::Udp(u) => (u.local, u.stats.clone()),
         }
     }
 }
@@ -467,6 +519,8 @@ async fn accept_loop(
                 ));
                 continue;
             }
+            // Never: its sockets are UDP ones, served by `downstream::udp`.
+            Serving::Udp(_) => return,
         };
         // The timeouts that decide when the connection is idle are taken now; the rest of the
         // rules and the route are read per request.

@@ -148,8 +148,11 @@ pub struct Entry {
     id: Option<Arc<RequestId>>,
     /// What only some formats read; `None` for the others.
     captured: Option<Box<Captured>>,
-    /// A TCP listener's connection (`target` is the listener's address): how it ended.
+    /// A TCP listener's connection or a UDP listener's session (`target` is the listener's
+    /// address): how it ended.
     ended: Option<&'static str>,
+    /// A UDP listener's session rather than a TCP listener's connection.
+    datagrams: bool,
 }
 
 /// What a template reads of a request beyond every entry's fields.
@@ -193,6 +196,7 @@ impl Entry {
             id: id.cloned(),
             captured,
             ended: None,
+            datagrams: false,
         })
     }
 
@@ -216,6 +220,7 @@ impl Entry {
             id: None,
             captured: None,
             ended: Some("closed"),
+            datagrams: false,
         })
     }
 
@@ -816,9 +821,10 @@ fn field_into<'a>(
 
 /// The request's HTTP version, or `TCP` for a TCP listener's connection.
 fn protocol(e: &Entry) -> &'static str {
-    match e.ended {
-        Some(_) => "TCP",
-        None => version(e.version),
+    match (e.ended, e.datagrams) {
+        (Some(_), true) => "UDP",
+        (Some(_), false) => "TCP",
+        (None, _) => version(e.version),
     }
 }
 
@@ -931,6 +937,14 @@ impl Session {
         batch: Option<&Rc<Batch>>,
     ) -> Session {
         Session(batch.map(|b| (Entry::connection(client, listener, at), b.clone())))
+    }
+
+    /// It is a UDP listener's session.
+    pub fn datagrams(&mut self) {
+        if let Some((e, _)) = self.0.as_mut() {
+            e.datagrams = true;
+            e.method = Method::from_bytes(b"UDP").unwrap_or(Method::CONNECT);
+        }
     }
 
     /// It ends with `status`, before or without a relay.

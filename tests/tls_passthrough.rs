@@ -1,0 +1,254 @@
+//! TLS passed through by server name (`[[listener.sni]]` on a TCP listener, nginx's
+//! `ssl_preread`): `openssl s_client -servername` reaches the `openssl s_server` its name
+//! routes to, and sees that backend's own certificate, verified against the test CA; exact
+//! names beat wildcards, ALPN narrows a route, and what names nothing (or is not TLS) goes to
+//! the listener's upstream.
+
+use crate::common;
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// An `openssl s_server -www` with one certificate, on a port of its own; killed on drop.
+struct TlsServer {
+    addr: SocketAddr,
+    child: Child,
+}
+
+impl TlsServer {
+    /// Serves `cert` on a free port, once it accepts connections.
+    async fn start(cert: &Cert) -> TlsServer {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let child = Command::new("openssl")
+            .args(["s_server", "-quiet", "-www", "-accept"])
+            .arg(addr.to_string())
+            .arg("-cert")
+            .arg(&cert.cert)
+            .arg("-key")
+            .arg(&cert.key)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run openssl s_server");
+        poll(100, Duration::from_millis(50), async || {
+            TcpStream::connect(addr).await.ok().map(|_| ())
+        })
+        .await
+        .expect("openssl s_server accepts connections");
+        TlsServer { addr, child }
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What `openssl s_client` printed connecting to `port` with `args` (`-servername a.test`,
+/// `-alpn h2`), verifying against `pki`'s CA.
+async fn s_client(pki: &Pki, port: u16, args: &[&str]) -> String {
+    let mut command = Command::new("openssl");
+    command
+        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+        .arg("-CAfile")
+        .arg(pki.ca_file())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::task::spawn_blocking(move || command.output().expect("run openssl s_client")),
+    )
+    .await
+    .expect("openssl s_client in time")
+    .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The subject's common name of the certificate `s_client`'s output shows.
+fn subject(out: &str) -> String {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("subject="))
+        .unwrap_or_else(|| panic!("no certificate in:\n{out}"));
+    line.rsplit("CN = ").next().unwrap_or_default().to_string()
+}
+
+/// A TCP listener whose default upstream is `default`, with `sni` tables after it, over the
+/// upstreams `named` (name, backend).
+fn passthrough(default: &str, sni: &str, named: &[(&str, SocketAddr)]) -> String {
+    let mut toml = format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\nmode = \"tcp\"\nupstream = \"{default}\"\n{sni}\n"
+    );
+    for (name, addr) in named {
+        toml += &format!("[upstream.{name}]\nbackends = [{{ address = \"{addr}\" }}]\n");
+    }
+    toml
+}
+
+#[tokio::test]
+async fn each_server_name_reaches_its_own_backend_and_its_certificate() {
+    let pki = Pki::new();
+    let a = TlsServer::start(&pki.issue("a", &["a.test"], false)).await;
+    let b = TlsServer::start(&pki.issue("b", &["b.test", "x.b.test"], false)).await;
+    let d = TlsServer::start(&pki.issue("d", &["default.test"], false)).await;
+    let sni = "[[listener.sni]]\nserver_name = \"*.b.test\"\nupstream = \"b\"\n\
+               [[listener.sni]]\nserver_name = [\"a.test\", \"exact.b.test\"]\nupstream = \"a\"\n\
+               [[listener.sni]]\nserver_name = \"b.test\"\nupstream = \"b\"\n";
+    let proxy = Proxy::start_toml(&passthrough(
+        "d",
+        sni,
+        &[("a", a.addr), ("b", b.addr), ("d", d.addr)],
+    ));
+    let port = proxy.addr.port();
+    let cases = [
+        (vec!["-servername", "a.test"], "a.test"),
+        (vec!["-servername", "B.TEST"], "b.test"),
+        // The wildcard, at any depth below its name.
+        (vec!["-servername", "x.b.test"], "b.test"),
+        (vec!["-servername", "y.x.b.test"], "b.test"),
+        // An exact name beats the wildcard listed before it.
+        (vec!["-servername", "exact.b.test"], "a.test"),
+        // No match, and no name at all: the listener's upstream.
+        (vec!["-servername", "c.test"], "default.test"),
+        (vec!["-noservername"], "default.test"),
+    ];
+    for (args, cn) in cases {
+        let out = s_client(&pki, port, &args).await;
+        assert_eq!(subject(&out), cn, "{args:?}:\n{out}");
+    }
+    // The backend's certificate, verified for the name asked: pinlb terminated nothing.
+    let out = s_client(
+        &pki,
+        port,
+        &["-servername", "a.test", "-verify_hostname", "a.test"],
+    )
+    .await;
+    assert!(out.contains("Verify return code: 0 (ok)"), "{out}");
+}
+
+#[tokio::test]
+async fn alpn_narrows_a_server_names_route() {
+    let pki = Pki::new();
+    let h2 = TlsServer::start(&pki.issue("h2", &["h2.a.test"], false)).await;
+    let any = TlsServer::start(&pki.issue("any", &["any.a.test"], false)).await;
+    let sni = "[[listener.sni]]\nserver_name = \"a.test\"\nalpn = [\"h2\"]\nupstream = \"h2\"\n";
+    let proxy = Proxy::start_toml(&passthrough(
+        "any",
+        sni,
+        &[("h2", h2.addr), ("any", any.addr)],
+    ));
+    let port = proxy.addr.port();
+    let offered = s_client(
+        &pki,
+        port,
+        &["-servername", "a.test", "-alpn", "http/1.1,h2"],
+    )
+    .await;
+    assert_eq!(subject(&offered), "h2.a.test", "{offered}");
+    let not = s_client(&pki, port, &["-servername", "a.test", "-alpn", "http/1.1"]).await;
+    assert_eq!(subject(&not), "any.a.test", "{not}");
+}
+
+#[tokio::test]
+async fn a_connection_that_is_not_tls_goes_to_the_listeners_upstream_with_its_bytes() {
+    let pki = Pki::new();
+    let a = TlsServer::start(&pki.issue("a", &["a.test"], false)).await;
+    // An echo server: the default upstream gets the bytes pinlb read to tell, then the rest.
+    let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let echo_addr = echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = echo.accept().await.unwrap();
+        let mut buf = vec![0; 1024];
+        // Bounded by the client, which closes after its two writes.
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => s.write_all(&buf[..n]).await.unwrap(),
+            }
+        }
+    });
+    let sni = "[[listener.sni]]\nserver_name = \"a.test\"\nupstream = \"a\"\n";
+    let proxy = Proxy::start_toml(&passthrough(
+        "echo",
+        sni,
+        &[("a", a.addr), ("echo", echo_addr)],
+    ));
+    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+    c.write_all(b"PING\r\n").await.unwrap();
+    let mut got = [0; 6];
+    tokio::time::timeout(WAIT, c.read_exact(&mut got))
+        .await
+        .expect("echoed in time")
+        .unwrap();
+    assert_eq!(&got, b"PING\r\n");
+    c.write_all(b"more").await.unwrap();
+    let mut more = [0; 4];
+    tokio::time::timeout(WAIT, c.read_exact(&mut more))
+        .await
+        .expect("echoed in time")
+        .unwrap();
+    assert_eq!(&more, b"more");
+}
+
+#[tokio::test]
+async fn a_client_that_sends_no_hello_in_time_is_closed() {
+    let pki = Pki::new();
+    let a = TlsServer::start(&pki.issue("a", &["a.test"], false)).await;
+    let sni = "[[listener.sni]]\nserver_name = \"a.test\"\nupstream = \"a\"\n";
+    let toml = passthrough("a", sni, &[("a", a.addr)]) + "[limits]\nheader_timeout = \"300ms\"\n";
+    let proxy = Proxy::start_toml(&toml);
+    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+    // Half a record header, then nothing.
+    c.write_all(&[22, 3]).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(WAIT, c.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "closed within {WAIT:?}");
+    assert!(rest.is_empty(), "nothing relayed: {rest:?}");
+    assert!(started.elapsed() >= Duration::from_millis(250));
+}
+
+#[test]
+fn sni_tables_are_refused_on_an_http_listener_and_unknown_upstreams_named() {
+    let http = "[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"a\"\n\
+                [[listener.sni]]\nserver_name = \"a.test\"\nupstream = \"a\"\n\
+                [upstream.a]\nbackends = [{ address = \"127.0.0.1:1\" }]\n";
+    let e = pinlb::Config::parse("test.toml", http, &allowed())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("test.toml:4:")
+            && e.contains("listener[0].sni")
+            && e.contains("only for a TCP listener"),
+        "{e}"
+    );
+    let unknown = "[[listener]]\naddress = \"127.0.0.1:0\"\nmode = \"tcp\"\nupstream = \"a\"\n\
+                   [[listener.sni]]\nserver_name = \"a.test\"\nupstream = \"nope\"\n\
+                   [upstream.a]\nbackends = [{ address = \"127.0.0.1:1\" }]\n";
+    let e = pinlb::Config::parse("test.toml", unknown, &allowed())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("test.toml:7:")
+            && e.contains("listener[0].sni[0].upstream")
+            && e.contains("unknown upstream \"nope\""),
+        "{e}"
+    );
+}
