@@ -63,6 +63,8 @@ struct Builder {
     known: Known,
     /// The server's mirror targets ([`super::mirror`]), while its locations convert.
     mirrors: super::mirror::Targets,
+    /// The `stream` block's TCP and UDP listeners ([`super::stream`]).
+    stream_listeners: Vec<Value>,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -314,7 +316,15 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
         http_upstreams: Default::default(),
         known: Known::read(directives),
         mirrors: Default::default(),
+        stream_listeners: Vec::new(),
     };
+    // The http block's upstream names, which a stream upstream of the same name yields to.
+    let http_upstreams: Vec<String> = (directives.iter())
+        .filter(|d| d.name == "http")
+        .flat_map(|d| d.block.iter().flatten())
+        .filter(|d| d.name == "upstream" && d.block.is_some())
+        .filter_map(|d| d.args.first().cloned())
+        .collect();
     let mut workers: Option<(usize, String)> = None;
     let mut affinity: Option<Vec<usize>> = None;
     let mut connections: Option<usize> = None;
@@ -339,7 +349,7 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
                 }
             }
             ("http", Some(http)) => b.http(http),
-            ("stream", Some(_)) => proxy_protocol::stream(d, &mut b.notes),
+            ("stream", Some(block)) => b.stream(block, &http_upstreams),
             _ => b.other(d),
         }
     }
@@ -424,6 +434,52 @@ impl Builder {
     fn unreached(&mut self, d: &Directive, why: &str) {
         self.notes
             .push(format!("{}: {} not converted: {why}", d.at(), d.name));
+    }
+
+    /// The `stream` block: its upstreams (renamed `NAME_stream` where the http block has one
+    /// of the same name: nginx keeps the two apart, pinlb has one table), then its servers.
+    fn stream(&mut self, block: &[Directive], http_upstreams: &[String]) {
+        let http = std::mem::take(&mut self.upstreams);
+        let mut renamed = BTreeMap::new();
+        for d in block {
+            if let ("upstream", Some(b), Some(name)) =
+                (d.name.as_str(), d.block.as_deref(), d.args.first())
+            {
+                self.upstream(d, b);
+                let out = match http_upstreams.contains(name) {
+                    true => format!("{name}_stream"),
+                    false => name.clone(),
+                };
+                if let Some(up) = self.upstreams.remove(name) {
+                    self.upstreams.insert(out.clone(), up);
+                }
+                renamed.insert(name.clone(), out);
+            }
+        }
+        let mut stream_upstreams = std::mem::replace(&mut self.upstreams, http);
+        let name = |n: &str| renamed.get(n).cloned();
+        let converted = super::stream::convert(block, &name, &mut stream_upstreams);
+        // An upstream no listener names (nginx's too would take no connection) is left out.
+        let named: std::collections::BTreeSet<String> = (converted.listeners.iter())
+            .filter_map(Value::as_table)
+            .flat_map(|l| {
+                let sni = l.get("sni").and_then(Value::as_array).into_iter().flatten();
+                let by_name = sni.filter_map(|s| s.get("upstream").and_then(Value::as_str));
+                l.get("upstream")
+                    .and_then(Value::as_str)
+                    .into_iter()
+                    .chain(by_name)
+            })
+            .map(str::to_string)
+            .collect();
+        for (name, up) in stream_upstreams {
+            if named.contains(&name) {
+                self.upstreams.insert(name, up);
+            }
+        }
+        self.notes.extend(converted.notes);
+        self.refused.extend(converted.refused);
+        self.stream_listeners.extend(converted.listeners);
     }
 
     fn http(&mut self, http: &[Directive]) {
@@ -1988,15 +2044,20 @@ impl Builder {
             listeners.push(Value::Table(l));
         }
         client_cert::unsent_headers(&listeners, &self.client_cert_headers, &mut self.notes);
+        anything |= !self.stream_listeners.is_empty();
+        listeners.append(&mut self.stream_listeners);
         if !listeners.is_empty() {
             root.insert("listener".into(), Value::Array(listeners));
         }
         let mut upstreams = Table::new();
         for (name, mut up) in std::mem::take(&mut self.upstreams) {
             if let Some(idle) = &self.client_idle {
-                let mut t = Table::new();
-                t.insert("client_idle".into(), Value::String(idle.clone()));
-                up.insert("timeouts".into(), Value::Table(t));
+                let t = up
+                    .entry("timeouts")
+                    .or_insert_with(|| Value::Table(Table::new()));
+                if let Some(t) = t.as_table_mut() {
+                    t.insert("client_idle".into(), Value::String(idle.clone()));
+                }
             }
             upstreams.insert(name, Value::Table(up));
         }
@@ -2313,7 +2374,7 @@ fn redirect_value(status: i64, location: String) -> Value {
 }
 
 /// An address as nginx reads it: without a port, port 80.
-fn with_port(address: &str) -> String {
+pub(super) fn with_port(address: &str) -> String {
     let bracketed_v6 = address.starts_with('[') && address.ends_with(']');
     if bracketed_v6 || !address.contains(':') {
         format!("{address}:80")
@@ -2350,7 +2411,7 @@ fn proxy_target(url: &str) -> Option<(String, Option<String>)> {
 }
 
 /// `listen`'s address: `8080` → `0.0.0.0:8080`, `127.0.0.1:8080` and `[::]:80` as they are.
-fn listen_address(a: &str) -> String {
+pub(super) fn listen_address(a: &str) -> String {
     if a.chars().all(|c| c.is_ascii_digit()) {
         format!("0.0.0.0:{a}")
     } else if !a.contains(':') {
@@ -2402,7 +2463,7 @@ fn size(s: &str) -> Option<u64> {
 }
 
 /// nginx times (`30s`, `65`, `1m`, `500ms`, `1h30m`) as pinlb writes durations.
-fn duration(s: &str) -> Option<String> {
+pub(super) fn duration(s: &str) -> Option<String> {
     let mut ms: u64 = 0;
     let mut rest = s;
     while !rest.is_empty() {

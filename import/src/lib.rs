@@ -25,6 +25,8 @@
 //!   `try_files` front controller as a route to its script.
 //! - [`files`]: locations that serve files as routes that answer 404, and where their requests
 //!   would go without them.
+//! - [`stream`]: the `stream {}` block's servers as TCP and UDP listeners, `ssl_preread` with
+//!   a server-name `map` as `[[listener.sni]]`.
 //! - [`matched`]: directives whose behaviour pinlb already has, converted to nothing and not
 //!   noted.
 //! - [`convert`]: directives to pinlb's TOML.
@@ -46,6 +48,7 @@ mod parse;
 mod proxy_protocol;
 mod rewrite;
 mod sticky;
+mod stream;
 mod template;
 mod unix_socket;
 

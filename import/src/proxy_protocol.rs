@@ -140,23 +140,3 @@ pub(super) fn listener(
         Value::Array(nets.into_iter().map(Value::String).collect()),
     );
 }
-
-/// A `stream` block: not converted; its `proxy_protocol on` (the header to its backends) has an
-/// equivalent for HTTP backends, which is named.
-pub(super) fn stream(d: &Directive, notes: &mut Vec<String>) {
-    let sends = d.block.iter().flatten().any(|s| {
-        s.block
-            .iter()
-            .flatten()
-            .any(|i| i.name == "proxy_protocol" && i.args.first().map(String::as_str) == Some("on"))
-    });
-    let also = if sends {
-        "; for HTTP backends, its proxy_protocol on is [upstream.NAME] proxy_protocol = \"v1\""
-    } else {
-        ""
-    };
-    notes.push(format!(
-        "{}: stream not converted: pinlb proxies HTTP, not TCP streams{also}",
-        d.at()
-    ));
-}

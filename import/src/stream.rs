@@ -1,0 +1,378 @@
+//! nginx's `stream {}` block as TCP and UDP listeners (`mode = "tcp"`, `mode = "udp"`): each
+//! `server`'s `listen` a listener, its `proxy_pass` the upstream (an `upstream` block of the
+//! stream level, or an address made one), `ssl_preread on` with a `map
+//! $ssl_preread_server_name` as `[[listener.sni]]` tables, and the directives of the stream
+//! proxy that pinlb has: `proxy_timeout`, `proxy_connect_timeout`, `proxy_responses`,
+//! `proxy_protocol`, `listen … proxy_protocol` with `set_real_ip_from`, `limit_conn`, `allow`
+//! and `deny`. What does not convert is noted, or refused where leaving it out would make pinlb
+//! less strict (an `allow`/`deny` or `limit_conn` that does not convert).
+
+use std::collections::BTreeMap;
+
+use toml::{Table, Value};
+
+use crate::parse::Directive;
+
+/// What a `stream {}` block converts to.
+#[derive(Default)]
+pub struct Stream {
+    /// Its servers' listeners, in file order.
+    pub listeners: Vec<Value>,
+    /// The upstreams its `proxy_pass`es name that are addresses, not `upstream` blocks.
+    pub made: BTreeMap<String, Table>,
+    pub notes: Vec<String>,
+    pub refused: Vec<String>,
+}
+
+/// A `map $ssl_preread_server_name $VAR { … }`: its entries in file order and its default.
+struct NameMap {
+    entries: Vec<(String, String)>,
+    default: Option<String>,
+}
+
+/// Converts the `stream` block `block`. `upstream(name)` renames a stream-level upstream's
+/// name to the one it has in the output (stream and http upstreams share pinlb's one table),
+/// `None` for a name no `upstream` block has; `upstreams` are those converted tables, which
+/// the servers' timeouts and `proxy_protocol` are written into.
+pub fn convert(
+    block: &[Directive],
+    upstream: &dyn Fn(&str) -> Option<String>,
+    upstreams: &mut BTreeMap<String, Table>,
+) -> Stream {
+    let mut out = Stream::default();
+    let maps = name_maps(block, &mut out);
+    let mut zones = BTreeMap::new();
+    super::limits::conn_zones(block, &mut zones, &mut out.refused);
+    for d in block {
+        match (d.name.as_str(), d.block.as_deref()) {
+            ("server", Some(server)) => {
+                let s = Server {
+                    maps: &maps,
+                    zones: &zones,
+                    upstream,
+                };
+                s.convert(d, server, upstreams, &mut out);
+            }
+            ("upstream" | "map" | "limit_conn_zone", _) => {}
+            ("log_format" | "access_log" | "error_log", _) => out.notes.push(format!(
+                "{}: {} not converted: pinlb's [log] is one for every listener; its TCP and UDP lines are described in docs/configuration.md",
+                d.at(),
+                d.name
+            )),
+            _ => out
+                .notes
+                .push(format!("{}: {} not converted: no pinlb equivalent", d.at(), d.name)),
+        }
+    }
+    out
+}
+
+/// The stream level's `map $ssl_preread_server_name $VAR` blocks, by `$VAR`; other maps are
+/// noted (a `proxy_pass` that names their variable does not convert).
+fn name_maps(block: &[Directive], out: &mut Stream) -> BTreeMap<String, NameMap> {
+    let mut maps = BTreeMap::new();
+    for d in block.iter().filter(|d| d.name == "map") {
+        let (Some(source), Some(var), Some(entries)) =
+            (d.args.first(), d.args.get(1), d.block.as_deref())
+        else {
+            continue;
+        };
+        if source != "$ssl_preread_server_name" {
+            out.notes.push(format!(
+                "{}: map {source} not converted: pinlb routes a TCP listener by the TLS server name only ($ssl_preread_server_name)",
+                d.at()
+            ));
+            continue;
+        }
+        let mut map = NameMap {
+            entries: Vec::new(),
+            default: None,
+        };
+        for e in entries {
+            match (e.name.as_str(), e.args.first()) {
+                // pinlb matches names as `map hostnames` does, with it or without.
+                ("hostnames", None) => {}
+                ("default", Some(v)) => map.default = Some(v.clone()),
+                (name, Some(v)) if !name.starts_with('~') => {
+                    // nginx's `.example.com` is the name and every name below it.
+                    match name.strip_prefix('.') {
+                        Some(base) => {
+                            map.entries.push((base.to_string(), v.clone()));
+                            map.entries.push((format!("*.{base}"), v.clone()));
+                        }
+                        None => map.entries.push((name.to_string(), v.clone())),
+                    }
+                }
+                _ => out.notes.push(format!(
+                    "{}: map entry {} not converted: pinlb matches server names exactly or by a leading *. wildcard, not by regular expression",
+                    e.at(),
+                    e.name
+                )),
+            }
+        }
+        maps.insert(var.clone(), map);
+    }
+    maps
+}
+
+/// What a stream `server` reads from its level.
+struct Server<'a> {
+    maps: &'a BTreeMap<String, NameMap>,
+    zones: &'a BTreeMap<String, i64>,
+    upstream: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Server<'_> {
+    /// One `server` block as one listener per `listen`.
+    fn convert(
+        &self,
+        d: &Directive,
+        block: &[Directive],
+        upstreams: &mut BTreeMap<String, Table>,
+        out: &mut Stream,
+    ) {
+        let mut listens = Vec::new();
+        let mut keys = Table::new();
+        let mut upstream_keys = Table::new();
+        let mut timeouts = Table::new();
+        let mut pass: Option<&Directive> = None;
+        let mut preread = false;
+        let mut access = Vec::new();
+        for s in block {
+            let arg = s.args.first().map(String::as_str);
+            match (s.name.as_str(), arg) {
+                ("listen", Some(_)) => listens.push(s),
+                ("proxy_pass", Some(_)) => pass = Some(s),
+                ("ssl_preread", Some(v)) => preread = v == "on",
+                ("proxy_timeout", Some(v)) => match super::convert::duration(v) {
+                    Some(t) => {
+                        timeouts.insert("tunnel_idle".into(), Value::String(t.clone()));
+                        keys.insert("session_idle".into(), Value::String(t));
+                    }
+                    None => out.notes.push(format!("{}: proxy_timeout {v} not converted: not a duration", s.at())),
+                },
+                ("proxy_connect_timeout", Some(v)) => {
+                    if let Some(t) = super::convert::duration(v) {
+                        timeouts.insert("connect".into(), Value::String(t));
+                    }
+                }
+                ("proxy_responses", Some(v)) => match v.parse::<i64>() {
+                    Ok(n) if n >= 1 => {
+                        keys.insert("responses".into(), Value::Integer(n));
+                    }
+                    // nginx's 0 answers nothing back: no pinlb equivalent.
+                    _ => out.notes.push(format!("{}: proxy_responses {v} not converted: pinlb relays every answer, expected 1 or more", s.at())),
+                },
+                ("proxy_protocol", Some("on")) => {
+                    // nginx's stream module writes version 1.
+                    upstream_keys.insert("proxy_protocol".into(), "v1".into());
+                }
+                ("proxy_protocol", Some(_)) => {}
+                ("allow" | "deny", Some(who)) => {
+                    access.push(Value::String(format!("{} {who}", s.name)))
+                }
+                ("limit_conn", Some(zone)) => {
+                    match (self.zones.get(zone), s.args.get(1).and_then(|n| n.parse::<i64>().ok())) {
+                        (Some(keys_of), Some(max)) => {
+                            let mut c = Table::new();
+                            c.insert("max".into(), Value::Integer(max));
+                            c.insert("keys".into(), Value::Integer(*keys_of));
+                            keys.insert("conn_limit".into(), Value::Table(c));
+                        }
+                        _ => out.refused.push(format!(
+                            "{}: limit_conn not converted: its zone is not a limit_conn_zone on the client's address; without it pinlb lets through connections nginx limits",
+                            s.at()
+                        )),
+                    }
+                }
+                ("set_real_ip_from", Some(net)) => {
+                    keys.entry("proxy_protocol_from")
+                        .or_insert_with(|| Value::Array(Vec::new()))
+                        .as_array_mut()
+                        .map(|a| a.push(Value::String(net.to_string())));
+                }
+                _ => out.notes.push(format!(
+                    "{}: {} not converted: no pinlb equivalent for a TCP or UDP listener",
+                    s.at(),
+                    s.name
+                )),
+            }
+        }
+        let Some(pass) = pass else {
+            out.notes.push(format!(
+                "{}: server not converted: it has no proxy_pass (pinlb's TCP and UDP listeners relay to an upstream)",
+                d.at()
+            ));
+            return;
+        };
+        let target = pass.args[0].as_str();
+        let (default, sni) = match target.strip_prefix('$') {
+            None => match self.target(target, upstreams, out) {
+                Some(u) => (u, Vec::new()),
+                None => return out.notes.push(format!("{}: proxy_pass {target} not converted: neither an upstream of the stream block nor an address", pass.at())),
+            },
+            Some(_) => match (self.maps.get(target), preread) {
+                (Some(map), true) => match self.by_name(map, pass, upstreams, out) {
+                    Some(routed) => routed,
+                    None => return,
+                },
+                (Some(_), false) => {
+                    return out.notes.push(format!(
+                        "{}: proxy_pass {target} not converted: its map reads $ssl_preread_server_name, which needs ssl_preread on",
+                        pass.at()
+                    ));
+                }
+                (None, _) => {
+                    return out.notes.push(format!(
+                        "{}: proxy_pass {target} not converted: only a variable mapped from $ssl_preread_server_name converts",
+                        pass.at()
+                    ));
+                }
+            },
+        };
+        // The upstream's own keys, from the servers that pass to it (nginx sets them per
+        // server; pinlb per upstream, which the first server decides).
+        for name in std::iter::once(&default).chain(sni.iter().map(|(_, u)| u)) {
+            if let Some(up) = upstreams.get_mut(name) {
+                for (k, v) in &upstream_keys {
+                    up.entry(k.clone()).or_insert(v.clone());
+                }
+                if !timeouts.is_empty() {
+                    let t = up
+                        .entry("timeouts")
+                        .or_insert_with(|| Value::Table(Table::new()));
+                    if let Some(t) = t.as_table_mut() {
+                        for (k, v) in &timeouts {
+                            t.entry(k.clone()).or_insert(v.clone());
+                        }
+                    }
+                }
+            }
+        }
+        for l in listens {
+            self.listener(l, (&keys, &access), (&default, &sni), out);
+        }
+    }
+
+    /// One `listen` of a server that passes to `default` (and by server name to `sni`).
+    fn listener(
+        &self,
+        l: &Directive,
+        (keys, access): (&Table, &[Value]),
+        (default, sni): (&str, &[(Vec<String>, String)]),
+        out: &mut Stream,
+    ) {
+        let udp = l.args.iter().any(|a| a == "udp");
+        let mut t = Table::new();
+        t.insert(
+            "address".into(),
+            Value::String(super::convert::listen_address(&l.args[0])),
+        );
+        t.insert("mode".into(), if udp { "udp" } else { "tcp" }.into());
+        t.insert("upstream".into(), Value::String(default.to_string()));
+        for a in &l.args[1..] {
+            match a.as_str() {
+                "udp" | "reuseport" => {}
+                "proxy_protocol" if !udp => {
+                    t.insert("proxy_protocol".into(), Value::Boolean(true));
+                }
+                "ssl" => out.refused.push(format!(
+                    "{}: listen … ssl not converted: pinlb's TCP listeners do not terminate TLS yet; without it pinlb would relay the clients' bytes in clear where nginx asks for TLS",
+                    l.at()
+                )),
+                other => out.notes.push(format!("{}: listen parameter {other} not converted", l.at())),
+            }
+        }
+        for (k, v) in keys {
+            let tcp_only = ["conn_limit", "proxy_protocol_from"].contains(&k.as_str());
+            let udp_only = ["responses", "session_idle"].contains(&k.as_str());
+            if (udp && tcp_only) || (!udp && udp_only) {
+                continue;
+            }
+            if k == "proxy_protocol_from" && !t.contains_key("proxy_protocol") {
+                continue;
+            }
+            t.insert(k.clone(), v.clone());
+        }
+        if !access.is_empty() {
+            t.insert("access".into(), Value::Array(access.to_vec()));
+        }
+        if !udp && !sni.is_empty() {
+            let tables = sni
+                .iter()
+                .map(|(names, up)| {
+                    let mut s = Table::new();
+                    let names = names.iter().cloned().map(Value::String).collect();
+                    s.insert("server_name".into(), Value::Array(names));
+                    s.insert("upstream".into(), Value::String(up.clone()));
+                    Value::Table(s)
+                })
+                .collect();
+            t.insert("sni".into(), Value::Array(tables));
+        }
+        out.listeners.push(Value::Table(t));
+    }
+
+    /// The upstream a `proxy_pass` (or a map's value) names: a stream `upstream` block, or an
+    /// address, made an upstream of its own.
+    fn target(
+        &self,
+        target: &str,
+        upstreams: &mut BTreeMap<String, Table>,
+        out: &mut Stream,
+    ) -> Option<String> {
+        if let Some(name) = (self.upstream)(target) {
+            return Some(name);
+        }
+        let address = super::convert::with_port(target);
+        address.parse::<std::net::SocketAddr>().ok()?;
+        let name = format!(
+            "stream_{}",
+            address.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        );
+        let mut backend = Table::new();
+        backend.insert("address".into(), Value::String(address));
+        let mut up = Table::new();
+        up.insert("backends".into(), Value::Array(vec![Value::Table(backend)]));
+        if !upstreams.contains_key(&name) {
+            out.made.insert(name.clone(), up.clone());
+            upstreams.insert(name.clone(), up);
+        }
+        Some(name)
+    }
+
+    /// A `proxy_pass $VAR` whose map reads the server name: the default's upstream, and the
+    /// names of each other upstream. `None` (noted) without a default.
+    fn by_name(
+        &self,
+        map: &NameMap,
+        pass: &Directive,
+        upstreams: &mut BTreeMap<String, Table>,
+        out: &mut Stream,
+    ) -> Option<(String, Vec<(Vec<String>, String)>)> {
+        let Some(default) = map.default.as_deref() else {
+            out.notes.push(format!(
+                "{}: proxy_pass {} not converted: its map has no default, and pinlb relays a connection that names no server to the listener's upstream",
+                pass.at(),
+                pass.args[0]
+            ));
+            return None;
+        };
+        let default = self.target(default, upstreams, out)?;
+        let mut routes: Vec<(Vec<String>, String)> = Vec::new();
+        for (name, value) in &map.entries {
+            let Some(up) = self.target(value, upstreams, out) else {
+                out.notes.push(format!(
+                    "{}: map entry {name} not converted: {value} is neither an upstream nor an address",
+                    pass.at()
+                ));
+                continue;
+            };
+            match routes.iter_mut().find(|(_, u)| *u == up) {
+                Some((names, _)) => names.push(name.clone()),
+                None => routes.push((vec![name.clone()], up)),
+            }
+        }
+        Some((default, routes))
+    }
+}
