@@ -229,10 +229,11 @@ pub fn describe(config: &Config) -> String {
                 } else {
                     ", no default"
                 },
-                if t.offers_h2() {
-                    ", ALPN h2 and http/1.1"
-                } else {
-                    ", ALPN http/1.1"
+                match (l.mode, t.offers_h2()) {
+                    (pinlb::config::ListenerMode::Tcp, _) =>
+                        ", no ALPN; TCP, relayed in clear to the backends",
+                    (_, true) => ", ALPN h2 and http/1.1",
+                    (_, false) => ", ALPN http/1.1",
                 },
                 default
             ),

@@ -14,7 +14,7 @@ use crate::syntax::error::{ConfigError, ConfigErrors, Source};
 type Result<T> = std::result::Result<T, ConfigError>;
 
 /// The keys a TCP listener may have.
-const LISTENER_KEYS: &str = "address, mode, upstream, sni, backlog, access, conn_limit, proxy_protocol, proxy_protocol_from";
+const LISTENER_KEYS: &str = "address, mode, upstream, tls, sni, backlog, access, conn_limit, proxy_protocol, proxy_protocol_from";
 
 /// A listener's `mode`; a TCP listener's keys checked against what applies to it.
 pub(super) fn mode(src: &Source, key: &str, l: &RawListener) -> Result<ListenerMode> {
@@ -59,8 +59,19 @@ pub(super) fn mode(src: &Source, key: &str, l: &RawListener) -> Result<ListenerM
     if mode == ListenerMode::Http {
         return Ok(mode);
     }
+    if let (Some(t), Some(s)) = (&l.tls, l.sni.first()) {
+        let at = if t.span().start > s.span().start {
+            t.span()
+        } else {
+            s.span()
+        };
+        return Err(src.at(
+            at,
+            &format!("{key}.tls"),
+            "set together with [[listener.sni]], expected one of them: sni relays TLS untouched to the backend, tls terminates it here",
+        ));
+    }
     let mut http_only: Vec<(&str, std::ops::Range<usize>)> = [
-        ("tls", l.tls.as_ref().map(Spanned::span)),
         ("h2c", l.h2c.as_ref().map(Spanned::span)),
         ("http2", l.http2.as_ref().map(Spanned::span)),
         ("rate_limit", l.rate_limit.as_ref().map(Spanned::span)),

@@ -1412,11 +1412,16 @@ fn listener(
             }
         },
     };
-    let alpn_h2 = l.http2.as_ref().is_none_or(|v| *v.get_ref());
+    let alpn = match (mode, l.http2.as_ref().is_none_or(|v| *v.get_ref())) {
+        // A TCP listener's clients may ask for any protocol; it offers none.
+        (super::ListenerMode::Tcp, _) => &[][..],
+        (_, true) => crate::tls::server::ALPN_H2,
+        (_, false) => crate::tls::server::ALPN_H1,
+    };
     let tls = l
         .tls
         .as_ref()
-        .map(|t| tls(src, key, t, alpn_h2))
+        .map(|t| tls(src, key, t, alpn))
         .transpose()?
         .map(Arc::new);
     Ok(Listener {
@@ -1467,7 +1472,7 @@ fn upstream_index(
 /// `[listener.tls]`: every certificate and key read and checked now, so that a bad file fails
 /// the start or the reload, naming the file, and a reload that fails keeps the certificates
 /// that run.
-fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>, alpn_h2: bool) -> Result<Terminator> {
+fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>, alpn: &[&[u8]]) -> Result<Terminator> {
     let t = raw.get_ref();
     let tkey = format!("{key}.tls");
     // Each certificate's files, the keys they were given under and their places.
@@ -1495,7 +1500,7 @@ fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>, alpn_h2: bool) -> Result<
     }
     let client_auth =
         super::client_certs::client_auth(src, &tkey, t, crate::tls::server::provider())?;
-    Terminator::load(default.as_ref(), &by_name, alpn_h2, client_auth).map_err(|e| {
+    Terminator::load(default.as_ref(), &by_name, alpn, client_auth).map_err(|e| {
         let place = e.file().and_then(|file| {
             entries.iter().find_map(|(k, files, cert, key)| {
                 if files.key == file {

@@ -28,6 +28,7 @@ use tracing::debug;
 use crate::config::{Config, HostPattern, Listener, SniRoute};
 use crate::downstream::h1::{Held, Slot};
 use crate::downstream::proxied::client_address;
+use crate::downstream::stream::{DownstreamStream, Refused as TlsRefused, StreamIo, handshake};
 use crate::downstream::tunnel::{self, Dir, End};
 use crate::edge::conn_limit::ConnGate;
 use crate::modules::access::{Access, allows};
@@ -35,7 +36,8 @@ use crate::proxy::accesslog::{Batch, Session, Upstreamed};
 use crate::proxy::timing::Timing;
 use crate::sys::summed::summed_warn;
 use crate::tls::client_hello::{self, Hello, Preread};
-use crate::upstream::counters::{ListenerStats, Refusal};
+use crate::tls::server::Terminator;
+use crate::upstream::counters::{ListenerStats, Refusal, TlsFailure};
 use crate::upstream::hash_key::client_key;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::local::WorkerUpstream;
@@ -55,6 +57,8 @@ pub(crate) struct TcpListening {
 /// A TCP listener's settings in one generation.
 pub(crate) struct Relay {
     pub upstream: Rc<WorkerUpstream>,
+    /// `[listener.tls]`: the connections are TLS, terminated here, and plain to the backend.
+    pub tls: Option<Arc<Terminator>>,
     /// `[[listener.sni]]`, each with its upstream; empty: no ClientHello is read.
     pub sni: Vec<(SniRoute, Rc<WorkerUpstream>)>,
     /// `access`, when it has rules.
@@ -77,6 +81,7 @@ impl Relay {
     ) -> Relay {
         Relay {
             upstream: upstreams[l.upstream].clone(),
+            tls: l.tls.clone(),
             sni: (l.sni.iter())
                 .map(|s| (s.clone(), upstreams[s.upstream].clone()))
                 .collect(),
@@ -151,6 +156,21 @@ pub(crate) async fn serve(
             }
         }
     };
+    // With `tls`, the handshake: the backend gets what the client sends inside it.
+    let stream = match relay.tls.clone() {
+        None => DownstreamStream::Plain(tcp),
+        Some(tls) => {
+            let deadline = tokio::time::Instant::from_std(accepted) + relay.header_timeout;
+            match terminated(tcp, &tls, deadline, stats).await {
+                Ok(stream) => stream,
+                Err(why) => {
+                    debug!(client = %client, "TLS handshake failed: {why}");
+                    log.status(400);
+                    return;
+                }
+            }
+        }
+    };
     let origin = (client, listening.local);
     let Some((backend, guard, conn, upstreamed)) =
         connect(upstream, client, origin, accepted, &mut log).await
@@ -169,7 +189,7 @@ pub(crate) async fn serve(
         fin: shared.config.upgrade.tunnel_fin,
     };
     let relayed = tunnel::relay(
-        &mut tcp,
+        &mut StreamIo(&stream),
         &mut to_backend,
         early,
         backend_early,
@@ -205,7 +225,7 @@ pub(crate) async fn serve(
         End::Failed(dir, e) => {
             debug!(client = %client, up, down, "cut: {e}");
             // Reset both: a cut relay must not look like a clean close to either peer.
-            let _ = SockRef::from(&tcp).set_linger(Some(Duration::ZERO));
+            let _ = SockRef::from(stream.tcp()).set_linger(Some(Duration::ZERO));
             let _ = SockRef::from(&to_backend).set_linger(Some(Duration::ZERO));
             if dir == Dir::Up {
                 "client_reset"
@@ -216,6 +236,51 @@ pub(crate) async fn serve(
     };
     log.relayed(up, down, end);
     drop((guard, slot, held));
+}
+
+/// The server side of a TLS handshake on a listener with `tls`, by `deadline`; counted on
+/// `stats` as an HTTP listener's handshakes are.
+async fn terminated(
+    tcp: TcpStream,
+    tls: &Terminator,
+    deadline: tokio::time::Instant,
+    stats: Option<&ListenerStats>,
+) -> Result<DownstreamStream, String> {
+    let count = |failure: TlsFailure| {
+        if let Some(s) = stats {
+            s.tls_failures[failure as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    match tokio::time::timeout_at(deadline, handshake(tcp, tls)).await {
+        Ok(Ok(stream)) => {
+            if let Some(s) = stats {
+                s.tls_handshakes.fetch_add(1, Ordering::Relaxed);
+                if stream.is_resumed() {
+                    s.tls_resumed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok(stream)
+        }
+        Ok(Err(TlsRefused::PlainHttp(_))) => {
+            count(TlsFailure::PlainHttp);
+            Err("the client spoke plain HTTP".into())
+        }
+        Ok(Err(TlsRefused::ClientCert(why))) => {
+            if let Some(s) = stats {
+                s.refuse(Refusal::ClientCert);
+            }
+            count(TlsFailure::ClientCert);
+            Err(why)
+        }
+        Ok(Err(TlsRefused::Failed(failure, why))) => {
+            count(failure);
+            Err(why)
+        }
+        Err(_) => {
+            count(TlsFailure::Timeout);
+            Err("not done within limits.header_timeout".into())
+        }
+    }
 }
 
 /// The upstream of the first `[[listener.sni]]` the connection's ClientHello matches, or the

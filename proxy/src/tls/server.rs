@@ -37,8 +37,9 @@ const SESSION_CACHE: usize = 20_480;
 /// The protocols a connection may speak inside TLS, offered by ALPN in the server's order of
 /// preference: HTTP/2 where the listener serves it, then HTTP/1.1. A client that offers
 /// neither (or sends no ALPN) speaks HTTP/1.1.
-const ALPN_H2: &[&[u8]] = &[H2, b"http/1.1"];
-const ALPN_H1: &[&[u8]] = &[b"http/1.1"];
+/// What an HTTP listener offers by ALPN with `http2` on, and off.
+pub const ALPN_H2: &[&[u8]] = &[H2, b"http/1.1"];
+pub const ALPN_H1: &[&[u8]] = &[b"http/1.1"];
 /// ALPN's name for HTTP/2 over TLS.
 pub const H2: &[u8] = b"h2";
 
@@ -239,12 +240,13 @@ pub struct Terminator {
 impl Terminator {
     /// Reads every certificate and key and builds the configuration. `default` is served to
     /// clients whose name no certificate of `by_name` has; without one, they are refused.
-    /// `h2` says whether HTTP/2 is offered by ALPN; `client_auth`, whether clients are asked
-    /// for a certificate.
+    /// `alpn` is what ALPN offers ([`ALPN_H2`], [`ALPN_H1`]; none for a TCP listener, whose
+    /// clients may ask for any protocol); `client_auth`, whether clients are asked for a
+    /// certificate.
     pub fn load(
         default: Option<&CertFiles>,
         by_name: &[CertFiles],
-        h2: bool,
+        alpn: &[&[u8]],
         client_auth: Option<ClientAuth>,
     ) -> Result<Self, CertError> {
         let provider = provider();
@@ -264,7 +266,6 @@ impl Terminator {
             None => builder.with_no_client_auth(),
         };
         let mut config = builder.with_cert_resolver(certificates.clone());
-        let alpn = if h2 { ALPN_H2 } else { ALPN_H1 };
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         if client_auth.is_some() {
             // Sessions of their own, per generation: a session resumes with the certificate

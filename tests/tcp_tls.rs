@@ -1,8 +1,9 @@
-//! TLS passed through by server name (`[[listener.sni]]` on a TCP listener, nginx's
+//! TLS on TCP listeners. Passed through by server name (`[[listener.sni]]`, nginx's
 //! `ssl_preread`): `openssl s_client -servername` reaches the `openssl s_server` its name
 //! routes to, and sees that backend's own certificate, verified against the test CA; exact
 //! names beat wildcards, ALPN narrows a route, and what names nothing (or is not TLS) goes to
-//! the listener's upstream.
+//! the listener's upstream. Or terminated (`[listener.tls]`, stunnel's job): `redis-cli --tls`
+//! through pinlb to a plain redis-server.
 
 use crate::common;
 
@@ -249,6 +250,124 @@ fn sni_tables_are_refused_on_an_http_listener_and_unknown_upstreams_named() {
         e.contains("test.toml:7:")
             && e.contains("listener[0].sni[0].upstream")
             && e.contains("unknown upstream \"nope\""),
+        "{e}"
+    );
+}
+
+/// A `redis-server` on a free port; killed on drop.
+struct Redis {
+    port: u16,
+    child: Child,
+}
+
+impl Redis {
+    async fn start() -> Redis {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--port",
+            ])
+            .arg(port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run redis-server (apt-get install redis-server)");
+        poll(200, Duration::from_millis(25), async || {
+            TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(|_| ())
+        })
+        .await
+        .expect("redis-server listens");
+        Redis { port, child }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_tcp_listener_with_tls_terminates_it_and_relays_in_clear() {
+    let pki = Pki::new();
+    let cert = pki.issue("redis", &["redis.test"], false);
+    let redis = Redis::start().await;
+    let (log, table) = log_table("combined");
+    let toml = format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\nmode = \"tcp\"\nupstream = \"r\"\n\
+         [listener.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [upstream.r]\nbackends = [{{ address = \"127.0.0.1:{}\" }}]\n{table}",
+        cert.cert.display(),
+        cert.key.display(),
+        redis.port
+    );
+    let proxy = Proxy::start_toml(&toml);
+    let port = proxy.addr.port();
+    let ca = pki.ca_file();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("redis-cli")
+            .args(["--tls", "--sni", "redis.test", "--cacert"])
+            .arg(&ca)
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "PING"])
+            .output()
+            .expect("run redis-cli")
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "PONG",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // In clear, the same port is refused: it speaks TLS only.
+    let mut plain = TcpStream::connect(proxy.addr).await.unwrap();
+    plain.write_all(b"PING\r\n").await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(WAIT, plain.read_to_end(&mut rest)).await;
+    assert!(!String::from_utf8_lossy(&rest).contains("PONG"), "{rest:?}");
+    let lines = lines_after(proxy, &log).await;
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("\" 200 7 ") && l.ends_with("end=closed")),
+        "{lines:?}"
+    );
+    assert!(lines.iter().any(|l| l.contains("\" 400 0 ")), "{lines:?}");
+}
+
+#[test]
+fn tls_and_sni_on_one_tcp_listener_are_refused() {
+    let pki = Pki::new();
+    let cert = pki.issue("a", &["a.test"], false);
+    let toml = format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\nmode = \"tcp\"\nupstream = \"a\"\n\
+         [listener.tls]\ncert = \"{}\"\nkey = \"{}\"\n\
+         [[listener.sni]]\nserver_name = \"a.test\"\nupstream = \"a\"\n\
+         [upstream.a]\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n",
+        cert.cert.display(),
+        cert.key.display()
+    );
+    let e = pinlb::Config::parse("test.toml", &toml, &allowed())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("listener[0].tls") && e.contains("expected one of them"),
         "{e}"
     );
 }
