@@ -44,6 +44,7 @@ mod spawn;
 mod sticky;
 mod sweep;
 mod systemd;
+mod tcp;
 mod tcp_mariadb;
 mod tcp_tls;
 mod timing;
