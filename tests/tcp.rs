@@ -644,6 +644,24 @@ fn a_tcp_listener_and_its_upstream_refuse_the_keys_of_http() {
         &["listener[0].upstream", "named by HTTP listeners too"],
     );
 
+    // An HTTP listener's mirror sends HTTP requests to the TCP listener's upstream.
+    let mirrored = format!(
+        "{plain}\n[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"h\"\nmirror = {{ upstream = 'r' }}\n\
+         [upstream.h]\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n"
+    );
+    assert_refused(
+        &mirrored,
+        "upstream = \"r\"",
+        &["listener[0].upstream", "named by HTTP listeners too"],
+    );
+
+    // Any protocol on a TCP upstream, HTTP/1.1's written out too.
+    assert_refused(
+        &tcp_toml(&backend, "", "protocol = \"http1\"", ""),
+        "protocol = ",
+        &["upstream.r.protocol", "carry bytes"],
+    );
+
     // An HTTP check on a TCP upstream.
     assert_refused(
         &tcp_toml(

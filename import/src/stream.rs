@@ -115,6 +115,9 @@ fn name_maps(block: &[Directive], out: &mut Stream) -> BTreeMap<String, NameMap>
     maps
 }
 
+/// Server names, and the upstream their connections go to.
+type ByName = (Vec<String>, String);
+
 /// What a stream `server` reads from its level.
 struct Server<'a> {
     maps: &'a BTreeMap<String, NameMap>,
@@ -186,10 +189,12 @@ impl Server<'_> {
                     }
                 }
                 ("set_real_ip_from", Some(net)) => {
-                    keys.entry("proxy_protocol_from")
-                        .or_insert_with(|| Value::Array(Vec::new()))
-                        .as_array_mut()
-                        .map(|a| a.push(Value::String(net.to_string())));
+                    let from = keys
+                        .entry("proxy_protocol_from")
+                        .or_insert_with(|| Value::Array(Vec::new()));
+                    if let Some(a) = from.as_array_mut() {
+                        a.push(Value::String(net.to_string()));
+                    }
                 }
                 _ => out.notes.push(format!(
                     "{}: {} not converted: no pinlb equivalent for a TCP or UDP listener",
@@ -259,7 +264,7 @@ impl Server<'_> {
         &self,
         l: &Directive,
         (keys, access): (&Table, &[Value]),
-        (default, sni): (&str, &[(Vec<String>, String)]),
+        (default, sni): (&str, &[ByName]),
         out: &mut Stream,
     ) {
         let udp = l.args.iter().any(|a| a == "udp");
@@ -349,7 +354,7 @@ impl Server<'_> {
         pass: &Directive,
         upstreams: &mut BTreeMap<String, Table>,
         out: &mut Stream,
-    ) -> Option<(String, Vec<(Vec<String>, String)>)> {
+    ) -> Option<(String, Vec<ByName>)> {
         let Some(default) = map.default.as_deref() else {
             out.notes.push(format!(
                 "{}: proxy_pass {} not converted: its map has no default, and pinlb relays a connection that names no server to the listener's upstream",
@@ -359,7 +364,7 @@ impl Server<'_> {
             return None;
         };
         let default = self.target(default, upstreams, out)?;
-        let mut routes: Vec<(Vec<String>, String)> = Vec::new();
+        let mut routes: Vec<ByName> = Vec::new();
         for (name, value) in &map.entries {
             let Some(up) = self.target(value, upstreams, out) else {
                 out.notes.push(format!(

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use toml::Spanned;
 
 use super::raw::{RawListener, RawUpstream};
-use super::{Listener, ListenerMode, Protocol, SniRoute, TcpCheck, UdpSessions, Upstream};
+use super::{Listener, ListenerMode, SniRoute, TcpCheck, UdpSessions, Upstream};
 use crate::syntax::error::{ConfigError, ConfigErrors, Source};
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -262,6 +262,11 @@ pub(super) fn upstreams(
                 named_by_http[upstream] = true;
             }
         }
+        // A mirror's copies are HTTP requests too.
+        let modules = std::iter::once(&l.modules).chain(l.routes.iter().map(|r| &r.modules));
+        for m in modules.filter_map(|m| m.mirror.as_ref()) {
+            named_by_http[m.upstream()] = true;
+        }
     }
     for (i, (l, rl)) in listeners.iter().zip(raw_listeners).enumerate() {
         if l.mode == ListenerMode::Http {
@@ -355,13 +360,11 @@ fn tcp_upstream(src: &Source, name: &str, r: &RawUpstream) -> Result<TcpCheck> {
         )
     };
     if let Some(p) = &r.protocol {
-        if *p.get_ref() != Protocol::Http1 {
-            return Err(refuse(
-                "protocol",
-                p.span(),
-                "expected none: its connections carry bytes, not requests",
-            ));
-        }
+        return Err(refuse(
+            "protocol",
+            p.span(),
+            "expected none: its connections carry bytes, not requests",
+        ));
     }
     let http_tables = [
         ("sticky", r.sticky.as_ref().map(Spanned::span)),

@@ -81,6 +81,13 @@ pub(crate) struct Config {
 #[derive(Debug, Default)]
 struct Seen(AtomicU64);
 
+impl Config {
+    /// The mirror upstream, by index: an HTTP upstream, which a TCP listener's may not be.
+    pub(crate) fn upstream(&self) -> usize {
+        self.upstream
+    }
+}
+
 impl PartialEq for Seen {
     fn eq(&self, _: &Seen) -> bool {
         true

@@ -947,10 +947,11 @@ impl Session {
         }
     }
 
-    /// It ends with `status`, before or without a relay.
+    /// It ends with `status`, before or without a relay (`end=not_relayed`).
     pub fn status(&mut self, status: u16) {
         if let Some((e, _)) = self.0.as_mut() {
             e.status = status;
+            e.ended = Some("not_relayed");
         }
     }
 
