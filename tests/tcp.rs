@@ -752,3 +752,86 @@ async fn proxy_protocol_v1_to_the_backend_names_the_client_before_its_bytes() {
     assert_eq!(v["bytes"], 2, "{}", lines[0]);
     assert_eq!(v["bytes_received"], 7, "{}", lines[0]);
 }
+
+/// A backend on a kernel-chosen port that writes `name` and a newline to each connection, then
+/// echoes what it reads until the client closes.
+async fn named_echo(name: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        // Bounded by the test: the runtime ends with it.
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = s.write_all(format!("{name}\n").as_bytes()).await;
+                let mut buf = [0u8; 1024];
+                // Bounded: each pass reads at least a byte, or ends at the client's close.
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if s.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Writes `msg` on `c` and reads its echo back.
+async fn echoed(c: &mut TcpStream, msg: &[u8]) -> Vec<u8> {
+    c.write_all(msg).await.unwrap();
+    let mut back = vec![0u8; msg.len()];
+    tokio::time::timeout(WAIT, c.read_exact(&mut back))
+        .await
+        .expect("echoed in time")
+        .unwrap();
+    back
+}
+
+#[tokio::test]
+async fn a_reload_keeps_open_connections_on_their_backend_and_moves_new_ones() {
+    let a = named_echo("a").await;
+    let b = named_echo("b").await;
+    let config = |backend: SocketAddr, listener: bool| {
+        let tcp = tcp_toml(&[backend], "", "", ADMIN);
+        if listener {
+            tcp
+        } else {
+            // The TCP listener gone; an HTTP one elsewhere keeps the file valid.
+            tcp.replace(
+                "address = \"127.0.0.1:0\"\nmode = \"tcp\"\nupstream = \"r\"",
+                "address = \"127.0.0.2:0\"\nupstream = \"h\"",
+            ) + &format!("\n[upstream.h]\nbackends = [{{ address = \"{backend}\" }}]\n")
+        }
+    };
+    let proxy = Proxy::start_file(&config(a, true));
+    let (mut before, name) = connect_named(proxy.addr).await;
+    assert_eq!(name, "a");
+
+    proxy.rewrite(&config(b, true));
+    let r = proxy.admin(http::Method::POST, "/reload", None).await;
+    assert_eq!(r.status, http::StatusCode::OK, "{}", r.body);
+    // The open connection stays with its backend; a new one goes to the new pool.
+    assert_eq!(echoed(&mut before, b"still a").await, b"still a");
+    assert_eq!(connect_named(proxy.addr).await.1, "b");
+
+    proxy.rewrite(&config(b, false));
+    let r = proxy.admin(http::Method::POST, "/reload", None).await;
+    assert_eq!(r.status, http::StatusCode::OK, "{}", r.body);
+    assert!(r.body.contains("stopped listening on"), "{}", r.body);
+    // No new connection is taken; the open one runs on until it closes.
+    let refused = TcpStream::connect(proxy.addr).await;
+    assert!(refused.is_err(), "the removed TCP listener still accepts");
+    assert_eq!(echoed(&mut before, b"and after").await, b"and after");
+    before.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(WAIT, before.read_to_end(&mut rest))
+        .await
+        .expect("closed in time")
+        .unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+}

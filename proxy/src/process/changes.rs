@@ -192,8 +192,18 @@ fn listener_settings(s: &mut String, old: (&Config, &Listener), new: (&Config, &
     let place = format!("listener {}", b.address);
     let p = place.as_str();
     let name = |c: &Config, l: &Listener| c.upstreams.get(l.upstream).map(|u| u.name.clone());
+    changed(s, p, "mode", &a.mode, &b.mode);
     changed(s, p, "upstream", &name(before, a), &name(after, b));
     changed(s, p, "h2c", &a.h2c, &b.h2c);
+    if a.sni != b.sni {
+        let _ = writeln!(
+            s,
+            "{p}: sni changed ({} -> {} tables)",
+            a.sni.len(),
+            b.sni.len()
+        );
+    }
+    changed(s, p, "udp sessions", &a.udp, &b.udp);
     // Applied to the running sockets: Linux takes listen(2) again on a listening socket.
     changed(s, p, "backlog", &a.backlog, &b.backlog);
     if a.tls != b.tls {
