@@ -23,6 +23,8 @@
 # Usage: bash benches/tcp.sh
 # Environment: ROUNDS=5 CONNS=50 REQUESTS=200000 BULK_N=20000 BULK_BYTES=65536
 #              PINLB=target/release/pinlb  OUT_MD=benches/tcp-results.md
+#              PINLB_BASE=path: a second pinlb binary, run as "base" in the same rounds (a
+#              change's before and after, paired)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,6 +84,15 @@ EOF
 "$PINLB" serve -c "$WORK/pinlb.toml" >"$WORK/pinlb.log" 2>&1 &
 PINLB_PID=$!
 PIDS+=($PINLB_PID)
+PROXIES="pinlb haproxy nginx direct"
+if [[ -n ${PINLB_BASE:-} ]]; then
+    pick_port; BASE_PORT=$PICKED
+    sed "s/127.0.0.1:$PINLB_PORT/127.0.0.1:$BASE_PORT/" "$WORK/pinlb.toml" >"$WORK/base.toml"
+    "$PINLB_BASE" serve -c "$WORK/base.toml" >"$WORK/base.log" 2>&1 &
+    BASE_PID=$!
+    PIDS+=($BASE_PID)
+    PROXIES="pinlb base haproxy nginx direct"
+fi
 
 pick_port; HAPROXY_PORT=$PICKED
 cat >"$WORK/haproxy.cfg" <<EOF
@@ -127,7 +138,7 @@ NGINX_PID=$!
 PIDS+=($NGINX_PID)
 
 # Every port answers a PING before the first round.
-for port in "$REDIS" "$PINLB_PORT" "$HAPROXY_PORT" "$NGINX_PORT"; do
+for port in "$REDIS" "$PINLB_PORT" ${BASE_PORT:-} "$HAPROXY_PORT" "$NGINX_PORT"; do
     ok=
     for _ in $(seq 1 100); do
         if [[ $(redis-cli -p "$port" PING 2>/dev/null) == PONG ]]; then
@@ -139,8 +150,8 @@ for port in "$REDIS" "$PINLB_PORT" "$HAPROXY_PORT" "$NGINX_PORT"; do
     [[ -n $ok ]] || die "port $port does not answer PING"
 done
 
-declare -A PROXY_PORT=([pinlb]=$PINLB_PORT [haproxy]=$HAPROXY_PORT [nginx]=$NGINX_PORT [direct]=$REDIS)
-declare -A PROXY_PID=([pinlb]=$PINLB_PID [haproxy]=$HAPROXY_PID [nginx]=$NGINX_PID)
+declare -A PROXY_PORT=([pinlb]=$PINLB_PORT [base]=${BASE_PORT:-0} [haproxy]=$HAPROXY_PORT [nginx]=$NGINX_PORT [direct]=$REDIS)
+declare -A PROXY_PID=([pinlb]=$PINLB_PID [base]=${BASE_PID:-0} [haproxy]=$HAPROXY_PID [nginx]=$NGINX_PID)
 tree_ticks() { # NAME: the CPU ticks of the proxy's processes (0 for direct)
     [[ $1 == direct ]] && { echo 0; return; }
     # shellcheck disable=SC2046
@@ -153,7 +164,7 @@ rps() { awk -v t="$2:" '$1 == t {print $2}' <<<"$1" | tr -d '\r' | tail -1; }
 
 RESULTS=$WORK/results.tsv
 for round in $(seq 1 "$ROUNDS"); do
-    for p in pinlb haproxy nginx direct; do
+    for p in $PROXIES; do
         port=${PROXY_PORT[$p]}
         t0=$(tree_ticks "$p")
         out=$(taskset -c 1 redis-benchmark -p "$port" -q -t get,set -c "$CONNS" -n "$REQUESTS" 2>&1 | tr '\r' '\n')
@@ -183,11 +194,11 @@ col() { awk -F'\t' -v p="$1" -v c="$2" '$2 == p {print $c}' "$RESULTS" | median;
     echo
     echo "| proxy | SET req/s | GET req/s | CPU us/req | bulk MB/s | CPU us/MB |"
     echo "|---|---|---|---|---|---|"
-    for p in pinlb haproxy nginx direct; do
+    for p in $PROXIES; do
         printf '| %s | %.0f | %.0f | %s | %s | %s |\n' "$p" "$(col "$p" 3)" "$(col "$p" 4)" "$(col "$p" 5)" "$(col "$p" 6)" "$(col "$p" 7)"
     done
     echo
-    for peer in haproxy nginx; do
+    for peer in ${PINLB_BASE:+base} haproxy nginx; do
         awk -v ps="$(col pinlb 3)" -v pg="$(col pinlb 4)" -v qs="$(col "$peer" 3)" -v qg="$(col "$peer" 4)" \
             -v pc="$(col pinlb 5)" -v qc="$(col "$peer" 5)" -v pb="$(col pinlb 6)" -v qb="$(col "$peer" 6)" -v peer="$peer" \
             'BEGIN {printf "pinlb / %s: SET %.2fx, GET %.2fx req/s, CPU per request %.2fx; bulk %.2fx MB/s\n", peer, ps / qs, pg / qg, pc / qc, pb / qb}'

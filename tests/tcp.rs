@@ -835,3 +835,63 @@ async fn a_reload_keeps_open_connections_on_their_backend_and_moves_new_ones() {
         .unwrap();
     assert!(rest.is_empty(), "{rest:?}");
 }
+
+/// `n` bytes of a pattern that a shifted or repeated piece would break.
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_bulk_transfer_each_way_arrives_whole_in_order_and_half_closed() {
+    const SIZE: usize = 8 << 20;
+    // A backend that reads the client's bytes to their end, then answers with as many of its
+    // own and closes.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut got = Vec::with_capacity(SIZE);
+        s.read_to_end(&mut got).await.unwrap();
+        s.write_all(&pattern(SIZE, 7)).await.unwrap();
+        s.shutdown().await.unwrap();
+        let _ = tx.send(got);
+    });
+    let (path, log) = log_table("combined");
+    let proxy = Proxy::start_toml(&tcp_toml(&[backend], "", "", &log));
+    let client = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut r, mut w) = client.into_split();
+    // Written and read at once: neither side waits for the other to finish.
+    let sent = tokio::spawn(async move {
+        w.write_all(&pattern(SIZE, 3)).await.unwrap();
+        w.shutdown().await.unwrap();
+    });
+    let mut back = Vec::with_capacity(SIZE);
+    tokio::time::timeout(WAIT, r.read_to_end(&mut back))
+        .await
+        .expect("the answer in time")
+        .unwrap();
+    sent.await.unwrap();
+    let got = tokio::time::timeout(WAIT, rx)
+        .await
+        .expect("in time")
+        .unwrap();
+    assert!(
+        got == pattern(SIZE, 3),
+        "the backend got {} bytes, not the client's",
+        got.len()
+    );
+    assert!(
+        back == pattern(SIZE, 7),
+        "the client got {} bytes, not the backend's",
+        back.len()
+    );
+    let lines = lines_after(proxy, &path).await;
+    let line = lines
+        .first()
+        .unwrap_or_else(|| panic!("no line: {lines:?}"));
+    assert!(line.contains(&format!("\" 200 {SIZE} ")), "{line}");
+    assert!(line.ends_with(&format!(" {SIZE} end=closed")), "{line}");
+}

@@ -1269,7 +1269,12 @@ impl Connection {
             &mut backend,
             std::mem::take(buf),
             early,
-            tunnel::Limits { idle, fin },
+            // A WebSocket's messages are small: no pipe for them.
+            tunnel::Limits {
+                idle,
+                fin,
+                splice: false,
+            },
             |dir, n| {
                 if let Some(s) = stats {
                     s.tunnel_bytes[dir as usize].fetch_add(n, Ordering::Relaxed);

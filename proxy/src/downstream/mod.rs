@@ -8,6 +8,7 @@
 //! - [`client_cert`]: the verified client certificate's lines on a request, the client's own
 //!   of those names taken out.
 //! - [`tunnel`]: after a `101 Switching Protocols`, bytes relayed both ways until both close.
+//! - [`splice`]: one direction of a tunnel moved by `splice(2)` through a pipe, for bulk.
 //! - [`pipeline`]: a request's steps between its head and its response, once for every
 //!   protocol: begun (ID, log entry), decided (route, edge controls, `redirect_https`), finished
 //!   (response filters, counted, logged).
@@ -28,6 +29,7 @@ pub(crate) mod h2;
 pub(crate) mod idle;
 pub(crate) mod pipeline;
 pub(crate) mod proxied;
+pub(crate) mod splice;
 pub(crate) mod stream;
 pub(crate) mod tcp;
 pub(crate) mod tunnel;

@@ -187,6 +187,7 @@ pub(crate) async fn serve(
     let limits = tunnel::Limits {
         idle: shared.config.upgrade.tunnel_idle,
         fin: shared.config.upgrade.tunnel_fin,
+        splice: true,
     };
     let relayed = tunnel::relay(
         &mut StreamIo(&stream),

@@ -17,6 +17,10 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
+use crate::downstream::splice::Pipe;
+use crate::downstream::stream::{DownstreamStream, StreamIo};
+use crate::http1::client::BackendStream;
+
 /// The most each direction holds: what one read takes in before it is written out.
 pub const BUFFER: usize = 16 * 1024;
 
@@ -63,9 +67,34 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// A side of a tunnel whose bytes `splice(2)` can move: its TCP socket, when it is a plain one.
+pub trait Spliceable {
+    fn plain_tcp(&self) -> Option<&tokio::net::TcpStream>;
+}
+
+impl<S: std::borrow::Borrow<DownstreamStream> + Unpin> Spliceable for StreamIo<S> {
+    fn plain_tcp(&self) -> Option<&tokio::net::TcpStream> {
+        match self.0.borrow() {
+            DownstreamStream::Plain(s) => Some(s),
+            DownstreamStream::Tls(_) => None,
+        }
+    }
+}
+
+impl Spliceable for BackendStream {
+    fn plain_tcp(&self) -> Option<&tokio::net::TcpStream> {
+        match self {
+            BackendStream::Plain(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
 /// One direction: read from one side into the worker's scratch buffer and write that to the
 /// other; only the bytes the other side does not take at once are kept, in a buffer of this
-/// direction's own that is given back once they are written.
+/// direction's own that is given back once they are written. With splicing allowed, a read
+/// that fills the buffer moves the direction to a pipe (`downstream::splice`) for good: the
+/// transfer is a bulk one.
 struct Half {
     /// Bytes read but not yet written (from `start`); no allocation while there are none.
     pending: Vec<u8>,
@@ -75,18 +104,59 @@ struct Half {
     /// The end of stream was passed on: this direction is done.
     done: bool,
     total: u64,
+    /// Whether this direction may move to a pipe (both sides plain TCP, and the caller asks).
+    splice: bool,
+    /// A read filled the buffer: the next pass moves the direction to a pipe.
+    bulk: bool,
+    /// Once moved: the pipe its bytes go through.
+    pipe: Option<Pipe>,
 }
 
 impl Half {
     /// A direction whose first bytes (read before the switch) are `early`.
-    fn new(early: &[u8]) -> Half {
+    fn new(early: &[u8], splice: bool) -> Half {
         Half {
             pending: early.to_vec(),
             start: 0,
             eof: false,
             done: false,
             total: 0,
+            splice,
+            bulk: false,
+            pipe: None,
         }
+    }
+
+    /// The spliced direction's poll: ready once the end of stream is passed on.
+    #[cold]
+    fn poll_pipe<R, W>(
+        &mut self,
+        cx: &mut Context<'_>,
+        (from, to): (&mut R, &mut W),
+        moved: &mut u64,
+    ) -> Poll<io::Result<()>>
+    where
+        R: Spliceable,
+        W: AsyncWrite + Spliceable + Unpin,
+    {
+        let (Some(pipe), Some(r), Some(w)) = (&mut self.pipe, from.plain_tcp(), to.plain_tcp())
+        else {
+            return Poll::Ready(Err(io::Error::other("a spliced side is no plain socket")));
+        };
+        // Counted whether or not the poll completes: it may move bytes, then wait.
+        let mut n = 0;
+        let polled = pipe.poll_move(cx, r, w, &mut n);
+        self.total += n;
+        *moved += n;
+        let eof = ready!(polled)?;
+        if !eof {
+            // Its share moved: back after the worker's other tasks.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let _ = ready!(Pin::new(&mut *to).poll_shutdown(cx));
+        self.done = true;
+        Poll::Ready(Ok(()))
     }
 
     /// Moves what it can from `from` to `to`, adding the bytes written to `moved`. Ready once
@@ -100,11 +170,14 @@ impl Half {
         moved: &mut u64,
     ) -> Poll<io::Result<()>>
     where
-        R: AsyncRead + Unpin,
-        W: AsyncWrite + Unpin,
+        R: AsyncRead + Spliceable + Unpin,
+        W: AsyncWrite + Spliceable + Unpin,
     {
         if self.done {
             return Poll::Ready(Ok(()));
+        }
+        if self.pipe.is_some() {
+            return self.poll_pipe(cx, (from, to), moved);
         }
         // Bounded by `PASSES`: every pass reads or writes something, or returns.
         for _ in 0..PASSES {
@@ -122,6 +195,13 @@ impl Half {
                 // Drained: the buffer goes back.
                 self.pending = Vec::new();
                 self.start = 0;
+            }
+            if self.bulk && !self.eof {
+                self.bulk = false;
+                self.pipe = Pipe::new();
+                if self.pipe.is_some() {
+                    return self.poll_pipe(cx, (from, to), moved);
+                }
             }
             // Nothing for a plain socket; a TLS stream sends what it holds.
             ready!(Pin::new(&mut *to).poll_flush(cx))?;
@@ -176,6 +256,7 @@ impl Half {
             self.eof = true;
             return Poll::Ready(Ok(()));
         }
+        self.bulk = self.splice && n == buf.len();
         let mut off = 0;
         // Bounded: every pass writes at least one byte, or stops.
         while off < n {
@@ -200,11 +281,13 @@ impl Half {
 }
 
 /// How long a tunnel may wait: for any byte (`idle`), and, once one side has closed its
-/// sending half, for the other to close its own (`fin`).
+/// sending half, for the other to close its own (`fin`); and whether a direction whose reads
+/// fill the buffer may move to `splice(2)` when both sides are plain TCP (`splice`).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub idle: Duration,
     pub fin: Duration,
+    pub splice: bool,
 }
 
 /// Relays between `client` and `backend` until both directions are done, one fails, no byte
@@ -221,11 +304,12 @@ pub async fn relay<C, B>(
     mut count: impl FnMut(Dir, u64),
 ) -> Relayed
 where
-    C: AsyncRead + AsyncWrite + Unpin,
-    B: AsyncRead + AsyncWrite + Unpin,
+    C: AsyncRead + AsyncWrite + Spliceable + Unpin,
+    B: AsyncRead + AsyncWrite + Spliceable + Unpin,
 {
-    let mut up = Half::new(&client_early);
-    let mut down = Half::new(&backend_early);
+    let splice = limits.splice && client.plain_tcp().is_some() && backend.plain_tcp().is_some();
+    let mut up = Half::new(&client_early, splice);
+    let mut down = Half::new(&backend_early, splice);
     // Copied: the connections' read buffers go back now, not when the tunnel closes.
     drop((client_early, backend_early));
     let now = Instant::now();
