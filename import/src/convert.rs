@@ -17,6 +17,7 @@ use super::rewrite;
 use super::sticky;
 use super::template::template;
 use super::unix_socket;
+use super::values::{duration, listen_address, with_port};
 
 /// The converted configuration and what could not be.
 pub struct Converted {
@@ -2373,16 +2374,6 @@ fn redirect_value(status: i64, location: String) -> Value {
     Value::Table(t)
 }
 
-/// An address as nginx reads it: without a port, port 80.
-pub(super) fn with_port(address: &str) -> String {
-    let bracketed_v6 = address.starts_with('[') && address.ends_with(']');
-    if bracketed_v6 || !address.contains(':') {
-        format!("{address}:80")
-    } else {
-        address.to_string()
-    }
-}
-
 /// A `server_name` as route hosts: `.example.com` (nginx: the name and every subdomain) is
 /// `example.com` and `*.example.com`.
 fn host_names(n: &str) -> Vec<String> {
@@ -2407,17 +2398,6 @@ fn proxy_target(url: &str) -> Option<(String, Option<String>)> {
     match rest.find('/') {
         Some(i) => Some((rest[..i].to_string(), Some(rest[i..].to_string()))),
         None => Some((rest.to_string(), None)),
-    }
-}
-
-/// `listen`'s address: `8080` → `0.0.0.0:8080`, `127.0.0.1:8080` and `[::]:80` as they are.
-pub(super) fn listen_address(a: &str) -> String {
-    if a.chars().all(|c| c.is_ascii_digit()) {
-        format!("0.0.0.0:{a}")
-    } else if !a.contains(':') {
-        format!("{a}:80")
-    } else {
-        a.to_string()
     }
 }
 
@@ -2460,37 +2440,6 @@ fn size(s: &str) -> Option<u64> {
         _ => return None,
     };
     n.checked_mul(scale)
-}
-
-/// nginx times (`30s`, `65`, `1m`, `500ms`, `1h30m`) as pinlb writes durations.
-pub(super) fn duration(s: &str) -> Option<String> {
-    let mut ms: u64 = 0;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let end = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let n: u64 = rest[..end].parse().ok()?;
-        rest = &rest[end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_end] {
-            "" | "s" => 1000,
-            "ms" => 1,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            _ => return None,
-        };
-        ms = ms.checked_add(n.checked_mul(scale)?)?;
-        rest = &rest[unit_end..];
-    }
-    Some(if ms % 1000 == 0 {
-        format!("{}s", ms / 1000)
-    } else {
-        format!("{ms}ms")
-    })
 }
 
 /// `hash`'s key as pinlb's.

@@ -6,6 +6,7 @@
 //! note names the route its requests would take without it.
 //!
 //! - [`parse`]: nginx's syntax, directives with their `file:line`.
+//! - [`values`]: nginx's addresses and durations as pinlb writes them.
 //! - [`notes`]: the notes in file order, each said once.
 //! - [`error_page`]: `error_page` to a local file and `proxy_intercept_errors`.
 //! - [`template`]: nginx variables as pinlb template variables.
@@ -51,6 +52,7 @@ mod sticky;
 mod stream;
 mod template;
 mod unix_socket;
+mod values;
 
 use std::path::Path;
 

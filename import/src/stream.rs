@@ -147,7 +147,7 @@ impl Server<'_> {
                 ("listen", Some(_)) => listens.push(s),
                 ("proxy_pass", Some(_)) => pass = Some(s),
                 ("ssl_preread", Some(v)) => preread = v == "on",
-                ("proxy_timeout", Some(v)) => match super::convert::duration(v) {
+                ("proxy_timeout", Some(v)) => match super::values::duration(v) {
                     Some(t) => {
                         timeouts.insert("tunnel_idle".into(), Value::String(t.clone()));
                         keys.insert("session_idle".into(), Value::String(t));
@@ -155,7 +155,7 @@ impl Server<'_> {
                     None => out.notes.push(format!("{}: proxy_timeout {v} not converted: not a duration", s.at())),
                 },
                 ("proxy_connect_timeout", Some(v)) => {
-                    if let Some(t) = super::convert::duration(v) {
+                    if let Some(t) = super::values::duration(v) {
                         timeouts.insert("connect".into(), Value::String(t));
                     }
                 }
@@ -271,7 +271,7 @@ impl Server<'_> {
         let mut t = Table::new();
         t.insert(
             "address".into(),
-            Value::String(super::convert::listen_address(&l.args[0])),
+            Value::String(super::values::listen_address(&l.args[0])),
         );
         t.insert("mode".into(), if udp { "udp" } else { "tcp" }.into());
         t.insert("upstream".into(), Value::String(default.to_string()));
@@ -329,7 +329,7 @@ impl Server<'_> {
         if let Some(name) = (self.upstream)(target) {
             return Some(name);
         }
-        let address = super::convert::with_port(target);
+        let address = super::values::with_port(target);
         address.parse::<std::net::SocketAddr>().ok()?;
         let name = format!(
             "stream_{}",

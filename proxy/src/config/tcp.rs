@@ -71,36 +71,16 @@ pub(super) fn mode(src: &Source, key: &str, l: &RawListener) -> Result<ListenerM
             "set together with [[listener.sni]], expected one of them: sni relays TLS untouched to the backend, tls terminates it here",
         ));
     }
-    let mut http_only: Vec<(&str, std::ops::Range<usize>)> = [
+    let http_only = [
         ("h2c", l.h2c.as_ref().map(Spanned::span)),
         ("http2", l.http2.as_ref().map(Spanned::span)),
         ("rate_limit", l.rate_limit.as_ref().map(Spanned::span)),
         ("route", l.route.first().map(Spanned::span)),
-    ]
-    .into_iter()
-    .filter_map(|(k, at)| at.map(|at| (k, at)))
-    .collect();
-    http_only.extend(
-        (l.module_keys.iter())
-            .filter(|(k, _)| k != "access")
-            .map(|(k, at)| (k.as_str(), at.clone())),
+    ];
+    let what = format!(
+        "not for a TCP listener (mode = \"tcp\" relays bytes without reading HTTP), expected only {LISTENER_KEYS}"
     );
-    if let Some((k, at)) = http_only.into_iter().min_by_key(|(_, at)| at.start) {
-        return Err(src.at(
-            at,
-            &format!("{key}.{k}"),
-            format!(
-                "not for a TCP listener (mode = \"tcp\" relays bytes without reading HTTP), expected only {LISTENER_KEYS}"
-            ),
-        ));
-    }
-    if l.upstream.is_none() {
-        return Err(src.at(
-            l.address.span(),
-            &format!("{key}.upstream"),
-            "missing, expected the name of an [upstream.NAME] for a TCP listener's connections",
-        ));
-    }
+    only(src, key, l, &http_only, &what)?;
     Ok(mode)
 }
 
@@ -109,7 +89,7 @@ const UDP_KEYS: &str = "address, mode, upstream, access, responses, session_idle
 
 /// A UDP listener's keys checked against what applies to it.
 fn udp_keys(src: &Source, key: &str, l: &RawListener) -> Result<()> {
-    let mut other: Vec<(&str, std::ops::Range<usize>)> = [
+    let others = [
         ("tls", l.tls.as_ref().map(Spanned::span)),
         ("h2c", l.h2c.as_ref().map(Spanned::span)),
         ("http2", l.http2.as_ref().map(Spanned::span)),
@@ -122,27 +102,33 @@ fn udp_keys(src: &Source, key: &str, l: &RawListener) -> Result<()> {
         ),
         ("route", l.route.first().map(Spanned::span)),
         ("sni", l.sni.first().map(Spanned::span)),
-    ]
-    .into_iter()
-    .filter_map(|(k, at)| at.map(|at| (k, at)))
-    .collect();
-    other.extend(
-        (l.module_keys.iter())
-            .filter(|(k, _)| k != "access")
-            .map(|(k, at)| (k.as_str(), at.clone())),
-    );
-    if let Some((k, at)) = other.into_iter().min_by_key(|(_, at)| at.start) {
-        return Err(src.at(
-            at,
-            &format!("{key}.{k}"),
-            format!("not for a UDP listener (mode = \"udp\"), expected only {UDP_KEYS}"),
-        ));
+    ];
+    let what = format!("not for a UDP listener (mode = \"udp\"), expected only {UDP_KEYS}");
+    only(src, key, l, &others, &what)
+}
+
+/// A TCP or UDP listener's keys: the first in the file of those it may not have (`refused`,
+/// each with its place when set, and every module's but `access`) is an error saying `what`;
+/// then its `upstream` must be set.
+fn only(
+    src: &Source,
+    key: &str,
+    l: &RawListener,
+    refused: &[(&str, Option<std::ops::Range<usize>>)],
+    what: &str,
+) -> Result<()> {
+    let set = (refused.iter()).filter_map(|(k, at)| at.clone().map(|at| (*k, at)));
+    let modules = (l.module_keys.iter())
+        .filter(|(k, _)| k != "access")
+        .map(|(k, at)| (k.as_str(), at.clone()));
+    if let Some((k, at)) = set.chain(modules).min_by_key(|(_, at)| at.start) {
+        return Err(src.at(at, &format!("{key}.{k}"), what));
     }
     if l.upstream.is_none() {
         return Err(src.at(
             l.address.span(),
             &format!("{key}.upstream"),
-            "missing, expected the name of an [upstream.NAME] for a UDP listener's sessions",
+            "missing, expected the name of an [upstream.NAME] for its connections",
         ));
     }
     Ok(())

@@ -7,8 +7,8 @@
 //!   handshake.
 //! - [`client_cert`]: the verified client certificate's lines on a request, the client's own
 //!   of those names taken out.
-//! - [`tunnel`]: after a `101 Switching Protocols`, bytes relayed both ways until both close.
 //! - [`splice`]: one direction of a tunnel moved by `splice(2)` through a pipe, for bulk.
+//! - [`tunnel`]: after a `101 Switching Protocols`, bytes relayed both ways until both close.
 //! - [`pipeline`]: a request's steps between its head and its response, once for every
 //!   protocol: begun (ID, log entry), decided (route, edge controls, `redirect_https`), finished
 //!   (response filters, counted, logged).
@@ -16,12 +16,12 @@
 //!   request path as an HTTP/1.1 request.
 //! - [`h1`]: one HTTP/1.1 client connection's life: read a request, route it, proxy it, write
 //!   the response; keep, close, linger or park the connection.
+//! - [`proxied`]: a `proxy_protocol` listener's connection: its PROXY protocol header read and
+//!   checked, then served as from the client it names.
 //! - [`tcp`]: a TCP listener's connection (`mode = "tcp"`): a backend picked and connected,
 //!   the bytes relayed both ways by the tunnel, one log line.
 //! - [`udp`]: a UDP listener's datagrams (`mode = "udp"`): a session per client address and
 //!   port, with a socket of its own connected to one backend.
-//! - [`proxied`]: a `proxy_protocol` listener's connection: its PROXY protocol header read and
-//!   checked, then served as from the client it names.
 
 pub(crate) mod client_cert;
 pub(crate) mod h1;

@@ -178,6 +178,21 @@ pub(crate) async fn serve(
         return;
     };
     log.connected(upstreamed);
+    let (up, down, end) = relayed(&stream, conn, early, (upstream, backend), client).await;
+    log.relayed(up, down, end);
+    drop((guard, slot, held));
+}
+
+/// Relays between the client's `stream` and `conn`, to `backend` of `upstream`, until the
+/// tunnel ends (`early`: the client's bytes read before, which go first): the bytes each way
+/// and how it ended, for the log; counted as an open tunnel and its bytes in `/metrics`.
+async fn relayed(
+    stream: &DownstreamStream,
+    conn: crate::http1::client::Conn,
+    early: BytesMut,
+    (upstream, backend): (&WorkerUpstream, usize),
+    client: SocketAddr,
+) -> (u64, u64, &'static str) {
     let shared = &upstream.shared;
     let counters = shared.counting.then(|| &shared.backends[backend].stats);
     if let Some(c) = counters {
@@ -190,7 +205,7 @@ pub(crate) async fn serve(
         splice: true,
     };
     let relayed = tunnel::relay(
-        &mut StreamIo(&stream),
+        &mut StreamIo(stream),
         &mut to_backend,
         early,
         backend_early,
@@ -235,8 +250,7 @@ pub(crate) async fn serve(
             }
         }
     };
-    log.relayed(up, down, end);
-    drop((guard, slot, held));
+    (up, down, end)
 }
 
 /// The server side of a TLS handshake on a listener with `tls`, by `deadline`; counted on

@@ -28,7 +28,6 @@ use tracing::debug;
 
 use crate::config::{Config, Listener};
 use crate::modules::access::{Access, allows};
-use crate::process::shared::Process;
 use crate::proxy::accesslog::{Batch, Session as Logged, Upstreamed};
 use crate::proxy::timing::Timing;
 use crate::sys::summed::summed_warn;
@@ -88,11 +87,12 @@ struct Session {
 }
 
 /// Relays `socket`'s datagrams until the worker stops or a reload removes the listener; the
-/// sessions open then run on to their end.
+/// sessions open then run on to their end. `try_slot` gives a new session its place among
+/// `limits.max_connections`, or none at that limit.
 pub(crate) async fn serve(
     socket: Rc<UdpSocket>,
     listening: Rc<UdpListening>,
-    process: Arc<Process>,
+    try_slot: impl Fn() -> Option<OwnedSemaphorePermit>,
     batch: Option<Rc<Batch>>,
     mut stop: watch::Receiver<bool>,
     mut removed: watch::Receiver<bool>,
@@ -119,7 +119,7 @@ pub(crate) async fn serve(
         match open {
             Some(session) => forward(&session, datagram, &listening.relay.borrow()),
             None => {
-                let Some(permit) = process.connections.try_slot() else {
+                let Some(permit) = try_slot() else {
                     summed_warn!(client = %client; "udp {}: dropped a datagram from {client}: at limits.max_connections", listening.local);
                     continue;
                 };

@@ -438,10 +438,11 @@ impl WorkerState {
             .iter()
             .map(|socket| match (socket, serving) {
                 (Socket::Datagram(s), Serving::Udp(u)) => {
+                    let process = self.process.clone();
                     tokio::task::spawn_local(crate::downstream::udp::serve(
                         s.clone(),
                         u.clone(),
-                        self.process.clone(),
+                        move || process.connections.try_slot(),
                         self.batch.clone(),
                         self.stop.clone(),
                         removed_rx.clone(),
