@@ -385,3 +385,113 @@ async fn a_new_process_with_fewer_workers_accepts_on_every_inherited_socket() {
     assert!(new.stop().await);
     let _ = std::fs::remove_file(one);
 }
+
+/// A backend on a kernel-chosen port that echoes each TCP connection's bytes back.
+async fn tcp_echo() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        // Bounded by the test: the runtime ends with it.
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A backend on a kernel-chosen port that answers each datagram with itself.
+async fn udp_echo() -> SocketAddr {
+    let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = s.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 512];
+        // Bounded by the test: the runtime ends with it.
+        while let Ok((n, from)) = s.recv_from(&mut buf).await {
+            let _ = s.send_to(&buf[..n], from).await;
+        }
+    });
+    addr
+}
+
+/// `msg` sent to a UDP listener at `addr`, and its answer, within a second.
+async fn datagram(addr: SocketAddr, msg: &[u8]) -> Option<Vec<u8>> {
+    let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.ok()?;
+    s.connect(addr).await.ok()?;
+    s.send(msg).await.ok()?;
+    let mut buf = [0u8; 512];
+    let n = tokio::time::timeout(Duration::from_secs(1), s.recv(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    Some(buf[..n].to_vec())
+}
+
+/// Writes `msg` on `c` and reads its echo back, within `WAIT`.
+async fn echo(c: &mut tokio::net::TcpStream, msg: &[u8]) -> Vec<u8> {
+    c.write_all(msg).await.unwrap();
+    let mut back = vec![0u8; msg.len()];
+    tokio::time::timeout(WAIT, c.read_exact(&mut back))
+        .await
+        .expect("echoed in time")
+        .unwrap();
+    back
+}
+
+#[tokio::test]
+async fn an_upgrade_hands_tcp_and_udp_listeners_over_and_the_old_process_drains_its_connections() {
+    let (tcp_backend, udp_backend) = (tcp_echo().await, udp_echo().await);
+    let socket = socket_path("relays");
+    let toml = format!(
+        "[runtime]\ncpus = [{core}]\nupgrade_socket = \"{}\"\n\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\nmode = \"tcp\"\nupstream = \"t\"\n\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\nmode = \"udp\"\nupstream = \"u\"\nresponses = 1\n\n\
+         [upstream.t]\nbackends = [{{ address = \"{tcp_backend}\" }}]\n\n\
+         [upstream.u]\nbackends = [{{ address = \"{udp_backend}\" }}]\n",
+        socket.display(),
+        core = first_core()
+    );
+    let mut old = BinProxy::spawn_toml(&toml, &[]).await;
+    let line = old.wait_for_log("for upstream u").await;
+    let udp: SocketAddr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no UDP listener's address in {line:?}"));
+    let tcp = old.addr;
+    let mut before = tokio::net::TcpStream::connect(tcp).await.unwrap();
+    assert_eq!(echo(&mut before, b"one").await, b"one");
+    assert_eq!(datagram(udp, b"q1").await.as_deref(), Some(&b"q1"[..]));
+
+    let out = upgrade(vec!["-c".into(), old.config_path().clone().into()]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let new = Adopted(new_pid(&out));
+    // The new process serves both sockets; the connection the old one holds runs on there.
+    let mut after = tokio::net::TcpStream::connect(tcp).await.unwrap();
+    assert_eq!(echo(&mut after, b"two").await, b"two");
+    for i in 0..8 {
+        let q = format!("q2-{i}");
+        assert_eq!(
+            datagram(udp, q.as_bytes()).await.as_deref(),
+            Some(q.as_bytes()),
+            "datagram {i} after the upgrade"
+        );
+    }
+    assert_eq!(echo(&mut before, b"still").await, b"still");
+    drop(before);
+    assert!(
+        old.wait_exit().await.success(),
+        "the old process drains and exits"
+    );
+    assert_eq!(echo(&mut after, b"three").await, b"three");
+    // A stop, as an upgrade's, lets open relays run for up to shutdown_timeout: this one ends.
+    drop(after);
+    assert!(new.stop().await);
+}
