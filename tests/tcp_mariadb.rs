@@ -1,6 +1,7 @@
 //! MariaDB through a TCP listener: the `mariadb` client runs a query through pinlb, and a
-//! `mariadbd` that is stopped is taken out by the upstream's active check (a connect) and put
-//! back when it returns on the same port.
+//! `mariadbd` that is stopped is taken out by the upstream's active check (`check = "mysql"`,
+//! which reads the server's greeting) and put back when it returns on the same port; a server
+//! that greets with an error packet fails the check.
 
 use crate::common;
 
@@ -115,7 +116,7 @@ async fn a_mariadb_query_goes_through_and_a_stopped_server_is_taken_out_and_back
     let toml = format!(
         "[[listener]]\naddress = \"127.0.0.1:0\"\nmode = \"tcp\"\nupstream = \"db\"\n\
          [upstream.db]\nbackends = [{{ address = \"127.0.0.1:{}\" }}]\n\
-         [upstream.db.health]\ninterval = \"200ms\"\ntimeout = \"150ms\"\nrise = 1\nfall = 1\n\
+         [upstream.db.health]\ncheck = \"mysql\"\ninterval = \"200ms\"\ntimeout = \"150ms\"\nrise = 1\nfall = 1\n\
          [admin]\naddress = \"127.0.0.1:0\"\n",
         db.port
     );
@@ -144,4 +145,62 @@ async fn a_mariadb_query_goes_through_and_a_stopped_server_is_taken_out_and_back
     .await
     .expect("put back by its check once it answers again");
     assert_eq!(query(port, "select 1 + 1").await.as_deref(), Some("2"));
+}
+
+#[tokio::test]
+async fn a_server_that_greets_with_an_error_packet_fails_the_mysql_check() {
+    // What a MySQL server sends a client it will not take: an error packet, 1040 Too many
+    // connections, then the close.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let message = b"#08004Too many connections";
+        let mut payload = vec![0xff, 0x10, 0x04];
+        payload.extend_from_slice(message);
+        let len = payload.len() as u32;
+        let mut packet = len.to_le_bytes()[..3].to_vec();
+        packet.push(0);
+        packet.extend_from_slice(&payload);
+        // Bounded by the test: the runtime ends with it.
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s.write_all(&packet).await;
+        }
+    });
+    let toml = format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\nmode = \"tcp\"\nupstream = \"db\"\n\
+         [upstream.db]\nbackends = [{{ address = \"{addr}\" }}]\n\
+         [upstream.db.health]\ncheck = \"mysql\"\ninterval = \"200ms\"\ntimeout = \"150ms\"\nrise = 1\nfall = 1\n\
+         [admin]\naddress = \"127.0.0.1:0\"\n"
+    );
+    let proxy = Proxy::start_toml(&toml);
+    poll(100, Duration::from_millis(50), async || {
+        (!up(&proxy).await).then_some(())
+    })
+    .await
+    .expect("taken out by the mysql check");
+}
+
+#[test]
+fn a_check_by_name_is_one_of_three_and_not_with_send() {
+    let parse = |health: &str| {
+        let toml = format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\nmode = \"tcp\"\nupstream = \"db\"\n\
+             [upstream.db]\nbackends = [{{ address = \"127.0.0.1:1\" }}]\n\
+             [upstream.db.health]\n{health}\n"
+        );
+        pinlb::Config::parse("test.toml", &toml, &allowed()).map(|_| ())
+    };
+    assert!(parse("check = \"redis\"").is_ok());
+    let e = parse("check = \"pgsql\"").unwrap_err().to_string();
+    assert!(
+        e.contains("test.toml:8:")
+            && e.contains("upstream.db.health.check")
+            && e.contains("\"connect\", \"redis\" or \"mysql\""),
+        "{e}"
+    );
+    let e = parse("check = \"mysql\"\nsend = \"x\"")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("expected one of them"), "{e}");
 }

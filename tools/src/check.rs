@@ -355,7 +355,10 @@ pub fn describe(config: &Config) -> String {
             }
             Some(h) if h.tcp.is_some() => {
                 let check = h.tcp.as_ref().map(|c| {
-                    let mut what = "connect".to_string();
+                    let mut what = match c.mysql {
+                        true => "connect, read the MySQL greeting".to_string(),
+                        false => "connect".to_string(),
+                    };
                     if !c.send.is_empty() {
                         what += &format!(", send \"{}\"", c.send.escape_ascii());
                     }

@@ -974,6 +974,10 @@ pub struct Health {
 pub struct TcpCheck {
     pub send: Vec<u8>,
     pub receive: Vec<u8>,
+    /// `check = "mysql"` (HAProxy's `mysql-check`): the server's greeting is read, and passes
+    /// when it is a handshake (protocol 10), not an error packet ("Too many connections",
+    /// "Host is blocked").
+    pub mysql: bool,
 }
 
 impl Default for Health {

@@ -614,6 +614,8 @@ pub(super) struct RawHealth {
     pub send: Option<Spanned<String>>,
     /// A TCP upstream's check: what the backend's answer must begin with.
     pub receive: Option<Spanned<String>>,
+    /// A TCP upstream's check by name: `connect`, `redis` or `mysql`.
+    pub check: Option<Spanned<String>>,
 }
 
 /// `[upstream.NAME.passive]`.

@@ -281,12 +281,14 @@ pub(super) fn upstreams(
                 ));
                 continue;
             }
+            // Its kind is known whether or not its keys are right, so that its errors are
+            // said once.
+            match udp {
+                true => up.udp = true,
+                false => up.tcp = true,
+            }
             match raw.get(&up.name).map(|r| tcp_upstream(src, &up.name, r)) {
                 Some(Ok(check)) => {
-                    match udp {
-                        true => up.udp = true,
-                        false => up.tcp = true,
-                    }
                     if let Some(h) = &mut up.health {
                         h.tcp = Some(check);
                     }
@@ -309,17 +311,18 @@ pub(super) fn upstreams(
     }
     for (up, named) in upstreams.iter().zip(&named_by_http) {
         if let (false, false, Some(r)) = (up.tcp, up.udp, raw.get(&up.name)) {
-            let tcp_keys = r.health.as_ref().map(|h| (&h.send, &h.receive));
-            if let Some(v) = tcp_keys.and_then(|(s, r)| s.as_ref().or(r.as_ref())) {
+            let tcp_keys = r.health.as_ref().map(|h| (&h.send, &h.receive, &h.check));
+            let set = tcp_keys.and_then(|(s, r, c)| s.as_ref().or(r.as_ref()).or(c.as_ref()));
+            if let Some(v) = set {
                 let why = if *named {
                     "only for the upstream of a TCP listener (mode = \"tcp\"), expected path and expect for an HTTP check"
                 } else {
                     "only for the upstream of a TCP listener (mode = \"tcp\")"
                 };
-                let which = if r.health.as_ref().is_some_and(|h| h.send.is_some()) {
-                    "send"
-                } else {
-                    "receive"
+                let which = match r.health.as_ref() {
+                    Some(h) if h.send.is_some() => "send",
+                    Some(h) if h.receive.is_some() => "receive",
+                    _ => "check",
                 };
                 errors.push(src.at(
                     v.span(),
@@ -397,10 +400,42 @@ fn tcp_upstream(src: &Source, name: &str, r: &RawUpstream) -> Result<TcpCheck> {
         ));
     }
     let bytes = |v: &Option<Spanned<String>>| v.as_ref().map(|v| v.get_ref().as_bytes().to_vec());
-    let check = TcpCheck {
+    let mut check = TcpCheck {
         send: bytes(&h.send).unwrap_or_default(),
         receive: bytes(&h.receive).unwrap_or_default(),
+        mysql: false,
     };
+    if let Some(named) = &h.check {
+        let custom = h.send.as_ref().or(h.receive.as_ref());
+        match (named.get_ref().as_str(), custom) {
+            ("connect", _) => {}
+            (_, Some(v)) => {
+                return Err(src.at(
+                    v.span(),
+                    &format!("{key}.health"),
+                    format!(
+                        "send and receive set together with check = \"{}\", expected one of them",
+                        named.get_ref()
+                    ),
+                ));
+            }
+            // HAProxy's `redis-check`.
+            ("redis", None) => {
+                check.send = b"PING\r\n".to_vec();
+                check.receive = b"+PONG".to_vec();
+            }
+            ("mysql", None) => check.mysql = true,
+            (other, None) => {
+                return Err(src.at(
+                    named.span(),
+                    &format!("{key}.health.check"),
+                    format!(
+                        "unknown check \"{other}\", expected \"connect\", \"redis\" or \"mysql\""
+                    ),
+                ));
+            }
+        }
+    }
     if let (Some(v), true) = (&h.receive, check.receive.len() > 1024) {
         return Err(src.at(
             v.span(),

@@ -101,6 +101,9 @@ async fn exchange_tcp(
         sent.await
             .map_err(|e| format!("sending the check failed: {e}"))?;
     }
+    if check.mysql {
+        return greeting(&mut conn.stream).await;
+    }
     let want = &check.receive;
     let mut got = Vec::with_capacity(want.len());
     let mut buf = [0u8; 1024];
@@ -130,6 +133,39 @@ async fn exchange_tcp(
     }
     let _ = conn.stream.shutdown().await;
     Ok(())
+}
+
+/// A MySQL or MariaDB server's greeting, read and closed (HAProxy's `mysql-check` without a
+/// user): passes on a handshake packet (protocol version 10), fails on an error packet with
+/// its message, or on anything else.
+async fn greeting(stream: &mut crate::http1::client::BackendStream) -> Result<(), String> {
+    use tokio::io::AsyncReadExt;
+    let mut header = [0u8; 4];
+    stream
+        .read_exact(&mut header)
+        .await
+        .map_err(|e| format!("no greeting: {e}"))?;
+    let len = u32::from_le_bytes([header[0], header[1], header[2], 0]) as usize;
+    if len == 0 || len > 16 * 1024 {
+        return Err(format!("not a MySQL greeting: a packet of {len} bytes"));
+    }
+    let mut packet = vec![0u8; len];
+    stream
+        .read_exact(&mut packet)
+        .await
+        .map_err(|e| format!("a greeting cut short: {e}"))?;
+    let _ = stream.shutdown().await;
+    match packet[0] {
+        10 => Ok(()),
+        // 0xff, the error code (2 bytes), then the message (after a `#` and the SQL state on
+        // a 4.1 server).
+        0xff if len >= 3 => {
+            let code = u16::from_le_bytes([packet[1], packet[2]]);
+            let text = String::from_utf8_lossy(&packet[3..]);
+            Err(format!("the server refused: {code} {text}"))
+        }
+        v => Err(format!("not a MySQL greeting: protocol version {v}")),
+    }
 }
 
 /// Bytes as a quoted, escaped string for a log line: `"+PONG\r\n"`.
