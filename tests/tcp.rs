@@ -662,6 +662,18 @@ fn a_tcp_listener_and_its_upstream_refuse_the_keys_of_http() {
         &["upstream.r.protocol", "carry bytes"],
     );
 
+    // A connection has no header to count by.
+    assert_refused(
+        &tcp_toml(
+            &backend,
+            "rate_limit = [{ zone = 'by_key' }]",
+            "",
+            "[limit.by_key]\nkey = \"header:x-key\"\nrate = \"1r/s\"\n",
+        ),
+        "zone = 'by_key'",
+        &["listener[0].rate_limit", "keyed by client_ip"],
+    );
+
     // An HTTP check on a TCP upstream.
     assert_refused(
         &tcp_toml(
@@ -894,4 +906,36 @@ async fn a_bulk_transfer_each_way_arrives_whole_in_order_and_half_closed() {
         .unwrap_or_else(|| panic!("no line: {lines:?}"));
     assert!(line.contains(&format!("\" 200 {SIZE} ")), "{line}");
     assert!(line.ends_with(&format!(" {SIZE} end=closed")), "{line}");
+}
+
+#[tokio::test]
+async fn a_rate_limit_closes_a_clients_connections_over_its_rate() {
+    let a = Named::start("a").await;
+    let (path, log) = log_table("combined");
+    let toml = tcp_toml(
+        &[a.addr],
+        "rate_limit = [{ zone = \"per_client\", burst = 1, nodelay = true }]",
+        "",
+        &format!("[limit.per_client]\nrate = \"1r/m\"\n{log}"),
+    );
+    let proxy = Proxy::start_toml(&toml);
+    // A bucket of burst + 1 = 2 connections, refilled once a minute: the third is closed.
+    for _ in 0..2 {
+        assert_eq!(connect_named(proxy.addr).await.1, "a");
+    }
+    let mut third = TcpStream::connect(proxy.addr).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(WAIT, third.read_to_end(&mut got))
+        .await
+        .expect("closed in time")
+        .unwrap_or_default();
+    assert!(got.is_empty(), "the third reached a backend: {got:?}");
+    assert_eq!(a.accepts(), 2);
+    let lines = lines_after(proxy, &path).await;
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("\" 429 0 ") && l.ends_with("end=not_relayed")),
+        "{lines:?}"
+    );
 }

@@ -272,6 +272,23 @@ pub(super) fn attach(
         let key = format!("listener[{i}]");
         if let Some(list) = &r.rate_limit {
             match rate_limits(src, &key, list, zones) {
+                // A TCP listener counts connections, which have the client's address only.
+                Ok(v) if l.mode == super::ListenerMode::Tcp => {
+                    let by_other = v.iter().zip(list.get_ref()).find(|(limit, _)| {
+                        zones[limit.zone].key != crate::config::HashKey::ClientIp
+                    });
+                    match by_other {
+                        Some((limit, raw)) => errors.push(src.at(
+                            raw.get_ref().zone.span(),
+                            &format!("{key}.rate_limit"),
+                            format!(
+                                "zone {} is keyed by {}, expected a zone keyed by client_ip: a TCP listener counts connections, which have no header or cookie",
+                                zones[limit.zone].name, zones[limit.zone].key
+                            ),
+                        )),
+                        None => l.rate_limits = v,
+                    }
+                }
                 Ok(v) => l.rate_limits = v,
                 Err(e) => errors.push(e),
             }

@@ -14,7 +14,7 @@ use crate::syntax::error::{ConfigError, ConfigErrors, Source};
 type Result<T> = std::result::Result<T, ConfigError>;
 
 /// The keys a TCP listener may have.
-const LISTENER_KEYS: &str = "address, mode, upstream, tls, sni, backlog, access, conn_limit, proxy_protocol, proxy_protocol_from";
+const LISTENER_KEYS: &str = "address, mode, upstream, tls, sni, backlog, access, conn_limit, rate_limit, proxy_protocol, proxy_protocol_from";
 
 /// A listener's `mode`; a TCP listener's keys checked against what applies to it.
 pub(super) fn mode(src: &Source, key: &str, l: &RawListener) -> Result<ListenerMode> {
@@ -74,7 +74,6 @@ pub(super) fn mode(src: &Source, key: &str, l: &RawListener) -> Result<ListenerM
     let http_only = [
         ("h2c", l.h2c.as_ref().map(Spanned::span)),
         ("http2", l.http2.as_ref().map(Spanned::span)),
-        ("rate_limit", l.rate_limit.as_ref().map(Spanned::span)),
         ("route", l.route.first().map(Spanned::span)),
     ];
     let what = format!(

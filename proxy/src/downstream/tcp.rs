@@ -31,6 +31,7 @@ use crate::downstream::proxied::client_address;
 use crate::downstream::stream::{DownstreamStream, Refused as TlsRefused, StreamIo, handshake};
 use crate::downstream::tunnel::{self, Dir, End};
 use crate::edge::conn_limit::ConnGate;
+use crate::edge::rate_limit::RateLimits;
 use crate::modules::access::{Access, allows};
 use crate::proxy::accesslog::{Batch, Session, Upstreamed};
 use crate::proxy::timing::Timing;
@@ -64,6 +65,8 @@ pub(crate) struct Relay {
     /// `access`, when it has rules.
     pub access: Option<Arc<Access>>,
     pub conn_limit: Option<Rc<ConnGate>>,
+    /// `rate_limit`: new connections per client address, in zones keyed by it.
+    pub rate: Option<RateLimits>,
     /// `proxy_protocol`: the networks whose connections begin with a PROXY protocol header.
     pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
     /// `limits.header_timeout`: how long a PROXY protocol header may take.
@@ -93,6 +96,7 @@ impl Relay {
                 })
             }),
             proxy_protocol: l.proxy_protocol.clone(),
+            rate: RateLimits::new(l, None, &config.rate_zones, tables),
             header_timeout: config.limits.header_timeout,
         }
     }
@@ -135,6 +139,11 @@ pub(crate) async fn serve(
             log.status(403);
             return;
         }
+    }
+    if let Some(status) = (relay.rate.as_ref()).and_then(|r| r.admit_connection(client.ip(), stats))
+    {
+        log.status(status);
+        return;
     }
     if let Some(gate) = &relay.conn_limit {
         if !held.admit(gate, client, stats) {

@@ -123,6 +123,42 @@ impl RateLimits {
     }
 }
 
+impl RateLimits {
+    /// A TCP listener's new connection from `client`, counted in each zone (all keyed by the
+    /// client's address: `config::edge_limits`); `Some` is the status of the first that
+    /// refuses it, for the log, the connection then to be closed (HAProxy's `tcp-request
+    /// connection reject if { src_conn_rate gt N }`).
+    #[cold]
+    pub(crate) fn admit_connection(
+        &self,
+        client: IpAddr,
+        stats: Option<&ListenerStats>,
+    ) -> Option<u16> {
+        let client = client.to_canonical();
+        let key = match client {
+            IpAddr::V4(ip) => ip.octets().to_vec(),
+            IpAddr::V6(ip) => ip.octets().to_vec(),
+        };
+        for z in &self.zones {
+            match z.table.check(&key, z.burst, z.table.now()) {
+                Verdict::Pass => continue,
+                Verdict::Refused { .. } => {
+                    summed_warn!(client = %client; "rate limit: {client} over zone {} ({}), closed a new connection", z.zone, z.rate);
+                }
+                Verdict::Full => {
+                    summed_warn!(client = %client; "rate limit: zone {} has no room for {client}'s key (raise its keys), closed a new connection", z.zone);
+                }
+            }
+            z.limited.fetch_add(1, Ordering::Relaxed);
+            if let Some(s) = stats {
+                s.refuse(Refusal::RateLimit);
+            }
+            return Some(z.status.as_u16());
+        }
+        None
+    }
+}
+
 #[cold]
 fn refused(
     z: &ZoneCheck,
