@@ -939,3 +939,51 @@ async fn a_rate_limit_closes_a_clients_connections_over_its_rate() {
         "{lines:?}"
     );
 }
+
+#[tokio::test]
+async fn after_the_clients_fin_a_backend_still_answering_is_not_cut_by_tunnel_fin() {
+    // A backend that reads to the client's FIN, then answers in ten pieces 100 ms apart: a
+    // second in all, past the 300 ms `tunnel_fin`, which bounds silence, not the answer.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut sink = Vec::new();
+        s.read_to_end(&mut sink).await.unwrap();
+        for i in 0..10u8 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            s.write_all(&[b'0' + i]).await.unwrap();
+        }
+        s.shutdown().await.unwrap();
+    });
+    let toml = tcp_toml(&[backend], "", "timeouts = { tunnel_fin = \"300ms\" }", "");
+    let proxy = Proxy::start_toml(&toml);
+    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+    c.write_all(b"request").await.unwrap();
+    c.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, c.read_to_end(&mut answer))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    assert_eq!(answer, b"0123456789");
+}
+
+#[test]
+fn a_tcp_and_a_udp_listener_may_share_an_address() {
+    // DNS listens on both.
+    let toml = format!(
+        "[runtime]\ncpus = [{core}]\n\
+         [[listener]]\naddress = \"127.0.0.1:5353\"\nmode = \"tcp\"\nupstream = \"dns\"\n\
+         [[listener]]\naddress = \"127.0.0.1:5353\"\nmode = \"udp\"\nupstream = \"dns\"\n\
+         [upstream.dns]\nbackends = [{{ address = \"127.0.0.1:53\" }}]\n",
+        core = first_core()
+    );
+    pinlb::Config::parse("test.toml", &toml, &allowed()).unwrap_or_else(|e| panic!("{e}"));
+    let twice = toml.replace("mode = \"udp\"", "mode = \"tcp\"");
+    let e = parse_error(&twice);
+    assert!(
+        e.contains("duplicate listener address 127.0.0.1:5353"),
+        "{e}"
+    );
+}

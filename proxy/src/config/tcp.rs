@@ -286,6 +286,14 @@ pub(super) fn upstreams(
                 true => up.udp = true,
                 false => up.tcp = true,
             }
+            let datagrams = match (udp, raw.get(&up.name)) {
+                (true, Some(r)) => udp_upstream(src, up, r),
+                _ => Ok(()),
+            };
+            if let Err(e) = datagrams {
+                errors.push(e);
+                continue;
+            }
             match raw.get(&up.name).map(|r| tcp_upstream(src, &up.name, r)) {
                 Some(Ok(check)) => {
                     if let Some(h) = &mut up.health {
@@ -335,6 +343,43 @@ pub(super) fn upstreams(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// What a UDP listener's upstream may not have: TLS, a PROXY protocol header, or a Unix
+/// socket's backend, none of which a datagram can go through.
+fn udp_upstream(src: &Source, up: &Upstream, r: &RawUpstream) -> Result<()> {
+    let key = format!("upstream.{}", up.name);
+    let stream_only = [
+        ("tls", r.tls.as_ref().map(Spanned::span)),
+        (
+            "proxy_protocol",
+            r.proxy_protocol.as_ref().map(Spanned::span),
+        ),
+    ];
+    if let Some((k, at)) = stream_only
+        .into_iter()
+        .find_map(|(k, at)| at.map(|at| (k, at)))
+    {
+        return Err(src.at(
+            at,
+            &format!("{key}.{k}"),
+            "not for the upstream of a UDP listener (mode = \"udp\"), expected none: datagrams go to the backends as they came",
+        ));
+    }
+    let unix = (up.backends.iter())
+        .find(|b| matches!(b.address, crate::backend_address::BackendAddress::Unix(_)));
+    if let Some(b) = unix {
+        let at = r.backends.as_ref().map_or(0..0, Spanned::span);
+        return Err(src.at(
+            at,
+            &format!("{key}.backends"),
+            format!(
+                "{} is a Unix socket, expected IP:PORT backends for a UDP listener",
+                b.address
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The check of a TCP listener's upstream `name`, after refusing its HTTP keys.

@@ -1316,14 +1316,14 @@ pub(super) fn listeners(
     }
 }
 
-/// One `[[listener]]`, whose address must not be in `seen` (the earlier listeners' addresses),
-/// and goes there.
+/// One `[[listener]]`, whose address must not be in `seen` (the earlier listeners' addresses,
+/// each with whether it is UDP), and goes there.
 fn listener(
     src: &Source,
     key: &str,
     l: &RawListener,
     upstreams: &[&str],
-    seen: &mut Vec<SocketAddr>,
+    seen: &mut Vec<(SocketAddr, bool)>,
 ) -> Result<Listener> {
     let address: SocketAddr = l.address.get_ref().parse().map_err(|_| {
         src.at(
@@ -1332,17 +1332,22 @@ fn listener(
             bad_address(l.address.get_ref(), "127.0.0.1:8888"),
         )
     })?;
+    let mode = super::tcp::mode(src, key, l)?;
     // SO_REUSEPORT would let both bind and the kernel would split one port's connections
-    // between two upstreams. Port 0 asks the kernel for a fresh port each time.
-    if address.port() != 0 && seen.contains(&address) {
+    // between two upstreams. Port 0 asks the kernel for a fresh port each time. A UDP port is
+    // another port than the TCP one of the same number (DNS listens on both).
+    let udp = mode == super::ListenerMode::Udp;
+    if address.port() != 0 && seen.contains(&(address, udp)) {
         return Err(src.at(
             l.address.span(),
             &format!("{key}.address"),
-            format!("duplicate listener address {address}; each address may be listened on once"),
+            format!(
+                "duplicate listener address {address}{}; each address may be listened on once",
+                if udp { " (UDP)" } else { "" }
+            ),
         ));
     }
-    seen.push(address);
-    let mode = super::tcp::mode(src, key, l)?;
+    seen.push((address, udp));
     let mut routes = super::routes::routes(src, key, &l.route, |rkey, u| {
         upstream_index(src, rkey, u, upstreams)
     })?;

@@ -204,9 +204,7 @@ async fn relayed(
 ) -> (u64, u64, &'static str) {
     let shared = &upstream.shared;
     let counters = shared.counting.then(|| &shared.backends[backend].stats);
-    if let Some(c) = counters {
-        c.tunnels_open.fetch_add(1, Ordering::Relaxed);
-    }
+    let _open = counters.map(OpenTunnel::new);
     let (mut to_backend, backend_early) = conn.into_parts();
     let limits = tunnel::Limits {
         idle: shared.config.upgrade.tunnel_idle,
@@ -226,9 +224,6 @@ async fn relayed(
         },
     )
     .await;
-    if let Some(c) = counters {
-        c.tunnels_open.fetch_sub(1, Ordering::Relaxed);
-    }
     let (up, down) = (relayed.up, relayed.down);
     let end = match relayed.end {
         End::Closed => "closed",
@@ -260,6 +255,23 @@ async fn relayed(
         }
     };
     (up, down, end)
+}
+
+/// A relay counted open in `/metrics` for as long as it lives, however it ends (a stop that
+/// cuts it included).
+struct OpenTunnel<'a>(&'a crate::upstream::counters::BackendStats);
+
+impl<'a> OpenTunnel<'a> {
+    fn new(stats: &'a crate::upstream::counters::BackendStats) -> OpenTunnel<'a> {
+        stats.tunnels_open.fetch_add(1, Ordering::Relaxed);
+        OpenTunnel(stats)
+    }
+}
+
+impl Drop for OpenTunnel<'_> {
+    fn drop(&mut self) {
+        self.0.tunnels_open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The server side of a TLS handshake on a listener with `tls`, by `deadline`; counted on

@@ -336,7 +336,13 @@ where
             count(Dir::Down, went_down);
         }
         if went_up + went_down > 0 {
-            deadline = far(Instant::now());
+            let now = Instant::now();
+            deadline = far(now);
+            // Once one side has closed, `fin` bounds the other's silence, not its whole
+            // answer (HAProxy's client-fin and server-fin): bytes still moving keep it open.
+            if let Some((dir, _)) = half_closed {
+                half_closed = Some((dir, after(now, limits.fin)));
+            }
         }
         let closed = match (polled_up, polled_down) {
             (Poll::Ready(Err(e)), _) => return Poll::Ready(End::Failed(Dir::Up, e)),

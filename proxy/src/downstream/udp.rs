@@ -7,10 +7,10 @@
 //! a socket connected to it. The client's datagrams go to that backend, and the backend's
 //! answers back to the client from the listener's address, until the session ends: after
 //! `responses` answers per client datagram (nginx's `proxy_responses`: 1 for DNS), or when no
-//! datagram has moved either way for `session_idle`. A session whose backend never answered
-//! counts as a failure in the passive checks (its backend is then skipped as after a failed
-//! connect), as does a port the backend's host refuses (ICMP port unreachable); an answer as a
-//! success. The access log has one line per session.
+//! datagram has moved either way for `session_idle`. With `responses`, a session whose backend
+//! never answered counts as a failure in the passive checks (its backend is then skipped as
+//! after a failed connect); a port the backend's host refuses (ICMP port unreachable) always
+//! does; an answer counts as a success. The access log has one line per session.
 //!
 //! Every worker has its own `SO_REUSEPORT` socket, and the kernel spreads client addresses and
 //! ports over them, so a session lives in one worker and takes no lock.
@@ -221,8 +221,9 @@ impl Started<'_> {
         let address = shared.backends[backend].address;
         let socket = match connected(address).await {
             Ok(s) => s,
+            // pinlb's own shortage (descriptors, local ports), or a backend that takes no
+            // datagrams: nothing the backend's health is judged by.
             Err(e) => {
-                guard.failed(shared, ErrorKind::Connect);
                 summed_warn!(upstream = %shared.config.name; "backend {address}: cannot open a UDP session for {}: {e}", client.ip());
                 log.status(502);
                 return None;
@@ -244,6 +245,32 @@ impl Started<'_> {
             log,
         };
         Some((session, task))
+    }
+}
+
+thread_local! {
+    /// The worker's buffer for every session's answers: a session waiting for its backend
+    /// holds none of its own.
+    static ANSWER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The backend's next datagram on `socket`, copied out of the worker's buffer at its length.
+async fn answer(socket: &UdpSocket) -> std::io::Result<Vec<u8>> {
+    // Bounded: each pass waits for the socket to be readable; a spurious wake-up reads
+    // nothing and waits again.
+    loop {
+        socket.readable().await?;
+        let got = ANSWER.with(|b| {
+            let mut b = b.borrow_mut();
+            if b.len() < DATAGRAM {
+                b.resize(DATAGRAM, 0);
+            }
+            socket.try_recv(&mut b).map(|n| b[..n].to_vec())
+        });
+        match got {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            other => return other,
+        }
     }
 }
 
@@ -274,12 +301,11 @@ impl Task {
             mut log,
         } = self;
         let shared = &relay.upstream.shared;
-        let mut buf = vec![0u8; DATAGRAM];
         let (mut answers, mut down) = (0u64, 0u64);
         // Bounded by the idle timeout: every pass moves a datagram, or ends the session.
         let end = loop {
             let deadline = session.last.get() + relay.idle;
-            let got = tokio::time::timeout_at(deadline.into(), session.socket.recv(&mut buf)).await;
+            let got = tokio::time::timeout_at(deadline.into(), answer(&session.socket)).await;
             match got {
                 // A client datagram may have moved the deadline meanwhile.
                 Err(_) if Instant::now() < session.last.get() + relay.idle => continue,
@@ -288,10 +314,11 @@ impl Task {
                     debug!(client = %ending.client, "udp session: {e}");
                     break "backend_refused";
                 }
-                Ok(Ok(n)) => {
+                Ok(Ok(datagram)) => {
+                    let n = datagram.len();
                     if ending
                         .listener
-                        .send_to(&buf[..n], ending.client)
+                        .send_to(&datagram, ending.client)
                         .await
                         .is_err()
                     {
@@ -309,7 +336,8 @@ impl Task {
                 }
             }
         };
-        if answers == 0 {
+        // Without `responses` no answer is expected (syslog, statsd): silence is no failure.
+        if answers == 0 && (relay.responses.is_some() || end == "backend_refused") {
             guard.failed(shared, ErrorKind::Timeout);
             summed_warn!(upstream = %shared.config.name; "backend {}: no answer to {}'s datagrams ({end})", shared.backends[backend].address, ending.client.ip());
         }

@@ -312,6 +312,10 @@ impl WorkerState {
                         *t.relay.borrow_mut() = Rc::new(Relay::of(l, config, &upstreams, tables));
                         continue;
                     }
+                    Serving::Udp(u) if l.mode == ListenerMode::Udp => {
+                        *u.relay.borrow_mut() = Rc::new(UdpRelay::of(l, &upstreams, config));
+                        continue;
+                    }
                     _ => {}
                 }
             }

@@ -219,7 +219,8 @@ impl Entry {
             response: Duration::ZERO,
             id: None,
             captured: None,
-            ended: Some("closed"),
+            // Until it ends: a connection the worker's stop cuts is logged as cut.
+            ended: Some("cut"),
             datagrams: false,
         })
     }
