@@ -346,3 +346,71 @@ async fn an_imported_stream_block_routes_tcp_udp_and_tls_names_as_nginx_does() {
     pinlb.signal(nix::sys::signal::Signal::SIGTERM);
     let _ = pinlb.wait_exit().await;
 }
+
+/// `pinlb import ARGS` of `text`: exit code, stdout, stderr.
+fn import(text: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("nginx.conf");
+    std::fs::write(&file, text).unwrap();
+    let out = Command::new(bin())
+        .arg("import")
+        .args(args)
+        .arg(&file)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn stream_level_directives_are_inherited_and_a_servers_own_list_replaces_them() {
+    let text = "stream {
+    deny 192.0.2.1;
+    allow all;
+    proxy_connect_timeout 3s;
+    upstream a { server 127.0.0.1:7001; }
+    upstream b { server 127.0.0.1:7002; }
+    server { listen 127.0.0.1:7000; proxy_pass a; }
+    server { listen 127.0.0.1:7010; proxy_pass b; allow 10.0.0.0/8; deny all; }
+}
+";
+    let (code, toml, stderr) = import(text, &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    // The first server inherits the stream level's rules; the second has its own alone.
+    assert!(
+        toml.contains("access = [\"deny 192.0.2.1\", \"allow all\"]\naddress = \"127.0.0.1:7000\""),
+        "{toml}"
+    );
+    assert!(
+        toml.contains(
+            "access = [\"allow 10.0.0.0/8\", \"deny all\"]\naddress = \"127.0.0.1:7010\""
+        ),
+        "{toml}"
+    );
+    // Timeouts inherited, and nginx's default proxy_timeout written out.
+    assert!(toml.contains("connect = \"3s\""), "{toml}");
+    assert!(toml.contains("tunnel_idle = \"10m\""), "{toml}");
+}
+
+#[test]
+fn a_proxy_protocol_listen_without_set_real_ip_from_is_refused_as_less_strict() {
+    let text = "stream {
+    server { listen 127.0.0.1:7000 proxy_protocol; proxy_pass 127.0.0.1:7001; }
+}
+";
+    let (code, _, stderr) = import(text, &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(":2: listen … proxy_protocol without set_real_ip_from"),
+        "{stderr}"
+    );
+    let (code, toml, stderr) = import(text, &["--allow-less-strict"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        toml.contains("proxy_protocol = true\nproxy_protocol_from = [\"0.0.0.0/0\", \"::/0\"]"),
+        "{toml}"
+    );
+}

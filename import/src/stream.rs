@@ -43,6 +43,10 @@ pub fn convert(
     let maps = name_maps(block, &mut out);
     let mut zones = BTreeMap::new();
     super::limits::conn_zones(block, &mut zones, &mut out.refused);
+    // What every server inherits from the stream level unless it sets its own.
+    let inherited: Vec<&Directive> = (block.iter())
+        .filter(|d| d.block.is_none() && INHERITED.contains(&d.name.as_str()))
+        .collect();
     for d in block {
         match (d.name.as_str(), d.block.as_deref()) {
             ("server", Some(server)) => {
@@ -50,10 +54,12 @@ pub fn convert(
                     maps: &maps,
                     zones: &zones,
                     upstream,
+                    inherited: &inherited,
                 };
                 s.convert(d, server, upstreams, &mut out);
             }
             ("upstream" | "map" | "limit_conn_zone", _) => {}
+            (name, None) if INHERITED.contains(&name) => {}
             ("log_format" | "access_log" | "error_log", _) => out.notes.push(format!(
                 "{}: {} not converted: pinlb's [log] is one for every listener; its TCP and UDP lines are described in docs/configuration.md",
                 d.at(),
@@ -118,11 +124,32 @@ fn name_maps(block: &[Directive], out: &mut Stream) -> BTreeMap<String, NameMap>
 /// Server names, and the upstream their connections go to.
 type ByName = (Vec<String>, String);
 
+/// Directives a stream server inherits from the stream level, as nginx's do.
+const INHERITED: [&str; 11] = [
+    "allow",
+    "deny",
+    "limit_conn",
+    "set_real_ip_from",
+    "proxy_protocol",
+    "proxy_timeout",
+    "proxy_connect_timeout",
+    "proxy_responses",
+    "proxy_next_upstream_tries",
+    "proxy_next_upstream_timeout",
+    "ssl_preread",
+];
+
+/// Of the inherited directives, those that are lists: a server's own list replaces the
+/// inherited one whole (nginx's `allow`/`deny` and `limit_conn` in a block with their own).
+const LISTS: [&[&str]; 3] = [&["allow", "deny"], &["limit_conn"], &["set_real_ip_from"]];
+
 /// What a stream `server` reads from its level.
 struct Server<'a> {
     maps: &'a BTreeMap<String, NameMap>,
     zones: &'a BTreeMap<String, i64>,
     upstream: &'a dyn Fn(&str) -> Option<String>,
+    /// The stream level's [`INHERITED`] directives.
+    inherited: &'a [&'a Directive],
 }
 
 impl Server<'_> {
@@ -141,7 +168,10 @@ impl Server<'_> {
         let mut pass: Option<&Directive> = None;
         let mut preread = false;
         let mut access = Vec::new();
-        for s in block {
+        let own = |names: &[&str]| block.iter().any(|s| names.contains(&s.name.as_str()));
+        let from_level = (self.inherited.iter().copied())
+            .filter(|d| !LISTS.iter().any(|l| l.contains(&d.name.as_str()) && own(l)));
+        for s in from_level.chain(block) {
             let arg = s.args.first().map(String::as_str);
             match (s.name.as_str(), arg) {
                 ("listen", Some(_)) => listens.push(s),
@@ -171,6 +201,20 @@ impl Server<'_> {
                     upstream_keys.insert("proxy_protocol".into(), "v1".into());
                 }
                 ("proxy_protocol", Some(_)) => {}
+                ("proxy_next_upstream_tries" | "proxy_next_upstream_timeout", Some(v)) => {
+                    let retry = upstream_keys
+                        .entry("retry")
+                        .or_insert_with(|| Value::Table(Table::new()));
+                    if let (Some(r), true) = (retry.as_table_mut(), s.name.ends_with("tries")) {
+                        if let Ok(n) = v.parse::<i64>() {
+                            r.insert("tries".into(), Value::Integer(n));
+                        }
+                    } else if let (Some(r), Some(t)) =
+                        (retry.as_table_mut(), super::values::duration(v))
+                    {
+                        r.insert("timeout".into(), Value::String(t));
+                    }
+                }
                 ("allow" | "deny", Some(who)) => {
                     access.push(Value::String(format!("{} {who}", s.name)))
                 }
@@ -202,6 +246,11 @@ impl Server<'_> {
                     s.name
                 )),
             }
+        }
+        // nginx's default `proxy_timeout`, written out: pinlb's own defaults differ.
+        if !timeouts.contains_key("tunnel_idle") {
+            timeouts.insert("tunnel_idle".into(), "10m".into());
+            keys.insert("session_idle".into(), "10m".into());
         }
         let Some(pass) = pass else {
             out.notes.push(format!(
@@ -238,20 +287,33 @@ impl Server<'_> {
         // The upstream's own keys, from the servers that pass to it (nginx sets them per
         // server; pinlb per upstream, which the first server decides).
         for name in std::iter::once(&default).chain(sni.iter().map(|(_, u)| u)) {
-            if let Some(up) = upstreams.get_mut(name) {
-                for (k, v) in &upstream_keys {
-                    up.entry(k.clone()).or_insert(v.clone());
+            let Some(up) = upstreams.get_mut(name) else {
+                continue;
+            };
+            let mut differs = Vec::new();
+            for (k, v) in &upstream_keys {
+                if up.get(k).is_some_and(|was| was != v) {
+                    differs.push(k.clone());
                 }
-                if !timeouts.is_empty() {
-                    let t = up
-                        .entry("timeouts")
-                        .or_insert_with(|| Value::Table(Table::new()));
-                    if let Some(t) = t.as_table_mut() {
-                        for (k, v) in &timeouts {
-                            t.entry(k.clone()).or_insert(v.clone());
-                        }
+                up.entry(k.clone()).or_insert(v.clone());
+            }
+            let t = up
+                .entry("timeouts")
+                .or_insert_with(|| Value::Table(Table::new()));
+            if let Some(t) = t.as_table_mut() {
+                for (k, v) in &timeouts {
+                    if t.get(k).is_some_and(|was| was != v) {
+                        differs.push(format!("timeouts.{k}"));
                     }
+                    t.entry(k.clone()).or_insert(v.clone());
                 }
+            }
+            if !differs.is_empty() {
+                out.notes.push(format!(
+                    "{}: this server's {} for upstream {name} differ from an earlier server's; pinlb sets them per upstream and keeps the earlier server's",
+                    d.at(),
+                    differs.join(", ")
+                ));
             }
         }
         for l in listens {
@@ -282,7 +344,7 @@ impl Server<'_> {
                     t.insert("proxy_protocol".into(), Value::Boolean(true));
                 }
                 "ssl" => out.refused.push(format!(
-                    "{}: listen … ssl not converted: pinlb's TCP listeners do not terminate TLS yet; without it pinlb would relay the clients' bytes in clear where nginx asks for TLS",
+                    "{}: listen … ssl not converted: the import does not write a TCP listener's [listener.tls] yet (pinlb terminates TLS there; add the table by hand); without it pinlb would relay the clients' bytes in clear where nginx asks for TLS",
                     l.at()
                 )),
                 other => out.notes.push(format!("{}: listen parameter {other} not converted", l.at())),
@@ -298,6 +360,15 @@ impl Server<'_> {
                 continue;
             }
             t.insert(k.clone(), v.clone());
+        }
+        if t.contains_key("proxy_protocol") && !t.contains_key("proxy_protocol_from") {
+            // As the http block's: the header is taken only from the balancers in front.
+            out.refused.push(format!(
+                "{}: listen … proxy_protocol without set_real_ip_from: pinlb takes the header only from proxy_protocol_from, written as everyone (0.0.0.0/0, ::/0); without it anyone could claim any client address",
+                l.at()
+            ));
+            let all = ["0.0.0.0/0", "::/0"].map(|n| Value::String(n.into()));
+            t.insert("proxy_protocol_from".into(), Value::Array(all.to_vec()));
         }
         if !access.is_empty() {
             t.insert("access".into(), Value::Array(access.to_vec()));
