@@ -19,6 +19,16 @@ const CHUNK: usize = 64 * 1024;
 /// Splices per poll before the relay yields, as the buffered path's passes.
 const PASSES: usize = 16;
 
+/// The most pipes a worker holds at once (two descriptors each, beyond the two of each
+/// connection that `limits.max_connections` is sized by): past it, bulk directions stay
+/// buffered (HAProxy's `maxpipes`).
+pub const MAX_PIPES: usize = 256;
+
+thread_local! {
+    /// This worker's pipes now.
+    static PIPES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// A pipe between the two sockets, and the bytes it holds.
 pub(crate) struct Pipe {
     read: OwnedFd,
@@ -27,10 +37,14 @@ pub(crate) struct Pipe {
 }
 
 impl Pipe {
-    /// A new, empty pipe; `None` when none can be made (out of descriptors): the direction
-    /// stays buffered.
+    /// A new, empty pipe; `None` when the worker holds [`MAX_PIPES`] already or none can be
+    /// made (out of descriptors): the direction stays buffered.
     pub fn new() -> Option<Pipe> {
+        if PIPES.get() >= MAX_PIPES {
+            return None;
+        }
         let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).ok()?;
+        PIPES.set(PIPES.get() + 1);
         Some(Pipe {
             read,
             write,
@@ -81,5 +95,11 @@ impl Pipe {
             }
         }
         Poll::Ready(Ok(false))
+    }
+}
+
+impl Drop for Pipe {
+    fn drop(&mut self) {
+        PIPES.set(PIPES.get().saturating_sub(1));
     }
 }

@@ -247,10 +247,11 @@ async fn relayed(
             // Reset both: a cut relay must not look like a clean close to either peer.
             let _ = SockRef::from(stream.tcp()).set_linger(Some(Duration::ZERO));
             let _ = SockRef::from(&to_backend).set_linger(Some(Duration::ZERO));
+            // Which way the bytes were going: a read of one side or a write to the other.
             if dir == Dir::Up {
-                "client_reset"
+                "reset_client_to_backend"
             } else {
-                "backend_reset"
+                "reset_backend_to_client"
             }
         }
     };

@@ -137,6 +137,7 @@ pub(crate) async fn serve(
                         sessions: sessions.clone(),
                         client,
                         permit,
+                        removed: removed.clone(),
                     };
                     tokio::task::spawn_local(task.run(session, ending));
                 }
@@ -185,6 +186,8 @@ struct Ending {
     sessions: Rc<RefCell<HashMap<SocketAddr, Rc<Session>>>>,
     client: SocketAddr,
     permit: OwnedSemaphorePermit,
+    /// Set when a reload removes the listener: its sessions end, and its socket is let go.
+    removed: watch::Receiver<bool>,
 }
 
 impl Started<'_> {
@@ -293,7 +296,7 @@ async fn connected(backend: crate::backend_address::BackendAddress) -> std::io::
 impl Task {
     /// Relays the backend's answers to the client until the session ends, then logs it and
     /// records what it says about the backend.
-    async fn run(self, session: Rc<Session>, ending: Ending) {
+    async fn run(self, session: Rc<Session>, mut ending: Ending) {
         let Task {
             relay,
             backend,
@@ -305,7 +308,11 @@ impl Task {
         // Bounded by the idle timeout: every pass moves a datagram, or ends the session.
         let end = loop {
             let deadline = session.last.get() + relay.idle;
-            let got = tokio::time::timeout_at(deadline.into(), answer(&session.socket)).await;
+            let waited = tokio::time::timeout_at(deadline.into(), answer(&session.socket));
+            let got = tokio::select! {
+                got = waited => got,
+                _ = ending.removed.wait_for(|r| *r) => break "listener_removed",
+            };
             match got {
                 // A client datagram may have moved the deadline meanwhile.
                 Err(_) if Instant::now() < session.last.get() + relay.idle => continue,

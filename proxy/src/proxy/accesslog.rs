@@ -964,8 +964,9 @@ impl Session {
         }
     }
 
-    /// The relay ended (`end`: `closed`, `idle`, `half_closed`, `client_reset`,
-    /// `backend_reset`), having carried `up` bytes from the client and `down` to it.
+    /// The relay ended (`end`: `closed`, `idle`, `client_closed`, `backend_closed`,
+    /// `reset_client_to_backend`, `reset_backend_to_client`), having carried `up` bytes from
+    /// the client and `down` to it.
     pub fn relayed(&mut self, up: u64, down: u64, end: &'static str) {
         if let Some((e, _)) = self.0.as_mut() {
             e.bytes = down;
