@@ -8,9 +8,10 @@ use crate::common;
 
 use std::net::{TcpListener, UdpSocket};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::nginx::Nginx;
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -106,69 +107,6 @@ async fn named_udp(port: u16, name: &'static str) {
     });
 }
 
-/// An `openssl s_server` with `cert` on `port`; killed on drop.
-struct TlsServer(Child);
-
-impl TlsServer {
-    fn start(port: u16, cert: &Cert) -> TlsServer {
-        let child = Command::new("openssl")
-            .args(["s_server", "-quiet", "-www", "-accept"])
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("-cert")
-            .arg(&cert.cert)
-            .arg("-key")
-            .arg(&cert.key)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run openssl s_server");
-        TlsServer(child)
-    }
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// nginx on `text`, in `dir`; killed on drop.
-struct Nginx(Child);
-
-impl Nginx {
-    fn start(dir: &Path, text: &str) -> Nginx {
-        let file = dir.join("nginx.conf");
-        std::fs::write(&file, text).unwrap();
-        let globals = format!(
-            "daemon off; master_process off; pid {}; error_log {};",
-            dir.join("nginx.pid").display(),
-            dir.join("error.log").display()
-        );
-        let child = Command::new("nginx")
-            .arg("-p")
-            .arg(dir)
-            .arg("-c")
-            .arg(&file)
-            .arg("-g")
-            .arg(globals)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start nginx (apt-get install nginx libnginx-mod-stream)");
-        Nginx(child)
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// What a TCP connection to `port` reads before the backend closes.
 async fn tcp_says(port: u16) -> Option<String> {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -256,10 +194,8 @@ async fn an_imported_stream_block_routes_tcp_udp_and_tls_names_as_nginx_does() {
     named_udp(port("udp_a"), "udp-a").await;
     named_udp(port("udp_b"), "udp-b").await;
     let pki = Pki::new();
-    let _a = TlsServer::start(port("tls_a"), &pki.issue("a", &["a.test"], false));
-    let _b = TlsServer::start(port("tls_b"), &pki.issue("b", &["b.test"], false));
-    listening(port("tls_a")).await;
-    listening(port("tls_b")).await;
+    let _a = TlsServer::on(port("tls_a"), &pki.issue("a", &["a.test"], false)).await;
+    let _b = TlsServer::on(port("tls_b"), &pki.issue("b", &["b.test"], false)).await;
 
     let fronts = |tag: &str| {
         let _ = tag;

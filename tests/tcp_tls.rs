@@ -15,47 +15,6 @@ use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// An `openssl s_server -www` with one certificate, on a port of its own; killed on drop.
-struct TlsServer {
-    addr: SocketAddr,
-    child: Child,
-}
-
-impl TlsServer {
-    /// Serves `cert` on a free port, once it accepts connections.
-    async fn start(cert: &Cert) -> TlsServer {
-        let addr = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let child = Command::new("openssl")
-            .args(["s_server", "-quiet", "-www", "-accept"])
-            .arg(addr.to_string())
-            .arg("-cert")
-            .arg(&cert.cert)
-            .arg("-key")
-            .arg(&cert.key)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run openssl s_server");
-        poll(100, Duration::from_millis(50), async || {
-            TcpStream::connect(addr).await.ok().map(|_| ())
-        })
-        .await
-        .expect("openssl s_server accepts connections");
-        TlsServer { addr, child }
-    }
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// What `openssl s_client` printed connecting to `port` with `args` (`-servername a.test`,
 /// `-alpn h2`), verifying against `pki`'s CA.
 async fn s_client(pki: &Pki, port: u16, args: &[&str]) -> String {

@@ -14,6 +14,7 @@
 //! - [`raw_backend`]: backends that speak HTTP by hand ([`RawServer`], [`raw_backend`]);
 //! - [`client`]: the shared HTTP client ([`Conn`], [`get`]), and the same over HTTP/1.1, h2c
 //!   and HTTP/2 over TLS ([`Client`], [`Proto`], [`each_proto!`]);
+//! - [`nginx`]: nginx as a peer ([`nginx::Nginx`]);
 //! - [`log`]: access-log files and their lines ([`with_log`], [`lines_after`], [`LogLine`]);
 //! - [`raw_client`]: the shared raw client, byte by byte ([`RawConn`], [`raw_request`],
 //!   [`read_response`]);
@@ -21,6 +22,7 @@
 //! - [`wait`]: bounded waits ([`WAIT`], [`poll`], [`settle`]);
 //! - [`framing`]: the framing invariant, shared with the fuzz target;
 //! - [`pki`]: certificates made in the test ([`Pki`]);
+//! - [`tls_server`]: `openssl s_server` as a TLS backend ([`TlsServer`]);
 //! - [`dns`]: a DNS server on loopback whose records the test changes ([`dns::DnsServer`]);
 //! - [`h2frames`]: HTTP/2 frames by hand ([`h2frames::H2Conn`], [`h2frames::Hpack`]).
 
@@ -35,16 +37,18 @@ pub mod dns;
 pub mod framing;
 pub mod h2frames;
 pub mod log;
+pub mod nginx;
 pub mod pki;
 pub mod process;
 pub mod proxy;
 pub mod raw_backend;
 pub mod raw_client;
+pub mod tls_server;
 pub mod wait;
 
 // Flat re-exports, so a test says `use common::*;`. Each test file uses only some of them.
 #[allow(unused_imports)]
 pub use {
     backend::*, body::*, client::*, config::*, log::*, pki::*, process::*, proxy::*,
-    raw_backend::*, raw_client::*, wait::*,
+    raw_backend::*, raw_client::*, tls_server::*, wait::*,
 };
