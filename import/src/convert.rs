@@ -17,7 +17,7 @@ use super::rewrite;
 use super::sticky;
 use super::template::template;
 use super::unix_socket;
-use super::values::{duration, listen_address, with_port};
+use super::values::{duration, listen_address, one_backend, with_port};
 
 /// The converted configuration and what could not be.
 pub struct Converted {
@@ -1559,11 +1559,7 @@ impl Builder {
     /// upstream of one backend named after it.
     fn address_upstream(&mut self, upstream: &str) {
         if !self.upstreams.contains_key(upstream) {
-            let mut up = Table::new();
-            let mut b = Table::new();
-            b.insert("address".into(), Value::String(with_port(upstream)));
-            up.insert("backends".into(), Value::Array(vec![Value::Table(b)]));
-            self.upstreams.insert(upstream.to_string(), up);
+            (self.upstreams).insert(upstream.to_string(), one_backend(upstream));
         }
     }
 

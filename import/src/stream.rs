@@ -18,8 +18,6 @@ use crate::parse::Directive;
 pub struct Stream {
     /// Its servers' listeners, in file order.
     pub listeners: Vec<Value>,
-    /// The upstreams its `proxy_pass`es name that are addresses, not `upstream` blocks.
-    pub made: BTreeMap<String, Table>,
     pub notes: Vec<String>,
     pub refused: Vec<String>,
 }
@@ -261,7 +259,7 @@ impl Server<'_> {
         };
         let target = pass.args[0].as_str();
         let (default, sni) = match target.strip_prefix('$') {
-            None => match self.target(target, upstreams, out) {
+            None => match self.target(target, upstreams) {
                 Some(u) => (u, Vec::new()),
                 None => return out.notes.push(format!("{}: proxy_pass {target} not converted: neither an upstream of the stream block nor an address", pass.at())),
             },
@@ -391,12 +389,7 @@ impl Server<'_> {
 
     /// The upstream a `proxy_pass` (or a map's value) names: a stream `upstream` block, or an
     /// address, made an upstream of its own.
-    fn target(
-        &self,
-        target: &str,
-        upstreams: &mut BTreeMap<String, Table>,
-        out: &mut Stream,
-    ) -> Option<String> {
+    fn target(&self, target: &str, upstreams: &mut BTreeMap<String, Table>) -> Option<String> {
         if let Some(name) = (self.upstream)(target) {
             return Some(name);
         }
@@ -406,13 +399,8 @@ impl Server<'_> {
             "stream_{}",
             address.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
         );
-        let mut backend = Table::new();
-        backend.insert("address".into(), Value::String(address));
-        let mut up = Table::new();
-        up.insert("backends".into(), Value::Array(vec![Value::Table(backend)]));
         if !upstreams.contains_key(&name) {
-            out.made.insert(name.clone(), up.clone());
-            upstreams.insert(name.clone(), up);
+            upstreams.insert(name.clone(), super::values::one_backend(&address));
         }
         Some(name)
     }
@@ -434,10 +422,10 @@ impl Server<'_> {
             ));
             return None;
         };
-        let default = self.target(default, upstreams, out)?;
+        let default = self.target(default, upstreams)?;
         let mut routes: Vec<ByName> = Vec::new();
         for (name, value) in &map.entries {
-            let Some(up) = self.target(value, upstreams, out) else {
+            let Some(up) = self.target(value, upstreams) else {
                 out.notes.push(format!(
                     "{}: map entry {name} not converted: {value} is neither an upstream nor an address",
                     pass.at()

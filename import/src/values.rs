@@ -1,5 +1,8 @@
-//! nginx's values as pinlb writes them: addresses with their port, `listen` addresses, and
-//! durations; shared by the http block's conversion and the stream block's.
+//! nginx's values as pinlb writes them: addresses with their port, `listen` addresses, an
+//! address as an upstream of its own, and durations; shared by the http block's conversion and
+//! the stream block's.
+
+use toml::{Table, Value};
 
 /// An address as nginx reads it: without a port, port 80.
 pub(crate) fn with_port(address: &str) -> String {
@@ -51,4 +54,14 @@ pub(crate) fn duration(s: &str) -> Option<String> {
     } else {
         format!("{ms}ms")
     })
+}
+
+/// An upstream of the one backend at `address` (nginx's `proxy_pass` to an address), its port
+/// added as nginx reads it.
+pub(crate) fn one_backend(address: &str) -> Table {
+    let mut backend = Table::new();
+    backend.insert("address".into(), Value::String(with_port(address)));
+    let mut up = Table::new();
+    up.insert("backends".into(), Value::Array(vec![Value::Table(backend)]));
+    up
 }

@@ -55,7 +55,7 @@ use crate::route::decision::{DownstreamRules, Route};
 use crate::sys::head_bufs::Spare;
 use crate::sys::socket::poll_read_tcp;
 use crate::sys::summed::summed_warn;
-use crate::upstream::counters::{ListenerStats, Refusal, Source, TlsFailure};
+use crate::upstream::counters::{ListenerStats, Source};
 
 /// After a response that ends the connection with client bytes left unread, how long and how
 /// much pinlb goes on reading (and discarding) before it closes, so that the close does not
@@ -639,19 +639,9 @@ pub(crate) async fn serve_tls(
     )
     .await;
     drop(tls);
-    let count = |failure: TlsFailure| {
-        if let Some(s) = &route.stats {
-            s.tls_failures[failure as usize].fetch_add(1, Ordering::Relaxed);
-        }
-    };
+    crate::downstream::stream::count_handshake(route.stats.as_deref(), &shaken);
     match shaken {
         Ok(Ok(stream)) => {
-            if let (Some(s), DownstreamStream::Tls(_)) = (&route.stats, &stream) {
-                s.tls_handshakes.fetch_add(1, Ordering::Relaxed);
-                if stream.is_resumed() {
-                    s.tls_resumed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
             if stream.is_h2() {
                 Box::pin(h2::serve(stream, Bytes::new(), peer, slot, route, batch)).await;
                 drop(held);
@@ -660,7 +650,6 @@ pub(crate) async fn serve_tls(
             serve(stream, peer, slot, route, batch, held, start).await;
         }
         Ok(Err(Refused::PlainHttp(tcp))) => {
-            count(TlsFailure::PlainHttp);
             debug!(client = %peer, "answered 400: plain HTTP on a TLS listener");
             let rules = route.rules.borrow().clone();
             let client = Rc::new(Downstream::new(peer, &rules.trusted));
@@ -682,21 +671,15 @@ pub(crate) async fn serve_tls(
             drop(held);
         }
         Ok(Err(Refused::ClientCert(why))) => {
-            if let Some(s) = &route.stats {
-                s.refuse(Refusal::ClientCert);
-            }
-            count(TlsFailure::ClientCert);
             // The address without its port: each connection has another, and the cause is
             // written once per client per second.
             let ip = peer.ip();
             summed_warn!(client = %peer; "refused the TLS handshake of {ip}: {why}");
         }
-        Ok(Err(Refused::Failed(failure, why))) => {
-            count(failure);
+        Ok(Err(Refused::Failed(_, why))) => {
             debug!(client = %peer, "TLS handshake failed: {why}");
         }
         Err(_) => {
-            count(TlsFailure::Timeout);
             debug!(client = %peer, "TLS handshake not done within {limit:?} (limits.header_timeout)");
         }
     }

@@ -14,6 +14,7 @@ use std::io::{self, IoSlice, Write};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, ready};
 
 use bytes::BytesMut;
@@ -27,7 +28,7 @@ use crate::downstream::idle::READ_BUFFER;
 use crate::sys::socket::{poll_read_tcp, try_writev};
 use crate::tls::client_identity::ClientIdentity;
 use crate::tls::server::Terminator;
-use crate::upstream::counters::TlsFailure;
+use crate::upstream::counters::{ListenerStats, Refusal, TlsFailure};
 
 /// A client connection's socket.
 pub(crate) enum DownstreamStream {
@@ -500,6 +501,37 @@ pub(crate) enum Refused {
     Failed(TlsFailure, String),
     /// The client's certificate was missing or did not verify (`client_ca`); why, for the log.
     ClientCert(String),
+}
+
+/// A TLS listener's handshake, as `/metrics` counts it on the listener's `stats`: one done
+/// (and whether it resumed a session), or why it was not (a client certificate refused is a
+/// refusal too). `shaken` is [`handshake`]'s outcome within the caller's time bound.
+pub(crate) fn count_handshake(
+    stats: Option<&ListenerStats>,
+    shaken: &Result<Result<DownstreamStream, Refused>, tokio::time::error::Elapsed>,
+) {
+    let Some(s) = stats else {
+        return;
+    };
+    let failed = match shaken {
+        Ok(Ok(stream)) => {
+            if stream.is_tls() {
+                s.tls_handshakes.fetch_add(1, Ordering::Relaxed);
+                if stream.is_resumed() {
+                    s.tls_resumed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            return;
+        }
+        Ok(Err(Refused::PlainHttp(_))) => TlsFailure::PlainHttp,
+        Ok(Err(Refused::ClientCert(_))) => {
+            s.refuse(Refusal::ClientCert);
+            TlsFailure::ClientCert
+        }
+        Ok(Err(Refused::Failed(failure, _))) => *failure,
+        Err(_) => TlsFailure::Timeout,
+    };
+    s.tls_failures[failed as usize].fetch_add(1, Ordering::Relaxed);
 }
 
 /// The server side of a TLS handshake on a just-accepted connection. The caller bounds it in

@@ -28,17 +28,20 @@ use tracing::debug;
 use crate::config::{Config, HostPattern, Listener, SniRoute};
 use crate::downstream::h1::{Held, Slot};
 use crate::downstream::proxied::client_address;
-use crate::downstream::stream::{DownstreamStream, Refused as TlsRefused, StreamIo, handshake};
+use crate::downstream::stream::{
+    DownstreamStream, Refused as TlsRefused, StreamIo, count_handshake, handshake,
+};
 use crate::downstream::tunnel::{self, Dir, End};
 use crate::edge::conn_limit::ConnGate;
 use crate::edge::rate_limit::RateLimits;
 use crate::modules::access::{Access, allows};
 use crate::proxy::accesslog::{Batch, Session, Upstreamed};
+use crate::proxy::forward::{Tried, max_tries};
 use crate::proxy::timing::Timing;
 use crate::sys::summed::summed_warn;
 use crate::tls::client_hello::{self, Hello, Preread};
 use crate::tls::server::Terminator;
-use crate::upstream::counters::{ListenerStats, Refusal, TlsFailure};
+use crate::upstream::counters::{ListenerStats, Refusal};
 use crate::upstream::hash_key::client_key;
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::local::WorkerUpstream;
@@ -283,40 +286,13 @@ async fn terminated(
     deadline: tokio::time::Instant,
     stats: Option<&ListenerStats>,
 ) -> Result<DownstreamStream, String> {
-    let count = |failure: TlsFailure| {
-        if let Some(s) = stats {
-            s.tls_failures[failure as usize].fetch_add(1, Ordering::Relaxed);
-        }
-    };
-    match tokio::time::timeout_at(deadline, handshake(tcp, tls)).await {
-        Ok(Ok(stream)) => {
-            if let Some(s) = stats {
-                s.tls_handshakes.fetch_add(1, Ordering::Relaxed);
-                if stream.is_resumed() {
-                    s.tls_resumed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Ok(stream)
-        }
-        Ok(Err(TlsRefused::PlainHttp(_))) => {
-            count(TlsFailure::PlainHttp);
-            Err("the client spoke plain HTTP".into())
-        }
-        Ok(Err(TlsRefused::ClientCert(why))) => {
-            if let Some(s) = stats {
-                s.refuse(Refusal::ClientCert);
-            }
-            count(TlsFailure::ClientCert);
-            Err(why)
-        }
-        Ok(Err(TlsRefused::Failed(failure, why))) => {
-            count(failure);
-            Err(why)
-        }
-        Err(_) => {
-            count(TlsFailure::Timeout);
-            Err("not done within limits.header_timeout".into())
-        }
+    let shaken = tokio::time::timeout_at(deadline, handshake(tcp, tls)).await;
+    count_handshake(stats, &shaken);
+    match shaken {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(TlsRefused::PlainHttp(_))) => Err("the client spoke plain HTTP".into()),
+        Ok(Err(TlsRefused::ClientCert(why) | TlsRefused::Failed(_, why))) => Err(why),
+        Err(_) => Err("not done within limits.header_timeout".into()),
     }
 }
 
@@ -404,12 +380,8 @@ async fn connect(
     let config = &shared.config;
     let key = config.hash.as_ref().map(|_| client_key(client.ip()));
     let n = shared.backends.len();
-    let tries = if config.retry.tries == 0 {
-        n
-    } else {
-        config.retry.tries.min(n)
-    };
-    let mut tried = vec![false; n];
+    let tries = max_tries(&config.retry, n);
+    let mut tried = Tried::new(n);
     let mut queue = Duration::ZERO;
     let mut failed = 0;
     let started = Instant::now();
@@ -432,12 +404,12 @@ async fn connect(
                     return None;
                 }
             },
-            _ => upstream.pick(key, |b| tried[b]),
+            _ => upstream.pick(key, |b| tried.contains(b)),
         };
         let Some((b, guard)) = picked else {
             break;
         };
-        tried[b] = true;
+        tried.insert(b);
         let begun = Instant::now();
         let wanted = config.proxy_protocol.is_some().then_some(&origin);
         match Box::pin(upstream.connect(b, config.timeouts.connect, wanted)).await {

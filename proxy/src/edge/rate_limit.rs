@@ -26,7 +26,7 @@ use crate::http1::request::RequestHead;
 use crate::proxy::body::{ProxyBody, local_reply};
 use crate::sys::summed::summed_warn;
 use crate::upstream::counters::{ListenerStats, Refusal};
-use crate::upstream::hash_key::with_key;
+use crate::upstream::hash_key::{with_client, with_key};
 
 /// One zone a request must pass.
 struct ZoneCheck {
@@ -135,12 +135,8 @@ impl RateLimits {
         stats: Option<&ListenerStats>,
     ) -> Option<u16> {
         let client = client.to_canonical();
-        let key = match client {
-            IpAddr::V4(ip) => ip.octets().to_vec(),
-            IpAddr::V6(ip) => ip.octets().to_vec(),
-        };
         for z in &self.zones {
-            match z.table.check(&key, z.burst, z.table.now()) {
+            match with_client(client, |key| z.table.check(key, z.burst, z.table.now())) {
                 Verdict::Pass => continue,
                 Verdict::Refused { .. } => {
                     summed_warn!(client = %client; "rate limit: {client} over zone {} ({}), closed a new connection", z.zone, z.rate);

@@ -152,7 +152,7 @@ fn plan<'a>(
 }
 
 /// How many backends one request may try: `retry.tries`, at most every backend once.
-fn max_tries(retry: &Retry, backends: usize) -> usize {
+pub(crate) fn max_tries(retry: &Retry, backends: usize) -> usize {
     if retry.tries == 0 {
         backends
     } else {
@@ -656,30 +656,30 @@ fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-/// The set of backends already tried for one request.
-struct Tried {
+/// The set of backends already tried for one request (or one TCP listener's connection).
+pub(crate) struct Tried {
     small: u64,
     large: Vec<bool>,
     /// Backends tried so far.
-    count: usize,
+    pub count: usize,
 }
 
 impl Tried {
-    fn new(n: usize) -> Self {
+    pub fn new(n: usize) -> Self {
         Tried {
             small: 0,
             count: 0,
             large: if n > 64 { vec![false; n] } else { Vec::new() },
         }
     }
-    fn contains(&self, i: usize) -> bool {
+    pub fn contains(&self, i: usize) -> bool {
         if self.large.is_empty() {
             self.small & (1 << i) != 0
         } else {
             self.large[i]
         }
     }
-    fn insert(&mut self, i: usize) {
+    pub fn insert(&mut self, i: usize) {
         self.count += 1;
         if self.large.is_empty() {
             self.small |= 1 << i;

@@ -16,9 +16,14 @@ pub fn request_key(spec: &HashKey, head: &RequestHead, client: IpAddr) -> Option
 /// What a `hash = "client_ip"` upstream hashes for a TCP listener's connection from `client`:
 /// the same as for an HTTP request from it.
 pub fn client_key(client: IpAddr) -> u64 {
+    with_client(client, hash)
+}
+
+/// `f` of the client's address as a key: its octets, uncopied.
+pub(crate) fn with_client<R>(client: IpAddr, f: impl FnOnce(&[u8]) -> R) -> R {
     match client {
-        IpAddr::V4(ip) => hash(&ip.octets()),
-        IpAddr::V6(ip) => hash(&ip.octets()),
+        IpAddr::V4(ip) => f(&ip.octets()),
+        IpAddr::V6(ip) => f(&ip.octets()),
     }
 }
 
@@ -32,10 +37,7 @@ pub(crate) fn with_key<R>(
     f: impl FnOnce(&[u8]) -> R,
 ) -> Option<R> {
     match spec {
-        HashKey::ClientIp => Some(match client {
-            IpAddr::V4(ip) => f(&ip.octets()),
-            IpAddr::V6(ip) => f(&ip.octets()),
-        }),
+        HashKey::ClientIp => Some(with_client(client, f)),
         HashKey::Uri => Some(f(head.target())),
         HashKey::Header(name) => head.header_values(name).find(|v| !v.is_empty()).map(f),
         HashKey::Cookie(name) => head
