@@ -12,7 +12,9 @@
 # Per round and proxy (pinlb, haproxy, nginx, then the next round):
 #   small  `redis-benchmark -q -t get,set -c $CONNS -n $REQUESTS`: SET and GET req/s (the
 #          issue's figure), and the proxy's CPU (utime+stime of all its processes, from
-#          /proc/PID/stat) per request over both, in microseconds.
+#          /proc/PID/stat) per request over both, in microseconds; and how busy each core was
+#          over the run (/proc/stat: all but idle and iowait), which says which side limits:
+#          a proxy can only raise req/s while its own core is the busy one.
 #   bulk   `redis-benchmark -q -t set,get -c 8 -n $BULK_N -d $BULK_BYTES`: values of
 #          $BULK_BYTES bytes each way, reported as MB/s relayed (SET's and GET's req/s x size)
 #          and the proxy's CPU per MB.
@@ -159,6 +161,16 @@ tree_ticks() { # NAME: the CPU ticks of the proxy's processes (0 for direct)
 }
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
+# core_busy: "BUSY TOTAL" jiffies of cpu0 and cpu1 from /proc/stat, as "b0 t0 b1 t1".
+core_busy() {
+    awk '$1 == "cpu0" || $1 == "cpu1" {t = 0; for (i = 2; i <= 9; i++) t += $i; printf "%d %d ", t - $5 - $6, t}' /proc/stat
+}
+# busy_pct BEFORE AFTER CORE: the core's busy share between two core_busy readings, in percent.
+busy_pct() {
+    awk -v a="$1" -v b="$2" -v c="$3" 'BEGIN {split(a, x, " "); split(b, y, " "); i = 2 * c + 1;
+        printf "%.0f", 100 * (y[i] - x[i]) / (y[i + 1] - x[i + 1])}'
+}
+
 # rps OUTPUT TEST: the req/s redis-benchmark -q printed for TEST ("SET: 123456.79 requests per second").
 rps() { awk -v t="$2:" '$1 == t {print $2}' <<<"$1" | tr -d '\r' | tail -1; }
 
@@ -167,8 +179,12 @@ for round in $(seq 1 "$ROUNDS"); do
     for p in $PROXIES; do
         port=${PROXY_PORT[$p]}
         t0=$(tree_ticks "$p")
+        c0=$(core_busy)
         out=$(taskset -c 1 redis-benchmark -p "$port" -q -t get,set -c "$CONNS" -n "$REQUESTS" 2>&1 | tr '\r' '\n')
+        c1=$(core_busy)
         t1=$(tree_ticks "$p")
+        busy0=$(busy_pct "$c0" "$c1" 0)
+        busy1=$(busy_pct "$c0" "$c1" 1)
         set_rps=$(rps "$out" SET)
         get_rps=$(rps "$out" GET)
         cpu_us=$(awk -v d=$((t1 - t0)) -v u="$TICK_US" -v n="$REQUESTS" 'BEGIN {printf "%.2f", d * u / (2 * n)}')
@@ -179,8 +195,9 @@ for round in $(seq 1 "$ROUNDS"); do
             'BEGIN {printf "%.0f", (s + g) / 2 * b / 1e6}')
         mb=$(awk -v n="$BULK_N" -v b="$BULK_BYTES" 'BEGIN {print 2 * n * b / 1e6}')
         cpu_mb=$(awk -v d=$((t1 - t0)) -v u="$TICK_US" -v mb="$mb" 'BEGIN {printf "%.0f", d * u / mb}')
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$p" "$set_rps" "$get_rps" "$cpu_us" "$mbs" "$cpu_mb" >>"$RESULTS"
-        log "round $round $p: SET $set_rps/s GET $get_rps/s, ${cpu_us} us CPU/req; bulk ${mbs} MB/s, ${cpu_mb} us CPU/MB"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$p" "$set_rps" "$get_rps" "$cpu_us" "$mbs" "$cpu_mb" \
+            "$busy0" "$busy1" >>"$RESULTS"
+        log "round $round $p: SET $set_rps/s GET $get_rps/s, ${cpu_us} us CPU/req, cores ${busy0}%/${busy1}% busy; bulk ${mbs} MB/s, ${cpu_mb} us CPU/MB"
     done
 done
 
@@ -192,10 +209,11 @@ col() { awk -F'\t' -v p="$1" -v c="$2" '$2 == p {print $c}' "$RESULTS" | median;
     echo "\`ROUNDS=$ROUNDS bash benches/tcp.sh\`: proxy on core 0 (one worker/thread), redis-server and redis-benchmark on core 1;"
     echo "small: \`redis-benchmark -q -t get,set -c $CONNS -n $REQUESTS\`; bulk: \`-t set,get -c 8 -n $BULK_N -d $BULK_BYTES\`. Medians of $ROUNDS interleaved rounds."
     echo
-    echo "| proxy | SET req/s | GET req/s | CPU us/req | bulk MB/s | CPU us/MB |"
-    echo "|---|---|---|---|---|---|"
+    echo "| proxy | SET req/s | GET req/s | CPU us/req | core 0 busy | core 1 busy | bulk MB/s | CPU us/MB |"
+    echo "|---|---|---|---|---|---|---|---|"
     for p in $PROXIES; do
-        printf '| %s | %.0f | %.0f | %s | %s | %s |\n' "$p" "$(col "$p" 3)" "$(col "$p" 4)" "$(col "$p" 5)" "$(col "$p" 6)" "$(col "$p" 7)"
+        printf '| %s | %.0f | %.0f | %s | %s%% | %s%% | %s | %s |\n' "$p" "$(col "$p" 3)" "$(col "$p" 4)" "$(col "$p" 5)" \
+            "$(col "$p" 8)" "$(col "$p" 9)" "$(col "$p" 6)" "$(col "$p" 7)"
     done
     echo
     for peer in ${PINLB_BASE:+base} haproxy nginx; do
@@ -207,7 +225,7 @@ col() { awk -F'\t' -v p="$1" -v c="$2" '$2 == p {print $c}' "$RESULTS" | median;
     echo "Every round:"
     echo
     echo '```'
-    printf 'round\tproxy\tSET/s\tGET/s\tus/req\tMB/s\tus/MB\n'
+    printf 'round\tproxy\tSET/s\tGET/s\tus/req\tMB/s\tus/MB\tbusy0%%\tbusy1%%\n'
     cat "$RESULTS"
     echo '```'
 } | tee "$OUT_MD"
