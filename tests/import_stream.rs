@@ -1,5 +1,5 @@
-//! `pinlb import` of an nginx `stream {}` block: an upstream with a TCP server, a UDP server, and
-//! `ssl_preread` with a server-name `map`. The import passes `pinlb check`, and pinlb (the
+//! `pinlb import` of an nginx `stream {}` block: an upstream with a TCP server, a UDP server,
+//! `ssl_preread` with a server-name `map`, and a server that terminates TLS (`listen … ssl`). The import passes `pinlb check`, and pinlb (the
 //! `pinlb` binary on the import) routes as nginx (with `libnginx-mod-stream`, on the same file)
 //! does: the same connections, datagrams and TLS server names through both reach the same
 //! backends.
@@ -52,6 +52,13 @@ stream {
         ssl_preread on;
         proxy_pass $tls_backend;
     }
+    ssl_certificate CERT;
+    server {
+        listen 127.0.0.1:{tls_end} ssl;
+        ssl_certificate_key KEY;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        proxy_pass 127.0.0.1:{tcp_a};
+    }
 }
 ";
 
@@ -71,9 +78,11 @@ fn free_port() -> u16 {
     panic!("no port free for both TCP and UDP");
 }
 
-/// `CONF` with `ports` filled in.
-fn conf(ports: &[(&str, u16)]) -> String {
+/// `CONF` with `ports` and the TLS server's certificate filled in.
+fn conf(ports: &[(&str, u16)], cert: &Cert) -> String {
     let mut text = CONF.replace("MODULE", STREAM_MODULE);
+    text = text.replace("CERT", &cert.cert.display().to_string());
+    text = text.replace("KEY", &cert.key.display().to_string());
     for (name, port) in ports {
         text = text.replace(&format!("{{{name}}}"), &port.to_string());
     }
@@ -153,6 +162,22 @@ async fn tls_says(port: u16, name: &'static str) -> String {
     line.rsplit("CN = ").next().unwrap_or_default().to_string()
 }
 
+/// What a TLS connection to `port` for `front.test` (its certificate checked against `pki`'s CA)
+/// reads before the other side closes.
+async fn tls_front_says(port: u16, pki: &Pki) -> Option<String> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let name = rustls::pki_types::ServerName::try_from("front.test").ok()?;
+    let connect =
+        tokio_rustls::TlsConnector::from(pki.client_config(b"x", None)).connect(name, tcp);
+    let mut s = tokio::time::timeout(WAIT, connect).await.ok()?.ok()?;
+    let mut out = Vec::new();
+    // A peer that closes without close_notify is an error after the bytes, which are kept.
+    let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut out)).await;
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
 /// The sorted answers of six connections, six datagrams, and the TLS names, through `ports`.
 async fn answers(tcp: u16, udp: u16, tls: u16) -> (Vec<String>, Vec<String>, Vec<String>) {
     let (mut t, mut u) = (Vec::new(), Vec::new());
@@ -194,6 +219,7 @@ async fn an_imported_stream_block_routes_tcp_udp_and_tls_names_as_nginx_does() {
     named_udp(port("udp_a"), "udp-a").await;
     named_udp(port("udp_b"), "udp-b").await;
     let pki = Pki::new();
+    let front_cert = pki.issue("front", &["front.test"], false);
     let _a = TlsServer::on(port("tls_a"), &pki.issue("a", &["a.test"], false)).await;
     let _b = TlsServer::on(port("tls_b"), &pki.issue("b", &["b.test"], false)).await;
 
@@ -203,15 +229,16 @@ async fn an_imported_stream_block_routes_tcp_udp_and_tls_names_as_nginx_does() {
             ("tcp", free_port()),
             ("udp", free_port()),
             ("tls", free_port()),
+            ("tls_end", free_port()),
         ]
     };
     let (for_nginx, for_pinlb) = (fronts("nginx"), fronts("pinlb"));
     let dir = tempfile::tempdir().unwrap();
-    let nginx_conf = conf(&[&backends[..], &for_nginx[..]].concat());
+    let nginx_conf = conf(&[&backends[..], &for_nginx[..]].concat(), &front_cert);
     let _nginx = Nginx::start(dir.path(), &nginx_conf);
 
     // The import, of the same file with pinlb's own front ports.
-    let pinlb_conf = conf(&[&backends[..], &for_pinlb[..]].concat());
+    let pinlb_conf = conf(&[&backends[..], &for_pinlb[..]].concat(), &front_cert);
     let file = dir.path().join("pinlb-nginx.conf");
     std::fs::write(&file, &pinlb_conf).unwrap();
     let imported = Command::new(bin())
@@ -230,6 +257,7 @@ async fn an_imported_stream_block_routes_tcp_udp_and_tls_names_as_nginx_does() {
         "mode = \"udp\"",
         "responses = 1",
         "[[listener.sni]]",
+        "[listener.tls]",
     ] {
         assert!(toml.contains(want), "{want} missing from:\n{toml}");
     }
@@ -245,7 +273,7 @@ async fn an_imported_stream_block_routes_tcp_udp_and_tls_names_as_nginx_does() {
     );
     let mut pinlb = BinProxy::spawn_toml(&toml, &[]).await;
 
-    let front = |set: &[(&str, u16); 3], n: &str| set.iter().find(|(f, _)| *f == n).unwrap().1;
+    let front = |set: &[(&str, u16); 4], n: &str| set.iter().find(|(f, _)| *f == n).unwrap().1;
     listening(front(&for_nginx, "tcp")).await;
     listening(front(&for_pinlb, "tcp")).await;
     let via_nginx = answers(
@@ -279,6 +307,11 @@ async fn an_imported_stream_block_routes_tcp_udp_and_tls_names_as_nginx_does() {
             "c.test -> b.test"
         ]
     );
+    // TLS ends at the proxy, and the backend's bytes come back inside it, through both.
+    for set in [&for_nginx, &for_pinlb] {
+        let says = tls_front_says(front(set, "tls_end"), &pki).await;
+        assert_eq!(says.as_deref(), Some("tcp-a"), "through {set:?}");
+    }
     pinlb.signal(nix::sys::signal::Signal::SIGTERM);
     let _ = pinlb.wait_exit().await;
 }
@@ -348,5 +381,49 @@ fn a_proxy_protocol_listen_without_set_real_ip_from_is_refused_as_less_strict() 
     assert!(
         toml.contains("proxy_protocol = true\nproxy_protocol_from = [\"0.0.0.0/0\", \"::/0\"]"),
         "{toml}"
+    );
+}
+
+#[test]
+fn a_tls_listen_takes_its_servers_certificates_or_is_refused_without_one() {
+    // The stream level's pair, replaced by the second server's own two.
+    let text = "stream {
+    ssl_certificate /etc/a.pem;
+    ssl_certificate_key /etc/a.key;
+    server { listen 127.0.0.1:7000 ssl; proxy_pass 127.0.0.1:7001; }
+    server {
+        listen 127.0.0.1:7010 ssl;
+        ssl_certificate /etc/b.pem;
+        ssl_certificate_key /etc/b.key;
+        ssl_certificate /etc/c.pem;
+        ssl_certificate_key /etc/c.key;
+        proxy_pass 127.0.0.1:7001;
+    }
+}
+";
+    let (code, toml, stderr) = import(text, &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let config: toml::Table = toml.parse().unwrap();
+    let tls = |i: usize| config["listener"][i]["tls"].as_table().unwrap().clone();
+    assert_eq!(tls(0)["cert"].as_str(), Some("/etc/a.pem"), "{toml}");
+    assert_eq!(tls(0)["key"].as_str(), Some("/etc/a.key"), "{toml}");
+    assert!(!tls(0).contains_key("certificate"), "{toml}");
+    assert_eq!(tls(1)["cert"].as_str(), Some("/etc/b.pem"), "{toml}");
+    assert_eq!(
+        tls(1)["certificate"][0]["cert"].as_str(),
+        Some("/etc/c.pem")
+    );
+    assert_eq!(tls(1)["certificate"][0]["key"].as_str(), Some("/etc/c.key"));
+
+    // Without a certificate, pinlb would relay in clear where nginx asks for TLS.
+    let text = "stream {
+    server { listen 127.0.0.1:7000 ssl; proxy_pass 127.0.0.1:7001; }
+}
+";
+    let (code, _, stderr) = import(text, &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(":2: listen … ssl not converted: the server has no ssl_certificate"),
+        "{stderr}"
     );
 }

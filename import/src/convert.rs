@@ -1119,7 +1119,7 @@ impl Builder {
         };
         let target = match path.as_str() {
             "/dev/stdout" => "stdout".to_string(),
-            p => conf_path(d, p),
+            p => super::values::conf_path(d, p),
         };
         self.log.insert("access".into(), Value::String(target));
         let mut lost = Vec::new();
@@ -1185,32 +1185,7 @@ impl Builder {
             ));
         };
         if let Some(p) = &ssl.protocols {
-            let has = |v: &str| p.args.iter().any(|a| a == v);
-            if !has("TLSv1.2") {
-                self.refused.push(format!(
-                    "{}: ssl_protocols {} not converted: pinlb always offers TLS 1.2 and 1.3, so it would take TLS 1.2 handshakes nginx refuses",
-                    p.at(),
-                    p.args.join(" ")
-                ));
-            } else {
-                let older: Vec<&str> = p
-                    .args
-                    .iter()
-                    .map(String::as_str)
-                    .filter(|a| !["TLSv1.2", "TLSv1.3"].contains(a))
-                    .collect();
-                if !older.is_empty() || !has("TLSv1.3") {
-                    self.notes.push(format!(
-                        "{}: ssl_protocols {}: pinlb offers TLS 1.2 and 1.3, fixed{}",
-                        p.at(),
-                        p.args.join(" "),
-                        match older.is_empty() {
-                            true => String::new(),
-                            false => format!(" ({} clients fail the handshake)", older.join(", ")),
-                        }
-                    ));
-                }
-            }
+            super::values::ssl_protocols(p, &mut self.notes, &mut self.refused);
         }
         if ssl.certs.is_empty() {
             refuse(self, d.at(), "the server has no ssl_certificate");
@@ -1242,9 +1217,13 @@ impl Builder {
                 );
                 return None;
             }
-            certificates.push((conf_path(c, cert), conf_path(k, key)));
+            certificates.push((
+                super::values::conf_path(c, cert),
+                super::values::conf_path(k, key),
+            ));
         }
-        let client = (ssl.client).convert(conf_path, &mut self.notes, &mut self.refused);
+        let client =
+            (ssl.client).convert(super::values::conf_path, &mut self.notes, &mut self.refused);
         Some(ServerTls {
             addresses,
             certificates,
@@ -2146,22 +2125,6 @@ fn listener_tls(address: &str, default: &Server, others: &[Server]) -> Option<(T
         tls.insert("certificate".into(), Value::Array(more));
     }
     Some((tls, all.iter().any(|t| t.http2)))
-}
-
-/// A file a directive names, as nginx finds it: relative to the directory of the file it was
-/// written in.
-fn conf_path(d: &Directive, file: &str) -> String {
-    let p = std::path::Path::new(file);
-    match p.is_absolute() {
-        true => file.to_string(),
-        false => {
-            let joined = d.file.parent().unwrap_or(std::path::Path::new("")).join(p);
-            std::path::absolute(&joined)
-                .unwrap_or(joined)
-                .display()
-                .to_string()
-        }
-    }
 }
 
 /// TLS directives that tune performance, not what a handshake accepts: notes, not refusals

@@ -2,7 +2,8 @@
 //! `server`'s `listen` a listener, its `proxy_pass` the upstream (an `upstream` block of the
 //! stream level, or an address made one), `ssl_preread on` with a `map
 //! $ssl_preread_server_name` as `[[listener.sni]]` tables, and the directives of the stream
-//! proxy that pinlb has: `proxy_timeout`, `proxy_connect_timeout`, `proxy_responses`,
+//! proxy that pinlb has: `listen … ssl` with `ssl_certificate` and `ssl_certificate_key` as
+//! `[listener.tls]` (pinlb terminates TLS there), `proxy_timeout`, `proxy_connect_timeout`, `proxy_responses`,
 //! `proxy_protocol`, `listen … proxy_protocol` with `set_real_ip_from`, `limit_conn`, `allow`
 //! and `deny`. What does not convert is noted, or refused where leaving it out would make pinlb
 //! less strict (an `allow`/`deny` or `limit_conn` that does not convert).
@@ -123,7 +124,7 @@ fn name_maps(block: &[Directive], out: &mut Stream) -> BTreeMap<String, NameMap>
 type ByName = (Vec<String>, String);
 
 /// Directives a stream server inherits from the stream level, as nginx's do.
-const INHERITED: [&str; 11] = [
+const INHERITED: [&str; 14] = [
     "allow",
     "deny",
     "limit_conn",
@@ -135,11 +136,21 @@ const INHERITED: [&str; 11] = [
     "proxy_next_upstream_tries",
     "proxy_next_upstream_timeout",
     "ssl_preread",
+    "ssl_certificate",
+    "ssl_certificate_key",
+    "ssl_protocols",
 ];
 
 /// Of the inherited directives, those that are lists: a server's own list replaces the
-/// inherited one whole (nginx's `allow`/`deny` and `limit_conn` in a block with their own).
-const LISTS: [&[&str]; 3] = [&["allow", "deny"], &["limit_conn"], &["set_real_ip_from"]];
+/// inherited one whole (nginx's `allow`/`deny` and `limit_conn` in a block with their own;
+/// `ssl_certificate` and `ssl_certificate_key` each, as nginx merges them).
+const LISTS: [&[&str]; 5] = [
+    &["allow", "deny"],
+    &["limit_conn"],
+    &["set_real_ip_from"],
+    &["ssl_certificate"],
+    &["ssl_certificate_key"],
+];
 
 /// What a stream `server` reads from its level.
 struct Server<'a> {
@@ -166,6 +177,7 @@ impl Server<'_> {
         let mut pass: Option<&Directive> = None;
         let mut preread = false;
         let mut access = Vec::new();
+        let (mut certs, mut cert_keys) = (Vec::new(), Vec::new());
         let own = |names: &[&str]| block.iter().any(|s| names.contains(&s.name.as_str()));
         let from_level = (self.inherited.iter().copied())
             .filter(|d| !LISTS.iter().any(|l| l.contains(&d.name.as_str()) && own(l)));
@@ -175,6 +187,11 @@ impl Server<'_> {
                 ("listen", Some(_)) => listens.push(s),
                 ("proxy_pass", Some(_)) => pass = Some(s),
                 ("ssl_preread", Some(v)) => preread = v == "on",
+                ("ssl_certificate", Some(_)) => certs.push(s),
+                ("ssl_certificate_key", Some(_)) => cert_keys.push(s),
+                ("ssl_protocols", Some(_)) => {
+                    super::values::ssl_protocols(s, &mut out.notes, &mut out.refused)
+                }
                 ("proxy_timeout", Some(v)) => match super::values::duration(v) {
                     Some(t) => {
                         timeouts.insert("tunnel_idle".into(), Value::String(t.clone()));
@@ -314,8 +331,13 @@ impl Server<'_> {
                 ));
             }
         }
+        let ssl = |l: &&Directive| l.args.iter().any(|a| a == "ssl");
+        let tls = match listens.iter().copied().find(ssl) {
+            Some(l) => tls(l, &certs, &cert_keys, out),
+            None => None,
+        };
         for l in listens {
-            self.listener(l, (&keys, &access), (&default, &sni), out);
+            self.listener(l, (&keys, &access, tls.as_ref()), (&default, &sni), out);
         }
     }
 
@@ -323,12 +345,13 @@ impl Server<'_> {
     fn listener(
         &self,
         l: &Directive,
-        (keys, access): (&Table, &[Value]),
+        (keys, access, tls): (&Table, &[Value], Option<&Table>),
         (default, sni): (&str, &[ByName]),
         out: &mut Stream,
     ) {
         let udp = l.args.iter().any(|a| a == "udp");
         let mut t = Table::new();
+        let mut t_tls = None;
         t.insert(
             "address".into(),
             Value::String(super::values::listen_address(&l.args[0])),
@@ -341,10 +364,18 @@ impl Server<'_> {
                 "proxy_protocol" if !udp => {
                     t.insert("proxy_protocol".into(), Value::Boolean(true));
                 }
-                "ssl" => out.refused.push(format!(
-                    "{}: listen … ssl not converted: the import does not write a TCP listener's [listener.tls] yet (pinlb terminates TLS there; add the table by hand); without it pinlb would relay the clients' bytes in clear where nginx asks for TLS",
-                    l.at()
-                )),
+                "ssl" if !udp => match tls {
+                    // pinlb's TCP listener terminates TLS or routes it by name, not both.
+                    Some(_) if !sni.is_empty() => out.refused.push(format!(
+                        "{}: listen … ssl not converted: with ssl_preread routing by name, pinlb relays the TLS untouched (a TCP listener terminates TLS or routes it by server name, not both); the clients' TLS ends at the backends instead",
+                        l.at()
+                    )),
+                    Some(t) => {
+                        t_tls = Some(t.clone());
+                    }
+                    // `tls` said why.
+                    None => {}
+                },
                 other => out.notes.push(format!("{}: listen parameter {other} not converted", l.at())),
             }
         }
@@ -370,6 +401,9 @@ impl Server<'_> {
         }
         if !access.is_empty() {
             t.insert("access".into(), Value::Array(access.to_vec()));
+        }
+        if let Some(tls) = t_tls {
+            t.insert("tls".into(), Value::Table(tls));
         }
         if !udp && !sni.is_empty() {
             let tables = sni
@@ -439,4 +473,58 @@ impl Server<'_> {
         }
         Some((default, routes))
     }
+}
+
+/// A TCP server's `[listener.tls]`, for a `listen … ssl`: its `ssl_certificate` and
+/// `ssl_certificate_key` pairs in order, the first as the default and the rest as
+/// `[[listener.tls.certificate]]`. pinlb picks one of those by the server name the client asks
+/// for (docs/configuration.md); nginx offers a server's several certificates by key type (RSA
+/// and ECDSA), so a second one whose names are the first's is served only to clients that ask
+/// for none of them. `None` (refused) when they don't pair up.
+fn tls(
+    l: &Directive,
+    certs: &[&Directive],
+    keys: &[&Directive],
+    out: &mut Stream,
+) -> Option<Table> {
+    let mut refuse = |why: &str| {
+        out.refused.push(format!(
+            "{}: listen … ssl not converted: {why}; without it pinlb would relay the clients' bytes in clear where nginx asks for TLS",
+            l.at()
+        ));
+        None
+    };
+    if certs.is_empty() {
+        return refuse("the server has no ssl_certificate");
+    }
+    if certs.len() != keys.len() {
+        return refuse("each ssl_certificate needs its ssl_certificate_key, in the same order");
+    }
+    let mut pairs = Vec::new();
+    for (c, k) in certs.iter().zip(keys) {
+        let (cert, key) = (&c.args[0], &k.args[0]);
+        if cert.contains('$') || key.contains('$') || key.starts_with("data:") {
+            return refuse(
+                "a certificate named by variables or given inline is not a file pinlb can read",
+            );
+        }
+        let mut pair = Table::new();
+        pair.insert(
+            "cert".into(),
+            Value::String(super::values::conf_path(c, cert)),
+        );
+        pair.insert(
+            "key".into(),
+            Value::String(super::values::conf_path(k, key)),
+        );
+        pairs.push(pair);
+    }
+    let mut tls = pairs.remove(0);
+    if !pairs.is_empty() {
+        tls.insert(
+            "certificate".into(),
+            Value::Array(pairs.into_iter().map(Value::Table).collect()),
+        );
+    }
+    Some(tls)
 }

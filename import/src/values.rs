@@ -1,8 +1,10 @@
 //! nginx's values as pinlb writes them: addresses with their port, `listen` addresses, an
-//! address as an upstream of its own, and durations; shared by the http block's conversion and
-//! the stream block's.
+//! address as an upstream of its own, durations, the files a directive names and
+//! `ssl_protocols`; shared by the http block's conversion and the stream block's.
 
 use toml::{Table, Value};
+
+use crate::parse::Directive;
 
 /// An address as nginx reads it: without a port, port 80.
 pub(crate) fn with_port(address: &str) -> String {
@@ -64,4 +66,48 @@ pub(crate) fn one_backend(address: &str) -> Table {
     let mut up = Table::new();
     up.insert("backends".into(), Value::Array(vec![Value::Table(backend)]));
     up
+}
+
+/// A file a directive names, as nginx finds it: relative to the directory of the file it was
+/// written in.
+pub(crate) fn conf_path(d: &Directive, file: &str) -> String {
+    let p = std::path::Path::new(file);
+    match p.is_absolute() {
+        true => file.to_string(),
+        false => {
+            let joined = d.file.parent().unwrap_or(std::path::Path::new("")).join(p);
+            std::path::absolute(&joined)
+                .unwrap_or(joined)
+                .display()
+                .to_string()
+        }
+    }
+}
+
+/// `ssl_protocols` against pinlb's fixed TLS 1.2 and 1.3: refused when it leaves TLS 1.2 out
+/// (pinlb would take handshakes nginx refuses), noted when it differs otherwise.
+pub(crate) fn ssl_protocols(p: &Directive, notes: &mut Vec<String>, refused: &mut Vec<String>) {
+    let has = |v: &str| p.args.iter().any(|a| a == v);
+    if !has("TLSv1.2") {
+        refused.push(format!(
+            "{}: ssl_protocols {} not converted: pinlb always offers TLS 1.2 and 1.3, so it would take TLS 1.2 handshakes nginx refuses",
+            p.at(),
+            p.args.join(" ")
+        ));
+        return;
+    }
+    let older: Vec<&str> = (p.args.iter().map(String::as_str))
+        .filter(|a| !["TLSv1.2", "TLSv1.3"].contains(a))
+        .collect();
+    if !older.is_empty() || !has("TLSv1.3") {
+        notes.push(format!(
+            "{}: ssl_protocols {}: pinlb offers TLS 1.2 and 1.3, fixed{}",
+            p.at(),
+            p.args.join(" "),
+            match older.is_empty() {
+                true => String::new(),
+                false => format!(" ({} clients fail the handshake)", older.join(", ")),
+            }
+        ));
+    }
 }
