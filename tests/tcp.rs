@@ -765,34 +765,6 @@ async fn proxy_protocol_v1_to_the_backend_names_the_client_before_its_bytes() {
     assert_eq!(v["bytes_received"], 7, "{}", lines[0]);
 }
 
-/// A backend on a kernel-chosen port that writes `name` and a newline to each connection, then
-/// echoes what it reads until the client closes.
-async fn named_echo(name: &'static str) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        // Bounded by the test: the runtime ends with it.
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let _ = s.write_all(format!("{name}\n").as_bytes()).await;
-                let mut buf = [0u8; 1024];
-                // Bounded: each pass reads at least a byte, or ends at the client's close.
-                loop {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => {
-                            if s.write_all(&buf[..n]).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
 /// Writes `msg` on `c` and reads its echo back.
 async fn echoed(c: &mut TcpStream, msg: &[u8]) -> Vec<u8> {
     c.write_all(msg).await.unwrap();
@@ -806,8 +778,8 @@ async fn echoed(c: &mut TcpStream, msg: &[u8]) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_reload_keeps_open_connections_on_their_backend_and_moves_new_ones() {
-    let a = named_echo("a").await;
-    let b = named_echo("b").await;
+    let a = tcp_echo(Some("a")).await;
+    let b = tcp_echo(Some("b")).await;
     let config = |backend: SocketAddr, listener: bool| {
         let tcp = tcp_toml(&[backend], "", "", ADMIN);
         if listener {

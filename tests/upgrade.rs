@@ -386,36 +386,6 @@ async fn a_new_process_with_fewer_workers_accepts_on_every_inherited_socket() {
     let _ = std::fs::remove_file(one);
 }
 
-/// A backend on a kernel-chosen port that echoes each TCP connection's bytes back.
-async fn tcp_echo() -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        // Bounded by the test: the runtime ends with it.
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    addr
-}
-
-/// A backend on a kernel-chosen port that answers each datagram with itself.
-async fn udp_echo() -> SocketAddr {
-    let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let addr = s.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut buf = [0u8; 512];
-        // Bounded by the test: the runtime ends with it.
-        while let Ok((n, from)) = s.recv_from(&mut buf).await {
-            let _ = s.send_to(&buf[..n], from).await;
-        }
-    });
-    addr
-}
-
 /// `msg` sent to a UDP listener at `addr`, and its answer, within a second.
 async fn datagram(addr: SocketAddr, msg: &[u8]) -> Option<Vec<u8>> {
     let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.ok()?;
@@ -442,7 +412,7 @@ async fn echo(c: &mut tokio::net::TcpStream, msg: &[u8]) -> Vec<u8> {
 
 #[tokio::test]
 async fn an_upgrade_hands_tcp_and_udp_listeners_over_and_the_old_process_drains_its_connections() {
-    let (tcp_backend, udp_backend) = (tcp_echo().await, udp_echo().await);
+    let (tcp_backend, udp_backend) = (tcp_echo(None).await, udp_echo().await);
     let socket = socket_path("relays");
     let toml = format!(
         "[runtime]\ncpus = [{core}]\nupgrade_socket = \"{}\"\n\n\

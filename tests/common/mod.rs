@@ -24,6 +24,7 @@
 //! - [`pki`]: certificates made in the test ([`Pki`]);
 //! - [`tls_server`]: `openssl s_server` as a TLS backend ([`TlsServer`]);
 //! - [`dns`]: a DNS server on loopback whose records the test changes ([`dns::DnsServer`]);
+//! - [`echo`]: TCP and UDP echo backends ([`echo::tcp_echo`], [`echo::udp_echo`]);
 //! - [`h2frames`]: HTTP/2 frames by hand ([`h2frames::H2Conn`], [`h2frames::Hpack`]).
 
 // Each test file (`proxy.rs`, `cli.rs`) uses a different part of this module.
@@ -34,6 +35,7 @@ pub mod body;
 pub mod client;
 pub mod config;
 pub mod dns;
+pub mod echo;
 pub mod framing;
 pub mod h2frames;
 pub mod log;
@@ -49,6 +51,6 @@ pub mod wait;
 // Flat re-exports, so a test says `use common::*;`. Each test file uses only some of them.
 #[allow(unused_imports)]
 pub use {
-    backend::*, body::*, client::*, config::*, log::*, pki::*, process::*, proxy::*,
+    backend::*, body::*, client::*, config::*, echo::*, log::*, pki::*, process::*, proxy::*,
     raw_backend::*, raw_client::*, tls_server::*, wait::*,
 };
