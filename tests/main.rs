@@ -15,6 +15,7 @@ mod balance;
 mod bench;
 mod browser;
 mod buffering;
+mod cache;
 mod cli;
 mod client_cert;
 mod compression;

@@ -297,6 +297,7 @@ impl Server {
             dns,
             spawned: crate::process::spawned::Spawned::default(),
             edge: crate::edge::tables::Tables::default(),
+            caches: crate::modules::cache::zone::Zones::default(),
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut threads = Vec::with_capacity(cpus.len());

@@ -82,6 +82,9 @@ pub enum Field {
     /// client certificate's subject and issuer (RFC 4514), `SUCCESS`/`NONE`, and serial, on a
     /// listener with `client_ca` (`-` elsewhere, or without a certificate).
     ClientCert(ClientCertField),
+    /// `cache_status`, `upstream_cache_status`: what the route's cache did (`HIT`, `MISS`,
+    /// `EXPIRED`), `-` for a request no cache looked up.
+    CacheStatus,
 }
 
 /// What a `{ssl_client_*}` field reads of the client's certificate.
@@ -111,7 +114,7 @@ pub const FIELDS: &str = "remote_addr (client_ip), remote_port, time_local, time
      upstream_addr, upstream_status, upstream_connect_time, upstream_header_time, \
      upstream_response_time, upstream_reused, queue_time, proxy_time, queue_us, connect_us, \
      header_us, response_us, total_us, proxy_us, ssl_client_s_dn, ssl_client_i_dn, \
-     ssl_client_verify, ssl_client_serial";
+     ssl_client_verify, ssl_client_serial, cache_status (upstream_cache_status)";
 
 impl Field {
     /// The field a name stands for.
@@ -150,6 +153,7 @@ impl Field {
             "ssl_client_i_dn" => Field::ClientCert(ClientCertField::Issuer),
             "ssl_client_verify" => Field::ClientCert(ClientCertField::Verify),
             "ssl_client_serial" => Field::ClientCert(ClientCertField::Serial),
+            "cache_status" | "upstream_cache_status" => Field::CacheStatus,
             _ => {
                 let header = name.strip_prefix("http_")?;
                 let valid = !header.is_empty()

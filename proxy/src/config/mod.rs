@@ -215,6 +215,8 @@ pub struct Config {
     pub resolver: Resolver,
     /// `[limit.NAME]`, in name order.
     pub rate_zones: Vec<RateZone>,
+    /// `[cache.NAME]`, in name order.
+    pub cache_zones: Vec<crate::modules::cache::zone::ZoneConfig>,
 }
 
 /// `[resolver]`.
@@ -1151,7 +1153,12 @@ impl Config {
             upstreams.push(kept(e, u));
         }
         let names: Vec<&str> = raw.upstream.keys().map(String::as_str).collect();
-        let listeners = kept(e, validate::listeners(&src, &raw.listeners, &names));
+        let caches: Vec<&str> = raw.cache.keys().map(String::as_str).collect();
+        let cache_zones = kept(e, crate::modules::cache::zone::zones(&src, &raw.cache));
+        let listeners = kept(
+            e,
+            validate::listeners(&src, &raw.listeners, &names, &caches),
+        );
         let trusted = kept(e, validate::forwarded(&src, &raw.forwarded));
         // The addresses of the listeners that give a valid one, whatever else they get wrong.
         let mut taken: Vec<SocketAddr> = raw
@@ -1205,6 +1212,7 @@ impl Config {
             Some(request_ids),
             Some(resolver),
             Some(rate_zones),
+            Some(cache_zones),
         ) = (
             runtime,
             limits,
@@ -1216,6 +1224,7 @@ impl Config {
             request_ids,
             resolver,
             rate_zones,
+            cache_zones,
         )
         else {
             unreachable!("a section that failed left an error");
@@ -1234,6 +1243,7 @@ impl Config {
             warnings,
             resolver,
             rate_zones,
+            cache_zones,
         })
     }
 }

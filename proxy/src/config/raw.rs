@@ -47,6 +47,9 @@ pub(super) struct RawConfig {
     /// `[limit.NAME]`: the rate zones.
     #[serde(default)]
     pub limit: BTreeMap<String, RawRateZone>,
+    /// `[cache.NAME]`: the response cache's zones.
+    #[serde(default)]
+    pub cache: BTreeMap<String, crate::modules::cache::zone::RawZone>,
 }
 
 /// `[request_id]`.

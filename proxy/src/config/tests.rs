@@ -969,7 +969,8 @@ fn every_table_s_keys_are_read_from_the_raw_types() {
             "http2",
             "resolver",
             "request_id",
-            "limit"
+            "limit",
+            "cache"
         ]
     );
     // Through lists, maps, `Option` and `Spanned`, in serde's order.

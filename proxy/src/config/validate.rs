@@ -1287,6 +1287,7 @@ pub(super) fn listeners(
     src: &Source,
     raw: &[RawListener],
     upstreams: &[&str],
+    caches: &[&str],
 ) -> std::result::Result<Vec<Listener>, ConfigErrors> {
     if raw.is_empty() {
         return Err(src
@@ -1297,7 +1298,13 @@ pub(super) fn listeners(
     let mut errors = Vec::new();
     let mut seen = Vec::with_capacity(raw.len());
     for (i, l) in raw.iter().enumerate() {
-        match listener(src, &format!("listener[{i}]"), l, upstreams, &mut seen) {
+        match listener(
+            src,
+            &format!("listener[{i}]"),
+            l,
+            (upstreams, caches),
+            &mut seen,
+        ) {
             Ok(l) => listeners.push(l),
             Err(e) => errors.push(e),
         }
@@ -1322,7 +1329,7 @@ fn listener(
     src: &Source,
     key: &str,
     l: &RawListener,
-    upstreams: &[&str],
+    (upstreams, caches): (&[&str], &[&str]),
     seen: &mut Vec<(SocketAddr, bool)>,
 ) -> Result<Listener> {
     let address: SocketAddr = l.address.get_ref().parse().map_err(|_| {
@@ -1356,6 +1363,7 @@ fn listener(
             src,
             key,
             upstreams,
+            caches,
             tls: l.tls.as_ref().map(Spanned::span),
         },
         &l.modules,
@@ -1367,6 +1375,7 @@ fn listener(
             src,
             key: &rkey,
             upstreams,
+            caches,
             tls: l.tls.as_ref().map(Spanned::span),
         };
         rule.modules = Configs::validate(&at, &r.modules, Some(&modules))?;

@@ -216,7 +216,7 @@ async fn route(
                     .collect::<Vec<_>>(),
                 &process.dns.names(),
                 &process.spawned.all(),
-                &process.edge.limited_counts(),
+                (&process.edge.limited_counts(), &process.caches.figures()),
             ),
         ),
         (&Method::GET, ["status"]) => json_reply(StatusCode::OK, &status(process, window)),

@@ -20,8 +20,12 @@ use crate::upstream::counters::{
 };
 use crate::{upstream::backend::AdminState, upstream::shared::SharedUpstream};
 
+/// Requests one rate zone refused: (configured listener, route, zone, count).
+type RateLimited = (SocketAddr, String, String, u64);
+
 /// Renders everything in Prometheus's text format (0.0.4). `routes` names each listener's
-/// upstream, by its configured address.
+/// upstream, by its configured address; `tables` are the requests each rate zone refused and
+/// each cache zone's figures.
 pub fn render(
     upstreams: &[Arc<SharedUpstream>],
     registered: &Registered,
@@ -29,7 +33,7 @@ pub fn render(
     routes: &[(SocketAddr, String)],
     dns: &[crate::upstream::discovery::NameStatus],
     spawned: &[Record],
-    rate_limited: &[(SocketAddr, String, String, u64)],
+    (rate_limited, caches): (&[RateLimited], &[crate::modules::cache::zone::Figures]),
 ) -> String {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ProcessMetrics));
@@ -45,6 +49,7 @@ pub fn render(
             routes: routes.to_vec(),
             dns: dns.to_vec(),
             rate_limited: rate_limited.to_vec(),
+            caches: caches.to_vec(),
         }));
     let mut out = String::new();
     // Writing to a String cannot fail.
@@ -64,6 +69,8 @@ struct Scrape {
     dns: Vec<crate::upstream::discovery::NameStatus>,
     /// Requests each rate zone refused, by (configured listener, route, zone).
     rate_limited: Vec<(SocketAddr, String, String, u64)>,
+    /// Each cache zone's figures.
+    caches: Vec<crate::modules::cache::zone::Figures>,
 }
 
 /// What 4xx pinlb answers itself says about the request, by code: the `cause` label of
@@ -447,6 +454,51 @@ impl Collector for Scrape {
                     counter(*n),
                 )
             }),
+        )?;
+
+        let zone = |f: &crate::modules::cache::zone::Figures| vec![("zone", f.zone.clone())];
+        family(
+            &mut e,
+            "cache_requests",
+            "Requests a cache zone looked up, by zone and what it did: hit (answered from it), miss (nothing stored), expired (what was stored was stale).",
+            MetricType::Counter,
+            self.caches.iter().flat_map(|f| {
+                [("hit", f.hits), ("miss", f.misses), ("expired", f.expired)].map(|(s, n)| {
+                    let mut labels = zone(f);
+                    labels.push(("status", s.to_string()));
+                    (labels, counter(n))
+                })
+            }),
+        )?;
+        family(
+            &mut e,
+            "cache_collapsed",
+            "Requests that missed a key while another request's miss of it was with a backend, and waited for its response (lock).",
+            MetricType::Counter,
+            self.caches.iter().map(|f| (zone(f), counter(f.collapsed))),
+        )?;
+        family(
+            &mut e,
+            "cache_stored",
+            "Responses stored, by zone.",
+            MetricType::Counter,
+            self.caches.iter().map(|f| (zone(f), counter(f.stored))),
+        )?;
+        family(
+            &mut e,
+            "cache_entries",
+            "Entries a cache zone holds (each response, and each key whose responses vary).",
+            MetricType::Gauge,
+            self.caches
+                .iter()
+                .map(|f| (zone(f), gauge(f.entries as i64))),
+        )?;
+        family(
+            &mut e,
+            "cache_bytes",
+            "What a cache zone's entries take against its max_size: their heads, bodies and keys, and 256 bytes each.",
+            MetricType::Gauge,
+            self.caches.iter().map(|f| (zone(f), gauge(f.bytes as i64))),
         )?;
 
         // Every response written to a client, by listener, source and code: only the codes seen,

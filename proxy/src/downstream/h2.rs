@@ -57,7 +57,7 @@ use crate::http1::request::{ClientError, parse_request};
 use crate::proxy::accesslog::{Batch, Logged};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::{Downstream, DownstreamBody};
-use crate::proxy::handle::{self, DownstreamRequest};
+use crate::proxy::handle::DownstreamRequest;
 use crate::route::decision::{DownstreamRules, Route};
 use crate::sys::exec::LocalExec;
 use crate::sys::summed::summed_warn;
@@ -452,7 +452,7 @@ impl Shared {
             done: ended,
             trailers: None,
         };
-        let mut answer = handle::handle(
+        let mut answer = pipeline::forward(
             upstream,
             client,
             limits,

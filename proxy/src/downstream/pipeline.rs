@@ -7,8 +7,8 @@
 //! 2. [`decide`]: a module's own answer (`redirect_https`'s), else the route, its
 //!    `rate_limit` and the modules that may refuse it (`access`): an upstream and what the
 //!    route changes (its request lines from `request_headers`), or an answer of pinlb's own;
-//! 3. the session forwards it (`proxy::forward`), racing the client's leaving as its protocol
-//!    can;
+//! 3. [`forward`]: the session forwards it (`proxy::handle`, through `proxy::cache` for a route
+//!    with a cache), racing the client's leaving as its protocol can;
 //! 4. [`finish`]: whatever made the response, its error page, the modules that act on
 //!    responses (`response_headers`, `Server-Timing`, the body filters of `compress` and
 //!    `limit_rate`), then the request ID's line; then the response counted and its log entry
@@ -27,12 +27,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use crate::config::Limits;
 use crate::downstream::client_cert;
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply};
 use crate::http1::request::RequestHead;
 use crate::proxy::accesslog::{Batch, Logged, Pending, Upstreamed};
 use crate::proxy::body::{ProxyBody, local_reply};
+use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::add_response_lines;
+use crate::proxy::handle::{Answer, DownstreamRequest, handle};
 use crate::proxy::request_id::RequestId;
 use crate::route::decision::{Decision, Edits, Route};
 use crate::syntax::template::Request;
@@ -120,6 +123,7 @@ pub(crate) fn decide(
         match route.decide(head, https, peer) {
             Decision::Proxy(upstream, mut edits) => {
                 route.side_requests(head, &mut edits, *peer);
+                route.cache(&mut edits);
                 (upstream, edits, None)
             }
             Decision::Answer(reply, edits) => (route.upstream.borrow().clone(), edits, Some(reply)),
@@ -131,6 +135,24 @@ pub(crate) fn decide(
         local,
         close: false,
     }
+}
+
+/// The proxy's answer to a request [`decide`] sent on: from its route's cache, when it has
+/// one (its edits carry it), else from a backend.
+#[inline(always)]
+pub(crate) async fn forward(
+    upstream: Rc<WorkerUpstream>,
+    client: Rc<Downstream>,
+    limits: Limits,
+    at: Option<Instant>,
+    request: DownstreamRequest<'_, impl DownstreamBody>,
+) -> Answer {
+    if let Some(cached) = request.overrides.and_then(|o| o.cache.as_ref()) {
+        // Boxed: the plain path's future carries none of the cache's state.
+        let through = crate::proxy::cache::handle(cached, upstream, client, limits, at, request);
+        return Box::pin(through).await;
+    }
+    handle(upstream, client, limits, at, request).await
 }
 
 /// A module's own answer to `head` (`redirect_https`'s 301, or its 400 for a request without
@@ -184,6 +206,10 @@ pub(crate) fn finish(
     // After the modules: a backend's own X-Request-ID that `response_headers` removed is
     // replaced by pinlb's, as before they were modules.
     add_response_lines(&mut response.headers, begun.id.as_deref());
+    let mut pending = begun.pending;
+    if let (Some(p), Some(status)) = (&mut pending, edits.and_then(Edits::cache_status)) {
+        p.cache(status);
+    }
     if let Some(s) = &route.stats {
         let source = match response.body {
             ProxyBody::Local(_) => Source::Pinlb,
@@ -191,9 +217,5 @@ pub(crate) fn finish(
         };
         s.response(response.status, source);
     }
-    Logged::new(
-        begun
-            .pending
-            .and_then(|p| p.responded(response.status, upstreamed)),
-    )
+    Logged::new(pending.and_then(|p| p.responded(response.status, upstreamed)))
 }

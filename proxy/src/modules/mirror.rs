@@ -227,7 +227,7 @@ mod tests {
     fn validate(text: &str, inherited: Option<&Arc<Config>>) -> Result<Option<Arc<Config>>, ConfigError> {
         let raw: Raw = toml::from_str(text).unwrap();
         let src = crate::syntax::error::Source { file: "pinlb.toml", text };
-        let at = Place { src: &src, key: "listener[0]", upstreams: &["app", "canary"], tls: None };
+        let at = Place { src: &src, key: "listener[0]", upstreams: &["app", "canary"], caches: &[], tls: None };
         Mirror::validate(&at, &raw, inherited)
     }
 

@@ -48,6 +48,8 @@
 //!   requests answered with a redirect to https.
 //! - [`mirror`]: nginx's `mirror`: a copy of a share of the requests to another upstream,
 //!   whose answers are read and dropped.
+//! - [`cache`]: nginx's `proxy_cache`: responses kept in a zone shared by every worker and
+//!   served again while RFC 9111 says they are fresh.
 
 use std::fmt;
 use std::io;
@@ -71,6 +73,8 @@ pub(crate) struct Place<'a> {
     pub src: &'a Source<'a>,
     pub key: &'a str,
     pub upstreams: &'a [&'a str],
+    /// The names of the file's `[cache.NAME]` zones, in order.
+    pub caches: &'a [&'a str],
     /// The span of the listener's `[listener.tls]`, when it has one.
     pub tls: Option<std::ops::Range<usize>>,
 }
@@ -619,4 +623,5 @@ modules! {
     compress: Compression,
     limit_rate: LimitRate,
     mirror: Mirror,
+    cache: Cache,
 }

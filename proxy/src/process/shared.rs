@@ -72,6 +72,9 @@ pub(crate) struct Process {
     /// The rate zones' and connection limits' tables, shared by every worker and kept across
     /// reloads that keep them.
     pub edge: crate::edge::tables::Tables,
+    /// The response cache's zones, shared by every worker and kept across reloads that keep
+    /// them.
+    pub caches: crate::modules::cache::zone::Zones,
 }
 
 /// One configuration generation: what a reload swaps as a whole.

@@ -287,7 +287,7 @@ impl WorkerState {
         let mut stopped = Vec::new();
         let keys = listener_keys(&config.listeners);
         for (l, key) in config.listeners.iter().zip(&keys) {
-            let tables = &self.process.edge;
+            let tables = (&self.process.edge, &self.process.caches);
             let settings =
                 |counting| RouteSettings::of(l, config, &upstreams, &rules, tables, counting);
             if let Some(kept) = self.listeners.get_mut(key) {
@@ -309,7 +309,7 @@ impl WorkerState {
                         continue;
                     }
                     Serving::Tcp(t) if l.mode == ListenerMode::Tcp => {
-                        *t.relay.borrow_mut() = Rc::new(Relay::of(l, config, &upstreams, tables));
+                        *t.relay.borrow_mut() = Rc::new(Relay::of(l, config, &upstreams, tables.0));
                         continue;
                     }
                     Serving::Udp(u) if l.mode == ListenerMode::Udp => {
@@ -414,6 +414,7 @@ impl WorkerState {
         let tables = &self.process.edge;
         match l.mode {
             ListenerMode::Http => {
+                let tables = (tables, &self.process.caches);
                 let settings =
                     RouteSettings::of(l, config, upstreams, rules, tables, stats.is_some());
                 Serving::Http(Rc::new(Route::new(settings, stats, bound)))

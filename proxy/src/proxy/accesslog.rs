@@ -34,6 +34,7 @@ use crate::backend_address::BackendAddress;
 use crate::config::log_format::{Field, Part, Span};
 use crate::config::{AccessFormat, AccessTarget};
 use crate::http1::request::RequestHead;
+use crate::modules::cache::CacheStatus;
 use crate::proxy::request_id::RequestId;
 use crate::proxy::timing::Timing;
 use crate::tls::client_identity::ClientIdentity;
@@ -153,6 +154,8 @@ pub struct Entry {
     ended: Option<&'static str>,
     /// A UDP listener's session rather than a TCP listener's connection.
     datagrams: bool,
+    /// What its route's cache did (nginx's `$upstream_cache_status`).
+    cache: Option<CacheStatus>,
 }
 
 /// What a template reads of a request beyond every entry's fields.
@@ -197,6 +200,7 @@ impl Entry {
             captured,
             ended: None,
             datagrams: false,
+            cache: None,
         })
     }
 
@@ -222,6 +226,7 @@ impl Entry {
             // Until it ends: a connection the worker's stop cuts is logged as cut.
             ended: Some("cut"),
             datagrams: false,
+            cache: None,
         })
     }
 
@@ -255,6 +260,14 @@ impl Pending {
     pub fn client_cert(&mut self, client: Option<&Arc<ClientIdentity>>) {
         if let (Some((e, _)), Some(c)) = (&mut self.0, client) {
             e.captured.get_or_insert_with(Box::default).client = Some(c.clone());
+        }
+    }
+
+    /// What the request's route's cache did for it.
+    #[cold]
+    pub fn cache(&mut self, status: CacheStatus) {
+        if let Some((e, _)) = &mut self.0 {
+            e.cache = Some(status);
         }
     }
 
@@ -679,6 +692,9 @@ fn json_into(out: &mut String, e: &Entry, now: SystemTime) {
         "end": e.ended,
     });
     let mut v = v;
+    if let Some(c) = e.cache {
+        v["cache_status"] = c.as_str().into();
+    }
     if let Some(c) = e.captured.as_ref().and_then(|c| c.client.as_ref()) {
         let or_null = |s: &str| (!s.is_empty()).then(|| s.to_string());
         v["ssl_client_verify"] = c.verify.into();
@@ -806,6 +822,7 @@ fn field_into<'a>(
         Field::QueueTime => opt_secs(out, t.map(|t| t.queue)),
         Field::ProxyTime => opt_secs(out, t.map(|t| t.proxy())),
         Field::ClientCert(f) => client_cert_into(out, e, *f),
+        Field::CacheStatus => out.push_str(e.cache.map_or("-", CacheStatus::as_str)),
         Field::Micros(span) => opt_us(
             out,
             match span {

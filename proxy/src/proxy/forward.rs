@@ -58,6 +58,8 @@ pub struct Overrides {
     /// A mirror's copies that take the body too: sent once it has been read
     /// (`proxy::side_request`); empty for every other request.
     pub copies: Vec<PendingCopy>,
+    /// The route's cache, when it has one (`proxy::cache`).
+    pub cache: Option<crate::modules::cache::Cached>,
 }
 
 /// A mirror's copy of a request, with its body, waiting for the body to be read.
@@ -329,6 +331,7 @@ pub(crate) async fn sticky_forward(
         lines: arrived.stripped.or_else(|| route_lines.map(<[u8]>::to_vec)),
         timeouts: overrides.and_then(|o| o.timeouts),
         preferred: arrived.preferred,
+        cache: None,
     };
     let request = (head, Some(&mine), added);
     let (mut reply, upstreamed) =

@@ -18,10 +18,12 @@
 //! - [`forward`]: the retry loop: pick, attempt, decide whether to try the next backend.
 //! - [`side_request`]: the copies modules send beside a request (`mirror`), never waited for.
 //! - [`handle`]: one request's way to its answer: the forwarding it takes, a mirror's kept body.
+//! - [`cache`]: a request through its route's cache: a stored answer, or the backend's, stored.
 
 pub(crate) mod accesslog;
 pub(crate) mod attempt;
 pub(crate) mod body;
+pub(crate) mod cache;
 pub(crate) mod downstream;
 pub(crate) mod error;
 pub(crate) mod fastcgi;

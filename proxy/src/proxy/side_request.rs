@@ -63,6 +63,7 @@ pub(crate) fn send(
             timeouts: None,
             preferred: None,
             copies: Vec::new(),
+            cache: None,
         };
         let request = (&copy, Some(&overrides), &b""[..]);
         let (limits, mut body) = (Limits::default(), CopyBody(body));

@@ -15,6 +15,7 @@ use crate::edge::controls::Controls;
 use crate::http1::common::Reply;
 use crate::http1::common::{ERROR_PAGE_TYPE, RequestFraming};
 use crate::http1::request::RequestHead;
+use crate::modules::cache::Cached;
 use crate::modules::{Answer, Configs, Locals, Paged, Response};
 use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::{ProxyBody, local_reply};
@@ -76,6 +77,9 @@ pub(crate) struct Route {
     /// The listener or one of its routes has a module that sends side requests (`mirror`):
     /// decided once per generation, as `responds`.
     pub sides: Cell<bool>,
+    /// The listener or one of its routes caches responses (`cache`): decided once per
+    /// generation, as `responds`.
+    pub caches: Cell<bool>,
 }
 
 /// A listener's settings in one worker for one generation: every field of its [`Route`] that a
@@ -97,6 +101,7 @@ pub(crate) struct RouteSettings {
     pub client_cert: bool,
     pub responds: bool,
     pub sides: bool,
+    pub caches: bool,
 }
 
 impl RouteSettings {
@@ -107,7 +112,10 @@ impl RouteSettings {
         config: &crate::config::Config,
         upstreams: &[Rc<WorkerUpstream>],
         rules: &Rc<DownstreamRules>,
-        tables: &crate::edge::tables::Tables,
+        (tables, zones): (
+            &crate::edge::tables::Tables,
+            &crate::modules::cache::zone::Zones,
+        ),
         counting: bool,
     ) -> RouteSettings {
         // Whether its answers carry their spans: the access log or `Server-Timing` reads them.
@@ -123,7 +131,7 @@ impl RouteSettings {
             // Timed when something reads the times: the log, `Server-Timing` or `/metrics`.
             timed: counting || spans,
             spans,
-            routes: Rc::new(Routes::new(l, upstreams, &config.rate_zones, tables)),
+            routes: Rc::new(Routes::new(l, upstreams, config, (tables, zones))),
             paged: l.modules.pages() || l.routes.iter().any(|r| r.modules.pages()),
             conn_limit: l.conn_limit.map(|c| {
                 Rc::new(ConnGate {
@@ -138,6 +146,7 @@ impl RouteSettings {
             responds: l.modules.responds() || l.routes.iter().any(|r| r.modules.responds()),
             sides: l.modules.sends_side_requests()
                 || l.routes.iter().any(|r| r.modules.sends_side_requests()),
+            caches: caches(l),
         }
     }
 }
@@ -160,6 +169,7 @@ impl Route {
             client_cert,
             responds,
             sides,
+            caches,
         } = s;
         Route {
             upstream: RefCell::new(upstream),
@@ -178,6 +188,7 @@ impl Route {
             client_cert: Cell::new(client_cert),
             responds: Cell::new(responds),
             sides: Cell::new(sides),
+            caches: Cell::new(caches),
         }
     }
 
@@ -199,6 +210,7 @@ impl Route {
             client_cert,
             responds,
             sides,
+            caches,
         } = s;
         *self.upstream.borrow_mut() = upstream;
         *self.rules.borrow_mut() = rules;
@@ -214,6 +226,7 @@ impl Route {
         self.client_cert.set(client_cert);
         self.responds.set(responds);
         self.sides.set(sides);
+        self.caches.set(caches);
     }
 }
 
@@ -248,6 +261,8 @@ pub(crate) struct Routes {
     /// This worker's upstreams, by config index, for the modules' side requests; empty when no
     /// module of the listener sends any.
     pub all_upstreams: Vec<Rc<WorkerUpstream>>,
+    /// The process's cache zones, by config index; empty when the listener caches nothing.
+    pub cache_zones: Vec<Arc<crate::modules::cache::zone::Zone>>,
 }
 
 impl Routes {
@@ -301,9 +316,13 @@ impl Routes {
     pub fn new(
         listener: &crate::config::Listener,
         upstreams: &[Rc<WorkerUpstream>],
-        zones: &[crate::config::RateZone],
-        tables: &crate::edge::tables::Tables,
+        config: &crate::config::Config,
+        (tables, caches_of): (
+            &crate::edge::tables::Tables,
+            &crate::modules::cache::zone::Zones,
+        ),
     ) -> Routes {
+        let zones = &config.rate_zones;
         let own_modules: Vec<Option<Configs>> = (listener.routes.iter())
             .map(|r| (r.modules != listener.modules).then(|| r.modules.clone()))
             .collect();
@@ -341,6 +360,12 @@ impl Routes {
                 true => upstreams.to_vec(),
                 false => Vec::new(),
             },
+            // Asked even when nothing here caches: a reload that drops every cache lets the
+            // zones go.
+            cache_zones: match (caches_of.of(&config.cache_zones), caches(listener)) {
+                (zones, true) => zones,
+                (_, false) => Vec::new(),
+            },
         };
         routes.direct = routes.router.is_empty()
             && routes.default_controls.is_none()
@@ -367,6 +392,13 @@ pub(crate) struct Edits {
     pub request: Overrides,
     /// The route's own feature modules, over the listener's.
     pub modules: Option<Configs>,
+}
+
+impl Edits {
+    /// What the request's route's cache did for it, when it has one.
+    pub(crate) fn cache_status(&self) -> Option<crate::modules::cache::CacheStatus> {
+        self.request.cache.as_ref()?.status.get()
+    }
 }
 
 impl Route {
@@ -453,6 +485,32 @@ impl Route {
                 crate::proxy::side_request::send(upstream, head, peer, &side, None);
             }
         }
+    }
+
+    /// Puts the route's cache (or the listener's) in `edits`, for a request that is proxied,
+    /// when the listener or a route has one; a listener without pays for one flag.
+    #[inline]
+    pub fn cache(&self, edits: &mut Option<Box<Edits>>) {
+        if self.caches.get() {
+            self.attach_cache(edits);
+        }
+    }
+
+    #[inline(never)]
+    fn attach_cache(&self, edits: &mut Option<Box<Edits>>) {
+        let routes = self.routes.borrow();
+        let own = edits.as_ref().and_then(|e| e.modules.as_ref());
+        let Some(config) = own.unwrap_or(&routes.default_modules).cache.clone() else {
+            return;
+        };
+        let Some(zone) = routes.cache_zones.get(config.zone).cloned() else {
+            return;
+        };
+        edits.get_or_insert_with(Box::default).request.cache = Some(Cached {
+            config,
+            zone,
+            status: Cell::new(None),
+        });
     }
 
     #[inline(never)]
@@ -623,6 +681,7 @@ impl Route {
                         timeouts,
                         preferred: None,
                         copies: Vec::new(),
+                        cache: None,
                     },
                     modules: routes.own_modules.get(index).cloned().flatten(),
                 };
@@ -703,4 +762,9 @@ impl DownstreamRules {
             ..Downstream::new(peer, &self.trusted)
         }
     }
+}
+
+/// Whether listener `l` or one of its routes caches responses.
+fn caches(l: &crate::config::Listener) -> bool {
+    l.modules.cache.is_some() || l.routes.iter().any(|r| r.modules.cache.is_some())
 }

@@ -177,6 +177,7 @@ mod tests {
             src: &src,
             key: "listener[0]",
             upstreams: &[],
+            caches: &[],
             tls: None,
         };
         AccessControl::validate(&at, &raw, inherited).unwrap()
@@ -207,6 +208,7 @@ mod tests {
             src: &src,
             key: "listener[0]",
             upstreams: &[],
+            caches: &[],
             tls: None,
         };
         let e = AccessControl::validate(&at, &raw, None).unwrap_err();

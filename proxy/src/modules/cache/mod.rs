@@ -1,0 +1,432 @@
+//! `cache`: nginx's `proxy_cache`, by the rules of RFC 9111. A listener's or a route's proxied
+//! responses are kept in a zone of the process's memory (`[cache.NAME]`, nginx's
+//! `proxy_cache_path … keys_zone=NAME`), shared by every worker, and later requests for the same
+//! key are answered from it while the response is fresh:
+//!
+//! ```toml
+//! [cache.micro]
+//! max_size = "64MiB"              # what its responses (heads and bodies) may take in all
+//!
+//! [[listener]]                    # or [[listener.route]]; a route's `cache = false` turns it off
+//! cache = { zone = "micro", valid = { "200 301 302" = "1s" }, status_header = "X-Cache-Status" }
+//! ```
+//!
+//! - What is stored is what RFC 9111 lets a shared cache store (`http-cache-semantics`):
+//!   `no-store`, `private`, a request with `Authorization`, a status the rules don't
+//!   understand are not; how long it stays fresh is the response's (`s-maxage`, `max-age`,
+//!   `Expires`, the heuristic from `Last-Modified`), or `valid`'s for its status when the
+//!   response gives none (nginx's `proxy_cache_valid`; `any` for every status). A response with
+//!   `Set-Cookie` or `Vary: *` is not stored (nginx's rule), nor one over the zone's
+//!   `max_object`. `ignore_headers` (nginx's `proxy_ignore_headers`) leaves `Cache-Control`,
+//!   `Expires`, `Set-Cookie` or `Vary` out of that decision; an ignored `Set-Cookie` is not
+//!   stored, so one client's cookie never goes to another.
+//! - The key is `key` rendered for the request (`{scheme}://{host}{uri}` by default, nginx's
+//!   `proxy_cache_key`). A response that varies (`Vary`) is kept per value of the headers it
+//!   names, as nginx keeps its variants.
+//! - `methods` (nginx's `proxy_cache_methods`, `GET` and `HEAD` by default) are looked up; a
+//!   `HEAD` is answered from a stored `GET`, and a `HEAD` that misses goes to the backend as it
+//!   is and is not stored (nginx turns it into a `GET`; pinlb does not change the method). A
+//!   request with another method goes on, and a `POST`, `PUT`, `PATCH` or `DELETE` answered
+//!   with a success removes what its key holds (RFC 9111 section 4.4).
+//! - A request the client made conditional (`If-None-Match`, `If-Modified-Since`) is answered
+//!   `304 Not Modified` from a fresh stored response it matches. The client's own
+//!   `Cache-Control` is not obeyed, as nginx does not: a client can't make every request miss.
+//! - `lock` (on by default; nginx's `proxy_cache_lock`, off there): of the requests that miss
+//!   one key at once, across every worker, one goes to the backend and the others wait for its
+//!   response, at most `lock_timeout` (5 s), after which they go to the backend themselves and
+//!   their responses are not stored (nginx's rule).
+//! - `status_header` names a response header that says what the cache did (nginx's
+//!   `add_header X-Cache-Status $upstream_cache_status`): `HIT`, `MISS` or `EXPIRED`; the
+//!   access log's `cache_status` field says the same.
+//!
+//! - [`policy`]: RFC 9111's rules: whether a response may be stored, and for how long.
+//! - [`stored`]: what a key holds: a stored response and its freshness, or its variants' names.
+//! - [`zone`]: `[cache.NAME]` and its store, shared by every worker, with the misses in flight.
+//! - [`fill`]: the body filter that stores a response once its body went out whole.
+
+pub(crate) mod fill;
+pub(crate) mod policy;
+pub(crate) mod stored;
+pub(crate) mod zone;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use toml::Spanned;
+
+use super::{BodyFilter, Module, Place};
+use crate::syntax::error::ConfigError;
+use crate::syntax::template::{Request, Template};
+use crate::syntax::values::Dur;
+
+pub(crate) use fill::Fill;
+
+/// The module.
+pub(crate) enum Cache {}
+
+/// Its key as the file writes it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Raw {
+    cache: Option<Spanned<Switch>>,
+}
+
+/// `cache = { … }`, or `cache = false` on a route whose listener caches.
+#[derive(Debug)]
+pub(crate) enum Switch {
+    Off(bool),
+    On(Box<RawCache>),
+}
+
+impl<'de> Deserialize<'de> for Switch {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Switch;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a table such as { zone = \"NAME\" }, or false")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Switch, E> {
+                Ok(Switch::Off(v))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Switch, A::Error> {
+                RawCache::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(|c| Switch::On(Box::new(c)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `cache = { … }`'s keys.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCache {
+    zone: Option<Spanned<String>>,
+    key: Option<Spanned<String>>,
+    valid: Option<BTreeMap<Spanned<String>, Spanned<Dur>>>,
+    methods: Option<Spanned<Vec<Spanned<String>>>>,
+    lock: Option<Spanned<bool>>,
+    lock_timeout: Option<Spanned<Dur>>,
+    status_header: Option<Spanned<String>>,
+    ignore_headers: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
+/// `key` when left out: nginx's `$scheme$proxy_host$request_uri`, with the request's host.
+pub(crate) const DEFAULT_KEY: &str = "{scheme}://{host}{uri}";
+/// `lock_timeout` when left out: nginx's `proxy_cache_lock_timeout`.
+const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The response headers `ignore_headers` may name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Ignore {
+    pub cache_control: bool,
+    pub expires: bool,
+    pub set_cookie: bool,
+    pub vary: bool,
+}
+
+/// A cache that is on, for one listener or route.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Config {
+    /// Its zone, by index in the configuration's `[cache.NAME]` tables (name order).
+    pub zone: usize,
+    zone_name: String,
+    key: Template,
+    /// Lifetimes for responses that give none, by status (`None`: any status), in the
+    /// order they apply: the first that names a status wins.
+    pub valid: Vec<(Option<Vec<u16>>, Duration)>,
+    /// Looked up: `GET` and `HEAD` by default.
+    methods: Vec<Method>,
+    /// How long a miss waits for the same key's request in flight; `None`: it does not.
+    pub lock: Option<Duration>,
+    /// `name: ` of the response header that says what the cache did.
+    pub status_header: Option<Vec<u8>>,
+    pub ignore: Ignore,
+}
+
+impl Config {
+    /// Whether a request with `method` is looked up in the cache.
+    pub(crate) fn looks_up(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+
+    /// The key of `request`.
+    pub(crate) fn key(&self, request: &Request<'_>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        self.key.render(request, &mut out);
+        out
+    }
+
+    /// `valid`'s lifetime for a response with `status`, if it names one.
+    pub(crate) fn valid_for(&self, status: u16) -> Option<Duration> {
+        self.valid
+            .iter()
+            .find(|(codes, _)| codes.as_ref().is_none_or(|c| c.contains(&status)))
+            .map(|(_, d)| *d)
+    }
+}
+
+impl Module for Cache {
+    const KEYS: &'static [&'static str] = &["cache"];
+    type Raw = Raw;
+    type Config = Config;
+    type Local = ();
+    type Filter = Fill;
+
+    fn validate(
+        at: &Place<'_>,
+        raw: &Raw,
+        inherited: Option<&Arc<Config>>,
+    ) -> Result<Option<Arc<Config>>, ConfigError> {
+        let key = format!("{}.cache", at.key);
+        match raw.cache.as_ref().map(|s| (s.span(), s.get_ref())) {
+            None => Ok(inherited.cloned()),
+            Some((_, Switch::Off(false))) => Ok(None),
+            Some((span, Switch::Off(true))) => Err(at.src.at(
+                span,
+                &key,
+                "true says nothing of where to keep responses, expected a table such as { zone = \"NAME\" }, or false to turn a listener's cache off",
+            )),
+            Some((span, Switch::On(raw))) => validate(at, &key, span, raw).map(|c| Some(Arc::new(c))),
+        }
+    }
+
+    fn describe(config: &Config) -> String {
+        let mut out = format!("cache in zone {}, key {}", config.zone_name, config.key);
+        for (codes, d) in &config.valid {
+            let codes = match codes {
+                None => "any".to_string(),
+                Some(c) => c.iter().map(u16::to_string).collect::<Vec<_>>().join(" "),
+            };
+            out.push_str(&format!(", valid {codes} {}", humantime::format_duration(*d)));
+        }
+        match config.lock {
+            Some(t) => out.push_str(&format!(", lock {}", humantime::format_duration(t))),
+            None => out.push_str(", no lock"),
+        }
+        out
+    }
+}
+
+/// `cache = { … }` at `key`, whose table is at `span`.
+fn validate(
+    at: &Place<'_>,
+    key: &str,
+    span: std::ops::Range<usize>,
+    raw: &RawCache,
+) -> Result<Config, ConfigError> {
+    let src = at.src;
+    let Some(zone_name) = &raw.zone else {
+        return Err(src.at(
+            span,
+            &format!("{key}.zone"),
+            "missing, expected the name of a [cache.NAME] table",
+        ));
+    };
+    let Some(zone) = at.caches.iter().position(|z| z == zone_name.get_ref()) else {
+        let known = match at.caches {
+            [] => "there is no [cache.NAME] table".to_string(),
+            names => format!("expected one of {}", names.join(", ")),
+        };
+        return Err(src.at(
+            zone_name.span(),
+            &format!("{key}.zone"),
+            format!("unknown cache zone \"{}\", {known}", zone_name.get_ref()),
+        ));
+    };
+    let template = match &raw.key {
+        None => Template::parse(DEFAULT_KEY).map_err(|e| src.at(span.clone(), key, e))?,
+        Some(k) => Template::parse(k.get_ref())
+            .map_err(|e| src.at(k.span(), &format!("{key}.key"), e))?,
+    };
+    let mut valid = Vec::new();
+    for (codes, d) in raw.valid.iter().flatten() {
+        let at_key = format!("{key}.valid");
+        let listed = match codes.get_ref().trim() {
+            "any" => None,
+            list => {
+                let mut out = Vec::new();
+                for c in list.split_whitespace() {
+                    match c.parse::<u16>() {
+                        Ok(n @ 100..=599) => out.push(n),
+                        _ => {
+                            return Err(src.at(
+                                codes.span(),
+                                &at_key,
+                                format!("\"{c}\" is not a status, expected statuses such as \"200 301\", or \"any\""),
+                            ));
+                        }
+                    }
+                }
+                if out.is_empty() {
+                    return Err(src.at(codes.span(), &at_key, "expected statuses such as \"200 301\", or \"any\""));
+                }
+                Some(out)
+            }
+        };
+        valid.push((listed, d.get_ref().0));
+    }
+    // The statuses a table names before `any`, which applies to the rest (nginx's order).
+    valid.sort_by_key(|(codes, _)| codes.is_none());
+    let methods = match &raw.methods {
+        None => vec![Method::GET, Method::HEAD],
+        Some(list) => {
+            let mut out = vec![Method::GET, Method::HEAD];
+            for m in list.get_ref() {
+                match m.get_ref().as_str() {
+                    "GET" | "HEAD" => {}
+                    "POST" => out.push(Method::POST),
+                    other => {
+                        return Err(src.at(
+                            m.span(),
+                            &format!("{key}.methods"),
+                            format!("\"{other}\" is not a method a cache looks up, expected GET, HEAD or POST"),
+                        ));
+                    }
+                }
+            }
+            out
+        }
+    };
+    let lock_on = raw.lock.as_ref().is_none_or(|l| *l.get_ref());
+    let lock_timeout = raw.lock_timeout.as_ref().map_or(DEFAULT_LOCK_TIMEOUT, |t| t.get_ref().0);
+    let status_header = match &raw.status_header {
+        None => None,
+        Some(h) => {
+            let name = h.get_ref();
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(src.at(
+                    h.span(),
+                    &format!("{key}.status_header"),
+                    format!("\"{name}\" is not a header name, expected one such as \"X-Cache-Status\""),
+                ));
+            }
+            Some(format!("{name}: ").into_bytes())
+        }
+    };
+    let mut ignore = Ignore::default();
+    for h in raw.ignore_headers.iter().flat_map(|l| l.get_ref()) {
+        match h.get_ref().to_ascii_lowercase().as_str() {
+            "cache-control" => ignore.cache_control = true,
+            "expires" => ignore.expires = true,
+            "set-cookie" => ignore.set_cookie = true,
+            "vary" => ignore.vary = true,
+            _ => {
+                return Err(src.at(
+                    h.span(),
+                    &format!("{key}.ignore_headers"),
+                    format!("\"{}\" is not a header the cache reads, expected Cache-Control, Expires, Set-Cookie or Vary", h.get_ref()),
+                ));
+            }
+        }
+    }
+    Ok(Config {
+        zone,
+        zone_name: zone_name.get_ref().clone(),
+        key: template,
+        valid,
+        methods,
+        lock: lock_on.then_some(lock_timeout),
+        status_header,
+        ignore,
+    })
+}
+
+/// A request on its way through a route's cache: the route's configuration, its zone in this
+/// process, and what the cache did (for the request's log line).
+pub(crate) struct Cached {
+    pub config: Arc<Config>,
+    pub zone: Arc<zone::Zone>,
+    pub status: std::cell::Cell<Option<CacheStatus>>,
+}
+
+impl fmt::Debug for Cached {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Cached({})", self.zone.name)
+    }
+}
+
+/// What the cache did for one response: nginx's `$upstream_cache_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheStatus {
+    /// Answered from a fresh stored response.
+    Hit,
+    /// Nothing stored for its key: the backend answered.
+    Miss,
+    /// What was stored was no longer fresh: the backend answered.
+    Expired,
+}
+
+impl CacheStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheStatus::Hit => "HIT",
+            CacheStatus::Miss => "MISS",
+            CacheStatus::Expired => "EXPIRED",
+        }
+    }
+}
+
+impl BodyFilter for Fill {
+    fn push(&mut self, piece: Option<bytes::Bytes>) -> std::io::Result<()> {
+        self.take(piece);
+        Ok(())
+    }
+    fn poll_out(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<bytes::Bytes>> {
+        std::task::Poll::Ready(self.out())
+    }
+    fn is_empty(&self) -> bool {
+        self.holds_nothing()
+    }
+    fn keeps_length(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::syntax::error::Source;
+
+    fn config(toml_text: &str, caches: &[&str]) -> Result<Option<Arc<Config>>, String> {
+        let src = Source { file: "t.toml", text: toml_text };
+        let raw: Raw = toml::from_str(toml_text).map_err(|e| e.to_string())?;
+        let at = Place { src: &src, key: "listener[0]", upstreams: &[], caches, tls: None };
+        Cache::validate(&at, &raw, None).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn statuses_are_tried_before_any_and_methods_add_post() {
+        let c = config(
+            "cache = { zone = \"z\", valid = { any = \"1m\", \"200 302\" = \"10m\" }, methods = [\"POST\"] }",
+            &["z"],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.valid_for(200), Some(Duration::from_secs(600)));
+        assert_eq!(c.valid_for(404), Some(Duration::from_secs(60)));
+        assert!(c.looks_up(&Method::POST) && c.looks_up(&Method::HEAD));
+        assert_eq!(c.lock, Some(DEFAULT_LOCK_TIMEOUT));
+    }
+
+    #[test]
+    fn a_zone_must_exist_and_a_status_be_one() {
+        let e = config("cache = { zone = \"nope\" }", &["micro"]).unwrap_err();
+        assert!(e.contains("unknown cache zone \"nope\", expected one of micro"), "{e}");
+        let e = config("cache = { zone = \"micro\", valid = { \"2xx\" = \"1s\" } }", &["micro"])
+            .unwrap_err();
+        assert!(e.contains("\"2xx\" is not a status"), "{e}");
+        let e = config("cache = true", &["micro"]).unwrap_err();
+        assert!(e.contains("expected a table such as { zone = \"NAME\" }, or false"), "{e}");
+        assert!(config("cache = false", &["micro"]).unwrap().is_none());
+    }
+}

@@ -1,0 +1,236 @@
+//! `[cache.NAME]`: a zone of the process's memory where responses are stored, shared by every
+//! worker, and the misses in flight for each key.
+//!
+//! The store is `quick_cache`'s: sharded locks held for a lookup or an insert only, never
+//! across an await; eviction by S3-FIFO, which keeps the keys asked for again over those seen
+//! once, so a scan of cold URLs does not push the hot set out; bounded by the weight of what it
+//! holds ([`Entry::weight`]: the bytes of heads and bodies and a fixed share per entry) against
+//! `max_size`. A zone lives as long as the process: a reload that keeps its name keeps what it
+//! holds (a changed `max_size` applies at once), as nginx's cache survives a reload.
+//!
+//! The misses in flight are a map of keys to a [`Notify`], under a lock taken only on a miss:
+//! the first request that misses a key leads ([`Lead`]), the others wait to be woken and look
+//! again (`lock` in the route's `cache`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::Deserialize;
+use tokio::sync::Notify;
+use toml::Spanned;
+
+use super::stored::Entry;
+use crate::syntax::error::{ConfigErrors, Source};
+use crate::syntax::values::Size;
+
+/// `[cache.NAME]` as the file writes it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawZone {
+    max_size: Option<Spanned<Size>>,
+    max_object: Option<Spanned<Size>>,
+}
+
+/// `max_size` when left out.
+pub(crate) const DEFAULT_MAX_SIZE: u64 = 64 << 20;
+
+/// A zone as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneConfig {
+    pub name: String,
+    /// What its entries may weigh in all.
+    pub max_size: u64,
+    /// The largest body it stores (a sixteenth of `max_size` by default).
+    pub max_object: u64,
+}
+
+/// The `[cache.NAME]` tables, in name order (a route's `cache.zone` is an index into them).
+pub(crate) fn zones(
+    src: &Source,
+    raw: &BTreeMap<String, RawZone>,
+) -> Result<Vec<ZoneConfig>, ConfigErrors> {
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for (name, z) in raw {
+        let key = |k: &str| format!("cache.{name}.{k}");
+        let max_size = z.max_size.as_ref().map_or(DEFAULT_MAX_SIZE, |s| s.get_ref().0);
+        if let Some(s) = z.max_size.as_ref().filter(|s| s.get_ref().0 < 64 << 10) {
+            errors.push(src.at(s.span(), &key("max_size"), "too small to hold anything worth it, expected at least \"64KiB\""));
+            continue;
+        }
+        let max_object = z.max_object.as_ref().map_or(max_size / 16, |s| s.get_ref().0);
+        if let Some(s) = z.max_object.as_ref().filter(|s| s.get_ref().0 == 0 || s.get_ref().0 > max_size) {
+            errors.push(src.at(s.span(), &key("max_object"), "expected a size more than 0 and at most max_size"));
+            continue;
+        }
+        out.push(ZoneConfig {
+            name: name.clone(),
+            max_size,
+            max_object,
+        });
+    }
+    match ConfigErrors::new(errors) {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// What a zone counts, for `/metrics`.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub expired: AtomicU64,
+    /// Requests that waited for another's response to the same key.
+    pub collapsed: AtomicU64,
+    pub stored: AtomicU64,
+}
+
+/// The weight of an entry, for the store.
+#[derive(Clone)]
+pub(crate) struct Weigh;
+
+impl quick_cache::Weighter<Vec<u8>, Arc<Entry>> for Weigh {
+    fn weight(&self, key: &Vec<u8>, entry: &Arc<Entry>) -> u64 {
+        entry.weight(key)
+    }
+}
+
+/// One zone's store.
+pub(crate) struct Zone {
+    pub name: String,
+    pub max_object: u64,
+    store: quick_cache::sync::Cache<Vec<u8>, Arc<Entry>, Weigh>,
+    /// The keys whose miss is in flight, each with the requests waiting for it.
+    in_flight: Mutex<HashMap<Vec<u8>, Arc<Notify>>>,
+    pub counters: Counters,
+}
+
+impl Zone {
+    fn new(c: &ZoneConfig) -> Zone {
+        // The store's estimate of its entries, for its tables: a small response a key.
+        let items = (c.max_size / 4096).clamp(64, 1 << 20) as usize;
+        Zone {
+            name: c.name.clone(),
+            max_object: c.max_object,
+            store: quick_cache::sync::Cache::with_weighter(items, c.max_size, Weigh),
+            in_flight: Mutex::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// What `key` holds.
+    pub(crate) fn get(&self, key: &[u8]) -> Option<Arc<Entry>> {
+        self.store.get(key)
+    }
+
+    pub(crate) fn insert(&self, key: Vec<u8>, entry: Entry) {
+        self.counters.stored.fetch_add(1, Ordering::Relaxed);
+        self.store.insert(key, Arc::new(entry));
+    }
+
+    /// Forgets what `key` holds (its variants go with it: nothing finds them without it).
+    pub(crate) fn remove(&self, key: &[u8]) {
+        self.store.remove(key);
+    }
+
+    /// For a request that missed `key`: the lead, when no other request's miss of the key is in
+    /// flight, or what to wait on for that one's.
+    pub(crate) fn lead(self: &Arc<Self>, key: &[u8]) -> Result<Lead, Arc<Notify>> {
+        let mut all = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = all.get(key) {
+            return Err(n.clone());
+        }
+        all.insert(key.to_vec(), Arc::new(Notify::new()));
+        Ok(Lead {
+            zone: self.clone(),
+            key: key.to_vec(),
+        })
+    }
+
+    /// Whether `notify` is still that of a miss of `key` in flight.
+    pub(crate) fn waits_on(&self, key: &[u8], notify: &Arc<Notify>) -> bool {
+        let all = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        all.get(key).is_some_and(|n| Arc::ptr_eq(n, notify))
+    }
+
+    fn set_max_size(&self, max_size: u64) {
+        self.store.set_capacity(max_size);
+    }
+}
+
+/// A request's lead on a key's miss: dropped once its response is stored (or won't be), which
+/// wakes the requests waiting for it.
+pub(crate) struct Lead {
+    zone: Arc<Zone>,
+    key: Vec<u8>,
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        let mut all = (self.zone.in_flight.lock()).unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = all.remove(&self.key) {
+            n.notify_waiters();
+        }
+    }
+}
+
+/// The process's zones, for its whole life: each worker asks for its generation's when it
+/// switches to it, never per request.
+#[derive(Default)]
+pub struct Zones {
+    all: Mutex<Vec<Arc<Zone>>>,
+}
+
+impl Zones {
+    /// The zones of `configs`, in their order: those a reload keeps (by name) with what they
+    /// hold, the others new. Zones no longer configured are let go.
+    pub(crate) fn of(&self, configs: &[ZoneConfig]) -> Vec<Arc<Zone>> {
+        let mut all = self.all.lock().unwrap_or_else(PoisonError::into_inner);
+        let out: Vec<Arc<Zone>> = configs
+            .iter()
+            .map(|c| match all.iter().find(|z| z.name == c.name) {
+                Some(z) if z.max_object == c.max_object => {
+                    z.set_max_size(c.max_size);
+                    z.clone()
+                }
+                _ => Arc::new(Zone::new(c)),
+            })
+            .collect();
+        *all = out.clone();
+        out
+    }
+
+    /// Every zone's figures, for `/metrics`.
+    pub fn figures(&self) -> Vec<Figures> {
+        let all = self.all.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        all.iter()
+            .map(|z| Figures {
+                zone: z.name.clone(),
+                hits: n(&z.counters.hits),
+                misses: n(&z.counters.misses),
+                expired: n(&z.counters.expired),
+                collapsed: n(&z.counters.collapsed),
+                stored: n(&z.counters.stored),
+                entries: z.store.len() as u64,
+                bytes: z.store.weight(),
+            })
+            .collect()
+    }
+}
+
+/// One zone's figures at a scrape.
+#[derive(Debug, Clone)]
+pub struct Figures {
+    pub zone: String,
+    pub hits: u64,
+    pub misses: u64,
+    pub expired: u64,
+    pub collapsed: u64,
+    pub stored: u64,
+    pub entries: u64,
+    /// What its entries weigh ([`Entry::weight`]).
+    pub bytes: u64,
+}

@@ -1,0 +1,315 @@
+//! The response cache (`cache` on a listener or route, `[cache.NAME]` zones): what RFC 9111
+//! lets a shared cache store and serve, nginx's `proxy_cache_valid` and `proxy_cache_lock`,
+//! `Vary`, a client's conditional request, invalidation by an unsafe method, the status
+//! header and log field, the zone's metrics; over HTTP/1.1, h2c and h2 where the protocol
+//! could matter. The backend is a [`RawServer`] whose answers each test reads back: every
+//! response carries the backend's count of requests so far, so a stored one is told apart
+//! from a fresh one by its body.
+
+use crate::common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Method, StatusCode};
+
+/// The origin's answer to a request head: by path, with `n`, its count of requests so far, in
+/// the body.
+fn answer(head: &str, n: usize) -> Vec<u8> {
+    let path = head.split(' ').nth(1).unwrap_or_default();
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+            })
+            .unwrap_or_default()
+    };
+    let (lines, body): (&str, String) = match path {
+        "/fresh" | "/fresh?a=1" | "/slow" => {
+            ("Cache-Control: max-age=60\r\n", format!("fresh {n}"))
+        }
+        "/short" => ("Cache-Control: max-age=1\r\n", format!("short {n}")),
+        "/nostore" => ("Cache-Control: no-store\r\n", format!("nostore {n}")),
+        "/private" => (
+            "Cache-Control: private, max-age=60\r\n",
+            format!("private {n}"),
+        ),
+        "/cookie" => (
+            "Cache-Control: max-age=60\r\nSet-Cookie: id=1\r\n",
+            format!("cookie {n}"),
+        ),
+        "/plain" => ("", format!("plain {n}")),
+        "/vary" => (
+            "Cache-Control: max-age=60\r\nVary: Accept-Encoding\r\n",
+            format!("vary {} {n}", header("accept-encoding")),
+        ),
+        "/etag" => (
+            "Cache-Control: max-age=60\r\nETag: \"v1\"\r\nLast-Modified: Mon, 02 Nov 2026 10:00:00 GMT\r\n",
+            format!("etag {n}"),
+        ),
+        _ => ("", format!("other {n}")),
+    };
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{lines}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The origin: [`answer`], after `delay` for `/slow`.
+async fn origin() -> RawServer {
+    let count = Arc::new(AtomicUsize::new(0));
+    RawServer::start(move |seen| {
+        let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+        let bytes = answer(&seen.head, n);
+        if seen.head.starts_with("GET /slow ") {
+            RawAction::RespondAfter(Duration::from_millis(300), bytes)
+        } else {
+            RawAction::Respond(bytes)
+        }
+    })
+    .await
+}
+
+/// A listener to `origin` with `cache = { zone = "micro", KEYS }` and a zone of its own.
+fn setup(origin: &RawServer, keys: &str) -> Setup {
+    let mut setup = Setup::with(&[origin.addr]);
+    setup.listener_keys +=
+        &format!("cache = {{ zone = \"micro\", status_header = \"X-Cache-Status\"{keys} }}\n");
+    setup.extra += "[cache.micro]\nmax_size = \"1MiB\"\n";
+    setup
+}
+
+fn cache_status(r: &Reply) -> &str {
+    r.headers
+        .get("x-cache-status")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+}
+
+async fn get_with(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut req = request(Method::GET, path, empty());
+    for (k, v) in headers {
+        let name = http::HeaderName::from_bytes(k.as_bytes()).unwrap();
+        req.headers_mut()
+            .insert(name, http::HeaderValue::from_str(v).unwrap());
+    }
+    Conn::open(addr).await.fetch(req).await
+}
+
+/// A fresh response is stored on its way and then answered from the zone, with its `Age`,
+/// over every protocol; the backend sees one request.
+async fn a_fresh_response_is_served_from_the_cache(proto: Proto) {
+    let origin = origin().await;
+    let pki = Pki::new();
+    let mut setup = Setup::for_proto(proto, &[origin.addr], &pki);
+    setup.listener_keys += "cache = { zone = \"micro\", status_header = \"X-Cache-Status\" }\n";
+    setup.extra += "[cache.micro]\nmax_size = \"1MiB\"\n";
+    let (setup, log) = with_log(setup, "{request_uri} {status} {cache_status}");
+    let proxy = Proxy::start(&setup);
+    let mut client = Client::open(proto, proxy.addr, &pki).await;
+    let first = client.get("/fresh").await;
+    assert_eq!(
+        (first.status, first.body.as_str()),
+        (StatusCode::OK, "fresh 1")
+    );
+    assert_eq!(cache_status(&first), "MISS");
+    let second = client.get("/fresh").await;
+    assert_eq!(second.body, "fresh 1", "{second:?}");
+    assert_eq!(cache_status(&second), "HIT");
+    let age: u64 = second.headers["age"].to_str().unwrap().parse().unwrap();
+    assert!(age < 60, "{second:?}");
+    assert_eq!(second.headers["content-type"], "text/plain");
+    assert_eq!(origin.requests(), 1);
+    let lines = lines_after(proxy, &log).await;
+    assert_eq!(lines, ["/fresh 200 MISS", "/fresh 200 HIT"]);
+}
+each_proto!(a_fresh_response_is_served_from_the_cache);
+
+#[tokio::test]
+async fn what_the_rules_forbid_is_never_served_to_a_second_client() {
+    let origin = origin().await;
+    let proxy = Proxy::start(&setup(&origin, ""));
+    for path in ["/nostore", "/private", "/cookie", "/plain"] {
+        let a = get(proxy.addr, path).await;
+        let b = get(proxy.addr, path).await;
+        assert_ne!(a.body, b.body, "{path} was served twice: {b:?}");
+        assert_eq!(cache_status(&b), "MISS", "{path}");
+    }
+    // An Authorization request's answer is not stored either (RFC 9111 section 3.5).
+    let a = get_with(proxy.addr, "/fresh?a=1", &[("authorization", "Basic YTpi")]).await;
+    let b = get_with(proxy.addr, "/fresh?a=1", &[("authorization", "Basic YTpi")]).await;
+    assert_ne!(a.body, b.body);
+    assert_eq!(origin.requests(), 10);
+}
+
+#[tokio::test]
+async fn valid_gives_a_lifetime_to_a_response_without_one_and_ignore_headers_stores_past_them() {
+    let origin = origin().await;
+    let keys =
+        ", valid = { \"200\" = \"1m\" }, ignore_headers = [\"Cache-Control\", \"Set-Cookie\"]";
+    let proxy = Proxy::start(&setup(&origin, keys));
+    for path in ["/plain", "/nostore", "/cookie"] {
+        let a = get(proxy.addr, path).await;
+        let b = get(proxy.addr, path).await;
+        assert_eq!(a.body, b.body, "{path}");
+        assert_eq!(cache_status(&b), "HIT", "{path}");
+        // An ignored Set-Cookie is not stored: one client's cookie is never another's.
+        assert!(b.headers.get("set-cookie").is_none(), "{path}: {b:?}");
+    }
+    assert_eq!(origin.requests(), 3);
+}
+
+#[tokio::test]
+async fn variants_by_vary_are_kept_apart() {
+    let origin = origin().await;
+    let proxy = Proxy::start(&setup(&origin, ""));
+    let gzip = [("accept-encoding", "gzip")];
+    let a = get_with(proxy.addr, "/vary", &gzip).await;
+    let b = get(proxy.addr, "/vary").await;
+    assert_eq!(a.body, "vary gzip 1");
+    assert_eq!(b.body, "vary  2", "identity got the gzip variant: {b:?}");
+    let a2 = get_with(proxy.addr, "/vary", &gzip).await;
+    let b2 = get(proxy.addr, "/vary").await;
+    assert_eq!(
+        (a2.body.as_str(), cache_status(&a2)),
+        ("vary gzip 1", "HIT")
+    );
+    assert_eq!((b2.body.as_str(), cache_status(&b2)), ("vary  2", "HIT"));
+    assert_eq!(origin.requests(), 2);
+}
+
+#[tokio::test]
+async fn a_conditional_request_is_answered_304_from_the_cache_and_head_from_a_stored_get() {
+    let origin = origin().await;
+    let proxy = Proxy::start(&setup(&origin, ""));
+    let full = get(proxy.addr, "/etag").await;
+    assert_eq!(full.body, "etag 1");
+    let r = get_with(
+        proxy.addr,
+        "/etag",
+        &[("if-none-match", "W/\"v1\", \"v0\"")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_MODIFIED, "{r:?}");
+    assert_eq!(r.headers["etag"], "\"v1\"");
+    assert!(r.body.is_empty());
+    let r = get_with(proxy.addr, "/etag", &[("if-none-match", "\"v2\"")]).await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "etag 1"));
+    let r = get_with(
+        proxy.addr,
+        "/etag",
+        &[("if-modified-since", "Tue, 03 Nov 2026 10:00:00 GMT")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_MODIFIED, "{r:?}");
+    let mut head = Conn::open(proxy.addr).await;
+    let r = head.fetch(request(Method::HEAD, "/etag", empty())).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.headers["content-length"], "6");
+    assert_eq!(cache_status(&r), "HIT");
+    assert_eq!(origin.requests(), 1);
+}
+
+#[tokio::test]
+async fn a_post_that_succeeds_removes_what_its_key_holds() {
+    let origin = origin().await;
+    let proxy = Proxy::start(&setup(&origin, ""));
+    assert_eq!(get(proxy.addr, "/fresh").await.body, "fresh 1");
+    assert_eq!(get(proxy.addr, "/fresh").await.body, "fresh 1");
+    let post = request(Method::POST, "/fresh", full(Bytes::from_static(b"x")));
+    let r = Conn::open(proxy.addr).await.fetch(post).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let after = get(proxy.addr, "/fresh").await;
+    assert_eq!(
+        (after.body.as_str(), cache_status(&after)),
+        ("fresh 3", "MISS")
+    );
+}
+
+#[tokio::test]
+async fn a_stale_response_is_fetched_again_as_expired() {
+    let origin = origin().await;
+    let proxy = Proxy::start(&setup(&origin, ""));
+    assert_eq!(get(proxy.addr, "/short").await.body, "short 1");
+    // Bounded: max-age=1 runs out within 2 s; each round is one request.
+    let expired = poll(40, Duration::from_millis(100), async || {
+        let r = get(proxy.addr, "/short").await;
+        (cache_status(&r) == "EXPIRED").then_some(r)
+    })
+    .await
+    .expect("EXPIRED within 4 s");
+    assert_eq!(expired.body, format!("short {}", origin.requests()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_misses_of_one_key_send_one_request_across_workers() {
+    let origin = origin().await;
+    let mut setup = setup(&origin, "");
+    // Two workers where the machine has two cores: the wait crosses them.
+    setup.cpus = allowed().into_iter().take(2).collect();
+    setup.extra += "[admin]\naddress = \"127.0.0.1:0\"\n";
+    let proxy = Proxy::start(&setup);
+    let clients: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(get(proxy.addr, "/slow")))
+        .collect();
+    let mut bodies = Vec::new();
+    for c in clients {
+        bodies.push(c.await.unwrap().body);
+    }
+    assert!(bodies.iter().all(|b| b == "fresh 1"), "{bodies:?}");
+    assert_eq!(origin.requests(), 1);
+    let m = proxy.metrics().await;
+    assert_eq!(
+        m.value(
+            "pinlb_cache_requests_total",
+            "zone=\"micro\",status=\"miss\""
+        ),
+        1.0
+    );
+    assert!(m.value("pinlb_cache_collapsed_total", "zone=\"micro\"") >= 1.0);
+    assert_eq!(m.value("pinlb_cache_stored_total", "zone=\"micro\""), 1.0);
+    assert!(m.value("pinlb_cache_bytes", "zone=\"micro\"") > 0.0);
+}
+
+#[test]
+fn a_route_names_a_zone_that_exists_and_can_turn_its_listeners_cache_off() {
+    let bad = "[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\ncache = { zone = \"nope\" }\n\
+               [upstream.app]\nbackends = [{ address = \"127.0.0.1:9\" }]\n[cache.micro]\n";
+    let out = std::process::Command::new(bin())
+        .args(["check", "-c"])
+        .arg(temp_config(bad))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(
+            ":4:18: listener[0].cache.zone: unknown cache zone \"nope\", expected one of micro"
+        ),
+        "{stderr}"
+    );
+    let off = "[[listener]]\naddress = \"127.0.0.1:0\"\nupstream = \"app\"\ncache = { zone = \"micro\" }\n\
+               [[listener.route]]\npath = \"/live\"\nupstream = \"app\"\ncache = false\n\
+               [upstream.app]\nbackends = [{ address = \"127.0.0.1:9\" }]\n[cache.micro]\n";
+    let out = std::process::Command::new(bin())
+        .args(["check", "-c"])
+        .arg(temp_config(off))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("cache in zone micro, key {scheme}://{host}{uri}"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("cache: off"), "{stdout}");
+}
