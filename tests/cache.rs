@@ -28,11 +28,20 @@ fn answer(head: &str, n: usize) -> Vec<u8> {
             })
             .unwrap_or_default()
     };
+    if path == "/reval" && header("if-none-match") == "\"r1\"" {
+        return format!(
+            "HTTP/1.1 304 Not Modified\r\nCache-Control: max-age=60\r\nETag: \"r1\"\r\nX-Version: {n}\r\n\r\n"
+        )
+        .into_bytes();
+    }
     let (lines, body): (&str, String) = match path {
         "/fresh" | "/fresh?a=1" | "/slow" => {
             ("Cache-Control: max-age=60\r\n", format!("fresh {n}"))
         }
-        "/short" => ("Cache-Control: max-age=1\r\n", format!("short {n}")),
+        "/short" => (
+            "Cache-Control: max-age=1\r\nConnection: close\r\n",
+            format!("short {n}"),
+        ),
         "/nostore" => ("Cache-Control: no-store\r\n", format!("nostore {n}")),
         "/private" => (
             "Cache-Control: private, max-age=60\r\n",
@@ -51,16 +60,20 @@ fn answer(head: &str, n: usize) -> Vec<u8> {
             "Cache-Control: max-age=60\r\nETag: \"v1\"\r\nLast-Modified: Mon, 02 Nov 2026 10:00:00 GMT\r\n",
             format!("etag {n}"),
         ),
+        "/reval" => (
+            "Cache-Control: max-age=1\r\nETag: \"r1\"\r\n",
+            format!("reval {n}"),
+        ),
         _ => ("", format!("other {n}")),
     };
     format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{lines}Content-Length: {}\r\n\r\n{body}",
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Version: {n}\r\n{lines}Content-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
 }
 
-/// The origin: [`answer`], after `delay` for `/slow`.
+/// The origin: [`answer`], after 300 ms for `/slow`, closing the connection after `/short`.
 async fn origin() -> RawServer {
     let count = Arc::new(AtomicUsize::new(0));
     RawServer::start(move |seen| {
@@ -68,6 +81,9 @@ async fn origin() -> RawServer {
         let bytes = answer(&seen.head, n);
         if seen.head.starts_with("GET /slow ") {
             RawAction::RespondAfter(Duration::from_millis(300), bytes)
+        } else if seen.head.starts_with("GET /short ") {
+            // No connection kept: once the listener is gone, the backend is down.
+            RawAction::RespondAndClose(bytes)
         } else {
             RawAction::Respond(bytes)
         }
@@ -312,4 +328,88 @@ fn a_route_names_a_zone_that_exists_and_can_turn_its_listeners_cache_off() {
         "{stdout}"
     );
     assert!(stdout.contains("cache: off"), "{stdout}");
+}
+
+/// Polls `path` through `proxy` until its cache status is `want`, each try one request; the
+/// stored responses of these tests go stale within 2 s.
+async fn until_status(addr: std::net::SocketAddr, path: &str, want: &str) -> Reply {
+    poll(40, Duration::from_millis(100), async || {
+        let r = get(addr, path).await;
+        (cache_status(&r) == want).then_some(r)
+    })
+    .await
+    .unwrap_or_else(|| panic!("{path} never answered {want} within 4 s"))
+}
+
+#[tokio::test]
+async fn a_stale_response_is_served_while_the_backends_are_down_under_use_stale_error() {
+    let origin = origin().await;
+    let keys = ", use_stale = [\"error\", \"timeout\"]";
+    let proxy = Proxy::start(&setup(&origin, keys));
+    assert_eq!(get(proxy.addr, "/short").await.body, "short 1");
+    // The backend gone: its port refuses connections.
+    drop(origin.into_listener().await);
+    let r = until_status(proxy.addr, "/short", "STALE").await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "short 1"));
+}
+
+#[tokio::test]
+async fn without_use_stale_a_backend_that_is_down_gets_its_error() {
+    let origin = origin().await;
+    let proxy = Proxy::start(&setup(&origin, ""));
+    assert_eq!(get(proxy.addr, "/short").await.body, "short 1");
+    drop(origin.into_listener().await);
+    let r = until_status(proxy.addr, "/short", "EXPIRED").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{r:?}");
+}
+
+#[tokio::test]
+async fn with_background_update_the_stale_response_goes_out_at_once_and_is_refreshed_behind() {
+    let origin = origin().await;
+    let keys = ", use_stale = [\"updating\"], background_update = true";
+    let proxy = Proxy::start(&setup(&origin, keys));
+    assert_eq!(get(proxy.addr, "/short").await.body, "short 1");
+    let r = until_status(proxy.addr, "/short", "STALE").await;
+    assert_eq!(r.body, "short 1");
+    origin.wait_for_requests(2).await;
+    let r = until_status(proxy.addr, "/short", "HIT").await;
+    assert_eq!(r.body, "short 2");
+}
+
+#[tokio::test]
+async fn a_304_to_the_caches_conditional_request_refreshes_the_stored_headers() {
+    let origin = origin().await;
+    let proxy = Proxy::start(&setup(&origin, ""));
+    let first = get(proxy.addr, "/reval").await;
+    assert_eq!(
+        (
+            first.body.as_str(),
+            first.headers["x-version"].to_str().unwrap()
+        ),
+        ("reval 1", "1")
+    );
+    let r = until_status(proxy.addr, "/reval", "REVALIDATED").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, "reval 1");
+    assert_eq!(r.headers["x-version"], "2", "{r:?}");
+    let seen = origin.seen();
+    assert!(
+        seen[1]
+            .head
+            .to_ascii_lowercase()
+            .contains("if-none-match: \"r1\""),
+        "{:?}",
+        seen[1]
+    );
+    // Fresh again for the 304's max-age=60, with its headers.
+    let r = get(proxy.addr, "/reval").await;
+    assert_eq!(
+        (
+            cache_status(&r),
+            r.body.as_str(),
+            r.headers["x-version"].to_str().unwrap()
+        ),
+        ("HIT", "reval 1", "2")
+    );
+    assert_eq!(origin.requests(), 2);
 }

@@ -460,10 +460,17 @@ impl Collector for Scrape {
         family(
             &mut e,
             "cache_requests",
-            "Requests a cache zone looked up, by zone and what it did: hit (answered from it), miss (nothing stored), expired (what was stored was stale).",
+            "Requests a cache zone looked up, by zone and what it did: hit (answered from it), miss (nothing stored), expired (what was stored was stale, and the backend answered), stale (a stale response served: the backend failed, or another request updates it), revalidated (a stale response the backend said is still good).",
             MetricType::Counter,
             self.caches.iter().flat_map(|f| {
-                [("hit", f.hits), ("miss", f.misses), ("expired", f.expired)].map(|(s, n)| {
+                [
+                    ("hit", f.hits),
+                    ("miss", f.misses),
+                    ("expired", f.expired),
+                    ("stale", f.stale),
+                    ("revalidated", f.revalidated),
+                ]
+                .map(|(s, n)| {
                     let mut labels = zone(f);
                     labels.push(("status", s.to_string()));
                     (labels, counter(n))

@@ -149,7 +149,8 @@ pub(crate) async fn forward(
 ) -> Answer {
     if let Some(cached) = request.overrides.and_then(|o| o.cache.as_ref()) {
         // Boxed: the plain path's future carries none of the cache's state.
-        let through = crate::proxy::cache::handle(cached, upstream, client, limits, at, request);
+        let through =
+            crate::proxy::cache::handle_cached(cached, upstream, client, limits, at, request);
         return Box::pin(through).await;
     }
     handle(upstream, client, limits, at, request).await

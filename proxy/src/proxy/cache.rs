@@ -3,7 +3,16 @@
 //! the route's `lock` is on, and the backend's response stored on its way to the client when
 //! RFC 9111 lets it. The request pipeline (`downstream::pipeline::forward`) sends only such a
 //! route's requests here.
+//!
+//! A stale response is asked for again conditionally when it has a validator (`revalidate`):
+//! a `304` refreshes it (`REVALIDATED`). It is served instead of the backend's answer when
+//! the backend fails in a way `use_stale` names or its own `stale-if-error` allows (`STALE`),
+//! and while another request updates it, under `use_stale` `updating` or its own
+//! `stale-while-revalidate` (`UPDATING`). With `background_update`, the request that finds it
+//! stale gets it at once (`STALE`) and a request of pinlb's own, a task on the worker,
+//! updates it.
 
+use std::future::poll_fn;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,23 +21,27 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use tokio::sync::Notify;
+use tracing::debug;
 
 use crate::config::Limits;
 use crate::http1::common::{Reply, content_length_line};
 use crate::http1::request::RequestHead;
 use crate::modules::Filter;
-use crate::modules::cache::fill::Pending;
+use crate::modules::cache::fill::{Pending, store};
+use crate::modules::cache::policy::{self, Verdict};
 use crate::modules::cache::stored::{Entry, Stored, variant_key};
 use crate::modules::cache::zone::{Lead, Zone};
-use crate::modules::cache::{CacheStatus, Cached, Fill, policy};
+use crate::modules::cache::{CacheStatus, Cached, Config, Fill};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::{Downstream, DownstreamBody};
-use crate::proxy::handle::{Answer, DownstreamRequest};
+use crate::proxy::forward::{Overrides, forward};
+use crate::proxy::handle::{Answer, DownstreamRequest, handle};
+use crate::proxy::side_request::CopyBody;
 use crate::syntax::template::Request;
 use crate::upstream::local::WorkerUpstream;
 
 /// `request` through `cached`: a stored answer, or the backend's, stored when it may be.
-pub(crate) async fn handle(
+pub(crate) async fn handle_cached(
     cached: &Cached,
     upstream: Rc<WorkerUpstream>,
     downstream: Rc<Downstream>,
@@ -46,52 +59,124 @@ pub(crate) async fn handle(
     if request.refused.is_some() || !config.looks_up(&head.method) {
         // Not looked up; an unsafe method's success makes what the key holds stale.
         let method = head.method.clone();
-        let answer = super::handle::handle(upstream, downstream, limits, at, request).await;
+        let answer = handle(upstream, downstream, limits, at, request).await;
         if policy::invalidates(&method, answer.response.status) {
             zone.remove(&key);
         }
         return answer;
     }
-    let mut status = CacheStatus::Miss;
-    let entry = lookup(zone, &key, head);
-    match entry.as_deref().and_then(stored) {
-        Some(s) if s.is_fresh(Instant::now()) => return hit(cached, s, head),
-        Some(_) => status = CacheStatus::Expired,
-        None => {}
-    }
-    drop(entry);
-    let mut lead = None;
-    let mut may_store = true;
-    if let Some(wait) = config.lock {
-        match zone.lead(&key) {
-            Ok(l) => lead = Some(l),
-            Err(notify) => {
-                zone.counters.collapsed.fetch_add(1, Ordering::Relaxed);
-                let woken = wait_for(zone, &key, &notify, wait).await;
-                let entry = lookup(zone, &key, head);
-                if let Some(s) = entry.as_deref().and_then(stored) {
-                    if s.is_fresh(Instant::now()) {
-                        return hit(cached, s, head);
-                    }
-                }
-                // Not stored (the response could not be): this request goes on its own. One
-                // that waited the whole `lock_timeout` is not stored either (nginx's rule).
-                may_store = woken;
-            }
+    let now = Instant::now();
+    let mut entry = lookup(zone, &key, head);
+    if let Some(s) = entry.as_deref().and_then(stored) {
+        if s.is_fresh(now) {
+            return served(cached, s, head, CacheStatus::Hit);
         }
     }
-    let counter = match status {
-        CacheStatus::Expired => &zone.counters.expired,
-        _ => &zone.counters.misses,
+    // Missed, or stale: one request updates the key, the others wait or are served stale.
+    let lead = match zone.lead(&key) {
+        Ok(lead) => Some(lead),
+        Err(notify) => {
+            if let Some(s) = entry.as_deref().and_then(stored) {
+                if config.use_stale.updating || s.may_serve_while_revalidating(now) {
+                    return served(cached, s, head, CacheStatus::Updating);
+                }
+            }
+            match config.lock {
+                Some(wait) => {
+                    zone.counters.collapsed.fetch_add(1, Ordering::Relaxed);
+                    let woken = wait_for(zone, &key, &notify, wait).await;
+                    entry = lookup(zone, &key, head);
+                    if let Some(s) = entry.as_deref().and_then(stored) {
+                        if s.is_fresh(Instant::now()) {
+                            return served(cached, s, head, CacheStatus::Hit);
+                        }
+                    }
+                    if !woken {
+                        // nginx's rule: after `lock_timeout`, to the backend, and not stored.
+                        let status = miss_status(entry.as_deref());
+                        count(cached, status);
+                        let mut answer = handle(upstream, downstream, limits, at, request).await;
+                        status_line(cached, &mut answer.response.headers, status);
+                        return answer;
+                    }
+                    // Woken with nothing fresh: the response could not be stored. This request
+                    // goes on its own, storing what it may (no lead: nobody waits on it).
+                    None
+                }
+                None => None,
+            }
+        }
     };
-    counter.fetch_add(1, Ordering::Relaxed);
-    cached.status.set(Some(status));
-    let mut answer = super::handle::handle(upstream, downstream, limits, at, request).await;
-    if may_store && head.method == Method::GET {
+    let stale = entry.as_deref().and_then(stored);
+    if let Some(s) = stale {
+        let background = config.background_update || s.may_serve_while_revalidating(now);
+        if background && lead.is_some() {
+            let answer = served(cached, s, head, CacheStatus::Stale);
+            let refresh = Refresh {
+                cached: Cached {
+                    config: config.clone(),
+                    zone: zone.clone(),
+                    status: std::cell::Cell::new(None),
+                },
+                key,
+                head: head.copy_without_body(),
+                entry: entry.clone(),
+                overrides: request.overrides.map(owned_overrides),
+            };
+            refresh.spawn((upstream, downstream, limits), lead);
+            return answer;
+        }
+    }
+    let revalidating = stale.and_then(|s| config.revalidate.then(|| s.validator_lines()).flatten());
+    let status = miss_status(entry.as_deref());
+    let mut answer = match &revalidating {
+        None => handle(upstream, downstream, limits, at, request).await,
+        Some(validators) => {
+            let ov = conditional(request.overrides, head, validators);
+            let request = DownstreamRequest {
+                overrides: Some(&ov),
+                ..request
+            };
+            handle(upstream, downstream, limits, at, request).await
+        }
+    };
+    if let Some(s) = stale {
+        if revalidating.is_some() && answer.response.status == StatusCode::NOT_MODIFIED {
+            let refreshed = refresh(cached, &key, head, s, &answer.response.headers, lead);
+            let s = refreshed.as_deref().and_then(stored).unwrap_or(s);
+            return served(cached, s, head, CacheStatus::Revalidated);
+        }
+        if stale_on_failure(config, s, &answer.response) {
+            return served(cached, s, head, CacheStatus::Stale);
+        }
+    }
+    count(cached, status);
+    if head.method == Method::GET {
         store_on_the_way(cached, key, head, &mut answer.response, lead);
     }
     status_line(cached, &mut answer.response.headers, status);
     answer
+}
+
+/// MISS for nothing stored, EXPIRED for a stale response.
+fn miss_status(entry: Option<&Entry>) -> CacheStatus {
+    match entry.and_then(stored) {
+        Some(_) => CacheStatus::Expired,
+        None => CacheStatus::Miss,
+    }
+}
+
+fn count(cached: &Cached, status: CacheStatus) {
+    let c = &cached.zone.counters;
+    let counter = match status {
+        CacheStatus::Hit => &c.hits,
+        CacheStatus::Expired => &c.expired,
+        CacheStatus::Stale | CacheStatus::Updating => &c.stale,
+        CacheStatus::Revalidated => &c.revalidated,
+        CacheStatus::Miss => &c.misses,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    cached.status.set(Some(status));
 }
 
 /// What `key` holds for `head`: its response, or the variant for `head`'s values of the
@@ -123,18 +208,17 @@ async fn wait_for(zone: &Zone, key: &[u8], notify: &Arc<Notify>, wait: Duration)
     tokio::time::timeout(wait, woken).await.is_ok()
 }
 
-/// The answer from `s`, a fresh stored response: `304 Not Modified` when the request's own
-/// condition holds for it.
-fn hit(cached: &Cached, s: &Stored, head: &RequestHead) -> Answer {
-    cached.zone.counters.hits.fetch_add(1, Ordering::Relaxed);
-    cached.status.set(Some(CacheStatus::Hit));
+/// The answer from `s`, a stored response, counted as `status`: `304 Not Modified` when the
+/// request's own condition holds for it.
+fn served(cached: &Cached, s: &Stored, head: &RequestHead, status: CacheStatus) -> Answer {
+    count(cached, status);
     let not_modified = s.not_modified(head);
     let mut headers = Vec::with_capacity(s.lines.len() + 48);
     headers.extend_from_slice(&s.lines);
     headers.extend_from_slice(b"age: ");
     headers.extend_from_slice(itoa::Buffer::new().format(s.age(Instant::now())).as_bytes());
     headers.extend_from_slice(b"\r\n");
-    let (status, body) = if not_modified {
+    let (code, body) = if not_modified {
         (StatusCode::NOT_MODIFIED, Bytes::new())
     } else if head.method == Method::HEAD {
         content_length_line(&mut headers, s.body.len() as u64);
@@ -142,15 +226,175 @@ fn hit(cached: &Cached, s: &Stored, head: &RequestHead) -> Answer {
     } else {
         (s.status, s.body.clone())
     };
-    status_line(cached, &mut headers, CacheStatus::Hit);
+    status_line(cached, &mut headers, status);
     Answer {
         response: Reply {
-            status,
+            status: code,
             headers,
             body: ProxyBody::Local(Some(body)),
         },
         upstreamed: None,
         close: false,
+    }
+}
+
+/// Whether the proxy's answer is a failure `use_stale` (or the stored response's own
+/// `stale-if-error`) lets `s` be served instead of: pinlb's own 502 or 503 (`error`: no
+/// backend answered, or none could be picked) or 504 (`timeout`), or a backend's status it
+/// lists.
+fn stale_on_failure(config: &Config, s: &Stored, answer: &Reply<ProxyBody>) -> bool {
+    let code = answer.status.as_u16();
+    let own = matches!(answer.body, ProxyBody::Local(_));
+    let named = match (own, code) {
+        (true, 504) => config.use_stale.timeout,
+        (true, 502 | 503) => config.use_stale.error,
+        (false, c) => config.use_stale.statuses.contains(&c),
+        _ => false,
+    };
+    let failed = (own && code >= 500) || (500..600).contains(&code);
+    named || (failed && s.may_serve_on_error(Instant::now()))
+}
+
+/// The route's overrides of a request, with `validators` in place of the request's own
+/// conditional lines: the backend is asked whether the stored response is still good.
+fn conditional(overrides: Option<&Overrides>, head: &RequestHead, validators: &[u8]) -> Overrides {
+    let base = overrides
+        .and_then(|o| o.lines.as_deref())
+        .unwrap_or(head.lines());
+    let mut lines = Vec::with_capacity(base.len() + validators.len());
+    for line in base.split_inclusive(|&b| b == b'\n') {
+        let name = line.split(|&b| b == b':').next().unwrap_or_default();
+        let own_condition = [b"if-none-match".as_slice(), b"if-modified-since"]
+            .iter()
+            .any(|n| name.trim_ascii().eq_ignore_ascii_case(n));
+        if !own_condition {
+            lines.extend_from_slice(line);
+        }
+    }
+    lines.extend_from_slice(validators);
+    Overrides {
+        lines: Some(lines),
+        ..overrides.map(owned_overrides).unwrap_or_default()
+    }
+}
+
+/// What a task of its own needs of a route's overrides: all but a mirror's pending copies and
+/// the cache.
+fn owned_overrides(o: &Overrides) -> Overrides {
+    Overrides {
+        path: o.path.clone(),
+        lines: o.lines.clone(),
+        timeouts: o.timeouts,
+        preferred: None,
+        copies: Vec::new(),
+        cache: None,
+    }
+}
+
+/// `s` refreshed by a `304`'s header `lines`, stored again when it still may be (`lead` let
+/// go then): the new entry; `None` when the 304 made it unstorable, and it is forgotten.
+fn refresh(
+    cached: &Cached,
+    key: &[u8],
+    head: &RequestHead,
+    s: &Stored,
+    lines: &[u8],
+    lead: Option<Lead>,
+) -> Option<Arc<Entry>> {
+    let merged = s.refreshed_lines(lines);
+    let Some(v) = policy::verdict(&cached.config, head, s.status, &merged) else {
+        cached.zone.remove(key);
+        return None;
+    };
+    let p = pending(cached, key.to_vec(), head, (s.status, merged), v, lead);
+    Some(store(p, s.body.clone()))
+}
+
+/// A stale response's update by a request of pinlb's own, on a task of the worker, while the
+/// clients are served the stale one (`background_update`, `stale-while-revalidate`).
+struct Refresh {
+    cached: Cached,
+    key: Vec<u8>,
+    head: RequestHead,
+    entry: Option<Arc<Entry>>,
+    overrides: Option<Overrides>,
+}
+
+impl Refresh {
+    /// Sends it on its own task, through `upstream` as the client's request would have gone;
+    /// `lead`, the hold on the key, goes with it.
+    fn spawn(
+        self,
+        (upstream, downstream, limits): (Rc<WorkerUpstream>, Rc<Downstream>, Limits),
+        lead: Option<Lead>,
+    ) {
+        tokio::task::spawn_local(async move {
+            let Refresh {
+                cached,
+                key,
+                head,
+                entry,
+                overrides,
+            } = self;
+            let s = entry.as_deref().and_then(stored);
+            let validators = s.and_then(|s| cached.config.revalidate.then(|| s.validator_lines()));
+            let ov = match validators.flatten() {
+                Some(v) => conditional(overrides.as_ref(), &head, &v),
+                None => overrides.unwrap_or_default(),
+            };
+            let request = (&head, Some(&ov), &b""[..]);
+            let mut body = CopyBody(None);
+            match forward(
+                &upstream,
+                &downstream,
+                &limits,
+                request,
+                &mut body,
+                None,
+                None,
+            )
+            .await
+            {
+                Ok((reply, _)) if reply.status == StatusCode::NOT_MODIFIED => {
+                    if let Some(s) = s {
+                        refresh(&cached, &key, &head, s, &reply.headers, lead);
+                    }
+                }
+                Ok((mut reply, _)) => {
+                    store_on_the_way(&cached, key, &head, &mut reply, lead);
+                    // Bounded by the upstream's timeouts: the body ends, breaks off or times out.
+                    while let Some(Ok(_)) = poll_fn(|cx| reply.body.poll_data(cx)).await {}
+                }
+                Err(e) => {
+                    let upstream = &upstream.shared.config.name;
+                    debug!(upstream = %upstream, "a cache's background update got no answer: {e}");
+                }
+            }
+        });
+    }
+}
+
+/// A response with head `status` and `lines` under `key`, on its way to be stored for `v`.
+fn pending(
+    cached: &Cached,
+    key: Vec<u8>,
+    head: &RequestHead,
+    (status, lines): (StatusCode, Vec<u8>),
+    v: Verdict,
+    lead: Option<Lead>,
+) -> Pending {
+    Pending {
+        zone: cached.zone.clone(),
+        variant: (!v.vary.is_empty()).then(|| variant_key(&key, &v.vary, head)),
+        key,
+        status,
+        lines: kept_lines(&lines),
+        age: v.age,
+        fresh_for: v.fresh_for,
+        vary: v.vary,
+        while_revalidating: v.while_revalidating,
+        if_error: v.if_error,
+        lead,
     }
 }
 
@@ -170,20 +414,10 @@ fn store_on_the_way(
     let Some(v) = policy::verdict(&cached.config, head, response.status, &response.headers) else {
         return;
     };
-    let variant = (!v.vary.is_empty()).then(|| variant_key(&key, &v.vary, head));
-    let pending = Pending {
-        zone: cached.zone.clone(),
-        key,
-        status: response.status,
-        lines: kept_lines(&response.headers),
-        age: v.age,
-        fresh_for: v.fresh_for,
-        vary: v.vary,
-        variant,
-        lead,
-    };
+    let lines = response.headers.clone();
+    let p = pending(cached, key, head, (response.status, lines), v, lead);
     let body = std::mem::replace(&mut response.body, ProxyBody::Local(None));
-    response.body = body.filtered(Filter::Cache(Fill::new(pending)));
+    response.body = body.filtered(Filter::Cache(Fill::new(p)));
 }
 
 /// The header lines a stored response keeps: all but `Set-Cookie` (stored only when ignored,

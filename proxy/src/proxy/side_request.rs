@@ -233,7 +233,7 @@ impl<B: DownstreamBody> DownstreamBody for Tee<'_, B> {
 }
 
 /// A copy's body: the one kept, or none.
-struct CopyBody(Option<Bytes>);
+pub(crate) struct CopyBody(pub(crate) Option<Bytes>);
 
 impl DownstreamBody for CopyBody {
     fn framing(&self) -> RequestFraming {

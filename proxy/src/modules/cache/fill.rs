@@ -19,6 +19,8 @@ pub(crate) struct Pending {
     pub age: Duration,
     pub fresh_for: Duration,
     pub vary: Vec<String>,
+    pub while_revalidating: Duration,
+    pub if_error: Duration,
     /// The request headers' values its variant is kept by, as [`variant_key`] writes them.
     pub variant: Option<Vec<u8>>,
     /// This request's hold on the key, when it leads the misses: let go once it is stored
@@ -78,8 +80,8 @@ impl Fill {
     }
 }
 
-/// `p` with its whole `body`, into its zone.
-fn store(p: Pending, body: Bytes) {
+/// `p` with its whole `body`, into its zone; its lead let go.
+pub(crate) fn store(p: Pending, body: Bytes) -> Arc<Entry> {
     let fields = super::policy::header_map(&p.lines);
     let etag = fields.get(http::header::ETAG).map(|v| v.as_bytes().to_vec());
     let last_modified = (fields.get(http::header::LAST_MODIFIED))
@@ -93,13 +95,17 @@ fn store(p: Pending, body: Bytes) {
         fresh_for: p.fresh_for,
         etag,
         last_modified,
+        while_revalidating: p.while_revalidating,
+        if_error: p.if_error,
     };
+    let entry = Arc::new(Entry::Response(stored));
     match p.variant {
         Some(variant) => {
-            p.zone.insert(p.key, Entry::Vary(p.vary.into_boxed_slice()));
-            p.zone.insert(variant, Entry::Response(stored));
+            p.zone.insert(p.key, Arc::new(Entry::Vary(p.vary.into_boxed_slice())));
+            p.zone.insert(variant, entry.clone());
         }
-        None => p.zone.insert(p.key, Entry::Response(stored)),
+        None => p.zone.insert(p.key, entry.clone()),
     }
     drop(p.lead);
+    entry
 }

@@ -35,9 +35,14 @@
 //!   one key at once, across every worker, one goes to the backend and the others wait for its
 //!   response, at most `lock_timeout` (5 s), after which they go to the backend themselves and
 //!   their responses are not stored (nginx's rule).
+//! - A stale response is revalidated (`revalidate`, on by default: nginx's
+//!   `proxy_cache_revalidate`), served instead of the backend's failure (`use_stale`, nginx's
+//!   `proxy_cache_use_stale`, and the response's own `stale-if-error`), served while another
+//!   request updates it (`use_stale` `updating`, `stale-while-revalidate`), or served at once
+//!   while a request of pinlb's own updates it (`background_update`): `proxy::cache`.
 //! - `status_header` names a response header that says what the cache did (nginx's
-//!   `add_header X-Cache-Status $upstream_cache_status`): `HIT`, `MISS` or `EXPIRED`; the
-//!   access log's `cache_status` field says the same.
+//!   `add_header X-Cache-Status $upstream_cache_status`): `HIT`, `MISS`, `EXPIRED`, `STALE`,
+//!   `UPDATING` or `REVALIDATED`; the access log's `cache_status` field says the same.
 //!
 //! - [`policy`]: RFC 9111's rules: whether a response may be stored, and for how long.
 //! - [`stored`]: what a key holds: a stored response and its freshness, or its variants' names.
@@ -115,6 +120,9 @@ pub(crate) struct RawCache {
     lock_timeout: Option<Spanned<Dur>>,
     status_header: Option<Spanned<String>>,
     ignore_headers: Option<Spanned<Vec<Spanned<String>>>>,
+    use_stale: Option<Spanned<Vec<Spanned<String>>>>,
+    background_update: Option<Spanned<bool>>,
+    revalidate: Option<Spanned<bool>>,
 }
 
 /// `key` when left out: nginx's `$scheme$proxy_host$request_uri`, with the request's host.
@@ -130,6 +138,22 @@ pub(crate) struct Ignore {
     pub set_cookie: bool,
     pub vary: bool,
 }
+
+/// When a stale response is served (nginx's `proxy_cache_use_stale`): on the proxy's own
+/// failure to get an answer (`error`: no backend to pick, or none connected or answered
+/// whole; `timeout`), on a backend's answer with a listed status, and while another request
+/// updates it (`updating`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct UseStale {
+    pub error: bool,
+    pub timeout: bool,
+    pub updating: bool,
+    /// `http_500`, `http_502`…: a backend's answer with one of these statuses.
+    pub statuses: Vec<u16>,
+}
+
+/// `use_stale`'s values with a status.
+const STALE_STATUSES: [u16; 7] = [500, 502, 503, 504, 403, 404, 429];
 
 /// A cache that is on, for one listener or route.
 #[derive(Debug, PartialEq, Eq)]
@@ -148,6 +172,13 @@ pub(crate) struct Config {
     /// `name: ` of the response header that says what the cache did.
     pub status_header: Option<Vec<u8>>,
     pub ignore: Ignore,
+    pub use_stale: UseStale,
+    /// A stale response is served at once while a request of pinlb's own updates it (nginx's
+    /// `proxy_cache_background_update`; needs `use_stale` with `updating`).
+    pub background_update: bool,
+    /// An expired response with a validator is asked for again conditionally, and a `304`
+    /// refreshes it (nginx's `proxy_cache_revalidate`).
+    pub revalidate: bool,
 }
 
 impl Config {
@@ -326,6 +357,34 @@ fn validate(
             }
         }
     }
+    let mut use_stale = UseStale::default();
+    for v in raw.use_stale.iter().flat_map(|l| l.get_ref()) {
+        let status = v.get_ref().strip_prefix("http_").and_then(|s| s.parse::<u16>().ok());
+        match (v.get_ref().as_str(), status) {
+            ("error", _) => use_stale.error = true,
+            ("timeout", _) => use_stale.timeout = true,
+            ("updating", _) => use_stale.updating = true,
+            (_, Some(s)) if STALE_STATUSES.contains(&s) => use_stale.statuses.push(s),
+            (other, _) => {
+                return Err(src.at(
+                    v.span(),
+                    &format!("{key}.use_stale"),
+                    format!("\"{other}\" is not a case for a stale response, expected error, timeout, updating, http_500, http_502, http_503, http_504, http_403, http_404 or http_429"),
+                ));
+            }
+        }
+    }
+    let background_update = match &raw.background_update {
+        Some(b) if *b.get_ref() && !use_stale.updating => {
+            return Err(src.at(
+                b.span(),
+                &format!("{key}.background_update"),
+                "serves the stale response while it is updated, which use_stale allows only with \"updating\", expected use_stale = [\"updating\", …] beside it",
+            ));
+        }
+        Some(b) => *b.get_ref(),
+        None => false,
+    };
     Ok(Config {
         zone,
         zone_name: zone_name.get_ref().clone(),
@@ -335,6 +394,9 @@ fn validate(
         lock: lock_on.then_some(lock_timeout),
         status_header,
         ignore,
+        use_stale,
+        background_update,
+        revalidate: raw.revalidate.as_ref().is_none_or(|r| *r.get_ref()),
     })
 }
 
@@ -361,6 +423,13 @@ pub enum CacheStatus {
     Miss,
     /// What was stored was no longer fresh: the backend answered.
     Expired,
+    /// A stale response, served since the backend failed (`use_stale`), or while a request of
+    /// pinlb's own updates it (`background_update`).
+    Stale,
+    /// A stale response, served while another request updates it (`use_stale` `updating`).
+    Updating,
+    /// A stale response the backend said is still good (`304` to a conditional request).
+    Revalidated,
 }
 
 impl CacheStatus {
@@ -369,6 +438,9 @@ impl CacheStatus {
             CacheStatus::Hit => "HIT",
             CacheStatus::Miss => "MISS",
             CacheStatus::Expired => "EXPIRED",
+            CacheStatus::Stale => "STALE",
+            CacheStatus::Updating => "UPDATING",
+            CacheStatus::Revalidated => "REVALIDATED",
         }
     }
 }

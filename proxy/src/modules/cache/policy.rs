@@ -20,6 +20,10 @@ pub(crate) struct Verdict {
     pub age: Duration,
     /// The request headers it varies by (`Vary`), lower case; empty for none.
     pub vary: Vec<String>,
+    /// How long past its freshness it may be served while it is revalidated, and when the
+    /// backend fails (RFC 5861's `stale-while-revalidate` and `stale-if-error`).
+    pub while_revalidating: Duration,
+    pub if_error: Duration,
 }
 
 /// Whether the response with `status` and header lines `lines` to `head` may be stored under
@@ -69,6 +73,10 @@ pub(crate) fn verdict(
             res.insert(CACHE_CONTROL, HeaderValue::from_str(&cc).ok()?);
         }
     }
+    let (while_revalidating, if_error) = (
+        directive(&res, "stale-while-revalidate"),
+        directive(&res, "stale-if-error"),
+    );
     let req = request_parts(head)?;
     let now = SystemTime::now();
     let response = response_parts(status, res)?;
@@ -84,7 +92,21 @@ pub(crate) fn verdict(
         fresh_for,
         age: policy.age(now),
         vary,
+        while_revalidating,
+        if_error,
     })
+}
+
+/// The seconds of the `Cache-Control` directive `name=N`, 0 without it.
+fn directive(res: &HeaderMap, name: &str) -> Duration {
+    let secs = (res.get_all(CACHE_CONTROL).iter())
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|d| {
+            let (k, v) = d.trim().split_once('=')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().parse::<u64>().ok())?
+        });
+    Duration::from_secs(secs.unwrap_or(0))
 }
 
 /// Whether a response says how long it is fresh: the heuristic from `Last-Modified` applies

@@ -44,12 +44,74 @@ pub(crate) struct Stored {
     pub(super) fresh_for: Duration,
     pub(super) etag: Option<Vec<u8>>,
     pub(super) last_modified: Option<SystemTime>,
+    /// How long past `fresh_for` it may be served while revalidated, and when the backend
+    /// fails (`stale-while-revalidate`, `stale-if-error`).
+    pub(super) while_revalidating: Duration,
+    pub(super) if_error: Duration,
 }
 
 impl Stored {
     /// Whether it may still be served without asking the backend.
     pub(crate) fn is_fresh(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.stored_at) < self.fresh_for
+    }
+
+    /// How long it has been stale at `now` (zero while fresh).
+    fn stale_for(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.stored_at)
+            .saturating_sub(self.fresh_for)
+    }
+
+    /// Whether its own `stale-while-revalidate` lets it be served while it is updated.
+    pub(crate) fn may_serve_while_revalidating(&self, now: Instant) -> bool {
+        self.stale_for(now) < self.while_revalidating
+    }
+
+    /// Whether its own `stale-if-error` lets it be served when the backend fails.
+    pub(crate) fn may_serve_on_error(&self, now: Instant) -> bool {
+        self.stale_for(now) < self.if_error
+    }
+
+    /// Whether it has a validator, for a conditional request.
+    pub(crate) fn validator_lines(&self) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        if let Some(etag) = &self.etag {
+            out.extend_from_slice(b"if-none-match: ");
+            out.extend_from_slice(etag);
+            out.extend_from_slice(b"\r\n");
+        }
+        if let Some(modified) = self.last_modified {
+            out.extend_from_slice(b"if-modified-since: ");
+            out.extend_from_slice(httpdate::fmt_http_date(modified).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        (!out.is_empty()).then_some(out)
+    }
+
+    /// Its header lines updated by a `304`'s `lines` (RFC 9111 section 4.3.4): each field the
+    /// 304 has replaces the stored one of that name; the framing fields are not taken.
+    pub(crate) fn refreshed_lines(&self, lines: &[u8]) -> Vec<u8> {
+        let name = |line: &[u8]| -> Vec<u8> {
+            let n = line.split(|&b| b == b':').next().unwrap_or_default();
+            n.trim_ascii().to_ascii_lowercase()
+        };
+        let framing = |n: &[u8]| {
+            matches!(n, b"content-length" | b"transfer-encoding" | b"set-cookie" | b"age")
+        };
+        let new: Vec<&[u8]> = (lines.split_inclusive(|&b| b == b'\n'))
+            .filter(|l| l.contains(&b':') && !framing(&name(l)))
+            .collect();
+        let names: Vec<Vec<u8>> = new.iter().map(|l| name(l)).collect();
+        let mut out = Vec::with_capacity(self.lines.len() + lines.len());
+        for line in self.lines.split_inclusive(|&b| b == b'\n') {
+            if !names.contains(&name(line)) {
+                out.extend_from_slice(line);
+            }
+        }
+        for line in new {
+            out.extend_from_slice(line);
+        }
+        out
     }
 
     /// Its `Age` now, in seconds.

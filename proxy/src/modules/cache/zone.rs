@@ -82,6 +82,10 @@ pub(crate) struct Counters {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub expired: AtomicU64,
+    /// Stale responses served (`STALE` and `UPDATING`).
+    pub stale: AtomicU64,
+    /// Stale responses a `304` refreshed.
+    pub revalidated: AtomicU64,
     /// Requests that waited for another's response to the same key.
     pub collapsed: AtomicU64,
     pub stored: AtomicU64,
@@ -125,9 +129,11 @@ impl Zone {
         self.store.get(key)
     }
 
-    pub(crate) fn insert(&self, key: Vec<u8>, entry: Entry) {
-        self.counters.stored.fetch_add(1, Ordering::Relaxed);
-        self.store.insert(key, Arc::new(entry));
+    pub(crate) fn insert(&self, key: Vec<u8>, entry: Arc<Entry>) {
+        if matches!(*entry, Entry::Response(_)) {
+            self.counters.stored.fetch_add(1, Ordering::Relaxed);
+        }
+        self.store.insert(key, entry);
     }
 
     /// Forgets what `key` holds (its variants go with it: nothing finds them without it).
@@ -212,6 +218,8 @@ impl Zones {
                 hits: n(&z.counters.hits),
                 misses: n(&z.counters.misses),
                 expired: n(&z.counters.expired),
+                stale: n(&z.counters.stale),
+                revalidated: n(&z.counters.revalidated),
                 collapsed: n(&z.counters.collapsed),
                 stored: n(&z.counters.stored),
                 entries: z.store.len() as u64,
@@ -228,6 +236,8 @@ pub struct Figures {
     pub hits: u64,
     pub misses: u64,
     pub expired: u64,
+    pub stale: u64,
+    pub revalidated: u64,
     pub collapsed: u64,
     pub stored: u64,
     pub entries: u64,
