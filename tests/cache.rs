@@ -413,3 +413,29 @@ async fn a_304_to_the_caches_conditional_request_refreshes_the_stored_headers() 
     );
     assert_eq!(origin.requests(), 2);
 }
+
+#[tokio::test]
+async fn bypass_skips_the_lookup_no_cache_the_store_and_min_uses_waits_for_the_uses() {
+    let origin = origin().await;
+    let keys = ", bypass = [\"cookie:nocache\", \"header:x-refresh\"], no_cache = [\"arg:a\"], min_uses = 2";
+    let proxy = Proxy::start(&setup(&origin, keys));
+    // min_uses = 2: the first miss is not stored, the second is.
+    assert_eq!(cache_status(&get(proxy.addr, "/fresh").await), "MISS");
+    assert_eq!(cache_status(&get(proxy.addr, "/fresh").await), "MISS");
+    let hit = get(proxy.addr, "/fresh").await;
+    assert_eq!((cache_status(&hit), hit.body.as_str()), ("HIT", "fresh 2"));
+    // Bypassed: the backend answers, and its answer is stored for the next one.
+    let by = get_with(proxy.addr, "/fresh", &[("cookie", "a=1; nocache=1")]).await;
+    assert_eq!((cache_status(&by), by.body.as_str()), ("BYPASS", "fresh 3"));
+    let zero = get_with(proxy.addr, "/fresh", &[("x-refresh", "0")]).await;
+    assert_eq!(
+        (cache_status(&zero), zero.body.as_str()),
+        ("HIT", "fresh 3"),
+        "a 0 does not hold"
+    );
+    // no_cache: never stored, however many uses.
+    for n in 0..3 {
+        let r = get(proxy.addr, "/fresh?a=1").await;
+        assert_eq!(cache_status(&r), "MISS", "use {n}: {r:?}");
+    }
+}

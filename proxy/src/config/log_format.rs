@@ -83,7 +83,8 @@ pub enum Field {
     /// listener with `client_ca` (`-` elsewhere, or without a certificate).
     ClientCert(ClientCertField),
     /// `cache_status`, `upstream_cache_status`: what the route's cache did (`HIT`, `MISS`,
-    /// `EXPIRED`, `STALE`, `UPDATING`, `REVALIDATED`), `-` for a request no cache looked up.
+    /// `EXPIRED`, `STALE`, `UPDATING`, `REVALIDATED`, `BYPASS`), `-` for a request no cache
+    /// looked up.
     CacheStatus,
 }
 

@@ -460,7 +460,7 @@ impl Collector for Scrape {
         family(
             &mut e,
             "cache_requests",
-            "Requests a cache zone looked up, by zone and what it did: hit (answered from it), miss (nothing stored), expired (what was stored was stale, and the backend answered), stale (a stale response served: the backend failed, or another request updates it), revalidated (a stale response the backend said is still good).",
+            "Requests a cache zone looked up, by zone and what it did: hit (answered from it), miss (nothing stored), expired (what was stored was stale, and the backend answered), stale (a stale response served: the backend failed, or another request updates it), revalidated (a stale response the backend said is still good), bypass (not looked up: bypass held).",
             MetricType::Counter,
             self.caches.iter().flat_map(|f| {
                 [
@@ -469,6 +469,7 @@ impl Collector for Scrape {
                     ("expired", f.expired),
                     ("stale", f.stale),
                     ("revalidated", f.revalidated),
+                    ("bypass", f.bypassed),
                 ]
                 .map(|(s, n)| {
                     let mut labels = zone(f);

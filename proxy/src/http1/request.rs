@@ -190,6 +190,23 @@ impl RequestHead {
             .map(|(_, v)| v)
     }
 
+    /// Cookie `name`'s value (the first `Cookie` line that has it); `None` when absent or empty.
+    pub fn cookie(&self, name: &str) -> Option<&[u8]> {
+        self.header_values("cookie").find_map(|v| cookie(v, name))
+    }
+
+    /// Query argument `name`'s value as sent (not decoded, as nginx's `$arg_NAME`); `None`
+    /// when absent or empty.
+    pub fn arg(&self, name: &str) -> Option<&[u8]> {
+        let path = self.path();
+        let query = &path[path.iter().position(|&b| b == b'?')? + 1..];
+        query.split(|&b| b == b'&').find_map(|pair| {
+            let eq = pair.iter().position(|&b| b == b'=')?;
+            let (n, v) = pair.split_at(eq);
+            (n == name.as_bytes() && v.len() > 1).then(|| &v[1..])
+        })
+    }
+
     /// Every end-to-end line's name and trimmed value, in order.
     pub fn line_values(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.lines().split(|&b| b == b'\n').filter_map(|line| {
@@ -305,6 +322,16 @@ impl RequestHead {
                 && l[..name.len()].eq_ignore_ascii_case(name.as_bytes())
         })
     }
+}
+
+/// Cookie `name`'s value in one `Cookie` header (`a=1; b=2`); `None` when absent or empty.
+pub(crate) fn cookie<'a>(value: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    value.split(|&b| b == b';').find_map(|pair| {
+        let pair = pair.trim_ascii();
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        let (n, v) = pair.split_at(eq);
+        (n == name.as_bytes() && v.len() > 1).then(|| &v[1..])
+    })
 }
 
 /// A Host value without its port: `example.com:8080` → `example.com`, `[::1]:8080` → `[::1]`.
@@ -929,6 +956,23 @@ mod tests {
 
     fn head(text: &str) -> RequestHead {
         parse(text).unwrap().expect("a complete head")
+    }
+
+    #[test]
+    fn a_cookie_is_found_among_its_pairs_and_an_argument_in_the_query() {
+        assert_eq!(
+            cookie(b"theme=dark; session=s1", "session"),
+            Some(&b"s1"[..])
+        );
+        assert_eq!(
+            cookie(b"theme=dark;session=s1", "theme"),
+            Some(&b"dark"[..])
+        );
+        assert_eq!(cookie(b"sessionx=1", "session"), None);
+        assert_eq!(cookie(b"a=", "a"), None);
+        let h = head("GET /p?a=1&nocache=yes&b= HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(h.arg("nocache"), Some(&b"yes"[..]));
+        assert_eq!((h.arg("b"), h.arg("c"), h.arg("p")), (None, None, None));
     }
 
     fn refused(text: &str) -> Option<ClientError> {

@@ -65,6 +65,15 @@ pub(crate) async fn handle_cached(
         }
         return answer;
     }
+    if config.bypasses(head) {
+        count(cached, CacheStatus::Bypass);
+        let mut answer = handle(upstream, downstream, limits, at, request).await;
+        if head.method == Method::GET {
+            store_on_the_way(cached, key, head, &mut answer.response, None);
+        }
+        status_line(cached, &mut answer.response.headers, CacheStatus::Bypass);
+        return answer;
+    }
     let now = Instant::now();
     let mut entry = lookup(zone, &key, head);
     if let Some(s) = entry.as_deref().and_then(stored) {
@@ -174,6 +183,7 @@ fn count(cached: &Cached, status: CacheStatus) {
         CacheStatus::Stale | CacheStatus::Updating => &c.stale,
         CacheStatus::Revalidated => &c.revalidated,
         CacheStatus::Miss => &c.misses,
+        CacheStatus::Bypass => &c.bypassed,
     };
     counter.fetch_add(1, Ordering::Relaxed);
     cached.status.set(Some(status));
@@ -407,8 +417,12 @@ fn store_on_the_way(
     response: &mut Reply<ProxyBody>,
     lead: Option<Lead>,
 ) {
-    if matches!(response.body, ProxyBody::Local(_)) {
-        // pinlb's own 502/503/504: nothing of the backend's to keep.
+    let config = &cached.config;
+    if matches!(response.body, ProxyBody::Local(_)) || config.stores_nothing_for(head) {
+        // pinlb's own 502/503/504, with nothing of the backend's to keep; or `no_cache`.
+        return;
+    }
+    if config.min_uses > 1 && cached.zone.used(&key) < config.min_uses {
         return;
     }
     let Some(v) = policy::verdict(&cached.config, head, response.status, &response.headers) else {

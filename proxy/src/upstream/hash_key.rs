@@ -40,38 +40,6 @@ pub(crate) fn with_key<R>(
         HashKey::ClientIp => Some(with_client(client, f)),
         HashKey::Uri => Some(f(head.target())),
         HashKey::Header(name) => head.header_values(name).find(|v| !v.is_empty()).map(f),
-        HashKey::Cookie(name) => head
-            .header_values("cookie")
-            .find_map(|v| cookie(v, name))
-            .map(f),
-    }
-}
-
-/// Cookie `name`'s value in one `Cookie` header (`a=1; b=2`); `None` when absent or empty.
-pub(crate) fn cookie<'a>(value: &'a [u8], name: &str) -> Option<&'a [u8]> {
-    value.split(|&b| b == b';').find_map(|pair| {
-        let pair = pair.trim_ascii();
-        let eq = pair.iter().position(|&b| b == b'=')?;
-        let (n, v) = pair.split_at(eq);
-        (n == name.as_bytes() && v.len() > 1).then(|| &v[1..])
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cookie_is_found_among_its_pairs() {
-        assert_eq!(
-            cookie(b"theme=dark; session=s1", "session"),
-            Some(&b"s1"[..])
-        );
-        assert_eq!(
-            cookie(b"theme=dark;session=s1", "theme"),
-            Some(&b"dark"[..])
-        );
-        assert_eq!(cookie(b"sessionx=1", "session"), None);
-        assert_eq!(cookie(b"a=", "a"), None);
+        HashKey::Cookie(name) => head.cookie(name).map(f),
     }
 }

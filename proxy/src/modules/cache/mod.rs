@@ -42,7 +42,10 @@
 //!   while a request of pinlb's own updates it (`background_update`): `proxy::cache`.
 //! - `status_header` names a response header that says what the cache did (nginx's
 //!   `add_header X-Cache-Status $upstream_cache_status`): `HIT`, `MISS`, `EXPIRED`, `STALE`,
-//!   `UPDATING` or `REVALIDATED`; the access log's `cache_status` field says the same.
+//!   `UPDATING`, `REVALIDATED` or `BYPASS`; the access log's `cache_status` field says the same.
+//! - `bypass`, `no_cache` and `min_uses` are nginx's `proxy_cache_bypass`, `proxy_no_cache`
+//!   and `proxy_cache_min_uses`, with `header:NAME`, `cookie:NAME` and `arg:NAME` for nginx's
+//!   `$http_`, `$cookie_` and `$arg_` variables.
 //!
 //! - [`policy`]: RFC 9111's rules: whether a response may be stored, and for how long.
 //! - [`stored`]: what a key holds: a stored response and its freshness, or its variants' names.
@@ -65,6 +68,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use toml::Spanned;
 
 use super::{BodyFilter, Module, Place};
+use crate::http1::request::RequestHead;
 use crate::syntax::error::ConfigError;
 use crate::syntax::template::{Request, Template};
 use crate::syntax::values::Dur;
@@ -123,6 +127,9 @@ pub(crate) struct RawCache {
     use_stale: Option<Spanned<Vec<Spanned<String>>>>,
     background_update: Option<Spanned<bool>>,
     revalidate: Option<Spanned<bool>>,
+    bypass: Option<Spanned<Vec<Spanned<String>>>>,
+    no_cache: Option<Spanned<Vec<Spanned<String>>>>,
+    min_uses: Option<Spanned<u32>>,
 }
 
 /// `key` when left out: nginx's `$scheme$proxy_host$request_uri`, with the request's host.
@@ -152,6 +159,50 @@ pub(crate) struct UseStale {
     pub statuses: Vec<u16>,
 }
 
+/// A request's value that `bypass` and `no_cache` test (nginx's `$http_NAME`, `$cookie_NAME`,
+/// `$arg_NAME`): it holds when the request has it, not empty and not `0`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Condition {
+    Header(String),
+    Cookie(String),
+    Arg(String),
+}
+
+impl Condition {
+    fn parse(s: &str) -> Option<Condition> {
+        let (kind, name) = s.split_once(':')?;
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic()) {
+            return None;
+        }
+        let name = name.to_string();
+        match kind {
+            "header" => Some(Condition::Header(name.to_ascii_lowercase())),
+            "cookie" => Some(Condition::Cookie(name)),
+            "arg" => Some(Condition::Arg(name)),
+            _ => None,
+        }
+    }
+
+    fn holds(&self, head: &RequestHead) -> bool {
+        let value = match self {
+            Condition::Header(n) => head.header_values(n).find(|v| !v.is_empty()),
+            Condition::Cookie(n) => head.cookie(n),
+            Condition::Arg(n) => head.arg(n),
+        };
+        value.is_some_and(|v| v != b"0")
+    }
+}
+
+impl fmt::Display for Condition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Condition::Header(n) => write!(f, "header:{n}"),
+            Condition::Cookie(n) => write!(f, "cookie:{n}"),
+            Condition::Arg(n) => write!(f, "arg:{n}"),
+        }
+    }
+}
+
 /// `use_stale`'s values with a status.
 const STALE_STATUSES: [u16; 7] = [500, 502, 503, 504, 403, 404, 429];
 
@@ -179,6 +230,14 @@ pub(crate) struct Config {
     /// An expired response with a validator is asked for again conditionally, and a `304`
     /// refreshes it (nginx's `proxy_cache_revalidate`).
     pub revalidate: bool,
+    /// A request any of these hold for is not answered from the cache (nginx's
+    /// `proxy_cache_bypass`); its response may be stored.
+    bypass: Vec<Condition>,
+    /// A request any of these hold for does not have its response stored (nginx's
+    /// `proxy_no_cache`).
+    no_cache: Vec<Condition>,
+    /// The misses of a key before its response is stored (nginx's `proxy_cache_min_uses`).
+    pub min_uses: u32,
 }
 
 impl Config {
@@ -192,6 +251,16 @@ impl Config {
         let mut out = Vec::with_capacity(64);
         self.key.render(request, &mut out);
         out
+    }
+
+    /// Whether `head` is not to be answered from the cache (`bypass`).
+    pub(crate) fn bypasses(&self, head: &RequestHead) -> bool {
+        self.bypass.iter().any(|c| c.holds(head))
+    }
+
+    /// Whether `head`'s response is not to be stored (`no_cache`).
+    pub(crate) fn stores_nothing_for(&self, head: &RequestHead) -> bool {
+        self.no_cache.iter().any(|c| c.holds(head))
     }
 
     /// `valid`'s lifetime for a response with `status`, if it names one.
@@ -374,6 +443,30 @@ fn validate(
             }
         }
     }
+    let conditions = |list: &Option<Spanned<Vec<Spanned<String>>>>, name: &str| {
+        let mut out = Vec::new();
+        for v in list.iter().flat_map(|l| l.get_ref()) {
+            match Condition::parse(v.get_ref()) {
+                Some(c) => out.push(c),
+                None => {
+                    return Err(src.at(
+                        v.span(),
+                        &format!("{key}.{name}"),
+                        format!("\"{}\" is not a request value, expected \"header:NAME\", \"cookie:NAME\" or \"arg:NAME\"", v.get_ref()),
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    };
+    let (bypass, no_cache) = (conditions(&raw.bypass, "bypass")?, conditions(&raw.no_cache, "no_cache")?);
+    let min_uses = match &raw.min_uses {
+        Some(m) if *m.get_ref() == 0 => {
+            return Err(src.at(m.span(), &format!("{key}.min_uses"), "expected 1 or more"));
+        }
+        Some(m) => *m.get_ref(),
+        None => 1,
+    };
     let background_update = match &raw.background_update {
         Some(b) if *b.get_ref() && !use_stale.updating => {
             return Err(src.at(
@@ -397,6 +490,9 @@ fn validate(
         use_stale,
         background_update,
         revalidate: raw.revalidate.as_ref().is_none_or(|r| *r.get_ref()),
+        bypass,
+        no_cache,
+        min_uses,
     })
 }
 
@@ -430,6 +526,8 @@ pub enum CacheStatus {
     Updating,
     /// A stale response the backend said is still good (`304` to a conditional request).
     Revalidated,
+    /// Not answered from the cache: `bypass` holds for the request.
+    Bypass,
 }
 
 impl CacheStatus {
@@ -441,6 +539,7 @@ impl CacheStatus {
             CacheStatus::Stale => "STALE",
             CacheStatus::Updating => "UPDATING",
             CacheStatus::Revalidated => "REVALIDATED",
+            CacheStatus::Bypass => "BYPASS",
         }
     }
 }

@@ -82,6 +82,8 @@ pub(crate) struct Counters {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub expired: AtomicU64,
+    /// Requests `bypass` sent past the cache.
+    pub bypassed: AtomicU64,
     /// Stale responses served (`STALE` and `UPDATING`).
     pub stale: AtomicU64,
     /// Stale responses a `304` refreshed.
@@ -108,6 +110,9 @@ pub(crate) struct Zone {
     store: quick_cache::sync::Cache<Vec<u8>, Arc<Entry>, Weigh>,
     /// The keys whose miss is in flight, each with the requests waiting for it.
     in_flight: Mutex<HashMap<Vec<u8>, Arc<Notify>>>,
+    /// For `min_uses`: the misses of each key seen lately, by the key's hash; made when a route
+    /// first asks (a bounded table of its own: an evicted count starts again).
+    uses: std::sync::OnceLock<quick_cache::sync::Cache<u64, u32>>,
     pub counters: Counters,
 }
 
@@ -120,6 +125,7 @@ impl Zone {
             max_object: c.max_object,
             store: quick_cache::sync::Cache::with_weighter(items, c.max_size, Weigh),
             in_flight: Mutex::default(),
+            uses: std::sync::OnceLock::new(),
             counters: Counters::default(),
         }
     }
@@ -153,6 +159,18 @@ impl Zone {
             zone: self.clone(),
             key: key.to_vec(),
         })
+    }
+
+    /// Counts a miss of `key`: how many it has had, this one included (at most about 64K keys
+    /// are counted at once; two workers counting at once may count one miss for both).
+    pub(crate) fn used(&self, key: &[u8]) -> u32 {
+        let uses = self
+            .uses
+            .get_or_init(|| quick_cache::sync::Cache::new(1 << 16));
+        let h = xxhash_rust::xxh3::xxh3_64(key);
+        let n = uses.get(&h).unwrap_or(0).saturating_add(1);
+        uses.insert(h, n);
+        n
     }
 
     /// Whether `notify` is still that of a miss of `key` in flight.
@@ -220,6 +238,7 @@ impl Zones {
                 expired: n(&z.counters.expired),
                 stale: n(&z.counters.stale),
                 revalidated: n(&z.counters.revalidated),
+                bypassed: n(&z.counters.bypassed),
                 collapsed: n(&z.counters.collapsed),
                 stored: n(&z.counters.stored),
                 entries: z.store.len() as u64,
@@ -238,6 +257,7 @@ pub struct Figures {
     pub expired: u64,
     pub stale: u64,
     pub revalidated: u64,
+    pub bypassed: u64,
     pub collapsed: u64,
     pub stored: u64,
     pub entries: u64,
