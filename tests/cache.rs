@@ -439,3 +439,44 @@ async fn bypass_skips_the_lookup_no_cache_the_store_and_min_uses_waits_for_the_u
         assert_eq!(cache_status(&r), "MISS", "use {n}: {r:?}");
     }
 }
+
+#[tokio::test]
+async fn the_admin_api_purges_a_key_with_its_variants_or_a_prefix() {
+    let origin = origin().await;
+    let mut setup = setup(&origin, "");
+    setup.extra += "[admin]\naddress = \"127.0.0.1:0\"\n";
+    let proxy = Proxy::start(&setup);
+    let gzip = [("accept-encoding", "gzip")];
+    for _ in 0..2 {
+        get(proxy.addr, "/fresh").await;
+        get(proxy.addr, "/etag").await;
+        get_with(proxy.addr, "/vary", &gzip).await;
+    }
+    assert_eq!(origin.requests(), 3);
+    let purge = |q: &str| format!("/cache/micro/purge{q}");
+    let r = proxy
+        .admin(
+            Method::POST,
+            &purge("?key=http%3A%2F%2Fpinlb.test%2Fvary"),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert!(
+        r.body.contains("purged 2 entries"),
+        "the key and its variant: {r:?}"
+    );
+    assert_eq!(
+        cache_status(&get_with(proxy.addr, "/vary", &gzip).await),
+        "MISS"
+    );
+    assert_eq!(cache_status(&get(proxy.addr, "/fresh").await), "HIT");
+    let r = proxy
+        .admin(Method::POST, &purge("?prefix=http://pinlb.test/f"), None)
+        .await;
+    assert!(r.body.contains("purged 1 entries"), "{r:?}");
+    assert_eq!(cache_status(&get(proxy.addr, "/fresh").await), "MISS");
+    assert_eq!(cache_status(&get(proxy.addr, "/etag").await), "HIT");
+    let r = proxy.admin(Method::POST, "/cache/nope/purge", None).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+}

@@ -224,6 +224,7 @@ async fn route(
         (&Method::POST, ["upstreams", upstream, "backends", address, action]) => {
             control(process, Some(upstream), address, action)
         }
+        (&Method::POST, ["cache", zone, "purge"]) => purge(process, zone, req.uri().query()),
         (&Method::POST, ["reload"]) => match crate::process::reload::reload(process).await {
             Ok(summary) => {
                 info!("admin: {summary}");
@@ -243,14 +244,58 @@ async fn route(
         (_, [""] | ["metrics"] | ["status"] | ["live"] | ["ready"]) => {
             method_not_allowed("GET, HEAD")
         }
-        (_, ["backends", _, _] | ["upstreams", _, "backends", _, _] | ["reload"]) => {
-            method_not_allowed("POST")
-        }
+        (
+            _,
+            ["backends", _, _]
+            | ["upstreams", _, "backends", _, _]
+            | ["reload"]
+            | ["cache", _, "purge"],
+        ) => method_not_allowed("POST"),
         _ => text(
             StatusCode::NOT_FOUND,
             format!(
-                "404 Not Found: {path}; see GET / , /status, /metrics, /live, /ready, POST /backends/{{address}}/{{drain,disable,enable}}, /upstreams/{{name}}/backends/{{address}}/{{drain,disable,enable}}, /reload"
+                "404 Not Found: {path}; see GET / , /status, /metrics, /live, /ready, POST /backends/{{address}}/{{drain,disable,enable}}, /upstreams/{{name}}/backends/{{address}}/{{drain,disable,enable}}, /reload, /cache/{{zone}}/purge[?key=KEY|?prefix=PREFIX]"
             ),
+        ),
+    }
+}
+
+/// `POST /cache/{zone}/purge`: forgets the key `?key=` names (with its variants), every key
+/// that begins with `?prefix=`, or, with neither, every key of the zone. Keys are as the
+/// route's `cache.key` renders them (`http://example.com/path` by default), percent-encoded
+/// in the query.
+fn purge(process: &Process, zone: &str, query: Option<&str>) -> Response<Full<Bytes>> {
+    use crate::modules::cache::zone::Purge;
+    let param = |name: &str| -> Option<Vec<u8>> {
+        let q = query?;
+        let v = q
+            .split('&')
+            .find_map(|p| p.strip_prefix(name)?.strip_prefix('='))?;
+        Some(percent_encoding::percent_decode_str(v).collect())
+    };
+    let (key, prefix) = (param("key"), param("prefix"));
+    let what = match (&key, &prefix) {
+        (Some(k), None) => Purge::Key(k),
+        (None, Some(p)) => Purge::Prefix(p),
+        (None, None) => Purge::All,
+        (Some(_), Some(_)) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "400 Bad Request: key or prefix, not both",
+            );
+        }
+    };
+    match process.caches.purge(zone, what) {
+        Some(n) => {
+            info!("admin: cache zone {zone}: purged {n} entries");
+            text(
+                StatusCode::OK,
+                format!("purged {n} entries from cache zone {zone}"),
+            )
+        }
+        None => text(
+            StatusCode::NOT_FOUND,
+            format!("404 Not Found: no cache zone {zone} in use"),
         ),
     }
 }

@@ -226,6 +226,23 @@ impl Zones {
         out
     }
 
+    /// Forgets, in zone `name`, the keys `what` names: one key (with its variants), every key
+    /// that begins with a prefix, or every key. How many entries went; `None` for no such zone.
+    pub fn purge(&self, name: &str, what: Purge<'_>) -> Option<usize> {
+        let zone = {
+            let all = self.all.lock().unwrap_or_else(PoisonError::into_inner);
+            all.iter().find(|z| z.name == name)?.clone()
+        };
+        let before = zone.store.len();
+        zone.store.retain(|k, _| match what {
+            // A variant's key is its key, a 0 byte, then the values it varies by.
+            Purge::Key(key) => !(k.starts_with(key) && matches!(k.get(key.len()), None | Some(0))),
+            Purge::Prefix(prefix) => !k.starts_with(prefix),
+            Purge::All => false,
+        });
+        Some(before.saturating_sub(zone.store.len()))
+    }
+
     /// Every zone's figures, for `/metrics`.
     pub fn figures(&self) -> Vec<Figures> {
         let all = self.all.lock().unwrap_or_else(PoisonError::into_inner);
@@ -246,6 +263,14 @@ impl Zones {
             })
             .collect()
     }
+}
+
+/// What a purge forgets ([`Zones::purge`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Purge<'a> {
+    Key(&'a [u8]),
+    Prefix(&'a [u8]),
+    All,
 }
 
 /// One zone's figures at a scrape.
