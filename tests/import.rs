@@ -2942,3 +2942,142 @@ http {
         imported.stderr
     );
 }
+
+/// The `proxy_cache` family converts to a `[cache.NAME]` zone and a route's `cache`, with
+/// `add_header X-Cache-Status $upstream_cache_status` as its `status_header`; and the imported
+/// pinlb caches as nginx does: the same cache status for the same requests, and the same
+/// requests at each proxy's own backend.
+#[tokio::test]
+async fn proxy_cache_converts_and_caches_as_nginx_does() {
+    let text = |dir: &Path, listen: SocketAddr, backend: SocketAddr| {
+        format!(
+            "events {{ worker_connections 256; }}
+http {{
+    proxy_cache_path {} levels=1:2 keys_zone=micro:10m max_size=16m inactive=1m;
+    upstream app {{ server {backend}; }}
+    server {{
+        listen {listen};
+        proxy_cache micro;
+        proxy_cache_key $scheme$host$request_uri;
+        proxy_cache_valid 200 1m;
+        proxy_cache_valid any 5s;
+        proxy_cache_lock on;
+        proxy_cache_use_stale error timeout updating http_503;
+        proxy_cache_background_update on;
+        proxy_cache_bypass $cookie_nocache;
+        proxy_no_cache $http_x_no_store;
+        proxy_cache_min_uses 1;
+        proxy_ignore_headers Expires;
+        add_header X-Cache-Status $upstream_cache_status;
+        location / {{ proxy_pass http://app; }}
+    }}
+}}
+",
+            dir.display()
+        )
+    };
+    // Each proxy its own backend, answering every request with a response fresh for 60 s.
+    let origin = || {
+        RawServer::start(|_| {
+            RawAction::Respond(
+                b"HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 6\r\n\r\ncached"
+                    .to_vec(),
+            )
+        })
+    };
+    let (nginx_backend, pinlb_backend) = (origin().await, origin().await);
+    let (nginx_at, pinlb_at) = (free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let imported = import_text(
+        &text(
+            &dir.path().join("pinlb-cache"),
+            pinlb_at,
+            pinlb_backend.addr,
+        ),
+        &[],
+    );
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    let out = &imported.stdout;
+    for want in [
+        "[cache.micro]\nmax_size = 16777216\n",
+        "zone = \"micro\"",
+        "key = \"{scheme}{host}{uri}\"",
+        "status_header = \"X-Cache-Status\"",
+        "use_stale = [\"error\", \"timeout\", \"updating\", \"http_503\"]",
+        "background_update = true",
+        "bypass = [\"cookie:nocache\"]",
+        "no_cache = [\"header:x-no-store\"]",
+        "ignore_headers = [\"Expires\"]",
+        "lock = true",
+    ] {
+        assert!(out.contains(want), "{want} missing from:\n{out}");
+    }
+    assert!(
+        out.contains("[listener.route.cache.valid]\n200 = \"60s\"\nany = \"5s\"\n"),
+        "{out}"
+    );
+    assert!(
+        imported
+            .stderr
+            .contains("pinlb keeps the zone micro in memory"),
+        "{}",
+        imported.stderr
+    );
+
+    let nginx = Nginx::start(
+        &dir.path().join("nginx"),
+        &text(
+            &dir.path().join("nginx-cache"),
+            nginx_at,
+            nginx_backend.addr,
+        ),
+    );
+    let pinlb = BinProxy::spawn_toml(&pin_to_test_cores(out), &[]).await;
+    await_listening(&[nginx_at, pinlb_at], || {
+        format!("{}\n{}", nginx.log(), pinlb.log().join("\n"))
+    })
+    .await;
+    let statuses = |at: SocketAddr| async move {
+        let mut got = Vec::new();
+        for (method, path, header) in [
+            (http::Method::GET, "/c", None),
+            (http::Method::GET, "/c", None),
+            (http::Method::HEAD, "/c", None),
+            (http::Method::GET, "/c", Some(("cookie", "nocache=1"))),
+            (http::Method::GET, "/n", Some(("x-no-store", "1"))),
+            (http::Method::GET, "/n", Some(("x-no-store", "1"))),
+        ] {
+            let mut req = request(method, path, empty());
+            if let Some((k, v)) = header {
+                req.headers_mut().insert(k, v.parse().unwrap());
+            }
+            let r = Conn::open(at).await.fetch(req).await;
+            let cache = r
+                .headers
+                .get("x-cache-status")
+                .map(|v| v.to_str().unwrap().to_string());
+            got.push(format!(
+                "{path} {} {}",
+                r.status.as_u16(),
+                cache.unwrap_or_default()
+            ));
+        }
+        got
+    };
+    let via_nginx = statuses(nginx_at).await;
+    let via_pinlb = statuses(pinlb_at).await;
+    assert_eq!(
+        via_nginx,
+        [
+            "/c 200 MISS",
+            "/c 200 HIT",
+            "/c 200 HIT",
+            "/c 200 BYPASS",
+            "/n 200 MISS",
+            "/n 200 MISS"
+        ],
+        "nginx"
+    );
+    assert_eq!(via_pinlb, via_nginx, "pinlb and nginx disagree");
+    assert_eq!(pinlb_backend.requests(), nginx_backend.requests());
+}

@@ -49,6 +49,8 @@ struct Builder {
     conf_dir: std::path::PathBuf,
     /// `[limit.NAME]`, from `limit_req_zone` (see [`super::limits`]).
     limit_zones: Table,
+    /// `[cache.NAME]`, from `proxy_cache_path` (see [`super::cache`]).
+    cache_zones: Table,
     /// `limit_conn_zone`s keyed by the client's address: name → keys.
     conn_zones: BTreeMap<String, i64>,
     /// `http`'s `set_real_ip_from` values, for the servers that have none of their own.
@@ -199,6 +201,8 @@ struct Inherited {
     gzip: super::gzip::Inherit,
     /// `limit_rate` and `limit_rate_after` in force.
     limit_rate: super::limit_rate::Inherit,
+    /// The `proxy_cache` directives in force ([`super::cache`]).
+    cache: super::cache::Inherit,
     /// `proxy_buffering` and the rest of [`super::buffering::NAMES`] in force.
     buffering: super::buffering::Inherited,
     /// The `fastcgi_param` lines (and standard includes) of the nearest level with any, and
@@ -220,6 +224,7 @@ impl Default for Inherited {
             limits: Default::default(),
             gzip: Default::default(),
             limit_rate: Default::default(),
+            cache: Default::default(),
             buffering: Default::default(),
             fastcgi: Vec::new(),
         }
@@ -255,6 +260,7 @@ impl Inherited {
         out.limits = self.limits.level(block);
         out.gzip = self.gzip.level(block);
         out.limit_rate = self.limit_rate.level(block);
+        out.cache = self.cache.level(block);
         out.buffering = self.buffering.level(block);
         out.fastcgi = super::fastcgi::inherit(&self.fastcgi, block);
         let headers: Vec<Directive> = block
@@ -310,6 +316,7 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
         notes: Vec::new(),
         refused: Vec::new(),
         limit_zones: Table::new(),
+        cache_zones: Table::new(),
         conn_zones: BTreeMap::new(),
         real_ip_from: Vec::new(),
         client_cert_headers: Table::new(),
@@ -493,6 +500,7 @@ impl Builder {
         self.body_limits(http);
         super::limits::zones(http, &mut self.limit_zones, &mut self.refused);
         super::limits::conn_zones(http, &mut self.conn_zones, &mut self.refused);
+        self.cache_zones = super::cache::zones(http, &mut self.notes, size);
         let inherit = Inherited::default().level(http);
         let ssl = Ssl::default().level(http);
         let any_tls = http.iter().any(listens_tls);
@@ -512,6 +520,8 @@ impl Builder {
                 (_, None) if super::fastcgi::inherited(d) => {}
                 (n, None) if super::limits::NAMES.contains(&n) => {}
                 (n, None) if super::limit_rate::NAMES.contains(&n) => {}
+                (n, None) if super::cache::NAMES.contains(&n) => {}
+                (_, None) if super::cache::is_status_header(d) => {}
                 (n, None) if super::gzip::NAMES.contains(&n) => {
                     super::gzip::note(d, &mut self.notes)
                 }
@@ -772,6 +782,8 @@ impl Builder {
                 _ if super::fastcgi::inherited(s) => {}
                 n if super::limits::NAMES.contains(&n) && s.block.is_none() => {}
                 n if super::limit_rate::NAMES.contains(&n) && s.block.is_none() => {}
+                n if super::cache::NAMES.contains(&n) && s.block.is_none() => {}
+                _ if super::cache::is_status_header(s) => {}
                 n if super::gzip::NAMES.contains(&n) && s.block.is_none() => {
                     super::gzip::note(s, &mut self.notes)
                 }
@@ -1424,6 +1436,8 @@ impl Builder {
                 n if super::buffering::NAMES.contains(&n) && d.block.is_none() => {}
                 n if super::limits::NAMES.contains(&n) && d.block.is_none() => {}
                 n if super::limit_rate::NAMES.contains(&n) && d.block.is_none() => {}
+                n if super::cache::NAMES.contains(&n) && d.block.is_none() => {}
+                _ if super::cache::is_status_header(d) => {}
                 n if super::mirror::NAMES.contains(&n) => {}
                 n if super::gzip::NAMES.contains(&n) && d.block.is_none() => {
                     super::gzip::note(d, &mut self.notes)
@@ -1528,6 +1542,11 @@ impl Builder {
         );
         super::gzip::route(&inherit.gzip, &mut route, &mut self.notes, size);
         super::limit_rate::route(&inherit.limit_rate, &mut route, &mut self.notes, size);
+        super::cache::route(
+            &inherit.cache,
+            &mut route,
+            (&mut self.notes, &mut self.refused),
+        );
         if let Err((d, why)) = self.mirrors.route(block, &mut route) {
             self.skip(d, &why);
         }
@@ -1874,6 +1893,12 @@ impl Builder {
             root.insert(
                 "limit".into(),
                 Value::Table(std::mem::take(&mut self.limit_zones)),
+            );
+        }
+        if !self.cache_zones.is_empty() {
+            root.insert(
+                "cache".into(),
+                Value::Table(std::mem::take(&mut self.cache_zones)),
             );
         }
         if !self.log.is_empty() {

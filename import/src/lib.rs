@@ -16,6 +16,8 @@
 //! - [`proxy_protocol`]: `listen … proxy_protocol` and the realip module's directives.
 //! - [`gzip`]: the gzip module's directives as a route's `compress`.
 //! - [`limit_rate`]: `limit_rate` and `limit_rate_after` as a route's keys of those names.
+//! - [`cache`]: `proxy_cache_path` as `[cache.NAME]`, the `proxy_cache` directives as a
+//!   route's `cache`.
 //! - [`mirror`]: `mirror URI` and the internal location it names as a route's `mirror`.
 //! - [`client_cert`]: the client certificate directives as `[listener.tls]` keys.
 //! - [`buffering`]: `proxy_buffering`, `proxy_request_buffering` and their bounds as an
@@ -34,6 +36,7 @@
 
 mod access;
 mod buffering;
+mod cache;
 mod client_cert;
 mod convert;
 mod error_page;

@@ -16,13 +16,10 @@ pub(super) enum Matched {
     Unknown,
 }
 
-/// What the whole configuration tells about the directives below: whether anything caches,
-/// and the variables of nginx's WebSocket `map`.
+/// What the whole configuration tells about the directives below: the variables of nginx's
+/// WebSocket `map`.
 #[derive(Debug, Default)]
 pub(super) struct Known {
-    /// Some `proxy_cache` other than `off`: then `proxy_cache_bypass` and `proxy_no_cache`
-    /// mean something pinlb does not do.
-    caches: bool,
     /// `$VAR` of each `map $http_upgrade $VAR { … }` whose variable is used only as a
     /// `proxy_set_header Connection` value (the WebSocket idiom, `Connection: upgrade` for an
     /// upgrade and `close` otherwise): pinlb passes upgrades and manages Connection itself.
@@ -34,9 +31,6 @@ impl Known {
     pub fn read(all: &[Directive]) -> Known {
         let mut flat = Vec::new();
         flatten(all, &mut flat);
-        let caches = flat
-            .iter()
-            .any(|d| d.name == "proxy_cache" && d.args.first().is_some_and(|a| a != "off"));
         let upgrade_maps = (flat.iter())
             .filter(|d| d.name == "map" && d.block.is_some())
             .filter(|d| d.args.first().is_some_and(|a| a == "$http_upgrade"))
@@ -52,10 +46,7 @@ impl Known {
                     })
             })
             .collect();
-        Known {
-            caches,
-            upgrade_maps,
-        }
+        Known { upgrade_maps }
     }
 
     /// What pinlb makes of `d`, a directive no converter of its level reads.
@@ -106,8 +97,6 @@ impl Known {
             ("error_log", _) => Matched::Differs(
                 "pinlb logs to stderr (the journal, under systemd), at RUST_LOG's level (info by default)",
             ),
-            // Without a cache there is nothing to bypass or not to store: nginx ignores them.
-            ("proxy_cache_bypass" | "proxy_no_cache", _) if !self.caches => Matched::Same,
             ("map", _) if d.args.get(1).is_some_and(|v| self.upgrade_maps.contains(v)) => {
                 Matched::Same
             }
@@ -185,7 +174,6 @@ mod tests {
         assert!(matches!(of("tcp_nodelay", "off"), Matched::Differs(_)));
         assert_eq!(of("sendfile", "on"), Matched::Same);
         assert_eq!(of("types_hash_max_size", "2048"), Matched::Same);
-        assert_eq!(of("proxy_cache_bypass", "$http_upgrade"), Matched::Same);
         assert_eq!(of("server_tokens", "on"), Matched::Unknown);
         assert!(matches!(
             of("default_type", "text/plain"),
@@ -198,14 +186,6 @@ mod tests {
         assert!(k.header("x-forwarded-proto", "$scheme"));
         assert!(!k.header("connection", "close"));
         assert!(!k.header("host", "$host"));
-    }
-
-    #[test]
-    fn a_cache_makes_its_bypass_a_difference() {
-        let tree = [d("http", &[], Some(vec![d("proxy_cache", &["one"], None)]))];
-        let k = Known::read(&tree);
-        let bypass = d("proxy_cache_bypass", &["$http_upgrade"], None);
-        assert_eq!(k.directive(&bypass), Matched::Unknown);
     }
 
     #[test]
