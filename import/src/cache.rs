@@ -115,7 +115,7 @@ impl Inherit {
                 out.set.insert(name.to_string(), lines);
             }
         }
-        if let Some(d) = plain().filter(|d| is_status_header(d)).next_back() {
+        if let Some(d) = plain().rfind(|d| is_status_header(d)) {
             out.status_header = d.args.first().cloned();
         }
         out
