@@ -50,7 +50,8 @@ use crate::http1::timer::Timer;
 use crate::proxy::accesslog::{Batch, Logged};
 use crate::proxy::body::{ProxyBody, Upgraded};
 use crate::proxy::downstream::{Downstream, DownstreamBody};
-use crate::proxy::handle::{Answer, DownstreamRequest};
+use crate::proxy::exchange::{Answer, DownstreamRequest};
+use crate::proxy::handle;
 use crate::route::decision::{DownstreamRules, Route};
 use crate::sys::head_bufs::Spare;
 use crate::sys::socket::poll_read_tcp;
@@ -786,7 +787,7 @@ impl Connection {
         } else {
             // Pinned where it is made, so that `select!` holds a reference to the proxy's
             // future (all of a request's states) instead of copying it.
-            let forwarded = std::pin::pin!(pipeline::forward(
+            let forwarded = std::pin::pin!(handle::handle(
                 upstream,
                 client,
                 limits,

@@ -57,7 +57,8 @@ use crate::http1::request::{ClientError, parse_request};
 use crate::proxy::accesslog::{Batch, Logged};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::{Downstream, DownstreamBody};
-use crate::proxy::handle::DownstreamRequest;
+use crate::proxy::exchange::DownstreamRequest;
+use crate::proxy::handle;
 use crate::route::decision::{DownstreamRules, Route};
 use crate::sys::exec::LocalExec;
 use crate::sys::summed::summed_warn;
@@ -452,7 +453,7 @@ impl Shared {
             done: ended,
             trailers: None,
         };
-        let mut answer = pipeline::forward(
+        let mut answer = handle::handle(
             upstream,
             client,
             limits,

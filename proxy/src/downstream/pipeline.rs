@@ -7,8 +7,8 @@
 //! 2. [`decide`]: a module's own answer (`redirect_https`'s), else the route, its
 //!    `rate_limit` and the modules that may refuse it (`access`): an upstream and what the
 //!    route changes (its request lines from `request_headers`), or an answer of pinlb's own;
-//! 3. [`forward`]: the session forwards it (`proxy::handle`, through `proxy::cache` for a route
-//!    with a cache), racing the client's leaving as its protocol can;
+//! 3. the session forwards it (`proxy::handle`, through the route's cache when it has one),
+//!    racing the client's leaving as its protocol can;
 //! 4. [`finish`]: whatever made the response, its error page, the modules that act on
 //!    responses (`response_headers`, `Server-Timing`, the body filters of `compress` and
 //!    `limit_rate`), then the request ID's line; then the response counted and its log entry
@@ -27,15 +27,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crate::config::Limits;
 use crate::downstream::client_cert;
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply};
 use crate::http1::request::RequestHead;
 use crate::proxy::accesslog::{Batch, Logged, Pending, Upstreamed};
 use crate::proxy::body::{ProxyBody, local_reply};
-use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::forward::add_response_lines;
-use crate::proxy::handle::{Answer, DownstreamRequest, handle};
 use crate::proxy::request_id::RequestId;
 use crate::route::decision::{Decision, Edits, Route};
 use crate::syntax::template::Request;
@@ -135,25 +132,6 @@ pub(crate) fn decide(
         local,
         close: false,
     }
-}
-
-/// The proxy's answer to a request [`decide`] sent on: from its route's cache, when it has
-/// one (its edits carry it), else from a backend.
-#[inline(always)]
-pub(crate) async fn forward(
-    upstream: Rc<WorkerUpstream>,
-    client: Rc<Downstream>,
-    limits: Limits,
-    at: Option<Instant>,
-    request: DownstreamRequest<'_, impl DownstreamBody>,
-) -> Answer {
-    if let Some(cached) = request.overrides.and_then(|o| o.cache.as_ref()) {
-        // Boxed: the plain path's future carries none of the cache's state.
-        let through =
-            crate::proxy::cache::handle_cached(cached, upstream, client, limits, at, request);
-        return Box::pin(through).await;
-    }
-    handle(upstream, client, limits, at, request).await
 }
 
 /// A module's own answer to `head` (`redirect_https`'s 301, or its 400 for a request without

@@ -25,7 +25,7 @@ use tracing::debug;
 
 use crate::config::Limits;
 use crate::http1::common::{Reply, content_length_line};
-use crate::http1::request::RequestHead;
+use crate::http1::request::{ClientError, RequestHead};
 use crate::modules::Filter;
 use crate::modules::cache::fill::{Pending, store};
 use crate::modules::cache::policy::{self, Verdict};
@@ -33,52 +33,89 @@ use crate::modules::cache::stored::{Entry, Stored, variant_key};
 use crate::modules::cache::zone::{Lead, Zone};
 use crate::modules::cache::{CacheStatus, Cached, Config, Fill};
 use crate::proxy::body::ProxyBody;
-use crate::proxy::downstream::{Downstream, DownstreamBody};
+use crate::proxy::downstream::Downstream;
+use crate::proxy::exchange::Answer;
 use crate::proxy::forward::{Overrides, forward};
-use crate::proxy::handle::{Answer, DownstreamRequest, handle};
 use crate::proxy::side_request::CopyBody;
 use crate::syntax::template::Request;
 use crate::upstream::local::WorkerUpstream;
 
-/// `request` through `cached`: a stored answer, or the backend's, stored when it may be.
-pub(crate) async fn handle_cached(
+/// What the cache makes of a request before it goes to a backend.
+pub(crate) enum Before {
+    /// Answered from the zone.
+    Answered(Answer),
+    /// On to a backend; [`after`] takes its answer.
+    Forward(Box<Forwarded>),
+}
+
+/// A request the cache sent on to a backend, and what it needs of the answer.
+pub(crate) struct Forwarded {
+    key: Vec<u8>,
+    mode: Mode,
+    /// Its hold on the key, when it leads the key's update: let go once the answer is stored
+    /// (or won't be), which wakes the requests waiting for it.
+    lead: Option<Lead>,
+    /// The stale response it may refresh or stand in for.
+    stale: Option<Arc<Entry>>,
+    /// The route's overrides with the stale response's validators: a conditional request.
+    conditional: Option<Overrides>,
+}
+
+impl Forwarded {
+    /// The overrides the request goes with, when the cache changed them.
+    pub(crate) fn overrides(&self) -> Option<&Overrides> {
+        self.conditional.as_ref()
+    }
+}
+
+/// Why the request went on, which decides what [`after`] does with the answer.
+enum Mode {
+    /// Its method is not looked up: an unsafe one's success removes what the key holds.
+    NotLookedUp,
+    /// `bypass` held: the answer is stored, unless `no_cache` holds.
+    Bypass,
+    /// It waited `lock_timeout` in vain: the answer goes out, not stored (nginx's rule).
+    TimedOut(CacheStatus),
+    /// A miss, or a stale response: the answer stored, refreshing or standing in for it.
+    Update(CacheStatus),
+}
+
+/// Looks `head` up in `cached`'s zone: a fresh response (or a stale one, where the rules let
+/// it be served) answers it; else it goes on, at most one request per key at once when the
+/// route's `lock` is on, the others waiting for that one's answer.
+pub(crate) async fn before(
     cached: &Cached,
-    upstream: Rc<WorkerUpstream>,
-    downstream: Rc<Downstream>,
-    limits: Limits,
-    at: Option<Instant>,
-    request: DownstreamRequest<'_, impl DownstreamBody>,
-) -> Answer {
+    (upstream, downstream, limits): (&Rc<WorkerUpstream>, &Rc<Downstream>, &Limits),
+    head: &RequestHead,
+    overrides: Option<&Overrides>,
+    refused: &Option<ClientError>,
+) -> Before {
     let (config, zone) = (&cached.config, &cached.zone);
-    let head = request.head;
     let key = config.key(&Request {
         head,
         https: downstream.https,
         client: downstream.ip,
     });
-    if request.refused.is_some() || !config.looks_up(&head.method) {
-        // Not looked up; an unsafe method's success makes what the key holds stale.
-        let method = head.method.clone();
-        let answer = handle(upstream, downstream, limits, at, request).await;
-        if policy::invalidates(&method, answer.response.status) {
-            zone.remove(&key);
-        }
-        return answer;
+    let on = |mode, lead, stale: Option<Arc<Entry>>, conditional| {
+        Before::Forward(Box::new(Forwarded {
+            key: key.clone(),
+            mode,
+            lead,
+            stale,
+            conditional,
+        }))
+    };
+    if refused.is_some() || !config.looks_up(&head.method) {
+        return on(Mode::NotLookedUp, None, None, None);
     }
     if config.bypasses(head) {
-        count(cached, CacheStatus::Bypass);
-        let mut answer = handle(upstream, downstream, limits, at, request).await;
-        if head.method == Method::GET {
-            store_on_the_way(cached, key, head, &mut answer.response, None);
-        }
-        status_line(cached, &mut answer.response.headers, CacheStatus::Bypass);
-        return answer;
+        return on(Mode::Bypass, None, None, None);
     }
     let now = Instant::now();
     let mut entry = lookup(zone, &key, head);
     if let Some(s) = entry.as_deref().and_then(stored) {
         if s.is_fresh(now) {
-            return served(cached, s, head, CacheStatus::Hit);
+            return Before::Answered(served(cached, s, head, CacheStatus::Hit));
         }
     }
     // Missed, or stale: one request updates the key, the others wait or are served stale.
@@ -87,75 +124,95 @@ pub(crate) async fn handle_cached(
         Err(notify) => {
             if let Some(s) = entry.as_deref().and_then(stored) {
                 if config.use_stale.updating || s.may_serve_while_revalidating(now) {
-                    return served(cached, s, head, CacheStatus::Updating);
+                    return Before::Answered(served(cached, s, head, CacheStatus::Updating));
                 }
             }
-            match config.lock {
-                Some(wait) => {
-                    zone.counters.collapsed.fetch_add(1, Ordering::Relaxed);
-                    let woken = wait_for(zone, &key, &notify, wait).await;
-                    entry = lookup(zone, &key, head);
-                    if let Some(s) = entry.as_deref().and_then(stored) {
-                        if s.is_fresh(Instant::now()) {
-                            return served(cached, s, head, CacheStatus::Hit);
-                        }
+            if let Some(wait) = config.lock {
+                zone.counters.collapsed.fetch_add(1, Ordering::Relaxed);
+                let woken = wait_for(zone, &key, &notify, wait).await;
+                entry = lookup(zone, &key, head);
+                if let Some(s) = entry.as_deref().and_then(stored) {
+                    if s.is_fresh(Instant::now()) {
+                        return Before::Answered(served(cached, s, head, CacheStatus::Hit));
                     }
-                    if !woken {
-                        // nginx's rule: after `lock_timeout`, to the backend, and not stored.
-                        let status = miss_status(entry.as_deref());
-                        count(cached, status);
-                        let mut answer = handle(upstream, downstream, limits, at, request).await;
-                        status_line(cached, &mut answer.response.headers, status);
-                        return answer;
-                    }
-                    // Woken with nothing fresh: the response could not be stored. This request
-                    // goes on its own, storing what it may (no lead: nobody waits on it).
-                    None
                 }
-                None => None,
+                if !woken {
+                    return on(
+                        Mode::TimedOut(miss_status(entry.as_deref())),
+                        None,
+                        None,
+                        None,
+                    );
+                }
             }
+            // Woken with nothing fresh (the response could not be stored), or no lock: this
+            // request goes on its own, storing what it may.
+            None
         }
     };
-    let stale = entry.as_deref().and_then(stored);
-    if let Some(s) = stale {
-        let background = config.background_update || s.may_serve_while_revalidating(now);
-        if background && lead.is_some() {
-            let answer = served(cached, s, head, CacheStatus::Stale);
-            let refresh = Refresh {
-                cached: Cached {
-                    config: config.clone(),
-                    zone: zone.clone(),
-                    status: std::cell::Cell::new(None),
-                },
-                key,
-                head: head.copy_without_body(),
-                entry: entry.clone(),
-                overrides: request.overrides.map(owned_overrides),
-            };
-            refresh.spawn((upstream, downstream, limits), lead);
+    let status = miss_status(entry.as_deref());
+    let Some(s) = entry.as_deref().and_then(stored) else {
+        return on(Mode::Update(status), lead, None, None);
+    };
+    if lead.is_some() && (config.background_update || s.may_serve_while_revalidating(now)) {
+        let answer = served(cached, s, head, CacheStatus::Stale);
+        let refresh = Refresh {
+            cached: Cached {
+                config: config.clone(),
+                zone: zone.clone(),
+                status: std::cell::Cell::new(None),
+            },
+            key,
+            head: head.copy_without_body(),
+            entry: entry.clone(),
+            overrides: overrides.map(owned_overrides),
+        };
+        refresh.spawn((upstream.clone(), downstream.clone(), *limits), lead);
+        return Before::Answered(answer);
+    }
+    let validators = config.revalidate.then(|| s.validator_lines()).flatten();
+    let conditional = validators.map(|v| conditional(overrides, head, &v));
+    on(Mode::Update(status), lead, entry.clone(), conditional)
+}
+
+/// What the cache makes of a backend's `answer` to a request [`before`] sent on: stored on its
+/// way to the client when the rules let it; a `304` to a revalidation refreshes the stale
+/// response, which answers; a failure `use_stale` names is answered with the stale response.
+pub(crate) fn after(
+    cached: &Cached,
+    f: Box<Forwarded>,
+    head: &RequestHead,
+    mut answer: Answer,
+) -> Answer {
+    let Forwarded {
+        key,
+        mode,
+        lead,
+        stale,
+        conditional,
+    } = *f;
+    let status = match mode {
+        Mode::NotLookedUp => {
+            if policy::invalidates(&head.method, answer.response.status) {
+                cached.zone.remove(&key);
+            }
             return answer;
         }
-    }
-    let revalidating = stale.and_then(|s| config.revalidate.then(|| s.validator_lines()).flatten());
-    let status = miss_status(entry.as_deref());
-    let mut answer = match &revalidating {
-        None => handle(upstream, downstream, limits, at, request).await,
-        Some(validators) => {
-            let ov = conditional(request.overrides, head, validators);
-            let request = DownstreamRequest {
-                overrides: Some(&ov),
-                ..request
-            };
-            handle(upstream, downstream, limits, at, request).await
+        Mode::TimedOut(status) => {
+            count(cached, status);
+            status_line(cached, &mut answer.response.headers, status);
+            return answer;
         }
+        Mode::Bypass => CacheStatus::Bypass,
+        Mode::Update(status) => status,
     };
-    if let Some(s) = stale {
-        if revalidating.is_some() && answer.response.status == StatusCode::NOT_MODIFIED {
+    if let Some(s) = stale.as_deref().and_then(stored) {
+        if conditional.is_some() && answer.response.status == StatusCode::NOT_MODIFIED {
             let refreshed = refresh(cached, &key, head, s, &answer.response.headers, lead);
             let s = refreshed.as_deref().and_then(stored).unwrap_or(s);
             return served(cached, s, head, CacheStatus::Revalidated);
         }
-        if stale_on_failure(config, s, &answer.response) {
+        if stale_on_failure(&cached.config, s, &answer.response) {
             return served(cached, s, head, CacheStatus::Stale);
         }
     }

@@ -1,54 +1,20 @@
-//! One request's way to its answer: the forwarding it takes (its body read whole first, a sticky
-//! cookie's backend, or the plain retry loop), a mirror's copy of its body kept on the way
-//! (`side_request`), and every failure made an error response.
+//! One request's way to its answer: its route's cache (`cache`, before and after), the
+//! forwarding it takes (its body read whole first, a sticky cookie's backend, or the plain retry
+//! loop), a mirror's copy of its body kept on the way (`side_request`), and every failure made
+//! an error response.
 
 use std::rc::Rc;
 use std::time::Instant;
 
 use crate::config::Limits;
-use crate::http1::common::Reply;
-use crate::http1::request::{ClientError, RequestHead};
-use crate::http1::timer::Timer;
-use crate::proxy::accesslog::Upstreamed;
-use crate::proxy::body::ProxyBody;
+use crate::proxy::cache::{self, Before};
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::error::{ProxyError, error_response};
-use crate::proxy::forward::{Overrides, forward, forward_buffered, sticky_forward};
+use crate::proxy::exchange::{Answer, DownstreamRequest};
+use crate::proxy::forward::{forward, forward_buffered, sticky_forward};
 use crate::proxy::side_request::Tee;
 use crate::sys::summed::summed_warn;
 use crate::upstream::local::WorkerUpstream;
-
-/// The proxy's answer to one request.
-pub struct Answer {
-    pub response: Reply<ProxyBody>,
-    /// When the request is timed: which backend answered, and where the time went. Boxed:
-    /// an answer that carries none (the plain path's) stays small to move.
-    pub upstreamed: Option<Box<Upstreamed>>,
-    /// The client is at fault: its connection closes after the answer, since what follows on it
-    /// (an unread body, a confused framing) can't be trusted.
-    pub close: bool,
-}
-
-/// One request as the client side hands it to the proxy.
-pub struct DownstreamRequest<'a, B> {
-    /// The head `http1::request` parsed.
-    pub head: &'a RequestHead,
-    /// What the request's route changes, if it changes anything.
-    pub overrides: Option<&'a Overrides>,
-    /// The body, read off the client connection as it is sent on.
-    pub body: &'a mut B,
-    /// Set when the parser refused the request: it is answered at once, never forwarded.
-    pub refused: Option<ClientError>,
-    /// Lines pinlb adds to the request (its ID, a started traceparent); empty for most.
-    pub added: &'a [u8],
-    /// The answer carries the request's spans ([`Answer::upstreamed`]), when it is timed: the
-    /// access log or `Server-Timing` reads them.
-    pub spans: bool,
-    /// The client connection's timer for the wait for an HTTP/1.1 backend's response head,
-    /// polled by the connection's one task request after request; `None` uses the backend
-    /// connection's own (see `http1::timer`).
-    pub waiter: Option<&'a mut Timer>,
-}
 
 /// Forwards one request, or answers its `refused` at once. Never fails: every failure becomes
 /// an error response. With `at` (when the head arrived; given when the access log,
@@ -75,6 +41,27 @@ pub async fn handle(
         spans,
         waiter,
     } = request;
+    // A route with a cache: answered from it, or on to a backend with what the cache makes of
+    // the answer after. Boxed: the plain path's future carries none of its state.
+    let mut through = None;
+    if let Some(cached) = overrides.and_then(|o| o.cache.as_ref()) {
+        let before = cache::before(
+            cached,
+            (&upstream, &downstream, &limits),
+            head,
+            overrides,
+            &refused,
+        );
+        match Box::pin(before).await {
+            Before::Answered(answer) => return answer,
+            Before::Forward(state) => through = Some((cached, state)),
+        }
+    }
+    // A revalidation asks with the stored response's validators.
+    let overrides = match through.as_ref().and_then(|(_, s)| s.overrides()) {
+        Some(conditional) => Some(conditional),
+        None => overrides,
+    };
     let method = &head.method;
     let forwarded = match refused {
         Some(e) => Err(ProxyError::Downstream(e)),
@@ -113,7 +100,7 @@ pub async fn handle(
             }
         }
     };
-    match forwarded {
+    let answer = match forwarded {
         Ok((response, upstreamed)) => Answer {
             response,
             upstreamed,
@@ -135,5 +122,9 @@ pub async fn handle(
                 close,
             }
         }
+    };
+    match through {
+        Some((cached, state)) => cache::after(cached, state, head, answer),
+        None => answer,
     }
 }

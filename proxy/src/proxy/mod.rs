@@ -17,8 +17,10 @@
 //! - [`fastcgi`]: one attempt at a FastCGI backend (php-fpm), and the reply it makes.
 //! - [`forward`]: the retry loop: pick, attempt, decide whether to try the next backend.
 //! - [`side_request`]: the copies modules send beside a request (`mirror`), never waited for.
-//! - [`handle`]: one request's way to its answer: the forwarding it takes, a mirror's kept body.
+//! - [`exchange`]: one request as the client side hands it to the proxy, and the answer.
 //! - [`cache`]: a request through its route's cache: a stored answer, or the backend's, stored.
+//! - [`handle`]: one request's way to its answer: the cache, the forwarding it takes, a
+//!   mirror's kept body.
 
 pub(crate) mod accesslog;
 pub(crate) mod attempt;
@@ -26,6 +28,7 @@ pub(crate) mod body;
 pub(crate) mod cache;
 pub(crate) mod downstream;
 pub(crate) mod error;
+pub(crate) mod exchange;
 pub(crate) mod fastcgi;
 pub(crate) mod fastcgi_body;
 pub(crate) mod forward;
