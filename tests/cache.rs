@@ -479,4 +479,17 @@ async fn the_admin_api_purges_a_key_with_its_variants_or_a_prefix() {
     assert_eq!(cache_status(&get(proxy.addr, "/etag").await), "HIT");
     let r = proxy.admin(Method::POST, "/cache/nope/purge", None).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
+    // The status page's figures: 5 answered from the zone of 10 looked up.
+    let status = proxy.status().await;
+    let zone = &status["caches"][0];
+    assert_eq!(zone["zone"], "micro", "{status}");
+    assert_eq!(
+        (zone["hits"].as_u64(), zone["misses"].as_u64()),
+        (Some(5), Some(5)),
+        "{zone}"
+    );
+    assert_eq!(zone["hit_ratio"].as_f64(), Some(0.5), "{zone}");
+    assert_eq!(zone["max_size"].as_u64(), Some(1 << 20), "{zone}");
+    let m = proxy.metrics().await;
+    assert_eq!(m.value("pinlb_cache_evicted_total", "zone=\"micro\""), 0.0);
 }

@@ -494,6 +494,13 @@ impl Collector for Scrape {
         )?;
         family(
             &mut e,
+            "cache_evicted",
+            "Entries a cache zone evicted to stay within its max_size (S3-FIFO: the keys asked for once go first).",
+            MetricType::Counter,
+            self.caches.iter().map(|f| (zone(f), counter(f.evicted))),
+        )?;
+        family(
+            &mut e,
             "cache_entries",
             "Entries a cache zone holds (each response, and each key whose responses vary).",
             MetricType::Gauge,

@@ -475,7 +475,39 @@ pub(crate) fn status(process: &Process, window: &Window) -> serde_json::Value {
         "listeners": listener_list,
         "upstreams": upstreams,
         "spawned": spawned_status(&process.spawned.all()),
+        "caches": cache_status(&process.caches.figures(), &config.cache_zones),
     })
+}
+
+/// Each cache zone in use: what it holds against its `max_size`, and what it did.
+fn cache_status(
+    figures: &[crate::modules::cache::zone::Figures],
+    zones: &[crate::modules::cache::zone::ZoneConfig],
+) -> serde_json::Value {
+    figures
+        .iter()
+        .map(|f| {
+            let looked_up = f.hits + f.misses + f.expired + f.stale + f.revalidated;
+            let answered = f.hits + f.stale + f.revalidated;
+            json!({
+                "zone": f.zone,
+                "entries": f.entries,
+                "bytes": f.bytes,
+                "max_size": zones.iter().find(|z| z.name == f.zone).map(|z| z.max_size),
+                "hits": f.hits,
+                "misses": f.misses,
+                "expired": f.expired,
+                "stale": f.stale,
+                "revalidated": f.revalidated,
+                "bypassed": f.bypassed,
+                "collapsed": f.collapsed,
+                "stored": f.stored,
+                "evicted": f.evicted,
+                // Of the requests looked up, the share answered from the zone; `null` before any.
+                "hit_ratio": (looked_up > 0).then(|| thousandths(answered as f64 / looked_up as f64)),
+            })
+        })
+        .collect()
 }
 
 /// The spawned backends, by upstream and index.

@@ -1,8 +1,8 @@
 //! A request whose route caches (`modules::cache`): answered from the zone while a fresh
 //! response is stored for its key, else forwarded, with one request per key at a time when
 //! the route's `lock` is on, and the backend's response stored on its way to the client when
-//! RFC 9111 lets it. The request pipeline (`downstream::pipeline::forward`) sends only such a
-//! route's requests here.
+//! RFC 9111 lets it. `handle` asks [`before`] and [`after`] for such a route's requests only:
+//! a route without a cache pays for one test.
 //!
 //! A stale response is asked for again conditionally when it has a validator (`revalidate`):
 //! a `304` refreshes it (`REVALIDATED`). It is served instead of the backend's answer when

@@ -91,6 +91,8 @@ pub(crate) struct Counters {
     /// Requests that waited for another's response to the same key.
     pub collapsed: AtomicU64,
     pub stored: AtomicU64,
+    /// Entries the store evicted for room (shared with its [`Evictions`]).
+    pub evicted: Arc<AtomicU64>,
 }
 
 /// The weight of an entry, for the store.
@@ -103,11 +105,24 @@ impl quick_cache::Weighter<Vec<u8>, Arc<Entry>> for Weigh {
     }
 }
 
+/// Counts the store's evictions.
+#[derive(Clone)]
+pub(crate) struct Evictions(Arc<AtomicU64>);
+
+impl quick_cache::Lifecycle<Vec<u8>, Arc<Entry>> for Evictions {
+    type RequestState = ();
+    fn on_evict(&self, _: &mut (), _: Vec<u8>, _: Arc<Entry>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+type Store = quick_cache::sync::Cache<Vec<u8>, Arc<Entry>, Weigh, quick_cache::DefaultHashBuilder, Evictions>;
+
 /// One zone's store.
 pub(crate) struct Zone {
     pub name: String,
     pub max_object: u64,
-    store: quick_cache::sync::Cache<Vec<u8>, Arc<Entry>, Weigh>,
+    store: Store,
     /// The keys whose miss is in flight, each with the requests waiting for it.
     in_flight: Mutex<HashMap<Vec<u8>, Arc<Notify>>>,
     /// For `min_uses`: the misses of each key seen lately, by the key's hash; made when a route
@@ -120,13 +135,16 @@ impl Zone {
     fn new(c: &ZoneConfig) -> Zone {
         // The store's estimate of its entries, for its tables: a small response a key.
         let items = (c.max_size / 4096).clamp(64, 1 << 20) as usize;
+        let counters = Counters::default();
+        let evictions = Evictions(counters.evicted.clone());
+        let hasher = quick_cache::DefaultHashBuilder::default();
         Zone {
             name: c.name.clone(),
             max_object: c.max_object,
-            store: quick_cache::sync::Cache::with_weighter(items, c.max_size, Weigh),
+            store: Store::with(items, c.max_size, Weigh, hasher, evictions),
             in_flight: Mutex::default(),
             uses: std::sync::OnceLock::new(),
-            counters: Counters::default(),
+            counters,
         }
     }
 
@@ -258,6 +276,7 @@ impl Zones {
                 bypassed: n(&z.counters.bypassed),
                 collapsed: n(&z.counters.collapsed),
                 stored: n(&z.counters.stored),
+                evicted: n(&z.counters.evicted),
                 entries: z.store.len() as u64,
                 bytes: z.store.weight(),
             })
@@ -285,6 +304,7 @@ pub struct Figures {
     pub bypassed: u64,
     pub collapsed: u64,
     pub stored: u64,
+    pub evicted: u64,
     pub entries: u64,
     /// What its entries weigh ([`Entry::weight`]).
     pub bytes: u64,
