@@ -7,7 +7,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use crate::config::Limits;
-use crate::proxy::cache::{self, Before};
+use crate::proxy::cache::{self, Before, Forwarded};
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::error::{ProxyError, error_response};
 use crate::proxy::exchange::{Answer, DownstreamRequest};
@@ -43,8 +43,9 @@ pub async fn handle(
     } = request;
     // A route with a cache: answered from it, or on to a backend with what the cache makes of
     // the answer after. Boxed: the plain path's future carries none of its state.
+    let cached = overrides.and_then(|o| o.cache.as_ref());
     let mut through = None;
-    if let Some(cached) = overrides.and_then(|o| o.cache.as_ref()) {
+    if let Some(cached) = cached {
         let before = cache::before(
             cached,
             (&upstream, &downstream, &limits),
@@ -54,14 +55,14 @@ pub async fn handle(
         );
         match Box::pin(before).await {
             Before::Answered(answer) => return answer,
-            Before::Forward(state) => through = Some((cached, state)),
+            Before::Forward(forwarded) => through = Some(forwarded),
         }
     }
     // A revalidation asks with the stored response's validators.
-    let overrides = match through.as_ref().and_then(|(_, s)| s.overrides()) {
-        Some(conditional) => Some(conditional),
-        None => overrides,
-    };
+    let overrides = through
+        .as_deref()
+        .and_then(Forwarded::overrides)
+        .or(overrides);
     let method = &head.method;
     let forwarded = match refused {
         Some(e) => Err(ProxyError::Downstream(e)),
@@ -123,8 +124,8 @@ pub async fn handle(
             }
         }
     };
-    match through {
-        Some((cached, state)) => cache::after(cached, state, head, answer),
-        None => answer,
+    match (cached, through) {
+        (Some(cached), Some(forwarded)) => cache::after(cached, forwarded, head, answer),
+        _ => answer,
     }
 }
