@@ -173,3 +173,93 @@ pub(crate) fn invalidates(method: &Method, status: StatusCode) -> bool {
     );
     unsafe_method && (status.is_success() || status.is_redirection())
 }
+
+#[cfg(test)]
+mod tests {
+    //! RFC 9111's MUSTs for a shared cache, as `verdict` applies them (section numbers are
+    //! RFC 9111's).
+    use std::sync::Arc;
+
+    use bytes::BytesMut;
+
+    use super::*;
+    use crate::http1::request::{RequestLimits, parse_request};
+    use crate::modules::{Module, Place};
+    use crate::syntax::error::Source;
+
+    fn config(keys: &str) -> Arc<Config> {
+        let text = format!("cache = {{ zone = \"z\"{keys} }}");
+        let raw = toml::from_str(&text).unwrap();
+        let src = Source { file: "t.toml", text: &text };
+        let at = Place { src: &src, key: "listener[0]", upstreams: &[], caches: &["z"], tls: None };
+        super::super::Cache::validate(&at, &raw, None).unwrap().unwrap()
+    }
+
+    fn head(request: &str) -> RequestHead {
+        let mut buf = BytesMut::from(request);
+        parse_request(&mut buf, &RequestLimits::default()).unwrap().unwrap()
+    }
+
+    const GET: &str = "GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
+
+    fn fresh_for(c: &Config, request: &str, status: u16, lines: &str) -> Option<u64> {
+        let status = StatusCode::from_u16(status).unwrap();
+        verdict(c, &head(request), status, lines.as_bytes()).map(|v| v.fresh_for.as_secs())
+    }
+
+    #[test]
+    fn what_must_not_be_stored_is_not() {
+        let c = config("");
+        // 3: no-store, in the response or the request; private, in a shared cache.
+        assert_eq!(fresh_for(&c, GET, 200, "cache-control: no-store, max-age=60\r\n"), None);
+        let no_store = "GET /a HTTP/1.1\r\nHost: x\r\nCache-Control: no-store\r\n\r\n";
+        assert_eq!(fresh_for(&c, no_store, 200, "cache-control: max-age=60\r\n"), None);
+        assert_eq!(fresh_for(&c, GET, 200, "cache-control: private, max-age=60\r\n"), None);
+        // 3.5: a request with Authorization, unless the response allows a shared cache.
+        let auth = "GET /a HTTP/1.1\r\nHost: x\r\nAuthorization: Basic YTpi\r\n\r\n";
+        assert_eq!(fresh_for(&c, auth, 200, "cache-control: max-age=60\r\n"), None);
+        assert_eq!(fresh_for(&c, auth, 200, "cache-control: s-maxage=60\r\n"), Some(60));
+        // 3: a status the cache does not understand (206 without range support).
+        assert_eq!(fresh_for(&c, GET, 206, "cache-control: max-age=60\r\n"), None);
+        // Vary: * never matches a later request (4.1).
+        assert_eq!(fresh_for(&c, GET, 200, "cache-control: max-age=60\r\nvary: *\r\n"), None);
+        // no-cache: stored only to be revalidated, which a zero lifetime here leaves out.
+        assert_eq!(fresh_for(&c, GET, 200, "cache-control: no-cache, max-age=60\r\n"), None);
+    }
+
+    #[test]
+    fn freshness_comes_from_s_maxage_then_max_age_then_expires_less_the_age() {
+        let c = config("");
+        // 4.2.1: s-maxage over max-age in a shared cache; max-age over Expires.
+        let both = "cache-control: max-age=10, s-maxage=30\r\nexpires: Thu, 01 Jan 2037 00:00:00 GMT\r\n";
+        assert_eq!(fresh_for(&c, GET, 200, both), Some(30));
+        let age = "cache-control: max-age=60\r\nage: 20\r\n";
+        let left = fresh_for(&c, GET, 200, age).unwrap();
+        assert!((39..=40).contains(&left), "{left}");
+        // Expires against Date.
+        let expires = "date: Mon, 02 Nov 2026 10:00:00 GMT\r\nexpires: Mon, 02 Nov 2026 10:00:00 GMT\r\n";
+        assert_eq!(fresh_for(&c, GET, 200, expires), None, "expired at once");
+        // 4.2.2: the heuristic, a tenth of the time since Last-Modified, only without any.
+        let now = SystemTime::now();
+        let date = httpdate::fmt_http_date(now);
+        let modified = httpdate::fmt_http_date(now - Duration::from_secs(1000));
+        let heuristic = format!("date: {date}\r\nlast-modified: {modified}\r\n");
+        let h = fresh_for(&c, GET, 200, &heuristic).unwrap();
+        assert!((99..=100).contains(&h), "{h}");
+    }
+
+    #[test]
+    fn valid_stands_in_only_for_a_response_without_freshness_and_ignore_headers_drops_them() {
+        let c = config(", valid = { \"200\" = \"5m\" }");
+        assert_eq!(fresh_for(&c, GET, 200, ""), Some(300));
+        assert_eq!(fresh_for(&c, GET, 200, "cache-control: max-age=7\r\n"), Some(7));
+        assert_eq!(fresh_for(&c, GET, 404, ""), None, "no lifetime for a status valid does not name");
+        let c = config(", valid = { any = \"1m\" }, ignore_headers = [\"Cache-Control\"]");
+        assert_eq!(fresh_for(&c, GET, 200, "cache-control: no-store\r\n"), Some(60));
+        let c = config("");
+        assert_eq!(fresh_for(&c, GET, 200, "cache-control: max-age=60\r\nset-cookie: a=1\r\n"), None);
+        assert!(invalidates(&Method::POST, StatusCode::CREATED));
+        assert!(!invalidates(&Method::POST, StatusCode::INTERNAL_SERVER_ERROR));
+        assert!(!invalidates(&Method::GET, StatusCode::OK));
+    }
+}
