@@ -12,7 +12,6 @@
 //! stale gets it at once (`STALE`) and a request of pinlb's own, a task on the worker,
 //! updates it.
 
-use std::future::poll_fn;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -35,8 +34,8 @@ use crate::modules::cache::{CacheStatus, Cached, Config, Fill};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::Downstream;
 use crate::proxy::exchange::Answer;
-use crate::proxy::forward::{Overrides, forward};
-use crate::proxy::side_request::CopyBody;
+use crate::proxy::forward::Overrides;
+use crate::proxy::side_request::{drain, own_request};
 use crate::syntax::template::Request;
 use crate::upstream::local::WorkerUpstream;
 
@@ -409,28 +408,16 @@ impl Refresh {
                 Some(v) => conditional(overrides.as_ref(), &head, &v),
                 None => overrides.unwrap_or_default(),
             };
-            let request = (&head, Some(&ov), &b""[..]);
-            let mut body = CopyBody(None);
-            match forward(
-                &upstream,
-                &downstream,
-                &limits,
-                request,
-                &mut body,
-                None,
-                None,
-            )
-            .await
-            {
-                Ok((reply, _)) if reply.status == StatusCode::NOT_MODIFIED => {
+            let sent = own_request(&upstream, &downstream, &limits, (&head, &ov), None);
+            match sent.await {
+                Ok(reply) if reply.status == StatusCode::NOT_MODIFIED => {
                     if let Some(s) = s {
                         refresh(&cached, &key, &head, s, &reply.headers, lead);
                     }
                 }
-                Ok((mut reply, _)) => {
+                Ok(mut reply) => {
                     store_on_the_way(&cached, key, &head, &mut reply, lead);
-                    // Bounded by the upstream's timeouts: the body ends, breaks off or times out.
-                    while let Some(Ok(_)) = poll_fn(|cx| reply.body.poll_data(cx)).await {}
+                    drain(&mut reply.body).await;
                 }
                 Err(e) => {
                     let upstream = &upstream.shared.config.name;

@@ -22,10 +22,13 @@ use bytes::Bytes;
 use tracing::debug;
 
 use crate::config::Limits;
+use crate::http1::common::Reply;
 use crate::http1::common::RequestFraming;
 use crate::http1::request::{ClientError, RequestHead};
 use crate::modules::SideRequest;
+use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::{Downstream, DownstreamBody};
+use crate::proxy::error::ProxyError;
 use crate::proxy::forward::{Overrides, PendingCopy, forward};
 use crate::sys::summed::summed_warn;
 use crate::upstream::local::WorkerUpstream;
@@ -65,28 +68,35 @@ pub(crate) fn send(
             copies: Vec::new(),
             cache: None,
         };
-        let request = (&copy, Some(&overrides), &b""[..]);
-        let (limits, mut body) = (Limits::default(), CopyBody(body));
-        match forward(
-            &upstream,
-            &downstream,
-            &limits,
-            request,
-            &mut body,
-            None,
-            None,
-        )
-        .await
-        {
-            Ok((mut reply, _)) => {
-                // Bounded by the upstream's timeouts: its body ends, breaks off or times out.
-                while let Some(Ok(_)) = poll_fn(|cx| reply.body.poll_data(cx)).await {}
-            }
+        let limits = Limits::default();
+        match own_request(&upstream, &downstream, &limits, (&copy, &overrides), body).await {
+            Ok(mut reply) => drain(&mut reply.body).await,
             Err(e) => {
                 debug!(upstream = %upstream.shared.config.name, "a mirrored copy got no answer: {e}")
             }
         }
     });
+}
+
+/// A request of pinlb's own (a mirror's copy, a cache's background update) through `upstream`'s
+/// retry loop, with `overrides` and `body`, untimed and with no lines added.
+pub(crate) async fn own_request(
+    upstream: &Rc<WorkerUpstream>,
+    downstream: &Downstream,
+    limits: &Limits,
+    (head, overrides): (&RequestHead, &Overrides),
+    body: Option<Bytes>,
+) -> Result<Reply<ProxyBody>, ProxyError> {
+    let request = (head, Some(overrides), &b""[..]);
+    let mut body = CopyBody(body);
+    let sent = forward(upstream, downstream, limits, request, &mut body, None, None).await;
+    sent.map(|(reply, _)| reply)
+}
+
+/// Reads `body` to its end, dropping it, so its connection goes back to the pool. Bounded by
+/// the upstream's timeouts: the body ends, breaks off or times out.
+pub(crate) async fn drain(body: &mut ProxyBody) {
+    while let Some(Ok(_)) = poll_fn(|cx| body.poll_data(cx)).await {}
 }
 
 /// A copy in flight, counted until it is dropped.
@@ -233,7 +243,7 @@ impl<B: DownstreamBody> DownstreamBody for Tee<'_, B> {
 }
 
 /// A copy's body: the one kept, or none.
-pub(crate) struct CopyBody(pub(crate) Option<Bytes>);
+struct CopyBody(Option<Bytes>);
 
 impl DownstreamBody for CopyBody {
     fn framing(&self) -> RequestFraming {
