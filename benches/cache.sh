@@ -115,6 +115,10 @@ PIDS+=($!)
 wait_ready pinlb "${PORT[pinlb]}" "${PID_OF[pinlb]}" "$WORK/pinlb/out.log"
 
 nginx_temp_paths "$WORK/nginx"
+# nginx's worker runs as nobody when the script runs as root: it writes the cache and its temp
+# files here.
+chmod a+x "$WORK"
+chmod -R a+rwx "$WORK/nginx"
 cat >"$WORK/nginx/nginx.conf" <<CONF
 daemon off;
 worker_processes 1;
