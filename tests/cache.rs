@@ -42,6 +42,10 @@ fn answer(head: &str, n: usize) -> Vec<u8> {
             "Cache-Control: max-age=1\r\nConnection: close\r\n",
             format!("short {n}"),
         ),
+        "/strict" => (
+            "Cache-Control: max-age=1, must-revalidate\r\nConnection: close\r\n",
+            format!("strict {n}"),
+        ),
         "/nostore" => ("Cache-Control: no-store\r\n", format!("nostore {n}")),
         "/private" => (
             "Cache-Control: private, max-age=60\r\n",
@@ -81,7 +85,7 @@ async fn origin() -> RawServer {
         let bytes = answer(&seen.head, n);
         if seen.head.starts_with("GET /slow ") {
             RawAction::RespondAfter(Duration::from_millis(300), bytes)
-        } else if seen.head.starts_with("GET /short ") {
+        } else if seen.head.starts_with("GET /short ") || seen.head.starts_with("GET /strict ") {
             // No connection kept: once the listener is gone, the backend is down.
             RawAction::RespondAndClose(bytes)
         } else {
@@ -140,6 +144,11 @@ async fn a_fresh_response_is_served_from_the_cache(proto: Proto) {
     let age: u64 = second.headers["age"].to_str().unwrap().parse().unwrap();
     assert!(age < 60, "{second:?}");
     assert_eq!(second.headers["content-type"], "text/plain");
+    assert_eq!(
+        second.headers.get_all("date").iter().count(),
+        1,
+        "{second:?}"
+    );
     assert_eq!(origin.requests(), 1);
     let lines = lines_after(proxy, &log).await;
     assert_eq!(lines, ["/fresh 200 MISS", "/fresh 200 HIT"]);
@@ -228,6 +237,31 @@ async fn a_conditional_request_is_answered_304_from_the_cache_and_head_from_a_st
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.headers["content-length"], "6");
     assert_eq!(cache_status(&r), "HIT");
+    assert_eq!(origin.requests(), 1);
+}
+
+#[tokio::test]
+async fn a_miss_goes_without_the_clients_conditions_so_that_its_answer_is_stored() {
+    let origin = origin().await;
+    let proxy = Proxy::start(&setup(&origin, ""));
+    let cond = [("if-none-match", "\"v1\""), ("range", "bytes=0-1")];
+    let first = get_with(proxy.addr, "/etag", &cond).await;
+    assert_eq!(
+        (first.status, cache_status(&first)),
+        (StatusCode::OK, "MISS")
+    );
+    let seen = origin.seen();
+    let head = seen[0].head.to_ascii_lowercase();
+    assert!(
+        !head.contains("if-none-match") && !head.contains("range:"),
+        "{head}"
+    );
+    // Stored: the same condition is now answered from the zone.
+    let again = get_with(proxy.addr, "/etag", &cond[..1]).await;
+    assert_eq!(
+        (again.status, cache_status(&again)),
+        (StatusCode::NOT_MODIFIED, "HIT")
+    );
     assert_eq!(origin.requests(), 1);
 }
 
@@ -347,10 +381,14 @@ async fn a_stale_response_is_served_while_the_backends_are_down_under_use_stale_
     let keys = ", use_stale = [\"error\", \"timeout\"]";
     let proxy = Proxy::start(&setup(&origin, keys));
     assert_eq!(get(proxy.addr, "/short").await.body, "short 1");
+    assert_eq!(get(proxy.addr, "/strict").await.body, "strict 2");
     // The backend gone: its port refuses connections.
     drop(origin.into_listener().await);
     let r = until_status(proxy.addr, "/short", "STALE").await;
     assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "short 1"));
+    // must-revalidate: never served stale (RFC 9111 section 4.2.4), whatever use_stale says.
+    let r = until_status(proxy.addr, "/strict", "EXPIRED").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{r:?}");
 }
 
 #[tokio::test]

@@ -3023,6 +3023,19 @@ http {{
         "{}",
         imported.stderr
     );
+    // A key that does not convert would share what nginx keeps apart: refused.
+    let private = text(&dir.path().join("x"), pinlb_at, pinlb_backend.addr).replace(
+        "$scheme$host$request_uri",
+        "$host$request_uri$cookie_session",
+    );
+    let r = import_text(&private, &[]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("proxy_cache_key $host$request_uri$cookie_session not converted"),
+        "{}",
+        r.stderr
+    );
 
     let nginx = Nginx::start(
         &dir.path().join("nginx"),

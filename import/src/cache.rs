@@ -6,8 +6,8 @@
 //!
 //! pinlb keeps its cache in memory: a zone's `max_size` is nginx's `max_size` (noted, since
 //! nginx's is disk), 64 MiB without one. `proxy_cache_key`'s `$proxy_host` becomes `{host}`
-//! (noted). A `proxy_no_cache` condition that does not convert is refused: pinlb would store
-//! what nginx keeps from every other client.
+//! (noted). A `proxy_no_cache` condition or a `proxy_cache_key` that does not convert is
+//! refused: pinlb would store, or serve to every client, what nginx keeps apart.
 
 use std::collections::BTreeMap;
 
@@ -163,11 +163,16 @@ pub(super) fn route(
                 }
                 t.insert("key".into(), Value::String(key));
             }
-            None => super::notes::not_converted(
-                notes,
-                d,
-                "a key of $scheme, $host, $request_uri, $uri, $args, $remote_addr",
-            ),
+            // The default key would share among clients what nginx keeps apart (a key of
+            // `$cookie_session`, say): refused, and the route left without a cache.
+            None => {
+                refused.push(format!(
+                    "{}: proxy_cache_key {} not converted: only $scheme, $host, $request_uri, $uri, $args and $remote_addr convert; pinlb's key without the rest would serve one client's responses to another",
+                    d.at(),
+                    d.args.join(" ")
+                ));
+                return;
+            }
         }
     }
     let valid = valid(inherit, notes);
@@ -269,12 +274,11 @@ pub(super) fn route(
         }
     }
     if let Some(d) = get("proxy_cache_methods") {
-        let post = d.args.iter().any(|m| m.eq_ignore_ascii_case("POST"));
-        if post {
-            t.insert(
-                "methods".into(),
-                Value::Array(vec!["GET".into(), "HEAD".into(), "POST".into()]),
-            );
+        if d.args.iter().any(|m| m.eq_ignore_ascii_case("POST")) {
+            notes.push(format!(
+                "{}: proxy_cache_methods POST not converted: pinlb caches GET and HEAD only (a key of the URL can't tell POSTs apart)",
+                d.at()
+            ));
         }
     }
     if let Some(d) = get("proxy_ignore_headers") {

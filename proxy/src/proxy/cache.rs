@@ -56,14 +56,17 @@ pub(crate) struct Forwarded {
     lead: Option<Lead>,
     /// The stale response it may refresh or stand in for.
     stale: Option<Arc<Entry>>,
-    /// The route's overrides with the stale response's validators: a conditional request.
-    conditional: Option<Overrides>,
+    /// The route's overrides for a request that fills the cache: without the client's
+    /// conditions, with the stale response's validators when it is revalidated.
+    filling: Option<Overrides>,
+    /// The request asks with the stale response's validators: a 304 refreshes it.
+    revalidating: bool,
 }
 
 impl Forwarded {
     /// The overrides the request goes with, when the cache changed them.
     pub(crate) fn overrides(&self) -> Option<&Overrides> {
-        self.conditional.as_ref()
+        self.filling.as_ref()
     }
 }
 
@@ -95,20 +98,21 @@ pub(crate) async fn before(
         https: downstream.https,
         client: downstream.ip,
     });
-    let on = |mode, lead, stale: Option<Arc<Entry>>, conditional| {
+    let on = |mode, lead, stale: Option<Arc<Entry>>, filling, revalidating| {
         Before::Forward(Box::new(Forwarded {
             key: key.clone(),
             mode,
             lead,
             stale,
-            conditional,
+            filling,
+            revalidating,
         }))
     };
     if refused.is_some() || !config.looks_up(&head.method) {
-        return on(Mode::NotLookedUp, None, None, None);
+        return on(Mode::NotLookedUp, None, None, None, false);
     }
     if config.bypasses(head) {
-        return on(Mode::Bypass, None, None, None);
+        return on(Mode::Bypass, None, None, None, false);
     }
     let now = Instant::now();
     let mut entry = lookup(zone, &key, head);
@@ -122,7 +126,8 @@ pub(crate) async fn before(
         Ok(lead) => Some(lead),
         Err(notify) => {
             if let Some(s) = entry.as_deref().and_then(stored) {
-                if config.use_stale.updating || s.may_serve_while_revalidating(now) {
+                let updating = config.use_stale.updating && s.may_be_served_stale();
+                if updating || s.may_serve_while_revalidating(now) {
                     return Before::Answered(served(cached, s, head, CacheStatus::Updating));
                 }
             }
@@ -136,12 +141,8 @@ pub(crate) async fn before(
                     }
                 }
                 if !woken {
-                    return on(
-                        Mode::TimedOut(miss_status(entry.as_deref())),
-                        None,
-                        None,
-                        None,
-                    );
+                    let status = miss_status(entry.as_deref());
+                    return on(Mode::TimedOut(status), None, None, None, false);
                 }
             }
             // Woken with nothing fresh (the response could not be stored), or no lock: this
@@ -151,9 +152,18 @@ pub(crate) async fn before(
     };
     let status = miss_status(entry.as_deref());
     let Some(s) = entry.as_deref().and_then(stored) else {
-        return on(Mode::Update(status), lead, None, None);
+        return on(
+            Mode::Update(status),
+            lead,
+            None,
+            Some(filling(overrides, head, None)),
+            false,
+        );
     };
-    if lead.is_some() && (config.background_update || s.may_serve_while_revalidating(now)) {
+    let background = config.background_update && s.may_be_served_stale();
+    // Only a GET is refreshed behind the client: a HEAD brings no body to store.
+    let by_get = head.method == Method::GET;
+    if by_get && lead.is_some() && (background || s.may_serve_while_revalidating(now)) {
         let answer = served(cached, s, head, CacheStatus::Stale);
         let refresh = Refresh {
             cached: Cached {
@@ -170,8 +180,15 @@ pub(crate) async fn before(
         return Before::Answered(answer);
     }
     let validators = config.revalidate.then(|| s.validator_lines()).flatten();
-    let conditional = validators.map(|v| conditional(overrides, head, &v));
-    on(Mode::Update(status), lead, entry.clone(), conditional)
+    let revalidating = validators.is_some();
+    let filling = filling(overrides, head, validators.as_deref());
+    on(
+        Mode::Update(status),
+        lead,
+        entry.clone(),
+        Some(filling),
+        revalidating,
+    )
 }
 
 /// What the cache makes of a backend's `answer` to a request [`before`] sent on: stored on its
@@ -188,7 +205,8 @@ pub(crate) fn after(
         mode,
         lead,
         stale,
-        conditional,
+        revalidating,
+        ..
     } = *f;
     let status = match mode {
         Mode::NotLookedUp => {
@@ -206,7 +224,7 @@ pub(crate) fn after(
         Mode::Update(status) => status,
     };
     if let Some(s) = stale.as_deref().and_then(stored) {
-        if conditional.is_some() && answer.response.status == StatusCode::NOT_MODIFIED {
+        if revalidating && answer.response.status == StatusCode::NOT_MODIFIED {
             let refreshed = refresh(cached, &key, head, s, &answer.response.headers, lead);
             let s = refreshed.as_deref().and_then(stored).unwrap_or(s);
             return served(cached, s, head, CacheStatus::Revalidated);
@@ -280,7 +298,13 @@ fn served(cached: &Cached, s: &Stored, head: &RequestHead, status: CacheStatus) 
     count(cached, status);
     let not_modified = s.not_modified(head);
     let mut headers = Vec::with_capacity(s.lines.len() + 48);
-    headers.extend_from_slice(&s.lines);
+    // Without the stored Date: the session writes the time of this answer, and `Age` says how
+    // old the response is (one Date line over both protocols).
+    for line in s.lines.split_inclusive(|&b| b == b'\n') {
+        if !line_named(line, b"date") {
+            headers.extend_from_slice(line);
+        }
+    }
     headers.extend_from_slice(b"age: ");
     headers.extend_from_slice(itoa::Buffer::new().format(s.age(Instant::now())).as_bytes());
     headers.extend_from_slice(b"\r\n");
@@ -318,22 +342,35 @@ fn stale_on_failure(config: &Config, s: &Stored, answer: &Reply<ProxyBody>) -> b
         _ => false,
     };
     let failed = (own && code >= 500) || (500..600).contains(&code);
-    named || (failed && s.may_serve_on_error(Instant::now()))
+    (named && s.may_be_served_stale()) || (failed && s.may_serve_on_error(Instant::now()))
 }
 
-/// The route's overrides of a request, with `validators` in place of the request's own
-/// conditional lines: the backend is asked whether the stored response is still good.
-fn conditional(overrides: Option<&Overrides>, head: &RequestHead, validators: &[u8]) -> Overrides {
+/// The client's lines a request that fills the cache goes without (nginx's
+/// `proxy_cache_headers`): its own conditions and ranges would bring back a 304 or a 206, which
+/// can't be stored. The client's own condition is answered from what is stored.
+const CLIENT_CONDITIONS: [&[u8]; 6] = [
+    b"if-none-match",
+    b"if-modified-since",
+    b"if-match",
+    b"if-unmodified-since",
+    b"range",
+    b"if-range",
+];
+
+/// The route's overrides of a request that fills the cache: without the client's conditions
+/// and ranges, and with `validators` when the stored response is revalidated.
+fn filling(
+    overrides: Option<&Overrides>,
+    head: &RequestHead,
+    validators: Option<&[u8]>,
+) -> Overrides {
     let base = overrides
         .and_then(|o| o.lines.as_deref())
         .unwrap_or(head.lines());
+    let validators = validators.unwrap_or_default();
     let mut lines = Vec::with_capacity(base.len() + validators.len());
     for line in base.split_inclusive(|&b| b == b'\n') {
-        let name = line.split(|&b| b == b':').next().unwrap_or_default();
-        let own_condition = [b"if-none-match".as_slice(), b"if-modified-since"]
-            .iter()
-            .any(|n| name.trim_ascii().eq_ignore_ascii_case(n));
-        if !own_condition {
+        if !CLIENT_CONDITIONS.iter().any(|n| line_named(line, n)) {
             lines.extend_from_slice(line);
         }
     }
@@ -342,6 +379,12 @@ fn conditional(overrides: Option<&Overrides>, head: &RequestHead, validators: &[
         lines: Some(lines),
         ..overrides.map(owned_overrides).unwrap_or_default()
     }
+}
+
+/// Whether header `line` (`name: value\r\n`) is named `name` (lower case).
+fn line_named(line: &[u8], name: &[u8]) -> bool {
+    let n = line.split(|&b| b == b':').next().unwrap_or_default();
+    n.trim_ascii().eq_ignore_ascii_case(name)
 }
 
 /// What a task of its own needs of a route's overrides: all but a mirror's pending copies and
@@ -404,20 +447,24 @@ impl Refresh {
             } = self;
             let s = entry.as_deref().and_then(stored);
             let validators = s.and_then(|s| cached.config.revalidate.then(|| s.validator_lines()));
-            let ov = match validators.flatten() {
-                Some(v) => conditional(overrides.as_ref(), &head, &v),
-                None => overrides.unwrap_or_default(),
-            };
+            let validators = validators.flatten();
+            let revalidating = validators.is_some();
+            let ov = filling(overrides.as_ref(), &head, validators.as_deref());
+            let idle = ov
+                .timeouts
+                .unwrap_or(upstream.shared.config.timeouts)
+                .response;
             let sent = own_request(&upstream, &downstream, &limits, (&head, &ov), None);
             match sent.await {
-                Ok(reply) if reply.status == StatusCode::NOT_MODIFIED => {
+                Ok(reply) if revalidating && reply.status == StatusCode::NOT_MODIFIED => {
                     if let Some(s) = s {
                         refresh(&cached, &key, &head, s, &reply.headers, lead);
                     }
                 }
                 Ok(mut reply) => {
                     store_on_the_way(&cached, key, &head, &mut reply, lead);
-                    drain(&mut reply.body).await;
+                    // A body that stalls lets the key go after the response timeout.
+                    drain(&mut reply.body, idle).await;
                 }
                 Err(e) => {
                     let upstream = &upstream.shared.config.name;
@@ -448,6 +495,7 @@ fn pending(
         vary: v.vary,
         while_revalidating: v.while_revalidating,
         if_error: v.if_error,
+        stale_forbidden: v.stale_forbidden,
         lead,
     }
 }

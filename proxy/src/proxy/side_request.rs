@@ -69,8 +69,9 @@ pub(crate) fn send(
             cache: None,
         };
         let limits = Limits::default();
+        let idle = upstream.shared.config.timeouts.response;
         match own_request(&upstream, &downstream, &limits, (&copy, &overrides), body).await {
-            Ok(mut reply) => drain(&mut reply.body).await,
+            Ok(mut reply) => drain(&mut reply.body, idle).await,
             Err(e) => {
                 debug!(upstream = %upstream.shared.config.name, "a mirrored copy got no answer: {e}")
             }
@@ -93,10 +94,12 @@ pub(crate) async fn own_request(
     sent.map(|(reply, _)| reply)
 }
 
-/// Reads `body` to its end, dropping it, so its connection goes back to the pool. Bounded by
-/// the upstream's timeouts: the body ends, breaks off or times out.
-pub(crate) async fn drain(body: &mut ProxyBody) {
-    while let Some(Ok(_)) = poll_fn(|cx| body.poll_data(cx)).await {}
+/// Reads `body` to its end, dropping it, so its connection goes back to the pool; a body that
+/// sends nothing for `idle` (the upstream's response timeout) is dropped there.
+pub(crate) async fn drain(body: &mut ProxyBody, idle: std::time::Duration) {
+    // Bounded: each pass reads a piece, or the body ends, breaks off or goes quiet.
+    while let Ok(Some(Ok(_))) = tokio::time::timeout(idle, poll_fn(|cx| body.poll_data(cx))).await {
+    }
 }
 
 /// A copy in flight, counted until it is dropped.

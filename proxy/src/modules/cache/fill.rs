@@ -21,6 +21,7 @@ pub(crate) struct Pending {
     pub vary: Vec<String>,
     pub while_revalidating: Duration,
     pub if_error: Duration,
+    pub stale_forbidden: bool,
     /// The request headers' values its variant is kept by, as [`variant_key`] writes them.
     pub variant: Option<Vec<u8>>,
     /// This request's hold on the key, when it leads the misses: let go once it is stored
@@ -97,6 +98,7 @@ pub(crate) fn store(p: Pending, body: Bytes) -> Arc<Entry> {
         last_modified,
         while_revalidating: p.while_revalidating,
         if_error: p.if_error,
+        stale_forbidden: p.stale_forbidden,
     };
     let entry = Arc::new(Entry::Response(stored));
     match p.variant {

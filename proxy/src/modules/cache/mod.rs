@@ -23,13 +23,16 @@
 //! - The key is `key` rendered for the request (`{scheme}://{host}{uri}` by default, nginx's
 //!   `proxy_cache_key`). A response that varies (`Vary`) is kept per value of the headers it
 //!   names, as nginx keeps its variants.
-//! - `methods` (nginx's `proxy_cache_methods`, `GET` and `HEAD` by default) are looked up; a
-//!   `HEAD` is answered from a stored `GET`, and a `HEAD` that misses goes to the backend as it
-//!   is and is not stored (nginx turns it into a `GET`; pinlb does not change the method). A
-//!   request with another method goes on, and a `POST`, `PUT`, `PATCH` or `DELETE` answered
-//!   with a success removes what its key holds (RFC 9111 section 4.4).
-//! - A request the client made conditional (`If-None-Match`, `If-Modified-Since`) is answered
-//!   `304 Not Modified` from a fresh stored response it matches. The client's own
+//! - `GET` and `HEAD` are looked up (nginx's `proxy_cache_methods` default; `POST` is refused:
+//!   a key of the URL can't tell POSTs apart); a `HEAD` is answered from a stored `GET`, and a
+//!   `HEAD` that misses goes to the backend as it is and is not stored (nginx turns it into a
+//!   `GET`; pinlb does not change the method). A request with another method goes on, and a
+//!   `POST`, `PUT`, `PATCH` or `DELETE` answered with a success removes what its key holds
+//!   (RFC 9111 section 4.4).
+//! - A request that fills the cache goes without the client's conditions and ranges
+//!   (`If-None-Match`, `If-Modified-Since`, `If-Match`, `If-Unmodified-Since`, `Range`,
+//!   `If-Range`: nginx's `proxy_cache_headers`), so its answer can be stored. A request the
+//!   client made conditional is answered `304 Not Modified` from a fresh stored 2xx it matches. The client's own
 //!   `Cache-Control` is not obeyed, as nginx does not: a client can't make every request miss.
 //! - `lock` (on by default; nginx's `proxy_cache_lock`, off there): of the requests that miss
 //!   one key at once, across every worker, one goes to the backend and the others wait for its
@@ -377,21 +380,26 @@ fn validate(
     let methods = match &raw.methods {
         None => vec![Method::GET, Method::HEAD],
         Some(list) => {
-            let mut out = vec![Method::GET, Method::HEAD];
             for m in list.get_ref() {
                 match m.get_ref().as_str() {
                     "GET" | "HEAD" => {}
-                    "POST" => out.push(Method::POST),
+                    "POST" => {
+                        return Err(src.at(
+                            m.span(),
+                            &format!("{key}.methods"),
+                            "POST is not cached: pinlb keys responses by URL, and a POST's answer depends on its body; expected GET or HEAD",
+                        ));
+                    }
                     other => {
                         return Err(src.at(
                             m.span(),
                             &format!("{key}.methods"),
-                            format!("\"{other}\" is not a method a cache looks up, expected GET, HEAD or POST"),
+                            format!("\"{other}\" is not a method a cache looks up, expected GET or HEAD"),
                         ));
                     }
                 }
             }
-            out
+            vec![Method::GET, Method::HEAD]
         }
     };
     let lock_on = raw.lock.as_ref().is_none_or(|l| *l.get_ref());
@@ -576,16 +584,17 @@ mod tests {
     }
 
     #[test]
-    fn statuses_are_tried_before_any_and_methods_add_post() {
+    fn statuses_are_tried_before_any_and_only_get_and_head_are_looked_up() {
         let c = config(
-            "cache = { zone = \"z\", valid = { any = \"1m\", \"200 302\" = \"10m\" }, methods = [\"POST\"] }",
+            "cache = { zone = \"z\", valid = { any = \"1m\", \"200 302\" = \"10m\" }, methods = [\"GET\"] }",
             &["z"],
         )
         .unwrap()
         .unwrap();
         assert_eq!(c.valid_for(200), Some(Duration::from_secs(600)));
         assert_eq!(c.valid_for(404), Some(Duration::from_secs(60)));
-        assert!(c.looks_up(&Method::POST) && c.looks_up(&Method::HEAD));
+        assert!(c.looks_up(&Method::GET) && c.looks_up(&Method::HEAD));
+        assert!(!c.looks_up(&Method::POST));
         assert_eq!(c.lock, Some(DEFAULT_LOCK_TIMEOUT));
     }
 

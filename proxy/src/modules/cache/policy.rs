@@ -24,6 +24,9 @@ pub(crate) struct Verdict {
     /// backend fails (RFC 5861's `stale-while-revalidate` and `stale-if-error`).
     pub while_revalidating: Duration,
     pub if_error: Duration,
+    /// It must not be served stale at all (RFC 9111 section 4.2.4: `must-revalidate`,
+    /// `proxy-revalidate` or `s-maxage`), whatever `use_stale` says.
+    pub stale_forbidden: bool,
 }
 
 /// Whether the response with `status` and header lines `lines` to `head` may be stored under
@@ -77,6 +80,9 @@ pub(crate) fn verdict(
         directive(&res, "stale-while-revalidate"),
         directive(&res, "stale-if-error"),
     );
+    let stale_forbidden = ["must-revalidate", "proxy-revalidate", "s-maxage"]
+        .iter()
+        .any(|d| has_directive(&res, d));
     let req = request_parts(head)?;
     let now = SystemTime::now();
     let response = response_parts(status, res)?;
@@ -94,7 +100,20 @@ pub(crate) fn verdict(
         vary,
         while_revalidating,
         if_error,
+        stale_forbidden,
     })
+}
+
+/// Whether the response's `Cache-Control` has directive `name` (with a value or without).
+fn has_directive(res: &HeaderMap, name: &str) -> bool {
+    (res.get_all(CACHE_CONTROL).iter())
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|d| {
+            let d = d.trim();
+            let n = d.split('=').next().unwrap_or(d).trim();
+            n.eq_ignore_ascii_case(name)
+        })
 }
 
 /// The seconds of the `Cache-Control` directive `name=N`, 0 without it.

@@ -48,6 +48,8 @@ pub(crate) struct Stored {
     /// fails (`stale-while-revalidate`, `stale-if-error`).
     pub(super) while_revalidating: Duration,
     pub(super) if_error: Duration,
+    /// `must-revalidate`, `proxy-revalidate` or `s-maxage`: never served stale.
+    pub(super) stale_forbidden: bool,
 }
 
 impl Stored {
@@ -62,14 +64,20 @@ impl Stored {
             .saturating_sub(self.fresh_for)
     }
 
+    /// Whether it may be served stale at all, as `use_stale` asks (RFC 9111 section 4.2.4:
+    /// not with `must-revalidate`, `proxy-revalidate` or `s-maxage`).
+    pub(crate) fn may_be_served_stale(&self) -> bool {
+        !self.stale_forbidden
+    }
+
     /// Whether its own `stale-while-revalidate` lets it be served while it is updated.
     pub(crate) fn may_serve_while_revalidating(&self, now: Instant) -> bool {
-        self.stale_for(now) < self.while_revalidating
+        self.may_be_served_stale() && self.stale_for(now) < self.while_revalidating
     }
 
     /// Whether its own `stale-if-error` lets it be served when the backend fails.
     pub(crate) fn may_serve_on_error(&self, now: Instant) -> bool {
-        self.stale_for(now) < self.if_error
+        self.may_be_served_stale() && self.stale_for(now) < self.if_error
     }
 
     /// Whether it has a validator, for a conditional request.
@@ -116,13 +124,17 @@ impl Stored {
 
     /// Its `Age` now, in seconds.
     pub(crate) fn age(&self, now: Instant) -> u64 {
-        (self.age + now.saturating_duration_since(self.stored_at)).as_secs()
+        (self.age.saturating_add(now.saturating_duration_since(self.stored_at))).as_secs()
     }
 
     /// Whether `head`'s own condition holds for it, so that the answer is `304 Not Modified`
     /// (RFC 9110 section 13.2.2): `If-None-Match` by weak comparison when the request has it,
     /// else `If-Modified-Since` against `Last-Modified`.
     pub(crate) fn not_modified(&self, head: &RequestHead) -> bool {
+        // RFC 9110 section 13.2.1: only a 2xx answers a condition.
+        if !self.status.is_success() {
+            return false;
+        }
         let mut none_match = head.header_values("if-none-match").peekable();
         if none_match.peek().is_some() {
             let Some(etag) = &self.etag else {

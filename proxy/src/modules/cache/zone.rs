@@ -138,10 +138,24 @@ impl Zone {
         let counters = Counters::default();
         let evictions = Evictions(counters.evicted.clone());
         let hasher = quick_cache::DefaultHashBuilder::default();
+        // The store bounds each of its shards to `max_size / shards` and refuses a larger
+        // entry: as many shards as keep room for two of the largest, at most 64.
+        let room = (c.max_size / c.max_object.saturating_mul(2).max(1)).clamp(1, 64);
+        let shards = 1usize << (63 - room.leading_zeros());
+        let options = quick_cache::OptionsBuilder::new()
+            .estimated_items_capacity(items)
+            .weight_capacity(c.max_size)
+            .shards(shards)
+            .build();
+        let store = match options {
+            Ok(o) => Store::with_options(o, Weigh, hasher, evictions),
+            // Unreachable with the values above; the store's own sharding otherwise.
+            Err(_) => Store::with(items, c.max_size, Weigh, hasher, evictions),
+        };
         Zone {
             name: c.name.clone(),
             max_object: c.max_object,
-            store: Store::with(items, c.max_size, Weigh, hasher, evictions),
+            store,
             in_flight: Mutex::default(),
             uses: std::sync::OnceLock::new(),
             counters,
