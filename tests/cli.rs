@@ -723,7 +723,7 @@ fn route_keys_include_path_regex_checked_at_its_place() {
     assert_eq!(code, Some(1), "{stderr}");
     assert_eq!(
         stderr.trim_end(),
-        "{file}:4:1: listener[0].route[0].path_regexp: unknown field `path_regexp`, expected one of `host`, `path`, `path_exact`, `path_regex`, `methods`, `headers`, `upstream`, `rewrite_prefix`, `redirect`, `respond`, `timeouts`, `rate_limit`, `access`, `auth_basic`, `satisfy`, `request_headers`, `error_page`, `intercept_errors`, `response_headers`, `server_timing`, `compress`, `limit_rate`, `limit_rate_after`, `mirror`"
+        "{file}:4:1: listener[0].route[0].path_regexp: unknown field `path_regexp`, expected one of `host`, `path`, `path_exact`, `path_regex`, `methods`, `headers`, `upstream`, `rewrite_prefix`, `redirect`, `respond`, `timeouts`, `rate_limit`, `access`, `auth_basic`, `satisfy`, `request_headers`, `error_page`, `intercept_errors`, `response_headers`, `server_timing`, `compress`, `limit_rate`, `limit_rate_after`, `mirror`, `cache`"
     );
     let (code, _, stderr) = check(&config("path_regex = \"a(\""));
     assert_eq!(code, Some(1), "{stderr}");
