@@ -212,6 +212,47 @@ backends = [
 /// `[admin]` on a port of the kernel's choosing, for `/metrics`.
 const ADMIN: &str = "[admin]\naddress = \"127.0.0.1:0\"\n";
 
+/// A backend on a kernel-chosen port that takes one connection, reads the client's bytes to
+/// its FIN, then writes each of `answer`'s pieces, `gap` apart, and closes; what it read comes
+/// out of the receiver.
+async fn answers_after_fin(
+    answer: Vec<Vec<u8>>,
+    gap: Duration,
+) -> (SocketAddr, tokio::sync::oneshot::Receiver<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.unwrap();
+        for (i, piece) in answer.iter().enumerate() {
+            if i > 0 {
+                tokio::time::sleep(gap).await;
+            }
+            s.write_all(piece).await.unwrap();
+        }
+        s.shutdown().await.unwrap();
+        let _ = tx.send(got);
+    });
+    (backend, rx)
+}
+
+/// Connects to `proxy`, sends `bytes`, closes its half and reads the answer to its end within
+/// `WAIT`: the connection's own address, and the answer.
+async fn send_and_close(proxy: SocketAddr, bytes: &[u8]) -> (SocketAddr, Vec<u8>) {
+    let mut client = TcpStream::connect(proxy).await.unwrap();
+    let me = client.local_addr().unwrap();
+    client.write_all(bytes).await.unwrap();
+    client.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, client.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed in time")
+        .unwrap();
+    (me, answer)
+}
+
 /// The metric labels of backend `addr` of upstream `r`.
 fn labels(addr: SocketAddr) -> String {
     format!("upstream=\"r\",backend=\"{addr}\"")
@@ -299,30 +340,13 @@ async fn redis_cli_ping_answers_pong_through_a_tcp_listener() {
 #[tokio::test]
 async fn a_client_that_shuts_down_its_half_still_gets_the_answer_and_the_log_counts_both_ways() {
     // A backend that reads to the client's FIN, then answers and closes.
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut got = Vec::new();
-        s.read_to_end(&mut got).await.unwrap();
-        s.write_all(format!("got {} bytes", got.len()).as_bytes())
-            .await
-            .unwrap();
-        s.shutdown().await.unwrap();
-    });
+    let (backend, got) =
+        answers_after_fin(vec![b"got 100000 bytes".to_vec()], Duration::ZERO).await;
     let (path, log) = log_table("combined");
     let proxy = Proxy::start_toml(&tcp_toml(&[backend], "", "", &format!("{ADMIN}{log}")));
-    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
-    let sent = vec![b'x'; 100_000];
-    client.write_all(&sent).await.unwrap();
-    client.shutdown().await.unwrap();
-    let mut answer = String::new();
-    tokio::time::timeout(WAIT, client.read_to_string(&mut answer))
-        .await
-        .expect("answered and closed in time")
-        .unwrap();
-    assert_eq!(answer, "got 100000 bytes");
-    drop(client);
+    let (_, answer) = send_and_close(proxy.addr, &vec![b'x'; 100_000]).await;
+    assert_eq!(answer, b"got 100000 bytes");
+    assert_eq!(got.await.unwrap().len(), 100_000);
 
     wait_for_metric(&proxy, "pinlb_backend_tunnels_open", backend, 0.0, 100).await;
     let m = proxy.metrics().await;
@@ -720,16 +744,8 @@ async fn proxy_protocol_v1_to_the_backend_names_the_client_before_its_bytes() {
     });
     let (path, log) = log_table("json");
     let proxy = Proxy::start_toml(&tcp_toml(&[backend], "", "proxy_protocol = \"v1\"", &log));
-    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
-    let me = client.local_addr().unwrap();
-    client.write_all(b"hello\r\n").await.unwrap();
-    client.shutdown().await.unwrap();
-    let mut answer = String::new();
-    tokio::time::timeout(WAIT, client.read_to_string(&mut answer))
-        .await
-        .expect("answered and closed in time")
-        .unwrap();
-    assert_eq!(answer, "ok");
+    let (me, answer) = send_and_close(proxy.addr, b"hello\r\n").await;
+    assert_eq!(answer, b"ok");
     let (header, rest) = tokio::time::timeout(WAIT, rx)
         .await
         .expect("the backend read everything in time")
@@ -763,17 +779,6 @@ async fn proxy_protocol_v1_to_the_backend_names_the_client_before_its_bytes() {
     assert_eq!(v["status"], 200, "{}", lines[0]);
     assert_eq!(v["bytes"], 2, "{}", lines[0]);
     assert_eq!(v["bytes_received"], 7, "{}", lines[0]);
-}
-
-/// Writes `msg` on `c` and reads its echo back.
-async fn echoed(c: &mut TcpStream, msg: &[u8]) -> Vec<u8> {
-    c.write_all(msg).await.unwrap();
-    let mut back = vec![0u8; msg.len()];
-    tokio::time::timeout(WAIT, c.read_exact(&mut back))
-        .await
-        .expect("echoed in time")
-        .unwrap();
-    back
 }
 
 #[tokio::test]
@@ -832,17 +837,7 @@ async fn a_bulk_transfer_each_way_arrives_whole_in_order_and_half_closed() {
     const SIZE: usize = 8 << 20;
     // A backend that reads the client's bytes to their end, then answers with as many of its
     // own and closes.
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = listener.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut got = Vec::with_capacity(SIZE);
-        s.read_to_end(&mut got).await.unwrap();
-        s.write_all(&pattern(SIZE, 7)).await.unwrap();
-        s.shutdown().await.unwrap();
-        let _ = tx.send(got);
-    });
+    let (backend, rx) = answers_after_fin(vec![pattern(SIZE, 7)], Duration::ZERO).await;
     let (path, log) = log_table("combined");
     let proxy = Proxy::start_toml(&tcp_toml(&[backend], "", "", &log));
     let client = TcpStream::connect(proxy.addr).await.unwrap();
@@ -916,28 +911,11 @@ async fn a_rate_limit_closes_a_clients_connections_over_its_rate() {
 async fn after_the_clients_fin_a_backend_still_answering_is_not_cut_by_tunnel_fin() {
     // A backend that reads to the client's FIN, then answers in ten pieces 100 ms apart: a
     // second in all, past the 300 ms `tunnel_fin`, which bounds silence, not the answer.
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let backend = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut sink = Vec::new();
-        s.read_to_end(&mut sink).await.unwrap();
-        for i in 0..10u8 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            s.write_all(&[b'0' + i]).await.unwrap();
-        }
-        s.shutdown().await.unwrap();
-    });
+    let pieces = (0..10u8).map(|i| vec![b'0' + i]).collect();
+    let (backend, _) = answers_after_fin(pieces, Duration::from_millis(100)).await;
     let toml = tcp_toml(&[backend], "", "timeouts = { tunnel_fin = \"300ms\" }", "");
     let proxy = Proxy::start_toml(&toml);
-    let mut c = TcpStream::connect(proxy.addr).await.unwrap();
-    c.write_all(b"request").await.unwrap();
-    c.shutdown().await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(WAIT, c.read_to_end(&mut answer))
-        .await
-        .expect("answered in time")
-        .unwrap();
+    let (_, answer) = send_and_close(proxy.addr, b"request").await;
     assert_eq!(answer, b"0123456789");
 }
 

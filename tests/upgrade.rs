@@ -399,17 +399,6 @@ async fn datagram(addr: SocketAddr, msg: &[u8]) -> Option<Vec<u8>> {
     Some(buf[..n].to_vec())
 }
 
-/// Writes `msg` on `c` and reads its echo back, within `WAIT`.
-async fn echo(c: &mut tokio::net::TcpStream, msg: &[u8]) -> Vec<u8> {
-    c.write_all(msg).await.unwrap();
-    let mut back = vec![0u8; msg.len()];
-    tokio::time::timeout(WAIT, c.read_exact(&mut back))
-        .await
-        .expect("echoed in time")
-        .unwrap();
-    back
-}
-
 #[tokio::test]
 async fn an_upgrade_hands_tcp_and_udp_listeners_over_and_the_old_process_drains_its_connections() {
     let (tcp_backend, udp_backend) = (tcp_echo(None).await, udp_echo().await);
@@ -433,7 +422,7 @@ async fn an_upgrade_hands_tcp_and_udp_listeners_over_and_the_old_process_drains_
         .unwrap_or_else(|| panic!("no UDP listener's address in {line:?}"));
     let tcp = old.addr;
     let mut before = tokio::net::TcpStream::connect(tcp).await.unwrap();
-    assert_eq!(echo(&mut before, b"one").await, b"one");
+    assert_eq!(echoed(&mut before, b"one").await, b"one");
     assert_eq!(datagram(udp, b"q1").await.as_deref(), Some(&b"q1"[..]));
 
     let out = upgrade(vec!["-c".into(), old.config_path().clone().into()]).await;
@@ -445,7 +434,7 @@ async fn an_upgrade_hands_tcp_and_udp_listeners_over_and_the_old_process_drains_
     let new = Adopted(new_pid(&out));
     // The new process serves both sockets; the connection the old one holds runs on there.
     let mut after = tokio::net::TcpStream::connect(tcp).await.unwrap();
-    assert_eq!(echo(&mut after, b"two").await, b"two");
+    assert_eq!(echoed(&mut after, b"two").await, b"two");
     for i in 0..8 {
         let q = format!("q2-{i}");
         assert_eq!(
@@ -454,13 +443,13 @@ async fn an_upgrade_hands_tcp_and_udp_listeners_over_and_the_old_process_drains_
             "datagram {i} after the upgrade"
         );
     }
-    assert_eq!(echo(&mut before, b"still").await, b"still");
+    assert_eq!(echoed(&mut before, b"still").await, b"still");
     drop(before);
     assert!(
         old.wait_exit().await.success(),
         "the old process drains and exits"
     );
-    assert_eq!(echo(&mut after, b"three").await, b"three");
+    assert_eq!(echoed(&mut after, b"three").await, b"three");
     // A stop, as an upgrade's, lets open relays run for up to shutdown_timeout: this one ends.
     drop(after);
     assert!(new.stop().await);

@@ -48,3 +48,14 @@ pub async fn udp_echo() -> SocketAddr {
     });
     addr
 }
+
+/// Writes `msg` on `c` and reads its echo back, within `WAIT`.
+pub async fn echoed(c: &mut tokio::net::TcpStream, msg: &[u8]) -> Vec<u8> {
+    c.write_all(msg).await.unwrap();
+    let mut back = vec![0u8; msg.len()];
+    tokio::time::timeout(super::WAIT, c.read_exact(&mut back))
+        .await
+        .expect("echoed in time")
+        .unwrap();
+    back
+}

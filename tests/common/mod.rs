@@ -24,7 +24,8 @@
 //! - [`pki`]: certificates made in the test ([`Pki`]);
 //! - [`tls_server`]: `openssl s_server` as a TLS backend ([`TlsServer`]);
 //! - [`dns`]: a DNS server on loopback whose records the test changes ([`dns::DnsServer`]);
-//! - [`echo`]: TCP and UDP echo backends ([`echo::tcp_echo`], [`echo::udp_echo`]);
+//! - [`echo`]: TCP and UDP echo backends ([`echo::tcp_echo`], [`echo::udp_echo`]) and a
+//!   round trip through one ([`echo::echoed`]);
 //! - [`h2frames`]: HTTP/2 frames by hand ([`h2frames::H2Conn`], [`h2frames::Hpack`]).
 
 // Each test file (`proxy.rs`, `cli.rs`) uses a different part of this module.

@@ -46,16 +46,12 @@ pub(super) fn mode(src: &Source, key: &str, l: &RawListener) -> Result<ListenerM
         ("responses", l.responses.as_ref().map(Spanned::span)),
         ("session_idle", l.session_idle.as_ref().map(Spanned::span)),
     ];
-    if let Some((k, at)) = udp_only
-        .into_iter()
-        .find_map(|(k, at)| at.map(|at| (k, at)))
-    {
-        return Err(src.at(
-            at,
-            &format!("{key}.{k}"),
-            "only for a UDP listener (mode = \"udp\")",
-        ));
-    }
+    refuse_set(
+        src,
+        key,
+        &udp_only,
+        "only for a UDP listener (mode = \"udp\")",
+    )?;
     if mode == ListenerMode::Http {
         return Ok(mode);
     }
@@ -131,6 +127,20 @@ fn only(
         ));
     }
     Ok(())
+}
+
+/// The first of `keys` (each a key and its place when it is set), in their order, that is set:
+/// an error at its place, the key under `table`, saying `what`.
+fn refuse_set(
+    src: &Source,
+    table: &str,
+    keys: &[(&str, Option<std::ops::Range<usize>>)],
+    what: &str,
+) -> Result<()> {
+    match keys.iter().find_map(|(k, at)| Some((*k, at.clone()?))) {
+        Some((k, at)) => Err(src.at(at, &format!("{table}.{k}"), what)),
+        None => Ok(()),
+    }
 }
 
 /// A UDP listener's sessions; `None` for other listeners.
@@ -356,16 +366,12 @@ fn udp_upstream(src: &Source, up: &Upstream, r: &RawUpstream) -> Result<()> {
             r.proxy_protocol.as_ref().map(Spanned::span),
         ),
     ];
-    if let Some((k, at)) = stream_only
-        .into_iter()
-        .find_map(|(k, at)| at.map(|at| (k, at)))
-    {
-        return Err(src.at(
-            at,
-            &format!("{key}.{k}"),
-            "not for the upstream of a UDP listener (mode = \"udp\"), expected none: datagrams go to the backends as they came",
-        ));
-    }
+    refuse_set(
+        src,
+        &key,
+        &stream_only,
+        "not for the upstream of a UDP listener (mode = \"udp\"), expected none: datagrams go to the backends as they came",
+    )?;
     let unix = (up.backends.iter())
         .find(|b| matches!(b.address, crate::backend_address::BackendAddress::Unix(_)));
     if let Some(b) = unix {
@@ -406,16 +412,12 @@ fn tcp_upstream(src: &Source, name: &str, r: &RawUpstream) -> Result<TcpCheck> {
         ("outlier", r.outlier.as_ref().map(Spanned::span)),
         ("retry.on", r.retry.on.as_ref().map(Spanned::span)),
     ];
-    if let Some((k, at)) = http_tables
-        .into_iter()
-        .find_map(|(k, at)| at.map(|at| (k, at)))
-    {
-        return Err(refuse(
-            k,
-            at,
-            "expected none: it reads HTTP (a connect that fails moves on to the next backend by itself)",
-        ));
-    }
+    refuse_set(
+        src,
+        &key,
+        &http_tables,
+        "not for the upstream of a TCP listener (mode = \"tcp\"), expected none: it reads HTTP (a connect that fails moves on to the next backend by itself)",
+    )?;
     if let Some(h) = &r.hash {
         if h.get_ref() != "client_ip" {
             return Err(refuse(
@@ -433,16 +435,12 @@ fn tcp_upstream(src: &Source, name: &str, r: &RawUpstream) -> Result<TcpCheck> {
         ("host", h.host.as_ref().map(Spanned::span)),
         ("expect", h.expect.as_ref().map(Spanned::span)),
     ];
-    if let Some((k, at)) = http_check
-        .into_iter()
-        .find_map(|(k, at)| at.map(|at| (k, at)))
-    {
-        return Err(src.at(
-            at,
-            &format!("{key}.health.{k}"),
-            "an HTTP check's key, expected send and receive for the upstream of a TCP listener (or neither: a connect)",
-        ));
-    }
+    refuse_set(
+        src,
+        &format!("{key}.health"),
+        &http_check,
+        "an HTTP check's key, expected send and receive for the upstream of a TCP listener (or neither: a connect)",
+    )?;
     let bytes = |v: &Option<Spanned<String>>| v.as_ref().map(|v| v.get_ref().as_bytes().to_vec());
     let mut check = TcpCheck {
         send: bytes(&h.send).unwrap_or_default(),

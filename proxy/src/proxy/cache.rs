@@ -298,13 +298,7 @@ fn served(cached: &Cached, s: &Stored, head: &RequestHead, status: CacheStatus) 
     count(cached, status);
     let not_modified = s.not_modified(head);
     let mut headers = Vec::with_capacity(s.lines.len() + 48);
-    // Without the stored Date: the session writes the time of this answer, and `Age` says how
-    // old the response is (one Date line over both protocols).
-    for line in s.lines.split_inclusive(|&b| b == b'\n') {
-        if !line_named(line, b"date") {
-            headers.extend_from_slice(line);
-        }
-    }
+    headers.extend_from_slice(&s.lines);
     headers.extend_from_slice(b"age: ");
     headers.extend_from_slice(itoa::Buffer::new().format(s.age(Instant::now())).as_bytes());
     headers.extend_from_slice(b"\r\n");
@@ -369,22 +363,12 @@ fn filling(
         .unwrap_or(head.lines());
     let validators = validators.unwrap_or_default();
     let mut lines = Vec::with_capacity(base.len() + validators.len());
-    for line in base.split_inclusive(|&b| b == b'\n') {
-        if !CLIENT_CONDITIONS.iter().any(|n| line_named(line, n)) {
-            lines.extend_from_slice(line);
-        }
-    }
+    lines_without(base, &CLIENT_CONDITIONS, &mut lines);
     lines.extend_from_slice(validators);
     Overrides {
         lines: Some(lines),
         ..overrides.map(owned_overrides).unwrap_or_default()
     }
-}
-
-/// Whether header `line` (`name: value\r\n`) is named `name` (lower case).
-fn line_named(line: &[u8], name: &[u8]) -> bool {
-    let n = line.split(|&b| b == b':').next().unwrap_or_default();
-    n.trim_ascii().eq_ignore_ascii_case(name)
 }
 
 /// What a task of its own needs of a route's overrides: all but a mirror's pending copies and
@@ -527,17 +511,27 @@ fn store_on_the_way(
 }
 
 /// The header lines a stored response keeps: all but `Set-Cookie` (stored only when ignored,
-/// and then without it) and `Age` (made anew for each hit).
+/// and then without it), `Age` (made anew for each hit) and `Date` (the session writes the
+/// time of each answer, and `Age` says how old the response is).
 fn kept_lines(lines: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(lines.len());
-    for line in lines.split_inclusive(|&b| b == b'\n') {
-        let name = line.split(|&b| b == b':').next().unwrap_or_default();
-        if name.eq_ignore_ascii_case(b"set-cookie") || name.eq_ignore_ascii_case(b"age") {
-            continue;
-        }
-        out.extend_from_slice(line);
-    }
+    lines_without(lines, &[b"set-cookie", b"age", b"date"], &mut out);
     out
+}
+
+/// Appends to `out` the header `lines` (`name: value\r\n` each) not named one of `names`
+/// (lower case).
+fn lines_without(lines: &[u8], names: &[&[u8]], out: &mut Vec<u8>) {
+    for line in lines.split_inclusive(|&b| b == b'\n') {
+        let name = line
+            .split(|&b| b == b':')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
+        if !names.iter().any(|n| name.eq_ignore_ascii_case(n)) {
+            out.extend_from_slice(line);
+        }
+    }
 }
 
 /// `status_header: STATUS`, when the route names one.

@@ -83,7 +83,7 @@ impl Fill {
 
 /// `p` with its whole `body`, into its zone; its lead let go.
 pub(crate) fn store(p: Pending, body: Bytes) -> Arc<Entry> {
-    let fields = super::policy::header_map(&p.lines);
+    let fields = crate::http1::common::header_map(&p.lines);
     let etag = fields.get(http::header::ETAG).map(|v| v.as_bytes().to_vec());
     let last_modified = (fields.get(http::header::LAST_MODIFIED))
         .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok());

@@ -4,11 +4,12 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::header::{CACHE_CONTROL, EXPIRES, HeaderMap, HeaderName, HeaderValue};
+use http::header::{CACHE_CONTROL, EXPIRES, HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
 use http_cache_semantics::{CacheOptions, CachePolicy};
 
 use super::Config;
+use crate::http1::common::header_map;
 use crate::http1::request::RequestHead;
 
 /// A response that may be stored.
@@ -141,25 +142,6 @@ fn explicit(res: &HeaderMap) -> bool {
             d.starts_with("max-age") || d.starts_with("s-maxage")
         });
     cc || res.contains_key(EXPIRES)
-}
-
-/// `name: value\r\n` lines as a header map; lines that are not a valid field are left out.
-pub(crate) fn header_map(lines: &[u8]) -> HeaderMap {
-    let mut out = HeaderMap::new();
-    for line in lines.split(|&b| b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            continue;
-        };
-        let value = line[colon + 1..].trim_ascii();
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(&line[..colon]),
-            HeaderValue::from_bytes(value),
-        ) {
-            out.append(n, v);
-        }
-    }
-    out
 }
 
 /// The request as the rules read it: its method, target and header lines (`Authorization`
