@@ -262,7 +262,8 @@ async fn slow_reader(addr: SocketAddr) -> BufReader<TcpStream> {
 }
 
 #[tokio::test]
-async fn a_buffered_slow_upload_holds_the_backend_under_50ms_and_spills_to_a_temp_file() {
+async fn a_buffered_slow_upload_holds_the_backend_only_for_the_transfer_and_spills_to_a_temp_file()
+{
     let backend = Recorder::start().await;
     let dir = tempfile::tempdir().unwrap();
     let keys = format!(
@@ -302,9 +303,11 @@ async fn a_buffered_slow_upload_holds_the_backend_under_50ms_and_spills_to_a_tem
         s.first >= done,
         "the backend saw the request before the client's last byte"
     );
+    // Streamed, it would take the client's 2 s; from the file, a loopback transfer (about a
+    // millisecond here, bounded for a loaded machine).
     let held = s.last - s.first;
     assert!(
-        held < Duration::from_millis(50),
+        held < Duration::from_millis(500),
         "the backend was held {held:?}"
     );
     assert_eq!(header(&s.head, "content-length"), Some("204800"));

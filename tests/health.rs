@@ -46,8 +46,8 @@ async fn assert_fast_503(conn: &mut Conn, body: &str) {
     assert_eq!(r.status, 503, "{r:?}");
     assert_eq!(r.body, body);
     assert!(
-        took < Duration::from_millis(200),
-        "a 503 should wait on nothing, took {took:?}"
+        took < Duration::from_secs(1),
+        "a 503 should wait on nothing (a queue would hold it 30 s), took {took:?}"
     );
 }
 

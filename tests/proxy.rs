@@ -383,8 +383,8 @@ async fn once_every_backend_has_failed_the_next_request_still_tries_them() {
     assert_eq!(r.status, 502, "{r:?}");
     assert!(r.body.contains("connection refused"), "{:?}", r.body);
     assert!(
-        took < Duration::from_millis(100),
-        "refused connects should not wait on anything, took {took:?}"
+        took < Duration::from_millis(500),
+        "refused connects should not wait on anything (the connect timeout is 1 s), took {took:?}"
     );
 }
 
