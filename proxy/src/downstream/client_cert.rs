@@ -4,32 +4,32 @@
 //!
 //! The certificate was read once, after the handshake (`tls::client_identity`); a request
 //! only copies its values. A listener without the setting never comes here: the request path
-//! tests one flag (`Route::client_cert`, set per generation).
+//! tests one flag (`Plan::client_cert`, set per generation).
 
 use std::sync::Arc;
 
 use crate::http1::request::RequestHead;
 use crate::proxy::accesslog::Pending;
-use crate::route::decision::Route;
+use crate::route::decision::Plan;
 use crate::tls::client_identity::ClientIdentity;
 
 /// On a listener with `client_ca`: edits `head` as its `client_cert_headers` say, and gives
 /// the access log's entry the certificate (`client` is asked only then).
 #[inline]
 pub(crate) fn edit<'a>(
-    route: &Route,
+    plan: &Plan,
     client: impl FnOnce() -> Option<&'a Arc<ClientIdentity>>,
     head: &mut RequestHead,
     pending: Option<&mut Pending>,
 ) {
-    if route.client_cert.get() {
-        edit_lines(route, client(), head, pending);
+    if plan.client_cert {
+        edit_lines(plan, client(), head, pending);
     }
 }
 
 #[inline(never)]
 fn edit_lines(
-    route: &Route,
+    plan: &Plan,
     client: Option<&Arc<ClientIdentity>>,
     head: &mut RequestHead,
     pending: Option<&mut Pending>,
@@ -37,8 +37,7 @@ fn edit_lines(
     if let Some(p) = pending {
         p.client_cert(client);
     }
-    let tls = route.tls.borrow();
-    let Some(auth) = tls.as_ref().and_then(|t| t.client_auth.as_ref()) else {
+    let Some(auth) = plan.tls.as_ref().and_then(|t| t.client_auth.as_ref()) else {
         return;
     };
     if auth.headers.is_empty() {

@@ -36,7 +36,7 @@ use tracing::debug;
 use crate::config::Limits;
 use crate::downstream::h2;
 use crate::downstream::idle::{self, Wait};
-use crate::downstream::pipeline::{self, Decided};
+use crate::downstream::pipeline::{self, Decided, Scope};
 use crate::downstream::stream::{DownstreamStream, Refused, Stir, StreamIo, TlsState};
 use crate::downstream::tunnel::{self, Dir, End};
 use crate::http1::body::{Decoder, Framing};
@@ -52,7 +52,7 @@ use crate::proxy::body::{ProxyBody, Upgraded};
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::exchange::{Answer, DownstreamRequest};
 use crate::proxy::handle;
-use crate::route::decision::{DownstreamRules, Route};
+use crate::route::decision::{DownstreamRules, Plan, Route};
 use crate::sys::head_bufs::Spare;
 use crate::sys::socket::poll_read_tcp;
 use crate::sys::summed::summed_warn;
@@ -102,8 +102,8 @@ impl Held {
 /// connection reject`). One `Option` test for a listener without a limit.
 #[inline]
 fn admitted(route: &Route, peer: SocketAddr, held: &mut Held) -> bool {
-    let gate = route.conn_limit.borrow();
-    match &*gate {
+    let plan = route.plan();
+    match &plan.conn_limit {
         None => true,
         Some(_) if held.client.is_some() => true,
         Some(gate) => held.admit(gate, peer, route.stats.as_deref()),
@@ -511,7 +511,7 @@ pub(crate) async fn serve(
     if !admitted(&route, peer, &mut held) {
         return;
     }
-    let rules = route.rules.borrow().clone();
+    let rules = route.plan().rules.clone();
     let client = Rc::new(rules.downstream(peer, stream.is_tls(), route.local));
     let conn = Connection {
         stream,
@@ -629,11 +629,14 @@ pub(crate) async fn serve_tls(
     }
     // The certificates of the generation running now: a reload that comes during the
     // handshake applies to the next one.
-    let Some(tls) = route.tls.borrow().clone() else {
+    let plan = route.plan();
+    let Some(tls) = plan.tls.clone() else {
+        drop(plan);
         let stream = DownstreamStream::Plain(tcp);
         return serve(stream, peer, slot, route, batch, held, start).await;
     };
-    let limit = route.rules.borrow().limits.header_timeout;
+    let limit = plan.rules.limits.header_timeout;
+    drop(plan);
     let shaken = tokio::time::timeout_at(
         start.accepted + limit,
         crate::downstream::stream::handshake(tcp, &tls),
@@ -652,7 +655,7 @@ pub(crate) async fn serve_tls(
         }
         Ok(Err(Refused::PlainHttp(tcp))) => {
             debug!(client = %peer, "answered 400: plain HTTP on a TLS listener");
-            let rules = route.rules.borrow().clone();
+            let rules = route.plan().rules.clone();
             let client = Rc::new(Downstream::new(peer, &rules.trusted));
             let conn = Connection {
                 stream: DownstreamStream::Plain(tcp),
@@ -745,24 +748,27 @@ fn is_bodiless(method: &Method, status: StatusCode) -> bool {
 }
 
 impl Connection {
-    /// Reads one request, has the proxy answer it, and writes the response.
+    /// Reads one request, has the proxy answer it, and writes the response, all under one
+    /// generation's plan, taken before the head (a reload while it arrives applies to the next).
     async fn exchange(&self, buf: &mut BytesMut, first: bool, waiter: &mut Timer) -> Next {
-        let limits = self.route.rules.borrow().limits;
+        let plan = self.route.plan();
+        let limits = plan.rules.limits;
         let mut head = match parse_whole(buf, &limits) {
             Ok(head) => head,
-            Err(end) => match self.read_head(buf, first, &limits, end).await {
+            Err(end) => match self.read_head(buf, first, &plan, end).await {
                 Ok(head) => head,
                 Err(next) => return next,
             },
         };
         let refused = head.refused.take();
         // The clock is read only when something reads what it measures.
-        let at = self.route.timed.get().then(std::time::Instant::now);
-        let (route, tls) = (&self.route, self.stream.is_tls());
+        let at = plan.timed.then(std::time::Instant::now);
+        let scope = Scope::new(&self.route, &plan);
+        let tls = self.stream.is_tls();
         let client = || self.stream.client_identity();
         let (peer, batch) = (self.peer, self.batch.as_ref());
-        let begun = pipeline::begin(route, &mut head, peer, tls, batch, at, client);
-        let decided = pipeline::decide(route, &head, refused.is_some(), tls, &self.peer);
+        let begun = pipeline::begin(scope, &mut head, peer, tls, batch, at, client);
+        let decided = pipeline::decide(scope, &head, refused.is_some(), tls, &self.peer);
         let Decided {
             upstream,
             edits,
@@ -773,7 +779,7 @@ impl Connection {
             .as_ref()
             .and_then(|e| e.request.timeouts)
             .unwrap_or(upstream.shared.config.timeouts);
-        let (limits, client) = self.downstream();
+        let client = self.downstream(&plan.rules);
         let watch = Watch::default();
         let mut client_body =
             BodyReader::new(&self.stream, buf, head.body, head.expect_continue, &watch);
@@ -798,7 +804,7 @@ impl Connection {
                     body: &mut client_body,
                     refused,
                     added: begun.id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
-                    spans: self.route.spans.get(),
+                    spans: plan.spans,
                     waiter: Some(waiter),
                 },
             ));
@@ -822,7 +828,7 @@ impl Connection {
         } = answer;
         let edits = edits.as_deref();
         let logged = pipeline::finish(
-            route,
+            scope,
             &mut response,
             proxied,
             edits,
@@ -865,19 +871,18 @@ impl Connection {
         }
     }
 
-    /// The listener's limits now, and who the client is under its rules now: made again only
-    /// after a reload changed the rules, so an open connection follows them.
+    /// Who the client is under the request's `rules`: made again only after a reload changed
+    /// the rules, so an open connection follows them.
     #[inline]
-    fn downstream(&self) -> (Limits, Rc<Downstream>) {
-        let now = self.route.rules.borrow();
+    fn downstream(&self, now: &Rc<DownstreamRules>) -> Rc<Downstream> {
         let mut cached = self.downstream.borrow_mut();
-        if !Rc::ptr_eq(&cached.0, &now) {
+        if !Rc::ptr_eq(&cached.0, now) {
             *cached = (
                 now.clone(),
                 Rc::new(now.downstream(self.peer, self.stream.is_tls(), self.route.local)),
             );
         }
-        (now.limits, cached.1.clone())
+        cached.1.clone()
     }
 
     /// Reads until `buf` holds a whole request head. A head that can't be served (malformed,
@@ -890,9 +895,10 @@ impl Connection {
         &self,
         buf: &mut BytesMut,
         first: bool,
-        limits: &Limits,
+        plan: &Plan,
         mut end: HeadEnd,
     ) -> Result<RequestHead, Next> {
+        let limits = &plan.rules.limits;
         let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
         // Bounded: each pass reads at least one byte (the head is at most
         // `limits.max_header_bytes`), or ends.
@@ -908,7 +914,7 @@ impl Connection {
                     Ok(None) => {}
                     // The preface's first line parses as a head of version HTTP/2.0, which
                     // HTTP/1.1 refuses: looked at only then, so it costs no other head anything.
-                    Err(_) if first && self.route.h2c.get() && buf.starts_with(H2C_START) => {
+                    Err(_) if first && plan.h2c && buf.starts_with(H2C_START) => {
                         let whole = buf.len() >= h2::PREFACE.len();
                         if whole && !buf.starts_with(h2::PREFACE) {
                             return Err(self.refuse_preface().await);
@@ -916,7 +922,7 @@ impl Connection {
                         return Err(Next::Http2);
                     }
                     // Neither HTTP/1.x nor HTTP/2: answered as HTTP/2 answers a wrong preface.
-                    Err(_) if first && self.route.h2c.get() && !http1_request_line(buf) => {
+                    Err(_) if first && plan.h2c && !http1_request_line(buf) => {
                         return Err(self.refuse_preface().await);
                     }
                     Err(e) => {
@@ -1007,7 +1013,7 @@ impl Connection {
         if let Some(s) = &self.route.stats {
             s.response(status, Source::Pinlb);
         }
-        let page = self.route.listener_page(status);
+        let page = self.route.plan().listener_page(status);
         let (content_type, text) = match &page {
             Some(p) => (&p.content_type[..], p.body.clone()),
             None => (ERROR_PAGE_TYPE, Bytes::from(error_page(status, cause))),

@@ -49,7 +49,7 @@ use std::os::fd::AsFd;
 
 use crate::config::{Http2, Limits};
 use crate::downstream::idle;
-use crate::downstream::pipeline::{self, Decided};
+use crate::downstream::pipeline::{self, Decided, Scope};
 use crate::downstream::stream::{DownstreamStream, StreamIo};
 use crate::http1::client::UpstreamError;
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply, RequestFraming, error_page, header_map};
@@ -59,7 +59,7 @@ use crate::proxy::body::ProxyBody;
 use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::proxy::exchange::DownstreamRequest;
 use crate::proxy::handle;
-use crate::route::decision::{DownstreamRules, Route};
+use crate::route::decision::{DownstreamRules, Plan, Route};
 use crate::sys::exec::LocalExec;
 use crate::sys::summed::summed_warn;
 use crate::tls::client_identity::ClientIdentity;
@@ -120,21 +120,24 @@ impl Shared {
 }
 
 /// Counts a stream open until its response has gone (or the stream was reset), and times it
-/// for `pinlb_request_duration_seconds` while metrics are on.
+/// for `pinlb_request_duration_seconds` while metrics are on. It holds the plan the stream
+/// took when it came: one generation for the whole request.
 struct Open {
     shared: Rc<Shared>,
     started: Option<std::time::Instant>,
+    plan: Rc<Plan>,
 }
 
 impl Open {
     fn new(shared: &Rc<Shared>) -> Open {
         shared.open.set(shared.open.get() + 1);
         shared.served.set(true);
+        let plan = shared.route.plan();
         Open {
             shared: shared.clone(),
-            // The clock is read only when something reads what it measures (the stream's
-            // request times too: see `Route::timed`).
-            started: shared.route.timed.get().then(std::time::Instant::now),
+            // The clock is read only when something reads what it measures (`Plan::timed`).
+            started: plan.timed.then(std::time::Instant::now),
+            plan,
         }
     }
 }
@@ -165,7 +168,7 @@ pub(crate) async fn serve<P: AsFd + 'static>(
     route: Rc<Route>,
     batch: Option<Rc<Batch>>,
 ) {
-    let rules = route.rules.borrow().clone();
+    let rules = route.plan().rules.clone();
     let h2 = rules.http2;
     let limits = rules.limits;
     let tls = stream.is_tls();
@@ -396,11 +399,11 @@ impl Shared {
     async fn stream(self: Rc<Self>, req: Request<Incoming>, open: Open) -> Response<ResponseBody> {
         let route = &self.route;
         let (parts, body) = req.into_parts();
-        let at = open.started;
+        let (at, plan) = (open.started, open.plan.clone());
         let (limits, client) = {
-            let now = route.rules.borrow();
+            let now = &plan.rules;
             let mut cached = self.downstream.borrow_mut();
-            if !Rc::ptr_eq(&cached.0, &now) {
+            if !Rc::ptr_eq(&cached.0, now) {
                 *cached = (
                     now.clone(),
                     Rc::new(now.downstream(self.peer, self.tls, route.local)),
@@ -414,15 +417,16 @@ impl Shared {
             Ok(Some(head)) => head,
             Ok(None) => {
                 let e = ClientError::HeadTooLarge("request head over limits.max_header_bytes");
-                return self.refuse(&parts.method, e, open);
+                return self.refuse(&plan, &parts.method, e, open);
             }
-            Err(e) => return self.refuse(&parts.method, e, open),
+            Err(e) => return self.refuse(&plan, &parts.method, e, open),
         };
         head.version = Version::HTTP_2;
         let refused = head.refused.take();
         let cert = || self.client.as_ref();
+        let scope = Scope::new(route, &plan);
         let begun = pipeline::begin(
-            route,
+            scope,
             &mut head,
             self.peer,
             client.https,
@@ -436,11 +440,11 @@ impl Shared {
             edits,
             local,
             close: _,
-        } = pipeline::decide(route, &head, refused.is_some(), client.https, &self.peer);
+        } = pipeline::decide(scope, &head, refused.is_some(), client.https, &self.peer);
         if let Some(mut reply) = local {
             let edits = edits.as_deref();
-            let logged = pipeline::finish(route, &mut reply, false, edits, &head, begun, None);
-            return self.respond(reply, &head.method, logged, Duration::MAX, open);
+            let logged = pipeline::finish(scope, &mut reply, false, edits, &head, begun, None);
+            return self.respond(&plan, reply, &head.method, logged, Duration::MAX, open);
         }
         let timeout = edits
             .as_ref()
@@ -464,7 +468,7 @@ impl Shared {
                 body: &mut body,
                 refused,
                 added: begun.id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
-                spans: route.spans.get(),
+                spans: plan.spans,
                 // A stream's own task would register with a timer of its own anew each time;
                 // the backend connection's serves as well.
                 waiter: None,
@@ -472,7 +476,7 @@ impl Shared {
         )
         .await;
         let logged = pipeline::finish(
-            route,
+            scope,
             &mut answer.response,
             true,
             edits.as_deref(),
@@ -480,12 +484,18 @@ impl Shared {
             begun,
             answer.upstreamed,
         );
-        self.respond(answer.response, &head.method, logged, timeout, open)
+        self.respond(&plan, answer.response, &head.method, logged, timeout, open)
     }
 
     /// A stream whose head pinlb can't serve (malformed, too large): answered, counted and
     /// not logged, as a broken HTTP/1.1 head is; the connection and its other streams go on.
-    fn refuse(&self, method: &Method, e: ClientError, open: Open) -> Response<ResponseBody> {
+    fn refuse(
+        &self,
+        plan: &Plan,
+        method: &Method,
+        e: ClientError,
+        open: Open,
+    ) -> Response<ResponseBody> {
         let status = e.status();
         summed_warn!(client = %self.peer; "answered {}: {e}", status.as_u16());
         let page = Bytes::from(error_page(status, &e));
@@ -503,17 +513,18 @@ impl Shared {
             })),
         };
         // The listener's page: no route has seen the request.
-        self.route.error_page(&mut reply, None, method);
+        plan.error_page(&mut reply, None, method);
         if let Some(s) = &self.route.stats {
             s.response(status, Source::Pinlb);
         }
-        self.respond(reply, method, Logged::new(None), Duration::MAX, open)
+        self.respond(plan, reply, method, Logged::new(None), Duration::MAX, open)
     }
 
     /// The proxy's answer as an HTTP/2 response. A body that can't have content (HEAD, 204,
     /// 304) is dropped at once, which releases its backend connection.
     fn respond(
         &self,
+        plan: &Plan,
         reply: Reply<ProxyBody>,
         method: &Method,
         logged: Logged,
@@ -543,14 +554,7 @@ impl Shared {
         };
         let stall = Rc::new(Stall {
             since: Cell::new(None),
-            limit: self
-                .route
-                .upstream
-                .borrow()
-                .shared
-                .config
-                .timeouts
-                .client_idle,
+            limit: plan.upstream.shared.config.timeouts.client_idle,
         });
         if body.is_some() {
             self.stalls.borrow_mut().push(Rc::downgrade(&stall));

@@ -18,8 +18,10 @@
 //! over every protocol. A head that can't be parsed is the session's own business (answered
 //! before any of this, unlogged, as nginx's 400 for a broken head is by pinlb's sessions).
 //!
-//! Each phase is inlined into its caller: a listener without features pays for the flags it
-//! tests (`Route`'s, set per generation), as it did when each session had its own copy.
+//! Every phase reads the one [`Plan`] the session took for the request at its head, so a
+//! reload in the middle of a request does not mix two generations. Each phase is inlined into
+//! its caller: a listener without features pays for the flags it tests (the plan's, set per
+//! generation), as it did when each session had its own copy.
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -34,11 +36,25 @@ use crate::proxy::accesslog::{Batch, Logged, Pending, Upstreamed};
 use crate::proxy::body::{ProxyBody, local_reply};
 use crate::proxy::forward::add_response_lines;
 use crate::proxy::request_id::RequestId;
-use crate::route::decision::{Decision, Edits, Route};
+use crate::route::decision::{Decision, Edits, Plan, Route};
 use crate::syntax::template::Request;
 use crate::tls::client_identity::ClientIdentity;
 use crate::upstream::counters::Source;
 use crate::upstream::local::WorkerUpstream;
+
+/// Where a request is served: its listener's route (its counters and address) and the plan
+/// the session took for it at its head.
+#[derive(Clone, Copy)]
+pub(crate) struct Scope<'a> {
+    pub route: &'a Route,
+    pub plan: &'a Plan,
+}
+
+impl<'a> Scope<'a> {
+    pub fn new(route: &'a Route, plan: &'a Plan) -> Scope<'a> {
+        Scope { route, plan }
+    }
+}
 
 /// What [`begin`] started: the request's ID and its access-log entry.
 pub(crate) struct Begun {
@@ -56,7 +72,7 @@ pub(crate) struct Begun {
 /// `client_cert_headers`, its certificate's lines (`client` is asked only then).
 #[inline(always)]
 pub(crate) fn begin<'c>(
-    route: &Route,
+    Scope { route, plan }: Scope<'_>,
     head: &mut RequestHead,
     peer: SocketAddr,
     https: bool,
@@ -67,14 +83,11 @@ pub(crate) fn begin<'c>(
     if let Some(s) = &route.stats {
         s.requests.fetch_add(1, Ordering::Relaxed);
     }
-    let id = {
-        let rules = route.rules.borrow();
-        (rules.request_ids.as_ref()).map(|config| Arc::new(RequestId::of(head, config)))
-    };
+    let id = (plan.rules.request_ids.as_ref()).map(|config| Arc::new(RequestId::of(head, config)));
     let mut pending = batch
         .zip(at)
         .map(|(batch, at)| Pending::start(head, peer, batch, at, id.as_ref()));
-    client_cert::edit(route, client, head, pending.as_mut());
+    client_cert::edit(plan, client, head, pending.as_mut());
     Begun {
         id,
         pending,
@@ -103,27 +116,27 @@ pub(crate) struct Decided {
 /// (made by the proxy, which knows why); else its route.
 #[inline(always)]
 pub(crate) fn decide(
-    route: &Route,
+    Scope { route, plan }: Scope<'_>,
     head: &RequestHead,
     refused: bool,
     https: bool,
     peer: &SocketAddr,
 ) -> Decided {
-    if route.answers.get() {
-        if let Some(answered) = module_answer(route, head) {
+    if plan.answers {
+        if let Some(answered) = module_answer(plan, head) {
             return answered;
         }
     }
     let (upstream, edits, local) = if refused {
-        (route.upstream.borrow().clone(), None, None)
+        (plan.upstream.clone(), None, None)
     } else {
-        match route.decide(head, https, peer) {
+        match plan.decide(head, https, peer, route.stats.as_deref()) {
             Decision::Proxy(upstream, mut edits) => {
-                route.side_requests(head, &mut edits, *peer);
-                route.cache(&mut edits);
+                plan.side_requests(head, &mut edits, *peer);
+                plan.cache(&mut edits);
                 (upstream, edits, None)
             }
-            Decision::Answer(reply, edits) => (route.upstream.borrow().clone(), edits, Some(reply)),
+            Decision::Answer(reply, edits) => (plan.upstream.clone(), edits, Some(reply)),
         }
     };
     Decided {
@@ -138,8 +151,8 @@ pub(crate) fn decide(
 /// a Host), as pinlb's own answers go: text, with the listener's page for its status.
 #[cold]
 #[inline(never)]
-fn module_answer(route: &Route, head: &RequestHead) -> Option<Decided> {
-    let answer = route.module_answer(head)?;
+fn module_answer(plan: &Plan, head: &RequestHead) -> Option<Decided> {
+    let answer = plan.module_answer(head)?;
     let mut reply = local_reply(
         answer.status,
         ERROR_PAGE_TYPE,
@@ -147,9 +160,9 @@ fn module_answer(route: &Route, head: &RequestHead) -> Option<Decided> {
         &answer.lines,
         &head.method,
     );
-    route.error_page(&mut reply, None, &head.method);
+    plan.error_page(&mut reply, None, &head.method);
     Some(Decided {
-        upstream: route.upstream.borrow().clone(),
+        upstream: plan.upstream.clone(),
         edits: None,
         local: Some(reply),
         close: answer.close,
@@ -159,13 +172,13 @@ fn module_answer(route: &Route, head: &RequestHead) -> Option<Decided> {
 /// A response on its way out, whatever made it: the proxy's answer (`proxied`: a backend's, or
 /// pinlb's 502/503/504 in its place) gets its error page if it has one (an answer of the
 /// route's own got its page in the route's decision); every response what its modules do
-/// (`Route::respond`: `response_headers`, `Server-Timing`, the body filters of `compress`, for
+/// (`Plan::respond`: `response_headers`, `Server-Timing`, the body filters of `compress`, for
 /// a proxied one, and `limit_rate`), then the request ID's line. Then the response is counted
 /// for `/metrics` and its log entry responded; the returned [`Logged`] writes the line when
 /// the body is done.
 #[inline(always)]
 pub(crate) fn finish(
-    route: &Route,
+    Scope { route, plan }: Scope<'_>,
     response: &mut Reply<ProxyBody>,
     proxied: bool,
     edits: Option<&Edits>,
@@ -174,14 +187,14 @@ pub(crate) fn finish(
     upstreamed: Option<Box<Upstreamed>>,
 ) -> Logged {
     if proxied {
-        route.error_page(response, edits, &head.method);
+        plan.error_page(response, edits, &head.method);
     }
     let request = || Request {
         head,
         https: begun.https,
         client: begun.peer.ip(),
     };
-    route.respond(response, edits, request, proxied, upstreamed.as_deref());
+    plan.respond(response, edits, request, proxied, upstreamed.as_deref());
     // After the modules: a backend's own X-Request-ID that `response_headers` removed is
     // replaced by pinlb's, as before they were modules.
     add_response_lines(&mut response.headers, begun.id.as_deref());

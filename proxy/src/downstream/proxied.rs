@@ -57,13 +57,13 @@ pub(crate) async fn serve_proxied(
     held: Held,
     start: Start,
 ) {
-    let limit = route.rules.borrow().limits.header_timeout;
+    let limit = route.plan().rules.limits.header_timeout;
     let stats = route.stats.as_deref();
     let Some(client) = client_address(&mut tcp, peer, &from, (start.accepted, limit), stats).await
     else {
         return;
     };
-    if route.tls.borrow().is_some() {
+    if route.plan().tls.is_some() {
         serve_tls(tcp, client, slot, route, batch, held, start).await;
     } else {
         let stream = DownstreamStream::Plain(tcp);

@@ -22,7 +22,7 @@ use crate::process::listen::Bound;
 use crate::process::listen::{ListenerKey, accept, listener_keys};
 use crate::process::shared::{Generation, Process, ServerError};
 use crate::proxy::accesslog::Batch;
-use crate::route::decision::{DownstreamRules, Route, RouteSettings};
+use crate::route::decision::{DownstreamRules, Plan, Route};
 use crate::sys::runtime::{self, PinnedError};
 use crate::upstream::counters::ListenerStats;
 use crate::upstream::local::WorkerUpstream;
@@ -288,8 +288,7 @@ impl WorkerState {
         let keys = listener_keys(&config.listeners);
         for (l, key) in config.listeners.iter().zip(&keys) {
             let tables = (&self.process.edge, &self.process.caches);
-            let settings =
-                |counting| RouteSettings::of(l, config, &upstreams, &rules, tables, counting);
+            let plan = |counting| Plan::of(l, config, &upstreams, &rules, tables, counting);
             if let Some(kept) = self.listeners.get_mut(key) {
                 if kept.backlog != l.backlog {
                     // On the worker's own sockets: each worker has one per listener.
@@ -305,7 +304,7 @@ impl WorkerState {
                 }
                 match &kept.serving {
                     Serving::Http(route) if l.mode == ListenerMode::Http => {
-                        route.renew(settings(route.stats.is_some()));
+                        route.renew(plan(route.stats.is_some()));
                         continue;
                     }
                     Serving::Tcp(t) if l.mode == ListenerMode::Tcp => {
@@ -415,9 +414,8 @@ impl WorkerState {
         match l.mode {
             ListenerMode::Http => {
                 let tables = (tables, &self.process.caches);
-                let settings =
-                    RouteSettings::of(l, config, upstreams, rules, tables, stats.is_some());
-                Serving::Http(Rc::new(Route::new(settings, stats, bound)))
+                let plan = Plan::of(l, config, upstreams, rules, tables, stats.is_some());
+                Serving::Http(Rc::new(Route::new(plan, stats, bound)))
             }
             ListenerMode::Tcp => Serving::Tcp(Rc::new(TcpListening {
                 relay: RefCell::new(Rc::new(Relay::of(l, config, upstreams, tables))),
@@ -528,15 +526,15 @@ async fn accept_loop(
             // Never: its sockets are UDP ones, served by `downstream::udp`.
             Serving::Udp(_) => return,
         };
-        // The timeouts that decide when the connection is idle are taken now; the rest of the
-        // rules and the route are read per request.
-        let header_timeout = route.rules.borrow().limits.header_timeout;
-        let client_idle = route.upstream.borrow().shared.config.timeouts.client_idle;
+        // The timeouts that decide when the connection is idle are taken now, from the plan
+        // running now; each request takes the plan anew.
+        let plan = route.plan();
+        let header_timeout = plan.rules.limits.header_timeout;
+        let client_idle = plan.upstream.shared.config.timeouts.client_idle;
         let registered = clients.open(client_idle, header_timeout);
         let held = Held::new(slot, stats.clone());
         let start = crate::downstream::h1::Start::accepted();
-        let proxied = route.proxy_protocol.borrow().clone();
-        if let Some(from) = proxied {
+        if let Some(from) = plan.proxy_protocol.clone() {
             tokio::task::spawn_local(crate::downstream::proxied::serve_proxied(
                 stream,
                 peer,
@@ -547,7 +545,7 @@ async fn accept_loop(
                 held,
                 start,
             ));
-        } else if route.tls.borrow().is_some() {
+        } else if plan.tls.is_some() {
             tokio::task::spawn_local(crate::downstream::h1::serve_tls(
                 stream,
                 peer,

@@ -27,85 +27,97 @@ use crate::tls::server::Terminator;
 use crate::upstream::counters::ListenerStats;
 use crate::upstream::local::WorkerUpstream;
 
-/// Where one listener's requests go in the running generation. A reload replaces the contents,
-/// and every request reads them anew, so keep-alive connections follow a reload too.
+/// One listener in one worker, for the listener's whole life: the plan of the running
+/// generation, swapped whole by a reload (`process::worker`), and what stays across them.
+/// Every request takes the plan once, at its head ([`Route::plan`]), and keeps it to its end,
+/// so keep-alive connections follow a reload and a request never mixes two generations.
+///
+/// The plan is an `Rc`, not an `Arc`: the cell is the worker's own, never borrowed across an
+/// await, and a request's clone is then a plain increment, not an atomic on a line every
+/// pinned core shares. What every worker shares (the modules' configurations) is `Arc`s inside.
 pub(crate) struct Route {
-    pub upstream: RefCell<Rc<WorkerUpstream>>,
-    pub rules: RefCell<Rc<DownstreamRules>>,
+    plan: RefCell<Rc<Plan>>,
     /// This worker's counters for the listener, while metrics are on.
     pub stats: Option<Arc<ListenerStats>>,
-    /// The listener's TLS certificates, for the handshakes of connections accepted from now
-    /// on; `None` for plain HTTP.
-    pub tls: RefCell<Option<Arc<Terminator>>>,
-    /// The listener has a module that answers requests itself before their route
-    /// (`redirect_https`): decided once per generation, so that a listener without asks none.
-    pub answers: Cell<bool>,
-    /// `h2c`: a connection that begins with the HTTP/2 preface speaks HTTP/2.
-    pub h2c: Cell<bool>,
-    /// Its requests' times are measured (`proxy::timing`): the access log, `/metrics` or
-    /// `Server-Timing` reads them. Decided once per generation, so a request of a listener
-    /// that needs none reads the clock for none.
-    pub timed: Cell<bool>,
-    /// Its answers carry their spans out of the proxy: the access log or `Server-Timing`
-    /// reads them (`/metrics` alone takes what it counts inside).
-    pub spans: Cell<bool>,
-    /// `[[listener.route]]`, compiled; empty for a listener whose requests all go to `upstream`.
-    pub routes: RefCell<Rc<Routes>>,
-    /// The listener or one of its routes has a module that replaces answers by pages
-    /// (`error_page`, `intercept_errors`): decided once per generation, so that the answers of
-    /// a listener without are not looked at.
-    pub paged: Cell<bool>,
-    /// `conn_limit`: the open connections allowed per client address, checked once per
-    /// connection; `None` (the common case) checks nothing.
-    pub conn_limit: RefCell<Option<Rc<crate::edge::conn_limit::ConnGate>>>,
-    /// `proxy_protocol`: the networks allowed to send a PROXY protocol header, which each
-    /// connection accepted from now on must begin with; `None` (the common case, one test per
-    /// connection) for a listener that reads none.
-    pub proxy_protocol: RefCell<Option<Arc<Vec<ipnet::IpNet>>>>,
     /// The address the listener is bound to: the destination a PROXY protocol header sent to
     /// a backend names (the wildcard address for a wildcard listener: no `getsockname` per
     /// connection).
     pub local: SocketAddr,
+}
+
+impl Route {
+    /// A new listener's route, bound to `local`, with its `/metrics` counters when metrics are on.
+    pub fn new(plan: Plan, stats: Option<Arc<ListenerStats>>, local: SocketAddr) -> Route {
+        Route {
+            plan: RefCell::new(Rc::new(plan)),
+            stats,
+            local,
+        }
+    }
+
+    /// A kept listener takes a new generation's plan. Open connections take it at their next
+    /// request; new handshakes get the new certificates.
+    pub fn renew(&self, plan: Plan) {
+        *self.plan.borrow_mut() = Rc::new(plan);
+    }
+
+    /// The running generation's plan.
+    #[inline]
+    pub fn plan(&self) -> Rc<Plan> {
+        self.plan.borrow().clone()
+    }
+}
+
+/// A listener's plan in one worker for one generation: everything about it that a reload
+/// changes, decided once, when the generation starts (`process::worker`), and never changed:
+/// a reload makes a new one ([`Route::renew`]).
+pub(crate) struct Plan {
+    pub upstream: Rc<WorkerUpstream>,
+    pub rules: Rc<DownstreamRules>,
+    /// The listener's TLS certificates, for the handshakes of connections accepted under this
+    /// plan; `None` for plain HTTP.
+    pub tls: Option<Arc<Terminator>>,
+    /// The listener has a module that answers requests itself before their route
+    /// (`redirect_https`), so that a listener without asks none.
+    pub answers: bool,
+    /// `h2c`: a connection that begins with the HTTP/2 preface speaks HTTP/2.
+    pub h2c: bool,
+    /// Its requests' times are measured (`proxy::timing`): the access log, `/metrics` or
+    /// `Server-Timing` reads them. A request of a listener that needs none reads the clock for
+    /// none.
+    pub timed: bool,
+    /// Its answers carry their spans out of the proxy: the access log or `Server-Timing`
+    /// reads them (`/metrics` alone takes what it counts inside).
+    pub spans: bool,
+    /// `[[listener.route]]`, compiled; empty for a listener whose requests all go to `upstream`.
+    pub routes: Routes,
+    /// The listener or one of its routes has a module that replaces answers by pages
+    /// (`error_page`, `intercept_errors`), so that the answers of a listener without are not
+    /// looked at.
+    pub paged: bool,
+    /// `conn_limit`: the open connections allowed per client address, checked once per
+    /// connection; `None` (the common case) checks nothing.
+    pub conn_limit: Option<Rc<ConnGate>>,
+    /// `proxy_protocol`: the networks allowed to send a PROXY protocol header, which each
+    /// connection accepted under this plan must begin with; `None` (the common case, one test
+    /// per connection) for a listener that reads none.
+    pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
     /// `[listener.tls] client_ca`: requests lose the client's own lines of the
     /// `client_cert_headers` names and get the verified certificate's, and their log entry
     /// the certificate (`downstream::client_cert`).
-    pub client_cert: Cell<bool>,
-    /// The listener or one of its routes has a module that acts on responses (`modules`:
-    /// `response_headers`, `server_timing`'s line, `compress`, `limit_rate`): decided once per
-    /// generation, so that the answers of a listener without are not looked at.
-    pub responds: Cell<bool>,
-    /// The listener or one of its routes has a module that sends side requests (`mirror`):
-    /// decided once per generation, as `responds`.
-    pub sides: Cell<bool>,
-    /// The listener or one of its routes caches responses (`cache`): decided once per
-    /// generation, as `responds`.
-    pub caches: Cell<bool>,
-}
-
-/// A listener's settings in one worker for one generation: every field of its [`Route`] that a
-/// reload changes, decided once, when the generation starts (`process::worker`). A new
-/// listener's route is made of them ([`Route::new`]), a kept one's takes them ([`Route::renew`]):
-/// both name every field, so a field added here can't be left out of either.
-pub(crate) struct RouteSettings {
-    pub upstream: Rc<WorkerUpstream>,
-    pub rules: Rc<DownstreamRules>,
-    pub tls: Option<Arc<Terminator>>,
-    pub answers: bool,
-    pub h2c: bool,
-    pub timed: bool,
-    pub spans: bool,
-    pub routes: Rc<Routes>,
-    pub paged: bool,
-    pub conn_limit: Option<Rc<ConnGate>>,
-    pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
     pub client_cert: bool,
+    /// The listener or one of its routes has a module that acts on responses (`modules`:
+    /// `response_headers`, `server_timing`'s line, `compress`, `limit_rate`), so that the
+    /// answers of a listener without are not looked at.
     pub responds: bool,
+    /// The listener or one of its routes has a module that sends side requests (`mirror`).
     pub sides: bool,
+    /// The listener or one of its routes caches responses (`cache`).
     pub caches: bool,
 }
 
-impl RouteSettings {
-    /// Listener `l`'s settings under `config`, with this worker's `upstreams` and the process's
+impl Plan {
+    /// Listener `l`'s plan under `config`, with this worker's `upstreams` and the process's
     /// edge `tables`. `counting`: the listener has `/metrics` counters (an admin listener).
     pub fn of(
         l: &crate::config::Listener,
@@ -117,12 +129,12 @@ impl RouteSettings {
             &crate::modules::cache::zone::Zones,
         ),
         counting: bool,
-    ) -> RouteSettings {
+    ) -> Plan {
         // Whether its answers carry their spans: the access log or `Server-Timing` reads them.
         let spans = config.access_log.is_some()
             || l.modules.timed()
             || l.routes.iter().any(|r| r.modules.timed());
-        RouteSettings {
+        Plan {
             upstream: upstreams[l.upstream].clone(),
             rules: rules.clone(),
             tls: l.tls.clone(),
@@ -131,7 +143,7 @@ impl RouteSettings {
             // Timed when something reads the times: the log, `Server-Timing` or `/metrics`.
             timed: counting || spans,
             spans,
-            routes: Rc::new(Routes::new(l, upstreams, config, (tables, zones))),
+            routes: Routes::new(l, upstreams, config, (tables, zones)),
             paged: l.modules.pages() || l.routes.iter().any(|r| r.modules.pages()),
             conn_limit: l.conn_limit.map(|c| {
                 Rc::new(ConnGate {
@@ -148,85 +160,6 @@ impl RouteSettings {
                 || l.routes.iter().any(|r| r.modules.sends_side_requests()),
             caches: caches(l),
         }
-    }
-}
-
-impl Route {
-    /// A new listener's route, bound to `local`, with its `/metrics` counters when metrics are on.
-    pub fn new(s: RouteSettings, stats: Option<Arc<ListenerStats>>, local: SocketAddr) -> Route {
-        let RouteSettings {
-            upstream,
-            rules,
-            tls,
-            answers,
-            h2c,
-            timed,
-            spans,
-            routes,
-            paged,
-            conn_limit,
-            proxy_protocol,
-            client_cert,
-            responds,
-            sides,
-            caches,
-        } = s;
-        Route {
-            upstream: RefCell::new(upstream),
-            rules: RefCell::new(rules),
-            stats,
-            tls: RefCell::new(tls),
-            answers: Cell::new(answers),
-            h2c: Cell::new(h2c),
-            timed: Cell::new(timed),
-            spans: Cell::new(spans),
-            routes: RefCell::new(routes),
-            paged: Cell::new(paged),
-            conn_limit: RefCell::new(conn_limit),
-            proxy_protocol: RefCell::new(proxy_protocol),
-            local,
-            client_cert: Cell::new(client_cert),
-            responds: Cell::new(responds),
-            sides: Cell::new(sides),
-            caches: Cell::new(caches),
-        }
-    }
-
-    /// A kept listener's route takes a new generation's settings. Open connections read them
-    /// at their next request; new handshakes get the new certificates.
-    pub fn renew(&self, s: RouteSettings) {
-        let RouteSettings {
-            upstream,
-            rules,
-            tls,
-            answers,
-            h2c,
-            timed,
-            spans,
-            routes,
-            paged,
-            conn_limit,
-            proxy_protocol,
-            client_cert,
-            responds,
-            sides,
-            caches,
-        } = s;
-        *self.upstream.borrow_mut() = upstream;
-        *self.rules.borrow_mut() = rules;
-        *self.tls.borrow_mut() = tls;
-        self.answers.set(answers);
-        self.h2c.set(h2c);
-        self.timed.set(timed);
-        self.spans.set(spans);
-        *self.routes.borrow_mut() = routes;
-        self.paged.set(paged);
-        *self.conn_limit.borrow_mut() = conn_limit;
-        *self.proxy_protocol.borrow_mut() = proxy_protocol;
-        self.client_cert.set(client_cert);
-        self.responds.set(responds);
-        self.sides.set(sides);
-        self.caches.set(caches);
     }
 }
 
@@ -401,13 +334,13 @@ impl Edits {
     }
 }
 
-impl Route {
+impl Plan {
     /// The proxy's answer replaced by its error page, where the request's route (or the
     /// listener) has one for its status: pinlb's own 502, 503, 504 or 413, and with
     /// `intercept_errors` a backend's error. A listener without pages pays for one flag.
     #[inline]
     pub fn error_page(&self, reply: &mut Reply<ProxyBody>, edits: Option<&Edits>, method: &Method) {
-        if self.paged.get() {
+        if self.paged {
             self.replace_by_page(reply, edits.and_then(|e| e.modules.as_ref()), method);
         }
     }
@@ -419,8 +352,7 @@ impl Route {
         own: Option<&Configs>,
         method: &Method,
     ) {
-        let routes = self.routes.borrow();
-        paged(reply, own.unwrap_or(&routes.default_modules), method);
+        paged(reply, own.unwrap_or(&self.routes.default_modules), method);
     }
 
     /// What its route's modules (or the listener's) do to a response, when the listener or a
@@ -437,7 +369,7 @@ impl Route {
         proxied: bool,
         upstreamed: Option<&Upstreamed>,
     ) {
-        if self.responds.get() {
+        if self.responds {
             let own = edits.and_then(|e| e.modules.as_ref());
             self.modules_respond(reply, own, request(), proxied, upstreamed);
         }
@@ -453,7 +385,7 @@ impl Route {
         edits: &mut Option<Box<Edits>>,
         peer: SocketAddr,
     ) {
-        if self.sides.get() {
+        if self.sides {
             self.send_side_requests(head, edits, peer);
         }
     }
@@ -465,7 +397,7 @@ impl Route {
         edits: &mut Option<Box<Edits>>,
         peer: SocketAddr,
     ) {
-        let routes = self.routes.borrow();
+        let routes = &self.routes;
         let own = edits.as_ref().and_then(|e| e.modules.as_ref());
         let sides = own.unwrap_or(&routes.default_modules).side_requests(head);
         for side in sides {
@@ -491,14 +423,14 @@ impl Route {
     /// when the listener or a route has one; a listener without pays for one flag.
     #[inline]
     pub fn cache(&self, edits: &mut Option<Box<Edits>>) {
-        if self.caches.get() {
+        if self.caches {
             self.attach_cache(edits);
         }
     }
 
     #[inline(never)]
     fn attach_cache(&self, edits: &mut Option<Box<Edits>>) {
-        let routes = self.routes.borrow();
+        let routes = &self.routes;
         let own = edits.as_ref().and_then(|e| e.modules.as_ref());
         let Some(config) = own.unwrap_or(&routes.default_modules).cache.clone() else {
             return;
@@ -522,7 +454,7 @@ impl Route {
         proxied: bool,
         upstreamed: Option<&Upstreamed>,
     ) {
-        let routes = self.routes.borrow();
+        let routes = &self.routes;
         let Reply {
             status,
             headers,
@@ -544,41 +476,45 @@ impl Route {
     }
 
     /// The answer of the listener's first module that answers `head` itself, before its route
-    /// (`redirect_https`); only asked when [`Route::answers`] says one may.
+    /// (`redirect_https`); only asked when [`Plan::answers`] says one may.
     #[cold]
     #[inline(never)]
     pub fn module_answer(&self, head: &RequestHead) -> Option<Answer> {
-        self.routes.borrow().default_modules.request(head)
+        self.routes.default_modules.request(head)
     }
 
     /// The listener's page for `status`, for an answer to a request head no route has seen
     /// (malformed, too large, too late).
     #[inline]
     pub fn listener_page(&self, status: StatusCode) -> Option<Paged> {
-        if !self.paged.get() {
+        if !self.paged {
             return None;
         }
-        let routes = self.routes.borrow();
-        routes.default_modules.page(status.as_u16(), true, b"")
+        self.routes.default_modules.page(status.as_u16(), true, b"")
     }
 
     /// Where `head` goes: the first route that matches it, or the listener's upstream.
     /// Inlined for a listener without routes, the common case, so that its requests pay for
     /// one check and not for the route decision's moves; the routes are looked at out of line.
     #[inline]
-    pub fn decide(&self, head: &RequestHead, https: bool, peer: &SocketAddr) -> Decision {
-        let routes = self.routes.borrow();
-        if routes.direct {
-            return Decision::Proxy(self.upstream.borrow().clone(), None);
+    pub fn decide(
+        &self,
+        head: &RequestHead,
+        https: bool,
+        peer: &SocketAddr,
+        stats: Option<&ListenerStats>,
+    ) -> Decision {
+        if self.routes.direct {
+            return Decision::Proxy(self.upstream.clone(), None);
         }
-        self.decide_by_routes(&routes, head, https, peer.ip())
+        self.decide_by_routes(head, https, peer.ip(), stats)
     }
 
     /// A request no route matches: the listener's controls, then its upstream, or 404.
     #[inline(never)]
-    fn no_route(&self, routes: &Routes, request: &Request<'_>) -> Decision {
+    fn no_route(&self, request: &Request<'_>, stats: Option<&ListenerStats>) -> Decision {
         let (head, client) = (request.head, request.client);
-        let stats = self.stats.as_deref();
+        let routes = &self.routes;
         if let Some(mut refused) = (routes.default_controls.as_ref())
             .and_then(|c| c.check(head, client, stats))
             .or_else(|| {
@@ -603,7 +539,7 @@ impl Route {
                     ..Edits::default()
                 })
             });
-            return Decision::Proxy(self.upstream.borrow().clone(), edits);
+            return Decision::Proxy(self.upstream.clone(), edits);
         }
         let mut reply = local_reply(
             StatusCode::NOT_FOUND,
@@ -619,11 +555,12 @@ impl Route {
     #[inline(never)]
     fn decide_by_routes(
         &self,
-        routes: &Routes,
         head: &RequestHead,
         https: bool,
         client: IpAddr,
+        stats: Option<&ListenerStats>,
     ) -> Decision {
+        let routes = &self.routes;
         let request = Request {
             head,
             https,
@@ -631,12 +568,11 @@ impl Route {
         };
         if routes.router.is_empty() {
             // No route to look for (that would normalise the path for nothing).
-            return self.no_route(routes, &request);
+            return self.no_route(&request, stats);
         }
         let Some((index, rule, path)) = routes.router.find(head) else {
-            return self.no_route(routes, &request);
+            return self.no_route(&request, stats);
         };
-        let stats = self.stats.as_deref();
         if let Some(mut refused) = (routes.controls.get(index).and_then(Option::as_ref))
             .and_then(|c| c.check(head, client, stats))
             .or_else(|| {
@@ -651,7 +587,7 @@ impl Route {
         match &rule.action {
             RouteAction::Proxy { rewrite_prefix, .. } => {
                 let Some(upstream) = routes.upstreams.get(index).cloned().flatten() else {
-                    return Decision::Proxy(self.upstream.borrow().clone(), None);
+                    return Decision::Proxy(self.upstream.clone(), None);
                 };
                 let rewritten = match (rewrite_prefix, &rule.path) {
                     (Some(to), PathMatch::Prefix(from)) => {
