@@ -208,7 +208,7 @@ pub struct Config {
     pub access_log: Option<AccessLog>,
     /// `[request_id]`: on (`Some`) by default while the access log is on, so that a line can be
     /// found in the backend's log by its ID; `enabled` turns it on without the log or off.
-    pub request_ids: Option<RequestIds>,
+    pub request_ids: Option<crate::modules::request_id::RequestIds>,
     /// Non-fatal findings (a backend pinned to a proxy core), shown by `check` and logged at start.
     pub warnings: Vec<String>,
     /// Where backends' DNS names are looked up.
@@ -312,32 +312,6 @@ pub enum AccessFormat {
     Json,
     /// A template of named fields (`log_format`), see [`log_format`].
     Template(Arc<AccessTemplate>),
-}
-
-/// `[request_id]`: an ID for every request, in the log and on both sides' headers, and the W3C
-/// trace context.
-///
-/// The ID a client sends is kept when it is valid (1 to 200 characters of letters, digits and
-/// `-_.:/+=@`: what UUIDs, ULIDs, nginx's hex and base64 IDs are made of, and nothing that could
-/// break a header or a log line); otherwise one is made: 32 lower-case hex digits of 128 random
-/// bits, nginx's `$request_id` form, so that tools that read nginx's IDs read pinlb's, and
-/// exactly a W3C trace id's size, so that a traceparent pinlb starts carries the same ID.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestIds {
-    /// The header, lower-case (`header`, default `x-request-id`).
-    pub header: String,
-    /// `traceparent = true`: a request without a valid W3C `traceparent` gets one, started with
-    /// the request ID as its trace id; one the client sent is always passed on unchanged.
-    pub traceparent: bool,
-}
-
-impl Default for RequestIds {
-    fn default() -> Self {
-        RequestIds {
-            header: "x-request-id".into(),
-            traceparent: false,
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1174,7 +1148,7 @@ impl Config {
         let logging = access_log.as_ref().is_some_and(Option::is_some);
         let request_ids = kept(
             e,
-            validate::request_ids(&src, raw.request_id.as_ref(), logging),
+            crate::modules::request_id::validate(&src, raw.request_id.as_ref(), logging),
         );
         let resolver = kept(e, validate::resolver(&src, &raw.resolver));
         let mut listeners = listeners;

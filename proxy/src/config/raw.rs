@@ -43,22 +43,13 @@ pub(super) struct RawConfig {
     pub http2: RawHttp2,
     #[serde(default)]
     pub resolver: RawResolver,
-    pub request_id: Option<RawRequestId>,
+    pub request_id: Option<crate::modules::request_id::Raw>,
     /// `[limit.NAME]`: the rate zones.
     #[serde(default)]
     pub limit: BTreeMap<String, RawRateZone>,
     /// `[cache.NAME]`: the response cache's zones.
     #[serde(default)]
     pub cache: BTreeMap<String, crate::modules::cache::zone::RawZone>,
-}
-
-/// `[request_id]`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawRequestId {
-    pub enabled: Option<Spanned<bool>>,
-    pub header: Option<Spanned<String>>,
-    pub traceparent: Option<Spanned<bool>>,
 }
 
 /// `[resolver]`: where backends' DNS names are looked up.

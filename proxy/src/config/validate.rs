@@ -12,13 +12,13 @@ use toml::Spanned;
 
 use super::raw::{
     RawAdmin, RawBackend, RawForwarded, RawHealth, RawHttp2, RawLimits, RawListener, RawLog,
-    RawPassive, RawRequestId, RawResolve, RawResolver, RawRuntime, RawSpawn, RawTimeouts, RawTls,
-    RawUpstream, RawUpstreamTls, Size, positive,
+    RawPassive, RawResolve, RawResolver, RawRuntime, RawSpawn, RawTimeouts, RawTls, RawUpstream,
+    RawUpstreamTls, Size, positive,
 };
 use super::{
     AccessFormat, AccessLog, AccessTarget, AccessTemplate, Adaptive, Admin, Algorithm, Backend,
-    DnsName, HashKey, Health, Http2, Limits, Listener, NamedBackend, Passive, Protocol, RequestIds,
-    Resolve, Resolver, Runtime, Spawn, Timeouts, Upgrade, Upstream,
+    DnsName, HashKey, Health, Http2, Limits, Listener, NamedBackend, Passive, Protocol, Resolve,
+    Resolver, Runtime, Spawn, Timeouts, Upgrade, Upstream,
 };
 use crate::backend_address::BackendAddress;
 use crate::http1::request::RequestLimits;
@@ -1692,33 +1692,6 @@ fn within(src: &Source, span: std::ops::Range<usize>, at: usize) -> std::ops::Ra
     } else {
         span
     }
-}
-
-/// `[request_id]`: on by default while the access log is, so that a line can be matched to
-/// the backend's by its ID.
-pub(super) fn request_ids(
-    src: &Source,
-    raw: Option<&RawRequestId>,
-    logging: bool,
-) -> Result<Option<RequestIds>> {
-    let Some(raw) = raw else {
-        return Ok(logging.then(RequestIds::default));
-    };
-    let mut ids = RequestIds::default();
-    if let Some(h) = &raw.header {
-        let name = h.get_ref();
-        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-            return Err(src.at(
-                h.span(),
-                "request_id.header",
-                format!("\"{name}\" is not a header name, expected one such as X-Request-ID"),
-            ));
-        }
-        ids.header = name.to_ascii_lowercase();
-    }
-    ids.traceparent = raw.traceparent.as_ref().is_some_and(|v| *v.get_ref());
-    let enabled = raw.enabled.as_ref().map_or(logging, |v| *v.get_ref());
-    Ok(enabled.then_some(ids))
 }
 
 /// `[log]`: `format` only with `access`.

@@ -25,10 +25,13 @@
 //! (`server_timing`) is asked in the response phase ([`Module::response`]). A listener
 //! without such a module pays for one flag each.
 //!
-//! The features whose keys are not a listener's or a route's (`rate_limit` and `conn_limit`
-//! with their process-wide tables, `[listener.tls]`'s client certificate headers,
-//! `[request_id]`, the upstreams' `sticky` and `buffering`) are still wired by hand;
-//! docs/pipeline-design.md says how each moves here.
+//! A feature whose table is the file's own, not a listener's or a route's, is a module too,
+//! outside the registry: it owns its keys (read into its own `Raw` type where the file's
+//! other tables are), their validation and what it does, and the request path calls it
+//! where it joins (`request_id`; the cache's `[cache.NAME]` zones likewise). The features
+//! whose keys sit elsewhere still (`rate_limit` and `conn_limit` with their process-wide
+//! tables, `[listener.tls]`'s client certificate headers, the upstreams' `sticky` and
+//! `buffering`) are wired by hand; docs/pipeline-design.md says how each moves here.
 //!
 //! - [`access`]: nginx's `allow`/`deny`, `auth_basic` and `satisfy`: who may send a
 //!   listener's or a route's requests.
@@ -50,6 +53,8 @@
 //!   whose answers are read and dropped.
 //! - [`cache`]: nginx's `proxy_cache`: responses kept in a zone shared by every worker and
 //!   served again while RFC 9111 says they are fresh.
+//! - [`request_id`]: `[request_id]`, nginx's `$request_id`: an ID for every request on both
+//!   sides and in the log, with the W3C trace context.
 
 use std::fmt;
 use std::io;
@@ -612,6 +617,8 @@ macro_rules! modules {
 }
 
 mod header_rules;
+
+pub(crate) mod request_id;
 
 modules! {
     access: AccessControl,

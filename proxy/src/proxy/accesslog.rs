@@ -35,7 +35,7 @@ use crate::config::log_format::{Field, Part, Span};
 use crate::config::{AccessFormat, AccessTarget};
 use crate::http1::request::RequestHead;
 use crate::modules::cache::CacheStatus;
-use crate::proxy::request_id::RequestId;
+use crate::modules::request_id::id::RequestId;
 use crate::proxy::timing::Timing;
 use crate::tls::client_identity::ClientIdentity;
 

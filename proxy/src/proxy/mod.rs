@@ -3,7 +3,6 @@
 //!
 //! - [`downstream`]: the client as the proxy sees it (address, trust, TLS) and its request body.
 //! - [`timing`]: where a request's time went, and its `Server-Timing` header.
-//! - [`request_id`]: the request's ID and W3C trace id, on both sides and in the log.
 //! - [`accesslog`]: the access log, formatted and written by its own thread.
 //! - [`spool`]: a buffered body's bytes, in memory then in a temporary file, and the channel a
 //!   buffered response is read from.
@@ -35,7 +34,6 @@ pub(crate) mod forward;
 pub(crate) mod handle;
 pub(crate) mod request_body;
 pub(crate) mod request_buffering;
-pub(crate) mod request_id;
 pub(crate) mod response_buffering;
 pub(crate) mod side_request;
 pub(crate) mod spool;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 
-use crate::config::{Http2, Limits, PathMatch, RequestIds, RouteAction};
+use crate::config::{Http2, Limits, PathMatch, RouteAction};
 use crate::edge::conn_limit::ConnGate;
 use crate::edge::controls::Controls;
 use crate::http1::common::Reply;
@@ -686,7 +686,7 @@ pub(crate) struct DownstreamRules {
     pub limits: Limits,
     pub http2: Http2,
     /// `[request_id]`, when request IDs are on.
-    pub request_ids: Option<RequestIds>,
+    pub request_ids: Option<crate::modules::request_id::RequestIds>,
 }
 
 impl DownstreamRules {

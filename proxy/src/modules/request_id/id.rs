@@ -1,9 +1,9 @@
-//! `[request_id]`: one ID per request, passed to the backend, returned to the client and
-//! written to the access log; and the W3C trace context's trace id beside it.
+//! One request's ID, passed to the backend, returned to the client and written to the access
+//! log; and the W3C trace context's trace id beside it.
 //!
 //! The client's own ID is kept when valid ([`is_valid_id`]); an invalid one is dropped and
 //! replaced, so nothing a client sends under that name reaches a backend or the log unchecked.
-//! A made ID is nginx's `$request_id` form (see `config::RequestIds` for why).
+//! A made ID is nginx's `$request_id` form (see [`RequestIds`] for why).
 //!
 //! `traceparent` (W3C Trace Context) always passes through unchanged: pinlb records no spans,
 //! so it does not make itself a parent. With `traceparent = true`, a request without a valid
@@ -11,7 +11,7 @@
 //! 32 hex digits gets a random trace id instead), a random parent id, and the sampled flag set,
 //! since the access log records it. Its trace id goes into the log either way.
 
-use crate::config::RequestIds;
+use super::RequestIds;
 use crate::http1::request::RequestHead;
 
 /// Longest ID kept from a client.
