@@ -830,7 +830,8 @@ async fn a_lone_backend_at_max_conns_gets_the_next_request_a_503_at_once() {
     setup.cpus = allowed();
     let proxy = Proxy::start(&setup);
 
-    let slow = tokio::spawn(get(proxy.addr, "/sleep/1000"));
+    // Slower than `assert_fast_503`'s bound, so a 503 held until it ends would not pass.
+    let slow = tokio::spawn(get(proxy.addr, "/sleep/3000"));
     a.wait_for_hits(1).await;
     let mut conn = Conn::open(proxy.addr).await;
     assert_fast_503(
