@@ -24,7 +24,6 @@
 //! - [`outlier`]: `[upstream.NAME.outlier]`: when a backend is ejected for its answers.
 //! - [`retry`]: `[upstream.NAME.retry]`: when a request moves on to the next backend, on a
 //!   failure or a listed status, and the budget of retries on a status.
-//! - [`sticky`]: an upstream's sticky cookie: its name and attributes.
 //! - [`tcp`]: TCP listeners (`mode = "tcp"`): the keys that apply to them and to their
 //!   upstreams.
 //! - [`fastcgi`]: `[upstream.NAME.fastcgi]`: a FastCGI upstream's script rules and params.
@@ -42,7 +41,6 @@ mod proxy_protocol;
 mod raw;
 mod retry;
 mod routes;
-mod sticky;
 mod tcp;
 #[cfg(test)]
 mod tests;
@@ -56,6 +54,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::modules::error_pages::{MAX_PAGE_BYTES, content_type_for};
+pub use crate::modules::sticky::{SameSite, Sticky, is_cookie_name};
 use crate::syntax::error::Source;
 pub use crate::syntax::error::{ConfigError, ConfigErrors};
 pub use crate::syntax::template::{Template, TemplatePart, Variable};
@@ -67,7 +66,6 @@ pub use outlier::Outlier;
 pub use pattern::Pattern;
 use raw::RawConfig;
 pub use retry::Retry;
-pub use sticky::{SameSite, Sticky, is_cookie_name};
 
 use crate::backend_address::BackendAddress;
 use crate::http1::request::RequestLimits;

@@ -519,7 +519,7 @@ pub(super) struct RawUpstream {
     pub buffering: Option<Spanned<RawBuffering>>,
     pub outlier: Option<Spanned<RawOutlier>>,
     /// Sticky sessions by an inserted cookie (HAProxy's `cookie NAME insert indirect nocache`).
-    pub sticky: Option<Spanned<RawSticky>>,
+    pub sticky: Option<Spanned<crate::modules::sticky::Raw>>,
     /// `[upstream.NAME.fastcgi]`: with `protocol = "fastcgi"`, which script a request runs.
     pub fastcgi: Option<Spanned<RawFastcgi>>,
 }
@@ -993,20 +993,6 @@ pub(super) struct RawBuffering {
     pub memory: Option<Spanned<Size>>,
     pub temp_dir: Option<Spanned<String>>,
     pub max_temp: Option<Spanned<Size>>,
-}
-
-/// `[upstream.NAME] sticky = { cookie = "NAME", … }`: the cookie that names a client's backend.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawSticky {
-    pub cookie: Spanned<String>,
-    pub path: Option<Spanned<String>>,
-    pub domain: Option<Spanned<String>>,
-    pub max_age: Option<Spanned<Dur>>,
-    pub secure: Option<bool>,
-    pub httponly: Option<bool>,
-    pub samesite: Option<Spanned<String>>,
-    pub seed: Option<String>,
 }
 
 /// `[upstream.NAME.fastcgi]`: nginx's `root`, `fastcgi_index`, `fastcgi_split_path_info` and

@@ -336,7 +336,7 @@ pub(super) fn upstream(
             .map(Arc::new),
         proxy_protocol: super::proxy_protocol::send(src, &key, up, protocol(src, &key, up)?)?,
         buffering: super::buffering::buffering(src, &key, up, protocol(src, &key, up)?)?,
-        sticky: super::sticky::sticky(src, &key, up)?,
+        sticky: crate::modules::sticky::validate(src, &key, up.sticky.as_ref())?,
         fastcgi: super::fastcgi::fastcgi(src, &key, up, protocol(src, &key, up)?)?.map(Arc::new),
         // Set once the listeners that name it are known (`config::tcp`).
         tcp: false,

@@ -28,10 +28,11 @@
 //! A feature whose table is the file's own, not a listener's or a route's, is a module too,
 //! outside the registry: it owns its keys (read into its own `Raw` type where the file's
 //! other tables are), their validation and what it does, and the request path calls it
-//! where it joins (`request_id`; the cache's `[cache.NAME]` zones likewise). The features
-//! whose keys sit elsewhere still (`rate_limit` and `conn_limit` with their process-wide
-//! tables, `[listener.tls]`'s client certificate headers, the upstreams' `sticky` and
-//! `buffering`) are wired by hand; docs/pipeline-design.md says how each moves here.
+//! where it joins (`request_id`; the cache's `[cache.NAME]` zones likewise). So is one whose
+//! keys are an upstream's (`sticky`). The features whose keys sit elsewhere still
+//! (`rate_limit` and `conn_limit` with their process-wide tables, `[listener.tls]`'s client
+//! certificate headers, the upstreams' `buffering`) are wired by hand;
+//! docs/pipeline-design.md says how each moves here.
 //!
 //! - [`access`]: nginx's `allow`/`deny`, `auth_basic` and `satisfy`: who may send a
 //!   listener's or a route's requests.
@@ -55,6 +56,8 @@
 //!   served again while RFC 9111 says they are fresh.
 //! - [`request_id`]: `[request_id]`, nginx's `$request_id`: an ID for every request on both
 //!   sides and in the log, with the W3C trace context.
+//! - [`sticky`]: an upstream's `sticky` cookie (HAProxy's `cookie NAME insert`): a client kept
+//!   on the backend that first answered it.
 
 use std::fmt;
 use std::io;
@@ -619,6 +622,7 @@ macro_rules! modules {
 mod header_rules;
 
 pub(crate) mod request_id;
+pub(crate) mod sticky;
 
 modules! {
     access: AccessControl,

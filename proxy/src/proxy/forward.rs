@@ -52,7 +52,7 @@ pub struct Overrides {
     pub lines: Option<Vec<u8>>,
     /// The upstream's timeouts with the route's own in their place.
     pub timeouts: Option<Timeouts>,
-    /// The backend a sticky cookie names (`upstream::sticky`), tried before the upstream's
+    /// The backend a sticky cookie names (`modules::sticky`), tried before the upstream's
     /// algorithm; set only by [`sticky_forward`].
     pub preferred: Option<usize>,
     /// A mirror's copies that take the body too: sent once it has been read
@@ -298,7 +298,7 @@ fn preferred(
     upstream.prefer(b)
 }
 
-/// [`forward`] for an upstream with a sticky cookie (`upstream::sticky`): the backend the cookie
+/// [`forward`] for an upstream with a sticky cookie (`modules::sticky`): the backend the cookie
 /// names is tried first; the cookie goes no further than pinlb (HAProxy's `indirect`: the request
 /// is sent with its other cookies only); and an answer from another backend than the one the
 /// cookie named (or to a request without one) carries the cookie that names it. A valid cookie

@@ -13,8 +13,6 @@
 //! - [`connecting`]: connects in progress to one backend, and their bound.
 //! - [`backend`]: one backend's shared state: settings, health, failures, in-flight count,
 //!   slow start, response-time average, admin state.
-//! - [`sticky`]: sticky sessions by an inserted cookie: each backend's opaque value, the
-//!   cookie read and taken out of the request, the `Set-Cookie` line.
 //! - [`outlier`]: ejection by answers: 5xx in a row, or a success rate well below the pool's.
 //! - [`shared`]: an upstream as every worker sees it in one generation, and its passive rules.
 //! - [`retry_budget`]: one worker's budget of retries on a status: a share of its requests.
@@ -52,4 +50,3 @@ pub(crate) mod proxy_header;
 pub(crate) mod queue;
 pub(crate) mod retry_budget;
 pub(crate) mod shared;
-pub(crate) mod sticky;

@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use tracing::{info, warn};
 
 use crate::config::{Algorithm, Upstream};
+use crate::modules::sticky::table::StickyTable;
 use crate::tls::client::Connector;
 use crate::upstream::backend::{AdminState, BackendState, clock_ms, millis};
 use crate::upstream::balance::Rendezvous;
 use crate::upstream::outlier::Detector;
 use crate::upstream::queue::Queue;
-use crate::upstream::sticky::StickyTable;
 
 /// An upstream as every worker sees it, in one config generation.
 #[derive(Debug)]

@@ -1,10 +1,36 @@
 //! `[upstream.NAME] sticky`: sticky sessions by a cookie pinlb inserts (HAProxy's `cookie NAME
-//! insert indirect nocache`, nginx Plus's `sticky cookie`), its name and attributes checked.
+//! insert indirect nocache`, nginx Plus's `sticky cookie`). Its keys are an upstream's, so it
+//! sits outside the listener modules' registry: this folder owns its keys (read where the
+//! upstream's other keys are), their validation, and the table of each backend's value; the
+//! request path prefers the backend a request's cookie names (`upstream::pick::prefer`) and
+//! adds the `Set-Cookie` line (`proxy::forward`).
+//!
+//! - [`table`]: each backend's opaque value, the cookie read from a request and taken out of
+//!   what the backend sees, and the `Set-Cookie` line.
 
-use super::raw::{RawSticky, RawUpstream};
+use serde::Deserialize;
+use toml::Spanned;
+
 use crate::syntax::error::{ConfigError, Source};
+use crate::syntax::values::Dur;
+
+pub(crate) mod table;
 
 type Result<T> = std::result::Result<T, ConfigError>;
+
+/// `sticky = { cookie = "NAME", … }` as the file writes it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Raw {
+    pub cookie: Spanned<String>,
+    pub path: Option<Spanned<String>>,
+    pub domain: Option<Spanned<String>>,
+    pub max_age: Option<Spanned<Dur>>,
+    pub secure: Option<bool>,
+    pub httponly: Option<bool>,
+    pub samesite: Option<Spanned<String>>,
+    pub seed: Option<String>,
+}
 
 /// An upstream's sticky cookie: the first response to a client carries `Set-Cookie: NAME=VALUE`
 /// naming the backend that answered by an opaque value; later requests with it go to that
@@ -93,11 +119,15 @@ fn is_attribute_value(v: &str) -> bool {
 }
 
 /// An upstream's `sticky`, or `None` without it.
-pub(super) fn sticky(src: &Source, key: &str, up: &RawUpstream) -> Result<Option<Sticky>> {
-    let Some(raw) = &up.sticky else {
+pub(crate) fn validate(
+    src: &Source,
+    key: &str,
+    raw: Option<&Spanned<Raw>>,
+) -> Result<Option<Sticky>> {
+    let Some(raw) = raw else {
         return Ok(None);
     };
-    let raw: &RawSticky = raw.get_ref();
+    let raw: &Raw = raw.get_ref();
     let key = format!("{key}.sticky");
     let name = raw.cookie.get_ref();
     if !is_cookie_name(name) {

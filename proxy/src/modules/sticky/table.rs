@@ -14,7 +14,7 @@ use crate::backend_address::BackendAddress;
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::config::Sticky;
+use super::Sticky;
 
 /// An upstream's sticky cookie in one generation: its settings and each backend's value.
 #[derive(Debug)]
