@@ -20,7 +20,6 @@
 //! - [`pattern`]: a regular expression from the file, compiled once and compared by pattern.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
-//! - [`buffering`]: `[upstream.NAME.buffering]`: bodies read whole for slow clients, its bounds.
 //! - [`outlier`]: `[upstream.NAME.outlier]`: when a backend is ejected for its answers.
 //! - [`retry`]: `[upstream.NAME.retry]`: when a request moves on to the next backend, on a
 //!   failure or a listed status, and the budget of retries on a status.
@@ -30,7 +29,6 @@
 //! - [`unix_backend`]: a `unix:/path` backend's socket file checked.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
-mod buffering;
 mod client_certs;
 mod edge_limits;
 mod fastcgi;
@@ -53,12 +51,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::modules::buffering::Buffering;
 pub use crate::modules::error_pages::{MAX_PAGE_BYTES, content_type_for};
 pub use crate::modules::sticky::{SameSite, Sticky, is_cookie_name};
 use crate::syntax::error::Source;
 pub use crate::syntax::error::{ConfigError, ConfigErrors};
 pub use crate::syntax::template::{Template, TemplatePart, Variable};
-pub use buffering::Buffering;
 pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 pub use fastcgi::Fastcgi;
 pub use log_format::AccessTemplate;

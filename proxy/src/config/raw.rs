@@ -516,7 +516,7 @@ pub(super) struct RawUpstream {
     /// The PROXY protocol header written first on each backend connection: "v1" or "v2".
     pub proxy_protocol: Option<Spanned<String>>,
     /// `[upstream.NAME.buffering]`: request and response bodies read whole for slow clients.
-    pub buffering: Option<Spanned<RawBuffering>>,
+    pub buffering: Option<Spanned<crate::modules::buffering::Raw>>,
     pub outlier: Option<Spanned<RawOutlier>>,
     /// Sticky sessions by an inserted cookie (HAProxy's `cookie NAME insert indirect nocache`).
     pub sticky: Option<Spanned<crate::modules::sticky::Raw>>,
@@ -983,17 +983,6 @@ pub(super) struct RawConnLimit {
 
 /// A listener's or a route's `rate_limit` as read.
 pub(super) type RawRateLimits = Option<Spanned<Vec<Spanned<RawRateLimit>>>>;
-
-/// `[upstream.NAME.buffering]`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawBuffering {
-    pub request: Option<Spanned<bool>>,
-    pub response: Option<Spanned<bool>>,
-    pub memory: Option<Spanned<Size>>,
-    pub temp_dir: Option<Spanned<String>>,
-    pub max_temp: Option<Spanned<Size>>,
-}
 
 /// `[upstream.NAME.fastcgi]`: nginx's `root`, `fastcgi_index`, `fastcgi_split_path_info` and
 /// `fastcgi_param`, for a `protocol = "fastcgi"` upstream.

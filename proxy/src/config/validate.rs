@@ -335,7 +335,12 @@ pub(super) fn upstream(
             .transpose()?
             .map(Arc::new),
         proxy_protocol: super::proxy_protocol::send(src, &key, up, protocol(src, &key, up)?)?,
-        buffering: super::buffering::buffering(src, &key, up, protocol(src, &key, up)?)?,
+        buffering: crate::modules::buffering::validate(
+            src,
+            &key,
+            up.buffering.as_ref(),
+            protocol(src, &key, up)?.is_http2(),
+        )?,
         sticky: crate::modules::sticky::validate(src, &key, up.sticky.as_ref())?,
         fastcgi: super::fastcgi::fastcgi(src, &key, up, protocol(src, &key, up)?)?.map(Arc::new),
         // Set once the listeners that name it are known (`config::tcp`).

@@ -2,17 +2,34 @@
 //! that a slow client does not hold a backend. Off unless the table is written: an upstream
 //! without it streams both bodies, as pinlb always did (`pinlb import` writes the table for an
 //! nginx config, whose default is to buffer).
+//!
+//! Its keys are an upstream's, so it sits outside the listener modules' registry: this file
+//! owns its keys (read where the upstream's other keys are), their validation and its
+//! configuration. What it does to bodies is the proxy's own work around a backend exchange,
+//! with the spool of memory and temporary file they share (`proxy::request_buffering`,
+//! `proxy::response_buffering`, `proxy::spool`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use serde::Deserialize;
 use toml::Spanned;
 
-use super::Protocol;
-use super::raw::{RawBuffering, RawUpstream};
 use crate::syntax::error::{ConfigError, Source};
+use crate::syntax::values::Size;
 
 type Result<T> = std::result::Result<T, ConfigError>;
+
+/// `[upstream.NAME.buffering]` as the file writes it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Raw {
+    pub request: Option<Spanned<bool>>,
+    pub response: Option<Spanned<bool>>,
+    pub memory: Option<Spanned<Size>>,
+    pub temp_dir: Option<Spanned<String>>,
+    pub max_temp: Option<Spanned<Size>>,
+}
 
 /// How an upstream buffers bodies for slow clients. With the table written, `request` and
 /// `response` are on unless set to false.
@@ -59,24 +76,24 @@ impl Buffering {
     }
 }
 
-/// An upstream's `[buffering]` table, checked: its temporary directory exists and takes a file
-/// (made and dropped at once, at each load and reload), and response buffering is not asked of
-/// an HTTP/2 upstream.
-pub(super) fn buffering(
+/// An upstream's `[buffering]` table (`table`, of the upstream at `key`), checked: its
+/// temporary directory exists and takes a file (made and dropped at once, at each load and
+/// reload), and response buffering is not asked of an HTTP/2 upstream (`http2`).
+pub(crate) fn validate(
     src: &Source,
     key: &str,
-    up: &RawUpstream,
-    protocol: Protocol,
+    table: Option<&Spanned<Raw>>,
+    http2: bool,
 ) -> Result<Option<Arc<Buffering>>> {
-    let Some(table) = &up.buffering else {
+    let Some(table) = table else {
         return Ok(None);
     };
     let key = format!("{key}.buffering");
-    let raw: &RawBuffering = table.get_ref();
+    let raw: &Raw = table.get_ref();
     // The table is the opt-in: written, it buffers both ways, as nginx does by default.
     let flag = |v: &Option<Spanned<bool>>| v.as_ref().is_none_or(|v| *v.get_ref());
     let (request, response) = (flag(&raw.request), flag(&raw.response));
-    if let (true, Some(v)) = (protocol.is_http2(), &raw.response) {
+    if let (true, Some(v)) = (http2, &raw.response) {
         if *v.get_ref() {
             return Err(src.at(
                 v.span(),
