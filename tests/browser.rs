@@ -33,7 +33,13 @@ impl Chromium {
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let profile = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("chromium-{}-{n}", std::process::id()));
+        // Its temporary files (the profile's lock socket among them) inside the profile, which
+        // the drop removes: a killed chromium cleans up nothing itself, and each run left a
+        // directory in /tmp.
+        let tmp = profile.join("tmp");
+        std::fs::create_dir_all(&tmp).expect("make the browser's temporary directory");
         let mut child = Command::new("chromium")
+            .env("TMPDIR", &tmp)
             .args([
                 "--headless=new",
                 // Tests run as root in CI, where chromium's sandbox cannot start.
