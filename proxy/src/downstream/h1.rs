@@ -13,7 +13,7 @@
 //! backend, and one write for the response head together with the part of the body the backend
 //! sent with its own head. Request heads are parsed and checked by `http1::request`.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
@@ -49,10 +49,10 @@ use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::http1::timer::Timer;
 use crate::proxy::accesslog::{Batch, Logged};
 use crate::proxy::body::{ProxyBody, Upgraded};
-use crate::proxy::downstream::{Downstream, DownstreamBody};
+use crate::proxy::downstream::DownstreamBody;
 use crate::proxy::exchange::{Answer, DownstreamRequest};
 use crate::proxy::handle;
-use crate::route::decision::{DownstreamRules, Plan, Route};
+use crate::route::decision::{KnownClient, Plan, Route};
 use crate::sys::head_bufs::Spare;
 use crate::sys::socket::poll_read_tcp;
 use crate::sys::summed::summed_warn;
@@ -426,7 +426,7 @@ struct Connection {
     accepted: Instant,
     /// The rules the connection's client identity was worked out under, and that identity;
     /// recomputed only after a reload changed the rules (`forwarded.trusted` above all).
-    downstream: RefCell<(Rc<DownstreamRules>, Rc<Downstream>)>,
+    downstream: KnownClient,
 }
 
 /// A connection parked while idle (see `idle`): what it needs to start again.
@@ -512,7 +512,7 @@ pub(crate) async fn serve(
         return;
     }
     let rules = route.plan().rules.clone();
-    let client = Rc::new(rules.downstream(peer, stream.is_tls(), route.local));
+    let downstream = KnownClient::new(rules, peer, stream.is_tls(), route.local);
     let conn = Connection {
         stream,
         peer,
@@ -520,7 +520,7 @@ pub(crate) async fn serve(
         route,
         batch,
         accepted: start.accepted,
-        downstream: RefCell::new((rules, client)),
+        downstream,
     };
     let mut buf = BytesMut::new();
     let mut first = start.first;
@@ -656,7 +656,7 @@ pub(crate) async fn serve_tls(
         Ok(Err(Refused::PlainHttp(tcp))) => {
             debug!(client = %peer, "answered 400: plain HTTP on a TLS listener");
             let rules = route.plan().rules.clone();
-            let client = Rc::new(Downstream::new(peer, &rules.trusted));
+            let downstream = KnownClient::new(rules, peer, false, route.local);
             let conn = Connection {
                 stream: DownstreamStream::Plain(tcp),
                 peer,
@@ -664,7 +664,7 @@ pub(crate) async fn serve_tls(
                 route,
                 batch,
                 accepted: start.accepted,
-                downstream: RefCell::new((rules, client)),
+                downstream,
             };
             conn.write_local(
                 StatusCode::BAD_REQUEST,
@@ -779,7 +779,7 @@ impl Connection {
             .as_ref()
             .and_then(|e| e.request.timeouts)
             .unwrap_or(upstream.shared.config.timeouts);
-        let client = self.downstream(&plan.rules);
+        let client = self.downstream.under(&plan.rules);
         let watch = Watch::default();
         let mut client_body =
             BodyReader::new(&self.stream, buf, head.body, head.expect_continue, &watch);
@@ -869,20 +869,6 @@ impl Connection {
             Ok(Written::Whole { .. }) => Next::Linger,
             Ok(Written::Aborted) | Err(_) => Next::Abort,
         }
-    }
-
-    /// Who the client is under the request's `rules`: made again only after a reload changed
-    /// the rules, so an open connection follows them.
-    #[inline]
-    fn downstream(&self, now: &Rc<DownstreamRules>) -> Rc<Downstream> {
-        let mut cached = self.downstream.borrow_mut();
-        if !Rc::ptr_eq(&cached.0, now) {
-            *cached = (
-                now.clone(),
-                Rc::new(now.downstream(self.peer, self.stream.is_tls(), self.route.local)),
-            );
-        }
-        cached.1.clone()
     }
 
     /// Reads until `buf` holds a whole request head. A head that can't be served (malformed,

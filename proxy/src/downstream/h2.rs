@@ -56,10 +56,10 @@ use crate::http1::common::{ERROR_PAGE_TYPE, Reply, RequestFraming, error_page, h
 use crate::http1::request::{ClientError, parse_request};
 use crate::proxy::accesslog::{Batch, Logged};
 use crate::proxy::body::ProxyBody;
-use crate::proxy::downstream::{Downstream, DownstreamBody};
+use crate::proxy::downstream::DownstreamBody;
 use crate::proxy::exchange::DownstreamRequest;
 use crate::proxy::handle;
-use crate::route::decision::{DownstreamRules, Plan, Route};
+use crate::route::decision::{KnownClient, Plan, Route};
 use crate::sys::exec::LocalExec;
 use crate::sys::summed::summed_warn;
 use crate::tls::client_identity::ClientIdentity;
@@ -75,11 +75,9 @@ struct Shared {
     route: Rc<Route>,
     peer: SocketAddr,
     batch: Option<Rc<Batch>>,
-    /// Over TLS: `X-Forwarded-Proto: https`.
-    tls: bool,
-    /// The client's identity, worked out under the rules it was made for (as an HTTP/1.1
-    /// connection keeps it, recomputed after a reload changed the rules).
-    downstream: RefCell<(Rc<DownstreamRules>, Rc<Downstream>)>,
+    /// The client's identity (over TLS or not: `X-Forwarded-Proto`), worked out under the
+    /// rules it was made for, as an HTTP/1.1 connection keeps it.
+    downstream: KnownClient,
     /// What the client's certificate says, on a listener with `client_ca`.
     client: Option<Arc<ClientIdentity>>,
     /// The `Date` value of the worker's last tick.
@@ -172,7 +170,7 @@ pub(crate) async fn serve<P: AsFd + 'static>(
     let h2 = rules.http2;
     let limits = rules.limits;
     let tls = stream.is_tls();
-    let client = Rc::new(rules.downstream(peer, tls, route.local));
+    let downstream = KnownClient::new(rules, peer, tls, route.local);
     let clients = slot.connections_rc();
     let reloads = clients.reloads();
     let stats = route.stats.clone();
@@ -183,9 +181,8 @@ pub(crate) async fn serve<P: AsFd + 'static>(
         route,
         peer,
         batch,
-        tls,
         client: stream.client_identity().cloned(),
-        downstream: RefCell::new((rules, client)),
+        downstream,
         date: Rc::new(move || clients.date()),
         open: Cell::new(0),
         served: Cell::new(false),
@@ -400,17 +397,8 @@ impl Shared {
         let route = &self.route;
         let (parts, body) = req.into_parts();
         let (at, plan) = (open.started, open.plan.clone());
-        let (limits, client) = {
-            let now = &plan.rules;
-            let mut cached = self.downstream.borrow_mut();
-            if !Rc::ptr_eq(&cached.0, now) {
-                *cached = (
-                    now.clone(),
-                    Rc::new(now.downstream(self.peer, self.tls, route.local)),
-                );
-            }
-            (now.limits, cached.1.clone())
-        };
+        let limits = plan.rules.limits;
+        let client = self.downstream.under(&plan.rules);
         let ended = body.is_end_stream();
         let mut text = http1_head(&parts, ended, &limits);
         let mut head = match parse_request(&mut text, &limits.request()) {

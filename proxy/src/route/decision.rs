@@ -700,6 +700,41 @@ impl DownstreamRules {
     }
 }
 
+/// Who one connection's client is ([`DownstreamRules::downstream`]), under the rules it was
+/// worked out for: worked out again only when a reload has changed the listener's rules, so an
+/// open connection follows them. HTTP/1.1 connections and HTTP/2 connections keep one each.
+pub(crate) struct KnownClient {
+    cached: RefCell<(Rc<DownstreamRules>, Rc<Downstream>)>,
+    /// The connection's: the client's address, whether it came over TLS, the listener's.
+    peer: SocketAddr,
+    tls: bool,
+    local: SocketAddr,
+}
+
+impl KnownClient {
+    /// The client at `peer` under `rules`.
+    pub fn new(rules: Rc<DownstreamRules>, peer: SocketAddr, tls: bool, local: SocketAddr) -> Self {
+        let client = Rc::new(rules.downstream(peer, tls, local));
+        KnownClient {
+            cached: RefCell::new((rules, client)),
+            peer,
+            tls,
+            local,
+        }
+    }
+
+    /// The client under the rules in force `now` (the request's plan's).
+    #[inline]
+    pub fn under(&self, now: &Rc<DownstreamRules>) -> Rc<Downstream> {
+        let mut cached = self.cached.borrow_mut();
+        if !Rc::ptr_eq(&cached.0, now) {
+            let client = now.downstream(self.peer, self.tls, self.local);
+            *cached = (now.clone(), Rc::new(client));
+        }
+        cached.1.clone()
+    }
+}
+
 /// Whether listener `l` or one of its routes caches responses.
 fn caches(l: &crate::config::Listener) -> bool {
     l.modules.cache.is_some() || l.routes.iter().any(|r| r.modules.cache.is_some())
