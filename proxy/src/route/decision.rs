@@ -726,12 +726,21 @@ impl KnownClient {
     /// The client under the rules in force `now` (the request's plan's).
     #[inline]
     pub fn under(&self, now: &Rc<DownstreamRules>) -> Rc<Downstream> {
-        let mut cached = self.cached.borrow_mut();
-        if !Rc::ptr_eq(&cached.0, now) {
-            let client = now.downstream(self.peer, self.tls, self.local);
-            *cached = (now.clone(), Rc::new(client));
+        let cached = self.cached.borrow();
+        if Rc::ptr_eq(&cached.0, now) {
+            return cached.1.clone();
         }
-        cached.1.clone()
+        drop(cached);
+        self.renew(now)
+    }
+
+    /// After a reload changed the rules: the client worked out again.
+    #[cold]
+    #[inline(never)]
+    fn renew(&self, now: &Rc<DownstreamRules>) -> Rc<Downstream> {
+        let client = Rc::new(now.downstream(self.peer, self.tls, self.local));
+        *self.cached.borrow_mut() = (now.clone(), client.clone());
+        client
     }
 }
 
