@@ -36,7 +36,8 @@ use tracing::debug;
 use crate::config::Limits;
 use crate::downstream::h2;
 use crate::downstream::idle::{self, Wait};
-use crate::downstream::pipeline::{self, Decided, Scope};
+use crate::downstream::pipeline;
+use crate::downstream::session::{Ending, Forwarding, Session};
 use crate::downstream::stream::{DownstreamStream, Refused, Stir, StreamIo, TlsState};
 use crate::downstream::tunnel::{self, Dir, End};
 use crate::http1::body::{Decoder, Framing};
@@ -49,13 +50,12 @@ use crate::http1::request::{ClientError, HeadEnd, RequestHead, parse_request};
 use crate::http1::timer::Timer;
 use crate::proxy::accesslog::{Batch, Logged};
 use crate::proxy::body::{ProxyBody, Upgraded};
-use crate::proxy::downstream::DownstreamBody;
-use crate::proxy::exchange::{Answer, DownstreamRequest};
-use crate::proxy::handle;
+use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::route::decision::{KnownClient, Plan, Route};
 use crate::sys::head_bufs::Spare;
 use crate::sys::socket::poll_read_tcp;
 use crate::sys::summed::summed_warn;
+use crate::tls::client_identity::ClientIdentity;
 use crate::upstream::counters::{ListenerStats, Source};
 
 /// After a response that ends the connection with client bytes left unread, how long and how
@@ -292,9 +292,10 @@ fn poll_client_gone(stream: &DownstreamStream, watch: &Watch, cx: &mut Context<'
 
 /// The request head `buf` holds whole, parsed; or, for a partial head or one to refuse, where
 /// `read_head` is to take up the search for its end. A head that came whole with the read before
-/// (nearly every one) is parsed here, in `exchange`, not in `read_head`: returned out of that
-/// future, it was moved three times more (about 90 instructions per request,
-/// benches/callgrind.sh). A refused head is parsed again there, to be answered.
+/// (nearly every one) is parsed here, in the pipeline's own future (`Session::head`), not in
+/// `read_head`: returned out of that future, it was moved three times more (about 90
+/// instructions per request, benches/callgrind.sh). A refused head is parsed again there, to be
+/// answered.
 #[inline(always)]
 fn parse_whole(buf: &mut BytesMut, limits: &Limits) -> Result<RequestHead, HeadEnd> {
     if buf.is_empty() {
@@ -569,7 +570,16 @@ pub(crate) async fn serve(
         // exchange before (`sys::recycle`): no allocation, and no copy.
         let exchanges = conn.slot.connections().exchanges();
         let next = exchanges
-            .make(|| conn.exchange(&mut buf, first, &mut waiter))
+            .make(|| {
+                let exchange = Exchange {
+                    conn: &conn,
+                    buf: &mut buf,
+                    first,
+                    waiter: &mut waiter,
+                    watch: Watch::default(),
+                };
+                pipeline::run(&*conn.route, exchange)
+            })
             .await;
         if next != Next::KeepAlive {
             break next;
@@ -747,122 +757,118 @@ fn is_bodiless(method: &Method, status: StatusCode) -> bool {
         || status == StatusCode::NOT_MODIFIED
 }
 
-impl Connection {
-    /// Reads one request, has the proxy answer it, and writes the response, all under one
-    /// generation's plan, taken before the head (a reload while it arrives applies to the next).
-    async fn exchange(&self, buf: &mut BytesMut, first: bool, waiter: &mut Timer) -> Next {
-        let plan = self.route.plan();
-        let limits = plan.rules.limits;
-        let mut head = match parse_whole(buf, &limits) {
-            Ok(head) => head,
-            Err(end) => match self.read_head(buf, first, &plan, end).await {
-                Ok(head) => head,
-                Err(next) => return next,
+/// One request of a connection, as the request pipeline's session: read off the connection's
+/// buffer, answered, and its response written, all under one generation's plan, taken before
+/// the head (a reload while it arrives applies to the next).
+struct Exchange<'c> {
+    conn: &'c Connection,
+    buf: &'c mut BytesMut,
+    /// The connection's first request: its head is timed from the accept.
+    first: bool,
+    waiter: &'c mut Timer,
+    watch: Watch,
+}
+
+impl<'c> Session for Exchange<'c> {
+    type Out = Next;
+    type Partial = HeadEnd;
+    type Body<'s>
+        = BodyReader<'s>
+    where
+        Self: 's;
+    type Gone<'s>
+        = ClientGone<'s>
+    where
+        Self: 's;
+    type Sent = io::Result<Written>;
+
+    #[inline(always)]
+    fn plan(&self, route: &Route) -> Rc<Plan> {
+        route.plan()
+    }
+
+    #[inline(always)]
+    fn head(&mut self, plan: &Plan) -> Result<RequestHead, HeadEnd> {
+        parse_whole(self.buf, &plan.rules.limits)
+    }
+
+    async fn read_head(&mut self, plan: &Plan, end: HeadEnd) -> Result<RequestHead, Next> {
+        self.conn.read_head(self.buf, self.first, plan, end).await
+    }
+
+    #[inline(always)]
+    fn started(&self, plan: &Plan) -> Option<std::time::Instant> {
+        plan.timed.then(std::time::Instant::now)
+    }
+
+    #[inline(always)]
+    fn peer(&self) -> SocketAddr {
+        self.conn.peer
+    }
+
+    #[inline(always)]
+    fn client(&self, plan: &Plan) -> Rc<Downstream> {
+        self.conn.downstream.under(&plan.rules)
+    }
+
+    #[inline(always)]
+    fn batch(&self) -> Option<&Rc<Batch>> {
+        self.conn.batch.as_ref()
+    }
+
+    #[inline(always)]
+    fn client_identity(&self) -> Option<&Arc<ClientIdentity>> {
+        self.conn.stream.client_identity()
+    }
+
+    #[inline(always)]
+    fn forwarding(&mut self, head: &RequestHead) -> Forwarding<'_, Self> {
+        let stream = &self.conn.stream;
+        Forwarding {
+            body: BodyReader::new(
+                stream,
+                self.buf,
+                head.body,
+                head.expect_continue,
+                &self.watch,
+            ),
+            gone: ClientGone {
+                conn: self.conn,
+                watch: &self.watch,
             },
-        };
-        let refused = head.refused.take();
-        // The clock is read only when something reads what it measures.
-        let at = plan.timed.then(std::time::Instant::now);
-        let scope = Scope::new(&self.route, &plan);
-        let tls = self.stream.is_tls();
-        let client = || self.stream.client_identity();
-        let (peer, batch) = (self.peer, self.batch.as_ref());
-        let begun = pipeline::begin(scope, &mut head, peer, tls, batch, at, client);
-        let decided = pipeline::decide(scope, &head, refused.is_some(), tls, &self.peer);
-        let Decided {
-            upstream,
-            edits,
-            local,
-            ..
-        } = decided;
-        let timeouts = edits
-            .as_ref()
-            .and_then(|e| e.request.timeouts)
-            .unwrap_or(upstream.shared.config.timeouts);
-        let client = self.downstream.under(&plan.rules);
-        let watch = Watch::default();
-        let mut client_body =
-            BodyReader::new(&self.stream, buf, head.body, head.expect_continue, &watch);
-        let proxied = local.is_none();
-        let answered = if let Some(response) = local {
-            Some(Answer {
-                response,
-                upstreamed: None,
-                close: false,
-            })
-        } else {
-            // Pinned where it is made, so that `select!` holds a reference to the proxy's
-            // future (all of a request's states) instead of copying it.
-            let forwarded = std::pin::pin!(handle::handle(
-                upstream,
-                client,
-                limits,
-                at,
-                DownstreamRequest {
-                    head: &head,
-                    overrides: edits.as_ref().map(|e| &e.request),
-                    body: &mut client_body,
-                    refused,
-                    added: begun.id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
-                    spans: plan.spans,
-                    waiter: Some(waiter),
-                },
-            ));
-            let gone = std::future::poll_fn(|cx| poll_client_gone(&self.stream, &watch, cx));
-            tokio::select! {
-                biased;
-                answer = forwarded => Some(answer),
-                () = gone => None,
-            }
-        };
-        let Some(answer) = answered else {
-            // Dropping the proxy's future abandons the request; the access log records 499.
-            debug!(client = %self.peer, "client closed the connection while its request was with a backend");
-            return Next::Close;
-        };
-        let body_read = client_body.is_done();
-        let Answer {
-            mut response,
-            upstreamed,
-            close,
-        } = answer;
-        let edits = edits.as_deref();
-        let logged = pipeline::finish(
-            scope,
-            &mut response,
-            proxied,
-            edits,
-            &head,
-            begun,
-            upstreamed,
-        );
-        if response.status == StatusCode::SWITCHING_PROTOCOLS {
-            // Only a request that asked to upgrade gets a 101 this far (http1::client).
-            // Boxed: a tunnel's state is needed by few connections.
-            return Box::pin(self.tunnel(response, buf, logged, timeouts)).await;
+            waiter: Some(self.waiter),
         }
+    }
+
+    /// Written, and the connection kept when both sides allow it and nothing of the request
+    /// is left unread.
+    #[inline(always)]
+    fn send<'a>(
+        &'a mut self,
+        response: Reply<ProxyBody>,
+        logged: Logged,
+        e: &Ending<'a>,
+    ) -> impl Future<Output = io::Result<Written>> + 'a {
+        let (conn, head) = (self.conn, e.head);
         let keep_alive = head.keep_alive
             && !head.ambiguous
-            && !close
-            && !decided.close
-            && body_read
-            && !self.slot.connections().is_draining();
-        let written = self
-            .write_response(
-                response,
-                &head.method,
-                head.version,
-                keep_alive,
-                logged,
-                timeouts,
-            )
-            .await;
-        if let (Some(s), Some(t)) = (&self.route.stats, at) {
+            && !e.close
+            && e.body_read
+            && !conn.slot.connections().is_draining();
+        let (method, version) = (&head.method, head.version);
+        conn.write_response(response, method, version, keep_alive, logged, e.timeouts)
+    }
+
+    #[inline(always)]
+    fn sent(&mut self, written: io::Result<Written>, e: &Ending<'_>) -> Next {
+        if let (Some(s), Some(t)) = (&self.conn.route.stats, e.at) {
             s.request_time.observe(t.elapsed());
         }
         match written {
             Ok(Written::Whole { keep_alive: true }) => Next::KeepAlive,
-            Ok(Written::Whole { .. }) if body_read && buf.is_empty() && !watch.pipelined.get() => {
+            Ok(Written::Whole { .. })
+                if e.body_read && self.buf.is_empty() && !self.watch.pipelined.get() =>
+            {
                 Next::Close
             }
             // Bytes the client sent are left unread.
@@ -871,6 +877,31 @@ impl Connection {
         }
     }
 
+    /// Only a request that asked to upgrade gets a 101 this far (http1::client).
+    async fn upgrade(&mut self, response: Reply<ProxyBody>, logged: Logged, e: Ending<'_>) -> Next {
+        // Boxed: a tunnel's state is needed by few connections.
+        Box::pin(self.conn.tunnel(response, self.buf, logged, e.timeouts)).await
+    }
+}
+
+/// Completes when the client closes its connection (or it breaks) while its request is with a
+/// backend (`poll_client_gone`): the connection closes, and the request is abandoned.
+struct ClientGone<'a> {
+    conn: &'a Connection,
+    watch: &'a Watch,
+}
+
+impl Future for ClientGone<'_> {
+    type Output = Next;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Next> {
+        ready!(poll_client_gone(&self.conn.stream, self.watch, cx));
+        debug!(client = %self.conn.peer, "client closed the connection while its request was with a backend");
+        Poll::Ready(Next::Close)
+    }
+}
+
+impl Connection {
     /// Reads until `buf` holds a whole request head. A head that can't be served (malformed,
     /// too large, too late) is answered here; `Err` says how the connection ends then, or after
     /// the client closed.

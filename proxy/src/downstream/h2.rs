@@ -26,6 +26,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -37,7 +38,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, COOKIE, DATE, HOST};
-use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
+use http::{HeaderValue, Method, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -49,16 +50,15 @@ use std::os::fd::AsFd;
 
 use crate::config::{Http2, Limits};
 use crate::downstream::idle;
-use crate::downstream::pipeline::{self, Decided, Scope};
+use crate::downstream::pipeline;
+use crate::downstream::session::{Ending, Forwarding, Session};
 use crate::downstream::stream::{DownstreamStream, StreamIo};
 use crate::http1::client::UpstreamError;
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply, RequestFraming, error_page, header_map};
-use crate::http1::request::{ClientError, parse_request};
+use crate::http1::request::{ClientError, RequestHead, parse_request};
 use crate::proxy::accesslog::{Batch, Logged};
 use crate::proxy::body::ProxyBody;
-use crate::proxy::downstream::DownstreamBody;
-use crate::proxy::exchange::DownstreamRequest;
-use crate::proxy::handle;
+use crate::proxy::downstream::{Downstream, DownstreamBody};
 use crate::route::decision::{KnownClient, Plan, Route};
 use crate::sys::exec::LocalExec;
 use crate::sys::summed::summed_warn;
@@ -102,6 +102,137 @@ struct Shared {
 struct Stall {
     since: Cell<Option<tokio::time::Instant>>,
     limit: Duration,
+}
+
+/// One stream's request, as the request pipeline's session: its head written out as HTTP/1.1
+/// and parsed as such, its body read from the stream, and the answer handed to hyper as the
+/// stream's response.
+struct Exchange {
+    shared: Rc<Shared>,
+    parts: http::request::Parts,
+    /// Its framing is the head's, set once the head is parsed.
+    body: RequestBody,
+    /// Moved into the response, which keeps the stream counted open until it is done.
+    open: Option<Open>,
+}
+
+impl Exchange {
+    fn new(shared: Rc<Shared>, parts: http::request::Parts, body: Incoming, open: Open) -> Self {
+        let done = body.is_end_stream();
+        Exchange {
+            shared,
+            parts,
+            body: RequestBody {
+                body,
+                framing: RequestFraming::None,
+                done,
+                trailers: None,
+            },
+            open: Some(open),
+        }
+    }
+}
+
+impl Session for Exchange {
+    /// hyper's service future's: never an error.
+    type Out = Result<Response<ResponseBody>, Infallible>;
+    type Partial = ClientError;
+    type Body<'s>
+        = &'s mut RequestBody
+    where
+        Self: 's;
+    // A client abandons a request by resetting its stream: hyper drops the exchange.
+    type Gone<'s>
+        = std::future::Pending<Self::Out>
+    where
+        Self: 's;
+    type Sent = Response<ResponseBody>;
+
+    fn plan(&self, route: &Route) -> Rc<Plan> {
+        self.open
+            .as_ref()
+            .map_or_else(|| route.plan(), |o| o.plan.clone())
+    }
+
+    fn head(&mut self, plan: &Plan) -> Result<RequestHead, ClientError> {
+        let limits = &plan.rules.limits;
+        let mut text = http1_head(&self.parts, self.body.done, limits);
+        match parse_request(&mut text, &limits.request()) {
+            Ok(Some(mut head)) => {
+                head.version = Version::HTTP_2;
+                Ok(head)
+            }
+            Ok(None) => Err(ClientError::HeadTooLarge(
+                "request head over limits.max_header_bytes",
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Nothing more to read: the head came whole, and this one can't be served.
+    async fn read_head(&mut self, plan: &Plan, e: ClientError) -> Result<RequestHead, Self::Out> {
+        let open = self.open.take();
+        Err(Ok(self.shared.refuse(plan, &self.parts.method, e, open)))
+    }
+
+    fn started(&self, _: &Plan) -> Option<std::time::Instant> {
+        self.open.as_ref().and_then(|o| o.started)
+    }
+
+    fn peer(&self) -> SocketAddr {
+        self.shared.peer
+    }
+
+    fn client(&self, plan: &Plan) -> Rc<Downstream> {
+        self.shared.downstream.under(&plan.rules)
+    }
+
+    fn batch(&self) -> Option<&Rc<Batch>> {
+        self.shared.batch.as_ref()
+    }
+
+    fn client_identity(&self) -> Option<&Arc<ClientIdentity>> {
+        self.shared.client.as_ref()
+    }
+
+    fn forwarding(&mut self, head: &RequestHead) -> Forwarding<'_, Self> {
+        self.body.framing = head.body;
+        Forwarding {
+            body: &mut self.body,
+            gone: std::future::pending(),
+            // A stream's own task would register with a timer of its own anew each time; the
+            // backend connection's serves as well.
+            waiter: None,
+        }
+    }
+
+    /// Handed to hyper as the stream's response, which sends it.
+    fn send<'a>(
+        &'a mut self,
+        response: Reply<ProxyBody>,
+        logged: Logged,
+        e: &Ending<'a>,
+    ) -> impl Future<Output = Response<ResponseBody>> + 'a {
+        let (method, timeout) = (&e.head.method, e.timeouts.response);
+        let open = self.open.take();
+        let response = (self.shared).respond(e.plan, response, method, logged, timeout, open);
+        std::future::ready(response)
+    }
+
+    fn sent(&mut self, response: Response<ResponseBody>, _: &Ending<'_>) -> Self::Out {
+        Ok(response)
+    }
+
+    /// Never asked for (no HTTP/2 request head asks to upgrade): sent as it is, which hyper
+    /// refuses as a stream error.
+    async fn upgrade(
+        &mut self,
+        response: Reply<ProxyBody>,
+        logged: Logged,
+        e: Ending<'_>,
+    ) -> Self::Out {
+        Ok(self.send(response, logged, &e).await)
+    }
 }
 
 impl Shared {
@@ -206,8 +337,10 @@ pub(crate) async fn serve<P: AsFd + 'static>(
             // same poll must see it, or an idle time begun before it closes the connection
             // under it.
             let open = Open::new(&shared);
-            let shared = shared.clone();
-            async move { Ok::<_, Infallible>(shared.stream(req, open).await) }
+            let (parts, body) = req.into_parts();
+            let exchange = Exchange::new(shared.clone(), parts, body, open);
+            // The pipeline's future is hyper's service future itself.
+            pipeline::run(shared.route.clone(), exchange)
         })
     };
     let conn = builder(&h2, &limits).serve_connection(io, service);
@@ -392,89 +525,6 @@ fn ended_with(e: &hyper::Error, flooded: bool, peer: SocketAddr, stats: Option<&
 }
 
 impl Shared {
-    /// One stream: its request through the proxy, and the response as HTTP/2.
-    async fn stream(self: Rc<Self>, req: Request<Incoming>, open: Open) -> Response<ResponseBody> {
-        let route = &self.route;
-        let (parts, body) = req.into_parts();
-        let (at, plan) = (open.started, open.plan.clone());
-        let limits = plan.rules.limits;
-        let client = self.downstream.under(&plan.rules);
-        let ended = body.is_end_stream();
-        let mut text = http1_head(&parts, ended, &limits);
-        let mut head = match parse_request(&mut text, &limits.request()) {
-            Ok(Some(head)) => head,
-            Ok(None) => {
-                let e = ClientError::HeadTooLarge("request head over limits.max_header_bytes");
-                return self.refuse(&plan, &parts.method, e, open);
-            }
-            Err(e) => return self.refuse(&plan, &parts.method, e, open),
-        };
-        head.version = Version::HTTP_2;
-        let refused = head.refused.take();
-        let cert = || self.client.as_ref();
-        let scope = Scope::new(route, &plan);
-        let begun = pipeline::begin(
-            scope,
-            &mut head,
-            self.peer,
-            client.https,
-            self.batch.as_ref(),
-            at,
-            cert,
-        );
-        // `close` is HTTP/1.1's: one stream's answer closes no HTTP/2 connection.
-        let Decided {
-            upstream,
-            edits,
-            local,
-            close: _,
-        } = pipeline::decide(scope, &head, refused.is_some(), client.https, &self.peer);
-        if let Some(mut reply) = local {
-            let edits = edits.as_deref();
-            let logged = pipeline::finish(scope, &mut reply, false, edits, &head, begun, None);
-            return self.respond(&plan, reply, &head.method, logged, Duration::MAX, open);
-        }
-        let timeout = edits
-            .as_ref()
-            .and_then(|e| e.request.timeouts)
-            .unwrap_or(upstream.shared.config.timeouts)
-            .response;
-        let mut body = RequestBody {
-            body,
-            framing: head.body,
-            done: ended,
-            trailers: None,
-        };
-        let mut answer = handle::handle(
-            upstream,
-            client,
-            limits,
-            at,
-            DownstreamRequest {
-                head: &head,
-                overrides: edits.as_ref().map(|e| &e.request),
-                body: &mut body,
-                refused,
-                added: begun.id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
-                spans: plan.spans,
-                // A stream's own task would register with a timer of its own anew each time;
-                // the backend connection's serves as well.
-                waiter: None,
-            },
-        )
-        .await;
-        let logged = pipeline::finish(
-            scope,
-            &mut answer.response,
-            true,
-            edits.as_deref(),
-            &head,
-            begun,
-            answer.upstreamed,
-        );
-        self.respond(&plan, answer.response, &head.method, logged, timeout, open)
-    }
-
     /// A stream whose head pinlb can't serve (malformed, too large): answered, counted and
     /// not logged, as a broken HTTP/1.1 head is; the connection and its other streams go on.
     fn refuse(
@@ -482,7 +532,7 @@ impl Shared {
         plan: &Plan,
         method: &Method,
         e: ClientError,
-        open: Open,
+        open: Option<Open>,
     ) -> Response<ResponseBody> {
         let status = e.status();
         summed_warn!(client = %self.peer; "answered {}: {e}", status.as_u16());
@@ -517,7 +567,7 @@ impl Shared {
         method: &Method,
         logged: Logged,
         timeout: Duration,
-        open: Open,
+        open: Option<Open>,
     ) -> Response<ResponseBody> {
         let Reply {
             status,
@@ -690,7 +740,9 @@ pub(crate) struct ResponseBody {
     armed: bool,
     peer: SocketAddr,
     stall: Rc<Stall>,
-    _open: Open,
+    /// The stream counted open until the response is done (`None` only for a second answer
+    /// to one request, which the pipeline never makes).
+    _open: Option<Open>,
 }
 
 impl Body for ResponseBody {
@@ -1039,7 +1091,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http1::request::RequestHead;
+    use http::Request;
 
     fn parts(req: Request<()>) -> http::request::Parts {
         req.into_parts().0

@@ -9,9 +9,11 @@
 //!   of those names taken out.
 //! - [`splice`]: one direction of a tunnel moved by `splice(2)` through a pipe, for bulk.
 //! - [`tunnel`]: after a `101 Switching Protocols`, bytes relayed both ways until both close.
-//! - [`pipeline`]: a request's steps between its head and its response, once for every
-//!   protocol: begun (ID, log entry), decided (route, edge controls, `redirect_https`), finished
-//!   (response filters, counted, logged).
+//! - [`session`]: what the pipeline asks of a protocol (HTTP/1.1's exchange, HTTP/2's stream):
+//!   the head, the body, the client's leaving, the answer sent.
+//! - [`pipeline`]: a request's exchange from its head to its response, once for every
+//!   protocol: begun (ID, log entry), decided (route, edge controls, `redirect_https`),
+//!   forwarded, finished (response filters, counted, logged), sent by the session.
 //! - [`h2`]: HTTP/2 client connections on hyper's server, each stream sent through the same
 //!   request path as an HTTP/1.1 request.
 //! - [`h1`]: one HTTP/1.1 client connection's life: read a request, route it, proxy it, write
@@ -29,6 +31,7 @@ pub(crate) mod h2;
 pub(crate) mod idle;
 pub(crate) mod pipeline;
 pub(crate) mod proxied;
+pub(crate) mod session;
 pub(crate) mod splice;
 pub(crate) mod stream;
 pub(crate) mod tcp;

@@ -1,18 +1,21 @@
 //! A request's steps between its head and its response, written once for every protocol.
-//! HTTP/1.1 ([`h1`](super::h1)) and HTTP/2 ([`h2`](super::h2)) each read a head and write a
-//! response their own way, and run what lies between through these phases, in this order:
+//! [`run`] is the whole exchange, over any [`Session`]: HTTP/1.1 ([`h1`](super::h1)) and
+//! HTTP/2 ([`h2`](super::h2)) each read a head and write a response their own way, and the
+//! phases between run here, in this order:
 //!
 //! 1. [`begin`]: the request counted, its ID, its access-log entry, the client certificate's
 //!    lines;
 //! 2. [`decide`]: a module's own answer (`redirect_https`'s), else the route, its
 //!    `rate_limit` and the modules that may refuse it (`access`): an upstream and what the
 //!    route changes (its request lines from `request_headers`), or an answer of pinlb's own;
-//! 3. the session forwards it (`proxy::handle`, through the route's cache when it has one),
-//!    racing the client's leaving as its protocol can;
+//! 3. forwarded (`proxy::handle`, through the route's cache when it has one), racing the
+//!    client's leaving as its protocol shows it (`Session::forwarding`);
 //! 4. [`finish`]: whatever made the response, its error page, the modules that act on
 //!    responses (`response_headers`, `Server-Timing`, the body filters of `compress` and
 //!    `limit_rate`), then the request ID's line; then the response counted and its log entry
-//!    responded.
+//!    responded;
+//! 5. the session sends it (`Session::send`), or turns into a tunnel after a
+//!    `101 Switching Protocols` (`Session::upgrade`).
 //!
 //! The log entry starts before anything can answer, so every answer is logged with its status,
 //! over every protocol. A head that can't be parsed is the session's own business (answered
@@ -20,22 +23,29 @@
 //!
 //! Every phase reads the one [`Plan`] the session took for the request at its head, so a
 //! reload in the middle of a request does not mix two generations. Each phase is inlined into
-//! its caller: a listener without features pays for the flags it tests (the plan's, set per
+//! `run`: a listener without features pays for the flags it tests (the plan's, set per
 //! generation), as it did when each session had its own copy.
 
 use std::net::SocketAddr;
+use std::ops::Deref;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use http::StatusCode;
+
 use crate::downstream::client_cert;
+use crate::downstream::session::{Ending, Forwarding, Session};
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply};
 use crate::http1::request::RequestHead;
 use crate::modules::request_id::id::RequestId;
 use crate::proxy::accesslog::{Batch, Logged, Pending, Upstreamed};
 use crate::proxy::body::{ProxyBody, local_reply};
+use crate::proxy::downstream::DownstreamBody;
+use crate::proxy::exchange::{Answer, DownstreamRequest};
 use crate::proxy::forward::add_response_lines;
+use crate::proxy::handle;
 use crate::route::decision::{Decision, Edits, Plan, Route};
 use crate::syntax::template::Request;
 use crate::tls::client_identity::ClientIdentity;
@@ -54,6 +64,110 @@ impl<'a> Scope<'a> {
     pub fn new(route: &'a Route, plan: &'a Plan) -> Scope<'a> {
         Scope { route, plan }
     }
+}
+
+/// One request over `session`, from its head to its answer sent: the exchange future itself
+/// (HTTP/1.1 makes it in the worker's recycled block, HTTP/2 hands it to hyper as the stream's
+/// service future), not a future inside the session's. `route` is borrowed (HTTP/1.1's
+/// connection outlives it) or shared (hyper's future must own what it uses). One more layer of future between the session and these steps
+/// cost the plain path 3.3% of its instructions (docs/pipeline-design.md).
+pub(crate) async fn run<S: Session>(route: impl Deref<Target = Route>, mut session: S) -> S::Out {
+    let route = &*route;
+    let plan = session.plan(route);
+    let limits = plan.rules.limits;
+    let mut head = match session.head(&plan) {
+        Ok(head) => head,
+        Err(partial) => match session.read_head(&plan, partial).await {
+            Ok(head) => head,
+            Err(out) => return out,
+        },
+    };
+    let refused = head.refused.take();
+    // The clock is read only when something reads what it measures.
+    let at = session.started(&plan);
+    let scope = Scope::new(route, &plan);
+    let client = session.client(&plan);
+    let (https, peer) = (client.https, session.peer());
+    let cert = || session.client_identity();
+    let begun = begin(scope, &mut head, peer, https, session.batch(), at, cert);
+    let Decided {
+        upstream,
+        edits,
+        local,
+        close,
+    } = decide(scope, &head, refused.is_some(), https, &peer);
+    let timeouts = edits
+        .as_ref()
+        .and_then(|e| e.request.timeouts)
+        .unwrap_or(upstream.shared.config.timeouts);
+    let proxied = local.is_none();
+    let (answer, body_read) = {
+        let Forwarding {
+            mut body,
+            gone,
+            waiter,
+        } = session.forwarding(&head);
+        let answer = if let Some(response) = local {
+            Answer {
+                response,
+                upstreamed: None,
+                close: false,
+            }
+        } else {
+            // Pinned where it is made, so that `select!` holds a reference to the proxy's
+            // future (all of a request's states) instead of copying it.
+            let forwarded = std::pin::pin!(handle::handle(
+                upstream,
+                client,
+                limits,
+                at,
+                DownstreamRequest {
+                    head: &head,
+                    overrides: edits.as_ref().map(|e| &e.request),
+                    body: &mut body,
+                    refused,
+                    added: begun.id.as_ref().map_or(&[][..], |i| i.upstream_lines()),
+                    spans: plan.spans,
+                    waiter,
+                },
+            ));
+            tokio::select! {
+                biased;
+                answer = forwarded => answer,
+                // Dropping the proxy's future abandons the request; the access log records 499.
+                out = gone => return out,
+            }
+        };
+        (answer, body.is_done())
+    };
+    let Answer {
+        mut response,
+        upstreamed,
+        close: backend_closes,
+    } = answer;
+    let edits = edits.as_deref();
+    let logged = finish(
+        scope,
+        &mut response,
+        proxied,
+        edits,
+        &head,
+        begun,
+        upstreamed,
+    );
+    let ending = Ending {
+        head: &head,
+        plan: &plan,
+        timeouts,
+        close: close || backend_closes,
+        body_read,
+        at,
+    };
+    if response.status == StatusCode::SWITCHING_PROTOCOLS {
+        return session.upgrade(response, logged, ending).await;
+    }
+    let sent = session.send(response, logged, &ending).await;
+    session.sent(sent, &ending)
 }
 
 /// What [`begin`] started: the request's ID and its access-log entry.

@@ -27,6 +27,25 @@ pub(crate) trait DownstreamBody {
     }
 }
 
+/// A body the session keeps (HTTP/2's stream), lent to the proxy for the request.
+impl<B: DownstreamBody> DownstreamBody for &mut B {
+    fn framing(&self) -> RequestFraming {
+        (**self).framing()
+    }
+
+    fn is_done(&self) -> bool {
+        (**self).is_done()
+    }
+
+    async fn next(&mut self) -> Result<Option<Bytes>, ClientError> {
+        (**self).next().await
+    }
+
+    fn take_trailers(&mut self) -> Option<http::HeaderMap> {
+        (**self).take_trailers()
+    }
+}
+
 /// Everything one client connection's requests need to know about the client.
 pub struct Downstream {
     /// The client's IP, for the log lines that blame it.
