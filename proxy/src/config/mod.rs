@@ -16,7 +16,6 @@
 //! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
 //! - [`edge_limits`]: `[limit.NAME]` rate zones, `rate_limit` and `conn_limit`.
-//! - [`client_certs`]: `[listener.tls]`'s client certificate keys, their CA and CRL files read.
 //! - [`pattern`]: a regular expression from the file, compiled once and compared by pattern.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
@@ -29,7 +28,6 @@
 //! - [`unix_backend`]: a `unix:/path` backend's socket file checked.
 //! - [`validate`]: the raw types turned into the plan, one function per section.
 
-mod client_certs;
 mod edge_limits;
 mod fastcgi;
 pub mod log_format;

@@ -765,23 +765,25 @@ pub(super) struct RawTls {
     pub key: Option<Spanned<String>>,
     #[serde(default, rename = "certificate")]
     pub certificates: Vec<RawCertificate>,
-    /// Client certificates: the CAs that sign them (`client_ca`), whether one is required
-    /// (`client_auth`), the CRLs (`crl`) and the lines that tell the backend
-    /// (`client_cert_headers`).
+    /// Client certificates (`modules::client_cert`): the CAs that sign them (`client_ca`),
+    /// whether one is required (`client_auth`), the CRLs (`crl`) and the lines that tell the
+    /// backend (`client_cert_headers`).
     pub client_ca: Option<Spanned<String>>,
     pub client_auth: Option<Spanned<String>>,
     pub crl: Option<Spanned<String>>,
-    pub client_cert_headers: Option<Spanned<RawCertHeaders>>,
+    pub client_cert_headers: Option<Spanned<modules::client_cert::RawHeaders>>,
 }
 
-/// `[listener.tls] client_cert_headers = { subject = "X-Client-Subject", … }`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawCertHeaders {
-    pub subject: Option<Spanned<String>>,
-    pub san: Option<Spanned<String>>,
-    pub verify: Option<Spanned<String>>,
-    pub serial: Option<Spanned<String>>,
+impl RawTls {
+    /// The keys of the client certificate module (`modules::client_cert`).
+    pub fn client_cert(&self) -> modules::client_cert::Keys<'_> {
+        modules::client_cert::Keys {
+            client_ca: self.client_ca.as_ref(),
+            client_auth: self.client_auth.as_ref(),
+            crl: self.crl.as_ref(),
+            client_cert_headers: self.client_cert_headers.as_ref(),
+        }
+    }
 }
 
 /// One `[[listener.tls.certificate]]`.

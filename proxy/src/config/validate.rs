@@ -1517,8 +1517,8 @@ fn tls(src: &Source, key: &str, raw: &Spanned<RawTls>, alpn: &[&[u8]]) -> Result
             "no certificate, expected cert and key (the default certificate), [[listener.tls.certificate]] tables, or both",
         ));
     }
-    let client_auth =
-        super::client_certs::client_auth(src, &tkey, t, crate::tls::server::provider())?;
+    let provider = crate::tls::server::provider();
+    let client_auth = crate::modules::client_cert::validate(src, &tkey, t.client_cert(), provider)?;
     Terminator::load(default.as_ref(), &by_name, alpn, client_auth).map_err(|e| {
         let place = e.file().and_then(|file| {
             entries.iter().find_map(|(k, files, cert, key)| {

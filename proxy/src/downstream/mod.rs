@@ -5,8 +5,6 @@
 //!   at `max_connections` and drains them for a stop; no timer per connection.
 //! - [`stream`]: a client connection's socket, plain or TLS (rustls driven by hand), and the
 //!   handshake.
-//! - [`client_cert`]: the verified client certificate's lines on a request, the client's own
-//!   of those names taken out.
 //! - [`splice`]: one direction of a tunnel moved by `splice(2)` through a pipe, for bulk.
 //! - [`tunnel`]: after a `101 Switching Protocols`, bytes relayed both ways until both close.
 //! - [`session`]: what the pipeline asks of a protocol (HTTP/1.1's exchange, HTTP/2's stream):
@@ -25,7 +23,6 @@
 //! - [`udp`]: a UDP listener's datagrams (`mode = "udp"`): a session per client address and
 //!   port, with a socket of its own connected to one backend.
 
-pub(crate) mod client_cert;
 pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod idle;

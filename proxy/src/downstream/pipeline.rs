@@ -35,7 +35,6 @@ use std::time::Instant;
 
 use http::StatusCode;
 
-use crate::downstream::client_cert;
 use crate::downstream::session::{Ending, Forwarding, Session};
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply};
 use crate::http1::request::RequestHead;
@@ -201,12 +200,32 @@ pub(crate) fn begin<'c>(
     let mut pending = batch
         .zip(at)
         .map(|(batch, at)| Pending::start(head, peer, batch, at, id.as_ref()));
-    client_cert::edit(plan, client, head, pending.as_mut());
+    if plan.client_cert {
+        client_cert(plan, client(), head, pending.as_mut());
+    }
     Begun {
         id,
         pending,
         peer,
         https,
+    }
+}
+
+/// On a listener with `client_ca`: the certificate to the access log's entry, and the
+/// request's lines as `client_cert_headers` say (`modules::client_cert`). Out of line: few
+/// listeners verify client certificates.
+#[inline(never)]
+fn client_cert(
+    plan: &Plan,
+    client: Option<&Arc<ClientIdentity>>,
+    head: &mut RequestHead,
+    pending: Option<&mut Pending>,
+) {
+    if let Some(p) = pending {
+        p.client_cert(client);
+    }
+    if let Some(auth) = plan.tls.as_ref().and_then(|t| t.client_auth.as_ref()) {
+        crate::modules::client_cert::lines::edit(&auth.headers, client, head);
     }
 }
 

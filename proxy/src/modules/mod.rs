@@ -29,10 +29,10 @@
 //! outside the registry: it owns its keys (read into its own `Raw` type where the file's
 //! other tables are), their validation and what it does, and the request path calls it
 //! where it joins (`request_id`; the cache's `[cache.NAME]` zones likewise). So is one whose
-//! keys are an upstream's (`sticky`, `buffering`). The features whose keys sit elsewhere
-//! still (`rate_limit` and `conn_limit` with their process-wide tables, `[listener.tls]`'s
-//! client certificate headers) are wired by hand; docs/pipeline-design.md says how each moves
-//! here.
+//! keys are an upstream's (`sticky`, `buffering`), or `[listener.tls]`'s (`client_cert`). The
+//! features whose keys sit elsewhere still (`rate_limit` and `conn_limit`, with their
+//! process-wide tables) are wired by hand in `edge/`; docs/pipeline-design.md says how they
+//! move here.
 //!
 //! - [`access`]: nginx's `allow`/`deny`, `auth_basic` and `satisfy`: who may send a
 //!   listener's or a route's requests.
@@ -58,6 +58,8 @@
 //!   sides and in the log, with the W3C trace context.
 //! - [`sticky`]: an upstream's `sticky` cookie (HAProxy's `cookie NAME insert`): a client kept
 //!   on the backend that first answered it.
+//! - [`client_cert`]: `[listener.tls]`'s client certificates: their keys, CA and CRL files,
+//!   and the lines that tell a backend what a request's certificate says.
 //! - [`buffering`]: an upstream's `[buffering]`, nginx's `proxy_request_buffering` and
 //!   `proxy_buffering`: its keys and their validation.
 
@@ -624,6 +626,7 @@ macro_rules! modules {
 mod header_rules;
 
 pub(crate) mod buffering;
+pub(crate) mod client_cert;
 pub(crate) mod request_id;
 pub(crate) mod sticky;
 

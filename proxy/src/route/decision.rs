@@ -104,7 +104,7 @@ pub(crate) struct Plan {
     pub proxy_protocol: Option<Arc<Vec<ipnet::IpNet>>>,
     /// `[listener.tls] client_ca`: requests lose the client's own lines of the
     /// `client_cert_headers` names and get the verified certificate's, and their log entry
-    /// the certificate (`downstream::client_cert`).
+    /// the certificate (`modules::client_cert`).
     pub client_cert: bool,
     /// The listener or one of its routes has a module that acts on responses (`modules`:
     /// `response_headers`, `server_timing`'s line, `compress`, `limit_rate`), so that the

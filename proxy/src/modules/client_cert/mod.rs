@@ -1,14 +1,46 @@
-//! `[listener.tls]`'s client certificate keys: `client_ca`, `client_auth`, `crl` and
-//! `client_cert_headers`, checked together and their files read now, so a
-//! missing or bad CA or CRL fails the start or the reload at the key that names it.
+//! A TLS listener's client certificates (nginx's `ssl_client_certificate`, `ssl_verify_client`,
+//! `ssl_crl` and the `$ssl_client_*` headers it is often used to send; HAProxy's `ca-file`,
+//! `verify` and `crl-file`): the keys `client_ca`, `client_auth`, `crl` and
+//! `client_cert_headers`, checked together and their files read at the start or reload, so a
+//! missing or bad CA or CRL fails there at the key that names it. Its keys sit in
+//! `[listener.tls]`, whose other keys are the listener's certificates, so that table
+//! (`config::raw`'s `RawTls`) holds them, typed by this module; the handshake's verification
+//! and the certificate's values read once per connection are the TLS layer's
+//! (`tls::client_auth`, `tls::client_identity`). What each request gets is [`lines`]'s.
+//!
+//! - [`lines`]: a request's lines of the verified certificate, the client's own of those names
+//!   taken out.
 
 use std::sync::Arc;
 
+use serde::Deserialize;
 use toml::Spanned;
 
-use super::raw::{RawCertHeaders, RawTls};
 use crate::syntax::error::{ConfigError, Source};
 use crate::tls::client_auth::{CertHeaders, ClientAuth, ClientAuthFiles};
+
+pub(crate) mod lines;
+
+/// `[listener.tls] client_cert_headers = { subject = "X-Client-Subject", … }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHeaders {
+    pub subject: Option<Spanned<String>>,
+    pub san: Option<Spanned<String>>,
+    pub verify: Option<Spanned<String>>,
+    pub serial: Option<Spanned<String>>,
+}
+
+/// This module's keys of one `[listener.tls]` table, as the file wrote them.
+pub(crate) struct Keys<'a> {
+    /// The CAs that sign client certificates.
+    pub client_ca: Option<&'a Spanned<String>>,
+    /// `"required"` (the default) or `"optional"`.
+    pub client_auth: Option<&'a Spanned<String>>,
+    pub crl: Option<&'a Spanned<String>>,
+    /// The lines that tell the backend what the certificate says.
+    pub client_cert_headers: Option<&'a Spanned<RawHeaders>>,
+}
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
@@ -24,19 +56,19 @@ const RESERVED: &[&str] = &[
 
 /// The client certificate settings of the `[listener.tls]` table at `tkey`; `None` when it
 /// has no `client_ca`, and then none of the other keys may be set.
-pub(super) fn client_auth(
+pub(crate) fn validate(
     src: &Source,
     tkey: &str,
-    t: &RawTls,
+    t: Keys<'_>,
     provider: Arc<rustls::crypto::CryptoProvider>,
 ) -> Result<Option<ClientAuth>> {
-    let Some(ca) = &t.client_ca else {
+    let Some(ca) = t.client_ca else {
         let stray = [
-            ("client_auth", t.client_auth.as_ref().map(Spanned::span)),
-            ("crl", t.crl.as_ref().map(Spanned::span)),
+            ("client_auth", t.client_auth.map(Spanned::span)),
+            ("crl", t.crl.map(Spanned::span)),
             (
                 "client_cert_headers",
-                t.client_cert_headers.as_ref().map(Spanned::span),
+                t.client_cert_headers.map(Spanned::span),
             ),
         ];
         if let Some((k, Some(span))) = stray.into_iter().find(|(_, s)| s.is_some()) {
@@ -48,7 +80,7 @@ pub(super) fn client_auth(
         }
         return Ok(None);
     };
-    let required = match &t.client_auth {
+    let required = match t.client_auth {
         None => true,
         Some(v) => match v.get_ref().as_str() {
             "required" => true,
@@ -62,7 +94,7 @@ pub(super) fn client_auth(
             }
         },
     };
-    let headers = match &t.client_cert_headers {
+    let headers = match t.client_cert_headers {
         None => CertHeaders::default(),
         Some(h) => headers(src, &format!("{tkey}.client_cert_headers"), h)?,
     };
@@ -78,7 +110,7 @@ pub(super) fn client_auth(
         }
     };
     empty(ca, "client_ca")?;
-    if let Some(crl) = &t.crl {
+    if let Some(crl) = t.crl {
         empty(crl, "crl")?;
     }
     let files = ClientAuthFiles {
@@ -89,7 +121,7 @@ pub(super) fn client_auth(
     ClientAuth::load(files, headers, provider)
         .map(Some)
         .map_err(|e| {
-            let (k, span) = match &t.crl {
+            let (k, span) = match t.crl {
                 Some(c) if e.file() == Some(std::path::Path::new(c.get_ref())) => ("crl", c.span()),
                 _ => ("client_ca", ca.span()),
             };
@@ -98,7 +130,7 @@ pub(super) fn client_auth(
 }
 
 /// `client_cert_headers`: each a header name, none twice and none of pinlb's own.
-fn headers(src: &Source, hkey: &str, raw: &Spanned<RawCertHeaders>) -> Result<CertHeaders> {
+fn headers(src: &Source, hkey: &str, raw: &Spanned<RawHeaders>) -> Result<CertHeaders> {
     let r = raw.get_ref();
     let mut seen: Vec<String> = Vec::new();
     let mut name = |k: &str, v: &Option<Spanned<String>>| -> Result<Option<String>> {
