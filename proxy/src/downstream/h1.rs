@@ -665,8 +665,8 @@ pub(crate) async fn serve_tls(
         }
         Ok(Err(Refused::PlainHttp(tcp))) => {
             debug!(client = %peer, "answered 400: plain HTTP on a TLS listener");
-            let rules = route.plan().rules.clone();
-            let downstream = KnownClient::new(rules, peer, false, route.local);
+            let plan = route.plan();
+            let downstream = KnownClient::new(plan.rules.clone(), peer, false, route.local);
             let conn = Connection {
                 stream: DownstreamStream::Plain(tcp),
                 peer,
@@ -677,6 +677,7 @@ pub(crate) async fn serve_tls(
                 downstream,
             };
             conn.write_local(
+                &plan,
                 StatusCode::BAD_REQUEST,
                 &"The plain HTTP request was sent to HTTPS port",
             )
@@ -944,7 +945,7 @@ impl Connection {
                     }
                     Err(e) => {
                         summed_warn!(client = %self.peer; "answered {}: {e}", e.status().as_u16());
-                        self.write_local(e.status(), &e).await;
+                        self.write_local(plan, e.status(), &e).await;
                         return Err(Next::Linger);
                     }
                 }
@@ -985,6 +986,7 @@ impl Connection {
                 None => {
                     summed_warn!(client = %self.peer; "answered 408: no complete request head within {:?} (limits.header_timeout)", limits.header_timeout);
                     self.write_local(
+                        plan,
                         StatusCode::REQUEST_TIMEOUT,
                         &"no complete request head within limits.header_timeout",
                     )
@@ -998,9 +1000,6 @@ impl Connection {
         }
     }
 
-    /// Writes a response pinlb makes itself before any request reached the proxy, and which
-    /// ends the connection. Best effort, for at most `LINGER_TIME`: the connection closes next
-    /// anyway.
     /// Answers the first bytes of a connection on an `h2c` listener that are neither an
     /// HTTP/1.x request nor the HTTP/2 preface (h2spec's `INVALID CONNECTION PREFACE`) as an
     /// HTTP/2 server answers a wrong preface, a GOAWAY with PROTOCOL_ERROR
@@ -1013,8 +1012,11 @@ impl Connection {
         Next::Linger
     }
 
-    async fn write_local(&self, status: StatusCode, cause: &dyn std::fmt::Display) {
-        self.write_page(status, cause, b"", false).await;
+    /// Writes a response pinlb makes itself before any request reached the proxy, and which
+    /// ends the connection. Best effort, for at most `LINGER_TIME`: the connection closes next
+    /// anyway.
+    async fn write_local(&self, plan: &Plan, status: StatusCode, cause: &dyn std::fmt::Display) {
+        self.write_page(plan, status, cause, b"", false).await;
     }
 
     /// Writes a page pinlb makes itself, with `lines` among its headers; best effort, for at
@@ -1022,6 +1024,7 @@ impl Connection {
     /// when it went out whole.
     async fn write_page(
         &self,
+        plan: &Plan,
         status: StatusCode,
         cause: &dyn std::fmt::Display,
         lines: &[u8],
@@ -1030,7 +1033,7 @@ impl Connection {
         if let Some(s) = &self.route.stats {
             s.response(status, Source::Pinlb);
         }
-        let page = self.route.plan().listener_page(status);
+        let page = plan.listener_page(status);
         let (content_type, text) = match &page {
             Some(p) => (&p.content_type[..], p.body.clone()),
             None => (ERROR_PAGE_TYPE, Bytes::from(error_page(status, cause))),
