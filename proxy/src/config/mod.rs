@@ -54,6 +54,7 @@ pub use crate::modules::error_pages::{MAX_PAGE_BYTES, content_type_for};
 pub use crate::modules::sticky::{SameSite, Sticky, is_cookie_name};
 use crate::syntax::error::Source;
 pub use crate::syntax::error::{ConfigError, ConfigErrors};
+pub use crate::syntax::request_key::HashKey;
 pub use crate::syntax::template::{Template, TemplatePart, Variable};
 pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 pub use fastcgi::Fastcgi;
@@ -97,52 +98,6 @@ impl Algorithm {
             Algorithm::RandomTwo => "random_two",
             Algorithm::Ewma => "ewma",
             Algorithm::Hash => "hash",
-        }
-    }
-}
-
-/// What a `hash` upstream hashes (`hash = "..."`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HashKey {
-    /// The client's address (the TCP peer, as nginx's `$remote_addr`).
-    ClientIp,
-    /// The request target as received, query included (nginx's `$request_uri`).
-    Uri,
-    /// A request header's value (`header:X-User`); the name is kept lower-case.
-    Header(String),
-    /// A cookie's value (`cookie:session`).
-    Cookie(String),
-}
-
-impl HashKey {
-    const EXPECTED: &'static str =
-        "expected \"client_ip\", \"uri\", \"header:NAME\" or \"cookie:NAME\"";
-
-    /// Reads `hash`'s value; the error says what was expected.
-    pub fn parse(s: &str) -> Result<HashKey, String> {
-        let named = |rest: &str, what: &str| {
-            if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
-                return Err(format!("\"{s}\" names no {what}, {}", HashKey::EXPECTED));
-            }
-            Ok(rest.to_ascii_lowercase())
-        };
-        match s.split_once(':') {
-            None if s == "client_ip" => Ok(HashKey::ClientIp),
-            None if s == "uri" => Ok(HashKey::Uri),
-            Some(("header", name)) => named(name, "header").map(HashKey::Header),
-            Some(("cookie", name)) => named(name, "cookie").map(HashKey::Cookie),
-            _ => Err(format!("unknown value \"{s}\", {}", HashKey::EXPECTED)),
-        }
-    }
-}
-
-impl std::fmt::Display for HashKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HashKey::ClientIp => f.write_str("client_ip"),
-            HashKey::Uri => f.write_str("uri"),
-            HashKey::Header(name) => write!(f, "header:{name}"),
-            HashKey::Cookie(name) => write!(f, "cookie:{name}"),
         }
     }
 }

@@ -24,9 +24,9 @@ use crate::edge::tables::Tables;
 use crate::http1::common::{ERROR_PAGE_TYPE, Reply};
 use crate::http1::request::RequestHead;
 use crate::proxy::body::{ProxyBody, local_reply};
+use crate::syntax::request_key::{with_client, with_key};
 use crate::sys::summed::summed_warn;
 use crate::upstream::counters::{ListenerStats, Refusal};
-use crate::upstream::hash_key::{with_client, with_key};
 
 /// One zone a request must pass.
 struct ZoneCheck {

@@ -6,8 +6,11 @@
 //! - [`values`]: durations and sizes as the file writes them.
 //! - [`keys`]: every table's keys, read from the serde types that read the file.
 //! - [`template`]: a text with `{variables}` from the request it is written for.
+//! - [`request_key`]: what a request is known by (its client, target, a header, a cookie), for
+//!   `hash` balancing and rate zones.
 
 pub mod error;
 pub(crate) mod keys;
+pub mod request_key;
 pub mod template;
 pub(crate) mod values;
