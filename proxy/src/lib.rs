@@ -34,8 +34,8 @@
 //! - [`config`]: the TOML file validated into a [`Config`]; errors carry `file:line:col`.
 //! - [`upstream`]: backend state, selection, health, probes, counters, discovery, pools.
 //! - [`proxy`]: the retry loop, forwarding, both bodies, local replies, the access log.
-//! - [`edge`]: the edge controls checked before a request is proxied: who may send it, and how
-//!   many.
+//! - [`edge`]: the edge controls' assembly: the process's limit tables, and each route's
+//!   controls compiled from the `rate_limit` module.
 //! - [`route`]: the compiled route table and each request's decision.
 //! - [`downstream`]: client connections: HTTP/1.1 and HTTP/2 sessions, streams, tunnels.
 //! - [`process`]: shared state and admission, listeners, pinned workers, reload, handover.

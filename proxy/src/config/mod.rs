@@ -15,7 +15,8 @@
 //!
 //! - [`log_format`]: `[log] format`'s template of named fields.
 //! - [`raw`]: the file's types as serde reads them, with the spans of their values.
-//! - [`edge_limits`]: `[limit.NAME]` rate zones, `rate_limit` and `conn_limit`.
+//! - [`edge_limits`]: the listeners' and routes' `rate_limit` and `conn_limit`, validated by
+//!   their modules and set on the listeners.
 //! - [`pattern`]: a regular expression from the file, compiled once and compared by pattern.
 //! - [`routes`]: `[[listener.route]]`'s matches and actions checked, unreachable routes refused.
 //! - [`proxy_protocol`]: the PROXY protocol's keys, on listeners and upstreams.
@@ -50,13 +51,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::modules::buffering::Buffering;
+pub use crate::modules::conn_limit::{ConnLimit, MAX_CONNS_PER_CLIENT};
 pub use crate::modules::error_pages::{MAX_PAGE_BYTES, content_type_for};
+pub use crate::modules::rate_limit::{RateLimit, RateZone};
 pub use crate::modules::sticky::{SameSite, Sticky, is_cookie_name};
 use crate::syntax::error::Source;
 pub use crate::syntax::error::{ConfigError, ConfigErrors};
 pub use crate::syntax::request_key::HashKey;
 pub use crate::syntax::template::{Template, TemplatePart, Variable};
-pub use edge_limits::{ConnLimit, MAX_CONNS_PER_CLIENT, RateLimit, RateZone};
 pub use fastcgi::Fastcgi;
 pub use log_format::AccessTemplate;
 pub use outlier::Outlier;
@@ -1101,7 +1103,7 @@ impl Config {
         );
         let resolver = kept(e, validate::resolver(&src, &raw.resolver));
         let mut listeners = listeners;
-        let rate_zones = kept(e, edge_limits::zones(&src, &raw.limit));
+        let rate_zones = kept(e, crate::modules::rate_limit::zones(&src, &raw.limit));
         if let (Some(ls), Some(zones)) = (&mut listeners, &rate_zones) {
             kept(e, edge_limits::attach(&src, &raw.listeners, ls, zones));
         }

@@ -46,7 +46,7 @@ pub(super) struct RawConfig {
     pub request_id: Option<crate::modules::request_id::Raw>,
     /// `[limit.NAME]`: the rate zones.
     #[serde(default)]
-    pub limit: BTreeMap<String, RawRateZone>,
+    pub limit: BTreeMap<String, modules::rate_limit::RawRateZone>,
     /// `[cache.NAME]`: the response cache's zones.
     #[serde(default)]
     pub cache: BTreeMap<String, crate::modules::cache::zone::RawZone>,
@@ -674,8 +674,8 @@ pub(super) struct RawListener {
     /// `[[listener.sni]]`: a TCP listener's upstreams by TLS server name.
     #[serde(default)]
     pub sni: Vec<Spanned<RawSni>>,
-    pub rate_limit: RawRateLimits,
-    pub conn_limit: Option<Spanned<RawConnLimit>>,
+    pub rate_limit: modules::rate_limit::RawRateLimits,
+    pub conn_limit: Option<Spanned<modules::conn_limit::RawConnLimit>>,
     /// Connections from `proxy_protocol_from` begin with a PROXY protocol header.
     pub proxy_protocol: Option<Spanned<bool>>,
     /// The networks allowed to send that header.
@@ -717,7 +717,7 @@ pub(super) struct RawRoute {
     pub respond: Option<Spanned<RawRespond>>,
     pub timeouts: Option<RawRouteTimeouts>,
     /// Its own list replaces the listener's.
-    pub rate_limit: RawRateLimits,
+    pub rate_limit: modules::rate_limit::RawRateLimits,
     /// The feature modules' keys, taken out of the table before serde reads it.
     #[serde(skip)]
     pub modules: RawModules,
@@ -955,36 +955,6 @@ pub(super) fn positive(
         Some(x) => Ok(Some(x.get_ref().0)),
     }
 }
-
-/// `[limit.NAME]`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawRateZone {
-    pub key: Option<Spanned<String>>,
-    pub rate: Spanned<String>,
-    pub keys: Option<Spanned<i64>>,
-}
-
-/// One entry of `rate_limit = [...]`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawRateLimit {
-    pub zone: Spanned<String>,
-    pub burst: Option<Spanned<i64>>,
-    pub nodelay: Option<Spanned<bool>>,
-    pub status: Option<Spanned<u16>>,
-}
-
-/// `conn_limit = { max, keys }`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawConnLimit {
-    pub max: Spanned<i64>,
-    pub keys: Option<Spanned<i64>>,
-}
-
-/// A listener's or a route's `rate_limit` as read.
-pub(super) type RawRateLimits = Option<Spanned<Vec<Spanned<RawRateLimit>>>>;
 
 /// `[upstream.NAME.fastcgi]`: nginx's `root`, `fastcgi_index`, `fastcgi_split_path_info` and
 /// `fastcgi_param`, for a `protocol = "fastcgi"` upstream.

@@ -79,7 +79,7 @@ pub(crate) struct Held {
     /// Its place in its client address's count under the listener's `conn_limit`, once
     /// admitted; given back when the connection ends, however it ends.
     /// Boxed: most listeners have no limit, and this rides in every connection's future.
-    client: Option<Box<crate::edge::conn_limit::ClientSlot>>,
+    client: Option<Box<crate::modules::conn_limit::table::ClientSlot>>,
 }
 
 impl Held {
@@ -117,11 +117,11 @@ impl Held {
     #[inline(never)]
     pub(crate) fn admit(
         &mut self,
-        gate: &crate::edge::conn_limit::ConnGate,
+        gate: &crate::modules::conn_limit::table::ConnGate,
         peer: SocketAddr,
         stats: Option<&ListenerStats>,
     ) -> bool {
-        use crate::edge::conn_limit::Refused;
+        use crate::modules::conn_limit::table::Refused;
         let client = peer.ip();
         match gate.admit(client) {
             Ok(slot) => {

@@ -32,9 +32,9 @@ use crate::downstream::stream::{
     DownstreamStream, Refused as TlsRefused, StreamIo, count_handshake, handshake,
 };
 use crate::downstream::tunnel::{self, Dir, End};
-use crate::edge::conn_limit::ConnGate;
-use crate::edge::rate_limit::RateLimits;
 use crate::modules::access::{Access, allows};
+use crate::modules::conn_limit::table::ConnGate;
+use crate::modules::rate_limit::check::RateLimits;
 use crate::proxy::accesslog::{Batch, Session, Upstreamed};
 use crate::proxy::forward::{Tried, max_tries};
 use crate::proxy::timing::Timing;
@@ -99,7 +99,7 @@ impl Relay {
                 })
             }),
             proxy_protocol: l.proxy_protocol.clone(),
-            rate: RateLimits::new(l, None, &config.rate_zones, tables),
+            rate: crate::edge::controls::rate_limits(l, None, &config.rate_zones, tables),
             header_timeout: config.limits.header_timeout,
         }
     }
@@ -143,8 +143,10 @@ pub(crate) async fn serve(
             return;
         }
     }
-    if let Some(status) = (relay.rate.as_ref()).and_then(|r| r.admit_connection(client.ip(), stats))
-    {
+    if let Some(status) = (relay.rate.as_ref()).and_then(|r| r.admit_connection(client.ip())) {
+        if let Some(s) = stats {
+            s.refuse(Refusal::RateLimit);
+        }
         log.status(status);
         return;
     }

@@ -1,6 +1,6 @@
 //! A listener's or a route's edge controls, compiled once per generation and checked for each
-//! of its requests before the proxy sees it: its `rate_limit` (`access` and `auth_basic` are
-//! a module, `modules::access`, asked right after these).
+//! of its requests before the proxy sees it: its `rate_limit` (`modules::rate_limit`; `access`
+//! and `auth_basic` are a module, `modules::access`, asked right after these).
 //!
 //! A route's own control replaces the listener's of the same kind, as an nginx `location`
 //! with its own directive inherits none of that directive from its `server`. The controls run
@@ -9,12 +9,12 @@
 
 use std::net::IpAddr;
 
-use crate::config::{Listener, RateZone, RouteRule};
-use crate::edge::rate_limit::RateLimits;
+use crate::config::{Listener, PathMatch, RateZone, RouteRule};
 use crate::edge::tables::Tables;
-use crate::http1::common::Reply;
+use crate::http1::common::{ERROR_PAGE_TYPE, Reply};
 use crate::http1::request::RequestHead;
-use crate::proxy::body::ProxyBody;
+use crate::modules::rate_limit::check::RateLimits;
+use crate::proxy::body::{ProxyBody, local_reply};
 use crate::upstream::counters::ListenerStats;
 
 /// The controls that apply to one route's requests (or to the listener's requests no route
@@ -33,7 +33,7 @@ impl Controls {
         zones: &[RateZone],
         tables: &Tables,
     ) -> Option<Controls> {
-        let rate = RateLimits::new(listener, route, zones, tables);
+        let rate = rate_limits(listener, route, zones, tables);
         rate.is_some().then_some(Controls { rate })
     }
 
@@ -45,6 +45,50 @@ impl Controls {
         client: IpAddr,
         stats: Option<&ListenerStats>,
     ) -> Option<Reply<ProxyBody>> {
-        (self.rate.as_ref()).and_then(|r| r.check(head, client, stats))
+        let answer = self.rate.as_ref()?.check(head, client)?;
+        if let (Some(s), Some(cause)) = (stats, answer.refused) {
+            s.refuse(cause);
+        }
+        Some(local_reply(
+            answer.status,
+            ERROR_PAGE_TYPE,
+            answer.body,
+            &answer.lines,
+            &head.method,
+        ))
     }
+}
+
+/// `route`'s own `rate_limit`, or its listener's (`None`: the listener's requests no route
+/// matches, or a TCP listener's connections), with the process's tables for its zones; `None`
+/// when neither names a zone.
+pub(crate) fn rate_limits(
+    listener: &Listener,
+    route: Option<&RouteRule>,
+    zones: &[RateZone],
+    tables: &Tables,
+) -> Option<RateLimits> {
+    let list = match route.and_then(|r| r.rate_limits.as_deref()) {
+        Some(own) => own,
+        None => &listener.rate_limits,
+    };
+    if list.is_empty() {
+        return None;
+    }
+    // `pinlb_rate_limited_total`'s route: its index and path, as routes have no names.
+    let label = match route {
+        None => "default".to_string(),
+        Some(r) => {
+            let index = (listener.routes.iter())
+                .position(|x| std::ptr::eq(x, r))
+                .unwrap_or(0);
+            match &r.path {
+                PathMatch::Prefix(p) => format!("{index}:{p}"),
+                PathMatch::Exact(p) => format!("{index}:={p}"),
+                PathMatch::Regex(x) => format!("{index}:~{}", x.0.as_str()),
+            }
+        }
+    };
+    let limited = |zone: &RateZone| tables.limited(listener.address, &label, &zone.name);
+    RateLimits::new(list, zones, |zone| tables.rate(zone), limited)
 }

@@ -15,8 +15,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::config::{Config, ConnLimit, RateZone};
-use crate::edge::conn_limit::ConnTable;
-use crate::edge::rate::RateTable;
+use crate::modules::conn_limit::table::ConnTable;
+use crate::modules::rate_limit::table::RateTable;
 
 /// Requests one zone refused on one route: `pinlb_rate_limited_total{listener, route, zone}`.
 pub(crate) struct Limited {

@@ -29,10 +29,10 @@
 //! outside the registry: it owns its keys (read into its own `Raw` type where the file's
 //! other tables are), their validation and what it does, and the request path calls it
 //! where it joins (`request_id`; the cache's `[cache.NAME]` zones likewise). So is one whose
-//! keys are an upstream's (`sticky`, `buffering`), or `[listener.tls]`'s (`client_cert`). The
-//! features whose keys sit elsewhere still (`rate_limit` and `conn_limit`, with their
-//! process-wide tables) are wired by hand in `edge/`; docs/pipeline-design.md says how they
-//! move here.
+//! keys are an upstream's (`sticky`, `buffering`), or `[listener.tls]`'s (`client_cert`), and
+//! the limits whose tables are the process's (`rate_limit` with its `[limit.NAME]` zones,
+//! `conn_limit`): their keys, validation, tables and checks are here, and `edge/` hands them
+//! the process's tables and compiles a route's zones once per generation.
 //!
 //! - [`access`]: nginx's `allow`/`deny`, `auth_basic` and `satisfy`: who may send a
 //!   listener's or a route's requests.
@@ -60,6 +60,9 @@
 //!   on the backend that first answered it.
 //! - [`client_cert`]: `[listener.tls]`'s client certificates: their keys, CA and CRL files,
 //!   and the lines that tell a backend what a request's certificate says.
+//! - [`rate_limit`]: nginx's `limit_req_zone` and `limit_req`: `[limit.NAME]` zones and a
+//!   route's `rate_limit`, counted per key in tables every worker shares.
+//! - [`conn_limit`]: nginx's `limit_conn`: a listener's open connections per client address.
 //! - [`buffering`]: an upstream's `[buffering]`, nginx's `proxy_request_buffering` and
 //!   `proxy_buffering`: its keys and their validation.
 
@@ -627,6 +630,8 @@ mod header_rules;
 
 pub(crate) mod buffering;
 pub(crate) mod client_cert;
+pub(crate) mod conn_limit;
+pub(crate) mod rate_limit;
 pub(crate) mod request_id;
 pub(crate) mod sticky;
 

@@ -10,12 +10,12 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use crate::config::{Http2, Limits, PathMatch, RouteAction};
-use crate::edge::conn_limit::ConnGate;
 use crate::edge::controls::Controls;
 use crate::http1::common::Reply;
 use crate::http1::common::{ERROR_PAGE_TYPE, RequestFraming};
 use crate::http1::request::RequestHead;
 use crate::modules::cache::Cached;
+use crate::modules::conn_limit::table::ConnGate;
 use crate::modules::{Answer, Configs, Locals, Paged, Response};
 use crate::proxy::accesslog::Upstreamed;
 use crate::proxy::body::{ProxyBody, local_reply};

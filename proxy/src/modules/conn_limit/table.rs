@@ -24,7 +24,7 @@ const COUNT_BITS: u32 = 24;
 const COUNT: u64 = (1 << COUNT_BITS) - 1;
 
 // A slot's count holds the most a `conn_limit` may allow.
-const _: () = assert!(crate::config::MAX_CONNS_PER_CLIENT as u64 <= COUNT);
+const _: () = assert!(super::MAX_CONNS_PER_CLIENT as u64 <= COUNT);
 
 /// Why a connection was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +36,7 @@ pub(crate) enum Refused {
 }
 
 /// One listener's open connections by client address, shared by every worker and kept across
-/// reloads that keep the listener (see [`crate::edge::tables`]).
+/// reloads that keep the listener (`edge::tables`).
 pub(crate) struct ConnTable {
     slots: Box<[AtomicU64]>,
     seed: u64,

@@ -18,15 +18,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use http::StatusCode;
 
-use crate::config::{HashKey, Listener, RateLimit, RouteRule};
-use crate::edge::rate::{RateTable, Verdict, retry_after_secs};
-use crate::edge::tables::Tables;
-use crate::http1::common::{ERROR_PAGE_TYPE, Reply};
+use super::table::{RateTable, Verdict, retry_after_secs};
+use super::{RateLimit, RateZone};
 use crate::http1::request::RequestHead;
-use crate::proxy::body::{ProxyBody, local_reply};
-use crate::syntax::request_key::{with_client, with_key};
+use crate::modules::{Answer, Refusal};
+use crate::syntax::request_key::{HashKey, with_client, with_key};
 use crate::sys::summed::summed_warn;
-use crate::upstream::counters::{ListenerStats, Refusal};
 
 /// One zone a request must pass.
 struct ZoneCheck {
@@ -46,58 +43,39 @@ pub(crate) struct RateLimits {
 }
 
 impl RateLimits {
-    /// The route's own `rate_limit`, or the listener's; `None` when neither names a zone.
+    /// The zones of `list` (a route's own `rate_limit`, or its listener's), with each zone's
+    /// table and its counter of refusals on this route (`label`: `pinlb_rate_limited_total`'s
+    /// route) from the process (`edge::tables`); `None` for an empty list.
     pub(crate) fn new(
-        listener: &Listener,
-        route: Option<&RouteRule>,
-        zones: &[crate::config::RateZone],
-        tables: &Tables,
+        list: &[RateLimit],
+        zones: &[RateZone],
+        table: impl Fn(&RateZone) -> Arc<RateTable>,
+        limited: impl Fn(&RateZone) -> Arc<AtomicU64>,
     ) -> Option<RateLimits> {
-        let list: &[RateLimit] = match route.and_then(|r| r.rate_limits.as_deref()) {
-            Some(own) => own,
-            None => &listener.rate_limits,
-        };
         if list.is_empty() {
             return None;
         }
-        let label = match route {
-            None => "default".to_string(),
-            Some(r) => {
-                let index = (listener.routes.iter())
-                    .position(|x| std::ptr::eq(x, r))
-                    .unwrap_or(0);
-                match &r.path {
-                    crate::config::PathMatch::Prefix(p) => format!("{index}:{p}"),
-                    crate::config::PathMatch::Exact(p) => format!("{index}:={p}"),
-                    crate::config::PathMatch::Regex(x) => format!("{index}:~{}", x.0.as_str()),
-                }
-            }
-        };
         let zones = (list.iter())
             .filter_map(|l| {
                 let zone = zones.get(l.zone)?;
                 Some(ZoneCheck {
-                    table: tables.rate(zone),
+                    table: table(zone),
                     key: zone.key.clone(),
                     burst: l.burst,
                     status: StatusCode::from_u16(l.status).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
                     zone: zone.name.clone(),
                     rate: zone.rate.clone(),
-                    limited: tables.limited(listener.address, &label, &zone.name),
+                    limited: limited(zone),
                 })
             })
             .collect();
         Some(RateLimits { zones })
     }
 
-    /// Counts `head` in each zone; `Some` is the answer of the first zone that refuses it.
+    /// Counts `head` in each zone; `Some` is the answer of the first zone that refuses it
+    /// (its `refused` cause for the listener's counters).
     #[inline(never)]
-    pub(crate) fn check(
-        &self,
-        head: &RequestHead,
-        client: IpAddr,
-        stats: Option<&ListenerStats>,
-    ) -> Option<Reply<ProxyBody>> {
+    pub(crate) fn check(&self, head: &RequestHead, client: IpAddr) -> Option<Answer> {
         // An IPv4 client is one key however it came (`::ffff:a.b.c.d` on an IPv6 socket).
         let client = client.to_canonical();
         for z in &self.zones {
@@ -117,7 +95,7 @@ impl RateLimits {
                     1
                 }
             };
-            return Some(refused(z, retry, head, stats));
+            return Some(refused(z, retry));
         }
         None
     }
@@ -127,13 +105,9 @@ impl RateLimits {
     /// A TCP listener's new connection from `client`, counted in each zone (all keyed by the
     /// client's address: `config::edge_limits`); `Some` is the status of the first that
     /// refuses it, for the log, the connection then to be closed (HAProxy's `tcp-request
-    /// connection reject if { src_conn_rate gt N }`).
+    /// connection reject if { src_conn_rate gt N }`); the caller counts the refusal.
     #[cold]
-    pub(crate) fn admit_connection(
-        &self,
-        client: IpAddr,
-        stats: Option<&ListenerStats>,
-    ) -> Option<u16> {
+    pub(crate) fn admit_connection(&self, client: IpAddr) -> Option<u16> {
         let client = client.to_canonical();
         for z in &self.zones {
             match with_client(client, |key| z.table.check(key, z.burst, z.table.now())) {
@@ -146,26 +120,17 @@ impl RateLimits {
                 }
             }
             z.limited.fetch_add(1, Ordering::Relaxed);
-            if let Some(s) = stats {
-                s.refuse(Refusal::RateLimit);
-            }
             return Some(z.status.as_u16());
         }
         None
     }
 }
 
+/// The answer to a request over `z`'s rate: its status with Retry-After, as pinlb's own
+/// answers go (the route's error page for it, if any, replaces the text).
 #[cold]
-fn refused(
-    z: &ZoneCheck,
-    retry_after: u64,
-    head: &RequestHead,
-    stats: Option<&ListenerStats>,
-) -> Reply<ProxyBody> {
+fn refused(z: &ZoneCheck, retry_after: u64) -> Answer {
     z.limited.fetch_add(1, Ordering::Relaxed);
-    if let Some(s) = stats {
-        s.refuse(Refusal::RateLimit);
-    }
     let page = format!(
         "{} {}: over the request rate of zone {} ({}); retry in {retry_after} s\n",
         z.status.as_u16(),
@@ -173,12 +138,11 @@ fn refused(
         z.zone,
         z.rate
     );
-    let line = format!("retry-after: {retry_after}\r\n");
-    local_reply(
-        z.status,
-        ERROR_PAGE_TYPE,
-        Bytes::from(page),
-        line.as_bytes(),
-        &head.method,
-    )
+    Answer {
+        status: z.status,
+        lines: format!("retry-after: {retry_after}\r\n").into_bytes(),
+        body: Bytes::from(page),
+        close: false,
+        refused: Some(Refusal::RateLimit),
+    }
 }
