@@ -81,13 +81,21 @@ pub enum ImportError {
         notes: Vec<String>,
         refused: Vec<String>,
     },
+    /// The conversion wrote keys that pinlb's configuration does not have (a key renamed in
+    /// the configuration's types and not here): a bug of this crate's, caught before anything
+    /// is printed (`pinlb::config::unknown_keys`, the same list of keys the file is read with).
+    #[error(
+        "pinlb import wrote keys pinlb's configuration does not have: {} (a bug in pinlb import; please report it with the nginx configuration)",
+        unknown.join(", ")
+    )]
+    UnknownKeys { unknown: Vec<String> },
 }
 
 impl ImportError {
     /// The lines to print before the error's own: the notes, then what was refused.
     pub fn lines(&self) -> Vec<String> {
         match self {
-            ImportError::Parse(_) => Vec::new(),
+            ImportError::Parse(_) | ImportError::UnknownKeys { .. } => Vec::new(),
             ImportError::NothingToProxy { notes } => notes.clone(),
             ImportError::LessStrict { notes, refused } => {
                 notes.iter().chain(refused).cloned().collect()
@@ -128,6 +136,10 @@ pub fn import(path: &Path, allow_less_strict: bool) -> Result<(String, Vec<Strin
             .map(|r| format!("{r} (accepted: --allow-less-strict)")),
     );
     notes::sort(&mut notes, &files);
+    let unknown = pinlb::config::unknown_keys(&converted.toml);
+    if !unknown.is_empty() {
+        return Err(ImportError::UnknownKeys { unknown });
+    }
     let mut text = toml::to_string(&converted.toml).unwrap_or_default();
     // The serializer ends the last table without a newline; a file (and a terminal, where the
     // notes follow on stderr) wants one.
