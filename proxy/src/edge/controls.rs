@@ -11,10 +11,10 @@ use std::net::IpAddr;
 
 use crate::config::{Listener, PathMatch, RateZone, RouteRule};
 use crate::edge::tables::Tables;
-use crate::http1::common::{ERROR_PAGE_TYPE, Reply};
+use crate::http1::common::Reply;
 use crate::http1::request::RequestHead;
 use crate::modules::rate_limit::check::RateLimits;
-use crate::proxy::body::{ProxyBody, local_reply};
+use crate::proxy::body::{ProxyBody, refusal_reply};
 use crate::upstream::counters::ListenerStats;
 
 /// The controls that apply to one route's requests (or to the listener's requests no route
@@ -46,16 +46,7 @@ impl Controls {
         stats: Option<&ListenerStats>,
     ) -> Option<Reply<ProxyBody>> {
         let answer = self.rate.as_ref()?.check(head, client)?;
-        if let (Some(s), Some(cause)) = (stats, answer.refused) {
-            s.refuse(cause);
-        }
-        Some(local_reply(
-            answer.status,
-            ERROR_PAGE_TYPE,
-            answer.body,
-            &answer.lines,
-            &head.method,
-        ))
+        Some(refusal_reply(answer, &head.method, stats))
     }
 }
 

@@ -13,10 +13,10 @@ use bytes::{Bytes, BytesMut};
 use http::{Method, StatusCode};
 
 use crate::http1::client::{BackendStream, Finished, UpstreamBody, UpstreamError};
-use crate::http1::common::{Reply, content_length_line, header_lines};
-use crate::modules::{BodyFilter, Filter};
+use crate::http1::common::{ERROR_PAGE_TYPE, Reply, content_length_line, header_lines};
+use crate::modules::{Answer, BodyFilter, Filter};
 use crate::proxy::spool::SpooledBody;
-use crate::upstream::counters::BackendStats;
+use crate::upstream::counters::{BackendStats, ListenerStats};
 use crate::upstream::in_flight::InFlight;
 use crate::upstream::local::WorkerUpstream;
 
@@ -48,6 +48,26 @@ pub fn local_reply(
         headers,
         body: ProxyBody::Local(Some(body)),
     }
+}
+
+/// A module's refusal of a request (`access`'s 401 or 403, `rate_limit`'s 429) as pinlb's own
+/// answer, counted on the listener's `stats` by its cause where it is decided.
+#[cold]
+pub(crate) fn refusal_reply(
+    answer: Answer,
+    method: &Method,
+    stats: Option<&ListenerStats>,
+) -> Reply<ProxyBody> {
+    if let (Some(s), Some(cause)) = (stats, answer.refused) {
+        s.refuse(cause);
+    }
+    local_reply(
+        answer.status,
+        ERROR_PAGE_TYPE,
+        answer.body,
+        &answer.lines,
+        method,
+    )
 }
 
 /// An HTTP/2 backend's response as the client side takes it: its fields as header lines

@@ -18,7 +18,7 @@ use crate::modules::cache::Cached;
 use crate::modules::conn_limit::table::ConnGate;
 use crate::modules::{Answer, Configs, Locals, Paged, Response};
 use crate::proxy::accesslog::Upstreamed;
-use crate::proxy::body::{ProxyBody, local_reply};
+use crate::proxy::body::{ProxyBody, local_reply, refusal_reply};
 use crate::proxy::downstream::Downstream;
 use crate::proxy::forward::{Overrides, PendingCopy};
 use crate::route::table::Router;
@@ -225,16 +225,7 @@ impl Routes {
         });
         let (modules, locals) = own.unwrap_or((&self.default_modules, &self.default_locals));
         let answer = modules.admit(locals, head, client)?;
-        if let (Some(s), Some(cause)) = (stats, answer.refused) {
-            s.refuse(cause);
-        }
-        Some(local_reply(
-            answer.status,
-            ERROR_PAGE_TYPE,
-            answer.body,
-            &answer.lines,
-            &head.method,
-        ))
+        Some(refusal_reply(answer, &head.method, stats))
     }
 
     /// The feature modules of route `index`'s requests (the listener's for `None`): its own,
