@@ -46,8 +46,8 @@ pub(crate) trait Session {
     /// What sending an answer came to, for [`sent`](Session::sent).
     type Sent;
 
-    /// The plan the request is served under: taken at its head (HTTP/1.1) or when its stream
-    /// opened (HTTP/2).
+    /// The plan the request is served under: taken before its head is read (HTTP/1.1: a reload
+    /// while the head arrives applies to the next request) or when its stream opened (HTTP/2).
     fn plan(&self, route: &Route) -> Rc<Plan>;
 
     /// The request head, when it is already here whole (nearly always). Returned straight into
@@ -119,7 +119,9 @@ pub(crate) struct Ending<'a> {
     pub head: &'a RequestHead,
     pub plan: &'a Plan,
     /// The request's timeouts (its route's, or its upstream's): `response` bounds each wait for
-    /// the body, `client_idle` each wait for the client to take it.
+    /// the body; over HTTP/1.1 `client_idle` bounds each wait for the client to take it (an
+    /// HTTP/2 connection's stalled streams are bounded by its listener's upstream's, checked
+    /// per connection).
     pub timeouts: Timeouts,
     /// The connection closes after it (HTTP/1.1's: a backend's `Connection: close`, or a
     /// request a module refused to serve on it).
