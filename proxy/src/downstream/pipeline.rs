@@ -36,11 +36,11 @@ use std::time::Instant;
 use http::StatusCode;
 
 use crate::downstream::session::{Ending, Forwarding, Session};
-use crate::http1::common::{ERROR_PAGE_TYPE, Reply};
+use crate::http1::common::Reply;
 use crate::http1::request::RequestHead;
 use crate::modules::request_id::id::RequestId;
 use crate::proxy::accesslog::{Batch, Logged, Pending, Upstreamed};
-use crate::proxy::body::{ProxyBody, local_reply};
+use crate::proxy::body::{ProxyBody, module_reply};
 use crate::proxy::downstream::DownstreamBody;
 use crate::proxy::exchange::{Answer, DownstreamRequest};
 use crate::proxy::forward::add_response_lines;
@@ -48,7 +48,7 @@ use crate::proxy::handle;
 use crate::route::decision::{Decision, Edits, Plan, Route};
 use crate::syntax::template::Request;
 use crate::tls::client_identity::ClientIdentity;
-use crate::upstream::counters::Source;
+use crate::upstream::counters::{ListenerStats, Source};
 use crate::upstream::local::WorkerUpstream;
 
 /// Where a request is served: its listener's route (its counters and address) and the plan
@@ -256,7 +256,7 @@ pub(crate) fn decide(
     peer: &SocketAddr,
 ) -> Decided {
     if plan.answers {
-        if let Some(answered) = module_answer(plan, head) {
+        if let Some(answered) = module_answer(plan, head, route.stats.as_deref()) {
             return answered;
         }
     }
@@ -284,21 +284,20 @@ pub(crate) fn decide(
 /// a Host), as pinlb's own answers go: text, with the listener's page for its status.
 #[cold]
 #[inline(never)]
-fn module_answer(plan: &Plan, head: &RequestHead) -> Option<Decided> {
+fn module_answer(
+    plan: &Plan,
+    head: &RequestHead,
+    stats: Option<&ListenerStats>,
+) -> Option<Decided> {
     let answer = plan.module_answer(head)?;
-    let mut reply = local_reply(
-        answer.status,
-        ERROR_PAGE_TYPE,
-        answer.body,
-        &answer.lines,
-        &head.method,
-    );
+    let close = answer.close;
+    let mut reply = module_reply(answer, &head.method, stats);
     plan.error_page(&mut reply, None, &head.method);
     Some(Decided {
         upstream: plan.upstream.clone(),
         edits: None,
         local: Some(reply),
-        close: answer.close,
+        close,
     })
 }
 

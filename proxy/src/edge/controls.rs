@@ -1,54 +1,15 @@
-//! A listener's or a route's edge controls, compiled once per generation and checked for each
-//! of its requests before the proxy sees it: its `rate_limit` (`modules::rate_limit`; `access`
-//! and `auth_basic` are a module, `modules::access`, asked right after these).
+//! A listener's or a route's `rate_limit` zones (`modules::rate_limit`), compiled once per
+//! generation with the process's tables, and checked for each of its requests by the route's
+//! decision before the proxy sees it (`access` and `auth_basic`, `modules::access`, right after
+//! them).
 //!
-//! A route's own control replaces the listener's of the same kind, as an nginx `location`
-//! with its own directive inherits none of that directive from its `server`. The controls run
-//! before any route action (a redirect or a fixed answer too), so nothing a control refuses
-//! is answered otherwise.
-
-use std::net::IpAddr;
+//! A route's own list replaces the listener's, as an nginx `location` with its own `limit_req`
+//! inherits none from its `server`. The check runs before any route action (a redirect or a
+//! fixed answer too), so nothing it refuses is answered otherwise.
 
 use crate::config::{Listener, PathMatch, RateZone, RouteRule};
 use crate::edge::tables::Tables;
-use crate::http1::common::Reply;
-use crate::http1::request::RequestHead;
 use crate::modules::rate_limit::check::RateLimits;
-use crate::proxy::body::{ProxyBody, refusal_reply};
-use crate::upstream::counters::ListenerStats;
-
-/// The controls that apply to one route's requests (or to the listener's requests no route
-/// matches).
-pub(crate) struct Controls {
-    /// `rate_limit`: the zones its requests are counted in.
-    rate: Option<RateLimits>,
-}
-
-impl Controls {
-    /// The controls for `route`'s requests (the listener's own for `None`); `None` when none
-    /// apply, so that such requests are not checked at all.
-    pub fn new(
-        listener: &Listener,
-        route: Option<&RouteRule>,
-        zones: &[RateZone],
-        tables: &Tables,
-    ) -> Option<Controls> {
-        let rate = rate_limits(listener, route, zones, tables);
-        rate.is_some().then_some(Controls { rate })
-    }
-
-    /// Checks one request from `client`: `None` lets it go on; `Some` is pinlb's answer in its
-    /// place (counted in `stats` and logged where it is decided).
-    pub fn check(
-        &self,
-        head: &RequestHead,
-        client: IpAddr,
-        stats: Option<&ListenerStats>,
-    ) -> Option<Reply<ProxyBody>> {
-        let answer = self.rate.as_ref()?.check(head, client)?;
-        Some(refusal_reply(answer, &head.method, stats))
-    }
-}
 
 /// `route`'s own `rate_limit`, or its listener's (`None`: the listener's requests no route
 /// matches, or a TCP listener's connections), with the process's tables for its zones; `None`

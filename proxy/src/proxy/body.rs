@@ -50,10 +50,11 @@ pub fn local_reply(
     }
 }
 
-/// A module's refusal of a request (`access`'s 401 or 403, `rate_limit`'s 429) as pinlb's own
-/// answer, counted on the listener's `stats` by its cause where it is decided.
+/// A module's own answer to a request (`access`'s 401 or 403, `rate_limit`'s 429,
+/// `redirect_https`'s 301) as pinlb's answers go, text in its body; a refusal is counted on
+/// the listener's `stats` by its cause, where it is decided.
 #[cold]
-pub(crate) fn refusal_reply(
+pub(crate) fn module_reply(
     answer: Answer,
     method: &Method,
     stats: Option<&ListenerStats>,

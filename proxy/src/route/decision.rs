@@ -10,15 +10,16 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use crate::config::{Http2, Limits, PathMatch, RouteAction};
-use crate::edge::controls::Controls;
+use crate::edge::controls::rate_limits;
 use crate::http1::common::Reply;
 use crate::http1::common::{ERROR_PAGE_TYPE, RequestFraming};
 use crate::http1::request::RequestHead;
 use crate::modules::cache::Cached;
 use crate::modules::conn_limit::table::ConnGate;
+use crate::modules::rate_limit::check::RateLimits;
 use crate::modules::{Answer, Configs, Locals, Paged, Response};
 use crate::proxy::accesslog::Upstreamed;
-use crate::proxy::body::{ProxyBody, local_reply, refusal_reply};
+use crate::proxy::body::{ProxyBody, local_reply, module_reply};
 use crate::proxy::downstream::Downstream;
 use crate::proxy::forward::{Overrides, PendingCopy};
 use crate::route::table::Router;
@@ -173,11 +174,11 @@ pub(crate) struct Routes {
     /// Every request goes to the listener's `upstream` as it is: no routes, no edge control,
     /// no module that refuses requests or edits their lines (the common case, one test).
     pub direct: bool,
-    /// The edge controls of each route (its own, or the listener's it inherits), by route
+    /// The `rate_limit` zones of each route (its own, or the listener's it inherits), by route
     /// index; `None` where none apply.
-    pub controls: Vec<Option<Controls>>,
-    /// The listener's own edge controls, for the requests no route matches.
-    pub default_controls: Option<Controls>,
+    pub rate_limits: Vec<Option<RateLimits>>,
+    /// The listener's own `rate_limit` zones, for the requests no route matches.
+    pub default_rate_limits: Option<RateLimits>,
     /// The listener's feature modules, for its requests that no route with its own takes.
     pub default_modules: Configs,
     /// Each route's feature modules where they are not the listener's, by route index.
@@ -209,23 +210,40 @@ impl Routes {
         }))
     }
 
-    /// The refusal of `head` from `client` by the modules of route `index` (the listener's for
-    /// `None`), counted in `stats`; `None` lets it go on.
-    #[inline(never)]
-    fn admit(
+    /// The refusal of `head` from `client` on route `index` (the listener's requests no route
+    /// matches for `None`): its `rate_limit` zones first, then the modules that refuse requests
+    /// (`access`), as pinlb's answer counted in `stats`; `None` lets it go on. A route with
+    /// neither pays for two tests.
+    #[inline]
+    fn refusal(
         &self,
         index: Option<usize>,
         head: &RequestHead,
         client: IpAddr,
         stats: Option<&ListenerStats>,
     ) -> Option<Reply<ProxyBody>> {
+        let rate = match index {
+            Some(i) => self.rate_limits.get(i).and_then(Option::as_ref),
+            None => self.default_rate_limits.as_ref(),
+        };
+        let answer = match rate.and_then(|r| r.check(head, client)) {
+            Some(answer) => answer,
+            None if self.admits => self.admit(index, head, client)?,
+            None => return None,
+        };
+        Some(module_reply(answer, &head.method, stats))
+    }
+
+    /// The answer of the modules of route `index` (the listener's for `None`) that refuse
+    /// `head` from `client`; `None` lets it go on.
+    #[inline(never)]
+    fn admit(&self, index: Option<usize>, head: &RequestHead, client: IpAddr) -> Option<Answer> {
         let own = index.and_then(|i| {
             let modules = self.own_modules.get(i)?.as_ref()?;
             Some((modules, self.own_locals.get(i)?.as_ref()?))
         });
         let (modules, locals) = own.unwrap_or((&self.default_modules, &self.default_locals));
-        let answer = modules.admit(locals, head, client)?;
-        Some(refusal_reply(answer, &head.method, stats))
+        modules.admit(locals, head, client)
     }
 
     /// The feature modules of route `index`'s requests (the listener's for `None`): its own,
@@ -262,10 +280,10 @@ impl Routes {
             router: Router::new(listener.routes.clone()),
             has_default: listener.has_default,
             direct: false,
-            controls: (listener.routes.iter())
-                .map(|r| Controls::new(listener, Some(r), zones, tables))
+            rate_limits: (listener.routes.iter())
+                .map(|r| rate_limits(listener, Some(r), zones, tables))
                 .collect(),
-            default_controls: Controls::new(listener, None, zones, tables),
+            default_rate_limits: rate_limits(listener, None, zones, tables),
             default_modules: listener.modules.clone(),
             own_locals: (own_modules.iter())
                 .map(|m| m.as_ref().map(Configs::locals))
@@ -292,7 +310,7 @@ impl Routes {
             },
         };
         routes.direct = routes.router.is_empty()
-            && routes.default_controls.is_none()
+            && routes.default_rate_limits.is_none()
             && !routes.admits
             && !routes.forwards;
         routes
@@ -506,14 +524,7 @@ impl Plan {
     fn no_route(&self, request: &Request<'_>, stats: Option<&ListenerStats>) -> Decision {
         let (head, client) = (request.head, request.client);
         let routes = &self.routes;
-        if let Some(mut refused) = (routes.default_controls.as_ref())
-            .and_then(|c| c.check(head, client, stats))
-            .or_else(|| {
-                routes
-                    .admits
-                    .then(|| routes.admit(None, head, client, stats))?
-            })
-        {
+        if let Some(mut refused) = routes.refusal(None, head, client, stats) {
             paged(&mut refused, &routes.default_modules, &head.method);
             return Decision::Answer(refused, None);
         }
@@ -564,14 +575,7 @@ impl Plan {
         let Some((index, rule, path)) = routes.router.find(head) else {
             return self.no_route(&request, stats);
         };
-        if let Some(mut refused) = (routes.controls.get(index).and_then(Option::as_ref))
-            .and_then(|c| c.check(head, client, stats))
-            .or_else(|| {
-                routes
-                    .admits
-                    .then(|| routes.admit(Some(index), head, client, stats))?
-            })
-        {
+        if let Some(mut refused) = routes.refusal(Some(index), head, client, stats) {
             paged(&mut refused, routes.modules(Some(index)), &head.method);
             return Decision::Answer(refused, routes.answer_edits(index));
         }
