@@ -14,7 +14,8 @@
 //! errors are reported all at once, in file order, as [`ConfigErrors`].
 //!
 //! - [`log_format`]: `[log] format`'s template of named fields.
-//! - [`raw`]: the file's types as serde reads them, with the spans of their values.
+//! - [`raw`]: the file's types as serde reads them, with the spans of their values, and writes
+//!   them back (what `pinlb import` builds).
 //! - [`edge_limits`]: the listeners' and routes' `rate_limit` and `conn_limit`, validated by
 //!   their modules and set on the listeners.
 //! - [`pattern`]: a regular expression from the file, compiled once and compared by pattern.
@@ -35,7 +36,7 @@ pub mod log_format;
 mod outlier;
 mod pattern;
 mod proxy_protocol;
-mod raw;
+pub mod raw;
 mod retry;
 mod routes;
 mod tcp;

@@ -11,58 +11,58 @@ use std::fmt;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
 use toml::Spanned;
 
 use super::{Algorithm, Protocol, StatusSet};
 use crate::modules::{self, RawModules, Taken};
 use crate::syntax::error::{ConfigError, ConfigErrors, Source};
 use crate::syntax::keys;
-pub(super) use crate::syntax::values::{Dur, Size};
+pub use crate::syntax::values::{Dur, Size};
 use crate::sys::cpus::parse_cpu_list;
 
 /// The whole file.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawConfig {
-    #[serde(default)]
+pub struct RawConfig {
+    #[serde(default, skip_serializing_if = "is_default")]
     pub runtime: RawRuntime,
-    #[serde(default, rename = "listener")]
+    #[serde(default, rename = "listener", skip_serializing_if = "Vec::is_empty")]
     pub listeners: Vec<RawListener>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub upstream: BTreeMap<String, RawUpstream>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub limits: RawLimits,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub forwarded: RawForwarded,
     pub admin: Option<RawAdmin>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub log: RawLog,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub http2: RawHttp2,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub resolver: RawResolver,
     pub request_id: Option<crate::modules::request_id::Raw>,
     /// `[limit.NAME]`: the rate zones.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limit: BTreeMap<String, modules::rate_limit::RawRateZone>,
     /// `[cache.NAME]`: the response cache's zones.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub cache: BTreeMap<String, crate::modules::cache::zone::RawZone>,
 }
 
 /// `[resolver]`: where backends' DNS names are looked up.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawResolver {
+pub struct RawResolver {
     pub nameservers: Option<Vec<Spanned<String>>>,
 }
 
 /// `[upstream.NAME.resolve]`: how often its backends' names are looked up again.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawResolve {
+pub struct RawResolve {
     pub interval: Option<Spanned<Dur>>,
     pub min_interval: Option<Spanned<Dur>>,
 }
@@ -97,7 +97,7 @@ impl RawConfig {
     /// out for its wrong value) can't be built, so its whole section (`listener`, `upstream`…)
     /// is taken out and the other sections are read on; the file is then not validated
     /// further, and the errors of its keys are what is reported.
-    pub fn parse(src: &Source) -> Result<Parsed, ConfigErrors> {
+    pub(super) fn parse(src: &Source) -> Result<Parsed, ConfigErrors> {
         let mut doc = toml::de::DeTable::parse(src.text)
             .map_err(|e| src.at(e.span().unwrap_or(0..0), "", e.message()))?;
         let mut errors = Vec::new();
@@ -499,18 +499,18 @@ fn describe(table: &str) -> String {
 }
 
 /// `[runtime]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawRuntime {
+pub struct RawRuntime {
     pub cpus: Option<Spanned<CpuList>>,
     pub shutdown_timeout: Option<Dur>,
     pub upgrade_socket: Option<Spanned<String>>,
 }
 
 /// `[limits]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawLimits {
+pub struct RawLimits {
     pub max_header_bytes: Option<Spanned<Size>>,
     pub max_headers: Option<Spanned<usize>>,
     pub max_uri_bytes: Option<Spanned<Size>>,
@@ -521,9 +521,9 @@ pub(super) struct RawLimits {
 }
 
 /// `[http2]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawHttp2 {
+pub struct RawHttp2 {
     pub max_concurrent_streams: Option<Spanned<u32>>,
     pub initial_stream_window: Option<Spanned<Size>>,
     pub initial_connection_window: Option<Spanned<Size>>,
@@ -532,23 +532,26 @@ pub(super) struct RawHttp2 {
 }
 
 /// `[upstream.NAME]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawUpstream {
+pub struct RawUpstream {
     pub algorithm: Option<Spanned<Algorithm>>,
     /// What `algorithm = "hash"` hashes.
     pub hash: Option<Spanned<String>>,
     pub ewma_decay: Option<Spanned<Dur>>,
-    #[serde(default = "default_keepalive")]
+    #[serde(
+        default = "default_keepalive",
+        skip_serializing_if = "is_default_keepalive"
+    )]
     pub keepalive: usize,
     /// Required unless `spawn` gives the backends.
     pub backends: Option<Spanned<Vec<RawBackend>>>,
     /// Backends pinlb starts and supervises itself, instead of `backends`.
     pub spawn: Option<Spanned<RawSpawn>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub timeouts: RawTimeouts,
     /// Default for every backend's `max_conns`; 0 = unlimited.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub max_conns: usize,
     /// Most requests waiting for a backend with room (below its `max_conns` or learned
     /// limit); 0 = no queue.
@@ -563,9 +566,9 @@ pub(super) struct RawUpstream {
     /// Default for every backend's `slow_start`.
     pub slow_start: Option<Dur>,
     pub health: Option<RawHealth>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub passive: RawPassive,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub retry: RawRetry,
     /// Whether requests that ask to upgrade (WebSocket) are passed on.
     pub upgrade: Option<bool>,
@@ -573,7 +576,7 @@ pub(super) struct RawUpstream {
     pub max_streams: Option<Spanned<usize>>,
     /// TLS to the backends; plain TCP without the table.
     pub tls: Option<Spanned<RawUpstreamTls>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub resolve: RawResolve,
     /// The PROXY protocol header written first on each backend connection: "v1" or "v2".
     pub proxy_protocol: Option<Spanned<String>>,
@@ -588,16 +591,16 @@ pub(super) struct RawUpstream {
 
 /// `[upstream.NAME.spawn]`: processes pinlb starts, pinned, and whose addresses are the
 /// upstream's backends.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawSpawn {
+pub struct RawSpawn {
     /// Each element spanned: an error about the program points at it.
     pub command: Spanned<Vec<Spanned<String>>>,
     pub count: Option<Spanned<usize>>,
     pub cpus: Spanned<CpuList>,
     pub port_base: Spanned<u32>,
     pub address: Option<Spanned<String>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, Spanned<String>>,
     pub cwd: Option<Spanned<String>>,
     pub grace: Option<Spanned<Dur>>,
@@ -605,9 +608,9 @@ pub(super) struct RawSpawn {
 }
 
 /// `[upstream.NAME.tls]`: its presence turns TLS to the backends on.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawUpstreamTls {
+pub struct RawUpstreamTls {
     pub sni: Option<Spanned<String>>,
     pub ca_file: Option<Spanned<String>>,
     pub insecure_skip_verify: Option<Spanned<bool>>,
@@ -621,15 +624,15 @@ fn default_keepalive() -> usize {
 }
 
 /// One entry of `backends`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawBackend {
+pub struct RawBackend {
     /// `IP:PORT`, `unix:/path` (a Unix socket), or `NAME:PORT` looked up (A/AAAA); exactly
     /// one of it and `srv`.
     pub address: Option<Spanned<String>>,
     /// An SRV name, whose records give the addresses, ports and weights.
     pub srv: Option<Spanned<String>>,
-    #[serde(default = "default_weight")]
+    #[serde(default = "default_weight", skip_serializing_if = "is_default_weight")]
     pub weight: Spanned<u32>,
     pub cpus: Option<Spanned<CpuList>>,
     pub max_conns: Option<usize>,
@@ -643,9 +646,9 @@ fn default_weight() -> Spanned<u32> {
 }
 
 /// `[upstream.NAME.timeouts]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawTimeouts {
+pub struct RawTimeouts {
     pub connect: Option<Spanned<Dur>>,
     pub response: Option<Spanned<Dur>>,
     pub send: Option<Spanned<Dur>>,
@@ -656,9 +659,9 @@ pub(super) struct RawTimeouts {
 }
 
 /// `[upstream.NAME.health]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawHealth {
+pub struct RawHealth {
     pub path: Option<Spanned<String>>,
     pub interval: Option<Spanned<Dur>>,
     pub timeout: Option<Spanned<Dur>>,
@@ -675,18 +678,18 @@ pub(super) struct RawHealth {
 }
 
 /// `[upstream.NAME.passive]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawPassive {
+pub struct RawPassive {
     pub max_fails: Option<u32>,
     pub fail_timeout: Option<Spanned<Dur>>,
     pub fail_on_status: Option<StatusSet>,
 }
 
 /// `[upstream.NAME.outlier]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawOutlier {
+pub struct RawOutlier {
     pub consecutive_5xx: Option<u32>,
     pub success_rate: Option<Spanned<f64>>,
     pub interval: Option<Spanned<Dur>>,
@@ -697,9 +700,9 @@ pub(super) struct RawOutlier {
 }
 
 /// `[upstream.NAME.retry]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawRetry {
+pub struct RawRetry {
     pub tries: Option<usize>,
     pub timeout: Option<Spanned<Dur>>,
     pub non_idempotent: Option<bool>,
@@ -711,9 +714,9 @@ pub(super) struct RawRetry {
 }
 
 /// One `[[listener]]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawListener {
+pub struct RawListener {
     pub address: Spanned<String>,
     /// `"http"` (the default), `"tcp"` (bytes relayed without reading HTTP) or `"udp"`.
     pub mode: Option<Spanned<String>>,
@@ -731,10 +734,10 @@ pub(super) struct RawListener {
     /// The kernel's queue of connections not yet accepted (`listen(2)`'s backlog).
     pub backlog: Option<Spanned<i64>>,
     /// `[[listener.route]]`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub route: Vec<Spanned<RawRoute>>,
     /// `[[listener.sni]]`: a TCP listener's upstreams by TLS server name.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sni: Vec<Spanned<RawSni>>,
     pub rate_limit: modules::rate_limit::RawRateLimits,
     pub conn_limit: Option<Spanned<modules::conn_limit::RawConnLimit>>,
@@ -743,7 +746,7 @@ pub(super) struct RawListener {
     /// The networks allowed to send that header.
     pub proxy_protocol_from: Option<Spanned<Vec<Spanned<String>>>>,
     /// The feature modules' keys, taken out of the table before serde reads it.
-    #[serde(skip)]
+    #[serde(skip_deserializing, flatten)]
     pub modules: RawModules,
     /// Those keys as the file writes them, each with its span: what a TCP listener checks.
     #[serde(skip)]
@@ -751,9 +754,9 @@ pub(super) struct RawListener {
 }
 
 /// One `[[listener.sni]]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawSni {
+pub struct RawSni {
     /// One name or a list: `a.test`, `*.b.test`.
     pub server_name: Spanned<OneOrMany>,
     /// ALPN protocols, one of which the client must offer.
@@ -762,9 +765,9 @@ pub(super) struct RawSni {
 }
 
 /// One `[[listener.route]]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawRoute {
+pub struct RawRoute {
     /// One name or a list.
     pub host: Option<Spanned<OneOrMany>>,
     pub path: Option<Spanned<String>>,
@@ -781,51 +784,51 @@ pub(super) struct RawRoute {
     /// Its own list replaces the listener's.
     pub rate_limit: modules::rate_limit::RawRateLimits,
     /// The feature modules' keys, taken out of the table before serde reads it.
-    #[serde(skip)]
+    #[serde(skip_deserializing, flatten)]
     pub modules: RawModules,
 }
 
 /// A route's `timeouts = { connect, response, send }`, over its upstream's.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawRouteTimeouts {
+pub struct RawRouteTimeouts {
     pub connect: Option<Spanned<Dur>>,
     pub response: Option<Spanned<Dur>>,
     pub send: Option<Spanned<Dur>>,
 }
 
 /// A string or a list of strings.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(untagged)]
-pub(super) enum OneOrMany {
+pub enum OneOrMany {
     One(String),
     Many(Vec<String>),
 }
 
 /// A route's `redirect = { status = 301, location = "..." }`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawRedirect {
+pub struct RawRedirect {
     pub status: Option<Spanned<u16>>,
     pub location: Spanned<String>,
 }
 
 /// A route's `respond = { status = 403, body = "..." }`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawRespond {
+pub struct RawRespond {
     pub status: Spanned<u16>,
     pub body: Option<String>,
 }
 
 /// `[listener.tls]`: a default certificate (`cert` and `key`), more chosen by SNI
 /// (`[[listener.tls.certificate]]`), or both.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawTls {
+pub struct RawTls {
     pub cert: Option<Spanned<String>>,
     pub key: Option<Spanned<String>>,
-    #[serde(default, rename = "certificate")]
+    #[serde(default, rename = "certificate", skip_serializing_if = "Vec::is_empty")]
     pub certificates: Vec<RawCertificate>,
     /// Client certificates (`modules::client_cert`): the CAs that sign them (`client_ca`),
     /// whether one is required (`client_auth`), the CRLs (`crl`) and the lines that tell the
@@ -838,7 +841,7 @@ pub(super) struct RawTls {
 
 impl RawTls {
     /// The keys of the client certificate module (`modules::client_cert`).
-    pub fn client_cert(&self) -> modules::client_cert::Keys<'_> {
+    pub(super) fn client_cert(&self) -> modules::client_cert::Keys<'_> {
         modules::client_cert::Keys {
             client_ca: self.client_ca.as_ref(),
             client_auth: self.client_auth.as_ref(),
@@ -849,34 +852,34 @@ impl RawTls {
 }
 
 /// One `[[listener.tls.certificate]]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawCertificate {
+pub struct RawCertificate {
     pub cert: Spanned<String>,
     pub key: Spanned<String>,
 }
 
 /// `[forwarded]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawForwarded {
-    #[serde(default)]
+pub struct RawForwarded {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trusted: Vec<Spanned<String>>,
 }
 
 /// `[admin]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawAdmin {
+pub struct RawAdmin {
     pub address: Option<Spanned<String>>,
     pub token: Option<Spanned<String>>,
     pub token_file: Option<Spanned<String>>,
 }
 
 /// `[log]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawLog {
+pub struct RawLog {
     pub access: Option<Spanned<String>>,
     pub format: Option<Spanned<String>>,
 }
@@ -916,7 +919,7 @@ impl<'de> Deserialize<'de> for Protocol {
 
 /// A list of cores: `[0, 2]`, `"2-5"`, `"0,2-3"` or `[0, "2-5"]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct CpuList(pub(super) Vec<usize>);
+pub struct CpuList(pub Vec<usize>);
 
 impl<'de> Deserialize<'de> for CpuList {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -1020,14 +1023,87 @@ pub(super) fn positive(
 
 /// `[upstream.NAME.fastcgi]`: nginx's `root`, `fastcgi_index`, `fastcgi_split_path_info` and
 /// `fastcgi_param`, for a `protocol = "fastcgi"` upstream.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawFastcgi {
+pub struct RawFastcgi {
     pub root: Option<Spanned<String>>,
     pub index: Option<Spanned<String>>,
     pub script: Option<Spanned<String>>,
     pub split_path_info: Option<Spanned<String>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub params: BTreeMap<String, Spanned<String>>,
     pub chunked_body_max: Option<Spanned<Size>>,
+}
+
+/// Whether `v` is its type's default: a table left out of what is written.
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+fn is_zero(v: &usize) -> bool {
+    *v == 0
+}
+
+fn is_default_keepalive(v: &usize) -> bool {
+    *v == default_keepalive()
+}
+
+fn is_default_weight(v: &Spanned<u32>) -> bool {
+    *v.get_ref() == 1
+}
+
+impl Serialize for Algorithm {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl Serialize for Protocol {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Written as read: `"0,2-5"`, one string of ids and ranges.
+impl Serialize for CpuList {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut text = String::new();
+        let mut cores = self.0.iter().copied().peekable();
+        // Bounded by the list: each turn takes one run of consecutive ids.
+        while let Some(first) = cores.next() {
+            let mut last = first;
+            while cores.peek() == Some(&(last + 1)) {
+                last += 1;
+                cores.next();
+            }
+            if !text.is_empty() {
+                text.push(',');
+            }
+            match last == first {
+                true => text.push_str(&first.to_string()),
+                false => text.push_str(&format!("{first}-{last}")),
+            }
+        }
+        s.serialize_str(&text)
+    }
+}
+
+/// Written as read: one status as a number, a range as `"200-399"`, several as a list of
+/// those.
+impl Serialize for StatusSet {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Range((u16, u16));
+        impl Serialize for Range {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                match self.0 {
+                    (lo, hi) if lo == hi => s.serialize_u16(lo),
+                    (lo, hi) => s.serialize_str(&format!("{lo}-{hi}")),
+                }
+            }
+        }
+        match self.0.as_slice() {
+            [range] => Range(*range).serialize(s),
+            ranges => s.collect_seq(ranges.iter().map(|&r| Range(r))),
+        }
+    }
 }

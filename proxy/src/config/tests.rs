@@ -1261,3 +1261,146 @@ fn unknown_keys_names_each_key_no_table_has_and_only_those() {
         ]
     );
 }
+
+/// The raw types as `pinlb import` writes them: read, written and read again, a file is the
+/// same configuration (every shipped and bench configuration, and the fixtures that are
+/// valid), and the written text is a fixed point (also for a file with every value form the
+/// keys take: core lists and ranges, status ranges, one name or many, `auth_basic = "off"`,
+/// `compress = true`, `cache = false`, module keys on listeners and routes).
+#[test]
+fn the_raw_types_written_back_read_again_as_they_were() {
+    let write = |text: &str| {
+        let src = Source {
+            file: "pinlb.toml",
+            text,
+        };
+        let parsed = RawConfig::parse(&src).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert!(parsed.errors.is_empty(), "{:?}\n{text}", parsed.errors);
+        toml::to_string(&parsed.raw).unwrap()
+    };
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let cores: Vec<usize> = (0..64).collect();
+    let (mut read, mut valid) = (0, 0);
+    for dir in [
+        "config",
+        "tests/fixtures",
+        "benches/peers",
+        "benches/peers/overload",
+    ] {
+        let files = std::fs::read_dir(format!("{root}/{dir}")).unwrap();
+        for path in files.map(|f| f.unwrap().path()) {
+            if path.extension().is_none_or(|e| e != "toml") {
+                continue;
+            }
+            let text = placeholders(&std::fs::read_to_string(&path).unwrap());
+            let src = Source {
+                file: "pinlb.toml",
+                text: &text,
+            };
+            if RawConfig::parse(&src).is_ok_and(|p| p.errors.is_empty()) {
+                let written = write(&text);
+                assert_eq!(write(&written), written, "{path:?}");
+                read += 1;
+            }
+            if let Ok(config) = Config::parse("pinlb.toml", &text, &cores) {
+                let again = Config::parse("pinlb.toml", &write(&text), &cores);
+                assert_eq!(again.as_ref(), Ok(&config), "{path:?}");
+                valid += 1;
+            }
+        }
+    }
+    assert!(read >= 19 && valid >= 9, "only {read} read, {valid} valid");
+    let every_form = r#"
+        [runtime]
+        cpus = [0, "2-3"]
+        shutdown_timeout = "1500ms"
+        [limits]
+        max_body = "1MiB"
+        header_timeout = "90s"
+        [[listener]]
+        address = "127.0.0.1:8080"
+        upstream = "app"
+        compress = true
+        access = ["allow 10.0.0.0/8", "deny all"]
+        auth_basic = "off"
+        request_headers = { set = { "X-A" = "1" }, remove = ["X-B"] }
+        error_page = [{ status = [502, 503], file = "/e.html" }]
+        rate_limit = [{ zone = "z", burst = 5, nodelay = true }]
+        conn_limit = { max = 10 }
+        limit_rate = "100k"
+        [[listener.route]]
+        host = ["a.test", "*.b.test"]
+        path = "/a/"
+        compress = { algorithms = ["gzip"], gzip_level = 5 }
+        cache = false
+        timeouts = { response = "2s" }
+        [[listener.route]]
+        host = "c.test"
+        respond = { status = 403, body = "no" }
+        auth_basic = { realm = "r", user_file = "/u" }
+        [upstream.app]
+        algorithm = "least_conn"
+        keepalive = 8
+        backends = [{ address = "127.0.0.1:1", weight = 2, cpus = "1" }]
+        health = { path = "/h", expect = ["200-299", 304] }
+        passive = { fail_on_status = 502 }
+        sticky = { cookie = "srv" }
+        [limit.z]
+        rate = "10r/s"
+        [cache.c]
+        max_size = 1048576
+    "#;
+    let written = write(every_form);
+    assert_eq!(write(&written), written);
+    for form in [
+        r#"cpus = "0,2-3""#,
+        r#"shutdown_timeout = "1500ms""#,
+        "max_body = 1048576",
+        r#"header_timeout = "90s""#,
+        "compress = true",
+        r#"auth_basic = "off""#,
+        "cache = false",
+        r#"host = ["a.test", "*.b.test"]"#,
+        r#"host = "c.test""#,
+        r#"expect = ["200-299", 304]"#,
+        "fail_on_status = 502",
+        "limit_rate = 100000",
+    ] {
+        assert!(written.contains(form), "{form} not in:\n{written}");
+    }
+    for default in [
+        "weight = 1",
+        "keepalive = 64",
+        "[upstream.app.timeouts]",
+        "route = []",
+    ] {
+        assert!(!written.contains(default), "{default} in:\n{written}");
+    }
+}
+
+/// The bench configurations' `@NAME@` placeholders, each made a port number.
+fn placeholders(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    let mut port = 20_000;
+    // Bounded by the text: each turn takes one placeholder out of what is left.
+    while let Some((before, after)) = rest.split_once('@') {
+        let Some((name, tail)) = after.split_once('@') else {
+            break;
+        };
+        out.push_str(before);
+        match name
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        {
+            true => {
+                port += 1;
+                out.push_str(&port.to_string());
+            }
+            false => out.push_str(&format!("@{name}@")),
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
+}

@@ -14,22 +14,22 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::syntax::error::{ConfigError, Source};
 use crate::syntax::template::{Request, Template};
 
 /// `{ set = { NAME = "value" }, add = { ... }, remove = ["NAME"] }`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
-    #[serde(default)]
-    set: BTreeMap<String, Spanned<String>>,
-    #[serde(default)]
-    add: BTreeMap<String, Spanned<String>>,
-    #[serde(default)]
-    remove: Vec<Spanned<String>>,
+pub struct Raw {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub set: BTreeMap<String, Spanned<String>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub add: BTreeMap<String, Spanned<String>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<Spanned<String>>,
 }
 
 /// One key's rules, validated.

@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, Sleep};
 use toml::Spanned;
 
@@ -31,11 +31,11 @@ use crate::syntax::values::Size;
 pub(crate) enum LimitRate {}
 
 /// Its keys as the file writes them.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
-    limit_rate: Option<Spanned<Size>>,
-    limit_rate_after: Option<Spanned<Size>>,
+pub struct Raw {
+    pub limit_rate: Option<Spanned<Size>>,
+    pub limit_rate_after: Option<Spanned<Size>>,
 }
 
 /// A rate that is on.

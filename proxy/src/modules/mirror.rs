@@ -28,7 +28,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use super::{Module, NoFilter, Place, SideRequest};
@@ -40,22 +40,22 @@ use crate::syntax::values::Size;
 pub(crate) enum Mirror {}
 
 /// Its key as the file writes it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
-    mirror: Option<Spanned<RawMirror>>,
+pub struct Raw {
+    pub mirror: Option<Spanned<RawMirror>>,
 }
 
 /// `mirror = { … }`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawMirror {
-    upstream: Option<Spanned<String>>,
-    share: Option<Spanned<f64>>,
-    header: Option<Spanned<String>>,
-    max_in_flight: Option<usize>,
-    body: Option<bool>,
-    max_body: Option<Size>,
+pub struct RawMirror {
+    pub upstream: Option<Spanned<String>>,
+    pub share: Option<Spanned<f64>>,
+    pub header: Option<Spanned<String>>,
+    pub max_in_flight: Option<usize>,
+    pub body: Option<bool>,
+    pub max_body: Option<Size>,
 }
 
 /// A mirror that is on.

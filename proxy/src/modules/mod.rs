@@ -75,7 +75,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::http1::request::RequestHead;
 use crate::syntax::error::{ConfigError, Source};
@@ -222,7 +222,7 @@ pub(crate) trait Module {
     /// Its keys, the same in `[[listener]]` and `[[listener.route]]`.
     const KEYS: &'static [&'static str];
     /// Its keys as the file writes them: every key optional (`Option`), unknown ones denied.
-    type Raw: for<'de> Deserialize<'de> + Default + fmt::Debug;
+    type Raw: for<'de> Deserialize<'de> + Serialize + Default + fmt::Debug;
     /// Validated: what a worker needs, shared by every worker of a generation.
     type Config: fmt::Debug + Eq + Send + Sync + 'static;
     /// What each worker keeps of its own for one listener's or route's configuration, made
@@ -384,7 +384,7 @@ fn either(keys: &[&str]) -> String {
 /// The registry: `name: Type` for each module, `name` its file.
 macro_rules! modules {
     ($($name:ident: $ty:ident),* $(,)?) => {
-        $(pub(crate) mod $name;)*
+        $(pub mod $name;)*
 
         /// Every module key, in registry order.
         pub(crate) const KEYS: &[&[&str]] = &[$(<$name::$ty as Module>::KEYS),*];
@@ -395,9 +395,11 @@ macro_rules! modules {
         ),*];
 
         /// Every module's keys of one listener or route, as the file writes them.
-        #[derive(Debug, Default)]
-        pub(crate) struct RawModules {
-            $(pub $name: <$name::$ty as Module>::Raw,)*
+        /// Serialized into the listener's or route's table: each module's keys among the
+        /// table's own.
+        #[derive(Debug, Default, Serialize)]
+        pub struct RawModules {
+            $(#[serde(flatten)] pub $name: $name::Raw,)*
         }
 
         impl RawModules {
@@ -626,14 +628,14 @@ macro_rules! modules {
     };
 }
 
-mod header_rules;
+pub mod header_rules;
 
-pub(crate) mod buffering;
-pub(crate) mod client_cert;
-pub(crate) mod conn_limit;
-pub(crate) mod rate_limit;
-pub(crate) mod request_id;
-pub(crate) mod sticky;
+pub mod buffering;
+pub mod client_cert;
+pub mod conn_limit;
+pub mod rate_limit;
+pub mod request_id;
+pub mod sticky;
 
 modules! {
     access: AccessControl,

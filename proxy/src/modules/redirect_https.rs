@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::StatusCode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use super::{Answer, Module, Place};
@@ -26,10 +26,10 @@ use crate::syntax::error::ConfigError;
 pub(crate) enum RedirectHttps {}
 
 /// Its key as the file writes it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
-    redirect_https: Option<Spanned<bool>>,
+pub struct Raw {
+    pub redirect_https: Option<Spanned<bool>>,
 }
 
 /// On: it has nothing to configure.

@@ -8,7 +8,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use super::header_rules::{self, HeaderRules};
@@ -20,10 +20,10 @@ use crate::syntax::template::Request;
 pub(crate) enum RequestHeaders {}
 
 /// Its key as the file writes it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
-    request_headers: Option<Spanned<header_rules::Raw>>,
+pub struct Raw {
+    pub request_headers: Option<Spanned<header_rules::Raw>>,
 }
 
 impl Raw {

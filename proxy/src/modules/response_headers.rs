@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use super::header_rules::{self, HeaderRules};
@@ -20,10 +20,10 @@ use crate::syntax::error::ConfigError;
 pub(crate) enum ResponseHeaders {}
 
 /// Its key as the file writes it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
-    response_headers: Option<Spanned<header_rules::Raw>>,
+pub struct Raw {
+    pub response_headers: Option<Spanned<header_rules::Raw>>,
 }
 
 impl Module for ResponseHeaders {

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use super::{Module, Place, Response};
@@ -24,10 +24,10 @@ use crate::syntax::error::ConfigError;
 pub(crate) enum ServerTiming {}
 
 /// Its key as the file writes it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
-    server_timing: Option<Spanned<bool>>,
+pub struct Raw {
+    pub server_timing: Option<Spanned<bool>>,
 }
 
 /// On: it has nothing to configure.

@@ -13,4 +13,4 @@ pub mod error;
 pub(crate) mod keys;
 pub mod request_key;
 pub mod template;
-pub(crate) mod values;
+pub mod values;

@@ -1,16 +1,16 @@
-//! The configuration's value types that more than one table has, with their deserialisers:
+//! The configuration's value types that more than one table has, with their deserialisers and the serialisers that write them back as read:
 //! [`Dur`] (`"250ms"`, `"2s"`) and [`Size`] (`4096`, `"64KiB"`). Their errors say what was
 //! expected, as serde reports them at the value's place.
 
 use std::fmt;
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
 
 /// A duration written as a string with a unit: "250ms", "2s", "1m".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Dur(pub(crate) Duration);
+pub struct Dur(pub Duration);
 
 impl Dur {
     /// The longest duration any key accepts.
@@ -45,9 +45,22 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
+/// Written as read, in the largest unit that keeps it whole: `"90s"`, `"250ms"`.
+impl Serialize for Dur {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let d = self.0;
+        let text = match (d.subsec_nanos(), d.subsec_nanos() % 1_000_000) {
+            (0, _) => format!("{}s", d.as_secs()),
+            (_, 0) => format!("{}ms", d.as_millis()),
+            _ => humantime::format_duration(d).to_string(),
+        };
+        s.serialize_str(&text)
+    }
+}
+
 /// A size in bytes: `4096`, `"64KiB"`, `"1MiB"`, `"0"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Size(pub(crate) u64);
+pub struct Size(pub u64);
 
 impl<'de> Deserialize<'de> for Size {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -73,5 +86,12 @@ impl<'de> Deserialize<'de> for Size {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+/// Written as a number of bytes: exact, and read back as it was.
+impl Serialize for Size {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
     }
 }

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde::Serializer;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use toml::Spanned;
 
@@ -23,14 +24,14 @@ type Result<T> = std::result::Result<T, ConfigError>;
 
 /// `auth_basic = { realm = "…", user_file = "…" }`, or `"off"`.
 #[derive(Debug)]
-enum RawAuthBasic {
+pub enum RawAuthBasic {
     Off,
     On(RawAuthBasicTable),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawAuthBasicTable {
+pub struct RawAuthBasicTable {
     pub realm: Option<Spanned<String>>,
     pub user_file: Option<Spanned<String>>,
 }
@@ -61,13 +62,23 @@ impl<'de> Deserialize<'de> for RawAuthBasic {
     }
 }
 
+/// Written as read: `"off"`, or the table.
+impl Serialize for RawAuthBasic {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            RawAuthBasic::Off => s.serialize_str("off"),
+            RawAuthBasic::On(table) => table.serialize(s),
+        }
+    }
+}
+
 /// The keys as the file writes them.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
-    access: Option<Spanned<Vec<Spanned<String>>>>,
-    auth_basic: Option<Spanned<RawAuthBasic>>,
-    satisfy: Option<Spanned<String>>,
+pub struct Raw {
+    pub access: Option<Spanned<Vec<Spanned<String>>>>,
+    pub auth_basic: Option<Spanned<RawAuthBasic>>,
+    pub satisfy: Option<Spanned<String>>,
 }
 
 /// What applies to a listener's or a route's requests, its own keys over the listener's.

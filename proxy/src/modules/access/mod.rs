@@ -34,7 +34,8 @@ use crate::http1::request::RequestHead;
 use crate::syntax::error::ConfigError;
 use crate::sys::summed::summed_warn;
 use basic_auth::{Refused, Verified};
-use config::{AccessRule, Raw, Satisfy};
+pub use config::{Raw, RawAuthBasic, RawAuthBasicTable};
+use config::{AccessRule, Satisfy};
 
 pub(crate) use config::Access;
 

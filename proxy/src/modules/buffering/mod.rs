@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::syntax::error::{ConfigError, Source};
@@ -21,9 +21,9 @@ use crate::syntax::values::Size;
 type Result<T> = std::result::Result<T, ConfigError>;
 
 /// `[upstream.NAME.buffering]` as the file writes it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
+pub struct Raw {
     pub request: Option<Spanned<bool>>,
     pub response: Option<Spanned<bool>>,
     pub memory: Option<Spanned<Size>>,

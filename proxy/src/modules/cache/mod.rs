@@ -58,7 +58,7 @@
 pub(crate) mod fill;
 pub(crate) mod policy;
 pub(crate) mod stored;
-pub(crate) mod zone;
+pub mod zone;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -66,7 +66,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use toml::Spanned;
 
@@ -82,15 +82,16 @@ pub(crate) use fill::Fill;
 pub(crate) enum Cache {}
 
 /// Its key as the file writes it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
-    cache: Option<Spanned<Switch>>,
+pub struct Raw {
+    pub cache: Option<Spanned<Switch>>,
 }
 
 /// `cache = { … }`, or `cache = false` on a route whose listener caches.
-#[derive(Debug)]
-pub(crate) enum Switch {
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Switch {
     Off(bool),
     On(Box<RawCache>),
 }
@@ -116,23 +117,23 @@ impl<'de> Deserialize<'de> for Switch {
 }
 
 /// `cache = { … }`'s keys.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawCache {
-    zone: Option<Spanned<String>>,
-    key: Option<Spanned<String>>,
-    valid: Option<BTreeMap<Spanned<String>, Spanned<Dur>>>,
-    methods: Option<Spanned<Vec<Spanned<String>>>>,
-    lock: Option<Spanned<bool>>,
-    lock_timeout: Option<Spanned<Dur>>,
-    status_header: Option<Spanned<String>>,
-    ignore_headers: Option<Spanned<Vec<Spanned<String>>>>,
-    use_stale: Option<Spanned<Vec<Spanned<String>>>>,
-    background_update: Option<Spanned<bool>>,
-    revalidate: Option<Spanned<bool>>,
-    bypass: Option<Spanned<Vec<Spanned<String>>>>,
-    no_cache: Option<Spanned<Vec<Spanned<String>>>>,
-    min_uses: Option<Spanned<u32>>,
+pub struct RawCache {
+    pub zone: Option<Spanned<String>>,
+    pub key: Option<Spanned<String>>,
+    pub valid: Option<BTreeMap<Spanned<String>, Spanned<Dur>>>,
+    pub methods: Option<Spanned<Vec<Spanned<String>>>>,
+    pub lock: Option<Spanned<bool>>,
+    pub lock_timeout: Option<Spanned<Dur>>,
+    pub status_header: Option<Spanned<String>>,
+    pub ignore_headers: Option<Spanned<Vec<Spanned<String>>>>,
+    pub use_stale: Option<Spanned<Vec<Spanned<String>>>>,
+    pub background_update: Option<Spanned<bool>>,
+    pub revalidate: Option<Spanned<bool>>,
+    pub bypass: Option<Spanned<Vec<Spanned<String>>>>,
+    pub no_cache: Option<Spanned<Vec<Spanned<String>>>>,
+    pub min_uses: Option<Spanned<u32>>,
 }
 
 /// `key` when left out: nginx's `$scheme$proxy_host$request_uri`, with the request's host.

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use toml::Spanned;
 
@@ -25,11 +25,11 @@ use crate::syntax::error::{ConfigErrors, Source};
 use crate::syntax::values::Size;
 
 /// `[cache.NAME]` as the file writes it.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawZone {
-    max_size: Option<Spanned<Size>>,
-    max_object: Option<Spanned<Size>>,
+pub struct RawZone {
+    pub max_size: Option<Spanned<Size>>,
+    pub max_object: Option<Spanned<Size>>,
 }
 
 /// `max_size` when left out.

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::syntax::error::{ConfigError, Source};
@@ -22,9 +22,9 @@ use crate::tls::client_auth::{CertHeaders, ClientAuth, ClientAuthFiles};
 pub(crate) mod lines;
 
 /// `[listener.tls] client_cert_headers = { subject = "X-Client-Subject", … }`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawHeaders {
+pub struct RawHeaders {
     pub subject: Option<Spanned<String>>,
     pub san: Option<Spanned<String>>,
     pub verify: Option<Spanned<String>>,

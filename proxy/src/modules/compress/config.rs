@@ -23,7 +23,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use toml::Spanned;
 
@@ -133,16 +133,17 @@ impl Compress {
 }
 
 /// `compress = true`, `false`, or a table.
-#[derive(Debug)]
-pub(super) enum RawCompress {
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum RawCompress {
     Switch(bool),
     /// Boxed: the table is large beside a bool, and read once per load.
     Table(Box<RawCompressTable>),
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawCompressTable {
+pub struct RawCompressTable {
     pub algorithms: Option<Spanned<Vec<Spanned<String>>>>,
     pub types: Option<Spanned<Vec<Spanned<String>>>>,
     pub min_length: Option<Spanned<i64>>,

@@ -22,22 +22,23 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Method, Version};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use super::{BodyFilter, Module, Place, Response};
 use crate::syntax::error::ConfigError;
-use config::{Coding, Compress, RawCompress};
+use config::{Coding, Compress};
+pub use config::{RawCompress, RawCompressTable};
 use encoder::{Encoder, Facts, OUT_CHUNK};
 
 /// The module.
 pub(crate) enum Compression {}
 
 /// Its key as the file writes it: `true`, `false` or a table.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
-    compress: Option<Spanned<RawCompress>>,
+pub struct Raw {
+    pub compress: Option<Spanned<RawCompress>>,
 }
 
 impl Module for Compression {

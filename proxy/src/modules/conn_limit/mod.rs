@@ -13,7 +13,7 @@
 //!
 //! - [`table`]: open connections by client address, shared by every worker.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::modules::rate_limit::keys;
@@ -22,9 +22,9 @@ use crate::syntax::error::{ConfigError, Source};
 pub(crate) mod table;
 
 /// `conn_limit = { max, keys }`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawConnLimit {
+pub struct RawConnLimit {
     pub max: Spanned<i64>,
     pub keys: Option<Spanned<i64>>,
 }

@@ -10,7 +10,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::syntax::error::{ConfigError, Source};
@@ -30,17 +30,17 @@ const TYPES: [(&str, &str); 6] = [
 ];
 
 /// The keys as the file writes them.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
-    error_page: Option<Vec<Spanned<RawErrorPage>>>,
-    intercept_errors: Option<Spanned<bool>>,
+pub struct Raw {
+    pub error_page: Option<Vec<Spanned<RawErrorPage>>>,
+    pub intercept_errors: Option<Spanned<bool>>,
 }
 
 /// One `[[listener.error_page]]` (or `[[listener.route.error_page]]`) as written.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawErrorPage {
+pub struct RawErrorPage {
     /// One status or a list.
     pub status: Spanned<Statuses>,
     pub file: Spanned<String>,
@@ -48,9 +48,9 @@ struct RawErrorPage {
 }
 
 /// `status = 404` or `status = [502, 503, 504]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(untagged)]
-enum Statuses {
+pub enum Statuses {
     One(i64),
     Many(Vec<i64>),
 }

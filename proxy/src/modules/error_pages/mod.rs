@@ -22,7 +22,8 @@ use std::sync::Arc;
 
 use super::{Module, NoFilter, Paged, Place};
 use crate::syntax::error::ConfigError;
-use config::{ErrorPages, Raw};
+use config::ErrorPages;
+pub use config::{Raw, RawErrorPage, Statuses};
 
 pub use config::{MAX_PAGE_BYTES, content_type_for};
 

@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::syntax::error::{ConfigError, ConfigErrors, Source};
@@ -34,18 +34,18 @@ pub(crate) mod check;
 pub(crate) mod table;
 
 /// `[limit.NAME]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawRateZone {
+pub struct RawRateZone {
     pub key: Option<Spanned<String>>,
     pub rate: Spanned<String>,
     pub keys: Option<Spanned<i64>>,
 }
 
 /// One entry of `rate_limit = [...]`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RawRateLimit {
+pub struct RawRateLimit {
     pub zone: Spanned<String>,
     pub burst: Option<Spanned<i64>>,
     pub nodelay: Option<Spanned<bool>>,

@@ -7,7 +7,7 @@
 //!
 //! - [`id`]: one request's ID and trace id, and the lines pinlb writes for them.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::syntax::error::{ConfigError, Source};
@@ -15,9 +15,9 @@ use crate::syntax::error::{ConfigError, Source};
 pub(crate) mod id;
 
 /// `[request_id]` as the file writes it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
+pub struct Raw {
     pub enabled: Option<Spanned<bool>>,
     pub header: Option<Spanned<String>>,
     pub traceparent: Option<Spanned<bool>>,

@@ -8,7 +8,7 @@
 //! - [`table`]: each backend's opaque value, the cookie read from a request and taken out of
 //!   what the backend sees, and the `Set-Cookie` line.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::syntax::error::{ConfigError, Source};
@@ -19,9 +19,9 @@ pub(crate) mod table;
 type Result<T> = std::result::Result<T, ConfigError>;
 
 /// `sticky = { cookie = "NAME", … }` as the file writes it.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Raw {
+pub struct Raw {
     pub cookie: Spanned<String>,
     pub path: Option<Spanned<String>>,
     pub domain: Option<Spanned<String>>,
