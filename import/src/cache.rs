@@ -11,9 +11,12 @@
 
 use std::collections::BTreeMap;
 
+use pinlb::config::raw::Size;
+use pinlb::modules::cache::zone::RawZone;
 use toml::{Table, Value};
 
 use super::parse::Directive;
+use super::values::spanned;
 
 /// The directives this module reads at `http`, `server` and `location` levels, which the
 /// converter leaves to it.
@@ -44,8 +47,8 @@ pub(super) fn zones(
     http: &[Directive],
     notes: &mut Vec<String>,
     size: fn(&str) -> Option<u64>,
-) -> Table {
-    let mut out = Table::new();
+) -> BTreeMap<String, RawZone> {
+    let mut out = BTreeMap::new();
     for d in http.iter().filter(|d| d.name == "proxy_cache_path") {
         let params: BTreeMap<&str, &str> = (d.args.iter().skip(1))
             .filter_map(|a| a.split_once('='))
@@ -57,10 +60,9 @@ pub(super) fn zones(
             super::notes::not_converted(notes, d, "keys_zone=NAME:SIZE");
             continue;
         };
-        let mut t = Table::new();
-        match params.get("max_size").and_then(|s| size(s)) {
-            Some(bytes) => {
-                t.insert("max_size".into(), Value::Integer(i64::try_from(bytes).unwrap_or(i64::MAX)));
+        let max_size = params.get("max_size").and_then(|s| size(s));
+        match max_size {
+            Some(_) => {
                 notes.push(format!(
                     "{}: proxy_cache_path max_size={}: pinlb keeps the zone {name} in memory, so this much memory (nginx's is disk)",
                     d.at(),
@@ -86,7 +88,11 @@ pub(super) fn zones(
                 ));
             }
         }
-        out.insert(name.to_string(), Value::Table(t));
+        let zone = RawZone {
+            max_size: max_size.map(|bytes| spanned(Size(bytes))),
+            max_object: None,
+        };
+        out.insert(name.to_string(), zone);
     }
     out
 }

@@ -4,6 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use pinlb::config::raw::{CpuList, RawConfig, RawLimits, RawLog, RawRuntime, Size};
+use pinlb::modules::cache::zone::RawZone;
+use pinlb::modules::rate_limit::RawRateZone;
 use toml::{Table, Value};
 
 use super::access;
@@ -17,7 +20,7 @@ use super::rewrite;
 use super::sticky;
 use super::template::template;
 use super::unix_socket;
-use super::values::{duration, listen_address, one_backend, with_port};
+use super::values::{duration, listen_address, one_backend, spanned, with_port};
 
 /// The converted configuration and what could not be.
 pub struct Converted {
@@ -31,10 +34,10 @@ pub struct Converted {
 }
 
 struct Builder {
-    runtime: Table,
-    limits: Table,
+    runtime: RawRuntime,
+    limits: RawLimits,
     /// `[log]`, from `access_log`.
-    log: Table,
+    log: RawLog,
     /// The body limit pinlb gets (`limits.max_body`, 0 unlimited), which every
     /// `client_max_body_size` is held against.
     max_body: u64,
@@ -48,9 +51,9 @@ struct Builder {
     /// nginx's configuration prefix (the main file's directory), for relative file names.
     conf_dir: std::path::PathBuf,
     /// `[limit.NAME]`, from `limit_req_zone` (see [`super::limits`]).
-    limit_zones: Table,
+    limit_zones: BTreeMap<String, RawRateZone>,
     /// `[cache.NAME]`, from `proxy_cache_path` (see [`super::cache`]).
-    cache_zones: Table,
+    cache_zones: BTreeMap<String, RawZone>,
     /// `limit_conn_zone`s keyed by the client's address: name → keys.
     conn_zones: BTreeMap<String, i64>,
     /// `http`'s `set_real_ip_from` values, for the servers that have none of their own.
@@ -306,17 +309,17 @@ const MANAGED: [&str; 4] = [
 pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converted {
     let mut b = Builder {
         conf_dir: conf_dir.to_path_buf(),
-        runtime: Table::new(),
-        limits: Table::new(),
-        log: Table::new(),
+        runtime: RawRuntime::default(),
+        limits: RawLimits::default(),
+        log: RawLog::default(),
         max_body: 0,
         listeners: Vec::new(),
         upstreams: BTreeMap::new(),
         client_idle: None,
         notes: Vec::new(),
         refused: Vec::new(),
-        limit_zones: Table::new(),
-        cache_zones: Table::new(),
+        limit_zones: BTreeMap::new(),
+        cache_zones: BTreeMap::new(),
         conn_zones: BTreeMap::new(),
         real_ip_from: Vec::new(),
         client_cert_headers: Table::new(),
@@ -362,24 +365,10 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
         }
     }
     match (affinity, &workers) {
-        (Some(cores), _) => {
-            b.runtime.insert(
-                "cpus".into(),
-                Value::Array(
-                    cores
-                        .into_iter()
-                        .map(|c| Value::Integer(c as i64))
-                        .collect(),
-                ),
-            );
-        }
+        (Some(cores), _) => b.runtime.cpus = Some(spanned(CpuList(cores))),
         (None, Some((n, at))) => {
             let n = *n;
-            // The list form docs/configuration.md writes (`cpus = [0, 1]`), not a range string.
-            b.runtime.insert(
-                "cpus".into(),
-                Value::Array((0..n.max(1)).map(|c| Value::Integer(c as i64)).collect()),
-            );
+            b.runtime.cpus = Some(spanned(CpuList((0..n.max(1)).collect())));
             b.notes.push(format!(
                 "{at}: worker_processes {n} without worker_cpu_affinity: pinlb pins {} (nginx left {}); change runtime.cpus to the cores pinlb should own",
                 pinned_workers(n),
@@ -390,8 +379,7 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
     }
     if let Some(c) = connections {
         let total = c * workers.as_ref().map_or(1, |w| w.0).max(1);
-        b.limits
-            .insert("max_connections".into(), Value::Integer(total as i64));
+        b.limits.max_connections = Some(spanned(total));
     }
     b.finish()
 }
@@ -534,8 +522,7 @@ impl Builder {
                         d.args.get(1).and_then(|s| size(s)),
                     ) {
                         (Some(n), Some(s)) => {
-                            self.limits
-                                .insert("max_header_bytes".into(), Value::Integer((n * s) as i64));
+                            self.limits.max_header_bytes = Some(spanned(Size(n * s)));
                             self.notes.push(format!(
                                 "{}: large_client_header_buffers {n} {s} became limits.max_header_bytes = {}: pinlb bounds the whole head; nginx also bounds each line to {s} bytes",
                                 d.at(),
@@ -1060,8 +1047,7 @@ impl Builder {
             Some((first, rest)) if rest.iter().all(|v| v == first) => *first,
             _ => in_http,
         };
-        self.limits
-            .insert("max_body".into(), Value::Integer(self.max_body as i64));
+        self.limits.max_body = Some(spanned(Size(self.max_body)));
     }
 
     /// A `client_max_body_size` against pinlb's one limit: refused where it is smaller (pinlb
@@ -1100,7 +1086,7 @@ impl Builder {
         if path == "off" {
             return;
         }
-        if !self.log.is_empty() {
+        if self.log.access.is_some() {
             return self.skip(d, "pinlb writes one access log; the first access_log is it");
         }
         if path.starts_with("syslog:") || path.contains('$') {
@@ -1133,7 +1119,7 @@ impl Builder {
             "/dev/stdout" => "stdout".to_string(),
             p => super::values::conf_path(d, p),
         };
-        self.log.insert("access".into(), Value::String(target));
+        self.log.access = Some(spanned(target));
         let mut lost = Vec::new();
         // A line format of nginx's own (not JSON) becomes a template of the same fields.
         let template = format
@@ -1143,10 +1129,7 @@ impl Builder {
             Some(_) => "template",
             None => pinlb_format,
         };
-        self.log.insert(
-            "format".into(),
-            Value::String(template.unwrap_or_else(|| pinlb_format.into())),
-        );
+        self.log.format = Some(spanned(template.unwrap_or_else(|| pinlb_format.into())));
         match (name.map(String::as_str), format) {
             (None | Some("combined"), _) => {}
             (Some(n), None) => {
@@ -1876,34 +1859,15 @@ impl Builder {
     }
 
     fn finish(mut self) -> Converted {
-        let mut root = Table::new();
-        if !self.runtime.is_empty() {
-            root.insert(
-                "runtime".into(),
-                Value::Table(std::mem::take(&mut self.runtime)),
-            );
-        }
-        if !self.limits.is_empty() {
-            root.insert(
-                "limits".into(),
-                Value::Table(std::mem::take(&mut self.limits)),
-            );
-        }
-        if !self.limit_zones.is_empty() {
-            root.insert(
-                "limit".into(),
-                Value::Table(std::mem::take(&mut self.limit_zones)),
-            );
-        }
-        if !self.cache_zones.is_empty() {
-            root.insert(
-                "cache".into(),
-                Value::Table(std::mem::take(&mut self.cache_zones)),
-            );
-        }
-        if !self.log.is_empty() {
-            root.insert("log".into(), Value::Table(std::mem::take(&mut self.log)));
-        }
+        let typed = RawConfig {
+            runtime: std::mem::take(&mut self.runtime),
+            limits: std::mem::take(&mut self.limits),
+            limit: std::mem::take(&mut self.limit_zones),
+            cache: std::mem::take(&mut self.cache_zones),
+            log: std::mem::take(&mut self.log),
+            ..RawConfig::default()
+        };
+        let mut root = Table::try_from(&typed).expect("the configuration's types are TOML");
         let mut listeners = Vec::new();
         let mut anything = false;
         for (address, mut servers) in std::mem::take(&mut self.listeners) {

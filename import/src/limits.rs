@@ -14,9 +14,11 @@
 
 use std::collections::BTreeMap;
 
+use pinlb::modules::rate_limit::{RawRateLimit, RawRateZone};
 use toml::{Table, Value};
 
 use super::parse::Directive;
+use super::values::spanned;
 
 /// The directives read here, which the level loops leave alone.
 pub(super) const NAMES: [&str; 6] = [
@@ -32,7 +34,7 @@ pub(super) const NAMES: [&str; 6] = [
 #[derive(Debug, Clone, Default)]
 pub(super) struct Inherited {
     reqs: Option<Vec<Directive>>,
-    status: Option<i64>,
+    status: Option<u16>,
     conns: Option<Vec<Directive>>,
 }
 
@@ -90,7 +92,11 @@ fn key(var: &str) -> Option<String> {
 }
 
 /// The http block's `limit_req_zone`s as `[limit.NAME]` tables, into `zones`.
-pub(super) fn zones(http: &[Directive], zones: &mut Table, refused: &mut Vec<String>) {
+pub(super) fn zones(
+    http: &[Directive],
+    zones: &mut BTreeMap<String, RawRateZone>,
+    refused: &mut Vec<String>,
+) {
     for d in http.iter().filter(|d| d.name == "limit_req_zone") {
         let mut params: BTreeMap<&str, &str> = BTreeMap::new();
         for a in d.args.iter().skip(1) {
@@ -119,15 +125,14 @@ pub(super) fn zones(http: &[Directive], zones: &mut Table, refused: &mut Vec<Str
             refuse(refused, d, "only whole rates in r/s or r/m convert");
             continue;
         }
-        let mut t = Table::new();
-        t.insert("key".into(), Value::String(k));
-        t.insert("rate".into(), Value::String(rate.to_string()));
-        // nginx keeps a key in about 64 bytes of its zone (128 for a long key); pinlb's
-        // table is sized by keys, 16 bytes each.
-        if let Some(bytes) = zone_bytes(size) {
-            t.insert("keys".into(), Value::Integer((bytes / 64).max(1) as i64));
-        }
-        zones.insert(name.to_string(), Value::Table(t));
+        let zone = RawRateZone {
+            key: Some(spanned(k)),
+            rate: spanned(rate.to_string()),
+            // nginx keeps a key in about 64 bytes of its zone (128 for a long key); pinlb's
+            // table is sized by keys, 16 bytes each.
+            keys: zone_bytes(size).map(|bytes| spanned((bytes / 64).max(1) as i64)),
+        };
+        zones.insert(name.to_string(), zone);
     }
 }
 
@@ -144,7 +149,7 @@ fn zone_bytes(s: &str) -> Option<u64> {
 /// The `limit_req`s in force in a location as its route's `rate_limit`.
 pub(super) fn route(
     inherited: &Inherited,
-    zones: &Table,
+    zones: &BTreeMap<String, RawRateZone>,
     route: &mut Table,
     refused: &mut Vec<String>,
 ) {
@@ -187,21 +192,17 @@ pub(super) fn route(
             );
             continue;
         }
-        let mut t = Table::new();
-        t.insert("zone".into(), Value::String(zone.to_string()));
-        if burst > 0 {
-            t.insert("burst".into(), Value::Integer(burst));
-            t.insert("nodelay".into(), Value::Boolean(true));
-        }
-        // nginx answers 503 unless limit_req_status says otherwise.
-        t.insert(
-            "status".into(),
-            Value::Integer(inherited.status.unwrap_or(503)),
-        );
-        list.push(Value::Table(t));
+        list.push(spanned(RawRateLimit {
+            zone: spanned(zone.to_string()),
+            burst: (burst > 0).then(|| spanned(burst)),
+            nodelay: (burst > 0).then(|| spanned(true)),
+            // nginx answers 503 unless limit_req_status says otherwise.
+            status: Some(spanned(inherited.status.unwrap_or(503))),
+        }));
     }
     if !list.is_empty() {
-        route.insert("rate_limit".into(), Value::Array(list));
+        let list = Value::try_from(list).expect("a rate_limit list is TOML");
+        route.insert("rate_limit".into(), list);
     }
 }
 

@@ -2,7 +2,7 @@
 //! address as an upstream of its own, durations, the files a directive names and
 //! `ssl_protocols`; shared by the http block's conversion and the stream block's.
 
-use toml::{Table, Value};
+use toml::{Spanned, Table, Value};
 
 use crate::parse::Directive;
 
@@ -56,6 +56,12 @@ pub(crate) fn duration(s: &str) -> Option<String> {
     } else {
         format!("{ms}ms")
     })
+}
+
+/// A value of pinlb's configuration types, as `pinlb import` builds them: at no place in a file
+/// until the file it writes is read.
+pub(crate) fn spanned<T>(v: T) -> Spanned<T> {
+    Spanned::new(0..0, v)
 }
 
 /// An upstream of the one backend at `address` (nginx's `proxy_pass` to an address), its port

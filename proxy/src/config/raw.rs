@@ -23,7 +23,7 @@ pub use crate::syntax::values::{Dur, Size};
 use crate::sys::cpus::parse_cpu_list;
 
 /// The whole file.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     #[serde(default, skip_serializing_if = "is_default")]
@@ -1064,27 +1064,10 @@ impl Serialize for Protocol {
     }
 }
 
-/// Written as read: `"0,2-5"`, one string of ids and ranges.
+/// Written as docs/configuration.md writes it: the list of core ids (`[0, 1, 2]`).
 impl Serialize for CpuList {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut text = String::new();
-        let mut cores = self.0.iter().copied().peekable();
-        // Bounded by the list: each turn takes one run of consecutive ids.
-        while let Some(first) = cores.next() {
-            let mut last = first;
-            while cores.peek() == Some(&(last + 1)) {
-                last += 1;
-                cores.next();
-            }
-            if !text.is_empty() {
-                text.push(',');
-            }
-            match last == first {
-                true => text.push_str(&first.to_string()),
-                false => text.push_str(&format!("{first}-{last}")),
-            }
-        }
-        s.serialize_str(&text)
+        self.0.serialize(s)
     }
 }
 

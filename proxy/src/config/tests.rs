@@ -1312,7 +1312,7 @@ fn the_raw_types_written_back_read_again_as_they_were() {
     assert!(read >= 19 && valid >= 9, "only {read} read, {valid} valid");
     let every_form = r#"
         [runtime]
-        cpus = [0, "2-3"]
+        cpus = "0,2-3"
         shutdown_timeout = "1500ms"
         [limits]
         max_body = "1MiB"
@@ -1341,7 +1341,7 @@ fn the_raw_types_written_back_read_again_as_they_were() {
         [upstream.app]
         algorithm = "least_conn"
         keepalive = 8
-        backends = [{ address = "127.0.0.1:1", weight = 2, cpus = "1" }]
+        backends = [{ address = "127.0.0.1:1", weight = 2, cpus = [4, 5, 6, 7] }]
         health = { path = "/h", expect = ["200-299", 304] }
         passive = { fail_on_status = 502 }
         sticky = { cookie = "srv" }
@@ -1353,7 +1353,7 @@ fn the_raw_types_written_back_read_again_as_they_were() {
     let written = write(every_form);
     assert_eq!(write(&written), written);
     for form in [
-        r#"cpus = "0,2-3""#,
+        "cpus = [0, 2, 3]",
         r#"shutdown_timeout = "1500ms""#,
         "max_body = 1048576",
         r#"header_timeout = "90s""#,
@@ -1364,6 +1364,7 @@ fn the_raw_types_written_back_read_again_as_they_were() {
         r#"host = "c.test""#,
         r#"expect = ["200-299", 304]"#,
         "fail_on_status = 502",
+        "cpus = [4, 5, 6, 7]",
         "limit_rate = 100000",
     ] {
         assert!(written.contains(form), "{form} not in:\n{written}");
