@@ -361,7 +361,7 @@ fn stream_level_directives_are_inherited_and_a_servers_own_list_replaces_them() 
     );
     // Timeouts inherited, and nginx's default proxy_timeout written out.
     assert!(toml.contains("connect = \"3s\""), "{toml}");
-    assert!(toml.contains("tunnel_idle = \"10m\""), "{toml}");
+    assert!(toml.contains("tunnel_idle = \"600s\""), "{toml}");
 }
 
 #[test]

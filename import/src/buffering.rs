@@ -11,9 +11,11 @@
 //! `client_body_temp_path` (pinlb has one directory for both) become `temp_dir`. nginx's buffer
 //! sizes (`proxy_buffers`, `client_body_buffer_size`) are not read: pinlb has one `memory` bound.
 
-use toml::{Table, Value};
+use pinlb::config::raw::{RawUpstream, Size};
+use pinlb::modules::buffering::Raw;
 
 use super::parse::Directive;
+use super::values::spanned;
 
 /// The directives read here; each inherits from the nearest level that sets it. The
 /// `fastcgi_` ones are a FastCGI location's, as the `proxy_` ones are a proxying one's.
@@ -60,7 +62,7 @@ impl Inherited {
         conf_dir: &std::path::Path,
         size: fn(&str) -> Option<u64>,
         notes: &mut Vec<String>,
-    ) -> Option<Table> {
+    ) -> Option<Raw> {
         let on = |name: &str| {
             self.get(&format!("{kind}_{name}"))
                 .is_none_or(|d| d.args.first().map(String::as_str) != Some("off"))
@@ -69,17 +71,14 @@ impl Inherited {
         if !request && !response {
             return None;
         }
-        let mut t = Table::new();
-        t.insert("request".into(), Value::Boolean(request));
-        t.insert("response".into(), Value::Boolean(response));
+        let mut t = Raw {
+            request: Some(spanned(request)),
+            response: Some(spanned(response)),
+            ..Raw::default()
+        };
         if let Some(d) = self.get(&format!("{kind}_max_temp_file_size")) {
             match d.args.first().and_then(|s| size(s)) {
-                Some(v) => {
-                    t.insert(
-                        "max_temp".into(),
-                        Value::Integer(v.min(i64::MAX as u64) as i64),
-                    );
-                }
+                Some(v) => t.max_temp = Some(spanned(Size(v.min(i64::MAX as u64)))),
                 None => notes.push(format!("{}: {} not converted: not a size", d.at(), d.name)),
             }
         }
@@ -88,7 +87,7 @@ impl Inherited {
             .or_else(|| self.get("client_body_temp_path"));
         if let Some(path) = dir.and_then(|d| d.args.first()) {
             let path = conf_dir.join(path);
-            t.insert("temp_dir".into(), Value::String(path.display().to_string()));
+            t.temp_dir = Some(spanned(path.display().to_string()));
         }
         Some(t)
     }
@@ -103,7 +102,7 @@ pub(super) type Decided = std::collections::BTreeSet<String>;
 pub(super) fn apply(
     kind: &str,
     inherited: &Inherited,
-    (name, upstream): (&str, &mut Table),
+    (name, upstream): (&str, &mut RawUpstream),
     decided: &mut Decided,
     at: &Directive,
     (conf_dir, size): (&std::path::Path, fn(&str) -> Option<u64>),
@@ -112,11 +111,11 @@ pub(super) fn apply(
     let table = inherited.table(kind, conf_dir, size, notes);
     if decided.insert(name.to_string()) {
         if let Some(t) = table {
-            upstream.insert("buffering".into(), Value::Table(t));
+            upstream.buffering = Some(spanned(t));
         }
         return;
     }
-    if upstream.get("buffering").and_then(Value::as_table) != table.as_ref() {
+    if upstream.buffering.as_ref().map(|b| b.get_ref()) != table.as_ref() {
         notes.push(format!(
             "{}: {}: this location buffers differently from an earlier one to the same upstream; pinlb buffers per upstream and keeps the earlier one's",
             at.at(),

@@ -4,7 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use pinlb::config::raw::{CpuList, RawConfig, RawLimits, RawLog, RawRuntime, Size};
+use pinlb::config::raw::{
+    CpuList, Dur, RawConfig, RawLimits, RawLog, RawRuntime, RawUpstream, Size,
+};
+use pinlb::config::{Algorithm, Protocol};
 use pinlb::modules::cache::zone::RawZone;
 use pinlb::modules::rate_limit::RawRateZone;
 use toml::{Table, Value};
@@ -20,7 +23,7 @@ use super::rewrite;
 use super::sticky;
 use super::template::template;
 use super::unix_socket;
-use super::values::{duration, listen_address, one_backend, spanned, with_port};
+use super::values::{backend, dur, duration, listen_address, one_backend, spanned, with_port};
 
 /// The converted configuration and what could not be.
 pub struct Converted {
@@ -43,9 +46,9 @@ struct Builder {
     max_body: u64,
     /// `[[listener]]`s by address, in first-seen order.
     listeners: Vec<(String, Vec<Server>)>,
-    upstreams: BTreeMap<String, Table>,
+    upstreams: BTreeMap<String, RawUpstream>,
     /// http-level `keepalive_timeout`, for every upstream's `client_idle`.
-    client_idle: Option<String>,
+    client_idle: Option<Dur>,
     notes: Vec<String>,
     refused: Vec<String>,
     /// nginx's configuration prefix (the main file's directory), for relative file names.
@@ -532,7 +535,7 @@ impl Builder {
                         _ => self.skip(d, "expected a count and a size"),
                     }
                 }
-                ("keepalive_timeout", None) => match d.args.first().and_then(|t| duration(t)) {
+                ("keepalive_timeout", None) => match d.args.first().and_then(|t| dur(t)) {
                     Some(t) => self.client_idle = Some(t),
                     None => self.skip(d, "not a duration"),
                 },
@@ -549,9 +552,8 @@ impl Builder {
         let Some(name) = d.args.first() else {
             return self.skip(d, "an upstream needs a name");
         };
-        let mut up = Table::new();
+        let mut up = RawUpstream::default();
         let mut backends = Vec::new();
-        let mut passive = Table::new();
         for s in block {
             match s.name.as_str() {
                 "server" => {
@@ -569,30 +571,29 @@ impl Builder {
                             continue;
                         }
                     };
-                    let mut backend = Table::new();
-                    backend.insert("address".into(), Value::String(converted));
+                    let mut backend = backend(converted);
                     let mut down = false;
+                    let passive = &mut up.passive;
                     for param in &s.args[1..] {
                         let (key, value) = param.split_once('=').unwrap_or((param, ""));
                         match key {
-                            "weight" | "max_conns" => {
-                                if let Ok(n) = value.parse::<i64>() {
-                                    backend.insert(key.into(), Value::Integer(n));
+                            "weight" => {
+                                if let Ok(n) = value.parse() {
+                                    backend.weight = spanned(n);
                                 }
                             }
+                            "max_conns" => backend.max_conns = value.parse().ok(),
                             "max_fails" => {
-                                if let Ok(n) = value.parse::<i64>() {
-                                    passive.entry("max_fails").or_insert(Value::Integer(n));
+                                if let Ok(n) = value.parse() {
+                                    passive.max_fails.get_or_insert(n);
                                 }
                             }
                             "fail_timeout" => {
-                                if let Some(t) = duration(value) {
-                                    passive.entry("fail_timeout").or_insert(Value::String(t));
+                                if let Some(t) = dur(value) {
+                                    passive.fail_timeout.get_or_insert(spanned(t));
                                 }
                             }
-                            "backup" => {
-                                backend.insert("backup".into(), Value::Boolean(true));
-                            }
+                            "backup" => backend.backup = Some(spanned(true)),
                             "down" => down = true,
                             _ => self.notes.push(format!(
                                 "{}: server parameter {param} not converted",
@@ -606,15 +607,13 @@ impl Builder {
                             s.at()
                         ));
                     } else {
-                        backends.push(Value::Table(backend));
+                        backends.push(backend);
                     }
                 }
-                "least_conn" => {
-                    up.insert("algorithm".into(), "least_conn".into());
-                }
+                "least_conn" => up.algorithm = Some(spanned(Algorithm::LeastConn)),
                 "ip_hash" => {
-                    up.insert("algorithm".into(), "hash".into());
-                    up.insert("hash".into(), "client_ip".into());
+                    up.algorithm = Some(spanned(Algorithm::Hash));
+                    up.hash = Some(spanned("client_ip".into()));
                     self.notes.push(format!(
                         "{}: ip_hash became hash = \"client_ip\": each client keeps one backend, but pinlb hashes the whole address (nginx the first three octets), so which backend differs from nginx's",
                         s.at()
@@ -622,14 +621,13 @@ impl Builder {
                 }
                 "hash" => match s.args.first().and_then(|k| hash_key(k)) {
                     Some(key) => {
-                        up.insert("algorithm".into(), "hash".into());
-                        up.insert("hash".into(), Value::String(key));
                         self.notes.push(format!(
-                            "{}: hash {} became hash = \"{}\": each key keeps one backend, but pinlb hashes by rendezvous (always consistent; nginx's hash is a modulo unless `consistent`, then ketama), so which backend differs from nginx's",
+                            "{}: hash {} became hash = \"{key}\": each key keeps one backend, but pinlb hashes by rendezvous (always consistent; nginx's hash is a modulo unless `consistent`, then ketama), so which backend differs from nginx's",
                             s.at(),
                             s.args.join(" "),
-                            up.get("hash").and_then(Value::as_str).unwrap_or_default()
                         ));
+                        up.algorithm = Some(spanned(Algorithm::Hash));
+                        up.hash = Some(spanned(key));
                     }
                     None => self.skip(
                         s,
@@ -637,29 +635,24 @@ impl Builder {
                     ),
                 },
                 "random" => {
-                    up.insert("algorithm".into(), "random_two".into());
+                    up.algorithm = Some(spanned(Algorithm::RandomTwo));
                     if s.args.first().map(String::as_str) != Some("two") {
                         self.notes.push(format!("{}: random became random_two (two random choices, fewer in flight wins)", s.at()));
                     }
                 }
                 "keepalive" => {
-                    if let Some(n) = s.args.first().and_then(|n| n.parse::<i64>().ok()) {
-                        up.insert("keepalive".into(), Value::Integer(n));
+                    if let Some(n) = s.args.first().and_then(|n| n.parse().ok()) {
+                        up.keepalive = n;
                     }
                 }
                 "sticky" => match sticky::convert(s, &mut self.notes) {
-                    Ok(t) => {
-                        up.insert("sticky".into(), Value::Table(t));
-                    }
+                    Ok(sticky) => up.sticky = Some(spanned(sticky)),
                     Err(why) => self.skip(s, &why),
                 },
                 _ => self.other(s),
             }
         }
-        if !passive.is_empty() {
-            up.insert("passive".into(), Value::Table(passive));
-        }
-        up.insert("backends".into(), Value::Array(backends));
+        up.backends = Some(spanned(backends));
         self.upstreams.insert(name.clone(), up);
     }
 
@@ -1383,11 +1376,10 @@ impl Builder {
                         self.skip(d, "only http:// targets without variables convert");
                         continue;
                     };
-                    if (self.upstreams.get(&upstream))
-                        .and_then(|u| u.get("protocol"))
-                        .and_then(Value::as_str)
-                        == Some("fastcgi")
-                    {
+                    let protocol = (self.upstreams.get(&upstream))
+                        .and_then(|u| u.protocol.as_ref())
+                        .map(|p| *p.get_ref());
+                    if protocol == Some(Protocol::Fastcgi) {
                         self.skip(
                             d,
                             "its upstream is a FastCGI location's too, and pinlb speaks one protocol per upstream",
@@ -1599,16 +1591,16 @@ impl Builder {
             let matches = regex::bytes::Regex::new(&re)
                 .ok()?
                 .is_match(script.as_bytes());
-            let fastcgi = self.upstreams.get(&up)?.get("fastcgi")?.as_table()?.clone();
+            let fastcgi = self.upstreams.get(&up)?.fastcgi.as_ref()?.get_ref().clone();
             matches.then_some((up, fastcgi))
         };
         let (base, mut fastcgi) = routes.iter().find_map(|(_, _, r)| runs(r))?;
-        fastcgi.insert("script".into(), Value::String(script.into()));
+        fastcgi.script = Some(spanned(script.into()));
         let base = base.split('#').next().unwrap_or(&base).to_string();
         let name = super::fastcgi::upstream_name(&base, &fastcgi, &self.upstreams);
         if !self.upstreams.contains_key(&name) {
             let mut up = self.upstreams.get(&base).cloned().unwrap_or_default();
-            up.insert("fastcgi".into(), Value::Table(fastcgi));
+            up.fastcgi = Some(spanned(fastcgi));
             self.upstreams.insert(name.clone(), up);
         }
         let try_files = l.block.as_deref().unwrap_or_default().first();
@@ -1635,15 +1627,15 @@ impl Builder {
             return Err("expected an address".into());
         };
         let table = super::fastcgi::table(&inherit.fastcgi, inherit.pages.root(), &mut self.notes)?;
-        let backend = super::fastcgi::backend(address)?;
-        let named = backend.is_none();
-        let (base, mut up) = match backend {
-            Some(backend) => {
-                let mut b = Table::new();
-                b.insert("address".into(), Value::String(backend.clone()));
-                let mut up = Table::new();
-                up.insert("backends".into(), Value::Array(vec![Value::Table(b)]));
-                (backend, up)
+        let at = super::fastcgi::backend(address)?;
+        let named = at.is_none();
+        let (base, mut up) = match at {
+            Some(address) => {
+                let up = RawUpstream {
+                    backends: Some(spanned(vec![backend(address.clone())])),
+                    ..RawUpstream::default()
+                };
+                (address, up)
             }
             None => match self.upstreams.get(address) {
                 _ if self.http_upstreams.contains(address) => {
@@ -1653,7 +1645,7 @@ impl Builder {
                 }
                 Some(up) => {
                     let mut up = up.clone();
-                    up.remove("fastcgi");
+                    up.fastcgi = None;
                     (address.clone(), up)
                 }
                 None => {
@@ -1665,19 +1657,18 @@ impl Builder {
         };
         // An upstream block is the FastCGI one itself, unless a location made it so with
         // another table already.
-        let unclaimed =
-            named && (self.upstreams.get(&base)).is_some_and(|u| !u.contains_key("fastcgi"));
+        let unclaimed = named && (self.upstreams.get(&base)).is_some_and(|u| u.fastcgi.is_none());
         let name = match unclaimed {
             true => base,
             false => super::fastcgi::upstream_name(&base, &table, &self.upstreams),
         };
-        if !self
+        if self
             .upstreams
             .get(&name)
-            .is_some_and(|u| u.contains_key("fastcgi"))
+            .is_none_or(|u| u.fastcgi.is_none())
         {
-            up.insert("protocol".into(), Value::String("fastcgi".into()));
-            up.insert("fastcgi".into(), Value::Table(table));
+            up.protocol = Some(spanned(Protocol::Fastcgi));
+            up.fastcgi = Some(spanned(table));
             self.upstreams.insert(name.clone(), up);
         }
         let note = format!(
@@ -1761,44 +1752,39 @@ impl Builder {
         let Some(up) = self.upstreams.get_mut(name) else {
             return;
         };
-        let retry = up
-            .entry("retry")
-            .or_insert_with(|| Value::Table(Table::new()));
-        let Value::Table(retry) = retry else { return };
+        let retry = &mut up.retry;
         match d.name.as_str() {
             "proxy_next_upstream_tries" => {
-                if let Some(n) = d.args.first().and_then(|n| n.parse::<i64>().ok()) {
-                    retry.insert("tries".into(), Value::Integer(n));
+                if let Some(n) = d.args.first().and_then(|n| n.parse().ok()) {
+                    retry.tries = Some(n);
                 }
             }
             "proxy_next_upstream_timeout" => {
-                if let Some(t) = d
-                    .args
-                    .first()
-                    .and_then(|t| duration(t))
-                    .filter(|t| t != "0s")
+                if let Some(t) = (d.args.first())
+                    .and_then(|t| dur(t))
+                    .filter(|t| !t.0.is_zero())
                 {
-                    retry.insert("timeout".into(), Value::String(t));
+                    retry.timeout = Some(spanned(t));
                 }
             }
             _ => {
                 if d.args.iter().any(|a| a == "off") {
-                    retry.insert("tries".into(), Value::Integer(1));
+                    retry.tries = Some(1);
                 }
                 if d.args.iter().any(|a| a == "non_idempotent") {
-                    retry.insert("non_idempotent".into(), Value::Boolean(true));
+                    retry.non_idempotent = Some(true);
                 }
                 // The conditions, nginx's names: `retry.on` takes them as they are.
-                let on: Vec<Value> = (d.args.iter())
+                let on = (d.args.iter())
                     .filter(|a| {
                         matches!(a.as_str(), "error" | "timeout" | "invalid_header")
                             || a.strip_prefix("http_")
                                 .is_some_and(|n| n.parse::<u16>().is_ok())
                     })
-                    .map(|a| Value::String(a.clone()))
+                    .map(|a| spanned(a.clone()))
                     .collect();
                 if !d.args.iter().any(|a| a == "off") {
-                    retry.insert("on".into(), Value::Array(on));
+                    retry.on = Some(spanned(on));
                 }
             }
         }
@@ -2014,19 +2000,14 @@ impl Builder {
         if !listeners.is_empty() {
             root.insert("listener".into(), Value::Array(listeners));
         }
-        let mut upstreams = Table::new();
-        for (name, mut up) in std::mem::take(&mut self.upstreams) {
-            if let Some(idle) = &self.client_idle {
-                let t = up
-                    .entry("timeouts")
-                    .or_insert_with(|| Value::Table(Table::new()));
-                if let Some(t) = t.as_table_mut() {
-                    t.insert("client_idle".into(), Value::String(idle.clone()));
-                }
+        let mut upstreams = std::mem::take(&mut self.upstreams);
+        for up in upstreams.values_mut() {
+            if let Some(idle) = self.client_idle {
+                up.timeouts.client_idle = Some(spanned(idle));
             }
-            upstreams.insert(name, Value::Table(up));
         }
-        root.insert("upstream".into(), Value::Table(upstreams));
+        let upstreams = Value::try_from(upstreams).expect("the configuration's types are TOML");
+        root.insert("upstream".into(), upstreams);
         // A directive inherited by several locations is noted once.
         let mut seen = std::collections::HashSet::new();
         self.notes.retain(|n| seen.insert(n.clone()));

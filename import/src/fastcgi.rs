@@ -21,9 +21,13 @@
 //! - One upstream per address and root: two FastCGI locations with different roots (or
 //!   indexes, splits, params) get two upstreams, the second named `ADDR#2`.
 
-use toml::{Table, Value};
+use std::collections::BTreeMap;
+
+use pinlb::config::raw::{RawFastcgi, RawUpstream};
+use toml::Spanned;
 
 use super::parse::Directive;
+use super::values::spanned;
 
 /// The `fastcgi_*` directives read here, which the converter leaves to this module.
 pub(super) const NAMES: [&str; 5] = [
@@ -116,9 +120,8 @@ pub(super) fn table(
     block: &[Directive],
     root: Option<&str>,
     notes: &mut Vec<String>,
-) -> Result<Table, String> {
-    let mut t = Table::new();
-    let mut params = Table::new();
+) -> Result<RawFastcgi, String> {
+    let mut params = BTreeMap::new();
     let mut index: Option<String> = None;
     let mut split: Option<String> = None;
     for d in block {
@@ -171,26 +174,24 @@ pub(super) fn table(
         "" => "/",
         r => r,
     };
-    t.insert("root".into(), Value::String(root.into()));
-    if let Some(i) = index {
-        t.insert("index".into(), Value::String(i));
+    if let Some(s) = &split
+        && regex::bytes::Regex::new(s).map(|r| r.captures_len()) != Ok(3)
+    {
+        return Err(format!(
+            "fastcgi_split_path_info {s}: not a regular expression with two capture groups pinlb can compile"
+        ));
     }
-    if let Some(s) = split {
-        if regex::bytes::Regex::new(&s).map(|r| r.captures_len()) != Ok(3) {
-            return Err(format!(
-                "fastcgi_split_path_info {s}: not a regular expression with two capture groups pinlb can compile"
-            ));
-        }
-        t.insert("split_path_info".into(), Value::String(s));
-    }
-    if !params.is_empty() {
-        t.insert("params".into(), Value::Table(params));
-    }
-    Ok(t)
+    Ok(RawFastcgi {
+        root: Some(spanned(root.into())),
+        index: index.map(spanned),
+        split_path_info: split.map(spanned),
+        params,
+        ..RawFastcgi::default()
+    })
 }
 
 /// One `fastcgi_param NAME VALUE [if_not_empty]`.
-fn param(d: &Directive, params: &mut Table) -> Result<(), String> {
+fn param(d: &Directive, params: &mut BTreeMap<String, Spanned<String>>) -> Result<(), String> {
     let (Some(name), Some(value)) = (d.args.first(), d.args.get(1)) else {
         return Err(format!(
             "{}: fastcgi_param not converted: expected a name and a value",
@@ -226,7 +227,7 @@ fn param(d: &Directive, params: &mut Table) -> Result<(), String> {
             d.args[2..].join(" ")
         ));
     }
-    params.insert(name.clone(), Value::String(value.clone()));
+    params.insert(name.clone(), spanned(value.clone()));
     Ok(())
 }
 
@@ -270,17 +271,20 @@ pub(super) fn backend(address: &str) -> Result<Option<String>, String> {
 /// distinct table; an HTTP upstream of the name is passed over too).
 pub(super) fn upstream_name(
     base: &str,
-    fastcgi: &Table,
-    upstreams: &std::collections::BTreeMap<String, Table>,
+    fastcgi: &RawFastcgi,
+    upstreams: &BTreeMap<String, RawUpstream>,
 ) -> String {
     for n in 1.. {
         let name = match n {
             1 => base.to_string(),
             n => format!("{base}#{n}"),
         };
-        match upstreams.get(&name).map(|u| u.get("fastcgi")) {
+        match upstreams
+            .get(&name)
+            .map(|u| u.fastcgi.as_ref().map(Spanned::get_ref))
+        {
             None => return name,
-            Some(Some(Value::Table(t))) if t == fastcgi => return name,
+            Some(Some(t)) if t == fastcgi => return name,
             Some(_) => continue,
         }
     }
@@ -315,10 +319,11 @@ mod tests {
             d("fastcgi_pass", &["unix:/run/php/php8.2-fpm.sock"]),
         ];
         let t = table(&block, Some("/var/www/html/"), &mut notes).unwrap();
-        assert_eq!(t["root"].as_str(), Some("/var/www/html"));
-        assert_eq!(t["index"].as_str(), Some("index.php"));
-        assert_eq!(t["split_path_info"].as_str(), Some(SNIPPET_SPLIT));
-        assert_eq!(t["params"]["APP_ENV"].as_str(), Some("prod"));
+        let text = |v: &Option<Spanned<String>>| v.as_ref().map(|v| v.get_ref().clone());
+        assert_eq!(text(&t.root).as_deref(), Some("/var/www/html"));
+        assert_eq!(text(&t.index).as_deref(), Some("index.php"));
+        assert_eq!(text(&t.split_path_info).as_deref(), Some(SNIPPET_SPLIT));
+        assert_eq!(t.params["APP_ENV"].get_ref(), "prod");
         assert!(notes[0].contains("php-fpm answers 404"), "{notes:?}");
     }
 
@@ -359,15 +364,19 @@ mod tests {
         );
         assert_eq!(backend("php"), Ok(None));
         assert!(backend("unix:php.sock").is_err());
-        let mut ups = std::collections::BTreeMap::new();
-        let mut one = Table::new();
-        one.insert("root".into(), "/a".into());
-        let mut up = Table::new();
-        up.insert("fastcgi".into(), Value::Table(one.clone()));
+        let mut ups = BTreeMap::new();
+        let one = RawFastcgi {
+            root: Some(spanned("/a".into())),
+            ..RawFastcgi::default()
+        };
+        let up = RawUpstream {
+            fastcgi: Some(spanned(one.clone())),
+            ..RawUpstream::default()
+        };
         ups.insert("php".to_string(), up);
         assert_eq!(upstream_name("php", &one, &ups), "php");
         let mut other = one.clone();
-        other.insert("root".into(), "/b".into());
+        other.root = Some(spanned("/b".into()));
         assert_eq!(upstream_name("php", &other, &ups), "php#2");
     }
 }

@@ -8,12 +8,19 @@
 //! unless told (the browser then scopes the cookie to the request's directory), pinlb `Path=/`;
 //! `expires=max` (ten years) becomes pinlb's longest `max_age`, 365 days.
 
-use toml::{Table, Value};
+use std::time::Duration;
+
+use pinlb::config::raw::Dur;
+use pinlb::modules::sticky::Raw;
 
 use super::parse::Directive;
+use super::values::spanned;
+
+/// nginx Plus's `expires=max`, as long as pinlb's `max_age` goes.
+const MAX_AGE: Duration = Duration::from_secs(365 * 86_400);
 
 /// The `sticky` table for directive `d`, or why it does not convert.
-pub(super) fn convert(d: &Directive, notes: &mut Vec<String>) -> Result<Table, String> {
+pub(super) fn convert(d: &Directive, notes: &mut Vec<String>) -> Result<Raw, String> {
     let (Some("cookie"), Some(name)) = (d.args.first().map(String::as_str), d.args.get(1)) else {
         return Err(
             "only `sticky cookie NAME …` converts (pinlb inserts its own cookie; it reads no route or learned session)"
@@ -23,55 +30,55 @@ pub(super) fn convert(d: &Directive, notes: &mut Vec<String>) -> Result<Table, S
     if !pinlb::config::is_cookie_name(name) {
         return Err(format!("\"{name}\" is not a valid cookie name"));
     }
-    let mut t = Table::new();
-    t.insert("cookie".into(), Value::String(name.clone()));
-    // nginx Plus sets HttpOnly only when asked; pinlb by default: written out either way.
-    let mut httponly = false;
+    let mut t = Raw {
+        cookie: spanned(name.clone()),
+        path: None,
+        domain: None,
+        max_age: None,
+        secure: None,
+        // nginx Plus sets HttpOnly only when asked; pinlb by default: written out either way.
+        httponly: Some(false),
+        samesite: None,
+        seed: None,
+    };
     for arg in &d.args[2..] {
         let (key, value) = arg.split_once('=').unwrap_or((arg, ""));
         match (key, value) {
-            ("httponly", "") => httponly = true,
-            ("secure", "") => {
-                t.insert("secure".into(), Value::Boolean(true));
-            }
+            ("httponly", "") => t.httponly = Some(true),
+            ("secure", "") => t.secure = Some(true),
             ("expires", "max") => {
-                t.insert("max_age".into(), Value::String("365d".into()));
+                t.max_age = Some(spanned(Dur(MAX_AGE)));
                 notes.push(format!(
-                    "{}: sticky cookie expires=max became max_age = \"365d\" (nginx's is ten years)",
-                    d.at()
+                    "{}: sticky cookie expires=max became max_age = \"{}\", 365 days (nginx's is ten years)",
+                    d.at(),
+                    Dur(MAX_AGE)
                 ));
             }
             ("expires", v) => match humantime::parse_duration(v) {
                 Ok(age) if age.as_secs() > 0 => {
-                    let age = age.min(std::time::Duration::from_secs(365 * 86_400));
-                    t.insert(
-                        "max_age".into(),
-                        Value::String(format!("{}s", age.as_secs())),
-                    );
+                    let age = Duration::from_secs(age.min(MAX_AGE).as_secs());
+                    t.max_age = Some(spanned(Dur(age)));
                 }
                 _ => return Err(format!("expires={v} is not a time pinlb reads")),
             },
             ("domain", v) if !v.is_empty() && !v.starts_with('$') => {
-                t.insert("domain".into(), Value::String(v.into()));
+                t.domain = Some(spanned(v.into()));
             }
-            ("path", v) if v.starts_with('/') => {
-                t.insert("path".into(), Value::String(v.into()));
-            }
+            ("path", v) if v.starts_with('/') => t.path = Some(spanned(v.into())),
             ("samesite", v)
                 if ["strict", "lax", "none"].contains(&v.to_ascii_lowercase().as_str()) =>
             {
-                t.insert("samesite".into(), Value::String(v.to_ascii_lowercase()));
+                t.samesite = Some(spanned(v.to_ascii_lowercase()));
             }
             _ => return Err(format!("parameter {arg} has no pinlb equivalent")),
         }
     }
-    if !t.contains_key("path") {
+    if t.path.is_none() {
         notes.push(format!(
             "{}: sticky cookie {name} gets Path=/ (nginx sends no Path unless path= is given)",
             d.at()
         ));
     }
-    t.insert("httponly".into(), Value::Boolean(httponly));
     notes.push(format!(
         "{}: sticky cookie {name}: pinlb's values differ from nginx Plus's, so a client holding nginx's cookie is given pinlb's once, then stays on its backend",
         d.at()
@@ -106,8 +113,7 @@ mod tests {
             "secure",
             "samesite=Lax",
         ]);
-        let t = convert(&d, &mut notes).unwrap();
-        let text = toml::to_string(&t).unwrap();
+        let text = toml::to_string(&convert(&d, &mut notes).unwrap()).unwrap();
         for line in [
             "cookie = \"srv_id\"",
             "max_age = \"3600s\"",
@@ -126,11 +132,12 @@ mod tests {
     fn nginx_defaults_are_written_out() {
         let mut notes = Vec::new();
         let t = convert(&directive(&["cookie", "srv_id"]), &mut notes).unwrap();
-        assert_eq!(t["httponly"], Value::Boolean(false));
-        assert!(!t.contains_key("path"));
+        assert_eq!(t.httponly, Some(false));
+        assert!(t.path.is_none());
         assert!(notes.iter().any(|n| n.contains("Path=/")), "{notes:?}");
         let t = convert(&directive(&["cookie", "s", "expires=max"]), &mut notes).unwrap();
-        assert_eq!(t["max_age"], Value::String("365d".into()));
+        let text = toml::to_string(&t).unwrap();
+        assert!(text.contains("max_age = \"31536000s\""), "{text}");
     }
 
     #[test]

@@ -10,9 +10,13 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
+use pinlb::config::raw::{Dur, RawRetry, RawUpstream};
 use toml::{Table, Value};
 
 use crate::parse::Directive;
+use crate::values::spanned;
 
 /// What a `stream {}` block converts to.
 #[derive(Default)]
@@ -36,7 +40,7 @@ struct NameMap {
 pub fn convert(
     block: &[Directive],
     upstream: &dyn Fn(&str) -> Option<String>,
-    upstreams: &mut BTreeMap<String, Table>,
+    upstreams: &mut BTreeMap<String, RawUpstream>,
 ) -> Stream {
     let mut out = Stream::default();
     let maps = name_maps(block, &mut out);
@@ -167,13 +171,13 @@ impl Server<'_> {
         &self,
         d: &Directive,
         block: &[Directive],
-        upstreams: &mut BTreeMap<String, Table>,
+        upstreams: &mut BTreeMap<String, RawUpstream>,
         out: &mut Stream,
     ) {
         let mut listens = Vec::new();
         let mut keys = Table::new();
-        let mut upstream_keys = Table::new();
-        let mut timeouts = Table::new();
+        // The upstream's keys this server sets.
+        let mut upstream_keys = RawUpstream::default();
         let mut pass: Option<&Directive> = None;
         let mut preread = false;
         let mut access = Vec::new();
@@ -192,16 +196,16 @@ impl Server<'_> {
                 ("ssl_protocols", Some(_)) => {
                     super::values::ssl_protocols(s, &mut out.notes, &mut out.refused)
                 }
-                ("proxy_timeout", Some(v)) => match super::values::duration(v) {
+                ("proxy_timeout", Some(v)) => match super::values::dur(v) {
                     Some(t) => {
-                        timeouts.insert("tunnel_idle".into(), Value::String(t.clone()));
-                        keys.insert("session_idle".into(), Value::String(t));
+                        upstream_keys.timeouts.tunnel_idle = Some(spanned(t));
+                        keys.insert("session_idle".into(), Value::String(t.to_string()));
                     }
                     None => out.notes.push(format!("{}: proxy_timeout {v} not converted: not a duration", s.at())),
                 },
                 ("proxy_connect_timeout", Some(v)) => {
-                    if let Some(t) = super::values::duration(v) {
-                        timeouts.insert("connect".into(), Value::String(t));
+                    if let Some(t) = super::values::dur(v) {
+                        upstream_keys.timeouts.connect = Some(spanned(t));
                     }
                 }
                 ("proxy_responses", Some(v)) => match v.parse::<i64>() {
@@ -213,21 +217,16 @@ impl Server<'_> {
                 },
                 ("proxy_protocol", Some("on")) => {
                     // nginx's stream module writes version 1.
-                    upstream_keys.insert("proxy_protocol".into(), "v1".into());
+                    upstream_keys.proxy_protocol = Some(spanned("v1".into()));
                 }
                 ("proxy_protocol", Some(_)) => {}
                 ("proxy_next_upstream_tries" | "proxy_next_upstream_timeout", Some(v)) => {
-                    let retry = upstream_keys
-                        .entry("retry")
-                        .or_insert_with(|| Value::Table(Table::new()));
-                    if let (Some(r), true) = (retry.as_table_mut(), s.name.ends_with("tries")) {
-                        if let Ok(n) = v.parse::<i64>() {
-                            r.insert("tries".into(), Value::Integer(n));
+                    if s.name.ends_with("tries") {
+                        if let Ok(n) = v.parse() {
+                            upstream_keys.retry.tries = Some(n);
                         }
-                    } else if let (Some(r), Some(t)) =
-                        (retry.as_table_mut(), super::values::duration(v))
-                    {
-                        r.insert("timeout".into(), Value::String(t));
+                    } else if let Some(t) = super::values::dur(v) {
+                        upstream_keys.retry.timeout = Some(spanned(t));
                     }
                 }
                 ("allow" | "deny", Some(who)) => {
@@ -263,9 +262,13 @@ impl Server<'_> {
             }
         }
         // nginx's default `proxy_timeout`, written out: pinlb's own defaults differ.
-        if !timeouts.contains_key("tunnel_idle") {
-            timeouts.insert("tunnel_idle".into(), "10m".into());
-            keys.insert("session_idle".into(), "10m".into());
+        if upstream_keys.timeouts.tunnel_idle.is_none() {
+            let ten_minutes = Dur(Duration::from_secs(600));
+            upstream_keys.timeouts.tunnel_idle = Some(spanned(ten_minutes));
+            keys.insert(
+                "session_idle".into(),
+                Value::String(ten_minutes.to_string()),
+            );
         }
         let Some(pass) = pass else {
             out.notes.push(format!(
@@ -306,23 +309,27 @@ impl Server<'_> {
                 continue;
             };
             let mut differs = Vec::new();
-            for (k, v) in &upstream_keys {
-                if up.get(k).is_some_and(|was| was != v) {
-                    differs.push(k.clone());
-                }
-                up.entry(k.clone()).or_insert(v.clone());
+            let diff = &mut differs;
+            keep_first(
+                &mut up.proxy_protocol,
+                &upstream_keys.proxy_protocol,
+                "proxy_protocol",
+                diff,
+            );
+            let unset = RawRetry::default();
+            match (&up.retry, &upstream_keys.retry) {
+                (was, own) if *own == unset || was == own => {}
+                (was, own) if *was == unset => up.retry = own.clone(),
+                _ => diff.push("retry"),
             }
-            let t = up
-                .entry("timeouts")
-                .or_insert_with(|| Value::Table(Table::new()));
-            if let Some(t) = t.as_table_mut() {
-                for (k, v) in &timeouts {
-                    if t.get(k).is_some_and(|was| was != v) {
-                        differs.push(format!("timeouts.{k}"));
-                    }
-                    t.entry(k.clone()).or_insert(v.clone());
-                }
-            }
+            let (t, own_t) = (&mut up.timeouts, &upstream_keys.timeouts);
+            keep_first(&mut t.connect, &own_t.connect, "timeouts.connect", diff);
+            keep_first(
+                &mut t.tunnel_idle,
+                &own_t.tunnel_idle,
+                "timeouts.tunnel_idle",
+                diff,
+            );
             if !differs.is_empty() {
                 out.notes.push(format!(
                     "{}: this server's {} for upstream {name} differ from an earlier server's; pinlb sets them per upstream and keeps the earlier server's",
@@ -423,7 +430,11 @@ impl Server<'_> {
 
     /// The upstream a `proxy_pass` (or a map's value) names: a stream `upstream` block, or an
     /// address, made an upstream of its own.
-    fn target(&self, target: &str, upstreams: &mut BTreeMap<String, Table>) -> Option<String> {
+    fn target(
+        &self,
+        target: &str,
+        upstreams: &mut BTreeMap<String, RawUpstream>,
+    ) -> Option<String> {
         if let Some(name) = (self.upstream)(target) {
             return Some(name);
         }
@@ -445,7 +456,7 @@ impl Server<'_> {
         &self,
         map: &NameMap,
         pass: &Directive,
-        upstreams: &mut BTreeMap<String, Table>,
+        upstreams: &mut BTreeMap<String, RawUpstream>,
         out: &mut Stream,
     ) -> Option<(String, Vec<ByName>)> {
         let Some(default) = map.default.as_deref() else {
@@ -527,4 +538,20 @@ fn tls(
         );
     }
     Some(tls)
+}
+
+/// An upstream's key `was`, set by the first server that passes to it: `own`, a later server's,
+/// where it has none yet; its `key` added to `differs` where the two differ.
+fn keep_first<T: Clone + PartialEq>(
+    was: &mut Option<T>,
+    own: &Option<T>,
+    key: &'static str,
+    differs: &mut Vec<&'static str>,
+) {
+    match (was.as_ref(), own) {
+        (_, None) => {}
+        (None, Some(_)) => *was = own.clone(),
+        (Some(a), Some(b)) if a != b => differs.push(key),
+        (Some(_), Some(_)) => {}
+    }
 }

@@ -2,7 +2,10 @@
 //! address as an upstream of its own, durations, the files a directive names and
 //! `ssl_protocols`; shared by the http block's conversion and the stream block's.
 
-use toml::{Spanned, Table, Value};
+use std::time::Duration;
+
+use pinlb::config::raw::{Dur, RawBackend, RawUpstream};
+use toml::Spanned;
 
 use crate::parse::Directive;
 
@@ -27,8 +30,8 @@ pub(crate) fn listen_address(a: &str) -> String {
     }
 }
 
-/// nginx times (`30s`, `65`, `1m`, `500ms`, `1h30m`) as pinlb writes durations.
-pub(crate) fn duration(s: &str) -> Option<String> {
+/// nginx times (`30s`, `65`, `1m`, `500ms`, `1h30m`) as pinlb's durations.
+pub(crate) fn dur(s: &str) -> Option<Dur> {
     let mut ms: u64 = 0;
     let mut rest = s;
     while !rest.is_empty() {
@@ -51,11 +54,12 @@ pub(crate) fn duration(s: &str) -> Option<String> {
         ms = ms.checked_add(n.checked_mul(scale)?)?;
         rest = &rest[unit_end..];
     }
-    Some(if ms % 1000 == 0 {
-        format!("{}s", ms / 1000)
-    } else {
-        format!("{ms}ms")
-    })
+    Some(Dur(Duration::from_millis(ms)))
+}
+
+/// nginx times as pinlb writes durations (`"30s"`, `"500ms"`).
+pub(crate) fn duration(s: &str) -> Option<String> {
+    dur(s).map(|d| d.to_string())
 }
 
 /// A value of pinlb's configuration types, as `pinlb import` builds them: at no place in a file
@@ -66,12 +70,24 @@ pub(crate) fn spanned<T>(v: T) -> Spanned<T> {
 
 /// An upstream of the one backend at `address` (nginx's `proxy_pass` to an address), its port
 /// added as nginx reads it.
-pub(crate) fn one_backend(address: &str) -> Table {
-    let mut backend = Table::new();
-    backend.insert("address".into(), Value::String(with_port(address)));
-    let mut up = Table::new();
-    up.insert("backends".into(), Value::Array(vec![Value::Table(backend)]));
-    up
+pub(crate) fn one_backend(address: &str) -> RawUpstream {
+    RawUpstream {
+        backends: Some(spanned(vec![backend(with_port(address))])),
+        ..RawUpstream::default()
+    }
+}
+
+/// A backend at `address`, its other keys left out.
+pub(crate) fn backend(address: String) -> RawBackend {
+    RawBackend {
+        address: Some(spanned(address)),
+        srv: None,
+        weight: spanned(1),
+        cpus: None,
+        max_conns: None,
+        slow_start: None,
+        backup: None,
+    }
 }
 
 /// A file a directive names, as nginx finds it: relative to the directory of the file it was

@@ -23,7 +23,7 @@ pub use crate::syntax::values::{Dur, Size};
 use crate::sys::cpus::parse_cpu_list;
 
 /// The whole file.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     #[serde(default, skip_serializing_if = "is_default")]
@@ -53,14 +53,14 @@ pub struct RawConfig {
 }
 
 /// `[resolver]`: where backends' DNS names are looked up.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawResolver {
     pub nameservers: Option<Vec<Spanned<String>>>,
 }
 
 /// `[upstream.NAME.resolve]`: how often its backends' names are looked up again.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawResolve {
     pub interval: Option<Spanned<Dur>>,
@@ -499,7 +499,7 @@ fn describe(table: &str) -> String {
 }
 
 /// `[runtime]`.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRuntime {
     pub cpus: Option<Spanned<CpuList>>,
@@ -508,7 +508,7 @@ pub struct RawRuntime {
 }
 
 /// `[limits]`.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimits {
     pub max_header_bytes: Option<Spanned<Size>>,
@@ -521,7 +521,7 @@ pub struct RawLimits {
 }
 
 /// `[http2]`.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHttp2 {
     pub max_concurrent_streams: Option<Spanned<u32>>,
@@ -532,7 +532,7 @@ pub struct RawHttp2 {
 }
 
 /// `[upstream.NAME]`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     pub algorithm: Option<Spanned<Algorithm>>,
@@ -589,9 +589,18 @@ pub struct RawUpstream {
     pub fastcgi: Option<Spanned<RawFastcgi>>,
 }
 
+/// An upstream with every key left out, each default the file's reading gives it.
+impl Default for RawUpstream {
+    fn default() -> Self {
+        toml::Value::Table(toml::Table::new())
+            .try_into()
+            .expect("every key of an upstream may be left out")
+    }
+}
+
 /// `[upstream.NAME.spawn]`: processes pinlb starts, pinned, and whose addresses are the
 /// upstream's backends.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawSpawn {
     /// Each element spanned: an error about the program points at it.
@@ -608,7 +617,7 @@ pub struct RawSpawn {
 }
 
 /// `[upstream.NAME.tls]`: its presence turns TLS to the backends on.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstreamTls {
     pub sni: Option<Spanned<String>>,
@@ -624,7 +633,7 @@ fn default_keepalive() -> usize {
 }
 
 /// One entry of `backends`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawBackend {
     /// `IP:PORT`, `unix:/path` (a Unix socket), or `NAME:PORT` looked up (A/AAAA); exactly
@@ -646,7 +655,7 @@ fn default_weight() -> Spanned<u32> {
 }
 
 /// `[upstream.NAME.timeouts]`.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTimeouts {
     pub connect: Option<Spanned<Dur>>,
@@ -659,7 +668,7 @@ pub struct RawTimeouts {
 }
 
 /// `[upstream.NAME.health]`.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHealth {
     pub path: Option<Spanned<String>>,
@@ -678,7 +687,7 @@ pub struct RawHealth {
 }
 
 /// `[upstream.NAME.passive]`.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPassive {
     pub max_fails: Option<u32>,
@@ -687,7 +696,7 @@ pub struct RawPassive {
 }
 
 /// `[upstream.NAME.outlier]`.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawOutlier {
     pub consecutive_5xx: Option<u32>,
@@ -700,7 +709,7 @@ pub struct RawOutlier {
 }
 
 /// `[upstream.NAME.retry]`.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRetry {
     pub tries: Option<usize>,
@@ -714,7 +723,7 @@ pub struct RawRetry {
 }
 
 /// One `[[listener]]`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawListener {
     pub address: Spanned<String>,
@@ -754,7 +763,7 @@ pub struct RawListener {
 }
 
 /// One `[[listener.sni]]`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawSni {
     /// One name or a list: `a.test`, `*.b.test`.
@@ -765,7 +774,7 @@ pub struct RawSni {
 }
 
 /// One `[[listener.route]]`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
     /// One name or a list.
@@ -789,7 +798,7 @@ pub struct RawRoute {
 }
 
 /// A route's `timeouts = { connect, response, send }`, over its upstream's.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRouteTimeouts {
     pub connect: Option<Spanned<Dur>>,
@@ -798,7 +807,7 @@ pub struct RawRouteTimeouts {
 }
 
 /// A string or a list of strings.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum OneOrMany {
     One(String),
@@ -806,7 +815,7 @@ pub enum OneOrMany {
 }
 
 /// A route's `redirect = { status = 301, location = "..." }`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRedirect {
     pub status: Option<Spanned<u16>>,
@@ -814,7 +823,7 @@ pub struct RawRedirect {
 }
 
 /// A route's `respond = { status = 403, body = "..." }`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRespond {
     pub status: Spanned<u16>,
@@ -823,7 +832,7 @@ pub struct RawRespond {
 
 /// `[listener.tls]`: a default certificate (`cert` and `key`), more chosen by SNI
 /// (`[[listener.tls.certificate]]`), or both.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTls {
     pub cert: Option<Spanned<String>>,
@@ -852,7 +861,7 @@ impl RawTls {
 }
 
 /// One `[[listener.tls.certificate]]`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCertificate {
     pub cert: Spanned<String>,
@@ -860,7 +869,7 @@ pub struct RawCertificate {
 }
 
 /// `[forwarded]`.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawForwarded {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -868,7 +877,7 @@ pub struct RawForwarded {
 }
 
 /// `[admin]`.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAdmin {
     pub address: Option<Spanned<String>>,
@@ -877,7 +886,7 @@ pub struct RawAdmin {
 }
 
 /// `[log]`.
-#[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLog {
     pub access: Option<Spanned<String>>,
@@ -1023,7 +1032,7 @@ pub(super) fn positive(
 
 /// `[upstream.NAME.fastcgi]`: nginx's `root`, `fastcgi_index`, `fastcgi_split_path_info` and
 /// `fastcgi_param`, for a `protocol = "fastcgi"` upstream.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawFastcgi {
     pub root: Option<Spanned<String>>,

@@ -1369,6 +1369,8 @@ fn the_raw_types_written_back_read_again_as_they_were() {
     ] {
         assert!(written.contains(form), "{form} not in:\n{written}");
     }
+    // An upstream built with every key left out has the file's defaults.
+    assert_eq!(raw::RawUpstream::default().keepalive, 64);
     for default in [
         "weight = 1",
         "keepalive = 64",

@@ -21,7 +21,7 @@ use crate::syntax::error::{ConfigError, Source};
 use crate::syntax::template::{Request, Template};
 
 /// `{ set = { NAME = "value" }, add = { ... }, remove = ["NAME"] }`.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

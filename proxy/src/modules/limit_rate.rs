@@ -31,7 +31,7 @@ use crate::syntax::values::Size;
 pub(crate) enum LimitRate {}
 
 /// Its keys as the file writes them.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub limit_rate: Option<Spanned<Size>>,

@@ -40,14 +40,14 @@ use crate::syntax::values::Size;
 pub(crate) enum Mirror {}
 
 /// Its key as the file writes it.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub mirror: Option<Spanned<RawMirror>>,
 }
 
 /// `mirror = { … }`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawMirror {
     pub upstream: Option<Spanned<String>>,

@@ -397,7 +397,7 @@ macro_rules! modules {
         /// Every module's keys of one listener or route, as the file writes them.
         /// Serialized into the listener's or route's table: each module's keys among the
         /// table's own.
-        #[derive(Debug, Default, Serialize)]
+        #[derive(Debug, Clone, Default, PartialEq, Serialize)]
         pub struct RawModules {
             $(#[serde(flatten)] pub $name: $name::Raw,)*
         }

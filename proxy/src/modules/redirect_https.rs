@@ -26,7 +26,7 @@ use crate::syntax::error::ConfigError;
 pub(crate) enum RedirectHttps {}
 
 /// Its key as the file writes it.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub redirect_https: Option<Spanned<bool>>,

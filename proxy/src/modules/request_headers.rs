@@ -20,7 +20,7 @@ use crate::syntax::template::Request;
 pub(crate) enum RequestHeaders {}
 
 /// Its key as the file writes it.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub request_headers: Option<Spanned<header_rules::Raw>>,

@@ -20,7 +20,7 @@ use crate::syntax::error::ConfigError;
 pub(crate) enum ResponseHeaders {}
 
 /// Its key as the file writes it.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub response_headers: Option<Spanned<header_rules::Raw>>,

@@ -24,7 +24,7 @@ use crate::syntax::error::ConfigError;
 pub(crate) enum ServerTiming {}
 
 /// Its key as the file writes it.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub server_timing: Option<Spanned<bool>>,

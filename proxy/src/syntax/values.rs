@@ -45,16 +45,23 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
-/// Written as read, in the largest unit that keeps it whole: `"90s"`, `"250ms"`.
+/// As the file writes it, in seconds or milliseconds where that keeps it whole: `90s`,
+/// `250ms`.
+impl fmt::Display for Dur {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        match (d.subsec_nanos(), d.subsec_nanos() % 1_000_000) {
+            (0, _) => write!(f, "{}s", d.as_secs()),
+            (_, 0) => write!(f, "{}ms", d.as_millis()),
+            _ => write!(f, "{}", humantime::format_duration(d)),
+        }
+    }
+}
+
+/// Written as read: its [`Display`](fmt::Display) text.
 impl Serialize for Dur {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let d = self.0;
-        let text = match (d.subsec_nanos(), d.subsec_nanos() % 1_000_000) {
-            (0, _) => format!("{}s", d.as_secs()),
-            (_, 0) => format!("{}ms", d.as_millis()),
-            _ => humantime::format_duration(d).to_string(),
-        };
-        s.serialize_str(&text)
+        s.collect_str(self)
     }
 }
 

@@ -23,13 +23,13 @@ use crate::syntax::error::{ConfigError, Source};
 type Result<T> = std::result::Result<T, ConfigError>;
 
 /// `auth_basic = { realm = "…", user_file = "…" }`, or `"off"`.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RawAuthBasic {
     Off,
     On(RawAuthBasicTable),
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAuthBasicTable {
     pub realm: Option<Spanned<String>>,
@@ -73,7 +73,7 @@ impl Serialize for RawAuthBasic {
 }
 
 /// The keys as the file writes them.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub access: Option<Spanned<Vec<Spanned<String>>>>,

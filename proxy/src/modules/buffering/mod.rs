@@ -21,7 +21,7 @@ use crate::syntax::values::Size;
 type Result<T> = std::result::Result<T, ConfigError>;
 
 /// `[upstream.NAME.buffering]` as the file writes it.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub request: Option<Spanned<bool>>,

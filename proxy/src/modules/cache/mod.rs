@@ -82,14 +82,14 @@ pub(crate) use fill::Fill;
 pub(crate) enum Cache {}
 
 /// Its key as the file writes it.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub cache: Option<Spanned<Switch>>,
 }
 
 /// `cache = { … }`, or `cache = false` on a route whose listener caches.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Switch {
     Off(bool),
@@ -117,7 +117,7 @@ impl<'de> Deserialize<'de> for Switch {
 }
 
 /// `cache = { … }`'s keys.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCache {
     pub zone: Option<Spanned<String>>,

@@ -25,7 +25,7 @@ use crate::syntax::error::{ConfigErrors, Source};
 use crate::syntax::values::Size;
 
 /// `[cache.NAME]` as the file writes it.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawZone {
     pub max_size: Option<Spanned<Size>>,

@@ -133,7 +133,7 @@ impl Compress {
 }
 
 /// `compress = true`, `false`, or a table.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum RawCompress {
     Switch(bool),
@@ -141,7 +141,7 @@ pub enum RawCompress {
     Table(Box<RawCompressTable>),
 }
 
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCompressTable {
     pub algorithms: Option<Spanned<Vec<Spanned<String>>>>,

@@ -35,7 +35,7 @@ use encoder::{Encoder, Facts, OUT_CHUNK};
 pub(crate) enum Compression {}
 
 /// Its key as the file writes it: `true`, `false` or a table.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub compress: Option<Spanned<RawCompress>>,

@@ -22,7 +22,7 @@ use crate::syntax::error::{ConfigError, Source};
 pub(crate) mod table;
 
 /// `conn_limit = { max, keys }`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConnLimit {
     pub max: Spanned<i64>,

@@ -30,7 +30,7 @@ const TYPES: [(&str, &str); 6] = [
 ];
 
 /// The keys as the file writes them.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub error_page: Option<Vec<Spanned<RawErrorPage>>>,
@@ -38,7 +38,7 @@ pub struct Raw {
 }
 
 /// One `[[listener.error_page]]` (or `[[listener.route.error_page]]`) as written.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawErrorPage {
     /// One status or a list.
@@ -48,7 +48,7 @@ pub struct RawErrorPage {
 }
 
 /// `status = 404` or `status = [502, 503, 504]`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum Statuses {
     One(i64),

@@ -34,7 +34,7 @@ pub(crate) mod check;
 pub(crate) mod table;
 
 /// `[limit.NAME]`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRateZone {
     pub key: Option<Spanned<String>>,
@@ -43,7 +43,7 @@ pub struct RawRateZone {
 }
 
 /// One entry of `rate_limit = [...]`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRateLimit {
     pub zone: Spanned<String>,

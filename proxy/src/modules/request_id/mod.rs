@@ -15,7 +15,7 @@ use crate::syntax::error::{ConfigError, Source};
 pub(crate) mod id;
 
 /// `[request_id]` as the file writes it.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub enabled: Option<Spanned<bool>>,

@@ -19,7 +19,7 @@ pub(crate) mod table;
 type Result<T> = std::result::Result<T, ConfigError>;
 
 /// `sticky = { cookie = "NAME", … }` as the file writes it.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
     pub cookie: Spanned<String>,
