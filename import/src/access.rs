@@ -10,9 +10,11 @@
 
 use std::path::Path;
 
-use toml::{Table, Value};
+use pinlb::config::raw::RawRoute;
+use pinlb::modules::access::{RawAuthBasic, RawAuthBasicTable};
 
 use super::parse::Directive;
+use super::values::spanned;
 
 /// What nginx merges into a location of these directives.
 #[derive(Debug, Clone, Default)]
@@ -56,7 +58,7 @@ impl Access {
 
     /// Writes the route's `access`, `auth_basic` and `satisfy`; `conf_dir` is nginx's
     /// configuration prefix, for a relative user file.
-    pub fn apply(&self, route: &mut Table, conf_dir: &Path) -> Vec<Said> {
+    pub fn apply(&self, route: &mut RawRoute, conf_dir: &Path) -> Vec<Said> {
         let mut said = Vec::new();
         let refuse = |d: &Directive, why: &str| {
             Said::Refused(format!(
@@ -72,7 +74,7 @@ impl Access {
             for d in rules {
                 match rule(d) {
                     Ok((r, note)) => {
-                        list.push(Value::String(r));
+                        list.push(spanned(r));
                         if let Some(n) = note {
                             said.push(Said::Note(format!("{}: {n}", d.at())));
                         }
@@ -81,7 +83,7 @@ impl Access {
                 }
             }
             restricts = !list.is_empty();
-            route.insert("access".into(), Value::Array(list));
+            route.modules.access.access = Some(spanned(list));
         }
         let realm = self.auth_basic.as_ref().and_then(|d| d.args.first());
         match (&self.auth_basic, realm, &self.user_file) {
@@ -90,14 +92,12 @@ impl Access {
             (Some(d), Some(realm), Some(f)) => match (f.args.first(), realm.contains('$')) {
                 (_, true) => said.push(refuse(d, "a realm with variables")),
                 (Some(file), false) if !file.contains('$') => {
-                    let mut t = Table::new();
-                    t.insert("realm".into(), Value::String(realm.clone()));
                     let path = conf_dir.join(file);
-                    t.insert(
-                        "user_file".into(),
-                        Value::String(path.display().to_string()),
-                    );
-                    route.insert("auth_basic".into(), Value::Table(t));
+                    let on = RawAuthBasicTable {
+                        realm: Some(spanned(realm.clone())),
+                        user_file: Some(spanned(path.display().to_string())),
+                    };
+                    route.modules.access.auth_basic = Some(spanned(RawAuthBasic::On(on)));
                     restricts = true;
                 }
                 _ => said.push(refuse(f, "only a file name without variables converts")),
@@ -111,14 +111,12 @@ impl Access {
         if let Some(d) = &self.satisfy {
             match d.args.first().map(String::as_str) {
                 Some(v @ ("all" | "any")) => {
-                    route.insert("satisfy".into(), Value::String(v.into()));
+                    route.modules.access.satisfy = Some(spanned(v.into()));
                 }
                 _ => said.push(refuse(d, "expected all or any")),
             }
         }
-        let answers = ["redirect", "respond"]
-            .iter()
-            .any(|k| route.contains_key(*k));
+        let answers = route.redirect.is_some() || route.respond.is_some();
         if restricts && answers {
             let at = (self.rules.iter().flatten().chain(&self.auth_basic))
                 .next()
@@ -170,6 +168,7 @@ fn rule(d: &Directive) -> Result<(String, Option<String>), String> {
 mod tests {
     use super::*;
     use std::path::PathBuf;
+    use toml::Value;
 
     fn d(name: &str, args: &[&str], line: usize) -> Directive {
         Directive {
@@ -202,8 +201,9 @@ mod tests {
             d("allow", &["192.168.0.0/16"], 5),
             d("satisfy", &["any"], 6),
         ]);
-        let mut route = Table::new();
+        let mut route = RawRoute::default();
         let said = loc.apply(&mut route, Path::new("/etc/nginx"));
+        let route = toml::Table::try_from(&route).unwrap();
         assert!(refused(&said).is_empty());
         assert_eq!(
             route["access"],
@@ -216,8 +216,9 @@ mod tests {
         );
         assert_eq!(route["satisfy"], "any".into());
         let off = http.level(&[d("auth_basic", &["off"], 7)]);
-        let mut route = Table::new();
+        let mut route = RawRoute::default();
         off.apply(&mut route, Path::new("/etc/nginx"));
+        let route = toml::Table::try_from(&route).unwrap();
         assert!(!route.contains_key("auth_basic"));
         assert_eq!(route["access"].as_array().unwrap().len(), 2);
     }
@@ -232,8 +233,9 @@ mod tests {
             d("auth_basic_user_file", &["/x"], 5),
             d("satisfy", &["maybe"], 6),
         ]);
-        let mut route = Table::new();
+        let mut route = RawRoute::default();
         let said = level.apply(&mut route, Path::new("/"));
+        let route = toml::Table::try_from(&route).unwrap();
         let r = refused(&said);
         assert_eq!(r.len(), 4, "{r:?}");
         assert!(r[0].starts_with("n.conf:1: allow unix: not converted: pinlb listens on TCP only"));
@@ -254,8 +256,14 @@ mod tests {
     #[test]
     fn a_return_behind_access_rules_is_noted() {
         let level = Access::default().level(&[d("deny", &["all"], 9)]);
-        let mut route = Table::new();
-        route.insert("respond".into(), Value::Table(Table::new()));
+        let respond = pinlb::config::raw::RawRespond {
+            status: spanned(200),
+            body: None,
+        };
+        let mut route = RawRoute {
+            respond: Some(spanned(respond)),
+            ..RawRoute::default()
+        };
         let said = level.apply(&mut route, Path::new("/"));
         assert!(said.iter().any(
             |s| matches!(s, Said::Note(n) if n.starts_with("n.conf:9: nginx answers a return"))

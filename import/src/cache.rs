@@ -11,9 +11,10 @@
 
 use std::collections::BTreeMap;
 
-use pinlb::config::raw::Size;
+use pinlb::config::raw::{Dur, RawRoute, Size};
 use pinlb::modules::cache::zone::RawZone;
-use toml::{Table, Value};
+use pinlb::modules::cache::{RawCache, Switch};
+use toml::Spanned;
 
 use super::parse::Directive;
 use super::values::spanned;
@@ -141,7 +142,7 @@ impl Inherit {
 /// Writes into `route` the `cache` table in force; nothing where `proxy_cache` is off.
 pub(super) fn route(
     inherit: &Inherit,
-    route: &mut Table,
+    route: &mut RawRoute,
     (notes, refused): (&mut Vec<String>, &mut Vec<String>),
 ) {
     let Some(on) = inherit.get("proxy_cache") else {
@@ -154,8 +155,10 @@ pub(super) fn route(
     if zone.contains('$') {
         return super::notes::not_converted(notes, on, "a zone's name (not a variable)");
     }
-    let mut t = Table::new();
-    t.insert("zone".into(), Value::String(zone.to_string()));
+    let mut t = RawCache {
+        zone: Some(spanned(zone.to_string())),
+        ..RawCache::default()
+    };
     let get = |name: &str| inherit.get(name);
     if let Some(d) = get("proxy_cache_key") {
         let text = d.args.join(" ").replace("$proxy_host", "$host");
@@ -167,7 +170,7 @@ pub(super) fn route(
                         d.at()
                     ));
                 }
-                t.insert("key".into(), Value::String(key));
+                t.key = Some(spanned(key));
             }
             // The default key would share among clients what nginx keeps apart (a key of
             // `$cookie_session`, say): refused, and the route left without a cache.
@@ -183,21 +186,16 @@ pub(super) fn route(
     }
     let valid = valid(inherit, notes);
     if !valid.is_empty() {
-        t.insert("valid".into(), Value::Table(valid));
+        t.valid = Some(valid);
     }
     if let Some(d) = get("proxy_cache_lock") {
         // Off is nginx's default; pinlb's is on, which changes only how many misses reach
         // the backend at once.
-        t.insert(
-            "lock".into(),
-            Value::Boolean(d.args.first().is_some_and(|a| a == "on")),
-        );
+        t.lock = Some(spanned(d.args.first().is_some_and(|a| a == "on")));
     }
     if let Some(d) = get("proxy_cache_lock_timeout") {
-        match d.args.first().and_then(|v| super::values::duration(v)) {
-            Some(v) => {
-                t.insert("lock_timeout".into(), Value::String(v));
-            }
+        match d.args.first().and_then(|v| super::values::dur(v)) {
+            Some(v) => t.lock_timeout = Some(spanned(v)),
             None => super::notes::not_converted(notes, d, "a duration"),
         }
     }
@@ -210,7 +208,7 @@ pub(super) fn route(
                 "error" | "timeout" | "updating" | "http_500" | "http_502" | "http_503"
                 | "http_504" | "http_403" | "http_404" | "http_429" => {
                     updating |= a == "updating";
-                    list.push(Value::String(a.clone()));
+                    list.push(spanned(a.clone()));
                 }
                 other => notes.push(format!(
                     "{}: proxy_cache_use_stale {other} not converted: pinlb has no such case",
@@ -219,14 +217,12 @@ pub(super) fn route(
             }
         }
         if !list.is_empty() {
-            t.insert("use_stale".into(), Value::Array(list));
+            t.use_stale = Some(spanned(list));
         }
     }
     if let Some(d) = get("proxy_cache_background_update") {
         match (d.args.first().is_some_and(|a| a == "on"), updating) {
-            (true, true) => {
-                t.insert("background_update".into(), Value::Boolean(true));
-            }
+            (true, true) => t.background_update = Some(spanned(true)),
             (true, false) => notes.push(format!(
                 "{}: proxy_cache_background_update on not converted: without proxy_cache_use_stale updating it serves nothing stale",
                 d.at()
@@ -235,10 +231,7 @@ pub(super) fn route(
         }
     }
     if let Some(d) = get("proxy_cache_revalidate") {
-        t.insert(
-            "revalidate".into(),
-            Value::Boolean(d.args.first().is_some_and(|a| a == "on")),
-        );
+        t.revalidate = Some(spanned(d.args.first().is_some_and(|a| a == "on")));
     }
     for (directive, key) in [
         ("proxy_cache_bypass", "bypass"),
@@ -251,7 +244,7 @@ pub(super) fn route(
             .flat_map(|d| d.args.iter().map(move |a| (d, a)))
         {
             match condition(a) {
-                Some(c) => list.push(Value::String(c)),
+                Some(c) => list.push(spanned(c)),
                 None if key == "no_cache" => refused.push(format!(
                     "{}: proxy_no_cache {a} not converted: only $http_NAME, $cookie_NAME and $arg_NAME convert; without it pinlb would store responses nginx keeps from other clients",
                     d.at()
@@ -263,19 +256,21 @@ pub(super) fn route(
             }
         }
         if !list.is_empty() {
-            t.insert(key.into(), Value::Array(list));
+            let field = match key {
+                "bypass" => &mut t.bypass,
+                _ => &mut t.no_cache,
+            };
+            *field = Some(spanned(list));
         }
     }
     if let Some(d) = get("proxy_cache_min_uses") {
         match d
             .args
             .first()
-            .and_then(|v| v.parse::<i64>().ok())
+            .and_then(|v| v.parse::<u32>().ok())
             .filter(|n| *n >= 1)
         {
-            Some(n) => {
-                t.insert("min_uses".into(), Value::Integer(n));
-            }
+            Some(n) => t.min_uses = Some(spanned(n)),
             None => super::notes::not_converted(notes, d, "a number, 1 or more"),
         }
     }
@@ -292,7 +287,7 @@ pub(super) fn route(
         for h in &d.args {
             match h.to_ascii_lowercase().as_str() {
                 "cache-control" | "expires" | "set-cookie" | "vary" => {
-                    list.push(Value::String(h.clone()))
+                    list.push(spanned(h.clone()))
                 }
                 // pinlb reads neither header.
                 "x-accel-expires" | "x-accel-redirect" | "x-accel-limit-rate"
@@ -304,24 +299,24 @@ pub(super) fn route(
             }
         }
         if !list.is_empty() {
-            t.insert("ignore_headers".into(), Value::Array(list));
+            t.ignore_headers = Some(spanned(list));
         }
     }
     if let Some(h) = &inherit.status_header {
-        t.insert("status_header".into(), Value::String(h.clone()));
+        t.status_header = Some(spanned(h.clone()));
     }
-    route.insert("cache".into(), Value::Table(t));
+    route.modules.cache.cache = Some(spanned(Switch::On(Box::new(t))));
 }
 
 /// `proxy_cache_valid`'s lines in force, as `valid`'s table: `proxy_cache_valid 10m` is 200,
 /// 301 and 302; `any` is every other status.
-fn valid(inherit: &Inherit, notes: &mut Vec<String>) -> Table {
-    let mut out = Table::new();
+fn valid(inherit: &Inherit, notes: &mut Vec<String>) -> BTreeMap<Spanned<String>, Spanned<Dur>> {
+    let mut out = BTreeMap::new();
     for d in inherit.all("proxy_cache_valid") {
         let Some((time, codes)) = d.args.split_last() else {
             continue;
         };
-        let Some(time) = super::values::duration(time) else {
+        let Some(time) = super::values::dur(time) else {
             super::notes::not_converted(notes, d, "statuses and a duration");
             continue;
         };
@@ -329,7 +324,7 @@ fn valid(inherit: &Inherit, notes: &mut Vec<String>) -> Table {
             [] => "200 301 302".to_string(),
             list => list.join(" "),
         };
-        out.insert(codes, Value::String(time));
+        out.insert(spanned(codes), spanned(time));
     }
     out
 }

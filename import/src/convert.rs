@@ -5,12 +5,14 @@
 use std::collections::BTreeMap;
 
 use pinlb::config::raw::{
-    CpuList, Dur, RawConfig, RawLimits, RawLog, RawRuntime, RawUpstream, Size,
+    CpuList, Dur, OneOrMany, RawConfig, RawLimits, RawLog, RawRedirect, RawRespond, RawRoute,
+    RawRouteTimeouts, RawRuntime, RawUpstream, Size,
 };
 use pinlb::config::{Algorithm, Protocol};
 use pinlb::modules::cache::zone::RawZone;
 use pinlb::modules::rate_limit::RawRateZone;
-use toml::{Table, Value};
+use pinlb::modules::{error_pages, header_rules};
+use toml::{Spanned, Table, Value};
 
 use super::access;
 use super::client_cert;
@@ -23,7 +25,7 @@ use super::rewrite;
 use super::sticky;
 use super::template::template;
 use super::unix_socket;
-use super::values::{backend, dur, duration, listen_address, one_backend, spanned, with_port};
+use super::values::{backend, dur, listen_address, one_backend, spanned, text, with_port};
 
 /// The converted configuration and what could not be.
 pub struct Converted {
@@ -81,7 +83,7 @@ struct Builder {
 struct Server {
     names: Vec<String>,
     default: bool,
-    routes: Vec<Table>,
+    routes: Vec<RawRoute>,
     /// How its relative redirects are made absolute, once its address is known.
     redirects: Redirects,
     /// Where it was written, for notes.
@@ -109,9 +111,9 @@ impl Server {
 
 /// What one `location` becomes.
 enum Location {
-    Route(Table),
+    Route(RawRoute),
     /// It serves files: the route that answers 404, and what it serves (for the note).
-    Files(Table, String),
+    Files(RawRoute, String),
     /// What answers its requests did not convert (noted): no route, and a note, once the
     /// server's routes are known, on which route takes them.
     Dropped(String),
@@ -416,7 +418,7 @@ impl Builder {
 
     /// A route's `access`, `auth_basic` and `satisfy`, from what its location merges; each
     /// note or refusal once, however many routes share the directive.
-    fn access(&mut self, inherit: &Inherited, route: &mut Table) {
+    fn access(&mut self, inherit: &Inherited, route: &mut RawRoute) {
         for said in inherit.access.apply(route, &self.conf_dir) {
             let (access::Said::Note(s) | access::Said::Refused(s)) = &said;
             let list = match said {
@@ -668,7 +670,7 @@ impl Builder {
         let (pages, served) = error_page::convert(&inherit.pages, block, &mut self.notes);
         // The server's own rewrite phase, before any location: its redirects, in order, and a
         // `return`, which answers every request so that no location is ever reached.
-        let mut first: Vec<Table> = Vec::new();
+        let mut first: Vec<RawRoute> = Vec::new();
         let mut answers_all = false;
         let mut accepting = Accepting {
             from: proxy_protocol::from(block, &self.real_ip_from),
@@ -728,29 +730,27 @@ impl Builder {
                 ),
                 "return" => {
                     if let Some(action) = self.return_action(s) {
-                        let mut r = Table::new();
-                        r.insert("path".into(), Value::String("/".into()));
-                        r.insert(action.0.into(), action.1);
+                        let mut r = RawRoute {
+                            path: Some(spanned("/".into())),
+                            ..RawRoute::default()
+                        };
+                        action.set(&mut r);
                         first.push(r);
                         answers_all = true;
                     }
                 }
                 "rewrite" => match rewrite::convert(&s.args) {
                     Ok(rd) => {
-                        let mut r = Table::new();
+                        let mut r = RawRoute::default();
                         match &rd.matches {
                             rewrite::Match::All => {
-                                r.insert("path".into(), Value::String("/".into()));
+                                r.path = Some(spanned("/".into()));
                                 answers_all = true;
                             }
-                            rewrite::Match::Prefix(p) => {
-                                r.insert("path".into(), Value::String(p.clone()));
-                            }
-                            rewrite::Match::Exact(p) => {
-                                r.insert("path_exact".into(), Value::String(p.clone()));
-                            }
+                            rewrite::Match::Prefix(p) => r.path = Some(spanned(p.clone())),
+                            rewrite::Match::Exact(p) => r.path_exact = Some(spanned(p.clone())),
                         }
-                        r.insert("redirect".into(), redirect_value(rd.status, rd.location));
+                        r.redirect = Some(redirect_value(rd.status, rd.location));
                         if !first.iter().any(|earlier| route_covers(earlier, &r)) {
                             first.push(r);
                         }
@@ -791,11 +791,11 @@ impl Builder {
         };
         // nginx matches `location = ...` first, then the longest prefix; see
         // [`Builder::precedence`] for the regexes.
-        let mut routes: Vec<(u8, usize, Table)> = Vec::new();
+        let mut routes: Vec<(u8, usize, RawRoute)> = Vec::new();
         let mut placed: Vec<&Directive> = Vec::new();
         let mut fronts: Vec<(&Directive, String)> = Vec::new();
         // Its locations left out, each with the 404 route of one that serves files.
-        let mut left: Vec<(Left, Option<Table>)> = Vec::new();
+        let mut left: Vec<(Left, Option<RawRoute>)> = Vec::new();
         self.mirrors = super::mirror::Targets::of(&locations);
         let targets: Vec<String> = self.mirrors.upstreams().map(str::to_string).collect();
         for upstream in targets {
@@ -874,38 +874,35 @@ impl Builder {
         // takes that path.
         let mut slash = Vec::new();
         for (_, _, r) in &routes {
-            let Some(prefix) = r.get("path").and_then(Value::as_str) else {
+            let Some(prefix) = text(&r.path) else {
                 continue;
             };
             let Some(bare) = prefix.strip_suffix('/').filter(|b| !b.is_empty()) else {
                 continue;
             };
-            let taken = routes
-                .iter()
-                .any(|(_, _, o)| o.get("path_exact").and_then(Value::as_str) == Some(bare));
-            if !r.contains_key("upstream") || taken {
+            let taken = (routes.iter()).any(|(_, _, o)| text(&o.path_exact) == Some(bare));
+            if r.upstream.is_none() || taken {
                 continue;
             }
-            let mut t = Table::new();
-            t.insert("path_exact".into(), Value::String(bare.to_string()));
-            t.insert(
-                "redirect".into(),
+            let t = RawRoute {
+                path_exact: Some(spanned(bare.to_string())),
                 // nginx appends the query, when there is one.
-                redirect_value(
+                redirect: Some(redirect_value(
                     301,
                     format!(
                         "{}/{{is_args}}{{query}}",
                         bare.replace('{', "{{").replace('}', "}}")
                     ),
-                ),
-            );
+                )),
+                ..RawRoute::default()
+            };
             if !first.iter().any(|earlier| route_covers(earlier, &t)) {
                 slash.push((0, 0, t));
             }
         }
         routes.extend(slash);
         routes.sort_by_key(|(rank, len, _)| (*rank, *len));
-        let routes: Vec<Table> = first
+        let routes: Vec<RawRoute> = first
             .into_iter()
             .chain(routes.into_iter().map(|(_, _, r)| r))
             .collect();
@@ -947,18 +944,18 @@ impl Builder {
     fn place(
         &mut self,
         l: &Directive,
-        mut route: Table,
+        mut route: RawRoute,
         inherit: &Inherited,
         server: &[Directive],
-        first: &[Table],
-        routes: &mut Vec<(u8, usize, Table)>,
-    ) -> Option<Table> {
+        first: &[RawRoute],
+        routes: &mut Vec<(u8, usize, RawRoute)>,
+    ) -> Option<RawRoute> {
         let own = l.block.as_deref().unwrap_or_default();
         if error_page::Inherit::own(own) {
             let level = inherit.level(own).pages;
             error_page::convert(&level, server, &mut self.notes)
                 .0
-                .write(&mut route, true);
+                .write(&mut route.modules.error_pages, true);
         }
         if first.iter().any(|earlier| route_covers(earlier, &route)) {
             self.unreached(
@@ -986,7 +983,7 @@ impl Builder {
     /// regexes a `^~` is a plain prefix. A plain prefix under a `^~` one (`/static/img/` under
     /// `^~ /static/`) can't be placed both before the `^~` (it is longer) and after the regexes
     /// (it is plain): it is refused, not converted to something else.
-    fn precedence(&mut self, routes: &mut Vec<(u8, usize, Table)>, placed: &[&Directive]) {
+    fn precedence(&mut self, routes: &mut Vec<(u8, usize, RawRoute)>, placed: &[&Directive]) {
         if !routes.iter().any(|(rank, _, _)| *rank == 2) {
             for (rank, _, _) in routes.iter_mut() {
                 if *rank == 1 {
@@ -995,7 +992,7 @@ impl Builder {
             }
             return;
         }
-        let path = |r: &Table| r.get("path").and_then(Value::as_str).map(str::to_string);
+        let path = |r: &RawRoute| text(&r.path).map(str::to_string);
         let stops: Vec<(String, String)> = (routes.iter().zip(placed))
             .filter(|((rank, _, _), _)| *rank == 1)
             .filter_map(|((_, _, r), l)| Some((path(r)?, l.at())))
@@ -1222,8 +1219,8 @@ impl Builder {
 
     /// `return`'s action: `("redirect", ...)` or `("respond", ...)`; `None` (noted) for one
     /// pinlb has no equivalent for.
-    fn return_action(&mut self, d: &Directive) -> Option<(&'static str, Value)> {
-        let code = d.args.first().and_then(|c| c.parse::<i64>().ok());
+    fn return_action(&mut self, d: &Directive) -> Option<Action> {
+        let code = d.args.first().and_then(|c| c.parse::<u16>().ok());
         match (code, d.args.get(1), d.args.first()) {
             (Some(444), _, _) => {
                 self.skip(
@@ -1233,26 +1230,21 @@ impl Builder {
                 None
             }
             (Some(c @ (301 | 302 | 303 | 307 | 308)), Some(url), _) => match template(url) {
-                Some(t) => Some(("redirect", redirect_value(c, t))),
+                Some(t) => Some(Action::Redirect(redirect_value(c, t))),
                 None => {
                     self.skip(d, "its URL uses a variable pinlb has no equivalent for");
                     None
                 }
             },
             (Some(c), body, _) => {
-                let mut t = Table::new();
-                t.insert("status".into(), Value::Integer(c));
-                if let Some(body) = body {
-                    if body.contains('$') {
-                        self.skip(d, "its text uses variables; a fixed answer's body is fixed");
-                        return None;
-                    }
-                    t.insert("body".into(), Value::String(body.clone()));
+                if body.is_some_and(|b| b.contains('$')) {
+                    self.skip(d, "its text uses variables; a fixed answer's body is fixed");
+                    return None;
                 }
-                Some(("respond", Value::Table(t)))
+                Some(Action::Respond(respond_value(c, body.cloned())))
             }
             (None, _, Some(url)) => match template(url) {
-                Some(t) => Some(("redirect", redirect_value(302, t))),
+                Some(t) => Some(Action::Redirect(redirect_value(302, t))),
                 None => {
                     self.skip(d, "its URL uses a variable pinlb has no equivalent for");
                     None
@@ -1267,19 +1259,19 @@ impl Builder {
 
     /// One `location` as a route without its host, or what else it becomes ([`Location`]).
     fn location(&mut self, l: &Directive, parent: &Inherited) -> Location {
-        let mut route = Table::new();
+        let mut route = RawRoute::default();
         let block = l.block.as_deref().unwrap_or_default();
         let exact = match l.args.as_slice() {
             [modifier, path] if modifier == "=" => {
-                route.insert("path_exact".into(), Value::String(path.clone()));
+                route.path_exact = Some(spanned(path.clone()));
                 true
             }
             [modifier, path] if modifier == "^~" => {
-                route.insert("path".into(), Value::String(path.clone()));
+                route.path = Some(spanned(path.clone()));
                 false
             }
             [path] if path.starts_with('/') => {
-                route.insert("path".into(), Value::String(path.clone()));
+                route.path = Some(spanned(path.clone()));
                 false
             }
             [modifier, re] if modifier == "~" || modifier == "~*" => {
@@ -1298,7 +1290,7 @@ impl Builder {
                     );
                     return Location::Gone;
                 }
-                route.insert("path_regex".into(), Value::String(pattern));
+                route.path_regex = Some(spanned(pattern));
                 false
             }
             _ => {
@@ -1313,7 +1305,7 @@ impl Builder {
         let inherit = parent.level(block);
         super::limits::location_conns(block, &mut self.refused);
         let mut proxy_at = None;
-        let mut action: Option<(&'static str, Value)> = None;
+        let mut action: Option<Action> = None;
         // What no arm converts: noted after the loop, or, in a location that serves files,
         // named in its one note (they shape the file's answer, which pinlb does not send).
         let mut others = Vec::new();
@@ -1327,7 +1319,7 @@ impl Builder {
                 ),
                 "rewrite" => match rewrite::convert(&d.args) {
                     Ok(rd) if rd.matches == rewrite::Match::All => {
-                        action = Some(("redirect", redirect_value(rd.status, rd.location)));
+                        action = Some(Action::Redirect(redirect_value(rd.status, rd.location)));
                     }
                     Ok(_) => self.skip(
                         d,
@@ -1341,7 +1333,7 @@ impl Builder {
                 "return" => action = self.return_action(d),
                 "fastcgi_pass" => match self.fastcgi_pass(d, &inherit) {
                     Ok(name) => {
-                        route.insert("upstream".into(), Value::String(name));
+                        route.upstream = Some(spanned(name));
                         proxy_at = Some(d);
                     }
                     Err(why) => {
@@ -1395,9 +1387,9 @@ impl Builder {
                         continue;
                     }
                     self.address_upstream(&upstream);
-                    route.insert("upstream".into(), Value::String(upstream.clone()));
+                    route.upstream = Some(spanned(upstream.clone()));
                     if let Some(uri) = uri {
-                        route.insert("rewrite_prefix".into(), Value::String(uri));
+                        route.rewrite_prefix = Some(spanned(uri));
                     }
                     proxy_at = Some(d);
                 }
@@ -1426,11 +1418,10 @@ impl Builder {
         for d in others {
             self.other(d);
         }
-        if let Some((key, value)) = action {
-            for k in ["upstream", "rewrite_prefix"] {
-                route.remove(k);
-            }
-            route.insert(key.into(), value);
+        if let Some(action) = action {
+            route.upstream = None;
+            route.rewrite_prefix = None;
+            action.set(&mut route);
             self.access(&inherit, &mut route);
             return Location::Route(route);
         }
@@ -1444,7 +1435,7 @@ impl Builder {
                 "what answers its requests ({content}) did not convert"
             ));
         };
-        if let Some((name, up)) = route.get("upstream").and_then(Value::as_str).and_then(|n| {
+        if let Some((name, up)) = text(&route.upstream).and_then(|n| {
             let up = self.upstreams.get_mut(n)?;
             Some((n, up))
         }) {
@@ -1460,7 +1451,7 @@ impl Builder {
                 &mut self.notes,
             );
         }
-        let mut set = Table::new();
+        let mut set = BTreeMap::new();
         let mut remove = Vec::new();
         // nginx sends no proxy_set_header lines to a FastCGI server (and no Host of its own).
         let mut host_set = fastcgi;
@@ -1481,32 +1472,28 @@ impl Builder {
             ));
         }
         if !set.is_empty() || !remove.is_empty() {
-            let mut rh = Table::new();
-            if !set.is_empty() {
-                rh.insert("set".into(), Value::Table(set));
-            }
-            if !remove.is_empty() {
-                rh.insert("remove".into(), Value::Array(remove));
-            }
-            route.insert("request_headers".into(), Value::Table(rh));
+            let rules = header_rules::Raw {
+                set,
+                add: BTreeMap::new(),
+                remove,
+            };
+            route.modules.request_headers.request_headers = Some(spanned(rules));
         }
-        let mut timeouts = Table::new();
+        let mut timeouts = RawRouteTimeouts::default();
         let kind = if fastcgi { "fastcgi_" } else { "proxy_" };
         for t in inherit.timeouts.iter().filter(|t| t.name.starts_with(kind)) {
             let key = match &t.name[kind.len()..] {
-                "connect_timeout" => "connect",
-                "read_timeout" => "response",
-                _ => "send",
+                "connect_timeout" => &mut timeouts.connect,
+                "read_timeout" => &mut timeouts.response,
+                _ => &mut timeouts.send,
             };
-            match t.args.first().and_then(|v| duration(v)) {
-                Some(v) => {
-                    timeouts.insert(key.into(), Value::String(v));
-                }
+            match t.args.first().and_then(|v| dur(v)) {
+                Some(v) => *key = Some(spanned(v)),
                 None => self.skip(t, "not a duration"),
             }
         }
-        if !timeouts.is_empty() {
-            route.insert("timeouts".into(), Value::Table(timeouts));
+        if timeouts != RawRouteTimeouts::default() {
+            route.timeouts = Some(timeouts);
         }
         self.access(&inherit, &mut route);
         super::limits::route(
@@ -1543,7 +1530,7 @@ impl Builder {
     fn files(
         &mut self,
         l: &Directive,
-        mut route: Table,
+        mut route: RawRoute,
         inherit: &Inherited,
         others: &[&Directive],
     ) -> Location {
@@ -1556,7 +1543,7 @@ impl Builder {
             &mut route,
             &mut self.refused,
         );
-        route.insert("respond".into(), files::respond());
+        route.respond = Some(files::respond());
         let alias = block.iter().find(|d| d.name == "alias");
         let mut what = match (alias, inherit.pages.root()) {
             (Some(a), _) => format!("files from alias {}", a.args.join(" ")),
@@ -1581,14 +1568,13 @@ impl Builder {
         &mut self,
         l: &Directive,
         script: &str,
-        routes: &[(u8, usize, Table)],
+        routes: &[(u8, usize, RawRoute)],
         parent: &Inherited,
-    ) -> Option<Table> {
-        let str_of = |r: &Table, k: &str| r.get(k).and_then(Value::as_str).map(str::to_string);
-        let runs = |r: &Table| {
-            let re = str_of(r, "path_regex")?;
-            let up = str_of(r, "upstream")?;
-            let matches = regex::bytes::Regex::new(&re)
+    ) -> Option<RawRoute> {
+        let runs = |r: &RawRoute| {
+            let re = text(&r.path_regex)?;
+            let up = text(&r.upstream)?.to_string();
+            let matches = regex::bytes::Regex::new(re)
                 .ok()?
                 .is_match(script.as_bytes());
             let fastcgi = self.upstreams.get(&up)?.fastcgi.as_ref()?.get_ref().clone();
@@ -1610,9 +1596,11 @@ impl Builder {
             try_files.map(|t| t.args.join(" ")).unwrap_or_default(),
             l.args.join(" "),
         ));
-        let mut route = Table::new();
-        route.insert("path".into(), Value::String(l.args.join("")));
-        route.insert("upstream".into(), Value::String(name));
+        let mut route = RawRoute {
+            path: Some(spanned(l.args.join(""))),
+            upstream: Some(spanned(name)),
+            ..RawRoute::default()
+        };
         self.access(
             &parent.level(l.block.as_deref().unwrap_or_default()),
             &mut route,
@@ -1691,8 +1679,8 @@ impl Builder {
         d: &Directive,
         name: &str,
         value: &str,
-        set: &mut Table,
-        remove: &mut Vec<Value>,
+        set: &mut BTreeMap<String, Spanned<String>>,
+        remove: &mut Vec<Spanned<String>>,
     ) {
         let lower = name.to_ascii_lowercase();
         if self.known.header(&lower, value) {
@@ -1727,7 +1715,7 @@ impl Builder {
         }
         if value.is_empty() {
             // nginx sends no such header at all.
-            remove.push(Value::String(name.to_string()));
+            remove.push(spanned(name.to_string()));
             return;
         }
         if let Some(field) = client_cert::header_field(value) {
@@ -1738,15 +1726,15 @@ impl Builder {
         }
         match template(value) {
             Some(t) => {
-                set.insert(name.to_string(), Value::String(t));
+                set.insert(name.to_string(), spanned(t));
             }
             None => self.skip(d, "its value uses a variable pinlb has no equivalent for"),
         }
     }
 
     /// `proxy_next_upstream*` apply to the upstream the location proxies to.
-    fn next_upstream(&mut self, d: &Directive, route: &Table) {
-        let Some(Value::String(name)) = route.get("upstream") else {
+    fn next_upstream(&mut self, d: &Directive, route: &RawRoute) {
+        let Some(name) = text(&route.upstream) else {
             return self.skip(d, "put it after proxy_pass to convert it");
         };
         let Some(up) = self.upstreams.get_mut(name) else {
@@ -1796,12 +1784,7 @@ impl Builder {
     /// convert names the route that takes them.
     fn left_heard(&mut self, s: &Server, catch_all: &Server) {
         for l in &s.left {
-            let is_root = |i: usize| {
-                (s.routes.get(i))
-                    .and_then(|r| r.get("path"))
-                    .and_then(Value::as_str)
-                    == Some("/")
-            };
+            let is_root = |i: usize| s.routes.get(i).and_then(|r| text(&r.path)) == Some("/");
             let others_whole = (0..s.routes.len()).any(|i| Some(i) != l.route && is_root(i));
             let nothing = "no route, so pinlb answers 404";
             // As [`Builder::finish`] writes a named server's routes: a 404 for its other paths
@@ -1903,33 +1886,26 @@ impl Builder {
                     ));
                     continue;
                 }
-                let hosts: Vec<Value> = s
-                    .names
-                    .iter()
-                    .flat_map(|n| host_names(n))
-                    .map(Value::String)
-                    .collect();
+                let hosts: Vec<String> = s.names.iter().flat_map(|n| host_names(n)).collect();
+                let hosts = || Some(spanned(OneOrMany::Many(hosts.clone())));
                 for r in &s.routes {
                     let mut r = r.clone();
                     Pages::settle(&mut r, &s.pages, &catch_all.pages);
-                    r.insert("host".into(), Value::Array(hosts.clone()));
-                    routes.push(Value::Table(r));
+                    r.host = hosts();
+                    routes.push(r);
                 }
                 // nginx answers a request for this server that no location matches from the
                 // server's files (404 without them); without this, the default server's routes
                 // would take it.
-                let whole = s
-                    .routes
-                    .iter()
-                    .any(|r| r.get("path").and_then(Value::as_str) == Some("/"));
+                let whole = s.routes.iter().any(|r| text(&r.path) == Some("/"));
                 if !whole {
-                    let mut r = Table::new();
-                    r.insert("host".into(), Value::Array(hosts));
-                    let mut respond = Table::new();
-                    respond.insert("status".into(), Value::Integer(404));
-                    r.insert("respond".into(), Value::Table(respond));
+                    let mut r = RawRoute {
+                        host: hosts(),
+                        respond: Some(respond_value(404, None)),
+                        ..RawRoute::default()
+                    };
                     Pages::settle(&mut r, &s.pages, &catch_all.pages);
-                    routes.push(Value::Table(r));
+                    routes.push(r);
                     self.notes.push(format!(
                         "{}: requests for {} that none of its locations takes get 404 from pinlb (nginx looks for a file)",
                         s.at,
@@ -1963,7 +1939,7 @@ impl Builder {
             let catch_accepting = catch_all.accepting;
             routes.extend(catch_all.routes.into_iter().map(|mut r| {
                 Pages::settle(&mut r, &pages, &pages);
-                Value::Table(r)
+                r
             }));
             let mut l = Table::new();
             let accepting: Vec<&Accepting> = (servers.iter().map(|s| &s.accepting))
@@ -1977,7 +1953,10 @@ impl Builder {
                 &mut self.refused,
             );
             l.insert("address".into(), Value::String(address));
-            pages.write(&mut l, false);
+            let mut keys = error_pages::Raw::default();
+            pages.write(&mut keys, false);
+            let keys = Table::try_from(keys).expect("the configuration's types are TOML");
+            l.extend(keys);
             if let Some((tls, http2)) = tls {
                 l.insert("tls".into(), Value::Table(tls));
                 if !http2 {
@@ -1991,7 +1970,8 @@ impl Builder {
                 c.insert("keys".into(), Value::Integer(keys));
                 l.insert("conn_limit".into(), Value::Table(c));
             }
-            l.insert("route".into(), Value::Array(routes));
+            let routes = Value::try_from(routes).expect("the configuration's types are TOML");
+            l.insert("route".into(), routes);
             listeners.push(Value::Table(l));
         }
         client_cert::unsent_headers(&listeners, &self.client_cert_headers, &mut self.notes);
@@ -2261,16 +2241,14 @@ fn less_strict(d: &Directive) -> Option<String> {
 
 /// A relative redirect made absolute as nginx sends it (`absolute_redirect on`): the client's
 /// host, and the listener's port unless it is 80 (`port_in_redirect on`).
-fn absolute_redirect(route: &mut Table, redirects: Redirects, port: u16) {
+fn absolute_redirect(route: &mut RawRoute, redirects: Redirects, port: u16) {
     if !redirects.absolute {
         return;
     }
-    let Some(Value::Table(rd)) = route.get_mut("redirect") else {
+    let Some(rd) = &mut route.redirect else {
         return;
     };
-    let Some(Value::String(location)) = rd.get_mut("location") else {
-        return;
-    };
+    let location = rd.get_mut().location.get_mut();
     if location.starts_with('/') {
         let port = match (redirects.port, port) {
             (false, _) | (_, 80) => String::new(),
@@ -2281,26 +2259,45 @@ fn absolute_redirect(route: &mut Table, redirects: Redirects, port: u16) {
 }
 
 /// Whether route `a`, first, takes every request route `b` (same hosts) would.
-fn route_covers(a: &Table, b: &Table) -> bool {
-    let get = |t: &Table, k: &str| t.get(k).and_then(Value::as_str).map(str::to_string);
-    match (get(a, "path"), get(a, "path_exact")) {
+fn route_covers(a: &RawRoute, b: &RawRoute) -> bool {
+    match (text(&a.path), text(&a.path_exact)) {
         // A regex route is covered by nothing narrower than every path.
-        (Some(p), _) if b.contains_key("path_regex") => p == "/",
-        (None, Some(_)) if b.contains_key("path_regex") => false,
-        _ if a.contains_key("path_regex") => false,
-        (Some(p), _) => get(b, "path")
-            .or_else(|| get(b, "path_exact"))
-            .is_some_and(|q| q.starts_with(&p)),
-        (None, Some(e)) => get(b, "path_exact").is_some_and(|q| q == e),
+        (Some(p), _) if b.path_regex.is_some() => p == "/",
+        (None, Some(_)) if b.path_regex.is_some() => false,
+        _ if a.path_regex.is_some() => false,
+        (Some(p), _) => (text(&b.path).or(text(&b.path_exact))).is_some_and(|q| q.starts_with(p)),
+        (None, Some(e)) => text(&b.path_exact) == Some(e),
         (None, None) => true,
     }
 }
 
-fn redirect_value(status: i64, location: String) -> Value {
-    let mut t = Table::new();
-    t.insert("status".into(), Value::Integer(status));
-    t.insert("location".into(), Value::String(location));
-    Value::Table(t)
+/// What a `return` or `rewrite` makes a route do instead of proxying.
+enum Action {
+    Redirect(Spanned<RawRedirect>),
+    Respond(Spanned<RawRespond>),
+}
+
+impl Action {
+    fn set(self, route: &mut RawRoute) {
+        match self {
+            Action::Redirect(rd) => route.redirect = Some(rd),
+            Action::Respond(rs) => route.respond = Some(rs),
+        }
+    }
+}
+
+fn redirect_value(status: u16, location: String) -> Spanned<RawRedirect> {
+    spanned(RawRedirect {
+        status: Some(spanned(status)),
+        location: spanned(location),
+    })
+}
+
+fn respond_value(status: u16, body: Option<String>) -> Spanned<RawRespond> {
+    spanned(RawRespond {
+        status: spanned(status),
+        body,
+    })
 }
 
 /// A `server_name` as route hosts: `.example.com` (nginx: the name and every subdomain) is
@@ -2393,6 +2390,7 @@ mod tests {
     fn nginx_units_convert() {
         assert_eq!(size("10m"), Some(10 << 20));
         assert_eq!(size("8k"), Some(8192));
+        let duration = |s: &str| dur(s).map(|d| d.to_string());
         assert_eq!(duration("65").as_deref(), Some("65s"));
         assert_eq!(duration("1m30s").as_deref(), Some("90s"));
         assert_eq!(duration("500ms").as_deref(), Some("500ms"));

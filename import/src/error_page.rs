@@ -16,9 +16,12 @@
 //! `=code` and `=` (the answer's status changed, or the page's own), a named location, a URL (a
 //! redirect), a URI that a location proxies or answers, a URI with variables, codes under 400.
 
-use toml::Value;
+use pinlb::config::raw::RawRoute;
+use pinlb::modules::error_pages::{Raw, RawErrorPage, Statuses};
+use toml::Spanned;
 
 use super::parse::Directive;
+use super::values::spanned;
 
 /// What a block's `error_page`, `proxy_intercept_errors` and `root` make of what it inherits:
 /// a level with `error_page`s of its own inherits none of the outer ones, as nginx's.
@@ -67,40 +70,40 @@ impl Inherit {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Pages {
     /// `{ status = [..], file = ".." }` tables.
-    pub list: Vec<Value>,
+    pub list: Vec<Spanned<RawErrorPage>>,
     pub intercept: bool,
 }
 
 impl Pages {
-    /// The pages a route table carries (`error_page`, `intercept_errors`), if it has its own.
-    pub fn of_route(route: &toml::Table) -> Option<Pages> {
-        if !route.contains_key("error_page") && !route.contains_key("intercept_errors") {
+    /// The pages a route's keys carry (`error_page`, `intercept_errors`), if it has its own.
+    pub fn of_route(keys: &Raw) -> Option<Pages> {
+        if keys.error_page.is_none() && keys.intercept_errors.is_none() {
             return None;
         }
         Some(Pages {
-            list: (route.get("error_page").and_then(Value::as_array).cloned()).unwrap_or_default(),
-            intercept: (route.get("intercept_errors").and_then(Value::as_bool)).unwrap_or(false),
+            list: keys.error_page.clone().unwrap_or_default(),
+            intercept: keys.intercept_errors.as_ref().is_some_and(|i| *i.get_ref()),
         })
     }
 
     /// Writes these as a table's keys (a listener's: only what is set).
-    pub fn write(&self, table: &mut toml::Table, explicit: bool) {
+    pub fn write(&self, keys: &mut Raw, explicit: bool) {
         if explicit || !self.list.is_empty() {
-            table.insert("error_page".into(), Value::Array(self.list.clone()));
+            keys.error_page = Some(self.list.clone());
         }
         if explicit || self.intercept {
-            table.insert("intercept_errors".into(), Value::Boolean(self.intercept));
+            keys.intercept_errors = Some(spanned(self.intercept));
         }
     }
 
     /// `route` with `server`'s pages (or its own), written only where they differ from the
     /// listener's, which it would inherit.
-    pub fn settle(route: &mut toml::Table, server: &Pages, listener: &Pages) {
-        let own = Pages::of_route(route).unwrap_or_else(|| server.clone());
-        route.remove("error_page");
-        route.remove("intercept_errors");
+    pub fn settle(route: &mut RawRoute, server: &Pages, listener: &Pages) {
+        let keys = &mut route.modules.error_pages;
+        let own = Pages::of_route(keys).unwrap_or_else(|| server.clone());
+        *keys = Raw::default();
         if own != *listener {
-            own.write(route, true);
+            own.write(keys, true);
         }
     }
 }
@@ -113,7 +116,7 @@ pub(super) fn convert(
     server: &[Directive],
     notes: &mut Vec<String>,
 ) -> (Pages, Vec<usize>) {
-    let mut list: Vec<Value> = Vec::new();
+    let mut list = Vec::new();
     let mut seen: Vec<u16> = Vec::new();
     let mut used = Vec::new();
     for d in &inherit.pages {
@@ -147,7 +150,7 @@ pub(super) fn convert(
             match c.parse::<u16>() {
                 Ok(s) if (400..=599).contains(&s) && !seen.contains(&s) => {
                     seen.push(s);
-                    statuses.push(Value::Integer(i64::from(s)));
+                    statuses.push(i64::from(s));
                 }
                 Ok(s) if seen.contains(&s) => notes.push(format!(
                     "{}: error_page {s} not converted: an earlier error_page has it, and nginx uses that one",
@@ -168,17 +171,14 @@ pub(super) fn convert(
                 d.at()
             ));
         }
-        let mut t = toml::Table::new();
-        t.insert("status".into(), Value::Array(statuses));
-        if pinlb::config::content_type_for(&file).is_none() {
-            // nginx's stock nginx.conf: `default_type application/octet-stream`.
-            t.insert(
-                "content_type".into(),
-                Value::String("application/octet-stream".into()),
-            );
-        }
-        t.insert("file".into(), Value::String(file));
-        list.push(Value::Table(t));
+        // nginx's stock nginx.conf: `default_type application/octet-stream`.
+        let content_type = (pinlb::config::content_type_for(&file).is_none())
+            .then(|| spanned("application/octet-stream".into()));
+        list.push(spanned(RawErrorPage {
+            status: spanned(Statuses::Many(statuses)),
+            file: spanned(file),
+            content_type,
+        }));
     }
     let pages = Pages {
         list,
@@ -340,10 +340,11 @@ mod tests {
         assert!(pages.intercept);
         assert!(used.is_empty());
         assert_eq!(pages.list.len(), 2);
-        assert_eq!(pages.list[0]["file"].as_str(), Some("/w/404.html"));
-        assert_eq!(pages.list[1]["status"].as_array().unwrap().len(), 1);
+        let (first, second) = (pages.list[0].get_ref(), pages.list[1].get_ref());
+        assert_eq!(first.file.get_ref(), "/w/404.html");
+        assert_eq!(*second.status.get_ref(), Statuses::Many(vec![500]));
         assert_eq!(
-            pages.list[1]["content_type"].as_str(),
+            second.content_type.as_ref().map(|c| c.get_ref().as_str()),
             Some("application/octet-stream")
         );
         let notes = notes.join("\n");

@@ -15,9 +15,12 @@
 //! A location whose content does not convert (a `grpc_pass`, a `proxy_pass` with variables)
 //! is no route at all: its note says which route takes its requests instead.
 
-use toml::{Table, Value};
+use pinlb::config::raw::{OneOrMany, RawRespond, RawRoute};
+use pinlb::modules::compress::RawCompress;
+use toml::Spanned;
 
 use super::parse::Directive;
+use super::values::{spanned, text};
 
 /// nginx's content handlers (the modules that answer a request instead of its file) and
 /// `return`: a location with none of them serves files.
@@ -80,7 +83,7 @@ impl Left {
 
     /// Where its requests go among `routes` (in order; `own`, the index of its own route
     /// there, left out): the first that matches its path, else `otherwise`.
-    pub fn destination(&self, routes: &[Table], own: Option<usize>, otherwise: &str) -> String {
+    pub fn destination(&self, routes: &[RawRoute], own: Option<usize>, otherwise: &str) -> String {
         let Some(sample) = self.sample() else {
             return "whichever other route matches each of them (a regex has no one path to try)"
                 .into();
@@ -102,15 +105,14 @@ impl Left {
 
 /// Whether route `r` takes a request for `path` (a location's own path, as a sample of its
 /// requests).
-fn matches(r: &Table, path: &str) -> bool {
-    let get = |k: &str| r.get(k).and_then(Value::as_str);
-    if let Some(p) = get("path") {
+fn matches(r: &RawRoute, path: &str) -> bool {
+    if let Some(p) = text(&r.path) {
         return path.starts_with(p);
     }
-    if let Some(p) = get("path_exact") {
+    if let Some(p) = text(&r.path_exact) {
         return path == p;
     }
-    if let Some(re) = get("path_regex") {
+    if let Some(re) = text(&r.path_regex) {
         return regex::Regex::new(re).is_ok_and(|re| re.is_match(path));
     }
     true
@@ -118,60 +120,52 @@ fn matches(r: &Table, path: &str) -> bool {
 
 /// A route as a note names it: `route / → upstream node (rate_limit zone api, compress gzip)`,
 /// or its redirect or fixed answer.
-pub(super) fn describe(r: &Table) -> String {
-    let get = |k: &str| r.get(k).and_then(Value::as_str);
-    let path = match (get("path"), get("path_exact"), get("path_regex")) {
+pub(super) fn describe(r: &RawRoute) -> String {
+    let path = match (text(&r.path), text(&r.path_exact), text(&r.path_regex)) {
         (Some(p), ..) => p.to_string(),
         (_, Some(p), _) => format!("= {p}"),
         (.., Some(re)) => format!("~ {re}"),
         _ => "/".to_string(),
     };
-    let hosts: Vec<&str> = (r
-        .get("host")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten())
-    .filter_map(Value::as_str)
-    .collect();
+    let hosts = match r.host.as_ref().map(|h| h.get_ref()) {
+        Some(OneOrMany::One(h)) => vec![h.clone()],
+        Some(OneOrMany::Many(hosts)) => hosts.clone(),
+        None => Vec::new(),
+    };
     let host = match hosts.is_empty() {
         true => String::new(),
         false => format!(" of {}", hosts.join(" ")),
     };
-    let action = match (get("upstream"), r.get("redirect"), r.get("respond")) {
+    let action = match (text(&r.upstream), &r.redirect, &r.respond) {
         (Some(u), ..) => format!("upstream {u}"),
-        (_, Some(rd), _) => format!(
-            "redirect {}",
-            rd.get("location")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-        ),
-        (.., Some(rs)) => format!(
-            "respond {}",
-            rs.get("status").and_then(Value::as_integer).unwrap_or(200)
-        ),
+        (_, Some(rd), _) => format!("redirect {}", rd.get_ref().location.get_ref()),
+        (.., Some(rs)) => format!("respond {}", rs.get_ref().status.get_ref()),
         _ => "nothing".to_string(),
     };
     let mut under = Vec::new();
-    if let Some(zones) = r.get("rate_limit").and_then(Value::as_array) {
-        let zones: Vec<&str> = (zones.iter())
-            .filter_map(|z| z.get("zone").and_then(Value::as_str))
+    if let Some(limits) = &r.rate_limit {
+        let zones: Vec<&str> = (limits.get_ref().iter())
+            .map(|z| z.get_ref().zone.get_ref().as_str())
             .collect();
         if !zones.is_empty() {
             under.push(format!("rate_limit zone {}", zones.join(", ")));
         }
     }
-    if r.contains_key("access") {
+    let access = &r.modules.access;
+    if access.access.is_some() {
         under.push("its access rules".into());
     }
-    if r.contains_key("auth_basic") {
+    if access.auth_basic.is_some() {
         under.push("auth_basic".into());
     }
-    if let Some(c) = r.get("compress") {
-        let algorithms: Vec<&str> = (c.get("algorithms").and_then(Value::as_array))
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+    if let Some(c) = &r.modules.compress.compress {
+        let algorithms: Vec<&str> = match c.get_ref() {
+            RawCompress::Table(t) => (t.algorithms.iter())
+                .flat_map(|a| a.get_ref())
+                .map(|a| a.get_ref().as_str())
+                .collect(),
+            RawCompress::Switch(_) => Vec::new(),
+        };
         under.push(format!("compress {}", algorithms.join(", ")));
     }
     let under = match under.is_empty() {
@@ -183,17 +177,19 @@ pub(super) fn describe(r: &Table) -> String {
 
 /// The 404 a route for a location that serves files answers with (nginx's answer to a path
 /// with no file, so the server's `error_page 404` applies as it would in nginx).
-pub(super) fn respond() -> Value {
-    let mut t = Table::new();
-    t.insert("status".into(), Value::Integer(404));
-    Value::Table(t)
+pub(super) fn respond() -> Spanned<RawRespond> {
+    spanned(RawRespond {
+        status: spanned(404),
+        body: None,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pinlb::modules::compress::RawCompressTable;
 
-    fn table(text: &str) -> Table {
+    fn route(text: &str) -> RawRoute {
         toml::from_str(text).unwrap()
     }
 
@@ -213,13 +209,19 @@ mod tests {
 
     #[test]
     fn a_file_location_s_requests_go_to_the_first_other_route_that_takes_its_path() {
+        let mut whole = route(
+            "path = \"/\"\nupstream = \"node\"\nrate_limit = [{ zone = \"api\", burst = 20 }]",
+        );
+        let gzip = RawCompressTable {
+            algorithms: Some(spanned(vec![spanned("gzip".into())])),
+            ..RawCompressTable::default()
+        };
+        whole.modules.compress.compress = Some(spanned(RawCompress::Table(Box::new(gzip))));
         let routes = [
-            table("path = \"/static/\"\nrespond = { status = 404 }"),
-            table("path_exact = \"/static\"\nupstream = \"x\""),
-            table("path_regex = '\\.php$'\nupstream = \"php\""),
-            table(
-                "path = \"/\"\nupstream = \"node\"\nrate_limit = [{ zone = \"api\", burst = 20 }]\ncompress = { algorithms = [\"gzip\"] }",
-            ),
+            route("path = \"/static/\"\nrespond = { status = 404 }"),
+            route("path_exact = \"/static\"\nupstream = \"x\""),
+            route("path_regex = '\\.php$'\nupstream = \"php\""),
+            whole,
         ];
         let l = left(&["/static/"], Some(0));
         assert_eq!(

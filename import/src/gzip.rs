@@ -9,9 +9,11 @@
 //! `gzip_vary on` does, and leaves HTTP/1.0 clients alone as `gzip_http_version 1.1` does;
 //! `gzip_buffers`, `gzip_disable`, `gzip_window`, `gzip_hash` have no pinlb key.
 
-use toml::{Table, Value};
+use pinlb::config::raw::RawRoute;
+use pinlb::modules::compress::{RawCompress, RawCompressTable};
 
 use super::parse::Directive;
+use super::values::spanned;
 
 /// The directives this module reads, which the converter leaves to it.
 pub(super) const NAMES: [&str; 11] = [
@@ -87,7 +89,7 @@ pub(super) fn note(d: &Directive, notes: &mut Vec<String>) {
 /// `size` reads an nginx size (`1k`), as the converter does.
 pub(super) fn route(
     inherit: &Inherit,
-    route: &mut Table,
+    route: &mut RawRoute,
     notes: &mut Vec<String>,
     size: fn(&str) -> Option<u64>,
 ) {
@@ -100,26 +102,20 @@ pub(super) fn route(
     {
         return;
     }
-    let mut c = Table::new();
-    c.insert(
-        "algorithms".into(),
-        Value::Array(vec![Value::String("gzip".into())]),
-    );
     let mut bad = |d: &Directive, expected: &str| super::notes::not_converted(notes, d, expected);
-    let mut types = vec![Value::String("text/html".into())];
+    let mut types = vec!["text/html".to_string()];
     if let Some(d) = &inherit.types {
         for t in &d.args {
             let t = t.to_ascii_lowercase();
             if t == "*" {
-                types = vec![Value::String("*".into())];
+                types = vec!["*".into()];
                 break;
             }
-            if !types.contains(&Value::String(t.clone())) {
-                types.push(Value::String(t));
+            if !types.contains(&t) {
+                types.push(t);
             }
         }
     }
-    c.insert("types".into(), Value::Array(types));
     // nginx's default, 20, is pinlb's too; written out so the file says what it does.
     let mut min_length = 20;
     if let Some(d) = &inherit.min_length {
@@ -128,7 +124,6 @@ pub(super) fn route(
             None => bad(d, "a length in bytes (such as 256 or 1k)"),
         }
     }
-    c.insert("min_length".into(), Value::Integer(min_length));
     let mut level = 1;
     if let Some(d) = &inherit.level {
         match d.args.first().and_then(|n| n.parse::<i64>().ok()) {
@@ -136,6 +131,14 @@ pub(super) fn route(
             _ => bad(d, "a level from 1 to 9"),
         }
     }
-    c.insert("gzip_level".into(), Value::Integer(level));
-    route.insert("compress".into(), Value::Table(c));
+    let list = |v: Vec<String>| Some(spanned(v.into_iter().map(spanned).collect()));
+    let compress = RawCompressTable {
+        algorithms: list(vec!["gzip".into()]),
+        types: list(types),
+        min_length: Some(spanned(min_length)),
+        gzip_level: Some(spanned(level)),
+        ..RawCompressTable::default()
+    };
+    let compress = RawCompress::Table(Box::new(compress));
+    route.modules.compress.compress = Some(spanned(compress));
 }

@@ -4,9 +4,10 @@
 //! `k` and `m` are 1024s, as in any nginx size), and what is sent before it applies.
 //! `limit_rate 0` is written too, where it turns off an outer level's.
 
-use toml::{Table, Value};
+use pinlb::config::raw::{RawRoute, Size};
 
 use super::parse::Directive;
+use super::values::spanned;
 
 /// The directives this module reads, which the converter leaves to it.
 pub(super) const NAMES: [&str; 2] = ["limit_rate", "limit_rate_after"];
@@ -37,7 +38,7 @@ impl Inherit {
 /// nginx size (`100k`), as the converter does.
 pub(super) fn route(
     inherit: &Inherit,
-    route: &mut Table,
+    route: &mut RawRoute,
     notes: &mut Vec<String>,
     size: fn(&str) -> Option<u64>,
 ) {
@@ -45,20 +46,21 @@ pub(super) fn route(
         return;
     };
     let mut bytes = |d: &Directive| match d.args.first().and_then(|v| size(v)) {
-        Some(n) => i64::try_from(n).ok(),
+        Some(n) => Some(n),
         None => {
             super::notes::not_converted(notes, d, "a size (such as 100k)");
             None
         }
     };
     let Some(n) = bytes(rate) else { return };
-    route.insert("limit_rate".into(), Value::Integer(n));
+    let keys = &mut route.modules.limit_rate;
+    keys.limit_rate = Some(spanned(Size(n)));
     if let Some(after) = inherit
         .after
         .as_ref()
         .and_then(&mut bytes)
         .filter(|_| n > 0)
     {
-        route.insert("limit_rate_after".into(), Value::Integer(after));
+        keys.limit_rate_after = Some(spanned(Size(after)));
     }
 }

@@ -14,8 +14,8 @@
 
 use std::collections::BTreeMap;
 
+use pinlb::config::raw::RawRoute;
 use pinlb::modules::rate_limit::{RawRateLimit, RawRateZone};
-use toml::{Table, Value};
 
 use super::parse::Directive;
 use super::values::spanned;
@@ -150,7 +150,7 @@ fn zone_bytes(s: &str) -> Option<u64> {
 pub(super) fn route(
     inherited: &Inherited,
     zones: &BTreeMap<String, RawRateZone>,
-    route: &mut Table,
+    route: &mut RawRoute,
     refused: &mut Vec<String>,
 ) {
     let Some(reqs) = &inherited.reqs else { return };
@@ -201,8 +201,7 @@ pub(super) fn route(
         }));
     }
     if !list.is_empty() {
-        let list = Value::try_from(list).expect("a rate_limit list is TOML");
-        route.insert("rate_limit".into(), list);
+        route.rate_limit = Some(spanned(list));
     }
 }
 

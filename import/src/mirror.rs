@@ -6,9 +6,11 @@
 
 use std::collections::BTreeMap;
 
-use toml::{Table, Value};
+use pinlb::config::raw::RawRoute;
+use pinlb::modules::mirror::RawMirror;
 
 use super::parse::Directive;
+use super::values::spanned;
 
 /// The directives this module reads.
 pub(super) const NAMES: [&str; 2] = ["mirror", "mirror_request_body"];
@@ -66,7 +68,7 @@ impl Targets {
     pub fn route<'b>(
         &self,
         block: &'b [Directive],
-        route: &mut Table,
+        route: &mut RawRoute,
     ) -> Result<(), (&'b Directive, String)> {
         let Some(d) = block.iter().find(|d| d.name == "mirror") else {
             return Ok(());
@@ -82,13 +84,14 @@ impl Targets {
                 ),
             ));
         };
-        let mut m = Table::new();
-        m.insert("upstream".into(), Value::String(upstream.clone()));
         let body = block.iter().find(|d| d.name == "mirror_request_body");
-        if body.is_some_and(|b| b.args.first().is_some_and(|a| a == "off")) {
-            m.insert("body".into(), Value::Boolean(false));
-        }
-        route.insert("mirror".into(), Value::Table(m));
+        let off = body.is_some_and(|b| b.args.first().is_some_and(|a| a == "off"));
+        let mirror = RawMirror {
+            upstream: Some(spanned(upstream.clone())),
+            body: off.then_some(false),
+            ..RawMirror::default()
+        };
+        route.modules.mirror.mirror = Some(spanned(mirror));
         Ok(())
     }
 }

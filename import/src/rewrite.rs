@@ -24,7 +24,7 @@ pub enum Match {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Redirect {
     pub matches: Match,
-    pub status: i64,
+    pub status: u16,
     pub location: String,
 }
 

@@ -57,15 +57,15 @@ pub(crate) fn dur(s: &str) -> Option<Dur> {
     Some(Dur(Duration::from_millis(ms)))
 }
 
-/// nginx times as pinlb writes durations (`"30s"`, `"500ms"`).
-pub(crate) fn duration(s: &str) -> Option<String> {
-    dur(s).map(|d| d.to_string())
-}
-
 /// A value of pinlb's configuration types, as `pinlb import` builds them: at no place in a file
 /// until the file it writes is read.
 pub(crate) fn spanned<T>(v: T) -> Spanned<T> {
     Spanned::new(0..0, v)
+}
+
+/// A text value of the configuration's types, when it has one.
+pub(crate) fn text(v: &Option<Spanned<String>>) -> Option<&str> {
+    v.as_ref().map(|v| v.get_ref().as_str())
 }
 
 /// An upstream of the one backend at `address` (nginx's `proxy_pass` to an address), its port

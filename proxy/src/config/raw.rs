@@ -774,7 +774,7 @@ pub struct RawSni {
 }
 
 /// One `[[listener.route]]`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
     /// One name or a list.

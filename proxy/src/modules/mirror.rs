@@ -47,7 +47,7 @@ pub struct Raw {
 }
 
 /// `mirror = { … }`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawMirror {
     pub upstream: Option<Spanned<String>>,
