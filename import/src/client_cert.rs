@@ -8,9 +8,12 @@
 //! `ssl_verify_depth` (pinlb has no depth limit). A server's directives come from the nearest
 //! level that sets them (`http`, then `server`), as nginx inherits them.
 
-use toml::{Table, Value};
+use pinlb::config::raw::{RawListener, RawTls};
+use pinlb::modules::client_cert::RawHeaders;
+use toml::Spanned;
 
 use super::parse::Directive;
+use super::values::{spanned, text};
 
 /// The directives read here (and not refused as unconverted TLS settings).
 pub(super) const NAMES: [&str; 4] = [
@@ -54,7 +57,7 @@ impl Levels {
         path: impl Fn(&Directive, &str) -> String,
         notes: &mut Vec<String>,
         refused: &mut Vec<String>,
-    ) -> Option<Table> {
+    ) -> Option<RawTls> {
         let mode = self
             .verify
             .as_ref()
@@ -100,14 +103,13 @@ impl Levels {
                 d.args.join(" ")
             ));
         }
-        let mut t = Table::new();
-        t.insert("client_ca".into(), Value::String(path(ca_d, ca)));
-        if !required {
-            t.insert("client_auth".into(), Value::String("optional".into()));
-        }
-        if let Some((d, crl)) = (self.crl.as_ref()).and_then(|d| d.args.first().map(|a| (d, a))) {
-            t.insert("crl".into(), Value::String(path(d, crl)));
-        }
+        let crl = (self.crl.as_ref()).and_then(|d| d.args.first().map(|a| (d, a)));
+        let t = RawTls {
+            client_ca: Some(spanned(path(ca_d, ca))),
+            client_auth: (!required).then(|| spanned("optional".into())),
+            crl: crl.map(|(d, crl)| spanned(path(d, crl))),
+            ..RawTls::default()
+        };
         notes.push(format!(
             "{}: ssl_verify_client {} became client_ca{}: pinlb has no ssl_verify_depth (nginx's default is 1: a client certificate signed by a CA of the file); a client sending intermediates that chain to it is taken",
             verify.at(),
@@ -118,13 +120,32 @@ impl Levels {
     }
 }
 
+/// A field of `client_cert_headers`: what a header tells of the client's certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Field {
+    Subject,
+    Verify,
+    Serial,
+}
+
+impl Field {
+    /// The header's name this field has in `headers`.
+    pub fn of(self, headers: &mut RawHeaders) -> &mut Option<Spanned<String>> {
+        match self {
+            Field::Subject => &mut headers.subject,
+            Field::Verify => &mut headers.verify,
+            Field::Serial => &mut headers.serial,
+        }
+    }
+}
+
 /// `client_cert_headers`' field for a `proxy_set_header` value that is exactly one of the
 /// nginx variables pinlb writes, or `None`.
-pub(super) fn header_field(value: &str) -> Option<&'static str> {
+pub(super) fn header_field(value: &str) -> Option<Field> {
     Some(match value {
-        "$ssl_client_s_dn" => "subject",
-        "$ssl_client_verify" => "verify",
-        "$ssl_client_serial" => "serial",
+        "$ssl_client_s_dn" => Field::Subject,
+        "$ssl_client_verify" => Field::Verify,
+        "$ssl_client_serial" => Field::Serial,
         _ => return None,
     })
 }
@@ -133,15 +154,15 @@ pub(super) fn header_field(value: &str) -> Option<&'static str> {
 /// listener (nginx: per server, chosen by SNI), so where the servers differ the strictest
 /// (`required` over `optional` over none) applies to all, and a note says so.
 pub(super) fn merge<'a>(
-    servers: impl Iterator<Item = Option<&'a Table>>,
+    servers: impl Iterator<Item = Option<&'a RawTls>>,
     at: &str,
     notes: &mut Vec<String>,
-) -> Option<Table> {
-    let all: Vec<Option<&Table>> = servers.collect();
+) -> Option<RawTls> {
+    let all: Vec<Option<&RawTls>> = servers.collect();
     let strictest = all
         .iter()
         .flatten()
-        .min_by_key(|t| t.contains_key("client_auth"))
+        .min_by_key(|t| t.client_auth.is_some())
         .copied()
         .cloned();
     if all.windows(2).any(|w| w[0] != w[1]) {
@@ -154,24 +175,32 @@ pub(super) fn merge<'a>(
 
 /// Adds `client_cert_headers` (the `proxy_set_header` lines converted, field to name) to a
 /// listener's TLS table that asks for client certificates; whether it did.
-pub(super) fn add_headers(tls: &mut Table, headers: &Table) -> bool {
-    if headers.is_empty() || !tls.contains_key("client_ca") {
+pub(super) fn add_headers(tls: &mut RawTls, headers: &RawHeaders) -> bool {
+    if *headers == RawHeaders::default() || tls.client_ca.is_none() {
         return false;
     }
-    tls.insert("client_cert_headers".into(), Value::Table(headers.clone()));
+    tls.client_cert_headers = Some(spanned(headers.clone()));
     true
 }
 
 /// A note when `proxy_set_header NAME $ssl_client_*` lines were read but no listener asks for
 /// client certificates: nginx sends those headers empty there, pinlb sends none.
-pub(super) fn unsent_headers(listeners: &[Value], headers: &Table, notes: &mut Vec<String>) {
-    let taken = listeners.iter().any(|l| {
-        l.get("tls")
-            .and_then(|t| t.get("client_cert_headers"))
-            .is_some()
-    });
-    if !headers.is_empty() && !taken {
-        let names: Vec<&str> = headers.values().filter_map(Value::as_str).collect();
+pub(super) fn unsent_headers(
+    listeners: &[RawListener],
+    headers: &RawHeaders,
+    notes: &mut Vec<String>,
+) {
+    let taken = (listeners.iter())
+        .any(|l| (l.tls.as_ref()).is_some_and(|t| t.get_ref().client_cert_headers.is_some()));
+    // In the order of the fields' names, as the table is written.
+    let fields = [
+        &headers.san,
+        &headers.serial,
+        &headers.subject,
+        &headers.verify,
+    ];
+    let names: Vec<&str> = fields.iter().filter_map(|h| text(h)).collect();
+    if !names.is_empty() && !taken {
         notes.push(format!(
             "proxy_set_header {} $ssl_client_*: not converted: no server asks for client certificates (ssl_verify_client), so nginx sends them empty; pinlb sends none",
             names.join(", ")
@@ -196,7 +225,7 @@ mod tests {
     fn convert(
         http: &[Directive],
         server: &[Directive],
-    ) -> (Option<Table>, Vec<String>, Vec<String>) {
+    ) -> (Option<RawTls>, Vec<String>, Vec<String>) {
         let levels = Levels::default().level(http).level(server);
         let (mut notes, mut refused) = (Vec::new(), Vec::new());
         let t = levels.convert(|_, f| format!("/etc/nginx/{f}"), &mut notes, &mut refused);
@@ -211,9 +240,9 @@ mod tests {
         ];
         let (t, notes, refused) = convert(&http, &[d(5, "ssl_verify_client", &["optional"])]);
         let t = t.expect("converted");
-        assert_eq!(t["client_ca"].as_str(), Some("/etc/nginx/ca.pem"));
-        assert_eq!(t["crl"].as_str(), Some("/etc/nginx/crl.pem"));
-        assert_eq!(t["client_auth"].as_str(), Some("optional"));
+        assert_eq!(text(&t.client_ca), Some("/etc/nginx/ca.pem"));
+        assert_eq!(text(&t.crl), Some("/etc/nginx/crl.pem"));
+        assert_eq!(text(&t.client_auth), Some("optional"));
         assert!(refused.is_empty(), "{refused:?}");
         assert!(
             notes[0].starts_with("nginx.conf:5: ssl_verify_client optional became client_ca"),
@@ -221,7 +250,7 @@ mod tests {
         );
         // `on` is pinlb's default, so it is not written.
         let (t, _, _) = convert(&http, &[d(5, "ssl_verify_client", &["on"])]);
-        assert!(!t.unwrap().contains_key("client_auth"));
+        assert!(t.unwrap().client_auth.is_none());
     }
 
     #[test]
@@ -266,10 +295,14 @@ mod tests {
 
     #[test]
     fn servers_that_differ_on_one_address_get_the_strictest_and_a_note() {
-        let mut required = Table::new();
-        required.insert("client_ca".into(), Value::String("ca.pem".into()));
-        let mut optional = required.clone();
-        optional.insert("client_auth".into(), Value::String("optional".into()));
+        let required = RawTls {
+            client_ca: Some(spanned("ca.pem".into())),
+            ..RawTls::default()
+        };
+        let optional = RawTls {
+            client_auth: Some(spanned("optional".into())),
+            ..required.clone()
+        };
         let mut notes = Vec::new();
         let got = merge(
             [Some(&optional), None, Some(&required)].into_iter(),
@@ -291,9 +324,9 @@ mod tests {
 
     #[test]
     fn only_nginxs_variables_pinlb_writes_become_headers() {
-        assert_eq!(header_field("$ssl_client_s_dn"), Some("subject"));
-        assert_eq!(header_field("$ssl_client_verify"), Some("verify"));
-        assert_eq!(header_field("$ssl_client_serial"), Some("serial"));
+        assert_eq!(header_field("$ssl_client_s_dn"), Some(Field::Subject));
+        assert_eq!(header_field("$ssl_client_verify"), Some(Field::Verify));
+        assert_eq!(header_field("$ssl_client_serial"), Some(Field::Serial));
         assert_eq!(header_field("$ssl_client_escaped_cert"), None);
         assert_eq!(header_field("dn=$ssl_client_s_dn"), None);
     }

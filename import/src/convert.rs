@@ -1,18 +1,21 @@
-//! nginx directives to a pinlb configuration: what has an equivalent becomes TOML, everything
-//! else becomes a note naming its `file:line`, or a refusal where leaving it out makes pinlb
-//! less strict than nginx ([`less_strict`]).
+//! nginx directives to a pinlb configuration: what has an equivalent becomes the
+//! configuration's raw types (so a key pinlb renames fails to compile here), everything else a
+//! note naming its `file:line`, or a refusal where leaving it out makes pinlb less strict than
+//! nginx ([`less_strict`]).
 
 use std::collections::BTreeMap;
 
 use pinlb::config::raw::{
-    CpuList, Dur, OneOrMany, RawConfig, RawLimits, RawLog, RawRedirect, RawRespond, RawRoute,
-    RawRouteTimeouts, RawRuntime, RawUpstream, Size,
+    CpuList, Dur, OneOrMany, RawCertificate, RawConfig, RawLimits, RawListener, RawLog,
+    RawRedirect, RawRespond, RawRoute, RawRouteTimeouts, RawRuntime, RawTls, RawUpstream, Size,
 };
 use pinlb::config::{Algorithm, Protocol};
 use pinlb::modules::cache::zone::RawZone;
+use pinlb::modules::client_cert::RawHeaders;
+use pinlb::modules::conn_limit::RawConnLimit;
+use pinlb::modules::header_rules;
 use pinlb::modules::rate_limit::RawRateZone;
-use pinlb::modules::{error_pages, header_rules};
-use toml::{Spanned, Table, Value};
+use toml::Spanned;
 
 use super::access;
 use super::client_cert;
@@ -25,11 +28,13 @@ use super::rewrite;
 use super::sticky;
 use super::template::template;
 use super::unix_socket;
-use super::values::{backend, dur, listen_address, one_backend, spanned, text, with_port};
+use super::values::{
+    backend, dur, listen_address, listener, one_backend, spanned, text, with_port,
+};
 
 /// The converted configuration and what could not be.
 pub struct Converted {
-    pub toml: Table,
+    pub config: RawConfig,
     pub notes: Vec<String>,
     /// The directives not converted that make pinlb answer where nginx would refuse, limit or
     /// ask for credentials (`file:line: ...`): see [`less_strict`].
@@ -65,7 +70,7 @@ struct Builder {
     real_ip_from: Vec<(String, String)>,
     /// `proxy_set_header NAME $ssl_client_s_dn` and the like: `client_cert_headers`' field
     /// to the header's name, for the TLS listeners that ask for client certificates.
-    client_cert_headers: Table,
+    client_cert_headers: RawHeaders,
     /// The upstreams whose `[buffering]` a location has decided ([`super::buffering`]).
     buffered: super::buffering::Decided,
     /// The upstreams a `proxy_pass` speaks HTTP to, which a `fastcgi_pass` can't also use.
@@ -75,7 +80,7 @@ struct Builder {
     /// The server's mirror targets ([`super::mirror`]), while its locations convert.
     mirrors: super::mirror::Targets,
     /// The `stream` block's TCP and UDP listeners ([`super::stream`]).
-    stream_listeners: Vec<Value>,
+    stream_listeners: Vec<RawListener>,
 }
 
 /// One `server` block: its names (empty for the catch-all `_`), whether it is the default for
@@ -131,7 +136,7 @@ struct ServerTls {
     /// `listen ... http2` or `http2 on`.
     http2: bool,
     /// Its client certificate keys (`client_ca` and the others), when it asks for one.
-    client: Option<Table>,
+    client: Option<RawTls>,
 }
 
 /// The TLS directives a server merges from `http`: `ssl_certificate` and `ssl_certificate_key`
@@ -327,7 +332,7 @@ pub fn convert(directives: &[Directive], conf_dir: &std::path::Path) -> Converte
         cache_zones: BTreeMap::new(),
         conn_zones: BTreeMap::new(),
         real_ip_from: Vec::new(),
-        client_cert_headers: Table::new(),
+        client_cert_headers: RawHeaders::default(),
         buffered: Default::default(),
         http_upstreams: Default::default(),
         known: Known::read(directives),
@@ -462,14 +467,12 @@ impl Builder {
         let converted = super::stream::convert(block, &name, &mut stream_upstreams);
         // An upstream no listener names (nginx's too would take no connection) is left out.
         let named: std::collections::BTreeSet<String> = (converted.listeners.iter())
-            .filter_map(Value::as_table)
             .flat_map(|l| {
-                let sni = l.get("sni").and_then(Value::as_array).into_iter().flatten();
-                let by_name = sni.filter_map(|s| s.get("upstream").and_then(Value::as_str));
-                l.get("upstream")
-                    .and_then(Value::as_str)
-                    .into_iter()
-                    .chain(by_name)
+                let by_name = l
+                    .sni
+                    .iter()
+                    .map(|s| s.get_ref().upstream.get_ref().as_str());
+                text(&l.upstream).into_iter().chain(by_name)
             })
             .map(str::to_string)
             .collect();
@@ -1719,9 +1722,8 @@ impl Builder {
             return;
         }
         if let Some(field) = client_cert::header_field(value) {
-            (self.client_cert_headers)
-                .entry(field)
-                .or_insert_with(|| Value::String(name.to_string()));
+            let header = field.of(&mut self.client_cert_headers);
+            header.get_or_insert_with(|| spanned(name.to_string()));
             return;
         }
         match template(value) {
@@ -1836,7 +1838,6 @@ impl Builder {
             log: std::mem::take(&mut self.log),
             ..RawConfig::default()
         };
-        let mut root = Table::try_from(&typed).expect("the configuration's types are TOML");
         let mut listeners = Vec::new();
         let mut anything = false;
         for (address, mut servers) in std::mem::take(&mut self.listeners) {
@@ -1918,9 +1919,11 @@ impl Builder {
                     .filter_map(|s| s.tls.as_ref())
                     .filter(|t| t.addresses.contains(&address))
                     .map(|t| t.client.as_ref());
-                tls.extend(
-                    client_cert::merge(on_it, &catch_all.at, &mut self.notes).unwrap_or_default(),
-                );
+                if let Some(client) = client_cert::merge(on_it, &catch_all.at, &mut self.notes) {
+                    tls.client_ca = client.client_ca;
+                    tls.client_auth = client.client_auth;
+                    tls.crl = client.crl;
+                }
                 client_cert::add_headers(&mut tls, &self.client_cert_headers);
                 (tls, h2)
             });
@@ -1941,7 +1944,7 @@ impl Builder {
                 Pages::settle(&mut r, &pages, &pages);
                 r
             }));
-            let mut l = Table::new();
+            let mut l = listener(address.clone());
             let accepting: Vec<&Accepting> = (servers.iter().map(|s| &s.accepting))
                 .chain([&catch_accepting])
                 .collect();
@@ -1952,48 +1955,44 @@ impl Builder {
                 &mut self.notes,
                 &mut self.refused,
             );
-            l.insert("address".into(), Value::String(address));
-            let mut keys = error_pages::Raw::default();
-            pages.write(&mut keys, false);
-            let keys = Table::try_from(keys).expect("the configuration's types are TOML");
-            l.extend(keys);
+            pages.write(&mut l.modules.error_pages, false);
             if let Some((tls, http2)) = tls {
-                l.insert("tls".into(), Value::Table(tls));
+                l.tls = Some(spanned(tls));
                 if !http2 {
                     // nginx offers h2 only with `http2`; pinlb's TLS listeners do by default.
-                    l.insert("http2".into(), Value::Boolean(false));
+                    l.http2 = Some(spanned(false));
                 }
             }
             if let Some((max, keys)) = conn_limit {
-                let mut c = Table::new();
-                c.insert("max".into(), Value::Integer(max));
-                c.insert("keys".into(), Value::Integer(keys));
-                l.insert("conn_limit".into(), Value::Table(c));
+                let limit = RawConnLimit {
+                    max: spanned(max),
+                    keys: Some(spanned(keys)),
+                };
+                l.conn_limit = Some(spanned(limit));
             }
-            let routes = Value::try_from(routes).expect("the configuration's types are TOML");
-            l.insert("route".into(), routes);
-            listeners.push(Value::Table(l));
+            l.route = routes.into_iter().map(spanned).collect();
+            listeners.push(l);
         }
         client_cert::unsent_headers(&listeners, &self.client_cert_headers, &mut self.notes);
         anything |= !self.stream_listeners.is_empty();
         listeners.append(&mut self.stream_listeners);
-        if !listeners.is_empty() {
-            root.insert("listener".into(), Value::Array(listeners));
-        }
         let mut upstreams = std::mem::take(&mut self.upstreams);
         for up in upstreams.values_mut() {
             if let Some(idle) = self.client_idle {
                 up.timeouts.client_idle = Some(spanned(idle));
             }
         }
-        let upstreams = Value::try_from(upstreams).expect("the configuration's types are TOML");
-        root.insert("upstream".into(), upstreams);
+        let typed = RawConfig {
+            listeners,
+            upstream: upstreams,
+            ..typed
+        };
         // A directive inherited by several locations is noted once.
         let mut seen = std::collections::HashSet::new();
         self.notes.retain(|n| seen.insert(n.clone()));
         self.refused.retain(|n| seen.insert(n.clone()));
         Converted {
-            toml: root,
+            config: typed,
             notes: self.notes,
             refused: self.refused,
             anything,
@@ -2035,7 +2034,7 @@ const RESTRICTING: [&str; 15] = [
 /// A listener's `[listener.tls]`, when a server on `address` listens there with `ssl`: the
 /// default server's first certificate as the default, every other as a
 /// `[[listener.tls.certificate]]`; and whether it offers h2 (any server's `http2`).
-fn listener_tls(address: &str, default: &Server, others: &[Server]) -> Option<(Table, bool)> {
+fn listener_tls(address: &str, default: &Server, others: &[Server]) -> Option<(RawTls, bool)> {
     let on_it = |s: &Server| {
         s.tls
             .as_ref()
@@ -2055,25 +2054,20 @@ fn listener_tls(address: &str, default: &Server, others: &[Server]) -> Option<(T
             pairs.push(p.clone());
         }
     }
-    let mut tls = Table::new();
+    let mut tls = RawTls::default();
     let mut rest = pairs.into_iter();
-    if on_it(default).is_some() {
-        if let Some((cert, key)) = rest.next() {
-            tls.insert("cert".into(), Value::String(cert));
-            tls.insert("key".into(), Value::String(key));
-        }
+    if on_it(default).is_some()
+        && let Some((cert, key)) = rest.next()
+    {
+        tls.cert = Some(spanned(cert));
+        tls.key = Some(spanned(key));
     }
-    let more: Vec<Value> = rest
-        .map(|(cert, key)| {
-            let mut t = Table::new();
-            t.insert("cert".into(), Value::String(cert));
-            t.insert("key".into(), Value::String(key));
-            Value::Table(t)
+    tls.certificates = rest
+        .map(|(cert, key)| RawCertificate {
+            cert: spanned(cert),
+            key: spanned(key),
         })
         .collect();
-    if !more.is_empty() {
-        tls.insert("certificate".into(), Value::Array(more));
-    }
     Some((tls, all.iter().any(|t| t.http2)))
 }
 

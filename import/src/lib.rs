@@ -32,7 +32,8 @@
 //!   a server-name `map` as `[[listener.sni]]`.
 //! - [`matched`]: directives whose behaviour pinlb already has, converted to nothing and not
 //!   noted.
-//! - [`convert`]: directives to pinlb's TOML.
+//! - [`convert`]: directives to pinlb's configuration, built as its own raw types
+//!   (`pinlb::config::raw` and each module's `Raw`), which [`import`] writes as TOML.
 
 mod access;
 mod buffering;
@@ -81,21 +82,13 @@ pub enum ImportError {
         notes: Vec<String>,
         refused: Vec<String>,
     },
-    /// The conversion wrote keys that pinlb's configuration does not have (a key renamed in
-    /// the configuration's types and not here): a bug of this crate's, caught before anything
-    /// is printed (`pinlb::config::unknown_keys`, the same list of keys the file is read with).
-    #[error(
-        "pinlb import wrote keys pinlb's configuration does not have: {} (a bug in pinlb import; please report it with the nginx configuration)",
-        unknown.join(", ")
-    )]
-    UnknownKeys { unknown: Vec<String> },
 }
 
 impl ImportError {
     /// The lines to print before the error's own: the notes, then what was refused.
     pub fn lines(&self) -> Vec<String> {
         match self {
-            ImportError::Parse(_) | ImportError::UnknownKeys { .. } => Vec::new(),
+            ImportError::Parse(_) => Vec::new(),
             ImportError::NothingToProxy { notes } => notes.clone(),
             ImportError::LessStrict { notes, refused } => {
                 notes.iter().chain(refused).cloned().collect()
@@ -136,11 +129,9 @@ pub fn import(path: &Path, allow_less_strict: bool) -> Result<(String, Vec<Strin
             .map(|r| format!("{r} (accepted: --allow-less-strict)")),
     );
     notes::sort(&mut notes, &files);
-    let unknown = pinlb::config::unknown_keys(&converted.toml);
-    if !unknown.is_empty() {
-        return Err(ImportError::UnknownKeys { unknown });
-    }
-    let mut text = toml::to_string(&converted.toml).unwrap_or_default();
+    // Through a table, so that each table's keys are written in the order of their names.
+    let table = toml::Table::try_from(&converted.config).expect("the configuration is TOML");
+    let mut text = toml::to_string(&table).expect("a TOML table is TOML");
     // The serializer ends the last table without a newline; a file (and a terminal, where the
     // notes follow on stderr) wants one.
     if !text.ends_with('\n') {

@@ -11,9 +11,10 @@
 //! client address it claims, from anyone; with `--allow-less-strict` it is written so
 //! (`["0.0.0.0/0", "::/0"]`).
 
-use toml::{Table, Value};
+use pinlb::config::raw::RawListener;
 
 use super::parse::Directive;
+use super::values::spanned;
 
 /// The directives of nginx's realip module, read here.
 pub(super) const REAL_IP: [&str; 3] = ["set_real_ip_from", "real_ip_header", "real_ip_recursive"];
@@ -96,7 +97,7 @@ pub(super) fn any_server_accepts(http: &[Directive]) -> bool {
 /// `unix:` socket, a host name) is noted; none at all is refused as less strict, and written
 /// as open to all for `--allow-less-strict`.
 pub(super) fn listener(
-    listener: &mut Table,
+    listener: &mut RawListener,
     address: &str,
     servers: &[&Accepting],
     notes: &mut Vec<String>,
@@ -134,9 +135,6 @@ pub(super) fn listener(
         ));
         nets = vec!["0.0.0.0/0".into(), "::/0".into()];
     }
-    listener.insert("proxy_protocol".into(), Value::Boolean(true));
-    listener.insert(
-        "proxy_protocol_from".into(),
-        Value::Array(nets.into_iter().map(Value::String).collect()),
-    );
+    listener.proxy_protocol = Some(spanned(true));
+    listener.proxy_protocol_from = Some(spanned(nets.into_iter().map(spanned).collect()));
 }

@@ -12,17 +12,20 @@ use std::collections::BTreeMap;
 
 use std::time::Duration;
 
-use pinlb::config::raw::{Dur, RawRetry, RawUpstream};
-use toml::{Table, Value};
+use pinlb::config::raw::{
+    Dur, OneOrMany, RawCertificate, RawListener, RawRetry, RawSni, RawTls, RawUpstream,
+};
+use pinlb::modules::conn_limit::RawConnLimit;
+use toml::Spanned;
 
 use crate::parse::Directive;
-use crate::values::spanned;
+use crate::values::{listener, spanned};
 
 /// What a `stream {}` block converts to.
 #[derive(Default)]
 pub struct Stream {
     /// Its servers' listeners, in file order.
-    pub listeners: Vec<Value>,
+    pub listeners: Vec<RawListener>,
     pub notes: Vec<String>,
     pub refused: Vec<String>,
 }
@@ -175,7 +178,8 @@ impl Server<'_> {
         out: &mut Stream,
     ) {
         let mut listens = Vec::new();
-        let mut keys = Table::new();
+        // The listener keys of each of its listens (its address aside).
+        let mut keys = listener(String::new());
         // The upstream's keys this server sets.
         let mut upstream_keys = RawUpstream::default();
         let mut pass: Option<&Directive> = None;
@@ -199,7 +203,7 @@ impl Server<'_> {
                 ("proxy_timeout", Some(v)) => match super::values::dur(v) {
                     Some(t) => {
                         upstream_keys.timeouts.tunnel_idle = Some(spanned(t));
-                        keys.insert("session_idle".into(), Value::String(t.to_string()));
+                        keys.session_idle = Some(spanned(t));
                     }
                     None => out.notes.push(format!("{}: proxy_timeout {v} not converted: not a duration", s.at())),
                 },
@@ -209,9 +213,7 @@ impl Server<'_> {
                     }
                 }
                 ("proxy_responses", Some(v)) => match v.parse::<i64>() {
-                    Ok(n) if n >= 1 => {
-                        keys.insert("responses".into(), Value::Integer(n));
-                    }
+                    Ok(n) if n >= 1 => keys.responses = Some(spanned(n)),
                     // nginx's 0 answers nothing back: no pinlb equivalent.
                     _ => out.notes.push(format!("{}: proxy_responses {v} not converted: pinlb relays every answer, expected 1 or more", s.at())),
                 },
@@ -230,15 +232,16 @@ impl Server<'_> {
                     }
                 }
                 ("allow" | "deny", Some(who)) => {
-                    access.push(Value::String(format!("{} {who}", s.name)))
+                    access.push(spanned(format!("{} {who}", s.name)))
                 }
                 ("limit_conn", Some(zone)) => {
                     match (self.zones.get(zone), s.args.get(1).and_then(|n| n.parse::<i64>().ok())) {
                         (Some(keys_of), Some(max)) => {
-                            let mut c = Table::new();
-                            c.insert("max".into(), Value::Integer(max));
-                            c.insert("keys".into(), Value::Integer(*keys_of));
-                            keys.insert("conn_limit".into(), Value::Table(c));
+                            let limit = RawConnLimit {
+                                max: spanned(max),
+                                keys: Some(spanned(*keys_of)),
+                            };
+                            keys.conn_limit = Some(spanned(limit));
                         }
                         _ => out.refused.push(format!(
                             "{}: limit_conn not converted: its zone is not a limit_conn_zone on the client's address; without it pinlb lets through connections nginx limits",
@@ -247,12 +250,8 @@ impl Server<'_> {
                     }
                 }
                 ("set_real_ip_from", Some(net)) => {
-                    let from = keys
-                        .entry("proxy_protocol_from")
-                        .or_insert_with(|| Value::Array(Vec::new()));
-                    if let Some(a) = from.as_array_mut() {
-                        a.push(Value::String(net.to_string()));
-                    }
+                    let from = keys.proxy_protocol_from.get_or_insert_with(|| spanned(Vec::new()));
+                    from.get_mut().push(spanned(net.to_string()));
                 }
                 _ => out.notes.push(format!(
                     "{}: {} not converted: no pinlb equivalent for a TCP or UDP listener",
@@ -265,10 +264,7 @@ impl Server<'_> {
         if upstream_keys.timeouts.tunnel_idle.is_none() {
             let ten_minutes = Dur(Duration::from_secs(600));
             upstream_keys.timeouts.tunnel_idle = Some(spanned(ten_minutes));
-            keys.insert(
-                "session_idle".into(),
-                Value::String(ten_minutes.to_string()),
-            );
+            keys.session_idle = Some(spanned(ten_minutes));
         }
         let Some(pass) = pass else {
             out.notes.push(format!(
@@ -352,80 +348,67 @@ impl Server<'_> {
     fn listener(
         &self,
         l: &Directive,
-        (keys, access, tls): (&Table, &[Value], Option<&Table>),
+        (keys, access, tls): (&RawListener, &[Spanned<String>], Option<&RawTls>),
         (default, sni): (&str, &[ByName]),
         out: &mut Stream,
     ) {
         let udp = l.args.iter().any(|a| a == "udp");
-        let mut t = Table::new();
-        let mut t_tls = None;
-        t.insert(
-            "address".into(),
-            Value::String(super::values::listen_address(&l.args[0])),
-        );
-        t.insert("mode".into(), if udp { "udp" } else { "tcp" }.into());
-        t.insert("upstream".into(), Value::String(default.to_string()));
+        let mut t = listener(super::values::listen_address(&l.args[0]));
+        t.mode = Some(spanned(if udp { "udp" } else { "tcp" }.into()));
+        t.upstream = Some(spanned(default.to_string()));
         for a in &l.args[1..] {
             match a.as_str() {
                 "udp" | "reuseport" => {}
-                "proxy_protocol" if !udp => {
-                    t.insert("proxy_protocol".into(), Value::Boolean(true));
-                }
+                "proxy_protocol" if !udp => t.proxy_protocol = Some(spanned(true)),
                 "ssl" if !udp => match tls {
                     // pinlb's TCP listener terminates TLS or routes it by name, not both.
                     Some(_) if !sni.is_empty() => out.refused.push(format!(
                         "{}: listen … ssl not converted: with ssl_preread routing by name, pinlb relays the TLS untouched (a TCP listener terminates TLS or routes it by server name, not both); the clients' TLS ends at the backends instead",
                         l.at()
                     )),
-                    Some(t) => {
-                        t_tls = Some(t.clone());
-                    }
+                    Some(tls) => t.tls = Some(spanned(tls.clone())),
                     // `tls` said why.
                     None => {}
                 },
                 other => out.notes.push(format!("{}: listen parameter {other} not converted", l.at())),
             }
         }
-        for (k, v) in keys {
-            let tcp_only = ["conn_limit", "proxy_protocol_from"].contains(&k.as_str());
-            let udp_only = ["responses", "session_idle"].contains(&k.as_str());
-            if (udp && tcp_only) || (!udp && udp_only) {
-                continue;
+        match udp {
+            true => {
+                t.responses = keys.responses.clone();
+                t.session_idle = keys.session_idle.clone();
             }
-            if k == "proxy_protocol_from" && !t.contains_key("proxy_protocol") {
-                continue;
+            false => {
+                t.conn_limit = keys.conn_limit.clone();
+                if t.proxy_protocol.is_some() {
+                    t.proxy_protocol_from = keys.proxy_protocol_from.clone();
+                }
             }
-            t.insert(k.clone(), v.clone());
         }
-        if t.contains_key("proxy_protocol") && !t.contains_key("proxy_protocol_from") {
+        if t.proxy_protocol.is_some() && t.proxy_protocol_from.is_none() {
             // As the http block's: the header is taken only from the balancers in front.
             out.refused.push(format!(
                 "{}: listen … proxy_protocol without set_real_ip_from: pinlb takes the header only from proxy_protocol_from, written as everyone (0.0.0.0/0, ::/0); without it anyone could claim any client address",
                 l.at()
             ));
-            let all = ["0.0.0.0/0", "::/0"].map(|n| Value::String(n.into()));
-            t.insert("proxy_protocol_from".into(), Value::Array(all.to_vec()));
+            let all = ["0.0.0.0/0", "::/0"].map(|n| spanned(n.to_string()));
+            t.proxy_protocol_from = Some(spanned(all.to_vec()));
         }
         if !access.is_empty() {
-            t.insert("access".into(), Value::Array(access.to_vec()));
+            t.modules.access.access = Some(spanned(access.to_vec()));
         }
-        if let Some(tls) = t_tls {
-            t.insert("tls".into(), Value::Table(tls));
-        }
-        if !udp && !sni.is_empty() {
-            let tables = sni
-                .iter()
+        if !udp {
+            t.sni = (sni.iter())
                 .map(|(names, up)| {
-                    let mut s = Table::new();
-                    let names = names.iter().cloned().map(Value::String).collect();
-                    s.insert("server_name".into(), Value::Array(names));
-                    s.insert("upstream".into(), Value::String(up.clone()));
-                    Value::Table(s)
+                    spanned(RawSni {
+                        server_name: spanned(OneOrMany::Many(names.clone())),
+                        alpn: None,
+                        upstream: spanned(up.clone()),
+                    })
                 })
                 .collect();
-            t.insert("sni".into(), Value::Array(tables));
         }
-        out.listeners.push(Value::Table(t));
+        out.listeners.push(t);
     }
 
     /// The upstream a `proxy_pass` (or a map's value) names: a stream `upstream` block, or an
@@ -497,7 +480,7 @@ fn tls(
     certs: &[&Directive],
     keys: &[&Directive],
     out: &mut Stream,
-) -> Option<Table> {
+) -> Option<RawTls> {
     let mut refuse = |why: &str| {
         out.refused.push(format!(
             "{}: listen … ssl not converted: {why}; without it pinlb would relay the clients' bytes in clear where nginx asks for TLS",
@@ -519,25 +502,18 @@ fn tls(
                 "a certificate named by variables or given inline is not a file pinlb can read",
             );
         }
-        let mut pair = Table::new();
-        pair.insert(
-            "cert".into(),
-            Value::String(super::values::conf_path(c, cert)),
-        );
-        pair.insert(
-            "key".into(),
-            Value::String(super::values::conf_path(k, key)),
-        );
-        pairs.push(pair);
+        pairs.push(RawCertificate {
+            cert: spanned(super::values::conf_path(c, cert)),
+            key: spanned(super::values::conf_path(k, key)),
+        });
     }
-    let mut tls = pairs.remove(0);
-    if !pairs.is_empty() {
-        tls.insert(
-            "certificate".into(),
-            Value::Array(pairs.into_iter().map(Value::Table).collect()),
-        );
-    }
-    Some(tls)
+    let first = pairs.remove(0);
+    Some(RawTls {
+        cert: Some(first.cert),
+        key: Some(first.key),
+        certificates: pairs,
+        ..RawTls::default()
+    })
 }
 
 /// An upstream's key `was`, set by the first server that passes to it: `own`, a later server's,

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use pinlb::config::raw::{Dur, RawBackend, RawUpstream};
+use pinlb::config::raw::{Dur, RawBackend, RawListener, RawUpstream};
+use pinlb::modules::RawModules;
 use toml::Spanned;
 
 use crate::parse::Directive;
@@ -74,6 +75,29 @@ pub(crate) fn one_backend(address: &str) -> RawUpstream {
     RawUpstream {
         backends: Some(spanned(vec![backend(with_port(address))])),
         ..RawUpstream::default()
+    }
+}
+
+/// A listener on `address`, its other keys left out.
+pub(crate) fn listener(address: String) -> RawListener {
+    RawListener {
+        address: spanned(address),
+        mode: None,
+        responses: None,
+        session_idle: None,
+        upstream: None,
+        tls: None,
+        h2c: None,
+        http2: None,
+        backlog: None,
+        route: Vec::new(),
+        sni: Vec::new(),
+        rate_limit: None,
+        conn_limit: None,
+        proxy_protocol: None,
+        proxy_protocol_from: None,
+        modules: RawModules::default(),
+        module_keys: Vec::new(),
     }
 }
 

@@ -65,7 +65,6 @@ pub use log_format::AccessTemplate;
 pub use outlier::Outlier;
 pub use pattern::Pattern;
 use raw::RawConfig;
-pub use raw::unknown_keys;
 pub use retry::Retry;
 
 use crate::backend_address::BackendAddress;

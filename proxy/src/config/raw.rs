@@ -335,68 +335,6 @@ pub(super) fn tables() -> &'static keys::Tables {
     })
 }
 
-/// The keys of `doc` (a whole configuration, as a TOML table) that no table of the file has,
-/// each as its dotted path (`listener[0].compres`); empty when every key has its place. For
-/// what writes configurations (`pinlb import`): the same list of keys as the file's own
-/// reading and the docs test use, so a key renamed in the raw types fails there at once.
-pub fn unknown_keys(doc: &toml::Table) -> Vec<String> {
-    let mut unknown = Vec::new();
-    unknown_in(doc, "", "", tables(), &mut unknown);
-    unknown
-}
-
-/// [`unknown_keys`] of the table at `shape` ([`keys::Tables`]' form), written at `path`.
-/// Bounded by the document's depth: each call goes one table further in.
-fn unknown_in(
-    table: &toml::Table,
-    shape: &str,
-    path: &str,
-    tables: &keys::Tables,
-    unknown: &mut Vec<String>,
-) {
-    let known = tables.get(shape).map_or(&[][..], Vec::as_slice);
-    let join = |a: &str, b: &str| match a.is_empty() {
-        true => b.to_string(),
-        false => format!("{a}.{b}"),
-    };
-    for (key, value) in table {
-        let at = join(path, key);
-        if !known.contains(&key.as_str()) {
-            unknown.push(at);
-            continue;
-        }
-        let inner = join(shape, key);
-        match value {
-            toml::Value::Table(t) if tables.contains_key(&inner) => {
-                unknown_in(t, &inner, &at, tables, unknown);
-            }
-            // A map of tables by name (`[upstream.NAME]`); any other map is the user's own
-            // keys (`spawn.env`), not a table.
-            toml::Value::Table(t) => {
-                let named = format!("{inner}.NAME");
-                if tables.contains_key(&named) {
-                    for (name, v) in t {
-                        if let toml::Value::Table(t) = v {
-                            unknown_in(t, &named, &format!("{at}.{name}"), tables, unknown);
-                        }
-                    }
-                }
-            }
-            toml::Value::Array(items) => {
-                let element = keys::shape(&format!("{inner}[]"));
-                if tables.contains_key(&element) {
-                    for (i, v) in items.iter().enumerate() {
-                        if let toml::Value::Table(t) = v {
-                            unknown_in(t, &element, &format!("{at}[{i}]"), tables, unknown);
-                        }
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
 /// The most tables an unknown key's hint names: a key that many tables have (`address`,
 /// `status`) says nothing about where it was meant to go.
 const MAX_HOMES: usize = 3;
@@ -832,7 +770,7 @@ pub struct RawRespond {
 
 /// `[listener.tls]`: a default certificate (`cert` and `key`), more chosen by SNI
 /// (`[[listener.tls.certificate]]`), or both.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTls {
     pub cert: Option<Spanned<String>>,

@@ -22,7 +22,7 @@ use crate::tls::client_auth::{CertHeaders, ClientAuth, ClientAuthFiles};
 pub(crate) mod lines;
 
 /// `[listener.tls] client_cert_headers = { subject = "X-Client-Subject", … }`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHeaders {
     pub subject: Option<Spanned<String>>,
