@@ -256,12 +256,8 @@ mod tests {
     #[test]
     fn a_return_behind_access_rules_is_noted() {
         let level = Access::default().level(&[d("deny", &["all"], 9)]);
-        let respond = pinlb::config::raw::RawRespond {
-            status: spanned(200),
-            body: None,
-        };
         let mut route = RawRoute {
-            respond: Some(spanned(respond)),
+            respond: Some(crate::values::respond(200, None)),
             ..RawRoute::default()
         };
         let said = level.apply(&mut route, Path::new("/"));

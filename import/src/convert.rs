@@ -29,7 +29,8 @@ use super::sticky;
 use super::template::template;
 use super::unix_socket;
 use super::values::{
-    backend, dur, listen_address, listener, one_backend, spanned, text, with_port,
+    backend, dur, listen_address, listener, one_backend, respond, spanned, text, upstream_at,
+    with_port,
 };
 
 /// The converted configuration and what could not be.
@@ -1244,7 +1245,7 @@ impl Builder {
                     self.skip(d, "its text uses variables; a fixed answer's body is fixed");
                     return None;
                 }
-                Some(Action::Respond(respond_value(c, body.cloned())))
+                Some(Action::Respond(respond(c, body.cloned())))
             }
             (None, _, Some(url)) => match template(url) {
                 Some(t) => Some(Action::Redirect(redirect_value(302, t))),
@@ -1622,10 +1623,7 @@ impl Builder {
         let named = at.is_none();
         let (base, mut up) = match at {
             Some(address) => {
-                let up = RawUpstream {
-                    backends: Some(spanned(vec![backend(address.clone())])),
-                    ..RawUpstream::default()
-                };
+                let up = upstream_at(address.clone());
                 (address, up)
             }
             None => match self.upstreams.get(address) {
@@ -1902,7 +1900,7 @@ impl Builder {
                 if !whole {
                     let mut r = RawRoute {
                         host: hosts(),
-                        respond: Some(respond_value(404, None)),
+                        respond: Some(files::respond()),
                         ..RawRoute::default()
                     };
                     Pages::settle(&mut r, &s.pages, &catch_all.pages);
@@ -2284,13 +2282,6 @@ fn redirect_value(status: u16, location: String) -> Spanned<RawRedirect> {
     spanned(RawRedirect {
         status: Some(spanned(status)),
         location: spanned(location),
-    })
-}
-
-fn respond_value(status: u16, body: Option<String>) -> Spanned<RawRespond> {
-    spanned(RawRespond {
-        status: spanned(status),
-        body,
     })
 }
 

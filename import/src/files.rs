@@ -20,7 +20,7 @@ use pinlb::modules::compress::RawCompress;
 use toml::Spanned;
 
 use super::parse::Directive;
-use super::values::{spanned, text};
+use super::values::text;
 
 /// nginx's content handlers (the modules that answer a request instead of its file) and
 /// `return`: a location with none of them serves files.
@@ -178,15 +178,13 @@ pub(super) fn describe(r: &RawRoute) -> String {
 /// The 404 a route for a location that serves files answers with (nginx's answer to a path
 /// with no file, so the server's `error_page 404` applies as it would in nginx).
 pub(super) fn respond() -> Spanned<RawRespond> {
-    spanned(RawRespond {
-        status: spanned(404),
-        body: None,
-    })
+    super::values::respond(404, None)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::values::spanned;
     use pinlb::modules::compress::RawCompressTable;
 
     fn route(text: &str) -> RawRoute {

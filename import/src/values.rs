@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use pinlb::config::raw::{Dur, RawBackend, RawListener, RawUpstream};
+use pinlb::config::raw::{Dur, RawBackend, RawListener, RawRespond, RawUpstream};
 use pinlb::modules::RawModules;
 use toml::Spanned;
 
@@ -72,10 +72,23 @@ pub(crate) fn text(v: &Option<Spanned<String>>) -> Option<&str> {
 /// An upstream of the one backend at `address` (nginx's `proxy_pass` to an address), its port
 /// added as nginx reads it.
 pub(crate) fn one_backend(address: &str) -> RawUpstream {
+    upstream_at(with_port(address))
+}
+
+/// An upstream of the one backend at `address`, written as pinlb reads it.
+pub(crate) fn upstream_at(address: String) -> RawUpstream {
     RawUpstream {
-        backends: Some(spanned(vec![backend(with_port(address))])),
+        backends: Some(spanned(vec![backend(address)])),
         ..RawUpstream::default()
     }
+}
+
+/// A route's fixed answer.
+pub(crate) fn respond(status: u16, body: Option<String>) -> Spanned<RawRespond> {
+    spanned(RawRespond {
+        status: spanned(status),
+        body,
+    })
 }
 
 /// A listener on `address`, its other keys left out.
